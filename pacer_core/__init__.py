@@ -1,0 +1,25 @@
+"""PACER-SD: lossless speculative decoding with strategies as plugins."""
+
+from .config import PacerConfig, load_config
+from .engine import DecodeState, Engine
+from .errors import ConfigError, InputError, PacerError
+from .hookspecs import hookimpl
+from .types import (
+    Component,
+    Draft,
+    DraftBlock,
+    GenerationResult,
+    LanguageModel,
+    ModelOutput,
+    Resources,
+    SamplingParams,
+    StepRecord,
+    Stop,
+    Verdict,
+)
+
+__all__ = [
+    "Component", "ConfigError", "DecodeState", "Draft", "DraftBlock", "Engine", "GenerationResult",
+    "InputError", "LanguageModel", "ModelOutput", "PacerConfig", "PacerError", "Resources",
+    "SamplingParams", "StepRecord", "Stop", "Verdict", "hookimpl", "load_config",
+]

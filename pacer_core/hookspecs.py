@@ -1,0 +1,116 @@
+"""The plugin author's manual: every hook the engine calls, when, and what to return.
+
+A plugin module offers named strategies through ``pacer_components``; the engine builds each
+strategy the YAML names and registers the object with a fresh ``pluggy.PluginManager`` (one per
+engine, none global). Those objects implement some of the ``pacer_*`` hooks below as methods
+decorated with ``pacer_core.hookimpl``. Call order of one ``generate``:
+
+1. ``pacer_start`` (all) after the prompt is prefilled.
+2. Each step: the draft starts empty; repeat ``pacer_draft_more`` (all stop policies) → if none says
+   stop, ``pacer_propose`` (the one drafter) for that many tokens; then the target scores the draft
+   (and its branches) in one forward; ``pacer_verify`` (the one verifier) decides; the engine commits
+   the emitted tokens and rolls the target's KV cache back; ``pacer_observe_step`` (all).
+3. ``pacer_finish`` (all) once EOS or the token budget is reached; returned dicts become metrics.
+
+Hooks are called with keyword arguments, so an implementation may declare only the arguments it
+uses, and new arguments can be added later without breaking plugins. Names: ``target_*`` and
+``draft_*`` for the two models; accepted / recovered / bonus / emitted tokens as in docs/concepts.md.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional, Union
+
+import pluggy
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from .engine import DecodeState
+    from .types import Component, Draft, DraftBlock, GenerationResult, StepRecord, Stop, Verdict
+
+PROJECT = "pacer_sd"
+"""The pluggy project name, also the setuptools entry-point group plugins register under."""
+
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def pacer_components() -> "list[Component]":
+    """Declare the strategies this plugin module offers.
+
+    Called once per engine on each module found through the ``pacer_sd`` entry-point group (and on
+    modules passed as ``extra_plugins``). Return a list of ``pacer_core.Component``: its kind
+    (``drafter``, ``stop``, ``verifier`` or ``observer``), its short name used in YAML, its attrs
+    config class, and a factory ``factory(config, resources)`` building the object that implements
+    the hooks. Names must be unique within a kind.
+    """
+
+
+@hookspec
+def pacer_start(state: "DecodeState") -> None:
+    """A generation begins: the prompt is in ``state.tokens`` and prefilled into the target.
+
+    Called on every registered strategy. Reset per-prompt state here; keep state that should
+    survive across prompts (learned thresholds, phrase pools) on the object.
+    """
+
+
+@hookspec
+def pacer_draft_more(state: "DecodeState", draft: "Draft") -> "Optional[Union[int, Stop]]":
+    """Should drafting go on, and for how many tokens before asking again?
+
+    Called on every stop policy before each ``pacer_propose`` (the first time with an empty draft).
+    Return a positive int ``k`` to have ``k`` more tokens drafted before this policy is asked again,
+    ``pacer_core.Stop()`` to end drafting (``Stop(keep=m)`` also trims the draft to its first ``m``
+    tokens), or None for no opinion. The engine drafts the smallest ``k`` asked for and stops when
+    any policy says stop; it also never drafts past ``state.max_draft_tokens`` (budget and context).
+    """
+
+
+@hookspec(firstresult=True)
+def pacer_propose(state: "DecodeState", draft: "Draft", num_tokens: int) -> "Optional[DraftBlock]":
+    """Propose the next draft block: up to ``num_tokens`` tokens continuing ``state.tokens + draft``.
+
+    Exactly one drafter is registered. Return a ``DraftBlock`` with its tokens (more than
+    ``num_tokens`` is allowed for drafters that emit several per forward, e.g. phrases; the engine
+    cuts the draft at ``state.max_draft_tokens``), the distributions they were sampled from when the
+    drafter has them (``state.sampling`` applied), and the draft's hidden states when available.
+    Return None or an empty block when there is nothing to propose: drafting then ends.
+    Use ``state.generator`` for any randomness.
+    """
+
+
+@hookspec(firstresult=True)
+def pacer_verify(
+    state: "DecodeState",
+    draft: "Draft",
+    target_logits: "torch.Tensor",
+    branch_logits: "tuple[torch.Tensor, ...]",
+) -> "Verdict":
+    """Decide which draft tokens to keep and the token that follows.
+
+    Exactly one verifier is registered. ``target_logits`` is [n + 1, vocab]: row i scores the token
+    after the committed sequence plus ``draft.tokens[:i]``; ``branch_logits[j]`` is [m_j, vocab] for
+    ``draft.branches[j]``. Return a ``pacer_core.Verdict``. Lossless verifiers apply
+    ``state.sampling`` to the target logits exactly as the drafter applied it to its own, and draw
+    randomness only from ``state.generator``.
+    """
+
+
+@hookspec
+def pacer_observe_step(state: "DecodeState", step: "StepRecord") -> None:
+    """A step is committed: ``state.tokens`` already holds ``step.emitted``.
+
+    Called on every strategy. Drafters roll their caches back here; adaptive stop policies learn
+    from ``step.verdict.accepted`` vs ``len(step.draft)``; observers aggregate. When a component
+    declared ``needs_target_hidden``, ``step.target_hidden`` holds the target's last-layer hidden
+    states (after the final norm) of the committed tokens this step's forward computed, row 0 being
+    ``state.tokens[step.target_hidden_start]`` (feature-level drafters in the EAGLE family read them).
+    """
+
+
+@hookspec
+def pacer_finish(state: "DecodeState", result: "GenerationResult") -> "Optional[dict[str, Any]]":
+    """The generation has ended (EOS or budget). Return a dict to merge into ``result.metrics``."""

@@ -1,0 +1,258 @@
+"""Value objects passed between the engine and plugins.
+
+Tensors are excluded from equality and shown by shape in ``repr``. Shapes are noted as
+``# [n, vocab]`` comments; ``n`` is the number of draft tokens, ``vocab`` the model vocabulary.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Literal, Optional, Protocol, Sequence
+
+import attrs
+import torch
+
+__all__ = [
+    "Component",
+    "Draft",
+    "DraftBlock",
+    "GenerationResult",
+    "LanguageModel",
+    "ModelOutput",
+    "Resources",
+    "SamplingParams",
+    "StepRecord",
+    "Stop",
+    "Verdict",
+]
+
+
+def _shape_repr(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"Tensor{tuple(value.shape)}"
+    if isinstance(value, tuple) and value and isinstance(value[0], torch.Tensor):
+        return "(" + ", ".join(f"Tensor{tuple(v.shape)}" for v in value) + ")"
+    return repr(value)
+
+
+def tensor_field(**kwargs: Any) -> Any:
+    """An attrs field holding a tensor: excluded from equality, shown by shape."""
+    return attrs.field(eq=False, repr=_shape_repr, **kwargs)
+
+
+@attrs.frozen
+class SamplingParams:
+    """How tokens are chosen. ``temperature == 0`` means greedy decoding.
+
+    ``top_k == 0`` and ``top_p == 1.0`` disable those filters. The same parameters apply to the
+    target's and the draft's distributions, as lossless speculative sampling requires.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@attrs.frozen
+class DraftBlock:
+    """Tokens one ``pacer_propose`` call adds to the current draft.
+
+    ``draft_probs`` is the distribution each token was sampled from (after temperature, top-k and
+    top-p), or None for drafters without probabilities (n-gram, phrase pool): the verifier then
+    treats each token as drawn from a point mass. ``hidden_states`` are the draft model's last-layer
+    hidden states that produced each token (PACER reads them), or None. ``branches`` are candidate
+    token chains that continue *after* the whole draft (Ouroboros' candidate suffixes); the target
+    scores them in the same forward, and a greedy verifier may accept the longest matching one when
+    every draft token is accepted.
+    """
+
+    tokens: torch.Tensor = tensor_field()  # [n] int64
+    draft_probs: Optional[torch.Tensor] = tensor_field(default=None)  # [n, vocab]
+    hidden_states: Optional[torch.Tensor] = tensor_field(default=None)  # [n, hidden]
+    branches: tuple[torch.Tensor, ...] = tensor_field(default=())  # each [m_i] int64
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+def _cat(parts: Sequence[Optional[torch.Tensor]], what: str) -> Optional[torch.Tensor]:
+    present = [p is not None for p in parts]
+    if not any(present):
+        return None
+    if not all(present):
+        raise ValueError(f"draft blocks disagree on whether they carry {what}")
+    return torch.cat(list(parts), dim=0)  # type: ignore[arg-type]
+
+
+@attrs.frozen
+class Draft:
+    """The draft of the current step: the blocks proposed so far, concatenated.
+
+    ``block_starts`` holds the index of the first token of each block, so a stop policy can look at
+    the latest block alone (``draft.tokens[draft.block_starts[-1]:]``). Branches are those of the
+    latest block (they continue the whole draft); truncating the draft drops them.
+    """
+
+    tokens: torch.Tensor = tensor_field(factory=lambda: torch.empty(0, dtype=torch.long))  # [n]
+    draft_probs: Optional[torch.Tensor] = tensor_field(default=None)  # [n, vocab]
+    hidden_states: Optional[torch.Tensor] = tensor_field(default=None)  # [n, hidden]
+    branches: tuple[torch.Tensor, ...] = tensor_field(default=())
+    block_starts: tuple[int, ...] = ()
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def last_block(self) -> slice:
+        """Index range of the latest block (empty slice for an empty draft)."""
+        return slice(self.block_starts[-1] if self.block_starts else 0, len(self))
+
+    def extend(self, block: DraftBlock) -> "Draft":
+        if len(self) == 0:
+            return Draft(block.tokens, block.draft_probs, block.hidden_states, block.branches, (0,))
+        return Draft(
+            torch.cat([self.tokens, block.tokens]),
+            _cat([self.draft_probs, block.draft_probs], "draft_probs"),
+            _cat([self.hidden_states, block.hidden_states], "hidden_states"),
+            block.branches,
+            self.block_starts + (len(self),),
+        )
+
+    def truncate(self, length: int) -> "Draft":
+        """The first ``length`` tokens; branches are dropped since they continued the full draft."""
+        if length >= len(self):
+            return self
+        return Draft(
+            self.tokens[:length],
+            None if self.draft_probs is None else self.draft_probs[:length],
+            None if self.hidden_states is None else self.hidden_states[:length],
+            (),
+            tuple(s for s in self.block_starts if s < length),
+        )
+
+
+@attrs.frozen
+class Stop:
+    """Returned by ``pacer_draft_more`` to end drafting. ``keep`` trims the draft to its first
+    ``keep`` tokens before verification (e.g. PACER not sending a block it predicts will fail)."""
+
+    keep: Optional[int] = None
+
+
+@attrs.frozen
+class Verdict:
+    """A verifier's decision for one step.
+
+    ``accepted`` draft tokens are kept; if every draft token was accepted and ``branch`` is not None,
+    the first ``branch_accepted`` tokens of that branch are kept too. Then ``next_token`` follows:
+    ``recovered`` (sampled at the first rejection) or ``bonus`` (after the last accepted token).
+    """
+
+    accepted: int
+    next_token: int
+    next_kind: Literal["recovered", "bonus"]
+    branch: Optional[int] = None
+    branch_accepted: int = 0
+
+
+@attrs.frozen
+class ModelOutput:
+    logits: torch.Tensor = tensor_field()  # [k, vocab] float32
+    hidden_states: Optional[torch.Tensor] = tensor_field(default=None)  # [k, hidden]
+
+
+class LanguageModel(Protocol):
+    """What the engine and drafters need of a causal LM with a KV cache (see ``hf.HFModel``).
+
+    The model adapter owns the cache and the token ids in it (``cached_tokens``).
+    """
+
+    vocab_size: int
+    hidden_size: int
+    max_length: int
+    eos_token_ids: frozenset[int]
+    num_forwards: int
+
+    @property
+    def cached_tokens(self) -> Sequence[int]: ...
+
+    def forward(
+        self,
+        tokens: Sequence[int],
+        *,
+        positions: Optional[torch.Tensor] = None,
+        tree_mask: Optional[torch.Tensor] = None,
+        logits_from: int = 0,
+        hidden: bool = False,
+    ) -> ModelOutput: ...
+
+    def crop(self, length: int) -> None: ...
+
+    def reset(self) -> None: ...
+
+
+@attrs.frozen
+class Resources:
+    """What a plugin constructor may use besides its own config."""
+
+    target: LanguageModel
+    draft: Optional[LanguageModel]
+    sampling: SamplingParams
+    tokenizer: Any = None
+
+
+@attrs.frozen
+class Component:
+    """A named strategy a plugin module offers, returned by ``pacer_components``.
+
+    ``kind`` is the role; ``config`` an attrs class (validated with OmegaConf in struct mode, so
+    unknown keys fail); ``factory(config, resources)`` builds the object whose ``pacer_*`` hook
+    implementations the engine registers. ``needs_draft_model`` makes the engine load the ``draft``
+    model; ``needs_draft_probs`` and ``needs_draft_hidden`` declare what a stop policy reads from the
+    draft, so a drafter that cannot provide it is refused before decoding starts.
+    """
+
+    kind: Literal["drafter", "stop", "verifier", "observer"]
+    name: str
+    config: type
+    factory: Callable[[Any, Resources], Any]
+    description: str = ""
+    needs_draft_model: bool = False
+    needs_draft_probs: bool = False
+    needs_draft_hidden: bool = False
+    needs_target_hidden: bool = False
+    greedy_only: bool = False
+    provides_draft_probs: bool = False
+    provides_draft_hidden: bool = False
+
+
+@attrs.frozen
+class StepRecord:
+    """What happened in one step, given to every ``pacer_observe_step`` implementation."""
+
+    index: int
+    draft: Draft
+    verdict: Verdict
+    emitted: tuple[int, ...]  # accepted + branch tokens + next token, after EOS/budget truncation
+    committed_before: int  # length of the committed sequence (prompt included) before this step
+    draft_s: float
+    verify_s: float
+    draft_forwards: int
+    stop_s: float = 0.0  # time spent in stop policies (part of draft_s)
+    target_hidden: Optional[torch.Tensor] = tensor_field(default=None)  # [k, hidden]
+    target_hidden_start: int = 0  # index in state.tokens of target_hidden's first row
+
+    @property
+    def drafted(self) -> int:
+        return len(self.draft)
+
+
+@attrs.frozen
+class GenerationResult:
+    tokens: list[int]
+    text: Optional[str]
+    metrics: dict[str, Any]
+    finish_reason: Literal["eos", "length"]

@@ -1,0 +1,1 @@
+"""Built-in strategies of PACER-SD, registered through entry points like any third-party plugin."""
