@@ -101,13 +101,42 @@ def _read_yaml(path: Path) -> DictConfig:
     return OmegaConf.create(loaded)
 
 
+_ABSENT = object()
+
+
+def _seed_defaults(cfg: DictConfig, parts: list[str]) -> None:
+    """Copy the default of the first container an override reaches that ``cfg`` lacks.
+
+    So ``strategy.stop.0.gamma=7`` edits the default stop list (and ``strategy.drafter.x=1`` the
+    default drafter) when the YAML does not set ``strategy.stop`` (``strategy.drafter``).
+    """
+    default: Any = attrs.asdict(PacerConfig())
+    for i, part in enumerate(parts[:-1]):
+        if isinstance(default, dict) and part in default:
+            default = default[part]
+        elif isinstance(default, list) and part.isdigit() and int(part) < len(default):
+            default = default[int(part)]
+        else:
+            return
+        if not isinstance(default, (dict, list)):
+            return
+        prefix = ".".join(parts[: i + 1])
+        if OmegaConf.select(cfg, prefix, default=_ABSENT) is _ABSENT:
+            OmegaConf.update(cfg, prefix, default, merge=False)
+            return
+
+
 def _apply_override(cfg: DictConfig, override: str) -> None:
     if "=" not in override:
         raise ConfigError(f"override '{override}' is not key=value (e.g. strategy.stop.0.gamma=3)")
     key, value = override.split("=", 1)
     key = re.sub(r"\[(\d+)\]", r".\1", key.strip())
+    _seed_defaults(cfg, key.split("."))
+    parsed = _parse_value(value)
+    # a whole strategy entry ({name: ...}) replaces the old one; options of another plugin would not fit
+    merge = not (isinstance(parsed, dict) and "name" in parsed)
     try:
-        OmegaConf.update(cfg, key, _parse_value(value), merge=True)
+        OmegaConf.update(cfg, key, parsed, merge=merge)
     except (OmegaConfBaseException, ValueError, IndexError, KeyError) as exc:
         raise ConfigError(f"override '{override}': {_one_line(exc)}") from None
 
@@ -117,6 +146,15 @@ def _validate_typed(schema_cls: type, data: Any, where: str) -> Any:
     schema = OmegaConf.structured(schema_cls)
     OmegaConf.set_struct(schema, True)
     try:
+        defaults = schema_cls()
+    except (TypeError, ValueError):  # a plugin config with required options
+        defaults = None
+    if isinstance(data, dict) and defaults is not None:
+        for name, value in data.items():
+            if isinstance(value, dict) and isinstance(getattr(defaults, name, None), dict):
+                schema[name] = {}  # an open mapping (a strategy entry) is replaced whole, not merged
+                OmegaConf.set_struct(schema[name], False)
+    try:
         merged = OmegaConf.merge(schema, data)
         return OmegaConf.to_object(merged)
     except OmegaConfBaseException as exc:
@@ -125,7 +163,9 @@ def _validate_typed(schema_cls: type, data: Any, where: str) -> Any:
         text = _one_line(exc)
         if "Key" in type(exc).__name__ or "not in struct" in text:
             raise ConfigError(f"{where}: unknown option '{key}'; valid options: {fields}") from None
-        raise ConfigError(f"{where}: bad value for '{key}': {text}") from None
+        types = {f.name: f.type for f in attrs.fields(schema_cls)}
+        expected = f"; give a value of type {types[key]}" if key in types else ""
+        raise ConfigError(f"{where}: bad value for '{key}': {text}{expected}") from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: {_one_line(exc)}") from None
 

@@ -190,7 +190,9 @@ class Engine:
             pending = state.tokens[len(self.target.cached_tokens):]
             t2 = clock()
             # 5. observe
-            hidden = None if out.hidden_states is None else out.hidden_states[: len(pending) + verdict.accepted]
+            # rows of the committed tokens this forward computed: the old pending + accepted draft
+            computed = len(self.target.cached_tokens) - cached
+            hidden = None if out.hidden_states is None else out.hidden_states[:computed]
             record = StepRecord(state.step_index, draft, verdict, tuple(emitted), before, t1 - t0, t2 - t1,
                                 getattr(self.draft, "num_forwards", 0) - draft_forwards, stop_s,
                                 hidden, cached)

@@ -52,6 +52,7 @@ def _quiet_transformers():
     import transformers
 
     transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
     warnings.filterwarnings("ignore", module="transformers")
     return transformers
 
@@ -243,3 +244,24 @@ def load_model(path: Optional[str], dtype: str, device: str, device_map: Optiona
         raise InputError(f"unknown dtype '{dtype}' for {name}: use one of {', '.join(DTYPES)}")
     model = HFModel.load(folder, dtype=dtype, device=device, device_map=device_map, name=name)
     return model, HFTokenizer.load(folder), weights_digest(folder)
+
+
+@torch.inference_mode()
+def hf_generate(target: HFModel, prompt: Sequence[int], max_new_tokens: int, *, ignore_eos: bool = False,
+                assistant: Optional[HFModel] = None, **generate_kwargs: Any) -> list[int]:
+    """transformers' own ``generate`` on the adapter's model (greedy unless told otherwise): the
+    reference for exactness and the external baseline in benchmarks. ``assistant`` turns on its
+    assisted generation; ``prompt_lookup_num_tokens=...`` its prompt lookup."""
+    input_ids = torch.tensor([list(prompt)], dtype=torch.long, device=target.device)
+    kwargs: dict[str, Any] = {"do_sample": False, "max_new_tokens": max_new_tokens,
+                              "attention_mask": torch.ones_like(input_ids)}
+    eos = sorted(target.eos_token_ids)
+    kwargs["pad_token_id"] = eos[0] if eos else 0
+    if ignore_eos:
+        kwargs["eos_token_id"] = None
+        kwargs["min_new_tokens"] = max_new_tokens
+    if assistant is not None:
+        kwargs["assistant_model"] = assistant.model
+    kwargs.update(generate_kwargs)
+    out = target.model.generate(input_ids, **kwargs)
+    return out[0, input_ids.shape[1]:].tolist()

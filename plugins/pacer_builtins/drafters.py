@@ -91,6 +91,11 @@ class PromptLookupConfig:
     max_ngram_size: int = attrs.field(default=3, validator=attrs.validators.ge(1))
     min_ngram_size: int = attrs.field(default=1, validator=attrs.validators.ge(1))
 
+    def __attrs_post_init__(self) -> None:  # checked by load_config, before any model loads
+        if self.min_ngram_size > self.max_ngram_size:
+            raise ValueError(f"min_ngram_size ({self.min_ngram_size}) must not exceed "
+                             f"max_ngram_size ({self.max_ngram_size})")
+
 
 def lookup_continuation(context: torch.Tensor, max_n: int, min_n: int, num_tokens: int) -> torch.Tensor:
     """Tokens that followed the most recent earlier occurrence of the context's last n-gram.
@@ -111,8 +116,6 @@ class PromptLookup:
     """Model-free n-gram drafting from the context (prompt lookup decoding)."""
 
     def __init__(self, config: PromptLookupConfig, resources: Resources):
-        if config.min_ngram_size > config.max_ngram_size:
-            raise ValueError("prompt_lookup: min_ngram_size must not exceed max_ngram_size")
         self.config = config
 
     @hookimpl

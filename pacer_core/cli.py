@@ -1,0 +1,303 @@
+"""The ``pacer`` command line: ``generate``, ``plugins``, ``validate`` (more commands plug in here).
+
+Each command is a function decorated with ``@command(name, help)`` that receives its argparse
+subparser to declare its arguments, and returns the function that runs it (``run(args) -> int``).
+User errors (``PacerError`` and the config parsers' errors) print as one line,
+``pacer: error: <message>``, and exit with code 2; there is never a traceback for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import attrs
+
+from .config import PacerConfig, load_config
+from .errors import InputError, PacerError
+from .hookspecs import hookimpl
+
+PROG = "pacer"
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+Runner = Callable[[argparse.Namespace], int]
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], Runner]]] = {}
+
+
+def command(name: str, help: str):
+    """Register a subcommand: ``setup(parser)`` adds its arguments and returns ``run(args) -> int``."""
+
+    def register(setup: Callable[[argparse.ArgumentParser], Runner]):
+        COMMANDS[name] = (help, setup)
+        return setup
+
+    return register
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line (``pacer: error: ...``) with exit code 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise _UsageError(f"{message}; see `{self.prog} --help`")
+
+
+class _UsageError(Exception):
+    pass
+
+
+def build_engine(cfg: PacerConfig):
+    """The engine for ``cfg``: loads its models. Tests replace this function to inject tiny models."""
+    from .engine import Engine
+
+    return Engine.from_config(cfg)
+
+
+# -- generate ----------------------------------------------------------------------------------
+class StreamPrinter:
+    """An observer printing the generated text as steps commit.
+
+    It decodes all new tokens after every step and writes the new suffix of the text, holding back
+    a trailing U+FFFD (an incomplete multi-byte character) until the next step completes it.
+    """
+
+    def __init__(self, tokenizer: Any, out=None):
+        self.tokenizer = tokenizer
+        self.out = out if out is not None else sys.stdout
+        self.printed = ""
+
+    def _write(self, text: str) -> None:
+        if text.startswith(self.printed) and len(text) > len(self.printed):
+            self.out.write(text[len(self.printed):])
+            self.out.flush()
+            self.printed = text
+
+    @hookimpl
+    def pacer_start(self, state) -> None:
+        self.printed = ""
+
+    @hookimpl
+    def pacer_observe_step(self, state, step) -> None:
+        self._write(self.tokenizer.decode(state.new_tokens).rstrip("\ufffd"))
+
+    def finish(self, text: str) -> None:
+        """Write whatever the steps did not (the final text decides)."""
+        if text.startswith(self.printed):
+            self._write(text)
+        else:  # decoding was not prefix-stable: never lose text, even if some repeats
+            self.out.write(text[len(os.path.commonprefix([text, self.printed])):])
+        self.out.write("\n")
+        self.out.flush()
+
+
+def _read_prompt(args: argparse.Namespace) -> str:
+    if args.prompt_file is None:
+        prompt = args.prompt
+    elif args.prompt_file == "-":
+        prompt = sys.stdin.read()
+    else:
+        path = Path(args.prompt_file)
+        if not path.is_file():
+            raise InputError(f"prompt file '{path}' does not exist: give the path of a text file (or - for stdin)")
+        prompt = path.read_text(encoding="utf-8")
+    if not prompt.strip():
+        raise InputError("the prompt is empty: give some text with --prompt or --prompt-file")
+    return prompt
+
+
+def _summary(result) -> str:
+    m = result.metrics
+    return (
+        f"{len(result.tokens)} tokens in {m.get('wall_s', 0.0):.2f} s ({m.get('tokens_per_s', 0.0):.1f} tokens/s), "
+        f"steps {m.get('steps', '?')}, tau {m.get('mean_accepted_length', 0.0):.2f}, "
+        f"acceptance {100 * m.get('acceptance_rate', 0.0):.1f}% ({m.get('accepted', 0)}/{m.get('drafted', 0)}), "
+        f"target forwards {m.get('target_forwards', '?')}, finish {result.finish_reason}"
+    )
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "tolist"):  # tensors, numpy values
+        return value.tolist()
+    if attrs.has(type(value)):
+        return attrs.asdict(value)
+    return str(value)
+
+
+@command("generate", "generate text for one prompt with a strategy stack")
+def _setup_generate(p: argparse.ArgumentParser) -> Runner:
+    p.add_argument("--config", "-c", metavar="YAML", help="config file (defaults apply to keys it omits)")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", "-p", help="the prompt text")
+    source.add_argument("--prompt-file", metavar="PATH", help="read the prompt from a file (- for stdin)")
+    p.add_argument("--max-new-tokens", "-n", type=int, metavar="N", help="token budget (generation.max_new_tokens)")
+    p.add_argument("--seed", type=int, metavar="S", help="random seed (sampling.seed)")
+    p.add_argument("--no-chat-template", action="store_true",
+                   help="encode the prompt as plain text (generation.chat_template=false)")
+    p.add_argument("--json", action="store_true", help="print one JSON object: text, tokens, metrics")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="config overrides, e.g. strategy.stop.0.gamma=6 sampling.temperature=0.7")
+
+    def run(args: argparse.Namespace) -> int:
+        overrides = list(args.overrides)  # explicit flags below win over the dotlist
+        if args.max_new_tokens is not None:
+            overrides.append(f"generation.max_new_tokens={args.max_new_tokens}")
+        if args.seed is not None:
+            overrides.append(f"sampling.seed={args.seed}")
+        if args.no_chat_template:
+            overrides.append("generation.chat_template=false")
+        cfg = load_config(args.config, overrides)  # validated before any model loads
+        prompt = _read_prompt(args)
+        if not any(entry.get("name") == "metrics" for entry in cfg.strategy.observers):
+            cfg.strategy.observers.append({"name": "metrics"})  # the summary and --json need them
+        engine = build_engine(cfg)
+        printer = None
+        if not args.json:
+            printer = StreamPrinter(engine.tokenizer)
+            engine.pm.register(printer, name="cli:stream")
+        result = engine.generate(prompt)
+        text = result.text if result.text is not None else ""
+        if args.json:
+            payload = {"text": text, "tokens": list(result.tokens), "finish_reason": result.finish_reason,
+                       "metrics": result.metrics}
+            print(json.dumps(payload, default=_json_default))
+        else:
+            printer.finish(text)
+            print(_summary(result), file=sys.stderr)
+        return 0
+
+    return run
+
+
+# -- plugins -----------------------------------------------------------------------------------
+def _options(config_cls: type) -> list[dict[str, Any]]:
+    options = []
+    for field in attrs.fields(config_cls):
+        default = field.default
+        if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
+            default = default.factory()
+        options.append({"name": field.name, "type": str(field.type), "default": default})
+    return options
+
+
+_SECTIONS = {"drafter": "strategy.drafter", "stop": "strategy.stop (a list)",
+             "verifier": "strategy.verifier", "observer": "strategy.observers (a list)"}
+_FLAGS = ("needs_draft_model", "needs_draft_probs", "needs_draft_hidden", "needs_target_hidden",
+          "greedy_only", "provides_draft_probs", "provides_draft_hidden")
+
+
+@command("plugins", "list the installed strategies by kind, with their options and defaults")
+def _setup_plugins(p: argparse.ArgumentParser) -> Runner:
+    p.add_argument("--json", action="store_true", help="print the list as JSON")
+
+    def run(args: argparse.Namespace) -> int:
+        from .registry import KINDS, components, new_plugin_manager
+
+        table = components(new_plugin_manager())
+        listing = {
+            kind: [
+                {"name": c.name, "description": c.description, "options": _options(c.config),
+                 "flags": [f for f in _FLAGS if getattr(c, f)]}
+                for c in sorted(table[kind].values(), key=lambda c: c.name)
+            ]
+            for kind in KINDS
+        }
+        if args.json:
+            print(json.dumps(listing, default=_json_default, indent=2))
+            return 0
+        lines = []
+        for kind in KINDS:
+            lines.append(f"{kind}s ({_SECTIONS[kind]}):")
+            for item in listing[kind] or [{"name": "(none installed)", "description": "", "options": [], "flags": []}]:
+                flags = f" [{', '.join(item['flags'])}]" if item["flags"] else ""
+                lines.append(f"  {item['name']}: {item['description']}{flags}")
+                for option in item["options"]:
+                    lines.append(f"      {option['name']}: {option['type']} = {option['default']!r}")
+            lines.append("")
+        print("\n".join(lines).rstrip())
+        return 0
+
+    return run
+
+
+# -- validate ----------------------------------------------------------------------------------
+@command("validate", "check config files (names, options, types) without loading any model")
+def _setup_validate(p: argparse.ArgumentParser) -> Runner:
+    p.add_argument("configs", nargs="+", metavar="CONFIG", help="YAML files to check")
+
+    def run(args: argparse.Namespace) -> int:
+        failed = 0
+        for path in args.configs:
+            try:
+                load_config(path)
+            except PacerError as exc:
+                failed += 1
+                _error(str(exc))
+            else:
+                print(f"ok: {path}")
+        return EXIT_USAGE if failed else 0
+
+    return run
+
+
+# -- entry point -------------------------------------------------------------------------------
+COMMAND_MODULES = ("demo",)  # core modules that register more commands with @command
+COMMAND_GROUP = "pacer_sd.commands"  # entry-point group: plugin modules registering commands on import
+
+
+def make_parser() -> argparse.ArgumentParser:
+    import importlib
+    from importlib.metadata import entry_points
+
+    for module in COMMAND_MODULES:
+        importlib.import_module(f"{__package__}.{module}")
+    for entry in entry_points(group=COMMAND_GROUP):
+        entry.load()
+    parser = _Parser(prog=PROG, description="PACER-SD: lossless speculative decoding with plugin strategies.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name, (help_text, setup) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(run=setup(p))
+    return parser
+
+
+def _error(message: str) -> None:
+    print(f"{PROG}: error: {' '.join(str(message).split())}", file=sys.stderr)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the ``pacer`` command line; returns the exit code."""
+    from omegaconf.errors import OmegaConfBaseException
+    from yaml import YAMLError
+
+    parser = make_parser()
+    try:
+        args = parser.parse_args(argv)
+        if getattr(args, "run", None) is None:
+            raise _UsageError(f"choose a command: {', '.join(COMMANDS)}; see `{PROG} --help`")
+        return args.run(args)
+    except SystemExit as exc:  # --help
+        return exc.code if isinstance(exc.code, int) else 0
+    except (_UsageError, PacerError) as exc:
+        _error(str(exc))
+        return EXIT_USAGE
+    except (OmegaConfBaseException, YAMLError) as exc:
+        _error(f"invalid configuration: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}")
+        return EXIT_USAGE
+    except FileNotFoundError as exc:
+        _error(f"file not found: {exc.filename or exc}")
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # e.g. `pacer generate ... | head`
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

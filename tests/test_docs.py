@@ -1,0 +1,354 @@
+"""The user documentation is kept true: hooks, options, examples and YAML are checked against the code.
+
+Adding a hook, a value-object field or a plugin component without documenting it fails here.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import inspect
+import re
+import shlex
+import sys
+import tomllib
+from pathlib import Path
+
+import attrs
+import pytest
+import torch
+import yaml
+
+import pacer_core
+from pacer_core import ConfigError, Engine, PacerConfig, hookimpl, load_config
+from pacer_core import hookspecs
+from pacer_core.config import GenerationConfig, ModelConfig, SamplingConfig, StrategyConfig
+from pacer_core.registry import KINDS, components, new_plugin_manager
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tiny import adapter, reference_greedy, tiny_llama  # noqa: E402
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+EXAMPLES = DOCS / "examples"
+SECTIONS = {f.name for f in attrs.fields(PacerConfig)}
+
+
+def read(name: str) -> str:
+    return (DOCS / name).read_text()
+
+
+def section(text: str, heading: str) -> str:
+    """The text under the first heading line equal to ``heading``, up to the next heading of the
+    same or a higher level."""
+    lines = text.splitlines()
+    level = len(heading) - len(heading.lstrip("#"))
+    assert heading in lines, f"missing heading {heading!r}"
+    start = lines.index(heading) + 1
+    end = start
+    while end < len(lines):
+        match = re.match(r"(#+) ", lines[end])
+        if match and len(match.group(1)) <= level:
+            break
+        end += 1
+    return "\n".join(lines[start:end])
+
+
+def code_blocks(text: str, lang: str) -> list[str]:
+    return re.findall(rf"^```{lang}\n(.*?)^```", text, flags=re.S | re.M)
+
+
+def table_rows(text: str) -> list[list[str]]:
+    """Body rows of the markdown tables in ``text``, as cells (header and rule rows skipped)."""
+    rows = []
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if not line.startswith("|") or set(line) <= set("|-: "):
+            continue
+        if i + 1 < len(lines) and set(lines[i + 1]) <= set("|-: ") and lines[i + 1].startswith("|"):
+            continue  # a header row
+        rows.append([cell.strip() for cell in line.strip().strip("|").split(" | ")])
+    return rows
+
+
+def spans(cell: str) -> list[str]:
+    return re.findall(r"`([^`]+)`", cell)
+
+
+def render(value) -> str:
+    """A default value as the docs write it: YAML scalars, flow-style containers."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (dict, list)):
+        return yaml.safe_dump(value, default_flow_style=True).strip()
+    return str(value)
+
+
+def assert_options_documented(text: str, config_cls: type, where: str) -> None:
+    """Each field of ``config_cls`` has a row ``| `name` | ... | `default` |``; no stale rows."""
+    defaults = config_cls()
+    rows = {spans(r[0])[0]: r for r in table_rows(text) if spans(r[0])}
+    names = [f.name for f in attrs.fields(config_cls)]
+    for name in names:
+        assert name in rows, f"{where}: option '{name}' is not documented"
+        expected = f"`{render(getattr(defaults, name))}`"
+        assert expected in rows[name], f"{where}: option '{name}' should show default {expected}: {rows[name]}"
+    stale = set(rows) - set(names)
+    assert not stale, f"{where}: documented options that do not exist: {sorted(stale)}"
+    if not names:
+        assert "No options." in text, f"{where}: say 'No options.'"
+
+
+@pytest.fixture(scope="module")
+def example_plugin():
+    spec = importlib.util.spec_from_file_location("my_stop_plugin", EXAMPLES / "my_stop_plugin.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# -- hooks.md ----------------------------------------------------------------------------------
+HOOKS = sorted(name for name in dir(hookspecs) if name.startswith("pacer_"))
+
+
+def _strip_quotes(annotation) -> str:
+    text = annotation if isinstance(annotation, str) else inspect.formatannotation(annotation)
+    while len(text) > 1 and text[0] == text[-1] and text[0] in "'\"":
+        text = text[1:-1]
+    return text
+
+
+def test_hookspecs_are_found():
+    assert {"pacer_components", "pacer_draft_more", "pacer_propose", "pacer_verify"} <= set(HOOKS)
+
+
+@pytest.mark.parametrize("name", HOOKS)
+def test_every_hook_is_documented_with_its_exact_signature(name):
+    """Like datasette's test: a heading ``### `hook(arg, ...)` `` and the typed ``def`` line."""
+    hooks_md = read("hooks.md")
+    signature = inspect.signature(getattr(hookspecs, name))
+    params = signature.parameters.values()
+    heading = f"### `{name}({', '.join(p.name for p in params)})`"
+    body = section(hooks_md, heading)
+    typed = ", ".join(f"{p.name}: {_strip_quotes(p.annotation)}" for p in params)
+    assert f"def {name}({typed}) -> {_strip_quotes(signature.return_annotation)}" in body
+    firstresult = getattr(hookspecs, name).pacer_sd_spec["firstresult"]
+    assert f"**firstresult**: {'yes' if firstresult else 'no'}" in body
+
+
+def test_no_documented_hook_is_missing_from_hookspecs():
+    documented = re.findall(r"^### `(pacer_\w+)\(", read("hooks.md"), flags=re.M)
+    assert sorted(documented) == HOOKS
+
+
+@pytest.mark.parametrize("cls", [
+    pacer_core.DraftBlock, pacer_core.Draft, pacer_core.Stop, pacer_core.Verdict, pacer_core.StepRecord,
+    pacer_core.DecodeState, pacer_core.SamplingParams, pacer_core.GenerationResult, pacer_core.Component,
+    pacer_core.Resources,
+], ids=lambda c: c.__name__)
+def test_value_object_fields_are_documented(cls):
+    body = section(read("hooks.md"), f"### `{cls.__name__}`")
+    rows = {spans(r[0])[0] for r in table_rows(body) if spans(r[0])}
+    fields = {f.name for f in attrs.fields(cls)}
+    assert fields - rows == set(), f"{cls.__name__}: undocumented fields"
+    assert rows - fields == set(), f"{cls.__name__}: documented fields that do not exist"
+
+
+# -- config.md ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("name,cls", [("target", ModelConfig), ("sampling", SamplingConfig),
+                                      ("generation", GenerationConfig), ("strategy", StrategyConfig)])
+def test_config_sections_are_documented(name, cls):
+    assert_options_documented(section(read("config.md"), f"### `{name}`"), cls, name)
+
+
+def test_every_section_is_documented():
+    config_md = read("config.md")
+    for name in SECTIONS:
+        assert f"### `{name}`" in config_md.splitlines()
+
+
+def _installed():
+    table = components(new_plugin_manager())
+    return [(kind, name, table[kind][name]) for kind in KINDS for name in sorted(table[kind])]
+
+
+@pytest.mark.parametrize("kind,name,component", _installed(), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_installed_component_is_documented(kind, name, component):
+    body = section(read("config.md"), f"#### `{name}` ({kind})")
+    assert_options_documented(body, component.config, f"{kind} '{name}'")
+
+
+def test_builtins_are_among_the_documented_components():
+    names = {name for _, name, _ in _installed()}
+    assert {"autoregressive", "draft_model", "prompt_lookup", "fixed", "heuristic", "greedy",
+            "speculative_sampling", "metrics"} <= names
+
+
+def test_the_written_out_defaults_are_the_defaults(tmp_path):
+    block = next(b for b in code_blocks(read("config.md"), "yaml") if set(yaml.safe_load(b)) == SECTIONS)
+    path = tmp_path / "defaults.yaml"
+    path.write_text(block)
+    assert load_config(path) == PacerConfig()
+
+
+def test_documented_overrides_apply():
+    rows = table_rows(section(read("config.md"), "## Overrides"))
+    overrides = [spans(r[0])[0] for r in rows]
+    assert len(overrides) >= 8
+    for override in overrides:
+        load_config(overrides=[override], require_models=False)
+    assert load_config(overrides=["strategy.stop.0.gamma=3"]).strategy.stop == [{"name": "heuristic", "gamma": 3}]
+    assert load_config(overrides=["strategy.stop[0].gamma=3"]).strategy.stop == [{"name": "heuristic", "gamma": 3}]
+    assert load_config(overrides=["strategy.drafter.max_ngram_size=4"]).strategy.drafter == {
+        "name": "prompt_lookup", "max_ngram_size": 4}
+
+
+def test_documented_validation_errors_are_the_real_messages():
+    rows = table_rows(section(read("config.md"), "## Validation errors"))
+    assert len(rows) >= 10
+    for cells in rows:
+        overrides, (message,) = spans(cells[0]), spans(cells[1])
+        with pytest.raises(ConfigError) as caught:
+            load_config(overrides=overrides)
+        actual = str(caught.value)
+        if "…" in message:
+            assert actual.startswith(message.split("…")[0]), (overrides, actual)
+        else:
+            assert actual == message, overrides
+
+
+# -- YAML in all docs --------------------------------------------------------------------------
+def _yaml_configs():
+    found = []
+    for doc in sorted(DOCS.glob("*.md")):
+        for block in code_blocks(doc.read_text(), "yaml"):
+            data = yaml.safe_load(block)
+            if isinstance(data, dict) and set(data) & SECTIONS:  # looks like a config
+                found.append((doc.name, block, data))
+    return found
+
+
+def test_every_yaml_config_in_the_docs_validates(tmp_path, example_plugin):
+    configs = _yaml_configs()
+    assert len(configs) >= 5
+    for i, (doc, block, data) in enumerate(configs):
+        path = tmp_path / f"{i}.yaml"
+        path.write_text(block)
+        names_a_draft = bool((data.get("draft") or {}).get("path"))
+        try:
+            load_config(path, extra_plugins=[example_plugin], require_models=not names_a_draft)
+        except ConfigError as exc:
+            pytest.fail(f"{doc}: a YAML block does not validate: {exc}\n{block}")
+
+
+# -- links and CLI lines -----------------------------------------------------------------------
+def _slug(heading: str) -> str:
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_relative_links_resolve():
+    for doc in sorted(DOCS.glob("*.md")):
+        for target in re.findall(r"\]\(([^)#:]*)(?:#([^)]*))?\)", doc.read_text()):
+            file, anchor = target
+            linked = DOCS / file if file else doc
+            assert linked.exists(), f"{doc.name}: broken link to {file}"
+            if anchor:
+                headings = re.findall(r"^#+ (.*)$", linked.read_text(), flags=re.M)
+                assert anchor in {_slug(h) for h in headings}, f"{doc.name}: no anchor #{anchor} in {linked.name}"
+
+
+def test_cli_lines_in_the_docs_parse():
+    cli = pytest.importorskip("pacer_core.cli")
+    lines = []
+    for doc in sorted(DOCS.glob("*.md")):
+        text = doc.read_text()
+        lines += [s for s in re.findall(r"`(pacer [^`]+)`", text)]
+        for block in code_blocks(text, "text"):
+            lines += [line for line in block.splitlines() if line.startswith("pacer ")]
+    assert any(line.startswith("pacer generate") for line in lines)
+    for line in lines:
+        argv = shlex.split(re.split(r"\s{2,}", line)[0])[1:]  # drop a trailing description
+        try:
+            cli.make_parser().parse_args(argv)
+        except Exception as exc:  # noqa: BLE001 — the CLI's usage errors are private classes
+            pytest.fail(f"documented command does not parse: {line!r}: {exc}")
+
+
+# -- writing-plugins.md ------------------------------------------------------------------------
+def test_the_example_files_are_included_verbatim():
+    text = read("writing-plugins.md")
+    for name in ("my_stop_plugin.py", "test_my_stop_plugin.py"):
+        assert f"```python\n{(EXAMPLES / name).read_text()}```" in text, f"{name} differs from writing-plugins.md"
+
+
+def test_the_example_pyproject_registers_the_module():
+    (block,) = code_blocks(read("writing-plugins.md"), "toml")
+    project = tomllib.loads(block)
+    assert "my_stop_plugin" in project["project"]["entry-points"]["pacer_sd"].values()
+    assert project["tool"]["setuptools"]["py-modules"] == ["my_stop_plugin"]
+
+
+def test_the_example_plugin_validates_its_options(example_plugin):
+    plugins = [example_plugin]
+    drafter = "strategy.drafter={name: draft_model}"
+    cfg = load_config(overrides=[drafter, "strategy.stop=[{name: prob_floor}]"], extra_plugins=plugins,
+                      require_models=False)
+    assert cfg.strategy.stop == [{"name": "prob_floor"}]
+    for bad, words in [("{name: prob_floor, floor: high}", "floor"), ("{name: prob_floor, max_tokens: 0}", "max_tokens"),
+                       ("{name: prob_floor, flor: 0.3}", "unknown option 'flor'")]:
+        with pytest.raises(ConfigError, match=words):
+            load_config(overrides=[drafter, f"strategy.stop=[{bad}]"], extra_plugins=plugins, require_models=False)
+    with pytest.raises(ConfigError, match="probabilities"):  # prompt_lookup has none
+        load_config(overrides=["strategy.stop=[{name: prob_floor}]"], extra_plugins=plugins)
+
+
+class StepLog:
+    """Records each step's draft probabilities of the chosen tokens and the draft bound."""
+
+    def __init__(self):
+        self.steps = []
+
+    @hookimpl
+    def pacer_observe_step(self, state, step):
+        draft = step.draft
+        chosen = draft.draft_probs.gather(1, draft.tokens[:, None]).squeeze(1)  # [n]
+        self.steps.append((chosen.tolist(), state.max_draft_tokens))
+
+
+def test_the_example_plugin_shapes_drafts_and_keeps_greedy_output(example_plugin):
+    target = tiny_llama(0, scale=32.0)  # peaky: draft probabilities spread over [0, 1]
+    draft = copy.deepcopy(target)  # a perturbed copy: agrees often, not always
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for param in draft.parameters():
+            param.add_(0.02 * torch.randn(param.shape, generator=gen))
+    prompt, budget, floor, max_tokens = [5, 9, 13, 5, 9, 21, 7], 40, 0.3, 6
+    cfg = load_config(overrides=[
+        "strategy.drafter={name: draft_model}", "strategy.verifier={name: greedy}",
+        f"strategy.stop=[{{name: prob_floor, floor: {floor}, max_tokens: {max_tokens}}}]",
+    ], extra_plugins=[example_plugin], require_models=False)
+    log = StepLog()
+    engine = Engine.build(adapter(target, eos=False), draft=adapter(draft, eos=False), cfg=cfg,
+                          extra_plugins=[example_plugin, log])
+    result = engine.generate(prompt, max_new_tokens=budget)
+
+    assert result.tokens == reference_greedy(target, prompt, budget, eos=False)
+    stopped_low = 0
+    for chosen, bound in log.steps:
+        assert chosen, "the policy always lets at least one token be drafted"
+        assert all(p >= floor for p in chosen[:-1]), "drafting went on after a low-probability token"
+        low = chosen[-1] < floor
+        assert low or len(chosen) in (max_tokens, bound), "drafting stopped without a reason"
+        stopped_low += low and len(chosen) < max_tokens
+    assert stopped_low >= 3, "the floor never cut a draft short: the test would not notice a no-op policy"
+    assert len({len(chosen) for chosen, _ in log.steps}) >= 3  # draft lengths vary with the model
+
+
+def test_the_documented_example_test_passes(monkeypatch, example_plugin):
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    monkeypatch.setitem(sys.modules, "my_stop_plugin", example_plugin)
+    spec = importlib.util.spec_from_file_location("test_my_stop_plugin", EXAMPLES / "test_my_stop_plugin.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.test_prob_floor_bounds_drafts_and_keeps_the_output()
