@@ -244,7 +244,7 @@ def _setup_validate(p: argparse.ArgumentParser) -> Runner:
 
 
 # -- entry point -------------------------------------------------------------------------------
-COMMAND_MODULES = ("demo",)  # core modules that register more commands with @command
+COMMAND_MODULES = ("demo", "bench")  # core modules that register more commands with @command
 COMMAND_GROUP = "pacer_sd.commands"  # entry-point group: plugin modules registering commands on import
 
 

@@ -5,6 +5,7 @@ The engine knows token ids, tensors and hooks; strategies live in plugins, model
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -106,12 +107,16 @@ class Engine:
         resolved = check(cfg, extra_plugins, require_models=False)
         s = cfg.sampling
         sampling = SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
-        resources = Resources(target=target, draft=draft, sampling=sampling, tokenizer=tokenizer)
+        resources = Resources(target=target, draft=draft, sampling=sampling, tokenizer=tokenizer,
+                              draft_identity=getattr(draft, "digest", None))
         pm = new_plugin_manager(extra_plugins)
         for item in resolved:
             if item.component.needs_draft_model and draft is None:
                 raise InputError(f"{item.where}: '{item.component.name}' needs a draft model; set draft.path")
-            pm.register(item.component.factory(item.config, resources), name=f"{item.where}:{item.component.name}")
+            plugin = item.component.factory(item.config, resources)
+            if item.component.kind == "drafter" and getattr(plugin, "draft_identity", None):
+                resources = attrs.evolve(resources, draft_identity=plugin.draft_identity)  # built first
+            pm.register(plugin, name=f"{item.where}:{item.component.name}")
         g = cfg.generation
         kwargs = dict(sampling=sampling, seed=s.seed, max_new_tokens=g.max_new_tokens,
                       max_draft_tokens=g.max_draft_tokens, ignore_eos=g.ignore_eos,
@@ -151,20 +156,19 @@ class Engine:
         generator = torch.Generator().manual_seed(self.seed if seed is None else seed)
         eos = frozenset() if self.ignore_eos else self.target.eos_token_ids
         state = DecodeState(list(tokens), len(tokens), budget, self.sampling, generator, eos)
-        forwards = (self.target.num_forwards, getattr(self.draft, "num_forwards", 0))
+        target_forwards, draft_forwards = self.target.num_forwards, 0
         start = clock()
         # 1. prefill: the target caches all but the last prompt token, which every step re-feeds
         self.target.reset()
-        if len(tokens) > 1:
-            self.target.forward(tokens[:-1], logits_from=len(tokens) - 1)
+        prefill = self.target.forward(tokens[:-1], logits_from=len(tokens) - 1,
+                                      hidden=self.needs_target_hidden) if len(tokens) > 1 else None
         pending = [tokens[-1]]  # committed tokens not yet in the target's cache
-        hook.pacer_start(state=state)
+        hook.pacer_start(state=state, target_hidden=prefill.hidden_states if prefill else None)
         finish = "length"
         while state.budget_left > 0:
             # 2. draft until a stop policy says stop
             t0 = clock()
             state.max_draft_tokens = min(self.max_draft_tokens, state.budget_left)
-            draft_forwards = getattr(self.draft, "num_forwards", 0)
             draft, stop_s = self._draft(state)
             t1 = clock()
             # 3. score pending + draft (+ branches) with the target in one forward, then verify
@@ -176,7 +180,7 @@ class Engine:
                                       logits_from=len(pending) - 1, hidden=self.needs_target_hidden)
             target_logits = out.logits[: n + 1]  # [n + 1, vocab]
             sizes = [int(b.shape[0]) for b in branches]
-            bounds = torch.tensor([0] + sizes).cumsum(0).add(n + 1).tolist()
+            bounds = list(itertools.accumulate(sizes, initial=n + 1))
             branch_logits = tuple(out.logits[a:b] for a, b in zip(bounds[:-1], bounds[1:]))
             verdict = hook.pacer_verify(state=state, draft=draft, target_logits=target_logits,
                                         branch_logits=branch_logits)
@@ -194,9 +198,10 @@ class Engine:
             computed = len(self.target.cached_tokens) - cached
             hidden = None if out.hidden_states is None else out.hidden_states[:computed]
             record = StepRecord(state.step_index, draft, verdict, tuple(emitted), before, t1 - t0, t2 - t1,
-                                getattr(self.draft, "num_forwards", 0) - draft_forwards, stop_s,
-                                hidden, cached)
+                                draft.forwards, stop_s,
+                                hidden, cached, target_argmax=out.logits.argmax(-1))
             hook.pacer_observe_step(state=state, step=record)
+            draft_forwards += draft.forwards
             state.step_index += 1
             if hit_eos:
                 finish = "eos"
@@ -205,8 +210,8 @@ class Engine:
         new = state.new_tokens
         text = self.tokenizer.decode(new) if self.tokenizer is not None else None
         metrics = {"new_tokens": len(new), "wall_s": wall, "tokens_per_s": len(new) / wall if wall > 0 else 0.0,
-                   "target_forwards": self.target.num_forwards - forwards[0],
-                   "draft_forwards": getattr(self.draft, "num_forwards", 0) - forwards[1]}
+                   "target_forwards": self.target.num_forwards - target_forwards,
+                   "draft_forwards": draft_forwards}
         result = GenerationResult(tokens=new, text=text, metrics=metrics, finish_reason=finish)
         for extra in hook.pacer_finish(state=state, result=result):
             if extra:

@@ -7,13 +7,15 @@ in the user cache folder (``$PACER_CACHE`` or ``~/.cache/pacer-sd``).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib.util
 import json
 import os
+import time
 import warnings
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -155,6 +157,7 @@ class HFModel:
             getattr(config, "layer_types", None) and t != "full_attention" for t in config.layer_types
         ) if getattr(config, "layer_types", None) else False
         self.num_forwards = 0
+        self.digest: Optional[str] = None  # content hash of the weights, set by load_model
         self.reset()
 
     @classmethod
@@ -172,6 +175,12 @@ class HFModel:
             eos = model.config.eos_token_id
         eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
         return cls(model, eos_token_ids=eos, name=name)
+
+    def embedding_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input embeddings [vocab, hidden], output layer [vocab, hidden]) — feature-level drafts
+        share them with the target instead of storing copies."""
+        return (self.model.get_input_embeddings().weight.detach(),
+                self.model.get_output_embeddings().weight.detach())
 
     # -- cache -------------------------------------------------------------------------------
     @property
@@ -237,13 +246,24 @@ class HFModel:
         return ModelOutput(logits=out_logits.cpu(), hidden_states=out_hidden)
 
 
+def resolve_device(device: str) -> str:
+    """``auto`` → ``cuda`` when a GPU is visible, else ``cpu``; any other name is returned as is."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
 def load_model(path: Optional[str], dtype: str, device: str, device_map: Optional[str], name: str):
-    """(model adapter, tokenizer, weights digest) for a config's ``target`` or ``draft`` section."""
+    """(model adapter, tokenizer, weights digest) for a config's ``target`` or ``draft`` section.
+
+    ``device`` may be ``auto`` (CUDA when available)."""
     folder = materialize(path)
     if dtype not in DTYPES:
         raise InputError(f"unknown dtype '{dtype}' for {name}: use one of {', '.join(DTYPES)}")
+    device = resolve_device(device)
     model = HFModel.load(folder, dtype=dtype, device=device, device_map=device_map, name=name)
-    return model, HFTokenizer.load(folder), weights_digest(folder)
+    model.digest = weights_digest(folder)
+    return model, HFTokenizer.load(folder), model.digest
 
 
 @torch.inference_mode()
@@ -265,3 +285,123 @@ def hf_generate(target: HFModel, prompt: Sequence[int], max_new_tokens: int, *, 
     kwargs.update(generate_kwargs)
     out = target.model.generate(input_ids, **kwargs)
     return out[0, input_ids.shape[1]:].tolist()
+
+
+@torch.inference_mode()
+def last_hidden_states(target: HFModel, input_ids: torch.Tensor) -> torch.Tensor:
+    """The target's last-layer hidden states (after the final norm) for a batch [B, L] → [B, L, d],
+    without touching its KV cache (training data for feature-level drafts)."""
+    out = target.model.base_model(input_ids=input_ids.to(target.device), use_cache=False)
+    return out.last_hidden_state
+
+
+@torch.inference_mode()
+def batch_generate(target: HFModel, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
+    """Greedy answers for several prompts at once (left-padded batch), each cut at its first EOS."""
+    pad = min(target.eos_token_ids) if target.eos_token_ids else 0
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(list(p))
+        mask[i, width - len(p):] = 1
+    out = target.model.generate(ids.to(target.device), attention_mask=mask.to(target.device), do_sample=False,
+                                max_new_tokens=max_new_tokens, pad_token_id=pad)
+    answers = []
+    for row in out[:, width:].tolist():
+        cut = next((i + 1 for i, t in enumerate(row) if t in target.eos_token_ids), len(row))
+        answers.append(row[:cut])
+    return answers
+
+
+class _GenerateTrace:
+    """Watches one ``generate`` call: a streamer (``put``/``end``) receiving the tokens each step
+    emits, and forward hooks counting and timing the target's and the assistant's forwards.
+
+    Step i's drafted count is read from the target's i-th forward: it is fed the committed tokens
+    not yet in its cache plus the candidates, so drafted = cache length + fed − committed.
+    """
+
+    def __init__(self, prompt_length: int, clock: Callable[[], float]):
+        self.clock = clock
+        self.committed = prompt_length
+        self.seen_prompt = False
+        self.accept_lengths: list[int] = []  # emitted tokens per step
+        self.drafted_per_step: list[int] = []
+        self.target_forwards = self.draft_forwards = 0
+        self.verify_s = 0.0
+        self._t0 = 0.0
+
+    # streamer protocol
+    def put(self, value: torch.Tensor) -> None:
+        if not self.seen_prompt:  # generate streams the prompt first
+            self.seen_prompt = True
+            return
+        emitted = int(value.numel())
+        self.accept_lengths.append(emitted)
+        self.committed += emitted
+
+    def end(self) -> None:
+        pass
+
+    # hooks
+    def target_pre(self, module, args, kwargs) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        past = int(cache.get_seq_length()) if cache is not None else 0
+        fed = int(ids.shape[-1]) if ids is not None else 0
+        self.drafted_per_step.append(max(0, past + fed - self.committed))
+        self._t0 = self.clock()
+
+    def target_post(self, module, args, output) -> None:
+        self.verify_s += self.clock() - self._t0
+        self.target_forwards += 1
+
+    def draft_pre(self, module, args) -> None:
+        self.draft_forwards += 1
+
+
+@torch.inference_mode()
+def hf_generate_traced(target: HFModel, prompt: Sequence[int], max_new_tokens: int, *, ignore_eos: bool = False,
+                       assistant: Optional[HFModel] = None, assistant_settings: Optional[dict[str, Any]] = None,
+                       clock: Callable[[], float] = time.perf_counter,
+                       **generate_kwargs: Any) -> tuple[list[int], dict[str, Any], dict[str, Any]]:
+    """``hf_generate`` with a per-step trace, for benchmarks: (tokens, trace, assistant settings after).
+
+    ``assistant_settings`` (e.g. ``num_assistant_tokens``, ``num_assistant_tokens_schedule``,
+    ``assistant_confidence_threshold``) are set on the assistant's generation config for this call
+    only; their values after the call (transformers' heuristic schedule updates
+    ``num_assistant_tokens``) are returned so a caller can carry them to the next prompt. The trace
+    holds ``accept_lengths`` (emitted tokens per step), ``drafted_per_step``, ``target_forwards``,
+    ``draft_forwards``, ``verify_s`` (time inside target forwards) and ``wall_s``; ``clock`` should
+    synchronise CUDA when timing on a GPU.
+    """
+    trace = _GenerateTrace(len(prompt), clock)
+    handles = [target.model.register_forward_pre_hook(trace.target_pre, with_kwargs=True),
+               target.model.register_forward_hook(trace.target_post)]
+    saved = None
+    if assistant is not None:
+        handles.append(assistant.model.register_forward_pre_hook(trace.draft_pre))
+        if assistant_settings:
+            saved = copy.deepcopy(assistant.model.generation_config)
+            for key, value in assistant_settings.items():
+                setattr(assistant.model.generation_config, key, value)
+    after: dict[str, Any] = {}
+    try:
+        start = clock()
+        tokens = hf_generate(target, prompt, max_new_tokens, ignore_eos=ignore_eos, assistant=assistant,
+                             streamer=trace, **generate_kwargs)
+        wall = clock() - start
+        if saved is not None:
+            after = {key: getattr(assistant.model.generation_config, key) for key in assistant_settings}
+    finally:
+        for handle in handles:
+            handle.remove()
+        if saved is not None:
+            assistant.model.generation_config = saved
+    drafted = trace.drafted_per_step
+    if len(drafted) != len(trace.accept_lengths):  # forwards and steps out of step: no per-step drafts
+        drafted = [0] * len(trace.accept_lengths)
+    return tokens, {"accept_lengths": trace.accept_lengths, "drafted_per_step": drafted,
+                    "target_forwards": trace.target_forwards, "draft_forwards": trace.draft_forwards,
+                    "verify_s": trace.verify_s, "wall_s": wall}, after

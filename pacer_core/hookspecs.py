@@ -49,11 +49,13 @@ def pacer_components() -> "list[Component]":
 
 
 @hookspec
-def pacer_start(state: "DecodeState") -> None:
+def pacer_start(state: "DecodeState", target_hidden: "Optional[torch.Tensor]") -> None:
     """A generation begins: the prompt is in ``state.tokens`` and prefilled into the target.
 
     Called on every registered strategy. Reset per-prompt state here; keep state that should
-    survive across prompts (learned thresholds, phrase pools) on the object.
+    survive across prompts (learned thresholds, phrase pools) on the object. When a component
+    declared ``needs_target_hidden``, ``target_hidden`` is [len(prompt) - 1, hidden]: the target's
+    last-layer hidden states of every prompt token but the last (which each step re-feeds); else None.
     """
 
 
@@ -108,6 +110,8 @@ def pacer_observe_step(state: "DecodeState", step: "StepRecord") -> None:
     declared ``needs_target_hidden``, ``step.target_hidden`` holds the target's last-layer hidden
     states (after the final norm) of the committed tokens this step's forward computed, row 0 being
     ``state.tokens[step.target_hidden_start]`` (feature-level drafters in the EAGLE family read them).
+    ``step.target_argmax`` is the target's argmax at every row it scored: the draft's n + 1 rows,
+    then each branch's rows (Ouroboros' phrase pool learns the target's phrases from it).
     """
 
 

@@ -63,7 +63,9 @@ class ScriptedLM:
     The context key is the last ``order`` tokens (padded on the left with the out-of-vocabulary id
     ``vocab_size`` for short contexts) read as a base-``vocab_size + 1`` number, modulo 2**16; with
     a tiny vocabulary every key has its own row of ``table``, so distinct contexts get independent
-    distributions. ``eos_token_ids`` defaults to none, so generations always use the whole budget.
+    distributions. ``table`` ([buckets, vocab], see ``random_table``) replaces the seeded random one
+    (``seed`` then only picks the fake hidden states). ``eos_token_ids`` defaults to none, so
+    generations always use the whole budget.
     """
 
     def __init__(self, vocab_size: int = 8, seed: int = 0, *, order: int = 2, scale: float = 2.0,
@@ -209,11 +211,13 @@ def chisquare_pvalue(samples: Sequence[Sequence[int]], expected: torch.Tensor, m
     from scipy.stats import chisquare
 
     n = len(samples)
-    flat = expected.reshape(-1).double()
-    strides = [int(s) for s in expected.stride()]
-    observed = torch.zeros_like(flat)
-    for tokens in samples:
-        observed[sum(int(t) * s for t, s in zip(tokens, strides))] += 1
+    expected = expected.double().contiguous()
+    flat = expected.reshape(-1)
+    strides = expected.stride()
+    if any(len(tokens) != expected.dim() for tokens in samples):
+        raise ValueError(f"every sample must have {expected.dim()} tokens, one per dimension of expected")
+    index = [sum(int(t) * s for t, s in zip(tokens, strides)) for tokens in samples]
+    observed = torch.bincount(torch.tensor(index, dtype=torch.long), minlength=flat.numel()).double()
     if bool(((flat == 0) & (observed > 0)).any()):
         return 0.0
     expected_counts = flat * n

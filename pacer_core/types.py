@@ -6,6 +6,7 @@ Tensors are excluded from equality and shown by shape in ``repr``. Shapes are no
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Literal, Optional, Protocol, Sequence
 
 import attrs
@@ -63,7 +64,8 @@ class DraftBlock:
     ``draft_probs`` is the distribution each token was sampled from (after temperature, top-k and
     top-p), or None for drafters without probabilities (n-gram, phrase pool): the verifier then
     treats each token as drawn from a point mass. ``hidden_states`` are the draft model's last-layer
-    hidden states that produced each token (PACER reads them), or None. ``branches`` are candidate
+    hidden states that produced each token (PACER reads them), or None. ``forwards`` counts the
+    draft-model forward passes the block cost (0 for model-free drafters). ``branches`` are candidate
     token chains that continue *after* the whole draft (Ouroboros' candidate suffixes); the target
     scores them in the same forward, and a greedy verifier may accept the longest matching one when
     every draft token is accepted.
@@ -73,6 +75,7 @@ class DraftBlock:
     draft_probs: Optional[torch.Tensor] = tensor_field(default=None)  # [n, vocab]
     hidden_states: Optional[torch.Tensor] = tensor_field(default=None)  # [n, hidden]
     branches: tuple[torch.Tensor, ...] = tensor_field(default=())  # each [m_i] int64
+    forwards: int = 0  # draft-model forwards spent on this block (reported in metrics)
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -84,54 +87,85 @@ def _cat(parts: Sequence[Optional[torch.Tensor]], what: str) -> Optional[torch.T
         return None
     if not all(present):
         raise ValueError(f"draft blocks disagree on whether they carry {what}")
-    return torch.cat(list(parts), dim=0)  # type: ignore[arg-type]
+    return parts[0] if len(parts) == 1 else torch.cat(list(parts), dim=0)  # type: ignore[arg-type]
 
 
 @attrs.frozen
 class Draft:
-    """The draft of the current step: the blocks proposed so far, concatenated.
+    """The draft of the current step: the blocks proposed so far.
 
-    ``block_starts`` holds the index of the first token of each block, so a stop policy can look at
-    the latest block alone (``draft.tokens[draft.block_starts[-1]:]``). Branches are those of the
+    ``tokens``, ``draft_probs`` and ``hidden_states`` are the blocks' rows concatenated (computed
+    once per draft, on first use); a stop policy that looks only at the latest block should read
+    ``draft.blocks[-1]`` (or slice with ``draft.last_block``), which costs nothing.
+    ``block_starts`` holds the index of each block's first token. ``branches`` are those of the
     latest block (they continue the whole draft); truncating the draft drops them.
     """
 
-    tokens: torch.Tensor = tensor_field(factory=lambda: torch.empty(0, dtype=torch.long))  # [n]
-    draft_probs: Optional[torch.Tensor] = tensor_field(default=None)  # [n, vocab]
-    hidden_states: Optional[torch.Tensor] = tensor_field(default=None)  # [n, hidden]
-    branches: tuple[torch.Tensor, ...] = tensor_field(default=())
-    block_starts: tuple[int, ...] = ()
+    blocks: tuple[DraftBlock, ...] = ()
 
     def __len__(self) -> int:
-        return int(self.tokens.shape[0])
+        return sum(len(b) for b in self.blocks)
+
+    @functools.cached_property
+    def tokens(self) -> torch.Tensor:  # [n] int64
+        if not self.blocks:
+            return torch.empty(0, dtype=torch.long)
+        return _cat([b.tokens for b in self.blocks], "tokens")
+
+    @functools.cached_property
+    def draft_probs(self) -> Optional[torch.Tensor]:  # [n, vocab]
+        return _cat([b.draft_probs for b in self.blocks], "draft_probs")
+
+    @functools.cached_property
+    def hidden_states(self) -> Optional[torch.Tensor]:  # [n, hidden]
+        return _cat([b.hidden_states for b in self.blocks], "hidden_states")
+
+    @property
+    def branches(self) -> tuple[torch.Tensor, ...]:
+        return self.blocks[-1].branches if self.blocks else ()
+
+    @property
+    def block_starts(self) -> tuple[int, ...]:
+        starts, total = [], 0
+        for block in self.blocks:
+            starts.append(total)
+            total += len(block)
+        return tuple(starts)
+
+    @property
+    def forwards(self) -> int:
+        """Draft-model forwards spent on this draft (blocks cut off by ``truncate`` included)."""
+        return sum(b.forwards for b in self.blocks)
 
     @property
     def last_block(self) -> slice:
         """Index range of the latest block (empty slice for an empty draft)."""
-        return slice(self.block_starts[-1] if self.block_starts else 0, len(self))
+        return slice(len(self) - len(self.blocks[-1]) if self.blocks else 0, len(self))
 
     def extend(self, block: DraftBlock) -> "Draft":
-        if len(self) == 0:
-            return Draft(block.tokens, block.draft_probs, block.hidden_states, block.branches, (0,))
-        return Draft(
-            torch.cat([self.tokens, block.tokens]),
-            _cat([self.draft_probs, block.draft_probs], "draft_probs"),
-            _cat([self.hidden_states, block.hidden_states], "hidden_states"),
-            block.branches,
-            self.block_starts + (len(self),),
-        )
+        return Draft(self.blocks + (block,))
 
     def truncate(self, length: int) -> "Draft":
-        """The first ``length`` tokens; branches are dropped since they continued the full draft."""
+        """The first ``length`` tokens; branches are dropped since they continued the full draft.
+        Forwards spent on the cut tokens stay counted (on the last kept block)."""
         if length >= len(self):
             return self
-        return Draft(
-            self.tokens[:length],
-            None if self.draft_probs is None else self.draft_probs[:length],
-            None if self.hidden_states is None else self.hidden_states[:length],
-            (),
-            tuple(s for s in self.block_starts if s < length),
-        )
+        kept, total = [], 0
+        for block in self.blocks:
+            take = min(len(block), length - total)
+            if take <= 0 and kept:
+                break
+            kept.append(DraftBlock(
+                block.tokens[:take],
+                None if block.draft_probs is None else block.draft_probs[:take],
+                None if block.hidden_states is None else block.hidden_states[:take],
+                (),
+                block.forwards,
+            ))
+            total += take
+        cut = self.forwards - sum(b.forwards for b in kept)
+        kept[-1] = attrs.evolve(kept[-1], forwards=kept[-1].forwards + cut)
+        return Draft(tuple(kept))
 
 
 @attrs.frozen
@@ -174,7 +208,7 @@ class LanguageModel(Protocol):
     hidden_size: int
     max_length: int
     eos_token_ids: frozenset[int]
-    num_forwards: int
+    num_forwards: int  # forward passes so far (the engine reports the target's)
 
     @property
     def cached_tokens(self) -> Sequence[int]: ...
@@ -202,6 +236,9 @@ class Resources:
     draft: Optional[LanguageModel]
     sampling: SamplingParams
     tokenizer: Any = None
+    # names the draft weights drafts come from, for components trained on one draft/target pair
+    # (PACER's M_B): the drafter's ``draft_identity`` attribute, else the draft model's ``digest``
+    draft_identity: Optional[str] = None
 
 
 @attrs.frozen
@@ -244,6 +281,7 @@ class StepRecord:
     stop_s: float = 0.0  # time spent in stop policies (part of draft_s)
     target_hidden: Optional[torch.Tensor] = tensor_field(default=None)  # [k, hidden]
     target_hidden_start: int = 0  # index in state.tokens of target_hidden's first row
+    target_argmax: Optional[torch.Tensor] = tensor_field(default=None)  # [n + 1 + Σ m_j] int64
 
     @property
     def drafted(self) -> int:

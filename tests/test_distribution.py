@@ -245,14 +245,18 @@ def measure(case: Case) -> tuple[float, float, float]:
 
 def _importable_in_workers() -> bool:
     """Spawned workers import this module by name: only when pytest put tests/ on sys.path."""
-    spec = importlib.util.find_spec(__name__) if __name__ != "__main__" else None
+    try:
+        spec = importlib.util.find_spec(__name__)
+    except (ImportError, ValueError):
+        return False
     return spec is not None and spec.origin is not None and Path(spec.origin).resolve() == Path(__file__).resolve()
 
 
 @pytest.fixture(scope="module")
 def measured(request):
-    """``measured(case)`` → (p-value, steps per generation, CPU s), every selected case of this
-    module computed ahead in worker processes, in test order."""
+    """``measured(case)`` → (p-value, steps per generation, CPU s). Every selected case of this
+    module is submitted at once to ``WORKERS`` spawned processes (HF cases first, then in test
+    order); each test waits for its own. With one worker (or one case) cases run in the test."""
     cases = [item.callspec.params["case"] for item in request.session.items
              if getattr(item, "module", None) is request.module and hasattr(item, "callspec")
              and "case" in item.callspec.params]
@@ -261,7 +265,8 @@ def measured(request):
         yield measure
         return
     pool = ProcessPoolExecutor(min(WORKERS, len(cases)), mp_context=multiprocessing.get_context("spawn"))
-    futures = {case: pool.submit(measure, case) for case in cases}
+    # the HF cases are the longest (and import transformers): start them first to balance the workers
+    futures = {case: pool.submit(measure, case) for case in sorted(cases, key=lambda c: c.draft != "hf")}
     try:
         yield lambda case: (futures[case] if case in futures else pool.submit(measure, case)).result()
     finally:

@@ -119,6 +119,8 @@ class CacheInvariants:
         cached = list(self.target.cached_tokens)
         assert cached == state.tokens[: len(cached)]
         assert len(cached) == min(step.committed_before + step.verdict.accepted, len(state.tokens))
+        # the rollback keeps the accepted draft; on the last step the budget may cut the emitted
+        # tokens inside it, and then the cache holds every committed token (nothing is pending)
         last_step = state.budget_left == 0 or step.emitted[-1] in state.eos_token_ids
         if not last_step:
             assert len(state.tokens) - len(cached) == 1

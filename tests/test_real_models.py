@@ -15,6 +15,17 @@ from pacer_core.hf import HFModel, hf_generate, load_model
 pytestmark = pytest.mark.filterwarnings("ignore")
 
 
+@pytest.fixture(autouse=True)
+def two_threads():
+    """Real models use both cores (the suite runs tiny models on one thread)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
 class CacheAudit:
     """Observer checking the rollback invariant after every step (registered via extra_plugins)."""
 

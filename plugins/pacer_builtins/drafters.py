@@ -83,6 +83,7 @@ class DraftModel:
             tokens=torch.tensor(tokens, dtype=torch.long),
             draft_probs=torch.stack(probs),
             hidden_states=torch.stack(hidden) if self.hidden else None,
+            forwards=len(tokens),
         )
 
 

@@ -26,7 +26,9 @@ class Metrics:
         self.drafted_at: Counter[int] = Counter()
         self.accepted_at: Counter[int] = Counter()
         self.draft_lengths: Counter[int] = Counter()
-        self.accept_lengths: list[int] = []
+        self.accept_lengths: list[int] = []  # emitted tokens per step
+        self.drafted_per_step: list[int] = []
+        self.accepted_per_step: list[int] = []
 
     @hookimpl
     def pacer_start(self, state) -> None:
@@ -40,6 +42,8 @@ class Metrics:
         self.accepted += a
         self.emitted += len(step.emitted)
         self.accept_lengths.append(len(step.emitted))
+        self.drafted_per_step.append(n)
+        self.accepted_per_step.append(a)
         self.draft_lengths[n] += 1
         for i in range(n):
             self.drafted_at[i] += 1
@@ -62,6 +66,8 @@ class Metrics:
             "mean_draft_length": self.drafted / self.steps if self.steps else 0.0,
             "draft_length_histogram": {int(k): v for k, v in sorted(self.draft_lengths.items())},
             "accept_lengths": list(self.accept_lengths),
+            "drafted_per_step": list(self.drafted_per_step),
+            "accepted_per_step": list(self.accepted_per_step),
             "draft_s": self.draft_s,
             "verify_s": self.verify_s,
             "stop_s": self.stop_s,

@@ -1,0 +1,391 @@
+"""The bench report: ``report.md``, ``results.json`` and PNG plots, computed from ``answers.jsonl`` alone.
+
+Every number is a ratio of totals over records (never a mean of per-prompt ratios): speedup is a
+stack's tokens/s over autoregressive decoding's on the same (prompt, repeat) keys; τ is emitted
+tokens / steps; acceptance rate is accepted / drafted; shares of time are summed stage times over
+summed wall time. Field meanings: docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any, Optional
+
+from .errors import InputError
+from .oracle import CostModel, analyse, monotone, steps_from_metrics
+
+ALL = "all"  # the row over every prompt set
+
+
+def load_run(out: Path) -> tuple[dict, list[dict], Optional[dict]]:
+    """(bench meta, records, cost model or None) of a bench folder; incomplete lines are skipped."""
+    from .bench import ANSWERS, COST_MODEL, META, record_key
+
+    out = Path(out)
+    if not (out / META).exists() or not (out / ANSWERS).exists():
+        raise InputError(f"'{out}' is not a bench folder (no {META} / {ANSWERS}): run `pacer bench --out {out}` first")
+    meta = json.loads((out / META).read_text())
+    records, seen = [], set()
+    with open(out / ANSWERS, encoding="utf-8") as handle:
+        for line in handle:
+            try:
+                record = json.loads(line)
+                key = record_key(record)
+            except (ValueError, KeyError, TypeError):
+                continue
+            if key not in seen:
+                seen.add(key)
+                records.append(record)
+    cost = json.loads((out / COST_MODEL).read_text()) if (out / COST_MODEL).exists() else None
+    return meta, records, cost
+
+
+def _key(r: dict) -> tuple:
+    return (r["prompt_set"], str(r["question_id"]), int(r.get("repeat", 0)))
+
+
+def _sum(records: list[dict], field: str) -> float:
+    return float(sum(r["metrics"].get(field, 0) or 0 for r in records))
+
+
+def _ratio(a: float, b: float) -> Optional[float]:
+    return a / b if b else None
+
+
+def position_counts(records: list[dict]) -> tuple[list[int], list[int]]:
+    """(drafted at position i, accepted at position i) summed over every step of ``records``."""
+    drafted_at: list[int] = []
+    accepted_at: list[int] = []
+    for r in records:
+        for d, a in zip(r["metrics"].get("drafted_per_step", []), r["metrics"].get("accepted_per_step", [])):
+            while len(drafted_at) < d:
+                drafted_at.append(0)
+                accepted_at.append(0)
+            for i in range(d):
+                drafted_at[i] += 1
+                accepted_at[i] += int(i < a)
+    return drafted_at, accepted_at
+
+
+def cell(records: list[dict], reference: dict[tuple, dict]) -> dict[str, Any]:
+    """One stack's numbers over ``records``; ``reference`` maps keys to autoregressive records."""
+    new = float(sum(len(r["tokens"]) for r in records))
+    wall = _sum(records, "wall_s")
+    paired = [r for r in records if _key(r) in reference]
+    ref = [reference[_key(r)] for r in paired]
+    stack_rate = _ratio(sum(len(r["tokens"]) for r in paired), _sum(paired, "wall_s"))
+    ref_rate = _ratio(sum(len(r["tokens"]) for r in ref), _sum(ref, "wall_s"))
+    steps, drafted, accepted = _sum(records, "steps"), _sum(records, "drafted"), _sum(records, "accepted")
+    emitted = float(sum(sum(r["metrics"].get("accept_lengths", [])) for r in records))
+    divergences = [r["first_divergence"] for r in paired if r.get("first_divergence") is not None]
+    drafted_at, accepted_at = position_counts(records)
+    histogram: dict[str, int] = {}
+    for r in records:
+        for d in r["metrics"].get("drafted_per_step", []):
+            histogram[str(d)] = histogram.get(str(d), 0) + 1
+    return {
+        "records": len(records),
+        "new_tokens": int(new),
+        "wall_s": wall,
+        "tokens_per_s": _ratio(new, wall),
+        "speedup": _ratio(stack_rate, ref_rate) if stack_rate is not None and ref_rate else None,
+        "paired": len(paired),
+        "steps": int(steps),
+        "drafted": int(drafted),
+        "accepted": int(accepted),
+        "tau": _ratio(emitted, steps),
+        "acceptance_rate": _ratio(accepted, drafted),
+        "mean_draft_length": _ratio(drafted, steps),
+        "target_forwards_per_token": _ratio(_sum(records, "target_forwards"), new),
+        "draft_forwards_per_token": _ratio(_sum(records, "draft_forwards"), new),
+        "draft_share": _ratio(_sum(records, "draft_s"), wall),
+        "verify_share": _ratio(_sum(records, "verify_s"), wall),
+        "stop_share": _ratio(_sum(records, "stop_s"), wall),
+        "identical": sum(bool(r.get("identical_to_autoregressive")) for r in paired),
+        "first_divergence_min": min(divergences) if divergences else None,
+        "first_divergence_median": statistics.median(divergences) if divergences else None,
+        "per_position_acceptance": [a / d for a, d in zip(accepted_at, drafted_at)],
+        "draft_length_histogram": dict(sorted(histogram.items(), key=lambda kv: int(kv[0]))),
+    }
+
+
+def _drafter(unit: dict) -> Optional[str]:
+    try:
+        return unit["config"]["strategy"]["drafter"]["name"]
+    except (KeyError, TypeError):
+        return None
+
+
+def oracle_summary(meta: dict, records: list[dict], cost_file: Optional[dict],
+                   table: dict[str, dict[str, dict]]) -> Optional[dict]:
+    """Oracle replay of the log stack per prompt set and overall (None without a log or a cost model)."""
+    log_stack = (meta.get("oracle") or {}).get("log_stack")
+    if not log_stack or not cost_file:
+        return None
+    log_records = [r for r in records if r["model_id"] == log_stack]
+    if not log_records:
+        return None
+    drafted = sum(r["metrics"].get("drafted", 0) for r in log_records)
+    draft_token_s = sum(r["metrics"].get("draft_s", 0.0) for r in log_records) / drafted if drafted else 0.0
+    cost = CostModel(monotone(cost_file["verify_s"]), draft_token_s)
+    units = {u["name"]: u for u in meta["units"]}
+    drafter = _drafter(units.get(log_stack, {}))
+    policies = [u["name"] for u in meta["units"]
+                if u["kind"] == "stack" and u["name"] != meta["baseline"] and _drafter(u) == drafter]
+    longest = max((d for r in log_records for d in r["metrics"].get("drafted_per_step", [])), default=0)
+    gammas = list(range(1, longest + 1))
+    out = {"log_stack": log_stack, "drafter": drafter, "verify_s": list(cost.verify_s),
+           "measured_verify_s": list(cost_file["verify_s"]),
+           "draft_token_s": draft_token_s, "gammas": gammas, "sets": {}}
+    sets = list(meta["prompt_sets"]) + [ALL]
+    for set_name in sets:
+        chosen = [r for r in records if set_name == ALL or r["prompt_set"] == set_name]
+        log = [s for r in chosen if r["model_id"] == log_stack for s in steps_from_metrics(r["metrics"])]
+        if not log:
+            continue
+        policy_steps = {name: [s for r in chosen if r["model_id"] == name for s in steps_from_metrics(r["metrics"])]
+                        for name in policies}
+        result = analyse(log, cost, gammas, policy_steps)
+        for name, info in result["policies"].items():
+            info["measured_speedup"] = table.get(set_name, {}).get(name, {}).get("speedup")
+        result["fixed"] = {str(g): v for g, v in result["fixed"].items()}
+        out["sets"][set_name] = result
+    return out
+
+
+def summarize(meta: dict, records: list[dict], cost_file: Optional[dict] = None) -> dict[str, Any]:
+    """Everything results.json holds (without the rendered markdown)."""
+    baseline = meta["baseline"]
+    unit_names = [u["name"] for u in meta["units"]]
+    present = {r["model_id"] for r in records}
+    unit_names += sorted(present - set(unit_names))
+    sets = [s for s in meta["prompt_sets"] if any(r["prompt_set"] == s for r in records)]
+    sets += sorted({r["prompt_set"] for r in records} - set(sets))
+    reference = {_key(r): r for r in records if r["model_id"] == baseline}
+    table: dict[str, dict[str, dict]] = {}
+    for set_name in sets + [ALL]:
+        chosen = [r for r in records if set_name == ALL or r["prompt_set"] == set_name]
+        row = {}
+        for name in unit_names:
+            mine = [r for r in chosen if r["model_id"] == name]
+            if mine:
+                row[name] = cell(mine, reference)
+        table[set_name] = row
+    results = {
+        "baseline": baseline,
+        "settings": meta.get("settings", {}),
+        "prompt_sets": sets,
+        "units": [{"name": n, "kind": next((u["kind"] for u in meta["units"] if u["name"] == n), "stack")}
+                  for n in unit_names],
+        "skipped": meta.get("skipped", {}),
+        "table": table,
+        "oracle": oracle_summary(meta, records, cost_file, table),
+    }
+    ablation = meta.get("ablation")
+    if ablation:
+        rows = []
+        for name, point in ablation["points"].items():
+            numbers = table[ALL].get(name)
+            if numbers is not None:
+                rows.append({"stack": name, **point, **{k: numbers[k] for k in (
+                    "records", "speedup", "tau", "acceptance_rate", "mean_draft_length", "identical", "paired")}})
+        results["ablation"] = {"keys": ablation["keys"], "rows": rows}
+    return results
+
+
+# -- markdown ----------------------------------------------------------------------------------
+def _fmt(value: Any, kind: str = "f2") -> str:
+    if value is None:
+        return "—"
+    if kind == "pct":
+        return f"{100 * value:.1f}%"
+    if kind == "x":
+        return f"{value:.2f}×"
+    if kind == "f1":
+        return f"{value:.1f}"
+    if kind == "int":
+        return str(int(value))
+    return f"{value:.2f}"
+
+
+_COLUMNS = ("| stack | prompts | tok/s | speedup | τ | acceptance | mean draft | target fw/token | draft fw/token "
+            "| draft time | verify time | stop time | identical | first divergence (min / median) |")
+
+
+def _row(name: str, c: dict) -> str:
+    div = "—" if c["first_divergence_min"] is None else f"{c['first_divergence_min']} / {c['first_divergence_median']:g}"
+    return (f"| {name} | {c['records']} | {_fmt(c['tokens_per_s'], 'f1')} | {_fmt(c['speedup'], 'x')} | "
+            f"{_fmt(c['tau'])} | {_fmt(c['acceptance_rate'], 'pct')} | {_fmt(c['mean_draft_length'])} | "
+            f"{_fmt(c['target_forwards_per_token'])} | {_fmt(c['draft_forwards_per_token'])} | "
+            f"{_fmt(c['draft_share'], 'pct')} | {_fmt(c['verify_share'], 'pct')} | {_fmt(c['stop_share'], 'pct')} | "
+            f"{c['identical']}/{c['paired']} | {div} |")
+
+
+def table_markdown(row: dict[str, dict]) -> str:
+    lines = [_COLUMNS, "|" + "---|" * _COLUMNS.count(" | ") + "---|"]
+    lines += [_row(name, c) for name, c in row.items()]
+    return "\n".join(lines)
+
+
+def _oracle_markdown(oracle: dict) -> list[str]:
+    lines = ["## Oracle replay", "",
+             f"Long-draft log: stack `{oracle['log_stack']}` (drafter `{oracle['drafter']}`). Cost model: "
+             f"verification {', '.join(f'{1000 * v:.1f}' for v in oracle['verify_s'])} ms for k = 1..{len(oracle['verify_s'])} "
+             f"tokens (measured medians made non-decreasing); draft {1000 * oracle['draft_token_s']:.3f} ms per "
+             "token. Simulated speedups (method: docs/benchmarks.md).", "",
+             "| prompt set | steps | best fixed γ | best fixed | oracle | oracle / best fixed | cost-optimal oracle |",
+             "|---|---|---|---|---|---|---|"]
+    for set_name, r in oracle["sets"].items():
+        lines.append(f"| {set_name} | {r['steps']} | {r['best_fixed_gamma']} | {_fmt(r['best_fixed_speedup'], 'x')} | "
+                     f"{_fmt(r['oracle_speedup'], 'x')} | {_fmt(r['oracle_over_best_fixed'], 'x')} | "
+                     f"{_fmt(r['optimal_oracle_speedup'], 'x')} |")
+    lines += ["", "Policies (each replayed on its own log; captured = share of the oracle's gain over the best "
+              "fixed γ):", "", "| prompt set | stack | simulated | measured | captured |", "|---|---|---|---|---|"]
+    for set_name, r in oracle["sets"].items():
+        for name, p in r["policies"].items():
+            lines.append(f"| {set_name} | {name} | {_fmt(p['simulated_speedup'], 'x')} | "
+                         f"{_fmt(p['measured_speedup'], 'x')} | {_fmt(p['captured'], 'pct')} |")
+    return lines + [""]
+
+
+def render(results: dict, plots: list[str]) -> str:
+    s = results["settings"]
+    target = (s.get("target") or {})
+    draft = s.get("draft")
+    lines = ["# Benchmark report", "",
+             f"Target `{target.get('path') or 'embedded SmolLM2-135M-Instruct'}` ({target.get('dtype')}), "
+             f"draft {('`' + str(draft.get('path')) + '`') if draft else 'none'}, device {s.get('device')}, "
+             f"max_new_tokens {s.get('max_new_tokens')}, sampling {s.get('sampling')}, ignore_eos {s.get('ignore_eos')}.",
+             f"Baseline: `{results['baseline']}` (the same engine, no draft). Speedup = tokens/s ratio of totals "
+             "on the same prompts; identical = outputs equal to autoregressive token for token.", ""]
+    if results["skipped"]:
+        lines += ["Skipped: " + "; ".join(f"`{k}` ({v})" for k, v in results["skipped"].items()), ""]
+    lines += ["## All prompt sets", "", table_markdown(results["table"][ALL]), ""]
+    for set_name in results["prompt_sets"]:
+        lines += [f"## {set_name}", "", table_markdown(results["table"][set_name]), ""]
+    if results.get("ablation"):
+        lines += ["## Ablation", "", ablation_markdown(results["ablation"]), ""]
+    if results.get("oracle"):
+        lines += _oracle_markdown(results["oracle"])
+    if plots:
+        lines += ["## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in plots] + [""]
+    return "\n".join(lines)
+
+
+def ablation_markdown(ablation: dict) -> str:
+    keys = ablation["keys"]
+    head = "| " + " | ".join(keys) + " | prompts | speedup | τ | acceptance | mean draft | identical |"
+    lines = [head, "|" + "---|" * (len(keys) + 6)]
+    for r in ablation["rows"]:
+        values = " | ".join(json.dumps(r[k]) for k in keys)
+        lines.append(f"| {values} | {r['records']} | {_fmt(r['speedup'], 'x')} | {_fmt(r['tau'])} | "
+                     f"{_fmt(r['acceptance_rate'], 'pct')} | {_fmt(r['mean_draft_length'])} | {r['identical']}/{r['paired']} |")
+    return "\n".join(lines)
+
+
+# -- plots -------------------------------------------------------------------------------------
+def make_plots(results: dict, out: Path) -> list[str]:
+    """speedup_per_set.png, draft_lengths.png, per_position_acceptance.png (and oracle.png)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    files = []
+    baseline = results["baseline"]
+    names = [u["name"] for u in results["units"] if u["name"] != baseline]
+    sets = results["prompt_sets"] + [ALL]
+    table = results["table"]
+
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(sets) * max(1, len(names)) / 2), 4))
+    width = 0.8 / max(1, len(names))
+    for i, name in enumerate(names):
+        values = [(table[s].get(name) or {}).get("speedup") or 0.0 for s in sets]
+        ax.bar([j + i * width for j in range(len(sets))], values, width, label=name)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(sets))], sets)
+    ax.set_ylabel(f"speedup over {baseline} (tokens/s)")
+    ax.set_title("Speedup per prompt set")
+    if names:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "speedup_per_set.png", dpi=110)
+    plt.close(fig)
+    files.append("speedup_per_set.png")
+
+    drafting = [n for n in names if (table[ALL].get(n) or {}).get("drafted")]
+    cols = max(1, min(3, len(drafting)))
+    rows = max(1, -(-len(drafting) // cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 2.8 * rows), squeeze=False)
+    for ax, name in zip(axes.flat, drafting):
+        hist = table[ALL][name]["draft_length_histogram"]
+        total = sum(hist.values()) or 1
+        ax.bar([int(k) for k in hist], [v / total for v in hist.values()])
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_title(name, fontsize=8)
+        ax.set_xlabel("draft length")
+        ax.set_ylabel("share of steps")
+    for ax in list(axes.flat)[len(drafting):]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(out / "draft_lengths.png", dpi=110)
+    plt.close(fig)
+    files.append("draft_lengths.png")
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in drafting:
+        acc = table[ALL][name]["per_position_acceptance"]
+        ax.plot(range(1, len(acc) + 1), acc, marker=".", label=name)
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance (accepted / drafted at position)")
+    ax.set_ylim(0, 1.02)
+    ax.set_title("Per-position acceptance (all prompt sets)")
+    if drafting:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "per_position_acceptance.png", dpi=110)
+    plt.close(fig)
+    files.append("per_position_acceptance.png")
+
+    oracle = results.get("oracle")
+    if oracle and ALL in oracle["sets"]:
+        r = oracle["sets"][ALL]
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot([int(g) for g in r["fixed"]], list(r["fixed"].values()), marker="o", label="fixed γ (replayed)")
+        ax.axhline(r["oracle_speedup"], color="green", linestyle="--", label="oracle")
+        for i, (name, p) in enumerate(r["policies"].items()):
+            ax.axhline(p["simulated_speedup"], linestyle=":", linewidth=1.2, label=f"{name} (simulated)",
+                       color=f"C{(i + 2) % 10}")
+        ax.set_xlabel("γ")
+        ax.set_ylabel("simulated speedup")
+        ax.set_title("Oracle replay (all prompt sets)")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / "oracle.png", dpi=110)
+        plt.close(fig)
+        files.append("oracle.png")
+    return files
+
+
+def write_report(out: Path, plots: bool = True) -> dict[str, Any]:
+    """Compute the report of a bench folder; write results.json, report.md and the plots."""
+    from .bench import _write_json
+
+    out = Path(out)
+    meta, records, cost = load_run(out)
+    if not records:
+        raise InputError(f"'{out}' has no finished records yet: run or resume the bench first")
+    results = summarize(meta, records, cost)
+    files = make_plots(results, out) if plots else []
+    results["plots"] = files
+    _write_json(out / "results.json", results)
+    text = render(results, files)
+    (out / "report.md").write_text(text)
+    if results.get("ablation"):
+        (out / "ablation.md").write_text(ablation_markdown(results["ablation"]) + "\n")
+    results["markdown_table"] = (ablation_markdown(results["ablation"]) if results.get("ablation")
+                                 else table_markdown(results["table"][ALL]))
+    return results

@@ -1,0 +1,204 @@
+"""The stop policies ``entropy``, ``svip`` and ``confidence``: each checks every draft token.
+
+Each asks for one token at a time (``pacer_draft_more`` returns 1), so the latest token is judged
+before the next is drafted, and stops right after the first token its rule flags (that token is
+still verified: it costs nothing more to draft and may be accepted). A drafter that returns several
+tokens per call is handled too: every new token is judged and the draft is trimmed after the first
+flagged one (``Stop(keep=...)``). ``max_tokens`` bounds the draft. The rules are in
+``entropy_stop.rules``; docs/stop-policies.md states them with their defaults.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Union
+
+import attrs
+import torch
+
+from pacer_core import Resources, Stop, hookimpl
+
+from . import rules
+
+_unit = [attrs.validators.ge(0.0), attrs.validators.le(1.0)]
+
+
+def _draft_probs(draft, name: str) -> torch.Tensor:
+    if draft.draft_probs is None:
+        raise ValueError(f"stop '{name}' needs the draft's probabilities, but the drafter returned none; "
+                         "use a model drafter such as draft_model")
+    return draft.draft_probs  # [n, vocab]
+
+
+def judge_new_tokens(draft, judged: int, max_tokens: int, scores: Callable[[int, int], torch.Tensor],
+                     threshold: float) -> tuple[Union[int, Stop], int]:
+    """One ``pacer_draft_more`` decision: judge the draft tokens not judged yet (``draft[judged:]``,
+    up to ``max_tokens``) and stop after the first whose score is below ``threshold``.
+
+    ``scores(start, end)`` returns the scores of tokens ``start:end`` ([end - start]). Returns the
+    hook's answer (1: draft one more token; a ``Stop``, trimming the draft after the flagged token
+    or at ``max_tokens`` when the drafter returned more) and the new count of judged tokens.
+    """
+    n = len(draft)
+    end = min(n, max_tokens)
+    if judged < end:
+        flagged = rules.first_below(scores(judged, end), threshold)
+        if flagged is not None:
+            keep = judged + flagged + 1
+            return Stop(keep=keep if keep < n else None), keep
+        judged = end
+    if n >= max_tokens:
+        return Stop(keep=max_tokens if n > max_tokens else None), judged
+    return 1, judged
+
+
+# -- entropy and svip ------------------------------------------------------------------------------
+@attrs.define
+class EntropyConfig:
+    gamma: float = attrs.field(default=0.2, validator=attrs.validators.gt(0.0))  # γ_e in 1 − sqrt(γ_e · H)
+    threshold: float = attrs.field(default=0.4, validator=_unit)  # λ: stop when the bound falls below it
+    adapt: bool = True  # calibrate λ online from the observed acceptance
+    adapt_rate: float = attrs.field(default=0.05, validator=[attrs.validators.gt(0.0), attrs.validators.le(1.0)])
+    transient: bool = False  # forget the calibration at every prompt
+    max_tokens: int = attrs.field(default=20, validator=attrs.validators.ge(1))
+
+
+@attrs.define
+class SvipConfig:
+    gamma: float = attrs.field(default=0.2, validator=attrs.validators.gt(0.0))  # γ in sqrt(γ · H)
+    threshold: float = attrs.field(default=0.6, validator=attrs.validators.ge(0.0))  # h: stop when sqrt(γ · H) > h
+    max_tokens: int = attrs.field(default=20, validator=attrs.validators.ge(1))
+
+
+class EntropyBound:
+    """Stop after a draft token whose acceptance bound ``1 − sqrt(γ · H(q))`` is below λ.
+
+    ``q`` is the row of ``draft.draft_probs`` the token came from. With ``adapt``, λ is calibrated
+    online: ``λ = clip(λ₀ − δ, 0, 1)`` where δ is an exponential moving average over judged tokens
+    of (outcome − bound) (``rules.calibrated_offset``); δ is kept across prompts unless
+    ``transient``. ``svip`` is this class with adaptation off and λ₀ = 1 − h.
+    """
+
+    def __init__(self, *, gamma: float, threshold: float, adapt: bool = False, adapt_rate: float = 0.05,
+                 transient: bool = False, max_tokens: int = 20, name: str = "entropy"):
+        self.gamma, self.initial_threshold, self.name, self.max_tokens = gamma, threshold, name, max_tokens
+        self.adapt, self.adapt_rate, self.transient = adapt, adapt_rate, transient
+        self.offset = 0.0  # δ: how far observed acceptance lies above the bound, on average
+        self._judged = 0  # tokens of the current draft already judged
+
+    @classmethod
+    def from_entropy_config(cls, config: EntropyConfig, resources: Optional[Resources] = None) -> "EntropyBound":
+        return cls(gamma=config.gamma, threshold=config.threshold, adapt=config.adapt,
+                   adapt_rate=config.adapt_rate, transient=config.transient, max_tokens=config.max_tokens)
+
+    @classmethod
+    def from_svip_config(cls, config: SvipConfig, resources: Optional[Resources] = None) -> "EntropyBound":
+        # sqrt(γ·H) > h  ⇔  1 − sqrt(γ·H) < 1 − h: SVIP's rule is the bound with λ = 1 − h, fixed
+        return cls(gamma=config.gamma, threshold=1.0 - config.threshold, max_tokens=config.max_tokens, name="svip")
+
+    @property
+    def threshold(self) -> float:
+        """The λ in use now."""
+        if not self.adapt:
+            return self.initial_threshold
+        return min(1.0, max(0.0, self.initial_threshold - self.offset))
+
+    def bounds(self, draft_probs: torch.Tensor) -> torch.Tensor:
+        """``1 − sqrt(γ · H)`` for each row of ``draft_probs`` ([n, vocab] → [n])."""
+        return rules.acceptance_bound(rules.entropy(draft_probs), self.gamma)
+
+    @hookimpl
+    def pacer_draft_more(self, state, draft):
+        if len(draft) == 0:
+            self._judged = 0
+            return 1
+        probs = _draft_probs(draft, self.name)  # [n, vocab]
+        answer, self._judged = judge_new_tokens(draft, self._judged, self.max_tokens,
+                                                lambda a, b: self.bounds(probs[a:b]), self.threshold)
+        return answer
+
+    @hookimpl
+    def pacer_start(self, state) -> None:
+        if self.transient:
+            self.offset = 0.0
+
+    @hookimpl
+    def pacer_observe_step(self, state, step) -> None:
+        n, accepted = step.drafted, step.verdict.accepted
+        if not self.adapt or n == 0:
+            return
+        outcomes = rules.verified_outcomes(n, accepted)
+        bounds = self.bounds(_draft_probs(step.draft, self.name)[: len(outcomes)]).tolist()
+        self.offset = rules.calibrated_offset(self.offset, bounds, outcomes, self.adapt_rate)
+
+    @hookimpl
+    def pacer_finish(self, state, result) -> Optional[dict]:
+        return {f"{self.name}_threshold": self.threshold} if self.adapt else None
+
+
+# -- confidence ------------------------------------------------------------------------------------
+@attrs.define
+class ConfidenceConfig:
+    threshold: float = attrs.field(default=0.4, validator=_unit)  # stop after a token with p below it
+    adapt: bool = True  # re-fit the threshold after every step from (p, accepted) pairs
+    fp_cost: float = attrs.field(default=1.0, validator=attrs.validators.ge(0.0))
+    fn_cost: float = attrs.field(default=3.0, validator=attrs.validators.ge(0.0))
+    min_pairs: int = attrs.field(default=6, validator=attrs.validators.ge(2))
+    transient: bool = False  # reset the threshold at every prompt
+    max_tokens: int = attrs.field(default=20, validator=attrs.validators.ge(1))
+
+
+class Confidence:
+    """transformers' ``assistant_confidence_threshold``: stop after a draft token whose own draft
+    probability ``q(x)`` is below the threshold.
+
+    With ``adapt``, after every step the (probability, accepted) pairs of the judged tokens are
+    recorded and, once there are ``min_pairs`` of them with both outcomes present, the threshold is
+    re-fit by ``rules.best_confidence_threshold``. The pairs are cleared at every prompt (transformers
+    collects them per ``generate`` call); the fitted threshold is kept unless ``transient``.
+    """
+
+    name = "confidence"
+
+    def __init__(self, config: ConfidenceConfig, resources: Optional[Resources] = None):
+        self.config = config
+        self._judged = 0  # tokens of the current draft already judged
+        self.threshold = config.threshold
+        self.probs: list[float] = []  # q(x) of each judged draft token of this prompt
+        self.accepted: list[int] = []  # its outcome: 1 accepted, 0 rejected
+
+    @hookimpl
+    def pacer_draft_more(self, state, draft):
+        if len(draft) == 0:
+            self._judged = 0
+            return 1
+        probs = _draft_probs(draft, self.name)  # [n, vocab]
+        answer, self._judged = judge_new_tokens(
+            draft, self._judged, self.config.max_tokens,
+            lambda a, b: rules.chosen_probs(probs[a:b], draft.tokens[a:b]), self.threshold)
+        return answer
+
+    @hookimpl
+    def pacer_start(self, state) -> None:
+        self.probs, self.accepted = [], []
+        if self.config.transient:
+            self.threshold = self.config.threshold
+
+    @hookimpl
+    def pacer_observe_step(self, state, step) -> None:
+        n = step.drafted
+        if not self.config.adapt or n == 0:
+            return
+        outcomes = rules.verified_outcomes(n, step.verdict.accepted)
+        m = len(outcomes)
+        probs = rules.chosen_probs(_draft_probs(step.draft, self.name)[:m], step.draft.tokens[:m])
+        self.probs.extend(probs.tolist())
+        self.accepted.extend(outcomes)
+        if len(self.probs) >= self.config.min_pairs:
+            fitted = rules.best_confidence_threshold(self.probs, self.accepted, self.config.fp_cost,
+                                                     self.config.fn_cost)
+            if fitted is not None:
+                self.threshold = fitted
+
+    @hookimpl
+    def pacer_finish(self, state, result) -> Optional[dict]:
+        return {"confidence_threshold": self.threshold} if self.config.adapt else None

@@ -1,0 +1,1 @@
+"""Feature-level draft (EAGLE-style) for a target: the ``eagle`` drafter and ``pacer distill``."""

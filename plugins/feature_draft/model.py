@@ -1,0 +1,173 @@
+"""The feature-level draft network (EAGLE-1 style), in plain torch.
+
+At position t it reads the target's last-layer hidden state f_t (after the final norm) and the
+embedding of the next token x_{t+1}, and predicts f_{t+1}; the target's own output layer, restricted
+to a frequent-token subset of the vocabulary, turns the predicted feature into draft logits for
+x_{t+2}. Only the small network (fc + one decoder layer) is stored; the embeddings and the output
+layer are the target's.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Optional
+
+import attrs
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+WEIGHTS = "draft.safetensors"
+CONFIG = "config.json"
+MANIFEST = "manifest.json"
+
+
+@attrs.define
+class ArchConfig:
+    hidden_size: int = 576
+    num_heads: int = 9
+    num_kv_heads: int = 3
+    head_dim: int = 64
+    intermediate_size: int = 1536
+    rope_theta: float = 100000.0
+    rms_eps: float = 1e-5
+    vocab_size: int = 49152  # the target's
+    subset_size: int = 8192  # draft head: the most frequent corpus tokens
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding (half-split layout) for x: [..., T, head_dim], positions: [T]."""
+    half = x.shape[-1] // 2
+    freqs = theta ** (-torch.arange(half, dtype=torch.float32) / half)
+    angles = positions.float()[:, None] * freqs[None]  # [T, half]
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+class KVCache:
+    """Keys and values of the draft layer for the positions fed so far; cropped on rollback."""
+
+    def __init__(self):
+        self.keys: Optional[torch.Tensor] = None  # [kv_heads, T, head_dim]
+        self.values: Optional[torch.Tensor] = None
+
+    def __len__(self) -> int:
+        return 0 if self.keys is None else int(self.keys.shape[1])
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.keys is None:
+            self.keys, self.values = keys, values
+        else:
+            self.keys = torch.cat([self.keys, keys], dim=1)
+            self.values = torch.cat([self.values, values], dim=1)
+        return self.keys, self.values
+
+    def crop(self, length: int) -> None:
+        if self.keys is not None and length < len(self):
+            self.keys, self.values = self.keys[:, :length], self.values[:, :length]
+
+
+class FeatureDraft(nn.Module):
+    """fc(concat(embedding(x_{t+1}), f_t)) → one pre-norm decoder layer → predicted f_{t+1}."""
+
+    def __init__(self, arch: ArchConfig):
+        super().__init__()
+        self.arch = arch
+        d, h, kv, hd = arch.hidden_size, arch.num_heads, arch.num_kv_heads, arch.head_dim
+        self.fc = nn.Linear(2 * d, d, bias=False)
+        self.input_norm = RMSNorm(d, arch.rms_eps)
+        self.q_proj = nn.Linear(d, h * hd, bias=False)
+        self.k_proj = nn.Linear(d, kv * hd, bias=False)
+        self.v_proj = nn.Linear(d, kv * hd, bias=False)
+        self.o_proj = nn.Linear(h * hd, d, bias=False)
+        self.post_norm = RMSNorm(d, arch.rms_eps)
+        self.gate_proj = nn.Linear(d, arch.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(d, arch.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(arch.intermediate_size, d, bias=False)
+        self.register_buffer("subset", torch.zeros(arch.subset_size, dtype=torch.long))
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=0.02)
+
+    def forward(self, token_embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
+                cache: Optional[KVCache] = None, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Predicted next features. token_embeds, features: [B, T, d] (or [T, d] with a cache);
+        positions: [T]; ``mask`` [T, T] bool (True = may attend) replaces the causal mask."""
+        squeeze = token_embeds.dim() == 2
+        if squeeze:
+            token_embeds, features = token_embeds[None], features[None]
+        a = self.arch
+        b, t, _ = features.shape
+        x = self.fc(torch.cat([token_embeds, features], dim=-1))
+        h = self.input_norm(x)
+        q = self.q_proj(h).view(b, t, a.num_heads, a.head_dim).transpose(1, 2)
+        k = self.k_proj(h).view(b, t, a.num_kv_heads, a.head_dim).transpose(1, 2)
+        v = self.v_proj(h).view(b, t, a.num_kv_heads, a.head_dim).transpose(1, 2)
+        q, k = rope(q, positions, a.rope_theta), rope(k, positions, a.rope_theta)
+        past = 0
+        if cache is not None:
+            past = len(cache)
+            keys, values = cache.append(k[0], v[0])
+            k, v = keys[None], values[None]
+        groups = a.num_heads // a.num_kv_heads
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        if mask is None:
+            allowed = torch.ones(t, past + t, dtype=torch.bool).tril(past)
+        else:
+            allowed = torch.cat([torch.ones(t, past, dtype=torch.bool), mask], dim=1)
+        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+        x = x + self.o_proj(attn.transpose(1, 2).reshape(b, t, -1))
+        h = self.post_norm(x)
+        x = x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        return x[0] if squeeze else x
+
+    # -- storage -----------------------------------------------------------------------------
+    def save(self, folder: Path, manifest: dict) -> None:
+        from safetensors.torch import save_file
+
+        folder.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().to(torch.float16 if v.is_floating_point() else v.dtype).contiguous()
+                 for k, v in self.state_dict().items()}
+        save_file(state, str(folder / WEIGHTS))
+        (folder / CONFIG).write_text(json.dumps({"family": "feature_draft", **attrs.asdict(self.arch)}, indent=2))
+        (folder / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
+
+    @classmethod
+    def load(cls, folder: Path) -> "FeatureDraft":
+        from safetensors.torch import load_file
+
+        config = json.loads((folder / CONFIG).read_text())
+        config.pop("family", None)
+        model = cls(ArchConfig(**config))
+        state = load_file(str(folder / WEIGHTS))
+        model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
+        return model.eval()
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for name, p in model.named_parameters())
+
+
+def head_logits(features: torch.Tensor, head_weight_subset: torch.Tensor) -> torch.Tensor:
+    """Draft logits over the vocabulary subset: features [..., d] @ W_subset.T → [..., subset]."""
+    return features @ head_weight_subset.T
+
+
+def cosine_lr(step: int, total: int, warmup: int, base: float) -> float:
+    if step < warmup:
+        return base * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return base * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))

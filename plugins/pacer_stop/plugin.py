@@ -1,0 +1,16 @@
+"""The ``pacer_sd`` entry point of PACER's stop policy (``pacer``)."""
+
+from __future__ import annotations
+
+from pacer_core import Component, hookimpl
+
+from .policy import PacerStop, PacerStopConfig
+
+
+@hookimpl
+def pacer_components() -> list[Component]:
+    return [Component(
+        "stop", "pacer", PacerStopConfig, PacerStop.from_config,
+        "PACER: blockwise pre-verification; stop when M_B's mean acceptance over a block is below t",
+        needs_draft_hidden=True,
+    )]

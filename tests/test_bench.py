@@ -1,0 +1,384 @@
+"""``pacer bench`` / ``report`` / ``ablate`` and the oracle replay, on tiny seeded models.
+
+``pacer_core.bench.load_models`` is replaced by one returning tests/tiny.py models and a character
+tokenizer, so nothing real loads. Timings on tiny models mean nothing; the tests check bookkeeping:
+records, resumption, recomputation, exactness and the oracle's arithmetic.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+import torch
+
+from pacer_core import bench, cli, hookimpl
+from pacer_core.errors import InputError
+from pacer_core.hf import hf_generate_traced
+from pacer_core.oracle import (CostModel, LoggedStep, analyse, captured_share, monotone, replay_best, replay_fixed,
+                               replay_logged, replay_oracle)
+
+from tiny import adapter, reference_greedy, tiny_llama
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = ["the cat sat on the mat. the cat sat on the", "abc abc abc abc abc", "to be or not to be, to be",
+           "one two three one two three one"]
+
+
+class CharTokenizer:
+    """Characters ↔ ids 3..62 of the tiny vocabulary (0 pad, 1 BOS, 2 EOS)."""
+
+    has_chat_template = False
+
+    def vocab(self) -> dict[str, int]:
+        return {chr(32 + i): 3 + i for i in range(60)}
+
+    def encode(self, text: str, chat_template: bool = True) -> list[int]:
+        return [1] + [3 + (ord(c) - 32) % 60 for c in text]
+
+    def decode(self, ids) -> str:
+        return "".join(chr(32 + i - 3) for i in ids if 3 <= i < 63)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run far faster on one thread, above all on a busy machine (thread hand-offs dominate)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def models():
+    return bench.Models(adapter(tiny_llama(0)), None, CharTokenizer())
+
+
+@pytest.fixture
+def tiny(monkeypatch, models):
+    monkeypatch.setattr(bench, "load_models", lambda cfg: models)
+    return models
+
+
+def prompt_file(folder: Path, n: int = 3) -> Path:
+    path = folder / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"question_id": f"q{i}", "prompt": p}) + "\n" for i, p in enumerate(PROMPTS[:n])))
+    return path
+
+
+STACKS = """
+stacks:
+  fixed2: {strategy: {drafter: {name: prompt_lookup}, stop: [{name: fixed, gamma: 2}], verifier: {name: greedy}}}
+  heuristic: {config: %s, overrides: ["strategy.stop.0.gamma=3"]}
+  long: {strategy: {drafter: {name: prompt_lookup}, stop: [{name: fixed, gamma: 8}], verifier: {name: greedy}}}
+""" % (ROOT / "configs" / "prompt_lookup_heuristic.yaml")
+
+
+def write_bench(folder: Path, body: str, n: int = 3) -> Path:
+    path = folder / "bench.yaml"
+    path.write_text(f"prompt_sets: [{prompt_file(folder, n)}]\nmax_new_tokens: 16\nwarmup: 0\ndevice: cpu\n"
+                    f"ignore_eos: true\n{body}")
+    return path
+
+
+def read_records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
+
+
+def run_cli(argv, capsys):
+    code = cli.main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# -- a full tiny bench, shared by several tests -------------------------------------------------
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, models):
+    folder = tmp_path_factory.mktemp("bench")
+    config = write_bench(folder, STACKS + "baselines: [hf_generate, hf_prompt_lookup, hf_assisted_constant]\n"
+                                          "oracle: {log_stack: long, verify_max_k: 4, verify_repeats: 1}\n")
+    mp = pytest.MonkeyPatch()
+    mp.setattr(bench, "load_models", lambda cfg: models)
+    try:
+        code = cli.main(["bench", "--config", str(config), "--out", str(folder / "out"), "--no-progress"])
+    finally:
+        mp.undo()
+    assert code == 0
+    return folder / "out"
+
+
+def test_tiny_bench_runs_end_to_end(finished):
+    for name in ("answers.jsonl", "bench.json", "results.json", "report.md", "cost_model.json",
+                 "speedup_per_set.png", "draft_lengths.png", "per_position_acceptance.png", "oracle.png"):
+        assert (finished / name).stat().st_size > 0, name
+    records = read_records(finished)
+    units = ["autoregressive", "fixed2", "heuristic", "long", "hf_generate", "hf_prompt_lookup"]
+    assert [r["model_id"] for r in records] == units * 3  # interleaved per prompt, baseline first
+    meta = json.loads((finished / "bench.json").read_text())
+    assert "hf_assisted_constant" in meta["skipped"]  # no draft model configured
+    for r in records:
+        choice = r["choices"][0]
+        assert set(choice) >= {"turns", "decoding_steps", "new_tokens", "wall_time", "accept_lengths"}
+        assert choice["new_tokens"] == [len(r["tokens"])] == [16]
+        assert sum(choice["accept_lengths"]) == 16 and len(choice["accept_lengths"]) == choice["decoding_steps"][0]
+        assert r["identical_to_autoregressive"] and r["first_divergence"] is None  # fp32 greedy: exact
+        assert r["question_id"] in {"q0", "q1", "q2"} and r["prompt_set"].endswith("prompts.jsonl")
+    drafting = [r for r in records if r["model_id"] in ("fixed2", "long", "hf_prompt_lookup")]
+    assert sum(r["metrics"]["drafted"] for r in drafting) > 0  # prompt lookup found something to draft
+    report = (finished / "report.md").read_text()
+    assert "## Oracle replay" in report and "hf_prompt_lookup" in report and "![oracle](oracle.png)" in report
+
+
+def test_report_numbers_match_a_recomputation_from_the_jsonl(finished, capsys):
+    results = json.loads((finished / "results.json").read_text())
+    records = read_records(finished)
+    by_key = {(r["prompt_set"], r["question_id"], r["model_id"]): r for r in records}
+    ar = [r for r in records if r["model_id"] == "autoregressive"]
+    ar_rate = sum(r["choices"][0]["new_tokens"][0] for r in ar) / sum(r["choices"][0]["wall_time"][0] for r in ar)
+    for name in ("fixed2", "heuristic", "long", "hf_generate", "hf_prompt_lookup"):
+        mine = [by_key[(r["prompt_set"], r["question_id"], name)] for r in ar]
+        rate = sum(r["choices"][0]["new_tokens"][0] for r in mine) / sum(r["choices"][0]["wall_time"][0] for r in mine)
+        tau = sum(sum(r["choices"][0]["accept_lengths"]) for r in mine) / sum(r["choices"][0]["decoding_steps"][0] for r in mine)
+        drafted = sum(sum(r["metrics"]["drafted_per_step"]) for r in mine)
+        accepted = sum(sum(r["metrics"]["accepted_per_step"]) for r in mine)
+        cell = results["table"]["all"][name]
+        assert cell["speedup"] == pytest.approx(rate / ar_rate, rel=1e-9), name
+        assert cell["tau"] == pytest.approx(tau, rel=1e-9)
+        assert cell["acceptance_rate"] == (pytest.approx(accepted / drafted) if drafted else None)
+        assert cell["mean_draft_length"] == pytest.approx(drafted / sum(len(r["metrics"]["drafted_per_step"]) for r in mine))
+        assert cell["identical"] == cell["paired"] == 3
+        drafted_at0 = sum(1 for r in mine for d in r["metrics"]["drafted_per_step"] if d > 0)
+        accepted_at0 = sum(1 for r in mine for a in r["metrics"]["accepted_per_step"] if a > 0)
+        if drafted_at0:
+            assert cell["per_position_acceptance"][0] == pytest.approx(accepted_at0 / drafted_at0)
+    # the oracle section replays the long stack's log with the stored cost model
+    cost_file = json.loads((finished / "cost_model.json").read_text())
+    log = [LoggedStep(d, a) for r in records if r["model_id"] == "long"
+           for d, a in zip(r["metrics"]["drafted_per_step"], r["metrics"]["accepted_per_step"])]
+    long = [r for r in records if r["model_id"] == "long"]
+    cost = CostModel(monotone(cost_file["verify_s"]),
+                     sum(r["metrics"]["draft_s"] for r in long) / sum(r["metrics"]["drafted"] for r in long))
+    oracle = results["oracle"]["sets"]["all"]
+    assert oracle["oracle_speedup"] == pytest.approx(replay_oracle(log, cost).speedup(cost))
+    assert oracle["fixed"]["2"] == pytest.approx(replay_fixed(log, 2, cost).speedup(cost))
+    # `pacer report DIR` recomputes the same numbers
+    before = results["table"]
+    code, out, _ = run_cli(["report", str(finished), "--no-plots"], capsys)
+    assert code == 0 and "| fixed2 |" in out
+    assert json.loads((finished / "results.json").read_text())["table"] == before
+
+
+# -- resumption ---------------------------------------------------------------------------------
+class Crash:
+    """Raises ``error`` when the ``after``-th engine generation finishes (before its record is written)."""
+
+    def __init__(self, after: int, error: type[BaseException]):
+        self.after, self.error, self.count = after, error, 0
+
+    @hookimpl
+    def pacer_finish(self, state, result):
+        self.count += 1
+        if self.count == self.after:
+            raise self.error("simulated crash")
+
+
+def test_resume_after_interruption_loses_nothing_and_duplicates_nothing(tmp_path, models, capsys):
+    config = write_bench(tmp_path, STACKS + "baselines: [hf_generate]\n", n=4)
+    cfg, stacks = bench.read_bench_config(config)
+    total = 4 * 5  # prompts × (autoregressive, 3 stacks, hf_generate)
+
+    clean = tmp_path / "clean"
+    assert bench.run_bench(cfg, stacks, clean, models=models, progress=False, report=False) == 0
+    expected = {(r["question_id"], r["model_id"]): r["tokens"] for r in read_records(clean)}
+    assert len(expected) == total
+
+    out = tmp_path / "out"
+    # Ctrl-C in the 6th engine generation (prompt 2's fixed2): exit 130, the 6 finished records kept
+    code = bench.run_bench(cfg, stacks, out, models=models, progress=False, extra_plugins=[Crash(6, KeyboardInterrupt)])
+    assert code == 130 and "rerun the same command to resume" in capsys.readouterr().err
+    assert len(read_records(out)) == 6 and not (out / "report.md").exists()
+    # a crash in prompt 3's first generation, then a kill in the middle of writing a line
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        bench.run_bench(cfg, stacks, out, models=models, progress=False, extra_plugins=[Crash(4, RuntimeError)])
+    assert len(read_records(out)) == 10
+    with open(out / "answers.jsonl", "a") as handle:
+        handle.write('{"question_id": "q3", "category": "prom')
+    assert bench.run_bench(cfg, stacks, out, models=models, progress=False) == 0
+    assert "dropped 1 incomplete line" in capsys.readouterr().err
+    records = read_records(out)
+    keys = [(r["question_id"], r["model_id"]) for r in records]
+    assert len(keys) == len(set(keys)) == total
+    assert {k: r["tokens"] for k, r in zip(keys, records)} == expected
+    # a finished run resumed again adds nothing
+    assert bench.run_bench(cfg, stacks, out, models=models, progress=False, report=False) == 0
+    assert len(read_records(out)) == total
+
+
+def test_resume_refuses_other_settings(tmp_path, models):
+    config = write_bench(tmp_path, "", n=1)
+    cfg, stacks = bench.read_bench_config(config)
+    assert bench.run_bench(cfg, stacks, tmp_path / "out", models=models, progress=False, report=False) == 0
+    cfg, stacks = bench.read_bench_config(config, ["max_new_tokens=8"])
+    with pytest.raises(InputError, match="other settings .*max_new_tokens"):
+        bench.run_bench(cfg, stacks, tmp_path / "out", models=models, progress=False)
+
+
+def test_answer_log_keeps_complete_lines_only(tmp_path):
+    path = tmp_path / "answers.jsonl"
+    good = {"prompt_set": "s", "question_id": "a", "model_id": "m", "repeat": 0}
+    path.write_text(json.dumps(good) + "\n" + "not json\n" + json.dumps(good) + "\n" + '{"prompt_set": "s", "quest')
+    log = bench.AnswerLog(path)
+    assert log.dropped == 3 and len(log.records) == 1  # garbage, a duplicate, a truncated tail
+    assert path.read_text() == json.dumps(good) + "\n"
+    log.append({**good, "question_id": "b"})
+    with pytest.raises(RuntimeError, match="duplicate"):
+        log.append(good)
+    assert len(path.read_text().splitlines()) == 2
+
+
+# -- oracle replay: hand-computed ---------------------------------------------------------------
+# verify(k) for k = 1..5 tokens; 0.1 s per draft token; a step drafting n costs 0.1 n + verify(n + 1):
+# n = 0: 1.0, 1: 1.3, 2: 1.6, 3: 1.9, 4: 2.2. Log of a γ = 4 stack: (drafted, accepted before the
+# first rejection) = (4, 4), (4, 1), (4, 0), (2, 2) (the drafter ran out after 2).
+COST = CostModel((1.0, 1.2, 1.4, 1.6, 1.8), 0.1)
+LOG = [LoggedStep(4, 4), LoggedStep(4, 1), LoggedStep(4, 0), LoggedStep(2, 2)]
+
+
+def test_oracle_replay_matches_the_hand_computation():
+    # γ = 1: each step drafts 1; emitted 2 + 2 + 1 + 2 = 7 in 4 × 1.3 s → 7 / 5.2 tokens/s × verify(1)
+    assert replay_fixed(LOG, 1, COST).speedup(COST) == pytest.approx(7 / 5.2)
+    # γ = 2: emitted 3 + 2 + 1 + 3 = 9 in 4 × 1.6 s
+    assert replay_fixed(LOG, 2, COST).speedup(COST) == pytest.approx(9 / 6.4)
+    # γ = 4: emitted 5 + 2 + 1 + 3 = 11 in 2.2 × 3 + 1.6 (the last step drafts only 2)
+    assert replay_fixed(LOG, 4, COST).speedup(COST) == pytest.approx(11 / 8.2)
+    # oracle: draft 4, 1, 0, 2 → emitted 5 + 2 + 1 + 3 = 11 in 2.2 + 1.3 + 1.0 + 1.6 = 6.1 s
+    assert replay_oracle(LOG, COST).speedup(COST) == pytest.approx(11 / 6.1)
+    assert replay_best(LOG, COST).speedup(COST) == pytest.approx(11 / 6.1)  # extending always pays here
+    result = analyse(LOG, COST, [1, 2, 3, 4], {"policy": [LoggedStep(1, 1), LoggedStep(4, 1), LoggedStep(0, 0),
+                                                          LoggedStep(2, 2)], "oracle-like": [LoggedStep(4, 4),
+                                                          LoggedStep(1, 1), LoggedStep(0, 0), LoggedStep(2, 2)]})
+    assert result["fixed"][3] == pytest.approx(10 / 7.3)  # 4 + 2 + 1 + 3 in 1.9 × 3 + 1.6
+    assert result["best_fixed_gamma"] == 2 and result["best_fixed_speedup"] == pytest.approx(9 / 6.4)
+    assert result["oracle_over_best_fixed"] == pytest.approx((11 / 6.1) / (9 / 6.4))
+    # the policy: emitted 2 + 2 + 1 + 3 = 8 in 1.3 + 2.2 + 1.0 + 1.6 = 6.1 s; worse than γ = 2
+    policy = result["policies"]["policy"]
+    assert policy["simulated_speedup"] == pytest.approx(8 / 6.1)
+    assert policy["captured"] == pytest.approx((8 / 6.1 - 9 / 6.4) / (11 / 6.1 - 9 / 6.4))
+    assert result["policies"]["oracle-like"]["captured"] == pytest.approx(1.0)
+
+
+def test_cost_optimal_oracle_stops_early_when_verifying_more_is_dear():
+    cost = CostModel((1.0, 1.0, 5.0), 0.0)
+    log = [LoggedStep(2, 2)]
+    assert replay_oracle(log, cost).speedup(cost) == pytest.approx(3 / 5.0)
+    assert replay_best(log, cost).speedup(cost) == pytest.approx(2 / 1.0)  # draft 1 of the 2
+
+
+def test_cost_model_and_helpers():
+    assert COST.verify(7) == pytest.approx(1.8 + 2 * 0.2)  # extrapolated from the last two
+    assert monotone([1.0, 3.0, 2.0, 4.0]) == pytest.approx((1.0, 2.5, 2.5, 4.0))
+    assert captured_share(1.5, 1.5, 1.5) is None and captured_share(1.2, 1.5, 1.505) is None  # no room
+    assert captured_share(1.6, 1.5, 1.7) == pytest.approx(0.5)
+    assert replay_logged([], COST).speedup(COST) == 0.0
+    with pytest.raises(ValueError):
+        CostModel(())
+
+
+# -- transformers' baselines traced ------------------------------------------------------------
+def test_hf_trace_counts_steps_and_drafts_with_an_identical_assistant():
+    target, assistant = adapter(tiny_llama(0)), adapter(tiny_llama(0))
+    prompt = [1, 5, 6, 7, 8, 5, 6, 7]
+    before = assistant.model.generation_config.num_assistant_tokens
+    settings = {"num_assistant_tokens": 3, "num_assistant_tokens_schedule": "constant",
+                "assistant_confidence_threshold": 0.0}
+    tokens, trace, after = hf_generate_traced(target, prompt, 12, ignore_eos=True, assistant=assistant,
+                                              assistant_settings=settings)
+    assert tokens == reference_greedy(target.model, prompt, 12, eos=False)
+    assert trace["accept_lengths"] == [4, 4, 4]  # 3 accepted + the bonus, every step
+    assert trace["drafted_per_step"] == [3, 3, 3]
+    assert trace["target_forwards"] == 3 and trace["draft_forwards"] >= 9
+    assert assistant.model.generation_config.num_assistant_tokens == before  # restored after the call
+    _, trace, after = hf_generate_traced(target, prompt, 12, ignore_eos=True, assistant=assistant,
+                                         assistant_settings={**settings, "num_assistant_tokens_schedule": "heuristic"})
+    assert after["num_assistant_tokens"] > 3  # all accepted: transformers' schedule grew γ; carried over
+
+
+# -- configs and errors -------------------------------------------------------------------------
+def test_shipped_bench_and_ablate_configs_validate():
+    cfg, stacks = bench.read_bench_config(ROOT / "configs" / "bench.yaml")
+    assert list(stacks)[0] == "autoregressive" and len(stacks) >= 6
+    log = stacks[cfg.oracle.log_stack].strategy.stop
+    assert log == [{"name": "fixed", "gamma": 16}] and cfg.oracle.verify_max_k >= 17
+    assert stacks["prompt_lookup+heuristic"].strategy.stop[0]["name"] == "heuristic"
+    assert set(cfg.baselines) == set(bench.HF_BASELINES)
+    cfg, stacks, ablation = bench.read_ablate_config(ROOT / "configs" / "ablate.yaml")
+    assert len(stacks) == 1 + len(ablation["points"]) == 10 and cfg.baselines == []
+    assert stacks["gamma=8 max_ngram_size=2"].strategy.stop[0]["gamma"] == 8
+    assert stacks["gamma=8 max_ngram_size=2"].strategy.drafter["max_ngram_size"] == 2
+
+
+def test_ablate_runs_a_grid_into_one_table(tmp_path, tiny, capsys):
+    base = write_bench(tmp_path, "", n=2)
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(f"bench: {base.name}\noverrides: [max_new_tokens=8]\n"
+                    "stack: {strategy: {drafter: {name: prompt_lookup}, stop: [{name: fixed}], verifier: {name: greedy}}}\n"
+                    "grid: {strategy.stop.0.gamma: [1, 3]}\n")
+    code, out, err = run_cli(["ablate", "--config", str(grid), "--out", str(tmp_path / "out"), "--no-progress"], capsys)
+    assert code == 0, err
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    rows = results["ablation"]["rows"]
+    assert [r["strategy.stop.0.gamma"] for r in rows] == [1, 3] and all(r["records"] == 2 for r in rows)
+    table = (tmp_path / "out" / "ablation.md").read_text()
+    assert table.count("\n") == 4 and "| strategy.stop.0.gamma |" in table and table in out + "\n"
+    records = read_records(tmp_path / "out")
+    assert {r["model_id"] for r in records} == {"autoregressive", "gamma=1", "gamma=3"}
+    assert max(d for r in records if r["model_id"] == "gamma=1" for d in r["metrics"]["drafted_per_step"]) <= 1
+
+
+@pytest.mark.parametrize("text, needles", [
+    ("stackz: {}\n", ["unknown key 'stackz'", "valid keys", "stacks"]),
+    ("stacks: {a: {strategyy: {}}}\n", ["unknown key 'stacks.a.strategyy'", "config, strategy, generation, overrides"]),
+    ("stacks: {a: {strategy: {drafter: {name: nope}}}}\n", ["stacks.a", "unknown drafter 'nope'", "prompt_lookup"]),
+    ("stacks: {a: {strategy: {drafter: {name: draft_model}}}}\n", ["stacks.a", "needs a draft model", "draft.path"]),
+    ("stacks: {a: {overrides: [strategy.stop.0.gama=3]}}\n", ["stacks.a", "gama"]),
+    ("baselines: [hf_nope]\n", ["unknown baseline 'hf_nope'", "hf_generate"]),
+    ("oracle: {log_stack: missing}\n", ["oracle.log_stack 'missing'"]),
+    ("max_new_tokens: 0\n", ["max_new_tokens must be >= 1"]),
+    ("max_new_tokens: lots\n", ["bad value", "max_new_tokens"]),
+    ("prompt_sets: [nope]\n", ["unknown prompt set 'nope'", "humaneval"]),
+    ("target: {pth: x}\n", ["unknown key 'target.pth'", "path"]),
+    ("dtype: float8\n", ["unknown dtype 'float8'"]),
+    ("stacks: [1, 2\n", ["malformed YAML", "line"]),
+])
+def test_bad_bench_yaml_is_a_one_line_error(tmp_path, capsys, text, needles):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    code, out, err = run_cli(["bench", "--config", str(path), "--out", str(tmp_path / "out")], capsys)
+    assert code == 2 and "Traceback" not in err
+    assert len(err.splitlines()) == 1, err
+    for needle in needles:
+        assert needle in err, (needle, err)
+    assert not (tmp_path / "out").exists()  # failed before anything ran
+
+
+def test_other_command_errors_are_one_line(tmp_path, capsys):
+    code, _, err = run_cli(["report", str(tmp_path)], capsys)
+    assert code == 2 and "not a bench folder" in err and len(err.splitlines()) == 1
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("grid: {}\n")
+    code, _, err = run_cli(["ablate", "--config", str(grid)], capsys)
+    assert code == 2 and "grid is empty" in err and len(err.splitlines()) == 1
+    code, _, err = run_cli(["bench", "--config", str(grid), "max_new_tokens"], capsys)
+    assert code == 2 and "not key=value" in err
+
+
+def test_first_divergence_and_step_metrics():
+    assert bench.first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert bench.first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert bench.first_divergence([1, 2], [1, 2, 3]) == 2
+    m = bench.step_metrics([3, 1, 2], [2, 2, 0], [2, 0, 0])
+    assert m["mean_accepted_length"] == 2.0 and m["acceptance_rate"] == 0.5
+    assert m["per_position_acceptance"] == [0.5, 0.5] and m["draft_length_histogram"] == {0: 1, 2: 2}
+    assert statistics.mean(m["drafted_per_step"]) == pytest.approx(4 / 3)

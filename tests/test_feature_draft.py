@@ -1,0 +1,137 @@
+"""The feature-level draft: the ``eagle`` drafter stays lossless, checks its target, and the
+distillation pieces (loss, training with resume, vocabulary subset) behave."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from pacer_core import Engine, InputError, hookimpl, load_config
+from tiny import EOS, adapter, reference_greedy, tiny_llama
+
+from feature_draft.distill import DistillConfig, draft_loss, frequent_tokens, train
+from feature_draft.model import ArchConfig, FeatureDraft
+from feature_draft.distill import _attention_shape
+
+
+def make_draft(target_model, folder, seed=0, digest=None):
+    target = adapter(target_model)
+    arch = ArchConfig(hidden_size=target.hidden_size, vocab_size=target.vocab_size, subset_size=48,
+                      intermediate_size=64, **_attention_shape(target))
+    torch.manual_seed(seed)
+    net = FeatureDraft(arch)
+    net.subset.copy_(torch.arange(48))  # tokens 48..63 lie outside the draft's vocabulary
+    net.save(folder, {"target_digest": digest})
+    return folder
+
+
+def eagle_engine(target_model, folder, stop="{name: fixed, gamma: 3}", extra=(), plugins=(), digest=None):
+    target = adapter(target_model)
+    target.digest = digest
+    cfg = load_config(overrides=[f"strategy.drafter={{name: eagle, path: '{folder}'}}", f"strategy.stop=[{stop}]",
+                                 *extra], require_models=False, extra_plugins=plugins)
+    return Engine.build(target, cfg=cfg, extra_plugins=plugins)
+
+
+@pytest.mark.parametrize("stop", ["{name: fixed, gamma: 1}", "{name: fixed, gamma: 4}", "{name: heuristic}"])
+@pytest.mark.parametrize("prompt", [[1, 7, 9, 7, 9, 7], [5], list(range(3, 40))], ids=["repeat", "one-token", "long"])
+def test_eagle_greedy_equals_target(tmp_path, stop, prompt):
+    target_model = tiny_llama(0, scale=6.0)
+    folder = make_draft(target_model, tmp_path / "draft")
+    engine = eagle_engine(target_model, folder, stop)
+    result = engine.generate(prompt, max_new_tokens=30)
+    assert result.tokens == reference_greedy(target_model, prompt, 30)
+    drafter = next(p for p in engine.pm.get_plugins() if type(p).__name__ == "EagleDrafter")
+    # the features the drafter holds are the target's own, for every token whose forward ran
+    committed = prompt + result.tokens
+    assert drafter.features.shape[0] == len(engine.target.cached_tokens) <= len(committed)
+    assert drafter.row_tokens[: drafter.true_rows] == committed[1: drafter.true_rows + 1]
+    if len(prompt) > 1:
+        assert result.metrics["drafted"] > 0 and result.metrics["draft_forwards"] > 0
+
+
+def test_eagle_sampling_uses_subset_probs(tmp_path):
+    target_model = tiny_llama(0, scale=2.0)
+    folder = make_draft(target_model, tmp_path / "draft")
+    engine = eagle_engine(target_model, folder, extra=["sampling.temperature=0.9"])
+    seen = []
+
+    class Probe:
+        @hookimpl
+        def pacer_observe_step(self, state, step):
+            if len(step.draft):
+                seen.append(step.draft.draft_probs)
+
+    engine.pm.register(Probe())
+    a = engine.generate([1, 7, 9, 7], max_new_tokens=20, seed=3)
+    b = engine.generate([1, 7, 9, 7], max_new_tokens=20, seed=3)
+    assert a.tokens == b.tokens
+    probs = torch.cat(seen)
+    assert torch.allclose(probs.sum(-1), torch.ones(probs.shape[0]), atol=1e-5)
+    assert probs[:, 48:].abs().max() == 0  # outside the draft's vocabulary: q = 0
+
+
+def test_eagle_refuses_a_draft_for_another_target(tmp_path):
+    target_model = tiny_llama(0)
+    folder = make_draft(target_model, tmp_path / "draft", digest="aaaa")
+    with pytest.raises(InputError, match="distilled from target aaaa.*allow_other_target"):
+        eagle_engine(target_model, folder, digest="bbbb")
+    eagle_engine(target_model, folder, digest="bbbb", extra=["strategy.drafter.allow_other_target=true"])
+    with pytest.raises(InputError, match="not a feature draft folder"):
+        eagle_engine(target_model, tmp_path / "nowhere")
+
+
+def test_frequent_tokens_keep_always_tokens():
+    tokens = torch.tensor([[5, 5, 5, 6, 6, 7]])
+    subset = frequent_tokens(tokens, 2, {EOS})
+    assert subset.tolist() == [EOS, 5]
+
+
+def _tiny_training_setup(tmp_path, epochs):
+    target = adapter(tiny_llama(0, hidden=32))
+    cfg = DistillConfig(out=str(tmp_path))
+    cfg.corpus.heldout_sequences = 2
+    cfg.student.intermediate_size = 64
+    cfg.train.epochs, cfg.train.batch_size, cfg.train.checkpoint_every, cfg.train.warmup = epochs, 4, 3, 2
+    cfg.train.lr = 3e-3
+    torch.manual_seed(0)
+    tokens = torch.randint(3, 64, (18, 16))
+    from pacer_core.hf import last_hidden_states
+
+    features = np.asarray(last_hidden_states(target, tokens).float().numpy(), dtype=np.float16)
+    return cfg, target, tokens, features, torch.arange(64)
+
+
+def test_training_lowers_the_loss_and_resumes(tmp_path):
+    cfg, target, tokens, features, subset = _tiny_training_setup(tmp_path, epochs=2)
+    net, metrics, info = train(cfg, tmp_path, tokens, features, target, subset)
+    assert info["steps"] == 8 and 0.0 <= metrics["heldout_top1_first"] <= 1.0
+    losses = [h["loss"] for h in info["history"]]
+    cfg.train.epochs = 6  # resume the same run for longer
+    net2, _, info2 = train(cfg, tmp_path, tokens, features, target, subset)
+    assert info2["steps"] == 24 and info2["history"][: len(losses)] == info["history"]
+    assert info2["history"][-1]["loss"] < losses[0]
+
+
+def test_draft_loss_and_gradients_are_finite():
+    target = adapter(tiny_llama(0, hidden=32))
+    arch = ArchConfig(hidden_size=32, vocab_size=64, subset_size=64, intermediate_size=64, **_attention_shape(target))
+    net = FeatureDraft(arch)
+    embed, head = target.embedding_weights()
+    tokens = torch.randint(0, 64, (2, 8))
+    feats = torch.randn(2, 8, 32)
+    loss, parts = draft_loss(net, embed, head, tokens, feats, 0.1, 1.0, 0.1, torch.Generator().manual_seed(0))
+    loss.backward()
+    assert torch.isfinite(loss) and all(np.isfinite(list(parts.values())))
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in net.parameters())
+
+
+def test_saved_draft_round_trips(tmp_path):
+    target_model = tiny_llama(0)
+    folder = make_draft(target_model, tmp_path / "d", seed=4)
+    loaded = FeatureDraft.load(folder)
+    assert json.loads((folder / "manifest.json").read_text())["target_digest"] is None
+    assert loaded.subset.tolist() == list(range(48))

@@ -1,0 +1,603 @@
+"""PACER's ``pacer`` stop policy and ``pacer train-preverify`` (plugins/pacer_stop).
+
+The stop rule with a scripted M_B (stops exactly when a block's mean falls below t, t grows by rho
+and is capped, min/max lengths, trimming, blocks counted in tokens); M_B itself (a packed forward
+with the block-diagonal mask equals separate forwards; incremental decoding equals a full forward);
+checkpoints (round trip, another pair refused in one line, a missing default explained); the
+metrics against brute force; losslessness with ``pacer`` in the stack (greedy equality with the
+target's own decoding, the exact-distribution test of tests/test_distribution.py); and the trainer
+(simulated labels are what the verifier decided, a tiny training run lowers the loss and resumes).
+M_B checkpoints are randomly initialised and written to tmp_path.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pacer_core import ConfigError, Draft, DraftBlock, Engine, InputError, StepRecord, Stop, Verdict, load_config
+from pacer_core.testing import ScriptedLM, chisquare_pvalue, exact_continuation_probs
+
+from pacer_stop.metrics import accuracy, expected_calibration_error, prediction_report, roc_auc
+from pacer_stop.model import IncrementalPredictor, PreVerifier, PreVerifierArch, pack, packing_mask
+from pacer_stop.policy import PacerStop, PacerStopConfig
+from pacer_stop import train as trainer
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_distribution import (DRAFT_TABLE, LENGTH, PASS_P, PROMPT, SAMPLINGS, TARGET_TABLE, VOCAB,  # noqa: E402
+                               build_engine, run, single_thread)
+from tiny import adapter, reference_greedy, tiny_llama  # noqa: E402
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+# -- helpers -------------------------------------------------------------------------------------
+def small_arch(input_size: int, **options) -> PreVerifierArch:
+    shape = dict(input_size=input_size, width=16, heads=2, ffn_size=32, max_positions=16)
+    shape.update(options)
+    return PreVerifierArch(**shape)
+
+
+def write_checkpoint(folder: Path, input_size: int, seed: int = 0, target_digest=None, draft_identity=None,
+                     **options) -> Path:
+    torch.manual_seed(seed)
+    PreVerifier(small_arch(input_size, **options)).save(
+        folder, {"target_digest": target_digest, "draft_identity": draft_identity})
+    return folder
+
+
+class ScriptedPredictor:
+    """A fake M_B: the probability of draft position i is ``probs[i]``. Records its calls."""
+
+    def __init__(self, probs):
+        self.probs = list(probs)
+        self.calls: list[tuple[int, torch.Tensor]] = []  # (start, hidden rows given)
+        self.resets = 0
+
+    def reset(self):
+        self.resets += 1
+
+    def __call__(self, hidden, start, confidence=None):
+        self.calls.append((start, hidden.clone()))
+        return torch.tensor(self.probs[start:start + len(hidden)], dtype=torch.float64)
+
+
+def drafted(policy: PacerStop, available: int, chunk=None, hidden_size: int = 3) -> int:
+    """The engine's drafting loop with this policy alone: the drafter offers what is asked (or
+    ``chunk`` tokens per call), up to ``available`` tokens; returns the length sent to the target.
+    Hidden state row i is filled with i, so the rows M_B is given can be checked."""
+    draft = Draft()
+    while True:
+        answer = policy.pacer_draft_more(state=None, draft=draft)
+        if isinstance(answer, Stop):
+            return len(draft) if answer.keep is None else min(answer.keep, len(draft))
+        n = len(draft)
+        k = min(chunk or answer, available - n)
+        if k <= 0:
+            return n  # the drafter ran out
+        rows = torch.arange(n, n + k, dtype=torch.float32)[:, None].expand(k, hidden_size)
+        draft = draft.extend(DraftBlock(tokens=torch.zeros(k, dtype=torch.long), hidden_states=rows.clone()))
+
+
+def scripted(probs, **options) -> PacerStop:
+    return PacerStop(PacerStopConfig(**options), ScriptedPredictor(probs))
+
+
+def reference_length(probs, b, t0, rho, t_max, min_draft, max_draft, send_failed_block) -> int:
+    """The rule as docs/pacer.md states it, block by block (the drafter offers what is asked)."""
+    t, n = t0, 0
+    while n < max_draft:
+        end = min(n + b, max_draft)
+        if end == max_draft and send_failed_block:
+            return max_draft  # the last block is sent whatever M_B says
+        mean = float(torch.tensor(probs[n:end], dtype=torch.float64).mean())  # rounded as the policy does
+        if mean < t and end >= min_draft:
+            return end if send_failed_block else max(n, min_draft)
+        if mean >= t:
+            t = min(t * rho, t_max)
+        n = end
+    return max_draft
+
+
+# -- the stop rule with a scripted M_B -------------------------------------------------------------
+def test_stops_exactly_when_the_block_mean_falls_below_t():
+    probs = [0.9, 0.8, 0.6, 0.5, 0.4, 0.5, 0.9, 0.9]  # block means 0.85, 0.55, 0.45, 0.9
+    assert drafted(scripted(probs, b=2, t0=0.5, rho=1.0, max_draft=8), 8) == 6
+    assert drafted(scripted(probs, b=2, t0=0.46, rho=1.0, max_draft=8), 8) == 6
+    assert drafted(scripted(probs, b=2, t0=0.44, rho=1.0, max_draft=8), 8) == 8  # 0.45 passes
+    assert drafted(scripted(probs, b=2, t0=0.56, rho=1.0, max_draft=8), 8) == 4  # 0.55 fails
+    # a mean equal to t passes (stop only below)
+    assert drafted(scripted([0.5] * 6, b=2, t0=0.5, rho=1.0, max_draft=6), 6) == 6
+
+
+def test_the_threshold_grows_by_rho_and_is_capped():
+    policy = scripted([0.95] * 10, b=1, t0=0.5, rho=1.5, t_max=0.9, max_draft=6)
+    assert drafted(policy, 10) == 6  # 0.95 beats the capped threshold forever
+    assert [round(t, 6) for *_, t in policy.blocks_judged] == [0.5, 0.75, 0.9, 0.9, 0.9]
+    policy = scripted([0.8] * 10, b=1, t0=0.5, rho=1.5, t_max=1.0, max_draft=6)
+    assert drafted(policy, 10) == 3  # thresholds 0.5, 0.75, 1.0: the third token fails
+    assert [round(t, 6) for *_, t in policy.blocks_judged] == [0.5, 0.75, 1.0]
+    # rho = 1: no growth (the ablation)
+    policy = scripted([0.8] * 10, b=1, t0=0.5, rho=1.0, t_max=1.0, max_draft=6)
+    assert drafted(policy, 10) == 6 and {t for *_, t in policy.blocks_judged} == {0.5}
+
+
+def test_min_and_max_draft_hold():
+    for send in (True, False):
+        assert drafted(scripted([0.1] * 9, b=1, min_draft=3, send_failed_block=send), 9) == 3
+        assert drafted(scripted([0.1] * 9, b=2, min_draft=3, send_failed_block=send), 9) == (4 if send else 3)
+    policy = scripted([0.99] * 9, b=2, max_draft=5)
+    assert drafted(policy, 9) == 5
+    assert [start for start, _ in policy.predictor.calls] == [0, 2]  # the last, partial block is not judged
+    assert drafted(scripted([0.1] * 9, b=2, min_draft=0, send_failed_block=False), 9) == 0
+
+
+def test_a_failed_block_is_trimmed_when_not_sent():
+    probs = [0.9, 0.9, 0.9, 0.2, 0.3, 0.9, 0.9, 0.2]
+    options = dict(t0=0.6, rho=1.0, max_draft=8)
+    assert drafted(scripted(probs, b=3, send_failed_block=True, **options), 8) == 6  # [0.2, 0.3, 0.9] fails
+    assert drafted(scripted(probs, b=3, send_failed_block=False, **options), 8) == 3
+    assert drafted(scripted(probs, b=2, send_failed_block=False, **options), 8) == 2  # [0.9, 0.2] fails
+    # at max_draft a trimming policy judges the last (partial) block too
+    policy = scripted([0.9, 0.9, 0.9, 0.9, 0.1], b=2, send_failed_block=False, max_draft=5)
+    assert drafted(policy, 8) == 4 and [s for s, _ in policy.predictor.calls] == [0, 2, 4]
+    policy = scripted([0.9, 0.9, 0.9, 0.9, 0.1], b=2, send_failed_block=True, max_draft=5)
+    assert drafted(policy, 8) == 5 and [s for s, _ in policy.predictor.calls] == [0, 2]
+
+
+def test_blocks_count_tokens_when_the_drafter_returns_more():
+    policy = scripted([0.9, 0.9, 0.9, 0.6, 0.2, 0.2, 0.9], b=2, t0=0.5, rho=1.0, max_draft=7)
+    assert drafted(policy, 7, chunk=3) == 6  # checks after 3 and 6 tokens: means 0.9, 0.33
+    assert [(start, len(rows)) for start, rows in policy.predictor.calls] == [(0, 3), (3, 3)]
+    policy = scripted([0.9] * 9, b=2, max_draft=4)
+    assert drafted(policy, 9, chunk=3) == 4  # cut at max_draft
+
+
+def test_m_b_reads_the_rows_drafted_since_the_last_check():
+    policy = scripted([0.9] * 8, b=2, max_draft=8)
+    drafted(policy, 8, chunk=1)
+    for start, rows in policy.predictor.calls:
+        assert torch.equal(rows[:, 0], torch.arange(start, start + 2, dtype=torch.float32))
+
+
+def test_each_step_starts_at_t0_with_a_fresh_m_b_context():
+    policy = scripted([0.95] * 8, b=1, t0=0.5, rho=1.5, t_max=0.9, max_draft=4)
+    drafted(policy, 8)
+    resets = policy.predictor.resets
+    drafted(policy, 8)
+    assert policy.predictor.resets == resets + 1
+    assert policy.blocks_judged[0][3] == 0.5 and policy.blocks_judged[0][0] == 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(probs=st.lists(st.sampled_from([0.05, 0.3, 0.5, 0.6, 0.75, 0.9, 1.0]), min_size=12, max_size=12),
+       b=st.integers(1, 4), t0=st.sampled_from([0.0, 0.3, 0.5, 0.7]), rho=st.sampled_from([1.0, 1.1, 1.5]),
+       t_max=st.sampled_from([0.7, 0.95, 1.0]), min_draft=st.integers(0, 4), max_draft=st.integers(4, 12),
+       send=st.booleans())
+def test_the_rule_matches_its_statement(probs, b, t0, rho, t_max, min_draft, max_draft, send):
+    options = dict(b=b, t0=t0, rho=rho, t_max=max(t_max, t0), min_draft=min_draft, max_draft=max_draft,
+                   send_failed_block=send)
+    assert drafted(scripted(probs, **options), 12) == reference_length(probs, **options)
+
+
+def test_the_policy_reports_its_work_and_calibration():
+    policy = scripted([0.9, 0.9, 0.2, 0.2, 0.9, 0.9], b=2, t0=0.5, max_draft=6)
+    policy.pacer_start(state=None)
+    length = drafted(policy, 6)
+    draft = Draft().extend(DraftBlock(tokens=torch.zeros(length, dtype=torch.long)))
+    record = StepRecord(index=0, draft=draft, verdict=Verdict(1, 0, "recovered"), emitted=(0, 0),
+                        committed_before=5, draft_s=0.0, verify_s=0.0, draft_forwards=length)
+    policy.pacer_observe_step(state=None, step=record)
+    metrics = policy.pacer_finish(state=None, result=None)
+    assert metrics["pacer_checks"] == 2 and metrics["pacer_early_stops"] == 1
+    assert metrics["pacer_judged_tokens"] == 4 and metrics["pacer_judged_accept_rate"] == 0.25
+    assert metrics["pacer_mean_prediction"] == pytest.approx(0.55) and metrics["pacer_mb_s"] >= 0.0
+
+
+# -- M_B ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("options", [{}, {"positional": False}, {"layers": 2, "ffn_size": 0},
+                                     {"draft_confidence": True}], ids=["default", "no-pos", "2-layers", "conf"])
+def test_a_packed_forward_equals_separate_forwards(options):
+    torch.manual_seed(3)
+    net = PreVerifier(small_arch(8, **options)).eval()
+    lengths = [3, 5, 1, 4, 2]
+    steps = [torch.randn(n, 8) for n in lengths]
+    confs = [torch.randn(n, 2) for n in lengths]
+    separate = [net(h, torch.arange(len(h)), confidence=c) for h, c in zip(steps, confs)]
+    # two packed sequences of 9 rows: [3, 5, 1] and [4, 2] + 3 padding rows
+    sequences = [[0, 1, 2], [3, 4]]
+    hidden, conf = torch.zeros(2, 9, 8), torch.zeros(2, 9, 2)
+    positions = torch.zeros(2, 9, dtype=torch.long)
+    segments = torch.full((2, 9), -1)
+    for row, seq in enumerate(sequences):
+        at = 0
+        for segment, s in enumerate(seq):
+            n = lengths[s]
+            hidden[row, at:at + n], conf[row, at:at + n] = steps[s], confs[s]
+            positions[row, at:at + n], segments[row, at:at + n] = torch.arange(n), segment
+            at += n
+    hidden[1, 6:] = 100.0  # padding must not leak into real rows
+    packed = net(hidden, positions, packing_mask(segments), conf)
+    for row, seq in enumerate(sequences):
+        at = 0
+        for s in seq:
+            assert torch.allclose(packed[row, at:at + lengths[s]], separate[s], atol=1e-5)
+            at += lengths[s]
+    if options.get("layers", 1):  # a plain causal mask over the packed rows lets steps see each other
+        wrong = net(hidden, positions, torch.ones(9, 9, dtype=torch.bool).tril().expand(2, 9, 9), conf)
+        assert not torch.allclose(wrong[0, 3:8], separate[1], atol=1e-3)
+
+
+def test_the_packing_mask_is_block_diagonal_and_causal():
+    mask = packing_mask(torch.tensor([[0, 0, 1, 1, 1, -1]]))[0].int()
+    assert mask.tolist() == [[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [0, 0, 1, 0, 0, 0],
+                             [0, 0, 1, 1, 0, 0], [0, 0, 1, 1, 1, 0], [0, 0, 0, 0, 0, 1]]
+
+
+def test_pack_fills_sequences_in_order():
+    assert pack([3, 5, 1, 4, 2, 9], [0, 1, 2, 3, 4, 5], 9) == [[0, 1, 2], [3, 4], [5]]
+    assert pack([3, 5, 1], [2, 1, 0], 6) == [[2, 1], [0]]
+
+
+@pytest.mark.parametrize("options", [{}, {"positional": False}, {"layers": 2}, {"draft_confidence": True},
+                                     {"max_positions": 4}], ids=["default", "no-pos", "2-layers", "conf", "few-pos"])
+@pytest.mark.parametrize("blocks", [[1] * 7, [2, 2, 3], [3, 4], [7]], ids=str)
+def test_incremental_decoding_equals_a_full_forward(options, blocks):
+    torch.manual_seed(4)
+    net = PreVerifier(small_arch(8, **options)).eval()
+    hidden, conf = torch.randn(7, 8), torch.randn(7, 2)
+    with torch.no_grad():
+        full = torch.sigmoid(net(hidden, torch.arange(7), confidence=conf))
+    predictor = IncrementalPredictor(net)
+    for _ in range(2):  # a second draft after reset gives the same
+        predictor.reset()
+        start, parts = 0, []
+        for k in blocks:
+            parts.append(predictor(hidden[start:start + k], start, conf[start:start + k]))
+            start += k
+        assert torch.allclose(torch.cat(parts), full, atol=1e-5)
+
+
+def test_checkpoints_round_trip(tmp_path):
+    folder = write_checkpoint(tmp_path / "mb", 8, seed=5, target_digest="t1", draft_identity="d1", layers=2)
+    loaded = PreVerifier.load(folder)
+    torch.manual_seed(5)
+    original = PreVerifier(small_arch(8, layers=2)).eval()
+    hidden = torch.randn(6, 8)
+    with torch.no_grad():
+        assert torch.equal(loaded(hidden, torch.arange(6)), original(hidden, torch.arange(6)))
+    assert loaded.arch == original.arch
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest == {"target_digest": "t1", "draft_identity": "d1"}
+
+
+# -- metrics -------------------------------------------------------------------------------------
+def brute_force_auc(scores, labels):
+    pos = [s for s, y in zip(scores, labels) if y]
+    neg = [s for s, y in zip(scores, labels) if not y]
+    wins = sum(1.0 if p > n else 0.5 if p == n else 0.0 for p, n in itertools.product(pos, neg))
+    return wins / (len(pos) * len(neg))
+
+
+@settings(max_examples=60, deadline=None)
+@given(pairs=st.lists(st.tuples(st.sampled_from([0.0, 0.1, 0.25, 0.5, 0.7, 0.9, 1.0]), st.booleans()),
+                      min_size=2, max_size=30))
+def test_auc_matches_brute_force(pairs):
+    scores, labels = zip(*pairs)
+    auc = roc_auc(torch.tensor(scores), torch.tensor(labels))
+    if all(labels) or not any(labels):
+        assert auc != auc  # NaN
+    else:
+        assert auc == pytest.approx(brute_force_auc(scores, labels))
+
+
+def test_accuracy_and_ece_by_hand():
+    probs = torch.tensor([0.05, 0.05, 0.95, 0.95, 0.55, 0.55])
+    labels = torch.tensor([0, 0, 1, 1, 1, 0])
+    assert accuracy(probs, labels) == pytest.approx(5 / 6)
+    # bins (15 equal): {0.05: 2 tokens, rate 0}, {0.95: 2, rate 1}, {0.55: 2, rate 0.5}
+    expected = (2 * 0.05 + 2 * 0.05 + 2 * 0.05) / 6
+    assert expected_calibration_error(probs, labels) == pytest.approx(expected)
+    report = prediction_report(probs, labels)
+    assert report["auc"] == pytest.approx(brute_force_auc(probs.tolist(), labels.tolist()))
+    assert report["tokens"] == 6 and report["accepted_rate"] == pytest.approx(0.5)
+
+
+# -- config and checkpoint errors ------------------------------------------------------------------
+def error_of(overrides) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=overrides, require_models=False)
+    assert "\n" not in str(info.value)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("entry, words", [
+    ("{name: pacer, b: 0}", "'b' must be >= 1"),
+    ("{name: pacer, t0: 1.5}", "'t0' must be in [0, 1]"),
+    ("{name: pacer, rho: 0.9}", "'rho' must be >= 1.0"),
+    ("{name: pacer, t0: 0.8, t_max: 0.7}", "t_max (0.7) must not be below t0 (0.8)"),
+    ("{name: pacer, min_draft: 5, max_draft: 4}", "min_draft (5) must not exceed max_draft (4)"),
+    ("{name: pacer, block: 4}", "unknown option 'block'"),
+])
+def test_bad_options_fail_in_load_config(entry, words):
+    assert words in error_of(["strategy.drafter={name: draft_model}", f"strategy.stop=[{entry}]"])
+
+
+def test_a_drafter_without_hidden_states_is_refused():
+    message = error_of(["strategy.drafter={name: prompt_lookup}", "strategy.stop=[{name: pacer}]"])
+    assert "'pacer' reads the draft's hidden states" in message and "prompt_lookup" in message
+
+
+def test_the_shipped_config_validates_without_its_checkpoint():
+    cfg = load_config(CONFIGS / "pacer.yaml")  # the checkpoint is checked when the engine is built
+    assert cfg.strategy.drafter["name"] == "eagle" and [s["name"] for s in cfg.strategy.stop] == ["pacer"]
+    assert (CONFIGS / "pacer.yaml").read_text().startswith("#")
+
+
+def pair_engine(folder, target_digest="aaaa", draft_digest="dddd", extra=""):
+    target, draft = adapter(tiny_llama(0)), adapter(tiny_llama(1))
+    target.digest, draft.digest = target_digest, draft_digest
+    cfg = load_config(overrides=["strategy.drafter={name: draft_model}",
+                                 f"strategy.stop=[{{name: pacer, checkpoint: '{folder}'{extra}}}]"],
+                      require_models=False)
+    return Engine.build(target, draft=draft, cfg=cfg)
+
+
+def test_a_checkpoint_for_another_pair_fails_in_one_line(tmp_path):
+    folder = write_checkpoint(tmp_path / "mb", 32, target_digest="aaaa", draft_identity="eeee")
+    with pytest.raises(InputError) as info:
+        pair_engine(folder)
+    message = str(info.value)
+    assert "\n" not in message and "aaaa" in message and "eeee" in message and "dddd" in message
+    assert "train-preverify" in message and "allow_other_pair=true" in message
+    with pytest.raises(InputError, match="target bbbb"):
+        pair_engine(folder, target_digest="bbbb", draft_digest="eeee")
+    pair_engine(folder, draft_digest="eeee")  # the right pair
+    pair_engine(folder, extra=", allow_other_pair: true")  # the expert override
+    pair_engine(folder, target_digest=None, draft_digest=None)  # in-memory models: nothing to compare
+
+
+def test_the_eagle_drafters_identity_reaches_the_stop(tmp_path):
+    from feature_draft.drafter import draft_identity
+    from test_feature_draft import make_draft
+
+    target_model = tiny_llama(0)
+    eagle = make_draft(target_model, tmp_path / "eagle", digest="aaaa")
+    identity = draft_identity(eagle)
+    assert identity.startswith("eagle:aaaa:")
+
+    def build(trained_for):
+        folder = write_checkpoint(tmp_path / trained_for.replace(":", "_"), 32, target_digest="aaaa",
+                                  draft_identity=trained_for)
+        target = adapter(target_model)
+        target.digest = "aaaa"
+        cfg = load_config(overrides=[f"strategy.drafter={{name: eagle, path: '{eagle}'}}",
+                                     f"strategy.stop=[{{name: pacer, checkpoint: '{folder}'}}]"], require_models=False)
+        return Engine.build(target, cfg=cfg)
+
+    build(identity).generate([1, 7, 9, 7], max_new_tokens=8)
+    with pytest.raises(InputError, match=f"this run pairs target aaaa with draft {identity}"):
+        build("eagle:aaaa:0123456789abcdef")
+
+
+def test_missing_or_mismatched_checkpoints_are_explained(tmp_path):
+    with pytest.raises(InputError, match="shipped PACER checkpoint .* does not exist yet.*train-preverify"):
+        pair_engine_default = load_config(overrides=["strategy.drafter={name: draft_model}",
+                                                     "strategy.stop=[{name: pacer}]"], require_models=False)
+        Engine.build(adapter(tiny_llama(0)), draft=adapter(tiny_llama(1)), cfg=pair_engine_default)
+    with pytest.raises(InputError, match="not a PACER checkpoint folder"):
+        pair_engine(tmp_path / "nowhere")
+    with pytest.raises(InputError, match="size 8, but this draft's have size 32"):
+        pair_engine(write_checkpoint(tmp_path / "small", 8))
+
+
+# -- losslessness ----------------------------------------------------------------------------------
+BUDGET = 40
+PROMPTS = [[5, 9, 13, 5, 9, 21, 7], [1, 2, 3, 4, 5, 6, 7, 8], [30, 31, 30, 31, 30]]
+
+
+@pytest.fixture(scope="module")
+def greedy_models():
+    target = tiny_llama(0, scale=6.0)
+    draft = copy.deepcopy(target)  # a perturbed copy: agrees often, not always
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for param in draft.parameters():
+            param.add_(0.02 * torch.randn(param.shape, generator=generator))
+    references = [reference_greedy(target, prompt, BUDGET, eos=False) for prompt in PROMPTS]
+    return target, draft, references
+
+
+@pytest.mark.parametrize("stack", [
+    "{name: pacer, b: 1, t0: 0.55, rho: 1.05, t_max: 0.7}",
+    "{name: pacer, b: 2, t0: 0.55, rho: 1.1, t_max: 0.7, send_failed_block: false}",
+    "{name: pacer, b: 1, t0: 0.55, rho: 1.05, t_max: 0.7, min_draft: 0, send_failed_block: false}",
+    "{name: pacer, b: 2, t0: 0.5}, {name: fixed, gamma: 3}",
+], ids=["send", "trim", "trim-to-zero", "with-fixed"])
+@pytest.mark.parametrize("verifier", ["greedy", "speculative_sampling"])
+def test_greedy_output_is_the_targets_greedy_decoding(tmp_path, greedy_models, stack, verifier):
+    target, draft, references = greedy_models
+    folder = write_checkpoint(tmp_path / "mb", 32)
+    stops = stack.replace("pacer,", f"pacer, checkpoint: '{folder}',")
+    cfg = load_config(overrides=["strategy.drafter={name: draft_model}", f"strategy.verifier={{name: {verifier}}}",
+                                 f"strategy.stop=[{stops}]"], require_models=False)
+    engine = Engine.build(adapter(target, eos=False), draft=adapter(draft, eos=False), cfg=cfg)
+    with single_thread():
+        results = [engine.generate(prompt, max_new_tokens=BUDGET) for prompt in PROMPTS]
+    assert [r.tokens for r in results] == references
+    assert sum(r.metrics["pacer_early_stops"] for r in results) >= 3, "M_B never cut a draft"
+    lengths = {n for r in results for n in r.metrics["drafted_per_step"]}
+    assert len(lengths) >= 2, "draft lengths never varied"
+    if "fixed" in stack:
+        assert max(lengths) <= 3
+
+
+# A random M_B's predictions on the scripted draft's hidden states lie around 0.45-0.65, so t0 = 0.55
+# cuts the 3-token generations' drafts at varying lengths.
+DISTRIBUTION_CASES = [
+    pytest.param("b: 1, t0: 0.55, rho: 1.05, t_max: 0.7, max_draft: 3, send_failed_block: false", 8_000,
+                 id="trim"),
+    pytest.param("b: 1, t0: 0.55, rho: 1.05, t_max: 0.7, max_draft: 3", 20_000, id="send",
+                 marks=pytest.mark.slow),
+    pytest.param("b: 2, t0: 0.55, rho: 1.0, t_max: 0.7, max_draft: 3", 20_000, id="block2",
+                 marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("options, samples", DISTRIBUTION_CASES)
+def test_speculative_sampling_with_pacer_matches_the_target_distribution(tmp_path, options, samples):
+    folder = write_checkpoint(tmp_path / "mb", 16)  # ScriptedLM's hidden size
+    with single_thread():
+        target = ScriptedLM(VOCAB, table=TARGET_TABLE.clone())
+        draft = ScriptedLM(VOCAB, seed=1, table=DRAFT_TABLE.clone())
+        engine = build_engine(target, draft, "draft_model", f"{{name: pacer, checkpoint: '{folder}', {options}}}",
+                              SAMPLINGS["t1"])
+        outputs, steps = run(engine, PROMPT, samples)
+        expected = exact_continuation_probs(target, PROMPT, LENGTH, engine.sampling)
+        p_value = chisquare_pvalue(outputs, expected)
+    print(f"{options}: p = {p_value:.4g}, steps/generation = {steps:.2f}")
+    assert p_value > PASS_P
+    assert 1.2 < steps < LENGTH - 0.2  # drafts were cut at varying lengths and also rejected
+
+
+# -- train-preverify ---------------------------------------------------------------------------------
+def tiny_train_config(tmp_path, **data) -> trainer.TrainPreverifyConfig:
+    cfg = trainer.TrainPreverifyConfig(out=str(tmp_path), drafter={"name": "draft_model"},
+                                       verifier={"name": "greedy"})
+    cfg.data.window, cfg.data.max_new_tokens = 6, 24
+    for key, value in data.items():
+        setattr(cfg.data, key, value)
+    cfg.model.width, cfg.model.heads, cfg.model.ffn_size, cfg.model.max_positions = 16, 2, 32, 8
+    cfg.train.pack_len, cfg.train.batch_size, cfg.train.checkpoint_every, cfg.train.warmup = 24, 4, 3, 2
+    return cfg
+
+
+def test_simulated_labels_are_what_the_verifier_decided(tmp_path, greedy_models):
+    target_model, draft_model, _ = greedy_models
+    cfg = tiny_train_config(tmp_path)
+    recorder = trainer.StepRecorder()
+    target = adapter(target_model)
+    engine = Engine.build(target, draft=adapter(draft_model), cfg=trainer.simulation_config(cfg),
+                          extra_plugins=[recorder])
+    items = [{"source": "test", "prompt": p} for p in PROMPTS]
+    with single_thread():
+        trainer.simulate(engine, recorder, items, tmp_path / "samples", 24, seed=0)
+    checked = rejected = 0
+    for i, prompt in enumerate(PROMPTS):
+        sample = torch.load(tmp_path / "samples" / f"item_{i:05d}.pt", weights_only=False)
+        assert sample["generated"] == reference_greedy(target_model, prompt, 24)  # SD is still lossless
+        sequence = prompt + sample["generated"]
+        offsets = [0] + sample["lengths"].cumsum(0).tolist()
+        assert sample["hidden"].shape == (offsets[-1], 32) and max(sample["lengths"]) <= 6
+        for s, before in enumerate(sample["committed_before"].tolist()):
+            tokens = sample["tokens"][offsets[s]:offsets[s + 1]]
+            labels = sample["labels"][offsets[s]:offsets[s + 1]]
+            # independently: the target's greedy choices after the committed context + draft prefix
+            with torch.no_grad():
+                logits = target_model(torch.tensor([sequence[:before] + tokens.tolist()])).logits[0]
+            greedy = logits[before - 1:before - 1 + len(tokens)].argmax(-1)
+            expected = torch.cumprod((greedy == tokens).long(), 0).bool()  # accepted prefix, then rejected
+            assert torch.equal(labels, expected)
+            checked += 1
+            rejected += int(not expected.all())
+    assert checked >= 10 and rejected >= 3  # both outcomes occur
+    # resumable: a missing item is simulated again, finished ones are kept
+    stamps = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "samples").glob("*.pt")}
+    first = torch.load(tmp_path / "samples" / "item_00001.pt", weights_only=False)
+    (tmp_path / "samples" / "item_00001.pt").unlink()
+    with single_thread():
+        trainer.simulate(engine, recorder, items, tmp_path / "samples", 24, seed=0)
+    again = torch.load(tmp_path / "samples" / "item_00001.pt", weights_only=False)
+    assert torch.equal(again["labels"], first["labels"]) and again["generated"] == first["generated"]
+    for name in ("item_00000.pt", "item_00002.pt"):
+        assert (tmp_path / "samples" / name).stat().st_mtime_ns == stamps[name]
+
+
+def synthetic_steps(count: int, seed: int) -> trainer.StepData:
+    """Steps whose labels follow the hidden states: token i is accepted while feature 0 of every
+    token up to i is positive (so M_B can learn it)."""
+    generator = torch.Generator().manual_seed(seed)
+    samples = []
+    for item in range(count):
+        lengths = torch.randint(2, 7, (3,), generator=generator)
+        hidden = torch.randn(int(lengths.sum()), 8, generator=generator) + 0.8
+        labels, at = [], 0
+        for n in lengths.tolist():
+            labels.append(torch.cumprod((hidden[at:at + n, 0] > 0).long(), 0).bool())
+            at += n
+        samples.append({"item": item, "lengths": lengths, "hidden": hidden.half(), "labels": torch.cat(labels),
+                        "confidence": torch.zeros(len(hidden), 2).half()})
+    return trainer.StepData.from_samples(samples)
+
+
+def test_training_lowers_the_loss_and_resumes(tmp_path):
+    cfg = tiny_train_config(tmp_path)
+    cfg.train.lr, cfg.model.dropout, cfg.train.checkpoint_every = 1e-2, 0.0, 4
+    data = synthetic_steps(40, seed=0)
+    train_steps, heldout_steps = trainer.split_steps(data, cfg.data.heldout_every)
+    assert set(data.step_item[heldout_steps].tolist()) == {0, 10, 20, 30}
+    checkpoint = tmp_path / "checkpoint.pt"
+    cfg.train.epochs, cfg.train.threads = 2, 1
+    with single_thread():  # restores the thread count train() sets
+        net, metrics, info = trainer.train(cfg, checkpoint, data, train_steps, heldout_steps)
+    first = info["history"]
+    assert info["steps"] == 2 * info["steps_per_epoch"] and checkpoint.exists()
+    cfg.train.epochs = 8  # resume the same run for longer
+    with single_thread():
+        net, metrics, info = trainer.train(cfg, checkpoint, data, train_steps, heldout_steps)
+    assert info["steps"] == 8 * info["steps_per_epoch"] and info["history"][: len(first)] == first
+    assert info["history"][-1]["loss"] < first[0]["loss"]
+    assert info["history"][-1]["heldout_log_loss"] < first[0]["heldout_log_loss"]
+    assert metrics["auc"] > 0.8 and 0.0 <= metrics["ece"] <= 1.0 and 0.0 <= metrics["accuracy"] <= 1.0
+    assert [p["position"] for p in metrics["by_position"]] == list(range(6))
+
+
+def test_train_config_errors_are_one_line():
+    for overrides, words in [(["drafter={name: prompt_lookup}"], "does not provide hidden states"),
+                             (["drafter={name: draft_model}"], "needs a draft model"),
+                             (["model.max_positions=8"], "max_positions (8) must be >= data.window (16)"),
+                             (["model.width=30"], "multiple of heads"),
+                             (["data.windw=3"], "unknown option 'data.windw'")]:
+        with pytest.raises(ConfigError) as info:
+            trainer.load_train_config(None, overrides)
+        assert words in str(info.value) and "\n" not in str(info.value)
+    cfg = trainer.load_train_config(None, ["drafter.path=/my/draft", "model.positional=false"])
+    assert cfg.drafter == {"name": "eagle", "path": "/my/draft"} and cfg.model.positional is False
+
+
+class ByteTokenizer:
+    """Text → UTF-8 bytes (a stand-in for the target's tokenizer; the chat template adds a marker)."""
+
+    def encode(self, text, chat_template=True):
+        return ([1] if chat_template else []) + list(text.encode("utf-8"))
+
+
+def test_the_corpus_avoids_what_the_draft_was_distilled_on():
+    from feature_draft.instructions import instructions
+
+    cfg = trainer.TrainPreverifyConfig()
+    d = cfg.data
+    d.chat_prompts, d.stdlib_passages, d.docs_passages, d.passage_tokens = 40, 5, 6, 64
+    d.distill_stdlib_tokens, d.distill_docs_tokens = 20_000, 20_000
+    tokenizer = ByteTokenizer()
+    items = trainer.build_items(cfg, tokenizer)
+    sources = [i["source"] for i in items]
+    assert (sources.count("chat"), sources.count("stdlib"), sources.count("docs")) == (40, 5, 6)
+    used = {bytes(tokenizer.encode(q)[1:]).decode() for q in instructions(d.distill_instructions, d.distill_seed)}
+    chat = [bytes(i["prompt"][1:]).decode() for i in items if i["source"] == "chat"]
+    assert len(set(chat)) == 40 and not used.intersection(chat)
+    assert all(len(i["prompt"]) == 64 for i in items if i["source"] != "chat")
+    files, used_files = trainer.distill_used_stdlib(d, tokenizer)
+    used_text = b"".join(f.read_bytes() for f in used_files)
+    for item in items:
+        if item["source"] == "stdlib":
+            assert bytes(item["prompt"]) not in used_text
+    assert trainer.build_items(cfg, tokenizer) == items  # deterministic
