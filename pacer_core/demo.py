@@ -16,6 +16,8 @@ from .config import load_config
 DEMO_STACKS = {
     "prompt_lookup+fixed(4)": ["strategy.drafter={name: prompt_lookup}", "strategy.stop=[{name: fixed, gamma: 4}]"],
     "prompt_lookup+heuristic": ["strategy.drafter={name: prompt_lookup}", "strategy.stop=[{name: heuristic}]"],
+    # the shipped feature-level draft (plugins/feature_draft), when installed
+    "draft(eagle)+fixed(2)": ["strategy.drafter={name: eagle}", "strategy.stop=[{name: fixed, gamma: 2}]"],
 }
 
 
@@ -27,7 +29,7 @@ def _setup_demo(p: argparse.ArgumentParser) -> Runner:
 
     def run(args: argparse.Namespace) -> int:
         from .engine import Engine
-        from .errors import InputError
+        from .errors import InputError, PacerError
         from .hf import load_model
         from .prompts import load_prompts
 
@@ -38,8 +40,12 @@ def _setup_demo(p: argparse.ArgumentParser) -> Runner:
         base = [f"generation.max_new_tokens={args.max_new_tokens}"]
         plain = Engine.build(target, tokenizer=tokenizer, cfg=load_config(
             overrides=base + ["strategy.drafter={name: autoregressive}", "strategy.stop=[]"]))
-        stacks = {name: Engine.build(target, tokenizer=tokenizer, cfg=load_config(overrides=base + o))
-                  for name, o in DEMO_STACKS.items()}
+        stacks = {}
+        for name, overrides in DEMO_STACKS.items():
+            try:
+                stacks[name] = Engine.build(target, tokenizer=tokenizer, cfg=load_config(overrides=base + overrides))
+            except PacerError as exc:  # a plugin or its artifact is not installed: say so, go on
+                print(f"skipping {name}: {exc}", file=sys.stderr)
         prompts = load_prompts("code_editing", args.prompts)
         plain.generate("Say hi.", max_new_tokens=4)  # warm-up
         totals = {name: [0, 0.0, 0, 0.0, 0] for name in stacks}  # plain tokens, s; stack tokens, s; identical

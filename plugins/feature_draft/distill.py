@@ -68,6 +68,7 @@ class TrainConfig:
     feature_weight: float = 1.0
     ce_weight: float = 0.1
     noise: float = 0.1  # uniform noise on input features, ±noise
+    unroll: int = 1  # 2: also train the second draft token, fed the network's own predicted feature
     checkpoint_every: int = 100
     threads: int = 0  # torch threads; 0 = torch's default
 
@@ -160,24 +161,35 @@ def extract_features(out: Path, tokens: torch.Tensor, target, batch_size: int = 
 # -- 3. training --------------------------------------------------------------------------------
 def draft_loss(net: FeatureDraft, embed: torch.Tensor, head_sub: torch.Tensor, tokens: torch.Tensor,
                feats: torch.Tensor, noise: float, feature_weight: float, ce_weight: float,
-               generator: Optional[torch.Generator]) -> tuple[torch.Tensor, dict[str, float]]:
+               generator: Optional[torch.Generator], unroll: int = 1) -> tuple[torch.Tensor, dict[str, float]]:
     """Loss on a batch: tokens [B, L], feats [B, L, d] (true target features, float32).
 
     Row t reads (x_{t+1}, f_t + noise) and predicts f_{t+1}; its logits over the subset are trained
-    towards the target's distribution softmax(W_subset f_{t+1}) for x_{t+2}.
+    towards the target's distribution softmax(W_subset f_{t+1}) for x_{t+2}. With ``unroll = 2`` a
+    second pass feeds each row's own prediction f̂_{t+1} (with x_{t+2}) and is trained towards
+    f_{t+2} and x_{t+3}, as the draft's second token is made at inference (HASS / EAGLE-3's
+    training-time test, simplified: earlier rows of that pass read predictions too).
     """
     inputs = feats[:, :-1]
     if noise > 0:
         inputs = inputs + (torch.rand(inputs.shape, generator=generator) * 2 - 1) * noise
-    predicted = net(embed[tokens[:, 1:]], inputs, torch.arange(tokens.shape[1] - 1))  # [B, L-1, d]
-    wanted = feats[:, 1:]
-    feature_loss = F.smooth_l1_loss(predicted, wanted)
-    teacher = torch.softmax(wanted @ head_sub.T, -1)  # [B, L-1, subset]
-    student = torch.log_softmax(predicted @ head_sub.T, -1)
-    ce = -(teacher * student).sum(-1).mean()
-    agree = (student.argmax(-1) == teacher.argmax(-1)).float().mean()
-    loss = feature_weight * feature_loss + ce_weight * ce
-    return loss, {"feature": float(feature_loss.detach()), "ce": float(ce.detach()), "top1": float(agree)}
+    length = tokens.shape[1]
+    predicted = net(embed[tokens[:, 1:]], inputs, torch.arange(length - 1))  # [B, L-1, d]
+    passes = [(predicted, feats[:, 1:])]
+    if unroll >= 2:
+        second = net(embed[tokens[:, 2:]], predicted[:, :-1], torch.arange(length - 2))  # [B, L-2, d]
+        passes.append((second, feats[:, 2:]))
+    loss, parts = 0.0, {}
+    for i, (guess, wanted) in enumerate(passes):
+        feature_loss = F.smooth_l1_loss(guess, wanted)
+        teacher = torch.softmax(wanted @ head_sub.T, -1)  # [B, T, subset]
+        student = torch.log_softmax(guess @ head_sub.T, -1)
+        ce = -(teacher * student).sum(-1).mean()
+        loss = loss + feature_weight * feature_loss + ce_weight * ce
+        if i == 0:
+            agree = (student.argmax(-1) == teacher.argmax(-1)).float().mean()
+            parts = {"feature": float(feature_loss.detach()), "ce": float(ce.detach()), "top1": float(agree)}
+    return loss, parts
 
 
 @torch.no_grad()
@@ -247,7 +259,7 @@ def train(cfg: DistillConfig, out: Path, tokens: torch.Tensor, features: np.memm
                 for group in optimizer.param_groups:
                     group["lr"] = cosine_lr(step, total, t.warmup, t.lr)
                 loss, parts = draft_loss(net, embed, head_sub, batch_tokens, batch_feats, t.noise,
-                                         t.feature_weight, t.ce_weight, generator)
+                                         t.feature_weight, t.ce_weight, generator, t.unroll)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
@@ -255,10 +267,10 @@ def train(cfg: DistillConfig, out: Path, tokens: torch.Tensor, features: np.memm
                 step += 1
                 seen += batch_tokens.numel()
                 bar.update(1)
-                bar.set_postfix(loss=f"{float(loss):.3f}", top1=f"{parts['top1']:.2f}",
+                bar.set_postfix(loss=f"{float(loss.detach()):.3f}", top1=f"{parts['top1']:.2f}",
                                 tok_s=f"{seen / (time.time() - started):.0f}")
                 if step % t.checkpoint_every == 0 or step == total:
-                    history.append({"step": step, "loss": float(loss), **parts})
+                    history.append({"step": step, "loss": float(loss.detach()), **parts})
                     save()
     finally:
         signal.signal(signal.SIGINT, previous)
@@ -299,7 +311,7 @@ def run_distill(cfg: DistillConfig, command_line: str) -> Path:
     recipe_file = out / "recipe.json"
     if recipe_file.exists():
         before = json.loads(recipe_file.read_text())
-        keep = ("train",)  # training length may change between resumes; the data recipe may not
+        keep = ("train", "out")  # training may change between resumes (and the folder move); the data recipe may not
         if {k: v for k, v in before.items() if k not in keep + ("export",)} != \
                 {k: v for k, v in recipe.items() if k not in keep + ("export",)}:
             raise InputError(f"'{out}' holds a run with another corpus/target recipe: choose a new out= folder")
