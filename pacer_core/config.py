@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import attrs
 import yaml
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .errors import ConfigError
@@ -168,6 +168,15 @@ def _validate_typed(schema_cls: type, data: Any, where: str) -> Any:
         raise ConfigError(f"{where}: bad value for '{key}': {text}{expected}") from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: {_one_line(exc)}") from None
+
+
+def load_schema(schema_cls: type, path: Optional[str | Path], overrides: Sequence[str], where: str) -> Any:
+    """Any attrs config class (e.g. a training command's) from a YAML file and ``key=value``
+    overrides, validated in struct mode like the run config; raises ``ConfigError`` in one line."""
+    raw = _read_yaml(Path(path)) if path else OmegaConf.create({})
+    for override in overrides:
+        _apply_override(raw, override)
+    return _validate_typed(schema_cls, OmegaConf.to_container(raw), where)
 
 
 def load_config(path: Optional[str | Path] = None, overrides: Sequence[str] = (),

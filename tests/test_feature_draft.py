@@ -135,3 +135,19 @@ def test_saved_draft_round_trips(tmp_path):
     loaded = FeatureDraft.load(folder)
     assert json.loads((folder / "manifest.json").read_text())["target_digest"] is None
     assert loaded.subset.tolist() == list(range(48))
+
+
+def test_distill_refuses_a_missing_corpus_file(capsys, tmp_path):
+    from pacer_core import cli
+
+    code = cli.main(["distill", f"out={tmp_path}", f"corpus.extra_files=[{tmp_path / 'nope.txt'}]"])
+    err = capsys.readouterr().err
+    assert code == 2 and "nope.txt' does not exist" in err and len(err.splitlines()) == 1
+
+
+def test_recipe_comparison_ignores_options_added_later():
+    from feature_draft.distill import _same
+
+    before = {"seed": 0, "corpus": {"seq_len": 256}}
+    assert _same(before, {"seed": 0, "corpus": {"seq_len": 256, "extra_files": []}}, ["seed", "corpus"])
+    assert not _same(before, {"seed": 1, "corpus": {"seq_len": 256}}, ["seed", "corpus"])

@@ -26,7 +26,7 @@ import sys
 import sysconfig
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 import attrs
 import numpy as np
@@ -34,7 +34,7 @@ import torch
 from torch.nn import functional as F
 
 from pacer_core.cli import Runner, command
-from pacer_core.config import ModelConfig, _read_yaml, _apply_override, _validate_typed
+from pacer_core.config import ModelConfig, load_schema
 from pacer_core.errors import ConfigError, InputError
 
 from .instructions import instructions
@@ -50,6 +50,7 @@ class CorpusConfig:
     chat_batch_size: int = 32
     seq_len: int = 256
     heldout_sequences: int = 24
+    extra_files: List[str] = attrs.field(factory=list)  # your own text files (never benchmark prompts)
 
 
 @attrs.define
@@ -85,12 +86,7 @@ class DistillConfig:
 
 
 def load_distill_config(path: Optional[str], overrides: list[str]) -> DistillConfig:
-    from omegaconf import OmegaConf
-
-    raw = _read_yaml(Path(path)) if path else OmegaConf.create({})
-    for override in overrides:
-        _apply_override(raw, override)
-    return _validate_typed(DistillConfig, OmegaConf.to_container(raw), "distill config")
+    return load_schema(DistillConfig, path, overrides, "distill config")
 
 
 def log(message: str) -> None:
@@ -112,7 +108,10 @@ def build_corpus(cfg: DistillConfig, target, tokenizer) -> dict[str, Any]:
     from pacer_core.hf import batch_generate
 
     c, eos = cfg.corpus, min(target.eos_token_ids)
-    streams: dict[str, list[int]] = {"stdlib": [], "docs": [], "chat": []}
+    streams: dict[str, list[int]] = {"stdlib": [], "docs": [], "chat": [], "extra": []}
+    for name in c.extra_files:
+        streams["extra"] += tokenizer.encode(Path(name).read_text(encoding="utf-8", errors="ignore"),
+                                             chat_template=False) + [eos]
     for file in stdlib_files(cfg.seed):
         if len(streams["stdlib"]) >= c.stdlib_tokens:
             break
@@ -302,6 +301,13 @@ def frequent_tokens(tokens: torch.Tensor, size: int, always: set[int]) -> torch.
 
 
 # -- the command ---------------------------------------------------------------------------------
+def _same(before: Any, now: Any, keys: Optional[list] = None) -> bool:
+    """``now`` agrees with ``before`` on every key ``before`` recorded (recursively)."""
+    if isinstance(before, dict) and isinstance(now, dict):
+        return all(k in now and _same(before[k], now[k]) for k in (before if keys is None else keys))
+    return before == now
+
+
 def run_distill(cfg: DistillConfig, command_line: str) -> Path:
     from pacer_core.hf import load_model, materialize
 
@@ -311,9 +317,10 @@ def run_distill(cfg: DistillConfig, command_line: str) -> Path:
     recipe_file = out / "recipe.json"
     if recipe_file.exists():
         before = json.loads(recipe_file.read_text())
-        keep = ("train", "out")  # training may change between resumes (and the folder move); the data recipe may not
-        if {k: v for k, v in before.items() if k not in keep + ("export",)} != \
-                {k: v for k, v in recipe.items() if k not in keep + ("export",)}:
+        # training may change between resumes (and the folder may move); the data recipe may not
+        # (options added since the run was made are compared only if the run recorded them)
+        data_keys = [k for k in before if k not in ("train", "out", "export")]
+        if not _same(before, recipe, data_keys):
             raise InputError(f"'{out}' holds a run with another corpus/target recipe: choose a new out= folder")
     recipe_file.write_text(json.dumps(recipe, indent=2))
     torch.manual_seed(cfg.seed)
@@ -365,6 +372,9 @@ def _setup(p: argparse.ArgumentParser) -> Runner:
         cfg = load_distill_config(args.config, args.overrides)
         if cfg.corpus.seq_len < 4 or cfg.corpus.heldout_sequences < 1:
             raise ConfigError("corpus.seq_len must be >= 4 and corpus.heldout_sequences >= 1")
+        missing = [name for name in cfg.corpus.extra_files if not Path(name).is_file()]
+        if missing:
+            raise ConfigError(f"corpus file '{missing[0]}' does not exist: give paths of text files in corpus.extra_files")
         run_distill(cfg, "pacer distill " + " ".join(sys.argv[2:]))
         return 0
 

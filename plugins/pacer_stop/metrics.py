@@ -35,7 +35,6 @@ def expected_calibration_error(probs: torch.Tensor, labels: torch.Tensor, bins: 
     """ECE with ``bins`` equal-width bins on [0, 1]: Σ_b (n_b / N) · |mean prob_b − accepted rate_b|."""
     probs, labels = probs.double().flatten(), labels.double().flatten()
     index = (probs * bins).long().clamp(0, bins - 1)
-    counts = torch.bincount(index, minlength=bins).double()
     prob_sum = torch.bincount(index, weights=probs, minlength=bins)
     label_sum = torch.bincount(index, weights=labels, minlength=bins)
     return float((prob_sum - label_sum).abs().sum() / max(1, len(probs)))

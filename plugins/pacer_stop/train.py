@@ -41,7 +41,7 @@ from torch.nn import functional as F
 from pacer_core import Engine, hookimpl
 from pacer_core.cli import Runner, command
 from pacer_core.config import (GenerationConfig, ModelConfig, PacerConfig, SamplingConfig, StrategyConfig,
-                               _apply_override, _read_yaml, _validate_typed, check)
+                               check, load_schema)
 from pacer_core.errors import ConfigError, InputError
 
 from .metrics import prediction_report
@@ -103,12 +103,7 @@ class TrainPreverifyConfig:
 
 
 def load_train_config(path: Optional[str], overrides: list[str]) -> TrainPreverifyConfig:
-    from omegaconf import OmegaConf
-
-    raw = _read_yaml(Path(path)) if path else OmegaConf.create({})
-    for override in overrides:
-        _apply_override(raw, override)
-    cfg = _validate_typed(TrainPreverifyConfig, OmegaConf.to_container(raw), "train-preverify config")
+    cfg = load_schema(TrainPreverifyConfig, path, overrides, "train-preverify config")
     defaults = TrainPreverifyConfig()
     cfg.drafter = {"name": defaults.drafter["name"], **cfg.drafter}  # `drafter.path=...` keeps the name
     cfg.verifier = {"name": defaults.verifier["name"], **cfg.verifier}
