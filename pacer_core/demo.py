@@ -17,7 +17,7 @@ DEMO_STACKS = {
     "prompt_lookup+fixed(4)": ["strategy.drafter={name: prompt_lookup}", "strategy.stop=[{name: fixed, gamma: 4}]"],
     "prompt_lookup+heuristic": ["strategy.drafter={name: prompt_lookup}", "strategy.stop=[{name: heuristic}]"],
     # the shipped feature-level draft (plugins/feature_draft), when installed
-    "draft(eagle)+fixed(2)": ["strategy.drafter={name: eagle}", "strategy.stop=[{name: fixed, gamma: 2}]"],
+    "draft(eagle)+fixed(1)": ["strategy.drafter={name: eagle}", "strategy.stop=[{name: fixed, gamma: 1}]"],
 }
 
 

@@ -61,7 +61,7 @@ class StudentConfig:
 
 @attrs.define
 class TrainConfig:
-    epochs: float = 4.0
+    epochs: float = 8.0
     batch_size: int = 8
     lr: float = 1e-3
     warmup: int = 100
@@ -69,7 +69,7 @@ class TrainConfig:
     feature_weight: float = 1.0
     ce_weight: float = 0.1
     noise: float = 0.1  # uniform noise on input features, ±noise
-    unroll: int = 1  # 2: also train the second draft token, fed the network's own predicted feature
+    unroll: int = 2  # 1: EAGLE-1 loss only; 2: also train the second draft token, fed the network's own predicted feature
     checkpoint_every: int = 100
     threads: int = 0  # torch threads; 0 = torch's default
 
