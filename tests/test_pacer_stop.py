@@ -388,10 +388,16 @@ def test_the_eagle_drafters_identity_reaches_the_stop(tmp_path):
         build("eagle:aaaa:0123456789abcdef")
 
 
-def test_missing_or_mismatched_checkpoints_are_explained(tmp_path):
+def test_missing_or_mismatched_checkpoints_are_explained(tmp_path, monkeypatch):
+    import pacer_stop.policy
+
+    pair_engine_default = load_config(overrides=["strategy.drafter={name: draft_model}",
+                                                 "strategy.stop=[{name: pacer}]"], require_models=False)
+    # the shipped checkpoint is trained for the embedded pair: a tiny pair's hidden size differs
+    with pytest.raises(InputError, match="size 576, but this draft's have size 32.*train-preverify"):
+        Engine.build(adapter(tiny_llama(0)), draft=adapter(tiny_llama(1)), cfg=pair_engine_default)
+    monkeypatch.setattr(pacer_stop.policy, "DEFAULT_CHECKPOINT", tmp_path / "not-shipped")
     with pytest.raises(InputError, match="shipped PACER checkpoint .* does not exist yet.*train-preverify"):
-        pair_engine_default = load_config(overrides=["strategy.drafter={name: draft_model}",
-                                                     "strategy.stop=[{name: pacer}]"], require_models=False)
         Engine.build(adapter(tiny_llama(0)), draft=adapter(tiny_llama(1)), cfg=pair_engine_default)
     with pytest.raises(InputError, match="not a PACER checkpoint folder"):
         pair_engine(tmp_path / "nowhere")
