@@ -88,8 +88,8 @@ def speculative_verify(
     or None when the drafter has none (a point mass on each token); ``target_probs``: [n + 1, vocab]
     after the same temperature/top-k/top-p; ``uniforms``: [n] draws from U[0, 1).
 
-    Token i is accepted when ``uniforms[i] * q(x) < p(x)`` — min(1, p/q) without dividing, so zeros
-    in q or p need no special case (p(x) = 0 never accepts). At the first rejection the recovered
+    Token i is accepted when p(x) > 0 and (``p(x) >= q(x)`` or ``uniforms[i] * q(x) < p(x)``) —
+    min(1, p/q) without dividing, so zeros in q need no special case and p(x) = 0 never accepts. At the first rejection the recovered
     token is drawn from normalize(max(0, p − q)); if all are accepted the bonus is drawn from p at
     the next position.
     """
@@ -98,7 +98,10 @@ def speculative_verify(
         rows = torch.arange(n)
         p_x = target_probs[rows, draft_tokens]  # [n]
         q_x = torch.ones(n) if draft_probs is None else draft_probs[rows, draft_tokens]  # [n]
-        rejected = (uniforms[:n] * q_x >= p_x).nonzero()
+        # accept with probability min(1, p/q), without dividing: p > 0 and (p ≥ q or u·q < p); the
+        # p ≥ q test keeps p == q accepted when u·q rounds up to p (subnormal probabilities)
+        accept = (p_x > 0) & ((p_x >= q_x) | (uniforms[:n] * q_x < p_x))
+        rejected = (~accept).nonzero()
         accepted = int(rejected[0]) if rejected.numel() else n
     else:
         accepted = 0

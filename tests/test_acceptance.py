@@ -231,7 +231,7 @@ def test_speculative_verify_statistically_reproduces_the_target():
 @SETTINGS
 @given(st.data())
 def test_speculative_verify_stops_at_first_rejection(data):
-    """accepted = first i with u_i · q_i(x_i) >= p_i(x_i); the next token is drawn from the
+    """accepted = first i rejected with probability 1 − min(1, p/q); the next token is drawn from the
     residual at that row, or from row n (bonus) when every draft token is accepted."""
     vocab = data.draw(vocab_sizes)
     n = data.draw(st.integers(0, 5))
@@ -244,7 +244,8 @@ def test_speculative_verify_stops_at_first_rejection(data):
     expected = n
     for i in range(n):
         q_x = 1.0 if draft_probs is None else draft_probs[i, tokens[i]].item()
-        if not uniforms[i].item() * q_x < target_probs[i, tokens[i]].item():
+        p_x = target_probs[i, tokens[i]].item()
+        if not (p_x > 0 and (p_x >= q_x or uniforms[i].item() * q_x < p_x)):  # min(1, p/q)
             expected = i
             break
     sampler = CapturingSampler()
@@ -509,3 +510,13 @@ def test_choose_greedy_and_sampled():
     token, probs = choose(logits, params, torch.Generator().manual_seed(0))
     assert torch.equal(probs, logits_to_probs(logits, params))
     assert token in (1, 3)
+
+
+def test_equal_subnormal_probabilities_are_always_accepted():
+    """p == q must accept for every u, even where u · q rounds up to p (found by Hypothesis)."""
+    probs = torch.tensor([0.0, 1.0, 4.9407e-324], dtype=torch.float64)
+    target_probs = torch.stack([probs, torch.full((3,), 1 / 3, dtype=torch.float64)])
+    for u in (0.1, 0.5, BELOW_ONE):
+        verdict = speculative_verify(torch.tensor([2]), probs[None], target_probs,
+                                     torch.tensor([u], dtype=torch.float64), None)
+        assert verdict.accepted == 1
