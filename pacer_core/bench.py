@@ -27,6 +27,7 @@ from omegaconf.errors import OmegaConfBaseException
 from .cli import EXIT_INTERRUPTED, Runner, command
 from .config import PacerConfig, SamplingConfig, _one_line, _parse_value, _read_yaml, check, load_config, to_dict
 from .errors import ConfigError, InputError
+from .registry import components, new_plugin_manager
 
 BASELINE = "autoregressive"
 ANSWERS = "answers.jsonl"
@@ -85,7 +86,8 @@ class BenchConfig:
     dtype: str = "float32"  # float32 | bfloat16 | float16, for both models unless they set their own
     device: str = "auto"  # auto = cuda when available, else cpu
     prompt_sets: List[str] = attrs.field(factory=lambda: ["humaneval", "gsm8k", "mtbench", "summarization"])
-    limit: Optional[int] = None  # first N prompts of each set
+    limit: Optional[int] = None  # first N prompts of each set (after `skip`)
+    skip: int = 0  # leave out the first N prompts of each set: tune on a split the report never uses
     max_new_tokens: int = 128
     warmup: int = 1  # untimed generations per stack before the run
     repeats: int = 1  # each (prompt, stack) this many times
@@ -208,6 +210,8 @@ def check_bench(bench: BenchConfig, extra_plugins: Sequence[Any] = ()) -> dict[s
             raise ConfigError(f"bench config: {name} must be >= {low}, got {value}")
     if bench.threads is not None and bench.threads < 1:
         raise ConfigError(f"bench config: threads must be >= 1 (or null for torch's default), got {bench.threads}")
+    if bench.skip < 0:
+        raise ConfigError(f"bench config: skip must be >= 0 prompts per set, got {bench.skip}")
     if bench.limit is not None and bench.limit < 1:
         raise ConfigError(f"bench config: limit must be a positive number of prompts per set, got {bench.limit}")
     for model in (bench.target, bench.draft):
@@ -236,6 +240,10 @@ def check_bench(bench: BenchConfig, extra_plugins: Sequence[Any] = ()) -> dict[s
         stacks = {BASELINE: StackConfig(strategy={"drafter": {"name": "autoregressive"}, "stop": []}), **stacks}
     else:
         stacks = {BASELINE: stacks.pop(BASELINE), **stacks}
+    if bench.draft is None and bench.target.path is None:
+        default = _default_draft(bench, stacks, extra_plugins)
+        if default is not None:
+            bench.draft = BenchModelConfig(path=default)  # the shipped draft of the embedded target
     resolved = {}
     for name, stack in stacks.items():
         if not name.strip() or any(c in name for c in "\n\r\t"):
@@ -245,6 +253,24 @@ def check_bench(bench: BenchConfig, extra_plugins: Sequence[Any] = ()) -> dict[s
     if drafter != "autoregressive":
         raise ConfigError(f"stacks.{BASELINE}: the baseline must use the autoregressive drafter, not '{drafter}'")
     return resolved
+
+
+def _default_draft(bench: BenchConfig, stacks: dict[str, StackConfig], extra_plugins: Sequence[Any]) -> Optional[str]:
+    """The shipped draft the bench loads when it runs the embedded target without a ``draft``: the
+    default draft of the first stack drafter needing a model, else (for ``hf_assisted_*`` baselines)
+    that of the ``draft_model`` drafter. Models are shared by all stacks, so there is one."""
+    for name, stack in stacks.items():
+        try:
+            cfg = resolve_stack(name, stack, attrs.evolve(bench, draft=BenchModelConfig(path="-")), extra_plugins)
+        except ConfigError:
+            continue  # reported with its own message when the stack is resolved for real
+        drafter = check(cfg, extra_plugins, require_models=False)[0].component
+        if drafter.needs_draft_model and drafter.default_draft:
+            return drafter.default_draft
+    if any(HF_BASELINES[name] for name in bench.baselines):
+        drafter = components(new_plugin_manager(extra_plugins))["drafter"].get("draft_model")
+        return getattr(drafter, "default_draft", None)
+    return None
 
 
 def _deep_merge(base: dict, extra: dict) -> dict:
@@ -625,7 +651,7 @@ def run_bench(bench: BenchConfig, stacks: dict[str, PacerConfig], out: Path, *, 
     from .prompts import load_prompts
 
     out.mkdir(parents=True, exist_ok=True)
-    prompt_sets = {name: load_prompts(name, bench.limit) for name in bench.prompt_sets}  # before models load
+    prompt_sets = {name: load_prompts(name, bench.limit, bench.skip) for name in bench.prompt_sets}  # before models load
     if bench.threads is not None:
         import torch
 

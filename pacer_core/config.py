@@ -250,7 +250,7 @@ def check(cfg: PacerConfig, extra_plugins: Sequence[Any] = (),
         config = _validate_typed(component.config, options, f"{where} ({component.name})")
         resolved.append(ResolvedComponent(where, component, config))
     drafter = resolved[0].component
-    if require_models and drafter.needs_draft_model and (cfg.draft is None or not cfg.draft.path):
+    if require_models and drafter.needs_draft_model and draft_model_config(cfg, drafter) is None:
         raise ConfigError(
             f"drafter '{drafter.name}' needs a draft model: set draft.path to an HF folder "
             "sharing the target's tokenizer, or choose a model-free drafter such as prompt_lookup"
@@ -273,6 +273,18 @@ def check(cfg: PacerConfig, extra_plugins: Sequence[Any] = (),
                 f"'{drafter.name}' does not provide; use a model drafter such as draft_model"
             )
     return resolved
+
+
+def draft_model_config(cfg: PacerConfig, drafter: Component) -> Optional[ModelConfig]:
+    """The draft model a run loads: ``cfg.draft`` when it names a path; else, for the embedded target,
+    the drafter's shipped ``default_draft`` (in the target's dtype and device); else ``None``."""
+    if cfg.draft is not None and cfg.draft.path:
+        return cfg.draft
+    if cfg.target.path is None and drafter.default_draft:
+        base = cfg.draft or ModelConfig(dtype=cfg.target.dtype, device=cfg.target.device,
+                                        device_map=cfg.target.device_map)
+        return attrs.evolve(base, path=drafter.default_draft)
+    return None
 
 
 def to_dict(cfg: PacerConfig) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import attrs
 import pluggy
 import torch
 
-from .config import PacerConfig, check
+from .config import PacerConfig, check, draft_model_config
 from .errors import InputError
 from .registry import new_plugin_manager
 from .types import Draft, GenerationResult, LanguageModel, Resources, SamplingParams, StepRecord, Stop
@@ -90,7 +90,7 @@ class Engine:
         target, tokenizer, _ = load_model(cfg.target.path, dtype, dev, cfg.target.device_map, "target")
         draft = None
         if any(r.component.needs_draft_model for r in resolved):
-            d = cfg.draft
+            d = draft_model_config(cfg, resolved[0].component)
             draft, draft_tokenizer, _ = load_model(d.path, d.dtype, d.device, d.device_map, "draft")
             if draft_tokenizer.vocab() != tokenizer.vocab():
                 raise InputError(

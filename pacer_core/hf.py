@@ -70,6 +70,8 @@ def materialize(path: Optional[str]) -> Path:
     if source.is_dir():
         if not (source / "config.json").exists():
             raise InputError(f"'{source}' has no config.json: give an HF model folder or a .gguf file")
+        if (source / SHARED_FILE).exists():
+            return _complete_shared(source)
         return source
     if source.suffix != ".gguf":
         raise InputError(f"'{source}' is neither an HF model folder nor a .gguf file")
@@ -92,6 +94,93 @@ def materialize(path: Optional[str]) -> Path:
     (tmp / "pacer-source.json").write_text(json.dumps({"gguf": str(source), "sha256": digest}))
     tmp.rename(folder)
     return folder
+
+
+SHARED_FILE = "pacer-shared.json"  # a draft folder storing only what differs from its target
+SUBSET_FILE = "pacer-vocab-subset.json"  # a draft whose output layer covers only these token ids
+
+
+def _complete_shared(folder: Path) -> Path:
+    """A loadable HF folder for a draft that stores only its own tensors: the tensors it shares with
+    its target (named in ``pacer-shared.json``) are copied in from the target once, into the cache."""
+    from safetensors.torch import load_file, save_file
+
+    shared = json.loads((folder / SHARED_FILE).read_text())
+    own = folder / "model.safetensors"
+    digest = hashlib.sha256((_file_digest(own) + json.dumps(shared, sort_keys=True)).encode()).hexdigest()
+    complete = cache_root() / "drafts" / f"{folder.name}-{digest[:16]}"
+    if (complete / "model.safetensors").exists():
+        return complete
+    target_folder = materialize(shared.get("target_path"))
+    if weights_digest(target_folder) != shared["target_digest"]:
+        raise InputError(f"draft '{folder}' shares weights with a target whose digest is "
+                         f"{shared['target_digest']}, not the one found: re-run the command in its manifest")
+    target_weights: dict[str, torch.Tensor] = {}
+    for file in sorted(target_folder.glob("*.safetensors")):
+        target_weights.update(load_file(file))
+    tensors = load_file(own)
+    for name, source_name in shared["tensors"].items():
+        if source_name not in target_weights:
+            raise InputError(f"draft '{folder}' needs tensor '{source_name}' from its target, which lacks it")
+        tensors[name] = target_weights[source_name].to(tensors[next(iter(tensors))].dtype).contiguous()
+    tmp = complete.with_name(complete.name + ".partial")
+    tmp.mkdir(parents=True, exist_ok=True)
+    for item in folder.iterdir():
+        if item.is_file() and item.name != "model.safetensors":
+            (tmp / item.name).write_bytes(item.read_bytes())
+    save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
+    if complete.exists():
+        import shutil
+
+        shutil.rmtree(complete)
+    tmp.rename(complete)
+    return complete
+
+
+def student_from_target(target: "HFModel", layers: Sequence[int]) -> Any:
+    """A small causal LM of the target's architecture: ``layers`` (indices into the target's decoder
+    layers) copied in order, with the target's embeddings, final norm and output layer (float32,
+    trainable; the caller freezes what it shares)."""
+    transformers = _quiet_transformers()
+    config = copy.deepcopy(target.model.config)
+    config.num_hidden_layers = len(layers)
+    if getattr(config, "layer_types", None):
+        config.layer_types = [config.layer_types[i] for i in layers]
+    student = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    source = target.model.base_model
+    with torch.no_grad():
+        for mine, index in zip(student.base_model.layers, layers):
+            mine.load_state_dict({k: v.float() for k, v in source.layers[index].state_dict().items()})
+        student.base_model.norm.load_state_dict({k: v.float() for k, v in source.norm.state_dict().items()})
+        student.get_input_embeddings().weight.copy_(target.model.get_input_embeddings().weight.float())
+        if not getattr(config, "tie_word_embeddings", False):
+            student.get_output_embeddings().weight.copy_(target.model.get_output_embeddings().weight.float())
+    return student
+
+
+def save_student(student: Any, folder: Path, *, target_path: Optional[str], target_digest: str,
+                 dtype: str = "bfloat16", vocab_subset: Optional[Sequence[int]] = None) -> int:
+    """Write ``student`` as an HF folder without the tensors it shares with its target (the input
+    embeddings, and the tied output layer): ``pacer-shared.json`` says where to get them, and
+    ``materialize`` completes the folder on first load. Returns the bytes written for the weights."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    embed_name = "model.embed_tokens.weight"
+    state = {k: v.detach().to(DTYPES[dtype]).contiguous() for k, v in student.state_dict().items()
+             if k != embed_name and not (k == "lm_head.weight" and student.config.tie_word_embeddings)}
+    save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
+    config = copy.deepcopy(student.config)
+    config.dtype = dtype
+    config.save_pretrained(folder)
+    if student.generation_config is not None:
+        student.generation_config.save_pretrained(folder)
+    (folder / SHARED_FILE).write_text(json.dumps(
+        {"target_path": target_path, "target_digest": target_digest,
+         "tensors": {embed_name: embed_name}}, indent=2))
+    if vocab_subset is not None:
+        (folder / SUBSET_FILE).write_text(json.dumps(sorted(int(t) for t in vocab_subset)))
+    return (folder / "model.safetensors").stat().st_size
 
 
 def weights_digest(folder: Path) -> str:
@@ -158,7 +247,26 @@ class HFModel:
         ) if getattr(config, "layer_types", None) else False
         self.num_forwards = 0
         self.digest: Optional[str] = None  # content hash of the weights, set by load_model
+        self.vocab_subset: Optional[torch.Tensor] = None  # see use_vocab_subset
         self.reset()
+
+    def use_vocab_subset(self, token_ids: Optional[Sequence[int]]) -> None:
+        """Compute logits only for ``token_ids`` (the rest are -inf, probability 0): a draft's output
+        layer over its frequent vocabulary costs a fraction of the full one. Verification stays
+        lossless (a draft token is one of these ids; tokens outside have q = 0). ``None``: full."""
+        if token_ids is None:
+            self.vocab_subset, self._head_subset = None, None
+            return
+        if getattr(self.config, "final_logit_softcapping", None):
+            raise InputError(f"{self.name}: a vocabulary subset is not supported for models with logit soft-capping")
+        ids = torch.tensor(sorted(set(int(t) for t in token_ids)), dtype=torch.long)
+        if len(ids) == 0 or ids[-1] >= self.vocab_size:
+            raise InputError(f"{self.name}: vocabulary subset ids must lie in [0, {self.vocab_size})")
+        head = self.model.get_output_embeddings()
+        if getattr(head, "bias", None) is not None:
+            raise InputError(f"{self.name}: a vocabulary subset needs an output layer without bias")
+        self.vocab_subset = ids
+        self._head_subset = head.weight.detach()[ids.to(self.device)].contiguous()
 
     @classmethod
     def load(cls, folder: Path, dtype: str = "float32", device: str = "cpu",
@@ -230,7 +338,13 @@ class HFModel:
             kwargs["attention_mask"] = mask[None, None].to(self.device)
             kwargs["position_ids"] = (positions + past)[None].to(self.device)
         self.num_forwards += 1
-        if logits_from >= k and not hidden:
+        if self.vocab_subset is not None and logits_from < k:
+            last = self.model.base_model(input_ids=input_ids, **kwargs).last_hidden_state[0]  # after the norm
+            rows = (last[logits_from:] @ self._head_subset.T).float().cpu()
+            out_logits = torch.full((k - logits_from, self.vocab_size), float("-inf"))
+            out_logits[:, self.vocab_subset] = rows
+            out_hidden = last if hidden else None
+        elif logits_from >= k and not hidden:
             self.model.base_model(input_ids=input_ids, **kwargs)
             out_logits = torch.empty(0, self.vocab_size)
             out_hidden = None
@@ -262,6 +376,8 @@ def load_model(path: Optional[str], dtype: str, device: str, device_map: Optiona
         raise InputError(f"unknown dtype '{dtype}' for {name}: use one of {', '.join(DTYPES)}")
     device = resolve_device(device)
     model = HFModel.load(folder, dtype=dtype, device=device, device_map=device_map, name=name)
+    if (folder / SUBSET_FILE).exists():
+        model.use_vocab_subset(json.loads((folder / SUBSET_FILE).read_text()))
     model.digest = weights_digest(folder)
     return model, HFTokenizer.load(folder), model.digest
 

@@ -115,13 +115,14 @@ PROMPT_SETS: dict[str, Callable[[], list[Prompt]]] = {
 }
 
 
-def load_prompts(name: str, limit: Optional[int] = None) -> list[Prompt]:
+def load_prompts(name: str, limit: Optional[int] = None, skip: int = 0) -> list[Prompt]:
     """A named prompt set (``humaneval``, ``gsm8k``, ``mtbench``, ``summarization``,
-    ``code_editing``) or a ``.jsonl`` path, first ``limit`` records."""
+    ``code_editing``) or a ``.jsonl`` path: ``limit`` records after the first ``skip``."""
     if name.endswith(".jsonl"):
         prompts = jsonl_file(name)
     elif name in PROMPT_SETS:
         prompts = PROMPT_SETS[name]()
     else:
         raise InputError(f"unknown prompt set '{name}'; available: {', '.join(PROMPT_SETS)} or a .jsonl file")
+    prompts = prompts[skip:]
     return prompts[:limit] if limit is not None else prompts

@@ -264,6 +264,8 @@ class Component:
     greedy_only: bool = False
     provides_draft_probs: bool = False
     provides_draft_hidden: bool = False
+    default_draft: Optional[str] = None  # a drafter's shipped draft model folder, used when a config
+    # that runs the embedded target omits ``draft`` (see ``pacer_core.config.draft_model_config``)
 
 
 @attrs.frozen

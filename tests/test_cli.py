@@ -210,7 +210,7 @@ def test_malformed_yaml(tiny, capsys, tmp_path):
     ("strategy:\n  stop: [{name: fixed, gamma: abc}]\n", ["'gamma'", "abc", "type int"]),
     ("sampling: {temperature: 0.5}\nstrategy:\n  verifier: {name: greedy}\n",
      ["greedy decoding only", "sampling.temperature=0"]),
-    ("strategy:\n  drafter: {name: draft_model}\n", ["needs a draft model", "draft.path"]),
+    ("target: {path: /my/target}\nstrategy:\n  drafter: {name: draft_model}\n", ["needs a draft model", "draft.path"]),
 ])
 def test_bad_config_files(tiny, capsys, tmp_path, text, needles):
     path = tmp_path / "run.yaml"

@@ -10,7 +10,8 @@ import pytest
 
 from pacer_core import Component, ConfigError, PacerConfig, hookimpl, load_config
 from pacer_core.bench import is_bench_config
-from pacer_core.config import check
+from pacer_core.config import check, draft_model_config
+from pacer_core.registry import components, new_plugin_manager
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 SHIPPED = sorted(p for p in CONFIGS.glob("*.yaml") if not is_bench_config(p))  # bench/ablate: test_bench.py
@@ -182,8 +183,14 @@ def test_greedy_only_verifier_refuses_sampling():
 
 
 def test_draft_model_needs_draft_path():
-    message = error_of(overrides=["strategy.drafter.name=draft_model"])
+    message = error_of(overrides=["strategy.drafter.name=draft_model", "target.path=/my/target"])
     assert "needs a draft model" in message and "draft.path" in message
+    # the embedded target comes with a shipped draft, in the target's dtype
+    cfg = load_config(overrides=["strategy.drafter.name=draft_model", "target.dtype=bfloat16"])
+    resolved = check(cfg)
+    draft = draft_model_config(cfg, resolved[0].component)
+    assert draft.path.endswith("default") and draft.dtype == "bfloat16"
+    assert draft_model_config(cfg, components(new_plugin_manager())["drafter"]["prompt_lookup"]) is None
     # in-memory engines pass their draft model directly
     assert load_config(overrides=["strategy.drafter.name=draft_model"], require_models=False)
 

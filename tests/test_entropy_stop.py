@@ -361,8 +361,9 @@ def test_shipped_stacks_name_their_policy_and_validate_once_a_draft_is_given(nam
     cfg = load_config(path, overrides=["draft.path=/some/draft"])  # require_models=True
     assert cfg.strategy.drafter["name"] == "draft_model"
     assert [s["name"] for s in cfg.strategy.stop] == [name]
+    load_config(path)  # the embedded target's shipped draft is the default
     with pytest.raises(ConfigError, match="needs a draft model"):
-        load_config(path)  # no draft ships yet: the user (or a future default) must name one
+        load_config(path, overrides=["target.path=/my/target"])  # another target: name its draft
 
 
 # -- losslessness: greedy ------------------------------------------------------------------------

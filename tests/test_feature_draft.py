@@ -151,3 +151,39 @@ def test_recipe_comparison_ignores_options_added_later():
     before = {"seed": 0, "corpus": {"seq_len": 256}}
     assert _same(before, {"seed": 0, "corpus": {"seq_len": 256, "extra_files": []}}, ["seed", "corpus"])
     assert not _same(before, {"seed": 1, "corpus": {"seq_len": 256}}, ["seed", "corpus"])
+
+
+# -- the token-level student (`pacer distill student.kind=token`) ---------------------------------
+def test_token_student_learns_and_resumes_from_its_own_checkpoint(tmp_path):
+    from feature_draft.distill import train_token
+
+    cfg, target, tokens, features, subset = _tiny_training_setup(tmp_path, epochs=2)
+    cfg.student.kind, cfg.student.layers = "token", [0, -1]
+    student, metrics, info = train_token(cfg, tmp_path, tokens, features, target, subset)
+    assert student.config.num_hidden_layers == 2 and info["steps"] == 8
+    assert (tmp_path / "checkpoint-token.pt").exists() and not (tmp_path / "checkpoint.pt").exists()
+    assert not student.get_input_embeddings().weight.requires_grad  # shared with the target, frozen
+    assert torch.equal(student.get_input_embeddings().weight, target.model.get_input_embeddings().weight)
+    first = info["history"]
+    cfg.train.epochs = 6
+    _, metrics2, info2 = train_token(cfg, tmp_path, tokens, features, target, subset)
+    assert info2["steps"] == 24 and info2["history"][: len(first)] == first
+    assert info2["history"][-1]["loss"] < first[0]["loss"]
+    assert 0.0 <= metrics2["heldout_top1_first_two"] <= metrics2["heldout_top1_first"] <= 1.0
+
+
+def test_token_loss_is_the_soft_cross_entropy_to_the_target():
+    from feature_draft.distill import token_loss
+    from pacer_core.hf import student_from_target
+
+    target = adapter(tiny_llama(0, hidden=32))
+    student = student_from_target(target, [0, 1])  # the target itself: every layer copied
+    tokens = torch.randint(3, 64, (2, 8))
+    from pacer_core.hf import last_hidden_states
+
+    feats = last_hidden_states(target, tokens).float()
+    head = target.embedding_weights()[1].float()
+    loss, parts = token_loss(student, head, tokens, feats)
+    teacher = torch.softmax(feats @ head.T, -1)
+    entropy = -(teacher * torch.log(teacher)).sum(-1).mean()
+    assert parts["top1"] == 1.0 and torch.allclose(loss, entropy, atol=1e-4)  # KL = 0: CE = H(teacher)

@@ -497,7 +497,9 @@ def test_the_shipped_yaml_stacks_ouroboros_with_fixed():
 
 def test_the_drafter_needs_a_draft_model():
     with pytest.raises(ConfigError, match="drafter 'ouroboros' needs a draft model"):
-        load_config(overrides=["strategy.drafter={name: ouroboros}"])
+        load_config(overrides=["strategy.drafter={name: ouroboros}", "target.path=/my/target"])
+    # the embedded target comes with a shipped draft
+    assert load_config(overrides=["strategy.drafter={name: ouroboros}"])
     assert OuroborosConfig().level == 7 and OuroborosConfig().gamma == 0
 
 

@@ -405,6 +405,27 @@ def test_missing_or_mismatched_checkpoints_are_explained(tmp_path, monkeypatch):
         pair_engine(write_checkpoint(tmp_path / "small", 8))
 
 
+def test_the_shipped_checkpoint_for_the_run_pair_is_chosen(tmp_path, monkeypatch):
+    import pacer_stop.policy as policy
+
+    first = write_checkpoint(tmp_path / "a", 32, draft_identity="draft-a")
+    second = write_checkpoint(tmp_path / "b", 32, seed=1, draft_identity="draft-b")
+    monkeypatch.setattr(policy, "SHIPPED_CHECKPOINTS", (first, second))
+    assert policy.shipped_for_pair("draft-b") == str(second)
+    assert policy.shipped_for_pair("draft-a") == str(first)
+    assert policy.shipped_for_pair("draft-c") is None and policy.shipped_for_pair(None) is None
+    draft = adapter(tiny_llama(1))
+    draft.digest = "draft-b"
+    cfg = load_config(overrides=["strategy.drafter={name: draft_model}", "strategy.stop=[{name: pacer}]"],
+                      require_models=False)
+    engine = Engine.build(adapter(tiny_llama(0)), draft=draft, cfg=cfg)
+    stop = next(p for n, p in engine.pm.list_name_plugin() if n.startswith("strategy.stop"))
+    assert torch.equal(stop.predictor.w["head.weight"], PreVerifier.load(second).head.weight.float())
+    assert policy.checkpoint_folder("shipped:default") == policy.DEFAULT_CHECKPOINT
+    with pytest.raises(InputError, match="not a PACER checkpoint folder"):
+        policy.checkpoint_folder("shipped:nothing-here")
+
+
 # -- losslessness ----------------------------------------------------------------------------------
 BUDGET = 40
 PROMPTS = [[5, 9, 13, 5, 9, 21, 7], [1, 2, 3, 4, 5, 6, 7, 8], [30, 31, 30, 31, 30]]
@@ -568,7 +589,7 @@ def test_training_lowers_the_loss_and_resumes(tmp_path):
 
 def test_train_config_errors_are_one_line():
     for overrides, words in [(["drafter={name: prompt_lookup}"], "does not provide hidden states"),
-                             (["drafter={name: draft_model}"], "needs a draft model"),
+                             (["drafter={name: draft_model}", "target.path=/my/target"], "needs a draft model"),
                              (["model.max_positions=8"], "max_positions (8) must be >= data.window (16)"),
                              (["model.width=30"], "multiple of heads"),
                              (["data.windw=3"], "unknown option 'data.windw'")]:

