@@ -15,9 +15,11 @@ from .config import load_config
 
 DEMO_STACKS = {
     "prompt_lookup+fixed(4)": ["strategy.drafter={name: prompt_lookup}", "strategy.stop=[{name: fixed, gamma: 4}]"],
-    "prompt_lookup+heuristic": ["strategy.drafter={name: prompt_lookup}", "strategy.stop=[{name: heuristic}]"],
-    # the shipped feature-level draft (plugins/feature_draft), when installed
+    # the shipped drafts: feature-level (plugins/feature_draft) and token-level (plugins/pacer_builtins)
     "draft(eagle)+fixed(1)": ["strategy.drafter={name: eagle}", "strategy.stop=[{name: fixed, gamma: 1}]"],
+    "draft+ouroboros+fixed(4)": ["strategy.drafter={name: ouroboros, prompt_phrases: true, window_size: 4, "
+                                 "guess_set_size: 4, level: 5, topk: 3}",
+                                 "strategy.stop=[{name: fixed, gamma: 4}]", "strategy.verifier={name: greedy}"],
 }
 
 
@@ -28,6 +30,7 @@ def _setup_demo(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
 
     def run(args: argparse.Namespace) -> int:
+        from .config import check, draft_model_config
         from .engine import Engine
         from .errors import InputError, PacerError
         from .hf import load_model
@@ -40,10 +43,18 @@ def _setup_demo(p: argparse.ArgumentParser) -> Runner:
         base = [f"generation.max_new_tokens={args.max_new_tokens}"]
         plain = Engine.build(target, tokenizer=tokenizer, cfg=load_config(
             overrides=base + ["strategy.drafter={name: autoregressive}", "strategy.stop=[]"]))
-        stacks = {}
+        stacks, drafts = {}, {}
         for name, overrides in DEMO_STACKS.items():
             try:
-                stacks[name] = Engine.build(target, tokenizer=tokenizer, cfg=load_config(overrides=base + overrides))
+                cfg = load_config(overrides=base + [f"target.dtype={args.dtype}"] + overrides)
+                drafter = check(cfg)[0].component
+                draft = None
+                if drafter.needs_draft_model:  # the shipped token-level draft, loaded once
+                    d = draft_model_config(cfg, drafter)
+                    if d.path not in drafts:
+                        drafts[d.path] = load_model(d.path, d.dtype, d.device, d.device_map, "draft")[0]
+                    draft = drafts[d.path]
+                stacks[name] = Engine.build(target, draft=draft, tokenizer=tokenizer, cfg=cfg)
             except PacerError as exc:  # a plugin or its artifact is not installed: say so, go on
                 print(f"skipping {name}: {exc}", file=sys.stderr)
         prompts = load_prompts("code_editing", args.prompts)

@@ -126,7 +126,7 @@ def _complete_shared(folder: Path) -> Path:
     tmp = complete.with_name(complete.name + ".partial")
     tmp.mkdir(parents=True, exist_ok=True)
     for item in folder.iterdir():
-        if item.is_file() and item.name != "model.safetensors":
+        if item.is_file() and item.name not in ("model.safetensors", SHARED_FILE):  # a plain HF folder
             (tmp / item.name).write_bytes(item.read_bytes())
     save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
     if complete.exists():

@@ -312,8 +312,9 @@ def test_shipped_bench_and_ablate_configs_validate():
     log = stacks[cfg.oracle.log_stack].strategy.stop
     assert log == [{"name": "fixed", "gamma": 16}] and cfg.oracle.verify_max_k >= 17
     assert stacks["prompt_lookup+heuristic"].strategy.stop[0]["name"] == "heuristic"
-    # the hf_assisted_* baselines need an HF draft LM, which the embedded pair lacks
-    assert "hf_generate" in cfg.baselines and set(cfg.baselines) <= set(bench.HF_BASELINES)
+    # the hf_assisted_* baselines and the draft_model/ouroboros stacks use the shipped token-level draft
+    assert "hf_assisted_constant" in cfg.baselines and set(cfg.baselines) <= set(bench.HF_BASELINES)
+    assert cfg.draft.path.endswith("default")
     cfg, stacks, ablation = bench.read_ablate_config(ROOT / "configs" / "ablate.yaml")
     assert len(stacks) == 1 + len(ablation["points"]) == 10 and cfg.baselines == []
     assert stacks["gamma=8 max_ngram_size=2"].strategy.stop[0]["gamma"] == 8
@@ -384,3 +385,34 @@ def test_first_divergence_and_step_metrics():
     assert m["mean_accepted_length"] == 2.0 and m["acceptance_rate"] == 0.5
     assert m["per_position_acceptance"] == [0.5, 0.5] and m["draft_length_histogram"] == {0: 1, 2: 2}
     assert statistics.mean(m["drafted_per_step"]) == pytest.approx(4 / 3)
+
+
+def test_the_embedded_target_gets_its_shipped_draft_when_a_stack_or_baseline_needs_one(tmp_path):
+    from pacer_builtins.drafters import DEFAULT_DRAFT
+
+    for name in "abcd":
+        (tmp_path / name).mkdir()
+    needs = write_bench(tmp_path / "a", "stacks: {d: {strategy: {drafter: {name: draft_model}}}}\n")
+    cfg, _ = bench.read_bench_config(needs)
+    assert cfg.draft.path == DEFAULT_DRAFT and cfg.draft.dtype is None  # the bench's dtype
+    assisted = write_bench(tmp_path / "b", "baselines: [hf_assisted_constant]\n")
+    assert bench.read_bench_config(assisted)[0].draft.path == DEFAULT_DRAFT
+    free = write_bench(tmp_path / "c", "stacks: {p: {strategy: {drafter: {name: prompt_lookup}}}}\n"
+                                       "baselines: [hf_generate]\n")
+    assert bench.read_bench_config(free)[0].draft is None  # nothing needs a draft: none is loaded
+    mine = write_bench(tmp_path / "d", "draft: {path: /my/draft}\nstacks: {d: {strategy: {drafter: {name: draft_model}}}}\n")
+    assert bench.read_bench_config(mine)[0].draft.path == "/my/draft"
+
+
+def test_skip_leaves_out_the_first_prompts_of_each_set(tmp_path, tiny):
+    from pacer_core.prompts import load_prompts
+
+    prompts = prompt_file(tmp_path, 3)
+    assert [p.question_id for p in load_prompts(str(prompts), limit=1, skip=1)] == ["q1"]
+    assert [p.question_id for p in load_prompts(str(prompts), skip=2)] == ["q2"]
+    config = write_bench(tmp_path, "skip: 1\nlimit: 1\nstacks: {}\n")
+    cfg, stacks = bench.read_bench_config(config)
+    assert bench.run_bench(cfg, stacks, tmp_path / "out", progress=False, report=False) == 0
+    assert {r["question_id"] for r in read_records(tmp_path / "out")} == {"q1"}
+    with pytest.raises(Exception, match="skip must be >= 0"):
+        bench.read_bench_config(config, ["skip=-1"])

@@ -36,12 +36,10 @@ def test_the_shipped_configs_are_there():
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
 def test_every_shipped_config_validates_and_says_what_it_does(path: Path):
-    cfg = load_config(path, require_models=False)
-    drafter = check(cfg, require_models=False)[0].component
-    # No draft model ships yet: a stack whose drafter needs one (draft_model) may leave draft.path
-    # unset (users pass draft.path=...); every other config must validate with require_models=True.
-    if not drafter.needs_draft_model or (cfg.draft is not None and cfg.draft.path):
-        cfg = load_config(path)  # require_models=True: a drafter needing a draft must name one
+    cfg = load_config(path)  # require_models=True: the embedded target's shipped draft fills an omitted draft
+    drafter = check(cfg)[0].component
+    if drafter.needs_draft_model and cfg.draft is None:
+        assert Path(draft_model_config(cfg, drafter).path).is_dir(), "the shipped draft is missing"
     assert isinstance(cfg, PacerConfig)
     assert path.read_text().startswith("#"), f"{path.name} needs a comment header saying what it does"
 

@@ -106,3 +106,42 @@ def test_gemma3_sliding_window_rollback():
     ids = tokenizer.encode(text, chat_template=False)
     assert len(ids) > window
     _check_stacks(target, draft, tokenizer, ids, 24)
+
+
+def test_the_shipped_token_draft_loads_completed_and_keeps_greedy_output():
+    """The shipped token-level draft: its folder stores no embeddings, is completed from the embedded
+    target on first load, computes logits on its vocabulary subset only, and SD with it (draft_model
+    and ouroboros, with the shipped M_B) equals plain decoding in fp32."""
+    from pacer_builtins.drafters import DEFAULT_DRAFT
+    from pacer_core.config import check, draft_model_config
+
+    from pacer_core import hf
+
+    target, tokenizer, _ = load_model(None, "float32", "cpu", None, "target")
+    cfg = load_config(overrides=["strategy.drafter={name: draft_model}", "strategy.stop=[{name: pacer}]",
+                                 "strategy.verifier={name: greedy}"])
+    d = draft_model_config(cfg, check(cfg)[0].component)
+    assert d.path == DEFAULT_DRAFT
+    draft, draft_tokenizer, _ = load_model(d.path, "float32", "cpu", None, "draft")
+    assert draft_tokenizer.vocab() == tokenizer.vocab() and draft.vocab_subset is not None
+    complete = hf.materialize(DEFAULT_DRAFT)
+    assert complete.parent == hf.cache_root() / "drafts" and (complete / "model.safetensors").exists()
+    ids = tokenizer.encode("Write a Python function that adds two numbers.")
+    reference = hf_generate(target, ids, 32)
+    for overrides in (["strategy.drafter={name: draft_model}", "strategy.stop=[{name: pacer}]"],
+                      ["strategy.drafter={name: ouroboros}", "strategy.stop=[{name: pacer}]"],
+                      ["strategy.drafter={name: ouroboros}", "strategy.stop=[{name: fixed, gamma: 4}]"]):
+        run = load_config(overrides=overrides + ["strategy.verifier={name: greedy}"])
+        engine = Engine.build(target, draft=draft, tokenizer=tokenizer, cfg=run)
+        result = engine.generate(ids, max_new_tokens=32)
+        assert result.tokens == reference, overrides
+        assert result.metrics["acceptance_rate"] > 0.0, overrides
+
+
+@pytest.mark.slow
+def test_the_main_command_shows_identical_output(capsys):
+    from pacer_core import cli
+
+    code = cli.main(["demo", "--prompts", "1", "--max-new-tokens", "24"])
+    out = capsys.readouterr().out
+    assert code == 0 and out.count("identical") >= 3 and "DIFFERENT" not in out

@@ -66,7 +66,7 @@ class StudentConfig:
 
 @attrs.define
 class TrainConfig:
-    epochs: float = 8.0
+    epochs: float = 6.0
     batch_size: int = 8
     lr: float = 1e-3
     warmup: int = 100
@@ -83,7 +83,7 @@ class TrainConfig:
 class DistillConfig:
     target: ModelConfig = attrs.field(factory=ModelConfig)
     out: str = "runs/distill"  # working folder: corpus, features, checkpoints
-    export: Optional[str] = None  # the draft folder; default <out>/draft
+    export: Optional[str] = None  # the draft folder; default <out>/draft (<out>/token-draft for student.kind=token)
     seed: int = 0
     corpus: CorpusConfig = attrs.field(factory=CorpusConfig)
     student: StudentConfig = attrs.field(factory=StudentConfig)
@@ -408,7 +408,7 @@ def run_distill(cfg: DistillConfig, command_line: str) -> Path:
     coverage = float(torch.isin(tokens, subset).float().mean())
     token_kind = cfg.student.kind == "token"
     net, metrics, training = (train_token if token_kind else train)(cfg, out, tokens, features, target, subset)
-    export = Path(cfg.export) if cfg.export else out / "draft"
+    export = Path(cfg.export) if cfg.export else out / ("token-draft" if token_kind else "draft")
     manifest = {
         "family": (f"token-level draft: {len(cfg.student.layers)} decoder layers initialised from target layers "
                    f"{cfg.student.layers}, target embeddings and tied head shared, head restricted to "
