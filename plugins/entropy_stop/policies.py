@@ -55,7 +55,7 @@ def judge_new_tokens(draft, judged: int, max_tokens: int, scores: Callable[[int,
 @attrs.define
 class EntropyConfig:
     gamma: float = attrs.field(default=0.2, validator=attrs.validators.gt(0.0))  # γ_e in 1 − sqrt(γ_e · H)
-    threshold: float = attrs.field(default=0.4, validator=_unit)  # λ: stop when the bound falls below it
+    threshold: float = attrs.field(default=0.5, validator=_unit)  # λ₀: stop when the bound falls below it (swept)
     adapt: bool = True  # calibrate λ online from the observed acceptance
     adapt_rate: float = attrs.field(default=0.05, validator=[attrs.validators.gt(0.0), attrs.validators.le(1.0)])
     transient: bool = False  # forget the calibration at every prompt
@@ -65,7 +65,7 @@ class EntropyConfig:
 @attrs.define
 class SvipConfig:
     gamma: float = attrs.field(default=0.2, validator=attrs.validators.gt(0.0))  # γ in sqrt(γ · H)
-    threshold: float = attrs.field(default=0.6, validator=attrs.validators.ge(0.0))  # h: stop when sqrt(γ · H) > h
+    threshold: float = attrs.field(default=0.45, validator=attrs.validators.ge(0.0))  # h: stop when sqrt(γ · H) > h (swept)
     max_tokens: int = attrs.field(default=20, validator=attrs.validators.ge(1))
 
 
@@ -139,7 +139,7 @@ class EntropyBound:
 @attrs.define
 class ConfidenceConfig:
     threshold: float = attrs.field(default=0.4, validator=_unit)  # stop after a token with p below it
-    adapt: bool = True  # re-fit the threshold after every step from (p, accepted) pairs
+    adapt: bool = False  # re-fit the threshold after every step from (p, accepted) pairs (off: swept)
     fp_cost: float = attrs.field(default=1.0, validator=attrs.validators.ge(0.0))
     fn_cost: float = attrs.field(default=3.0, validator=attrs.validators.ge(0.0))
     min_pairs: int = attrs.field(default=6, validator=attrs.validators.ge(2))

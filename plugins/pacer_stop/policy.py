@@ -36,7 +36,7 @@ def _unit(instance, attribute, value) -> None:
 @attrs.define
 class PacerStopConfig:
     b: int = attrs.field(default=2, validator=v.ge(1))  # block size in tokens (1 = per-token, SpecDec++-like)
-    t0: float = attrs.field(default=0.5, validator=_unit)  # threshold on the block's mean prediction
+    t0: float = attrs.field(default=0.8, validator=_unit)  # threshold on the block's mean prediction (swept)
     rho: float = attrs.field(default=1.1, validator=v.ge(1.0))  # threshold growth per passed block (1 = off)
     t_max: float = attrs.field(default=0.9, validator=_unit)  # cap on the threshold
     min_draft: int = attrs.field(default=1, validator=v.ge(0))  # never stop before this many tokens
