@@ -18,7 +18,7 @@ import sys
 import time
 import typing
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 import attrs
 from omegaconf import OmegaConf
@@ -240,33 +240,35 @@ def check_bench(bench: BenchConfig, extra_plugins: Sequence[Any] = ()) -> dict[s
         stacks = {BASELINE: StackConfig(strategy={"drafter": {"name": "autoregressive"}, "stop": []}), **stacks}
     else:
         stacks = {BASELINE: stacks.pop(BASELINE), **stacks}
-    if bench.draft is None and bench.target.path is None:
-        default = _default_draft(bench, stacks, extra_plugins)
-        if default is not None:
-            bench.draft = BenchModelConfig(path=default)  # the shipped draft of the embedded target
-    resolved = {}
+    resolved, needs_draft = {}, {}
     for name, stack in stacks.items():
         if not name.strip() or any(c in name for c in "\n\r\t"):
             raise ConfigError(f"bench config: stack name {name!r} must be non-empty text on one line")
         resolved[name] = resolve_stack(name, stack, bench, extra_plugins)
+        drafter = check(resolved[name], extra_plugins, require_models=False)[0]
+        if drafter.component.needs_draft_model:
+            needs_draft[name] = drafter
+    if bench.draft is None and bench.target.path is None:
+        default = _default_draft(bench, needs_draft.values(), extra_plugins)
+        if default is not None:
+            bench.draft = BenchModelConfig(path=default)  # the shipped draft of the embedded target
+    for name, drafter in needs_draft.items():
+        if bench.draft is None:
+            raise ConfigError(f"stacks.{name}: {drafter.where} '{drafter.component.name}' needs a draft model; "
+                              "set the bench's draft.path (models are shared by all stacks)")
     drafter = resolved[BASELINE].strategy.drafter.get("name")
     if drafter != "autoregressive":
         raise ConfigError(f"stacks.{BASELINE}: the baseline must use the autoregressive drafter, not '{drafter}'")
     return resolved
 
 
-def _default_draft(bench: BenchConfig, stacks: dict[str, StackConfig], extra_plugins: Sequence[Any]) -> Optional[str]:
+def _default_draft(bench: BenchConfig, drafters: Iterable[Any], extra_plugins: Sequence[Any]) -> Optional[str]:
     """The shipped draft the bench loads when it runs the embedded target without a ``draft``: the
     default draft of the first stack drafter needing a model, else (for ``hf_assisted_*`` baselines)
     that of the ``draft_model`` drafter. Models are shared by all stacks, so there is one."""
-    for name, stack in stacks.items():
-        try:
-            cfg = resolve_stack(name, stack, attrs.evolve(bench, draft=BenchModelConfig(path="-")), extra_plugins)
-        except ConfigError:
-            continue  # reported with its own message when the stack is resolved for real
-        drafter = check(cfg, extra_plugins, require_models=False)[0].component
-        if drafter.needs_draft_model and drafter.default_draft:
-            return drafter.default_draft
+    for drafter in drafters:
+        if drafter.component.default_draft:
+            return drafter.component.default_draft
     if any(HF_BASELINES[name] for name in bench.baselines):
         drafter = components(new_plugin_manager(extra_plugins))["drafter"].get("draft_model")
         return getattr(drafter, "default_draft", None)
@@ -309,11 +311,7 @@ def resolve_stack(name: str, stack: StackConfig, bench: BenchConfig, extra_plugi
         raise ConfigError(f"{where}: {exc}") from None
     if not any(entry.get("name") == "metrics" for entry in cfg.strategy.observers):
         cfg.strategy.observers.append({"name": "metrics"})  # the records need its numbers
-    for item in check(cfg, extra_plugins, require_models=False):
-        if item.component.needs_draft_model and bench.draft is None:
-            raise ConfigError(f"{where}: {item.where} '{item.component.name}' needs a draft model; "
-                              "set the bench's draft.path (models are shared by all stacks)")
-    return cfg
+    return cfg  # load_config checked it; check_bench checks its draft model
 
 
 def read_ablate_config(path: str | Path, limit: Optional[int] = None,
@@ -436,7 +434,7 @@ class Models:
 
 def load_models(bench: BenchConfig) -> Models:
     """Load the bench's target (and draft) once. Tests replace this function to inject tiny models."""
-    from .hf import load_model
+    from .hf import load_draft, load_model
 
     t = bench.target
     target, tokenizer, _ = load_model(t.path, t.dtype or bench.dtype, t.device or bench.device, t.device_map, "target")
@@ -445,11 +443,7 @@ def load_models(bench: BenchConfig) -> Models:
         d = bench.draft
         if not d.path:
             raise InputError("bench draft section needs a path: an HF folder or .gguf sharing the target's tokenizer")
-        draft, draft_tokenizer, _ = load_model(d.path, d.dtype or bench.dtype, d.device or bench.device,
-                                               d.device_map, "draft")
-        if draft_tokenizer.vocab() != tokenizer.vocab():
-            raise InputError(f"draft '{d.path}' and target use different tokenizers: speculative decoding "
-                             "needs a draft trained with the target's tokenizer")
+        draft = load_draft(d.path, d.dtype or bench.dtype, d.device or bench.device, d.device_map, tokenizer)
     return Models(target, draft, tokenizer)
 
 

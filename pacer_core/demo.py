@@ -33,7 +33,7 @@ def _setup_demo(p: argparse.ArgumentParser) -> Runner:
         from .config import check, draft_model_config
         from .engine import Engine
         from .errors import InputError, PacerError
-        from .hf import load_model
+        from .hf import load_draft, load_model
         from .prompts import load_prompts
 
         if args.prompts <= 0 or args.max_new_tokens <= 0:
@@ -52,7 +52,7 @@ def _setup_demo(p: argparse.ArgumentParser) -> Runner:
                 if drafter.needs_draft_model:  # the shipped token-level draft, loaded once
                     d = draft_model_config(cfg, drafter)
                     if d.path not in drafts:
-                        drafts[d.path] = load_model(d.path, d.dtype, d.device, d.device_map, "draft")[0]
+                        drafts[d.path] = load_draft(d.path, d.dtype, d.device, d.device_map, tokenizer)
                     draft = drafts[d.path]
                 stacks[name] = Engine.build(target, draft=draft, tokenizer=tokenizer, cfg=cfg)
             except PacerError as exc:  # a plugin or its artifact is not installed: say so, go on

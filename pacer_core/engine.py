@@ -83,7 +83,7 @@ class Engine:
     @classmethod
     def from_config(cls, cfg: PacerConfig, extra_plugins: Sequence[Any] = ()) -> "Engine":
         """Load the models the config names and build the strategy stack (config checked first)."""
-        from .hf import load_model  # the model adapter; only it imports transformers
+        from .hf import load_draft, load_model  # the model adapter; only it imports transformers
 
         resolved = check(cfg, extra_plugins)
         dtype, dev = cfg.target.dtype, cfg.target.device
@@ -91,12 +91,7 @@ class Engine:
         draft = None
         if any(r.component.needs_draft_model for r in resolved):
             d = draft_model_config(cfg, resolved[0].component)
-            draft, draft_tokenizer, _ = load_model(d.path, d.dtype, d.device, d.device_map, "draft")
-            if draft_tokenizer.vocab() != tokenizer.vocab():
-                raise InputError(
-                    f"draft '{d.path}' and target use different tokenizers: speculative decoding "
-                    "needs a draft trained with the target's tokenizer"
-                )
+            draft = load_draft(d.path, d.dtype, d.device, d.device_map, tokenizer)
         return cls.build(target, draft=draft, tokenizer=tokenizer, cfg=cfg, extra_plugins=extra_plugins)
 
     @classmethod

@@ -382,6 +382,15 @@ def load_model(path: Optional[str], dtype: str, device: str, device_map: Optiona
     return model, HFTokenizer.load(folder), model.digest
 
 
+def load_draft(path: Optional[str], dtype: str, device: str, device_map: Optional[str], target_tokenizer) -> HFModel:
+    """The draft model of a ``draft`` section, refused unless it shares the target's tokenizer."""
+    draft, draft_tokenizer, _ = load_model(path, dtype, device, device_map, "draft")
+    if draft_tokenizer.vocab() != target_tokenizer.vocab():
+        raise InputError(f"draft '{path}' and target use different tokenizers: speculative decoding "
+                         "needs a draft trained with the target's tokenizer")
+    return draft
+
+
 @torch.inference_mode()
 def hf_generate(target: HFModel, prompt: Sequence[int], max_new_tokens: int, *, ignore_eos: bool = False,
                 assistant: Optional[HFModel] = None, **generate_kwargs: Any) -> list[int]:

@@ -519,7 +519,7 @@ def _json_safe(value: Any) -> Any:
 
 
 def run_train_preverify(cfg: TrainPreverifyConfig, command_line: str) -> Path:
-    from pacer_core.hf import load_model
+    from pacer_core.hf import load_draft, load_model
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -540,7 +540,7 @@ def run_train_preverify(cfg: TrainPreverifyConfig, command_line: str) -> Path:
     resolved = check(sim, require_models=False)
     if resolved[0].component.needs_draft_model:
         d = draft_model_config(sim, resolved[0].component)
-        draft, _, _ = load_model(d.path, d.dtype, d.device, d.device_map, "draft")
+        draft = load_draft(d.path, d.dtype, d.device, d.device_map, tokenizer)
     recorder = StepRecorder()
     engine = Engine.build(target, draft=draft, tokenizer=tokenizer, cfg=sim, extra_plugins=[recorder])
     identity = drafter_identity(engine, draft)
