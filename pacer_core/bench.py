@@ -51,6 +51,7 @@ class BenchModelConfig:
     dtype: Optional[str] = None  # None = the bench's dtype
     device: Optional[str] = None  # None = the bench's device
     device_map: Optional[str] = None
+    pack_weights: Optional[bool] = None  # CPU: multiply with weights packed once; null = where supported
 
 
 @attrs.define
@@ -437,13 +438,15 @@ def load_models(bench: BenchConfig) -> Models:
     from .hf import load_draft, load_model
 
     t = bench.target
-    target, tokenizer, _ = load_model(t.path, t.dtype or bench.dtype, t.device or bench.device, t.device_map, "target")
+    target, tokenizer, _ = load_model(t.path, t.dtype or bench.dtype, t.device or bench.device, t.device_map, "target",
+                                      t.pack_weights)
     draft = None
     if bench.draft is not None:
         d = bench.draft
         if not d.path:
             raise InputError("bench draft section needs a path: an HF folder or .gguf sharing the target's tokenizer")
-        draft = load_draft(d.path, d.dtype or bench.dtype, d.device or bench.device, d.device_map, tokenizer)
+        draft = load_draft(d.path, d.dtype or bench.dtype, d.device or bench.device, d.device_map, tokenizer,
+                           d.pack_weights)
     return Models(target, draft, tokenizer)
 
 
@@ -592,7 +595,8 @@ def _settings(bench: BenchConfig, device: str) -> dict:
     def model(m: Optional[BenchModelConfig]):
         if m is None:
             return None
-        return {"path": m.path, "dtype": m.dtype or bench.dtype, "device_map": m.device_map}
+        return {"path": m.path, "dtype": m.dtype or bench.dtype, "device_map": m.device_map,
+                "pack_weights": m.pack_weights}
 
     return {"target": model(bench.target), "draft": model(bench.draft), "device": device,
             "max_new_tokens": bench.max_new_tokens, "sampling": attrs.asdict(bench.sampling),

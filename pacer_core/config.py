@@ -28,6 +28,7 @@ class ModelConfig:
     dtype: str = "float32"  # float32 | bfloat16 | float16
     device: str = "cpu"
     device_map: Optional[str] = None
+    pack_weights: Optional[bool] = None  # CPU: multiply with weights packed once; null = where supported
 
 
 @attrs.define
@@ -282,7 +283,7 @@ def draft_model_config(cfg: PacerConfig, drafter: Component) -> Optional[ModelCo
         return cfg.draft
     if cfg.target.path is None and drafter.default_draft:
         base = cfg.draft or ModelConfig(dtype=cfg.target.dtype, device=cfg.target.device,
-                                        device_map=cfg.target.device_map)
+                                        device_map=cfg.target.device_map, pack_weights=cfg.target.pack_weights)
         return attrs.evolve(base, path=drafter.default_draft)
     return None
 

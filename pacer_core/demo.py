@@ -16,16 +16,27 @@ from .config import load_config
 DEMO_STACKS = {
     "prompt_lookup+fixed(4)": ["strategy.drafter={name: prompt_lookup}", "strategy.stop=[{name: fixed, gamma: 4}]"],
     # the shipped drafts: feature-level (plugins/feature_draft) and token-level (plugins/pacer_builtins)
-    "draft(eagle)+fixed(1)": ["strategy.drafter={name: eagle}", "strategy.stop=[{name: fixed, gamma: 1}]"],
-    "draft+ouroboros+fixed(4)": ["strategy.drafter={name: ouroboros, prompt_phrases: true, window_size: 4, "
-                                 "guess_set_size: 4, level: 5, topk: 3}",
-                                 "strategy.stop=[{name: fixed, gamma: 4}]", "strategy.verifier={name: greedy}"],
+    "draft(eagle)+fixed(2)": ["strategy.drafter={name: eagle}", "strategy.stop=[{name: fixed, gamma: 2}]"],
+    "draft(eagle)+pacer": ["strategy.drafter={name: eagle}", "strategy.stop=[{name: pacer}]"],
+    "draft(token)+fixed(2)": ["strategy.drafter={name: draft_model}", "strategy.stop=[{name: fixed, gamma: 2}]"],
 }
+# real prompts, taken in turn from these sets: an edit that copies its input, then held-out tasks
+DEMO_SETS = ("code_editing", "gsm8k", "mtbench", "humaneval")
+
+
+def demo_prompts(count: int) -> list:
+    """``count`` prompts, the first of each of ``DEMO_SETS`` in turn, then the second of each, ..."""
+    from .prompts import load_prompts
+
+    per_set = -(-count // len(DEMO_SETS))
+    sets = [load_prompts(name, per_set) for name in DEMO_SETS]
+    return [prompt for row in zip(*sets) for prompt in row][:count]
 
 
 @command("demo", "the main job: plain decoding vs speculative decoding on the embedded target, real prompts")
 def _setup_demo(p: argparse.ArgumentParser) -> Runner:
-    p.add_argument("--prompts", type=int, default=3, help="how many code-editing prompts (default 3)")
+    p.add_argument("--prompts", type=int, default=4,
+                   help=f"how many prompts, in turn from {', '.join(DEMO_SETS)} (default 4)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
 
@@ -34,12 +45,12 @@ def _setup_demo(p: argparse.ArgumentParser) -> Runner:
         from .engine import Engine
         from .errors import InputError, PacerError
         from .hf import load_draft, load_model
-        from .prompts import load_prompts
-
         if args.prompts <= 0 or args.max_new_tokens <= 0:
             raise InputError("--prompts and --max-new-tokens must be positive")
         print(f"loading the embedded target (SmolLM2-135M-Instruct, {args.dtype}) ...", file=sys.stderr)
         target, tokenizer, _ = load_model(None, args.dtype, "cpu", None, "target")
+        if target.packed_weights:
+            print("weights packed once for CPU products (pacer_core/kernels.py)", file=sys.stderr)
         base = [f"generation.max_new_tokens={args.max_new_tokens}"]
         plain = Engine.build(target, tokenizer=tokenizer, cfg=load_config(
             overrides=base + ["strategy.drafter={name: autoregressive}", "strategy.stop=[]"]))
@@ -52,15 +63,16 @@ def _setup_demo(p: argparse.ArgumentParser) -> Runner:
                 if drafter.needs_draft_model:  # the shipped token-level draft, loaded once
                     d = draft_model_config(cfg, drafter)
                     if d.path not in drafts:
-                        drafts[d.path] = load_draft(d.path, d.dtype, d.device, d.device_map, tokenizer)
+                        drafts[d.path] = load_draft(d.path, d.dtype, d.device, d.device_map, tokenizer, d.pack_weights)
                     draft = drafts[d.path]
                 stacks[name] = Engine.build(target, draft=draft, tokenizer=tokenizer, cfg=cfg)
             except PacerError as exc:  # a plugin or its artifact is not installed: say so, go on
                 print(f"skipping {name}: {exc}", file=sys.stderr)
-        prompts = load_prompts("code_editing", args.prompts)
+        prompts = demo_prompts(args.prompts)
         plain.generate("Say hi.", max_new_tokens=4)  # warm-up
         totals = {name: [0, 0.0, 0, 0.0, 0] for name in stacks}  # plain tokens, s; stack tokens, s; identical
-        print(f"{len(prompts)} code-editing prompts (HumanEval solutions), greedy, up to {args.max_new_tokens} new tokens")
+        print(f"{len(prompts)} prompts ({', '.join(DEMO_SETS[:len(prompts)])}), greedy, {args.dtype}, "
+              f"up to {args.max_new_tokens} new tokens")
         for prompt in prompts:
             reference = plain.generate(prompt.text)
             line = [f"{prompt.question_id}: {len(reference.tokens)} tokens, plain {reference.metrics['tokens_per_s']:.1f} tok/s"]

@@ -87,11 +87,12 @@ class Engine:
 
         resolved = check(cfg, extra_plugins)
         dtype, dev = cfg.target.dtype, cfg.target.device
-        target, tokenizer, _ = load_model(cfg.target.path, dtype, dev, cfg.target.device_map, "target")
+        target, tokenizer, _ = load_model(cfg.target.path, dtype, dev, cfg.target.device_map, "target",
+                                          cfg.target.pack_weights)
         draft = None
         if any(r.component.needs_draft_model for r in resolved):
             d = draft_model_config(cfg, resolved[0].component)
-            draft = load_draft(d.path, d.dtype, d.device, d.device_map, tokenizer)
+            draft = load_draft(d.path, d.dtype, d.device, d.device_map, tokenizer, d.pack_weights)
         return cls.build(target, draft=draft, tokenizer=tokenizer, cfg=cfg, extra_plugins=extra_plugins)
 
     @classmethod

@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from .errors import InputError
+from .kernels import PackedLinear, PackedMatrix, pack_linears, should_pack
 from .types import ModelOutput
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -248,7 +249,23 @@ class HFModel:
         self.num_forwards = 0
         self.digest: Optional[str] = None  # content hash of the weights, set by load_model
         self.vocab_subset: Optional[torch.Tensor] = None  # see use_vocab_subset
+        self._head_subset: Optional[PackedMatrix] = None
+        self.packed_weights = False  # see pack_weights
         self.reset()
+
+    def pack_weights(self) -> int:
+        """Multiply with weights packed once (``pacer_core.kernels``): on CPU a verification block then
+        costs about what one token does. Call after the weights are final; returns the layers packed
+        (the output layer is left alone while a vocabulary subset replaces it)."""
+        count = pack_linears(self.model.base_model)
+        head = self.model.get_output_embeddings()
+        if self.vocab_subset is None and type(head) is torch.nn.Linear:
+            self.model.set_output_embeddings(PackedLinear(head))
+            count += 1
+        self.packed_weights = True
+        if self._head_subset is not None:
+            self._head_subset = PackedMatrix(self._head_subset.matrix, pack=True)
+        return count
 
     def use_vocab_subset(self, token_ids: Optional[Sequence[int]]) -> None:
         """Compute logits only for ``token_ids`` (the rest are -inf, probability 0): a draft's output
@@ -266,7 +283,8 @@ class HFModel:
         if getattr(head, "bias", None) is not None:
             raise InputError(f"{self.name}: a vocabulary subset needs an output layer without bias")
         self.vocab_subset = ids
-        self._head_subset = head.weight.detach()[ids.to(self.device)].contiguous()
+        self._head_subset = PackedMatrix(head.weight.detach()[ids.to(self.device)].contiguous(),
+                                         pack=self.packed_weights)
 
     @classmethod
     def load(cls, folder: Path, dtype: str = "float32", device: str = "cpu",
@@ -340,7 +358,7 @@ class HFModel:
         self.num_forwards += 1
         if self.vocab_subset is not None and logits_from < k:
             last = self.model.base_model(input_ids=input_ids, **kwargs).last_hidden_state[0]  # after the norm
-            rows = (last[logits_from:] @ self._head_subset.T).float().cpu()
+            rows = self._head_subset(last[logits_from:]).float().cpu()
             out_logits = torch.full((k - logits_from, self.vocab_size), float("-inf"))
             out_logits[:, self.vocab_subset] = rows
             out_hidden = last if hidden else None
@@ -367,10 +385,12 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def load_model(path: Optional[str], dtype: str, device: str, device_map: Optional[str], name: str):
+def load_model(path: Optional[str], dtype: str, device: str, device_map: Optional[str], name: str,
+               pack_weights: Optional[bool] = None):
     """(model adapter, tokenizer, weights digest) for a config's ``target`` or ``draft`` section.
 
-    ``device`` may be ``auto`` (CUDA when available)."""
+    ``device`` may be ``auto`` (CUDA when available); ``pack_weights`` (None: wherever possible) see
+    ``pacer_core.kernels.should_pack``."""
     folder = materialize(path)
     if dtype not in DTYPES:
         raise InputError(f"unknown dtype '{dtype}' for {name}: use one of {', '.join(DTYPES)}")
@@ -378,13 +398,18 @@ def load_model(path: Optional[str], dtype: str, device: str, device_map: Optiona
     model = HFModel.load(folder, dtype=dtype, device=device, device_map=device_map, name=name)
     if (folder / SUBSET_FILE).exists():
         model.use_vocab_subset(json.loads((folder / SUBSET_FILE).read_text()))
+    if device_map and pack_weights:
+        raise InputError(f"{name}: pack_weights=true needs the whole model on the CPU, not device_map")
+    if not device_map and should_pack(pack_weights, model.dtype, model.device, name):
+        model.pack_weights()
     model.digest = weights_digest(folder)
     return model, HFTokenizer.load(folder), model.digest
 
 
-def load_draft(path: Optional[str], dtype: str, device: str, device_map: Optional[str], target_tokenizer) -> HFModel:
+def load_draft(path: Optional[str], dtype: str, device: str, device_map: Optional[str], target_tokenizer,
+               pack_weights: Optional[bool] = None) -> HFModel:
     """The draft model of a ``draft`` section, refused unless it shares the target's tokenizer."""
-    draft, draft_tokenizer, _ = load_model(path, dtype, device, device_map, "draft")
+    draft, draft_tokenizer, _ = load_model(path, dtype, device, device_map, "draft", pack_weights)
     if draft_tokenizer.vocab() != target_tokenizer.vocab():
         raise InputError(f"draft '{path}' and target use different tokenizers: speculative decoding "
                          "needs a draft trained with the target's tokenizer")

@@ -274,7 +274,7 @@ def test_missing_model_path(capsys, tmp_path):
 
 
 def _fake_load_model(shift_for: dict):
-    def load_model(path, dtype, device, device_map, name):
+    def load_model(path, dtype, device, device_map, name, pack_weights=None):
         seed = 0 if name == "target" else 1
         return adapter(tiny_model(seed)), ByteTokenizer(shift=shift_for.get(name, 0)), f"digest-{name}"
     return load_model

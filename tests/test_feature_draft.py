@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from pacer_core import Engine, InputError, hookimpl, load_config
+from pacer_core.kernels import PackedLinear, packing_supported
 from tiny import EOS, adapter, reference_greedy, tiny_llama
 
 from feature_draft.distill import DistillConfig, draft_loss, frequent_tokens, train
@@ -187,3 +188,20 @@ def test_token_loss_is_the_soft_cross_entropy_to_the_target():
     teacher = torch.softmax(feats @ head.T, -1)
     entropy = -(teacher * torch.log(teacher)).sum(-1).mean()
     assert parts["top1"] == 1.0 and torch.allclose(loss, entropy, atol=1e-4)  # KL = 0: CE = H(teacher)
+
+
+@pytest.mark.skipif(not packing_supported(torch.float32), reason="this torch build cannot pack weights")
+def test_eagle_packs_its_network_when_the_target_is_packed(tmp_path):
+    target_model = tiny_llama(0, scale=6.0)
+    folder = make_draft(target_model, tmp_path / "draft")
+    prompt = [1, 7, 9, 7, 9, 7, 3, 4]
+    reference = reference_greedy(target_model, prompt, 30)
+    target = adapter(target_model)
+    target.pack_weights()
+    cfg = load_config(overrides=[f"strategy.drafter={{name: eagle, path: '{folder}'}}",
+                                 "strategy.stop=[{name: fixed, gamma: 3}]"], require_models=False)
+    engine = Engine.build(target, cfg=cfg)
+    drafter = next(p for p in engine.pm.get_plugins() if type(p).__name__ == "EagleDrafter")
+    assert isinstance(drafter.net.fc, PackedLinear) and drafter.head._packed is not None
+    result = engine.generate(prompt, max_new_tokens=30)
+    assert result.tokens == reference and result.metrics["drafted"] > 0

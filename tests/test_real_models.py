@@ -7,7 +7,9 @@ cache must hold exactly the committed tokens (minus the pending one) after every
 from __future__ import annotations
 
 import importlib.util
+
 import pytest
+import torch
 
 from pacer_core import Component, Engine, hookimpl, load_config
 from pacer_core.hf import HFModel, hf_generate, load_model
@@ -86,6 +88,24 @@ def test_smollm2_greedy_sd_equals_plain_decoding():
     ids = tokenizer.encode("Repeat this list twice: apples, pears, plums, cherries.")
     reference = _check_stacks(target, draft, tokenizer, ids, 40)
     assert len(reference) > 10
+
+
+def test_smollm2_packed_weights_decode_like_plain_weights():
+    """The embedded target loads with packed weights on CPU (``pack_weights`` null); its greedy
+    decoding equals the unpacked model's, and so does SD on the packed model."""
+    from pacer_core.kernels import PackedLinear, packing_supported
+
+    if not packing_supported(torch.float32):
+        pytest.skip("this torch build cannot pack weights")
+    packed, tokenizer, _ = load_model(None, "float32", "cpu", None, "target")
+    plain, _, _ = load_model(None, "float32", "cpu", None, "target", pack_weights=False)
+    assert packed.packed_weights and isinstance(packed.model.lm_head, PackedLinear)
+    assert not plain.packed_weights and not isinstance(plain.model.lm_head, PackedLinear)
+    ids = tokenizer.encode("Explain in two sentences why the sky is blue.")
+    reference = hf_generate(plain, ids, 48)
+    assert hf_generate(packed, ids, 48) == reference
+    cfg = load_config(overrides=["strategy.drafter={name: prompt_lookup}", "strategy.stop=[{name: fixed, gamma: 4}]"])
+    assert Engine.build(packed, tokenizer=tokenizer, cfg=cfg).generate(ids, max_new_tokens=48).tokens == reference
 
 
 @pytest.mark.slow

@@ -393,7 +393,7 @@ def run_distill(cfg: DistillConfig, command_line: str) -> Path:
     torch.manual_seed(cfg.seed)
     t0 = time.time()
     target, tokenizer, digest = load_model(cfg.target.path, cfg.target.dtype, cfg.target.device,
-                                           cfg.target.device_map, "target")
+                                           cfg.target.device_map, "target", cfg.target.pack_weights)
     corpus_file = out / "corpus.pt"
     if corpus_file.exists():
         corpus = torch.load(corpus_file)

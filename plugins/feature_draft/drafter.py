@@ -11,6 +11,7 @@ import attrs
 import torch
 
 from pacer_core import Component, DraftBlock, InputError, Resources, hookimpl
+from pacer_core.kernels import PackedMatrix, pack_linears
 from pacer_core.sampling import logits_to_probs, sample
 
 from .model import MANIFEST, WEIGHTS, FeatureDraft, KVCache
@@ -65,7 +66,10 @@ class EagleDrafter:
             raise InputError(f"draft '{folder}' does not fit this target (vocabulary or hidden size differ)")
         embed, head = resources.target.embedding_weights()
         self.embed = embed
-        self.head = head[self.net.subset].float()  # [subset, hidden]
+        packed = bool(getattr(resources.target, "packed_weights", False))  # pack as the target does
+        if packed:
+            pack_linears(self.net)
+        self.head = PackedMatrix(head[self.net.subset].float(), pack=packed)  # x @ [subset, hidden].T
         self.subset = self.net.subset
         self.sampling = resources.sampling
         self.vocab_size = resources.target.vocab_size
@@ -123,7 +127,7 @@ class EagleDrafter:
         return forwards
 
     def _choose(self, feature: torch.Tensor, generator) -> tuple[int, torch.Tensor]:
-        logits = feature @ self.head.T  # [subset]
+        logits = self.head(feature[None])[0]  # [subset]
         if self.sampling.greedy:
             index, probs = int(logits.argmax()), torch.softmax(logits, -1)
         else:
