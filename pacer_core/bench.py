@@ -100,6 +100,7 @@ class BenchConfig:
     baselines: List[str] = attrs.field(factory=list)
     baseline_options: BaselineOptions = attrs.field(factory=BaselineOptions)
     oracle: OracleConfig = attrs.field(factory=OracleConfig)
+    verify_cost: bool = False  # measure and report the verification cost without an oracle, too
     plots: bool = True
 
 
@@ -704,7 +705,7 @@ def run_bench(bench: BenchConfig, stacks: dict[str, PacerConfig], out: Path, *, 
     try:
         if done < len(planned):
             _warm_up(units, work[0][2], bench)
-            if bench.oracle.log_stack and not (out / COST_MODEL).exists():
+            if (bench.oracle.log_stack or bench.verify_cost) and not (out / COST_MODEL).exists():
                 _log(f"measuring verification cost for k = 1..{bench.oracle.verify_max_k} tokens ...")
                 verify = measure_verify_costs(models.target, work[0][2], bench.oracle.verify_max_k,
                                               bench.oracle.verify_repeats, clock)

@@ -255,11 +255,12 @@ class HFModel:
 
     def pack_weights(self) -> int:
         """Multiply with weights packed once (``pacer_core.kernels``): on CPU a verification block then
-        costs about what one token does. Call after the weights are final; returns the layers packed
-        (the output layer is left alone while a vocabulary subset replaces it)."""
+        costs about what one token does. Call after the weights are final; returns the layers packed.
+        The full output layer is packed even while a vocabulary subset replaces it here, because
+        other callers (transformers' assisted generation) run the whole model."""
         count = pack_linears(self.model.base_model)
         head = self.model.get_output_embeddings()
-        if self.vocab_subset is None and type(head) is torch.nn.Linear:
+        if type(head) is torch.nn.Linear:
             self.model.set_output_embeddings(PackedLinear(head))
             count += 1
         self.packed_weights = True

@@ -182,6 +182,7 @@ def summarize(meta: dict, records: list[dict], cost_file: Optional[dict] = None)
         "skipped": meta.get("skipped", {}),
         "table": table,
         "oracle": oracle_summary(meta, records, cost_file, table),
+        "verify_cost_ms": [1000 * v for v in cost_file["verify_s"]] if cost_file else None,
     }
     ablation = meta.get("ablation")
     if ablation:
@@ -267,6 +268,13 @@ def render(results: dict, plots: list[str]) -> str:
         lines += [f"## {set_name}", "", table_markdown(results["table"][set_name]), ""]
     if results.get("ablation"):
         lines += ["## Ablation", "", ablation_markdown(results["ablation"]), ""]
+    if results.get("verify_cost_ms"):
+        costs = results["verify_cost_ms"]
+        lines += ["## Verification cost", "",
+                  "One target forward over k new tokens after the first prompt (median, ms; plain decoding "
+                  "is k = 1):", "", "| k | " + " | ".join(str(k) for k in range(1, len(costs) + 1)) + " |",
+                  "|---|" + "---|" * len(costs), "| ms | " + " | ".join(f"{c:.1f}" for c in costs) + " |",
+                  "| ÷ k = 1 | " + " | ".join(f"{c / costs[0]:.2f}" for c in costs) + " |", ""]
     if results.get("oracle"):
         lines += _oracle_markdown(results["oracle"])
     if plots:

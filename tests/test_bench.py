@@ -416,3 +416,21 @@ def test_skip_leaves_out_the_first_prompts_of_each_set(tmp_path, tiny):
     assert {r["question_id"] for r in read_records(tmp_path / "out")} == {"q1"}
     with pytest.raises(Exception, match="skip must be >= 0"):
         bench.read_bench_config(config, ["skip=-1"])
+
+
+def test_verify_cost_is_measured_and_reported_without_an_oracle(tmp_path, tiny, capsys):
+    config = write_bench(tmp_path, STACKS + "verify_cost: true\noracle: {verify_max_k: 3, verify_repeats: 1}\n", n=1)
+    code, _, err = run_cli(["bench", "--config", str(config), "--out", str(tmp_path / "out"), "--no-progress"], capsys)
+    assert code == 0, err
+    cost = json.loads((tmp_path / "out" / "cost_model.json").read_text())
+    assert len(cost["verify_s"]) == 3 and all(v > 0 for v in cost["verify_s"])
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["verify_cost_ms"] == pytest.approx([1000 * v for v in cost["verify_s"]])
+    assert results["oracle"] is None
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "## Verification cost" in report and "## Oracle replay" not in report
+    # without it (and without an oracle) nothing is measured
+    (tmp_path / "plain").mkdir()
+    plain = write_bench(tmp_path / "plain", STACKS, n=1)
+    assert run_cli(["bench", "--config", str(plain), "--out", str(tmp_path / "out2"), "--no-progress"], capsys)[0] == 0
+    assert not (tmp_path / "out2" / "cost_model.json").exists()
