@@ -2,9 +2,10 @@
 
 On CPU, ``torch.nn.functional.linear`` re-lays-out (packs) its weight matrix on every call. For one
 row that is skipped (a matrix-vector product), but for 2–8 rows — exactly a verification block — the
-packing makes an fp32 forward of SmolLM2-135M cost 1.6× a one-token forward (measured: 94 vs 58 ms
-for two tokens), which eats most of what speculative decoding saves. oneDNN can pack a weight once
-and reuse it: the same forward then costs 48 ms for two tokens and 44 ms for one (bf16: 32 vs 38 ms).
+packing makes an fp32 forward of SmolLM2-135M cost 1.5–2× a one-token forward (96 vs 57 ms for two
+tokens), which eats most of what speculative decoding saves. oneDNN can pack a weight once and
+reuse it: the same forward then costs 45 ms for two tokens and 37 ms for one (bf16: 31 and 31 ms).
+Measured by ``pacer bench --config configs/bench_core.yaml`` with and without ``pack_weights``.
 
 ``pack_linears(module)`` swaps every ``nn.Linear`` below ``module`` for a ``PackedLinear`` that keeps
 the original ``weight`` / ``bias`` parameters (state dicts, tied embeddings and weight sharing are

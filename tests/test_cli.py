@@ -385,3 +385,12 @@ def test_generate_with_the_embedded_target(capsys, monkeypatch):
     # streaming prints the same text
     code, out, err = run(["generate", "--prompt", "def fib(n):", "--max-new-tokens", "16"], capsys)
     assert code == 0 and out == payload["text"] + "\n"
+
+
+def test_demo_takes_its_prompts_in_turn_from_each_set():
+    from pacer_core.demo import DEMO_SETS, demo_prompts
+
+    prompts = demo_prompts(len(DEMO_SETS) + 1)
+    assert [p.question_id.split("/")[0] for p in prompts[:3]] == ["code_editing", "gsm8k", "mtbench"]
+    assert prompts[-1].question_id.startswith("code_editing/") and prompts[-1] != prompts[0]
+    assert len(demo_prompts(2)) == 2

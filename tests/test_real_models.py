@@ -162,6 +162,8 @@ def test_the_shipped_token_draft_loads_completed_and_keeps_greedy_output():
 def test_the_main_command_shows_identical_output(capsys):
     from pacer_core import cli
 
-    code = cli.main(["demo", "--prompts", "1", "--max-new-tokens", "24"])
+    code = cli.main(["demo", "--prompts", "2", "--max-new-tokens", "24"])
     out = capsys.readouterr().out
-    assert code == 0 and out.count("identical") >= 3 and "DIFFERENT" not in out
+    assert code == 0 and "DIFFERENT" not in out
+    assert out.count("identical") >= 2 * 4 + 4  # every stack on both prompts, and the totals
+    assert "code_editing/" in out and "gsm8k/" in out
