@@ -396,11 +396,12 @@ def load_model(path: Optional[str], dtype: str, device: str, device_map: Optiona
     if dtype not in DTYPES:
         raise InputError(f"unknown dtype '{dtype}' for {name}: use one of {', '.join(DTYPES)}")
     device = resolve_device(device)
+    if device_map and pack_weights:
+        raise InputError(f"{name}: pack_weights=true needs the whole model on the CPU, not device_map; "
+                         "set pack_weights to null or false")
     model = HFModel.load(folder, dtype=dtype, device=device, device_map=device_map, name=name)
     if (folder / SUBSET_FILE).exists():
         model.use_vocab_subset(json.loads((folder / SUBSET_FILE).read_text()))
-    if device_map and pack_weights:
-        raise InputError(f"{name}: pack_weights=true needs the whole model on the CPU, not device_map")
     if not device_map and should_pack(pack_weights, model.dtype, model.device, name):
         model.pack_weights()
     model.digest = weights_digest(folder)

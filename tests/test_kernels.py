@@ -132,3 +132,11 @@ def test_pack_weights_is_a_validated_model_option():
     assert load_config(overrides=["target.pack_weights=false"], require_models=False).target.pack_weights is False
     with pytest.raises(Exception, match="pack_weights"):
         load_config(overrides=["target.pack_weights=sometimes"], require_models=False)
+
+
+def test_pack_weights_with_device_map_is_refused_before_loading(tmp_path):
+    from pacer_core.hf import load_model
+
+    (tmp_path / "config.json").write_text("{}")  # never read: the option is refused first
+    with pytest.raises(InputError, match="pack_weights=true needs the whole model on the CPU, not device_map"):
+        load_model(str(tmp_path), "float32", "cpu", "auto", "target", pack_weights=True)
