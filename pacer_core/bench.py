@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .cli import EXIT_INTERRUPTED, Runner, command
-from .config import PacerConfig, SamplingConfig, _one_line, _parse_value, _read_yaml, check, load_config, to_dict
+from .config import ModelConfig, PacerConfig, SamplingConfig, _one_line, _parse_value, _read_yaml, check, load_config, to_dict
 from .errors import ConfigError, InputError
 from .registry import components, new_plugin_manager
 
@@ -436,19 +436,21 @@ class Models:
 
 def load_models(bench: BenchConfig) -> Models:
     """Load the bench's target (and draft) once. Tests replace this function to inject tiny models."""
-    from .hf import load_draft, load_model
+    from .hf import load_draft, load_section
 
-    t = bench.target
-    target, tokenizer, _ = load_model(t.path, t.dtype or bench.dtype, t.device or bench.device, t.device_map, "target",
-                                      t.pack_weights)
+    target, tokenizer, _ = load_section(_model_config(bench.target, bench), "target")
     draft = None
     if bench.draft is not None:
-        d = bench.draft
-        if not d.path:
+        if not bench.draft.path:
             raise InputError("bench draft section needs a path: an HF folder or .gguf sharing the target's tokenizer")
-        draft = load_draft(d.path, d.dtype or bench.dtype, d.device or bench.device, d.device_map, tokenizer,
-                           d.pack_weights)
+        draft = load_draft(_model_config(bench.draft, bench), tokenizer)
     return Models(target, draft, tokenizer)
+
+
+def _model_config(m: BenchModelConfig, bench: BenchConfig) -> ModelConfig:
+    """A bench model section as a run's model section: a null dtype or device takes the bench's."""
+    return ModelConfig(path=m.path, dtype=m.dtype or bench.dtype, device=m.device or bench.device,
+                       device_map=m.device_map, pack_weights=m.pack_weights)
 
 
 def _device_of(model: Any) -> str:

@@ -63,7 +63,7 @@ def _setup_demo(p: argparse.ArgumentParser) -> Runner:
                 if drafter.needs_draft_model:  # the shipped token-level draft, loaded once
                     d = draft_model_config(cfg, drafter)
                     if d.path not in drafts:
-                        drafts[d.path] = load_draft(d.path, d.dtype, d.device, d.device_map, tokenizer, d.pack_weights)
+                        drafts[d.path] = load_draft(d, tokenizer)
                     draft = drafts[d.path]
                 stacks[name] = Engine.build(target, draft=draft, tokenizer=tokenizer, cfg=cfg)
             except PacerError as exc:  # a plugin or its artifact is not installed: say so, go on

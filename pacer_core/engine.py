@@ -83,16 +83,13 @@ class Engine:
     @classmethod
     def from_config(cls, cfg: PacerConfig, extra_plugins: Sequence[Any] = ()) -> "Engine":
         """Load the models the config names and build the strategy stack (config checked first)."""
-        from .hf import load_draft, load_model  # the model adapter; only it imports transformers
+        from .hf import load_draft, load_section  # the model adapter; only it imports transformers
 
         resolved = check(cfg, extra_plugins)
-        dtype, dev = cfg.target.dtype, cfg.target.device
-        target, tokenizer, _ = load_model(cfg.target.path, dtype, dev, cfg.target.device_map, "target",
-                                          cfg.target.pack_weights)
+        target, tokenizer, _ = load_section(cfg.target, "target")
         draft = None
         if any(r.component.needs_draft_model for r in resolved):
-            d = draft_model_config(cfg, resolved[0].component)
-            draft = load_draft(d.path, d.dtype, d.device, d.device_map, tokenizer, d.pack_weights)
+            draft = load_draft(draft_model_config(cfg, resolved[0].component), tokenizer)
         return cls.build(target, draft=draft, tokenizer=tokenizer, cfg=cfg, extra_plugins=extra_plugins)
 
     @classmethod

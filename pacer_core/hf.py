@@ -408,12 +408,16 @@ def load_model(path: Optional[str], dtype: str, device: str, device_map: Optiona
     return model, HFTokenizer.load(folder), model.digest
 
 
-def load_draft(path: Optional[str], dtype: str, device: str, device_map: Optional[str], target_tokenizer,
-               pack_weights: Optional[bool] = None) -> HFModel:
+def load_section(section: Any, name: str):
+    """``load_model`` for a config's model section (``pacer_core.config.ModelConfig``)."""
+    return load_model(section.path, section.dtype, section.device, section.device_map, name, section.pack_weights)
+
+
+def load_draft(section: Any, target_tokenizer) -> HFModel:
     """The draft model of a ``draft`` section, refused unless it shares the target's tokenizer."""
-    draft, draft_tokenizer, _ = load_model(path, dtype, device, device_map, "draft", pack_weights)
+    draft, draft_tokenizer, _ = load_section(section, "draft")
     if draft_tokenizer.vocab() != target_tokenizer.vocab():
-        raise InputError(f"draft '{path}' and target use different tokenizers: speculative decoding "
+        raise InputError(f"draft '{section.path}' and target use different tokenizers: speculative decoding "
                          "needs a draft trained with the target's tokenizer")
     return draft
 

@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .errors import InputError
+
 BATCH_HINT = 8  # rows the packed layout is tuned for (measured: hints 4–32 beat 1 for 2–8 rows)
 
 
@@ -103,8 +105,6 @@ def pack_linears(module: nn.Module) -> int:
 def should_pack(requested: Optional[bool], dtype: torch.dtype, device: torch.device, what: str) -> bool:
     """Resolve a ``pack_weights`` option: ``None`` packs when the weights are on the CPU and the build
     supports their dtype; ``True`` insists (one-line error otherwise); ``False`` never packs."""
-    from .errors import InputError
-
     possible = device.type == "cpu" and packing_supported(dtype)
     if requested and not possible:
         reason = "the weights are not on the CPU" if device.type != "cpu" else \

@@ -376,7 +376,7 @@ def _same(before: Any, now: Any, keys: Optional[list] = None) -> bool:
 
 
 def run_distill(cfg: DistillConfig, command_line: str) -> Path:
-    from pacer_core.hf import load_model, materialize
+    from pacer_core.hf import load_section, materialize
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -392,8 +392,7 @@ def run_distill(cfg: DistillConfig, command_line: str) -> Path:
     recipe_file.write_text(json.dumps(recipe, indent=2))
     torch.manual_seed(cfg.seed)
     t0 = time.time()
-    target, tokenizer, digest = load_model(cfg.target.path, cfg.target.dtype, cfg.target.device,
-                                           cfg.target.device_map, "target", cfg.target.pack_weights)
+    target, tokenizer, digest = load_section(cfg.target, "target")
     corpus_file = out / "corpus.pt"
     if corpus_file.exists():
         corpus = torch.load(corpus_file)

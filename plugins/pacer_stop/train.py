@@ -519,7 +519,7 @@ def _json_safe(value: Any) -> Any:
 
 
 def run_train_preverify(cfg: TrainPreverifyConfig, command_line: str) -> Path:
-    from pacer_core.hf import load_draft, load_model
+    from pacer_core.hf import load_draft, load_section
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -533,14 +533,13 @@ def run_train_preverify(cfg: TrainPreverifyConfig, command_line: str) -> Path:
                              "folder (model and train options may change between runs)")
     recipe_file.write_text(json.dumps(recipe, indent=2))
     t0 = time.time()
-    target, tokenizer, digest = load_model(cfg.target.path, cfg.target.dtype, cfg.target.device,
-                                           cfg.target.device_map, "target", cfg.target.pack_weights)
+    target, tokenizer, digest = load_section(cfg.target, "target")
     draft = None
     sim = simulation_config(cfg)
     resolved = check(sim, require_models=False)
     if resolved[0].component.needs_draft_model:
         d = draft_model_config(sim, resolved[0].component)
-        draft = load_draft(d.path, d.dtype, d.device, d.device_map, tokenizer, d.pack_weights)
+        draft = load_draft(d, tokenizer)
     recorder = StepRecorder()
     engine = Engine.build(target, draft=draft, tokenizer=tokenizer, cfg=sim, extra_plugins=[recorder])
     identity = drafter_identity(engine, draft)
