@@ -434,3 +434,11 @@ def test_verify_cost_is_measured_and_reported_without_an_oracle(tmp_path, tiny, 
     plain = write_bench(tmp_path / "plain", STACKS, n=1)
     assert run_cli(["bench", "--config", str(plain), "--out", str(tmp_path / "out2"), "--no-progress"], capsys)[0] == 0
     assert not (tmp_path / "out2" / "cost_model.json").exists()
+
+
+def test_bench_model_sections_take_the_bench_dtype_and_device_unless_they_set_their_own():
+    cfg = bench.BenchConfig(dtype="bfloat16", device="cpu")
+    mine = bench._model_config(bench.BenchModelConfig(path="x", device_map=None, pack_weights=False), cfg)
+    assert (mine.path, mine.dtype, mine.device, mine.pack_weights) == ("x", "bfloat16", "cpu", False)
+    own = bench._model_config(bench.BenchModelConfig(dtype="float32", device="meta"), cfg)
+    assert (own.path, own.dtype, own.device, own.pack_weights) == (None, "float32", "meta", None)
