@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .cli import EXIT_INTERRUPTED, Runner, command
-from .config import ModelConfig, PacerConfig, SamplingConfig, _one_line, _parse_value, _read_yaml, check, load_config, to_dict
+from .config import ModelConfig, PacerConfig, SamplingConfig, check, load_config, one_line, parse_value, read_yaml, to_dict
 from .errors import ConfigError, InputError
 from .registry import components, new_plugin_manager
 
@@ -152,14 +152,14 @@ def _validate(schema_cls: type, data: Any, where: str) -> Any:
         return OmegaConf.to_object(OmegaConf.merge(schema, data))
     except OmegaConfBaseException as exc:
         key = str(getattr(exc, "full_key", None) or getattr(exc, "key", None) or "")
-        text = _one_line(exc)
+        text = one_line(exc)
         if "Key" in type(exc).__name__ or "not in struct" in text:
             valid = _valid_keys(schema_cls, key)
             hint = f"; valid keys there: {valid}" if valid else ""
             raise ConfigError(f"{where}: unknown key '{key}'{hint}") from None
         raise ConfigError(f"{where}: bad value for '{key}': {text}") from None
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: {_one_line(exc)}") from None
+        raise ConfigError(f"{where}: {one_line(exc)}") from None
 
 
 def _apply_overrides(raw: Any, overrides: Sequence[str], where: str) -> None:
@@ -168,13 +168,13 @@ def _apply_overrides(raw: Any, overrides: Sequence[str], where: str) -> None:
             raise ConfigError(f"{where}: override '{override}' is not key=value (e.g. max_new_tokens=32)")
         key, value = override.split("=", 1)
         try:
-            OmegaConf.update(raw, key.strip(), _parse_value(value), merge=True)
+            OmegaConf.update(raw, key.strip(), parse_value(value), merge=True)
         except (OmegaConfBaseException, ValueError, IndexError, KeyError) as exc:
-            raise ConfigError(f"{where}: override '{override}': {_one_line(exc)}") from None
+            raise ConfigError(f"{where}: override '{override}': {one_line(exc)}") from None
 
 
 def _read(path: Optional[str | Path], overrides: Sequence[str], schema_cls: type, what: str):
-    raw = _read_yaml(Path(path)) if path is not None else OmegaConf.create({})
+    raw = read_yaml(Path(path)) if path is not None else OmegaConf.create({})
     where = f"{what} '{path}'" if path is not None else what
     _apply_overrides(raw, overrides, where)
     data = OmegaConf.to_container(raw)
@@ -294,7 +294,7 @@ def resolve_stack(name: str, stack: StackConfig, bench: BenchConfig, extra_plugi
     data: dict = {}
     if stack.config:
         try:
-            loaded = OmegaConf.to_container(_read_yaml(Path(stack.config)))
+            loaded = OmegaConf.to_container(read_yaml(Path(stack.config)))
         except ConfigError as exc:
             raise ConfigError(f"{where}: {exc}") from None
         data = {k: v for k, v in loaded.items() if k in _STACK_SECTIONS}
