@@ -27,6 +27,7 @@ from omegaconf.errors import OmegaConfBaseException
 from .cli import EXIT_INTERRUPTED, Runner, command
 from .config import ModelConfig, PacerConfig, SamplingConfig, check, load_config, one_line, parse_value, read_yaml, to_dict
 from .errors import ConfigError, InputError
+from .metrics import step_metrics
 from .registry import components, new_plugin_manager
 
 BASELINE = "autoregressive"
@@ -491,29 +492,6 @@ def measure_verify_costs(target: Any, context: Sequence[int], max_k: int, repeat
             target.crop(base)
     target.reset()
     return [sorted(v)[len(v) // 2] for _, v in sorted(times.items())]
-
-
-# -- metrics -----------------------------------------------------------------------------------
-def step_metrics(accept_lengths: Sequence[int], drafted_per_step: Sequence[int],
-                 accepted_per_step: Sequence[int]) -> dict[str, Any]:
-    """The metrics observer's per-generation numbers, from per-step lists (for external baselines)."""
-    steps, drafted, accepted, emitted = len(accept_lengths), sum(drafted_per_step), sum(accepted_per_step), sum(accept_lengths)
-    longest = max(drafted_per_step, default=0)
-    hist: dict[int, int] = {}
-    for d in drafted_per_step:
-        hist[int(d)] = hist.get(int(d), 0) + 1
-    return {
-        "steps": steps, "drafted": drafted, "accepted": accepted, "emitted": emitted,
-        "mean_accepted_length": emitted / steps if steps else 0.0,
-        "acceptance_rate": accepted / drafted if drafted else 0.0,
-        "per_position_acceptance": [sum(a > i for a in accepted_per_step) / max(1, sum(d > i for d in drafted_per_step))
-                                    for i in range(longest)],
-        "mean_draft_length": drafted / steps if steps else 0.0,
-        "draft_length_histogram": dict(sorted(hist.items())),
-        "accept_lengths": list(accept_lengths),
-        "drafted_per_step": list(drafted_per_step),
-        "accepted_per_step": list(accepted_per_step),
-    }
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> Optional[int]:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .errors import InputError
+from .metrics import step_metrics
 from .oracle import CostModel, analyse, monotone, steps_from_metrics
 
 ALL = "all"  # the row over every prompt set
@@ -54,19 +55,8 @@ def _ratio(a: float, b: float) -> Optional[float]:
     return a / b if b else None
 
 
-def position_counts(records: list[dict]) -> tuple[list[int], list[int]]:
-    """(drafted at position i, accepted at position i) summed over every step of ``records``."""
-    drafted_at: list[int] = []
-    accepted_at: list[int] = []
-    for r in records:
-        for d, a in zip(r["metrics"].get("drafted_per_step", []), r["metrics"].get("accepted_per_step", [])):
-            while len(drafted_at) < d:
-                drafted_at.append(0)
-                accepted_at.append(0)
-            for i in range(d):
-                drafted_at[i] += 1
-                accepted_at[i] += int(i < a)
-    return drafted_at, accepted_at
+def _steps(records: list[dict], field: str) -> list[int]:
+    return [x for r in records for x in r["metrics"].get(field, [])]
 
 
 def cell(records: list[dict], reference: dict[tuple, dict]) -> dict[str, Any]:
@@ -78,13 +68,10 @@ def cell(records: list[dict], reference: dict[tuple, dict]) -> dict[str, Any]:
     stack_rate = _ratio(sum(len(r["tokens"]) for r in paired), _sum(paired, "wall_s"))
     ref_rate = _ratio(sum(len(r["tokens"]) for r in ref), _sum(ref, "wall_s"))
     steps, drafted, accepted = _sum(records, "steps"), _sum(records, "drafted"), _sum(records, "accepted")
-    emitted = float(sum(sum(r["metrics"].get("accept_lengths", [])) for r in records))
+    per_step = step_metrics(_steps(records, "accept_lengths"), _steps(records, "drafted_per_step"),
+                            _steps(records, "accepted_per_step"))  # all their steps, concatenated
+    emitted = float(per_step["emitted"])
     divergences = [r["first_divergence"] for r in paired if r.get("first_divergence") is not None]
-    drafted_at, accepted_at = position_counts(records)
-    histogram: dict[str, int] = {}
-    for r in records:
-        for d in r["metrics"].get("drafted_per_step", []):
-            histogram[str(d)] = histogram.get(str(d), 0) + 1
     return {
         "records": len(records),
         "new_tokens": int(new),
@@ -106,8 +93,8 @@ def cell(records: list[dict], reference: dict[tuple, dict]) -> dict[str, Any]:
         "identical": sum(bool(r.get("identical_to_autoregressive")) for r in paired),
         "first_divergence_min": min(divergences) if divergences else None,
         "first_divergence_median": statistics.median(divergences) if divergences else None,
-        "per_position_acceptance": [a / d for a, d in zip(accepted_at, drafted_at)],
-        "draft_length_histogram": dict(sorted(histogram.items(), key=lambda kv: int(kv[0]))),
+        "per_position_acceptance": per_step["per_position_acceptance"],
+        "draft_length_histogram": {str(d): n for d, n in per_step["draft_length_histogram"].items()},
     }
 
 
