@@ -24,7 +24,7 @@ import attrs
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from .cli import EXIT_INTERRUPTED, Runner, command
+from .commands import EXIT_INTERRUPTED, Runner, command
 from .config import ModelConfig, PacerConfig, SamplingConfig, check, load_config, one_line, parse_value, read_yaml, to_dict
 from .errors import ConfigError, InputError
 from .metrics import step_metrics

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .cli import Runner, command
+from .commands import Runner, command
 from .config import load_config
 
 DEMO_STACKS = {
