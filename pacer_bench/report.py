@@ -13,34 +13,13 @@ import statistics
 from pathlib import Path
 from typing import Any, Optional
 
-from .errors import InputError
-from .metrics import step_metrics
+from pacer_core.errors import InputError
+from pacer_core.metrics import step_metrics
+
+from .answers import load_run, write_json
 from .oracle import CostModel, analyse, monotone, steps_from_metrics
 
 ALL = "all"  # the row over every prompt set
-
-
-def load_run(out: Path) -> tuple[dict, list[dict], Optional[dict]]:
-    """(bench meta, records, cost model or None) of a bench folder; incomplete lines are skipped."""
-    from .bench import ANSWERS, COST_MODEL, META, record_key
-
-    out = Path(out)
-    if not (out / META).exists() or not (out / ANSWERS).exists():
-        raise InputError(f"'{out}' is not a bench folder (no {META} / {ANSWERS}): run `pacer bench --out {out}` first")
-    meta = json.loads((out / META).read_text())
-    records, seen = [], set()
-    with open(out / ANSWERS, encoding="utf-8") as handle:
-        for line in handle:
-            try:
-                record = json.loads(line)
-                key = record_key(record)
-            except (ValueError, KeyError, TypeError):
-                continue
-            if key not in seen:
-                seen.add(key)
-                records.append(record)
-    cost = json.loads((out / COST_MODEL).read_text()) if (out / COST_MODEL).exists() else None
-    return meta, records, cost
 
 
 def _key(r: dict) -> tuple:
@@ -367,8 +346,6 @@ def make_plots(results: dict, out: Path) -> list[str]:
 
 def write_report(out: Path, plots: bool = True) -> dict[str, Any]:
     """Compute the report of a bench folder; write results.json, report.md and the plots."""
-    from .bench import _write_json
-
     out = Path(out)
     meta, records, cost = load_run(out)
     if not records:
@@ -376,7 +353,7 @@ def write_report(out: Path, plots: bool = True) -> dict[str, Any]:
     results = summarize(meta, records, cost)
     files = make_plots(results, out) if plots else []
     results["plots"] = files
-    _write_json(out / "results.json", results)
+    write_json(out / "results.json", results)
     text = render(results, files)
     (out / "report.md").write_text(text)
     if results.get("ablation"):
