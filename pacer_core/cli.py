@@ -1,4 +1,5 @@
-"""The ``pacer`` command line: ``generate``, ``plugins``, ``validate`` (more commands plug in here).
+"""The ``pacer`` command line: ``generate``, ``plugins``, ``validate``; every other command plugs in
+through the ``pacer_sd.commands`` entry-point group (the command API: pacer_core/commands.py).
 
 Each command is a function decorated with ``@command(name, help)`` that receives its argparse
 subparser to declare its arguments, and returns the function that runs it (``run(args) -> int``).
@@ -13,30 +14,16 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import attrs
 
+from .commands import COMMAND_GROUP, COMMANDS, EXIT_INTERRUPTED, EXIT_USAGE, Runner, command
 from .config import PacerConfig, load_config
 from .errors import InputError, PacerError
 from .hookspecs import hookimpl
 
 PROG = "pacer"
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
-
-Runner = Callable[[argparse.Namespace], int]
-COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], Runner]]] = {}
-
-
-def command(name: str, help: str):
-    """Register a subcommand: ``setup(parser)`` adds its arguments and returns ``run(args) -> int``."""
-
-    def register(setup: Callable[[argparse.ArgumentParser], Runner]):
-        COMMANDS[name] = (help, setup)
-        return setup
-
-    return register
 
 
 class _Parser(argparse.ArgumentParser):
@@ -244,16 +231,11 @@ def _setup_validate(p: argparse.ArgumentParser) -> Runner:
 
 
 # -- entry point -------------------------------------------------------------------------------
-COMMAND_MODULES = ("demo", "bench")  # core modules that register more commands with @command
-COMMAND_GROUP = "pacer_sd.commands"  # entry-point group: plugin modules registering commands on import
-
-
 def make_parser() -> argparse.ArgumentParser:
-    import importlib
+    """The parser of every command: this module's, then those of the modules registered under the
+    ``pacer_sd.commands`` entry-point group (the bench's, the trainers', any plugin's)."""
     from importlib.metadata import entry_points
 
-    for module in COMMAND_MODULES:
-        importlib.import_module(f"{__package__}.{module}")
     for entry in entry_points(group=COMMAND_GROUP):
         entry.load()
     parser = _Parser(prog=PROG, description="PACER-SD: lossless speculative decoding with plugin strategies.")

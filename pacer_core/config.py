@@ -73,19 +73,22 @@ class ResolvedComponent:
     config: Any
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type's name when it has none)."""
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
 
 
-def _parse_value(text: str) -> Any:
+def parse_value(text: str) -> Any:
+    """The value of an override's right-hand side, read as YAML (plain text when it is not YAML)."""
     try:
         return yaml.safe_load(text) if text != "" else ""
     except yaml.YAMLError:
         return text
 
 
-def _read_yaml(path: Path) -> DictConfig:
+def read_yaml(path: Path) -> DictConfig:
+    """A YAML file holding a mapping, as an OmegaConf node; raises ``ConfigError`` in one line."""
     if not path.exists():
         raise ConfigError(f"config file '{path}' does not exist: give the path of a YAML file")
     try:
@@ -93,7 +96,7 @@ def _read_yaml(path: Path) -> DictConfig:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or _one_line(exc)
+        problem = getattr(exc, "problem", None) or one_line(exc)
         raise ConfigError(f"malformed YAML in '{path}'{where}: {problem}; fix the file's syntax") from None
     if loaded is None:
         loaded = {}
@@ -133,13 +136,13 @@ def _apply_override(cfg: DictConfig, override: str) -> None:
     key, value = override.split("=", 1)
     key = re.sub(r"\[(\d+)\]", r".\1", key.strip())
     _seed_defaults(cfg, key.split("."))
-    parsed = _parse_value(value)
+    parsed = parse_value(value)
     # a whole strategy entry ({name: ...}) replaces the old one; options of another plugin would not fit
     merge = not (isinstance(parsed, dict) and "name" in parsed)
     try:
         OmegaConf.update(cfg, key, parsed, merge=merge)
     except (OmegaConfBaseException, ValueError, IndexError, KeyError) as exc:
-        raise ConfigError(f"override '{override}': {_one_line(exc)}") from None
+        raise ConfigError(f"override '{override}': {one_line(exc)}") from None
 
 
 def _validate_typed(schema_cls: type, data: Any, where: str) -> Any:
@@ -161,20 +164,20 @@ def _validate_typed(schema_cls: type, data: Any, where: str) -> Any:
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or getattr(exc, "key", None)
         fields = ", ".join(f.name for f in attrs.fields(schema_cls))
-        text = _one_line(exc)
+        text = one_line(exc)
         if "Key" in type(exc).__name__ or "not in struct" in text:
             raise ConfigError(f"{where}: unknown option '{key}'; valid options: {fields}") from None
         types = {f.name: f.type for f in attrs.fields(schema_cls)}
         expected = f"; give a value of type {types[key]}" if key in types else ""
         raise ConfigError(f"{where}: bad value for '{key}': {text}{expected}") from None
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: {_one_line(exc)}") from None
+        raise ConfigError(f"{where}: {one_line(exc)}") from None
 
 
 def load_schema(schema_cls: type, path: Optional[str | Path], overrides: Sequence[str], where: str) -> Any:
     """Any attrs config class (e.g. a training command's) from a YAML file and ``key=value``
     overrides, validated in struct mode like the run config; raises ``ConfigError`` in one line."""
-    raw = _read_yaml(Path(path)) if path else OmegaConf.create({})
+    raw = read_yaml(Path(path)) if path else OmegaConf.create({})
     for override in overrides:
         _apply_override(raw, override)
     return _validate_typed(schema_cls, OmegaConf.to_container(raw), where)
@@ -188,7 +191,7 @@ def load_config(path: Optional[str | Path] = None, overrides: Sequence[str] = ()
     installed plugins (and ``extra_plugins``). Raises ``ConfigError`` with a one-line message.
     ``require_models=False`` is for configs used with in-memory models (``Engine.build``).
     """
-    raw = _read_yaml(Path(path)) if path is not None else OmegaConf.create({})
+    raw = read_yaml(Path(path)) if path is not None else OmegaConf.create({})
     for override in overrides:
         _apply_override(raw, override)
     data = OmegaConf.to_container(raw)

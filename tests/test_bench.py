@@ -1,6 +1,6 @@
 """``pacer bench`` / ``report`` / ``ablate`` and the oracle replay, on tiny seeded models.
 
-``pacer_core.bench.load_models`` is replaced by one returning tests/tiny.py models and a character
+``pacer_bench.units.load_models`` is replaced by one returning tests/tiny.py models and a character
 tokenizer, so nothing real loads. Timings on tiny models mean nothing; the tests check bookkeeping:
 records, resumption, recomputation, exactness and the oracle's arithmetic.
 """
@@ -14,11 +14,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from pacer_core import bench, cli, hookimpl
+from pacer_bench import units
+from pacer_bench.answers import AnswerLog, first_divergence
+from pacer_bench.config import (HF_BASELINES, BenchConfig, BenchModelConfig, model_config, read_ablate_config,
+                                read_bench_config)
+from pacer_bench.oracle import (CostModel, LoggedStep, analyse, captured_share, monotone, replay_best, replay_fixed,
+                                replay_logged, replay_oracle)
+from pacer_bench.run import run_bench
+from pacer_core import cli, hookimpl
 from pacer_core.errors import InputError
 from pacer_core.hf import hf_generate_traced
-from pacer_core.oracle import (CostModel, LoggedStep, analyse, captured_share, monotone, replay_best, replay_fixed,
-                               replay_logged, replay_oracle)
+from pacer_core.metrics import step_metrics
 
 from tiny import adapter, reference_greedy, tiny_llama
 
@@ -53,12 +59,12 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def models():
-    return bench.Models(adapter(tiny_llama(0)), None, CharTokenizer())
+    return units.Models(adapter(tiny_llama(0)), None, CharTokenizer())
 
 
 @pytest.fixture
 def tiny(monkeypatch, models):
-    monkeypatch.setattr(bench, "load_models", lambda cfg: models)
+    monkeypatch.setattr(units, "load_models", lambda cfg: models)
     return models
 
 
@@ -100,7 +106,7 @@ def finished(tmp_path_factory, models):
     config = write_bench(folder, STACKS + "baselines: [hf_generate, hf_prompt_lookup, hf_assisted_constant]\n"
                                           "oracle: {log_stack: long, verify_max_k: 4, verify_repeats: 1}\n")
     mp = pytest.MonkeyPatch()
-    mp.setattr(bench, "load_models", lambda cfg: models)
+    mp.setattr(units, "load_models", lambda cfg: models)
     try:
         code = cli.main(["bench", "--config", str(config), "--out", str(folder / "out"), "--no-progress"])
     finally:
@@ -186,50 +192,50 @@ class Crash:
 
 def test_resume_after_interruption_loses_nothing_and_duplicates_nothing(tmp_path, models, capsys):
     config = write_bench(tmp_path, STACKS + "baselines: [hf_generate]\n", n=4)
-    cfg, stacks = bench.read_bench_config(config)
+    cfg, stacks = read_bench_config(config)
     total = 4 * 5  # prompts × (autoregressive, 3 stacks, hf_generate)
 
     clean = tmp_path / "clean"
-    assert bench.run_bench(cfg, stacks, clean, models=models, progress=False, report=False) == 0
+    assert run_bench(cfg, stacks, clean, models=models, progress=False, report=False) == 0
     expected = {(r["question_id"], r["model_id"]): r["tokens"] for r in read_records(clean)}
     assert len(expected) == total
 
     out = tmp_path / "out"
     # Ctrl-C in the 6th engine generation (prompt 2's fixed2): exit 130, the 6 finished records kept
-    code = bench.run_bench(cfg, stacks, out, models=models, progress=False, extra_plugins=[Crash(6, KeyboardInterrupt)])
+    code = run_bench(cfg, stacks, out, models=models, progress=False, extra_plugins=[Crash(6, KeyboardInterrupt)])
     assert code == 130 and "rerun the same command to resume" in capsys.readouterr().err
     assert len(read_records(out)) == 6 and not (out / "report.md").exists()
     # a crash in prompt 3's first generation, then a kill in the middle of writing a line
     with pytest.raises(RuntimeError, match="simulated crash"):
-        bench.run_bench(cfg, stacks, out, models=models, progress=False, extra_plugins=[Crash(4, RuntimeError)])
+        run_bench(cfg, stacks, out, models=models, progress=False, extra_plugins=[Crash(4, RuntimeError)])
     assert len(read_records(out)) == 10
     with open(out / "answers.jsonl", "a") as handle:
         handle.write('{"question_id": "q3", "category": "prom')
-    assert bench.run_bench(cfg, stacks, out, models=models, progress=False) == 0
+    assert run_bench(cfg, stacks, out, models=models, progress=False) == 0
     assert "dropped 1 incomplete line" in capsys.readouterr().err
     records = read_records(out)
     keys = [(r["question_id"], r["model_id"]) for r in records]
     assert len(keys) == len(set(keys)) == total
     assert {k: r["tokens"] for k, r in zip(keys, records)} == expected
     # a finished run resumed again adds nothing
-    assert bench.run_bench(cfg, stacks, out, models=models, progress=False, report=False) == 0
+    assert run_bench(cfg, stacks, out, models=models, progress=False, report=False) == 0
     assert len(read_records(out)) == total
 
 
 def test_resume_refuses_other_settings(tmp_path, models):
     config = write_bench(tmp_path, "", n=1)
-    cfg, stacks = bench.read_bench_config(config)
-    assert bench.run_bench(cfg, stacks, tmp_path / "out", models=models, progress=False, report=False) == 0
-    cfg, stacks = bench.read_bench_config(config, ["max_new_tokens=8"])
+    cfg, stacks = read_bench_config(config)
+    assert run_bench(cfg, stacks, tmp_path / "out", models=models, progress=False, report=False) == 0
+    cfg, stacks = read_bench_config(config, ["max_new_tokens=8"])
     with pytest.raises(InputError, match="other settings .*max_new_tokens"):
-        bench.run_bench(cfg, stacks, tmp_path / "out", models=models, progress=False)
+        run_bench(cfg, stacks, tmp_path / "out", models=models, progress=False)
 
 
 def test_answer_log_keeps_complete_lines_only(tmp_path):
     path = tmp_path / "answers.jsonl"
     good = {"prompt_set": "s", "question_id": "a", "model_id": "m", "repeat": 0}
     path.write_text(json.dumps(good) + "\n" + "not json\n" + json.dumps(good) + "\n" + '{"prompt_set": "s", "quest')
-    log = bench.AnswerLog(path)
+    log = AnswerLog(path)
     assert log.dropped == 3 and len(log.records) == 1  # garbage, a duplicate, a truncated tail
     assert path.read_text() == json.dumps(good) + "\n"
     log.append({**good, "question_id": "b"})
@@ -307,15 +313,15 @@ def test_hf_trace_counts_steps_and_drafts_with_an_identical_assistant():
 
 # -- configs and errors -------------------------------------------------------------------------
 def test_shipped_bench_and_ablate_configs_validate():
-    cfg, stacks = bench.read_bench_config(ROOT / "configs" / "bench.yaml")
+    cfg, stacks = read_bench_config(ROOT / "configs" / "bench.yaml")
     assert list(stacks)[0] == "autoregressive" and len(stacks) >= 6
     log = stacks[cfg.oracle.log_stack].strategy.stop
     assert log == [{"name": "fixed", "gamma": 16}] and cfg.oracle.verify_max_k >= 17
     assert stacks["prompt_lookup+heuristic"].strategy.stop[0]["name"] == "heuristic"
     # the hf_assisted_* baselines and the draft_model/ouroboros stacks use the shipped token-level draft
-    assert "hf_assisted_constant" in cfg.baselines and set(cfg.baselines) <= set(bench.HF_BASELINES)
+    assert "hf_assisted_constant" in cfg.baselines and set(cfg.baselines) <= set(HF_BASELINES)
     assert cfg.draft.path.endswith("default")
-    cfg, stacks, ablation = bench.read_ablate_config(ROOT / "configs" / "ablate.yaml")
+    cfg, stacks, ablation = read_ablate_config(ROOT / "configs" / "ablate.yaml")
     assert len(stacks) == 1 + len(ablation["points"]) == 10 and cfg.baselines == []
     assert stacks["gamma=8 max_ngram_size=2"].strategy.stop[0]["gamma"] == 8
     assert stacks["gamma=8 max_ngram_size=2"].strategy.drafter["max_ngram_size"] == 2
@@ -378,10 +384,10 @@ def test_other_command_errors_are_one_line(tmp_path, capsys):
 
 
 def test_first_divergence_and_step_metrics():
-    assert bench.first_divergence([1, 2, 3], [1, 2, 3]) is None
-    assert bench.first_divergence([1, 2, 3], [1, 5, 3]) == 1
-    assert bench.first_divergence([1, 2], [1, 2, 3]) == 2
-    m = bench.step_metrics([3, 1, 2], [2, 2, 0], [2, 0, 0])
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert first_divergence([1, 2], [1, 2, 3]) == 2
+    m = step_metrics([3, 1, 2], [2, 2, 0], [2, 0, 0])
     assert m["mean_accepted_length"] == 2.0 and m["acceptance_rate"] == 0.5
     assert m["per_position_acceptance"] == [0.5, 0.5] and m["draft_length_histogram"] == {0: 1, 2: 2}
     assert statistics.mean(m["drafted_per_step"]) == pytest.approx(4 / 3)
@@ -393,29 +399,29 @@ def test_the_embedded_target_gets_its_shipped_draft_when_a_stack_or_baseline_nee
     for name in "abcd":
         (tmp_path / name).mkdir()
     needs = write_bench(tmp_path / "a", "stacks: {d: {strategy: {drafter: {name: draft_model}}}}\n")
-    cfg, _ = bench.read_bench_config(needs)
+    cfg, _ = read_bench_config(needs)
     assert cfg.draft.path == DEFAULT_DRAFT and cfg.draft.dtype is None  # the bench's dtype
     assisted = write_bench(tmp_path / "b", "baselines: [hf_assisted_constant]\n")
-    assert bench.read_bench_config(assisted)[0].draft.path == DEFAULT_DRAFT
+    assert read_bench_config(assisted)[0].draft.path == DEFAULT_DRAFT
     free = write_bench(tmp_path / "c", "stacks: {p: {strategy: {drafter: {name: prompt_lookup}}}}\n"
                                        "baselines: [hf_generate]\n")
-    assert bench.read_bench_config(free)[0].draft is None  # nothing needs a draft: none is loaded
+    assert read_bench_config(free)[0].draft is None  # nothing needs a draft: none is loaded
     mine = write_bench(tmp_path / "d", "draft: {path: /my/draft}\nstacks: {d: {strategy: {drafter: {name: draft_model}}}}\n")
-    assert bench.read_bench_config(mine)[0].draft.path == "/my/draft"
+    assert read_bench_config(mine)[0].draft.path == "/my/draft"
 
 
 def test_skip_leaves_out_the_first_prompts_of_each_set(tmp_path, tiny):
-    from pacer_core.prompts import load_prompts
+    from pacer_bench.prompts import load_prompts
 
     prompts = prompt_file(tmp_path, 3)
     assert [p.question_id for p in load_prompts(str(prompts), limit=1, skip=1)] == ["q1"]
     assert [p.question_id for p in load_prompts(str(prompts), skip=2)] == ["q2"]
     config = write_bench(tmp_path, "skip: 1\nlimit: 1\nstacks: {}\n")
-    cfg, stacks = bench.read_bench_config(config)
-    assert bench.run_bench(cfg, stacks, tmp_path / "out", progress=False, report=False) == 0
+    cfg, stacks = read_bench_config(config)
+    assert run_bench(cfg, stacks, tmp_path / "out", progress=False, report=False) == 0
     assert {r["question_id"] for r in read_records(tmp_path / "out")} == {"q1"}
     with pytest.raises(Exception, match="skip must be >= 0"):
-        bench.read_bench_config(config, ["skip=-1"])
+        read_bench_config(config, ["skip=-1"])
 
 
 def test_verify_cost_is_measured_and_reported_without_an_oracle(tmp_path, tiny, capsys):
@@ -437,8 +443,8 @@ def test_verify_cost_is_measured_and_reported_without_an_oracle(tmp_path, tiny, 
 
 
 def test_bench_model_sections_take_the_bench_dtype_and_device_unless_they_set_their_own():
-    cfg = bench.BenchConfig(dtype="bfloat16", device="cpu")
-    mine = bench._model_config(bench.BenchModelConfig(path="x", device_map=None, pack_weights=False), cfg)
+    cfg = BenchConfig(dtype="bfloat16", device="cpu")
+    mine = model_config(BenchModelConfig(path="x", device_map=None, pack_weights=False), cfg)
     assert (mine.path, mine.dtype, mine.device, mine.pack_weights) == ("x", "bfloat16", "cpu", False)
-    own = bench._model_config(bench.BenchModelConfig(dtype="float32", device="meta"), cfg)
+    own = model_config(BenchModelConfig(dtype="float32", device="meta"), cfg)
     assert (own.path, own.dtype, own.device, own.pack_weights) == (None, "float32", "meta", None)

@@ -18,8 +18,8 @@ from types import SimpleNamespace
 import pytest
 
 import pacer_core.hf
+from pacer_bench.config import is_bench_config
 from pacer_core import Engine, cli, load_config
-from pacer_core.bench import is_bench_config
 from pacer_core.registry import components, new_plugin_manager
 
 from tiny import VOCAB, adapter, tiny_llama
@@ -388,7 +388,7 @@ def test_generate_with_the_embedded_target(capsys, monkeypatch):
 
 
 def test_demo_takes_its_prompts_in_turn_from_each_set():
-    from pacer_core.demo import DEMO_SETS, demo_prompts
+    from pacer_bench.demo import DEMO_SETS, demo_prompts
 
     prompts = demo_prompts(len(DEMO_SETS) + 1)
     assert [p.question_id.split("/")[0] for p in prompts[:3]] == ["code_editing", "gsm8k", "mtbench"]

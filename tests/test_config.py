@@ -8,8 +8,8 @@ from pathlib import Path
 import attrs
 import pytest
 
+from pacer_bench.config import is_bench_config
 from pacer_core import Component, ConfigError, PacerConfig, hookimpl, load_config
-from pacer_core.bench import is_bench_config
 from pacer_core.config import check, draft_model_config
 from pacer_core.registry import components, new_plugin_manager
 

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from pacer_core.cli import Runner, command
+from pacer_core.commands import Runner, command
 from pacer_core.config import ModelConfig, load_schema
 from pacer_core.errors import ConfigError, InputError
 

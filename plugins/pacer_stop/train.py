@@ -39,7 +39,7 @@ import torch
 from torch.nn import functional as F
 
 from pacer_core import Engine, hookimpl
-from pacer_core.cli import Runner, command
+from pacer_core.commands import Runner, command
 from pacer_core.config import (GenerationConfig, ModelConfig, PacerConfig, SamplingConfig, StrategyConfig,
                                check, draft_model_config, load_schema)
 from pacer_core.errors import ConfigError, InputError

@@ -16,7 +16,7 @@ from typing import Callable, Iterator, Optional
 
 import attrs
 
-from .errors import InputError
+from pacer_core.errors import InputError
 
 GSM8K_SHA256 = "752adc99f23132275139f1f7be57126b08735a55daf0c56859ee6df70abafbac"
 

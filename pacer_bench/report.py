@@ -13,33 +13,13 @@ import statistics
 from pathlib import Path
 from typing import Any, Optional
 
-from .errors import InputError
+from pacer_core.errors import InputError
+from pacer_core.metrics import step_metrics
+
+from .answers import load_run, write_json
 from .oracle import CostModel, analyse, monotone, steps_from_metrics
 
 ALL = "all"  # the row over every prompt set
-
-
-def load_run(out: Path) -> tuple[dict, list[dict], Optional[dict]]:
-    """(bench meta, records, cost model or None) of a bench folder; incomplete lines are skipped."""
-    from .bench import ANSWERS, COST_MODEL, META, record_key
-
-    out = Path(out)
-    if not (out / META).exists() or not (out / ANSWERS).exists():
-        raise InputError(f"'{out}' is not a bench folder (no {META} / {ANSWERS}): run `pacer bench --out {out}` first")
-    meta = json.loads((out / META).read_text())
-    records, seen = [], set()
-    with open(out / ANSWERS, encoding="utf-8") as handle:
-        for line in handle:
-            try:
-                record = json.loads(line)
-                key = record_key(record)
-            except (ValueError, KeyError, TypeError):
-                continue
-            if key not in seen:
-                seen.add(key)
-                records.append(record)
-    cost = json.loads((out / COST_MODEL).read_text()) if (out / COST_MODEL).exists() else None
-    return meta, records, cost
 
 
 def _key(r: dict) -> tuple:
@@ -54,19 +34,8 @@ def _ratio(a: float, b: float) -> Optional[float]:
     return a / b if b else None
 
 
-def position_counts(records: list[dict]) -> tuple[list[int], list[int]]:
-    """(drafted at position i, accepted at position i) summed over every step of ``records``."""
-    drafted_at: list[int] = []
-    accepted_at: list[int] = []
-    for r in records:
-        for d, a in zip(r["metrics"].get("drafted_per_step", []), r["metrics"].get("accepted_per_step", [])):
-            while len(drafted_at) < d:
-                drafted_at.append(0)
-                accepted_at.append(0)
-            for i in range(d):
-                drafted_at[i] += 1
-                accepted_at[i] += int(i < a)
-    return drafted_at, accepted_at
+def _steps(records: list[dict], field: str) -> list[int]:
+    return [x for r in records for x in r["metrics"].get(field, [])]
 
 
 def cell(records: list[dict], reference: dict[tuple, dict]) -> dict[str, Any]:
@@ -78,13 +47,10 @@ def cell(records: list[dict], reference: dict[tuple, dict]) -> dict[str, Any]:
     stack_rate = _ratio(sum(len(r["tokens"]) for r in paired), _sum(paired, "wall_s"))
     ref_rate = _ratio(sum(len(r["tokens"]) for r in ref), _sum(ref, "wall_s"))
     steps, drafted, accepted = _sum(records, "steps"), _sum(records, "drafted"), _sum(records, "accepted")
-    emitted = float(sum(sum(r["metrics"].get("accept_lengths", [])) for r in records))
+    per_step = step_metrics(_steps(records, "accept_lengths"), _steps(records, "drafted_per_step"),
+                            _steps(records, "accepted_per_step"))  # all their steps, concatenated
+    emitted = float(per_step["emitted"])
     divergences = [r["first_divergence"] for r in paired if r.get("first_divergence") is not None]
-    drafted_at, accepted_at = position_counts(records)
-    histogram: dict[str, int] = {}
-    for r in records:
-        for d in r["metrics"].get("drafted_per_step", []):
-            histogram[str(d)] = histogram.get(str(d), 0) + 1
     return {
         "records": len(records),
         "new_tokens": int(new),
@@ -106,8 +72,8 @@ def cell(records: list[dict], reference: dict[tuple, dict]) -> dict[str, Any]:
         "identical": sum(bool(r.get("identical_to_autoregressive")) for r in paired),
         "first_divergence_min": min(divergences) if divergences else None,
         "first_divergence_median": statistics.median(divergences) if divergences else None,
-        "per_position_acceptance": [a / d for a, d in zip(accepted_at, drafted_at)],
-        "draft_length_histogram": dict(sorted(histogram.items(), key=lambda kv: int(kv[0]))),
+        "per_position_acceptance": per_step["per_position_acceptance"],
+        "draft_length_histogram": {str(d): n for d, n in per_step["draft_length_histogram"].items()},
     }
 
 
@@ -380,8 +346,6 @@ def make_plots(results: dict, out: Path) -> list[str]:
 
 def write_report(out: Path, plots: bool = True) -> dict[str, Any]:
     """Compute the report of a bench folder; write results.json, report.md and the plots."""
-    from .bench import _write_json
-
     out = Path(out)
     meta, records, cost = load_run(out)
     if not records:
@@ -389,7 +353,7 @@ def write_report(out: Path, plots: bool = True) -> dict[str, Any]:
     results = summarize(meta, records, cost)
     files = make_plots(results, out) if plots else []
     results["plots"] = files
-    _write_json(out / "results.json", results)
+    write_json(out / "results.json", results)
     text = render(results, files)
     (out / "report.md").write_text(text)
     if results.get("ablation"):

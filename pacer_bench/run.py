@@ -1,0 +1,192 @@
+"""``pacer bench`` / ``pacer ablate``: the run, whose results survive interruption.
+
+One process loads the target (and draft) once and shares them across every strategy stack. For each
+prompt, plain autoregressive decoding runs first, then each stack, then each external baseline
+(transformers' own ``generate``), so machine drift hits all alike. Every generation appends one
+Spec-Bench-style record to ``DIR/answers.jsonl`` (flushed and fsynced); a rerun skips the
+(prompt, stack, repeat) keys already there. The report (``pacer_bench.report``) is computed from that
+file alone. The bench YAML schema is documented in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import attrs
+
+from pacer_core.commands import EXIT_INTERRUPTED
+from pacer_core.config import PacerConfig
+from pacer_core.errors import InputError
+
+from . import units as _units
+from .answers import ANSWERS, COST_MODEL, META, AnswerLog, json_default, make_record, record_key, write_json
+from .config import BASELINE, HF_BASELINES, BenchConfig, BenchModelConfig
+from .prompts import load_prompts
+from .report import write_report
+from .timing import device_of, make_clock, measure_verify_costs
+from .units import Models, Unit, engine_unit, hf_unit
+
+
+def _settings(bench: BenchConfig, device: str) -> dict:
+    """What must not change between a run and its resumption (records would not be comparable)."""
+    def model(m: Optional[BenchModelConfig]):
+        if m is None:
+            return None
+        return {"path": m.path, "dtype": m.dtype or bench.dtype, "device_map": m.device_map,
+                "pack_weights": m.pack_weights}
+
+    return {"target": model(bench.target), "draft": model(bench.draft), "device": device,
+            "max_new_tokens": bench.max_new_tokens, "sampling": attrs.asdict(bench.sampling),
+            "ignore_eos": bench.ignore_eos, "chat_template": bench.chat_template}
+
+
+def _merge_meta(out: Path, meta: dict) -> dict:
+    """Compare with the meta of an earlier run in ``out`` (refuse incomparable settings) and merge."""
+    path = out / META
+    if not path.exists():
+        return meta
+    try:
+        old = json.loads(path.read_text())
+    except ValueError:
+        return meta
+    if old.get("settings") != meta["settings"]:
+        changed = [k for k in meta["settings"] if old.get("settings", {}).get(k) != meta["settings"][k]]
+        raise InputError(f"'{out}' holds results of a bench with other settings ({', '.join(changed) or 'format'}): "
+                         "resume with the same settings, or choose another --out")
+    old_units = {u["name"]: u for u in old.get("units", [])}
+    for unit in meta["units"]:
+        before = old_units.get(unit["name"])
+        if before is not None and before.get("config") != unit["config"]:
+            raise InputError(f"'{out}' holds results of another definition of '{unit['name']}': rename the "
+                             "stack, or choose another --out")
+    names = [u["name"] for u in meta["units"]]
+    meta["units"] = meta["units"] + [u for u in old.get("units", []) if u["name"] not in names]
+    meta["prompt_sets"] = meta["prompt_sets"] + [p for p in old.get("prompt_sets", []) if p not in meta["prompt_sets"]]
+    for key in ("skipped", "ablation"):
+        if key in old and key not in meta:
+            meta[key] = old[key]
+    return meta
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def run_bench(bench: BenchConfig, stacks: dict[str, PacerConfig], out: Path, *, models: Optional[Models] = None,
+              extra_plugins: Sequence[Any] = (), progress: bool = True, report: bool = True,
+              ablation: Optional[dict] = None) -> int:
+    """Run (or resume) the bench into ``out``; write the report at the end. Returns the exit code
+    (0, or 130 after Ctrl-C with the finished records kept)."""
+    out.mkdir(parents=True, exist_ok=True)
+    prompt_sets = {name: load_prompts(name, bench.limit, bench.skip) for name in bench.prompt_sets}  # before models load
+    if bench.threads is not None:
+        import torch
+
+        torch.set_num_threads(bench.threads)
+    if models is None:
+        _log("loading models ...")
+        models = _units.load_models(bench)  # tests replace it
+    if models.tokenizer is None:
+        raise InputError("the bench needs a tokenizer to encode its prompts")
+    device = device_of(models.target)
+    clock = make_clock(device)
+
+    skipped: dict[str, str] = {}
+    units = [engine_unit(name, cfg, models, bench, clock, extra_plugins) for name, cfg in stacks.items()]
+    for name in bench.baselines:
+        if HF_BASELINES[name] and models.draft is None:
+            skipped[name] = "needs a draft model: set the bench's draft.path"
+            _log(f"skipping baseline {name}: it {skipped[name]}")
+            continue
+        units.append(hf_unit(name, models, bench, clock))
+
+    meta = {"version": 1, "settings": _settings(bench, device), "baseline": BASELINE,
+            "prompt_sets": list(bench.prompt_sets),
+            "units": [{"name": u.name, "kind": u.kind, "config": u.description} for u in units],
+            "oracle": attrs.asdict(bench.oracle), "dtype": bench.dtype, "device": device, "skipped": skipped}
+    if ablation is not None:
+        meta["ablation"] = ablation
+    meta = _merge_meta(out, json.loads(json.dumps(meta, default=json_default)))
+    write_json(out / META, meta)
+    log = AnswerLog(out / ANSWERS)
+    if log.dropped:
+        _log(f"dropped {log.dropped} incomplete line(s) from {out / ANSWERS} (an interrupted write)")
+
+    # encode every prompt once; all units decode the same ids
+    work = []
+    too_long = 0
+    for set_name, prompts in prompt_sets.items():
+        for prompt in prompts:
+            ids = models.tokenizer.encode(prompt.text, chat_template=bench.chat_template)
+            if len(ids) + bench.max_new_tokens > models.target.max_length:
+                too_long += 1
+                continue
+            work.append((set_name, prompt, list(ids)))
+    if too_long:
+        _log(f"skipping {too_long} prompt(s) longer than the target's context minus max_new_tokens")
+    if not work:
+        raise InputError("no prompt to run: the prompt sets are empty (check --limit and the files)")
+
+    planned = [(s, p.question_id, u.name, r) for s, p, _ in work for r in range(bench.repeats) for u in units]
+    done = sum(key in log.keys for key in planned)
+    interrupted = False
+    try:
+        if done < len(planned):
+            _warm_up(units, work[0][2], bench)
+            if (bench.oracle.log_stack or bench.verify_cost) and not (out / COST_MODEL).exists():
+                _log(f"measuring verification cost for k = 1..{bench.oracle.verify_max_k} tokens ...")
+                verify = measure_verify_costs(models.target, work[0][2], bench.oracle.verify_max_k,
+                                              bench.oracle.verify_repeats, clock)
+                write_json(out / COST_MODEL, {"verify_s": verify, "context_tokens": len(work[0][2]),
+                                               "device": device, "dtype": bench.dtype})
+        _run_all(units, work, bench, log, models, done, len(planned), progress)
+    except KeyboardInterrupt:
+        interrupted = True
+    kept = sum(key in log.keys for key in planned)
+    if interrupted:
+        _log(f"interrupted: {kept}/{len(planned)} generations kept in {out / ANSWERS}; "
+             "rerun the same command to resume")
+        return EXIT_INTERRUPTED
+    if report:
+        results = write_report(out, plots=bench.plots)
+        print(results["markdown_table"])
+        print(f"\nreport: {out / 'report.md'}  results: {out / 'results.json'}")
+    return 0
+
+
+def _warm_up(units: list[Unit], ids: list[int], bench: BenchConfig) -> None:
+    budget = min(bench.max_new_tokens, 16)
+    for unit in units:
+        for _ in range(bench.warmup):
+            unit.run(ids, 0, budget)
+
+
+def _run_all(units: list[Unit], work: list, bench: BenchConfig, log: AnswerLog, models: Models,
+             done: int, total: int, progress: bool) -> None:
+    from tqdm import tqdm
+
+    by_key = {record_key(r): r for r in log.records}
+    bar = tqdm(total=total, initial=done, unit="gen", file=sys.stderr, dynamic_ncols=True,
+               disable=not progress, smoothing=0.1)
+    try:
+        for set_name, prompt, ids in work:
+            for repeat in range(bench.repeats):
+                reference_key = (set_name, prompt.question_id, BASELINE, repeat)
+                for unit in units:
+                    key = (set_name, prompt.question_id, unit.name, repeat)
+                    if key in log.keys:
+                        continue
+                    bar.set_postfix_str(f"{set_name} {unit.name}", refresh=False)
+                    tokens, metrics, finish = unit.run(ids, repeat, bench.max_new_tokens)
+                    reference = by_key.get(reference_key)
+                    ref_tokens = tokens if unit.name == BASELINE else (reference or {}).get("tokens")
+                    record = make_record(set_name, prompt, unit.name, unit.kind, repeat, ids, tokens,
+                                         models.tokenizer.decode(tokens), metrics, finish, ref_tokens)
+                    log.append(record)
+                    by_key[key] = record
+                    bar.update(1)
+    finally:
+        bar.close()

@@ -1,0 +1,207 @@
+"""The package layout, checked on the source: who may import whom.
+
+Every ``import`` statement of pacer_core, pacer_bench, pacer_train (when present) and the plugin
+packages is read with ``ast`` — at module level and inside functions alike; only the bodies of
+``if TYPE_CHECKING:`` blocks, which never run, are left out — into a graph of modules. The rules:
+
+- no import cycle between modules;
+- pacer_core (the engine) imports nothing from pacer_bench, pacer_train or any plugin package;
+- only the model adapter, ``pacer_core/hf.py`` or the ``pacer_core/hf/`` package, imports transformers.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PLUGINS = ROOT / "plugins"
+CORE = "pacer_core"
+HARNESS = ("pacer_bench", "pacer_train")
+ADAPTER = "pacer_core.hf"  # a module (hf.py) or a package (hf/): the only importer of transformers
+MODEL_LIBRARY = "transformers"
+
+
+def _packages() -> dict[str, Path]:
+    """Top-level package name → its folder: the core, the harness packages present, the plugins."""
+    found = {name: ROOT / name for name in (CORE, *HARNESS) if (ROOT / name / "__init__.py").exists()}
+    found.update({p.name: p for p in sorted(PLUGINS.iterdir()) if (p / "__init__.py").exists()})
+    return found
+
+
+def _module_name(package: str, folder: Path, path: Path) -> str:
+    parts = [package, *path.relative_to(folder).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _sources() -> dict[str, Path]:
+    """Module name → file, for every module of the scanned packages."""
+    return {_module_name(package, folder, path): path
+            for package, folder in _packages().items() for path in sorted(folder.rglob("*.py"))}
+
+
+def _is_type_checking(node: ast.AST) -> bool:
+    test = getattr(node, "test", None)
+    return isinstance(node, ast.If) and (
+        (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
+        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node of ``tree`` (functions' bodies included) except the bodies of ``if TYPE_CHECKING:``
+    blocks, which only annotations read and which never run."""
+    pending = [tree]
+    while pending:
+        node = pending.pop()
+        yield node
+        if _is_type_checking(node):
+            pending += node.orelse
+        else:
+            pending += list(ast.iter_child_nodes(node))
+
+
+def _imports(module: str, path: Path) -> list[tuple[str, int]]:
+    """(imported name, line) for every import in ``path``, wherever it stands; relative imports are
+    resolved; ``from X import n`` names ``X.n``, which is the submodule ``X.n`` if there is one, else ``X``."""
+    is_package = path.name == "__init__.py"
+    here = module.split(".") if is_package else module.split(".")[:-1]
+    out = []
+    for node in _runtime_nodes(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here[: len(here) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            out += [(target if alias.name == "*" else f"{target}.{alias.name}", node.lineno) for alias in node.names]
+    return out
+
+
+def _resolve(name: str, modules: set[str]) -> str:
+    """The scanned module an imported name loads (its longest known prefix), else the name itself."""
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        candidate = ".".join(parts[:i])
+        if candidate in modules:
+            return candidate
+    return name
+
+
+def import_graph() -> tuple[dict[str, set[str]], dict[tuple[str, str], int]]:
+    """(module → modules and external names it imports, (module, import) → the line of one such import)."""
+    sources = _sources()
+    modules = set(sources)
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    lines: dict[tuple[str, str], int] = {}
+    for module, path in sources.items():
+        for name, line in _imports(module, path):
+            target = _resolve(name, modules)
+            if target == module or target.startswith("__future__"):
+                continue
+            graph[module].add(target)
+            lines.setdefault((module, target), line)
+    return graph, lines
+
+
+def _top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in graph:
+                continue  # an external library
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return cycles
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return import_graph()
+
+
+def test_the_scan_sees_every_package(graph):
+    modules, _ = graph
+    tops = {_top(m) for m in modules}
+    assert {CORE, "pacer_bench", "pacer_builtins"} <= tops
+    assert "pacer_core.engine" in modules and "pacer_bench.run" in modules
+    assert ADAPTER in modules  # hf.py, or the hf/ package's __init__.py
+    # imports inside functions count too: the bench loads the adapter lazily
+    assert ADAPTER in modules["pacer_bench.units"]
+
+
+def test_no_import_cycle(graph):
+    modules, lines = graph
+    cycles = find_cycles(modules)
+    described = ["; ".join(f"{a} imports {b} (line {lines[a, b]})" for a in cycle for b in sorted(modules[a])
+                           if b in cycle) for cycle in cycles]
+    assert not cycles, "import cycles: " + " | ".join(described)
+
+
+def test_the_engine_imports_no_harness_and_no_plugin(graph):
+    modules, lines = graph
+    packages = _packages()
+    forbidden = {name for name in packages if name != CORE} | set(HARNESS)
+    bad = [f"{m} imports {t} (line {lines[m, t]})" for m, targets in sorted(modules.items()) if _top(m) == CORE
+           for t in sorted(targets) if _top(t) in forbidden]
+    assert not bad, "pacer_core must import only itself and libraries: " + "; ".join(bad)
+
+
+def test_only_the_model_adapter_imports_transformers(graph):
+    modules, lines = graph
+    importers = {m for m, targets in modules.items() if any(_top(t) == MODEL_LIBRARY for t in targets)}
+    bad = sorted(m for m in importers if m != ADAPTER and not m.startswith(ADAPTER + "."))
+    assert not bad, "transformers is imported outside pacer_core.hf: " + "; ".join(
+        f"{m} (line {min(lines[m, t] for t in modules[m] if _top(t) == MODEL_LIBRARY)})" for m in bad)
+    assert importers, "the adapter imports transformers; the scan should see it"
+
+
+def test_the_rules_catch_what_they_forbid():
+    """The checks themselves, on a made-up graph: a cycle, a core module importing the harness."""
+    made_up = {"a.x": {"a.y"}, "a.y": {"a.z", "torch"}, "a.z": {"a.x"}, "b": {"a.x"}}
+    assert find_cycles(made_up) == [["a.x", "a.y", "a.z"]]
+    assert find_cycles({"a": {"b"}, "b": set()}) == []
+    assert _resolve("pacer_core.hf.load_model", {"pacer_core", "pacer_core.hf"}) == "pacer_core.hf"
+    assert _resolve("transformers.generation", {"pacer_core"}) == "transformers.generation"
+
+
+def test_imports_inside_functions_count_and_type_checking_blocks_do_not(tmp_path):
+    path = tmp_path / "mod.py"
+    path.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import a.only_typing\nelse:\n"
+                    "    import a.fallback\n\ndef f():\n    from .sibling import g\n    import transformers\n")
+    names = {name for name, _ in _imports("pkg.mod", path)}
+    assert {"pkg.sibling.g", "transformers", "a.fallback", "typing.TYPE_CHECKING"} == names
+
