@@ -58,9 +58,9 @@ def _setup_demo(p: argparse.ArgumentParser) -> Runner:
         for name, overrides in DEMO_STACKS.items():
             try:
                 cfg = load_config(overrides=base + [f"target.dtype={args.dtype}"] + overrides)
-                drafter = check(cfg)[0].component
+                drafter = check(cfg).drafter.component
                 draft = None
-                if drafter.needs_draft_model:  # the shipped token-level draft, loaded once
+                if "draft_model" in drafter.needs:  # the shipped token-level draft, loaded once
                     d = draft_model_config(cfg, drafter)
                     if d.path not in drafts:
                         drafts[d.path] = load_draft(d, tokenizer)
