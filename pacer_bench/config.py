@@ -245,8 +245,8 @@ def check_bench(bench: BenchConfig, extra_plugins: Sequence[Any] = ()) -> dict[s
         if not name.strip() or any(c in name for c in "\n\r\t"):
             raise ConfigError(f"bench config: stack name {name!r} must be non-empty text on one line")
         resolved[name] = resolve_stack(name, stack, bench, extra_plugins)
-        drafter = check(resolved[name], extra_plugins, require_models=False)[0]
-        if drafter.component.needs_draft_model:
+        drafter = check(resolved[name], extra_plugins, require_models=False).drafter
+        if "draft_model" in drafter.component.needs:
             needs_draft[name] = drafter
     if bench.draft is None and bench.target.path is None:
         default = _default_draft(bench, needs_draft.values(), extra_plugins)

@@ -51,9 +51,9 @@ def run_demo(count: int = 4, max_new_tokens: int = 128, dtype: str = "float32") 
     for name, overrides in DEMO_STACKS.items():
         try:
             cfg = load_config(overrides=base + [f"target.dtype={dtype}"] + overrides)
-            drafter = check(cfg)[0].component
+            drafter = check(cfg).drafter.component
             draft = None
-            if drafter.needs_draft_model:  # the shipped token-level draft, loaded once
+            if "draft_model" in drafter.needs:  # the shipped token-level draft, loaded once
                 d = draft_model_config(cfg, drafter)
                 if d.path not in drafts:
                     drafts[d.path] = load_draft(d, tokenizer)

@@ -114,6 +114,20 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
+def _ensure_metrics_observer(cfg: PacerConfig) -> None:
+    """Add an installed observer that provides ``metrics`` unless the stack has one already."""
+    from .registry import components, new_plugin_manager
+
+    observers = components(new_plugin_manager())["observer"]
+    named = {entry.get("name") for entry in cfg.strategy.observers}
+    if any("metrics" in observers[n].provides for n in named if n in observers):
+        return
+    providers = sorted(n for n, c in observers.items() if "metrics" in c.provides)
+    if not providers:
+        raise InputError("no installed observer provides the step metrics: reinstall the project (pip install -e .)")
+    cfg.strategy.observers.append({"name": providers[0]})
+
+
 @command("generate", "generate text for one prompt with a strategy stack")
 def _setup_generate(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("--config", "-c", metavar="YAML", help="config file (defaults apply to keys it omits)")
@@ -138,8 +152,7 @@ def _setup_generate(p: argparse.ArgumentParser) -> Runner:
             overrides.append("generation.chat_template=false")
         cfg = load_config(args.config, overrides)  # validated before any model loads
         prompt = _read_prompt(args)
-        if not any(entry.get("name") == "metrics" for entry in cfg.strategy.observers):
-            cfg.strategy.observers.append({"name": "metrics"})  # the summary and --json need them
+        _ensure_metrics_observer(cfg)  # the summary and --json need the step metrics
         engine = build_engine(cfg)
         printer = None
         if not args.json:
@@ -172,8 +185,6 @@ def _options(config_cls: type) -> list[dict[str, Any]]:
 
 _SECTIONS = {"drafter": "strategy.drafter", "stop": "strategy.stop (a list)",
              "verifier": "strategy.verifier", "observer": "strategy.observers (a list)"}
-_FLAGS = ("needs_draft_model", "needs_draft_probs", "needs_draft_hidden", "needs_target_hidden",
-          "greedy_only", "provides_draft_probs", "provides_draft_hidden")
 
 
 @command("plugins", "list the installed strategies by kind, with their options and defaults")
@@ -187,7 +198,7 @@ def _setup_plugins(p: argparse.ArgumentParser) -> Runner:
         listing = {
             kind: [
                 {"name": c.name, "description": c.description, "options": _options(c.config),
-                 "flags": [f for f in _FLAGS if getattr(c, f)]}
+                 "needs": sorted(c.needs), "provides": sorted(c.provides)}
                 for c in sorted(table[kind].values(), key=lambda c: c.name)
             ]
             for kind in KINDS
@@ -198,9 +209,11 @@ def _setup_plugins(p: argparse.ArgumentParser) -> Runner:
         lines = []
         for kind in KINDS:
             lines.append(f"{kind}s ({_SECTIONS[kind]}):")
-            for item in listing[kind] or [{"name": "(none installed)", "description": "", "options": [], "flags": []}]:
-                flags = f" [{', '.join(item['flags'])}]" if item["flags"] else ""
-                lines.append(f"  {item['name']}: {item['description']}{flags}")
+            for item in listing[kind] or [{"name": "(none installed)", "description": "", "options": [],
+                                           "needs": [], "provides": []}]:
+                caps = [f"{word}: {', '.join(item[word])}" for word in ("needs", "provides") if item[word]]
+                caps_text = f" [{'; '.join(caps)}]" if caps else ""
+                lines.append(f"  {item['name']}: {item['description']}{caps_text}")
                 for option in item["options"]:
                     lines.append(f"      {option['name']}: {option['type']} = {option['default']!r}")
             lines.append("")

@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 import attrs
+import pluggy
 import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .errors import ConfigError
-from .registry import components, lookup, new_plugin_manager
+from .registry import ResolvedComponent, ResolvedStack, check_capabilities, components, lookup, new_plugin_manager
 from .types import Component
 
 
@@ -62,15 +63,6 @@ class PacerConfig:
     sampling: SamplingConfig = attrs.field(factory=SamplingConfig)
     generation: GenerationConfig = attrs.field(factory=GenerationConfig)
     strategy: StrategyConfig = attrs.field(factory=StrategyConfig)
-
-
-@attrs.frozen
-class ResolvedComponent:
-    """A strategy entry matched to its plugin component, with its validated config object."""
-
-    where: str  # e.g. "strategy.stop[0]"
-    component: Component
-    config: Any
 
 
 def one_line(exc: BaseException) -> str:
@@ -219,12 +211,14 @@ def load_config(path: Optional[str | Path] = None, overrides: Sequence[str] = ()
     return cfg
 
 
-def check(cfg: PacerConfig, extra_plugins: Sequence[Any] = (),
-          require_models: bool = True) -> list[ResolvedComponent]:
+def check(cfg: PacerConfig, extra_plugins: Sequence[Any] = (), require_models: bool = True,
+          pm: Optional[pluggy.PluginManager] = None) -> ResolvedStack:
     """Validate values and resolve every strategy entry against the installed plugins.
 
-    ``require_models=False`` skips the check that a drafter needing a draft model has ``draft``
-    configured (for engines built around in-memory models).
+    Returns the typed stack (drafter, verifier, stops, observers). ``pm`` is the plugin manager to
+    resolve against (an engine passes its own; default: a new one with ``extra_plugins``).
+    ``require_models=False`` skips the check that a stack needing a draft model can load one (for
+    engines built around in-memory models).
     """
     g, s = cfg.generation, cfg.sampling
     if g.max_new_tokens <= 0:
@@ -240,43 +234,26 @@ def check(cfg: PacerConfig, extra_plugins: Sequence[Any] = (),
     for section in (cfg.target, cfg.draft):
         if section is not None and section.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"unknown dtype '{section.dtype}': use float32, bfloat16 or float16")
-    table = components(new_plugin_manager(extra_plugins))
+    table = components(pm if pm is not None else new_plugin_manager(extra_plugins))
     st = cfg.strategy
-    entries = [("drafter", "strategy.drafter", st.drafter), ("verifier", "strategy.verifier", st.verifier)]
-    entries += [("stop", f"strategy.stop[{i}]", e) for i, e in enumerate(st.stop)]
-    entries += [("observer", f"strategy.observers[{i}]", e) for i, e in enumerate(st.observers)]
-    resolved = []
-    for kind, where, entry in entries:
+
+    def resolve(kind: str, where: str, entry: Any) -> ResolvedComponent:
         if not isinstance(entry, dict):
             raise ConfigError(f"{where} must be a mapping like {{name: ..., <option>: ...}}")
         options = dict(entry)
         component = lookup(table, kind, options.pop("name", None), where)
         config = _validate_typed(component.config, options, f"{where} ({component.name})")
-        resolved.append(ResolvedComponent(where, component, config))
-    drafter = resolved[0].component
-    if require_models and drafter.needs_draft_model and draft_model_config(cfg, drafter) is None:
-        raise ConfigError(
-            f"drafter '{drafter.name}' needs a draft model: set draft.path to an HF folder "
-            "sharing the target's tokenizer, or choose a model-free drafter such as prompt_lookup"
-        )
-    for item in resolved:
-        c = item.component
-        if c.greedy_only and s.temperature > 0:
-            raise ConfigError(
-                f"{item.where}: '{c.name}' supports greedy decoding only; set sampling.temperature=0 "
-                "or choose a component that supports sampling"
-            )
-        if c.needs_draft_probs and not drafter.provides_draft_probs:
-            raise ConfigError(
-                f"{item.where}: stop '{c.name}' reads the draft's probabilities, which drafter "
-                f"'{drafter.name}' does not provide; use a model drafter such as draft_model"
-            )
-        if c.needs_draft_hidden and not drafter.provides_draft_hidden:
-            raise ConfigError(
-                f"{item.where}: stop '{c.name}' reads the draft's hidden states, which drafter "
-                f"'{drafter.name}' does not provide; use a model drafter such as draft_model"
-            )
-    return resolved
+        return ResolvedComponent(where, component, config)
+
+    stack = ResolvedStack(
+        drafter=resolve("drafter", "strategy.drafter", st.drafter),
+        verifier=resolve("verifier", "strategy.verifier", st.verifier),
+        stops=tuple(resolve("stop", f"strategy.stop[{i}]", e) for i, e in enumerate(st.stop)),
+        observers=tuple(resolve("observer", f"strategy.observers[{i}]", e) for i, e in enumerate(st.observers)),
+    )
+    has_draft = not require_models or draft_model_config(cfg, stack.drafter.component) is not None
+    check_capabilities(stack, table, greedy=s.temperature == 0, draft_model=has_draft)
+    return stack
 
 
 def draft_model_config(cfg: PacerConfig, drafter: Component) -> Optional[ModelConfig]:

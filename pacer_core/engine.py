@@ -15,7 +15,7 @@ import torch
 
 from .config import PacerConfig, check, draft_model_config
 from .errors import InputError
-from .registry import new_plugin_manager
+from .registry import check_hooks, new_plugin_manager
 from .types import Draft, GenerationResult, LanguageModel, Resources, SamplingParams, StepRecord, Stop
 
 
@@ -85,36 +85,43 @@ class Engine:
         """Load the models the config names and build the strategy stack (config checked first)."""
         from .hf import load_draft, load_section  # the model adapter; only it imports transformers
 
-        resolved = check(cfg, extra_plugins)
+        pm = new_plugin_manager(extra_plugins)
+        stack = check(cfg, pm=pm)
         target, tokenizer, _ = load_section(cfg.target, "target")
         draft = None
-        if any(r.component.needs_draft_model for r in resolved):
-            draft = load_draft(draft_model_config(cfg, resolved[0].component), tokenizer)
-        return cls.build(target, draft=draft, tokenizer=tokenizer, cfg=cfg, extra_plugins=extra_plugins)
+        if stack.needs("draft_model"):
+            draft = load_draft(draft_model_config(cfg, stack.drafter.component), tokenizer)
+        return cls.build(target, draft=draft, tokenizer=tokenizer, cfg=cfg, pm=pm)
 
     @classmethod
     def build(cls, target: LanguageModel, *, draft: Optional[LanguageModel] = None, tokenizer: Any = None,
-              cfg: Optional[PacerConfig] = None, extra_plugins: Sequence[Any] = (), **overrides: Any) -> "Engine":
-        """An engine around already-loaded models; ``cfg`` (default config if None) gives the stack."""
+              cfg: Optional[PacerConfig] = None, extra_plugins: Sequence[Any] = (),
+              pm: Optional[pluggy.PluginManager] = None, **overrides: Any) -> "Engine":
+        """An engine around already-loaded models; ``cfg`` (default config if None) gives the stack.
+
+        ``pm`` is a fresh plugin manager to build on (``extra_plugins`` already registered), else
+        one is made; the strategy objects are registered into it and their hooks checked.
+        """
         cfg = cfg or PacerConfig()
-        resolved = check(cfg, extra_plugins, require_models=False)
+        pm = pm if pm is not None else new_plugin_manager(extra_plugins)
+        stack = check(cfg, pm=pm, require_models=False)
         s = cfg.sampling
         sampling = SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
         resources = Resources(target=target, draft=draft, sampling=sampling, tokenizer=tokenizer,
                               draft_identity=getattr(draft, "digest", None))
-        pm = new_plugin_manager(extra_plugins)
-        for item in resolved:
-            if item.component.needs_draft_model and draft is None:
+        for item in stack:
+            if "draft_model" in item.component.needs and draft is None:
                 raise InputError(f"{item.where}: '{item.component.name}' needs a draft model; set draft.path")
             plugin = item.component.factory(item.config, resources)
-            if item.component.kind == "drafter" and getattr(plugin, "draft_identity", None):
+            if item is stack.drafter and getattr(plugin, "draft_identity", None):
                 resources = attrs.evolve(resources, draft_identity=plugin.draft_identity)  # built first
             pm.register(plugin, name=f"{item.where}:{item.component.name}")
+        check_hooks(pm)  # a misspelled hook on a strategy object is an error, not a silent no-op
         g = cfg.generation
         kwargs = dict(sampling=sampling, seed=s.seed, max_new_tokens=g.max_new_tokens,
                       max_draft_tokens=g.max_draft_tokens, ignore_eos=g.ignore_eos,
                       chat_template=g.chat_template, tokenizer=tokenizer, draft=draft,
-                      needs_target_hidden=any(r.component.needs_target_hidden for r in resolved))
+                      needs_target_hidden=stack.needs("target_hidden"))
         kwargs.update(overrides)
         return cls(target, pm, **kwargs)
 

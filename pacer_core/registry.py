@@ -1,9 +1,18 @@
-"""Plugin discovery: every engine builds its own ``pluggy.PluginManager`` (none is global)."""
+"""Plugin discovery and the resolved strategy stack.
+
+Every engine builds its own ``pluggy.PluginManager`` (none is global); the entry-point scan that
+finds plugin modules is done once per process. ``check_hooks`` runs after the engine registered the
+strategy objects, so a misspelled hook on one of them is an error, not a hook never called.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+import difflib
+import functools
+from importlib import metadata
+from typing import Any, Iterable, Iterator, Optional
 
+import attrs
 import pluggy
 
 from . import hookspecs
@@ -12,31 +21,73 @@ from .types import Component
 
 KINDS = ("drafter", "stop", "verifier", "observer")
 
+# capability → what it is; components declare them in ``needs`` / ``provides``
+CAPABILITIES = {
+    "greedy": "greedy decoding",  # supplied by the run when sampling.temperature = 0
+    "draft_model": "a draft model",  # supplied by the run: draft.path, or the drafter's shipped draft
+    "target_hidden": "the target's hidden states",  # supplied by the run: the target pass returns them
+    "draft_probs": "the draft's probabilities",  # DraftBlock.draft_probs, from a drafter
+    "draft_hidden": "the draft's hidden states",  # DraftBlock.hidden_states, from a drafter
+    "metrics": "the step metrics",  # GenerationResult.metrics, from an observer
+}
+RUN_CAPABILITIES = frozenset({"greedy", "draft_model", "target_hidden"})  # supplied by the run
+
+
+@functools.cache
+def _entry_point_plugins() -> tuple[tuple[str, Any], ...]:
+    """(name, module) of every plugin module in the entry-point group, loaded once per process."""
+    found = []
+    for ep in metadata.entry_points(group=hookspecs.PROJECT):
+        found.append((ep.name, ep.load()))
+    return tuple(found)
+
 
 def new_plugin_manager(extra_plugins: Iterable[Any] = ()) -> pluggy.PluginManager:
     """A plugin manager with the hookspecs, the entry-point plugins and ``extra_plugins``."""
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
-    pm.load_setuptools_entrypoints(hookspecs.PROJECT)
+    for name, module in _entry_point_plugins():
+        if not pm.is_registered(module) and pm.get_plugin(name) is None:
+            pm.register(module, name=name)
     for plugin in extra_plugins:
         if not pm.is_registered(plugin):
             pm.register(plugin)
-    pm.check_pending()  # a misspelled hook name fails here, not silently
+    check_hooks(pm)
     return pm
+
+
+def check_hooks(pm: pluggy.PluginManager) -> None:
+    """Refuse ``pacer_*`` hook implementations that match no hook (misspelled names), in one line."""
+    known = [name for name in dir(hookspecs) if name.startswith("pacer_") and callable(getattr(hookspecs, name))]
+    for name, caller in list(vars(pm.hook).items()):
+        if name.startswith("_") or caller.spec is not None:
+            continue
+        if any(not impl.optionalhook for impl in caller.get_hookimpls()):
+            owners = ", ".join(sorted(pm.get_name(impl.plugin) or "?" for impl in caller.get_hookimpls()))
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"did you mean '{close[0]}'?" if close else f"the hooks are: {', '.join(known)}"
+            raise ConfigError(f"plugin {owners} implements unknown hook '{name}': {hint} (see docs/hooks.md)")
 
 
 def components(pm: pluggy.PluginManager) -> dict[str, dict[str, Component]]:
     """kind → name → Component, from every registered plugin module's ``pacer_components``."""
     table: dict[str, dict[str, Component]] = {kind: {} for kind in KINDS}
-    for offered in pm.hook.pacer_components():
-        for component in offered or ():
-            if component.kind not in table:
-                raise ConfigError(f"plugin offers component '{component.name}' of unknown kind '{component.kind}'")
-            if component.name in table[component.kind]:
-                raise ConfigError(
-                    f"two plugins offer a {component.kind} named '{component.name}': uninstall one of them"
-                )
-            table[component.kind][component.name] = component
+    offered_all = [c for offered in pm.hook.pacer_components() for c in (offered or ())]
+    supplied = RUN_CAPABILITIES | {cap for c in offered_all for cap in c.provides}
+    for component in offered_all:
+        if component.kind not in table:
+            raise ConfigError(f"plugin offers component '{component.name}' of unknown kind '{component.kind}'")
+        if component.name in table[component.kind]:
+            raise ConfigError(
+                f"two plugins offer a {component.kind} named '{component.name}': uninstall one of them"
+            )
+        unknown = sorted(component.needs - supplied)
+        if unknown:
+            raise ConfigError(
+                f"{component.kind} '{component.name}' needs {', '.join(map(repr, unknown))}, which no installed "
+                f"component provides; known capabilities: {', '.join(sorted(supplied))}"
+            )
+        table[component.kind][component.name] = component
     return table
 
 
@@ -47,3 +98,69 @@ def lookup(table: dict[str, dict[str, Component]], kind: str, name: Optional[str
     if name not in table[kind]:
         raise ConfigError(f"{where}: unknown {kind} '{name}'; available {kind}s: {available}")
     return table[kind][name]
+
+
+@attrs.frozen
+class ResolvedComponent:
+    """A strategy entry matched to its plugin component, with its validated config object."""
+
+    where: str  # e.g. "strategy.stop[0]"
+    component: Component
+    config: Any
+
+
+@attrs.frozen
+class ResolvedStack:
+    """A checked strategy stack: one drafter, one verifier, the stop policies and the observers,
+    each with its validated config. Iterating yields every entry in registration order."""
+
+    drafter: ResolvedComponent
+    verifier: ResolvedComponent
+    stops: tuple[ResolvedComponent, ...] = ()
+    observers: tuple[ResolvedComponent, ...] = ()
+
+    def __iter__(self) -> Iterator[ResolvedComponent]:
+        yield self.drafter
+        yield self.verifier
+        yield from self.stops
+        yield from self.observers
+
+    def needs(self, capability: str) -> bool:
+        """Whether any component of the stack needs ``capability``."""
+        return any(capability in item.component.needs for item in self)
+
+    def provided(self) -> frozenset[str]:
+        return frozenset(cap for item in self for cap in item.component.provides)
+
+
+def check_capabilities(stack: ResolvedStack, table: dict[str, dict[str, Component]], *,
+                       greedy: bool, draft_model: bool) -> None:
+    """Refuse a stack in which a component needs a capability nobody supplies (one line, with the fix)."""
+    supplied = set(stack.provided()) | {"target_hidden"}
+    if greedy:
+        supplied.add("greedy")
+    if draft_model:
+        supplied.add("draft_model")
+    for item in stack:
+        c = item.component
+        for cap in sorted(c.needs - supplied):
+            raise ConfigError(_missing_message(item, cap, stack, table))
+
+
+def _missing_message(item: ResolvedComponent, cap: str, stack: ResolvedStack,
+                     table: dict[str, dict[str, Component]]) -> str:
+    c = item.component
+    if cap == "greedy":
+        return (f"{item.where}: '{c.name}' supports greedy decoding only; set sampling.temperature=0 "
+                f"or choose a component that supports sampling")
+    if cap == "draft_model":
+        free = ", ".join(sorted(n for n, o in table[c.kind].items() if "draft_model" not in o.needs)) or "none installed"
+        return (f"{c.kind} '{c.name}' needs a draft model: set draft.path to an HF folder sharing the "
+                f"target's tokenizer, or choose a {c.kind} without one ({free})")
+    what = CAPABILITIES.get(cap, repr(cap))
+    offering = {kind: sorted(n for n, o in named.items() if cap in o.provides) for kind, named in table.items()}
+    kind = next((k for k, names in offering.items() if names), "drafter")
+    current = {"drafter": stack.drafter, "verifier": stack.verifier}.get(kind)
+    who = f"{kind} '{current.component.name}'" if current else "this stack"
+    return (f"{item.where}: {c.kind} '{c.name}' reads {what}, which {who} does not provide; "
+            f"use a {kind} that does ({', '.join(offering[kind]) or 'none installed'})")

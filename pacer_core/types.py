@@ -247,9 +247,15 @@ class Component:
 
     ``kind`` is the role; ``config`` an attrs class (validated with OmegaConf in struct mode, so
     unknown keys fail); ``factory(config, resources)`` builds the object whose ``pacer_*`` hook
-    implementations the engine registers. ``needs_draft_model`` makes the engine load the ``draft``
-    model; ``needs_draft_probs`` and ``needs_draft_hidden`` declare what a stop policy reads from the
-    draft, so a drafter that cannot provide it is refused before decoding starts.
+    implementations the engine registers.
+
+    ``needs`` and ``provides`` are sets of capability names (``pacer_core.registry.CAPABILITIES``
+    lists them): what the component relies on and what it supplies to the rest of the stack. The
+    run supplies ``greedy`` (when ``sampling.temperature`` is 0), ``draft_model`` (the engine loads
+    the ``draft`` model for a stack that needs it) and ``target_hidden`` (the target pass returns
+    hidden states); components supply the rest (a model drafter ``provides`` ``draft_probs`` and
+    ``draft_hidden``, which stop policies ``need``). A stack in which something needed is supplied
+    by nobody is refused before any model loads, with one generic check.
     """
 
     kind: Literal["drafter", "stop", "verifier", "observer"]
@@ -257,13 +263,8 @@ class Component:
     config: type
     factory: Callable[[Any, Resources], Any]
     description: str = ""
-    needs_draft_model: bool = False
-    needs_draft_probs: bool = False
-    needs_draft_hidden: bool = False
-    needs_target_hidden: bool = False
-    greedy_only: bool = False
-    provides_draft_probs: bool = False
-    provides_draft_hidden: bool = False
+    needs: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
+    provides: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
     default_draft: Optional[str] = None  # a drafter's shipped draft model folder, used when a config
     # that runs the embedded target omits ``draft`` (see ``pacer_core.config.draft_model_config``)
 

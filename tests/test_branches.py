@@ -224,7 +224,7 @@ def test_target_hidden_rows_follow_the_committed_tokens_with_branches(target_mod
             def factory(config, resources):
                 hidden_rows.append(HiddenRows(resources, target_model))
                 return hidden_rows[-1]
-            return [Component("observer", "hidden_rows", NoOptions, factory, needs_target_hidden=True)]
+            return [Component("observer", "hidden_rows", NoOptions, factory, needs={"target_hidden"})]
 
     extra = [plugin, HiddenPlugin()]
     cfg = load_config(overrides=[

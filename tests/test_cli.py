@@ -177,9 +177,9 @@ def test_every_shipped_config_generates(tiny, capsys, config, tmp_path):
 
     resolved = check(load_config(config, require_models=False), require_models=False)
     extra = []  # stand-ins for the artifacts a config names, sized for the tiny models
-    if resolved[0].component.needs_draft_model and load_config(config, require_models=False).draft is None:
+    if "draft_model" in resolved.drafter.component.needs and load_config(config, require_models=False).draft is None:
         extra.append("draft.path=tiny-draft")  # tiny_engine supplies tiny model 1
-    if resolved[0].component.name == "eagle":
+    if resolved.drafter.component.name == "eagle":
         from test_feature_draft import make_draft
 
         extra.append(f"strategy.drafter.path={make_draft(tiny_model(0), tmp_path / 'eagle')}")
@@ -294,7 +294,7 @@ def test_draft_and_target_vocabulary_mismatch(capsys, monkeypatch):
 
 
 def test_a_stop_needing_draft_probabilities_with_a_model_free_drafter(tiny, capsys):
-    stops = [c.name for c in components(new_plugin_manager())["stop"].values() if c.needs_draft_probs]
+    stops = [c.name for c in components(new_plugin_manager())["stop"].values() if "draft_probs" in c.needs]
     if not stops:
         pytest.skip("no installed stop reads draft probabilities (tests/test_config.py covers the rule)")
     code, _, err = run(["generate", "-p", PROMPT, f"strategy.stop=[{{name: {stops[0]}}}]",
@@ -346,7 +346,8 @@ def test_plugins_lists_every_component_with_its_options(capsys):
     listing = json.loads(out)
     heuristic = next(c for c in listing["stop"] if c["name"] == "heuristic")
     assert {o["name"]: o["default"] for o in heuristic["options"]} == {"gamma": 4, "max_gamma": 64, "transient": False}
-    assert "needs_draft_model" in next(c for c in listing["drafter"] if c["name"] == "draft_model")["flags"]
+    draft_model = next(c for c in listing["drafter"] if c["name"] == "draft_model")
+    assert draft_model["needs"] == ["draft_model"] and draft_model["provides"] == ["draft_hidden", "draft_probs"]
 
 
 def test_validate_reports_each_file(capsys, tmp_path):

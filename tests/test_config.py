@@ -37,8 +37,8 @@ def test_the_shipped_configs_are_there():
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
 def test_every_shipped_config_validates_and_says_what_it_does(path: Path):
     cfg = load_config(path)  # require_models=True: the embedded target's shipped draft fills an omitted draft
-    drafter = check(cfg)[0].component
-    if drafter.needs_draft_model and cfg.draft is None:
+    drafter = check(cfg).drafter.component
+    if "draft_model" in drafter.needs and cfg.draft is None:
         assert Path(draft_model_config(cfg, drafter).path).is_dir(), "the shipped draft is missing"
     assert isinstance(cfg, PacerConfig)
     assert path.read_text().startswith("#"), f"{path.name} needs a comment header saying what it does"
@@ -186,7 +186,7 @@ def test_draft_model_needs_draft_path():
     # the embedded target comes with a shipped draft, in the target's dtype
     cfg = load_config(overrides=["strategy.drafter.name=draft_model", "target.dtype=bfloat16"])
     resolved = check(cfg)
-    draft = draft_model_config(cfg, resolved[0].component)
+    draft = draft_model_config(cfg, resolved.drafter.component)
     assert draft.path.endswith("default") and draft.dtype == "bfloat16"
     assert draft_model_config(cfg, components(new_plugin_manager())["drafter"]["prompt_lookup"]) is None
     # in-memory engines pass their draft model directly
@@ -204,7 +204,7 @@ class _ProbsStopPlugin:
     @hookimpl
     def pacer_components(self):
         return [Component("stop", "needs_probs_stop", _ProbsStopConfig, lambda c, r: object(),
-                          "test stop", needs_draft_probs=True)]
+                          "test stop", needs={"draft_probs"})]
 
 
 def test_a_stop_needing_draft_probabilities_refuses_a_model_free_drafter():
@@ -215,3 +215,65 @@ def test_a_stop_needing_draft_probabilities_refuses_a_model_free_drafter():
     # with a model drafter it is fine
     assert load_config(overrides=stop + ["strategy.drafter.name=draft_model", "draft.path=/d"],
                        extra_plugins=[plugin])
+
+
+# -- the resolved stack and capabilities ---------------------------------------------------------
+def test_check_returns_a_typed_stack_in_registration_order():
+    stack = check(load_config(overrides=["strategy.stop=[{name: fixed}, {name: heuristic}]"]))
+    assert stack.drafter.component.name == "prompt_lookup" and stack.verifier.where == "strategy.verifier"
+    assert [s.component.name for s in stack.stops] == ["fixed", "heuristic"]
+    assert [r.where for r in stack] == ["strategy.drafter", "strategy.verifier", "strategy.stop[0]",
+                                        "strategy.stop[1]", "strategy.observers[0]"]
+    assert not stack.needs("draft_model") and stack.needs("draft_model") is False
+
+
+class _UnknownNeedPlugin:
+    @hookimpl
+    def pacer_components(self):
+        return [Component("stop", "typo_stop", _ProbsStopConfig, lambda c, r: object(), needs={"draft_prob"})]
+
+
+def test_a_component_needing_an_unknown_capability_is_refused_in_one_line():
+    message = error_of(extra_plugins=[_UnknownNeedPlugin()])
+    assert "typo_stop" in message and "'draft_prob'" in message and "draft_probs" in message
+    assert "\n" not in message
+
+
+class _MisspelledStop:
+    """A strategy object whose hook name has a typo: it would never be called."""
+
+    @hookimpl
+    def pacer_draft_mor(self, state, draft):  # noqa: D102 - deliberately misspelled
+        return None
+
+
+class _MisspelledPlugin:
+    @hookimpl
+    def pacer_components(self):
+        return [Component("stop", "misspelled", _ProbsStopConfig, lambda c, r: _MisspelledStop())]
+
+
+def test_a_misspelled_hook_on_a_strategy_object_is_a_one_line_error():
+    from pacer_core import Engine
+    from pacer_core.testing import ScriptedLM
+
+    cfg = load_config(overrides=["strategy.stop=[{name: misspelled}]"], extra_plugins=[_MisspelledPlugin()],
+                      require_models=False)
+    with pytest.raises(ConfigError) as caught:
+        Engine.build(ScriptedLM(vocab_size=8), cfg=cfg, extra_plugins=[_MisspelledPlugin()])
+    message = str(caught.value)
+    assert "'pacer_draft_mor'" in message and "did you mean 'pacer_draft_more'" in message
+    assert "strategy.stop[0]:misspelled" in message and "\n" not in message
+
+
+def test_one_plugin_manager_per_engine_build(monkeypatch):
+    from pacer_core import Engine, registry
+    from pacer_core.testing import ScriptedLM
+
+    cfg = load_config(require_models=False)
+    made = []
+    real = registry.new_plugin_manager
+    monkeypatch.setattr("pacer_core.engine.new_plugin_manager", lambda *a, **k: made.append(1) or real(*a, **k))
+    monkeypatch.setattr("pacer_core.config.new_plugin_manager", lambda *a, **k: made.append(1) or real(*a, **k))
+    Engine.build(ScriptedLM(vocab_size=8), cfg=cfg)
+    assert len(made) == 1

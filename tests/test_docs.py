@@ -160,6 +160,13 @@ def test_value_object_fields_are_documented(cls):
     assert rows - fields - derived == set(), f"{cls.__name__}: documented fields that do not exist"
 
 
+def test_capabilities_are_documented():
+    from pacer_core.registry import CAPABILITIES
+
+    rows = {spans(r[0])[0] for r in table_rows(section(read("hooks.md"), "### Capabilities")) if spans(r[0])}
+    assert rows == set(CAPABILITIES)
+
+
 # -- config.md ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("name,cls", [("target", ModelConfig), ("sampling", SamplingConfig),
                                       ("generation", GenerationConfig), ("strategy", StrategyConfig)])

@@ -140,7 +140,7 @@ def test_the_shipped_token_draft_loads_completed_and_keeps_greedy_output():
     target, tokenizer, _ = load_model(None, "float32", "cpu", None, "target")
     cfg = load_config(overrides=["strategy.drafter={name: draft_model}", "strategy.stop=[{name: pacer}]",
                                  "strategy.verifier={name: greedy}"])
-    d = draft_model_config(cfg, check(cfg)[0].component)
+    d = draft_model_config(cfg, check(cfg).drafter.component)
     assert d.path == DEFAULT_DRAFT
     draft, draft_tokenizer, _ = load_model(d.path, "float32", "cpu", None, "draft")
     assert draft_tokenizer.vocab() == tokenizer.vocab() and draft.vocab_subset is not None

@@ -29,4 +29,4 @@ class ProbFloor:
 def pacer_components():
     return [Component("stop", "prob_floor", ProbFloorConfig, ProbFloor,
                       "stop after a draft token with probability below floor",
-                      needs_draft_probs=True)]
+                      needs={"draft_probs"})]

@@ -165,5 +165,5 @@ def pacer_components() -> list[Component]:
     return [Component(
         "drafter", "eagle", EagleConfig, EagleDrafter,
         "feature-level draft (EAGLE-style) distilled from the target; reads its hidden states",
-        needs_target_hidden=True, provides_draft_probs=True, provides_draft_hidden=True,
+        needs={"target_hidden"}, provides={"draft_probs", "draft_hidden"},
     )]

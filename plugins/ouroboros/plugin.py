@@ -272,6 +272,6 @@ def pacer_components() -> list[Component]:
         Component("drafter", "ouroboros", OuroborosConfig, Ouroboros,
                   "Ouroboros: the draft model drafts phrase by phrase from a phrase pool; candidate "
                   "suffixes are verified in the same target pass (greedy only)",
-                  needs_draft_model=True, greedy_only=True, provides_draft_probs=True,
-                  provides_draft_hidden=True, default_draft=DEFAULT_DRAFT),
+                  needs={"draft_model", "greedy"}, provides={"draft_probs", "draft_hidden"},
+                  default_draft=DEFAULT_DRAFT),
     ]

@@ -138,7 +138,7 @@ def pacer_components() -> list[Component]:
                   "no draft: plain decoding through the engine (the baseline)"),
         Component("drafter", "draft_model", DraftModelConfig, DraftModel,
                   "a small LM sharing the target's tokenizer drafts token by token",
-                  needs_draft_model=True, provides_draft_probs=True, provides_draft_hidden=True,
+                  needs={"draft_model"}, provides={"draft_probs", "draft_hidden"},
                   default_draft=DEFAULT_DRAFT),
         Component("drafter", "prompt_lookup", PromptLookupConfig, PromptLookup,
                   "model-free n-gram drafting from the context"),

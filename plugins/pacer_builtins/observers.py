@@ -50,4 +50,5 @@ class Metrics:
 
 @hookimpl
 def pacer_components() -> list[Component]:
-    return [Component("observer", "metrics", MetricsConfig, Metrics, "per-generation metrics")]
+    return [Component("observer", "metrics", MetricsConfig, Metrics, "per-generation metrics",
+                      provides={"metrics"})]

@@ -48,7 +48,7 @@ class SpeculativeSampling:
 def pacer_components() -> list[Component]:
     return [
         Component("verifier", "greedy", VerifierConfig, Greedy,
-                  "greedy verification (sampling.temperature must be 0)", greedy_only=True),
+                  "greedy verification (sampling.temperature must be 0)", needs={"greedy"}),
         Component("verifier", "speculative_sampling", VerifierConfig, SpeculativeSampling,
                   "speculative sampling; greedy when sampling.temperature is 0"),
     ]

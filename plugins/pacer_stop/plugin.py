@@ -12,5 +12,5 @@ def pacer_components() -> list[Component]:
     return [Component(
         "stop", "pacer", PacerStopConfig, PacerStop.from_config,
         "PACER: blockwise pre-verification; stop when M_B's mean acceptance over a block is below t",
-        needs_draft_hidden=True,
+        needs={"draft_hidden"},
     )]

