@@ -30,6 +30,7 @@ from pacer_stop.metrics import accuracy, expected_calibration_error, prediction_
 from pacer_stop.model import IncrementalPredictor, PreVerifier, PreVerifierArch, pack, packing_mask
 from pacer_stop.policy import PacerStop, PacerStopConfig
 from pacer_stop import train as trainer
+from pacer_train import load_run_file  # what train-preverify writes reads back with weights_only=True
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_distribution import (DRAFT_TABLE, LENGTH, PASS_P, PROMPT, SAMPLINGS, TARGET_TABLE, VOCAB,  # noqa: E402
@@ -519,7 +520,7 @@ def test_simulated_labels_are_what_the_verifier_decided(tmp_path, greedy_models)
         trainer.simulate(engine, recorder, items, tmp_path / "samples", 24, seed=0)
     checked = rejected = 0
     for i, prompt in enumerate(PROMPTS):
-        sample = torch.load(tmp_path / "samples" / f"item_{i:05d}.pt", weights_only=False)
+        sample = load_run_file(tmp_path / "samples" / f"item_{i:05d}.pt")
         assert sample["generated"] == reference_greedy(target_model, prompt, 24)  # SD is still lossless
         sequence = prompt + sample["generated"]
         offsets = [0] + sample["lengths"].cumsum(0).tolist()
@@ -538,11 +539,11 @@ def test_simulated_labels_are_what_the_verifier_decided(tmp_path, greedy_models)
     assert checked >= 10 and rejected >= 3  # both outcomes occur
     # resumable: a missing item is simulated again, finished ones are kept
     stamps = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "samples").glob("*.pt")}
-    first = torch.load(tmp_path / "samples" / "item_00001.pt", weights_only=False)
+    first = load_run_file(tmp_path / "samples" / "item_00001.pt")
     (tmp_path / "samples" / "item_00001.pt").unlink()
     with single_thread():
         trainer.simulate(engine, recorder, items, tmp_path / "samples", 24, seed=0)
-    again = torch.load(tmp_path / "samples" / "item_00001.pt", weights_only=False)
+    again = load_run_file(tmp_path / "samples" / "item_00001.pt")
     assert torch.equal(again["labels"], first["labels"]) and again["generated"] == first["generated"]
     for name in ("item_00000.pt", "item_00002.pt"):
         assert (tmp_path / "samples" / name).stat().st_mtime_ns == stamps[name]
