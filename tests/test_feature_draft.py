@@ -146,12 +146,23 @@ def test_distill_refuses_a_missing_corpus_file(capsys, tmp_path):
     assert code == 2 and "nope.txt' does not exist" in err and len(err.splitlines()) == 1
 
 
-def test_recipe_comparison_ignores_options_added_later():
-    from feature_draft.distill import _same
+def test_recipe_guard_takes_options_added_later_at_their_default(tmp_path):
+    from feature_draft.distill import DATA_KEYS
+    from pacer_train import guard_recipe
 
-    before = {"seed": 0, "corpus": {"seq_len": 256}}
-    assert _same(before, {"seed": 0, "corpus": {"seq_len": 256, "extra_files": []}}, ["seed", "corpus"])
-    assert not _same(before, {"seed": 1, "corpus": {"seq_len": 256}}, ["seed", "corpus"])
+    cfg = DistillConfig(out=str(tmp_path))
+    recipe = guard_recipe(tmp_path, cfg, DATA_KEYS, "train options")
+    del recipe["corpus"]["extra_files"]  # a folder made before the option existed
+    (tmp_path / "recipe.json").write_text(json.dumps(recipe))
+    cfg.train.lr = 5e-4  # training options may change between runs
+    guard_recipe(tmp_path, cfg, DATA_KEYS, "train options")
+    (tmp_path / "recipe.json").write_text(json.dumps(recipe))
+    cfg.corpus.extra_files = ["notes.txt"]  # the old run read no extra file
+    with pytest.raises(InputError, match=r"corpus.extra_files=\[\] \(not recorded.*choose a new out= folder"):
+        guard_recipe(tmp_path, cfg, DATA_KEYS, "train options")
+    cfg.corpus.extra_files, cfg.seed = [], 1
+    with pytest.raises(InputError, match="made with seed=0, and this run has seed=1"):
+        guard_recipe(tmp_path, cfg, DATA_KEYS, "train options")
 
 
 # -- the token-level student (`pacer distill student.kind=token`) ---------------------------------

@@ -30,6 +30,7 @@ from pacer_stop.metrics import accuracy, expected_calibration_error, prediction_
 from pacer_stop.model import IncrementalPredictor, PreVerifier, PreVerifierArch, pack, packing_mask
 from pacer_stop.policy import PacerStop, PacerStopConfig
 from pacer_stop import train as trainer
+from pacer_train import load_run_file  # what train-preverify writes reads back with weights_only=True
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_distribution import (DRAFT_TABLE, LENGTH, PASS_P, PROMPT, SAMPLINGS, TARGET_TABLE, VOCAB,  # noqa: E402
@@ -519,7 +520,7 @@ def test_simulated_labels_are_what_the_verifier_decided(tmp_path, greedy_models)
         trainer.simulate(engine, recorder, items, tmp_path / "samples", 24, seed=0)
     checked = rejected = 0
     for i, prompt in enumerate(PROMPTS):
-        sample = torch.load(tmp_path / "samples" / f"item_{i:05d}.pt", weights_only=False)
+        sample = load_run_file(tmp_path / "samples" / f"item_{i:05d}.pt")
         assert sample["generated"] == reference_greedy(target_model, prompt, 24)  # SD is still lossless
         sequence = prompt + sample["generated"]
         offsets = [0] + sample["lengths"].cumsum(0).tolist()
@@ -538,11 +539,11 @@ def test_simulated_labels_are_what_the_verifier_decided(tmp_path, greedy_models)
     assert checked >= 10 and rejected >= 3  # both outcomes occur
     # resumable: a missing item is simulated again, finished ones are kept
     stamps = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "samples").glob("*.pt")}
-    first = torch.load(tmp_path / "samples" / "item_00001.pt", weights_only=False)
+    first = load_run_file(tmp_path / "samples" / "item_00001.pt")
     (tmp_path / "samples" / "item_00001.pt").unlink()
     with single_thread():
         trainer.simulate(engine, recorder, items, tmp_path / "samples", 24, seed=0)
-    again = torch.load(tmp_path / "samples" / "item_00001.pt", weights_only=False)
+    again = load_run_file(tmp_path / "samples" / "item_00001.pt")
     assert torch.equal(again["labels"], first["labels"]) and again["generated"] == first["generated"]
     for name in ("item_00000.pt", "item_00002.pt"):
         assert (tmp_path / "samples" / name).stat().st_mtime_ns == stamps[name]
@@ -607,24 +608,116 @@ class ByteTokenizer:
         return ([1] if chat_template else []) + list(text.encode("utf-8"))
 
 
-def test_the_corpus_avoids_what_the_draft_was_distilled_on():
-    from feature_draft.instructions import instructions
+def distill_record(stdlib_tokens=20_000, docs_tokens=20_000, answers=512, seed=0):
+    """The ``corpus_sources`` record `pacer distill` writes for a corpus of these sizes (byte tokens)."""
+    from feature_draft.distill import CorpusConfig, corpus_sources
 
+    corpus = CorpusConfig(stdlib_tokens=stdlib_tokens, docs_tokens=docs_tokens, chat_answers=answers)
+    return corpus_sources(corpus, seed, ByteTokenizer())
+
+
+def small_items_config() -> trainer.TrainPreverifyConfig:
     cfg = trainer.TrainPreverifyConfig()
     d = cfg.data
     d.chat_prompts, d.stdlib_passages, d.docs_passages, d.passage_tokens = 40, 5, 6, 64
-    d.distill_stdlib_tokens, d.distill_docs_tokens = 20_000, 20_000
-    tokenizer = ByteTokenizer()
-    items = trainer.build_items(cfg, tokenizer)
+    return cfg
+
+
+def assert_items_avoid(items, used, tokenizer):
+    from pydoc_data.topics import topics
+
+    from feature_draft.distill import stdlib_root, text_digest
+    from feature_draft.instructions import instructions
+
+    asked = {bytes(tokenizer.encode(q)[1:]).decode() for q in instructions(len(used["instructions"]), used["seed"])}
+    assert {text_digest(q) for q in asked} == set(used["instructions"])
+    chat = [bytes(i["prompt"][1:]).decode() for i in items if i["source"] == "chat"]
+    assert chat and not asked.intersection(chat)
+    used_text = b"".join((stdlib_root() / e["path"]).read_bytes() for e in used["stdlib"])
+    used_text += b"".join(topics[e["topic"]].encode() for e in used["docs"])
+    for item in items:
+        if item["source"] in ("stdlib", "docs"):
+            assert bytes(item["prompt"]) not in used_text
+
+
+def test_the_corpus_avoids_what_the_draft_was_distilled_on():
+    cfg, tokenizer = small_items_config(), ByteTokenizer()
+    _, used = distill_record()
+    items = trainer.build_items(cfg, tokenizer, used)
     sources = [i["source"] for i in items]
     assert (sources.count("chat"), sources.count("stdlib"), sources.count("docs")) == (40, 5, 6)
-    used = {bytes(tokenizer.encode(q)[1:]).decode() for q in instructions(d.distill_instructions, d.distill_seed)}
     chat = [bytes(i["prompt"][1:]).decode() for i in items if i["source"] == "chat"]
-    assert len(set(chat)) == 40 and not used.intersection(chat)
+    assert len(set(chat)) == 40
     assert all(len(i["prompt"]) == 64 for i in items if i["source"] != "chat")
-    files, used_files = trainer.distill_used_stdlib(d, tokenizer)
-    used_text = b"".join(f.read_bytes() for f in used_files)
-    for item in items:
-        if item["source"] == "stdlib":
-            assert bytes(item["prompt"]) not in used_text
-    assert trainer.build_items(cfg, tokenizer) == items  # deterministic
+    assert_items_avoid(items, used, tokenizer)
+    assert trainer.build_items(cfg, tokenizer, used) == items  # deterministic
+
+
+def write_draft_manifest(folder: Path, **manifest) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder
+
+
+def test_train_preverify_follows_the_drafts_recorded_corpus(tmp_path):
+    """A change in distill's corpus sources reaches train-preverify through the draft's manifest."""
+    cfg, tokenizer = small_items_config(), ByteTokenizer()
+    _, small = distill_record(stdlib_tokens=20_000, docs_tokens=20_000, answers=64)
+    _, large = distill_record(stdlib_tokens=60_000, docs_tokens=60_000, answers=128)
+    assert len(large["stdlib"]) > len(small["stdlib"]) and len(large["docs"]) > len(small["docs"])
+    chosen = {}
+    for name, used in (("small", small), ("large", large)):
+        folder = write_draft_manifest(tmp_path / name, corpus_sources=used)
+        record = trainer.draft_corpus(folder, trainer.draft_manifest(folder), tokenizer)
+        assert record == used
+        chosen[name] = trainer.build_items(cfg, tokenizer, record)
+        assert_items_avoid(chosen[name], used, tokenizer)
+    assert chosen["small"] != chosen["large"]
+    # what only the larger corpus read may be used after the smaller one, not after the larger one
+    newly = {e["path"] for e in large["stdlib"]} - {e["path"] for e in small["stdlib"]}
+    assert newly
+
+
+def test_a_draft_made_before_the_record_is_re_derived_from_its_recipe(tmp_path):
+    from feature_draft.distill import DistillConfig
+
+    tokenizer = ByteTokenizer()
+    counts, used = distill_record()
+    recipe = attrs_asdict(DistillConfig())
+    recipe["corpus"].update(stdlib_tokens=20_000, docs_tokens=20_000)
+    old = write_draft_manifest(tmp_path / "old", recipe=recipe, corpus={**counts, "chat": 1234, "sequences": 9})
+    assert trainer.draft_corpus(old, trainer.draft_manifest(old), tokenizer) == used
+    # counts the recipe does not reproduce (another tokenizer or Python): refused in one line
+    wrong = write_draft_manifest(tmp_path / "wrong", recipe=recipe, corpus={**counts, "stdlib": counts["stdlib"] + 1})
+    with pytest.raises(InputError) as info:
+        trainer.draft_corpus(wrong, trainer.draft_manifest(wrong), tokenizer)
+    assert "other token counts" in str(info.value) and "\n" not in str(info.value)
+    for folder, words in [(tmp_path / "none", "has no manifest.json"),
+                          (write_draft_manifest(tmp_path / "foreign", family="someone's draft"),
+                           "neither corpus_sources nor a distill recipe")]:
+        folder.mkdir(exist_ok=True)
+        with pytest.raises(InputError) as info:
+            trainer.draft_manifest(folder)
+        message = str(info.value)
+        assert words in message and "data.skip_draft_corpus=false" in message and "\n" not in message
+
+
+def attrs_asdict(value):
+    import attrs
+
+    return json.loads(json.dumps(attrs.asdict(value)))
+
+
+def test_the_shipped_drafts_record_their_corpus():
+    from feature_draft.drafter import DEFAULT_DRAFT
+
+    token_draft = Path(trainer.__file__).parents[1] / "pacer_builtins" / "default"
+    records = []
+    for folder in (DEFAULT_DRAFT, token_draft):
+        manifest = json.loads((folder / "manifest.json").read_text())
+        record = manifest["corpus_sources"]
+        assert record["seed"] == manifest["recipe"]["seed"] == 0
+        assert len(record["instructions"]) == manifest["corpus"]["instructions"] == 512
+        assert record["stdlib"] and record["docs"] and record["extra"] == []
+        records.append(record)
+    assert records[0] == records[1]  # one corpus for both

@@ -8,20 +8,22 @@ Stages (each resumes from what is on disk in ``out``):
               batch by batch; ``features.done`` counts finished sequences).
 3. train    — smooth-L1 to the next feature + soft cross-entropy to the target's next-token
               distribution over the draft's vocabulary subset; uniform noise on input features;
-              AdamW with warm-up and cosine decay; checkpoints (``checkpoint.pt``) every
-              ``checkpoint_every`` steps and on Ctrl-C.
+              AdamW with warm-up and cosine decay (floor 0.1); checkpoints (``checkpoint.pt``) every
+              ``checkpoint_every`` steps and on Ctrl-C/SIGTERM.
 4. export   — the draft folder: weights (fp16, only what differs from the target), config,
-              manifest (target digest, corpus, recipe, held-out metrics), tokenizer.
+              manifest (target digest, corpus counts and ``corpus_sources``: exactly which stdlib
+              files, documentation topics and instructions the corpus read, with digests; recipe,
+              held-out metrics), tokenizer.
+
+The run folder, its recipe guard, checkpoints and interruption are pacer_train's (docs/draft.md).
 """
 
 from __future__ import annotations
 
-import argparse
+import hashlib
 import json
-import os
 import random
 import shutil
-import signal
 import sys
 import sysconfig
 import time
@@ -33,12 +35,16 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from pacer_core.commands import Runner, command
 from pacer_core.config import ModelConfig, load_schema
 from pacer_core.errors import ConfigError, InputError
+from pacer_train import (TrainingRun, atomic_save, atomic_write_text, check_out_dir, cosine_lr, count_parameters,
+                         guard_recipe, interruptible, load_run_file, progress, set_threads, training_command)
 
 from .instructions import instructions
-from .model import ArchConfig, FeatureDraft, cosine_lr, count_parameters
+from .model import ArchConfig, FeatureDraft
+
+LR_FLOOR = 0.1  # the cosine schedule decays to 0.1 × train.lr
+DATA_KEYS = ("target", "seed", "corpus")  # decide the corpus and features in out/: fixed for a folder
 
 
 @attrs.define
@@ -91,7 +97,13 @@ class DistillConfig:
 
 
 def load_distill_config(path: Optional[str], overrides: list[str]) -> DistillConfig:
-    return load_schema(DistillConfig, path, overrides, "distill config")
+    cfg = load_schema(DistillConfig, path, overrides, "distill config")
+    if cfg.corpus.seq_len < 4 or cfg.corpus.heldout_sequences < 1:
+        raise ConfigError("corpus.seq_len must be >= 4 and corpus.heldout_sequences >= 1")
+    missing = [name for name in cfg.corpus.extra_files if not Path(name).is_file()]
+    if missing:
+        raise ConfigError(f"corpus file '{missing[0]}' does not exist: give paths of text files in corpus.extra_files")
+    return cfg
 
 
 def log(message: str) -> None:
@@ -99,34 +111,69 @@ def log(message: str) -> None:
 
 
 # -- 1. corpus ----------------------------------------------------------------------------------
+STDLIB_SKIP = {"test", "tests", "idlelib", "site-packages", "lib2to3", "turtledemo", "__pycache__"}
+
+
+def stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
 def stdlib_files(seed: int) -> list[Path]:
-    root = Path(sysconfig.get_paths()["stdlib"])
-    skip = {"test", "tests", "idlelib", "site-packages", "lib2to3", "turtledemo", "__pycache__"}
-    files = [p for p in sorted(root.rglob("*.py")) if not skip.intersection(p.relative_to(root).parts)]
+    root = stdlib_root()
+    files = [p for p in sorted(root.rglob("*.py")) if not STDLIB_SKIP.intersection(p.relative_to(root).parts)]
     random.Random(seed).shuffle(files)
     return files
 
 
-def build_corpus(cfg: DistillConfig, target, tokenizer) -> dict[str, Any]:
+def text_digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", errors="surrogatepass")).hexdigest()[:16]
+
+
+def text_sources(c: CorpusConfig, seed: int, tokenizer, eos: int) -> tuple[dict[str, list[int]], dict[str, Any]]:
+    """The corpus's text streams (``extra`` files, ``stdlib`` source, ``docs`` prose) and the record of
+    exactly what they read: ``{"seed", "stdlib": [{"path" (relative to the standard library),
+    "sha256"}], "docs": [{"topic", "sha256"}], "extra": [{"path", "sha256"}]}`` (16-hex digests of the
+    text read). The instructions are added by ``build_corpus``."""
     from pydoc_data.topics import topics
 
-    from pacer_core.hf import batch_generate
-
-    c, eos = cfg.corpus, min(target.eos_token_ids)
-    streams: dict[str, list[int]] = {"stdlib": [], "docs": [], "chat": [], "extra": []}
+    streams: dict[str, list[int]] = {"stdlib": [], "docs": [], "extra": []}
+    used: dict[str, Any] = {"seed": seed, "stdlib": [], "docs": [], "extra": []}
     for name in c.extra_files:
-        streams["extra"] += tokenizer.encode(Path(name).read_text(encoding="utf-8", errors="ignore"),
-                                             chat_template=False) + [eos]
-    for file in stdlib_files(cfg.seed):
+        text = Path(name).read_text(encoding="utf-8", errors="ignore")
+        streams["extra"] += tokenizer.encode(text, chat_template=False) + [eos]
+        used["extra"].append({"path": str(name), "sha256": text_digest(text)})
+    root = stdlib_root()
+    for file in stdlib_files(seed):
         if len(streams["stdlib"]) >= c.stdlib_tokens:
             break
         text = file.read_text(encoding="utf-8", errors="ignore")
         streams["stdlib"] += tokenizer.encode(text, chat_template=False)[: c.stdlib_tokens // 10] + [eos]
+        used["stdlib"].append({"path": file.relative_to(root).as_posix(), "sha256": text_digest(text)})
     for name in sorted(topics):
         if len(streams["docs"]) >= c.docs_tokens:
             break
         streams["docs"] += tokenizer.encode(topics[name], chat_template=False) + [eos]
+        used["docs"].append({"topic": name, "sha256": text_digest(topics[name])})
+    return streams, used
+
+
+def corpus_sources(c: CorpusConfig, seed: int, tokenizer) -> tuple[dict[str, int], dict[str, Any]]:
+    """What a corpus of this recipe reads, without the target's answers: (token counts of the text
+    streams, the ``corpus_sources`` record with the instructions' digests). Re-derives the record of
+    a run made before distill recorded it; callers check the counts against the recorded ones."""
+    streams, used = text_sources(c, seed, tokenizer, eos=0)
+    used["instructions"] = [text_digest(q) for q in instructions(c.chat_answers, seed)]
+    return {k: len(v) for k, v in streams.items()}, used
+
+
+def build_corpus(cfg: DistillConfig, target, tokenizer) -> dict[str, Any]:
+    from pacer_core.hf import batch_generate
+
+    c, eos = cfg.corpus, min(target.eos_token_ids)
+    text, used = text_sources(c, cfg.seed, tokenizer, eos)
+    streams = {"stdlib": text["stdlib"], "docs": text["docs"], "chat": [], "extra": text["extra"]}
     asks = instructions(c.chat_answers, cfg.seed)
+    used["instructions"] = [text_digest(q) for q in asks]
     for start in range(0, len(asks), c.chat_batch_size):
         batch = [tokenizer.encode(q) for q in asks[start:start + c.chat_batch_size]]
         for prompt, answer in zip(batch, batch_generate(target, batch, c.chat_max_new_tokens)):
@@ -139,25 +186,53 @@ def build_corpus(cfg: DistillConfig, target, tokenizer) -> dict[str, Any]:
     rng = random.Random(cfg.seed)
     rng.shuffle(sequences)
     return {"tokens": torch.tensor(sequences, dtype=torch.long),
-            "sources": {k: len(v) for k, v in streams.items()}, "instructions": len(asks)}
+            "sources": {k: len(v) for k, v in streams.items()}, "instructions": len(asks), "sources_used": used}
+
+
+def load_corpus(cfg: DistillConfig, path: Path, tokenizer) -> dict[str, Any]:
+    """``corpus.pt`` of the run folder; one made before distill recorded its sources gets the record
+    re-derived from the recipe (checked against its token counts)."""
+    corpus = load_run_file(path, "corpus")
+    if not isinstance(corpus, dict) or not isinstance(corpus.get("tokens"), torch.Tensor) or "sources" not in corpus:
+        raise InputError(f"the corpus '{path}' is not one `pacer distill` wrote: delete it to build the corpus again")
+    if "sources_used" not in corpus:
+        counts, used = corpus_sources(cfg.corpus, cfg.seed, tokenizer)
+        recorded = {k: corpus["sources"].get(k) for k in counts}
+        if counts != recorded:
+            raise InputError(f"the corpus '{path}' does not record its sources, and re-deriving them gives other "
+                             f"token counts ({counts} vs {recorded}): delete it to build the corpus again")
+        corpus["sources_used"] = used
+        atomic_save(path, corpus)
+    return corpus
 
 
 # -- 2. features --------------------------------------------------------------------------------
 def extract_features(out: Path, tokens: torch.Tensor, target, batch_size: int = 8) -> np.memmap:
-    from tqdm import tqdm
-
+    """Resumable: ``features.done`` counts finished sequences; Ctrl-C/SIGTERM stops after a batch."""
     from pacer_core.hf import last_hidden_states
 
     shape = (tokens.shape[0], tokens.shape[1], target.hidden_size)
     path, done_file = out / "features.f16", out / "features.done"
+    expected = int(np.prod(shape)) * 2
+    if path.exists() and path.stat().st_size != expected:
+        raise InputError(f"'{path}' has {path.stat().st_size} bytes, not the {expected} of this corpus's features: "
+                         "delete it and features.done to extract them again")
     features = np.memmap(path, dtype=np.float16, mode="r+" if path.exists() else "w+", shape=shape)
-    done = int(done_file.read_text()) if done_file.exists() else 0
-    with tqdm(total=shape[0], initial=done, desc="features", unit="seq", file=sys.stderr) as bar:
+    done = 0
+    if done_file.exists():
+        text = done_file.read_text().strip()
+        if not text.isdigit() or int(text) > shape[0]:
+            raise InputError(f"'{done_file}' does not hold a sequence count: delete it to extract the features again")
+        done = int(text)
+    with interruptible(log) as stop, progress(shape[0], done, "features", "seq") as bar:
         for start in range(done, shape[0], batch_size):
+            if stop:
+                log(f"interrupted: features of {start}/{shape[0]} sequences kept; run the same command to resume")
+                raise KeyboardInterrupt
             batch = tokens[start:start + batch_size]
             features[start:start + len(batch)] = last_hidden_states(target, batch).float().numpy().astype(np.float16)
             features.flush()
-            done_file.write_text(str(start + len(batch)))
+            atomic_write_text(done_file, str(start + len(batch)))
             bar.update(len(batch))
     return features
 
@@ -217,67 +292,34 @@ def evaluate(net: FeatureDraft, embed, head_full, subset, tokens, feats) -> dict
 def fit(cfg: DistillConfig, out: Path, net: torch.nn.Module, tokens: torch.Tensor, features: np.memmap,
         loss_fn, checkpoint: str = "checkpoint.pt") -> dict[str, Any]:
     """The training loop both student kinds share: AdamW over ``net``'s trainable parameters with
-    warm-up and cosine decay, ``loss_fn(tokens [B, L], features [B, L, d], generator)`` per batch,
-    progress bar, checkpoints, Ctrl-C keeps a checkpoint and a rerun resumes."""
-    from tqdm import tqdm
-
+    warm-up and cosine decay, ``loss_fn(tokens [B, L], features [B, L, d], generator)`` per batch, on
+    pacer_train's ``TrainingRun`` (progress bar, checkpoints, Ctrl-C keeps a checkpoint and a rerun
+    resumes)."""
     t = cfg.train
-    if t.threads:
-        torch.set_num_threads(t.threads)
+    set_threads(t.threads)
     train_ids = np.arange(cfg.corpus.heldout_sequences, tokens.shape[0])
     params = [p for p in net.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
     steps_per_epoch = max(1, len(train_ids) // t.batch_size)
     total = int(t.epochs * steps_per_epoch)
-    step, history = 0, []
-    ckpt = out / checkpoint
-    if ckpt.exists():
-        state = torch.load(ckpt, weights_only=False)
-        net.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        step, history = state["step"], state["history"]
-        log(f"resuming at step {step}/{total}")
-    generator = torch.Generator().manual_seed(cfg.seed + step)
+    run = TrainingRun(out / checkpoint, net, optimizer, total, log)
+    generator = torch.Generator().manual_seed(cfg.seed + run.step)
+    started, seen = time.time(), [0]
 
-    def save() -> None:
-        tmp = ckpt.with_suffix(".tmp")
-        torch.save({"model": net.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-                    "history": history}, tmp)
-        os.replace(tmp, ckpt)
+    def step_loss(step: int):
+        epoch, offset = divmod(step, steps_per_epoch)
+        order = np.random.RandomState(cfg.seed + epoch).permutation(train_ids)
+        ids = np.sort(order[offset * t.batch_size:(offset + 1) * t.batch_size])
+        batch_tokens = tokens[ids]
+        batch_feats = torch.from_numpy(np.asarray(features[ids], dtype=np.float32))
+        seen[0] += batch_tokens.numel()
+        return loss_fn(batch_tokens, batch_feats, generator)
 
-    interrupted = []
-    previous = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
-    started, seen = time.time(), 0
-    try:
-        with tqdm(total=total, initial=step, desc="train", unit="step", file=sys.stderr) as bar:
-            while step < total and not interrupted:
-                epoch, offset = divmod(step, steps_per_epoch)
-                order = np.random.RandomState(cfg.seed + epoch).permutation(train_ids)
-                ids = np.sort(order[offset * t.batch_size:(offset + 1) * t.batch_size])
-                batch_tokens = tokens[ids]
-                batch_feats = torch.from_numpy(np.asarray(features[ids], dtype=np.float32))
-                for group in optimizer.param_groups:
-                    group["lr"] = cosine_lr(step, total, t.warmup, t.lr)
-                loss, parts = loss_fn(batch_tokens, batch_feats, generator)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(params, 1.0)
-                optimizer.step()
-                step += 1
-                seen += batch_tokens.numel()
-                bar.update(1)
-                bar.set_postfix(loss=f"{float(loss.detach()):.3f}", top1=f"{parts['top1']:.2f}",
-                                tok_s=f"{seen / (time.time() - started):.0f}")
-                if step % t.checkpoint_every == 0 or step == total:
-                    history.append({"step": step, "loss": float(loss.detach()), **parts})
-                    save()
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if interrupted:
-        save()
-        log(f"interrupted: checkpoint kept at step {step}/{total}; run the same command to resume")
-        raise KeyboardInterrupt
-    return {"steps": step, "tokens_seen": step * t.batch_size * tokens.shape[1], "history": history}
+    run.fit(step_loss, lambda step: cosine_lr(step, total, t.warmup, t.lr, LR_FLOOR), t.checkpoint_every,
+            record=lambda step, loss, parts: {"step": step, "loss": float(loss.detach()), **parts},
+            after_step=lambda step, loss, parts: {"loss": f"{float(loss.detach()):.3f}", "top1": f"{parts['top1']:.2f}",
+                                                  "tok_s": f"{seen[0] / (time.time() - started):.0f}"})
+    return {"steps": run.step, "tokens_seen": run.step * t.batch_size * tokens.shape[1], "history": run.history}
 
 
 def train(cfg: DistillConfig, out: Path, tokens: torch.Tensor, features: np.memmap, target, subset: torch.Tensor):
@@ -368,38 +410,24 @@ def frequent_tokens(tokens: torch.Tensor, size: int, always: set[int]) -> torch.
 
 
 # -- the command ---------------------------------------------------------------------------------
-def _same(before: Any, now: Any, keys: Optional[list] = None) -> bool:
-    """``now`` agrees with ``before`` on every key ``before`` recorded (recursively)."""
-    if isinstance(before, dict) and isinstance(now, dict):
-        return all(k in now and _same(before[k], now[k]) for k in (before if keys is None else keys))
-    return before == now
-
-
 def run_distill(cfg: DistillConfig, command_line: str) -> Path:
     from pacer_core.hf import load_section, materialize
 
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    recipe = attrs.asdict(cfg)
-    recipe_file = out / "recipe.json"
-    if recipe_file.exists():
-        before = json.loads(recipe_file.read_text())
-        # training may change between resumes (and the folder may move); the data recipe may not
-        # (options added since the run was made are compared only if the run recorded them)
-        data_keys = [k for k in before if k not in ("train", "out", "export", "student")]
-        if not _same(before, recipe, data_keys):
-            raise InputError(f"'{out}' holds a run with another corpus/target recipe: choose a new out= folder")
-    recipe_file.write_text(json.dumps(recipe, indent=2))
+    out = check_out_dir(cfg.out)  # before any model loads
+    if cfg.export:
+        check_out_dir(cfg.export, "export", create=False)
+    # training may change between resumes (and the folder may move); the data recipe may not
+    recipe = guard_recipe(out, cfg, DATA_KEYS, "student, train, out and export options")
     torch.manual_seed(cfg.seed)
     t0 = time.time()
     target, tokenizer, digest = load_section(cfg.target, "target")
     corpus_file = out / "corpus.pt"
     if corpus_file.exists():
-        corpus = torch.load(corpus_file)
+        corpus = load_corpus(cfg, corpus_file, tokenizer)
     else:
         log("building the corpus (stdlib source, documentation prose, target-written chat answers)")
         corpus = build_corpus(cfg, target, tokenizer)
-        torch.save(corpus, corpus_file)
+        atomic_save(corpus_file, corpus)
     tokens = corpus["tokens"]
     log(f"corpus: {tokens.shape[0]} sequences × {tokens.shape[1]} tokens; sources {corpus['sources']}")
     features = extract_features(out, tokens, target)
@@ -419,6 +447,7 @@ def run_distill(cfg: DistillConfig, command_line: str) -> Path:
         "recipe": recipe,
         "corpus": {**corpus["sources"], "sequences": int(tokens.shape[0]), "seq_len": int(tokens.shape[1]),
                    "instructions": corpus["instructions"], "subset_coverage": coverage},
+        "corpus_sources": corpus["sources_used"],
         "parameters": count_parameters(net),
         "training": training,
         "heldout": metrics,
@@ -431,7 +460,7 @@ def run_distill(cfg: DistillConfig, command_line: str) -> Path:
             shutil.rmtree(export)
         manifest["stored_bytes"] = save_student(net, export, target_path=cfg.target.path, target_digest=digest,
                                                 dtype=cfg.student.dtype, vocab_subset=subset.tolist())
-        manifest["parameters"] = sum(p.numel() for p in net.parameters() if p.requires_grad)
+        manifest["parameters"] = count_parameters(net, trainable_only=True)
         (export / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
     else:
         net.save(export, manifest)
@@ -443,19 +472,5 @@ def run_distill(cfg: DistillConfig, command_line: str) -> Path:
     return export
 
 
-@command("distill", "distill a draft from the target (feature-level EAGLE-style, or token-level), resumably")
-def _setup(p: argparse.ArgumentParser) -> Runner:
-    p.add_argument("--config", help="distill YAML (default: built-in recipe)")
-    p.add_argument("overrides", nargs="*", metavar="key=value")
-
-    def run(args: argparse.Namespace) -> int:
-        cfg = load_distill_config(args.config, args.overrides)
-        if cfg.corpus.seq_len < 4 or cfg.corpus.heldout_sequences < 1:
-            raise ConfigError("corpus.seq_len must be >= 4 and corpus.heldout_sequences >= 1")
-        missing = [name for name in cfg.corpus.extra_files if not Path(name).is_file()]
-        if missing:
-            raise ConfigError(f"corpus file '{missing[0]}' does not exist: give paths of text files in corpus.extra_files")
-        run_distill(cfg, "pacer distill " + " ".join(sys.argv[2:]))
-        return 0
-
-    return run
+_setup = training_command("distill", "distill a draft from the target (feature-level EAGLE-style, or token-level), "
+                          "resumably", load_distill_config, run_distill)

@@ -10,7 +10,6 @@ layer are the target's.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Optional
 
@@ -157,17 +156,7 @@ class FeatureDraft(nn.Module):
         return model.eval()
 
 
-def count_parameters(model: nn.Module) -> int:
-    return sum(p.numel() for name, p in model.named_parameters())
-
-
 def head_logits(features: torch.Tensor, head_weight_subset: torch.Tensor) -> torch.Tensor:
     """Draft logits over the vocabulary subset: features [..., d] @ W_subset.T → [..., subset]."""
     return features @ head_weight_subset.T
 
-
-def cosine_lr(step: int, total: int, warmup: int, base: float) -> float:
-    if step < warmup:
-        return base * (step + 1) / warmup
-    progress = (step - warmup) / max(1, total - warmup)
-    return base * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))

@@ -150,10 +150,6 @@ class PreVerifier(nn.Module):
         return model.eval()
 
 
-def count_parameters(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
 def confidence_features(draft_probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """(log q(x), entropy of q) per draft token: draft_probs [n, vocab], tokens [n] → [n, 2]."""
     probs = draft_probs.float()

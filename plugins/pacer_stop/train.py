@@ -2,9 +2,10 @@
 
 Stages (each resumes from what is in ``out``):
 1. items    — prompts from an offline corpus (``items.json``): instructions this project ships
-              (feature_draft/instructions.py, chat template applied; those ``pacer distill`` used are
-              skipped), and passages of Python standard-library source and ``pydoc_data`` prose that
-              the distillation corpus did not use (the target continues them). No benchmark prompts.
+              (feature_draft/instructions.py, chat template applied), and passages of Python
+              standard-library source and ``pydoc_data`` prose (the target continues them); the
+              instructions, files and topics the draft was distilled on, as its manifest records them
+              (``corpus_sources``, written by ``pacer distill``), are skipped. No benchmark prompts.
 2. simulate — real speculative decoding of each item by the engine: the configured drafter drafts a
               ``window`` of tokens each step (a ``fixed`` stop), the configured verifier decides,
               SD advances by the emitted tokens. A recording observer keeps, per step, the draft's
@@ -13,21 +14,20 @@ Stages (each resumes from what is in ``out``):
               ``samples/`` (written atomically: an item is done once its file exists).
 3. train    — steps packed into sequences of ``pack_len`` rows with a block-diagonal causal mask
               (each step attends only within itself; positions restart per step); binary
-              cross-entropy on the labels; AdamW with warm-up and cosine decay; checkpoints every
-              ``checkpoint_every`` steps and on Ctrl-C (``checkpoint-<shape>.pt``, one per M_B shape,
-              so ablations share the simulated data).
+              cross-entropy on the labels; AdamW with warm-up and cosine decay (floor 0.05);
+              checkpoints every ``checkpoint_every`` steps and on Ctrl-C/SIGTERM
+              (``checkpoint-<shape>.pt``, one per M_B shape, so ablations share the simulated data).
 4. export   — the M_B folder: weights (safetensors), config.json (shape), manifest.json (the
               draft/target pair, the recipe, held-out accuracy, AUC, ECE).
+
+The run folder, its recipe guard, checkpoints and interruption are pacer_train's (docs/pacer.md).
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
-import os
 import random
-import signal
 import sys
 import time
 from pathlib import Path
@@ -39,13 +39,18 @@ import torch
 from torch.nn import functional as F
 
 from pacer_core import Engine, hookimpl
-from pacer_core.commands import Runner, command
 from pacer_core.config import (GenerationConfig, ModelConfig, PacerConfig, SamplingConfig, StrategyConfig,
                                check, draft_model_config, load_schema)
 from pacer_core.errors import ConfigError, InputError
+from pacer_train import (TrainingRun, atomic_save, atomic_write_text, check_out_dir, cosine_lr, count_parameters,
+                         guard_recipe, interruptible, load_run_file, progress, read_json, set_threads,
+                         training_command)
 
 from .metrics import prediction_report
-from .model import PreVerifier, PreVerifierArch, confidence_features, count_parameters, pack, packing_mask
+from .model import PreVerifier, PreVerifierArch, confidence_features, pack, packing_mask
+
+LR_FLOOR = 0.05  # the cosine schedule decays to 0.05 × train.lr
+DATA_KEYS = ("target", "draft", "drafter", "verifier", "sampling", "data", "seed")  # decide items and samples
 
 
 @attrs.define
@@ -57,10 +62,8 @@ class DataConfig:
     docs_passages: int = 48  # pydoc_data prose passages the target continues
     passage_tokens: int = 96  # prompt length of a passage
     heldout_every: int = 10  # every 10th item is held out (by item: no step of it is trained on)
-    distill_seed: int = 0  # `pacer distill`'s seed and corpus sizes: what the draft trained on is skipped
-    distill_instructions: int = 512
-    distill_stdlib_tokens: int = 200_000
-    distill_docs_tokens: int = 60_000
+    skip_draft_corpus: bool = True  # skip the sources the draft's manifest says it was distilled on;
+    # false: use them all (only for a draft not trained on this project's corpus, which has no such record)
 
 
 @attrs.define
@@ -144,63 +147,114 @@ def log(message: str) -> None:
 
 
 # -- 1. items ------------------------------------------------------------------------------------
-def fresh_instructions(d: DataConfig) -> list[str]:
-    """``d.chat_prompts`` instructions that ``pacer distill`` did not answer (its first
-    ``distill_instructions`` with ``distill_seed``)."""
-    from feature_draft.instructions import instructions
+def draft_folder(cfg: TrainPreverifyConfig, sim: PacerConfig, drafter) -> Optional[Path]:
+    """The folder of the draft the simulation runs: the draft model's, or the ``eagle`` draft's."""
+    if drafter.needs_draft_model:
+        section = draft_model_config(sim, drafter)
+        return Path(section.path).expanduser() if section is not None and section.path else None
+    if drafter.name == "eagle":
+        from feature_draft.drafter import draft_folder as eagle_folder
 
-    used = set(instructions(d.distill_instructions, d.distill_seed))
-    more = instructions(d.distill_instructions + 4 * d.chat_prompts + 8, d.distill_seed)
-    return [q for q in dict.fromkeys(more) if q not in used][: d.chat_prompts]
-
-
-def distill_used_stdlib(d: DataConfig, tokenizer) -> tuple[list[Path], set[Path]]:
-    """All stdlib files in the distillation's order, and those its corpus read (same loop)."""
-    from feature_draft.distill import stdlib_files
-
-    files, used, count = stdlib_files(d.distill_seed), set(), 0
-    for file in files:
-        if count >= d.distill_stdlib_tokens:
-            break
-        text = file.read_text(encoding="utf-8", errors="ignore")
-        count += len(tokenizer.encode(text, chat_template=False)[: d.distill_stdlib_tokens // 10]) + 1
-        used.add(file)
-    return files, used
+        return eagle_folder(cfg.drafter.get("path"))
+    path = cfg.drafter.get("path")
+    return Path(path).expanduser() if path else None
 
 
-def distill_used_topics(d: DataConfig, tokenizer) -> set[str]:
-    from pydoc_data.topics import topics
+DRAFT_CORPUS_FIX = ("make the draft with the current `pacer distill`, or set data.skip_draft_corpus=false if it "
+                    "was not trained on this project's corpus")
 
-    used, count = set(), 0
-    for name in sorted(topics):
-        if count >= d.distill_docs_tokens:
-            break
-        count += len(tokenizer.encode(topics[name], chat_template=False)) + 1
-        used.add(name)
+
+def draft_manifest(folder: Optional[Path]) -> Optional[dict[str, Any]]:
+    """The manifest of the draft in ``folder`` (None for a drafter without a draft folder), refused in
+    one line unless it records the corpus the draft was distilled on (``corpus_sources``) or at least
+    the distill recipe it can be re-derived from. Needs no model: checked before any loads."""
+    if folder is None:
+        return None
+    path = folder / "manifest.json"
+    if not path.is_file():
+        raise InputError(f"draft '{folder}' has no manifest.json recording the corpus it was distilled on: "
+                         f"{DRAFT_CORPUS_FIX}")
+    manifest = read_json(path, "draft manifest")
+    if isinstance(manifest, dict) and isinstance(manifest.get("corpus_sources"), dict):
+        return manifest
+    recipe = manifest.get("recipe") if isinstance(manifest, dict) else None
+    counts = manifest.get("corpus") if isinstance(manifest, dict) else None
+    if not (isinstance(recipe, dict) and isinstance(recipe.get("corpus"), dict) and isinstance(counts, dict)
+            and all(k in counts for k in ("stdlib", "docs"))):
+        raise InputError(f"draft '{folder}': its manifest records neither corpus_sources nor a distill recipe: "
+                         f"{DRAFT_CORPUS_FIX}")
+    return manifest
+
+
+def draft_corpus(folder: Optional[Path], manifest: Optional[dict[str, Any]], tokenizer) -> Optional[dict[str, Any]]:
+    """What the draft was distilled on: its manifest's ``corpus_sources`` (feature_draft.distill.
+    text_sources describes the record), or None without a draft folder.
+
+    The documented fallback for a manifest written before distill recorded its sources: the record is
+    re-derived with distill's own selection from the recipe the manifest records, and accepted only if
+    the re-derived token counts equal the manifest's."""
+    from feature_draft.distill import CorpusConfig, corpus_sources
+
+    if manifest is None:
+        return None
+    if "corpus_sources" in manifest:
+        return manifest["corpus_sources"]
+    recipe, counts = manifest["recipe"], manifest["corpus"]
+    known = {f.name for f in attrs.fields(CorpusConfig)}
+    corpus = CorpusConfig(**{k: v for k, v in recipe["corpus"].items() if k in known and k != "extra_files"})
+    derived, used = corpus_sources(corpus, int(recipe.get("seed", 0)), tokenizer)
+    recorded = {k: counts[k] for k in ("stdlib", "docs")}
+    if {k: derived[k] for k in recorded} != recorded:
+        raise InputError(f"draft '{folder}': its manifest records no corpus_sources, and re-deriving them from its "
+                         f"recipe gives other token counts ({ {k: derived[k] for k in recorded} } vs {recorded}: "
+                         f"another tokenizer or Python standard library): {DRAFT_CORPUS_FIX}")
+    log(f"draft '{folder}' predates corpus_sources: re-derived them from its recipe (token counts match)")
     return used
 
 
-def build_items(cfg: TrainPreverifyConfig, tokenizer) -> list[dict[str, Any]]:
-    """The prompts to simulate SD on: [{"source", "prompt": token ids}], shuffled with the seed."""
+def fresh_instructions(d: DataConfig, used: Optional[dict[str, Any]]) -> list[str]:
+    """``d.chat_prompts`` instructions the draft's corpus did not answer, drawn after the ones it did
+    (with its seed)."""
+    from feature_draft.distill import text_digest
+    from feature_draft.instructions import instructions
+
+    asked = set((used or {}).get("instructions", []))
+    more = instructions(len(asked) + 4 * d.chat_prompts + 8, int((used or {}).get("seed", 0)))
+    return [q for q in dict.fromkeys(more) if text_digest(q) not in asked][: d.chat_prompts]
+
+
+def _unused(entries: list[dict[str, Any]], key: str) -> tuple[set, set]:
+    return {e[key] for e in entries}, {e["sha256"] for e in entries}
+
+
+def build_items(cfg: TrainPreverifyConfig, tokenizer, used: Optional[dict[str, Any]] = None) -> list[dict[str, Any]]:
+    """The prompts to simulate SD on: [{"source", "prompt": token ids}], shuffled with the seed. Skips
+    what ``used`` (the draft's ``corpus_sources``) names: instructions by digest, stdlib files by
+    relative path or digest, documentation topics by name or digest."""
     from pydoc_data.topics import topics
 
-    d, rng = cfg.data, random.Random(cfg.seed)
-    items = [{"source": "chat", "prompt": tokenizer.encode(q, chat_template=True)} for q in fresh_instructions(d)]
+    from feature_draft.distill import stdlib_files, stdlib_root, text_digest
+
+    d, rng, used = cfg.data, random.Random(cfg.seed), used or {}
+    items = [{"source": "chat", "prompt": tokenizer.encode(q, chat_template=True)}
+             for q in fresh_instructions(d, used)]
     need = d.passage_tokens + 16
-    files, used = distill_used_stdlib(d, tokenizer)
-    passages = []
-    for file in files:
+    used_paths, used_files = _unused(used.get("stdlib", []), "path")
+    root, passages = stdlib_root(), []
+    for file in stdlib_files(int(used.get("seed", 0))):
         if len(passages) >= d.stdlib_passages:
             break
-        if file in used:
+        text = file.read_text(encoding="utf-8", errors="ignore")
+        if file.relative_to(root).as_posix() in used_paths or text_digest(text) in used_files:
             continue
-        ids = tokenizer.encode(file.read_text(encoding="utf-8", errors="ignore"), chat_template=False)
+        ids = tokenizer.encode(text, chat_template=False)
         if len(ids) >= need:
             start = rng.randrange(0, len(ids) - need + 1)
             passages.append({"source": "stdlib", "prompt": ids[start:start + d.passage_tokens]})
     items += passages
-    used_topics = distill_used_topics(d, tokenizer)
-    docs = [tokenizer.encode(topics[name], chat_template=False) for name in sorted(topics) if name not in used_topics]
+    used_topics, used_texts = _unused(used.get("docs", []), "topic")
+    docs = [tokenizer.encode(topics[name], chat_template=False) for name in sorted(topics)
+            if name not in used_topics and text_digest(topics[name]) not in used_texts]
     docs = [ids for ids in docs if len(ids) >= need]
     offset, taken = 0, 0
     while docs and taken < d.docs_passages:  # round robin over topics, one passage each per round
@@ -282,34 +336,22 @@ def simulate_item(engine: Engine, recorder: StepRecorder, prompt: list[int], max
 
 def simulate(engine: Engine, recorder: StepRecorder, items: list[dict[str, Any]], folder: Path,
              max_new_tokens: int, seed: int) -> None:
-    """Simulate every item without a file in ``folder`` (resumable; Ctrl-C stops between items)."""
-    from tqdm import tqdm
-
+    """Simulate every item without a file in ``folder`` (resumable; Ctrl-C/SIGTERM stops between items)."""
     folder.mkdir(parents=True, exist_ok=True)
     todo = [i for i in range(len(items)) if not (folder / f"item_{i:05d}.pt").exists()]
-    interrupted: list[bool] = []
-    previous = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
     drafted = accepted = 0
-    try:
-        with tqdm(total=len(items), initial=len(items) - len(todo), desc="simulate", unit="item",
-                  file=sys.stderr) as bar:
-            for i in todo:
-                if interrupted:
-                    break
-                sample = simulate_item(engine, recorder, items[i]["prompt"], max_new_tokens, seed + i)
-                sample.update(item=i, source=items[i]["source"])
-                tmp = folder / f"item_{i:05d}.tmp"
-                torch.save(sample, tmp)
-                os.replace(tmp, folder / f"item_{i:05d}.pt")
-                drafted += len(sample["labels"])
-                accepted += int(sample["labels"].sum())
-                bar.update(1)
-                bar.set_postfix(steps=len(sample["lengths"]), accept=f"{accepted / max(1, drafted):.2f}")
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if interrupted:
-        log("interrupted: simulated items are kept; run the same command to resume")
-        raise KeyboardInterrupt
+    with interruptible(log) as stop, progress(len(items), len(items) - len(todo), "simulate", "item") as bar:
+        for i in todo:
+            if stop:
+                log("interrupted: simulated items are kept; run the same command to resume")
+                raise KeyboardInterrupt
+            sample = simulate_item(engine, recorder, items[i]["prompt"], max_new_tokens, seed + i)
+            sample.update(item=i, source=items[i]["source"])
+            atomic_save(folder / f"item_{i:05d}.pt", sample)
+            drafted += len(sample["labels"])
+            accepted += int(sample["labels"].sum())
+            bar.update(1)
+            bar.set_postfix(steps=len(sample["lengths"]), accept=f"{accepted / max(1, drafted):.2f}")
 
 
 # -- 3. train ------------------------------------------------------------------------------------
@@ -394,22 +436,12 @@ def predict_steps(net: PreVerifier, data: StepData, steps: list[int], pack_len: 
     return torch.cat(probs), torch.cat(labels)
 
 
-def cosine_lr(step: int, total: int, warmup: int, base: float) -> float:
-    if step < warmup:
-        return base * (step + 1) / warmup
-    progress = (step - warmup) / max(1, total - warmup)
-    return base * (0.05 + 0.95 * 0.5 * (1 + np.cos(np.pi * min(1.0, progress))))
-
-
 def train(cfg: TrainPreverifyConfig, checkpoint: Path, data: StepData, train_steps: list[int],
           heldout_steps: list[int]) -> tuple[PreVerifier, dict[str, Any], dict[str, Any]]:
     """Train M_B on ``train_steps`` (resuming from ``checkpoint``); returns (net, held-out metrics,
     training info)."""
-    from tqdm import tqdm
-
     t = cfg.train
-    if t.threads:
-        torch.set_num_threads(t.threads)
+    set_threads(t.threads)
     torch.manual_seed(cfg.seed)
     net = PreVerifier(arch(cfg, int(data.hidden.shape[-1])))
     optimizer = torch.optim.AdamW(net.parameters(), lr=t.lr, weight_decay=t.weight_decay)
@@ -421,59 +453,35 @@ def train(cfg: TrainPreverifyConfig, checkpoint: Path, data: StepData, train_ste
 
     steps_per_epoch = max(1, -(-len(epoch_sequences(0)) // t.batch_size))
     total = max(1, int(t.epochs * steps_per_epoch))
-    step, history = 0, []
-    if checkpoint.exists():
-        state = torch.load(checkpoint, weights_only=False)
-        net.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        step, history = state["step"], state["history"]
-        log(f"resuming at step {step}/{total}")
-
-    def save() -> None:
-        tmp = checkpoint.with_suffix(".tmp")
-        torch.save({"model": net.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-                    "history": history, "arch": attrs.asdict(net.arch)}, tmp)
-        os.replace(tmp, checkpoint)
-
-    interrupted: list[bool] = []
-    previous = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
+    run = TrainingRun(checkpoint, net, optimizer, total, log, extra={"arch": attrs.asdict(net.arch)})
     net.train()
-    running, count, cached = 0.0, 0, (-1, [])
-    try:
-        with tqdm(total=total, initial=step, desc="train", unit="step", file=sys.stderr) as bar:
-            while step < total and not interrupted:
-                epoch, offset = divmod(step, steps_per_epoch)
-                if cached[0] != epoch:
-                    cached = (epoch, epoch_sequences(epoch))
-                sequences = cached[1]
-                first = (offset * t.batch_size) % max(1, len(sequences))
-                batch = data.batch(sequences[first:first + t.batch_size], t.pack_len)
-                for group in optimizer.param_groups:
-                    group["lr"] = cosine_lr(step, total, t.warmup, t.lr)
-                loss = batch_loss(net, batch)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
-                optimizer.step()
-                step += 1
-                running, count = running + float(loss.detach()), count + 1
-                bar.update(1)
-                bar.set_postfix(loss=f"{float(loss.detach()):.4f}")
-                if step % t.checkpoint_every == 0 or step == total:
-                    entry = {"step": step, "loss": running / count}
-                    if heldout_steps:
-                        probs, labels = predict_steps(net, data, heldout_steps, t.pack_len)
-                        report = prediction_report(probs, labels)
-                        entry.update(heldout_log_loss=report["log_loss"], heldout_auc=report["auc"])
-                    history.append(entry)
-                    running, count = 0.0, 0
-                    save()
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if interrupted:
-        save()
-        log(f"interrupted: checkpoint kept at step {step}/{total}; run the same command to resume")
-        raise KeyboardInterrupt
+    running, cached = [0.0, 0], (-1, [])
+
+    def step_loss(step: int):
+        nonlocal cached
+        epoch, offset = divmod(step, steps_per_epoch)
+        if cached[0] != epoch:
+            cached = (epoch, epoch_sequences(epoch))
+        sequences = cached[1]
+        first = (offset * t.batch_size) % max(1, len(sequences))
+        return batch_loss(net, data.batch(sequences[first:first + t.batch_size], t.pack_len)), {}
+
+    def after_step(step: int, loss: torch.Tensor, parts) -> dict[str, str]:
+        running[0], running[1] = running[0] + float(loss.detach()), running[1] + 1
+        return {"loss": f"{float(loss.detach()):.4f}"}
+
+    def record(step: int, loss: torch.Tensor, parts) -> dict[str, Any]:
+        entry = {"step": step, "loss": running[0] / running[1]}
+        if heldout_steps:
+            probs, labels = predict_steps(net, data, heldout_steps, t.pack_len)
+            report = prediction_report(probs, labels)
+            entry.update(heldout_log_loss=report["log_loss"], heldout_auc=report["auc"])
+        running[0], running[1] = 0.0, 0
+        return entry
+
+    run.fit(step_loss, lambda step: cosine_lr(step, total, t.warmup, t.lr, LR_FLOOR), t.checkpoint_every,
+            record, after_step)
+    step, history = run.step, run.history
     net.eval()
     metrics = prediction_report(*predict_steps(net, data, heldout_steps, t.pack_len)) if heldout_steps else {}
     if heldout_steps:  # per draft position: accepted rate vs mean prediction (calibration by position)
@@ -489,8 +497,20 @@ def train(cfg: TrainPreverifyConfig, checkpoint: Path, data: StepData, train_ste
 
 
 # -- the command ---------------------------------------------------------------------------------
+SAMPLE_KEYS = ("hidden", "labels", "confidence", "lengths", "item")
+
+
 def load_samples(folder: Path, count: int) -> list[dict[str, Any]]:
-    return [torch.load(folder / f"item_{i:05d}.pt", weights_only=False) for i in range(count)]
+    """The simulated items, read with ``weights_only=True``; a damaged or foreign file is refused in one line."""
+    samples = []
+    for i in range(count):
+        path = folder / f"item_{i:05d}.pt"
+        sample = load_run_file(path, "simulated item")
+        if not isinstance(sample, dict) or any(key not in sample for key in SAMPLE_KEYS):
+            raise InputError(f"the simulated item '{path}' is not one train-preverify wrote: delete it to simulate "
+                             "that item again")
+        samples.append(sample)
+    return samples
 
 
 def split_steps(data: StepData, heldout_every: int) -> tuple[list[int], list[int]]:
@@ -520,35 +540,37 @@ def _json_safe(value: Any) -> Any:
 def run_train_preverify(cfg: TrainPreverifyConfig, command_line: str) -> Path:
     from pacer_core.hf import load_draft, load_section
 
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    recipe = attrs.asdict(cfg)
-    data_keys = ("target", "draft", "drafter", "verifier", "sampling", "data", "seed")
-    recipe_file = out / "recipe.json"
-    if recipe_file.exists():
-        before = json.loads(recipe_file.read_text())
-        if {k: before.get(k) for k in data_keys} != {k: recipe[k] for k in data_keys}:
-            raise InputError(f"'{out}' holds samples of another target/drafter/data recipe: choose a new out= "
-                             "folder (model and train options may change between runs)")
-    recipe_file.write_text(json.dumps(recipe, indent=2))
+    out = check_out_dir(cfg.out)  # before any model loads
+    if cfg.export:
+        check_out_dir(cfg.export, "export", create=False)
+    recipe = guard_recipe(out, cfg, DATA_KEYS, "model, train, out and export options")
+    sim = simulation_config(cfg)
+    drafter = check(sim, require_models=False).drafter.component
+    items_file = out / "items.json"
+    choose = not items_file.exists()
+    folder, manifest = None, None
+    if choose and cfg.data.skip_draft_corpus:
+        folder = draft_folder(cfg, sim, drafter)
+        manifest = draft_manifest(folder)
     t0 = time.time()
     target, tokenizer, digest = load_section(cfg.target, "target")
     draft = None
-    sim = simulation_config(cfg)
-    drafter = check(sim, require_models=False).drafter.component
     if "draft_model" in drafter.needs:
         d = draft_model_config(sim, drafter)
         draft = load_draft(d, tokenizer)
     recorder = StepRecorder()
     engine = Engine.build(target, draft=draft, tokenizer=tokenizer, cfg=sim, extra_plugins=[recorder])
     identity = drafter_identity(engine, draft)
-    items_file = out / "items.json"
-    if items_file.exists():
-        items = json.loads(items_file.read_text())
-    else:
+    if choose:
         log("choosing prompts (instructions, stdlib source and documentation prose the draft was not distilled on)")
-        items = build_items(cfg, tokenizer)
-        items_file.write_text(json.dumps(items))
+        items = build_items(cfg, tokenizer, draft_corpus(folder, manifest, tokenizer) if manifest else None)
+        atomic_write_text(items_file, json.dumps(items))
+    else:
+        items = read_json(items_file, "item list")
+        if not isinstance(items, list) or not all(isinstance(i, dict) and isinstance(i.get("prompt"), list)
+                                                  and "source" in i for i in items):
+            raise InputError(f"'{items_file}' is not an item list train-preverify wrote: delete it to choose the "
+                             "prompts again")
     sources = {s: sum(1 for i in items if i["source"] == s) for s in ("chat", "stdlib", "docs")}
     log(f"{len(items)} items {sources}; SD with a {cfg.data.window}-token window, {cfg.data.max_new_tokens} new tokens each")
     simulate(engine, recorder, items, out / "samples", cfg.data.max_new_tokens, cfg.seed)
@@ -583,14 +605,5 @@ def run_train_preverify(cfg: TrainPreverifyConfig, command_line: str) -> Path:
     return export
 
 
-@command("train-preverify", "train PACER's pre-verification layer M_B on simulated SD, resumably")
-def _setup(p: argparse.ArgumentParser) -> Runner:
-    p.add_argument("--config", help="train-preverify YAML (default: built-in recipe)")
-    p.add_argument("overrides", nargs="*", metavar="key=value")
-
-    def run(args: argparse.Namespace) -> int:
-        cfg = load_train_config(args.config, args.overrides)
-        run_train_preverify(cfg, "pacer train-preverify " + " ".join(sys.argv[2:]))
-        return 0
-
-    return run
+_setup = training_command("train-preverify", "train PACER's pre-verification layer M_B on simulated SD, resumably",
+                          load_train_config, run_train_preverify)

@@ -1,0 +1,117 @@
+"""The files of a run folder: where it may be, writing them atomically, reading them safely.
+
+- ``check_out_dir`` refuses, in one line and before any model is loaded, an ``out`` folder that is
+  an existing file (``/dev/null`` included), lies under a file, or cannot be written; it creates the
+  folder. ``check_out_dir(..., create=False)`` checks a folder that is written later (an export).
+- ``atomic_write_bytes``/``atomic_write_text``/``atomic_save`` write to a temporary file in the same
+  folder and rename it over the destination: a crash mid-write leaves the previous file intact.
+- ``load_run_file`` reads a ``.pt`` file with ``torch.load(weights_only=True)``: tensors, numbers,
+  strings, lists, tuples and dicts only, so a crafted file runs no code; a damaged, truncated or
+  foreign file is refused in one line naming it and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+from pacer_core.errors import InputError
+
+
+def check_out_dir(path: str | os.PathLike, option: str = "out", create: bool = True) -> Path:
+    """``path`` as a usable output folder (created unless ``create=False``), or ``InputError``."""
+    folder = Path(path).expanduser()
+    fix = f"give {option}= a folder that can be written"
+    if os.path.lexists(folder) and not folder.is_dir():
+        kind = "a device" if _is_device(folder) else "a file"
+        raise InputError(f"{option} '{folder}' is {kind}, not a folder: {fix}")
+    existing = folder
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise InputError(f"{option} '{folder}' lies under '{existing}', which is not a folder: {fix}")
+    if not create:
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise InputError(f"{option} '{folder}' cannot be created: '{existing}' is not writable; {fix}")
+        return folder
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write-check-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise InputError(f"{option} '{folder}' cannot be written ({reason}): {fix}") from None
+    return folder
+
+
+def _is_device(path: Path) -> bool:
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+
+
+def _atomic(path: Path, write: Callable[[Any], None]) -> None:
+    """Write through ``write(file object)`` into a temporary file beside ``path``, then rename it."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    _atomic(path, lambda f: f.write(data))
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: Path, value: Any, indent: int | None = 2) -> None:
+    atomic_write_text(path, json.dumps(value, indent=indent))
+
+
+def atomic_save(path: Path, obj: Any) -> None:
+    """``torch.save(obj)`` atomically. Save only what ``load_run_file`` reads back: tensors, numbers,
+    strings, None, and lists/tuples/dicts of them (model and optimizer state dicts qualify)."""
+    import torch
+
+    _atomic(path, lambda f: torch.save(obj, f))
+
+
+def load_run_file(path: Path, what: str = "file") -> Any:
+    """A ``.pt`` file this project wrote, loaded with ``weights_only=True``; ``InputError`` in one line
+    when it cannot be read (truncated, damaged, or holding anything but plain data)."""
+    import torch
+
+    try:
+        return torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as exc:  # torch raises several kinds (UnpicklingError, RuntimeError, EOFError, ...)
+        raise InputError(f"the {what} '{path}' cannot be read safely ({type(exc).__name__}): it is truncated, "
+                         "damaged, or holds more than plain tensors and numbers (this project never writes "
+                         "such a file); delete it and run the same command again to redo that part") from None
+
+
+def read_json(path: Path, what: str = "file") -> Any:
+    """A JSON file of a run folder or a model folder; ``InputError`` in one line when it is not JSON."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"the {what} '{path}' cannot be read ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0][:160] if str(exc) else ''}): fix or delete it") from None
