@@ -149,7 +149,7 @@ def log(message: str) -> None:
 # -- 1. items ------------------------------------------------------------------------------------
 def draft_folder(cfg: TrainPreverifyConfig, sim: PacerConfig, drafter) -> Optional[Path]:
     """The folder of the draft the simulation runs: the draft model's, or the ``eagle`` draft's."""
-    if drafter.needs_draft_model:
+    if "draft_model" in drafter.needs:
         section = draft_model_config(sim, drafter)
         return Path(section.path).expanduser() if section is not None and section.path else None
     if drafter.name == "eagle":
