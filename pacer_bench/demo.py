@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import sys
 
-from pacer_core.config import check, draft_model_config, load_config
-from pacer_core.engine import Engine
+from pacer_core.config import check, load_config
+from pacer_core.engine import Engine, load_stack_draft
 from pacer_core.errors import InputError, PacerError
 
 from .prompts import load_prompts
@@ -36,7 +36,7 @@ def demo_prompts(count: int) -> list:
 def run_demo(count: int = 4, max_new_tokens: int = 128, dtype: str = "float32") -> int:
     """Decode ``count`` real prompts with plain decoding and every demo stack; print per prompt and
     totals. Exit code 1 when a float32 stack's output differs from plain decoding."""
-    from pacer_core.hf import load_draft, load_model
+    from pacer_core.hf import load_model
 
     if count <= 0 or max_new_tokens <= 0:
         raise InputError("--prompts and --max-new-tokens must be positive")
@@ -51,13 +51,7 @@ def run_demo(count: int = 4, max_new_tokens: int = 128, dtype: str = "float32") 
     for name, overrides in DEMO_STACKS.items():
         try:
             cfg = load_config(overrides=base + [f"target.dtype={dtype}"] + overrides)
-            drafter = check(cfg).drafter.component
-            draft = None
-            if "draft_model" in drafter.needs:  # the shipped token-level draft, loaded once
-                d = draft_model_config(cfg, drafter)
-                if d.path not in drafts:
-                    drafts[d.path] = load_draft(d, tokenizer)
-                draft = drafts[d.path]
+            draft = load_stack_draft(cfg, check(cfg), tokenizer, drafts)  # each draft loaded once
             stacks[name] = Engine.build(target, draft=draft, tokenizer=tokenizer, cfg=cfg)
         except PacerError as exc:  # a plugin or its artifact is not installed: say so, go on
             print(f"skipping {name}: {exc}", file=sys.stderr)

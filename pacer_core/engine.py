@@ -15,7 +15,7 @@ import torch
 
 from .config import PacerConfig, check, draft_model_config
 from .errors import InputError
-from .registry import check_hooks, new_plugin_manager
+from .registry import ResolvedStack, check_hooks, new_plugin_manager
 from .types import Draft, GenerationResult, LanguageModel, Resources, SamplingParams, StepRecord, Stop
 
 
@@ -60,6 +60,26 @@ def _branch_layout(n_pending: int, n_draft: int, branches: Sequence[torch.Tensor
     return positions, mask
 
 
+def load_stack_draft(cfg: PacerConfig, stack: ResolvedStack, tokenizer: Any,
+                     loaded: Optional[dict[str, LanguageModel]] = None) -> Optional[LanguageModel]:
+    """The draft model ``stack`` needs (``draft.path``, else its drafter's shipped draft), or None.
+
+    ``loaded`` maps draft folders to models already loaded, so several stacks share one copy.
+    """
+    if not stack.needs("draft_model"):
+        return None
+    from .hf import load_draft  # the model adapter; only it imports transformers
+
+    section = draft_model_config(cfg, stack.drafter.component)
+    if section is None:
+        raise InputError(f"drafter '{stack.drafter.component.name}' needs a draft model: set draft.path")
+    if loaded is None:
+        return load_draft(section, tokenizer)
+    if section.path not in loaded:
+        loaded[section.path] = load_draft(section, tokenizer)
+    return loaded[section.path]
+
+
 class Engine:
     """Speculative decoding with one target model and a strategy stack of plugins."""
 
@@ -83,14 +103,12 @@ class Engine:
     @classmethod
     def from_config(cls, cfg: PacerConfig, extra_plugins: Sequence[Any] = ()) -> "Engine":
         """Load the models the config names and build the strategy stack (config checked first)."""
-        from .hf import load_draft, load_section  # the model adapter; only it imports transformers
+        from .hf import load_section  # the model adapter; only it imports transformers
 
         pm = new_plugin_manager(extra_plugins)
         stack = check(cfg, pm=pm)
         target, tokenizer, _ = load_section(cfg.target, "target")
-        draft = None
-        if stack.needs("draft_model"):
-            draft = load_draft(draft_model_config(cfg, stack.drafter.component), tokenizer)
+        draft = load_stack_draft(cfg, stack, tokenizer)
         return cls.build(target, draft=draft, tokenizer=tokenizer, cfg=cfg, pm=pm)
 
     @classmethod

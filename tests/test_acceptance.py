@@ -189,7 +189,8 @@ def test_point_mass_draft_is_accepted_with_probability_p_of_x(data):
         without_x[x] = 0
         assert torch.allclose(drawn_from, without_x / without_x.sum())
         law = law + (1 - threshold) * drawn_from
-    assert torch.allclose(law, p, atol=1e-8)
+    # float32: p(x) = 1 - 6e-8 leaves a residual of 6e-8 where p holds 2e-16, so compare at float32 resolution
+    assert torch.allclose(law, p, atol=1e-6)
 
 
 def test_speculative_verify_statistically_reproduces_the_target():

@@ -39,6 +39,7 @@ import torch
 from torch.nn import functional as F
 
 from pacer_core import Engine, hookimpl
+from pacer_core.engine import load_stack_draft
 from pacer_core.config import (GenerationConfig, ModelConfig, PacerConfig, SamplingConfig, StrategyConfig,
                                check, draft_model_config, load_schema)
 from pacer_core.errors import ConfigError, InputError
@@ -538,14 +539,15 @@ def _json_safe(value: Any) -> Any:
 
 
 def run_train_preverify(cfg: TrainPreverifyConfig, command_line: str) -> Path:
-    from pacer_core.hf import load_draft, load_section
+    from pacer_core.hf import load_section
 
     out = check_out_dir(cfg.out)  # before any model loads
     if cfg.export:
         check_out_dir(cfg.export, "export", create=False)
     recipe = guard_recipe(out, cfg, DATA_KEYS, "model, train, out and export options")
     sim = simulation_config(cfg)
-    drafter = check(sim, require_models=False).drafter.component
+    stack = check(sim, require_models=False)
+    drafter = stack.drafter.component
     items_file = out / "items.json"
     choose = not items_file.exists()
     folder, manifest = None, None
@@ -554,10 +556,7 @@ def run_train_preverify(cfg: TrainPreverifyConfig, command_line: str) -> Path:
         manifest = draft_manifest(folder)
     t0 = time.time()
     target, tokenizer, digest = load_section(cfg.target, "target")
-    draft = None
-    if "draft_model" in drafter.needs:
-        d = draft_model_config(sim, drafter)
-        draft = load_draft(d, tokenizer)
+    draft = load_stack_draft(sim, stack, tokenizer)
     recorder = StepRecorder()
     engine = Engine.build(target, draft=draft, tokenizer=tokenizer, cfg=sim, extra_plugins=[recorder])
     identity = drafter_identity(engine, draft)
