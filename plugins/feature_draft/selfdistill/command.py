@@ -256,6 +256,10 @@ def run_measure(cfg: CorpusConfig) -> list[dict]:
     """Tokens/s per batch size and dtype on this machine (greedy, ``max_new_tokens``, the first
     ``measure.prompts`` usable instructions of the stream); prints a markdown table."""
     stream, guard = Stream(cfg.seed), BenchmarkGuard.from_benchmarks()
+    if cfg.threads:
+        import torch
+
+        torch.set_num_threads(cfg.threads)
     table = []
     for dtype in cfg.measure.dtypes:
         backend = load_backend(cfg, dtype)
@@ -270,12 +274,13 @@ def run_measure(cfg: CorpusConfig) -> list[dict]:
         for row in measure(backend.generate, prompts, cfg.measure.batch_sizes, cfg.max_new_tokens,
                            cfg.measure.seconds, log=lambda m: log(f"{dtype}: {m}")):
             table.append({"dtype": dtype, **row})
-    print("| dtype | batch size | answers | answer tokens | seconds | tokens/s | identical to batch size "
-          f"{cfg.measure.batch_sizes[0]} | common prefix |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| dtype | batch size | answers | answer tokens | seconds | tokens/s | CPU seconds | tokens per CPU-second "
+          f"| identical to batch size {cfg.measure.batch_sizes[0]} | common prefix |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in table:
         print(f"| {r['dtype']} | {r['batch_size']} | {r['prompts']} | {r['answer_tokens']} | {r['seconds']} | "
-              f"{r['tokens_per_s']} | {r['identical']}/{r['compared']} | {r['common_prefix']} |")
+              f"{r['tokens_per_s']} | {r['cpu_seconds']} | {r['tokens_per_cpu_s']} | {r['identical']}/{r['compared']} "
+              f"| {r['common_prefix']} |")
     print(json.dumps(table))
     return table
 

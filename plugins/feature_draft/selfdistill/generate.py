@@ -84,19 +84,20 @@ def measure(generate: Generator, prompts: Sequence[Sequence[int]], batch_sizes: 
             seconds: float, log: Callable[[str], None] = lambda _: None) -> list[dict]:
     """Throughput of ``generate`` per batch size: batches of the first prompts (in order) until
     ``seconds`` have passed (at least one batch). Each row: answered prompts, answer tokens, seconds,
-    tokens/s, and agreement with the first batch size's answers on the prompts both answered
+    tokens/s (wall clock, and per CPU-second of this process: comparable while the machine is
+    shared), and agreement with the first batch size's answers on the prompts both answered
     (identical answers; mean common prefix as a fraction of the longer answer)."""
     rows, reference = [], {}
     for size in batch_sizes:
         made: dict[int, list[int]] = {}
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         index = 0
         while index < len(prompts) and (not made or time.perf_counter() - start < seconds):
             chunk = list(range(index, min(index + size, len(prompts))))
             for i, answer in zip(chunk, answer_all(generate, [prompts[i] for i in chunk], size, max_new_tokens)):
                 made[i] = answer
             index += size
-        elapsed = time.perf_counter() - start
+        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
         tokens = sum(len(a) for a in made.values())
         if not reference:
             reference = made
@@ -104,7 +105,8 @@ def measure(generate: Generator, prompts: Sequence[Sequence[int]], batch_sizes: 
         same = sum(made[i] == reference[i] for i in shared)
         prefix = [_common(made[i], reference[i]) / max(len(made[i]), len(reference[i]), 1) for i in shared]
         row = {"batch_size": size, "prompts": len(made), "answer_tokens": tokens, "seconds": round(elapsed, 1),
-               "tokens_per_s": round(tokens / elapsed, 1), "compared": len(shared), "identical": same,
+               "tokens_per_s": round(tokens / elapsed, 1), "cpu_seconds": round(cpu, 1),
+               "tokens_per_cpu_s": round(tokens / max(cpu, 1e-9), 1), "compared": len(shared), "identical": same,
                "common_prefix": round(sum(prefix) / len(prefix), 3) if prefix else None}
         log(str(row))
         rows.append(row)
