@@ -37,7 +37,7 @@ except ImportError:
 
 DTYPES = ("float32", "bfloat16", "float16")
 DEFAULT_DTYPE = "float32"  # measured on the 2-core CPU: docs/corpus.md#throughput
-DEFAULT_BATCH_SIZE = 16
+DEFAULT_BATCH_SIZE = 8  # measured: docs/corpus.md#throughput
 
 
 @attrs.define
