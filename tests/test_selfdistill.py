@@ -63,10 +63,10 @@ def test_guard_refuses_long_overlaps_and_short_whole_prompts():
 def test_the_real_guard_covers_the_benchmark_sets_and_the_stream_avoids_them(stream):
     guard = BenchmarkGuard.from_benchmarks()
     assert guard.describe()["prompts"] >= 1700
-    from pacer_core.prompts import load_prompts  # noqa: PLC0415
+    from feature_draft.selfdistill.guard import _prompt_sets  # wherever the prompt sets live
 
     for name in ("humaneval", "gsm8k", "mtbench", "summarization", "code_editing"):
-        prompt = load_prompts(name, limit=1)[0]
+        prompt = _prompt_sets()[name]()[0]
         assert guard.refuses("Please answer this.\n\n" + prompt.text) is not None, name
     refused = [stream.at(p) for p in range(3000) if guard.refuses(stream.at(p).text)]
     assert len(refused) < 0.05 * 3000 and {i.family for i in refused} <= {"summary"}
