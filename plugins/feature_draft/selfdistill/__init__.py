@@ -1,0 +1,16 @@
+"""A self-distillation corpus the target writes itself, grown in resumable, committed shards.
+
+- ``stream``: a deterministic, seeded stream of instructions in five families (chat, code writing,
+  code editing, math word problems, documentation summaries) built from material that ships with
+  Python; every instruction has a stable id (``family/index``) and a stream position.
+- ``guard``: refuses any instruction that overlaps a benchmark prompt by a long word n-gram.
+- ``generate``: batched greedy answers (left padding, finished rows dropped) and the throughput
+  measurement behind the default batch size and dtype.
+- ``shards``: the shard files (uint16 token ids + offsets, JSON provenance), the manifest, the
+  resumable writer and ``iter_corpus``, the loader trainers use.
+- ``command``: ``pacer corpus`` (docs/corpus.md).
+"""
+
+from .shards import CorpusError, Sample, corpus_stats, iter_corpus
+
+__all__ = ["CorpusError", "Sample", "corpus_stats", "iter_corpus"]

@@ -1,0 +1,214 @@
+"""The self-distillation corpus (`pacer corpus`): instruction stream, benchmark guard, batched
+greedy answers, shards, resume after a kill, the loader's digest check, and the command's errors.
+A scripted fake generator stands in for the target (no real model here)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from pacer_core import cli
+from feature_draft.selfdistill import CorpusError, corpus_stats, iter_corpus
+from feature_draft.selfdistill.command import Backend, CorpusConfig, run_corpus
+from feature_draft.selfdistill.generate import answer_all, greedy_batch
+from feature_draft.selfdistill.guard import BenchmarkGuard
+from feature_draft.selfdistill.stream import FAMILIES, PATTERN, Stream
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tiny import EOS, adapter, reference_greedy, tiny_llama  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def stream() -> Stream:
+    return Stream(0)
+
+
+# -- the instruction stream -----------------------------------------------------------------------
+def test_stream_is_deterministic_large_and_varied(stream):
+    again = Stream(0, stream.mat)
+    first = [stream.at(p) for p in range(6000)]
+    assert first == [again.at(p) for p in range(6000)]
+    assert [stream.at(p).id for p in (5999, 17, 3)] == [first[5999].id, first[17].id, first[3].id]  # random access
+    assert len({i.id for i in first}) == len(first)
+    texts = [i.text for i in first]
+    assert len(set(texts)) >= 0.99 * len(texts)
+    counts = Counter(i.family for i in first)
+    assert set(counts) == set(FAMILIES)
+    assert all(counts[f] == 300 * PATTERN.count(f) for f in FAMILIES)
+    sizes = stream.describe()["family_sizes"]
+    assert min(sizes.values()) >= 5000 and sum(sizes.values()) >= 200_000
+    other = Stream(1, stream.mat)
+    assert sum(other.at(p).text != first[p].text for p in range(200)) >= 190
+    edits = [i.text for i in first if i.family == "code_edit"]
+    assert all("```python\ndef " in t for t in edits)
+    assert len({t.split("```python")[1] for t in edits}) >= 0.8 * len(edits)  # many different functions
+
+
+# -- the benchmark guard --------------------------------------------------------------------------
+def test_guard_refuses_long_overlaps_and_short_whole_prompts():
+    long = "Natalia sold clips to forty eight of her friends in April and then she sold half as many in May"
+    guard = BenchmarkGuard([("gsm8k/0", long), ("mtbench/1", "Compose a travel blog post.")])
+    words = long.split()
+    assert "gsm8k/0" in guard.refuses("Hi. " + " ".join(words[3:16]).upper() + " ok")  # 13 words, any case
+    assert guard.refuses("Tell me: " + " ".join(words[3:15])) is None  # 12 words
+    assert "mtbench/1" in guard.refuses("Please compose a travel blog post, thanks")
+    assert guard.refuses("Compose a travel blog") is None
+
+
+def test_the_real_guard_covers_the_benchmark_sets_and_the_stream_avoids_them(stream):
+    guard = BenchmarkGuard.from_benchmarks()
+    assert guard.describe()["prompts"] >= 1700
+    from feature_draft.selfdistill.guard import _prompt_sets  # wherever the prompt sets live
+
+    for name in ("humaneval", "gsm8k", "mtbench", "summarization", "code_editing"):
+        prompt = _prompt_sets()[name]()[0]
+        assert guard.refuses("Please answer this.\n\n" + prompt.text) is not None, name
+    refused = [stream.at(p) for p in range(3000) if guard.refuses(stream.at(p).text)]
+    assert len(refused) < 0.05 * 3000 and {i.family for i in refused} <= {"summary"}
+
+
+# -- batched greedy -------------------------------------------------------------------------------
+def test_batched_greedy_answers_are_the_targets_own():
+    model = tiny_llama(3, scale=4.0)
+    generator = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 64, (int(n),), generator=generator).tolist()
+               for n in torch.randint(1, 20, (10,), generator=generator)]
+    common = Counter(t for p in prompts for t in reference_greedy(model, p, 20)).most_common(1)[0][0]
+    with torch.no_grad():  # EOS takes over from a frequent token: answers end at different steps
+        model.lm_head.weight[EOS] = model.lm_head.weight[common] * 1.05
+    target = adapter(model)
+    wanted = [reference_greedy(model, p, 20) for p in prompts]
+    assert len({len(a) for a in wanted}) >= 3
+    assert answer_all(lambda ps, n: greedy_batch(target, ps, n), prompts, 4, 20) == wanted
+
+
+# -- shards, resume, loader -----------------------------------------------------------------------
+def fake_backend(fail_after: int = -1) -> Backend:
+    """Prompt ids from the text's bytes; the answer a function of the prompt, ending with EOS 2."""
+    calls = []
+
+    def generate(prompts, max_new_tokens):
+        calls.append(1)
+        if len(calls) == fail_after:
+            raise KeyboardInterrupt  # what Ctrl-C or SIGTERM does mid-shard
+        return [[(sum(p) + k) % 250 + 3 for k in range(min(len(p) % 9, max_new_tokens - 1))] + [2] for p in prompts]
+
+    return Backend(encode=lambda text: [b % 250 + 3 for b in text.encode()[:60]], generate=generate, vocab_size=256,
+                   target={"path": "fake", "digest": "f00d", "dtype": "float32", "device": "cpu"}, eos=[2])
+
+
+def config(out: Path, **kw) -> CorpusConfig:
+    return CorpusConfig(out=str(out), tokens=kw.pop("tokens", 200), shard_size=kw.pop("shard_size", 10),
+                        batch_size=kw.pop("batch_size", 4), **kw)
+
+
+def records(out: Path) -> list[tuple]:
+    return [(s.id, s.family, s.position, s.tokens.tolist(), s.prompt_length) for s in iter_corpus(out)]
+
+
+def test_shards_round_trip(tmp_path, stream):
+    refused_text = stream.at(3).text
+    guard = BenchmarkGuard([("bench/0", refused_text)])
+    stats = run_corpus(config(tmp_path), "pacer corpus test", backend=fake_backend(), stream=stream, guard=guard)
+    assert stats["answer_tokens"] >= 200 and stats["shards"] == len(list(tmp_path.glob("shard-*.safetensors")))
+    backend = fake_backend()
+    samples = list(iter_corpus(tmp_path))
+    for s in samples:
+        item = stream.at(s.position)
+        prompt = backend.encode(item.text)
+        assert (s.id, s.family) == (item.id, item.family)
+        assert s.prompt.tolist() == prompt and s.answer.tolist() == backend.generate([prompt], 256)[0]
+        assert s.finished
+    assert 3 not in {s.position for s in samples}
+    info = json.loads((tmp_path / "shard-00000.json").read_text())
+    assert info["refused"][0]["position"] == 3 and "bench/0" in info["refused"][0]["reason"]
+    assert info["generation"]["max_new_tokens"] == 256 and info["target"]["digest"] == "f00d"
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["totals"]["families"].keys() == set(FAMILIES)
+    assert sum(f["answer_tokens"] for f in manifest["totals"]["families"].values()) == stats["answer_tokens"]
+    assert [s.family for s in iter_corpus(tmp_path, families=["math"])] == ["math"] * stats["families"]["math"]["records"]
+    from safetensors.torch import load_file
+
+    assert load_file(str(tmp_path / "shard-00000.safetensors"))["tokens"].dtype == torch.uint16
+    # a larger target continues where the corpus stopped
+    more = run_corpus(config(tmp_path, tokens=400), "pacer corpus test", backend=fake_backend(), stream=stream, guard=guard)
+    assert more["answer_tokens"] >= 400 and records(tmp_path)[:len(samples)] == [
+        (s.id, s.family, s.position, s.tokens.tolist(), s.prompt_length) for s in samples]
+
+
+def test_resume_after_a_kill_has_no_duplicate_and_no_gap(tmp_path, stream):
+    guard = BenchmarkGuard([])
+    whole = tmp_path / "whole"
+    run_corpus(config(whole), "pacer corpus test", backend=fake_backend(), stream=stream, guard=guard)
+    cut = tmp_path / "cut"
+    with pytest.raises(KeyboardInterrupt):  # killed in the third shard's second batch
+        run_corpus(config(cut), "pacer corpus test", backend=fake_backend(fail_after=8), stream=stream, guard=guard)
+    assert corpus_stats(cut)["shards"] == 2
+    # a SIGKILL can leave a temporary file, and a finished shard the manifest did not record yet
+    (cut / "shard-00002.safetensors.tmp").write_bytes(b"partial")
+    manifest = (cut / "manifest.json").read_text()
+    run_corpus(config(cut, tokens=corpus_stats(cut)["answer_tokens"] + 1), "pacer corpus test",
+               backend=fake_backend(), stream=stream, guard=guard)
+    (cut / "manifest.json").write_text(manifest)  # the manifest update of shard 2 was lost
+    (cut / "shard-00003.json").write_text("{}")  # and a later shard's JSON is incomplete
+    run_corpus(config(cut), "pacer corpus test", backend=fake_backend(), stream=stream, guard=guard)
+    assert not list(cut.glob("*.tmp"))
+    assert records(cut) == records(whole)
+    entries = json.loads((cut / "manifest.json").read_text())["shards"]
+    assert [e["positions"] for e in entries] == [[10 * i, 10 * i + 10] for i in range(len(entries))]
+    positions = [r[2] for r in records(cut)]
+    assert positions == sorted(set(positions)) == list(range(positions[-1] + 1))
+
+
+def test_a_corrupt_shard_is_refused_in_one_line(tmp_path, stream, capsys):
+    run_corpus(config(tmp_path, tokens=60), "pacer corpus test", backend=fake_backend(), stream=stream,
+               guard=BenchmarkGuard([]))
+    shard = tmp_path / "shard-00000.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-3] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CorpusError, match="shard-00000.safetensors' does not match its sha256.*git checkout"):
+        list(iter_corpus(tmp_path))
+    capsys.readouterr()
+    assert cli.main(["corpus", f"out={tmp_path}", "tokens=1000"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "does not match its sha256" in err
+
+
+def test_a_corpus_continues_only_with_its_seed(tmp_path, stream):
+    run_corpus(config(tmp_path, tokens=20), "t", backend=fake_backend(), stream=stream, guard=BenchmarkGuard([]))
+    with pytest.raises(CorpusError, match="seed=0"):
+        run_corpus(config(tmp_path, tokens=50, seed=1), "t", backend=fake_backend(), stream=Stream(1, stream.mat),
+                   guard=BenchmarkGuard([]))
+
+
+# -- the command ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, message", [
+    (["tokens=0"], "tokens must be a positive integer"),
+    (["batch_size=-2"], "batch_size must be a positive integer"),
+    (["shard_size=100000"], "shard_size must be at most 10000"),
+    (["dtype=int8"], "unknown dtype 'int8'"),
+    (["colour=red"], "unknown option 'colour'"),
+    (["tokens=many"], "tokens"),
+    (["--stats", "out=NOPE"], "holds no corpus"),
+    (["out=FILE"], "is a file"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
+    (tmp_path / "FILE").write_text("x")
+    argv = [a.replace("NOPE", str(tmp_path / "nope")).replace("FILE", str(tmp_path / "FILE")) for a in argv]
+    assert cli.main(["corpus", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pacer: error: ") and err.count("\n") == 1 and message in err
+
+
+def test_stats_prints_the_totals_per_family(tmp_path, stream, capsys):
+    run_corpus(config(tmp_path, tokens=40), "t", backend=fake_backend(), stream=stream, guard=BenchmarkGuard([]))
+    capsys.readouterr()
+    assert cli.main(["corpus", "--stats", f"out={tmp_path}"]) == 0
+    out = capsys.readouterr().out
+    assert "target-written tokens" in out and all(f in out for f in ("chat", "math"))
