@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+from importlib import metadata
 import signal
 import sys
 import time
@@ -30,10 +31,7 @@ from .guard import BenchmarkGuard
 from .shards import CorpusError, CorpusStore, corpus_stats
 from .stream import STREAM_VERSION, Stream
 
-try:  # the command API's home after the core's restructure; pacer_core.cli before it
-    from pacer_core.commands import Runner, command
-except ImportError:
-    from pacer_core.cli import Runner, command
+from pacer_core.commands import Runner, command
 
 DTYPES = ("float32", "bfloat16", "float16")
 DEFAULT_DTYPE = "float32"  # measured on the 2-core CPU: docs/corpus.md#throughput
@@ -117,10 +115,8 @@ def _versions() -> dict[str, str]:
 
     found = {"python": platform.python_version(), "torch": torch.__version__}
     try:
-        import transformers
-
-        found["transformers"] = transformers.__version__
-    except ImportError:  # pragma: no cover
+        found["transformers"] = metadata.version("transformers")
+    except metadata.PackageNotFoundError:  # pragma: no cover
         pass
     return found
 

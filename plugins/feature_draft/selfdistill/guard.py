@@ -25,11 +25,9 @@ def words(text: str) -> list[str]:
 
 
 def _prompt_sets():
-    """The evaluation prompt loaders (their module moves with the benchmark harness)."""
-    try:
-        from pacer_bench.prompts import PROMPT_SETS
-    except ImportError:
-        from pacer_core.prompts import PROMPT_SETS
+    """The evaluation prompt loaders of the benchmark harness."""
+    from pacer_bench.prompts import PROMPT_SETS
+
     return PROMPT_SETS
 
 
