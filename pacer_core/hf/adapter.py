@@ -12,7 +12,7 @@ import torch
 
 from ..errors import InputError
 from ..kernels import PackedLinear, PackedMatrix, pack_linears
-from ..types import ModelOutput
+from ..types import AttentionShape, ModelOutput
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -58,7 +58,8 @@ class HFTokenizer:
 
 
 class HFModel:
-    """One causal LM and its KV cache (``pacer_core.types.LanguageModel``)."""
+    """One causal LM and its KV cache (``pacer_core.types.LanguageModel``), showing its weights and
+    layout to plugins as ``pacer_core.types.FeatureModel``."""
 
     def __init__(self, model: Any, eos_token_ids: Sequence[int] = (), name: str = "model"):
         transformers = _quiet_transformers()
@@ -68,6 +69,7 @@ class HFModel:
         self.config = config
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.hidden_size = int(config.hidden_size)
+        self.num_layers = int(config.num_hidden_layers)
         self.max_length = int(getattr(config, "max_position_embeddings", 2048))
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.device = next(model.parameters()).device
@@ -138,6 +140,17 @@ class HFModel:
         share them with the target instead of storing copies."""
         return (self.model.get_input_embeddings().weight.detach(),
                 self.model.get_output_embeddings().weight.detach())
+
+    def attention_shape(self) -> AttentionShape:
+        """The attention layout of the decoder layers, read from the model's config."""
+        config = self.config
+        heads = int(config.num_attention_heads)
+        rope = getattr(config, "rope_parameters", None) or {}
+        return AttentionShape(
+            num_heads=heads, num_kv_heads=int(getattr(config, "num_key_value_heads", heads)),
+            head_dim=int(getattr(config, "head_dim", None) or config.hidden_size // heads),
+            rope_theta=float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))),
+            rms_eps=float(getattr(config, "rms_norm_eps", 1e-6)))
 
     # -- cache -------------------------------------------------------------------------------
     @property
