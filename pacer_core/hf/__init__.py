@@ -8,15 +8,15 @@ benchmarks. Every public name is re-exported here: ``from pacer_core.hf import X
 """
 
 from .adapter import DTYPES, HFModel, HFTokenizer
-from .artifacts import (EMBEDDED_TARGET, SHARED_FILE, SUBSET_FILE, cache_root, embedded_target_file, materialize,
-                        weights_digest)
+from .artifacts import (EMBEDDED_TARGET, SHARED_FILE, SUBSET_FILE, cache_root, check_weights, embedded_target_file,
+                        load_safetensors, materialize, weights_digest)
 from .baselines import hf_generate, hf_generate_traced
 from .loading import load_draft, load_model, load_section, resolve_device
 from .students import batch_generate, last_hidden_states, save_student, student_from_target
 
 __all__ = [
     "DTYPES", "EMBEDDED_TARGET", "HFModel", "HFTokenizer", "SHARED_FILE", "SUBSET_FILE", "batch_generate",
-    "cache_root", "embedded_target_file", "hf_generate", "hf_generate_traced", "last_hidden_states",
-    "load_draft", "load_model", "load_section", "materialize", "resolve_device", "save_student",
-    "student_from_target", "weights_digest",
+    "cache_root", "check_weights", "embedded_target_file", "hf_generate", "hf_generate_traced",
+    "last_hidden_states", "load_draft", "load_model", "load_safetensors", "load_section", "materialize",
+    "resolve_device", "save_student", "student_from_target", "weights_digest",
 ]

@@ -46,6 +46,55 @@ def _file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
+def load_safetensors(path: Path, fix: str) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file; one that is missing, truncated or not safetensors at all is
+    refused with an ``InputError`` naming it and ``fix`` (what the user should do)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as exc:
+        raise InputError(f"'{path}' cannot be read as safetensors ({_first_line(exc)}): the file is "
+                         f"truncated or corrupt; {fix}") from exc
+
+
+def check_weights(folder: Path) -> None:
+    """Refuse a model folder without weights files, or with one that cannot be read (a truncated
+    safetensors file, a ``.bin`` that does not unpickle as plain tensors), before transformers
+    tries to load it. Safetensors files are checked from their header (the offsets must cover the
+    file), ``.bin`` files by unpickling them with ``weights_only=True`` (memory-mapped when they are
+    zip archives, so no tensor data is read)."""
+    import zipfile
+
+    from safetensors import SafetensorError, safe_open
+
+    safetensors, bins = sorted(folder.glob("*.safetensors")), sorted(folder.glob("*.bin"))
+    if not safetensors and not bins:
+        raise InputError(f"model folder '{folder}' has a config.json but no weights (model.safetensors or "
+                         "pytorch_model.bin): copy the model's weights files into it, or give a .gguf file")
+    fix = "download or export the model again"
+    for file in safetensors:
+        try:
+            with safe_open(str(file), "pt"):
+                pass
+        except (SafetensorError, OSError) as exc:
+            raise InputError(f"'{file}' cannot be read as safetensors ({_first_line(exc)}): the file is "
+                             f"truncated or corrupt; {fix}") from exc
+    for file in bins:
+        try:
+            torch.load(file, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(file))
+        except Exception as exc:  # any unpickling failure: corrupt, truncated, or not plain tensors
+            raise InputError(f"'{file}' cannot be loaded as PyTorch weights ({type(exc).__name__}): it is "
+                             f"truncated, corrupt or holds more than tensors; {fix}, preferably as "
+                             "safetensors") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def materialize(path: Optional[str]) -> Path:
     """A loadable HF folder for ``path``: the folder itself, or the safetensors cache of a GGUF file.
 
@@ -57,6 +106,7 @@ def materialize(path: Optional[str]) -> Path:
     if source.is_dir():
         if not (source / "config.json").exists():
             raise InputError(f"'{source}' has no config.json: give an HF model folder or a .gguf file")
+        check_weights(source)
         if (source / SHARED_FILE).exists():
             return _complete_shared(source)
         return source
@@ -89,13 +139,21 @@ SUBSET_FILE = "pacer-vocab-subset.json"  # a draft whose output layer covers onl
 
 def _complete_shared(folder: Path) -> Path:
     """A loadable HF folder for a draft that stores only its own tensors: the tensors it shares with
-    its target (named in ``pacer-shared.json``) are copied in from the target once, into the cache."""
-    from safetensors.torch import load_file, save_file
+    its target (named in ``pacer-shared.json``) are copied in from the target once, into the cache.
+
+    The cached copy is keyed on every file of the folder (weights, config, tokenizer, vocabulary
+    subset...), so editing any of them makes a fresh copy."""
+    from safetensors.torch import save_file
 
     shared = json.loads((folder / SHARED_FILE).read_text())
     own = folder / "model.safetensors"
-    digest = hashlib.sha256((_file_digest(own) + json.dumps(shared, sort_keys=True)).encode()).hexdigest()
-    complete = cache_root() / "drafts" / f"{folder.name}-{digest[:16]}"
+    if not own.exists():
+        raise InputError(f"draft '{folder}' has {SHARED_FILE} but no model.safetensors: export the draft again")
+    digest = hashlib.sha256()
+    for item in sorted(folder.iterdir()):
+        if item.is_file():
+            digest.update(f"{item.name}\0{_file_digest(item)}\n".encode())
+    complete = cache_root() / "drafts" / f"{folder.name}-{digest.hexdigest()[:16]}"
     if (complete / "model.safetensors").exists():
         return complete
     target_folder = materialize(shared.get("target_path"))
@@ -104,8 +162,8 @@ def _complete_shared(folder: Path) -> Path:
                          f"{shared['target_digest']}, not the one found: re-run the command in its manifest")
     target_weights: dict[str, torch.Tensor] = {}
     for file in sorted(target_folder.glob("*.safetensors")):
-        target_weights.update(load_file(file))
-    tensors = load_file(own)
+        target_weights.update(load_safetensors(file, "download or export the target again"))
+    tensors = load_safetensors(own, "export the draft again")
     for name, source_name in shared["tensors"].items():
         if source_name not in target_weights:
             raise InputError(f"draft '{folder}' needs tensor '{source_name}' from its target, which lacks it")
