@@ -124,6 +124,13 @@ def test_a_truncated_eagle_draft(target_folder, tmp_path, capsys):
     assert_one_line_error(code, err, str(folder / "draft.safetensors"), "truncated or corrupt", "pacer distill")
 
 
+def test_an_eagle_draft_without_its_weights_file(target_folder, tmp_path, capsys):
+    folder = eagle_draft(target_folder, tmp_path / "eagle")
+    (folder / "draft.safetensors").unlink()
+    code, _, err = generate(capsys, target_folder, f"strategy.drafter={{name: eagle, path: '{folder}'}}")
+    assert_one_line_error(code, err, str(folder / "draft.safetensors"), "does not exist", "pacer distill")
+
+
 def test_a_truncated_pacer_checkpoint(target_folder, tmp_path, capsys):
     from test_pacer_stop import write_checkpoint
 

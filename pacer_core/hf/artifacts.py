@@ -52,6 +52,8 @@ def load_safetensors(path: Path, fix: str) -> dict[str, torch.Tensor]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    if not Path(path).is_file():
+        raise InputError(f"'{path}' does not exist: {fix}")
     try:
         return load_file(str(path))
     except (SafetensorError, OSError) as exc:

@@ -26,13 +26,13 @@ def load_model(path: Optional[str], dtype: str, device: str, device_map: Optiona
 
     ``device`` may be ``auto`` (CUDA when available); ``pack_weights`` (None: wherever possible) see
     ``pacer_core.kernels.should_pack``."""
-    folder = materialize(path)
-    if dtype not in DTYPES:
+    if dtype not in DTYPES:  # the options first: the files may take long to read or convert
         raise InputError(f"unknown dtype '{dtype}' for {name}: use one of {', '.join(DTYPES)}")
-    device = resolve_device(device)
     if device_map and pack_weights:
         raise InputError(f"{name}: pack_weights=true needs the whole model on the CPU, not device_map; "
                          "set pack_weights to null or false")
+    folder = materialize(path)
+    device = resolve_device(device)
     model = HFModel.load(folder, dtype=dtype, device=device, device_map=device_map, name=name)
     if (folder / SUBSET_FILE).exists():
         model.use_vocab_subset(json.loads((folder / SUBSET_FILE).read_text()))
