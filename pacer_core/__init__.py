@@ -8,6 +8,7 @@ from .types import (
     Component,
     Draft,
     DraftBlock,
+    FeatureModel,
     GenerationResult,
     LanguageModel,
     ModelOutput,
@@ -19,7 +20,7 @@ from .types import (
 )
 
 __all__ = [
-    "Component", "ConfigError", "DecodeState", "Draft", "DraftBlock", "Engine", "GenerationResult",
-    "InputError", "LanguageModel", "ModelOutput", "PacerConfig", "PacerError", "Resources",
+    "Component", "ConfigError", "DecodeState", "Draft", "DraftBlock", "Engine", "FeatureModel",
+    "GenerationResult", "InputError", "LanguageModel", "ModelOutput", "PacerConfig", "PacerError", "Resources",
     "SamplingParams", "StepRecord", "Stop", "Verdict", "hookimpl", "load_config",
 ]

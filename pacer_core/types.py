@@ -7,15 +7,17 @@ Tensors are excluded from equality and shown by shape in ``repr``. Shapes are no
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Literal, Optional, Protocol, Sequence
+from typing import Any, Callable, Literal, Optional, Protocol, Sequence, runtime_checkable
 
 import attrs
 import torch
 
 __all__ = [
+    "AttentionShape",
     "Component",
     "Draft",
     "DraftBlock",
+    "FeatureModel",
     "GenerationResult",
     "LanguageModel",
     "ModelOutput",
@@ -209,6 +211,9 @@ class LanguageModel(Protocol):
     max_length: int
     eos_token_ids: frozenset[int]
     num_forwards: int  # forward passes so far (the engine reports the target's)
+    # a content hash of the weights: components trained for one model (a feature draft, PACER's M_B)
+    # compare it with the one they were trained for; None when unknown (models built in memory)
+    digest: Optional[str]
 
     @property
     def cached_tokens(self) -> Sequence[int]: ...
@@ -226,6 +231,33 @@ class LanguageModel(Protocol):
     def crop(self, length: int) -> None: ...
 
     def reset(self) -> None: ...
+
+
+@attrs.frozen
+class AttentionShape:
+    """The attention layout of a model's decoder layers (a feature-level draft copies its target's)."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float
+    rms_eps: float  # epsilon of the RMS norms
+
+
+@runtime_checkable
+class FeatureModel(LanguageModel, Protocol):
+    """A ``LanguageModel`` that also shows its weights and layout: what feature-level drafts (``eagle``)
+    and the trainers distilling drafts from a target read (see ``hf.HFModel``). ``hidden_size`` (from
+    ``LanguageModel``) is the width of its hidden states and embeddings."""
+
+    num_layers: int  # decoder layers
+    packed_weights: bool  # its linear layers multiply with packed weights (``pacer_core.kernels``)
+
+    def embedding_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input embeddings [vocab, hidden], output layer [vocab, hidden]), shared, not copied."""
+        ...
+
+    def attention_shape(self) -> AttentionShape: ...
 
 
 @attrs.frozen

@@ -2,7 +2,7 @@
 
 ``pacer_core.cli.build_engine`` is replaced by one building an engine around tests/tiny.py models
 and a byte tokenizer; the vocabulary check of ``Engine.from_config`` runs against a replaced
-``pacer_core.hf.load_model``.
+``pacer_core.hf.loading.load_model``.
 """
 
 from __future__ import annotations
@@ -283,11 +283,11 @@ def _fake_load_model(shift_for: dict):
 def test_draft_and_target_vocabulary_mismatch(capsys, monkeypatch):
     argv = ["generate", "-p", PROMPT, "-n", "4", "--json", "strategy.drafter.name=draft_model",
             "draft.path=/models/draft"]
-    monkeypatch.setattr(pacer_core.hf, "load_model", _fake_load_model({"draft": 1}))
+    monkeypatch.setattr(pacer_core.hf.loading, "load_model", _fake_load_model({"draft": 1}))
     code, _, err = run(argv, capsys)
     assert_one_line_error(code, err, "/models/draft", "different tokenizers", "target's tokenizer")
     # the same vocabulary passes, through the real Engine.from_config
-    monkeypatch.setattr(pacer_core.hf, "load_model", _fake_load_model({}))
+    monkeypatch.setattr(pacer_core.hf.loading, "load_model", _fake_load_model({}))
     code, out, err = run(argv, capsys)
     assert code == 0, err
     assert json.loads(out)["metrics"]["draft_forwards"] > 0

@@ -15,7 +15,8 @@ import torch
 from pacer_core import cli
 from feature_draft.selfdistill import CorpusError, corpus_stats, iter_corpus
 from feature_draft.selfdistill.command import Backend, CorpusConfig, run_corpus
-from feature_draft.selfdistill.generate import answer_all, greedy_batch
+from feature_draft.selfdistill.generate import answer_all
+from pacer_core.hf import greedy_batch
 from feature_draft.selfdistill.guard import BenchmarkGuard
 from feature_draft.selfdistill.stream import FAMILIES, PATTERN, Stream
 

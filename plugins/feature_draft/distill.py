@@ -374,8 +374,7 @@ def train_token(cfg: DistillConfig, out: Path, tokens: torch.Tensor, features: n
                 subset: torch.Tensor):
     from pacer_core.hf import student_from_target
 
-    count = len(target.model.base_model.layers)
-    layers = [i % count for i in cfg.student.layers]
+    layers = [i % target.num_layers for i in cfg.student.layers]
     torch.manual_seed(cfg.seed)
     student = student_from_target(target, layers).train()
     student.get_input_embeddings().weight.requires_grad_(False)  # shared with the target (and the tied head)
@@ -393,13 +392,7 @@ def train_token(cfg: DistillConfig, out: Path, tokens: torch.Tensor, features: n
 
 
 def _attention_shape(target) -> dict[str, Any]:
-    config = target.config
-    heads = int(config.num_attention_heads)
-    rope = getattr(config, "rope_parameters", None) or {}
-    return {"num_heads": heads, "num_kv_heads": int(getattr(config, "num_key_value_heads", heads)),
-            "head_dim": int(getattr(config, "head_dim", None) or config.hidden_size // heads),
-            "rope_theta": float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))),
-            "rms_eps": float(getattr(config, "rms_norm_eps", 1e-6))}
+    return attrs.asdict(target.attention_shape())
 
 
 def frequent_tokens(tokens: torch.Tensor, size: int, always: set[int]) -> torch.Tensor:

@@ -10,7 +10,7 @@ from typing import Optional
 import attrs
 import torch
 
-from pacer_core import Component, DraftBlock, InputError, Resources, hookimpl
+from pacer_core import Component, DraftBlock, FeatureModel, InputError, Resources, hookimpl
 from pacer_core.kernels import PackedMatrix, pack_linears
 from pacer_core.sampling import logits_to_probs, sample
 
@@ -51,8 +51,13 @@ class EagleDrafter:
 
     def __init__(self, config: EagleConfig, resources: Resources):
         folder = draft_folder(config.path)
+        target = resources.target
+        if not isinstance(target, FeatureModel):
+            raise InputError(f"the eagle drafter reads its target's weights, which this target "
+                             f"({type(target).__name__}) does not show: give it a pacer_core.types.FeatureModel "
+                             "such as pacer_core.hf.HFModel")
         manifest = json.loads((folder / MANIFEST).read_text())
-        target_digest = getattr(resources.target, "digest", None)
+        target_digest = target.digest
         if target_digest and manifest.get("target_digest") != target_digest and not config.allow_other_target:
             raise InputError(
                 f"draft '{folder}' was distilled from target {manifest.get('target_digest')}, but this "
@@ -61,18 +66,17 @@ class EagleDrafter:
             )
         self.net = FeatureDraft.load(folder)
         self.draft_identity = draft_identity(folder)  # Resources.draft_identity of later components
-        if self.net.arch.vocab_size != resources.target.vocab_size or \
-                self.net.arch.hidden_size != resources.target.hidden_size:
+        if self.net.arch.vocab_size != target.vocab_size or self.net.arch.hidden_size != target.hidden_size:
             raise InputError(f"draft '{folder}' does not fit this target (vocabulary or hidden size differ)")
-        embed, head = resources.target.embedding_weights()
+        embed, head = target.embedding_weights()
         self.embed = embed
-        packed = bool(getattr(resources.target, "packed_weights", False))  # pack as the target does
+        packed = bool(target.packed_weights)  # pack as the target does
         if packed:
             pack_linears(self.net)
         self.head = PackedMatrix(head[self.net.subset].float(), pack=packed)  # x @ [subset, hidden].T
         self.subset = self.net.subset
         self.sampling = resources.sampling
-        self.vocab_size = resources.target.vocab_size
+        self.vocab_size = target.vocab_size
         self.reset(torch.empty(0, self.net.arch.hidden_size))
 
     def reset(self, features: torch.Tensor) -> None:

@@ -146,12 +146,13 @@ class FeatureDraft(nn.Module):
 
     @classmethod
     def load(cls, folder: Path) -> "FeatureDraft":
-        from safetensors.torch import load_file
+        from pacer_core.hf import load_safetensors
 
         config = json.loads((folder / CONFIG).read_text())
         config.pop("family", None)
         model = cls(ArchConfig(**config))
-        state = load_file(str(folder / WEIGHTS))
+        fix = "distill the draft again (`pacer distill`), or reinstall for the shipped one"
+        state = load_safetensors(folder / WEIGHTS, fix)
         model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
         return model.eval()
 

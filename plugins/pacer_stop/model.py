@@ -141,12 +141,13 @@ class PreVerifier(nn.Module):
 
     @classmethod
     def load(cls, folder: Path) -> "PreVerifier":
-        from safetensors.torch import load_file
+        from pacer_core.hf import load_safetensors
 
         config = json.loads((Path(folder) / CONFIG).read_text())
         config.pop("family", None)
         model = cls(PreVerifierArch(**config))
-        model.load_state_dict(load_file(str(Path(folder) / WEIGHTS)))
+        fix = "train the checkpoint again (`pacer train-preverify`)"
+        model.load_state_dict(load_safetensors(Path(folder) / WEIGHTS, fix))
         return model.eval()
 
 

@@ -99,12 +99,12 @@ def load_predictor(config: PacerStopConfig, resources: Resources) -> Incremental
     folder = checkpoint_folder(chosen)
     manifest = json.loads((folder / MANIFEST).read_text())
     if not config.allow_other_pair:
-        check_pair(folder, manifest, getattr(resources.target, "digest", None), resources.draft_identity)
+        check_pair(folder, manifest, resources.target.digest, resources.draft_identity)
     predictor = IncrementalPredictor(PreVerifier.load(folder))
     # the drafters reading a draft model return its hidden states; feature-level drafts the target's size
     model = resources.draft if resources.draft is not None else resources.target
-    size = getattr(model, "hidden_size", None)
-    if size is not None and size != predictor.arch.input_size:
+    size = model.hidden_size
+    if size != predictor.arch.input_size:
         raise InputError(f"PACER checkpoint '{folder}' reads hidden states of size {predictor.arch.input_size}, "
                          f"but this draft's have size {size}: train one for this pair (`{TRAIN_HINT}`)")
     return predictor

@@ -524,7 +524,7 @@ def drafter_identity(engine: Engine, draft) -> Optional[str]:
     for name, plugin in engine.pm.list_name_plugin():
         if name.startswith("strategy.drafter:") and getattr(plugin, "draft_identity", None):
             return plugin.draft_identity
-    return getattr(draft, "digest", None)
+    return draft.digest if draft is not None else None
 
 
 def _json_safe(value: Any) -> Any:

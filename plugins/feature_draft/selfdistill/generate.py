@@ -1,4 +1,5 @@
-"""Batched greedy answers from the target, and the throughput measurement.
+"""Batched greedy answers from the target (``pacer_core.hf.greedy_batch``), and the throughput
+measurement.
 
 ``greedy_batch`` left-pads the prompts, runs one prefill forward, then one forward per new token
 for the rows still running: a row that emits an end-of-sequence token (or reaches the budget)
@@ -16,49 +17,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-
-@torch.inference_mode()
-def greedy_batch(target, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
-    """Greedy answers (each ending with its EOS token when it reached one) for ``prompts``, one
-    batch. ``target`` is a ``pacer_core.hf.HFModel``."""
-    import transformers
-
-    model = target.model
-    eos = set(int(t) for t in target.eos_token_ids)
-    pad = min(eos) if eos else 0
-    count, width = len(prompts), max(len(p) for p in prompts)
-    device = target.device
-    ids = torch.full((count, width), pad, dtype=torch.long)
-    mask = torch.zeros((count, width), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
-        mask[i, width - len(p):] = 1
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    cache = transformers.DynamicCache(config=model.config)
-    out = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
-                cache=cache, use_cache=True, logits_to_keep=1)
-    following = out.logits[:, -1].argmax(-1).cpu()
-    answers: list[list[int]] = [[] for _ in prompts]
-    alive = list(range(count))  # rows of the batch → prompt index
-    next_pos = mask.sum(-1)  # the position id of each row's next token
-    while True:
-        keep = []
-        for row, (index, token) in enumerate(zip(alive, following.tolist())):
-            answers[index].append(token)
-            if token not in eos and len(answers[index]) < max_new_tokens:
-                keep.append(row)
-        if not keep:
-            return answers
-        if len(keep) < len(alive):
-            rows = torch.tensor(keep, dtype=torch.long)
-            cache.batch_select_indices(rows.to(device))
-            mask, following, next_pos = mask[rows], following[rows], next_pos[rows]
-            alive = [alive[r] for r in keep]
-        mask = torch.cat([mask, torch.ones((len(alive), 1), dtype=torch.long)], dim=1)
-        out = model(input_ids=following[:, None].to(device), attention_mask=mask.to(device),
-                    position_ids=next_pos[:, None].to(device), cache=cache, use_cache=True)
-        next_pos = next_pos + 1
-        following = out.logits[:, -1].argmax(-1).cpu()
+from pacer_core.hf import greedy_batch
 
 
 Generator = Callable[[list[list[int]], int], list[list[int]]]

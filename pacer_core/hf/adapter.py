@@ -1,0 +1,222 @@
+"""The adapter: ``HFModel`` owns one transformers causal LM and its KV cache (and the token ids in
+it); the engine and drafters see only ``pacer_core.types.LanguageModel`` (and plugins that read
+weights, ``FeatureModel``). ``HFTokenizer`` turns text into ids and back."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import torch
+
+from ..errors import InputError
+from ..kernels import PackedLinear, PackedMatrix, pack_linears
+from ..types import AttentionShape, ModelOutput
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _quiet_transformers():
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", module="transformers")
+    return transformers
+
+
+class HFTokenizer:
+    """Text ↔ token ids, with the chat template applied when the model has one."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def load(cls, folder: Path) -> "HFTokenizer":
+        return cls(_quiet_transformers().AutoTokenizer.from_pretrained(folder))
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    def vocab(self) -> dict[str, int]:
+        return self.tokenizer.get_vocab()
+
+    def encode(self, text: str, chat_template: bool = True) -> list[int]:
+        if chat_template and self.has_chat_template:
+            ids = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+            )
+            if hasattr(ids, "keys"):  # a BatchEncoding
+                ids = ids["input_ids"]
+            return list(ids)
+        return list(self.tokenizer.encode(text, add_special_tokens=True))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+
+class HFModel:
+    """One causal LM and its KV cache (``pacer_core.types.LanguageModel``), showing its weights and
+    layout to plugins as ``pacer_core.types.FeatureModel``."""
+
+    def __init__(self, model: Any, eos_token_ids: Sequence[int] = (), name: str = "model"):
+        transformers = _quiet_transformers()
+        self.model = model.eval()
+        self.name = name
+        config = model.config.get_text_config()
+        self.config = config
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.hidden_size = int(config.hidden_size)
+        self.num_layers = int(config.num_hidden_layers)
+        self.max_length = int(getattr(config, "max_position_embeddings", 2048))
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self._cache_cls = transformers.DynamicCache
+        self._sliding = any(
+            getattr(config, "layer_types", None) and t != "full_attention" for t in config.layer_types
+        ) if getattr(config, "layer_types", None) else False
+        self.num_forwards = 0
+        self.digest: Optional[str] = None  # content hash of the weights, set by load_model
+        self.vocab_subset: Optional[torch.Tensor] = None  # see use_vocab_subset
+        self._head_subset: Optional[PackedMatrix] = None
+        self.packed_weights = False  # see pack_weights
+        self.reset()
+
+    def pack_weights(self) -> int:
+        """Multiply with weights packed once (``pacer_core.kernels``): on CPU a verification block then
+        costs about what one token does. Call after the weights are final; returns the layers packed.
+        The full output layer is packed even while a vocabulary subset replaces it here, because
+        other callers (transformers' assisted generation) run the whole model."""
+        count = pack_linears(self.model.base_model)
+        head = self.model.get_output_embeddings()
+        if type(head) is torch.nn.Linear:
+            self.model.set_output_embeddings(PackedLinear(head))
+            count += 1
+        self.packed_weights = True
+        if self._head_subset is not None:
+            self._head_subset = PackedMatrix(self._head_subset.matrix, pack=True)
+        return count
+
+    def use_vocab_subset(self, token_ids: Optional[Sequence[int]]) -> None:
+        """Compute logits only for ``token_ids`` (the rest are -inf, probability 0): a draft's output
+        layer over its frequent vocabulary costs a fraction of the full one. Verification stays
+        lossless (a draft token is one of these ids; tokens outside have q = 0). ``None``: full."""
+        if token_ids is None:
+            self.vocab_subset, self._head_subset = None, None
+            return
+        if getattr(self.config, "final_logit_softcapping", None):
+            raise InputError(f"{self.name}: a vocabulary subset is not supported for models with logit soft-capping")
+        ids = torch.tensor(sorted(set(int(t) for t in token_ids)), dtype=torch.long)
+        if len(ids) == 0 or ids[-1] >= self.vocab_size:
+            raise InputError(f"{self.name}: vocabulary subset ids must lie in [0, {self.vocab_size})")
+        head = self.model.get_output_embeddings()
+        if getattr(head, "bias", None) is not None:
+            raise InputError(f"{self.name}: a vocabulary subset needs an output layer without bias")
+        self.vocab_subset = ids
+        self._head_subset = PackedMatrix(head.weight.detach()[ids.to(self.device)].contiguous(),
+                                         pack=self.packed_weights)
+
+    @classmethod
+    def load(cls, folder: Path, dtype: str = "float32", device: str = "cpu",
+             device_map: Optional[str] = None, name: str = "model") -> "HFModel":
+        transformers = _quiet_transformers()
+        kwargs: dict[str, Any] = {"dtype": DTYPES[dtype]}
+        if device_map:
+            kwargs["device_map"] = device_map
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, **kwargs)
+        if not device_map:
+            model = model.to(device)
+        eos = model.generation_config.eos_token_id if model.generation_config else None
+        if eos is None:
+            eos = model.config.eos_token_id
+        eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        return cls(model, eos_token_ids=eos, name=name)
+
+    def embedding_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input embeddings [vocab, hidden], output layer [vocab, hidden]) — feature-level drafts
+        share them with the target instead of storing copies."""
+        return (self.model.get_input_embeddings().weight.detach(),
+                self.model.get_output_embeddings().weight.detach())
+
+    def attention_shape(self) -> AttentionShape:
+        """The attention layout of the decoder layers, read from the model's config."""
+        config = self.config
+        heads = int(config.num_attention_heads)
+        rope = getattr(config, "rope_parameters", None) or {}
+        return AttentionShape(
+            num_heads=heads, num_kv_heads=int(getattr(config, "num_key_value_heads", heads)),
+            head_dim=int(getattr(config, "head_dim", None) or config.hidden_size // heads),
+            rope_theta=float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))),
+            rms_eps=float(getattr(config, "rms_norm_eps", 1e-6)))
+
+    # -- cache -------------------------------------------------------------------------------
+    @property
+    def cached_tokens(self) -> Sequence[int]:
+        return self._tokens
+
+    def reset(self) -> None:
+        self._cache = self._cache_cls(config=self.model.config)
+        if self._sliding and hasattr(self._cache, "activate_past_recording"):
+            self._cache.activate_past_recording()  # sliding-window layers can be cropped only so
+        self._tokens: list[int] = []
+
+    def crop(self, length: int) -> None:
+        """Drop cached positions from ``length`` on (the KV cache and its token ids)."""
+        remove = len(self._tokens) - length
+        if remove > 0:
+            self._cache.crop(-remove)
+            del self._tokens[length:]
+
+    # -- forward -----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(
+        self,
+        tokens: Sequence[int],
+        *,
+        positions: Optional[torch.Tensor] = None,
+        tree_mask: Optional[torch.Tensor] = None,
+        logits_from: int = 0,
+        hidden: bool = False,
+    ) -> ModelOutput:
+        """Run ``tokens`` after the cached ones and append them to the cache.
+
+        ``positions`` ([k], offsets from the cache length) and ``tree_mask`` ([k, k] bool: may new
+        token i attend to new token j) score several branches in one forward; by default the new
+        tokens are causal and consecutive. Logits (float32) are returned for rows ``logits_from:``
+        only, and the last-layer hidden states for all rows when ``hidden``.
+        """
+        k = len(tokens)
+        past = len(self._tokens)
+        input_ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
+        kwargs: dict[str, Any] = {"cache": self._cache, "use_cache": True}
+        if tree_mask is not None:
+            allowed = torch.ones(k, past + k, dtype=torch.bool)
+            allowed[:, past:] = tree_mask
+            mask = torch.zeros(k, past + k, dtype=self.dtype)
+            mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+            kwargs["attention_mask"] = mask[None, None].to(self.device)
+            kwargs["position_ids"] = (positions + past)[None].to(self.device)
+        self.num_forwards += 1
+        if self.vocab_subset is not None and logits_from < k:
+            last = self.model.base_model(input_ids=input_ids, **kwargs).last_hidden_state[0]  # after the norm
+            rows = self._head_subset(last[logits_from:]).float().cpu()
+            out_logits = torch.full((k - logits_from, self.vocab_size), float("-inf"))
+            out_logits[:, self.vocab_subset] = rows
+            out_hidden = last if hidden else None
+        elif logits_from >= k and not hidden:
+            self.model.base_model(input_ids=input_ids, **kwargs)
+            out_logits = torch.empty(0, self.vocab_size)
+            out_hidden = None
+        else:
+            out = self.model(
+                input_ids=input_ids, logits_to_keep=max(k - logits_from, 1),
+                output_hidden_states=hidden, **kwargs,
+            )
+            out_logits = out.logits[0, -(k - logits_from):].float() if k > logits_from else \
+                torch.empty(0, self.vocab_size)
+            out_hidden = out.hidden_states[-1][0] if hidden else None
+        self._tokens.extend(int(t) for t in tokens)
+        return ModelOutput(logits=out_logits.cpu(), hidden_states=out_hidden)

@@ -1,0 +1,196 @@
+"""Model files on disk, through ``pacer generate``: a folder without weights, truncated safetensors
+(token draft, feature draft, PACER checkpoint), a ``.bin`` that does not unpickle as plain tensors —
+each is one line on stderr with exit code 2 — and the completed-draft cache, keyed on every file of
+the draft folder. Tiny seeded models and a word-level tokenizer are written to tmp_path."""
+
+from __future__ import annotations
+
+import fractions
+import json
+import shutil
+
+import pytest
+import torch
+
+from pacer_core import cli
+from pacer_core.hf import HFModel, materialize, save_student, student_from_target, weights_digest
+from tiny import VOCAB, tiny_llama
+
+PROMPT = "w5 w7 w9 w7 w9 w7"
+
+
+def save_tokenizer(folder):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = Tokenizer(models.WordLevel({f"w{i}": i for i in range(VOCAB)}, unk_token="w0"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=words, unk_token="w0", pad_token="w0", bos_token="w1",
+                            eos_token="w2").save_pretrained(folder)
+
+
+def save_model(folder, seed):
+    tiny_llama(seed).save_pretrained(folder)
+    save_tokenizer(folder)
+    return folder
+
+
+@pytest.fixture
+def target_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("PACER_CACHE", str(tmp_path / "cache"))
+    return save_model(tmp_path / "target", 0)
+
+
+def truncate(path):
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def generate(capsys, target, *overrides):
+    code = cli.main(["generate", "-p", PROMPT, "-n", "6", "--json", f"target.path={target}", *overrides])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code, err, *needles):
+    assert code == 2, err
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("pacer: error: ")
+    for needle in needles:
+        assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
+
+
+def shared_draft(target_folder, folder):
+    """A token-level draft stored without the embeddings it shares with ``target_folder``."""
+    student = student_from_target(HFModel(tiny_llama(0)), [1])
+    save_student(student, folder, target_path=str(target_folder), target_digest=weights_digest(target_folder),
+                 dtype="float32")
+    save_tokenizer(folder)
+    return folder
+
+
+def test_the_tiny_folders_generate(target_folder, tmp_path, capsys):
+    code, out, err = generate(capsys, target_folder)
+    assert code == 0, err
+    assert len(json.loads(out)["tokens"]) == 6
+    draft = shared_draft(target_folder, tmp_path / "draft")
+    code, out, err = generate(capsys, target_folder, "strategy.drafter.name=draft_model", f"draft.path={draft}")
+    assert code == 0, err
+    assert json.loads(out)["metrics"]["draft_forwards"] > 0
+
+
+# -- a folder without weights ------------------------------------------------------------------
+def test_a_target_folder_with_a_config_but_no_weights(target_folder, tmp_path, capsys):
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(target_folder / "config.json", bare / "config.json")
+    code, _, err = generate(capsys, bare)
+    assert_one_line_error(code, err, f"'{bare}'", "no weights", "copy the model's weights files into it")
+
+
+# -- truncated safetensors ---------------------------------------------------------------------
+def test_a_truncated_target(target_folder, capsys):
+    truncate(target_folder / "model.safetensors")
+    code, _, err = generate(capsys, target_folder)
+    assert_one_line_error(code, err, str(target_folder / "model.safetensors"), "truncated or corrupt")
+
+
+@pytest.mark.parametrize("kind", ["shared", "plain"])
+def test_a_truncated_token_draft(target_folder, tmp_path, capsys, kind):
+    folder = tmp_path / "draft"
+    if kind == "shared":
+        shared_draft(target_folder, folder)
+    else:
+        save_model(folder, 1)
+    truncate(folder / "model.safetensors")
+    code, _, err = generate(capsys, target_folder, "strategy.drafter.name=draft_model", f"draft.path={folder}")
+    assert_one_line_error(code, err, str(folder / "model.safetensors"), "truncated or corrupt")
+
+
+def eagle_draft(target_folder, folder):
+    from test_feature_draft import make_draft
+
+    return make_draft(tiny_llama(0), folder, digest=weights_digest(target_folder))
+
+
+def test_a_truncated_eagle_draft(target_folder, tmp_path, capsys):
+    folder = eagle_draft(target_folder, tmp_path / "eagle")
+    code, _, err = generate(capsys, target_folder, f"strategy.drafter={{name: eagle, path: '{folder}'}}")
+    assert code == 0, err
+    truncate(folder / "draft.safetensors")
+    code, _, err = generate(capsys, target_folder, f"strategy.drafter={{name: eagle, path: '{folder}'}}")
+    assert_one_line_error(code, err, str(folder / "draft.safetensors"), "truncated or corrupt", "pacer distill")
+
+
+def test_an_eagle_draft_without_its_weights_file(target_folder, tmp_path, capsys):
+    folder = eagle_draft(target_folder, tmp_path / "eagle")
+    (folder / "draft.safetensors").unlink()
+    code, _, err = generate(capsys, target_folder, f"strategy.drafter={{name: eagle, path: '{folder}'}}")
+    assert_one_line_error(code, err, str(folder / "draft.safetensors"), "does not exist", "pacer distill")
+
+
+def test_a_truncated_pacer_checkpoint(target_folder, tmp_path, capsys):
+    from test_pacer_stop import write_checkpoint
+
+    eagle = eagle_draft(target_folder, tmp_path / "eagle")
+    checkpoint = write_checkpoint(tmp_path / "mb", 32)
+    stack = [f"strategy.drafter={{name: eagle, path: '{eagle}'}}",
+             f"strategy.stop=[{{name: pacer, checkpoint: '{checkpoint}'}}]"]
+    code, _, err = generate(capsys, target_folder, *stack)
+    assert code == 0, err
+    truncate(checkpoint / "preverify.safetensors")
+    code, _, err = generate(capsys, target_folder, *stack)
+    assert_one_line_error(code, err, str(checkpoint / "preverify.safetensors"), "truncated or corrupt",
+                          "pacer train-preverify")
+
+
+# -- pytorch_model.bin ---------------------------------------------------------------------------
+def bin_folder(target_folder, folder, state):
+    folder.mkdir()
+    for item in target_folder.iterdir():
+        if item.suffix != ".safetensors":
+            shutil.copy(item, folder / item.name)
+    torch.save(state, folder / "pytorch_model.bin")
+    return folder
+
+
+def test_a_bin_target_loads_and_equals_the_safetensors_one(target_folder, tmp_path, capsys):
+    folder = bin_folder(target_folder, tmp_path / "bin", tiny_llama(0).state_dict())
+    code, out, err = generate(capsys, folder)
+    assert code == 0, err
+    code, reference, err = generate(capsys, target_folder)
+    assert json.loads(out)["tokens"] == json.loads(reference)["tokens"]
+
+
+@pytest.mark.parametrize("content", ["garbage", "truncated", "not-tensors"])
+def test_a_bin_that_does_not_unpickle(target_folder, tmp_path, capsys, content):
+    if content == "not-tensors":  # unpickling it would run more than tensor code: weights_only refuses
+        folder = bin_folder(target_folder, tmp_path / "bin", {"weight": fractions.Fraction(1, 3)})
+    else:
+        folder = bin_folder(target_folder, tmp_path / "bin", tiny_llama(0).state_dict())
+        if content == "garbage":
+            (folder / "pytorch_model.bin").write_bytes(b"not a pickle at all\n" * 8)
+        else:
+            truncate(folder / "pytorch_model.bin")
+    code, _, err = generate(capsys, folder)
+    assert_one_line_error(code, err, str(folder / "pytorch_model.bin"), "cannot be loaded as PyTorch weights")
+
+
+# -- the completed-draft cache -------------------------------------------------------------------
+def test_the_completed_draft_is_remade_when_any_file_of_the_draft_changes(target_folder, tmp_path):
+    folder = shared_draft(target_folder, tmp_path / "draft")
+    first = materialize(str(folder))
+    assert materialize(str(folder)) == first  # completed once
+    for name, edit in (("config.json", lambda c: {**c, "pacer_note": 1}),
+                       ("tokenizer_config.json", lambda c: {**c, "model_max_length": 77}),
+                       ("pacer-vocab-subset.json", lambda c: [3, 4, 5])):
+        path = folder / name
+        before = json.loads(path.read_text()) if path.exists() else None
+        path.write_text(json.dumps(edit(before) if before is not None else edit({})))
+        again = materialize(str(folder))
+        assert again != first and again.parent == first.parent, name
+        assert (again / name).read_text() == path.read_text(), f"stale {name} in the cached copy"
+        first = again
+    assert json.loads((first / "tokenizer_config.json").read_text())["model_max_length"] == 77
