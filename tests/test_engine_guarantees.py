@@ -1,7 +1,10 @@
 """What ``Engine.generate`` promises (docs/concepts.md#guarantees), on tiny seeded models:
 
 - bad prompts and budgets are an ``InputError`` naming the fix, never a bare TypeError/ValueError;
-- an engine shared by threads gives each call the output it gives alone (calls are serialised).
+- an engine shared by threads gives each call the output it gives alone (calls are serialised);
+- a seed reproduces a sampled generation on the same engine, whatever ran on it before, for every
+  stop policy with state that adapts across generations; under greedy decoding that state still
+  carries over from one prompt to the next.
 """
 
 from __future__ import annotations
@@ -149,3 +152,79 @@ def test_generate_from_inside_a_hook_is_refused_not_a_deadlock():
         probe.engine.generate([5, 9, 13], max_new_tokens=4)
     probe.engine.pm.unregister(probe)
     assert len(probe.engine.generate([5, 9, 13], max_new_tokens=4).tokens) == 4  # the lock was released
+
+
+# -- seeds and adaptive state ------------------------------------------------------------------
+def write_pacer_checkpoint(tmp_path):
+    from test_pacer_stop import write_checkpoint
+
+    return write_checkpoint(tmp_path / "mb", 32)
+
+
+# stop entry, drafter, the adaptive state to watch (an attribute of the stop object)
+STATEFUL = {
+    "heuristic-prompt_lookup": ("{name: heuristic, gamma: 2}", "prompt_lookup", "gamma"),  # the default stack
+    "heuristic-draft_model": ("{name: heuristic, gamma: 2}", "draft_model", "gamma"),
+    "entropy": ("{name: entropy, threshold: 0.4}", "draft_model", "offset"),
+    "confidence": ("{name: confidence, adapt: true, min_pairs: 2}", "draft_model", "threshold"),
+    "pacer": ("{name: pacer, checkpoint: 'CHECKPOINT'}", "draft_model", "threshold"),
+}
+
+
+class StartProbe:
+    """Records, at every ``pacer_start`` (called after the components' own), the stop's watched state."""
+
+    def __init__(self, attribute: str):
+        self.attribute, self.policy, self.at_start = attribute, None, []
+
+    @hookimpl
+    def pacer_start(self, state):
+        self.at_start.append(getattr(self.policy, self.attribute))
+
+
+def stateful_engine(name: str, tmp_path, overrides=(), draft_kind="partial"):
+    stop, drafter, attribute = STATEFUL[name]
+    if "CHECKPOINT" in stop:
+        stop = stop.replace("CHECKPOINT", str(write_pacer_checkpoint(tmp_path)))
+    probe = StartProbe(attribute)
+    built = engine(drafter, stop, overrides, draft_kind=draft_kind, extra_plugins=[probe])
+    (probe.policy,) = [p for n, p in built.pm.list_name_plugin() if n.startswith("strategy.stop[0]:")]
+    return built, probe
+
+
+@pytest.mark.parametrize("name", list(STATEFUL))
+def test_a_seed_reproduces_a_sampled_generation_on_the_same_engine(name, tmp_path):
+    shared, probe = stateful_engine(name, tmp_path, SAMPLING)
+    initial = probe.at_start
+    outputs = set()
+    for prompt in PROMPTS:  # other prompts and seeds in between must not matter either
+        outputs.add(tuple(shared.generate(PROMPTS[0], max_new_tokens=BUDGET, seed=1).tokens))
+        shared.generate(prompt, max_new_tokens=BUDGET, seed=7)
+    outputs.add(tuple(shared.generate(PROMPTS[0], max_new_tokens=BUDGET, seed=1).tokens))
+    assert len(outputs) == 1, outputs
+    fresh, _ = stateful_engine(name, tmp_path, SAMPLING)
+    assert fresh.generate(PROMPTS[0], max_new_tokens=BUDGET, seed=1).tokens == list(outputs.pop())
+    assert len(set(map(repr, initial))) == 1  # every sampled generation started from the initial state
+
+
+@pytest.mark.parametrize("name", [n for n in STATEFUL if n != "pacer"])  # pacer keeps no state across prompts
+def test_adaptive_state_still_carries_over_under_greedy_decoding(name, tmp_path):
+    draft_kind = "same" if name.startswith("heuristic") else "partial"  # every draft accepted: γ grows
+    shared, probe = stateful_engine(name, tmp_path, draft_kind=draft_kind)
+    ends = []
+    for prompt in PROMPTS:
+        shared.generate(prompt, max_new_tokens=BUDGET)
+        ends.append(getattr(probe.policy, probe.attribute))
+    starts = probe.at_start
+    assert starts[1:] == ends[:-1]  # each generation starts where the previous one ended
+    assert starts[1] != starts[0], "the state never moved: the test shows nothing"
+    if name == "heuristic-draft_model":
+        assert starts == sorted(starts) and starts[-1] > starts[0]  # γ grows across greedy calls
+
+
+def test_the_default_stack_reproduces_seeded_sampling():
+    """The reported case: the default stack (prompt lookup + heuristic) with sampling, one seed, four calls."""
+    cfg = load_config(overrides=SAMPLING, require_models=False)
+    shared = Engine.build(adapter(model("target")), cfg=cfg)
+    prompt = PROMPTS[0]
+    assert len({tuple(shared.generate(prompt, max_new_tokens=24, seed=1).tokens) for _ in range(4)}) == 1
