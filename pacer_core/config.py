@@ -8,6 +8,7 @@ plugin's own attrs config class in OmegaConf struct mode, so unknown keys and na
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -71,25 +72,124 @@ def one_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-def parse_value(text: str) -> Any:
-    """The value of an override's right-hand side, read as YAML (plain text when it is not YAML)."""
+MAX_YAML_NODES = 100_000  # a config's tree, aliases expanded; real configs have a few hundred nodes
+
+
+class _YAMLRefusal(Exception):
+    """A YAML document the reader refuses (duplicate key, alias bomb): ``problem`` and its mark."""
+
+    def __init__(self, problem: str, mark: Any = None):
+        super().__init__(problem)
+        self.problem, self.mark = problem, mark
+
+
+def _expanded_size(root: yaml.Node, limit: int) -> int:
+    """Nodes of the tree ``root`` stands for once every alias is expanded, counted without expanding:
+    an alias is the anchored node object itself, so each distinct node's size is computed once.
+    Stops counting past ``limit``; a node containing itself (a recursive alias) is refused."""
+    sizes: dict[int, int] = {}
+    on_path: set[int] = set()  # the nodes being counted: the ancestors of the current one
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+
+    def children(node: yaml.Node) -> list[yaml.Node]:
+        if isinstance(node, yaml.MappingNode):
+            return [part for pair in node.value for part in pair]
+        return list(node.value) if isinstance(node, yaml.SequenceNode) else []
+
+    while stack:
+        node, counted = stack.pop()
+        key = id(node)
+        if counted:
+            on_path.discard(key)
+            sizes[key] = min(limit + 1, 1 + sum(sizes[id(child)] for child in children(node)))
+            if sizes[key] > limit:
+                return sizes[key]
+            continue
+        if key in sizes:
+            continue
+        if key in on_path:
+            raise _YAMLRefusal("an alias refers to a node that contains it (a recursive alias): remove the alias", node.start_mark)
+        on_path.add(key)
+        stack.append((node, True))
+        stack.extend((child, False) for child in children(node) if id(child) not in sizes)
+    return sizes[id(root)]
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses duplicate keys in a mapping and documents whose aliases
+    expand to more than ``MAX_YAML_NODES`` nodes (checked on the composed node graph, before any
+    expansion: the loaded tree is small, but turning it into an OmegaConf object expands it)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        if isinstance(node, yaml.MappingNode):
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # `<<: *base`: keys given beside it override the merged ones, as YAML says
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    duplicate = key in seen
+                except TypeError:  # unhashable: the base class reports it
+                    continue
+                if duplicate:
+                    raise _YAMLRefusal(f"duplicate key '{key}' (a later value would silently replace the "
+                                       "earlier one): keep one", key_node.start_mark)
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+    def get_single_data(self) -> Any:
+        node = self.get_single_node()
+        if node is None:
+            return None
+        if _expanded_size(node, MAX_YAML_NODES) > MAX_YAML_NODES:
+            raise _YAMLRefusal(f"its aliases expand to more than {MAX_YAML_NODES} nodes (an alias bomb?); "
+                               "a config is refused before it is expanded: write it without nested aliases")
+        return self.construct_document(node)
+
+
+def _load_yaml(text: str) -> Any:
+    """``text`` read by ``_ConfigLoader`` (raises ``yaml.YAMLError`` or ``_YAMLRefusal``)."""
+    loader = _ConfigLoader(text)
     try:
-        return yaml.safe_load(text) if text != "" else ""
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def _at(mark: Any) -> str:
+    return f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+
+
+def parse_value(text: str, where: Optional[str] = None) -> Any:
+    """The value of an override's right-hand side, read as YAML (plain text when it is not YAML).
+
+    Duplicate keys and alias bombs are refused as in files (``ConfigError``; ``where`` names the
+    override in the message)."""
+    try:
+        return _load_yaml(text) if text != "" else ""
     except yaml.YAMLError:
         return text
+    except _YAMLRefusal as exc:
+        raise ConfigError(f"{where or f'value {text!r}'}: {exc.problem}") from None
 
 
 def read_yaml(path: Path) -> DictConfig:
-    """A YAML file holding a mapping, as an OmegaConf node; raises ``ConfigError`` in one line."""
+    """A YAML file holding a mapping, as an OmegaConf node; raises ``ConfigError`` in one line.
+
+    Every YAML config is read here (run, bench and training configs): a duplicate key and a
+    document whose aliases expand past ``MAX_YAML_NODES`` nodes are refused with the line."""
     if not path.exists():
         raise ConfigError(f"config file '{path}' does not exist: give the path of a YAML file")
     try:
-        loaded = yaml.safe_load(path.read_text())
+        loaded = _load_yaml(path.read_text())
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or one_line(exc)
-        raise ConfigError(f"malformed YAML in '{path}'{where}: {problem}; fix the file's syntax") from None
+        raise ConfigError(f"malformed YAML in '{path}'{_at(mark)}: {problem}; fix the file's syntax") from None
+    except _YAMLRefusal as exc:
+        raise ConfigError(f"'{path}'{_at(exc.mark)}: {exc.problem}") from None
+    except RecursionError:
+        raise ConfigError(f"'{path}' is nested too deeply to be a config: fix the file") from None
     if loaded is None:
         loaded = {}
     if not isinstance(loaded, dict):
@@ -126,9 +226,13 @@ def _apply_override(cfg: DictConfig, override: str) -> None:
     if "=" not in override:
         raise ConfigError(f"override '{override}' is not key=value (e.g. strategy.stop.0.gamma=3)")
     key, value = override.split("=", 1)
-    key = re.sub(r"\[(\d+)\]", r".\1", key.strip())
+    key = re.sub(r"\[(-?\d+)\]", r".\1", key.strip())
+    negative = next((part for part in key.split(".") if re.fullmatch(r"-\d+", part)), None)
+    if negative is not None:  # OmegaConf would count it from the end and silently edit another item
+        raise ConfigError(f"override '{override}': list index {negative} is negative; indices count from 0 "
+                          "(strategy.stop.0.gamma=3 is the first item)")
     _seed_defaults(cfg, key.split("."))
-    parsed = parse_value(value)
+    parsed = parse_value(value, where=f"override '{override}'")
     # a whole strategy entry ({name: ...}) replaces the old one; options of another plugin would not fit
     merge = not (isinstance(parsed, dict) and "name" in parsed)
     try:
@@ -137,8 +241,40 @@ def _apply_override(cfg: DictConfig, override: str) -> None:
         raise ConfigError(f"override '{override}': {one_line(exc)}") from None
 
 
-def _validate_typed(schema_cls: type, data: Any, where: str) -> Any:
-    """``data`` merged over ``schema_cls``'s defaults in struct mode, as an attrs object."""
+def _non_finite(value: Any, path: str = "") -> Optional[tuple[str, float]]:
+    """The first float that is NaN or infinite in ``value`` (an attrs object, or dicts and lists of
+    them, searched recursively), as ``(dotted path, value)``; None when every number is finite."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (path, value)
+    if attrs.has(type(value)):
+        items = [(f.name, getattr(value, f.name)) for f in attrs.fields(type(value))]
+    elif isinstance(value, dict):
+        items = [(str(k), v) for k, v in value.items()]
+    elif isinstance(value, (list, tuple)):
+        items = [(str(i), v) for i, v in enumerate(value)]
+    else:
+        return None
+    for name, item in items:
+        found = _non_finite(item, f"{path}.{name}" if path else name)
+        if found is not None:
+            return found
+    return None
+
+
+def check_finite(value: Any, where: str) -> None:
+    """Refuse NaN and infinite numbers anywhere in a validated config (``ConfigError``, one line):
+    ``.nan`` and ``.inf`` are valid YAML floats, but no option means anything with them."""
+    found = _non_finite(value)
+    if found is not None:
+        key, number = found
+        raise ConfigError(f"{where}: '{key}' must be a finite number, got {number}")
+
+
+def _validate_typed(schema_cls: type, data: Any, where: str, finite: bool = True) -> Any:
+    """``data`` merged over ``schema_cls``'s defaults in struct mode, as an attrs object; with
+    ``finite``, NaN and infinite numbers anywhere in it are refused too."""
+    if finite:  # before the merge, so a validator's range message does not hide it
+        check_finite(data, where)
     schema = OmegaConf.structured(schema_cls)
     OmegaConf.set_struct(schema, True)
     try:
@@ -152,7 +288,7 @@ def _validate_typed(schema_cls: type, data: Any, where: str) -> Any:
                 OmegaConf.set_struct(schema[name], False)
     try:
         merged = OmegaConf.merge(schema, data)
-        return OmegaConf.to_object(merged)
+        typed = OmegaConf.to_object(merged)
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or getattr(exc, "key", None)
         fields = ", ".join(f.name for f in attrs.fields(schema_cls))
@@ -164,6 +300,9 @@ def _validate_typed(schema_cls: type, data: Any, where: str) -> Any:
         raise ConfigError(f"{where}: bad value for '{key}': {text}{expected}") from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: {one_line(exc)}") from None
+    if finite:  # again after the merge: OmegaConf reads the text "nan" into a float field as NaN
+        check_finite(typed, where)
+    return typed
 
 
 def load_schema(schema_cls: type, path: Optional[str | Path], overrides: Sequence[str], where: str) -> Any:
@@ -205,7 +344,8 @@ def load_config(path: Optional[str | Path] = None, overrides: Sequence[str] = ()
                       "GenerationConfig": GenerationConfig, "StrategyConfig": StrategyConfig}[schema]
         if not isinstance(value, dict):
             raise ConfigError(f"section '{field.name}' must be a mapping, got {type(value).__name__}")
-        sections[field.name] = _validate_typed(schema, value, field.name)
+        # strategy entries are open mappings: check() validates each against its component's schema
+        sections[field.name] = _validate_typed(schema, value, field.name, finite=field.name != "strategy")
     cfg = PacerConfig(**sections)
     check(cfg, extra_plugins=extra_plugins, require_models=require_models)
     return cfg
@@ -221,6 +361,8 @@ def check(cfg: PacerConfig, extra_plugins: Sequence[Any] = (), require_models: b
     engines built around in-memory models).
     """
     g, s = cfg.generation, cfg.sampling
+    for name in ("target", "draft", "sampling", "generation"):  # strategy entries: in resolve() below
+        check_finite(getattr(cfg, name), name)
     if g.max_new_tokens <= 0:
         raise ConfigError(f"generation.max_new_tokens must be positive, got {g.max_new_tokens}")
     if g.max_draft_tokens < 0:

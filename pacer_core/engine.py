@@ -6,6 +6,8 @@ The engine knows token ids, tensors and hooks; strategies live in plugins, model
 from __future__ import annotations
 
 import itertools
+import operator
+import threading
 import time
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -81,7 +83,12 @@ def load_stack_draft(cfg: PacerConfig, stack: ResolvedStack, tokenizer: Any,
 
 
 class Engine:
-    """Speculative decoding with one target model and a strategy stack of plugins."""
+    """Speculative decoding with one target model and a strategy stack of plugins.
+
+    An engine may be shared between threads: ``generate`` calls are serialised by a lock, since the
+    engine owns its models' KV caches and its components' state. For parallel decoding build one
+    engine per thread.
+    """
 
     def __init__(self, target: LanguageModel, pm: pluggy.PluginManager, *, sampling: SamplingParams,
                  seed: int = 0, max_new_tokens: int = 128, max_draft_tokens: int = 64,
@@ -93,6 +100,8 @@ class Engine:
         self.max_new_tokens, self.max_draft_tokens = max_new_tokens, max_draft_tokens
         self.ignore_eos, self.chat_template = ignore_eos, chat_template
         self.needs_target_hidden = needs_target_hidden
+        self._lock = threading.Lock()  # one generation at a time: the models' caches are the engine's
+        self._generating: Optional[int] = None  # the thread inside generate, to refuse re-entry
         for hook, role in (("pacer_propose", "drafter"), ("pacer_verify", "verifier")):
             impls = getattr(pm.hook, hook).get_hookimpls()
             if len(impls) != 1:
@@ -144,27 +153,75 @@ class Engine:
         return cls(target, pm, **kwargs)
 
     # -- input -------------------------------------------------------------------------------
+    _PROMPT_TYPES = "a str or a sequence of int token ids"
+
     def encode(self, prompt: Union[str, Sequence[int]]) -> list[int]:
+        """The prompt's token ids: a str is tokenized (chat template per config), a sequence of int
+        token ids (a list, tuple, 1-D integer tensor or array) is checked. Raises ``InputError``."""
         if isinstance(prompt, str):
             if not prompt.strip():
                 raise InputError("the prompt is empty: give some text to continue")
             if self.tokenizer is None:
                 raise InputError("this engine has no tokenizer: pass the prompt as a list of token ids")
             return self.tokenizer.encode(prompt, chat_template=self.chat_template)
-        tokens = [int(t) for t in prompt]
+        if isinstance(prompt, (bytes, bytearray, memoryview)):
+            raise InputError(f"the prompt must be {self._PROMPT_TYPES}, got {type(prompt).__name__}: "
+                             "decode the bytes to str first")
+        if prompt is None or isinstance(prompt, (dict, set, frozenset)) or not hasattr(prompt, "__iter__"):
+            hint = f": put a single token id in a list, [{prompt}]" if isinstance(prompt, int) else ""
+            raise InputError(f"the prompt must be {self._PROMPT_TYPES}, got {type(prompt).__name__}{hint}")
+        tokens = []
+        for i, token in enumerate(prompt):
+            try:
+                if isinstance(token, bool):
+                    raise TypeError
+                tokens.append(operator.index(token))  # int, numpy and 0-d torch integers; not floats
+            except TypeError:
+                raise InputError(f"the prompt must be {self._PROMPT_TYPES}: item {i} is "
+                                 f"{type(token).__name__} {token!r}; convert the ids to int") from None
         if not tokens:
             raise InputError("the prompt is empty: give at least one token")
         if not all(0 <= t < self.target.vocab_size for t in tokens):
             raise InputError(f"prompt token ids must lie in [0, {self.target.vocab_size})")
         return tokens
 
+    @staticmethod
+    def _whole(value: Any, name: str, fix: str) -> int:
+        """``value`` as an int (a Python or numpy integer, not a bool or a float), else ``InputError``."""
+        try:
+            if isinstance(value, bool):
+                raise TypeError
+            return operator.index(value)
+        except TypeError:
+            raise InputError(f"{name} must be {fix}, got {type(value).__name__} {value!r}") from None
+
     # -- the loop ----------------------------------------------------------------------------
     def generate(self, prompt: Union[str, Sequence[int]], max_new_tokens: Optional[int] = None,
                  seed: Optional[int] = None) -> GenerationResult:
-        budget = self.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
-        tokens = self.encode(prompt)
+        """Decode up to ``max_new_tokens`` (default: the config's) new tokens after ``prompt``.
+
+        ``seed`` (default: ``sampling.seed``) seeds the generation's random numbers: the same seed
+        gives the same output on the same engine. Calls from several threads run one at a time.
+        Raises ``InputError`` for a prompt or budget that cannot be decoded.
+        """
+        budget = self.max_new_tokens if max_new_tokens is None else self._whole(
+            max_new_tokens, "max_new_tokens", "a positive int")
         if budget <= 0:
             raise InputError(f"max_new_tokens must be positive, got {budget}")
+        if seed is not None:
+            seed = self._whole(seed, "seed", "an int")
+        if self._generating == threading.get_ident():
+            raise InputError("generate was called from inside a hook of the same engine's generation: "
+                             "build a second engine for nested decoding")
+        with self._lock:
+            self._generating = threading.get_ident()
+            try:
+                return self._generate(prompt, budget, seed)
+            finally:
+                self._generating = None
+
+    def _generate(self, prompt: Union[str, Sequence[int]], budget: int, seed: Optional[int]) -> GenerationResult:
+        tokens = self.encode(prompt)
         if len(tokens) + budget > self.target.max_length:
             raise InputError(
                 f"prompt ({len(tokens)} tokens) + max_new_tokens ({budget}) exceeds the target's "

@@ -53,7 +53,10 @@ def pacer_start(state: "DecodeState", target_hidden: "Optional[torch.Tensor]") -
     """A generation begins: the prompt is in ``state.tokens`` and prefilled into the target.
 
     Called on every registered strategy. Reset per-prompt state here; keep state that should
-    survive across prompts (learned thresholds, phrase pools) on the object. When a component
+    survive across prompts (learned thresholds, phrase pools) on the object. State carried across
+    generations must not change which random numbers a sampled generation sees: when
+    ``state.sampling.greedy`` is false, reset adaptive state (a learned gamma or threshold) to its
+    initial value, so a seed reproduces the output (docs/hooks.md). When a component
     declared ``needs_target_hidden``, ``target_hidden`` is [len(prompt) - 1, hidden]: the target's
     last-layer hidden states of every prompt token but the last (which each step re-feeds); else None.
     """

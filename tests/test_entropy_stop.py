@@ -14,14 +14,15 @@ import copy
 import math
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pacer_core import (ConfigError, Draft, DraftBlock, Engine, StepRecord, Stop, Verdict, hookimpl,
-                        load_config)
+from pacer_core import (ConfigError, Draft, DraftBlock, Engine, SamplingParams, StepRecord, Stop, Verdict,
+                        hookimpl, load_config)
 from pacer_core.testing import ScriptedLM, chisquare_pvalue, exact_continuation_probs
 
 from entropy_stop import rules
@@ -305,6 +306,10 @@ def test_confidence_records_only_the_judged_tokens():
 
 
 # -- which state survives a new prompt ----------------------------------------------------------
+GREEDY = SimpleNamespace(sampling=SamplingParams())  # what pacer_start reads of the DecodeState
+SAMPLED = SimpleNamespace(sampling=SamplingParams(temperature=0.8))
+
+
 def test_entropy_calibration_is_kept_across_prompts_unless_transient():
     kept, transient = entropy_policy(), entropy_policy(transient=True)
     for policy in (kept, transient):
@@ -312,19 +317,24 @@ def test_entropy_calibration_is_kept_across_prompts_unless_transient():
             policy.pacer_observe_step(state=None, step=step(ROWS, TOKENS, accepted=5))
     learned = kept.threshold
     assert learned < 0.4 and transient.threshold == pytest.approx(learned)
-    kept.pacer_start(state=None)
-    transient.pacer_start(state=None)
+    kept.pacer_start(state=GREEDY)
+    transient.pacer_start(state=GREEDY)
     assert kept.threshold == learned and transient.threshold == 0.4
+    kept.pacer_start(state=SAMPLED)  # under sampling every prompt starts afresh: seeds reproduce
+    assert kept.threshold == 0.4
 
 
 def test_confidence_keeps_its_threshold_but_not_its_pairs_across_prompts():
     pairs = [(0.9, 1), (0.85, 0), (0.7, 0), (0.6, 0), (0.5, 0), (0.95, 1)]
     kept, transient = confidence_after(pairs), confidence_after(pairs, transient=True)
     assert kept.threshold == pytest.approx(0.9) == transient.threshold
-    kept.pacer_start(state=None)
-    transient.pacer_start(state=None)
+    kept.pacer_start(state=GREEDY)
+    transient.pacer_start(state=GREEDY)
     assert kept.probs == [] and kept.accepted == [] and transient.probs == []
     assert kept.threshold == pytest.approx(0.9) and transient.threshold == 0.4
+    sampled = confidence_after(pairs)
+    sampled.pacer_start(state=SAMPLED)  # under sampling every prompt starts afresh: seeds reproduce
+    assert sampled.threshold == 0.4 and sampled.probs == []
     # a new prompt's pairs alone decide the next fit (the old ones are gone)
     for p, accepted in [(0.3, 1), (0.2, 1), (0.1, 0), (0.6, 1), (0.5, 1), (0.4, 1)]:
         kept.pacer_observe_step(state=None, step=step(row_with_top(p)[None], torch.zeros(1, dtype=torch.long),

@@ -58,7 +58,7 @@ class EntropyConfig:
     threshold: float = attrs.field(default=0.5, validator=_unit)  # λ₀: stop when the bound falls below it (swept)
     adapt: bool = True  # calibrate λ online from the observed acceptance
     adapt_rate: float = attrs.field(default=0.05, validator=[attrs.validators.gt(0.0), attrs.validators.le(1.0)])
-    transient: bool = False  # forget the calibration at every prompt
+    transient: bool = False  # forget the calibration at every prompt (always under sampling)
     max_tokens: int = attrs.field(default=20, validator=attrs.validators.ge(1))
 
 
@@ -74,8 +74,9 @@ class EntropyBound:
 
     ``q`` is the row of ``draft.draft_probs`` the token came from. With ``adapt``, λ is calibrated
     online: ``λ = clip(λ₀ − δ, 0, 1)`` where δ is an exponential moving average over judged tokens
-    of (outcome − bound) (``rules.calibrated_offset``); δ is kept across prompts unless
-    ``transient``. ``svip`` is this class with adaptation off and λ₀ = 1 − h.
+    of (outcome − bound) (``rules.calibrated_offset``); δ is kept across prompts under greedy
+    decoding unless ``transient``, and reset at every prompt under sampling (so a seed reproduces
+    the output). ``svip`` is this class with adaptation off and λ₀ = 1 − h.
     """
 
     def __init__(self, *, gamma: float, threshold: float, adapt: bool = False, adapt_rate: float = 0.05,
@@ -118,7 +119,7 @@ class EntropyBound:
 
     @hookimpl
     def pacer_start(self, state) -> None:
-        if self.transient:
+        if self.transient or not state.sampling.greedy:
             self.offset = 0.0
 
     @hookimpl
@@ -143,7 +144,7 @@ class ConfidenceConfig:
     fp_cost: float = attrs.field(default=1.0, validator=attrs.validators.ge(0.0))
     fn_cost: float = attrs.field(default=3.0, validator=attrs.validators.ge(0.0))
     min_pairs: int = attrs.field(default=6, validator=attrs.validators.ge(2))
-    transient: bool = False  # reset the threshold at every prompt
+    transient: bool = False  # reset the threshold at every prompt (always under sampling)
     max_tokens: int = attrs.field(default=20, validator=attrs.validators.ge(1))
 
 
@@ -154,7 +155,8 @@ class Confidence:
     With ``adapt``, after every step the (probability, accepted) pairs of the judged tokens are
     recorded and, once there are ``min_pairs`` of them with both outcomes present, the threshold is
     re-fit by ``rules.best_confidence_threshold``. The pairs are cleared at every prompt (transformers
-    collects them per ``generate`` call); the fitted threshold is kept unless ``transient``.
+    collects them per ``generate`` call); the fitted threshold is kept under greedy decoding unless
+    ``transient``, and reset at every prompt under sampling (so a seed reproduces the output).
     """
 
     name = "confidence"
@@ -180,7 +182,7 @@ class Confidence:
     @hookimpl
     def pacer_start(self, state) -> None:
         self.probs, self.accepted = [], []
-        if self.config.transient:
+        if self.config.transient or not state.sampling.greedy:
             self.threshold = self.config.threshold
 
     @hookimpl

@@ -28,12 +28,14 @@ class Fixed:
 class HeuristicConfig:
     gamma: int = attrs.field(default=4, validator=attrs.validators.ge(1))  # initial draft length
     max_gamma: int = attrs.field(default=64, validator=attrs.validators.ge(1))
-    transient: bool = False  # reset gamma at every prompt (transformers' "heuristic_transient")
+    transient: bool = False  # reset gamma at every prompt (transformers' "heuristic_transient"); always under sampling
 
 
 class Heuristic:
     """transformers' assisted-generation schedule: gamma += 2 after a step whose gamma draft tokens
-    were all accepted, else gamma = max(1, gamma - 1). Kept across prompts unless ``transient``."""
+    were all accepted, else gamma = max(1, gamma - 1). Kept across prompts under greedy decoding
+    unless ``transient``; under sampling every generation starts from ``config.gamma``, so a seed
+    reproduces its output (the draft length decides how many random numbers a step draws)."""
 
     def __init__(self, config: HeuristicConfig, resources: Resources):
         self.config = config
@@ -41,7 +43,7 @@ class Heuristic:
 
     @hookimpl
     def pacer_start(self, state) -> None:
-        if self.config.transient:
+        if self.config.transient or not state.sampling.greedy:
             self.gamma = self.config.gamma
 
     @hookimpl
