@@ -83,6 +83,8 @@ def read_yaml(path: Path) -> DictConfig:
     """A YAML file holding a mapping, as an OmegaConf node; raises ``ConfigError`` in one line."""
     if not path.exists():
         raise ConfigError(f"config file '{path}' does not exist: give the path of a YAML file")
+    if path.is_dir():
+        raise ConfigError(f"config file '{path}' is a folder, not a file: give the path of a YAML file")
     try:
         loaded = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
