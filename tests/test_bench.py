@@ -520,6 +520,13 @@ def test_ablate_runs_a_grid_into_one_table(tmp_path, tiny, capsys):
     ("target: {pth: x}\n", ["unknown key 'target.pth'", "path"]),
     ("dtype: float8\n", ["unknown dtype 'float8'"]),
     ("stacks: [1, 2\n", ["malformed YAML", "line"]),
+    ("- humaneval\n", ["must hold a mapping"]),
+    ("target: 3\n", ["'target' must be a mapping with the keys path, dtype", "got int"]),
+    ("stacks: [a, b]\n", ["'stacks' must be a mapping", "got list"]),
+    ("stacks: {mine: 3}\n", ["'stacks.mine' must be a mapping with the keys config, strategy", "got int"]),
+    ("prompt_sets: humaneval\n", ["'prompt_sets' must be a list", "got str"]),
+    ("oracle: 5\n", ["'oracle' must be a mapping with the keys log_stack", "got int"]),
+    ("draft: null\nrepeats: 0\n", ["repeats must be >= 1"]),
 ])
 def test_bad_bench_yaml_is_a_one_line_error(tmp_path, capsys, text, needles):
     path = tmp_path / "bad.yaml"
