@@ -78,6 +78,9 @@ def run_bench(bench: BenchConfig, stacks: dict[str, PacerConfig], out: Path, *, 
     """Run (or resume) the bench into ``out``; write the report at the end. Returns the exit code
     (0, or 130 after Ctrl-C with the finished records kept)."""
     prompt_sets = {name: load_prompts(name, bench.limit, bench.skip) for name in bench.prompt_sets}  # before models load
+    if not any(prompt_sets.values()):
+        skipped = f" after skipping {bench.skip} per set" if bench.skip else ""
+        raise InputError(f"no prompt to run: the prompt sets are empty{skipped}; check skip, --limit and the files")
     out = check_out_dir(out, "--out")  # a file, /dev/null or a read-only place is refused before models load
     # the files of an earlier run are read before models load too: a damaged one is refused at once
     earlier = read_meta(out) if os.path.lexists(out / META) else None

@@ -348,6 +348,19 @@ def test_resume_refuses_damaged_files_before_models_load(finished, tmp_path, cap
     assert_one_line(code, err, "answers.jsonl' line 1", "delete line 1")
 
 
+@pytest.mark.parametrize("setting, needle", [("", "the prompt sets are empty;"),
+                                             ("skip=5", "empty after skipping 5 per set")])
+def test_no_prompt_to_run_is_refused_before_models_load(tmp_path, capsys, monkeypatch, setting, needle):
+    monkeypatch.setattr(units, "load_models", never_load)
+    config = write_bench(tmp_path, "", n=2)
+    if not setting:
+        (tmp_path / "prompts.jsonl").write_text("")
+    argv = ["bench", "--config", str(config), "--out", str(tmp_path / "out")] + ([setting] if setting else [])
+    code, _, err = run_cli(argv, capsys)
+    assert_one_line(code, err, "no prompt to run", needle, "check skip, --limit and the files")
+    assert not (tmp_path / "out").exists()
+
+
 def out_places_that_cannot_hold_results(tmp_path: Path) -> list[tuple[Path, str]]:
     a_file = tmp_path / "a-file"
     a_file.write_text("x")
