@@ -61,7 +61,7 @@ def _parse(line: bytes) -> tuple[Optional[dict], Optional[str]]:
     except UnicodeDecodeError:
         return None, "not UTF-8 text"
     except ValueError as exc:
-        return None, f"not JSON ({str(exc).splitlines()[0]})"
+        return None, f"not JSON: {str(exc).splitlines()[0]}"
     problem = record_problem(record)
     return (None, problem) if problem else (record, None)
 
@@ -192,8 +192,7 @@ def meta_problem(meta: Any) -> Optional[str]:
 def read_meta(out: Path) -> dict:
     """``bench.json`` of a bench folder, checked; ``InputError`` in one line naming the file and the fix."""
     path = Path(out) / META
-    fix = ("it is written by `pacer bench`; restore it, or delete it and rerun the same `pacer bench` command "
-           "to write it again")
+    fix = "restore it, or delete it and rerun the same pacer bench command to write it again"
     meta = _read_json(path, "bench file", fix)
     problem = meta_problem(meta)
     if problem is not None:
