@@ -33,58 +33,105 @@ class Answers:
 
     records: list[dict] = attrs.field(factory=list)
     lines: list[bytes] = attrs.field(factory=list)
-    dropped: int = 0  # unparseable or duplicate lines, and (unless kept) a last line without its newline
+    dropped: int = 0  # a last line without its newline (a write cut short), unless kept
+    duplicates: int = 0  # lines repeating an earlier record's key (the first is kept)
+
+
+_RECORD_FIELDS = {"prompt_set": str, "question_id": (str, int), "model_id": str, "tokens": list, "metrics": dict}
+
+
+def record_problem(record: Any) -> Optional[str]:
+    """Why ``record`` is not an answer record (the fields the bench and the report read), or None."""
+    if not isinstance(record, dict):
+        return f"a JSON {type(record).__name__}, not an object"
+    for field, kinds in _RECORD_FIELDS.items():
+        if field not in record:
+            return f"no '{field}'"
+        if not isinstance(record[field], kinds) or isinstance(record[field], bool):
+            return f"'{field}' is a {type(record[field]).__name__}"
+    repeat = record.get("repeat", 0)
+    if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 0:
+        return f"'repeat' is {json.dumps(repeat)}, not a count"
+    return None
+
+
+def _parse(line: bytes) -> tuple[Optional[dict], Optional[str]]:
+    try:
+        record = json.loads(line)
+    except UnicodeDecodeError:
+        return None, "not UTF-8 text"
+    except ValueError as exc:
+        return None, f"not JSON: {str(exc).splitlines()[0]}"
+    problem = record_problem(record)
+    return (None, problem) if problem else (record, None)
 
 
 def read_answers(path: Path, keep_unterminated: bool = False) -> Answers:
-    """Every complete line of an answer log that parses and has a key not seen before (the first of
-    duplicates is kept). A last line without its newline is a write cut short: it is dropped, unless
-    ``keep_unterminated`` (the report reads whatever parses; the bench rewrites the file without it)."""
+    """Every record of an answer log, in file order; the first of lines sharing a key is kept.
+
+    Only the last line can be an interrupted write (a kill mid-append): without its newline it is
+    dropped, unless ``keep_unterminated`` and it parses (the report reads a run in progress; the
+    bench rewrites the file without it). Any other line that is not a record means the file was
+    damaged or edited: ``InputError`` naming the file, the line and the fix, rather than results
+    silently lost or misreported.
+    """
+    try:
+        lines = Path(path).read_bytes().split(b"\n")
+    except OSError as exc:
+        raise InputError(f"answer log '{path}' cannot be read ({exc.strerror or type(exc).__name__}): "
+                         "it must be the file `pacer bench` writes; move it away or choose another --out") from None
     found = Answers()
-    lines = path.read_bytes().split(b"\n")
     complete, tail = lines[:-1], lines[-1]  # tail: after the last newline (empty if clean)
-    if keep_unterminated:
-        complete, tail = lines, b""
     seen: set = set()
-    for line in complete:
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            key = record_key(record)
-        except (ValueError, KeyError, TypeError):
-            found.dropped += 1
-            continue
+
+    def keep(line: bytes, record: dict) -> None:
+        key = record_key(record)
         if key in seen:  # never keep a duplicate
-            found.dropped += 1
-            continue
+            found.duplicates += 1
+            return
         seen.add(key)
         found.lines.append(line)
         found.records.append(record)
+
+    for number, line in enumerate(complete, start=1):
+        if not line.strip():
+            continue
+        record, problem = _parse(line)
+        if problem is not None:
+            raise InputError(f"answer log '{path}' line {number} is not a bench record ({problem}): the file is "
+                             f"damaged (only a cut-short last line is an interrupted write); restore it, or delete "
+                             f"line {number} to run that generation again")
+        keep(line, record)
     if tail.strip():
-        found.dropped += 1
+        record, problem = _parse(tail) if keep_unterminated else (None, "cut short")
+        if record is not None:
+            keep(tail, record)
+        else:
+            found.dropped += 1
     return found
 
 
 class AnswerLog:
     """``answers.jsonl`` open for appending.
 
-    Opening it keeps every complete, parseable line; a truncated last line (a kill mid-write) or any
-    unparseable line is dropped and the file rewritten without it, so appends start clean.
+    Opening it reads every record (``read_answers``: a damaged line is an ``InputError``); a
+    truncated last line (a kill mid-write) or a duplicate record is dropped and the file rewritten
+    without it, so appends start clean.
     """
 
     def __init__(self, path: Path):
         self.path = path
         self.records: list[dict] = []
         self.dropped = 0
+        self.duplicates = 0
         if path.exists():
             self._load()
         self.keys = {record_key(r) for r in self.records}
 
     def _load(self) -> None:
         found = read_answers(self.path)
-        self.records, self.dropped = found.records, found.dropped
-        if self.dropped:
+        self.records, self.dropped, self.duplicates = found.records, found.dropped, found.duplicates
+        if self.dropped or self.duplicates:
             tmp = self.path.with_name(self.path.name + ".tmp")
             with open(tmp, "wb") as handle:
                 handle.write(b"".join(line + b"\n" for line in found.lines))
@@ -105,15 +152,77 @@ class AnswerLog:
         self.records.append(record)
 
 
+def _read_json(path: Path, what: str, fix: str) -> Any:
+    try:
+        return json.loads(path.read_bytes())
+    except OSError as exc:
+        problem = exc.strerror or type(exc).__name__
+    except UnicodeDecodeError:
+        problem = "not UTF-8 text"
+    except ValueError as exc:
+        problem = f"not JSON: {str(exc).splitlines()[0]}"
+    raise InputError(f"{what} '{path}' cannot be read ({problem}): {fix}")
+
+
+def meta_problem(meta: Any) -> Optional[str]:
+    """Why ``meta`` is not a bench folder's ``bench.json`` (what the resume and the report read), or None."""
+    if not isinstance(meta, dict):
+        return f"a JSON {type(meta).__name__}, not an object"
+    for key, kind in (("settings", dict), ("baseline", str), ("prompt_sets", list), ("units", list)):
+        if key not in meta:
+            return f"no '{key}'"
+        if not isinstance(meta[key], kind):
+            return f"'{key}' is a {type(meta[key]).__name__}, not a{'n' if kind is str else ''} {kind.__name__}"
+    if not all(isinstance(name, str) for name in meta["prompt_sets"]):
+        return "'prompt_sets' holds something other than names"
+    for unit in meta["units"]:
+        if not isinstance(unit, dict) or not isinstance(unit.get("name"), str) or not isinstance(unit.get("kind"), str):
+            return "a unit is not an object with a 'name' and a 'kind'"
+    for key in ("oracle", "skipped"):
+        if meta.get(key) is not None and not isinstance(meta[key], dict):
+            return f"'{key}' is a {type(meta[key]).__name__}, not an object"
+    ablation = meta.get("ablation")
+    if ablation is not None and not (isinstance(ablation, dict) and isinstance(ablation.get("keys"), list)
+                                     and isinstance(ablation.get("points"), dict)
+                                     and all(isinstance(v, dict) for v in ablation["points"].values())):
+        return "'ablation' is not an object with 'keys' and 'points'"
+    return None
+
+
+def read_meta(out: Path) -> dict:
+    """``bench.json`` of a bench folder, checked; ``InputError`` in one line naming the file and the fix."""
+    path = Path(out) / META
+    fix = "restore it, or delete it and rerun the same pacer bench command to write it again"
+    meta = _read_json(path, "bench file", fix)
+    problem = meta_problem(meta)
+    if problem is not None:
+        raise InputError(f"bench file '{path}' is not a bench's settings ({problem}): {fix}")
+    return meta
+
+
+def read_cost_model(out: Path) -> Optional[dict]:
+    """``cost_model.json`` of a bench folder (None when absent), checked like ``read_meta``."""
+    path = Path(out) / COST_MODEL
+    if not os.path.lexists(path):
+        return None
+    fix = "delete it (the report then leaves out the verification cost) or restore it"
+    cost = _read_json(path, "cost model", fix)
+    verify = cost.get("verify_s") if isinstance(cost, dict) else None
+    if not (isinstance(verify, list) and verify
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in verify)):
+        raise InputError(f"cost model '{path}' has no list of seconds under 'verify_s': {fix}")
+    return cost
+
+
 def load_run(out: Path) -> tuple[dict, list[dict], Optional[dict]]:
-    """(bench meta, records, cost model or None) of a bench folder; incomplete lines are skipped."""
+    """(bench meta, records, cost model or None) of a bench folder; a last line cut short is skipped,
+    any other damage is an ``InputError`` in one line."""
     out = Path(out)
     if not (out / META).exists() or not (out / ANSWERS).exists():
         raise InputError(f"'{out}' is not a bench folder (no {META} / {ANSWERS}): run `pacer bench --out {out}` first")
-    meta = json.loads((out / META).read_text())
+    meta = read_meta(out)
     records = read_answers(out / ANSWERS, keep_unterminated=True).records
-    cost = json.loads((out / COST_MODEL).read_text()) if (out / COST_MODEL).exists() else None
-    return meta, records, cost
+    return meta, records, read_cost_model(out)
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> Optional[int]:

@@ -134,6 +134,46 @@ def _valid_keys(schema_cls: type, key: str) -> str:
     return ", ".join(f.name for f in attrs.fields(cls)) if attrs.has(cls) else ""
 
 
+def _shape(hint: Any) -> tuple[Optional[type], Any, bool]:
+    """(dict or list or None, the value type of a mapping or None, whether null is allowed) of a field."""
+    args = typing.get_args(hint)
+    optional = typing.get_origin(hint) is typing.Union and type(None) in args
+    if optional:
+        hint = next(a for a in args if a is not type(None))
+    if attrs.has(hint):
+        return dict, None, optional
+    origin = typing.get_origin(hint)
+    if origin is dict:
+        value = typing.get_args(hint)[1] if typing.get_args(hint) else None
+        return dict, value if attrs.has(value) else None, optional
+    if origin is list:
+        return list, None, optional
+    return None, None, optional
+
+
+def _keys_of(cls: Any) -> str:
+    return f" with the keys {', '.join(f.name for f in attrs.fields(cls))}" if attrs.has(cls) else ""
+
+
+def _check_shapes(schema_cls: type, data: dict, where: str) -> None:
+    """A section, list or stack entry given as another kind of value, named with what it must be
+    (OmegaConf's own message would not say which key)."""
+    hints = typing.get_type_hints(schema_cls)
+    for key, value in data.items():
+        hint = hints[key]
+        kind, entries, optional = _shape(hint)
+        if kind is None or (value is None and optional):
+            continue
+        if not isinstance(value, kind):
+            what = "a list" if kind is list else f"a mapping{_keys_of(typing.get_args(hint)[0] if optional else hint)}"
+            raise ConfigError(f"{where}: '{key}' must be {what}, got {type(value).__name__}")
+        if entries is not None:
+            for name, entry in value.items():
+                if not isinstance(entry, dict):
+                    raise ConfigError(f"{where}: '{key}.{name}' must be a mapping{_keys_of(entries)}, "
+                                      f"got {type(entry).__name__}")
+
+
 def _validate(schema_cls: type, data: Any, where: str) -> Any:
     """``data`` merged over ``schema_cls``'s defaults in struct mode, as an attrs object."""
     if not isinstance(data, dict):
@@ -142,6 +182,7 @@ def _validate(schema_cls: type, data: Any, where: str) -> Any:
     for key in data:
         if key not in allowed:
             raise ConfigError(f"{where}: unknown key '{key}'; valid keys: {', '.join(allowed)}")
+    _check_shapes(schema_cls, data, where)
     # typed nodes (the sections, each stack entry) refuse unknown keys; open mappings (stacks, grid,
     # inline strategy sections) take any key, their values checked by their own schema
     schema = OmegaConf.structured(schema_cls)

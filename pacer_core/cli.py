@@ -81,16 +81,56 @@ class StreamPrinter:
         self.out.flush()
 
 
+_RECODE = "e.g. with iconv -f latin1 -t utf-8"
+
+
+def _not_utf8(source: str, data: bytes, exc: UnicodeDecodeError, fix: str) -> InputError:
+    return InputError(f"{source} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}): {fix}")
+
+
+def _text(data: bytes) -> str:
+    """UTF-8 bytes as text with universal newlines (as reading a file in text mode gives)."""
+    return data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+
+
 def _read_prompt(args: argparse.Namespace) -> str:
+    """The prompt text of ``--prompt``, ``--prompt-file PATH`` or ``--prompt-file -`` (stdin), as
+    UTF-8 text; ``InputError`` in one line for a missing or unreadable source, bytes that are not
+    UTF-8, or an empty prompt."""
     if args.prompt_file is None:
         prompt = args.prompt
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as exc:  # undecodable argv bytes arrive as lone surrogates
+            code = ord(prompt[exc.start])
+            what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"U+{code:04X}"
+            raise InputError(f"the --prompt text is not UTF-8 ({what} at character {exc.start}): give UTF-8 text, "
+                             f"or convert it into a file ({_RECODE}) and pass --prompt-file") from None
     elif args.prompt_file == "-":
-        prompt = sys.stdin.read()
+        stream = sys.stdin
+        if stream is None:
+            raise InputError("--prompt-file - reads stdin, which is closed: pipe the prompt in, or give --prompt")
+        data = stream.buffer.read() if hasattr(stream, "buffer") else stream.read().encode("utf-8", "surrogateescape")
+        try:
+            prompt = _text(data)
+        except UnicodeDecodeError as exc:
+            raise _not_utf8("the prompt on stdin", data, exc, f"pipe UTF-8 text ({_RECODE})") from None
     else:
         path = Path(args.prompt_file)
-        if not path.is_file():
-            raise InputError(f"prompt file '{path}' does not exist: give the path of a text file (or - for stdin)")
-        prompt = path.read_text(encoding="utf-8")
+        fix = "give the path of a text file (or - for stdin)"
+        if not path.exists():
+            raise InputError(f"prompt file '{path}' does not exist: {fix}")
+        if path.is_dir():
+            raise InputError(f"prompt file '{path}' is a folder, not a file: {fix}")
+        try:
+            data = path.read_bytes()  # a regular file, a pipe (<(...)) or a device such as /dev/stdin
+        except OSError as exc:
+            raise InputError(f"prompt file '{path}' cannot be read ({exc.strerror or type(exc).__name__}): "
+                             f"{fix}") from None
+        try:
+            prompt = _text(data)
+        except UnicodeDecodeError as exc:
+            raise _not_utf8(f"prompt file '{path}'", data, exc, f"save it as UTF-8 ({_RECODE})") from None
     if not prompt.strip():
         raise InputError("the prompt is empty: give some text with --prompt or --prompt-file")
     return prompt
@@ -292,6 +332,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 1
+    except OSError as exc:  # a file or folder the command could not read or write (a folder, no permission, ...)
+        where = f" '{exc.filename}'" if exc.filename else ""
+        _error(f"cannot use{where}: {exc.strerror or type(exc).__name__}; check the path and its permissions")
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -180,6 +180,8 @@ def read_yaml(path: Path) -> DictConfig:
     document whose aliases expand past ``MAX_YAML_NODES`` nodes are refused with the line."""
     if not path.exists():
         raise ConfigError(f"config file '{path}' does not exist: give the path of a YAML file")
+    if path.is_dir():
+        raise ConfigError(f"config file '{path}' is a folder, not a file: give the path of a YAML file")
     try:
         loaded = _load_yaml(path.read_text())
     except yaml.YAMLError as exc:

@@ -1,8 +1,9 @@
 """The files of a run folder: where it may be, writing them atomically, reading them safely.
 
-- ``check_out_dir`` refuses, in one line and before any model is loaded, an ``out`` folder that is
-  an existing file (``/dev/null`` included), lies under a file, or cannot be written; it creates the
-  folder. ``check_out_dir(..., create=False)`` checks a folder that is written later (an export).
+- ``check_out_dir`` (from the command API, pacer_core/commands.py, shared with the bench) refuses,
+  in one line and before any model is loaded, an ``out`` folder that is an existing file
+  (``/dev/null`` included), lies under a file, or cannot be written; it creates the folder.
+  ``check_out_dir(..., create=False)`` checks a folder that is written later (an export).
 - ``atomic_write_bytes``/``atomic_write_text``/``atomic_save`` write to a temporary file in the same
   folder and rename it over the destination: a crash mid-write leaves the previous file intact.
 - ``load_run_file`` reads a ``.pt`` file with ``torch.load(weights_only=True)``: tensors, numbers,
@@ -14,47 +15,15 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
+from pacer_core.commands import check_out_dir
 from pacer_core.errors import InputError
 
-
-def check_out_dir(path: str | os.PathLike, option: str = "out", create: bool = True) -> Path:
-    """``path`` as a usable output folder (created unless ``create=False``), or ``InputError``."""
-    folder = Path(path).expanduser()
-    fix = f"give {option}= a folder that can be written"
-    if os.path.lexists(folder) and not folder.is_dir():
-        kind = "a device" if _is_device(folder) else "a file"
-        raise InputError(f"{option} '{folder}' is {kind}, not a folder: {fix}")
-    existing = folder
-    while not os.path.lexists(existing) and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise InputError(f"{option} '{folder}' lies under '{existing}', which is not a folder: {fix}")
-    if not create:
-        if not os.access(existing, os.W_OK | os.X_OK):
-            raise InputError(f"{option} '{folder}' cannot be created: '{existing}' is not writable; {fix}")
-        return folder
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".write-check-", dir=folder)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
-        raise InputError(f"{option} '{folder}' cannot be written ({reason}): {fix}") from None
-    return folder
-
-
-def _is_device(path: Path) -> bool:
-    try:
-        mode = path.stat().st_mode
-    except OSError:
-        return False
-    return stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+__all__ = ["atomic_save", "atomic_write_bytes", "atomic_write_json", "atomic_write_text", "check_out_dir",
+           "load_run_file", "read_json"]
 
 
 def _atomic(path: Path, write: Callable[[Any], None]) -> None:

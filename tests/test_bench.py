@@ -8,6 +8,8 @@ records, resumption, recomputation, exactness and the oracle's arithmetic.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import statistics
 from pathlib import Path
 
@@ -231,17 +233,188 @@ def test_resume_refuses_other_settings(tmp_path, models):
         run_bench(cfg, stacks, tmp_path / "out", models=models, progress=False)
 
 
-def test_answer_log_keeps_complete_lines_only(tmp_path):
+def test_answer_log_drops_only_a_cut_short_last_line_and_duplicates(tmp_path):
     path = tmp_path / "answers.jsonl"
-    good = {"prompt_set": "s", "question_id": "a", "model_id": "m", "repeat": 0}
-    path.write_text(json.dumps(good) + "\n" + "not json\n" + json.dumps(good) + "\n" + '{"prompt_set": "s", "quest')
+    good = {"prompt_set": "s", "question_id": "a", "model_id": "m", "repeat": 0, "tokens": [], "metrics": {}}
+    path.write_text(json.dumps(good) + "\n" + json.dumps(good) + "\n" + '{"prompt_set": "s", "quest')
     log = AnswerLog(path)
-    assert log.dropped == 3 and len(log.records) == 1  # garbage, a duplicate, a truncated tail
+    assert (log.dropped, log.duplicates, len(log.records)) == (1, 1, 1)  # a truncated tail, a duplicate
     assert path.read_text() == json.dumps(good) + "\n"
     log.append({**good, "question_id": "b"})
     with pytest.raises(RuntimeError, match="duplicate"):
         log.append(good)
     assert len(path.read_text().splitlines()) == 2
+
+
+@pytest.mark.parametrize("line, problem", [
+    ("not json", "not JSON"),
+    ('{"prompt_set": "s", "quest', "not JSON"),  # a cut-short line is an interrupted write only when last
+    ("[1, 2]", "a JSON list, not an object"),
+    ('{"prompt_set": "s", "question_id": "x", "model_id": "m", "tokens": []}', "no 'metrics'"),
+    ('{"prompt_set": "s", "question_id": "x", "model_id": "m", "tokens": 5, "metrics": {}}', "'tokens' is a int"),
+    ('{"prompt_set": "s", "question_id": "x", "model_id": "m", "tokens": [], "metrics": {}, "repeat": "1"}',
+     "'repeat'"),
+])
+def test_answer_log_with_a_damaged_middle_line_is_refused_naming_the_line(tmp_path, line, problem):
+    path = tmp_path / "answers.jsonl"
+    good = {"prompt_set": "s", "question_id": "a", "model_id": "m", "repeat": 0, "tokens": [], "metrics": {}}
+    text = json.dumps(good) + "\n" + line + "\n" + json.dumps({**good, "question_id": "b"}) + "\n"
+    path.write_text(text)
+    with pytest.raises(InputError) as info:
+        AnswerLog(path)
+    message = str(info.value)
+    assert f"answer log '{path}' line 2 is not a bench record" in message and problem in message, message
+    assert "delete line 2" in message and "\n" not in message
+    assert path.read_text() == text  # nothing rewritten
+
+
+def copy_of(finished: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "copy"
+    shutil.copytree(finished, out)
+    return out
+
+
+def assert_one_line(code, err, *needles):
+    assert code == 2 and "Traceback" not in err
+    assert len(err.splitlines()) == 1 and err.startswith("pacer: error: "), err
+    for needle in needles:
+        assert needle in err, (needle, err)
+
+
+def test_report_refuses_a_damaged_middle_line_of_the_answer_log(finished, tmp_path, capsys):
+    out = copy_of(finished, tmp_path)
+    lines = (out / "answers.jsonl").read_text().splitlines(keepends=True)
+    lines[4] = lines[4][: len(lines[4]) // 2] + "\n"  # line 5 cut in half, lines after it intact
+    (out / "answers.jsonl").write_text("".join(lines))
+    code, out_text, err = run_cli(["report", str(out), "--no-plots"], capsys)
+    assert_one_line(code, err, f"'{out / 'answers.jsonl'}' line 5", "not JSON", "delete line 5")
+    assert out_text == ""
+
+
+def test_report_reads_a_run_in_progress(finished, tmp_path, capsys):
+    out = copy_of(finished, tmp_path)
+    text = (out / "answers.jsonl").read_text()
+    (out / "answers.jsonl").write_text(text + text.splitlines()[0][:40])  # a write in progress
+    code, _, err = run_cli(["report", str(out), "--no-plots"], capsys)
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("content, problem", [
+    ("{not json", "not JSON"),
+    ("[]", "a JSON list, not an object"),
+    ('{"settings": {}, "baseline": "autoregressive", "prompt_sets": []}', "no 'units'"),
+    ('{"settings": {}, "baseline": "autoregressive", "prompt_sets": "humaneval", "units": []}',
+     "'prompt_sets' is a str, not a list"),
+    ('{"settings": {}, "baseline": "autoregressive", "prompt_sets": [], "units": [{"kind": "stack"}]}',
+     "a unit is not an object with a 'name' and a 'kind'"),
+    ('{"settings": {}, "baseline": 3, "prompt_sets": [], "units": []}', "'baseline' is a int, not an str"),
+    (None, "Is a directory"),
+])
+def test_report_refuses_a_malformed_bench_json_in_one_line(finished, tmp_path, capsys, content, problem):
+    out = copy_of(finished, tmp_path)
+    (out / "bench.json").unlink()
+    if content is None:
+        (out / "bench.json").mkdir()
+    else:
+        (out / "bench.json").write_text(content)
+    code, _, err = run_cli(["report", str(out), "--no-plots"], capsys)
+    assert_one_line(code, err, f"'{out / 'bench.json'}'", problem, "restore it, or delete it and rerun")
+
+
+@pytest.mark.parametrize("content", ["{", '{"verify_s": "fast"}', '{"verify_s": []}', "[0.1]"])
+def test_report_refuses_a_malformed_cost_model_in_one_line(finished, tmp_path, capsys, content):
+    out = copy_of(finished, tmp_path)
+    (out / "cost_model.json").write_text(content)
+    code, _, err = run_cli(["report", str(out), "--no-plots"], capsys)
+    assert_one_line(code, err, f"'{out / 'cost_model.json'}'", "delete it")
+
+
+def never_load(cfg):
+    raise AssertionError("models were loaded")
+
+
+def test_resume_refuses_damaged_files_before_models_load(finished, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(units, "load_models", never_load)
+    config = write_bench(tmp_path, "", n=1)
+    out = copy_of(finished, tmp_path)
+    (out / "bench.json").write_text("{oops")
+    code, _, err = run_cli(["bench", "--config", str(config), "--out", str(out), "--no-progress"], capsys)
+    assert_one_line(code, err, "bench.json", "not JSON")
+    out = tmp_path / "copy2"
+    shutil.copytree(finished, out)
+    with open(out / "answers.jsonl", "r+") as handle:
+        handle.write("garbage\n")  # over the start of line 1
+    code, _, err = run_cli(["bench", "--config", str(config), "--out", str(out), "--no-progress"], capsys)
+    assert_one_line(code, err, "answers.jsonl' line 1", "delete line 1")
+
+
+@pytest.mark.parametrize("setting, needle", [("", "the prompt sets are empty;"),
+                                             ("skip=5", "empty after skipping 5 per set")])
+def test_no_prompt_to_run_is_refused_before_models_load(tmp_path, capsys, monkeypatch, setting, needle):
+    monkeypatch.setattr(units, "load_models", never_load)
+    config = write_bench(tmp_path, "", n=2)
+    if not setting:
+        (tmp_path / "prompts.jsonl").write_text("")
+    argv = ["bench", "--config", str(config), "--out", str(tmp_path / "out")] + ([setting] if setting else [])
+    code, _, err = run_cli(argv, capsys)
+    assert_one_line(code, err, "no prompt to run", needle, "check skip, --limit and the files")
+    assert not (tmp_path / "out").exists()
+
+
+def out_places_that_cannot_hold_results(tmp_path: Path) -> list[tuple[Path, str]]:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    places = [(a_file, "is a file, not a folder"), (a_file / "out", "lies under"),
+              (Path(os.devnull), "is a device, not a folder")]
+    if os.geteuid() != 0:  # root writes anywhere: a read-only file system below stands in
+        locked = tmp_path / "locked"
+        locked.mkdir()
+        locked.chmod(0o555)
+        places.append((locked / "out", "cannot be written"))
+    for candidate in (Path("/proc/pacer-out"), Path("/sys/pacer-out")):  # read-only file systems
+        if candidate.parent.is_dir():
+            places.append((candidate, "cannot be written"))
+    return places
+
+
+@pytest.mark.parametrize("command", ["bench", "ablate"])
+def test_an_out_that_cannot_hold_results_is_refused_before_models_load(tmp_path, capsys, monkeypatch, command):
+    monkeypatch.setattr(units, "load_models", never_load)
+    config = write_bench(tmp_path, "", n=1)
+    if command == "ablate":
+        grid = tmp_path / "grid.yaml"
+        grid.write_text(f"bench: {config}\nstack: {{strategy: {{drafter: {{name: prompt_lookup}}}}}}\n"
+                        "grid: {strategy.drafter.max_ngram_size: [2]}\n")
+        config = grid
+    places = out_places_that_cannot_hold_results(tmp_path)
+    assert len(places) >= 4
+    for place, problem in places:
+        code, _, err = run_cli([command, "--config", str(config), "--out", str(place), "--no-progress"], capsys)
+        assert_one_line(code, err, f"--out '{place}'", problem, "give --out a folder that can be written")
+    assert (tmp_path / "a-file").read_text() == "x"
+
+
+@pytest.mark.parametrize("content, problem", [
+    (b'{"prompt": "caf\xe9"}\n', "is not UTF-8 text (byte 0xe9)"),
+    (b'{"prompt": "a"}\nnot json\n', "line 2 is not JSON"),
+    (b'["a"]\n', "line 1 is a JSON list, not an object"),
+    (b'{"prompt": "a"}\n\n{"turns": "b"}\n', "line 3 has no text under 'prompt' or 'turns'"),
+    (b'{"prompt": 5}\n', "line 1 has no text"),
+    (None, "is a folder, not a file"),
+])
+def test_a_bad_prompt_file_is_one_line_before_models_load(tmp_path, capsys, monkeypatch, content, problem):
+    monkeypatch.setattr(units, "load_models", never_load)
+    prompts = tmp_path / "mine.jsonl"
+    if content is None:
+        prompts.mkdir()
+    else:
+        prompts.write_bytes(content)
+    code, _, err = run_cli(["bench", f"prompt_sets=[{prompts}]", "--out", str(tmp_path / "out")], capsys)
+    assert_one_line(code, err, f"prompt file '{prompts}'", problem)
+    assert not (tmp_path / "out").exists()
+    code, _, err = run_cli(["bench", f"prompt_sets=[{tmp_path / 'gone.jsonl'}]", "--out", str(tmp_path / "out")],
+                           capsys)
+    assert_one_line(code, err, "gone.jsonl' does not exist", "give the path of a .jsonl file")
 
 
 # -- oracle replay: hand-computed ---------------------------------------------------------------
@@ -360,6 +533,13 @@ def test_ablate_runs_a_grid_into_one_table(tmp_path, tiny, capsys):
     ("target: {pth: x}\n", ["unknown key 'target.pth'", "path"]),
     ("dtype: float8\n", ["unknown dtype 'float8'"]),
     ("stacks: [1, 2\n", ["malformed YAML", "line"]),
+    ("- humaneval\n", ["must hold a mapping"]),
+    ("target: 3\n", ["'target' must be a mapping with the keys path, dtype", "got int"]),
+    ("stacks: [a, b]\n", ["'stacks' must be a mapping", "got list"]),
+    ("stacks: {mine: 3}\n", ["'stacks.mine' must be a mapping with the keys config, strategy", "got int"]),
+    ("prompt_sets: humaneval\n", ["'prompt_sets' must be a list", "got str"]),
+    ("oracle: 5\n", ["'oracle' must be a mapping with the keys log_stack", "got int"]),
+    ("draft: null\nrepeats: 0\n", ["repeats must be >= 1"]),
 ])
 def test_bad_bench_yaml_is_a_one_line_error(tmp_path, capsys, text, needles):
     path = tmp_path / "bad.yaml"

@@ -238,7 +238,96 @@ def test_missing_config_file(tiny, capsys, tmp_path):
 
 def test_missing_prompt_file(tiny, capsys, tmp_path):
     code, _, err = run(["generate", "--prompt-file", str(tmp_path / "nope.txt")], capsys)
-    assert_one_line_error(code, err, "nope.txt", "does not exist")
+    assert_one_line_error(code, err, "nope.txt", "does not exist", "give the path of a text file")
+
+
+NOT_UTF8 = "caf\xe9 au lait".encode("latin-1")  # 0xe9 at offset 3
+
+
+def test_prompt_file_that_is_not_utf8(tiny, capsys, tmp_path):
+    path = tmp_path / "latin1.txt"
+    path.write_bytes(NOT_UTF8)
+    code, out, err = run(["generate", "--prompt-file", str(path)], capsys)
+    assert_one_line_error(code, err, "latin1.txt", "is not UTF-8 text", "byte 0xe9 at offset 3", "save it as UTF-8")
+    assert out == ""
+
+
+def test_prompt_on_stdin_that_is_not_utf8(tiny, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(NOT_UTF8), encoding="utf-8"))
+    code, _, err = run(["generate", "--prompt-file", "-"], capsys)
+    assert_one_line_error(code, err, "the prompt on stdin is not UTF-8 text", "byte 0xe9", "pipe UTF-8 text")
+
+
+def test_prompt_on_a_closed_stdin(tiny, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", None)
+    code, _, err = run(["generate", "--prompt-file", "-"], capsys)
+    assert_one_line_error(code, err, "stdin", "closed", "--prompt")
+
+
+def test_prompt_argument_that_is_not_utf8(tiny, capsys):
+    """Bytes in argv that are not UTF-8 reach Python as lone surrogates (surrogateescape)."""
+    code, _, err = run(["generate", "--prompt", NOT_UTF8.decode("utf-8", "surrogateescape")], capsys)
+    assert_one_line_error(code, err, "--prompt text is not UTF-8", "byte 0xe9 at character 3", "--prompt-file")
+
+
+def test_prompt_argument_bytes_through_the_real_command_line(tmp_path):
+    config = tmp_path / "never-read.yaml"
+    config.write_text("generation: {max_new_tokens: 4}\n")
+    proc = subprocess.run([sys.executable, "-m", "pacer_core", "generate", "-c", str(config), "--prompt", NOT_UTF8],
+                          cwd=ROOT, capture_output=True, timeout=120)
+    err = proc.stderr.decode("utf-8", "replace")
+    assert proc.returncode == 2 and "Traceback" not in err and proc.stdout == b""
+    assert err.startswith("pacer: error: the --prompt text is not UTF-8") and len(err.splitlines()) == 1, err
+
+
+def test_prompt_text_read_from_a_pipe_and_with_crlf_lines(tmp_path):
+    """A pipe (as ``<(...)`` gives) is a readable prompt file; line ends are normalised as text mode does."""
+    import os
+
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"abc\r\nabc")
+    os.close(write_end)
+    try:
+        args = SimpleNamespace(prompt=None, prompt_file=f"/dev/fd/{read_end}")
+        assert cli._read_prompt(args) == "abc\nabc"
+    finally:
+        os.close(read_end)
+    args = SimpleNamespace(prompt=None, prompt_file=str(tmp_path / "crlf.txt"))
+    (tmp_path / "crlf.txt").write_bytes(b"abc\r\nabc\rabc")
+    assert cli._read_prompt(args) == "abc\nabc\nabc"
+
+
+def test_prompt_file_that_is_a_folder(tiny, capsys, tmp_path):
+    code, _, err = run(["generate", "--prompt-file", str(tmp_path)], capsys)
+    assert_one_line_error(code, err, str(tmp_path), "is a folder, not a file", "give the path of a text file")
+
+
+@pytest.mark.parametrize("command", [
+    ["generate", "-p", PROMPT, "--config"], ["bench", "--config"], ["ablate", "--config"], ["validate"],
+    ["distill", "--config"], ["train-preverify", "--config"],
+])
+def test_config_that_is_a_folder(tiny, capsys, tmp_path, command):
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    code, out, err = run(command + [str(folder)], capsys)
+    assert_one_line_error(code, err, f"config file '{folder}' is a folder, not a file", "give the path of a YAML file")
+    assert out == ""
+
+
+def test_a_stack_config_that_is_a_folder(tiny, capsys, tmp_path):
+    code, _, err = run(["bench", f"stacks.mine.config={tmp_path}", "--out", str(tmp_path / "out")], capsys)
+    assert_one_line_error(code, err, "stacks.mine:", "is a folder, not a file")
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unreadable_path_is_one_line_not_a_traceback(capsys, monkeypatch):
+    """The last resort for an operating-system error no check foresaw: one line with the path."""
+    def broken(cfg):
+        raise PermissionError(13, "Permission denied", "/some/weights.safetensors")
+
+    monkeypatch.setattr(cli, "build_engine", broken)
+    code, _, err = run(["generate", "-p", PROMPT], capsys)
+    assert_one_line_error(code, err, "'/some/weights.safetensors'", "Permission denied", "permissions")
 
 
 @pytest.mark.parametrize("prompt", ["", "  \n "])

@@ -364,3 +364,136 @@ def test_the_documented_example_test_passes(monkeypatch, example_plugin):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module.test_prob_floor_bounds_drafts_and_keeps_the_output()
+
+
+# -- documented file, prompt and folder errors ----------------------------------------------------
+def _matches(documented: str, actual: str) -> bool:
+    """``documented`` with each ``…`` standing for any text equals ``actual``."""
+    return re.fullmatch(".*".join(re.escape(part) for part in documented.split("…")), actual, flags=re.S) is not None
+
+
+def _cli_error(argv: list[str], capsys) -> str:
+    cli = pytest.importorskip("pacer_core.cli")
+    code = cli.main(argv)
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("pacer: error: "), (argv, code, err)
+    return lines[0][len("pacer: error: "):]
+
+
+def _assert_documented_errors(doc: str, heading: str, scenarios: dict, capsys) -> None:
+    rows = table_rows(section(read(doc), heading))
+    documented = {cells[0]: spans(cells[1])[0] for cells in rows}
+    assert set(documented) == set(scenarios), f"{doc} {heading}: rows and scenarios differ"
+    for key, message in documented.items():
+        argv = scenarios[key]()
+        if argv is None:  # not reproducible here (e.g. no read-only file system)
+            continue
+        actual = _cli_error(argv, capsys)
+        assert _matches(message, actual), f"{doc}: {key}: documented {message!r}, actual {actual!r}"
+
+
+def _never(*args, **kwargs):
+    raise AssertionError("no model may load before these errors")
+
+
+def test_documented_file_and_prompt_errors_are_the_real_messages(tmp_path, capsys, monkeypatch):
+    import io
+
+    from pacer_core import cli
+
+    monkeypatch.setattr(cli, "build_engine", _never)
+    latin1 = "caf\xe9 au lait".encode("latin-1")
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "latin1.txt").write_bytes(latin1)
+
+    def stdin():
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(latin1), encoding="utf-8"))
+        return ["generate", "--prompt-file", "-"]
+
+    scenarios = {
+        "`--config gone.yaml`": lambda: ["validate", str(tmp_path / "gone.yaml")],
+        "`--config configs/` (a folder)": lambda: ["generate", "-p", "x", "--config", str(tmp_path / "configs")],
+        "`--prompt-file gone.txt`": lambda: ["generate", "--prompt-file", str(tmp_path / "gone.txt")],
+        "`--prompt-file notes/` (a folder)": lambda: ["generate", "--prompt-file", str(tmp_path / "notes")],
+        "`--prompt-file latin1.txt`": lambda: ["generate", "--prompt-file", str(tmp_path / "latin1.txt")],
+        "`--prompt-file -` with Latin-1 on stdin": stdin,
+        "`--prompt` with Latin-1 bytes": lambda: ["generate", "--prompt", latin1.decode("utf-8", "surrogateescape")],
+        '`--prompt " "`': lambda: ["generate", "--prompt", " "],
+    }
+    _assert_documented_errors("config.md", "## File and prompt errors", scenarios, capsys)
+
+
+def test_documented_bench_errors_are_the_real_messages(tmp_path, capsys, monkeypatch):
+    import json
+    import os
+
+    from pacer_bench import units
+
+    monkeypatch.setattr(units, "load_models", _never)
+    prompts = tmp_path / "prompts.jsonl"
+    good_prompts = '{"prompt": "abc abc"}\n'
+    (tmp_path / "results.txt").write_text("x")
+
+    def bench(*extra: str, out: str = "out", lines: str = good_prompts) -> list[str]:
+        if prompts.is_dir():
+            prompts.rmdir()
+        prompts.write_text(lines) if isinstance(lines, str) else prompts.write_bytes(lines)
+        return ["bench", f"prompt_sets=[{prompts}]", "--out", str(tmp_path / out), *extra]
+
+    def bench_yaml(text: str) -> list[str]:
+        path = tmp_path / "bench.yaml"
+        path.write_text(text)
+        return ["bench", "--config", str(path), "--out", str(tmp_path / "out")]
+
+    def prompt_folder() -> list[str]:
+        argv = bench()
+        prompts.unlink()
+        prompts.mkdir()
+        return argv
+
+    def read_only():
+        place = next((p for p in (Path("/proc/pacer-out"), Path("/sys/pacer-out")) if p.parent.is_dir()), None)
+        if place is None and os.geteuid() != 0:
+            place = tmp_path / "locked" / "out"
+            place.parent.mkdir()
+            place.parent.chmod(0o555)
+        return None if place is None else bench(out=str(place))
+
+    meta = {"version": 1, "settings": {}, "baseline": "autoregressive", "prompt_sets": ["s"],
+            "units": [{"name": "autoregressive", "kind": "stack", "config": {}}]}
+    record = {"prompt_set": "s", "model_id": "autoregressive", "repeat": 0, "tokens": [5], "metrics": {}}
+
+    def run_folder(meta_text: str, answers: list[str] = (), cost: str = None) -> list[str]:
+        folder = tmp_path / f"run{len(list(tmp_path.glob('run*')))}"
+        folder.mkdir()
+        (folder / "bench.json").write_text(meta_text)
+        lines = answers or [json.dumps({**record, "question_id": f"q{i}"}) for i in range(6)]
+        (folder / "answers.jsonl").write_text("".join(line + "\n" for line in lines))
+        if cost is not None:
+            (folder / "cost_model.json").write_text(cost)
+        return ["report", str(folder), "--no-plots"]
+
+    damaged = [json.dumps({**record, "question_id": f"q{i}"}) for i in range(6)]
+    damaged[4] = damaged[4][:20]
+    scenarios = {
+        "`--out results.txt` (a file)": lambda: bench(out="results.txt"),
+        "`--out /dev/null`": lambda: bench(out=os.devnull),
+        "`--out results.txt/run`": lambda: bench(out="results.txt/run"),
+        "`--out` on a read-only file system": read_only,
+        "`target: 3`": lambda: bench_yaml("target: 3\n"),
+        "`stacks: [a, b]`": lambda: bench_yaml("stacks: [a, b]\n"),
+        "a prompt file that does not exist": lambda: ["bench", f"prompt_sets=[{tmp_path / 'gone.jsonl'}]"],
+        "a prompt file that is a folder": prompt_folder,
+        "a prompt file in Latin-1": lambda: bench(lines='{"prompt": "caf\xe9"}\n'.encode("latin-1")),
+        "a prompt file line that is not JSON": lambda: bench(lines=good_prompts + "not json\n"),
+        "a prompt file line without text": lambda: bench(lines='{"question_id": "q"}\n'),
+        "an empty prompt file": lambda: bench(lines=""),
+        "`bench.json` that is not JSON": lambda: run_folder("{oops"),
+        "`bench.json` without its `units`": lambda: run_folder(json.dumps({k: v for k, v in meta.items() if k != "units"})),
+        "a damaged line 5 of `answers.jsonl`": lambda: run_folder(json.dumps(meta), damaged),
+        "`cost_model.json` without `verify_s`": lambda: run_folder(json.dumps(meta), cost="{}"),
+    }
+    _assert_documented_errors("benchmarks.md", "## Errors", scenarios, capsys)
+    assert not (tmp_path / "out").exists()
