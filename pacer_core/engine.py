@@ -135,7 +135,7 @@ class Engine:
         s = cfg.sampling
         sampling = SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
         resources = Resources(target=target, draft=draft, sampling=sampling, tokenizer=tokenizer,
-                              draft_identity=getattr(draft, "digest", None))
+                              draft_identity=None if draft is None else draft.digest)
         for item in stack:
             if "draft_model" in item.component.needs and draft is None:
                 raise InputError(f"{item.where}: '{item.component.name}' needs a draft model; set draft.path")
