@@ -183,7 +183,14 @@ def read_yaml(path: Path) -> DictConfig:
     if path.is_dir():
         raise ConfigError(f"config file '{path}' is a folder, not a file: give the path of a YAML file")
     try:
-        loaded = _load_yaml(path.read_text())
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file '{path}' is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+                          f"{exc.start}): save it as UTF-8") from None
+    except OSError as exc:
+        raise ConfigError(f"config file '{path}' cannot be read ({exc.strerror}): check its permissions") from None
+    try:
+        loaded = _load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         problem = getattr(exc, "problem", None) or one_line(exc)
@@ -195,7 +202,7 @@ def read_yaml(path: Path) -> DictConfig:
     if loaded is None:
         loaded = {}
     if not isinstance(loaded, dict):
-        raise ConfigError(f"'{path}' must hold a mapping of sections (target, draft, sampling, generation, strategy)")
+        raise ConfigError(f"'{path}' must hold a mapping of sections, not a {type(loaded).__name__}: fix the file")
     return OmegaConf.create(loaded)
 
 

@@ -218,3 +218,20 @@ def test_the_commands_refuse_non_finite_numbers_in_one_line(tmp_path, capsys, mo
     assert "'temperature' must be a finite number, got nan" in line
     line = cli_error(["generate", "-p", "hi", "sampling.temperature=.inf"], capsys, monkeypatch)
     assert "'temperature' must be a finite number, got inf" in line
+
+
+def test_a_config_file_that_is_not_utf8_is_one_line_through_the_cli(tmp_path, capsys):
+    from pacer_core.cli import main
+
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes("sampling: {seed: 1}  # caf\xe9\n".encode("latin1"))
+    code = main(["validate", str(bad)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "not UTF-8" in err[0] and "Traceback" not in err[0]
+
+
+def test_a_config_file_holding_a_list_names_what_it_holds(tmp_path):
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="must hold a mapping of sections, not a list"):
+        load_config(listed)
