@@ -13,6 +13,8 @@ key by key, naming the keys valid where one failed.
 
 from __future__ import annotations
 
+import re
+
 import itertools
 import json
 import typing
@@ -23,7 +25,7 @@ import attrs
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from pacer_core.config import (ModelConfig, PacerConfig, SamplingConfig, check, load_config, one_line, parse_value,
+from pacer_core.config import (ModelConfig, PacerConfig, SamplingConfig, check, check_finite, load_config, one_line, parse_value,
                                read_yaml)
 from pacer_core.errors import ConfigError
 from pacer_core.registry import components, new_plugin_manager
@@ -188,7 +190,7 @@ def _validate(schema_cls: type, data: Any, where: str) -> Any:
     schema = OmegaConf.structured(schema_cls)
     OmegaConf.set_struct(schema, False)
     try:
-        return OmegaConf.to_object(OmegaConf.merge(schema, data))
+        result = OmegaConf.to_object(OmegaConf.merge(schema, data))
     except OmegaConfBaseException as exc:
         key = str(getattr(exc, "full_key", None) or getattr(exc, "key", None) or "")
         text = one_line(exc)
@@ -199,6 +201,8 @@ def _validate(schema_cls: type, data: Any, where: str) -> Any:
         raise ConfigError(f"{where}: bad value for '{key}': {text}") from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: {one_line(exc)}") from None
+    check_finite(result, where)
+    return result
 
 
 def _apply_overrides(raw: Any, overrides: Sequence[str], where: str) -> None:
@@ -206,6 +210,10 @@ def _apply_overrides(raw: Any, overrides: Sequence[str], where: str) -> None:
         if "=" not in override:
             raise ConfigError(f"{where}: override '{override}' is not key=value (e.g. max_new_tokens=32)")
         key, value = override.split("=", 1)
+        negative = next((part for part in re.split(r"[.\[\]]", key.strip()) if re.fullmatch(r"-\d+", part)), None)
+        if negative is not None:  # OmegaConf would count it from the end and silently edit another item
+            raise ConfigError(f"{where}: override '{override}': list index {negative} is negative; "
+                              "indices count from 0")
         try:
             OmegaConf.update(raw, key.strip(), parse_value(value), merge=True)
         except (OmegaConfBaseException, ValueError, IndexError, KeyError) as exc:

@@ -215,7 +215,7 @@ def test_the_commands_refuse_non_finite_numbers_in_one_line(tmp_path, capsys, mo
     argv = {"validate": ["validate", path], "generate": ["generate", "-c", path, "-p", "hi"],
             "bench": ["bench", "--config", path, "--out", str(tmp_path / "out")]}[command]
     line = cli_error(argv, capsys, monkeypatch)
-    assert "'temperature' must be a finite number, got nan" in line
+    assert "temperature' must be a finite number, got nan" in line
     line = cli_error(["generate", "-p", "hi", "sampling.temperature=.inf"], capsys, monkeypatch)
     assert "'temperature' must be a finite number, got inf" in line
 
@@ -235,3 +235,12 @@ def test_a_config_file_holding_a_list_names_what_it_holds(tmp_path):
     listed.write_text("- a\n- b\n")
     with pytest.raises(ConfigError, match="must hold a mapping of sections, not a list"):
         load_config(listed)
+
+
+def test_bench_only_options_refuse_non_finite_numbers_and_negative_indices(tmp_path):
+    bench = tmp_path / "bench.yaml"
+    bench.write_text("stacks:\n  a: {strategy: {drafter: {name: prompt_lookup}}}\n")
+    with pytest.raises(ConfigError, match="finite"):
+        read_bench_config(bench, ["baseline_options.confidence_threshold=.nan"])
+    with pytest.raises(ConfigError, match="index -1 is negative"):
+        read_bench_config(bench, ["prompt_sets.-1=x"])
