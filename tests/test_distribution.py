@@ -60,41 +60,45 @@ class WrongConfig:
     pass
 
 
-class RecoverFromTarget:
+class _ScriptedVerifier:
+    """The loop the test verifiers share: draft token i (x) is rejected when ``recover`` returns the
+    distribution to sample its replacement from; after n accepted tokens, the bonus token comes from p."""
+
+    def __init__(self, config: WrongConfig, resources: Resources):
+        self.sampling = resources.sampling
+
+    def recover(self, u: float, i: int, x: int, draft, target_probs: torch.Tensor) -> torch.Tensor | None:
+        raise NotImplementedError
+
+    @hookimpl
+    def pacer_verify(self, state, draft, target_logits) -> Verdict:
+        target_probs = logits_to_probs(target_logits, self.sampling)  # [n + 1, vocab]
+        for i, x in enumerate(draft.tokens.tolist()):
+            recovered = self.recover(float(torch.rand(1, generator=state.generator)), i, x, draft, target_probs)
+            if recovered is not None:
+                return Verdict(i, int(sample(recovered, state.generator)), "recovered")
+        n = len(draft)
+        return Verdict(n, int(sample(target_probs[n], state.generator)), "bonus")
+
+
+class RecoverFromTarget(_ScriptedVerifier):
     """WRONG: accepts with min(1, p/q) but samples the recovered token from p, not the residual."""
 
-    def __init__(self, config: WrongConfig, resources: Resources):
-        self.sampling = resources.sampling
-
-    @hookimpl
-    def pacer_verify(self, state, draft, target_logits) -> Verdict:
-        target_probs = logits_to_probs(target_logits, self.sampling)  # [n + 1, vocab]
-        for i, x in enumerate(draft.tokens.tolist()):
-            q_x = 1.0 if draft.draft_probs is None else float(draft.draft_probs[i, x])
-            if float(torch.rand(1, generator=state.generator)) * q_x >= float(target_probs[i, x]):
-                return Verdict(i, int(sample(target_probs[i], state.generator)), "recovered")
-        n = len(draft)
-        return Verdict(n, int(sample(target_probs[n], state.generator)), "bonus")
+    def recover(self, u, i, x, draft, target_probs):
+        q_x = 1.0 if draft.draft_probs is None else float(draft.draft_probs[i, x])
+        return target_probs[i] if u * q_x >= float(target_probs[i, x]) else None
 
 
-class AcceptIgnoringDraftProbs:
+class AcceptIgnoringDraftProbs(_ScriptedVerifier):
     """WRONG: accepts with p(x), ignoring q, then samples from the residual max(0, p - q)."""
 
-    def __init__(self, config: WrongConfig, resources: Resources):
-        self.sampling = resources.sampling
-
-    @hookimpl
-    def pacer_verify(self, state, draft, target_logits) -> Verdict:
-        target_probs = logits_to_probs(target_logits, self.sampling)  # [n + 1, vocab]
-        for i, x in enumerate(draft.tokens.tolist()):
-            if float(torch.rand(1, generator=state.generator)) >= float(target_probs[i, x]):
-                residual = residual_distribution(target_probs[i], draft.draft_probs[i])
-                return Verdict(i, int(sample(residual, state.generator)), "recovered")
-        n = len(draft)
-        return Verdict(n, int(sample(target_probs[n], state.generator)), "bonus")
+    def recover(self, u, i, x, draft, target_probs):
+        if u >= float(target_probs[i, x]):
+            return residual_distribution(target_probs[i], draft.draft_probs[i])
+        return None
 
 
-class PointMassVerifier:
+class PointMassVerifier(_ScriptedVerifier):
     """Right, though it ignores q: accept x with p(x), else sample from normalize(max(0, p - δx)).
 
     Conditioned on the drafted token x this emits y with p(x)·[y = x] + (1 - p(x))·p(y)/(1 - p(x))
@@ -102,19 +106,11 @@ class PointMassVerifier:
     accepts less often than speculative sampling). A positive control for the wrong verifiers.
     """
 
-    def __init__(self, config: WrongConfig, resources: Resources):
-        self.sampling = resources.sampling
-
-    @hookimpl
-    def pacer_verify(self, state, draft, target_logits) -> Verdict:
-        target_probs = logits_to_probs(target_logits, self.sampling)  # [n + 1, vocab]
-        for i, x in enumerate(draft.tokens.tolist()):
-            if float(torch.rand(1, generator=state.generator)) >= float(target_probs[i, x]):
-                point_mass = torch.nn.functional.one_hot(torch.tensor(x), target_probs.shape[-1]).float()
-                residual = residual_distribution(target_probs[i], point_mass)
-                return Verdict(i, int(sample(residual, state.generator)), "recovered")
-        n = len(draft)
-        return Verdict(n, int(sample(target_probs[n], state.generator)), "bonus")
+    def recover(self, u, i, x, draft, target_probs):
+        if u >= float(target_probs[i, x]):
+            point_mass = torch.nn.functional.one_hot(torch.tensor(x), target_probs.shape[-1]).float()
+            return residual_distribution(target_probs[i], point_mass)
+        return None
 
 
 class TestVerifiers:
