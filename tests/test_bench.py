@@ -1,6 +1,6 @@
 """``pacer bench`` / ``report`` / ``ablate`` and the oracle replay, on tiny seeded models.
 
-``pacer_bench.units.load_models`` is replaced by one returning tests/tiny.py models and a character
+``pacer_bench.units.load_models`` is replaced by one returning tests/helpers.py's tiny models and a character
 tokenizer, so nothing real loads. Timings on tiny models mean nothing; the tests check bookkeeping:
 records, resumption, recomputation, exactness and the oracle's arithmetic.
 """
@@ -14,7 +14,6 @@ import statistics
 from pathlib import Path
 
 import pytest
-import torch
 
 from pacer_bench import units
 from pacer_bench.answers import AnswerLog, first_divergence
@@ -28,7 +27,7 @@ from pacer_core.errors import InputError
 from pacer_core.hf import hf_generate_traced
 from pacer_core.metrics import step_metrics
 
-from tiny import adapter, reference_greedy, tiny_llama
+from helpers import adapter, reference_greedy, run_cli, tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["the cat sat on the mat. the cat sat on the", "abc abc abc abc abc", "to be or not to be, to be",
@@ -48,15 +47,6 @@ class CharTokenizer:
 
     def decode(self, ids) -> str:
         return "".join(chr(32 + i - 3) for i in ids if 3 <= i < 63)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run far faster on one thread, above all on a busy machine (thread hand-offs dominate)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -93,12 +83,6 @@ def write_bench(folder: Path, body: str, n: int = 3) -> Path:
 
 def read_records(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
-
-
-def run_cli(argv, capsys):
-    code = cli.main(argv)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 # -- a full tiny bench, shared by several tests -------------------------------------------------

@@ -17,7 +17,7 @@ import torch
 
 from pacer_core import Component, DraftBlock, Engine, hookimpl, load_config
 from pacer_core.engine import _branch_layout
-from tiny import VOCAB, adapter, reference_greedy, tiny_llama
+from helpers import VOCAB, adapter, reference_greedy, tiny_llama
 
 BUDGET = 30
 GAMMA = 3

@@ -1,6 +1,6 @@
 """The ``pacer`` command line, on tiny seeded models (no real model loads).
 
-``pacer_core.cli.build_engine`` is replaced by one building an engine around tests/tiny.py models
+``pacer_core.cli.build_engine`` is replaced by one building an engine around tests/helpers.py's tiny models
 and a byte tokenizer; the vocabulary check of ``Engine.from_config`` runs against a replaced
 ``pacer_core.hf.loading.load_model``.
 """
@@ -22,7 +22,7 @@ from pacer_bench.config import is_bench_config
 from pacer_core import Engine, cli, load_config
 from pacer_core.registry import components, new_plugin_manager
 
-from tiny import VOCAB, adapter, tiny_llama
+from helpers import VOCAB, adapter, assert_one_line_error, make_draft, run_cli as run, tiny_llama, write_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,22 +66,6 @@ def tiny_engine(cfg):
 @pytest.fixture
 def tiny(monkeypatch):
     monkeypatch.setattr(cli, "build_engine", tiny_engine)
-
-
-def run(argv, capsys):
-    code = cli.main(argv)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_one_line_error(code, err, *needles):
-    assert code == 2
-    assert "Traceback" not in err
-    lines = err.splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("pacer: error: ")
-    for needle in needles:
-        assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
 
 
 PROMPT = "abc abc abc ab"  # repeats, so prompt lookup finds n-grams to draft
@@ -180,13 +164,9 @@ def test_every_shipped_config_generates(tiny, capsys, config, tmp_path):
     if "draft_model" in resolved.drafter.component.needs and load_config(config, require_models=False).draft is None:
         extra.append("draft.path=tiny-draft")  # tiny_engine supplies tiny model 1
     if resolved.drafter.component.name == "eagle":
-        from test_feature_draft import make_draft
-
         extra.append(f"strategy.drafter.path={make_draft(tiny_model(0), tmp_path / 'eagle')}")
     for item in resolved:
         if item.component.name == "pacer" and item.config.checkpoint is None:  # a random M_B
-            from test_pacer_stop import write_checkpoint
-
             index = item.where[len("strategy.stop["):-1]
             folder = write_checkpoint(tmp_path / f"mb{index}", tiny_model(0).config.hidden_size)
             extra.append(f"strategy.stop.{index}.checkpoint={folder}")

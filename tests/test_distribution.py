@@ -19,7 +19,6 @@ test itself.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import multiprocessing
 import os
@@ -31,28 +30,21 @@ import attrs
 import pytest
 import torch
 
-from pacer_core import Component, Engine, Resources, SamplingParams, Verdict, hookimpl, load_config
+from pacer_core import Component, Resources, SamplingParams, Verdict, hookimpl
 from pacer_core.acceptance import residual_distribution
 from pacer_core.sampling import logits_to_probs, sample
-from pacer_core.testing import ScriptedLM, chisquare_pvalue, exact_continuation_probs, random_table
+from pacer_core.testing import ScriptedLM, chisquare_pvalue, exact_continuation_probs
 
-VOCAB = 8
-LENGTH = 3  # tokens per generation: 8**3 = 512 outcomes
+from helpers import (DRAFT_TABLE, LENGTH, PASS_P, PROMPT, SAMPLINGS, TARGET_TABLE, adapter, build_engine,
+                     sample_outputs as run, single_thread, tiny_llama)
+from helpers import SCRIPTED_VOCAB as VOCAB
+
 SAMPLES = 20_000
-PASS_P = 1e-3  # a correct strategy must reach this p-value
 FAIL_P = 1e-6  # a wrong verifier must fall below this one
-CYCLE = (0, 1, 2, 3)
-PROMPT = [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]  # repetitive, so prompt_lookup finds n-grams to draft
 
 DRAFTERS = ("autoregressive", "draft_model", "prompt_lookup")
 STOPS = {"fixed2": "{name: fixed, gamma: 2}", "fixed3": "{name: fixed, gamma: 3}",
          "heuristic": "{name: heuristic, gamma: 2}"}
-SAMPLINGS = {
-    "t1": {"temperature": 1.0},
-    "t0.6": {"temperature": 0.6},
-    "topk3": {"temperature": 1.0, "top_k": 3},
-    "topp0.8": {"temperature": 1.0, "top_p": 0.8},
-}
 BASE_SAMPLING = "t1"
 VARIANT_COMBINATION = ("draft_model", "fixed3")
 WORKERS = int(os.environ.get("PACER_TEST_WORKERS", "2"))
@@ -62,75 +54,51 @@ HF_PROMPT = [3, 7, 11, 5]
 HF_SAMPLES = 2_000
 
 
-def cycle_bias(strength: float) -> torch.Tensor:
-    """[buckets, vocab] logits bonus for the token continuing CYCLE after its last token."""
-    model = ScriptedLM(VOCAB)
-    bias = torch.zeros(model.buckets, VOCAB)
-    for prev in range(VOCAB + 1):
-        for last in CYCLE:
-            context = [last] if prev == VOCAB else [prev, last]
-            bias[model.key(context), CYCLE[(CYCLE.index(last) + 1) % len(CYCLE)]] = strength
-    return bias
-
-
-# The target likes to continue the cycle (so prompt_lookup's drafts are often accepted); the draft
-# shares half of its table and is otherwise random (so rejections and recovered tokens are common).
-TARGET_TABLE = random_table(VOCAB, seed=0, scale=1.5) + cycle_bias(1.5)
-DRAFT_TABLE = 0.5 * TARGET_TABLE + 0.5 * random_table(VOCAB, seed=1, scale=2.0)
-
-
-@contextlib.contextmanager
-def single_thread():
-    """Tiny tensors: intra-op threads only add overhead (and contention on shared runners)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 # -- deliberately wrong verifiers ----------------------------------------------------------------
 @attrs.define
 class WrongConfig:
     pass
 
 
-class RecoverFromTarget:
+class _ScriptedVerifier:
+    """The loop the test verifiers share: draft token i (x) is rejected when ``recover`` returns the
+    distribution to sample its replacement from; after n accepted tokens, the bonus token comes from p."""
+
+    def __init__(self, config: WrongConfig, resources: Resources):
+        self.sampling = resources.sampling
+
+    def recover(self, u: float, i: int, x: int, draft, target_probs: torch.Tensor) -> torch.Tensor | None:
+        raise NotImplementedError
+
+    @hookimpl
+    def pacer_verify(self, state, draft, target_logits) -> Verdict:
+        target_probs = logits_to_probs(target_logits, self.sampling)  # [n + 1, vocab]
+        for i, x in enumerate(draft.tokens.tolist()):
+            recovered = self.recover(float(torch.rand(1, generator=state.generator)), i, x, draft, target_probs)
+            if recovered is not None:
+                return Verdict(i, int(sample(recovered, state.generator)), "recovered")
+        n = len(draft)
+        return Verdict(n, int(sample(target_probs[n], state.generator)), "bonus")
+
+
+class RecoverFromTarget(_ScriptedVerifier):
     """WRONG: accepts with min(1, p/q) but samples the recovered token from p, not the residual."""
 
-    def __init__(self, config: WrongConfig, resources: Resources):
-        self.sampling = resources.sampling
-
-    @hookimpl
-    def pacer_verify(self, state, draft, target_logits) -> Verdict:
-        target_probs = logits_to_probs(target_logits, self.sampling)  # [n + 1, vocab]
-        for i, x in enumerate(draft.tokens.tolist()):
-            q_x = 1.0 if draft.draft_probs is None else float(draft.draft_probs[i, x])
-            if float(torch.rand(1, generator=state.generator)) * q_x >= float(target_probs[i, x]):
-                return Verdict(i, int(sample(target_probs[i], state.generator)), "recovered")
-        n = len(draft)
-        return Verdict(n, int(sample(target_probs[n], state.generator)), "bonus")
+    def recover(self, u, i, x, draft, target_probs):
+        q_x = 1.0 if draft.draft_probs is None else float(draft.draft_probs[i, x])
+        return target_probs[i] if u * q_x >= float(target_probs[i, x]) else None
 
 
-class AcceptIgnoringDraftProbs:
+class AcceptIgnoringDraftProbs(_ScriptedVerifier):
     """WRONG: accepts with p(x), ignoring q, then samples from the residual max(0, p - q)."""
 
-    def __init__(self, config: WrongConfig, resources: Resources):
-        self.sampling = resources.sampling
-
-    @hookimpl
-    def pacer_verify(self, state, draft, target_logits) -> Verdict:
-        target_probs = logits_to_probs(target_logits, self.sampling)  # [n + 1, vocab]
-        for i, x in enumerate(draft.tokens.tolist()):
-            if float(torch.rand(1, generator=state.generator)) >= float(target_probs[i, x]):
-                residual = residual_distribution(target_probs[i], draft.draft_probs[i])
-                return Verdict(i, int(sample(residual, state.generator)), "recovered")
-        n = len(draft)
-        return Verdict(n, int(sample(target_probs[n], state.generator)), "bonus")
+    def recover(self, u, i, x, draft, target_probs):
+        if u >= float(target_probs[i, x]):
+            return residual_distribution(target_probs[i], draft.draft_probs[i])
+        return None
 
 
-class PointMassVerifier:
+class PointMassVerifier(_ScriptedVerifier):
     """Right, though it ignores q: accept x with p(x), else sample from normalize(max(0, p - δx)).
 
     Conditioned on the drafted token x this emits y with p(x)·[y = x] + (1 - p(x))·p(y)/(1 - p(x))
@@ -138,19 +106,11 @@ class PointMassVerifier:
     accepts less often than speculative sampling). A positive control for the wrong verifiers.
     """
 
-    def __init__(self, config: WrongConfig, resources: Resources):
-        self.sampling = resources.sampling
-
-    @hookimpl
-    def pacer_verify(self, state, draft, target_logits) -> Verdict:
-        target_probs = logits_to_probs(target_logits, self.sampling)  # [n + 1, vocab]
-        for i, x in enumerate(draft.tokens.tolist()):
-            if float(torch.rand(1, generator=state.generator)) >= float(target_probs[i, x]):
-                point_mass = torch.nn.functional.one_hot(torch.tensor(x), target_probs.shape[-1]).float()
-                residual = residual_distribution(target_probs[i], point_mass)
-                return Verdict(i, int(sample(residual, state.generator)), "recovered")
-        n = len(draft)
-        return Verdict(n, int(sample(target_probs[n], state.generator)), "bonus")
+    def recover(self, u, i, x, draft, target_probs):
+        if u >= float(target_probs[i, x]):
+            point_mass = torch.nn.functional.one_hot(torch.tensor(x), target_probs.shape[-1]).float()
+            return residual_distribution(target_probs[i], point_mass)
+        return None
 
 
 class TestVerifiers:
@@ -174,32 +134,8 @@ TEST_PLUGINS = (TestVerifiers(),)
 
 
 # -- running one case ----------------------------------------------------------------------------
-def build_engine(target, draft, drafter: str, stop: str, sampling: dict,
-                 verifier: str = "speculative_sampling") -> Engine:
-    overrides = [f"strategy.drafter={{name: {drafter}}}", f"strategy.stop=[{stop}]",
-                 f"strategy.verifier={{name: {verifier}}}", "strategy.observers=[]",
-                 "generation.ignore_eos=true"]
-    overrides += [f"sampling.{key}={value}" for key, value in sampling.items()]
-    cfg = load_config(overrides=overrides, extra_plugins=TEST_PLUGINS, require_models=False)
-    return Engine.build(target, draft=draft, cfg=cfg, extra_plugins=TEST_PLUGINS)
-
-
-def run(engine: Engine, prompt: list[int], samples: int) -> tuple[list[tuple[int, ...]], float]:
-    """``samples`` generations of LENGTH tokens with seeds 0, 1, ...; returns (token tuples, mean
-    steps per generation)."""
-    outputs, steps = [], 0
-    for seed in range(samples):
-        result = engine.generate(prompt, max_new_tokens=LENGTH, seed=seed)
-        assert len(result.tokens) == LENGTH and result.finish_reason == "length"
-        outputs.append(tuple(result.tokens))
-        steps += result.metrics["target_forwards"] - 1  # one target forward per step, plus the prefill
-    return outputs, steps / samples
-
-
 def hf_models():
     """A tiny Llama target (peaky: scaled lm_head) and a draft that is a noisy copy of it."""
-    from tiny import adapter, tiny_llama
-
     target = tiny_llama(0, vocab=HF_VOCAB, scale=25.0)
     draft = tiny_llama(0, vocab=HF_VOCAB, scale=25.0)
     generator = torch.Generator().manual_seed(1)
@@ -236,7 +172,7 @@ def measure(case: Case) -> tuple[float, float, float]:
             target = ScriptedLM(VOCAB, table=TARGET_TABLE.clone())
             draft, prompt = ScriptedLM(VOCAB, seed=1, table=draft_table.clone()), PROMPT
         engine = build_engine(target, draft, case.drafter, STOPS[case.stop], SAMPLINGS[case.sampling],
-                              case.verifier)
+                              case.verifier, plugins=TEST_PLUGINS)
         outputs, steps = run(engine, prompt, case.samples)
         expected = exact_continuation_probs(target, prompt, LENGTH, engine.sampling)
         p_value = chisquare_pvalue(outputs, expected)

@@ -27,8 +27,7 @@ from pacer_core import hookspecs
 from pacer_core.config import GenerationConfig, ModelConfig, SamplingConfig, StrategyConfig
 from pacer_core.registry import KINDS, components, new_plugin_manager
 
-sys.path.insert(0, str(Path(__file__).parent))
-from tiny import adapter, reference_greedy, tiny_llama  # noqa: E402
+from helpers import adapter, reference_greedy, tiny_llama
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 EXAMPLES = DOCS / "examples"

@@ -10,9 +10,7 @@ the exact-distribution test of tests/test_distribution.py for sampled speculativ
 
 from __future__ import annotations
 
-import copy
 import math
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -29,11 +27,10 @@ from entropy_stop import rules
 from entropy_stop.policies import (Confidence, ConfidenceConfig, EntropyBound, EntropyConfig, SvipConfig,
                                    judge_new_tokens)
 
-sys.path.insert(0, str(Path(__file__).parent))
-from strategies import distribution  # noqa: E402
-from test_distribution import (DRAFT_TABLE, LENGTH, PASS_P, PROMPT, SAMPLINGS, TARGET_TABLE, VOCAB,  # noqa: E402
-                               build_engine, run, single_thread)
-from tiny import adapter, reference_greedy, tiny_llama  # noqa: E402
+from helpers import (DRAFT_TABLE, LENGTH, PASS_P, PROMPT, SAMPLINGS, TARGET_TABLE, adapter, build_engine,
+                     sample_outputs as run, single_thread)
+from helpers import SCRIPTED_VOCAB as VOCAB
+from strategies import distribution
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 POLICIES = ("entropy", "svip", "confidence")
@@ -381,6 +378,7 @@ def test_shipped_stacks_name_their_policy_and_validate(name):
 # -- losslessness: greedy ------------------------------------------------------------------------
 PROMPTS = ([5, 9, 13, 5, 9, 21, 7], [3, 17, 30, 12, 3, 17])
 BUDGET = 40
+GREEDY_SCALE = 32.0  # the target is peaky: draft entropies and probabilities spread out (greedy_models)
 CAP = 3
 # thresholds pinned for the tiny pair (the shipped defaults are tuned for the embedded one)
 ENTROPY, SVIP, CONFIDENCE = "{name: entropy, threshold: 0.4}", "{name: svip, threshold: 0.6}", \
@@ -413,18 +411,6 @@ class DraftLog:
         if len(draft):
             self.bounds.append(rules.acceptance_bound(rules.entropy(draft.draft_probs), 0.2).tolist())
             self.last_prob.append(float(rules.chosen_probs(draft.draft_probs, draft.tokens)[-1]))
-
-
-@pytest.fixture(scope="module")
-def greedy_models():
-    target = tiny_llama(0, scale=32.0)  # peaky: draft entropies and probabilities spread out
-    draft = copy.deepcopy(target)  # a perturbed copy: agrees often, not always
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for param in draft.parameters():
-            param.add_(0.02 * torch.randn(param.shape, generator=generator))
-    references = [reference_greedy(target, prompt, BUDGET, eos=False) for prompt in PROMPTS]
-    return target, draft, references
 
 
 @pytest.mark.parametrize("stack", list(STACKS), ids=str)

@@ -2,7 +2,7 @@
 
 Every built-in drafter × stop policy × verifier (``speculative_sampling`` at temperature 0 included)
 is run on tiny seeded Llama models (fp32, built from configs) and compared with transformers'
-``generate(do_sample=False)`` of the target (``tiny.reference_greedy``). Drafts: the target itself
+``generate(do_sample=False)`` of the target (``helpers.reference_greedy``). Drafts: the target itself
 (every draft token accepted), a differently seeded model (almost none accepted) and a perturbed copy
 (some accepted). Edge cases: EOS inside the draft, the token budget ending inside the draft,
 one-token prompts, repetitive prompts (prompt lookup hits). An observer plugin registered through
@@ -17,10 +17,9 @@ import math
 
 import attrs
 import pytest
-import torch
 
 from pacer_core import Component, Engine, hookimpl, load_config
-from tiny import EOS, adapter, reference_greedy, tiny_llama
+from helpers import EOS, adapter, perturbed, reference_greedy, tiny_llama, with_eos_bias
 
 BUDGET = 22
 PROMPTS = {"plain": [5, 9, 13, 7, 22], "one_token": [17], "repetitive": [5, 9, 13, 5, 9, 13, 5, 9]}
@@ -48,28 +47,6 @@ DRAFT_SETUPS = [
 
 
 # -- models ----------------------------------------------------------------------------------
-
-
-def perturbed(model, std: float, seed: int):
-    """``model`` with Gaussian noise of ``std`` times each weight tensor's own spread added."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for weight in model.parameters():
-            if weight.numel() > 1:
-                weight.add_(torch.randn(weight.shape, generator=generator) * std * weight.std())
-    return model
-
-
-def with_eos_bias(model, bias: float):
-    """``model`` whose output layer adds ``bias`` to the EOS logit."""
-    old = model.lm_head
-    head = torch.nn.Linear(old.in_features, old.out_features, bias=True)
-    with torch.no_grad():
-        head.weight.copy_(old.weight)
-        head.bias.zero_()
-        head.bias[EOS] = bias
-    model.lm_head = head
-    return model
 
 
 @functools.cache

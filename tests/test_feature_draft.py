@@ -11,22 +11,11 @@ import torch
 
 from pacer_core import Engine, InputError, hookimpl, load_config
 from pacer_core.kernels import PackedLinear, packing_supported
-from tiny import EOS, adapter, reference_greedy, tiny_llama
+from helpers import EOS, adapter, make_draft, reference_greedy, tiny_llama
 
 from feature_draft.distill import DistillConfig, draft_loss, frequent_tokens, train
 from feature_draft.model import ArchConfig, FeatureDraft
 from feature_draft.distill import _attention_shape
-
-
-def make_draft(target_model, folder, seed=0, digest=None):
-    target = adapter(target_model)
-    arch = ArchConfig(hidden_size=target.hidden_size, vocab_size=target.vocab_size, subset_size=48,
-                      intermediate_size=64, **_attention_shape(target))
-    torch.manual_seed(seed)
-    net = FeatureDraft(arch)
-    net.subset.copy_(torch.arange(48))  # tokens 48..63 lie outside the draft's vocabulary
-    net.save(folder, {"target_digest": digest})
-    return folder
 
 
 def eagle_engine(target_model, folder, stop="{name: fixed, gamma: 3}", extra=(), plugins=(), digest=None):

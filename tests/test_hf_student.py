@@ -11,7 +11,7 @@ import torch
 from pacer_core.errors import InputError
 from pacer_core.hf import (SHARED_FILE, SUBSET_FILE, HFModel, materialize, save_student,
                            student_from_target, weights_digest)
-from tiny import adapter, tiny_llama
+from helpers import adapter, tiny_llama
 
 
 def _tied_target(tmp_path):

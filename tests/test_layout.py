@@ -7,6 +7,11 @@ packages is read with ``ast`` — at module level and inside functions alike; on
 - no import cycle between modules;
 - pacer_core (the engine) imports nothing from pacer_bench, pacer_train or any plugin package;
 - only the model adapter, ``pacer_core/hf.py`` or the ``pacer_core/hf/`` package, imports transformers.
+
+And the tests themselves: no test module imports another test module (shared code is in
+tests/helpers.py and tests/strategies.py, shared fixtures in tests/conftest.py), nothing in tests/
+changes ``sys.path`` (pyproject's ``pythonpath`` puts tests/ on it) and only tests/helpers.py sets
+torch's thread count (conftest.py applies it to every test).
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PLUGINS = ROOT / "plugins"
 CORE = "pacer_core"
 HARNESS = ("pacer_bench", "pacer_train")
+TESTS = ROOT / "tests"
+THREADS_HELPER = "helpers.py"  # the one module of tests/ calling torch.set_num_threads
 ADAPTER = "pacer_core.hf"  # a module (hf.py) or a package (hf/): the only importer of transformers
 MODEL_LIBRARY = "transformers"
 
@@ -205,3 +212,59 @@ def test_imports_inside_functions_count_and_type_checking_blocks_do_not(tmp_path
     names = {name for name, _ in _imports("pkg.mod", path)}
     assert {"pkg.sibling.g", "transformers", "a.fallback", "typing.TYPE_CHECKING"} == names
 
+
+
+# -- the tests' own layout ---------------------------------------------------------------------------
+def _is_sys_path(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name)
+            and node.value.id == "sys")
+
+
+def _changes_sys_path(node: ast.AST) -> bool:
+    """``sys.path.insert(...)`` (append, extend, ...), ``sys.path = ...``, ``sys.path[:] = ...``, ``sys.path += ...``."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and _is_sys_path(node.func.value):
+        return node.func.attr in {"insert", "append", "extend", "remove", "pop", "clear"}
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AugAssign) else []
+    return any(_is_sys_path(t) or (isinstance(t, ast.Subscript) and _is_sys_path(t.value)) for t in targets)
+
+
+def test_folder_problems(folder: Path) -> list[str]:
+    """In every .py file of a test folder: imports of a test module (``test_*``, ``conftest``, by any
+    path: ``test_x``, ``tests.test_x``, ``from . import test_x``), changes to ``sys.path`` and, outside
+    THREADS_HELPER, calls of ``set_num_threads``."""
+    test_modules = {p.stem for p in folder.glob("*.py") if p.stem.startswith("test_") or p.stem == "conftest"}
+    problems = []
+    for path in sorted(folder.glob("*.py")):
+        where = path.relative_to(folder)
+        problems += [f"{where}:{line} imports the test module {name}" for name, line in _imports(path.stem, path)
+                     if set(name.split(".")) & (test_modules - {path.stem})]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if _changes_sys_path(node):
+                problems.append(f"{where}:{node.lineno} changes sys.path")
+            if (path.name != THREADS_HELPER and isinstance(node, ast.Call)
+                    and getattr(node.func, "attr", getattr(node.func, "id", None)) == "set_num_threads"):
+                problems.append(f"{where}:{node.lineno} sets torch's thread count")
+    return problems
+
+
+test_folder_problems.__test__ = False  # a helper of the tests below, not a test
+
+
+def test_test_modules_share_code_through_helpers_and_conftest_only():
+    problems = test_folder_problems(TESTS)
+    assert not problems, ("tests/: " + "; ".join(problems) + " (shared builders go in tests/helpers.py, shared "
+                          "fixtures in tests/conftest.py; thread counts through helpers.torch_threads or "
+                          "conftest's real_model_threads fixture)")
+
+
+def test_the_test_folder_check_catches_what_it_forbids(tmp_path):
+    (tmp_path / "conftest.py").write_text("from helpers import pin_threads\n")
+    (tmp_path / "helpers.py").write_text("import torch\ntorch.set_num_threads(1)\n")
+    (tmp_path / "test_a.py").write_text("import sys\nsys.path.insert(0, 'x')\nfrom test_b import f\n"
+                                        "import helpers, strategies\nprint(sys.path)\n")
+    (tmp_path / "test_b.py").write_text("import sys\ndef f():\n    from . import test_a\n    import tests.conftest\n"
+                                        "    sys.path[:] = []\n    torch.set_num_threads(2)\n")
+    assert sorted(test_folder_problems(tmp_path)) == [
+        "test_a.py:2 changes sys.path", "test_a.py:3 imports the test module test_b.f",
+        "test_b.py:3 imports the test module .test_a", "test_b.py:4 imports the test module tests.conftest",
+        "test_b.py:5 changes sys.path", "test_b.py:6 sets torch's thread count"]

@@ -31,7 +31,7 @@ from pacer_core import (Component, ConfigError, DecodeState, Draft, Engine, Inpu
                         SamplingParams, Stop, hookimpl, load_config)
 from pacer_core.registry import components, new_plugin_manager
 from pacer_core.testing import ScriptedLM, random_table
-from tiny import EOS, adapter, reference_greedy, tiny_llama
+from helpers import EOS, adapter, perturbed, reference_greedy, tiny_llama, with_eos_bias
 
 BUDGET = 30
 PROMPTS = {
@@ -40,16 +40,6 @@ PROMPTS = {
     "repetitive": [5, 9, 13, 40, 5, 9, 13, 40, 5, 9, 13, 40, 5, 9, 13, 40, 5, 9],
 }
 DRAFTER = "{name: ouroboros, window_size: 4, level: 4, guess_set_size: 6, topk: 3}"
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy machine thread hand-offs make
-    every small op many times slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 # -- the phrase pool -----------------------------------------------------------------------------
@@ -199,15 +189,6 @@ def test_lookahead_layout_shapes_without_window_or_phrases():
 
 
 # -- decoding through the engine -------------------------------------------------------------------
-def perturbed(model, std: float, seed: int):
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for weight in model.parameters():
-            if weight.numel() > 1:
-                weight.add_(torch.randn(weight.shape, generator=generator) * std * weight.std())
-    return model
-
-
 @functools.cache
 def model(kind: str):
     builders = {
@@ -396,17 +377,6 @@ def test_gamma_caps_the_draft_whatever_the_stop_asks():
     assert result.tokens == reference(tuple(PROMPTS["plain"]), BUDGET)
     lengths = [len(r.draft) for r in plugin.checks.records]
     assert max(lengths) == 2 and lengths.count(2) >= len(lengths) - 1
-
-
-def with_eos_bias(model_, bias: float):
-    old = model_.lm_head
-    head = torch.nn.Linear(old.in_features, old.out_features, bias=True)
-    with torch.no_grad():
-        head.weight.copy_(old.weight)
-        head.bias.zero_()
-        head.bias[EOS] = bias
-    model_.lm_head = head
-    return model_
 
 
 def test_eos_inside_the_draft_ends_the_generation():

@@ -12,10 +12,8 @@ M_B checkpoints are randomly initialised and written to tmp_path.
 
 from __future__ import annotations
 
-import copy
 import itertools
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,34 +25,20 @@ from pacer_core import ConfigError, Draft, DraftBlock, Engine, InputError, StepR
 from pacer_core.testing import ScriptedLM, chisquare_pvalue, exact_continuation_probs
 
 from pacer_stop.metrics import accuracy, expected_calibration_error, prediction_report, roc_auc
-from pacer_stop.model import IncrementalPredictor, PreVerifier, PreVerifierArch, pack, packing_mask
+from pacer_stop.model import IncrementalPredictor, PreVerifier, pack, packing_mask
 from pacer_stop.policy import PacerStop, PacerStopConfig
 from pacer_stop import train as trainer
 from pacer_train import load_run_file  # what train-preverify writes reads back with weights_only=True
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_distribution import (DRAFT_TABLE, LENGTH, PASS_P, PROMPT, SAMPLINGS, TARGET_TABLE, VOCAB,  # noqa: E402
-                               build_engine, run, single_thread)
-from tiny import adapter, reference_greedy, tiny_llama  # noqa: E402
+from helpers import (DRAFT_TABLE, LENGTH, PASS_P, PROMPT, SAMPLINGS, TARGET_TABLE, adapter, build_engine,
+                     make_draft, reference_greedy, sample_outputs as run, single_thread, small_arch, tiny_llama,
+                     write_checkpoint)
+from helpers import SCRIPTED_VOCAB as VOCAB
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 # -- helpers -------------------------------------------------------------------------------------
-def small_arch(input_size: int, **options) -> PreVerifierArch:
-    shape = dict(input_size=input_size, width=16, heads=2, ffn_size=32, max_positions=16)
-    shape.update(options)
-    return PreVerifierArch(**shape)
-
-
-def write_checkpoint(folder: Path, input_size: int, seed: int = 0, target_digest=None, draft_identity=None,
-                     **options) -> Path:
-    torch.manual_seed(seed)
-    PreVerifier(small_arch(input_size, **options)).save(
-        folder, {"target_digest": target_digest, "draft_identity": draft_identity})
-    return folder
-
-
 class ScriptedPredictor:
     """A fake M_B: the probability of draft position i is ``probs[i]``. Records its calls."""
 
@@ -368,7 +352,6 @@ def test_a_checkpoint_for_another_pair_fails_in_one_line(tmp_path):
 
 def test_the_eagle_drafters_identity_reaches_the_stop(tmp_path):
     from feature_draft.drafter import draft_identity
-    from test_feature_draft import make_draft
 
     target_model = tiny_llama(0)
     eagle = make_draft(target_model, tmp_path / "eagle", digest="aaaa")
@@ -430,18 +413,7 @@ def test_the_shipped_checkpoint_for_the_run_pair_is_chosen(tmp_path, monkeypatch
 # -- losslessness ----------------------------------------------------------------------------------
 BUDGET = 40
 PROMPTS = [[5, 9, 13, 5, 9, 21, 7], [1, 2, 3, 4, 5, 6, 7, 8], [30, 31, 30, 31, 30]]
-
-
-@pytest.fixture(scope="module")
-def greedy_models():
-    target = tiny_llama(0, scale=6.0)
-    draft = copy.deepcopy(target)  # a perturbed copy: agrees often, not always
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for param in draft.parameters():
-            param.add_(0.02 * torch.randn(param.shape, generator=generator))
-    references = [reference_greedy(target, prompt, BUDGET, eos=False) for prompt in PROMPTS]
-    return target, draft, references
+GREEDY_SCALE = 6.0  # the tiny target of greedy_models
 
 
 @pytest.mark.parametrize("stack", [

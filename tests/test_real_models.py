@@ -14,18 +14,8 @@ import torch
 from pacer_core import Component, Engine, hookimpl, load_config
 from pacer_core.hf import HFModel, hf_generate, load_model
 
-pytestmark = pytest.mark.filterwarnings("ignore")
-
-
-@pytest.fixture(autouse=True)
-def two_threads():
-    """Real models use both cores (the suite runs tiny models on one thread)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
+# real models use both cores (the suite runs tiny models on one thread): conftest.py's real_model_threads
+pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.usefixtures("real_model_threads")]
 
 
 class CacheAudit:

@@ -22,6 +22,8 @@ from pacer_core.errors import InputError
 from pacer_train import (TrainingRun, atomic_save, check_out_dir, cosine_lr, count_parameters, guard_recipe,
                          load_run_file, recipe_difference, training_command)
 
+from helpers import Planted, bad_out_folders
+
 
 # -- the learning-rate schedule ---------------------------------------------------------------------
 @pytest.mark.parametrize("floor", [0.1, 0.05])
@@ -144,16 +146,6 @@ def test_a_crash_mid_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]  # no temporary file left behind
 
 
-class Planted:
-    """Unpickling this would create the marker file: a stand-in for a crafted run file."""
-
-    def __init__(self, marker: str):
-        self.marker = marker
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.marker}",))
-
-
 def plant(path: Path, marker: Path, wrap=lambda payload: payload) -> Path:
     torch.save(wrap(Planted(str(marker))), path)
     return path
@@ -184,25 +176,6 @@ def test_a_truncated_file_fails_in_one_line(tmp_path):
 
 
 # -- the out folder ---------------------------------------------------------------------------------
-def unwritable_places(tmp_path) -> list[Path]:
-    places = []
-    if os.geteuid() != 0:  # root writes anywhere: use a place no one can write to instead
-        locked = tmp_path / "locked"
-        locked.mkdir()
-        locked.chmod(0o555)
-        places.append(locked / "out")
-    for candidate in (Path("/sys/pacer-out"), Path("/proc/pacer-out")):
-        if candidate.parent.is_dir():
-            places.append(candidate)
-    return places
-
-
-def bad_out_folders(tmp_path) -> list[Path]:
-    a_file = tmp_path / "a-file"
-    a_file.write_text("x")
-    return [a_file, a_file / "out", Path(os.devnull)] + unwritable_places(tmp_path)
-
-
 def test_out_folders_that_cannot_hold_a_run_are_refused_in_one_line(tmp_path):
     for folder in bad_out_folders(tmp_path):
         with pytest.raises(InputError) as info:

@@ -6,8 +6,6 @@ with exit code 2 before any model is loaded. The models are tiny stand-ins for t
 
 from __future__ import annotations
 
-import copy
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,20 +14,7 @@ import torch
 import pacer_core.hf as hf
 from pacer_core import cli
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_train_scaffold import Planted, bad_out_folders  # noqa: E402
-from tiny import adapter, tiny_llama  # noqa: E402
-
-
-def one_line_error(capsys, argv: list[str]) -> str:
-    """The command's error: exit code 2, one line ``pacer: error: ...`` last on stderr (after any
-    progress the stages printed), no traceback."""
-    code = cli.main(argv)
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert code == 2, lines
-    assert lines[-1].startswith("pacer: error: ") and sum("pacer: error" in line for line in lines) == 1, lines
-    assert not any("Traceback" in line for line in lines), lines
-    return lines[-1]
+from helpers import Planted, adapter, bad_out_folders, noisy_copy, one_line_error, tiny_llama
 
 
 @pytest.fixture
@@ -60,10 +45,7 @@ PREVERIFY = ["drafter={name: draft_model}", "verifier={name: greedy}", "data.win
 @pytest.fixture
 def tiny_pair(monkeypatch, tmp_path):
     target = tiny_llama(0, scale=6.0)
-    draft = copy.deepcopy(target)
-    with torch.no_grad():
-        for param in draft.parameters():
-            param.add_(0.02 * torch.randn(param.shape, generator=torch.Generator().manual_seed(1)))
+    draft = noisy_copy(target)
     monkeypatch.setattr(hf, "load_section", lambda section, role: (adapter(target), None, None))
     monkeypatch.setattr(hf, "load_draft", lambda section, tokenizer: adapter(draft))
 

@@ -1,0 +1,289 @@
+"""The shared builders and helpers of the test suite (``import helpers``; pytest puts tests/ on
+``sys.path``, see ``pythonpath`` in pyproject.toml). Test modules import from here and from
+``strategies`` (Hypothesis strategies), never from one another; pytest fixtures live in conftest.py.
+
+- tiny seeded Hugging Face models built from configs (nothing downloaded), their variants, the
+  target's own greedy decoding, and random drafts (eagle) and M_B checkpoints (pacer) for them;
+- the scripted setup of the exact-distribution tests (``ScriptedLM`` tables, one engine, its samples);
+- running ``pacer`` commands and checking their one-line errors; crafted run files and out folders
+  that cannot hold a run;
+- ``pin_threads``/``torch_threads``, the one place the tests set torch's thread count (conftest.py
+  applies it to every test).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from pacer_core import Engine, load_config
+from pacer_core.hf import HFModel
+from pacer_core.testing import ScriptedLM, random_table
+
+if TYPE_CHECKING:
+    from transformers import LlamaForCausalLM
+
+# -- threads -------------------------------------------------------------------------------------
+TEST_THREADS = 1  # tiny models only lose time to thread synchronisation, badly so on a busy machine
+REAL_MODEL_THREADS = 2  # real models use both cores
+
+
+def pin_threads(count: int = TEST_THREADS) -> None:
+    """torch runs on ``count`` intra-op threads from now on (a no-op when it already does)."""
+    if torch.get_num_threads() != count:
+        torch.set_num_threads(count)
+
+
+@contextlib.contextmanager
+def torch_threads(count: int = TEST_THREADS):
+    """torch runs on ``count`` intra-op threads inside the block, and on as many as before after it."""
+    before = torch.get_num_threads()
+    pin_threads(count)
+    try:
+        yield
+    finally:
+        pin_threads(before)
+
+
+def single_thread():
+    """One thread in the block: for code that runs where conftest.py does not (spawned workers)."""
+    return torch_threads(TEST_THREADS)
+
+
+# -- tiny Hugging Face models ----------------------------------------------------------------------
+VOCAB = 64
+EOS = 2
+
+
+def tiny_llama(seed: int, vocab: int = VOCAB, layers: int = 2, hidden: int = 32, scale: float = 1.0,
+               max_positions: int = 256) -> LlamaForCausalLM:
+    """A random Llama; ``scale`` multiplies the output layer (larger = peakier distributions)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
+        eos_token_id=EOS, bos_token_id=1, pad_token_id=0, tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(scale)
+    return model
+
+
+def adapter(model: LlamaForCausalLM, eos: bool = True) -> HFModel:
+    return HFModel(model, eos_token_ids=[EOS] if eos else [])
+
+
+def reference_greedy(model: LlamaForCausalLM, prompt: list[int], max_new_tokens: int, eos: bool = True) -> list[int]:
+    """The target's own greedy decoding, by transformers' ``generate``."""
+    out = model.generate(
+        torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
+        eos_token_id=EOS if eos else None, pad_token_id=0, attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+    )
+    return out[0, len(prompt):].tolist()
+
+
+def perturbed(model, std: float, seed: int):
+    """``model`` with Gaussian noise of ``std`` times each weight tensor's own spread added."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for weight in model.parameters():
+            if weight.numel() > 1:
+                weight.add_(torch.randn(weight.shape, generator=generator) * std * weight.std())
+    return model
+
+
+def noisy_copy(model, std: float = 0.02, seed: int = 1):
+    """A copy of ``model`` with Gaussian noise of ``std`` added to every parameter: as a draft it
+    agrees with ``model`` often, not always."""
+    draft = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in draft.parameters():
+            param.add_(std * torch.randn(param.shape, generator=generator))
+    return draft
+
+
+def with_eos_bias(model, bias: float):
+    """``model`` whose output layer adds ``bias`` to the EOS logit."""
+    old = model.lm_head
+    head = torch.nn.Linear(old.in_features, old.out_features, bias=True)
+    with torch.no_grad():
+        head.weight.copy_(old.weight)
+        head.bias.zero_()
+        head.bias[EOS] = bias
+    model.lm_head = head
+    return model
+
+
+def greedy_pair(scale: float, prompts: list[list[int]], budget: int):
+    """(target, draft, references): a tiny Llama with its output layer scaled by ``scale``, a
+    ``noisy_copy`` of it and the target's greedy decoding (no EOS) of each prompt for ``budget`` tokens."""
+    target = tiny_llama(0, scale=scale)
+    draft = noisy_copy(target)
+    references = [reference_greedy(target, prompt, budget, eos=False) for prompt in prompts]
+    return target, draft, references
+
+
+def make_draft(target_model, folder, seed=0, digest=None):
+    """A random feature-level (``eagle``) draft for the tiny ``target_model``, saved in ``folder``."""
+    from feature_draft.distill import _attention_shape
+    from feature_draft.model import ArchConfig, FeatureDraft
+
+    target = adapter(target_model)
+    arch = ArchConfig(hidden_size=target.hidden_size, vocab_size=target.vocab_size, subset_size=48,
+                      intermediate_size=64, **_attention_shape(target))
+    torch.manual_seed(seed)
+    net = FeatureDraft(arch)
+    net.subset.copy_(torch.arange(48))  # tokens 48..63 lie outside the draft's vocabulary
+    net.save(folder, {"target_digest": digest})
+    return folder
+
+
+def small_arch(input_size: int, **options):
+    """A small PACER pre-verifier (M_B) architecture reading ``input_size`` features."""
+    from pacer_stop.model import PreVerifierArch
+
+    shape = dict(input_size=input_size, width=16, heads=2, ffn_size=32, max_positions=16)
+    shape.update(options)
+    return PreVerifierArch(**shape)
+
+
+def write_checkpoint(folder: Path, input_size: int, seed: int = 0, target_digest=None, draft_identity=None,
+                     **options) -> Path:
+    """An untrained M_B (``small_arch``) saved as a PACER checkpoint folder."""
+    from pacer_stop.model import PreVerifier
+
+    torch.manual_seed(seed)
+    PreVerifier(small_arch(input_size, **options)).save(
+        folder, {"target_digest": target_digest, "draft_identity": draft_identity})
+    return folder
+
+
+# -- the scripted exact-distribution setup --------------------------------------------------------
+# ScriptedLM tables over a tiny vocabulary: the exact distribution of the first LENGTH sampled tokens
+# is enumerable (pacer_core.testing.exact_continuation_probs), so the engine's samples are tested
+# against it with a chi-square test.
+SCRIPTED_VOCAB = 8
+LENGTH = 3  # tokens per generation: 8**3 = 512 outcomes
+PASS_P = 1e-3  # a correct strategy must reach this p-value
+CYCLE = (0, 1, 2, 3)
+PROMPT = [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]  # repetitive, so prompt_lookup finds n-grams to draft
+SAMPLINGS = {
+    "t1": {"temperature": 1.0},
+    "t0.6": {"temperature": 0.6},
+    "topk3": {"temperature": 1.0, "top_k": 3},
+    "topp0.8": {"temperature": 1.0, "top_p": 0.8},
+}
+
+
+def cycle_bias(strength: float) -> torch.Tensor:
+    """[buckets, vocab] logits bonus for the token continuing CYCLE after its last token."""
+    model = ScriptedLM(SCRIPTED_VOCAB)
+    bias = torch.zeros(model.buckets, SCRIPTED_VOCAB)
+    for prev in range(SCRIPTED_VOCAB + 1):
+        for last in CYCLE:
+            context = [last] if prev == SCRIPTED_VOCAB else [prev, last]
+            bias[model.key(context), CYCLE[(CYCLE.index(last) + 1) % len(CYCLE)]] = strength
+    return bias
+
+
+# The target likes to continue the cycle (so prompt_lookup's drafts are often accepted); the draft
+# shares half of its table and is otherwise random (so rejections and recovered tokens are common).
+TARGET_TABLE = random_table(SCRIPTED_VOCAB, seed=0, scale=1.5) + cycle_bias(1.5)
+DRAFT_TABLE = 0.5 * TARGET_TABLE + 0.5 * random_table(SCRIPTED_VOCAB, seed=1, scale=2.0)
+
+
+def build_engine(target, draft, drafter: str, stop: str, sampling: dict,
+                 verifier: str = "speculative_sampling", plugins=()) -> Engine:
+    """An engine of ``drafter`` × ``stop`` × ``verifier`` that ignores EOS; ``plugins`` may offer them."""
+    overrides = [f"strategy.drafter={{name: {drafter}}}", f"strategy.stop=[{stop}]",
+                 f"strategy.verifier={{name: {verifier}}}", "strategy.observers=[]",
+                 "generation.ignore_eos=true"]
+    overrides += [f"sampling.{key}={value}" for key, value in sampling.items()]
+    cfg = load_config(overrides=overrides, extra_plugins=plugins, require_models=False)
+    return Engine.build(target, draft=draft, cfg=cfg, extra_plugins=plugins)
+
+
+def sample_outputs(engine: Engine, prompt: list[int], samples: int) -> tuple[list[tuple[int, ...]], float]:
+    """``samples`` generations of LENGTH tokens with seeds 0, 1, ...; returns (token tuples, mean
+    steps per generation)."""
+    outputs, steps = [], 0
+    for seed in range(samples):
+        result = engine.generate(prompt, max_new_tokens=LENGTH, seed=seed)
+        assert len(result.tokens) == LENGTH and result.finish_reason == "length"
+        outputs.append(tuple(result.tokens))
+        steps += result.metrics["target_forwards"] - 1  # one target forward per step, plus the prefill
+    return outputs, steps / samples
+
+
+# -- pacer commands --------------------------------------------------------------------------------
+def run_cli(argv, capsys) -> tuple[int, str, str]:
+    """``pacer argv`` in this process: (exit code, stdout, stderr)."""
+    from pacer_core import cli
+
+    code = cli.main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code, err, *needles):
+    """Exit code 2 and stderr exactly one line ``pacer: error: ...`` holding each needle, no traceback."""
+    assert code == 2
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("pacer: error: ")
+    for needle in needles:
+        assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
+
+
+def one_line_error(capsys, argv: list[str]) -> str:
+    """Runs ``pacer argv``; its error: exit code 2, one line ``pacer: error: ...`` last on stderr
+    (after any progress the stages printed), no traceback."""
+    from pacer_core import cli
+
+    code = cli.main(argv)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2, lines
+    assert lines[-1].startswith("pacer: error: ") and sum("pacer: error" in line for line in lines) == 1, lines
+    assert not any("Traceback" in line for line in lines), lines
+    return lines[-1]
+
+
+# -- run folders ------------------------------------------------------------------------------------
+class Planted:
+    """Unpickling this would create the marker file: a stand-in for a crafted run file."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def bad_out_folders(tmp_path) -> list[Path]:
+    """Out folders that cannot hold a run: a file, a folder under a file, /dev/null, unwritable places."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    return [a_file, a_file / "out", Path(os.devnull)] + unwritable_places(tmp_path)
+
+
+def unwritable_places(tmp_path) -> list[Path]:
+    places = []
+    if os.geteuid() != 0:  # root writes anywhere: use a place no one can write to instead
+        locked = tmp_path / "locked"
+        locked.mkdir()
+        locked.chmod(0o555)
+        places.append(locked / "out")
+    for candidate in (Path("/sys/pacer-out"), Path("/proc/pacer-out")):
+        if candidate.parent.is_dir():
+            places.append(candidate)
+    return places
