@@ -287,3 +287,16 @@ def unwritable_places(tmp_path) -> list[Path]:
         if candidate.parent.is_dir():
             places.append(candidate)
     return places
+
+
+def error_of(path=None, overrides=(), **kwargs) -> str:
+    """The one-line ``ConfigError`` ``load_config(path, overrides, **kwargs)`` raises."""
+    import pytest
+
+    from pacer_core import ConfigError, load_config
+
+    with pytest.raises(ConfigError) as info:
+        load_config(path, overrides, **kwargs)
+    message = str(info.value)
+    assert "\n" not in message
+    return message

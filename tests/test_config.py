@@ -12,6 +12,7 @@ from pacer_bench.config import is_bench_config
 from pacer_core import Component, ConfigError, PacerConfig, hookimpl, load_config
 from pacer_core.config import check, draft_model_config
 from pacer_core.registry import components, new_plugin_manager
+from helpers import error_of
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 SHIPPED = sorted(p for p in CONFIGS.glob("*.yaml") if not is_bench_config(p))  # bench/ablate: test_bench.py
@@ -111,14 +112,6 @@ def test_later_overrides_win():
 
 
 # -- bad input: one line naming the problem and the fix -----------------------------------------
-def error_of(path=None, overrides=(), **kwargs) -> str:
-    with pytest.raises(ConfigError) as info:
-        load_config(path, overrides, **kwargs)
-    message = str(info.value)
-    assert "\n" not in message
-    return message
-
-
 def test_malformed_yaml_names_the_line(tmp_path):
     message = error_of(write(tmp_path, "sampling:\n  temperature: 0.5\nstrategy: {stop: [\n"))
     assert "malformed YAML" in message and "line 4" in message and "run.yaml" in message

@@ -15,6 +15,7 @@ import pytest
 from pacer_bench.config import read_bench_config
 from pacer_core import ConfigError, cli, load_config
 from pacer_core.config import MAX_YAML_NODES, load_schema, parse_value
+from helpers import error_of
 
 
 def alias_bomb(levels: int = 9, width: int = 9) -> str:
@@ -29,14 +30,6 @@ def write(tmp_path: Path, text: str, name: str = "run.yaml") -> Path:
     path = tmp_path / name
     path.write_text(text)
     return path
-
-
-def error_of(path=None, overrides=(), **kwargs) -> str:
-    with pytest.raises(ConfigError) as info:
-        load_config(path, overrides, **kwargs)
-    message = str(info.value)
-    assert "\n" not in message
-    return message
 
 
 def no_engine(cfg):  # a config that should have been refused must not load any model

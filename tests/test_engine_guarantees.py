@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from pacer_core import Engine, InputError, hookimpl, load_config
-from tiny import adapter, tiny_llama
+from helpers import adapter, tiny_llama
 
 PROMPTS = [(5, 9, 13, 5, 9, 13, 5, 9), (17, 4, 17, 4, 17), (3, 8, 21, 30, 8, 21)]
 BUDGET = 16
@@ -156,7 +156,7 @@ def test_generate_from_inside_a_hook_is_refused_not_a_deadlock():
 
 # -- seeds and adaptive state ------------------------------------------------------------------
 def write_pacer_checkpoint(tmp_path):
-    from test_pacer_stop import write_checkpoint
+    from helpers import write_checkpoint
 
     return write_checkpoint(tmp_path / "mb", 32)
 

@@ -13,7 +13,7 @@ import pytest
 from pacer_core import Engine, FeatureModel, InputError, LanguageModel, load_config
 from pacer_core.testing import ScriptedLM
 from pacer_core.types import AttentionShape
-from tiny import adapter, tiny_llama
+from helpers import adapter, tiny_llama
 
 PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
 
@@ -49,7 +49,7 @@ def test_the_distill_arch_reads_the_declared_attention_shape():
 
 
 def test_eagle_refuses_a_target_that_does_not_show_its_weights(tmp_path):
-    from test_feature_draft import make_draft
+    from helpers import make_draft
 
     folder = make_draft(tiny_llama(0), tmp_path / "draft")
     cfg = load_config(overrides=[f"strategy.drafter={{name: eagle, path: '{folder}'}}"], require_models=False)

@@ -14,7 +14,7 @@ import torch
 
 from pacer_core import cli
 from pacer_core.hf import HFModel, materialize, save_student, student_from_target, weights_digest
-from tiny import VOCAB, tiny_llama
+from helpers import VOCAB, assert_one_line_error, tiny_llama
 
 PROMPT = "w5 w7 w9 w7 w9 w7"
 
@@ -50,16 +50,6 @@ def generate(capsys, target, *overrides):
     code = cli.main(["generate", "-p", PROMPT, "-n", "6", "--json", f"target.path={target}", *overrides])
     out, err = capsys.readouterr()
     return code, out, err
-
-
-def assert_one_line_error(code, err, *needles):
-    assert code == 2, err
-    assert "Traceback" not in err
-    lines = err.splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("pacer: error: ")
-    for needle in needles:
-        assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
 
 
 def shared_draft(target_folder, folder):
@@ -110,7 +100,7 @@ def test_a_truncated_token_draft(target_folder, tmp_path, capsys, kind):
 
 
 def eagle_draft(target_folder, folder):
-    from test_feature_draft import make_draft
+    from helpers import make_draft
 
     return make_draft(tiny_llama(0), folder, digest=weights_digest(target_folder))
 
@@ -132,7 +122,7 @@ def test_an_eagle_draft_without_its_weights_file(target_folder, tmp_path, capsys
 
 
 def test_a_truncated_pacer_checkpoint(target_folder, tmp_path, capsys):
-    from test_pacer_stop import write_checkpoint
+    from helpers import write_checkpoint
 
     eagle = eagle_draft(target_folder, tmp_path / "eagle")
     checkpoint = write_checkpoint(tmp_path / "mb", 32)

@@ -5,7 +5,6 @@ A scripted fake generator stands in for the target (no real model here)."""
 from __future__ import annotations
 
 import json
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -20,8 +19,7 @@ from pacer_core.hf import greedy_batch
 from feature_draft.selfdistill.guard import BenchmarkGuard
 from feature_draft.selfdistill.stream import FAMILIES, PATTERN, Stream
 
-sys.path.insert(0, str(Path(__file__).parent))
-from tiny import EOS, adapter, reference_greedy, tiny_llama  # noqa: E402
+from helpers import EOS, adapter, reference_greedy, tiny_llama
 
 
 @pytest.fixture(scope="module")
