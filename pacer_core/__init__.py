@@ -14,13 +14,15 @@ from .types import (
     ModelOutput,
     Resources,
     SamplingParams,
+    SideNodes,
     StepRecord,
     Stop,
+    TokenTree,
     Verdict,
 )
 
 __all__ = [
     "Component", "ConfigError", "DecodeState", "Draft", "DraftBlock", "Engine", "FeatureModel",
     "GenerationResult", "InputError", "LanguageModel", "ModelOutput", "PacerConfig", "PacerError", "Resources",
-    "SamplingParams", "StepRecord", "Stop", "Verdict", "hookimpl", "load_config",
+    "SamplingParams", "SideNodes", "StepRecord", "Stop", "TokenTree", "Verdict", "hookimpl", "load_config",
 ]

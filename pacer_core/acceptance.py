@@ -16,51 +16,44 @@ from .sampling import sample
 from .types import Verdict
 
 
-def greedy_verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Verdict:
-    """Accept while each draft token equals the target's argmax at its position.
+def _children(parents: Optional[torch.Tensor], n: int) -> dict[int, list[int]]:
+    """Each node's children in node order (key -1: the root's); ``parents`` None is a chain."""
+    children: dict[int, list[int]] = {i: [] for i in range(-1, n)}
+    for i, parent in enumerate(range(-1, n - 1) if parents is None else parents.tolist()):
+        children[parent].append(i)
+    return children
 
-    ``draft_tokens``: [n]; ``target_logits``: [n + 1, vocab] — row i scores the token after the
-    committed sequence plus ``draft_tokens[:i]``. The next token is the target's argmax at the first
-    mismatch (recovered) or after the last draft token (bonus).
+
+def greedy_verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor,
+                  parents: Optional[torch.Tensor] = None) -> Verdict:
+    """Accept the longest root path that follows the target's argmax, then its argmax after it.
+
+    ``draft_tokens``: [n] tree nodes; ``parents``: [n], each node's parent (-1: the root, the last
+    committed token), or None for a chain; ``target_logits``: [n + 1, vocab] — row 0 scores the
+    token after the root, row i + 1 the token after node i's root path. Where several children
+    carry the target's token (duplicate siblings), the one with the longest accepted continuation
+    wins (the first on ties). The next token is the target's argmax after the last accepted node:
+    ``bonus`` when that node is a leaf, else ``recovered``.
     """
     n = int(draft_tokens.shape[0])
-    target_argmax = target_logits.argmax(-1)  # [n + 1]
-    mismatch = (draft_tokens != target_argmax[:n]).nonzero()
-    accepted = int(mismatch[0]) if mismatch.numel() else n
-    kind = "bonus" if accepted == n else "recovered"
-    return Verdict(accepted=accepted, next_token=int(target_argmax[accepted]), next_kind=kind)
+    target_argmax = target_logits.argmax(-1).tolist()  # [n + 1]
+    tokens = draft_tokens.tolist()
+    children = _children(parents, n)
 
+    def longest(node: int) -> list[int]:  # accepted nodes below ``node``
+        best: list[int] = []
+        for child in children[node]:
+            if tokens[child] == target_argmax[node + 1]:
+                path = [child] + longest(child)
+                if len(path) > len(best):
+                    best = path
+        return best
 
-def greedy_verify_branches(
-    draft_tokens: torch.Tensor,
-    target_logits: torch.Tensor,
-    branches: Sequence[torch.Tensor],
-    branch_logits: Sequence[torch.Tensor],
-) -> Verdict:
-    """Greedy verification of a draft followed by candidate branches.
-
-    ``branch_logits[j]``: [m_j, vocab], row i scores the token after ``branches[j][: i + 1]`` (the
-    row before the branch's first token is the draft's last row, ``target_logits[n]``). Branches are
-    only considered when the whole draft is accepted; the branch with the longest greedy match wins
-    (first one on ties), and the bonus token is the target's argmax after it.
-    """
-    verdict = greedy_verify(draft_tokens, target_logits)
-    if verdict.next_kind != "bonus" or not branches:
-        return verdict
-    best, best_len, best_next = None, 0, verdict.next_token
-    for j, (branch, logits) in enumerate(zip(branches, branch_logits)):
-        # the target's argmax before each branch token: the draft's last row, then the branch's rows
-        expected = torch.cat([verdict.next_token * torch.ones(1, dtype=torch.long), logits.argmax(-1)])
-        match = (branch != expected[: branch.shape[0]]).nonzero()
-        length = int(match[0]) if match.numel() else int(branch.shape[0])
-        if length > best_len:
-            best, best_len, best_next = j, length, int(expected[length])
-    if best is None:
-        return verdict
-    return Verdict(
-        accepted=verdict.accepted, next_token=best_next, next_kind="bonus",
-        branch=best, branch_accepted=best_len,
-    )
+    path = longest(-1)
+    last = path[-1] if path else -1
+    kind = "recovered" if children[last] else "bonus"
+    return Verdict(accepted=len(path), next_token=int(target_argmax[last + 1]), next_kind=kind,
+                   path=None if parents is None else tuple(path))
 
 
 def residual_distribution(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
@@ -81,36 +74,56 @@ def speculative_verify(
     target_probs: torch.Tensor,
     uniforms: torch.Tensor,
     generator: Optional[torch.Generator],
+    parents: Optional[torch.Tensor] = None,
+    sampled: Optional[torch.Tensor] = None,
 ) -> Verdict:
-    """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023).
+    """Speculative sampling on a token tree (Leviathan et al. 2023; SpecInfer's multi-candidate rule).
 
-    ``draft_tokens``: [n]; ``draft_probs``: [n, vocab], the distributions the drafter sampled from,
-    or None when the drafter has none (a point mass on each token); ``target_probs``: [n + 1, vocab]
-    after the same temperature/top-k/top-p; ``uniforms``: [n] draws from U[0, 1).
+    ``draft_tokens``: [n] tree nodes; ``parents``: [n] (-1: the root), or None for a chain;
+    ``draft_probs``: [n, vocab], the distribution each node was chosen from, or None (point masses);
+    ``sampled``: [n] bool, whether a node was drawn at random from its row (siblings independently),
+    else chosen deterministically and treated as a point mass (default: all drawn);
+    ``target_probs``: [n + 1, vocab] after the same temperature/top-k/top-p, row 0 after the root,
+    row i + 1 after node i; ``uniforms``: [n] draws from U[0, 1), one per node.
 
-    Token i is accepted when p(x) > 0 and (``p(x) >= q(x)`` or ``uniforms[i] * q(x) < p(x)``) —
-    min(1, p/q) without dividing, so zeros in q need no special case and p(x) = 0 never accepts. At the first rejection the recovered
-    token is drawn from normalize(max(0, p − q)); if all are accepted the bonus is drawn from p at
-    the next position.
+    From the root, the children of the current node are tried in node order against the current
+    distribution p (the target's row for that node): child x with draft distribution q is accepted
+    when p(x) > 0 and (``p(x) >= q(x)`` or ``uniforms[x] * q(x) < p(x)``) — min(1, p/q) without
+    dividing — and the walk moves on to x; after each rejection p becomes normalize(max(0, p − q)),
+    which for a point mass removes x. When every child is rejected the recovered token is drawn
+    from the final p; at a leaf the bonus token is drawn from its row. On a chain this is the
+    classic rule.
     """
     n = int(draft_tokens.shape[0])
-    if n:
-        rows = torch.arange(n)
-        p_x = target_probs[rows, draft_tokens]  # [n]
-        q_x = torch.ones(n) if draft_probs is None else draft_probs[rows, draft_tokens]  # [n]
-        # accept with probability min(1, p/q), without dividing: p > 0 and (p ≥ q or u·q < p); the
-        # p ≥ q test keeps p == q accepted when u·q rounds up to p (subnormal probabilities)
-        accept = (p_x > 0) & ((p_x >= q_x) | (uniforms[:n] * q_x < p_x))
-        rejected = (~accept).nonzero()
-        accepted = int(rejected[0]) if rejected.numel() else n
-    else:
-        accepted = 0
-    if accepted == n:
-        return Verdict(accepted=n, next_token=int(sample(target_probs[n], generator)), next_kind="bonus")
-    if draft_probs is None:
-        q_row = torch.zeros_like(target_probs[accepted])
-        q_row[draft_tokens[accepted]] = 1.0
-    else:
-        q_row = draft_probs[accepted]
-    residual = residual_distribution(target_probs[accepted], q_row)
-    return Verdict(accepted=accepted, next_token=int(sample(residual, generator)), next_kind="recovered")
+    children = _children(parents, n)
+    tokens = draft_tokens.tolist()
+    path: list[int] = []
+    node = -1
+
+    def verdict(kind: str, p: torch.Tensor) -> Verdict:  # a chain's path is its first accepted nodes
+        return Verdict(accepted=len(path), next_token=int(sample(p, generator)), next_kind=kind,
+                       path=None if parents is None else tuple(path))
+
+    while True:
+        p = target_probs[node + 1]  # [vocab]
+        if not children[node]:
+            return verdict("bonus", p)
+        for child in children[node]:
+            x = tokens[child]
+            point = draft_probs is None or (sampled is not None and not bool(sampled[child]))
+            q_x = 1.0 if point else float(draft_probs[child, x])
+            p_x = float(p[x])
+            # accept with probability min(1, p/q), without dividing: p > 0 and (p ≥ q or u·q < p); the
+            # p ≥ q test keeps p == q accepted when u·q rounds up to p (subnormal probabilities)
+            if p_x > 0 and (p_x >= q_x or float(uniforms[child]) * q_x < p_x):
+                path.append(child)
+                node = child
+                break
+            if point:
+                q = torch.zeros_like(p)
+                q[x] = 1.0
+            else:
+                q = draft_probs[child]
+            p = residual_distribution(p, q)
+        else:
+            return verdict("recovered", p)

@@ -5,7 +5,6 @@ The engine knows token ids, tensors and hooks; strategies live in plugins, model
 
 from __future__ import annotations
 
-import itertools
 import operator
 import threading
 import time
@@ -18,7 +17,7 @@ import torch
 from .config import PacerConfig, check, draft_model_config
 from .errors import InputError
 from .registry import ResolvedStack, check_hooks, new_plugin_manager
-from .types import Draft, GenerationResult, LanguageModel, Resources, SamplingParams, StepRecord, Stop
+from .types import Draft, GenerationResult, LanguageModel, Resources, SamplingParams, StepRecord, Stop, TokenTree
 
 
 @attrs.define(eq=False)
@@ -43,22 +42,21 @@ class DecodeState:
         return self.max_new_tokens - (len(self.tokens) - self.prompt_length)
 
 
-def _branch_layout(n_pending: int, n_draft: int, branches: Sequence[torch.Tensor]):
-    """Positions and tree mask for [pending, draft, branch_1, ...] scored in one forward.
+def tree_layout(n_pending: int, tree: TokenTree) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions and mask for [pending, tree nodes] scored in one forward.
 
-    Each branch sees the pending tokens and the whole draft, and causally itself; its positions
-    continue after the draft. Returns (positions [k], tree_mask [k, k] bool).
+    The pending tokens are causal; each node sees the pending tokens, its ancestors and itself, at
+    the position of its depth after the last pending token. Returns (positions [k] offsets from the
+    cache length, tree_mask [k, k] bool).
     """
-    main = n_pending + n_draft
-    sizes = [int(b.shape[0]) for b in branches]
-    k = main + sum(sizes)
+    n = len(tree)
+    k = n_pending + n
     positions = torch.arange(k)
-    mask = torch.tril(torch.ones(k, k, dtype=torch.bool))
-    start = main
-    for size in sizes:
-        positions[start:start + size] = torch.arange(main, main + size)
-        mask[start:start + size, main:start] = False  # not the earlier branches
-        start += size
+    positions[n_pending:] = n_pending - 1 + tree.depths
+    mask = torch.zeros(k, k, dtype=torch.bool)
+    mask[:, :n_pending] = True
+    mask[:n_pending, :n_pending] = torch.tril(torch.ones(n_pending, n_pending, dtype=torch.bool))
+    mask[n_pending:, n_pending:] = tree.ancestor_mask()
     return positions, mask
 
 
@@ -246,32 +244,25 @@ class Engine:
             state.max_draft_tokens = min(self.max_draft_tokens, state.budget_left)
             draft, stop_s = self._draft(state)
             t1 = clock()
-            # 3. score pending + draft (+ branches) with the target in one forward, then verify
-            cached, n = len(self.target.cached_tokens), len(draft)
-            branches = self._fit_branches(draft, cached + len(pending) + n)
-            feed = pending + draft.tokens.tolist() + [t for b in branches for t in b.tolist()]
-            layout = _branch_layout(len(pending), n, branches) if branches else (None, None)
-            out = self.target.forward(feed, positions=layout[0], tree_mask=layout[1],
-                                      logits_from=len(pending) - 1, hidden=self.needs_target_hidden)
-            target_logits = out.logits[: n + 1]  # [n + 1, vocab]
-            sizes = [int(b.shape[0]) for b in branches]
-            bounds = list(itertools.accumulate(sizes, initial=n + 1))
-            branch_logits = tuple(out.logits[a:b] for a, b in zip(bounds[:-1], bounds[1:]))
-            verdict = hook.pacer_verify(state=state, draft=draft, target_logits=target_logits,
-                                        branch_logits=branch_logits)
-            # 4. commit: emitted = accepted (+ branch) + next; roll the cache back to the accepted
-            branch_tokens = [] if verdict.branch is None else branches[verdict.branch][: verdict.branch_accepted].tolist()
-            emitted = draft.tokens[: verdict.accepted].tolist() + branch_tokens + [verdict.next_token]
-            emitted, hit_eos = self._truncate(emitted, state)
+            # 3. score pending + the draft tree with the target in one forward, then verify
+            cached, tree, n_pending = len(self.target.cached_tokens), draft.tree, len(pending)
+            layout = (None, None) if tree.is_chain else tree_layout(n_pending, tree)
+            out = self.target.forward(pending + tree.tokens.tolist(), positions=layout[0], tree_mask=layout[1],
+                                      logits_from=n_pending - 1, hidden=self.needs_target_hidden)
+            verdict = hook.pacer_verify(state=state, draft=draft, target_logits=out.logits)  # [N + 1, vocab]
+            # 4. commit: emitted = accepted path + next; the cache keeps the path's rows, moved into place
+            path = list(verdict.nodes(draft))
+            emitted, hit_eos = self._truncate([int(tree.tokens[i]) for i in path] + [verdict.next_token], state)
             before = len(state.tokens)
             state.tokens.extend(emitted)
-            self.target.crop(min(cached + len(pending) + verdict.accepted, len(state.tokens)))
+            base = cached + n_pending
+            kept = path[: len(emitted)]  # EOS or the budget may cut the path
+            self.target.crop(base, [base + i for i in kept])
             pending = state.tokens[len(self.target.cached_tokens):]
             t2 = clock()
-            # 5. observe
-            # rows of the committed tokens this forward computed: the old pending + accepted draft
-            computed = len(self.target.cached_tokens) - cached
-            hidden = None if out.hidden_states is None else out.hidden_states[:computed]
+            # 5. observe: hidden states of the committed rows this forward computed (pending + path)
+            rows = list(range(n_pending)) + [n_pending + i for i in kept]
+            hidden = None if out.hidden_states is None else out.hidden_states[rows]
             record = StepRecord(state.step_index, draft, verdict, tuple(emitted), before, t1 - t0, t2 - t1,
                                 draft.forwards, stop_s,
                                 hidden, cached, target_argmax=out.logits.argmax(-1))
@@ -312,10 +303,6 @@ class Engine:
                 break
             draft = draft.extend(block)
         return draft.truncate(state.max_draft_tokens), stop_s
-
-    def _fit_branches(self, draft: Draft, first_position: int) -> list[torch.Tensor]:
-        room = self.target.max_length - first_position
-        return [b[:room] for b in draft.branches if room > 0 and b.numel() > 0]
 
     @staticmethod
     def _truncate(emitted: list[int], state: DecodeState) -> tuple[list[int], bool]:

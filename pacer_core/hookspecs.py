@@ -8,8 +8,9 @@ decorated with ``pacer_core.hookimpl``. Call order of one ``generate``:
 1. ``pacer_start`` (all) after the prompt is prefilled.
 2. Each step: the draft starts empty; repeat ``pacer_draft_more`` (all stop policies) → if none says
    stop, ``pacer_propose`` (the one drafter) for that many tokens; then the target scores the draft
-   (and its branches) in one forward; ``pacer_verify`` (the one verifier) decides; the engine commits
-   the emitted tokens and rolls the target's KV cache back; ``pacer_observe_step`` (all).
+   tree (every node, with the ancestor mask) in one forward; ``pacer_verify`` (the one verifier)
+   picks the accepted path; the engine commits the emitted tokens and keeps only the accepted
+   path's rows in the target's KV cache; ``pacer_observe_step`` (all).
 3. ``pacer_finish`` (all) once EOS or the token budget is reached; returned dicts become metrics.
 
 Hooks are called with keyword arguments, so an implementation may declare only the arguments it
@@ -71,6 +72,12 @@ def pacer_draft_more(state: "DecodeState", draft: "Draft") -> "Optional[Union[in
     ``pacer_core.Stop()`` to end drafting (``Stop(keep=m)`` also trims the draft to its first ``m``
     tokens), or None for no opinion. The engine drafts the smallest ``k`` asked for and stops when
     any policy says stop; it also never drafts past ``state.max_draft_tokens`` (budget and context).
+
+    Trees: a policy judges the draft's **main path** — ``draft.tokens``, ``draft_probs``,
+    ``hidden_states``, ``len(draft)`` and the blocks are the path, side nodes are in ``draft.tree``
+    — so ``k`` counts levels of depth: a tree drafter grows ``k`` more levels (one draft forward
+    each) and ``Stop(keep=m)`` cuts every node deeper than ``m``. A tree drafter's main path is its
+    most likely path (docs/trees.md), so a policy asks "is the best guess still worth a level?".
     """
 
 
@@ -82,25 +89,23 @@ def pacer_propose(state: "DecodeState", draft: "Draft", num_tokens: int) -> "Opt
     ``num_tokens`` is allowed for drafters that emit several per forward, e.g. phrases; the engine
     cuts the draft at ``state.max_draft_tokens``), the distributions they were sampled from when the
     drafter has them (``state.sampling`` applied), and the draft's hidden states when available.
-    Return None or an empty block when there is nothing to propose: drafting then ends.
+    The tokens continue the draft's main path; a tree drafter also returns ``side`` nodes (other
+    candidates, each with its parent in ``draft.tree``) and grows ``num_tokens`` levels. Return
+    None or an empty block when there is nothing to propose: drafting then ends.
     Use ``state.generator`` for any randomness.
     """
 
 
 @hookspec(firstresult=True)
-def pacer_verify(
-    state: "DecodeState",
-    draft: "Draft",
-    target_logits: "torch.Tensor",
-    branch_logits: "tuple[torch.Tensor, ...]",
-) -> "Verdict":
+def pacer_verify(state: "DecodeState", draft: "Draft", target_logits: "torch.Tensor") -> "Verdict":
     """Decide which draft tokens to keep and the token that follows.
 
-    Exactly one verifier is registered. ``target_logits`` is [n + 1, vocab]: row i scores the token
-    after the committed sequence plus ``draft.tokens[:i]``; ``branch_logits[j]`` is [m_j, vocab] for
-    ``draft.branches[j]``. Return a ``pacer_core.Verdict``. Lossless verifiers apply
-    ``state.sampling`` to the target logits exactly as the drafter applied it to its own, and draw
-    randomness only from ``state.generator``.
+    Exactly one verifier is registered. ``target_logits`` is [N + 1, vocab] over the nodes of
+    ``draft.tree``: row 0 scores the token after the committed sequence, row i + 1 the token after
+    node i's root path (for a chain, row i scores the token after ``draft.tokens[:i]``). Return a
+    ``pacer_core.Verdict`` whose ``path`` names the accepted nodes (a chain verifier may give only
+    ``accepted``). Lossless verifiers apply ``state.sampling`` to the target logits exactly as the
+    drafter applied it to its own, and draw randomness only from ``state.generator``.
     """
 
 
@@ -113,8 +118,8 @@ def pacer_observe_step(state: "DecodeState", step: "StepRecord") -> None:
     declared ``needs_target_hidden``, ``step.target_hidden`` holds the target's last-layer hidden
     states (after the final norm) of the committed tokens this step's forward computed, row 0 being
     ``state.tokens[step.target_hidden_start]`` (feature-level drafters in the EAGLE family read them).
-    ``step.target_argmax`` is the target's argmax at every row it scored: the draft's n + 1 rows,
-    then each branch's rows (Ouroboros' phrase pool learns the target's phrases from it).
+    ``step.target_argmax`` is the target's argmax at every row it scored, rows as the verifier's
+    ``target_logits`` (Ouroboros' phrase pool learns the target's phrases from it).
     """
 
 

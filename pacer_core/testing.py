@@ -22,7 +22,7 @@ can be checked against the target it claims to reproduce::
 The cache is a list of token ids (``cached_tokens``) supporting ``crop`` and ``reset``; ``forward``
 appends its tokens to it like a KV cache would. A ``tree_mask`` is honoured exactly: each row's
 logits are computed from the cached tokens plus the new tokens that row may attend to (in feed
-order), so Ouroboros-style branches can be scored too. ``positions`` are accepted and ignored (the
+order), so token trees can be scored too. ``positions`` are accepted and ignored (the
 model has no notion of position). Fake hidden states ([k, hidden_size], also a deterministic
 function of the same context) let PACER-style stop policies run without a real model.
 """
@@ -113,8 +113,11 @@ class ScriptedLM:
     def reset(self) -> None:
         self._tokens = []
 
-    def crop(self, length: int) -> None:
-        del self._tokens[length:]
+    def crop(self, length: int, rows: Sequence[int] = ()) -> None:
+        rows = [int(r) for r in rows]
+        if any(r < length or r >= len(self._tokens) for r in rows) or rows != sorted(set(rows)):
+            raise ValueError(f"rows must be ascending cache indices in [{length}, {len(self._tokens)})")
+        self._tokens[length:] = [self._tokens[r] for r in rows]
 
     # -- forward -------------------------------------------------------------------------------
     def forward(
@@ -129,8 +132,9 @@ class ScriptedLM:
         """Append ``tokens`` to the cache; logits rows for ``tokens[logits_from:]``.
 
         Row i scores the token after the cached tokens plus ``tokens[:i + 1]`` (or, with a
-        ``tree_mask`` [k, k] bool, plus the new tokens row i may attend to). Hidden states, when
-        asked for, cover all k rows, as ``HFModel`` returns them.
+        ``tree_mask`` [k, k] bool, plus the new tokens row i may attend to; a [k, cached + k] mask
+        also hides cached tokens). Hidden states, when asked for, cover all k rows, as ``HFModel``
+        returns them.
         """
         tokens = list(map(int, tokens))
         k = len(tokens)
@@ -143,8 +147,12 @@ class ScriptedLM:
         if tree_mask is None:
             keys = self._chain_keys(tokens)[first:]
         else:
-            allowed = tree_mask.tolist()
-            keys = [self.key(self._tokens + [t for t, ok in zip(tokens, allowed[i]) if ok]) for i in range(first, k)]
+            past = len(self._tokens)
+            full = torch.ones(k, past + k, dtype=torch.bool)
+            full[:, past + k - tree_mask.shape[1]:] = tree_mask
+            allowed = full.tolist()
+            context = self._tokens + tokens
+            keys = [self.key([t for t, ok in zip(context, allowed[i]) if ok]) for i in range(first, k)]
         self._tokens.extend(tokens)
         if not hidden:
             return ModelOutput(logits=self._gather(self._logit_rows, self.table, keys))

@@ -23,8 +23,10 @@ __all__ = [
     "ModelOutput",
     "Resources",
     "SamplingParams",
+    "SideNodes",
     "StepRecord",
     "Stop",
+    "TokenTree",
     "Verdict",
 ]
 
@@ -60,24 +62,68 @@ class SamplingParams:
 
 
 @attrs.frozen
+class SideNodes:
+    """Alternative draft tokens a block hangs off the draft's tree: the target scores them in the
+    same forward as the main path, and a tree verifier may accept a path through them.
+
+    ``parents[i]`` is the node each token continues, as an index into the whole draft tree
+    (``Draft.tree``: earlier nodes, this block's main-path nodes, or earlier side nodes of this
+    block), or -1 for the root (the last committed token). ``draft_probs`` row i is the draft's
+    distribution the token was chosen from (None: no distribution, a point mass).
+    """
+
+    tokens: torch.Tensor = tensor_field()  # [s] int64
+    parents: torch.Tensor = tensor_field()  # [s] int64
+    draft_probs: Optional[torch.Tensor] = tensor_field(default=None)  # [s, vocab]
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @classmethod
+    def trie(cls, phrases: Sequence[Sequence[int]], parent: int, first: int) -> Optional["SideNodes"]:
+        """Candidate phrases continuing node ``parent`` as a trie (shared prefixes merged, so no
+        two siblings repeat a token), its nodes numbered from ``first`` in the draft tree; None when
+        there are no phrases. Drafters without probabilities (phrase pools, lookup) use it."""
+        tokens: list[int] = []
+        parents: list[int] = []
+        index: dict[tuple[int, int], int] = {}  # (parent, token) -> node
+        for phrase in phrases:
+            at = parent
+            for token in map(int, phrase):
+                node = index.get((at, token))
+                if node is None:
+                    node = index[(at, token)] = first + len(tokens)
+                    tokens.append(token)
+                    parents.append(at)
+                at = node
+        if not tokens:
+            return None
+        return cls(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long))
+
+
+@attrs.frozen
 class DraftBlock:
     """Tokens one ``pacer_propose`` call adds to the current draft.
 
-    ``draft_probs`` is the distribution each token was sampled from (after temperature, top-k and
+    The block's ``tokens`` continue the draft's **main path** (its chain: what stop policies judge).
+    ``draft_probs`` is the distribution each token was chosen from (after temperature, top-k and
     top-p), or None for drafters without probabilities (n-gram, phrase pool): the verifier then
-    treats each token as drawn from a point mass. ``hidden_states`` are the draft model's last-layer
-    hidden states that produced each token (PACER reads them), or None. ``forwards`` counts the
-    draft-model forward passes the block cost (0 for model-free drafters). ``branches`` are candidate
-    token chains that continue *after* the whole draft (Ouroboros' candidate suffixes); the target
-    scores them in the same forward, and a greedy verifier may accept the longest matching one when
-    every draft token is accepted.
+    treats each token as a point mass. ``sampled`` says whether the tokens (main path and side
+    nodes) were drawn at random from their ``draft_probs`` row, siblings independently; False when
+    they were chosen deterministically (top-k children, a greedy chain), which the sampling verifier
+    then treats as point masses (exact either way). ``hidden_states`` are the draft model's
+    hidden states that produced each main-path token (PACER reads them), or None. ``side`` holds
+    alternative tokens anywhere in the tree (a token tree's other candidates, Ouroboros' candidate
+    suffixes); the target scores them in the same forward. ``forwards`` counts the draft-model
+    forward passes the block cost (0 for model-free drafters).
     """
 
     tokens: torch.Tensor = tensor_field()  # [n] int64
     draft_probs: Optional[torch.Tensor] = tensor_field(default=None)  # [n, vocab]
     hidden_states: Optional[torch.Tensor] = tensor_field(default=None)  # [n, hidden]
-    branches: tuple[torch.Tensor, ...] = tensor_field(default=())  # each [m_i] int64
+    side: Optional[SideNodes] = None
     forwards: int = 0  # draft-model forwards spent on this block (reported in metrics)
+    sampled: bool = True
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -93,14 +139,73 @@ def _cat(parts: Sequence[Optional[torch.Tensor]], what: str) -> Optional[torch.T
 
 
 @attrs.frozen
-class Draft:
-    """The draft of the current step: the blocks proposed so far.
+class TokenTree:
+    """A draft as the target scores it: every node (main path and side nodes) with its parent.
 
-    ``tokens``, ``draft_probs`` and ``hidden_states`` are the blocks' rows concatenated (computed
-    once per draft, on first use); a stop policy that looks only at the latest block should read
-    ``draft.blocks[-1]`` (or slice with ``draft.last_block``), which costs nothing.
-    ``block_starts`` holds the index of each block's first token. ``branches`` are those of the
-    latest block (they continue the whole draft); truncating the draft drops them.
+    Nodes are numbered block by block, each block's main-path tokens then its side nodes, so a
+    parent always precedes its children; -1 is the root (the last committed token). A chain is the
+    tree whose parents are -1, 0, 1, ... Row ``i + 1`` of the verifier's ``target_logits`` scores
+    the token after node i's root path; row 0 the token after the root.
+    """
+
+    tokens: torch.Tensor = tensor_field()  # [N] int64
+    parents: torch.Tensor = tensor_field()  # [N] int64, parents[i] < i
+    draft_probs: Optional[torch.Tensor] = tensor_field()  # [N, vocab] or None (point masses)
+    sampled: torch.Tensor = tensor_field()  # [N] bool: drawn at random from its draft_probs row
+    main_path: tuple[int, ...] = ()  # the main path's node indices, root first
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @functools.cached_property
+    def depths(self) -> torch.Tensor:  # [N] int64, 1 for the root's children
+        depths = [0] * len(self)
+        for i, parent in enumerate(self.parents.tolist()):
+            depths[i] = 1 if parent < 0 else depths[parent] + 1
+        return torch.tensor(depths, dtype=torch.long)
+
+    @functools.cached_property
+    def children(self) -> dict[int, list[int]]:
+        """Each node's children in node order (key -1: the root's)."""
+        children: dict[int, list[int]] = {-1: []}
+        for i, parent in enumerate(self.parents.tolist()):
+            children.setdefault(parent, []).append(i)
+            children.setdefault(i, [])
+        return children
+
+    @property
+    def is_chain(self) -> bool:
+        return bool((self.parents == torch.arange(len(self)) - 1).all())
+
+    def path_to(self, node: int) -> list[int]:
+        """Node indices from the root's child down to ``node`` (empty for the root, -1)."""
+        path, parents = [], self.parents.tolist()
+        while node >= 0:
+            path.append(node)
+            node = parents[node]
+        return path[::-1]
+
+    def ancestor_mask(self) -> torch.Tensor:
+        """[N, N] bool: node i may attend to node j (j is i or one of its ancestors)."""
+        n = len(self)
+        mask = torch.eye(n, dtype=torch.bool)
+        for i, parent in enumerate(self.parents.tolist()):
+            if parent >= 0:
+                mask[i] |= mask[parent]
+        return mask
+
+
+@attrs.frozen
+class Draft:
+    """The draft of the current step: the blocks proposed so far, a token tree.
+
+    ``tokens``, ``draft_probs`` and ``hidden_states`` are the **main path** (the blocks' tokens
+    concatenated, computed once per draft on first use): the chain stop policies judge, and the
+    whole draft for chain drafters. ``len(draft)`` is its length, the draft's depth. Side nodes
+    make the draft a tree; ``tree`` shows every node for the engine and the verifier. A stop
+    policy that looks only at the latest block should read ``draft.blocks[-1]`` (or slice with
+    ``draft.last_block``), which costs nothing. ``block_starts`` holds the index of each block's
+    first main-path token.
     """
 
     blocks: tuple[DraftBlock, ...] = ()
@@ -123,8 +228,52 @@ class Draft:
         return _cat([b.hidden_states for b in self.blocks], "hidden_states")
 
     @property
-    def branches(self) -> tuple[torch.Tensor, ...]:
-        return self.blocks[-1].branches if self.blocks else ()
+    def num_nodes(self) -> int:
+        """Main-path tokens plus side nodes: what the target scores."""
+        return sum(len(b) + (len(b.side) if b.side is not None else 0) for b in self.blocks)
+
+    @functools.cached_property
+    def path_nodes(self) -> tuple[int, ...]:
+        """The tree node index (``Draft.tree``) of each main-path token."""
+        nodes, total = [], 0
+        for block in self.blocks:
+            nodes.extend(range(total, total + len(block)))
+            total += len(block) + (len(block.side) if block.side is not None else 0)
+        return tuple(nodes)
+
+    @functools.cached_property
+    def tree(self) -> TokenTree:
+        """Every node of the draft with its parent, in node order (see ``TokenTree``)."""
+        tokens, parents, probs, sampled = [], [], [], []
+        tip, total = -1, 0
+        has_probs = [b.draft_probs is not None for b in self.blocks]
+        for block in self.blocks:
+            n = len(block)
+            tokens.append(block.tokens)
+            parents.append(torch.arange(total - 1, total + n - 1, dtype=torch.long))
+            if n:
+                parents[-1][0] = tip
+                tip = total + n - 1
+            probs.append(block.draft_probs)
+            side = block.side
+            s = 0 if side is None else len(side)
+            if s:
+                if bool((side.parents >= total + n + torch.arange(s)).any()) or bool((side.parents < -1).any()):
+                    raise ValueError("a side node's parent must be an earlier node of the draft tree, or -1")
+                if (side.draft_probs is not None) != (block.draft_probs is not None):
+                    raise ValueError("a block's side nodes must carry draft_probs exactly when its tokens do")
+                tokens.append(side.tokens)
+                parents.append(side.parents.long())
+                probs.append(side.draft_probs)
+            sampled.append(torch.full((n + s,), block.sampled, dtype=torch.bool))
+            total += n + s
+        if not self.blocks:
+            empty = torch.empty(0, dtype=torch.long)
+            return TokenTree(empty, empty.clone(), None, torch.empty(0, dtype=torch.bool))
+        if any(has_probs) and not all(has_probs):
+            raise ValueError("draft blocks disagree on whether they carry draft_probs")
+        return TokenTree(torch.cat(tokens), torch.cat(parents), _cat(probs, "draft_probs"),
+                         torch.cat(sampled), self.path_nodes)
 
     @property
     def block_starts(self) -> tuple[int, ...]:
@@ -148,32 +297,51 @@ class Draft:
         return Draft(self.blocks + (block,))
 
     def truncate(self, length: int) -> "Draft":
-        """The first ``length`` tokens; branches are dropped since they continued the full draft.
-        Forwards spent on the cut tokens stay counted (on the last kept block)."""
-        if length >= len(self):
+        """The tree cut at depth ``length``: the first ``length`` main-path tokens and the side nodes
+        no deeper than that (whose ancestors are kept). Forwards spent on the cut tokens stay
+        counted (on the last kept block)."""
+        tree = self.tree
+        if not len(tree) or int(tree.depths.max()) <= length:
             return self
-        kept, total = [], 0
+        keep = (tree.depths <= length).tolist()
+        old_to_new, kept_blocks, total, next_index, main_total = {-1: -1}, [], 0, 0, 0
         for block in self.blocks:
-            take = min(len(block), length - total)
-            if take <= 0 and kept:
-                break
-            kept.append(DraftBlock(
-                block.tokens[:take],
-                None if block.draft_probs is None else block.draft_probs[:take],
-                None if block.hidden_states is None else block.hidden_states[:take],
-                (),
-                block.forwards,
-            ))
-            total += take
-        cut = self.forwards - sum(b.forwards for b in kept)
-        kept[-1] = attrs.evolve(kept[-1], forwards=kept[-1].forwards + cut)
-        return Draft(tuple(kept))
+            n = len(block)
+            take = min(n, max(0, length - main_total))
+            main_total += n
+            for i in range(take):
+                old_to_new[total + i] = next_index + i
+            next_index += take
+            side = block.side
+            new_side = None
+            if side is not None and len(side):
+                rows = [j for j in range(len(side)) if keep[total + n + j] and int(side.parents[j]) in old_to_new]
+                for j in rows:
+                    old_to_new[total + n + j] = next_index
+                    next_index += 1
+                if rows:
+                    index = torch.tensor(rows, dtype=torch.long)
+                    new_side = SideNodes(side.tokens[index],
+                                         torch.tensor([old_to_new[int(side.parents[j])] for j in rows]),
+                                         None if side.draft_probs is None else side.draft_probs[index])
+            if take or new_side is not None or not kept_blocks:
+                kept_blocks.append(DraftBlock(
+                    block.tokens[:take],
+                    None if block.draft_probs is None else block.draft_probs[:take],
+                    None if block.hidden_states is None else block.hidden_states[:take],
+                    new_side, block.forwards, block.sampled,
+                ))
+            total += n + (len(side) if side is not None else 0)
+        cut = self.forwards - sum(b.forwards for b in kept_blocks)
+        kept_blocks[-1] = attrs.evolve(kept_blocks[-1], forwards=kept_blocks[-1].forwards + cut)
+        return Draft(tuple(kept_blocks))
 
 
 @attrs.frozen
 class Stop:
     """Returned by ``pacer_draft_more`` to end drafting. ``keep`` trims the draft to its first
-    ``keep`` tokens before verification (e.g. PACER not sending a block it predicts will fail)."""
+    ``keep`` main-path tokens before verification (e.g. PACER not sending a block it predicts will
+    fail); on a tree it cuts every node deeper than ``keep`` (``Draft.truncate``)."""
 
     keep: Optional[int] = None
 
@@ -182,16 +350,24 @@ class Stop:
 class Verdict:
     """A verifier's decision for one step.
 
-    ``accepted`` draft tokens are kept; if every draft token was accepted and ``branch`` is not None,
-    the first ``branch_accepted`` tokens of that branch are kept too. Then ``next_token`` follows:
-    ``recovered`` (sampled at the first rejection) or ``bonus`` (after the last accepted token).
+    ``accepted`` draft tokens are kept: the nodes ``path`` of ``draft.tree`` (root first), or, when
+    ``path`` is None, the first ``accepted`` tokens of the draft's main path (what a chain verifier
+    returns). Then ``next_token`` follows: ``recovered`` (drawn at the first rejection) or
+    ``bonus`` (after a leaf of the tree: every candidate along the path was accepted).
     """
 
     accepted: int
     next_token: int
     next_kind: Literal["recovered", "bonus"]
-    branch: Optional[int] = None
-    branch_accepted: int = 0
+    path: Optional[tuple[int, ...]] = attrs.field(default=None, converter=attrs.converters.optional(tuple))
+
+    def __attrs_post_init__(self) -> None:
+        if self.path is not None and len(self.path) != self.accepted:
+            raise ValueError(f"a verdict's path has {len(self.path)} nodes but accepted is {self.accepted}")
+
+    def nodes(self, draft: "Draft") -> tuple[int, ...]:
+        """The accepted nodes of ``draft.tree``, root first."""
+        return self.path if self.path is not None else draft.path_nodes[: self.accepted]
 
 
 @attrs.frozen
@@ -228,7 +404,10 @@ class LanguageModel(Protocol):
         hidden: bool = False,
     ) -> ModelOutput: ...
 
-    def crop(self, length: int) -> None: ...
+    def crop(self, length: int, rows: Sequence[int] = ()) -> None:
+        """Keep the first ``length`` cached positions, then the cached ``rows`` (ascending indices
+        ≥ ``length``: an accepted tree path) moved into the positions after them; drop the rest."""
+        ...
 
     def reset(self) -> None: ...
 
@@ -308,7 +487,7 @@ class StepRecord:
     index: int
     draft: Draft
     verdict: Verdict
-    emitted: tuple[int, ...]  # accepted + branch tokens + next token, after EOS/budget truncation
+    emitted: tuple[int, ...]  # accepted path + next token, after EOS/budget truncation
     committed_before: int  # length of the committed sequence (prompt included) before this step
     draft_s: float
     verify_s: float
@@ -316,7 +495,7 @@ class StepRecord:
     stop_s: float = 0.0  # time spent in stop policies (part of draft_s)
     target_hidden: Optional[torch.Tensor] = tensor_field(default=None)  # [k, hidden]
     target_hidden_start: int = 0  # index in state.tokens of target_hidden's first row
-    target_argmax: Optional[torch.Tensor] = tensor_field(default=None)  # [n + 1 + Σ m_j] int64
+    target_argmax: Optional[torch.Tensor] = tensor_field(default=None)  # [N + 1] int64, rows as target_logits
 
     @property
     def drafted(self) -> int:

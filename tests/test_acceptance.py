@@ -19,9 +19,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from scipy.stats import chisquare
 
-from pacer_core import SamplingParams, Verdict
+from pacer_core import Draft, DraftBlock, SamplingParams, Verdict
 from pacer_core import acceptance
-from pacer_core.acceptance import greedy_verify, greedy_verify_branches, residual_distribution, speculative_verify
+from pacer_core.acceptance import greedy_verify, residual_distribution, speculative_verify
 from pacer_core.sampling import choose, logits_to_probs, sample
 from strategies import (
     distinct_logits,
@@ -362,47 +362,65 @@ def test_greedy_verify_accepts_longest_argmax_prefix(case):
     assert verdict.accepted == mismatch
     assert verdict.next_token == target_argmax[mismatch]
     assert verdict.next_kind == ("bonus" if mismatch == n else "recovered")
-    assert verdict.branch is None and verdict.branch_accepted == 0
+    assert verdict.path is None and verdict.nodes(Draft((DraftBlock(draft),))) == tuple(range(mismatch))
+
+
+@st.composite
+def token_trees(draw, vocab: int, max_nodes: int = 8):
+    """(tokens [n], parents [n]) of a random tree: each node's parent an earlier node or the root."""
+    n = draw(st.integers(0, max_nodes))
+    parents = [draw(st.integers(-1, i - 1)) for i in range(n)]
+    tokens = draw(st.lists(st.integers(0, vocab - 1), min_size=n, max_size=n))
+    return torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long)
+
+
+def root_paths(parents: list[int]) -> list[list[int]]:
+    """Every root path of a tree (empty path included), in depth-first node order."""
+    paths: list[list[int]] = [[]]
+
+    def below(node: int, prefix: list[int]) -> None:
+        for child in (c for c, p in enumerate(parents) if p == node):
+            paths.append(prefix + [child])
+            below(child, prefix + [child])
+    below(-1, [])
+    return paths
 
 
 @SETTINGS
 @given(st.data())
-def test_greedy_verify_branches_longest_match_after_full_draft(data):
-    draft, logits, mismatch, target_argmax = data.draw(greedy_case())
-    n, vocab = int(draft.shape[0]), int(logits.shape[1])
-    branches, branch_logits, matches, chains = [], [], [], []
-    for _ in range(data.draw(st.integers(0, 3))):
-        size = data.draw(st.integers(1, 4))
-        rows = data.draw(logits_rows(size, vocab))  # row i scores the token after branch[: i + 1]
-        chain = [target_argmax[n]] + [argmax(r) for r in rows.tolist()]  # the target's argmax before each token
-        match = data.draw(st.integers(0, size))
-        tokens = chain[:match]
-        if match < size:
-            tokens.append((chain[match] + data.draw(st.integers(1, vocab - 1))) % vocab)
-            tokens += data.draw(st.lists(st.integers(0, vocab - 1), min_size=size - match - 1,
-                                         max_size=size - match - 1))
-        branches.append(torch.tensor(tokens, dtype=torch.long))
-        branch_logits.append(rows)
-        matches.append(match)
-        chains.append(chain)
-    verdict = greedy_verify_branches(draft, logits, branches, branch_logits)
-    if mismatch < n or not matches or max(matches) == 0:
-        assert verdict == greedy_verify(draft, logits)  # branches only count after a full draft
-        assert verdict.branch is None
-        return
-    best = matches.index(max(matches))  # longest match, the first on ties
-    assert verdict == Verdict(accepted=n, next_token=chains[best][matches[best]], next_kind="bonus",
-                              branch=best, branch_accepted=matches[best])
+def test_greedy_verify_tree_takes_the_longest_argmax_path(data):
+    """Brute force: of all root paths whose every token is the target's argmax after its parent,
+    the longest (the first in depth-first order on ties) is accepted; the next token is the argmax
+    after it, a bonus at a leaf. Trees with duplicate siblings are drawn often (tiny vocabularies)."""
+    vocab = data.draw(st.integers(2, 4))
+    tokens, parents = data.draw(token_trees(vocab))
+    n = int(tokens.shape[0])
+    logits = data.draw(logits_rows(n + 1, vocab))
+    target_argmax = [argmax(row) for row in logits.tolist()]
+    plist, tlist = parents.tolist(), tokens.tolist()
+    valid = [p for p in root_paths(plist)
+             if all(tlist[node] == target_argmax[(p[i - 1] if i else -1) + 1] for i, node in enumerate(p))]
+    best = max(valid, key=len)  # max keeps the first of equal lengths
+    verdict = greedy_verify(tokens, logits, parents)
+    assert verdict.path == tuple(best) and verdict.accepted == len(best)
+    last = best[-1] if best else -1
+    assert verdict.next_token == target_argmax[last + 1]
+    assert verdict.next_kind == ("recovered" if last in plist else "bonus")
 
 
-def test_greedy_verify_branches_ignores_branches_after_a_rejection():
+def test_greedy_verify_tree_prefers_the_deeper_duplicate():
+    # root children: node 0 (token 1, a leaf) and node 1 (token 1, with child node 2 = token 2)
+    logits = torch.tensor([[0.0, 5.0, 0.0], [0.0, 0.0, 5.0], [0.0, 0.0, 5.0], [5.0, 0.0, 0.0]])
+    verdict = greedy_verify(torch.tensor([1, 1, 2]), logits, torch.tensor([-1, -1, 1]))
+    assert verdict == Verdict(accepted=2, next_token=0, next_kind="bonus", path=(1, 2))
+
+
+def test_greedy_verify_on_a_chain_tree_equals_the_chain_rule():
     logits = torch.tensor([[0.0, 5.0, 0.0], [5.0, 0.0, 0.0], [0.0, 0.0, 5.0]])  # argmax 1, 0, 2
-    branch = torch.tensor([2, 2])  # would match if the draft had been accepted
-    branch_rows = torch.tensor([[0.0, 0.0, 5.0], [0.0, 5.0, 0.0]])
-    rejected = greedy_verify_branches(torch.tensor([1, 1]), logits, [branch], [branch_rows])
-    assert rejected == Verdict(accepted=1, next_token=0, next_kind="recovered")
-    accepted = greedy_verify_branches(torch.tensor([1, 0]), logits, [branch], [branch_rows])
-    assert accepted == Verdict(accepted=2, next_token=1, next_kind="bonus", branch=0, branch_accepted=2)
+    chain = greedy_verify(torch.tensor([1, 1]), logits)
+    tree = greedy_verify(torch.tensor([1, 1]), logits, torch.tensor([-1, 0]))
+    assert chain == Verdict(accepted=1, next_token=0, next_kind="recovered")
+    assert (tree.accepted, tree.next_token, tree.next_kind, tree.path) == (1, 0, "recovered", (0,))
 
 
 # -- logits_to_probs, sample, choose ---------------------------------------------------------

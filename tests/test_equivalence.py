@@ -101,7 +101,7 @@ class CacheInvariants:
         last_step = state.budget_left == 0 or step.emitted[-1] in state.eos_token_ids
         if not last_step:
             assert len(state.tokens) - len(cached) == 1
-        assert step.verdict.branch is None and step.verdict.branch_accepted == 0
+        assert step.verdict.nodes(step.draft) == step.draft.path_nodes[: step.verdict.accepted]
         assert list(step.emitted) == state.tokens[step.committed_before:]
         kept = min(step.verdict.accepted, len(step.emitted))
         assert list(step.emitted[:kept]) == step.draft.tokens[:kept].tolist()

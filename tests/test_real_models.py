@@ -30,7 +30,7 @@ class CacheAudit:
     def pacer_observe_step(self, state, step):
         cached = list(self.target.cached_tokens)
         assert cached == state.tokens[: len(cached)]
-        assert len(state.tokens) - len(cached) == 1 + step.verdict.branch_accepted or step.emitted[-1] in state.eos_token_ids
+        assert len(state.tokens) - len(cached) == 1 or step.emitted[-1] in state.eos_token_ids
         self.steps += 1
 
 

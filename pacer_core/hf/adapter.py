@@ -163,12 +163,42 @@ class HFModel:
             self._cache.activate_past_recording()  # sliding-window layers can be cropped only so
         self._tokens: list[int] = []
 
-    def crop(self, length: int) -> None:
-        """Drop cached positions from ``length`` on (the KV cache and its token ids)."""
+    def crop(self, length: int, rows: Sequence[int] = ()) -> None:
+        """Keep the first ``length`` cached positions, then the cached ``rows`` (ascending indices ≥
+        ``length``, an accepted tree path) moved into the positions after them; drop the rest (the
+        KV cache and its token ids). Rows right after ``length`` need no move: a plain crop."""
+        rows = [int(r) for r in rows]
+        contiguous = rows == list(range(length, length + len(rows)))
+        if not contiguous:
+            total = len(self._tokens)
+            if any(r < length or r >= total for r in rows) or rows != sorted(set(rows)):
+                raise ValueError(f"rows must be ascending cache indices in [{length}, {total})")
+            for layer in self._cache.layers:
+                self._move_rows(layer, total, length, rows)
+            self._tokens[length:] = [self._tokens[r] for r in rows]
+            return
+        length += len(rows)
         remove = len(self._tokens) - length
         if remove > 0:
             self._cache.crop(-remove)
             del self._tokens[length:]
+
+    @staticmethod
+    def _move_rows(layer: Any, total: int, length: int, rows: list[int]) -> None:
+        """Keep positions [0, length) and ``rows`` of one cache layer (which holds the last
+        ``stored`` of ``total`` positions: a sliding-window layer may hold fewer)."""
+        stored = int(layer.keys.shape[-2])
+        offset = total - stored  # position of the layer's first stored row
+        if length < offset:
+            raise ValueError("a tree path cannot be moved past a sliding window's dropped positions")
+        index = torch.tensor(list(range(length - offset)) + [r - offset for r in rows], device=layer.keys.device)
+        layer.keys = layer.keys.index_select(-2, index)
+        layer.values = layer.values.index_select(-2, index)
+        if hasattr(layer, "cumulative_length"):  # sliding-window layers: back to their working size
+            layer.cumulative_length = length + len(rows)
+            window = getattr(layer, "sliding_window", None)
+            if window and layer.cumulative_length >= window:
+                layer.keys, layer.values = layer.keys[..., -window + 1:, :], layer.values[..., -window + 1:, :]
 
     # -- forward -----------------------------------------------------------------------------
     @torch.inference_mode()
@@ -184,8 +214,9 @@ class HFModel:
         """Run ``tokens`` after the cached ones and append them to the cache.
 
         ``positions`` ([k], offsets from the cache length) and ``tree_mask`` ([k, k] bool: may new
-        token i attend to new token j) score several branches in one forward; by default the new
-        tokens are causal and consecutive. Logits (float32) are returned for rows ``logits_from:``
+        token i attend to new token j, every cached token visible; or [k, cached + k] over the
+        cached tokens too) score a token tree in one forward; by default the new tokens are causal
+        and consecutive. Logits (float32) are returned for rows ``logits_from:``
         only, and the last-layer hidden states for all rows when ``hidden``.
         """
         k = len(tokens)
@@ -194,7 +225,7 @@ class HFModel:
         kwargs: dict[str, Any] = {"cache": self._cache, "use_cache": True}
         if tree_mask is not None:
             allowed = torch.ones(k, past + k, dtype=torch.bool)
-            allowed[:, past:] = tree_mask
+            allowed[:, past + k - tree_mask.shape[1]:] = tree_mask
             mask = torch.zeros(k, past + k, dtype=self.dtype)
             mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
             kwargs["attention_mask"] = mask[None, None].to(self.device)

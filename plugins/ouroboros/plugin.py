@@ -13,11 +13,12 @@ The draft model's greedy next token comes from the last main row. A phrase whose
 equal the draft model's own greedy chain (its first token equals that next token, each later token
 equals the draft's argmax after the phrase's previous token) lets the forward emit those tokens
 and the argmax after them at once: the draft is always the draft model's greedy chain, reached
-with fewer forwards. After drafting, up to ``topk`` pool phrases keyed by the last draft token are
-attached as candidate suffixes (``DraftBlock.branches``); the engine scores them in the same
-target forward and the greedy verifier accepts the longest matching one after a fully accepted
-draft. In ``pacer_observe_step`` the pool learns from the target (``StepRecord.target_argmax``):
-its argmax chains along the verified path, and each candidate suffix as the target corrected it.
+with fewer forwards. Each block hangs up to ``topk`` pool phrases keyed by its last token on that
+token as candidate suffixes: side nodes of the draft tree (``DraftBlock.side``, a trie), which the
+engine scores in the same target forward and the verifier accepts like any other tree path. In
+``pacer_observe_step`` the pool learns from the target (``StepRecord.target_argmax``): its argmax
+chains along the main path and the accepted path, and each candidate suffix hanging off an
+accepted node as the target corrected it.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import attrs
 import torch
 
 from pacer_builtins.drafters import DEFAULT_DRAFT, sync_cache
-from pacer_core import Component, DraftBlock, InputError, Resources, hookimpl
+from pacer_core import Component, DraftBlock, InputError, Resources, SideNodes, hookimpl
 
 from .pool import PhrasePool, argmax_chains
 
@@ -172,33 +173,48 @@ class Ouroboros:
         self._surplus = (context + block.tokens, rest) if len(rest) and not eos else None
         key = block.tokens[-1]
         candidates = [] if key in state.eos_token_ids else self.pool.get(key, self.config.topk)
-        branches = tuple(torch.tensor(p, dtype=torch.long) for p in candidates)
+        first = draft.num_nodes + len(block)  # tree index of this block's first side node
+        side = SideNodes.trie(candidates, parent=first - 1, first=first)
+        if side is not None:  # phrases carry no draft distribution: point masses in a one-hot row
+            side = SideNodes(side.tokens, side.parents, torch.nn.functional.one_hot(
+                side.tokens, self.model.vocab_size).float())
         return DraftBlock(tokens=torch.tensor(block.tokens, dtype=torch.long), draft_probs=block.draft_probs,
-                          hidden_states=block.hidden_states, branches=branches, forwards=forwards)
+                          hidden_states=block.hidden_states, side=side, forwards=forwards, sampled=False)
 
     @hookimpl
     def pacer_observe_step(self, state, step) -> None:
         self._surplus = None
         sync_cache(self.model, state.tokens)  # roll the draft cache back to the committed tokens
-        n, verdict = len(step.draft), step.verdict
-        self.stats["branch_tokens"] += verdict.branch_accepted
-        if n == 0 or step.target_argmax is None:
+        draft, verdict = step.draft, step.verdict
+        tree, accepted = draft.tree, verdict.nodes(draft)
+        main_nodes = set(draft.path_nodes)
+        self.stats["branch_tokens"] += sum(1 for i in accepted if i not in main_nodes)
+        if len(draft) == 0 or step.target_argmax is None or len(step.target_argmax) != len(tree) + 1:
             return
-        target_argmax = step.target_argmax.tolist()  # [n + 1 + Σ m_j]: main rows, then branch rows
-        main = [state.tokens[step.committed_before - 1]] + step.draft.tokens.tolist()  # the fed path
-        paths = [(main, target_argmax[: n + 1])]
-        branches = [b.tolist() for b in step.draft.branches]
-        if verdict.accepted == n and len(target_argmax) == n + 1 + sum(map(len, branches)):
-            # each candidate suffix as the target would have continued it replaces the guess
-            start = n + 1
-            for j, branch in enumerate(branches):
-                rows = target_argmax[start:start + len(branch)]
-                start += len(branch)
-                self.pool.replace(main[-1], branch, ([target_argmax[n]] + rows)[: self.phrase_length])
-                if j == verdict.branch:
-                    paths.append((main + branch, target_argmax[: n + 1] + rows))
-        for tokens, argmax in paths:  # the target's own greedy chains along the verified paths
-            self.pool.add_all(argmax_chains(tokens, argmax, self.phrase_length))
+        argmax = step.target_argmax.tolist()  # [N + 1]: row 0 after the root, row i + 1 after node i
+        tokens = tree.tokens.tolist()
+        root = state.tokens[step.committed_before - 1]
+
+        def fed(nodes) -> tuple[list[int], list[int]]:  # a root path and the target's argmax along it
+            return [root] + [tokens[i] for i in nodes], [argmax[0]] + [argmax[i + 1] for i in nodes]
+
+        paths = [fed(draft.path_nodes)]
+        if any(i not in main_nodes for i in accepted):
+            paths.append(fed(accepted))
+        # each candidate suffix hanging off an accepted node, as the target would have continued it
+        children = tree.children
+        for leaf in (i for i in range(len(tree)) if i not in main_nodes and not children[i]):
+            path = tree.path_to(leaf)
+            attach = max((j for j, node in enumerate(path) if node in main_nodes), default=-1)
+            anchor = path[attach] if attach >= 0 else -1
+            if anchor != -1 and anchor not in accepted:
+                continue
+            branch = path[attach + 1:]
+            key = tokens[anchor] if anchor >= 0 else root
+            corrected = [argmax[anchor + 1]] + [argmax[i + 1] for i in branch]
+            self.pool.replace(key, [tokens[i] for i in branch], corrected[: self.phrase_length])
+        for chain, target in paths:  # the target's own greedy chains along the verified paths
+            self.pool.add_all(argmax_chains(chain, target, self.phrase_length))
 
     @hookimpl
     def pacer_finish(self, state, result) -> dict:

@@ -6,7 +6,7 @@ import attrs
 import torch
 
 from pacer_core import Component, Resources, Verdict, hookimpl
-from pacer_core.acceptance import greedy_verify_branches, speculative_verify
+from pacer_core.acceptance import greedy_verify, speculative_verify
 from pacer_core.sampling import logits_to_probs
 
 
@@ -16,32 +16,34 @@ class VerifierConfig:
 
 
 class Greedy:
-    """Accept while the draft equals the target's argmax; branches are verified too."""
+    """Accept the longest path of the draft tree that follows the target's argmax (a chain's prefix)."""
 
     def __init__(self, config: VerifierConfig, resources: Resources):
         pass
 
     @hookimpl
-    def pacer_verify(self, state, draft, target_logits, branch_logits) -> Verdict:
-        return greedy_verify_branches(draft.tokens, target_logits, draft.branches, branch_logits)
+    def pacer_verify(self, state, draft, target_logits) -> Verdict:
+        tree = draft.tree
+        return greedy_verify(tree.tokens, target_logits, None if tree.is_chain else tree.parents)
 
 
 class SpeculativeSampling:
-    """Speculative sampling with the run's temperature/top-k/top-p on target and draft alike;
-    greedy verification (branches included) when the temperature is 0."""
+    """Speculative sampling with the run's temperature/top-k/top-p on target and draft alike, on
+    chains and trees (multi-candidate rule at each node); greedy verification at temperature 0."""
 
     def __init__(self, config: VerifierConfig, resources: Resources):
         self.sampling = resources.sampling
 
     @hookimpl
-    def pacer_verify(self, state, draft, target_logits, branch_logits) -> Verdict:
+    def pacer_verify(self, state, draft, target_logits) -> Verdict:
+        tree = draft.tree
+        parents = None if tree.is_chain else tree.parents
         if self.sampling.greedy:
-            return greedy_verify_branches(draft.tokens, target_logits, draft.branches, branch_logits)
-        if draft.branches:
-            raise ValueError("speculative_sampling cannot verify candidate branches under sampling")
+            return greedy_verify(tree.tokens, target_logits, parents)
         target_probs = logits_to_probs(target_logits, self.sampling)  # [n + 1, vocab]
-        uniforms = torch.rand(len(draft), generator=state.generator)  # [n]
-        return speculative_verify(draft.tokens, draft.draft_probs, target_probs, uniforms, state.generator)
+        uniforms = torch.rand(len(tree), generator=state.generator)  # [n], one per node
+        return speculative_verify(tree.tokens, tree.draft_probs, target_probs, uniforms, state.generator,
+                                  parents, tree.sampled)
 
 
 @hookimpl
