@@ -104,7 +104,8 @@ class FeatureDraft(nn.Module):
     def forward(self, token_embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
                 cache: Optional[KVCache] = None, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Predicted next features. token_embeds, features: [B, T, d] (or [T, d] with a cache);
-        positions: [T]; ``mask`` [T, T] bool (True = may attend) replaces the causal mask."""
+        positions: [T]; ``mask`` (True = may attend) replaces the causal mask: [T, T] over the new
+        rows (every cached row visible) or [T, past + T] over the cached rows too (a token tree)."""
         squeeze = token_embeds.dim() == 2
         if squeeze:
             token_embeds, features = token_embeds[None], features[None]
@@ -125,6 +126,8 @@ class FeatureDraft(nn.Module):
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         if mask is None:
             allowed = torch.ones(t, past + t, dtype=torch.bool).tril(past)
+        elif mask.shape[-1] == past + t:
+            allowed = mask
         else:
             allowed = torch.cat([torch.ones(t, past, dtype=torch.bool), mask], dim=1)
         attn = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)

@@ -1,0 +1,71 @@
+"""Growing a draft token tree level by level (EAGLE-2-style dynamic trees), as pure functions.
+
+A tree drafter (``eagle`` and ``draft_model`` with ``tree: {...}``) grows one level per draft
+forward. Level 1 takes the ``topk`` most likely tokens of the draft's distribution after the last
+committed token. Each later level feeds every node of the previous level in one tree-masked draft
+forward and picks, among the ``topk`` most likely children of each, the main-path child (the most
+likely child of the current tip: the draft's greedy chain, what stop policies judge) plus the
+``topk - 1`` other children with the highest cumulative draft log-probability (a beam over the
+tree), never more than ``nodes`` nodes in all. Children are chosen deterministically (top-k), so
+the sampling verifier treats them as point masses: exact for any temperature, top-k or top-p
+(docs/trees.md). Nothing here touches a model; randomness is not used.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import attrs
+import torch
+from attrs import validators as v
+
+
+@attrs.define
+class TreeConfig:
+    """``tree: {topk, depth, nodes}`` on a model drafter; absent = a chain (one token per level)."""
+
+    topk: int = attrs.field(default=4, validator=v.ge(1))  # children tried per node, nodes kept per level
+    depth: int = attrs.field(default=6, validator=v.ge(1))  # levels per step at most (stop policies may stop earlier)
+    nodes: int = attrs.field(default=24, validator=v.ge(1))  # nodes sent for verification at most
+
+
+@attrs.frozen
+class Candidate:
+    """A chosen child: ``row`` of the expanded nodes it continues, its token, its cumulative score."""
+
+    row: int
+    token: int
+    score: float
+
+
+def grow_level(scores: torch.Tensor, probs: torch.Tensor, tip_row: Optional[int], topk: int,
+               room: int) -> list[Candidate]:
+    """The next level's nodes: the main-path child first (when ``tip_row`` is given), then side nodes.
+
+    ``scores``: [f] cumulative log-probabilities of the f expanded nodes (0 for the root);
+    ``probs``: [f, vocab] the draft's distribution after each (sampling parameters applied, so
+    filtered-out tokens have probability 0 and are never chosen); ``tip_row``: the row of the main
+    path's tip among them, or None when the main path has ended; ``room``: nodes left in the budget.
+    Returns at most ``min(topk, room)`` candidates, ranked by cumulative score after the main one.
+    """
+    if room <= 0 or probs.shape[0] == 0:
+        return []
+    k = min(topk, int(probs.shape[1]))
+    top_p, top_x = probs.topk(k, dim=-1)  # [f, k]
+    total = scores[:, None] + top_p.clamp_min(1e-38).log()  # [f, k]
+    total = torch.where(top_p > 0, total, torch.full_like(total, float("-inf")))
+    chosen: list[Candidate] = []
+    taken: set[tuple[int, int]] = set()
+    if tip_row is not None and bool(top_p[tip_row, 0] > 0):
+        chosen.append(Candidate(tip_row, int(top_x[tip_row, 0]), float(total[tip_row, 0])))
+        taken.add((tip_row, 0))
+    order = total.flatten().argsort(descending=True, stable=True).tolist()
+    for flat in order:
+        if len(chosen) >= min(topk, room):
+            break
+        row, j = divmod(flat, k)
+        if (row, j) in taken or not bool(top_p[row, j] > 0):
+            continue
+        chosen.append(Candidate(row, int(top_x[row, j]), float(total[row, j])))
+        taken.add((row, j))
+    return chosen[: min(topk, room)]
