@@ -10,9 +10,10 @@ from typing import Optional
 import attrs
 import torch
 
-from pacer_core import Component, DraftBlock, FeatureModel, InputError, Resources, hookimpl
+from pacer_core import Component, DraftBlock, FeatureModel, InputError, Resources, SideNodes, hookimpl
 from pacer_core.kernels import PackedMatrix, pack_linears
 from pacer_core.sampling import logits_to_probs, sample
+from pacer_core.trees import TreeConfig, grow_level
 
 from .model import MANIFEST, WEIGHTS, FeatureDraft, KVCache
 
@@ -23,6 +24,7 @@ DEFAULT_DRAFT = Path(__file__).parent / "default"
 class EagleConfig:
     path: Optional[str] = None  # a folder written by `pacer distill`; None = the shipped default draft
     allow_other_target: bool = False  # experts: use a draft distilled from another target
+    tree: Optional[TreeConfig] = None  # grow a token tree ({topk, depth, nodes}); None = a chain
 
 
 def draft_folder(path: Optional[str]) -> Path:
@@ -39,6 +41,22 @@ def draft_identity(folder: Path) -> str:
     manifest = json.loads((folder / MANIFEST).read_text())
     weights = hashlib.sha256((folder / WEIGHTS).read_bytes()).hexdigest()[:16]
     return f"eagle:{manifest.get('target_digest')}:{weights}"
+
+
+@attrs.define
+class _Level:
+    """The latest level of the tree being grown: its nodes (draft-tree indices), tokens, cumulative
+    scores, the main path's tip among them, and what feeding them needs."""
+
+    nodes: list[int]
+    tokens: list[int]
+    scores: torch.Tensor  # [f]
+    tip_row: Optional[int]
+    depth: int
+    parent_rows: list[Optional[int]]  # cache row of each node's parent (None: the root)
+    parent_features: torch.Tensor  # [f, hidden]: the feature that chose each node
+    num_nodes: int  # nodes in the draft once this level is added
+    rows: list[Optional[int]] = attrs.field(factory=list)  # cache rows once fed
 
 
 class EagleDrafter:
@@ -77,6 +95,7 @@ class EagleDrafter:
         self.subset = self.net.subset
         self.sampling = resources.sampling
         self.vocab_size = target.vocab_size
+        self.tree = config.tree
         self.reset(torch.empty(0, self.net.arch.hidden_size))
 
     def reset(self, features: torch.Tensor) -> None:
@@ -85,6 +104,8 @@ class EagleDrafter:
         self.true_rows = 0  # leading cache rows fed with true features
         self.row_tokens: list[int] = []  # token x_{r+1} fed at row r
         self.row_out: list[torch.Tensor] = []  # predicted f_{r+1} from row r
+        self.level: Optional[_Level] = None  # the latest level of this step's tree (tree mode)
+        self._row_mask: dict[int, torch.Tensor] = {}  # tree rows: the cache rows each may see
 
     @hookimpl
     def pacer_start(self, state, target_hidden) -> None:
@@ -130,6 +151,15 @@ class EagleDrafter:
             forwards += 1
         return forwards
 
+    def _distribution(self, features: torch.Tensor) -> torch.Tensor:
+        """The draft's distribution after each feature ([k, vocab]): sampling parameters applied
+        (softmax under greedy), tokens outside the draft's vocabulary at 0."""
+        logits = self.head(features)  # [k, subset]
+        probs = torch.softmax(logits, -1) if self.sampling.greedy else logits_to_probs(logits, self.sampling)
+        full = torch.zeros(features.shape[0], self.vocab_size)
+        full[:, self.subset] = probs
+        return full
+
     def _choose(self, feature: torch.Tensor, generator) -> tuple[int, torch.Tensor]:
         logits = self.head(feature[None])[0]  # [subset]
         if self.sampling.greedy:
@@ -143,6 +173,8 @@ class EagleDrafter:
 
     @hookimpl
     def pacer_propose(self, state, draft, num_tokens) -> Optional[DraftBlock]:
+        if self.tree is not None:
+            return self._propose_level(state, draft)
         context = state.tokens + draft.tokens.tolist()
         if len(self.features) == 0:
             return None  # a one-token prompt: no target feature yet, the first step decodes plainly
@@ -163,6 +195,75 @@ class EagleDrafter:
         return DraftBlock(tokens=torch.tensor(tokens, dtype=torch.long), draft_probs=torch.stack(probs),
                           hidden_states=torch.stack(hidden), forwards=forwards)
 
+    # -- token trees (docs/trees.md) -------------------------------------------------------------
+    def _propose_level(self, state, draft) -> Optional[DraftBlock]:
+        """One level of an EAGLE-2-style tree (pacer_core.trees): the first call of a step reads
+        the draft's distribution after the context; each later one feeds every node of the latest
+        level in one tree-masked forward and keeps the best children."""
+        tree, forwards = self.tree, 0
+        if draft.num_nodes == 0:  # a new step: drop the previous tree's rows, sync with the context
+            self.level, self._row_mask = None, {}
+            context = state.tokens
+            if len(self.features) == 0:
+                return None  # a one-token prompt: no target feature yet, the first step decodes plainly
+            self.cache.crop(len(self.row_tokens))
+            forwards = self._sync(context)
+            if len(self.row_tokens) != len(context) - 1:
+                return None
+            features = self.row_out[-1][None]  # [1, hidden]: the root
+            scores, tip_row, nodes, parents, rows = torch.zeros(1), 0, [-1], [None], [None]
+        else:
+            level = self.level
+            if level is None or level.num_nodes != draft.num_nodes or level.depth >= tree.depth:
+                return None
+            if int(draft.tokens[-1]) in state.eos_token_ids:
+                return None  # nothing is drafted past an end-of-sequence token on the main path
+            features = self._feed_level(level)  # [f, hidden]: after each node of the latest level
+            forwards = 1
+            scores, tip_row, nodes = level.scores, level.tip_row, level.nodes
+            parents, rows = level.nodes, level.rows
+        probs = self._distribution(features)  # [f, vocab]
+        if self.level is not None:  # nothing grows past an end-of-sequence token
+            ends = [i for i, t in enumerate(self.level.tokens) if t in state.eos_token_ids]
+            probs[ends] = 0.0
+        chosen = grow_level(scores, probs, tip_row, tree.topk, tree.nodes - draft.num_nodes)
+        if not chosen or tip_row is None or chosen[0].row != tip_row:
+            return None
+        # node numbering: the block's main token first (index draft.num_nodes), then its side nodes
+        first = draft.num_nodes
+        side = chosen[1:]
+        side_nodes = SideNodes(torch.tensor([c.token for c in side], dtype=torch.long),
+                               torch.tensor([nodes[c.row] for c in side], dtype=torch.long),
+                               probs[[c.row for c in side]]) if side else None
+        tip = chosen[0]
+        depth = 1 if self.level is None or draft.num_nodes == 0 else self.level.depth + 1
+        self.level = _Level(
+            nodes=[first + i for i in range(len(chosen))], tokens=[c.token for c in chosen],
+            scores=torch.tensor([c.score for c in chosen]), tip_row=0, depth=depth,
+            parent_rows=[rows[c.row] for c in chosen], parent_features=features[[c.row for c in chosen]],
+            num_nodes=first + len(chosen))
+        return DraftBlock(tokens=torch.tensor([tip.token], dtype=torch.long), draft_probs=probs[[tip.row]],
+                          hidden_states=features[[tip.row]], side=side_nodes, forwards=forwards, sampled=False)
+
+    @torch.inference_mode()
+    def _feed_level(self, level: "_Level") -> torch.Tensor:
+        """Feed the latest level's nodes (token, the feature that chose it) in one forward; each row
+        sees the context rows, its ancestors' rows and itself. Returns their predicted features."""
+        start, base = len(self.cache), len(self.row_tokens)
+        f = len(level.tokens)
+        mask = torch.zeros(f, start + f, dtype=torch.bool)
+        mask[:, :base] = True
+        for i, parent_row in enumerate(level.parent_rows):
+            mask[i, start + i] = True
+            if parent_row is not None:
+                seen = self._row_mask[parent_row]  # the parent's row and what it sees
+                mask[i, : seen.shape[0]] |= seen
+        positions = torch.full((f,), base + level.depth - 1)
+        out = self.net(self.embed[level.tokens].float(), level.parent_features, positions, self.cache, mask)
+        for i in range(f):
+            self._row_mask[start + i] = mask[i]
+        level.rows = [start + i for i in range(f)]
+        return out
 
 @hookimpl
 def pacer_components() -> list[Component]:
