@@ -8,17 +8,19 @@ the concatenated steps of the records).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 
 def step_metrics(accept_lengths: Sequence[int], drafted_per_step: Sequence[int],
-                 accepted_per_step: Sequence[int]) -> dict[str, Any]:
-    """Steps, drafted/accepted/emitted counts, τ, acceptance rates and draft lengths.
+                 accepted_per_step: Sequence[int], nodes_per_step: Optional[Sequence[int]] = None) -> dict[str, Any]:
+    """Steps, drafted/accepted/emitted counts, τ, acceptance rates, draft lengths and tree sizes.
 
-    ``accept_lengths[i]`` is the number of tokens step i emitted, ``drafted_per_step[i]`` the draft
-    tokens it verified and ``accepted_per_step[i]`` how many of them were accepted (before the first
-    rejection, so never more than drafted). Per-position acceptance is accepted / drafted at each
-    draft position 0..longest-1; the histogram counts steps by draft length.
+    ``accept_lengths[i]`` is the number of tokens step i emitted, ``drafted_per_step[i]`` the draft's
+    length (a tree's depth) and ``accepted_per_step[i]`` how many draft tokens were accepted (the
+    accepted path, so never more than drafted). Per-position acceptance is, at each depth
+    0..deepest-1, the share of steps drafting that deep whose accepted path reached it (acceptance
+    per depth); the histogram counts steps by draft length. ``nodes_per_step[i]`` is the number of
+    tokens the target verified (tree nodes; the draft length for a chain, the default).
     """
     steps, drafted, accepted, emitted = (len(accept_lengths), sum(drafted_per_step), sum(accepted_per_step),
                                          sum(accept_lengths))
@@ -35,6 +37,7 @@ def step_metrics(accept_lengths: Sequence[int], drafted_per_step: Sequence[int],
         for i in range(d):
             drafted_at[i] += 1
             accepted_at[i] += int(i < a)
+    nodes = list(drafted_per_step) if nodes_per_step is None else list(nodes_per_step)
     return {
         "steps": steps,
         "drafted": drafted,
@@ -48,4 +51,6 @@ def step_metrics(accept_lengths: Sequence[int], drafted_per_step: Sequence[int],
         "accept_lengths": list(accept_lengths),
         "drafted_per_step": list(drafted_per_step),
         "accepted_per_step": list(accepted_per_step),
+        "mean_nodes_per_step": sum(nodes) / steps if steps else 0.0,
+        "nodes_per_step": nodes,
     }

@@ -232,6 +232,13 @@ class Draft:
         """Main-path tokens plus side nodes: what the target scores."""
         return sum(len(b) + (len(b.side) if b.side is not None else 0) for b in self.blocks)
 
+    @property
+    def depth(self) -> int:
+        """The deepest node's depth: ``len(draft)`` for a chain, deeper with side nodes below the tip."""
+        if all(b.side is None for b in self.blocks):
+            return len(self)
+        return int(self.tree.depths.max())
+
     @functools.cached_property
     def path_nodes(self) -> tuple[int, ...]:
         """The tree node index (``Draft.tree``) of each main-path token."""
@@ -499,7 +506,19 @@ class StepRecord:
 
     @property
     def drafted(self) -> int:
+        """Main-path tokens drafted (a chain's length; a tree's depth)."""
         return len(self.draft)
+
+    @property
+    def main_accepted(self) -> int:
+        """Main-path tokens accepted: where the accepted path leaves the main path (all of
+        ``verdict.accepted`` for a chain). What policies judging the main path learn from."""
+        count = 0
+        for node, main in zip(self.verdict.nodes(self.draft), self.draft.path_nodes):
+            if node != main:
+                break
+            count += 1
+        return count
 
 
 @attrs.frozen

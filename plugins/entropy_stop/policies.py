@@ -124,7 +124,7 @@ class EntropyBound:
 
     @hookimpl
     def pacer_observe_step(self, state, step) -> None:
-        n, accepted = step.drafted, step.verdict.accepted
+        n, accepted = step.drafted, step.main_accepted
         if not self.adapt or n == 0:
             return
         outcomes = rules.verified_outcomes(n, accepted)
@@ -190,7 +190,7 @@ class Confidence:
         n = step.drafted
         if not self.config.adapt or n == 0:
             return
-        outcomes = rules.verified_outcomes(n, step.verdict.accepted)
+        outcomes = rules.verified_outcomes(n, step.main_accepted)
         m = len(outcomes)
         probs = rules.chosen_probs(_draft_probs(step.draft, self.name)[:m], step.draft.tokens[:m])
         self.probs.extend(probs.tolist())

@@ -14,7 +14,9 @@ class MetricsConfig:
 
 
 class Metrics:
-    """steps, drafted/accepted/emitted counts, τ, acceptance rates and time split of one generation."""
+    """steps, drafted/accepted/emitted counts, τ, acceptance per depth, tree nodes per step and the
+    time split of one generation. On a tree, a step's drafted count is the tree's depth and its
+    accepted count the accepted path's length."""
 
     def __init__(self, config: MetricsConfig, resources: Resources):
         self.reset()
@@ -24,6 +26,7 @@ class Metrics:
         self.accept_lengths: list[int] = []  # emitted tokens per step
         self.drafted_per_step: list[int] = []
         self.accepted_per_step: list[int] = []
+        self.nodes_per_step: list[int] = []  # tokens the target verified (tree nodes)
 
     @hookimpl
     def pacer_start(self, state) -> None:
@@ -32,8 +35,9 @@ class Metrics:
     @hookimpl
     def pacer_observe_step(self, state, step) -> None:
         self.accept_lengths.append(len(step.emitted))
-        self.drafted_per_step.append(step.drafted)
+        self.drafted_per_step.append(step.draft.depth)
         self.accepted_per_step.append(step.verdict.accepted)
+        self.nodes_per_step.append(step.draft.num_nodes)
         self.draft_s += step.draft_s
         self.verify_s += step.verify_s
         self.stop_s += step.stop_s
@@ -41,7 +45,8 @@ class Metrics:
     @hookimpl
     def pacer_finish(self, state, result) -> dict:
         return {
-            **step_metrics(self.accept_lengths, self.drafted_per_step, self.accepted_per_step),
+            **step_metrics(self.accept_lengths, self.drafted_per_step, self.accepted_per_step,
+                           self.nodes_per_step),
             "draft_s": self.draft_s,
             "verify_s": self.verify_s,
             "stop_s": self.stop_s,

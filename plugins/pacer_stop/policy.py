@@ -226,7 +226,7 @@ class PacerStop:
     def pacer_observe_step(self, state, step) -> None:
         """Tally predictions against the verifier's decisions (calibration seen while decoding)."""
         judged = self.predictions[: len(step.draft)]
-        accepted = step.verdict.accepted
+        accepted = step.main_accepted  # of the main path, which M_B judged
         self.totals["judged"] += len(judged)
         self.totals["predicted"] += sum(judged)
         self.totals["accepted"] += min(accepted, len(judged))
