@@ -69,12 +69,15 @@ class SideNodes:
     ``parents[i]`` is the node each token continues, as an index into the whole draft tree
     (``Draft.tree``: earlier nodes, this block's main-path nodes, or earlier side nodes of this
     block), or -1 for the root (the last committed token). ``draft_probs`` row i is the draft's
-    distribution the token was chosen from (None: no distribution, a point mass).
+    distribution the token was chosen from (None: no distribution, a point mass). ``sampled``: the
+    tokens were drawn at random from their rows, siblings independently (None: as the block's
+    main-path tokens); False: chosen deterministically (top-k, lookup), verified as point masses.
     """
 
     tokens: torch.Tensor = tensor_field()  # [s] int64
     parents: torch.Tensor = tensor_field()  # [s] int64
     draft_probs: Optional[torch.Tensor] = tensor_field(default=None)  # [s, vocab]
+    sampled: Optional[bool] = None
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -98,7 +101,7 @@ class SideNodes:
                 at = node
         if not tokens:
             return None
-        return cls(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long))
+        return cls(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long), sampled=False)
 
 
 @attrs.frozen
@@ -108,10 +111,10 @@ class DraftBlock:
     The block's ``tokens`` continue the draft's **main path** (its chain: what stop policies judge).
     ``draft_probs`` is the distribution each token was chosen from (after temperature, top-k and
     top-p), or None for drafters without probabilities (n-gram, phrase pool): the verifier then
-    treats each token as a point mass. ``sampled`` says whether the tokens (main path and side
-    nodes) were drawn at random from their ``draft_probs`` row, siblings independently; False when
-    they were chosen deterministically (top-k children, a greedy chain), which the sampling verifier
-    then treats as point masses (exact either way). ``hidden_states`` are the draft model's
+    treats each token as a point mass. ``sampled`` says whether the tokens (and side nodes, unless
+    ``side.sampled`` says otherwise) were drawn at random from their ``draft_probs`` row, siblings
+    independently; False when they were chosen deterministically (top-k children, a greedy chain),
+    which the sampling verifier then treats as point masses (exact either way). ``hidden_states`` are the draft model's
     hidden states that produced each main-path token (PACER reads them), or None. ``side`` holds
     alternative tokens anywhere in the tree (a token tree's other candidates, Ouroboros' candidate
     suffixes); the target scores them in the same forward. ``forwards`` counts the draft-model
@@ -267,12 +270,20 @@ class Draft:
             if s:
                 if bool((side.parents >= total + n + torch.arange(s)).any()) or bool((side.parents < -1).any()):
                     raise ValueError("a side node's parent must be an earlier node of the draft tree, or -1")
-                if (side.draft_probs is not None) != (block.draft_probs is not None):
-                    raise ValueError("a block's side nodes must carry draft_probs exactly when its tokens do")
+                side_sampled = block.sampled if side.sampled is None else side.sampled
+                side_probs = side.draft_probs
+                if side_probs is None and block.draft_probs is not None:
+                    if side_sampled:
+                        raise ValueError("sampled side nodes must carry the draft_probs they were drawn from")
+                    side_probs = torch.zeros(s, block.draft_probs.shape[1])  # point masses: never read
+                elif side_probs is not None and block.draft_probs is None:
+                    raise ValueError("a block's side nodes carry draft_probs but its tokens do not")
                 tokens.append(side.tokens)
                 parents.append(side.parents.long())
-                probs.append(side.draft_probs)
-            sampled.append(torch.full((n + s,), block.sampled, dtype=torch.bool))
+                probs.append(side_probs)
+            sampled.append(torch.full((n,), block.sampled, dtype=torch.bool))
+            if s:
+                sampled.append(torch.full((s,), side_sampled, dtype=torch.bool))
             total += n + s
         if not self.blocks:
             empty = torch.empty(0, dtype=torch.long)
@@ -330,7 +341,8 @@ class Draft:
                     index = torch.tensor(rows, dtype=torch.long)
                     new_side = SideNodes(side.tokens[index],
                                          torch.tensor([old_to_new[int(side.parents[j])] for j in rows]),
-                                         None if side.draft_probs is None else side.draft_probs[index])
+                                         None if side.draft_probs is None else side.draft_probs[index],
+                                         side.sampled)
             if take or new_side is not None or not kept_blocks:
                 kept_blocks.append(DraftBlock(
                     block.tokens[:take],

@@ -174,10 +174,7 @@ class Ouroboros:
         key = block.tokens[-1]
         candidates = [] if key in state.eos_token_ids else self.pool.get(key, self.config.topk)
         first = draft.num_nodes + len(block)  # tree index of this block's first side node
-        side = SideNodes.trie(candidates, parent=first - 1, first=first)
-        if side is not None:  # phrases carry no draft distribution: point masses in a one-hot row
-            side = SideNodes(side.tokens, side.parents, torch.nn.functional.one_hot(
-                side.tokens, self.model.vocab_size).float())
+        side = SideNodes.trie(candidates, parent=first - 1, first=first)  # point masses
         return DraftBlock(tokens=torch.tensor(block.tokens, dtype=torch.long), draft_probs=block.draft_probs,
                           hidden_states=block.hidden_states, side=side, forwards=forwards, sampled=False)
 
