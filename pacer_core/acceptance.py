@@ -59,13 +59,14 @@ def greedy_verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor,
 def residual_distribution(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
     """normalize(max(0, target_probs − draft_probs)) for [vocab] rows.
 
-    When the two distributions are (numerically) equal the residual has no mass; rejection then has
-    probability ~0 and any choice keeps the output exact, so the target distribution is returned
-    instead of dividing 0 by 0.
+    When the two distributions are equal the residual has no mass; rejection then has probability 0
+    and any choice keeps the output exact, so the target distribution is returned instead of
+    dividing 0 by 0. Any positive mass is normalized, however small: it is exactly what a rejection
+    of that (tiny) probability must draw from.
     """
     residual = (target_probs - draft_probs).clamp_min(0.0)
     mass = residual.sum(-1, keepdim=True)
-    return torch.where(mass > 1e-12, residual / mass.clamp_min(1e-30), target_probs)
+    return torch.where(mass > 0, residual / torch.where(mass > 0, mass, torch.ones_like(mass)), target_probs)
 
 
 def speculative_verify(

@@ -539,3 +539,12 @@ def test_equal_subnormal_probabilities_are_always_accepted():
         verdict = speculative_verify(torch.tensor([2]), probs[None], target_probs,
                                      torch.tensor([u], dtype=torch.float64), None)
         assert verdict.accepted == 1
+
+
+def test_a_tiny_residual_is_still_normalized():
+    """A rejection of probability 1e-12 draws from the residual itself, not from p (found by hypothesis)."""
+    p = torch.tensor([1.0, 1e-12], dtype=torch.float64)
+    p = p / p.sum()
+    verdict, drawn_from = next_token_distribution(0, BELOW_ONE, None, torch.stack([p, p]))
+    assert verdict.next_kind == "recovered"
+    assert torch.equal(drawn_from, torch.tensor([0.0, 1.0], dtype=torch.float64))
