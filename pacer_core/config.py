@@ -394,7 +394,13 @@ def check(cfg: PacerConfig, extra_plugins: Sequence[Any] = (), require_models: b
         options = dict(entry)
         component = lookup(table, kind, options.pop("name", None), where)
         config = _validate_typed(component.config, options, f"{where} ({component.name})")
-        return ResolvedComponent(where, component, config)
+        if not any(f.name == "members" for f in attrs.fields(component.config)):
+            return ResolvedComponent(where, component, config)
+        entries = config.members  # a composite: its members are entries of the same kind
+        if not isinstance(entries, (list, tuple)) or not entries:
+            raise ConfigError(f"{where}.members must be a non-empty list of {kind} entries like {{name: ...}}")
+        members = tuple(resolve(kind, f"{where}.members[{i}]", e) for i, e in enumerate(entries))
+        return ResolvedComponent(where, component, config, members)
 
     stack = ResolvedStack(
         drafter=resolve("drafter", "strategy.drafter", st.drafter),
@@ -402,7 +408,7 @@ def check(cfg: PacerConfig, extra_plugins: Sequence[Any] = (), require_models: b
         stops=tuple(resolve("stop", f"strategy.stop[{i}]", e) for i, e in enumerate(st.stop)),
         observers=tuple(resolve("observer", f"strategy.observers[{i}]", e) for i, e in enumerate(st.observers)),
     )
-    has_draft = not require_models or draft_model_config(cfg, stack.drafter.component) is not None
+    has_draft = not require_models or draft_model_config(cfg, stack.draft_model_user()) is not None
     check_capabilities(stack, table, greedy=s.temperature == 0, draft_model=has_draft)
     return stack
 

@@ -70,9 +70,10 @@ def load_stack_draft(cfg: PacerConfig, stack: ResolvedStack, tokenizer: Any,
         return None
     from .hf import load_draft  # the model adapter; only it imports transformers
 
-    section = draft_model_config(cfg, stack.drafter.component)
+    user = stack.draft_model_user()
+    section = draft_model_config(cfg, user)
     if section is None:
-        raise InputError(f"drafter '{stack.drafter.component.name}' needs a draft model: set draft.path")
+        raise InputError(f"drafter '{user.name}' needs a draft model: set draft.path")
     if loaded is None:
         return load_draft(section, tokenizer)
     if section.path not in loaded:
@@ -135,9 +136,12 @@ class Engine:
         resources = Resources(target=target, draft=draft, sampling=sampling, tokenizer=tokenizer,
                               draft_identity=None if draft is None else draft.digest)
         for item in stack:
-            if "draft_model" in item.component.needs and draft is None:
-                raise InputError(f"{item.where}: '{item.component.name}' needs a draft model; set draft.path")
-            plugin = item.component.factory(item.config, resources)
+            for part in item.walk():
+                if "draft_model" in part.component.needs and draft is None:
+                    raise InputError(f"{part.where}: '{part.component.name}' needs a draft model; set draft.path")
+            # a composite's factory gets its members resolved (config.members: ResolvedComponents)
+            config = attrs.evolve(item.config, members=item.members) if item.members else item.config
+            plugin = item.component.factory(config, resources)
             if item is stack.drafter and getattr(plugin, "draft_identity", None):
                 resources = attrs.evolve(resources, draft_identity=plugin.draft_identity)  # built first
             pm.register(plugin, name=f"{item.where}:{item.component.name}")

@@ -102,11 +102,27 @@ def lookup(table: dict[str, dict[str, Component]], kind: str, name: Optional[str
 
 @attrs.frozen
 class ResolvedComponent:
-    """A strategy entry matched to its plugin component, with its validated config object."""
+    """A strategy entry matched to its plugin component, with its validated config object.
+
+    A composite component (one whose config has a ``members`` field, like the ``hybrid`` drafter)
+    also carries its members, resolved the same way: its factory builds them, and the stack needs
+    what they need."""
 
     where: str  # e.g. "strategy.stop[0]"
     component: Component
     config: Any
+    members: tuple["ResolvedComponent", ...] = ()
+
+    def walk(self) -> Iterator["ResolvedComponent"]:
+        """This entry and its members, depth first."""
+        yield self
+        for member in self.members:
+            yield from member.walk()
+
+    @property
+    def provides(self) -> frozenset[str]:
+        """What it supplies: its own capabilities, or a composite's first member's (its main path)."""
+        return self.component.provides | (self.members[0].provides if self.members else frozenset())
 
 
 @attrs.frozen
@@ -126,11 +142,17 @@ class ResolvedStack:
         yield from self.observers
 
     def needs(self, capability: str) -> bool:
-        """Whether any component of the stack needs ``capability``."""
-        return any(capability in item.component.needs for item in self)
+        """Whether any component of the stack (members of composites included) needs ``capability``."""
+        return any(capability in item.component.needs for top in self for item in top.walk())
 
     def provided(self) -> frozenset[str]:
-        return frozenset(cap for item in self for cap in item.component.provides)
+        return frozenset(cap for item in self for cap in item.provides)
+
+    def draft_model_user(self) -> Component:
+        """The component whose shipped draft model a run loads when the config omits ``draft``:
+        the drafter, or a composite drafter's first member that needs a draft model."""
+        users = [item.component for item in self.drafter.walk() if "draft_model" in item.component.needs]
+        return users[0] if users else self.drafter.component
 
 
 def check_capabilities(stack: ResolvedStack, table: dict[str, dict[str, Component]], *,
@@ -141,10 +163,10 @@ def check_capabilities(stack: ResolvedStack, table: dict[str, dict[str, Componen
         supplied.add("greedy")
     if draft_model:
         supplied.add("draft_model")
-    for item in stack:
-        c = item.component
-        for cap in sorted(c.needs - supplied):
-            raise ConfigError(_missing_message(item, cap, stack, table))
+    for top in stack:
+        for item in top.walk():
+            for cap in sorted(item.component.needs - supplied):
+                raise ConfigError(_missing_message(item, cap, stack, table))
 
 
 def _missing_message(item: ResolvedComponent, cap: str, stack: ResolvedStack,

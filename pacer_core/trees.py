@@ -69,3 +69,34 @@ def grow_level(scores: torch.Tensor, probs: torch.Tensor, tip_row: Optional[int]
         chosen.append(Candidate(row, int(top_x[row, j]), float(total[row, j])))
         taken.add((row, j))
     return chosen[: min(topk, room)]
+
+
+def merge_phrases(tokens: list[int], parents: list[int], phrases: list[list[int]], first: int,
+                  budget: int, parent: int = -1) -> tuple[list[int], list[int], list[list[int]]]:
+    """Phrases continuing node ``parent`` merged into an existing tree (shared prefixes reuse nodes).
+
+    ``tokens``/``parents``: the tree so far (node i's token and parent, -1 the root); each phrase
+    walks down from ``parent`` through existing children with its tokens and adds the rest as new
+    nodes, numbered from ``first``, at most ``budget`` of them (phrases in order; a phrase that does
+    not fit is cut). Returns (new tokens, their parents, for each phrase its node path).
+    """
+    children: dict[tuple[int, int], int] = {}
+    for i, (t, p) in enumerate(zip(tokens, parents)):
+        children.setdefault((p, t), i)
+    new_tokens: list[int] = []
+    new_parents: list[int] = []
+    paths: list[list[int]] = []
+    for phrase in phrases:
+        at, path = parent, []
+        for token in map(int, phrase):
+            node = children.get((at, token))
+            if node is None:
+                if len(new_tokens) >= budget:
+                    break
+                node = children[(at, token)] = first + len(new_tokens)
+                new_tokens.append(token)
+                new_parents.append(at)
+            path.append(node)
+            at = node
+        paths.append(path)
+    return new_tokens, new_parents, paths

@@ -55,7 +55,8 @@ class _Level:
     depth: int
     parent_rows: list[Optional[int]]  # cache row of each node's parent (None: the root)
     parent_features: torch.Tensor  # [f, hidden]: the feature that chose each node
-    num_nodes: int  # nodes in the draft once this level is added
+    blocks: int  # blocks in the draft once this level is added (another drafter may add side nodes)
+    grown: int  # nodes this drafter has added in this step, this level's included
     rows: list[Optional[int]] = attrs.field(factory=list)  # cache rows once fed
 
 
@@ -214,7 +215,7 @@ class EagleDrafter:
             scores, tip_row, nodes, parents, rows = torch.zeros(1), 0, [-1], [None], [None]
         else:
             level = self.level
-            if level is None or level.num_nodes != draft.num_nodes or level.depth >= tree.depth:
+            if level is None or level.blocks != len(draft.blocks) or level.depth >= tree.depth:
                 return None
             if int(draft.tokens[-1]) in state.eos_token_ids:
                 return None  # nothing is drafted past an end-of-sequence token on the main path
@@ -226,7 +227,8 @@ class EagleDrafter:
         if self.level is not None:  # nothing grows past an end-of-sequence token
             ends = [i for i, t in enumerate(self.level.tokens) if t in state.eos_token_ids]
             probs[ends] = 0.0
-        chosen = grow_level(scores, probs, tip_row, tree.topk, tree.nodes - draft.num_nodes)
+        grown = 0 if self.level is None else self.level.grown  # this drafter's nodes so far
+        chosen = grow_level(scores, probs, tip_row, tree.topk, tree.nodes - grown)
         if not chosen or tip_row is None or chosen[0].row != tip_row:
             return None
         # node numbering: the block's main token first (index draft.num_nodes), then its side nodes
@@ -241,7 +243,7 @@ class EagleDrafter:
             nodes=[first + i for i in range(len(chosen))], tokens=[c.token for c in chosen],
             scores=torch.tensor([c.score for c in chosen]), tip_row=0, depth=depth,
             parent_rows=[rows[c.row] for c in chosen], parent_features=features[[c.row for c in chosen]],
-            num_nodes=first + len(chosen))
+            blocks=len(draft.blocks) + 1, grown=grown + len(chosen))
         return DraftBlock(tokens=torch.tensor([tip.token], dtype=torch.long), draft_probs=probs[[tip.row]],
                           hidden_states=features[[tip.row]], side=side_nodes, forwards=forwards, sampled=False)
 
