@@ -1,0 +1,174 @@
+"""The ``hybrid`` drafter: several sources merged into one token tree, lossless in greedy and sampling.
+
+Merge rule unit tests on ``pacer_core.trees.merge_phrases``; greedy equality with plain decoding on
+scripted models (model member as a chain and as a tree, model-free members beside it, every stop ×
+both verifiers); the exact-distribution chi-square test under sampling, and a deliberately wrong
+hybrid (it tells the verifier its lookup tokens were drawn from the draft's distribution) that the
+same test rejects; config refusals in one line.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pacer_core import ConfigError, Engine, InputError, SideNodes, load_config
+from pacer_core.testing import ScriptedLM, chisquare_pvalue, exact_continuation_probs
+from pacer_core.trees import merge_phrases
+
+from helpers import (DRAFT_TABLE, LENGTH, PASS_P, PROMPT, SAMPLINGS, TARGET_TABLE, build_engine,
+                     sample_outputs)
+from helpers import SCRIPTED_VOCAB as VOCAB
+
+LOOKUP = "{name: prompt_lookup}"
+MEMBERS = {
+    "chain": f"[{{name: draft_model}}, {LOOKUP}]",
+    "tree": f"[{{name: draft_model, tree: {{topk: 2, depth: 3, nodes: 6}}}}, {LOOKUP}]",
+    "branches": f"[{{name: draft_model}}, {{name: prompt_lookup, branches: 3}}]",
+}
+
+
+def hybrid(members: str, **options) -> str:
+    extra = "".join(f", {k}: {v}" for k, v in options.items())
+    return f"hybrid, members: {members}{extra}"
+
+
+# -- the merge rule ------------------------------------------------------------------------------
+
+
+def test_merge_reuses_shared_prefixes_and_existing_nodes():
+    # existing tree: root -> 5 (node 0) -> 6 (node 1); root -> 7 (node 2)
+    tokens, parents = [5, 6, 7], [-1, 0, -1]
+    new, new_parents, paths = merge_phrases(tokens, parents, [[5, 6, 8], [5, 9], [7, 1, 2]], first=3, budget=10)
+    assert new == [8, 9, 1, 2]
+    assert new_parents == [1, 0, 2, 5]
+    assert paths == [[0, 1, 3], [0, 4], [2, 5, 6]]
+
+
+def test_merge_dedups_phrases_among_themselves_and_respects_the_budget():
+    new, new_parents, paths = merge_phrases([], [], [[1, 2, 3], [1, 2, 4], [5, 6]], first=0, budget=4)
+    assert new == [1, 2, 3, 4]  # [5, 6] does not fit
+    assert new_parents == [-1, 0, 1, 1]
+    assert paths == [[0, 1, 2], [0, 1, 3], []]
+
+
+def test_merge_under_a_given_parent():
+    new, new_parents, _ = merge_phrases([4], [-1], [[4, 4]], first=1, budget=5, parent=0)
+    assert new == [4, 4] and new_parents == [0, 1]  # under node 0, not the root: nothing to reuse
+
+
+# -- greedy equality -----------------------------------------------------------------------------
+
+
+def scripted_pair():
+    return ScriptedLM(VOCAB, table=TARGET_TABLE), ScriptedLM(VOCAB, table=DRAFT_TABLE)
+
+
+def greedy_reference(target, prompt, budget):
+    engine = build_engine(target, None, "autoregressive", "", {"temperature": 0.0}, verifier="greedy")
+    return engine.generate(prompt, max_new_tokens=budget).tokens
+
+
+PROMPTS = [PROMPT, [3, 5, 7], [6]]
+
+
+@pytest.mark.parametrize("members", sorted(MEMBERS))
+@pytest.mark.parametrize("stop", ["{name: fixed, gamma: 3}", "{name: heuristic, gamma: 2}", "{name: entropy}"])
+@pytest.mark.parametrize("verifier", ["greedy", "speculative_sampling"])
+def test_hybrid_greedy_equals_plain_decoding(members, stop, verifier):
+    target, draft = scripted_pair()
+    engine = build_engine(target, draft, hybrid(MEMBERS[members]), stop, {"temperature": 0.0}, verifier=verifier)
+    for prompt in PROMPTS:
+        for budget in (1, 7, 24):
+            result = engine.generate(prompt, max_new_tokens=budget)
+            assert result.tokens == greedy_reference(target, prompt, budget)
+            counted = sum(v for k, v in result.metrics.items() if k.startswith("hybrid_accepted_"))
+            assert counted == result.metrics.get("accepted", counted)
+
+
+def test_lookup_tokens_are_accepted_through_the_tree_and_counted():
+    target, draft = scripted_pair()
+    cfg = load_config(overrides=[f"strategy.drafter={{name: {hybrid(MEMBERS['chain'])}}}",
+                                 "strategy.stop=[{name: fixed, gamma: 1}]", "strategy.verifier={name: greedy}",
+                                 "generation.ignore_eos=true"], require_models=False)
+    engine = Engine.build(target, draft=draft, cfg=cfg)  # with the metrics observer
+    result = engine.generate(PROMPT, max_new_tokens=40)
+    assert result.tokens == greedy_reference(target, PROMPT, 40)
+    assert result.metrics["hybrid_accepted_prompt_lookup"] > 0  # the repetitive prompt: lookup wins steps
+    assert result.metrics["hybrid_accepted_draft_model"] >= 0
+    assert result.metrics["mean_nodes_per_step"] > result.metrics["mean_draft_length"]  # a real tree
+
+
+# -- exact distribution --------------------------------------------------------------------------
+
+SAMPLES = 6000
+
+
+def _pvalue(engine) -> float:
+    target = ScriptedLM(VOCAB, table=TARGET_TABLE)
+    samples, _ = sample_outputs(engine, PROMPT, SAMPLES)
+    return chisquare_pvalue(samples, exact_continuation_probs(target, PROMPT, LENGTH, engine.sampling))
+
+
+@pytest.mark.parametrize("sampling", ["t1", "topk3"])
+@pytest.mark.parametrize("members", ["chain", "tree"])
+def test_hybrid_sampling_has_the_target_distribution(members, sampling):
+    target, draft = scripted_pair()
+    engine = build_engine(target, draft, hybrid(MEMBERS[members]), "{name: fixed, gamma: 2}", SAMPLINGS[sampling])
+    assert _pvalue(engine) > PASS_P
+
+
+class LyingHybrid:
+    """A wrong hybrid: it claims its lookup side nodes were drawn from the draft's distribution."""
+
+    @staticmethod
+    def patch(plugin) -> None:
+        merge = plugin._merge
+
+        def lying_merge(draft, primary, proposals):
+            block = merge(draft, primary, proposals)
+            side = block.side
+            if side is None or primary.draft_probs is None:
+                return block
+            q = primary.draft_probs[0].expand(len(side), -1).clone()
+            return type(block)(block.tokens, block.draft_probs, block.hidden_states,
+                               SideNodes(side.tokens, side.parents, q, sampled=True), block.forwards, block.sampled)
+
+        plugin._merge = lying_merge
+
+
+def test_a_hybrid_lying_about_its_lookup_tokens_is_rejected():
+    target, draft = scripted_pair()
+    engine = build_engine(target, draft, hybrid(MEMBERS["chain"]), "{name: fixed, gamma: 2}", SAMPLINGS["t1"])
+    plugin = next(p for name, p in engine.pm.list_name_plugin() if name.endswith(":hybrid"))
+    LyingHybrid.patch(plugin)
+    assert _pvalue(engine) < PASS_P
+
+
+# -- config ----------------------------------------------------------------------------------------
+
+
+def _error(overrides) -> str:
+    with pytest.raises((ConfigError, InputError)) as info:
+        target, draft = scripted_pair()
+        cfg = load_config(overrides=overrides, require_models=False)
+        Engine.build(target, draft=draft, cfg=cfg)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_config_refusals_name_the_problem():
+    assert "members must be a non-empty list" in _error(["strategy.drafter={name: hybrid}"])
+    assert "strategy.drafter.members[1]: unknown drafter 'nope'" in _error(
+        ["strategy.drafter={name: hybrid, members: [{name: prompt_lookup}, {name: nope}]}"])
+    assert "unknown option" in _error(
+        ["strategy.drafter={name: hybrid, members: [{name: prompt_lookup, gama: 2}]}"])
+    assert "at most one member may use the draft model" in _error(
+        ["strategy.drafter={name: hybrid, members: [{name: draft_model}, {name: draft_model}]}"])
+
+
+def test_a_stop_policy_reading_draft_probs_needs_a_model_first_member():
+    message = _error(["strategy.drafter={name: hybrid, members: [{name: prompt_lookup}, {name: draft_model}]}",
+                      "strategy.stop=[{name: entropy}]"])
+    assert "strategy.stop[0]" in message and "draft" in message
