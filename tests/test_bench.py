@@ -595,6 +595,17 @@ def test_shipped_bench_and_ablate_configs_validate():
     # the hf_assisted_* baselines and the draft_model/ouroboros stacks use the shipped token-level draft
     assert "hf_assisted_constant" in cfg.baselines and set(cfg.baselines) <= set(HF_BASELINES)
     assert cfg.draft.path.endswith("default")
+    # token-tree rows beside the chains, for both drafts, in the same run; the oracle's log is a chain
+    trees = {name: c.strategy.drafter for name, c in stacks.items() if c.strategy.drafter.get("tree") is not None}
+    assert 6 <= len(trees) <= 8 and {d["name"] for d in trees.values()} == {"eagle", "draft_model"}
+    assert all("+tree(" in name for name in trees) and cfg.oracle.log_stack not in trees
+    assert {s["name"] for name in trees for s in stacks[name].strategy.stop} == {"fixed", "heuristic", "pacer"}
+    assert max(cfg.oracle.verify_tree_k) >= max(d["tree"]["nodes"] for d in trees.values()) + 1
+    # the quick tree-vs-chain bench: fp32 (outputs must be identical), chains and trees of both drafts
+    cfg, stacks = read_bench_config(ROOT / "configs" / "bench_trees.yaml")
+    assert cfg.dtype == "float32" and cfg.verify_cost and list(stacks)[0] == "autoregressive"
+    kinds = {(c.strategy.drafter["name"], c.strategy.drafter.get("tree") is not None) for c in stacks.values()}
+    assert {("eagle", False), ("eagle", True), ("draft_model", False), ("draft_model", True)} <= kinds
     cfg, stacks, ablation = read_ablate_config(ROOT / "configs" / "ablate.yaml")
     assert len(stacks) == 1 + len(ablation["points"]) == 10 and cfg.baselines == []
     assert stacks["gamma=8 max_ngram_size=2"].strategy.stop[0]["gamma"] == 8
