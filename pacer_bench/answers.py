@@ -211,6 +211,14 @@ def read_cost_model(out: Path) -> Optional[dict]:
     if not (isinstance(verify, list) and verify
             and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in verify)):
         raise InputError(f"cost model '{path}' has no list of seconds under 'verify_s': {fix}")
+    if "tree_k" in cost or "tree_verify_s" in cost:  # written since token trees (older files lack them)
+        tree_k, tree_s = cost.get("tree_k"), cost.get("tree_verify_s")
+        if not (isinstance(tree_k, list) and isinstance(tree_s, list) and len(tree_k) == len(tree_s)
+                and all(isinstance(k, int) and not isinstance(k, bool) and k >= 2 for k in tree_k)
+                and tree_k == sorted(set(tree_k))
+                and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in tree_s)):
+            raise InputError(f"cost model '{path}' has no matching lists of ascending token counts >= 2 under "
+                             f"'tree_k' and seconds under 'tree_verify_s': {fix}")
     return cost
 
 

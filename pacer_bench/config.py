@@ -78,6 +78,8 @@ class OracleConfig:
     log_stack: Optional[str] = None  # a stack drafting a long fixed window; None = no oracle analysis
     verify_max_k: int = 16  # measure one target forward over k = 1..verify_max_k tokens
     verify_repeats: int = 5  # timings per k (the median is kept)
+    # token counts k of tree-masked forwards to time too (a tree of N nodes verifies N + 1 tokens); [] = none
+    verify_tree_k: List[int] = attrs.field(factory=lambda: [2, 3, 4, 8, 12, 16, 24, 32, 48, 64])
 
 
 @attrs.define
@@ -257,6 +259,12 @@ def check_bench(bench: BenchConfig, extra_plugins: Sequence[Any] = ()) -> dict[s
                              ("oracle.verify_repeats", bench.oracle.verify_repeats, 1)):
         if value < low:
             raise ConfigError(f"bench config: {name} must be >= {low}, got {value}")
+    tree_k = bench.oracle.verify_tree_k
+    if any(not isinstance(k, int) or isinstance(k, bool) or k < 2 for k in tree_k):
+        raise ConfigError(f"bench config: oracle.verify_tree_k must list token counts >= 2 (the pending token "
+                          f"and at least one tree node), got {tree_k}")
+    if len(set(tree_k)) != len(tree_k):
+        raise ConfigError(f"bench config: oracle.verify_tree_k names a token count twice: {tree_k}")
     if bench.threads is not None and bench.threads < 1:
         raise ConfigError(f"bench config: threads must be >= 1 (or null for torch's default), got {bench.threads}")
     if bench.skip < 0:
@@ -305,6 +313,10 @@ def check_bench(bench: BenchConfig, extra_plugins: Sequence[Any] = ()) -> dict[s
         if bench.draft is None:
             raise ConfigError(f"stacks.{name}: {drafter.where} '{drafter.component.name}' needs a draft model; "
                               "set the bench's draft.path (models are shared by all stacks)")
+    log = bench.oracle.log_stack
+    if log is not None and resolved[log].strategy.drafter.get("tree") is not None:
+        raise ConfigError(f"bench config: oracle.log_stack '{log}' drafts a token tree (strategy.drafter.tree); "
+                          "the oracle replays a chain: log a stack drafting a long fixed chain")
     drafter = resolved[BASELINE].strategy.drafter.get("name")
     if drafter != "autoregressive":
         raise ConfigError(f"stacks.{BASELINE}: the baseline must use the autoregressive drafter, not '{drafter}'")

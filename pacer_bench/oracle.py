@@ -21,6 +21,13 @@ Each step emits its accepted tokens plus one (the recovered or bonus token). A s
 draft; plain decoding costs ``verify(1)`` per token, so a simulated speedup is
 ``(emitted / seconds) · verify(1)``. The replay treats logged steps as independent situations: it
 does not re-simulate where a different γ would have started its next step (docs/benchmarks.md).
+
+**Token trees**: a tree step logs its depth as ``drafted``, its accepted path as ``accepted`` and the
+nodes the target verified as ``nodes``. Its verification feeds ``nodes + 1`` tokens with an ancestor
+mask, so ``replay_logged`` charges ``verify_tree(nodes + 1)`` (the tree-masked forwards measured,
+else the chain's). A fixed γ or the oracle cannot be replayed on a tree log (the nodes of a tree cut
+at depth γ are not logged, and a chain could not have accepted a path through side nodes): those
+replays refuse one, and the report replays chain stacks only.
 """
 
 from __future__ import annotations
@@ -29,8 +36,8 @@ from typing import Iterable, Optional, Sequence
 
 import attrs
 
-__all__ = ["CostModel", "LoggedStep", "Replay", "analyse", "captured_share", "monotone", "replay_best",
-           "replay_fixed", "replay_logged", "replay_oracle", "steps_from_metrics"]
+__all__ = ["CostModel", "LoggedStep", "Replay", "analyse", "captured_share", "cost_model", "is_tree_log", "monotone",
+           "replay_best", "replay_fixed", "replay_logged", "replay_oracle", "steps_from_metrics"]
 
 
 def monotone(values: Sequence[float]) -> tuple[float, ...]:
@@ -45,39 +52,98 @@ def monotone(values: Sequence[float]) -> tuple[float, ...]:
     return tuple(m for m, w in blocks for _ in range(int(w)))
 
 
+def _extrapolate(known: Sequence[float], at: int) -> float:
+    """``known[at - 1]`` (k = 1..K), or beyond K linearly from the last two (never decreasing)."""
+    if at <= len(known):
+        return known[at - 1]
+    slope = known[-1] - known[-2] if len(known) >= 2 else 0.0
+    return known[-1] + max(slope, 0.0) * (at - len(known))
+
+
 @attrs.frozen
 class CostModel:
-    """Measured costs in seconds: ``verify_s[k - 1]`` is one target forward over k tokens (k = 1..K);
-    ``draft_token_s`` is the drafter's cost per draft token."""
+    """Measured costs in seconds: ``verify_s[k - 1]`` is one causal target forward over k tokens
+    (k = 1..K, a chain's verification); ``tree_verify_s[i]`` one tree-masked forward over
+    ``tree_k[i]`` tokens (ascending; empty = trees cost what chains do); ``draft_token_s`` is the
+    drafter's cost per draft token."""
 
     verify_s: tuple[float, ...] = attrs.field(converter=tuple)
     draft_token_s: float = 0.0
+    tree_k: tuple[int, ...] = attrs.field(default=(), converter=tuple)
+    tree_verify_s: tuple[float, ...] = attrs.field(default=(), converter=tuple)
 
     def __attrs_post_init__(self) -> None:
         if not self.verify_s or min(self.verify_s) <= 0:
             raise ValueError("verify_s needs at least one positive time (k = 1)")
+        if len(self.tree_k) != len(self.tree_verify_s):
+            raise ValueError(f"tree_k ({len(self.tree_k)}) and tree_verify_s ({len(self.tree_verify_s)}) differ in length")
+        if list(self.tree_k) != sorted(set(self.tree_k)) or any(k < 2 for k in self.tree_k):
+            raise ValueError(f"tree_k must be ascending token counts >= 2, got {list(self.tree_k)}")
+        if self.tree_verify_s and min(self.tree_verify_s) <= 0:
+            raise ValueError("tree_verify_s must be positive times")
 
     def verify(self, k: int) -> float:
         """Cost of verifying k tokens; beyond the measured K, extrapolated linearly from the last two."""
         if k < 1:
             raise ValueError(f"a target forward covers at least one token, got k={k}")
-        known = self.verify_s
-        if k <= len(known):
-            return known[k - 1]
-        slope = known[-1] - known[-2] if len(known) >= 2 else 0.0
-        return known[-1] + max(slope, 0.0) * (k - len(known))
+        return _extrapolate(self.verify_s, k)
+
+    def verify_tree(self, k: int) -> float:
+        """Cost of a tree-masked forward over k tokens: interpolated linearly between the measured
+        token counts, the first one's below them, extrapolated from the last two above; without
+        tree measurements, a chain's ``verify(k)``."""
+        if k < 1:
+            raise ValueError(f"a target forward covers at least one token, got k={k}")
+        ks, ts = self.tree_k, self.tree_verify_s
+        if not ks:
+            return self.verify(k)
+        if k <= ks[0]:
+            return ts[0]
+        for (k0, t0), (k1, t1) in zip(zip(ks, ts), zip(ks[1:], ts[1:])):
+            if k <= k1:
+                return t0 + (t1 - t0) * (k - k0) / (k1 - k0)
+        slope = (ts[-1] - ts[-2]) / (ks[-1] - ks[-2]) if len(ks) >= 2 else 0.0
+        return ts[-1] + max(slope, 0.0) * (k - ks[-1])
 
     def draft(self, n: int) -> float:
         return n * self.draft_token_s
 
-    def step(self, drafted: int) -> float:
-        return self.draft(drafted) + self.verify(drafted + 1)
+    def step(self, drafted: int, nodes: Optional[int] = None) -> float:
+        """A step drafting ``drafted`` tokens (a tree: levels) whose target forward verifies the
+        pending token and ``nodes`` draft nodes (None or ``drafted``: a chain, a causal forward)."""
+        if nodes is None or nodes == drafted:
+            return self.draft(drafted) + self.verify(drafted + 1)
+        return self.draft(drafted) + self.verify_tree(nodes + 1)
+
+
+def cost_model(cost_file: dict, draft_token_s: float = 0.0) -> CostModel:
+    """The cost model of a bench's ``cost_model.json``: each measured curve made non-decreasing."""
+    tree_k = list(cost_file.get("tree_k") or ())
+    tree_s = monotone(cost_file.get("tree_verify_s") or ()) if tree_k else ()
+    return CostModel(monotone(cost_file["verify_s"]), draft_token_s, tree_k, tree_s)
 
 
 @attrs.frozen
 class LoggedStep:
-    drafted: int
-    accepted: int  # accepted before the first rejection, <= drafted
+    drafted: int  # draft length; a tree's depth
+    accepted: int  # accepted before the first rejection (a tree: the accepted path), <= drafted
+    nodes: Optional[int] = None  # nodes the target verified: a tree's size; None = drafted (a chain)
+
+    @property
+    def is_tree(self) -> bool:
+        return self.nodes is not None and self.nodes != self.drafted
+
+
+def is_tree_log(log: Iterable[LoggedStep]) -> bool:
+    """Whether any logged step verified more nodes than its depth (side nodes: a token tree)."""
+    return any(s.is_tree for s in log)
+
+
+def _chain_only(log: Sequence[LoggedStep], what: str) -> None:
+    tree = next((s for s in log if s.is_tree), None)
+    if tree is not None:
+        raise ValueError(f"{what} replays a chain log, but a step verified {tree.nodes} tree nodes for depth "
+                         f"{tree.drafted}: log a stack drafting a chain")
 
 
 @attrs.frozen
@@ -92,16 +158,21 @@ class Replay:
 
 
 def steps_from_metrics(metrics: dict) -> list[LoggedStep]:
-    """The logged steps of one generation's metrics (``drafted_per_step``, ``accepted_per_step``)."""
-    return [LoggedStep(int(d), int(a)) for d, a in zip(metrics.get("drafted_per_step", ()),
-                                                       metrics.get("accepted_per_step", ()))]
+    """The logged steps of one generation's metrics (``drafted_per_step``, ``accepted_per_step``,
+    and ``nodes_per_step`` where recorded: logs from before token trees lack it, chains all)."""
+    drafted, accepted = metrics.get("drafted_per_step", ()), metrics.get("accepted_per_step", ())
+    nodes = metrics.get("nodes_per_step")
+    if nodes is None:
+        return [LoggedStep(int(d), int(a)) for d, a in zip(drafted, accepted)]
+    return [LoggedStep(int(d), int(a), int(n)) for d, a, n in zip(drafted, accepted, nodes)]
 
 
-def _replay(choices: Iterable[tuple[int, int]], cost: CostModel) -> Replay:
+def _replay(choices: Iterable[tuple], cost: CostModel) -> Replay:
+    """``choices``: (drafted, accepted) of chain steps, or (drafted, accepted, nodes)."""
     emitted, seconds, steps = 0, 0.0, 0
-    for drafted, accepted in choices:
+    for drafted, accepted, *nodes in choices:
         emitted += accepted + 1
-        seconds += cost.step(drafted)
+        seconds += cost.step(drafted, *nodes)
         steps += 1
     return Replay(emitted, seconds, steps)
 
@@ -110,11 +181,13 @@ def replay_fixed(log: Sequence[LoggedStep], gamma: int, cost: CostModel) -> Repl
     """A fixed window γ replayed on a long-draft log (γ must not exceed the log's window)."""
     if gamma < 0:
         raise ValueError(f"gamma must be >= 0, got {gamma}")
+    _chain_only(log, "a fixed γ")
     return _replay(((min(gamma, s.drafted), min(gamma, s.accepted)) for s in log), cost)
 
 
 def replay_oracle(log: Sequence[LoggedStep], cost: CostModel) -> Replay:
     """The oracle: each step drafts exactly the tokens that will be accepted."""
+    _chain_only(log, "the oracle")
     return _replay(((s.accepted, s.accepted) for s in log), cost)
 
 
@@ -122,6 +195,7 @@ def replay_best(log: Sequence[LoggedStep], cost: CostModel, iterations: int = 50
     """The cost-optimal oracle: per step the draft length in 0..accepted that maximises the overall
     emitted/seconds (Dinkelbach's iteration on the ratio). It equals ``replay_oracle`` unless
     extending an accepted run costs more per token than the achieved rate pays."""
+    _chain_only(log, "the cost-optimal oracle")
     best = replay_oracle(log, cost)
     rate = best.emitted / best.seconds if best.seconds > 0 else 0.0
     for _ in range(iterations):
@@ -135,8 +209,8 @@ def replay_best(log: Sequence[LoggedStep], cost: CostModel, iterations: int = 50
 
 
 def replay_logged(log: Sequence[LoggedStep], cost: CostModel) -> Replay:
-    """A policy charged for its own logged choices."""
-    return _replay(((s.drafted, s.accepted) for s in log), cost)
+    """A policy charged for its own logged choices (a tree step: its depth drafted, its nodes verified)."""
+    return _replay(((s.drafted, s.accepted, s.nodes) for s in log), cost)
 
 
 def captured_share(policy: float, best_fixed: float, oracle: float, min_gap: float = 0.005) -> Optional[float]:
@@ -152,8 +226,9 @@ def captured_share(policy: float, best_fixed: float, oracle: float, min_gap: flo
 
 def analyse(log: Sequence[LoggedStep], cost: CostModel, gammas: Sequence[int],
             policies: Optional[dict[str, Sequence[LoggedStep]]] = None) -> dict:
-    """Simulated speedups of each fixed γ and the oracle on ``log``, and of each policy on its own
-    log, with the share of the oracle's gain over the best fixed γ that each policy captures."""
+    """Simulated speedups of each fixed γ and the oracle on ``log`` (a chain log), and of each policy
+    on its own log, with the share of the oracle's gain over the best fixed γ that each chain policy
+    captures (None for a tree policy: the chain oracle does not bound a tree)."""
     fixed = {int(g): replay_fixed(log, g, cost).speedup(cost) for g in gammas}
     best_gamma = max(fixed, key=lambda g: (fixed[g], -g)) if fixed else None
     best = fixed[best_gamma] if fixed else 0.0
@@ -171,6 +246,7 @@ def analyse(log: Sequence[LoggedStep], cost: CostModel, gammas: Sequence[int],
     }
     for name, steps in (policies or {}).items():
         simulated = replay_logged(steps, cost).speedup(cost) if steps else 0.0
-        out["policies"][name] = {"steps": len(steps), "simulated_speedup": simulated,
-                                 "captured": captured_share(simulated, best, oracle)}
+        tree = is_tree_log(steps)  # a tree may beat the chain oracle: no share of its gain to capture
+        out["policies"][name] = {"steps": len(steps), "simulated_speedup": simulated, "tree": tree,
+                                 "captured": None if tree else captured_share(simulated, best, oracle)}
     return out

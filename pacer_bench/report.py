@@ -3,7 +3,10 @@
 Every number is a ratio of totals over records (never a mean of per-prompt ratios): speedup is a
 stack's tokens/s over autoregressive decoding's on the same (prompt, repeat) keys; τ is emitted
 tokens / steps; acceptance rate is accepted / drafted; shares of time are summed stage times over
-summed wall time. Field meanings: docs/benchmarks.md.
+summed wall time. On a token tree a step's drafted count is the tree's depth, its accepted count
+the accepted path's length, and its tree size the nodes the target verified (records written
+before token trees, chains and transformers' baselines: the draft length). Field meanings:
+docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from pacer_core.errors import InputError
 from pacer_core.metrics import step_metrics
 
 from .answers import load_run, write_json
-from .oracle import CostModel, analyse, monotone, steps_from_metrics
+from .oracle import CostModel, analyse, cost_model, is_tree_log, steps_from_metrics
 
 ALL = "all"  # the row over every prompt set
 
@@ -36,6 +39,13 @@ def _ratio(a: float, b: float) -> Optional[float]:
 
 def _steps(records: list[dict], field: str) -> list[int]:
     return [x for r in records for x in r["metrics"].get(field, [])]
+
+
+def _nodes(record: dict) -> float:
+    """Nodes the target verified over a record's steps: ``nodes_per_step`` where recorded, else its
+    drafted tokens (a chain verifies its draft; logs from before token trees)."""
+    nodes = record["metrics"].get("nodes_per_step")
+    return float(sum(nodes)) if nodes is not None else float(record["metrics"].get("drafted", 0) or 0)
 
 
 def cell(records: list[dict], reference: dict[tuple, dict]) -> dict[str, Any]:
@@ -64,6 +74,7 @@ def cell(records: list[dict], reference: dict[tuple, dict]) -> dict[str, Any]:
         "tau": _ratio(emitted, steps),
         "acceptance_rate": _ratio(accepted, drafted),
         "mean_draft_length": _ratio(drafted, steps),
+        "mean_nodes_per_step": _ratio(sum(_nodes(r) for r in records), steps),
         "target_forwards_per_token": _ratio(_sum(records, "target_forwards"), new),
         "draft_forwards_per_token": _ratio(_sum(records, "draft_forwards"), new),
         "draft_share": _ratio(_sum(records, "draft_s"), wall),
@@ -84,27 +95,46 @@ def _drafter(unit: dict) -> Optional[str]:
         return None
 
 
+def _is_tree_stack(unit: dict, records: list[dict]) -> bool:
+    """A stack drafting token trees: its drafter has a ``tree`` section, or a logged step verified
+    more nodes than its depth (side nodes)."""
+    try:
+        declared = unit["config"]["strategy"]["drafter"].get("tree") is not None
+    except (KeyError, TypeError, AttributeError):
+        declared = False
+    return declared or any(is_tree_log(steps_from_metrics(r["metrics"])) for r in records)
+
+
 def oracle_summary(meta: dict, records: list[dict], cost_file: Optional[dict],
                    table: dict[str, dict[str, dict]]) -> Optional[dict]:
-    """Oracle replay of the log stack per prompt set and overall (None without a log or a cost model)."""
+    """Oracle replay of the log stack per prompt set and overall (None without a log or a cost model).
+
+    The replay models chains: a log stack drafting trees is not replayed (``skipped`` says why) and
+    tree stacks are left out of the policies (listed under ``tree_stacks``)."""
     log_stack = (meta.get("oracle") or {}).get("log_stack")
     if not log_stack or not cost_file:
         return None
     log_records = [r for r in records if r["model_id"] == log_stack]
     if not log_records:
         return None
-    drafted = sum(r["metrics"].get("drafted", 0) for r in log_records)
-    draft_token_s = sum(r["metrics"].get("draft_s", 0.0) for r in log_records) / drafted if drafted else 0.0
-    cost = CostModel(monotone(cost_file["verify_s"]), draft_token_s)
     units = {u["name"]: u for u in meta["units"]}
     drafter = _drafter(units.get(log_stack, {}))
-    policies = [u["name"] for u in meta["units"]
-                if u["kind"] == "stack" and u["name"] != meta["baseline"] and _drafter(u) == drafter]
+    if _is_tree_stack(units.get(log_stack, {}), log_records):
+        return {"log_stack": log_stack, "drafter": drafter, "sets": {},
+                "skipped": "it drafts token trees; the oracle replays a chain log (a fixed long window)"}
+    drafted = sum(r["metrics"].get("drafted", 0) for r in log_records)
+    draft_token_s = sum(r["metrics"].get("draft_s", 0.0) for r in log_records) / drafted if drafted else 0.0
+    cost = cost_model(cost_file, draft_token_s)
+    candidates = [u["name"] for u in meta["units"]
+                  if u["kind"] == "stack" and u["name"] != meta["baseline"] and _drafter(u) == drafter]
+    trees = [name for name in candidates
+             if _is_tree_stack(units[name], [r for r in records if r["model_id"] == name])]
+    policies = [name for name in candidates if name not in trees]
     longest = max((d for r in log_records for d in r["metrics"].get("drafted_per_step", [])), default=0)
     gammas = list(range(1, longest + 1))
     out = {"log_stack": log_stack, "drafter": drafter, "verify_s": list(cost.verify_s),
            "measured_verify_s": list(cost_file["verify_s"]),
-           "draft_token_s": draft_token_s, "gammas": gammas, "sets": {}}
+           "draft_token_s": draft_token_s, "gammas": gammas, "tree_stacks": trees, "sets": {}}
     sets = list(meta["prompt_sets"]) + [ALL]
     for set_name in sets:
         chosen = [r for r in records if set_name == ALL or r["prompt_set"] == set_name]
@@ -119,6 +149,24 @@ def oracle_summary(meta: dict, records: list[dict], cost_file: Optional[dict],
         result["fixed"] = {str(g): v for g, v in result["fixed"].items()}
         out["sets"][set_name] = result
     return out
+
+
+def verify_bound(records: list[dict], cost: CostModel) -> Optional[dict]:
+    """What a stack's verification alone costs over all its steps, from the cost model: the mean
+    verification forward ÷ a plain decoding step (k = 1), and the speedup if drafting cost nothing
+    (τ ÷ that ratio). A tree step costs a tree-masked forward over its nodes + 1 tokens, a chain
+    step a causal one over its draft + 1. None without drafted steps."""
+    steps = [s for r in records for s in steps_from_metrics(r["metrics"])]
+    if not any(s.drafted for s in steps):
+        return None
+    free = CostModel(cost.verify_s, 0.0, cost.tree_k, cost.tree_verify_s)
+    seconds = sum(free.step(s.drafted, s.nodes) for s in steps)
+    emitted = float(sum(_steps(records, "accept_lengths")))
+    tokens = sum((s.drafted if s.nodes is None else s.nodes) + 1 for s in steps)
+    return {"steps": len(steps), "verified_tokens_per_step": tokens / len(steps),
+            "verify_cost_ratio": seconds / len(steps) / free.verify(1),
+            "tau": emitted / len(steps), "free_draft_speedup": emitted / seconds * free.verify(1),
+            "tree": is_tree_log(steps)}
 
 
 def summarize(meta: dict, records: list[dict], cost_file: Optional[dict] = None) -> dict[str, Any]:
@@ -149,7 +197,15 @@ def summarize(meta: dict, records: list[dict], cost_file: Optional[dict] = None)
         "table": table,
         "oracle": oracle_summary(meta, records, cost_file, table),
         "verify_cost_ms": [1000 * v for v in cost_file["verify_s"]] if cost_file else None,
+        "tree_verify_cost_ms": ({"k": list(cost_file["tree_k"]), "ms": [1000 * v for v in cost_file["tree_verify_s"]]}
+                                if cost_file and cost_file.get("tree_k") else None),
+        "verify_bound": None,
     }
+    if cost_file:
+        cost = cost_model(cost_file)
+        bounds = {name: verify_bound([r for r in records if r["model_id"] == name], cost)
+                  for name in unit_names if name != baseline}
+        results["verify_bound"] = {name: b for name, b in bounds.items() if b is not None}
     ablation = meta.get("ablation")
     if ablation:
         rows = []
@@ -157,7 +213,8 @@ def summarize(meta: dict, records: list[dict], cost_file: Optional[dict] = None)
             numbers = table[ALL].get(name)
             if numbers is not None:
                 rows.append({"stack": name, **point, **{k: numbers[k] for k in (
-                    "records", "speedup", "tau", "acceptance_rate", "mean_draft_length", "identical", "paired")}})
+                    "records", "speedup", "tau", "acceptance_rate", "mean_draft_length", "mean_nodes_per_step",
+                    "identical", "paired")}})
         results["ablation"] = {"keys": ablation["keys"], "rows": rows}
     return results
 
@@ -177,14 +234,15 @@ def _fmt(value: Any, kind: str = "f2") -> str:
     return f"{value:.2f}"
 
 
-_COLUMNS = ("| stack | prompts | tok/s | speedup | τ | acceptance | mean draft | target fw/token | draft fw/token "
-            "| draft time | verify time | stop time | identical | first divergence (min / median) |")
+_COLUMNS = ("| stack | prompts | tok/s | speedup | τ | acceptance | mean draft | tree size | target fw/token "
+            "| draft fw/token | draft time | verify time | stop time | identical | first divergence (min / median) |")
 
 
 def _row(name: str, c: dict) -> str:
     div = "—" if c["first_divergence_min"] is None else f"{c['first_divergence_min']} / {c['first_divergence_median']:g}"
     return (f"| {name} | {c['records']} | {_fmt(c['tokens_per_s'], 'f1')} | {_fmt(c['speedup'], 'x')} | "
             f"{_fmt(c['tau'])} | {_fmt(c['acceptance_rate'], 'pct')} | {_fmt(c['mean_draft_length'])} | "
+            f"{_fmt(c.get('mean_nodes_per_step'))} | "
             f"{_fmt(c['target_forwards_per_token'])} | {_fmt(c['draft_forwards_per_token'])} | "
             f"{_fmt(c['draft_share'], 'pct')} | {_fmt(c['verify_share'], 'pct')} | {_fmt(c['stop_share'], 'pct')} | "
             f"{c['identical']}/{c['paired']} | {div} |")
@@ -197,6 +255,8 @@ def table_markdown(row: dict[str, dict]) -> str:
 
 
 def _oracle_markdown(oracle: dict) -> list[str]:
+    if oracle.get("skipped"):
+        return ["## Oracle replay", "", f"Not replayed: log stack `{oracle['log_stack']}`: {oracle['skipped']}.", ""]
     lines = ["## Oracle replay", "",
              f"Long-draft log: stack `{oracle['log_stack']}` (drafter `{oracle['drafter']}`). Cost model: "
              f"verification {', '.join(f'{1000 * v:.1f}' for v in oracle['verify_s'])} ms for k = 1..{len(oracle['verify_s'])} "
@@ -214,6 +274,10 @@ def _oracle_markdown(oracle: dict) -> list[str]:
         for name, p in r["policies"].items():
             lines.append(f"| {set_name} | {name} | {_fmt(p['simulated_speedup'], 'x')} | "
                          f"{_fmt(p['measured_speedup'], 'x')} | {_fmt(p['captured'], 'pct')} |")
+    if oracle.get("tree_stacks"):
+        lines += ["", "Not replayed: " + ", ".join(f"`{n}`" for n in oracle["tree_stacks"]) + " (token trees: a "
+                  "fixed γ and the oracle are chains, which do not bound a tree; compare trees by measured speedup "
+                  "and the verification-cost section)."]
     return lines + [""]
 
 
@@ -235,12 +299,7 @@ def render(results: dict, plots: list[str]) -> str:
     if results.get("ablation"):
         lines += ["## Ablation", "", ablation_markdown(results["ablation"]), ""]
     if results.get("verify_cost_ms"):
-        costs = results["verify_cost_ms"]
-        lines += ["## Verification cost", "",
-                  "One target forward over k new tokens after the first prompt (median, ms; plain decoding "
-                  "is k = 1):", "", "| k | " + " | ".join(str(k) for k in range(1, len(costs) + 1)) + " |",
-                  "|---|" + "---|" * len(costs), "| ms | " + " | ".join(f"{c:.1f}" for c in costs) + " |",
-                  "| ÷ k = 1 | " + " | ".join(f"{c / costs[0]:.2f}" for c in costs) + " |", ""]
+        lines += verify_cost_markdown(results)
     if results.get("oracle"):
         lines += _oracle_markdown(results["oracle"])
     if plots:
@@ -248,20 +307,54 @@ def render(results: dict, plots: list[str]) -> str:
     return "\n".join(lines)
 
 
+def verify_cost_markdown(results: dict) -> list[str]:
+    """The verification-cost section: causal forwards over k = 1..K tokens (chains), tree-masked
+    forwards over the token counts trees use, and each drafting stack's verification bill."""
+    costs = results["verify_cost_ms"]
+    lines = ["## Verification cost", "",
+             "One target forward over k new tokens after the first prompt (median, ms; plain decoding is k = 1; "
+             "a chain of γ draft tokens verifies k = γ + 1):", "",
+             "| k | " + " | ".join(str(k) for k in range(1, len(costs) + 1)) + " |",
+             "|---|" + "---|" * len(costs), "| ms | " + " | ".join(f"{c:.1f}" for c in costs) + " |",
+             "| ÷ k = 1 | " + " | ".join(f"{c / costs[0]:.2f}" for c in costs) + " |", ""]
+    tree = results.get("tree_verify_cost_ms")
+    if tree:
+        lines += ["Token trees: one forward with a tree's positions and ancestor mask over k tokens (a tree of "
+                  "N nodes verifies k = N + 1), ÷ the plain step above:", "",
+                  "| k | " + " | ".join(str(k) for k in tree["k"]) + " |", "|---|" + "---|" * len(tree["k"]),
+                  "| ms | " + " | ".join(f"{c:.1f}" for c in tree["ms"]) + " |",
+                  "| ÷ k = 1 | " + " | ".join(f"{c / costs[0]:.2f}" for c in tree["ms"]) + " |", ""]
+    bounds = results.get("verify_bound")
+    if bounds:
+        lines += ["What each drafting stack's verification costs (all prompt sets; the measured costs made "
+                  "non-decreasing in k, interpolated between measured token counts): the mean verification "
+                  "forward ÷ a plain step, and τ ÷ that, the speedup if drafting cost nothing. A tree pays "
+                  "when its τ grows faster than its verification cost.", "",
+                  "| stack | draft | tokens verified / step | verify cost ÷ k = 1 | τ | free-draft speedup |",
+                  "|---|---|---|---|---|---|"]
+        for name, b in bounds.items():
+            lines.append(f"| {name} | {'tree' if b['tree'] else 'chain'} | {b['verified_tokens_per_step']:.2f} | "
+                         f"{b['verify_cost_ratio']:.2f} | {b['tau']:.2f} | {_fmt(b['free_draft_speedup'], 'x')} |")
+        lines.append("")
+    return lines
+
+
 def ablation_markdown(ablation: dict) -> str:
     keys = ablation["keys"]
-    head = "| " + " | ".join(keys) + " | prompts | speedup | τ | acceptance | mean draft | identical |"
-    lines = [head, "|" + "---|" * (len(keys) + 6)]
+    head = "| " + " | ".join(keys) + " | prompts | speedup | τ | acceptance | mean draft | tree size | identical |"
+    lines = [head, "|" + "---|" * (len(keys) + 7)]
     for r in ablation["rows"]:
         values = " | ".join(json.dumps(r[k]) for k in keys)
         lines.append(f"| {values} | {r['records']} | {_fmt(r['speedup'], 'x')} | {_fmt(r['tau'])} | "
-                     f"{_fmt(r['acceptance_rate'], 'pct')} | {_fmt(r['mean_draft_length'])} | {r['identical']}/{r['paired']} |")
+                     f"{_fmt(r['acceptance_rate'], 'pct')} | {_fmt(r['mean_draft_length'])} | "
+                     f"{_fmt(r.get('mean_nodes_per_step'))} | {r['identical']}/{r['paired']} |")
     return "\n".join(lines)
 
 
 # -- plots -------------------------------------------------------------------------------------
 def make_plots(results: dict, out: Path) -> list[str]:
-    """speedup_per_set.png, draft_lengths.png, per_position_acceptance.png (and oracle.png)."""
+    """speedup_per_set.png, draft_lengths.png, per_position_acceptance.png (acceptance per depth) and,
+    with an oracle, oracle.png."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -300,7 +393,7 @@ def make_plots(results: dict, out: Path) -> list[str]:
         ax.bar([int(k) for k in hist], [v / total for v in hist.values()])
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(name, fontsize=8)
-        ax.set_xlabel("draft length")
+        ax.set_xlabel("draft length (a tree: its depth)")
         ax.set_ylabel("share of steps")
     for ax in list(axes.flat)[len(drafting):]:
         ax.axis("off")
@@ -313,10 +406,10 @@ def make_plots(results: dict, out: Path) -> list[str]:
     for name in drafting:
         acc = table[ALL][name]["per_position_acceptance"]
         ax.plot(range(1, len(acc) + 1), acc, marker=".", label=name)
-    ax.set_xlabel("draft position")
-    ax.set_ylabel("acceptance (accepted / drafted at position)")
+    ax.set_xlabel("depth (a chain: draft position)")
+    ax.set_ylabel("acceptance (accepted / drafted at depth)")
     ax.set_ylim(0, 1.02)
-    ax.set_title("Per-position acceptance (all prompt sets)")
+    ax.set_title("Acceptance per depth (all prompt sets)")
     if drafting:
         ax.legend(fontsize=7)
     fig.tight_layout()
@@ -325,7 +418,7 @@ def make_plots(results: dict, out: Path) -> list[str]:
     files.append("per_position_acceptance.png")
 
     oracle = results.get("oracle")
-    if oracle and ALL in oracle["sets"]:
+    if oracle and ALL in oracle.get("sets", {}):
         r = oracle["sets"][ALL]
         fig, ax = plt.subplots(figsize=(6, 4))
         ax.plot([int(g) for g in r["fixed"]], list(r["fixed"].values()), marker="o", label="fixed γ (replayed)")

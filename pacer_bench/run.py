@@ -141,11 +141,19 @@ def run_bench(bench: BenchConfig, stacks: dict[str, PacerConfig], out: Path, *, 
         if done < len(planned):
             _warm_up(units, work[0][2], bench)
             if (bench.oracle.log_stack or bench.verify_cost) and not (out / COST_MODEL).exists():
-                _log(f"measuring verification cost for k = 1..{bench.oracle.verify_max_k} tokens ...")
-                verify = measure_verify_costs(models.target, work[0][2], bench.oracle.verify_max_k,
-                                              bench.oracle.verify_repeats, clock)
-                write_json(out / COST_MODEL, {"verify_s": verify, "context_tokens": len(work[0][2]),
-                                               "device": device, "dtype": bench.dtype})
+                oracle = bench.oracle
+                _log(f"measuring verification cost for k = 1..{oracle.verify_max_k} tokens"
+                     + (f", trees of k = {', '.join(map(str, sorted(oracle.verify_tree_k)))} tokens"
+                        if oracle.verify_tree_k else "") + " ...")
+                cost = {"verify_s": measure_verify_costs(models.target, work[0][2], range(1, oracle.verify_max_k + 1),
+                                                         oracle.verify_repeats, clock)}
+                if oracle.verify_tree_k:
+                    tree_k = sorted(oracle.verify_tree_k)
+                    cost["tree_k"] = tree_k
+                    cost["tree_verify_s"] = measure_verify_costs(models.target, work[0][2], tree_k,
+                                                                 oracle.verify_repeats, clock, tree=True)
+                write_json(out / COST_MODEL, {**cost, "context_tokens": len(work[0][2]), "device": device,
+                                              "dtype": bench.dtype})
         _run_all(units, work, bench, log, models, done, len(planned), progress)
     except KeyboardInterrupt:
         interrupted = True

@@ -19,15 +19,15 @@ from pacer_bench import units
 from pacer_bench.answers import AnswerLog, first_divergence
 from pacer_bench.config import (HF_BASELINES, BenchConfig, BenchModelConfig, model_config, read_ablate_config,
                                 read_bench_config)
-from pacer_bench.oracle import (CostModel, LoggedStep, analyse, captured_share, monotone, replay_best, replay_fixed,
-                                replay_logged, replay_oracle)
+from pacer_bench.oracle import (CostModel, LoggedStep, analyse, captured_share, cost_model, monotone, replay_best,
+                                replay_fixed, replay_logged, replay_oracle, steps_from_metrics)
 from pacer_bench.run import run_bench
 from pacer_core import cli, hookimpl
 from pacer_core.errors import InputError
 from pacer_core.hf import hf_generate_traced
 from pacer_core.metrics import step_metrics
 
-from helpers import adapter, reference_greedy, run_cli, tiny_llama
+from helpers import adapter, make_draft, reference_greedy, run_cli, tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["the cat sat on the mat. the cat sat on the", "abc abc abc abc abc", "to be or not to be, to be",
@@ -160,6 +160,89 @@ def test_report_numbers_match_a_recomputation_from_the_jsonl(finished, capsys):
     code, out, _ = run_cli(["report", str(finished), "--no-plots"], capsys)
     assert code == 0 and "| fixed2 |" in out
     assert json.loads((finished / "results.json").read_text())["table"] == before
+
+
+# -- token trees ---------------------------------------------------------------------------------
+def test_tree_stacks_report_their_size_and_stay_out_of_the_chain_oracle(tmp_path, models, capsys, monkeypatch):
+    monkeypatch.setattr(units, "load_models", lambda cfg: models)
+    draft = make_draft(tiny_llama(0), tmp_path / "eagle")
+    eagle = f"{{name: eagle, path: {draft}"
+    config = write_bench(tmp_path, "stacks:\n"
+                         f"  chain: {{strategy: {{drafter: {eagle}}}, stop: [{{name: fixed, gamma: 4}}], verifier: {{name: greedy}}}}}}\n"
+                         f"  tree: {{strategy: {{drafter: {eagle}, tree: {{topk: 3, depth: 3, nodes: 7}}}}, "
+                         "stop: [{name: fixed, gamma: 3}], verifier: {name: greedy}}}\n"
+                         "oracle: {log_stack: chain, verify_max_k: 5, verify_repeats: 1, verify_tree_k: [2, 4, 8]}\n", n=2)
+    code, out, err = run_cli(["bench", "--config", str(config), "--out", str(tmp_path / "out"), "--no-progress"], capsys)
+    assert code == 0, err
+    records = read_records(tmp_path / "out")
+    tree = [r for r in records if r["model_id"] == "tree"]
+    assert all(r["identical_to_autoregressive"] for r in records)  # fp32 greedy: trees are exact too
+    nodes = [n for r in tree for n in r["metrics"]["nodes_per_step"]]
+    depths = [d for r in tree for d in r["metrics"]["drafted_per_step"]]
+    assert max(nodes) == 7 and max(depths) == 3 and sum(nodes) > sum(depths)  # side nodes were verified
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    cells = results["table"]["all"]
+    assert cells["tree"]["mean_nodes_per_step"] == pytest.approx(sum(nodes) / len(nodes))
+    assert cells["tree"]["mean_draft_length"] == pytest.approx(sum(depths) / len(depths))
+    assert cells["chain"]["mean_nodes_per_step"] == pytest.approx(cells["chain"]["mean_draft_length"])
+    # the cost model holds tree-masked forwards over the configured token counts
+    cost = json.loads((tmp_path / "out" / "cost_model.json").read_text())
+    assert cost["tree_k"] == [2, 4, 8] and len(cost["tree_verify_s"]) == 3 and len(cost["verify_s"]) == 5
+    assert results["tree_verify_cost_ms"]["k"] == [2, 4, 8]
+    # the free-draft bound charges the tree's nodes, not its depth
+    model = cost_model(cost)
+    steps = [s for r in tree for s in steps_from_metrics(r["metrics"])]
+    bound = results["verify_bound"]["tree"]
+    assert bound["tree"] and not results["verify_bound"]["chain"]["tree"]
+    assert bound["verified_tokens_per_step"] == pytest.approx(sum(n + 1 for n in nodes) / len(nodes))
+    assert bound["verify_cost_ratio"] == pytest.approx(
+        sum(model.verify_tree(s.nodes + 1) for s in steps) / len(steps) / model.verify(1))
+    # the chain oracle replays the chain log; the tree stack is named, not replayed as a policy
+    oracle = results["oracle"]
+    assert oracle["tree_stacks"] == ["tree"] and set(oracle["sets"]["all"]["policies"]) == {"chain"}
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "| mean draft | tree size |" in report and "Not replayed: `tree` (token trees" in report
+    assert "Token trees: one forward with a tree's positions and ancestor mask" in report
+    assert "| tree | tree |" in report  # the verification bill of the tree stack
+    row = next(line for line in out.splitlines() if line.startswith("| tree |"))
+    assert f"| {cells['tree']['mean_nodes_per_step']:.2f} |" in row
+
+
+def test_old_answer_logs_and_cost_models_still_report(finished, tmp_path, capsys):
+    """Records and cost models written before token trees (no nodes_per_step, no tree costs): the
+    tree size is the draft length, the report has no tree-cost table, the oracle replays as before."""
+    out = copy_of(finished, tmp_path)
+    records = read_records(out)
+    for r in records:
+        r["metrics"].pop("nodes_per_step"), r["metrics"].pop("mean_nodes_per_step")
+    (out / "answers.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    cost = json.loads((out / "cost_model.json").read_text())
+    (out / "cost_model.json").write_text(json.dumps({k: v for k, v in cost.items() if not k.startswith("tree")}))
+    code, text, err = run_cli(["report", str(out), "--no-plots"], capsys)
+    assert code == 0, err
+    assert "| mean draft | tree size |" in text
+    results = json.loads((out / "results.json").read_text())
+    for name, cell in results["table"]["all"].items():
+        assert cell["mean_nodes_per_step"] == pytest.approx(cell["mean_draft_length"]), name
+    assert results["tree_verify_cost_ms"] is None and results["oracle"]["tree_stacks"] == []
+    assert results["oracle"]["sets"]["all"] == json.loads((finished / "results.json").read_text())["oracle"]["sets"]["all"]
+    assert "Token trees:" not in (out / "report.md").read_text()
+
+
+def test_a_log_stack_drafting_trees_is_not_replayed(finished, tmp_path, capsys):
+    """A log whose steps verified side nodes (a hand-made or other run's log) is named, not replayed."""
+    out = copy_of(finished, tmp_path)
+    records = read_records(out)
+    for r in records:
+        if r["model_id"] == "long":
+            r["metrics"]["nodes_per_step"] = [d + 2 if d else 0 for d in r["metrics"]["drafted_per_step"]]
+    (out / "answers.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    code, _, err = run_cli(["report", str(out)], capsys)
+    assert code == 0, err
+    results = json.loads((out / "results.json").read_text())
+    assert results["oracle"]["sets"] == {} and "token trees" in results["oracle"]["skipped"]
+    report = (out / "report.md").read_text()
+    assert "Not replayed: log stack `long`: it drafts token trees" in report and "![oracle]" not in report
 
 
 # -- resumption ---------------------------------------------------------------------------------
@@ -305,7 +388,10 @@ def test_report_refuses_a_malformed_bench_json_in_one_line(finished, tmp_path, c
     assert_one_line(code, err, f"'{out / 'bench.json'}'", problem, "restore it, or delete it and rerun")
 
 
-@pytest.mark.parametrize("content", ["{", '{"verify_s": "fast"}', '{"verify_s": []}', "[0.1]"])
+@pytest.mark.parametrize("content", ["{", '{"verify_s": "fast"}', '{"verify_s": []}', "[0.1]",
+                                     '{"verify_s": [0.1], "tree_k": [4, 2], "tree_verify_s": [0.1, 0.2]}',
+                                     '{"verify_s": [0.1], "tree_k": [2, 4], "tree_verify_s": [0.1]}',
+                                     '{"verify_s": [0.1], "tree_k": [1], "tree_verify_s": [0.1]}'])
 def test_report_refuses_a_malformed_cost_model_in_one_line(finished, tmp_path, capsys, content):
     out = copy_of(finished, tmp_path)
     (out / "cost_model.json").write_text(content)
@@ -432,6 +518,37 @@ def test_oracle_replay_matches_the_hand_computation():
     assert result["policies"]["oracle-like"]["captured"] == pytest.approx(1.0)
 
 
+def test_tree_steps_are_charged_their_nodes_and_refused_by_chain_replays():
+    # tree-masked forwards measured at k = 2, 4, 8 tokens: 1.5, 2.0, 3.0 s
+    cost = CostModel((1.0, 1.2, 1.4, 1.6, 1.8), 0.1, (2, 4, 8), (1.5, 2.0, 3.0))
+    assert cost.verify_tree(2) == 1.5 and cost.verify_tree(3) == pytest.approx(1.75)
+    assert cost.verify_tree(6) == pytest.approx(2.5) and cost.verify_tree(10) == pytest.approx(3.5)  # beyond: slope
+    assert cost.verify_tree(1) == 1.5  # below the first measured count: its cost
+    assert CostModel((1.0, 1.2)).verify_tree(2) == 1.2  # no tree measurements: a chain's cost
+    # a chain step costs a causal forward, a tree step (depth 2, 5 nodes) a tree-masked one over 6 tokens
+    assert cost.step(2) == cost.step(2, 2) == pytest.approx(0.2 + 1.4)
+    assert cost.step(2, 5) == pytest.approx(0.2 + 2.5)
+    tree_log = [LoggedStep(2, 2, 5), LoggedStep(3, 1, 3)]  # the second step is a chain (nodes = depth)
+    assert replay_logged(tree_log, cost).speedup(cost) == pytest.approx((3 + 2) / (2.7 + 0.3 + 1.6))
+    for replay in (lambda log: replay_fixed(log, 2, cost), lambda log: replay_oracle(log, cost),
+                   lambda log: replay_best(log, cost)):
+        with pytest.raises(ValueError, match="chain log, but a step verified 5 tree nodes for depth 2"):
+            replay(tree_log)
+    result = analyse(LOG, COST, [1, 2], {"tree": [LoggedStep(4, 4, 12)] * 4, "chain": LOG})
+    assert result["policies"]["tree"]["tree"] and result["policies"]["tree"]["captured"] is None
+    assert not result["policies"]["chain"]["tree"] and result["policies"]["chain"]["captured"] is not None
+    with pytest.raises(ValueError, match="ascending"):
+        CostModel((1.0,), 0.0, (4, 2), (1.0, 2.0))
+    # logs: nodes_per_step where recorded (older logs lack it: chains)
+    assert steps_from_metrics({"drafted_per_step": [2, 0], "accepted_per_step": [1, 0]}) == [
+        LoggedStep(2, 1), LoggedStep(0, 0)]
+    assert steps_from_metrics({"drafted_per_step": [2], "accepted_per_step": [1], "nodes_per_step": [6]}) == [
+        LoggedStep(2, 1, 6)]
+    # the report's cost model: each measured curve made non-decreasing
+    model = cost_model({"verify_s": [1.0, 0.8, 1.2], "tree_k": [2, 4, 8], "tree_verify_s": [1.5, 1.3, 3.0]})
+    assert model.verify_s == pytest.approx((0.9, 0.9, 1.2)) and model.tree_verify_s == pytest.approx((1.4, 1.4, 3.0))
+
+
 def test_cost_optimal_oracle_stops_early_when_verifying_more_is_dear():
     cost = CostModel((1.0, 1.0, 5.0), 0.0)
     log = [LoggedStep(2, 2)]
@@ -478,6 +595,17 @@ def test_shipped_bench_and_ablate_configs_validate():
     # the hf_assisted_* baselines and the draft_model/ouroboros stacks use the shipped token-level draft
     assert "hf_assisted_constant" in cfg.baselines and set(cfg.baselines) <= set(HF_BASELINES)
     assert cfg.draft.path.endswith("default")
+    # token-tree rows beside the chains, for both drafts, in the same run; the oracle's log is a chain
+    trees = {name: c.strategy.drafter for name, c in stacks.items() if c.strategy.drafter.get("tree") is not None}
+    assert 6 <= len(trees) <= 8 and {d["name"] for d in trees.values()} == {"eagle", "draft_model"}
+    assert all("+tree(" in name for name in trees) and cfg.oracle.log_stack not in trees
+    assert {s["name"] for name in trees for s in stacks[name].strategy.stop} == {"fixed", "heuristic", "pacer"}
+    assert max(cfg.oracle.verify_tree_k) >= max(d["tree"]["nodes"] for d in trees.values()) + 1
+    # the quick tree-vs-chain bench: fp32 (outputs must be identical), chains and trees of both drafts
+    cfg, stacks = read_bench_config(ROOT / "configs" / "bench_trees.yaml")
+    assert cfg.dtype == "float32" and cfg.verify_cost and list(stacks)[0] == "autoregressive"
+    kinds = {(c.strategy.drafter["name"], c.strategy.drafter.get("tree") is not None) for c in stacks.values()}
+    assert {("eagle", False), ("eagle", True), ("draft_model", False), ("draft_model", True)} <= kinds
     cfg, stacks, ablation = read_ablate_config(ROOT / "configs" / "ablate.yaml")
     assert len(stacks) == 1 + len(ablation["points"]) == 10 and cfg.baselines == []
     assert stacks["gamma=8 max_ngram_size=2"].strategy.stop[0]["gamma"] == 8
@@ -524,6 +652,10 @@ def test_ablate_runs_a_grid_into_one_table(tmp_path, tiny, capsys):
     ("prompt_sets: humaneval\n", ["'prompt_sets' must be a list", "got str"]),
     ("oracle: 5\n", ["'oracle' must be a mapping with the keys log_stack", "got int"]),
     ("draft: null\nrepeats: 0\n", ["repeats must be >= 1"]),
+    ("oracle: {verify_tree_k: [1, 4]}\n", ["oracle.verify_tree_k must list token counts >= 2"]),
+    ("oracle: {verify_tree_k: [4, 4]}\n", ["oracle.verify_tree_k names a token count twice"]),
+    ("stacks: {t: {strategy: {drafter: {name: eagle, tree: {topk: 2}}, stop: [{name: fixed, gamma: 8}]}}}\n"
+     "oracle: {log_stack: t}\n", ["oracle.log_stack 't' drafts a token tree", "log a stack drafting a long fixed chain"]),
 ])
 def test_bad_bench_yaml_is_a_one_line_error(tmp_path, capsys, text, needles):
     path = tmp_path / "bad.yaml"

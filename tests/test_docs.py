@@ -492,6 +492,10 @@ def test_documented_bench_errors_are_the_real_messages(tmp_path, capsys, monkeyp
         "`bench.json` that is not JSON": lambda: run_folder("{oops"),
         "`bench.json` without its `units`": lambda: run_folder(json.dumps({k: v for k, v in meta.items() if k != "units"})),
         "a damaged line 5 of `answers.jsonl`": lambda: run_folder(json.dumps(meta), damaged),
+        "an `oracle.log_stack` drafting a token tree": lambda: bench_yaml(
+            "stacks: {t: {strategy: {drafter: {name: eagle, tree: {topk: 2}}, stop: [{name: fixed, gamma: 8}]}}}\n"
+            "oracle: {log_stack: t}\n"),
+        "`oracle: {verify_tree_k: [1, 4]}`": lambda: bench_yaml("oracle: {verify_tree_k: [1, 4]}\n"),
         "`cost_model.json` without `verify_s`": lambda: run_folder(json.dumps(meta), cost="{}"),
     }
     _assert_documented_errors("benchmarks.md", "## Errors", scenarios, capsys)
