@@ -212,6 +212,8 @@ class DraftModel:
 class PromptLookupConfig:
     max_ngram_size: int = attrs.field(default=3, validator=attrs.validators.ge(1))
     min_ngram_size: int = attrs.field(default=1, validator=attrs.validators.ge(1))
+    # continuations offered per call: the main one plus up to branches - 1 others as side nodes
+    branches: int = attrs.field(default=1, validator=attrs.validators.ge(1))
 
     def __attrs_post_init__(self) -> None:  # checked by load_config, before any model loads
         if self.min_ngram_size > self.max_ngram_size:
@@ -234,8 +236,37 @@ def lookup_continuation(context: torch.Tensor, max_n: int, min_n: int, num_token
     return context[:0]
 
 
+def lookup_continuations(context: torch.Tensor, max_n: int, min_n: int, num_tokens: int,
+                         limit: int) -> list[list[int]]:
+    """Up to ``limit`` distinct continuations of the context's last n-gram, best first.
+
+    The first is ``lookup_continuation``'s (the most recent occurrence of the longest matching
+    n-gram); the others follow other earlier occurrences, longer n first, most recent first. A
+    continuation that is a prefix of one already taken (it would add no tree node) is skipped.
+    ``context``: [L]; each continuation has at most ``num_tokens`` ids.
+    """
+    length = int(context.shape[0])
+    found: list[list[int]] = []
+    for n in range(min(max_n, length - 1), min_n - 1, -1):
+        windows = context[: length - 1].unfold(0, n, 1)  # [L - n, n], excludes the suffix itself
+        hits = (windows == context[length - n:]).all(-1).nonzero().flatten().tolist()
+        for hit in reversed(hits):
+            start = hit + n
+            candidate = context[start: start + num_tokens].tolist()
+            if any(taken[: len(candidate)] == candidate for taken in found):
+                continue
+            found.append(candidate)
+            if len(found) >= limit:
+                return found
+    return found
+
+
 class PromptLookup:
-    """Model-free n-gram drafting from the context (prompt lookup decoding)."""
+    """Model-free n-gram drafting from the context (prompt lookup decoding).
+
+    With ``branches > 1`` the block's tokens are the usual continuation and up to ``branches - 1``
+    other continuations (other occurrences of the n-grams) hang off the same node as side nodes,
+    merged into a trie with it; all are point masses (no draft probabilities)."""
 
     def __init__(self, config: PromptLookupConfig, resources: Resources):
         self.config = config
@@ -243,8 +274,22 @@ class PromptLookup:
     @hookimpl
     def pacer_propose(self, state, draft, num_tokens) -> Optional[DraftBlock]:
         context = torch.tensor(state.tokens + draft.tokens.tolist(), dtype=torch.long)
-        tokens = lookup_continuation(context, self.config.max_ngram_size, self.config.min_ngram_size, num_tokens)
-        return DraftBlock(tokens=tokens.clone()) if tokens.numel() else None
+        c = self.config
+        if c.branches == 1:
+            tokens = lookup_continuation(context, c.max_ngram_size, c.min_ngram_size, num_tokens)
+            return DraftBlock(tokens=tokens.clone()) if tokens.numel() else None
+        found = lookup_continuations(context, c.max_ngram_size, c.min_ngram_size, num_tokens, c.branches)
+        if not found:
+            return None
+        main = found[0]
+        parent = draft.path_nodes[-1] if len(draft) else -1  # the main path's tip (-1: the root)
+        # the main continuation first in the trie: its nodes are the block's tokens, numbered from
+        # draft.num_nodes; the other continuations share its prefix and follow as side nodes
+        trie = SideNodes.trie([main] + found[1:], parent=parent, first=draft.num_nodes)
+        side = None
+        if len(trie) > len(main):
+            side = SideNodes(trie.tokens[len(main):], trie.parents[len(main):])
+        return DraftBlock(tokens=torch.tensor(main, dtype=torch.long), side=side, sampled=False)
 
 
 @hookimpl
@@ -257,5 +302,5 @@ def pacer_components() -> list[Component]:
                   needs={"draft_model"}, provides={"draft_probs", "draft_hidden"},
                   default_draft=DEFAULT_DRAFT),
         Component("drafter", "prompt_lookup", PromptLookupConfig, PromptLookup,
-                  "model-free n-gram drafting from the context"),
+                  "model-free n-gram drafting from the context (several matches as branches: branches)"),
     ]
