@@ -357,12 +357,17 @@ def test_tree_nodes_follow_the_cumulative_beam():
         assert got == [(p, tok) for _, p, tok in others]
 
 
-def test_tree_stops_after_eos_on_the_main_path():
+def test_nothing_grows_past_eos():
     model = scripted(DRAFT_TABLE, seed=3)
     context = [5, 1, 6]
     first = int(model.next_logits(context).argmax())
     draft = grow(tree_drafter(model, topk=2, depth=5), greedy_state(context, eos=[first]))
     assert len(draft) == 1 and draft.tokens.tolist() == [first]
+    second = int(model.next_logits(context).topk(2).indices[1])  # EOS as a level-1 side node: a leaf
+    draft = grow(tree_drafter(model, topk=3, depth=3), greedy_state(context, eos=[second]))
+    tree = draft.tree
+    (side,) = [i for i in range(len(tree)) if int(tree.tokens[i]) == second and int(tree.parents[i]) == -1]
+    assert len(draft) == 3 and not tree.children[side] and len(tree) == 9
 
 
 def test_tree_drafting_under_sampling_uses_the_processed_distribution():

@@ -184,6 +184,8 @@ class DraftModel:
             for i, (node, _, _) in enumerate(level):
                 self._seen[node] = ancestors[i] + [cached + i]
             probs = self._probs(out.logits)  # [k, vocab]
+            ends = [i for i, (_, _, token) in enumerate(level) if token in state.eos_token_ids]
+            probs[ends] = 0.0  # nothing grows past an end-of-sequence side node
             hidden = out.hidden_states if self.hidden else None  # [k, hidden]
             nodes, scores = [node for node, _, _ in level], torch.tensor(self._scores)
         chosen = grow_level(scores, probs, 0, tree.topk, room)
