@@ -114,8 +114,9 @@ class DraftModel:
             self._drop_tree_rows()
 
     def _drop_tree_rows(self) -> None:
-        """Crop the draft cache to the context the tree grew from: tree rows (side nodes, rows at a
-        node's depth but not its committed position) must never pass for context in ``sync_cache``."""
+        """Crop the draft cache to the context the tree grew from. Its tree rows must never pass for
+        context in ``sync_cache``: a side node's row matches a later committed token equal to its
+        token, but was computed without that token's real predecessors."""
         if self._context is not None:
             self.model.crop(min(self._context, len(self.model.cached_tokens)))
         self._context, self._seen, self._level, self._scores, self._nodes = None, {}, [], [], 0
