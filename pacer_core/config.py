@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import typing
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -279,11 +280,46 @@ def check_finite(value: Any, where: str) -> None:
         raise ConfigError(f"{where}: '{key}' must be a finite number, got {number}")
 
 
-def _validate_typed(schema_cls: type, data: Any, where: str, finite: bool = True) -> Any:
+def _nested_configs(schema_cls: type) -> dict[str, tuple[type, bool]]:
+    """The options of ``schema_cls`` that are attrs config classes themselves (``tree: TreeConfig``
+    or ``Optional[TreeConfig]``): name -> (class, whether None is allowed)."""
+    try:
+        hints = typing.get_type_hints(schema_cls)
+    except Exception:  # an annotation that does not resolve: OmegaConf reports it
+        return {}
+    nested = {}
+    for name, hint in hints.items():
+        args = typing.get_args(hint) if typing.get_origin(hint) is typing.Union else (hint,)
+        classes = [a for a in args if isinstance(a, type) and attrs.has(a)]
+        if len(classes) == 1:
+            nested[name] = (classes[0], type(None) in args)
+    return nested
+
+
+def _check_nested(schema_cls: type, data: Any, where: str, prefix: str) -> None:
+    """Validate each nested config option of ``data`` against its own class first, so its errors
+    name its options (``where: unknown option 'tree.tpk'; valid options: topk, depth, nodes``)."""
+    if not isinstance(data, dict):
+        return
+    for name, (nested_cls, optional) in _nested_configs(schema_cls).items():
+        if name not in data or (data[name] is None and optional):
+            continue
+        value = data[name]
+        if not isinstance(value, dict):
+            fields = ", ".join(f.name for f in attrs.fields(nested_cls))
+            raise ConfigError(f"{where}: '{prefix}{name}' must be a mapping of options ({fields}), "
+                              f"got {type(value).__name__} {value!r}")
+        _validate_typed(nested_cls, value, where, finite=False, prefix=f"{prefix}{name}.")
+
+
+def _validate_typed(schema_cls: type, data: Any, where: str, finite: bool = True, prefix: str = "") -> Any:
     """``data`` merged over ``schema_cls``'s defaults in struct mode, as an attrs object; with
-    ``finite``, NaN and infinite numbers anywhere in it are refused too."""
+    ``finite``, NaN and infinite numbers anywhere in it are refused too. An option whose type is an
+    attrs class (or Optional of one) takes a mapping of that class's options, validated the same way
+    (``prefix``: the dotted path of the option being validated, in messages)."""
     if finite:  # before the merge, so a validator's range message does not hide it
         check_finite(data, where)
+    _check_nested(schema_cls, data, where, prefix)
     schema = OmegaConf.structured(schema_cls)
     OmegaConf.set_struct(schema, True)
     try:
@@ -303,12 +339,12 @@ def _validate_typed(schema_cls: type, data: Any, where: str, finite: bool = True
         fields = ", ".join(f.name for f in attrs.fields(schema_cls))
         text = one_line(exc)
         if "Key" in type(exc).__name__ or "not in struct" in text:
-            raise ConfigError(f"{where}: unknown option '{key}'; valid options: {fields}") from None
+            raise ConfigError(f"{where}: unknown option '{prefix}{key}'; valid options: {fields}") from None
         types = {f.name: f.type for f in attrs.fields(schema_cls)}
         expected = f"; give a value of type {types[key]}" if key in types else ""
-        raise ConfigError(f"{where}: bad value for '{key}': {text}{expected}") from None
+        raise ConfigError(f"{where}: bad value for '{prefix}{key}': {text}{expected}") from None
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: {one_line(exc)}") from None
+        raise ConfigError(f"{where}: {prefix[:-1] + ': ' if prefix else ''}{one_line(exc)}") from None
     if finite:  # again after the merge: OmegaConf reads the text "nan" into a float field as NaN
         check_finite(typed, where)
     return typed

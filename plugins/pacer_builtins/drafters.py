@@ -8,8 +8,9 @@ from typing import Optional
 import attrs
 import torch
 
-from pacer_core import Component, DraftBlock, Resources, hookimpl
-from pacer_core.sampling import choose
+from pacer_core import Component, DraftBlock, Resources, SideNodes, hookimpl
+from pacer_core.sampling import choose, logits_to_probs
+from pacer_core.trees import TreeConfig, grow_level
 
 # the token-level draft shipped for the embedded SmolLM2 target (made by `pacer distill
 # student.kind=token`, see its manifest.json): used when a config omits `draft`
@@ -35,6 +36,9 @@ class Autoregressive:
 @attrs.define
 class DraftModelConfig:
     hidden_states: bool = True  # return the draft's last-layer hidden states (PACER reads them)
+    # grow an EAGLE-2-style dynamic token tree ({topk, depth, nodes}; {} = defaults); null = a chain
+    tree: Optional[TreeConfig] = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(TreeConfig)))
 
 
 def sync_cache(model, context: list[int]) -> list[int]:
@@ -53,24 +57,81 @@ def sync_cache(model, context: list[int]) -> list[int]:
     return context[shared:]
 
 
+def level_layout(ancestor_rows: list[list[int]], context: int, cached: int, depth: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions and mask for one tree level fed after a draft cache of ``cached`` rows.
+
+    The cache holds ``context`` context rows, then rows of earlier tree nodes; node i of the level
+    (``depth`` after the last context token) sees the context rows, ``ancestor_rows[i]`` (the
+    cache rows of its ancestors) and itself. Returns (positions [k], offsets from ``cached`` as
+    ``LanguageModel.forward`` takes them; tree_mask [k, cached + k] bool).
+    """
+    k = len(ancestor_rows)
+    positions = torch.full((k,), context - 1 + depth - cached, dtype=torch.long)  # [k]
+    mask = torch.zeros(k, cached + k, dtype=torch.bool)  # [k, cached + k]
+    mask[:, :context] = True
+    for i, rows in enumerate(ancestor_rows):
+        mask[i, rows] = True
+        mask[i, cached + i] = True
+    return positions, mask
+
+
 class DraftModel:
     """A small causal LM sharing the target's tokenizer drafts token by token.
 
     Tokens are chosen with the run's sampling parameters; ``draft_probs`` are the distributions they
     were sampled from (under greedy decoding, the draft's softmax, whose argmax was chosen).
+
+    With ``tree`` it grows an EAGLE-2-style dynamic token tree instead, one level per
+    ``pacer_propose`` call and one draft forward per level (``pacer_core.trees.grow_level``): the
+    block's token is the tip's most likely child (the main path: the draft's greedy chain), its
+    side nodes the level's other chosen children. Children are the top-k of the processed
+    distribution (``sampled=False``), so the verifier treats them as point masses.
     """
 
     def __init__(self, config: DraftModelConfig, resources: Resources):
         self.model = resources.draft
         self.sampling = resources.sampling
         self.hidden = config.hidden_states
+        self.tree = config.tree
+        # tree mode, the step being drafted: its context length (the tree's cache rows follow), the
+        # cache rows each fed node sees after the context (its ancestors' and its own), the last
+        # level's (node, parent, token) and cumulative log-probabilities, draft.num_nodes after it
+        self._context: Optional[int] = None
+        self._seen: dict[int, list[int]] = {}
+        self._level: list[tuple[int, int, int]] = []
+        self._scores: list[float] = []
+        self._nodes = 0
 
     @hookimpl
     def pacer_start(self, state) -> None:
         self.model.reset()
+        self._context = None
+
+    @hookimpl
+    def pacer_observe_step(self, state, step) -> None:
+        if self.tree is not None:
+            self._drop_tree_rows()
+
+    def _drop_tree_rows(self) -> None:
+        """Crop the draft cache to the context the tree grew from. Its tree rows must never pass for
+        context in ``sync_cache``: a side node's row matches a later committed token equal to its
+        token, but was computed without that token's real predecessors."""
+        if self._context is not None:
+            self.model.crop(min(self._context, len(self.model.cached_tokens)))
+        self._context, self._seen, self._level, self._scores, self._nodes = None, {}, [], [], 0
+
+    def _probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """[f, vocab] logits -> the distributions tree children are chosen from (sampling applied;
+        the softmax under greedy decoding, whose argmax is the main-path child)."""
+        if self.sampling.greedy:
+            return torch.softmax(logits.float(), -1)
+        return logits_to_probs(logits, self.sampling)
 
     @hookimpl
     def pacer_propose(self, state, draft, num_tokens) -> Optional[DraftBlock]:
+        if self.tree is not None:
+            return self._propose_level(state, draft)
         feed = sync_cache(self.model, state.tokens + draft.tokens.tolist())
         tokens, probs, hidden = [], [], []
         for _ in range(num_tokens):
@@ -91,11 +152,71 @@ class DraftModel:
             forwards=len(tokens),
         )
 
+    def _propose_level(self, state, draft) -> Optional[DraftBlock]:
+        """One level of the tree: level 1 from the draft's distribution after the context, each
+        later one from a forward over every node of the previous level (a tree mask over the
+        cached rows). None after ``tree.depth`` levels or ``tree.nodes`` nodes."""
+        tree, model = self.tree, self.model
+        room = tree.nodes - draft.num_nodes
+        if len(draft) >= tree.depth or room <= 0:
+            return None
+        if len(draft) == 0:  # a new step: level 1
+            self._drop_tree_rows()  # normally done in pacer_observe_step already
+            feed = sync_cache(model, state.tokens)
+            out = model.forward(feed, logits_from=len(feed) - 1, hidden=self.hidden)
+            self._context = len(model.cached_tokens)
+            probs = self._probs(out.logits[-1:])  # [1, vocab]
+            hidden = out.hidden_states[-1:] if self.hidden else None  # [1, hidden]
+            nodes, scores = [-1], torch.zeros(1)  # the root is the one expanded node
+        else:
+            if self._context is None or draft.num_nodes != self._nodes:
+                raise RuntimeError("draft_model tree: the draft is not the one this drafter grew "
+                                   "(one drafter per engine; drafts are not edited between levels)")
+            level = self._level  # the last level's (node, parent, token), main-path node first
+            if level[0][2] in state.eos_token_ids:
+                return None  # the main path ended: nothing after EOS is ever committed
+            cached = len(model.cached_tokens)
+            if cached + len(level) > model.max_length:
+                return None
+            ancestors = [self._seen[parent] if parent >= 0 else [] for _, parent, _ in level]
+            positions, mask = level_layout(ancestors, self._context, cached, len(draft))
+            out = model.forward([token for _, _, token in level], positions=positions, tree_mask=mask,
+                                hidden=self.hidden)
+            for i, (node, _, _) in enumerate(level):
+                self._seen[node] = ancestors[i] + [cached + i]
+            probs = self._probs(out.logits)  # [k, vocab]
+            ends = [i for i, (_, _, token) in enumerate(level) if token in state.eos_token_ids]
+            probs[ends] = 0.0  # nothing grows past an end-of-sequence side node
+            hidden = out.hidden_states if self.hidden else None  # [k, hidden]
+            nodes, scores = [node for node, _, _ in level], torch.tensor(self._scores)
+        chosen = grow_level(scores, probs, 0, tree.topk, room)
+        if not chosen:
+            return None
+        main, others = chosen[0], chosen[1:]
+        first = draft.num_nodes  # tree index of the block's main token; side nodes follow it
+        side = None
+        if others:
+            rows = torch.tensor([c.row for c in others], dtype=torch.long)
+            side = SideNodes(torch.tensor([c.token for c in others], dtype=torch.long),
+                             torch.tensor([nodes[c.row] for c in others], dtype=torch.long),
+                             probs[rows])
+        self._level = [(first + j, nodes[c.row], c.token) for j, c in enumerate(chosen)]
+        self._scores = [c.score for c in chosen]
+        self._nodes = first + len(chosen)
+        return DraftBlock(
+            tokens=torch.tensor([main.token], dtype=torch.long),
+            draft_probs=probs[main.row: main.row + 1],
+            hidden_states=hidden[main.row: main.row + 1].float() if hidden is not None else None,
+            side=side, forwards=1, sampled=False,
+        )
+
 
 @attrs.define
 class PromptLookupConfig:
     max_ngram_size: int = attrs.field(default=3, validator=attrs.validators.ge(1))
     min_ngram_size: int = attrs.field(default=1, validator=attrs.validators.ge(1))
+    # continuations offered per call: the main one plus up to branches - 1 others as side nodes
+    branches: int = attrs.field(default=1, validator=attrs.validators.ge(1))
 
     def __attrs_post_init__(self) -> None:  # checked by load_config, before any model loads
         if self.min_ngram_size > self.max_ngram_size:
@@ -118,8 +239,37 @@ def lookup_continuation(context: torch.Tensor, max_n: int, min_n: int, num_token
     return context[:0]
 
 
+def lookup_continuations(context: torch.Tensor, max_n: int, min_n: int, num_tokens: int,
+                         limit: int) -> list[list[int]]:
+    """Up to ``limit`` distinct continuations of the context's last n-gram, best first.
+
+    The first is ``lookup_continuation``'s (the most recent occurrence of the longest matching
+    n-gram); the others follow other earlier occurrences, longer n first, most recent first. A
+    continuation that is a prefix of one already taken (it would add no tree node) is skipped.
+    ``context``: [L]; each continuation has at most ``num_tokens`` ids.
+    """
+    length = int(context.shape[0])
+    found: list[list[int]] = []
+    for n in range(min(max_n, length - 1), min_n - 1, -1):
+        windows = context[: length - 1].unfold(0, n, 1)  # [L - n, n], excludes the suffix itself
+        hits = (windows == context[length - n:]).all(-1).nonzero().flatten().tolist()
+        for hit in reversed(hits):
+            start = hit + n
+            candidate = context[start: start + num_tokens].tolist()
+            if any(taken[: len(candidate)] == candidate for taken in found):
+                continue
+            found.append(candidate)
+            if len(found) >= limit:
+                return found
+    return found
+
+
 class PromptLookup:
-    """Model-free n-gram drafting from the context (prompt lookup decoding)."""
+    """Model-free n-gram drafting from the context (prompt lookup decoding).
+
+    With ``branches > 1`` the block's tokens are the usual continuation and up to ``branches - 1``
+    other continuations (other occurrences of the n-grams) hang off the same node as side nodes,
+    merged into a trie with it; all are point masses (no draft probabilities)."""
 
     def __init__(self, config: PromptLookupConfig, resources: Resources):
         self.config = config
@@ -127,8 +277,22 @@ class PromptLookup:
     @hookimpl
     def pacer_propose(self, state, draft, num_tokens) -> Optional[DraftBlock]:
         context = torch.tensor(state.tokens + draft.tokens.tolist(), dtype=torch.long)
-        tokens = lookup_continuation(context, self.config.max_ngram_size, self.config.min_ngram_size, num_tokens)
-        return DraftBlock(tokens=tokens.clone()) if tokens.numel() else None
+        c = self.config
+        if c.branches == 1:
+            tokens = lookup_continuation(context, c.max_ngram_size, c.min_ngram_size, num_tokens)
+            return DraftBlock(tokens=tokens.clone()) if tokens.numel() else None
+        found = lookup_continuations(context, c.max_ngram_size, c.min_ngram_size, num_tokens, c.branches)
+        if not found:
+            return None
+        main = found[0]
+        parent = draft.path_nodes[-1] if len(draft) else -1  # the main path's tip (-1: the root)
+        # the main continuation first in the trie: its nodes are the block's tokens, numbered from
+        # draft.num_nodes; the other continuations share its prefix and follow as side nodes
+        trie = SideNodes.trie([main] + found[1:], parent=parent, first=draft.num_nodes)
+        side = None
+        if len(trie) > len(main):
+            side = SideNodes(trie.tokens[len(main):], trie.parents[len(main):])
+        return DraftBlock(tokens=torch.tensor(main, dtype=torch.long), side=side, sampled=False)
 
 
 @hookimpl
@@ -137,9 +301,9 @@ def pacer_components() -> list[Component]:
         Component("drafter", "autoregressive", AutoregressiveConfig, Autoregressive,
                   "no draft: plain decoding through the engine (the baseline)"),
         Component("drafter", "draft_model", DraftModelConfig, DraftModel,
-                  "a small LM sharing the target's tokenizer drafts token by token",
+                  "a small LM sharing the target's tokenizer drafts token by token (or a token tree: tree)",
                   needs={"draft_model"}, provides={"draft_probs", "draft_hidden"},
                   default_draft=DEFAULT_DRAFT),
         Component("drafter", "prompt_lookup", PromptLookupConfig, PromptLookup,
-                  "model-free n-gram drafting from the context"),
+                  "model-free n-gram drafting from the context (several matches as branches: branches)"),
     ]
