@@ -96,12 +96,13 @@ class DraftModel:
         self.tree = config.tree
         # tree mode, the step being drafted: its context length (the tree's cache rows follow), the
         # cache rows each fed node sees after the context (its ancestors' and its own), the last
-        # level's (node, parent, token) and cumulative log-probabilities, draft.num_nodes after it
+        # level's (node, parent, token) and cumulative log-probabilities, the draft's blocks after it
+        # and the nodes this drafter grew (a hybrid drafter may add others)
         self._context: Optional[int] = None
         self._seen: dict[int, list[int]] = {}
         self._level: list[tuple[int, int, int]] = []
         self._scores: list[float] = []
-        self._nodes = 0
+        self._blocks, self._grown = 0, 0
 
     @hookimpl
     def pacer_start(self, state) -> None:
@@ -119,7 +120,8 @@ class DraftModel:
         token, but was computed without that token's real predecessors."""
         if self._context is not None:
             self.model.crop(min(self._context, len(self.model.cached_tokens)))
-        self._context, self._seen, self._level, self._scores, self._nodes = None, {}, [], [], 0
+        self._context, self._seen, self._level, self._scores = None, {}, [], []
+        self._blocks, self._grown = 0, 0
 
     def _probs(self, logits: torch.Tensor) -> torch.Tensor:
         """[f, vocab] logits -> the distributions tree children are chosen from (sampling applied;
@@ -157,7 +159,8 @@ class DraftModel:
         later one from a forward over every node of the previous level (a tree mask over the
         cached rows). None after ``tree.depth`` levels or ``tree.nodes`` nodes."""
         tree, model = self.tree, self.model
-        room = tree.nodes - draft.num_nodes
+        grown = self._grown if len(draft) else 0  # this drafter's nodes so far (a hybrid adds others)
+        room = tree.nodes - grown
         if len(draft) >= tree.depth or room <= 0:
             return None
         if len(draft) == 0:  # a new step: level 1
@@ -169,7 +172,7 @@ class DraftModel:
             hidden = out.hidden_states[-1:] if self.hidden else None  # [1, hidden]
             nodes, scores = [-1], torch.zeros(1)  # the root is the one expanded node
         else:
-            if self._context is None or draft.num_nodes != self._nodes:
+            if self._context is None or len(draft.blocks) != self._blocks:
                 raise RuntimeError("draft_model tree: the draft is not the one this drafter grew "
                                    "(one drafter per engine; drafts are not edited between levels)")
             level = self._level  # the last level's (node, parent, token), main-path node first
@@ -202,7 +205,7 @@ class DraftModel:
                              probs[rows])
         self._level = [(first + j, nodes[c.row], c.token) for j, c in enumerate(chosen)]
         self._scores = [c.score for c in chosen]
-        self._nodes = first + len(chosen)
+        self._blocks, self._grown = len(draft.blocks) + 1, grown + len(chosen)
         return DraftBlock(
             tokens=torch.tensor([main.token], dtype=torch.long),
             draft_probs=probs[main.row: main.row + 1],
