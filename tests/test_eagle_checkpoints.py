@@ -225,6 +225,25 @@ def test_tokens_outside_the_eagle3_draft_vocabulary_have_q_zero(tmp_path):
     assert not outside[torch.cat([t.tokens for t in seen])].any()
 
 
+def test_an_eagle3_member_of_a_hybrid_gets_its_layers(tmp_path):
+    from helpers import make_draft
+
+    target_model = eagle3_target()
+    folder = write_eagle3(tmp_path / "ckpt", target_model, draft_vocab=40)
+    members = f"[{{name: eagle, path: '{folder}', tree: {TREE}}}, {{name: prompt_lookup}}]"
+    cfg = load_config(overrides=[f"strategy.drafter={{name: hybrid, members: {members}}}",
+                                 "strategy.stop=[{name: fixed, gamma: 4}]"], require_models=False)
+    engine = Engine.build(adapter(target_model), cfg=cfg)
+    assert engine.target_hidden == (2, 4, 5)
+    prompt = [1, 7, 9, 7, 9, 7, 9, 7]
+    assert engine.generate(prompt, max_new_tokens=16).tokens == reference_greedy(target_model, prompt, 16)
+    own = make_draft(target_model, tmp_path / "own")  # reads the last layer: the two cannot share a pass
+    members = f"[{{name: eagle, path: '{folder}'}}, {{name: eagle, path: '{own}'}}]"
+    cfg = load_config(overrides=[f"strategy.drafter={{name: hybrid, members: {members}}}"], require_models=False)
+    with pytest.raises(InputError, match=r"members read different target hidden states \(eagle: \[2, 4, 5\], eagle: last"):
+        Engine.build(adapter(target_model), cfg=cfg)
+
+
 # -- the math equals a plain implementation of the published networks ------------------------------
 def _rms(x, weight, eps=1e-6):
     return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
