@@ -60,6 +60,17 @@ def tree_layout(n_pending: int, tree: TokenTree) -> tuple[torch.Tensor, torch.Te
     return positions, mask
 
 
+def check_target_layers(target: LanguageModel, layers: Sequence[int]) -> tuple[int, ...]:
+    """``layers`` (decoder-layer indices whose inputs a drafter reads) as a tuple, refused in one line
+    when the target has no such layers (``num_layers``, when it tells)."""
+    layers = tuple(int(i) for i in layers)
+    count = getattr(target, "num_layers", None)
+    if count is not None and any(not 0 <= i <= count for i in layers):
+        raise InputError(f"the drafter reads the inputs of target layers {list(layers)}, but the target has "
+                         f"{count} decoder layers (0..{count}): use a draft made for this target")
+    return layers
+
+
 def load_stack_draft(cfg: PacerConfig, stack: ResolvedStack, tokenizer: Any,
                      loaded: Optional[dict[str, LanguageModel]] = None) -> Optional[LanguageModel]:
     """The draft model ``stack`` needs (``draft.path``, else its drafter's shipped draft), or None.
@@ -93,12 +104,17 @@ class Engine:
                  seed: int = 0, max_new_tokens: int = 128, max_draft_tokens: int = 64,
                  ignore_eos: bool = False, chat_template: bool = True, tokenizer: Any = None,
                  draft: Optional[LanguageModel] = None, needs_target_hidden: bool = False,
-                 clock: Callable[[], float] = time.perf_counter):
+                 target_layers: Optional[Sequence[int]] = None, clock: Callable[[], float] = time.perf_counter):
         self.target, self.draft, self.pm, self.tokenizer = target, draft, pm, tokenizer
         self.sampling, self.seed, self.clock = sampling, seed, clock
         self.max_new_tokens, self.max_draft_tokens = max_new_tokens, max_draft_tokens
         self.ignore_eos, self.chat_template = ignore_eos, chat_template
         self.needs_target_hidden = needs_target_hidden
+        # what the target pass returns as hidden states: the last layer (True), or the inputs of the
+        # decoder layers the drafter declared (its ``target_layers``), concatenated; False: none
+        self.target_hidden: Union[bool, tuple[int, ...]] = bool(needs_target_hidden)
+        if needs_target_hidden and target_layers:
+            self.target_hidden = check_target_layers(target, target_layers)
         self._lock = threading.Lock()  # one generation at a time: the models' caches are the engine's
         self._generating: Optional[int] = None  # the thread inside generate, to refuse re-entry
         for hook, role in (("pacer_propose", "drafter"), ("pacer_verify", "verifier")):
@@ -135,6 +151,7 @@ class Engine:
         sampling = SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
         resources = Resources(target=target, draft=draft, sampling=sampling, tokenizer=tokenizer,
                               draft_identity=None if draft is None else draft.digest)
+        target_layers = None
         for item in stack:
             for part in item.walk():
                 if "draft_model" in part.component.needs and draft is None:
@@ -144,13 +161,15 @@ class Engine:
             plugin = item.component.factory(config, resources)
             if item is stack.drafter and getattr(plugin, "draft_identity", None):
                 resources = attrs.evolve(resources, draft_identity=plugin.draft_identity)  # built first
+            if item is stack.drafter:
+                target_layers = getattr(plugin, "target_layers", None)  # e.g. EAGLE-3: three layers' inputs
             pm.register(plugin, name=f"{item.where}:{item.component.name}")
         check_hooks(pm)  # a misspelled hook on a strategy object is an error, not a silent no-op
         g = cfg.generation
         kwargs = dict(sampling=sampling, seed=s.seed, max_new_tokens=g.max_new_tokens,
                       max_draft_tokens=g.max_draft_tokens, ignore_eos=g.ignore_eos,
                       chat_template=g.chat_template, tokenizer=tokenizer, draft=draft,
-                      needs_target_hidden=stack.needs("target_hidden"))
+                      needs_target_hidden=stack.needs("target_hidden"), target_layers=target_layers)
         kwargs.update(overrides)
         return cls(target, pm, **kwargs)
 
@@ -238,7 +257,7 @@ class Engine:
         # 1. prefill: the target caches all but the last prompt token, which every step re-feeds
         self.target.reset()
         prefill = self.target.forward(tokens[:-1], logits_from=len(tokens) - 1,
-                                      hidden=self.needs_target_hidden) if len(tokens) > 1 else None
+                                      hidden=self.target_hidden) if len(tokens) > 1 else None
         pending = [tokens[-1]]  # committed tokens not yet in the target's cache
         hook.pacer_start(state=state, target_hidden=prefill.hidden_states if prefill else None)
         finish = "length"
@@ -252,7 +271,7 @@ class Engine:
             cached, tree, n_pending = len(self.target.cached_tokens), draft.tree, len(pending)
             layout = (None, None) if tree.is_chain else tree_layout(n_pending, tree)
             out = self.target.forward(pending + tree.tokens.tolist(), positions=layout[0], tree_mask=layout[1],
-                                      logits_from=n_pending - 1, hidden=self.needs_target_hidden)
+                                      logits_from=n_pending - 1, hidden=self.target_hidden)
             verdict = hook.pacer_verify(state=state, draft=draft, target_logits=out.logits)  # [N + 1, vocab]
             # 4. commit: emitted = accepted path + next; the cache keeps the path's rows, moved into place
             path = list(verdict.nodes(draft))

@@ -60,6 +60,8 @@ def pacer_start(state: "DecodeState", target_hidden: "Optional[torch.Tensor]") -
     initial value, so a seed reproduces the output (docs/hooks.md). When a component
     declared ``needs_target_hidden``, ``target_hidden`` is [len(prompt) - 1, hidden]: the target's
     last-layer hidden states of every prompt token but the last (which each step re-feeds); else None.
+    When the drafter object names decoder layers in a ``target_layers`` attribute (EAGLE-3: three),
+    the rows are those layers' inputs concatenated instead: [len(prompt) - 1, len(layers) × hidden].
     """
 
 
@@ -117,7 +119,8 @@ def pacer_observe_step(state: "DecodeState", step: "StepRecord") -> None:
     from ``step.verdict.accepted`` vs ``len(step.draft)``; observers aggregate. When a component
     declared ``needs_target_hidden``, ``step.target_hidden`` holds the target's last-layer hidden
     states (after the final norm) of the committed tokens this step's forward computed, row 0 being
-    ``state.tokens[step.target_hidden_start]`` (feature-level drafters in the EAGLE family read them).
+    ``state.tokens[step.target_hidden_start]`` (feature-level drafters in the EAGLE family read them;
+    the inputs of the drafter's ``target_layers``, concatenated, when it names them).
     ``step.target_argmax`` is the target's argmax at every row it scored, rows as the verifier's
     ``target_logits`` (Ouroboros' phrase pool learns the target's phrases from it).
     """

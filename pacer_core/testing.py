@@ -30,7 +30,7 @@ function of the same context) let PACER-style stop policies run without a real m
 from __future__ import annotations
 
 import itertools
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Optional, Sequence, Union
 
 import torch
 
@@ -127,14 +127,15 @@ class ScriptedLM:
         positions: Optional[torch.Tensor] = None,
         tree_mask: Optional[torch.Tensor] = None,
         logits_from: int = 0,
-        hidden: bool = False,
+        hidden: Union[bool, Sequence[int]] = False,
     ) -> ModelOutput:
         """Append ``tokens`` to the cache; logits rows for ``tokens[logits_from:]``.
 
         Row i scores the token after the cached tokens plus ``tokens[:i + 1]`` (or, with a
         ``tree_mask`` [k, k] bool, plus the new tokens row i may attend to; a [k, cached + k] mask
         also hides cached tokens). Hidden states, when asked for, cover all k rows, as ``HFModel``
-        returns them.
+        returns them; for a sequence of layer indices each layer's fake state is the row rolled by
+        its index ([k, len(layers) × hidden_size]).
         """
         tokens = list(map(int, tokens))
         k = len(tokens)
@@ -157,8 +158,10 @@ class ScriptedLM:
         if not hidden:
             return ModelOutput(logits=self._gather(self._logit_rows, self.table, keys))
         skip = max(0, min(logits_from, k))
-        return ModelOutput(logits=self._gather(self._logit_rows, self.table, keys[skip:]),
-                           hidden_states=self._gather(self._hidden_rows, self.hidden_table, keys))
+        states = self._gather(self._hidden_rows, self.hidden_table, keys)
+        if not isinstance(hidden, bool):
+            states = torch.cat([states.roll(int(i), -1) for i in hidden], dim=-1)
+        return ModelOutput(logits=self._gather(self._logit_rows, self.table, keys[skip:]), hidden_states=states)
 
     def _chain_keys(self, tokens: list[int]) -> list[int]:
         """``key(cached + tokens[:i + 1])`` for every i, rolling the key along the chain."""

@@ -7,7 +7,7 @@ Tensors are excluded from equality and shown by shape in ``repr``. Shapes are no
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Literal, Optional, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Literal, Optional, Protocol, Sequence, Union, runtime_checkable
 
 import attrs
 import torch
@@ -392,7 +392,7 @@ class Verdict:
 @attrs.frozen
 class ModelOutput:
     logits: torch.Tensor = tensor_field()  # [k, vocab] float32
-    hidden_states: Optional[torch.Tensor] = tensor_field(default=None)  # [k, hidden]
+    hidden_states: Optional[torch.Tensor] = tensor_field(default=None)  # [k, hidden] or [k, layers × hidden]
 
 
 class LanguageModel(Protocol):
@@ -420,8 +420,13 @@ class LanguageModel(Protocol):
         positions: Optional[torch.Tensor] = None,
         tree_mask: Optional[torch.Tensor] = None,
         logits_from: int = 0,
-        hidden: bool = False,
-    ) -> ModelOutput: ...
+        hidden: Union[bool, Sequence[int]] = False,
+    ) -> ModelOutput:
+        """Run ``tokens`` after the cached ones (appending them to the cache): logits [k - logits_from,
+        vocab]; hidden states of all k rows when ``hidden``: True = the last layer's (after the final
+        norm) [k, hidden]; a sequence of decoder-layer indices = the input of each of those layers
+        (i = 0 the embeddings), concatenated in order: [k, len(layers) × hidden]."""
+        ...
 
     def crop(self, length: int, rows: Sequence[int] = ()) -> None:
         """Keep the first ``length`` cached positions, then the cached ``rows`` (ascending indices
@@ -483,7 +488,8 @@ class Component:
     lists them): what the component relies on and what it supplies to the rest of the stack. The
     run supplies ``greedy`` (when ``sampling.temperature`` is 0), ``draft_model`` (the engine loads
     the ``draft`` model for a stack that needs it) and ``target_hidden`` (the target pass returns
-    hidden states); components supply the rest (a model drafter ``provides`` ``draft_probs`` and
+    hidden states: the last layer's, or, when the drafter object has a ``target_layers`` attribute,
+    the inputs of those decoder layers concatenated); components supply the rest (a model drafter ``provides`` ``draft_probs`` and
     ``draft_hidden``, which stop policies ``need``). A stack in which something needed is supplied
     by nobody is refused before any model loads, with one generic check.
     """
@@ -512,7 +518,7 @@ class StepRecord:
     verify_s: float
     draft_forwards: int
     stop_s: float = 0.0  # time spent in stop policies (part of draft_s)
-    target_hidden: Optional[torch.Tensor] = tensor_field(default=None)  # [k, hidden]
+    target_hidden: Optional[torch.Tensor] = tensor_field(default=None)  # [k, hidden] (or [k, layers × hidden])
     target_hidden_start: int = 0  # index in state.tokens of target_hidden's first row
     target_argmax: Optional[torch.Tensor] = tensor_field(default=None)  # [N + 1] int64, rows as target_logits
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Union
 
 import torch
 
@@ -24,6 +24,12 @@ def _quiet_transformers():
     transformers.utils.logging.disable_progress_bar()
     warnings.filterwarnings("ignore", module="transformers")
     return transformers
+
+
+def _layer_inputs(hidden_states: Sequence[torch.Tensor], layers: Sequence[int]) -> torch.Tensor:
+    """transformers' ``hidden_states`` (entry i: the input of decoder layer i, [1, k, hidden]) of
+    ``layers``, concatenated: [k, len(layers) × hidden]."""
+    return torch.cat([hidden_states[i][0] for i in layers], dim=-1)
 
 
 class HFTokenizer:
@@ -209,7 +215,7 @@ class HFModel:
         positions: Optional[torch.Tensor] = None,
         tree_mask: Optional[torch.Tensor] = None,
         logits_from: int = 0,
-        hidden: bool = False,
+        hidden: Union[bool, Sequence[int]] = False,
     ) -> ModelOutput:
         """Run ``tokens`` after the cached ones and append them to the cache.
 
@@ -217,7 +223,10 @@ class HFModel:
         token i attend to new token j, every cached token visible; or [k, cached + k] over the
         cached tokens too) score a token tree in one forward; by default the new tokens are causal
         and consecutive. Logits (float32) are returned for rows ``logits_from:``
-        only, and the last-layer hidden states for all rows when ``hidden``.
+        only, and hidden states for all rows when ``hidden``: True gives the last layer's (after the
+        final norm, [k, hidden]); a sequence of decoder-layer indices gives the input of each of those
+        layers (index i: the state entering layer i, 0 the embeddings, ``num_layers`` the last
+        layer's output after the final norm), concatenated in that order ([k, len(layers) × hidden]).
         """
         k = len(tokens)
         past = len(self._tokens)
@@ -230,24 +239,29 @@ class HFModel:
             mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
             kwargs["attention_mask"] = mask[None, None].to(self.device)
             kwargs["position_ids"] = (positions + past)[None].to(self.device)
+        layers = None if isinstance(hidden, bool) else tuple(int(i) for i in hidden)
+        if layers is not None and any(not 0 <= i <= self.num_layers for i in layers):
+            raise ValueError(f"hidden layers must lie in [0, {self.num_layers}], got {list(layers)}")
+        if layers is not None:
+            kwargs["output_hidden_states"] = True
         self.num_forwards += 1
         if self.vocab_subset is not None and logits_from < k:
-            last = self.model.base_model(input_ids=input_ids, **kwargs).last_hidden_state[0]  # after the norm
+            base = self.model.base_model(input_ids=input_ids, **kwargs)
+            last = base.last_hidden_state[0]  # after the norm
             rows = self._head_subset(last[logits_from:]).float().cpu()
             out_logits = torch.full((k - logits_from, self.vocab_size), float("-inf"))
             out_logits[:, self.vocab_subset] = rows
-            out_hidden = last if hidden else None
+            out_hidden = _layer_inputs(base.hidden_states, layers) if layers else (last if hidden else None)
         elif logits_from >= k and not hidden:
             self.model.base_model(input_ids=input_ids, **kwargs)
             out_logits = torch.empty(0, self.vocab_size)
             out_hidden = None
         else:
-            out = self.model(
-                input_ids=input_ids, logits_to_keep=max(k - logits_from, 1),
-                output_hidden_states=hidden, **kwargs,
-            )
+            kwargs.setdefault("output_hidden_states", bool(hidden))
+            out = self.model(input_ids=input_ids, logits_to_keep=max(k - logits_from, 1), **kwargs)
             out_logits = out.logits[0, -(k - logits_from):].float() if k > logits_from else \
                 torch.empty(0, self.vocab_size)
-            out_hidden = out.hidden_states[-1][0] if hidden else None
+            out_hidden = _layer_inputs(out.hidden_states, layers) if layers else \
+                (out.hidden_states[-1][0] if hidden else None)
         self._tokens.extend(int(t) for t in tokens)
         return ModelOutput(logits=out_logits.cpu(), hidden_states=out_hidden)

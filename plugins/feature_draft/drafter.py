@@ -1,4 +1,7 @@
-"""The ``eagle`` drafter: a feature-level draft (see model.py) reading the target's hidden states."""
+"""The ``eagle`` drafter: a feature-level draft (see model.py) reading the target's hidden states.
+
+``path`` names a folder written by ``pacer distill`` (manifest.json) or a published EAGLE-1/2 or
+EAGLE-3 checkpoint as downloaded (config.json + weights, see published.py)."""
 
 from __future__ import annotations
 
@@ -16,22 +19,28 @@ from pacer_core.sampling import logits_to_probs, sample
 from pacer_core.trees import TreeConfig, grow_level
 
 from .model import MANIFEST, WEIGHTS, FeatureDraft, KVCache
+from .published import load_published, weights_file
 
 DEFAULT_DRAFT = Path(__file__).parent / "default"
 
 
 @attrs.define
 class EagleConfig:
-    path: Optional[str] = None  # a folder written by `pacer distill`; None = the shipped default draft
+    path: Optional[str] = None  # a folder written by `pacer distill` or a published EAGLE/EAGLE-3
+    # checkpoint (config.json + pytorch_model.bin or model.safetensors); None = the shipped default draft
     allow_other_target: bool = False  # experts: use a draft distilled from another target
     tree: Optional[TreeConfig] = None  # grow a token tree ({topk, depth, nodes}); None = a chain
 
 
 def draft_folder(path: Optional[str]) -> Path:
+    """The draft folder ``path`` names: one ``pacer distill`` wrote (manifest.json) or a published
+    EAGLE checkpoint (config.json + weights); anything else is one ``InputError``."""
     folder = DEFAULT_DRAFT if path is None else Path(path).expanduser()
-    if not (folder / MANIFEST).exists():
-        hint = "the shipped draft is missing: reinstall" if path is None else "run `pacer distill` to make one"
-        raise InputError(f"'{folder}' is not a feature draft folder (no {MANIFEST}): {hint}")
+    if not (folder / MANIFEST).exists() and weights_file(folder) is None:
+        hint = "the shipped draft is missing: reinstall" if path is None else \
+            "run `pacer distill` to make one, or download a published EAGLE checkpoint"
+        raise InputError(f"'{folder}' is not a feature draft folder (no {MANIFEST}) nor an EAGLE checkpoint "
+                         f"(config.json with model.safetensors or pytorch_model.bin): {hint}")
     return folder
 
 
@@ -75,6 +84,42 @@ class EagleDrafter:
             raise InputError(f"the eagle drafter reads its target's weights, which this target "
                              f"({type(target).__name__}) does not show: give it a pacer_core.types.FeatureModel "
                              "such as pacer_core.hf.HFModel")
+        embed, head = target.embedding_weights()
+        device = embed.device
+        # float32 on the CPU (as the target's packed products); the target's dtype on an accelerator
+        self.dtype = torch.float32 if device.type == "cpu" else embed.dtype
+        packed = bool(target.packed_weights) and device.type == "cpu"  # pack as the target does
+        self.target_layers: Optional[tuple[int, ...]] = None  # target layers whose inputs the net reads
+        if (folder / MANIFEST).exists():
+            self.net, self.layout = self._own_draft(folder, config, target), "pacer"
+            subset = self.net.subset
+            self.draft_identity = draft_identity(folder)  # Resources.draft_identity of later components
+        else:  # a published EAGLE checkpoint
+            published = load_published(folder, target)
+            self.net, self.layout = published.net, published.layout
+            self.target_layers = published.target_layers  # the engine returns these layers' inputs
+            self.draft_identity = published.identity
+            subset = published.vocab if published.layout == "eagle3" else torch.arange(target.vocab_size)
+        self.net.to(device=device, dtype=self.dtype).requires_grad_(False)
+        self.embed = embed
+        if packed:
+            pack_linears(self.net)
+        if self.layout == "eagle3":
+            self.head = self.net.logits  # the draft's own norm and head over its vocabulary
+        elif self.layout == "eagle1":
+            self.head = PackedMatrix(head.to(self.dtype), pack=packed)  # the target's full head
+        else:
+            self.head = PackedMatrix(head[subset.to(device)].to(self.dtype), pack=packed)  # x @ [subset, hidden].T
+        self.subset = subset.cpu()  # target id of each draft logit
+        self.sampling = resources.sampling
+        self.vocab_size = target.vocab_size
+        self.tree = config.tree
+        self.hidden_size = target.hidden_size
+        self.pacer_start(None, None)
+
+    @staticmethod
+    def _own_draft(folder: Path, config: EagleConfig, target) -> FeatureDraft:
+        """A draft ``pacer distill`` wrote, checked against the target it was distilled from."""
         manifest = json.loads((folder / MANIFEST).read_text())
         target_digest = target.digest
         if target_digest and manifest.get("target_digest") != target_digest and not config.allow_other_target:
@@ -83,24 +128,13 @@ class EagleDrafter:
                 f"target is {target_digest}: distill a draft for it (`pacer distill`) or set "
                 "strategy.drafter.allow_other_target=true"
             )
-        self.net = FeatureDraft.load(folder)
-        self.draft_identity = draft_identity(folder)  # Resources.draft_identity of later components
-        if self.net.arch.vocab_size != target.vocab_size or self.net.arch.hidden_size != target.hidden_size:
+        net = FeatureDraft.load(folder)
+        if net.arch.vocab_size != target.vocab_size or net.arch.hidden_size != target.hidden_size:
             raise InputError(f"draft '{folder}' does not fit this target (vocabulary or hidden size differ)")
-        embed, head = target.embedding_weights()
-        self.embed = embed
-        packed = bool(target.packed_weights)  # pack as the target does
-        if packed:
-            pack_linears(self.net)
-        self.head = PackedMatrix(head[self.net.subset].float(), pack=packed)  # x @ [subset, hidden].T
-        self.subset = self.net.subset
-        self.sampling = resources.sampling
-        self.vocab_size = target.vocab_size
-        self.tree = config.tree
-        self.reset(torch.empty(0, self.net.arch.hidden_size))
+        return net
 
     def reset(self, features: torch.Tensor) -> None:
-        self.features = features.float()  # [F, hidden]: true target features of tokens 0..F-1
+        self.features = features  # [F, hidden]: the net's features of the true target states of tokens 0..F-1
         self.cache = KVCache()
         self.true_rows = 0  # leading cache rows fed with true features
         self.row_tokens: list[int] = []  # token x_{r+1} fed at row r
@@ -108,15 +142,24 @@ class EagleDrafter:
         self.level: Optional[_Level] = None  # the latest level of this step's tree (tree mode)
         self._row_mask: dict[int, torch.Tensor] = {}  # tree rows: the cache rows each may see
 
+    @torch.inference_mode()
+    def _fuse(self, target_hidden: torch.Tensor) -> torch.Tensor:
+        """The target's states ([k, hidden], or [k, 3 × hidden] of three layers for EAGLE-3) → the
+        features rows fed with them read ([k, hidden])."""
+        return self.net.fuse(target_hidden.to(self.embed.device, self.dtype))
+
     @hookimpl
     def pacer_start(self, state, target_hidden) -> None:
-        self.reset(target_hidden if target_hidden is not None else torch.empty(0, self.net.arch.hidden_size))
+        if target_hidden is None:
+            self.reset(torch.empty(0, self.hidden_size, dtype=self.dtype, device=self.embed.device))
+        else:
+            self.reset(self._fuse(target_hidden))
 
     @hookimpl
     def pacer_observe_step(self, state, step) -> None:
         if step.target_hidden is not None:
             start = step.target_hidden_start
-            self.features = torch.cat([self.features[:start], step.target_hidden.float()])
+            self.features = torch.cat([self.features[:start], self._fuse(step.target_hidden)])
 
     def _truncate_rows(self, keep: int) -> None:
         self.cache.crop(keep)
@@ -126,7 +169,7 @@ class EagleDrafter:
     @torch.inference_mode()
     def _feed(self, tokens: list[int], features: torch.Tensor) -> torch.Tensor:
         start = len(self.cache)
-        out = self.net(self.embed[tokens].float(), features, torch.arange(start, start + len(tokens)), self.cache)
+        out = self.net(self.embed[tokens].to(self.dtype), features, torch.arange(start, start + len(tokens)), self.cache)
         self.row_tokens.extend(tokens)
         self.row_out.extend(out.unbind(0))
         return out
@@ -155,14 +198,14 @@ class EagleDrafter:
     def _distribution(self, features: torch.Tensor) -> torch.Tensor:
         """The draft's distribution after each feature ([k, vocab]): sampling parameters applied
         (softmax under greedy), tokens outside the draft's vocabulary at 0."""
-        logits = self.head(features)  # [k, subset]
+        logits = self.head(features).float().cpu()  # [k, subset]
         probs = torch.softmax(logits, -1) if self.sampling.greedy else logits_to_probs(logits, self.sampling)
         full = torch.zeros(features.shape[0], self.vocab_size)
         full[:, self.subset] = probs
         return full
 
     def _choose(self, feature: torch.Tensor, generator) -> tuple[int, torch.Tensor]:
-        logits = self.head(feature[None])[0]  # [subset]
+        logits = self.head(feature[None])[0].float().cpu()  # [subset]
         if self.sampling.greedy:
             index, probs = int(logits.argmax()), torch.softmax(logits, -1)
         else:
@@ -261,7 +304,7 @@ class EagleDrafter:
                 seen = self._row_mask[parent_row]  # the parent's row and what it sees
                 mask[i, : seen.shape[0]] |= seen
         positions = torch.full((f,), base + level.depth - 1)
-        out = self.net(self.embed[level.tokens].float(), level.parent_features, positions, self.cache, mask)
+        out = self.net(self.embed[level.tokens].to(self.dtype), level.parent_features, positions, self.cache, mask)
         for i in range(f):
             self._row_mask[start + i] = mask[i]
         level.rows = [start + i for i in range(f)]
@@ -271,6 +314,7 @@ class EagleDrafter:
 def pacer_components() -> list[Component]:
     return [Component(
         "drafter", "eagle", EagleConfig, EagleDrafter,
-        "feature-level draft (EAGLE-style) distilled from the target; reads its hidden states",
+        "feature-level draft (EAGLE-style) distilled from the target, or a published EAGLE-1/2/3 checkpoint; "
+        "reads the target's hidden states",
         needs={"target_hidden"}, provides={"draft_probs", "draft_hidden"},
     )]

@@ -1,10 +1,15 @@
-"""The feature-level draft network (EAGLE-1 style), in plain torch.
+"""The feature-level draft networks (EAGLE family), in plain torch.
 
-At position t it reads the target's last-layer hidden state f_t (after the final norm) and the
-embedding of the next token x_{t+1}, and predicts f_{t+1}; the target's own output layer, restricted
-to a frequent-token subset of the vocabulary, turns the predicted feature into draft logits for
-x_{t+2}. Only the small network (fc + one decoder layer) is stored; the embeddings and the output
-layer are the target's.
+``FeatureDraft`` (EAGLE-1 style, also the layout of published EAGLE-1/2 checkpoints): at position t
+it reads the target's last-layer hidden state f_t (after the final norm) and the embedding of the
+next token x_{t+1}, and predicts f_{t+1}; the target's own output layer (restricted to a
+frequent-token subset of the vocabulary for the drafts `pacer distill` makes, the full one for
+EAGLE checkpoints) turns the predicted feature into draft logits for x_{t+2}. Only the small
+network (fc + one decoder layer) is stored; the embeddings and the output layer are the target's.
+
+``Eagle3Draft`` (EAGLE-3): the true rows read three target layers fused by ``fc``, the layer
+attends over [norm(embedding); norm(feature)], and the draft has its own norm and output layer
+over a reduced vocabulary (see published.py for the checkpoint layout).
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ class ArchConfig:
     rms_eps: float = 1e-5
     vocab_size: int = 49152  # the target's
     subset_size: int = 8192  # draft head: the most frequent corpus tokens
+    input_norm: bool = True  # RMS norm before attention (EAGLE-1 checkpoints have none in layer 0)
+    fc_bias: bool = False  # fc has a bias (EAGLE-1 checkpoints: their config's `bias`, default true)
 
 
 class RMSNorm(nn.Module):
@@ -43,14 +50,16 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        """Normalised in float32, then scaled in x's dtype (as Llama and EAGLE do in bf16/fp16)."""
+        wide = x.float()
+        return (wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
 
 
 def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """Rotary embedding (half-split layout) for x: [..., T, head_dim], positions: [T]."""
     half = x.shape[-1] // 2
-    freqs = theta ** (-torch.arange(half, dtype=torch.float32) / half)
-    angles = positions.float()[:, None] * freqs[None]  # [T, half]
+    freqs = theta ** (-torch.arange(half, dtype=torch.float32, device=x.device) / half)
+    angles = positions.to(x.device).float()[:, None] * freqs[None]  # [T, half]
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
@@ -79,6 +88,34 @@ class KVCache:
             self.keys, self.values = self.keys[:, :length], self.values[:, :length]
 
 
+def attend(layer: nn.Module, h: torch.Tensor, positions: torch.Tensor, cache: Optional[KVCache],
+           mask: Optional[torch.Tensor], shape: tuple[int, int, int, float]) -> torch.Tensor:
+    """Self-attention of ``layer`` (its q/k/v/o_proj) over h: [B, T, in] → [B, T, d], appending the
+    new keys and values to ``cache`` (B = 1 then). ``shape`` = (heads, kv_heads, head_dim, rope θ);
+    ``mask`` as in ``FeatureDraft.forward`` (None: causal, every cached row visible)."""
+    heads, kv_heads, head_dim, theta = shape
+    b, t, _ = h.shape
+    q = layer.q_proj(h).view(b, t, heads, head_dim).transpose(1, 2)
+    k = layer.k_proj(h).view(b, t, kv_heads, head_dim).transpose(1, 2)
+    v = layer.v_proj(h).view(b, t, kv_heads, head_dim).transpose(1, 2)
+    q, k = rope(q, positions, theta), rope(k, positions, theta)
+    past = 0
+    if cache is not None:
+        past = len(cache)
+        keys, values = cache.append(k[0], v[0])
+        k, v = keys[None], values[None]
+    groups = heads // kv_heads
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    if mask is None:
+        allowed = torch.ones(t, past + t, dtype=torch.bool).tril(past)
+    elif mask.shape[-1] == past + t:
+        allowed = mask
+    else:
+        allowed = torch.cat([torch.ones(t, past, dtype=torch.bool), mask.cpu()], dim=1)
+    attn = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed.to(q.device))
+    return layer.o_proj(attn.transpose(1, 2).reshape(b, t, -1))
+
+
 class FeatureDraft(nn.Module):
     """fc(concat(embedding(x_{t+1}), f_t)) → one pre-norm decoder layer → predicted f_{t+1}."""
 
@@ -86,8 +123,8 @@ class FeatureDraft(nn.Module):
         super().__init__()
         self.arch = arch
         d, h, kv, hd = arch.hidden_size, arch.num_heads, arch.num_kv_heads, arch.head_dim
-        self.fc = nn.Linear(2 * d, d, bias=False)
-        self.input_norm = RMSNorm(d, arch.rms_eps)
+        self.fc = nn.Linear(2 * d, d, bias=arch.fc_bias)
+        self.input_norm = RMSNorm(d, arch.rms_eps) if arch.input_norm else nn.Identity()
         self.q_proj = nn.Linear(d, h * hd, bias=False)
         self.k_proj = nn.Linear(d, kv * hd, bias=False)
         self.v_proj = nn.Linear(d, kv * hd, bias=False)
@@ -110,31 +147,16 @@ class FeatureDraft(nn.Module):
         if squeeze:
             token_embeds, features = token_embeds[None], features[None]
         a = self.arch
-        b, t, _ = features.shape
-        x = self.fc(torch.cat([token_embeds, features], dim=-1))
-        h = self.input_norm(x)
-        q = self.q_proj(h).view(b, t, a.num_heads, a.head_dim).transpose(1, 2)
-        k = self.k_proj(h).view(b, t, a.num_kv_heads, a.head_dim).transpose(1, 2)
-        v = self.v_proj(h).view(b, t, a.num_kv_heads, a.head_dim).transpose(1, 2)
-        q, k = rope(q, positions, a.rope_theta), rope(k, positions, a.rope_theta)
-        past = 0
-        if cache is not None:
-            past = len(cache)
-            keys, values = cache.append(k[0], v[0])
-            k, v = keys[None], values[None]
-        groups = a.num_heads // a.num_kv_heads
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        if mask is None:
-            allowed = torch.ones(t, past + t, dtype=torch.bool).tril(past)
-        elif mask.shape[-1] == past + t:
-            allowed = mask
-        else:
-            allowed = torch.cat([torch.ones(t, past, dtype=torch.bool), mask], dim=1)
-        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
-        x = x + self.o_proj(attn.transpose(1, 2).reshape(b, t, -1))
+        x = self.fc(torch.cat([token_embeds, features], dim=-1))  # EAGLE-1: cat((embeds, features))
+        x = x + attend(self, self.input_norm(x), positions, cache, mask,
+                       (a.num_heads, a.num_kv_heads, a.head_dim, a.rope_theta))
         h = self.post_norm(x)
         x = x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
         return x[0] if squeeze else x
+
+    def fuse(self, target_hidden: torch.Tensor) -> torch.Tensor:
+        """The feature a row fed with the target's hidden states reads: the states themselves."""
+        return target_hidden
 
     # -- storage -----------------------------------------------------------------------------
     def save(self, folder: Path, manifest: dict) -> None:
@@ -164,3 +186,64 @@ def head_logits(features: torch.Tensor, head_weight_subset: torch.Tensor) -> tor
     """Draft logits over the vocabulary subset: features [..., d] @ W_subset.T → [..., subset]."""
     return features @ head_weight_subset.T
 
+
+
+@attrs.define
+class Eagle3Arch:
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rope_theta: float
+    rms_eps: float
+    draft_vocab_size: int  # rows of the draft's own output layer
+    fused_size: int  # width of the fused target states fc reads (3 × the target's hidden size)
+
+
+class Eagle3Draft(nn.Module):
+    """EAGLE-3's draft network (SafeAILab/EAGLE ``eagle/model/cnets.py``), one layer:
+
+    g_t = fc([l_a; l_b; l_c]_t) for rows fed with the target's states (three layers' inputs), else the
+    predicted g of the row before; a_t = [input_norm(embed(x_{t+1})); hidden_norm(g_t)] (2d wide)
+    feeds q/k/v; ĝ = g_t + attn(a_t); ĝ += mlp(post_norm(ĝ)). Draft logits = lm_head(norm(ĝ)) over
+    the draft vocabulary (``d2t`` maps it to target ids in the drafter)."""
+
+    def __init__(self, arch: Eagle3Arch):
+        super().__init__()
+        self.arch = arch
+        d, h, kv, hd = arch.hidden_size, arch.num_heads, arch.num_kv_heads, arch.head_dim
+        self.fc = nn.Linear(arch.fused_size, d, bias=False)
+        self.hidden_norm = RMSNorm(d, arch.rms_eps)
+        self.input_norm = RMSNorm(d, arch.rms_eps)
+        self.q_proj = nn.Linear(2 * d, h * hd, bias=False)
+        self.k_proj = nn.Linear(2 * d, kv * hd, bias=False)
+        self.v_proj = nn.Linear(2 * d, kv * hd, bias=False)
+        self.o_proj = nn.Linear(h * hd, d, bias=False)
+        self.post_norm = RMSNorm(d, arch.rms_eps)
+        self.gate_proj = nn.Linear(d, arch.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(d, arch.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(arch.intermediate_size, d, bias=False)
+        self.norm = RMSNorm(d, arch.rms_eps)
+        self.lm_head = nn.Linear(d, arch.draft_vocab_size, bias=False)
+
+    def fuse(self, target_hidden: torch.Tensor) -> torch.Tensor:
+        """[k, fused] target states (three layers, concatenated) → [k, d] features."""
+        return self.fc(target_hidden)
+
+    def forward(self, token_embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
+                cache: Optional[KVCache] = None, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Predicted next features; arguments as ``FeatureDraft.forward`` (features already fused)."""
+        squeeze = token_embeds.dim() == 2
+        if squeeze:
+            token_embeds, features = token_embeds[None], features[None]
+        a = self.arch
+        h = torch.cat([self.input_norm(token_embeds), self.hidden_norm(features)], dim=-1)  # [B, T, 2d]
+        x = features + attend(self, h, positions, cache, mask, (a.num_heads, a.num_kv_heads, a.head_dim, a.rope_theta))
+        h = self.post_norm(x)
+        x = x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        return x[0] if squeeze else x
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        """[k, d] → [k, draft_vocab]: the draft's own head after its final norm."""
+        return self.lm_head(self.norm(features))

@@ -70,6 +70,14 @@ class Hybrid:
             raise InputError(f"hybrid: at most one member may use the draft model, got {', '.join(users)}; "
                              "keep one of them")
         self.draft_identity = getattr(self.members[0], "draft_identity", None)
+        # the target states the members read: the inputs of some layers (EAGLE-3) or the last layer's
+        readers = [(m.component.name, getattr(p, "target_layers", None))
+                   for m, p in zip(config.members, self.members) if "target_hidden" in m.component.needs]
+        if len({layers for _, layers in readers}) > 1:
+            raise InputError("hybrid: members read different target hidden states ("
+                             + ", ".join(f"{name}: {list(layers) if layers else 'last layer'}" for name, layers in readers)
+                             + "); keep members that read the same ones")
+        self.target_layers = readers[0][1] if readers else None  # the engine asks the target for these
         self.accepted: Counter[str] = Counter()
         self._sources: dict[tuple[int, ...], str] = {}  # root path of a merged node -> its member
 

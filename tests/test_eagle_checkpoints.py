@@ -1,0 +1,505 @@
+"""Published EAGLE checkpoints load into the ``eagle`` drafter from ``path`` alone.
+
+Checkpoints are written here in exactly the layouts SafeAILab/EAGLE publishes (EAGLE-1/2:
+``eagle/model/cnets1.py``; EAGLE-3: ``eagle/model/cnets.py`` with ``d2t``/``t2d``), from tiny
+configs with random weights, for tiny Llama targets. The drafter must keep greedy output equal to
+the target's (chains and trees, every stop policy, PACER), keep sampling exact (chi-square), compute
+what a plain re-implementation of the published math computes, and refuse bad checkpoints in one line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pacer_core import DecodeState, Draft, Engine, InputError, Resources, SamplingParams, hookimpl, load_config
+from pacer_core.testing import chisquare_pvalue, exact_continuation_probs
+from safetensors.torch import load_file, save_file
+
+from feature_draft.drafter import EagleConfig, EagleDrafter
+
+from helpers import (LENGTH, PASS_P, Planted, adapter, reference_greedy, sample_outputs, single_thread,
+                     tiny_llama, write_checkpoint)
+
+HIDDEN, HEADS, KV_HEADS, FFN = 32, 4, 2, 48  # the tiny targets' attention layout (tiny_llama)
+EAGLE3_LAYERS = 8  # EAGLE-3 reads the inputs of target layers 2, L // 2, L - 3: 2, 4, 5
+
+
+# -- writing checkpoints in the published layouts -------------------------------------------------
+def _save(folder: Path, config: dict, tensors: dict[str, torch.Tensor], fmt: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    tensors = {k: v.contiguous() for k, v in tensors.items()}
+    if fmt == "bin":
+        torch.save(tensors, folder / "pytorch_model.bin")
+    else:
+        save_file(tensors, str(folder / "model.safetensors"))
+    return folder
+
+
+def _llama_config(vocab: int, **extra) -> dict:
+    """The one-layer Llama config.json an EAGLE checkpoint ships."""
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+            "hidden_size": HIDDEN, "intermediate_size": FFN, "num_attention_heads": HEADS,
+            "num_key_value_heads": KV_HEADS, "num_hidden_layers": 1, "max_position_embeddings": 256,
+            "rms_norm_eps": 1e-6, "vocab_size": vocab, "torch_dtype": "float32", **extra}
+
+
+def _randn(generator, *shape, std=0.2):
+    return torch.randn(*shape, generator=generator) * std
+
+
+def _norm_weight(generator):
+    return 1.0 + _randn(generator, HIDDEN, std=0.1)
+
+
+def bigram(model):
+    """``model`` with every layer's attention and MLP output zeroed: its next-token distribution is
+    softmax(W · norm(embed(x_t))), which a feature draft can copy (see ``write_eagle1``)."""
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+    return model
+
+
+def write_eagle1(folder: Path, target_model, fmt: str = "bin", bias: bool = True, seed: int = 0,
+                 passthrough: bool = False, drop: str = "", **config) -> Path:
+    """An EAGLE-1/2 checkpoint for ``target_model``. ``passthrough`` (for a ``bigram`` target): fc
+    scales embed(x_{t+1}) to the size the final norm gives it (HF initialises embeddings with std 0.02)
+    and the layer adds little, so the draft predicts roughly the target's next distribution."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = target_model.config.vocab_size
+    fc = _randn(g, HIDDEN, 2 * HIDDEN)
+    small = 0.2
+    if passthrough:
+        fc = torch.cat([50.0 * torch.eye(HIDDEN) + _randn(g, HIDDEN, HIDDEN, std=5.0),
+                        _randn(g, HIDDEN, HIDDEN, std=0.05)], 1)
+        small = 0.01
+    tensors = {
+        "fc.weight": fc,
+        "layers.0.self_attn.q_proj.weight": _randn(g, HEADS * 8, HIDDEN),
+        "layers.0.self_attn.k_proj.weight": _randn(g, KV_HEADS * 8, HIDDEN),
+        "layers.0.self_attn.v_proj.weight": _randn(g, KV_HEADS * 8, HIDDEN),
+        "layers.0.self_attn.o_proj.weight": _randn(g, HIDDEN, HEADS * 8, std=small),
+        "layers.0.post_attention_layernorm.weight": _norm_weight(g),
+        "layers.0.mlp.gate_proj.weight": _randn(g, FFN, HIDDEN),
+        "layers.0.mlp.up_proj.weight": _randn(g, FFN, HIDDEN),
+        "layers.0.mlp.down_proj.weight": _randn(g, HIDDEN, FFN, std=small),
+        # EAGLE-1 checkpoints carry a copy of the target's embeddings: ignored
+        "embed_tokens.weight": target_model.model.embed_tokens.weight.detach().clone(),
+    }
+    if bias:
+        tensors["fc.bias"] = _randn(g, HIDDEN, std=0.02 if passthrough else 0.2)
+    tensors.pop(drop, None)
+    cfg = _llama_config(vocab, rope_theta=5000.0, bias=bias)  # a θ of its own: it must be honoured
+    cfg.update(config)
+    return _save(folder, cfg, tensors, fmt)
+
+
+def write_eagle3(folder: Path, target_model, draft_vocab: int, fmt: str = "safetensors", seed: int = 0,
+                 drop: str = "", **config) -> Path:
+    """An EAGLE-3 checkpoint for ``target_model``: its head covers ``draft_vocab`` target tokens (every
+    other one first, then the lowest ids left), mapped by d2t/t2d. Its config has no rope_theta, like
+    EAGLE's own training config (EAGLE then uses 10000)."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = target_model.config.vocab_size
+    chosen = sorted((list(range(0, vocab, 2)) + [i for i in range(vocab) if i % 2])[:draft_vocab])
+    d2t = torch.tensor(chosen) - torch.arange(draft_vocab)
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[chosen] = True
+    tensors = {
+        "fc.weight": _randn(g, HIDDEN, 3 * HIDDEN),
+        "midlayer.hidden_norm.weight": _norm_weight(g),
+        "midlayer.input_layernorm.weight": _norm_weight(g),
+        "midlayer.self_attn.q_proj.weight": _randn(g, HEADS * 8, 2 * HIDDEN),
+        "midlayer.self_attn.k_proj.weight": _randn(g, KV_HEADS * 8, 2 * HIDDEN),
+        "midlayer.self_attn.v_proj.weight": _randn(g, KV_HEADS * 8, 2 * HIDDEN),
+        "midlayer.self_attn.o_proj.weight": _randn(g, HIDDEN, HEADS * 8),
+        "midlayer.post_attention_layernorm.weight": _norm_weight(g),
+        "midlayer.mlp.gate_proj.weight": _randn(g, FFN, HIDDEN),
+        "midlayer.mlp.up_proj.weight": _randn(g, FFN, HIDDEN),
+        "midlayer.mlp.down_proj.weight": _randn(g, HIDDEN, FFN),
+        "norm.weight": _norm_weight(g),
+        "lm_head.weight": _randn(g, draft_vocab, HIDDEN, std=1.0),
+        "d2t": d2t,
+        "t2d": t2d,
+    }
+    tensors.pop(drop, None)
+    cfg = _llama_config(vocab, draft_vocab_size=draft_vocab)
+    cfg.update(config)
+    return _save(folder, cfg, tensors, fmt)
+
+
+def eagle3_target(vocab: int = 64, scale: float = 6.0):
+    return tiny_llama(0, vocab=vocab, layers=EAGLE3_LAYERS, scale=scale)
+
+
+def engine_for(target_model, folder, stop="{name: fixed, gamma: 3}", tree=None, extra=(), eos=True, digest=None):
+    target = adapter(target_model, eos=eos)
+    target.digest = digest
+    drafter = f"{{name: eagle, path: '{folder}'" + (f", tree: {tree}" if tree else "") + "}"
+    cfg = load_config(overrides=[f"strategy.drafter={drafter}", f"strategy.stop=[{stop}]", *extra],
+                      require_models=False)
+    return Engine.build(target, cfg=cfg)
+
+
+def drafter_of(engine):
+    return next(p for p in engine.pm.get_plugins() if type(p).__name__ == "EagleDrafter")
+
+
+LAYOUTS = {
+    "eagle1-bin": lambda t, d: write_eagle1(d, t, "bin"),
+    "eagle1-safetensors-nobias": lambda t, d: write_eagle1(d, t, "safetensors", bias=False, passthrough=True),  # bigram
+    "eagle3": lambda t, d: write_eagle3(d, t, draft_vocab=40),
+}
+TREE = "{topk: 3, depth: 4, nodes: 12}"
+
+
+def layout_target(layout: str):
+    if layout == "eagle3":
+        return eagle3_target()
+    target_model = tiny_llama(0, scale=6.0)
+    return bigram(target_model) if layout == "eagle1-safetensors-nobias" else target_model
+
+
+# -- greedy output is the target's --------------------------------------------------------------
+@pytest.mark.parametrize("tree", [None, TREE], ids=["chain", "tree"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_greedy_output_is_the_targets(tmp_path, layout, tree):
+    target_model = layout_target(layout)
+    folder = LAYOUTS[layout](target_model, tmp_path / "ckpt")
+    assert not (folder / "manifest.json").exists()
+    engine = engine_for(target_model, folder, tree=tree)
+    drafter = drafter_of(engine)
+    assert drafter.layout == layout.split("-")[0]
+    assert engine.target_hidden == ((2, 4, 5) if layout == "eagle3" else True)
+    accepted = 0
+    for prompt in ([1, 7, 9, 7, 9, 7], list(range(3, 30)), [5]):
+        result = engine.generate(prompt, max_new_tokens=24)
+        assert result.tokens == reference_greedy(target_model, prompt, 24), prompt
+        accepted += result.metrics["accepted"]
+        if len(prompt) > 1:
+            assert result.metrics["drafted"] > 0 and result.metrics["draft_forwards"] > 0
+    if layout == "eagle1-safetensors-nobias":  # the pass-through draft is often right
+        assert accepted > 0
+
+
+@pytest.mark.parametrize("stop", ["{name: heuristic}", "{name: entropy}", "{name: svip}", "{name: confidence}"])
+@pytest.mark.parametrize("layout", ["eagle1-bin", "eagle3"])
+def test_every_stop_policy_runs_on_a_published_checkpoint(tmp_path, layout, stop):
+    target_model = layout_target(layout)
+    folder = LAYOUTS[layout](target_model, tmp_path / "ckpt")
+    prompt = [1, 7, 9, 7, 9, 7, 3, 4]
+    for tree in (None, TREE):
+        result = engine_for(target_model, folder, stop=stop, tree=tree).generate(prompt, max_new_tokens=16)
+        assert result.tokens == reference_greedy(target_model, prompt, 16)
+
+
+def test_tokens_outside_the_eagle3_draft_vocabulary_have_q_zero(tmp_path):
+    target_model = eagle3_target(scale=2.0)
+    folder = write_eagle3(tmp_path / "ckpt", target_model, draft_vocab=40)
+    seen = []
+
+    class Probe:
+        @hookimpl
+        def pacer_observe_step(self, state, step):
+            if step.draft.num_nodes:
+                seen.append(step.draft.tree)
+
+    for tree in (None, TREE):
+        engine = engine_for(target_model, folder, tree=tree, extra=["sampling.temperature=0.9"])
+        engine.pm.register(Probe())
+        engine.generate([1, 7, 9, 7], max_new_tokens=12, seed=1)
+    outside = torch.ones(64, dtype=torch.bool)
+    outside[drafter_of(engine).subset] = False  # the 24 target tokens the draft's head does not cover
+    assert int(outside.sum()) == 24
+    probs = torch.cat([t.draft_probs for t in seen])
+    assert torch.allclose(probs.sum(-1), torch.ones(len(probs)), atol=1e-5)
+    assert probs[:, outside].abs().max() == 0
+    assert not outside[torch.cat([t.tokens for t in seen])].any()
+
+
+def test_an_eagle3_member_of_a_hybrid_gets_its_layers(tmp_path):
+    from helpers import make_draft
+
+    target_model = eagle3_target()
+    folder = write_eagle3(tmp_path / "ckpt", target_model, draft_vocab=40)
+    members = f"[{{name: eagle, path: '{folder}', tree: {TREE}}}, {{name: prompt_lookup}}]"
+    cfg = load_config(overrides=[f"strategy.drafter={{name: hybrid, members: {members}}}",
+                                 "strategy.stop=[{name: fixed, gamma: 4}]"], require_models=False)
+    engine = Engine.build(adapter(target_model), cfg=cfg)
+    assert engine.target_hidden == (2, 4, 5)
+    prompt = [1, 7, 9, 7, 9, 7, 9, 7]
+    assert engine.generate(prompt, max_new_tokens=16).tokens == reference_greedy(target_model, prompt, 16)
+    own = make_draft(target_model, tmp_path / "own")  # reads the last layer: the two cannot share a pass
+    members = f"[{{name: eagle, path: '{folder}'}}, {{name: eagle, path: '{own}'}}]"
+    cfg = load_config(overrides=[f"strategy.drafter={{name: hybrid, members: {members}}}"], require_models=False)
+    with pytest.raises(InputError, match=r"members read different target hidden states \(eagle: \[2, 4, 5\], eagle: last"):
+        Engine.build(adapter(target_model), cfg=cfg)
+
+
+# -- the math equals a plain implementation of the published networks ------------------------------
+def _rms(x, weight, eps=1e-6):
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def _rotate_half(x):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def _reference_attention(x, t, prefix, theta):
+    """LlamaAttention of EAGLE's cnets: causal over x [T, in] at positions 0..T-1; head_dim = H / heads."""
+    n, head_dim = x.shape[0], HIDDEN // HEADS
+    q = (x @ t[prefix + "q_proj.weight"].T).view(n, HEADS, head_dim).transpose(0, 1)
+    k = (x @ t[prefix + "k_proj.weight"].T).view(n, KV_HEADS, head_dim).transpose(0, 1)
+    v = (x @ t[prefix + "v_proj.weight"].T).view(n, KV_HEADS, head_dim).transpose(0, 1)
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2).float() / head_dim))
+    freqs = torch.outer(torch.arange(n).float(), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+    q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    k, v = k.repeat_interleave(HEADS // KV_HEADS, 0), v.repeat_interleave(HEADS // KV_HEADS, 0)
+    scores = q @ k.transpose(1, 2) / math.sqrt(head_dim)
+    scores = scores.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), torch.finfo(torch.float32).min)
+    out = (scores.softmax(-1) @ v).transpose(0, 1).reshape(n, HEADS * head_dim)
+    return out @ t[prefix + "o_proj.weight"].T
+
+
+def _reference_mlp(x, t, prefix):
+    return (F.silu(x @ t[prefix + "gate_proj.weight"].T) * (x @ t[prefix + "up_proj.weight"].T)) @ \
+        t[prefix + "down_proj.weight"].T
+
+
+def reference_eagle1(t, embeds, features):
+    """cnets1.Model.forward + LlamaDecoderLayer(index 0): rows [T] → predicted features [T, H]."""
+    x = torch.cat((embeds, torch.stack(features)), dim=-1) @ t["fc.weight"].T + t.get("fc.bias", 0.0)
+    x = x + _reference_attention(x, t, "layers.0.self_attn.", 5000.0)  # no input_layernorm in layer 0
+    return x + _reference_mlp(_rms(x, t["layers.0.post_attention_layernorm.weight"]), t, "layers.0.mlp.")
+
+
+def reference_eagle3(t, embeds, hidden):
+    """cnets.Model.forward + LlamaDecoderLayeremb: hidden rows are fc'd when 3H wide (true target
+    states), else used as they are (the draft's own predictions)."""
+    hidden = torch.stack([h @ t["fc.weight"].T if h.shape[-1] == 3 * HIDDEN else h for h in hidden])
+    x = torch.cat((_rms(embeds, t["midlayer.input_layernorm.weight"]),
+                   _rms(hidden, t["midlayer.hidden_norm.weight"])), dim=-1)
+    x = hidden + _reference_attention(x, t, "midlayer.self_attn.", 10000.0)
+    return x + _reference_mlp(_rms(x, t["midlayer.post_attention_layernorm.weight"]), t, "midlayer.mlp.")
+
+
+@pytest.mark.parametrize("layout", ["eagle1", "eagle3"])
+def test_one_draft_step_equals_the_published_math(tmp_path, layout):
+    """Two draft tokens after a prompt: the first from rows fed with the target's states, the second
+    from a row fed with the draft's own prediction; probabilities and hidden states must match."""
+    target_model = eagle3_target() if layout == "eagle3" else tiny_llama(0, scale=6.0)
+    if layout == "eagle3":
+        folder = write_eagle3(tmp_path / "ckpt", target_model, draft_vocab=40)
+        tensors = load_file(str(folder / "model.safetensors"))
+    else:
+        folder = write_eagle1(tmp_path / "ckpt", target_model)
+        tensors = torch.load(folder / "pytorch_model.bin", weights_only=True)
+    prompt = [1, 7, 9, 7, 9, 7, 3]
+    with torch.no_grad():
+        states = target_model(torch.tensor([prompt[:-1]]), output_hidden_states=True).hidden_states
+    embed = target_model.model.embed_tokens.weight.detach()
+    head = target_model.lm_head.weight.detach()
+    vocab = head.shape[0]
+
+    def reference_probs(feature):
+        if layout == "eagle1":
+            return torch.softmax(feature @ head.T, -1)
+        ids = torch.arange(40) + tensors["d2t"]
+        full = torch.zeros(vocab)
+        full[ids] = torch.softmax(_rms(feature, tensors["norm.weight"]) @ tensors["lm_head.weight"].T, -1)
+        return full
+
+    # row r reads (x_{r+1}, target state of token r); the last row predicts the first draft token
+    if layout == "eagle1":
+        rows = [s for s in states[-1][0]]  # the last layer after the final norm
+        predict = reference_eagle1
+    else:
+        rows = list(torch.cat([states[2][0], states[4][0], states[5][0]], -1))  # inputs of layers 2, 4, 5
+        predict = reference_eagle3
+    embeds = embed[prompt[1:]]
+    out = predict(tensors, embeds, rows)
+    first_probs = reference_probs(out[-1])
+    first = int(first_probs.argmax())
+    out2 = predict(tensors, torch.cat([embeds, embed[[first]]]), rows + [out[-1]])
+    second_probs = reference_probs(out2[-1])
+
+    target = adapter(target_model)
+    sampling = SamplingParams()
+    drafter = EagleDrafter(EagleConfig(path=str(folder)), Resources(target=target, draft=None, sampling=sampling))
+    target.reset()
+    prefill = target.forward(prompt[:-1], logits_from=len(prompt) - 1, hidden=drafter.target_layers or True)
+    state = DecodeState(list(prompt), len(prompt), 8, sampling, torch.Generator().manual_seed(0), frozenset())
+    drafter.pacer_start(state=state, target_hidden=prefill.hidden_states)
+    block = drafter.pacer_propose(state=state, draft=Draft(), num_tokens=2)
+    assert block.tokens.tolist() == [first, int(second_probs.argmax())]
+    assert torch.allclose(block.draft_probs, torch.stack([first_probs, second_probs]), atol=1e-5)
+    assert torch.allclose(block.hidden_states, torch.stack([out[-1], out2[-1]]), atol=1e-5)
+
+
+def test_the_target_pass_returns_the_declared_layers_inputs():
+    target_model = eagle3_target()
+    target = adapter(target_model)
+    tokens = [1, 7, 9, 7, 9]
+    with torch.no_grad():
+        states = target_model(torch.tensor([tokens]), output_hidden_states=True).hidden_states
+    out = target.forward(tokens, hidden=(2, 4, 5))
+    assert out.hidden_states.shape == (5, 3 * HIDDEN)
+    assert torch.allclose(out.hidden_states, torch.cat([states[2][0], states[4][0], states[5][0]], -1), atol=1e-6)
+    target.use_vocab_subset(list(range(40)))  # the subset path returns the same states
+    target.reset()
+    assert torch.allclose(target.forward(tokens, hidden=(2, 4, 5)).hidden_states, out.hidden_states, atol=1e-6)
+    target.reset()
+    last = target.forward(tokens, hidden=(EAGLE3_LAYERS,)).hidden_states  # L: after the final norm
+    assert torch.allclose(last, states[-1][0], atol=1e-6)
+    with pytest.raises(ValueError, match="hidden layers"):
+        target.forward([3], hidden=(EAGLE3_LAYERS + 1,))
+
+
+# -- sampling stays exact -----------------------------------------------------------------------------
+HF_VOCAB, HF_PROMPT = 16, [3, 7, 11, 5]
+
+
+@pytest.mark.parametrize("layout,tree,samples", [
+    ("eagle1", None, 800),  # sampled chains: q from the target's head
+    ("eagle1", "{topk: 2, depth: 3, nodes: 6}", 600),  # top-k children: point masses
+    ("eagle3", None, 300),  # the draft's own head: q = 0 outside its 12-token vocabulary
+], ids=["eagle1-chain", "eagle1-tree", "eagle3-chain"])
+def test_sampling_matches_the_target_distribution(tmp_path, layout, tree, samples):
+    with single_thread():
+        if layout == "eagle1":
+            target_model = bigram(tiny_llama(0, vocab=HF_VOCAB, scale=25.0))
+            folder = write_eagle1(tmp_path / "ckpt", target_model, passthrough=True)
+        else:  # seven layers, the fewest EAGLE-3 reads three distinct layers of
+            target_model = tiny_llama(0, vocab=HF_VOCAB, layers=7, scale=25.0)
+            folder = write_eagle3(tmp_path / "ckpt", target_model, draft_vocab=12)
+        engine = engine_for(target_model, folder, stop="{name: fixed, gamma: 2}", tree=tree, eos=False,
+                            extra=["sampling.temperature=1.0", "strategy.verifier={name: speculative_sampling}",
+                                   "generation.ignore_eos=true"])
+        outputs, steps = sample_outputs(engine, HF_PROMPT, samples)
+        expected = exact_continuation_probs(adapter(target_model, eos=False), HF_PROMPT, LENGTH, engine.sampling)
+        p_value = chisquare_pvalue(outputs, expected)
+    print(f"{layout} {tree}: p = {p_value:.4g}, steps/generation = {steps:.2f}")
+    assert p_value > PASS_P
+    assert steps < LENGTH - (0.3 if layout == "eagle1" else 0.02)  # draft tokens were accepted
+
+
+# -- PACER on top -------------------------------------------------------------------------------------
+def test_pacer_refuses_a_published_draft_without_a_pre_verifier_for_it(tmp_path):
+    target_model = tiny_llama(0, scale=6.0)
+    folder = write_eagle1(tmp_path / "ckpt", target_model)
+    for digest in (None, "aaaa"):
+        with pytest.raises(InputError) as info:
+            engine_for(target_model, folder, stop="{name: pacer}", digest=digest)
+        message = str(info.value)
+        assert "\n" not in message and "train-preverify" in message and "eagle1:" in message
+
+
+@pytest.mark.parametrize("layout", ["eagle1", "eagle3"])
+def test_pacer_runs_with_a_pre_verifier_trained_for_the_pair(tmp_path, layout):
+    target_model = layout_target("eagle3" if layout == "eagle3" else "eagle1-bin")
+    folder = LAYOUTS["eagle3" if layout == "eagle3" else "eagle1-bin"](target_model, tmp_path / "ckpt")
+    identity = drafter_of(engine_for(target_model, folder)).draft_identity
+    assert identity.startswith(f"{layout}:")
+    mb = write_checkpoint(tmp_path / "mb", HIDDEN, target_digest="aaaa", draft_identity=identity)
+    prompt = [1, 7, 9, 7, 9, 7, 3, 4]
+    for tree in (None, TREE):
+        engine = engine_for(target_model, folder, stop=f"{{name: pacer, checkpoint: '{mb}', t0: 0.0, t_max: 0.0}}",
+                            tree=tree, digest="aaaa")
+        result = engine.generate(prompt, max_new_tokens=16)
+        assert result.tokens == reference_greedy(target_model, prompt, 16)
+        assert result.metrics["drafted"] > 0
+    other = write_checkpoint(tmp_path / "mb-other", HIDDEN, target_digest="aaaa", draft_identity=f"{layout}:0123")
+    with pytest.raises(InputError, match="train-preverify"):
+        engine_for(target_model, folder, stop=f"{{name: pacer, checkpoint: '{other}'}}", digest="aaaa")
+
+
+# -- one-line refusals --------------------------------------------------------------------------------
+def refusal(target_model, folder) -> str:
+    with pytest.raises(InputError) as info:
+        engine_for(target_model, folder)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_a_checkpoint_for_another_hidden_size_or_vocabulary_is_refused(tmp_path):
+    target_model = tiny_llama(0)
+    other = tiny_llama(0, hidden=48)
+    folder = write_eagle1(tmp_path / "wide", other)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(hidden_size=48)
+    (folder / "config.json").write_text(json.dumps(config))
+    assert "hidden size 48, but the target's is 32" in refusal(target_model, folder)
+    folder = write_eagle1(tmp_path / "vocab", target_model, vocab_size=80)
+    assert "vocabulary of 80 tokens, but the target's has 64" in refusal(target_model, folder)
+    folder = write_eagle1(tmp_path / "embed", tiny_llama(0, vocab=80))
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "vocab_size": 64}))
+    assert "embeddings of shape (80, 32)" in refusal(target_model, folder)
+    small = eagle3_target()
+    folder = write_eagle3(tmp_path / "d2t", small, draft_vocab=40)
+    assert "vocabulary of 64 tokens, but the target's has 16" in refusal(eagle3_target(vocab=16), folder)
+    assert "at least 7 decoder layers" in refusal(tiny_llama(0, layers=4), write_eagle3(tmp_path / "short", small, 40))
+
+
+@pytest.mark.parametrize("layout,drop", [("eagle1", "layers.0.mlp.up_proj.weight"), ("eagle1", "fc.bias"),
+                                         ("eagle3", "midlayer.hidden_norm.weight"), ("eagle3", "d2t")])
+def test_a_missing_tensor_is_refused(tmp_path, layout, drop):
+    if layout == "eagle1":
+        target_model = tiny_llama(0)
+        folder = write_eagle1(tmp_path / "ckpt", target_model, drop=drop)
+    else:
+        target_model = eagle3_target()
+        folder = write_eagle3(tmp_path / "ckpt", target_model, draft_vocab=40, drop=drop)
+    assert f"has no tensor '{drop}'" in refusal(target_model, folder)
+
+
+def test_a_wrongly_shaped_tensor_or_a_bad_token_map_is_refused(tmp_path):
+    target_model = eagle3_target()
+    folder = write_eagle3(tmp_path / "ckpt", target_model, draft_vocab=40, intermediate_size=40)
+    assert "'midlayer.mlp.gate_proj.weight' has shape (48, 32)" in refusal(target_model, folder)
+    folder = write_eagle3(tmp_path / "t2d", target_model, draft_vocab=40)
+    tensors = load_file(str(folder / "model.safetensors"))
+    tensors["t2d"] = ~tensors["t2d"]
+    save_file(tensors, str(folder / "model.safetensors"))
+    assert "t2d and d2t disagree" in refusal(target_model, folder)
+    tensors["d2t"] = tensors["d2t"] + 30
+    save_file(tensors, str(folder / "model.safetensors"))
+    assert "outside the target's 64 tokens" in refusal(target_model, folder)
+
+
+def test_an_unreadable_file_is_refused(tmp_path):
+    target_model = tiny_llama(0)
+    folder = write_eagle1(tmp_path / "bin", target_model)
+    weights = folder / "pytorch_model.bin"
+    weights.write_bytes(weights.read_bytes()[:200])
+    assert "cannot be loaded as PyTorch weights" in refusal(target_model, folder)
+    folder = write_eagle1(tmp_path / "st", target_model, fmt="safetensors")
+    (folder / "model.safetensors").write_bytes(b"not safetensors at all")
+    assert "cannot be read as safetensors" in refusal(target_model, folder)
+    folder = write_eagle1(tmp_path / "json", target_model)
+    (folder / "config.json").write_text("{not json")
+    assert "config.json' cannot be read as JSON" in refusal(target_model, folder)
+    # a pickle that would run code is refused without running it (weights_only=True)
+    marker = tmp_path / "planted"
+    folder = write_eagle1(tmp_path / "planted-ckpt", target_model)
+    torch.save({"fc.weight": Planted(str(marker))}, folder / "pytorch_model.bin")
+    assert "cannot be loaded as PyTorch weights" in refusal(target_model, folder)
+    assert not marker.exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert "nor an EAGLE checkpoint" in refusal(target_model, empty)
+    folder = write_eagle1(tmp_path / "foreign", target_model)
+    torch.save({"model.layers.0.mlp.up_proj.weight": torch.zeros(2)}, folder / "pytorch_model.bin")
+    assert "neither EAGLE-1/2 tensors" in refusal(target_model, folder)
