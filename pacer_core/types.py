@@ -175,7 +175,9 @@ class TokenTree:
 
     @property
     def is_chain(self) -> bool:
-        return bool((self.parents == torch.arange(len(self)) - 1).all())
+        """Every node is on the main path (side nodes continuing the main path's tip make a
+        chain-shaped tree that is not a chain: a chain verifier's ``accepted`` counts main-path nodes)."""
+        return len(self.main_path) == len(self) and bool((self.parents == torch.arange(len(self)) - 1).all())
 
     def path_to(self, node: int) -> list[int]:
         """Node indices from the root's child down to ``node`` (empty for the root, -1)."""
