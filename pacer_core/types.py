@@ -317,10 +317,12 @@ class Draft:
             side = block.side
             new_side = None
             if side is not None and len(side):
-                rows = [j for j in range(len(side)) if keep[total + n + j] and int(side.parents[j]) in old_to_new]
-                for j in rows:
-                    old_to_new[total + n + j] = next_index
-                    next_index += 1
+                rows = []  # in order: a side node's parent may be an earlier side node of this block
+                for j, parent in enumerate(side.parents.tolist()):
+                    if keep[total + n + j] and parent in old_to_new:
+                        rows.append(j)
+                        old_to_new[total + n + j] = next_index
+                        next_index += 1
                 if rows:
                     index = torch.tensor(rows, dtype=torch.long)
                     new_side = SideNodes(side.tokens[index],
