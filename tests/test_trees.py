@@ -25,19 +25,28 @@ through the engine, and the exact distribution of tree sampling.
 from __future__ import annotations
 
 import functools
+import importlib.util
+import multiprocessing
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 from typing import Optional
 
 import attrs
 import pytest
 import torch
 
-from pacer_core import Component, Draft, DraftBlock, Engine, SideNodes, hookimpl, load_config
-from pacer_core.acceptance import greedy_verify
+from pacer_core import Component, Draft, DraftBlock, Engine, SideNodes, Verdict, hookimpl, load_config
+from pacer_core.acceptance import greedy_verify, residual_distribution
 from pacer_core.engine import tree_layout
 from pacer_core.registry import components, new_plugin_manager
-from pacer_core.testing import ScriptedLM, random_table
+from pacer_core.sampling import logits_to_probs, sample
+from pacer_core.testing import ScriptedLM, chisquare_pvalue, exact_continuation_probs, random_table
 
-from helpers import EOS, VOCAB, adapter, reference_greedy, tiny_llama, with_eos_bias, write_checkpoint
+from helpers import (DRAFT_TABLE, EOS, LENGTH, PASS_P, PROMPT, SAMPLINGS, SCRIPTED_VOCAB, TARGET_TABLE, VOCAB, adapter,
+                     build_engine, reference_greedy, sample_outputs, single_thread, tiny_llama, with_eos_bias,
+                     write_checkpoint)
 
 BUDGET = 30
 PROMPTS = {"plain": [5, 9, 13, 7, 22], "one_token": [17], "repetitive": [5, 9, 13, 5, 9, 13, 5, 9]}
@@ -616,3 +625,214 @@ def test_many_scripted_tree_runs_equal_greedy(stop):
         engine = tree_engine(plugin, target, BASE_STOPS[stop], VERIFIERS[seed % 2])
         result = engine.generate(prompt, max_new_tokens=40)
         assert result.tokens == sequence[len(prompt): len(prompt) + 40], seed
+
+
+# -- exact distribution of sampled trees -----------------------------------------------------------
+TREE_SAMPLES = 5_000
+FAIL_P = 1e-6  # a wrong verifier must fall below this one
+WORKERS = int(os.environ.get("PACER_TEST_WORKERS", "2"))
+
+
+@attrs.define
+class SampledTreeConfig:
+    width: int = attrs.field(default=2, validator=attrs.validators.ge(1))  # children per node
+    depth: int = attrs.field(default=2, validator=attrs.validators.ge(1))  # levels per step
+    sampled: bool = True  # children drawn i.i.d. from the draft (duplicates allowed), else its top-k
+
+
+class SampledTree:
+    """A full tree drafter on a ``ScriptedLM`` draft: every node of the last level gets ``width``
+    children, one level per ``pacer_propose``; the main path is each main node's first child.
+    Children are drawn i.i.d. from the draft's distribution after their parent (``sampled``), or
+    are its ``width`` most likely tokens (point masses for the verifier)."""
+
+    def __init__(self, config: SampledTreeConfig, resources):
+        self.config, self.draft_lm, self.sampling = config, resources.draft, resources.sampling
+        self.frontier: list[tuple[int, list[int]]] = []  # (tree node, its root path's context), main tip first
+        self._q: dict[int, torch.Tensor] = {}  # the draft's filtered distribution by context key, [vocab]
+
+    def q(self, context: list[int]) -> torch.Tensor:
+        key = self.draft_lm.key(context)
+        if key not in self._q:
+            self._q[key] = logits_to_probs(self.draft_lm.next_logits(context), self.sampling)
+        return self._q[key]
+
+    @hookimpl
+    def pacer_propose(self, state, draft, num_tokens) -> Optional[DraftBlock]:
+        c = self.config
+        if len(draft) == 0:
+            self.frontier = [(-1, list(state.tokens))]
+        if len(draft) >= c.depth or not self.frontier:
+            return None
+        q = torch.stack([self.q(context) for _, context in self.frontier])  # [f, vocab]
+        if c.sampled:
+            children = torch.multinomial(q, c.width, replacement=True, generator=state.generator)  # [f, width]
+        else:
+            children = q.topk(min(c.width, q.shape[1]), dim=-1).indices  # [f, width]
+        tokens, parents, rows, frontier = [], [], [], []
+        first = draft.num_nodes
+        for f, (parent, context) in enumerate(self.frontier):
+            for x in children[f].tolist():
+                if not c.sampled and float(q[f, x]) == 0.0:
+                    continue  # top-k/top-p left fewer tokens than the width
+                frontier.append((first + len(tokens), context + [x]))
+                tokens.append(x)
+                parents.append(parent)
+                rows.append(f)
+        self.frontier = frontier
+        probs = q[rows]  # [nodes, vocab]: each node's distribution is its parent's row
+        side = None
+        if len(tokens) > 1:
+            side = SideNodes(torch.tensor(tokens[1:]), torch.tensor(parents[1:]), probs[1:])
+        return DraftBlock(torch.tensor(tokens[:1]), probs[:1], side=side, sampled=c.sampled)
+
+
+class FreshRowPerSibling:
+    """WRONG: each sibling is tested against the target's fresh row p, not against the residual
+    left by the siblings rejected before it (the recovered token is drawn from the right residual)."""
+
+    def __init__(self, config, resources):
+        self.sampling = resources.sampling
+
+    @hookimpl
+    def pacer_verify(self, state, draft, target_logits) -> Verdict:
+        tree = draft.tree
+        target_probs = logits_to_probs(target_logits, self.sampling)  # [N + 1, vocab]
+        uniforms = torch.rand(len(tree), generator=state.generator).tolist()
+        tokens, children, path, node = tree.tokens.tolist(), tree.children, [], -1
+        while children[node]:
+            fresh = residual = target_probs[node + 1]
+            for child in children[node]:
+                x = tokens[child]
+                if bool(tree.sampled[child]):
+                    q = tree.draft_probs[child]
+                else:
+                    q = torch.nn.functional.one_hot(torch.tensor(x), fresh.shape[0]).float()
+                p_x, q_x = float(fresh[x]), float(q[x])
+                if p_x > 0 and (p_x >= q_x or uniforms[child] * q_x < p_x):
+                    path.append(child)
+                    node = child
+                    break
+                residual = residual_distribution(residual, q)
+            else:
+                return Verdict(len(path), int(sample(residual, state.generator)), "recovered", path)
+        return Verdict(len(path), int(sample(target_probs[node + 1], state.generator)), "bonus", path)
+
+
+class TreeSamplingPlugins:
+    """A plugin module offering the ``sampled_tree`` drafter and the wrong verifier."""
+
+    __test__ = False
+
+    @hookimpl
+    def pacer_components(self) -> list[Component]:
+        return [
+            Component("drafter", "sampled_tree", SampledTreeConfig, SampledTree,
+                      "test: a full tree of sampled or top-k children", needs={"draft_model"},
+                      provides={"draft_probs"}),
+            Component("verifier", "test_fresh_row_per_sibling", NoOptions, FreshRowPerSibling,
+                      "WRONG: siblings tested against the fresh target row"),
+        ]
+
+
+TREE_PLUGINS = (TreeSamplingPlugins(),)
+
+
+@attrs.frozen
+class TreeCase:
+    children: str  # "sampled" or "topk"
+    sampling: str = "t1"
+    width: int = 2
+    depth: int = 2
+    verifier: str = "speculative_sampling"
+    samples: int = TREE_SAMPLES
+
+    def __str__(self) -> str:
+        return f"{self.children}-w{self.width}-d{self.depth}-{self.sampling}-{self.verifier}-{self.samples}"
+
+
+def measure_tree(case: TreeCase) -> tuple[float, float, float]:
+    """Run ``case``; returns (chi-square p-value, steps per generation, CPU seconds)."""
+    start = time.process_time()
+    with single_thread():
+        target = ScriptedLM(SCRIPTED_VOCAB, table=TARGET_TABLE.clone())
+        draft = ScriptedLM(SCRIPTED_VOCAB, seed=1, table=DRAFT_TABLE.clone())
+        drafter = (f"sampled_tree, width: {case.width}, depth: {case.depth}, "
+                   f"sampled: {str(case.children == 'sampled').lower()}")
+        engine = build_engine(target, draft, drafter, f"{{name: fixed, gamma: {case.depth}}}",
+                              SAMPLINGS[case.sampling], case.verifier, plugins=TREE_PLUGINS)
+        outputs, steps = sample_outputs(engine, PROMPT, case.samples)
+        expected = exact_continuation_probs(target, PROMPT, LENGTH, engine.sampling)
+        p_value = chisquare_pvalue(outputs, expected)
+    return p_value, steps, time.process_time() - start
+
+
+def _importable_in_workers() -> bool:
+    """Spawned workers import this module by name: only when pytest put tests/ on sys.path."""
+    try:
+        spec = importlib.util.find_spec(__name__)
+    except (ImportError, ValueError):
+        return False
+    return spec is not None and spec.origin is not None and Path(spec.origin).resolve() == Path(__file__).resolve()
+
+
+def module_cases(request) -> list[TreeCase]:
+    """The distribution cases of this module's selected tests, unique, in test order."""
+    cases = [item.callspec.params["case"] for item in request.session.items
+             if getattr(item, "module", None) is request.module and hasattr(item, "callspec")
+             and "case" in item.callspec.params]
+    return list(dict.fromkeys(cases))
+
+
+@pytest.fixture(scope="module")
+def measured(request):
+    """``measured(case)`` → (p-value, steps per generation, CPU s), as in test_distribution.py: every
+    selected case of this module is submitted at once to ``WORKERS`` spawned processes; each test
+    waits for its own. With one worker (or one case) cases run in the test."""
+    cases = module_cases(request)
+    if WORKERS <= 1 or len(cases) <= 1 or not _importable_in_workers():
+        yield measure_tree
+        return
+    pool = ProcessPoolExecutor(min(WORKERS, len(cases)), mp_context=multiprocessing.get_context("spawn"))
+    futures = {case: pool.submit(measure_tree, case) for case in cases}
+    try:
+        yield lambda case: (futures[case] if case in futures else pool.submit(measure_tree, case)).result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _workers_start_with_the_first_test(request):
+    """The distribution cases take longest: the workers compute them while the tests above run."""
+    if module_cases(request):
+        request.getfixturevalue("measured")
+
+
+def tree_grid():
+    for children in ("sampled", "topk"):
+        for sampling in SAMPLINGS:
+            fast = sampling == "t1" or (children, sampling) == ("sampled", "topp0.8")
+            yield pytest.param(TreeCase(children, sampling, samples=TREE_SAMPLES if fast else 20_000),
+                               marks=() if fast else (pytest.mark.slow,), id=f"{children}-{sampling}")
+        yield pytest.param(TreeCase(children, "t1", width=3, depth=3, samples=20_000), marks=pytest.mark.slow,
+                           id=f"{children}-w3-d3-t1")
+
+
+@pytest.mark.parametrize("case", list(tree_grid()))
+def test_tree_sampling_matches_target_distribution(case, measured):
+    p_value, steps, seconds = measured(case)
+    print(f"{case}: p = {p_value:.4g}, steps/generation = {steps:.2f}, {seconds:.1f} s CPU")
+    assert p_value > PASS_P
+    assert 1.1 < steps < LENGTH - 0.2  # the trees were drafted, and both accepted and rejected
+
+
+@pytest.mark.parametrize("case", [
+    TreeCase("sampled", verifier="test_fresh_row_per_sibling", samples=2_000),
+    pytest.param(TreeCase("topk", verifier="test_fresh_row_per_sibling", samples=2_000), marks=pytest.mark.slow),
+    pytest.param(TreeCase("sampled", "topk3", verifier="test_fresh_row_per_sibling", samples=2_000),
+                 marks=pytest.mark.slow),
+], ids=str)
+def test_siblings_without_residual_update_fail_the_distribution_test(case, measured):
+    p_value, _, seconds = measured(case)
+    print(f"{case}: p = {p_value:.4g}, {seconds:.1f} s CPU")
+    assert p_value < FAIL_P
