@@ -397,8 +397,10 @@ class TreeChecks:
         if len(names) == len(tree):  # nothing truncated: name the accepted nodes
             self.full_trees[step.index] = " ".join(names[i] for i in path)
         cached = list(self.target.cached_tokens)
+        pending = 1 if len(step.emitted) > verdict.accepted else 0  # the next token, unless cut off
+        assert cached == state.tokens[: len(state.tokens) - pending]
         finished = state.budget_left == 0 or step.emitted[-1] in state.eos_token_ids
-        assert cached == state.tokens[: len(state.tokens) if finished else -1]
+        assert pending or finished
         if self.torch_model is not None:
             plain = adapter(self.torch_model, eos=False)
             plain.forward(cached, logits_from=len(cached))
