@@ -287,9 +287,10 @@ def wrong(token: int, shift: int) -> int:
 
 class TreeScript:
     """A tree drafter drafting from the target's greedy continuation (known in advance): step i
-    follows scenario ROTATION[(i + offset) % len(ROTATION)] (``side_chain`` when EOS or the end of the budget is
-    near), one block per ``pacer_propose`` (the level's main-path node and side nodes). Each token's
-    draft distribution and hidden state are seeded noise, so entropy and PACER stops vary."""
+    follows scenario ROTATION[(i + offset) % len(ROTATION)] (``side_chain`` when EOS or the end of
+    the budget is near), one block per ``pacer_propose`` (the level's main-path node and the side
+    nodes it emits). Each token's draft distribution and hidden state are seeded noise, so entropy
+    and PACER stops vary the draft lengths."""
 
     def __init__(self, sequence: list[int], vocab: int, hidden_size: int, eos: frozenset[int], offset: int = 0):
         self.sequence, self.vocab, self.hidden_size, self.eos = sequence, vocab, hidden_size, eos
