@@ -316,9 +316,11 @@ class Engine:
             wants = hook.pacer_draft_more(state=state, draft=draft)
             stop_s += clock() - t
             stops = [w for w in wants if isinstance(w, Stop)]
-            if stops:
-                keep = min((s.keep for s in stops if s.keep is not None), default=len(draft))
-                return draft.truncate(keep), stop_s
+            if stops:  # Stop() keeps the whole tree (side nodes may hang deeper than the main path)
+                keep = min((s.keep for s in stops if s.keep is not None), default=None)
+                if keep is not None:
+                    draft = draft.truncate(keep)
+                break
             room = state.max_draft_tokens - len(draft)
             asked = min((w for w in wants if w is not None), default=room)
             block = hook.pacer_propose(state=state, draft=draft, num_tokens=max(1, min(asked, room)))

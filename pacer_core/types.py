@@ -178,7 +178,9 @@ class TokenTree:
 
     @property
     def is_chain(self) -> bool:
-        return bool((self.parents == torch.arange(len(self)) - 1).all())
+        """Every node is on the main path (side nodes continuing the main path's tip make a
+        chain-shaped tree that is not a chain: a chain verifier's ``accepted`` counts main-path nodes)."""
+        return len(self.main_path) == len(self) and bool((self.parents == torch.arange(len(self)) - 1).all())
 
     def path_to(self, node: int) -> list[int]:
         """Node indices from the root's child down to ``node`` (empty for the root, -1)."""
@@ -333,10 +335,12 @@ class Draft:
             side = block.side
             new_side = None
             if side is not None and len(side):
-                rows = [j for j in range(len(side)) if keep[total + n + j] and int(side.parents[j]) in old_to_new]
-                for j in rows:
-                    old_to_new[total + n + j] = next_index
-                    next_index += 1
+                rows = []  # in order: a side node's parent may be an earlier side node of this block
+                for j, parent in enumerate(side.parents.tolist()):
+                    if keep[total + n + j] and parent in old_to_new:
+                        rows.append(j)
+                        old_to_new[total + n + j] = next_index
+                        next_index += 1
                 if rows:
                     index = torch.tensor(rows, dtype=torch.long)
                     new_side = SideNodes(side.tokens[index],

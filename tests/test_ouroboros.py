@@ -8,9 +8,13 @@ greedy decoding through the engine.
 - Decoding: ouroboros × every installed stop policy (fixed, heuristic, and entropy / pacer when
   their plugins are installed) on tiny seeded Llamas equals the target's own greedy decoding, on
   prompts with heavy repetition (pool hits: multi-token draft forwards and accepted candidate
-  suffixes are asserted) and without. An observer checks after every step: the KV caches of both
-  models hold committed prefixes, the draft is the draft model's own greedy chain with its
-  hidden states and probabilities, and ``StepRecord.target_argmax`` agrees with the verdict.
+  suffixes are asserted) and without. Candidate suffixes are side nodes of the draft tree, a trie
+  hanging off each block's last token; the verifier may accept a path through a suffix hanging
+  off any accepted main-path node (asserted with one-token blocks). An observer checks after
+  every step: the KV caches of both models hold committed prefixes, the draft's main path is the
+  draft model's own greedy chain with its hidden states and probabilities, the side nodes are
+  tries of whole pool phrases, and ``StepRecord.target_argmax`` agrees with the verdict.
+- The pool's learning from a crafted tree step (corrected suffixes, argmax chains).
 - Many short runs on scripted models (``pacer_core.testing.ScriptedLM``) for breadth.
 """
 
@@ -27,8 +31,8 @@ import torch
 
 from ouroboros.plugin import Ouroboros, OuroborosConfig, lookahead_layout
 from ouroboros.pool import PhrasePool, argmax_chains
-from pacer_core import (Component, ConfigError, DecodeState, Draft, Engine, InputError, Resources,
-                        SamplingParams, Stop, hookimpl, load_config)
+from pacer_core import (Component, ConfigError, DecodeState, Draft, DraftBlock, Engine, InputError, Resources,
+                        SamplingParams, SideNodes, StepRecord, Stop, Verdict, hookimpl, load_config)
 from pacer_core.registry import components, new_plugin_manager
 from pacer_core.testing import ScriptedLM, random_table
 from helpers import EOS, adapter, perturbed, reference_greedy, tiny_llama, with_eos_bias
@@ -230,12 +234,26 @@ class NoOptions:
     pass
 
 
+def off_main_path(step) -> int:
+    """Accepted nodes of a step that are not on its draft's main path (candidate suffix nodes)."""
+    return len(set(step.verdict.nodes(step.draft)) - set(step.draft.path_nodes))
+
+
+def leaves_the_main_path_early(step) -> bool:
+    """The accepted path leaves the main path through a side node hanging off a main-path node
+    that is not the main path's last one (a later main token was rejected)."""
+    nodes, main = step.verdict.nodes(step.draft), step.draft.path_nodes
+    kept = [i for i in nodes if i in set(main)]
+    return len(kept) < len(nodes) and len(kept) < len(main)
+
+
 class StepChecks:
     """Observer: the invariants every step must keep (see the module docstring)."""
 
     def __init__(self, resources, draft_model=None):
         self.target, self.draft = resources.target, resources.draft
         self.draft_model = draft_model  # the draft's torch module: check the greedy chain too
+        self.drafter = None  # the Ouroboros object (set by ouroboros_engine): its trie shapes
         self.records = []
 
     @hookimpl
@@ -246,30 +264,57 @@ class StepChecks:
     def pacer_observe_step(self, state, step) -> None:
         self.records.append(step)
         draft, verdict, n = step.draft, step.verdict, len(step.draft)
-        # caches: the target holds the committed prefix with 1 + accepted branch tokens pending
+        tree, path = draft.tree, verdict.nodes(step.draft)
+        # caches: the target holds the committed prefix (the accepted path's rows moved into place)
+        # with the next token pending, or everything when EOS or the budget cut that token off
         cached = list(self.target.cached_tokens)
-        assert cached == state.tokens[: len(cached)]
-        assert len(cached) == min(step.committed_before + verdict.accepted, len(state.tokens))
-        if state.budget_left > 0 and not set(step.emitted) & state.eos_token_ids:
-            assert len(state.tokens) - len(cached) == 1 + verdict.branch_accepted
+        pending = 1 if len(step.emitted) > verdict.accepted else 0
+        assert cached == state.tokens[: len(state.tokens) - pending]
         draft_cached = list(self.draft.cached_tokens)
         assert draft_cached == state.tokens[: len(draft_cached)] and len(draft_cached) < len(state.tokens)
-        # the target's argmax rows agree with the verdict
+        # the target's argmax rows (one per tree node, + the root's) agree with the verdict
         argmax = step.target_argmax
-        assert argmax.shape[0] == n + 1 + sum(int(b.shape[0]) for b in draft.branches)
-        assert argmax[: verdict.accepted].tolist() == draft.tokens[: verdict.accepted].tolist()
-        if verdict.branch is None:
-            assert int(argmax[verdict.accepted]) == verdict.next_token
-        # what the drafter returns for each token
+        assert argmax.shape[0] == len(tree) + 1
+        for node in path:
+            assert int(argmax[int(tree.parents[node]) + 1]) == int(tree.tokens[node])
+        assert int(argmax[(path[-1] if path else -1) + 1]) == verdict.next_token
+        # what the drafter returns for each main-path token
         assert draft.hidden_states.shape == (n, self.draft.hidden_size)
         assert draft.draft_probs.argmax(-1).tolist() == draft.tokens.tolist()
-        assert len({int(b.shape[0]) for b in draft.branches}) <= 1  # level - 1 tokens each (or cut)
+        self.check_tries(draft)
         if self.draft_model is not None:  # the draft is the draft model's own greedy chain
             context = state.tokens[: step.committed_before]
             for i, token in enumerate(draft.tokens.tolist()):
                 logits, hidden = last_rows(self.draft_model, context + draft.tokens[:i].tolist())
                 assert int(logits.argmax()) == token, f"step {step.index}, draft token {i}"
                 assert torch.allclose(draft.hidden_states[i], hidden, atol=1e-4)
+
+    def check_tries(self, draft) -> None:
+        """Side nodes are tries of at most ``topk`` pool phrases hanging off a block's last token:
+        no two side siblings repeat a token, and each phrase is whole (level - 1 tokens) unless
+        the tree was cut at its depth."""
+        tree, main = draft.tree, draft.path_nodes
+        block_ends = {main[start + len(b) - 1] for start, b in zip(draft.block_starts, draft.blocks) if len(b)}
+        depths, parents, tokens = tree.depths.tolist(), tree.parents.tolist(), tree.tokens.tolist()
+        leaves: dict[int, int] = {}  # anchor → phrases hanging off it
+        for node in range(len(tree)):
+            if node in set(main):
+                continue
+            anchor = node
+            while anchor not in set(main):
+                anchor = parents[anchor]
+                assert anchor != -1, "a candidate suffix hangs off the root"
+            assert anchor in block_ends
+            siblings = [tokens[c] for c in tree.children[parents[node]] if c not in set(main)]
+            assert len(siblings) == len(set(siblings))  # a trie: shared prefixes merged
+            if not tree.children[node]:
+                leaves[anchor] = leaves.get(anchor, 0) + 1
+                length = depths[node] - depths[anchor]
+                if self.drafter is not None:
+                    whole = self.drafter.phrase_length
+                    assert length == whole or (length < whole and depths[node] == max(depths))
+        if self.drafter is not None:
+            assert all(count <= self.drafter.config.topk for count in leaves.values())
 
 
 class BlockStop:
@@ -309,7 +354,9 @@ def ouroboros_engine(draft_kind: str, stop: str, drafter: str = DRAFTER, plugin=
     ], extra_plugins=[plugin], require_models=False)
     target = adapter(target or model("target"), eos=eos)
     draft = adapter(draft or model(draft_kind), eos=eos)
-    return Engine.build(target, draft=draft, cfg=cfg, extra_plugins=[plugin]), plugin
+    engine = Engine.build(target, draft=draft, cfg=cfg, extra_plugins=[plugin])
+    plugin.checks.drafter = drafter_of(engine)
+    return engine, plugin
 
 
 @pytest.mark.parametrize("draft_kind", ["same", "partial", "random"])
@@ -323,8 +370,14 @@ def test_ouroboros_equals_greedy(prompt_name, stop, draft_kind, stop_specs):
     records, m = plugin.checks.records, result.metrics
     assert m["emitted"] == BUDGET == sum(len(r.emitted) for r in records)
     assert m["draft_forwards"] == m["ouroboros_draft_forwards"] == sum(r.draft_forwards for r in records)
+    assert m["ouroboros_branch_tokens"] == sum(off_main_path(r) for r in records)
     if draft_kind == "same":
-        assert m["accepted"] == m["drafted"]  # a draft equal to the target is always accepted
+        # a draft equal to the target: its main path's tokens are always accepted (possibly as a
+        # duplicate side node carrying a longer accepted suffix), candidate suffixes after them
+        for r in records:
+            nodes = r.verdict.nodes(r.draft)
+            assert r.draft.tree.tokens[list(nodes[: len(r.draft)])].tolist() == r.draft.tokens.tolist()
+        assert m["accepted"] >= m["drafted"]
 
 
 def test_repetition_fills_the_pool_and_pays_off():
@@ -337,9 +390,61 @@ def test_repetition_fills_the_pool_and_pays_off():
     m, records = result.metrics, plugin.checks.records
     assert m["ouroboros_multi_token_forwards"] > 0 and m["ouroboros_phrase_tokens"] > 0
     assert m["draft_forwards"] < m["drafted"]  # fewer draft forwards than draft tokens
-    won = [r for r in records if r.verdict.branch is not None]
-    assert won and m["ouroboros_branch_tokens"] == sum(r.verdict.branch_accepted for r in won) > 0
-    assert max(len(r.emitted) for r in records) > 6 + 1  # a branch made a step emit more than γ + 1
+    assert m["ouroboros_branch_tokens"] == sum(off_main_path(r) for r in records) > 0
+    assert max(len(r.emitted) for r in records) > 6 + 1  # a suffix made a step emit more than γ + 1
+
+
+@pytest.mark.parametrize("prompt_name", list(PROMPTS))
+def test_a_path_may_leave_the_main_path_through_an_earlier_blocks_suffix(prompt_name):
+    """One-token blocks hang a suffix trie off every draft token: when a later draft token is
+    rejected, the verifier may take a candidate suffix hanging off an accepted earlier token
+    (suffixes are not tried only after a fully accepted draft)."""
+    prompt = PROMPTS[prompt_name]
+    plugin = ChecksPlugin(model("partial"), block=1, limit=6)
+    engine, _ = ouroboros_engine("partial", "{name: blocks}", plugin=plugin)
+    result = engine.generate(prompt, max_new_tokens=40)
+    assert result.tokens == reference(tuple(prompt), 40)
+    records = plugin.checks.records
+    early = [r for r in records if leaves_the_main_path_early(r)]
+    assert early, "no step left the main path before its end"
+    assert result.metrics["ouroboros_branch_tokens"] == sum(off_main_path(r) for r in records)
+    for r in early:  # the accepted main-path prefix, then the suffix's tokens, then the next token
+        nodes = r.verdict.nodes(r.draft)
+        main = [i for i in nodes if i in set(r.draft.path_nodes)]
+        assert nodes[: len(main)] == r.draft.path_nodes[: len(main)]
+        untruncated = r.draft.tree.tokens[list(nodes)].tolist() + [r.verdict.next_token]
+        assert list(r.emitted) == untruncated[: 40 - (r.committed_before - len(prompt))]
+
+
+def test_the_pool_learns_the_suffixes_hanging_off_accepted_nodes():
+    """``pacer_observe_step`` on a crafted tree: the suffix hanging off an accepted node is
+    replaced by the target's correction, a suffix off a rejected main-path node is not learned, and
+    the target's argmax chains along the main and the accepted paths are added."""
+    drafter = Ouroboros(OuroborosConfig(window_size=0, level=4, guess_set_size=6, topk=3),
+                        Resources(target=None, draft=ScriptedLM(16), sampling=SamplingParams()))
+    drafter.pool.add(4, (5, 6, 7))
+    drafter.pool.add(4, (5, 8, 9))
+    # main path 3 4 | 10; a trie off 4 (nodes 2-6: 5 6 7, 5 8 9) and a suffix off 10 (nodes 8-10)
+    first = DraftBlock(torch.tensor([3, 4]), side=SideNodes.trie([(5, 6, 7), (5, 8, 9)], parent=1, first=2))
+    second = DraftBlock(torch.tensor([10]), side=SideNodes.trie([(11, 12, 13)], parent=7, first=8))
+    draft = Draft((first, second))
+    tree = draft.tree
+    assert tree.tokens.tolist() == [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]
+    # the target's argmax after the root and after each node: 3 4 | 5 (not 10) 8 (not 6) 9 | 14
+    argmax = torch.tensor([3, 4, 5, 8, 15, 0, 9, 14, 11, 12, 2, 1])
+    verdict = Verdict(5, 14, "bonus", (0, 1, 2, 5, 6))
+    emitted = (3, 4, 5, 8, 9, 14)
+    state = DecodeState([1, 2, *emitted], 2, 20, SamplingParams(), torch.Generator(), frozenset())
+    drafter.pacer_start(state=DecodeState([1, 2], 2, 20, SamplingParams(), torch.Generator(), frozenset()))
+    step = StepRecord(0, draft, verdict, emitted, 2, 0.0, 0.0, 0, target_argmax=argmax)
+    drafter.pacer_observe_step(state=state, step=step)
+    pool = drafter.pool
+    assert drafter.stats["branch_tokens"] == 3  # nodes 2, 5, 6
+    # 5 6 7 was corrected to 5 8 15; 5 8 9 confirmed (then refreshed by the accepted path's chain)
+    assert pool.get(4) == [(5, 8, 9), (5, 8, 15)]
+    assert 10 not in pool  # the suffix off the rejected main node 10 is not learned
+    # the target's greedy chains along the accepted path 2 | 3 4 5 8 9 (and the main path's 2 | 3 4 10)
+    assert pool.get(2) == [(3, 4, 5)] and pool.get(3) == [(4, 5, 8)] and pool.get(5) == [(8, 9, 14)]
 
 
 @pytest.mark.parametrize("draft_kind", ["partial", "random"])
@@ -390,7 +495,8 @@ def test_eos_inside_the_draft_ends_the_generation():
     assert result.tokens == expected and result.finish_reason == "eos"
     last = plugin.checks.records[-1].draft.tokens.tolist()
     assert EOS in last and last[-1] == EOS  # the drafter stopped at EOS, inside the γ = 6 window
-    assert len(last) < 6 and not plugin.checks.records[-1].draft.branches  # nothing follows EOS
+    draft = plugin.checks.records[-1].draft
+    assert len(last) < 6 and not draft.tree.children[draft.path_nodes[-1]]  # nothing hangs off EOS
 
 
 # -- the pool across prompts -----------------------------------------------------------------------
