@@ -377,7 +377,7 @@ def test_ouroboros_equals_greedy(prompt_name, stop, draft_kind, stop_specs):
         for r in records:
             nodes = r.verdict.nodes(r.draft)
             assert r.draft.tree.tokens[list(nodes[: len(r.draft)])].tolist() == r.draft.tokens.tolist()
-        assert m["accepted"] >= m["drafted"]
+        assert m["accepted"] >= sum(len(r.draft) for r in records)
 
 
 def test_repetition_fills_the_pool_and_pays_off():

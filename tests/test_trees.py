@@ -121,8 +121,13 @@ def test_sampled_flag_and_side_probabilities_follow_the_blocks():
     tree = draft.tree
     assert tree.sampled.tolist() == [False, False, False, True] and tree.draft_probs.shape == (4, 8)
     bad = Draft((DraftBlock(torch.tensor([2]), probs[:1], side=SideNodes(torch.tensor([1]), torch.tensor([-1]))),))
-    with pytest.raises(ValueError, match="side nodes must carry draft_probs"):
+    with pytest.raises(ValueError, match="sampled side nodes must carry the draft_probs"):
         bad.tree
+    # point-mass side nodes (lookup, pool phrases) beside sampled tokens need no distribution
+    lookup = SideNodes(torch.tensor([1, 5]), torch.tensor([-1, 1]), sampled=False)
+    mixed = Draft((DraftBlock(torch.tensor([2]), probs[:1], side=lookup), DraftBlock(torch.tensor([4]), probs[:1])))
+    assert mixed.tree.sampled.tolist() == [True, False, False, True] and mixed.tree.draft_probs.shape == (4, 8)
+    assert mixed.depth == 2 and len(mixed) == 2 and Draft((block([2, 3], [1, 5], [1, 2]),)).depth == 4
     forward_parent = Draft((block([2], [1], [1]),))  # a side node may not continue itself
     with pytest.raises(ValueError, match="earlier node"):
         forward_parent.tree
@@ -469,7 +474,8 @@ def check_metrics(result, prompt, records) -> None:
     m = result.metrics
     assert m["emitted"] == len(result.tokens) == sum(len(r.emitted) for r in records)
     assert m["steps"] == len(records) and m["accepted"] == sum(r.verdict.accepted for r in records)
-    assert m["drafted"] == sum(len(r.draft) for r in records)  # main path (levels)
+    assert m["drafted"] == sum(r.draft.depth for r in records)  # a tree's depth
+    assert m["nodes_per_step"] == [r.draft.num_nodes for r in records]
     assert m["target_forwards"] == m["steps"] + (1 if len(prompt) > 1 else 0)
 
 
