@@ -371,7 +371,7 @@ HF_VOCAB, HF_PROMPT = 16, [3, 7, 11, 5]
 
 
 @pytest.mark.parametrize("layout,tree,samples", [
-    ("eagle1", None, 800),  # sampled chains: q from the target's head
+    pytest.param("eagle1", None, 800, marks=pytest.mark.slow),  # sampled chains: q from the target's head
     ("eagle1", "{topk: 2, depth: 3, nodes: 6}", 600),  # top-k children: point masses
     ("eagle3", None, 300),  # the draft's own head: q = 0 outside its 12-token vocabulary
 ], ids=["eagle1-chain", "eagle1-tree", "eagle3-chain"])
