@@ -224,6 +224,52 @@ def sample_outputs(engine: Engine, prompt: list[int], samples: int) -> tuple[lis
     return outputs, steps / samples
 
 
+# -- distribution cases computed ahead in spawned workers ----------------------------------------------
+WORKERS = int(os.environ.get("PACER_TEST_WORKERS", "2"))  # PACER_TEST_WORKERS=1: each case in its test
+
+
+def module_cases(request) -> list:
+    """The ``case`` parameters of the requesting module's selected tests, unique, in test order."""
+    cases = [item.callspec.params["case"] for item in request.session.items
+             if getattr(item, "module", None) is request.module and hasattr(item, "callspec")
+             and "case" in item.callspec.params]
+    return list(dict.fromkeys(cases))
+
+
+def _importable_in_workers(function) -> bool:
+    """Spawned workers import ``function``'s module by name: only when pytest put tests/ on sys.path."""
+    import importlib.util
+    import inspect
+
+    try:
+        spec = importlib.util.find_spec(function.__module__)
+    except (ImportError, ValueError):
+        return False
+    origin = inspect.getsourcefile(function)
+    return (spec is not None and spec.origin is not None and origin is not None
+            and Path(spec.origin).resolve() == Path(origin).resolve())
+
+
+@contextlib.contextmanager
+def precomputed(request, measure, first=lambda case: False):
+    """Yields ``get(case)`` = ``measure(case)``: every selected case of the requesting module is
+    submitted at once to ``WORKERS`` spawned processes (those with ``first(case)`` first, the rest in
+    test order) and each test waits for its own. With one worker, or one case, cases run in the test."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    cases = module_cases(request)
+    if WORKERS <= 1 or len(cases) <= 1 or not _importable_in_workers(measure):
+        yield measure
+        return
+    pool = ProcessPoolExecutor(min(WORKERS, len(cases)), mp_context=multiprocessing.get_context("spawn"))
+    futures = {case: pool.submit(measure, case) for case in sorted(cases, key=lambda c: not first(c))}
+    try:
+        yield lambda case: (futures[case] if case in futures else pool.submit(measure, case)).result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
 # -- pacer commands --------------------------------------------------------------------------------
 def run_cli(argv, capsys) -> tuple[int, str, str]:
     """``pacer argv`` in this process: (exit code, stdout, stderr)."""

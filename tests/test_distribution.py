@@ -19,12 +19,7 @@ test itself.
 
 from __future__ import annotations
 
-import importlib.util
-import multiprocessing
-import os
 import time
-from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 
 import attrs
 import pytest
@@ -36,7 +31,7 @@ from pacer_core.sampling import logits_to_probs, sample
 from pacer_core.testing import ScriptedLM, chisquare_pvalue, exact_continuation_probs
 
 from helpers import (DRAFT_TABLE, LENGTH, PASS_P, PROMPT, SAMPLINGS, TARGET_TABLE, adapter, build_engine,
-                     sample_outputs as run, single_thread, tiny_llama)
+                     precomputed, sample_outputs as run, single_thread, tiny_llama)
 from helpers import SCRIPTED_VOCAB as VOCAB
 
 SAMPLES = 20_000
@@ -47,7 +42,6 @@ STOPS = {"fixed2": "{name: fixed, gamma: 2}", "fixed3": "{name: fixed, gamma: 3}
          "heuristic": "{name: heuristic, gamma: 2}"}
 BASE_SAMPLING = "t1"
 VARIANT_COMBINATION = ("draft_model", "fixed3")
-WORKERS = int(os.environ.get("PACER_TEST_WORKERS", "2"))
 
 HF_VOCAB = 16
 HF_PROMPT = [3, 7, 11, 5]
@@ -179,34 +173,13 @@ def measure(case: Case) -> tuple[float, float, float]:
     return p_value, steps, time.process_time() - start
 
 
-def _importable_in_workers() -> bool:
-    """Spawned workers import this module by name: only when pytest put tests/ on sys.path."""
-    try:
-        spec = importlib.util.find_spec(__name__)
-    except (ImportError, ValueError):
-        return False
-    return spec is not None and spec.origin is not None and Path(spec.origin).resolve() == Path(__file__).resolve()
-
-
 @pytest.fixture(scope="module")
 def measured(request):
-    """``measured(case)`` → (p-value, steps per generation, CPU s). Every selected case of this
-    module is submitted at once to ``WORKERS`` spawned processes (HF cases first, then in test
-    order); each test waits for its own. With one worker (or one case) cases run in the test."""
-    cases = [item.callspec.params["case"] for item in request.session.items
-             if getattr(item, "module", None) is request.module and hasattr(item, "callspec")
-             and "case" in item.callspec.params]
-    cases = list(dict.fromkeys(cases))  # unique, in test order
-    if WORKERS <= 1 or len(cases) <= 1 or not _importable_in_workers():
-        yield measure
-        return
-    pool = ProcessPoolExecutor(min(WORKERS, len(cases)), mp_context=multiprocessing.get_context("spawn"))
-    # the HF cases are the longest (and import transformers): start them first to balance the workers
-    futures = {case: pool.submit(measure, case) for case in sorted(cases, key=lambda c: c.draft != "hf")}
-    try:
-        yield lambda case: (futures[case] if case in futures else pool.submit(measure, case)).result()
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+    """``measured(case)`` → (p-value, steps per generation, CPU s), computed ahead in spawned
+    workers (``helpers.precomputed``); the HF cases are the longest (and import transformers), so
+    they start first to balance the workers."""
+    with precomputed(request, measure, first=lambda case: case.draft == "hf") as get:
+        yield get
 
 
 # -- the scripted model and the helpers themselves ------------------------------------------------

@@ -25,12 +25,7 @@ through the engine, and the exact distribution of tree sampling.
 from __future__ import annotations
 
 import functools
-import importlib.util
-import multiprocessing
-import os
 import time
-from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 from typing import Optional
 
 import attrs
@@ -45,8 +40,8 @@ from pacer_core.sampling import logits_to_probs, sample
 from pacer_core.testing import ScriptedLM, chisquare_pvalue, exact_continuation_probs, random_table
 
 from helpers import (DRAFT_TABLE, EOS, LENGTH, PASS_P, PROMPT, SAMPLINGS, SCRIPTED_VOCAB, TARGET_TABLE, VOCAB, adapter,
-                     build_engine, reference_greedy, sample_outputs, single_thread, tiny_llama, with_eos_bias,
-                     write_checkpoint)
+                     build_engine, module_cases, precomputed, reference_greedy, sample_outputs, single_thread,
+                     tiny_llama, with_eos_bias, write_checkpoint)
 
 BUDGET = 30
 PROMPTS = {"plain": [5, 9, 13, 7, 22], "one_token": [17], "repetitive": [5, 9, 13, 5, 9, 13, 5, 9]}
@@ -639,7 +634,6 @@ def test_many_scripted_tree_runs_equal_greedy(stop):
 # -- exact distribution of sampled trees -----------------------------------------------------------
 TREE_SAMPLES = 4_000
 FAIL_P = 1e-6  # a wrong verifier must fall below this one
-WORKERS = int(os.environ.get("PACER_TEST_WORKERS", "2"))
 
 
 @attrs.define
@@ -776,38 +770,12 @@ def measure_tree(case: TreeCase) -> tuple[float, float, float]:
     return p_value, steps, time.process_time() - start
 
 
-def _importable_in_workers() -> bool:
-    """Spawned workers import this module by name: only when pytest put tests/ on sys.path."""
-    try:
-        spec = importlib.util.find_spec(__name__)
-    except (ImportError, ValueError):
-        return False
-    return spec is not None and spec.origin is not None and Path(spec.origin).resolve() == Path(__file__).resolve()
-
-
-def module_cases(request) -> list[TreeCase]:
-    """The distribution cases of this module's selected tests, unique, in test order."""
-    cases = [item.callspec.params["case"] for item in request.session.items
-             if getattr(item, "module", None) is request.module and hasattr(item, "callspec")
-             and "case" in item.callspec.params]
-    return list(dict.fromkeys(cases))
-
-
 @pytest.fixture(scope="module")
 def measured(request):
-    """``measured(case)`` → (p-value, steps per generation, CPU s), as in test_distribution.py: every
-    selected case of this module is submitted at once to ``WORKERS`` spawned processes; each test
-    waits for its own. With one worker (or one case) cases run in the test."""
-    cases = module_cases(request)
-    if WORKERS <= 1 or len(cases) <= 1 or not _importable_in_workers():
-        yield measure_tree
-        return
-    pool = ProcessPoolExecutor(min(WORKERS, len(cases)), mp_context=multiprocessing.get_context("spawn"))
-    futures = {case: pool.submit(measure_tree, case) for case in cases}
-    try:
-        yield lambda case: (futures[case] if case in futures else pool.submit(measure_tree, case)).result()
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+    """``measured(case)`` → (p-value, steps per generation, CPU s), computed ahead in spawned
+    workers (``helpers.precomputed``)."""
+    with precomputed(request, measure_tree) as get:
+        yield get
 
 
 @pytest.fixture(scope="module", autouse=True)
