@@ -141,14 +141,12 @@ class Hybrid:
             if budget <= 0:
                 break
             phrases = [p[: self.config.max_phrase] for p in _phrases(block)]
-            added, added_parents, _ = merge_phrases(tokens + new_tokens, parents + new_parents, phrases,
-                                                    first, budget)
-            for node, token in enumerate(added, start=first):  # remember the new nodes' root paths
-                path, at = [token], added_parents[node - first]
-                while at >= 0:
-                    path.append((tokens + new_tokens + added)[at])
-                    at = (parents + new_parents + added_parents)[at]
-                self._sources.setdefault(tuple(reversed(path)), name)
+            added, added_parents, paths = merge_phrases(tokens + new_tokens, parents + new_parents, phrases,
+                                                        first, budget)
+            for phrase, path in zip(phrases, paths):  # phrases start at the root: a node's root path
+                for depth, node in enumerate(path, start=1):  # is its phrase's prefix
+                    if node >= first:
+                        self._sources.setdefault(tuple(phrase[:depth]), name)
             new_tokens += added
             new_parents += added_parents
         if not new_tokens:
