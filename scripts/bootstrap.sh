@@ -7,9 +7,9 @@ venv="${PACER_VENV:-.venv}"
 python="${PYTHON:-python3}"
 stamp="$venv/.pacer-bootstrap"
 want="$(cat pyproject.toml constraints.txt scripts/bootstrap.sh | sha256sum | cut -d' ' -f1)"
-if [ ! -x "$venv/bin/python" ]; then
+if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then  # absent, or cut off while created
   echo "bootstrap: creating $venv" >&2
-  "$python" -m venv "$venv"
+  "$python" -m venv --clear "$venv"
 fi
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "bootstrap: installing pinned dependencies into $venv (first run: about a minute)" >&2
