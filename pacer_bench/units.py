@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 import attrs
@@ -44,13 +45,18 @@ class Unit:
 
 
 def engine_unit(name: str, cfg: PacerConfig, models: Models, bench: BenchConfig, clock, extra_plugins) -> Unit:
-    """Stack ``name``: an engine built once around the shared models, with the bench's clock."""
+    """Stack ``name``: an engine built once around the shared models. ``clock`` (synchronised on a
+    GPU) times each whole generation; the engine's per-step split runs on the host clock, adding no
+    sync of its own (each phase ends in a host read of its result anyway: docs/gpu.md)."""
     engine = Engine.build(models.target, draft=models.draft, tokenizer=models.tokenizer, cfg=cfg,
-                          extra_plugins=extra_plugins, clock=clock)
+                          extra_plugins=extra_plugins, clock=time.perf_counter)
 
     def run(ids: list[int], repeat: int, budget: int):
+        start = clock()
         result = engine.generate(ids, max_new_tokens=budget, seed=bench.sampling.seed + repeat)
-        return list(result.tokens), dict(result.metrics), result.finish_reason
+        wall = clock() - start
+        metrics = dict(result.metrics, wall_s=wall, tokens_per_s=len(result.tokens) / wall if wall > 0 else 0.0)
+        return list(result.tokens), metrics, result.finish_reason
 
     description = {k: v for k, v in to_dict(cfg).items() if k in ("sampling", "generation", "strategy")}
     return Unit(name, "stack", run, description)

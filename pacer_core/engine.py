@@ -60,6 +60,16 @@ def tree_layout(n_pending: int, tree: TokenTree) -> tuple[torch.Tensor, torch.Te
     return positions, mask
 
 
+def committed_rows(rows: torch.Tensor, n_pending: int, path: Sequence[int]) -> torch.Tensor:
+    """The rows of a verification forward's output that were committed: the pending tokens', then
+    the accepted path's nodes' (node i is row ``n_pending + i``). A chain's are a prefix (a view);
+    a tree's are gathered with an index sent to the rows' device without a host sync."""
+    if list(path) == list(range(len(path))):
+        return rows[: n_pending + len(path)]
+    index = torch.tensor(list(range(n_pending)) + [n_pending + i for i in path])
+    return rows[index.to(rows.device, non_blocking=True)]
+
+
 def check_target_layers(target: LanguageModel, layers: Sequence[int]) -> tuple[int, ...]:
     """``layers`` (decoder-layer indices whose inputs a drafter reads) as a tuple, refused in one line
     when the target has no such layers (``num_layers``, when it tells)."""
@@ -284,11 +294,10 @@ class Engine:
             pending = state.tokens[len(self.target.cached_tokens):]
             t2 = clock()
             # 5. observe: hidden states of the committed rows this forward computed (pending + path)
-            rows = list(range(n_pending)) + [n_pending + i for i in kept]
-            hidden = None if out.hidden_states is None else out.hidden_states[rows]
+            hidden = None if out.hidden_states is None else committed_rows(out.hidden_states, n_pending, kept)
             record = StepRecord(state.step_index, draft, verdict, tuple(emitted), before, t1 - t0, t2 - t1,
                                 draft.forwards, stop_s,
-                                hidden, cached, target_argmax=out.logits.argmax(-1))
+                                hidden, cached, target_logits=out.logits)
             hook.pacer_observe_step(state=state, step=record)
             draft_forwards += draft.forwards
             state.step_index += 1

@@ -121,8 +121,10 @@ def pacer_observe_step(state: "DecodeState", step: "StepRecord") -> None:
     states (after the final norm) of the committed tokens this step's forward computed, row 0 being
     ``state.tokens[step.target_hidden_start]`` (feature-level drafters in the EAGLE family read them;
     the inputs of the drafter's ``target_layers``, concatenated, when it names them).
-    ``step.target_argmax`` is the target's argmax at every row it scored, rows as the verifier's
-    ``target_logits`` (Ouroboros' phrase pool learns the target's phrases from it).
+    ``step.target_logits`` are the verifier's ``target_logits`` and ``step.target_argmax`` the
+    target's argmax at each of their rows, computed when first read (Ouroboros' phrase pool learns
+    the target's phrases from it). On a GPU both live on the target's device: read them only when
+    needed (each read on the host is a sync; docs/gpu.md).
     """
 
 

@@ -37,7 +37,8 @@ import torch
 from .sampling import logits_to_probs
 from .types import ModelOutput, SamplingParams
 
-__all__ = ["ScriptedLM", "chisquare_pvalue", "exact_continuation_probs", "random_table"]
+__all__ = ["DeviceLM", "OnDevice", "ScriptedLM", "chisquare_pvalue", "count_host_reads", "count_host_syncs",
+           "exact_continuation_probs", "on_device", "random_table"]
 
 MAX_BUCKETS = 1 << 16
 
@@ -205,7 +206,7 @@ def exact_continuation_probs(model, prompt: Sequence[int], length: int, params: 
             model.reset()
             context = list(prompt) + list(prefix)
             out = model.forward(context, logits_from=len(context) - 1)
-            row = logits_to_probs(out.logits[-1], params).double()  # [vocab]
+            row = logits_to_probs(out.logits[-1].cpu(), params).double()  # [vocab]
             row = row / row.sum()  # as torch.multinomial normalizes the float32 row it is given
             shape = [1] * (length - depth - 1)
             probs[prefix] *= row.reshape(vocab, *shape)
@@ -248,3 +249,118 @@ def chisquare_pvalue(samples: Sequence[Sequence[int]], expected: torch.Tensor, m
         raise ValueError(f"{n} samples are too few for a chi-square test: no two bins reach {min_expected}")
     scale = sum(obs) / sum(exp)  # exp sums to n up to rounding; scipy insists on equal totals
     return float(chisquare(obs, [e * scale for e in exp]).pvalue)
+
+
+# -- host syncs --------------------------------------------------------------------------------
+# Reading a GPU tensor's values on the host (or an op whose output size depends on them) makes the
+# host wait for the GPU: a sync. ``OnDevice`` plays a GPU tensor on the CPU so the same code can be
+# checked for them without a GPU; ``count_host_syncs`` counts the real ones on CUDA.
+_HOST_READS = frozenset({"tolist", "item", "__int__", "__float__", "__bool__", "__index__", "numpy",
+                         "__array__", "cpu", "nonzero", "masked_select", "unique", "unique_consecutive",
+                         "argwhere"})
+_MIXING_ALLOWED = frozenset({"__getitem__", "__setitem__", "to", "copy_", "__repr__", "__format__"})
+_reads: Optional[list[str]] = None  # the host reads recorded while ``count_host_reads`` is active
+
+
+def _to_host(name: str, args: tuple, kwargs: dict) -> bool:
+    if name in _HOST_READS:
+        return True
+    if name != "to":
+        return False
+    target = kwargs.get("device", next((a for a in args[1:] if isinstance(a, (str, torch.device))), None))
+    return target is not None and torch.device(target).type == "cpu"
+
+
+def _plain_tensors(args: Iterable) -> Iterable[torch.Tensor]:
+    for a in args:
+        if isinstance(a, (list, tuple)):
+            yield from _plain_tensors(a)
+        elif isinstance(a, torch.Tensor) and not isinstance(a, OnDevice):
+            yield a
+
+
+class OnDevice(torch.Tensor):
+    """A CPU tensor standing for one on a GPU (tests). Results of ops on it are ``OnDevice`` too;
+    reading its values on the host (``tolist``, ``int()``, ``.cpu()``, ``nonzero``, ...) returns plain
+    tensors and is recorded while ``count_host_reads`` is active; mixing it with a plain tensor of
+    one or more dimensions in an op raises, as CUDA does (indexing with host indices and copies
+    excepted), so code that would fail on a GPU fails here too."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        to_host = _to_host(name, args, kwargs)
+        if not to_host and name not in _MIXING_ALLOWED:
+            mixed = [t for t in _plain_tensors(list(args) + list(kwargs.values())) if t.dim() > 0]
+            if mixed:
+                raise RuntimeError(f"{name}: a device tensor mixed with a host tensor of shape "
+                                   f"{tuple(mixed[0].shape)} (move one of them first)")
+        if to_host and _reads is not None:
+            _reads.append(name)
+        with torch._C.DisableTorchFunctionSubclass():
+            result = func(*args, **kwargs)
+        if to_host:
+            return result.as_subclass(torch.Tensor) if isinstance(result, torch.Tensor) else result
+        return torch._tensor._convert(result, cls)
+
+
+def on_device(tensor: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    return None if tensor is None else tensor.as_subclass(OnDevice)
+
+
+class DeviceLM:
+    """A ``LanguageModel`` whose outputs are ``OnDevice``: the wrapped model as if it ran on a GPU."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    @property
+    def cached_tokens(self) -> Sequence[int]:
+        return self.model.cached_tokens
+
+    def forward(self, tokens, **kwargs) -> ModelOutput:
+        out = self.model.forward(tokens, **kwargs)
+        return ModelOutput(logits=on_device(out.logits), hidden_states=on_device(out.hidden_states))
+
+
+class count_host_reads:
+    """Record the host reads of ``OnDevice`` tensors inside the ``with`` block: ``.reads`` (names)."""
+
+    def __enter__(self) -> "count_host_reads":
+        global _reads
+        self._saved, _reads = _reads, []
+        self.reads = _reads
+        return self
+
+    def __exit__(self, *exc) -> None:
+        global _reads
+        _reads = self._saved
+
+
+class count_host_syncs:
+    """Count the host syncs CUDA reports inside the ``with`` block (``.count``), through PyTorch's
+    sync debug mode; on a machine without CUDA the count stays 0 (use ``count_host_reads``)."""
+
+    def __enter__(self) -> "count_host_syncs":
+        import warnings
+
+        self.count = 0
+        self._cuda = torch.cuda.is_available()
+        if self._cuda:
+            torch.cuda.synchronize()
+            self._warnings = warnings.catch_warnings(record=True)
+            self._caught = self._warnings.__enter__()
+            warnings.simplefilter("always")
+            self._mode = torch.cuda.get_sync_debug_mode()
+            torch.cuda.set_sync_debug_mode("warn")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._cuda:
+            torch.cuda.set_sync_debug_mode(self._mode)
+            self._warnings.__exit__(*exc)
+            self.count = sum("synchroniz" in str(w.message) for w in self._caught)

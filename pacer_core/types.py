@@ -176,7 +176,7 @@ class TokenTree:
             children.setdefault(i, [])
         return children
 
-    @property
+    @functools.cached_property
     def is_chain(self) -> bool:
         """Every node is on the main path (side nodes continuing the main path's tip make a
         chain-shaped tree that is not a chain: a chain verifier's ``accepted`` counts main-path nodes)."""
@@ -395,7 +395,7 @@ class Verdict:
 
 @attrs.frozen
 class ModelOutput:
-    logits: torch.Tensor = tensor_field()  # [k, vocab] float32
+    logits: torch.Tensor = tensor_field()  # [k, vocab] float32, on the model's device (docs/gpu.md)
     hidden_states: Optional[torch.Tensor] = tensor_field(default=None)  # [k, hidden] or [k, layers × hidden]
 
 
@@ -429,7 +429,9 @@ class LanguageModel(Protocol):
         """Run ``tokens`` after the cached ones (appending them to the cache): logits [k - logits_from,
         vocab]; hidden states of all k rows when ``hidden``: True = the last layer's (after the final
         norm) [k, hidden]; a sequence of decoder-layer indices = the input of each of those layers
-        (i = 0 the embeddings), concatenated in order: [k, len(layers) × hidden]."""
+        (i = 0 the embeddings), concatenated in order: [k, len(layers) × hidden]. Both stay on the
+        model's device: reading their values on the host (``tolist``, ``int``, ``.cpu()``) waits for
+        a GPU, so a caller reads only what it needs, once (docs/gpu.md)."""
         ...
 
     def crop(self, length: int, rows: Sequence[int] = ()) -> None:
@@ -524,7 +526,16 @@ class StepRecord:
     stop_s: float = 0.0  # time spent in stop policies (part of draft_s)
     target_hidden: Optional[torch.Tensor] = tensor_field(default=None)  # [k, hidden] (or [k, layers × hidden])
     target_hidden_start: int = 0  # index in state.tokens of target_hidden's first row
-    target_argmax: Optional[torch.Tensor] = tensor_field(default=None)  # [N + 1] int64, rows as target_logits
+    target_logits: Optional[torch.Tensor] = tensor_field(default=None)  # [N + 1, vocab], as the verifier saw them
+    _argmax: Optional[torch.Tensor] = tensor_field(default=None, alias="target_argmax")
+
+    @property
+    def target_argmax(self) -> Optional[torch.Tensor]:
+        """[N + 1] int64, the target's argmax at each row of ``target_logits``, computed on first use
+        (on the logits' device: no host sync until a caller reads it)."""
+        if self._argmax is None and self.target_logits is not None:
+            object.__setattr__(self, "_argmax", self.target_logits.argmax(-1))
+        return self._argmax
 
     @property
     def drafted(self) -> int:

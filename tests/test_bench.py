@@ -612,6 +612,19 @@ def test_shipped_bench_and_ablate_configs_validate():
     assert stacks["gamma=8 max_ngram_size=2"].strategy.drafter["max_ngram_size"] == 2
 
 
+def test_every_shipped_bench_config_validates_and_the_engine_and_gpu_benches_compare_with_generate():
+    from pacer_bench.config import is_bench_config
+
+    for path in sorted((ROOT / "configs").glob("*.yaml")):
+        if is_bench_config(path) and not path.name.startswith("ablate"):
+            read_bench_config(path)  # raises ConfigError in one line if a shipped bench config broke
+    cfg, stacks = read_bench_config(ROOT / "configs" / "bench_engine.yaml")  # the engine's own overhead
+    assert list(stacks) == ["autoregressive"] and cfg.baselines == ["hf_generate"] and cfg.repeats >= 3
+    cfg, stacks = read_bench_config(ROOT / "configs" / "bench_gpu.yaml")  # scripts/gpu_check.sh
+    assert cfg.device == "auto" and cfg.dtype == "bfloat16" and "hf_generate" in cfg.baselines
+    assert list(stacks)[0] == "autoregressive" and any(c.strategy.drafter.get("tree") for c in stacks.values())
+
+
 def test_ablate_runs_a_grid_into_one_table(tmp_path, tiny, capsys):
     base = write_bench(tmp_path, "", n=2)
     grid = tmp_path / "grid.yaml"

@@ -32,6 +32,13 @@ def _layer_inputs(hidden_states: Sequence[torch.Tensor], layers: Sequence[int]) 
     return torch.cat([hidden_states[i][0] for i in layers], dim=-1)
 
 
+def _to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor`` (built on the CPU) on ``device`` without a host sync: a blocking copy to a GPU
+    waits for the GPU's queued work; a non-blocking one from pageable memory is staged at once and
+    queued behind it (the source may be freed right away)."""
+    return tensor if device.type == "cpu" else tensor.to(device, non_blocking=True)
+
+
 class HFTokenizer:
     """Text ↔ token ids, with the chat template applied when the model has one."""
 
@@ -87,6 +94,7 @@ class HFModel:
         self.num_forwards = 0
         self.digest: Optional[str] = None  # content hash of the weights, set by load_model
         self.vocab_subset: Optional[torch.Tensor] = None  # see use_vocab_subset
+        self._subset_index: Optional[torch.Tensor] = None  # vocab_subset on the output layer's device
         self._head_subset: Optional[PackedMatrix] = None
         self.packed_weights = False  # see pack_weights
         self.reset()
@@ -111,7 +119,7 @@ class HFModel:
         layer over its frequent vocabulary costs a fraction of the full one. Verification stays
         lossless (a draft token is one of these ids; tokens outside have q = 0). ``None``: full."""
         if token_ids is None:
-            self.vocab_subset, self._head_subset = None, None
+            self.vocab_subset, self._subset_index, self._head_subset = None, None, None
             return
         if getattr(self.config, "final_logit_softcapping", None):
             raise InputError(f"{self.name}: a vocabulary subset is not supported for models with logit soft-capping")
@@ -122,7 +130,8 @@ class HFModel:
         if getattr(head, "bias", None) is not None:
             raise InputError(f"{self.name}: a vocabulary subset needs an output layer without bias")
         self.vocab_subset = ids
-        self._head_subset = PackedMatrix(head.weight.detach()[ids.to(self.device)].contiguous(),
+        self._subset_index = ids.to(head.weight.device)  # where the logits are scattered
+        self._head_subset = PackedMatrix(head.weight.detach()[self._subset_index].contiguous(),
                                          pack=self.packed_weights)
 
     @classmethod
@@ -197,7 +206,7 @@ class HFModel:
         offset = total - stored  # position of the layer's first stored row
         if length < offset:
             raise ValueError("a tree path cannot be moved past a sliding window's dropped positions")
-        index = torch.tensor(list(range(length - offset)) + [r - offset for r in rows], device=layer.keys.device)
+        index = _to_device(torch.tensor(list(range(length - offset)) + [r - offset for r in rows]), layer.keys.device)
         layer.keys = layer.keys.index_select(-2, index)
         layer.values = layer.values.index_select(-2, index)
         if hasattr(layer, "cumulative_length"):  # sliding-window layers: back to their working size
@@ -205,6 +214,9 @@ class HFModel:
             window = getattr(layer, "sliding_window", None)
             if window and layer.cumulative_length >= window:
                 layer.keys, layer.values = layer.keys[..., -window + 1:, :], layer.values[..., -window + 1:, :]
+
+    def _on_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        return _to_device(tensor, self.device)
 
     # -- forward -----------------------------------------------------------------------------
     @torch.inference_mode()
@@ -222,23 +234,23 @@ class HFModel:
         ``positions`` ([k], offsets from the cache length) and ``tree_mask`` ([k, k] bool: may new
         token i attend to new token j, every cached token visible; or [k, cached + k] over the
         cached tokens too) score a token tree in one forward; by default the new tokens are causal
-        and consecutive. Logits (float32) are returned for rows ``logits_from:``
-        only, and hidden states for all rows when ``hidden``: True gives the last layer's (after the
+        and consecutive. Logits (float32, on the output layer's device) are returned for rows
+        ``logits_from:`` only, and hidden states for all rows when ``hidden``: True gives the last layer's (after the
         final norm, [k, hidden]); a sequence of decoder-layer indices gives the input of each of those
         layers (index i: the state entering layer i, 0 the embeddings, ``num_layers`` the last
         layer's output after the final norm), concatenated in that order ([k, len(layers) × hidden]).
         """
         k = len(tokens)
         past = len(self._tokens)
-        input_ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
+        input_ids = self._on_device(torch.tensor([list(tokens)], dtype=torch.long))
         kwargs: dict[str, Any] = {"cache": self._cache, "use_cache": True}
         if tree_mask is not None:
             allowed = torch.ones(k, past + k, dtype=torch.bool)
             allowed[:, past + k - tree_mask.shape[1]:] = tree_mask
             mask = torch.zeros(k, past + k, dtype=self.dtype)
             mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
-            kwargs["attention_mask"] = mask[None, None].to(self.device)
-            kwargs["position_ids"] = (positions + past)[None].to(self.device)
+            kwargs["attention_mask"] = self._on_device(mask[None, None])
+            kwargs["position_ids"] = self._on_device((positions + past)[None])
         layers = None if isinstance(hidden, bool) else tuple(int(i) for i in hidden)
         if layers is not None and any(not 0 <= i <= self.num_layers for i in layers):
             raise ValueError(f"hidden layers must lie in [0, {self.num_layers}], got {list(layers)}")
@@ -248,20 +260,20 @@ class HFModel:
         if self.vocab_subset is not None and logits_from < k:
             base = self.model.base_model(input_ids=input_ids, **kwargs)
             last = base.last_hidden_state[0]  # after the norm
-            rows = self._head_subset(last[logits_from:]).float().cpu()
-            out_logits = torch.full((k - logits_from, self.vocab_size), float("-inf"))
-            out_logits[:, self.vocab_subset] = rows
+            rows = self._head_subset(last[logits_from:]).float()
+            out_logits = torch.full((k - logits_from, self.vocab_size), float("-inf"), device=rows.device)
+            out_logits[:, self._subset_index] = rows
             out_hidden = _layer_inputs(base.hidden_states, layers) if layers else (last if hidden else None)
         elif logits_from >= k and not hidden:
             self.model.base_model(input_ids=input_ids, **kwargs)
-            out_logits = torch.empty(0, self.vocab_size)
+            out_logits = torch.empty(0, self.vocab_size, device=self.device)
             out_hidden = None
         else:
             kwargs.setdefault("output_hidden_states", bool(hidden))
             out = self.model(input_ids=input_ids, logits_to_keep=max(k - logits_from, 1), **kwargs)
             out_logits = out.logits[0, -(k - logits_from):].float() if k > logits_from else \
-                torch.empty(0, self.vocab_size)
+                torch.empty(0, self.vocab_size, device=out.logits.device)
             out_hidden = _layer_inputs(out.hidden_states, layers) if layers else \
                 (out.hidden_states[-1][0] if hidden else None)
         self._tokens.extend(int(t) for t in tokens)
-        return ModelOutput(logits=out_logits.cpu(), hidden_states=out_hidden)
+        return ModelOutput(logits=out_logits, hidden_states=out_hidden)

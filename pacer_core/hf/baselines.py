@@ -92,10 +92,11 @@ def hf_generate_traced(target: HFModel, prompt: Sequence[int], max_new_tokens: i
     only; their values after the call (transformers' heuristic schedule updates
     ``num_assistant_tokens``) are returned so a caller can carry them to the next prompt. The trace
     holds ``accept_lengths`` (emitted tokens per step), ``drafted_per_step``, ``target_forwards``,
-    ``draft_forwards``, ``verify_s`` (time inside target forwards) and ``wall_s``; ``clock`` should
-    synchronise CUDA when timing on a GPU.
+    ``draft_forwards``, ``verify_s`` (time inside target forwards) and ``wall_s``. ``clock`` times the
+    whole call and should synchronise CUDA on a GPU; the forwards are timed on the host clock, which
+    adds no sync of its own to ``generate`` (on a GPU ``verify_s`` is then the host's share).
     """
-    trace = _GenerateTrace(len(prompt), clock)
+    trace = _GenerateTrace(len(prompt), time.perf_counter)
     handles = [target.model.register_forward_pre_hook(trace.target_pre, with_kwargs=True),
                target.model.register_forward_hook(trace.target_post)]
     saved = None

@@ -266,7 +266,7 @@ class Ouroboros:
         if window:
             self._lookahead_step(argmax[1 + n_window - cols: 1 + n_window])
         self.stats.update(forwards=1, phrase_tokens=len(chain) - 1, multi_token_forwards=int(len(chain) > 1))
-        return _Drafted([argmax[r] for r in chain], hidden[chain].float(), torch.softmax(logits[chain], -1))
+        return _Drafted([argmax[r] for r in chain], hidden[chain].float(), torch.softmax(logits[chain], -1).cpu())
 
     def _lookahead_step(self, last_row_argmax: list[int]) -> None:
         """Jacobi update of the lookahead window: harvest one phrase per column (row 0 is the key,

@@ -138,7 +138,7 @@ class DraftModel:
         tokens, probs, hidden = [], [], []
         for _ in range(num_tokens):
             out = self.model.forward(feed, logits_from=len(feed) - 1, hidden=self.hidden)
-            logits = out.logits[-1]  # [vocab]
+            logits = out.logits[-1].cpu()  # [vocab]: the token is chosen on the host (one read)
             token, token_probs = choose(logits, self.sampling, state.generator)
             tokens.append(token)
             probs.append(torch.softmax(logits, -1) if token_probs is None else token_probs)
@@ -168,7 +168,7 @@ class DraftModel:
             feed = sync_cache(model, state.tokens)
             out = model.forward(feed, logits_from=len(feed) - 1, hidden=self.hidden)
             self._context = len(model.cached_tokens)
-            probs = self._probs(out.logits[-1:])  # [1, vocab]
+            probs = self._probs(out.logits[-1:].cpu())  # [1, vocab]
             hidden = out.hidden_states[-1:] if self.hidden else None  # [1, hidden]
             nodes, scores = [-1], torch.zeros(1)  # the root is the one expanded node
         else:
@@ -187,7 +187,7 @@ class DraftModel:
                                 hidden=self.hidden)
             for i, (node, _, _) in enumerate(level):
                 self._seen[node] = ancestors[i] + [cached + i]
-            probs = self._probs(out.logits)  # [k, vocab]
+            probs = self._probs(out.logits.cpu())  # [k, vocab]
             ends = [i for i, (_, _, token) in enumerate(level) if token in state.eos_token_ids]
             probs[ends] = 0.0  # nothing grows past an end-of-sequence side node
             hidden = out.hidden_states if self.hidden else None  # [k, hidden]

@@ -40,7 +40,8 @@ class SpeculativeSampling:
         parents = None if tree.is_chain else tree.parents
         if self.sampling.greedy:
             return greedy_verify(tree.tokens, target_logits, parents)
-        target_probs = logits_to_probs(target_logits, self.sampling)  # [n + 1, vocab]
+        # [n + 1, vocab], computed where the logits are, read on the host once (the walk is sequential)
+        target_probs = logits_to_probs(target_logits, self.sampling).cpu()
         uniforms = torch.rand(len(tree), generator=state.generator)  # [n], one per node
         return speculative_verify(tree.tokens, tree.draft_probs, target_probs, uniforms, state.generator,
                                   parents, tree.sampled)
