@@ -198,8 +198,8 @@ def _run_all(units: list[Unit], work: list, bench: BenchConfig, log: AnswerLog, 
                         key = (set_name, prompt.question_id, unit.name, repeat, turn)
                         if key in log.keys or unit.name in ended:
                             continue
-                        answers = [by_key[(set_name, prompt.question_id, unit.name, repeat, t)]["choices"][0]["turns"][0]
-                                   for t in range(turn)]
+                        earlier = [by_key[(set_name, prompt.question_id, unit.name, repeat, t)] for t in range(turn)]
+                        answers = [r["choices"][0]["turns"][0] for r in earlier]
                         ids = turn_ids(models.tokenizer, prompt, answers, bench.chat_template) if turn else first_ids
                         if len(ids) + bench.max_new_tokens > models.target.max_length:
                             ended.add(unit.name)

@@ -174,11 +174,11 @@ def speed_report(files: dict[str, list[dict]]) -> dict[str, dict[str, dict[str, 
 
 def speed_markdown(specbench: dict) -> list[str]:
     """The report's Spec-Bench section: where the files are, then one table per baseline."""
-    def fmt(value: Optional[float], spec: str) -> str:
-        return "—" if value is None else format(value, spec)
+    def fmt(value: Optional[float], spec: str, unit: str = "") -> str:
+        return "—" if value is None else format(value, spec) + unit
 
     lines = ["## Spec-Bench speed", "",
-             f"Spec-Bench answer files (one per stack): {', '.join(f'`{p}`' for p in specbench['files'].values())}. "
+             f"Spec-Bench answer files (one per stack and baseline): {', '.join(f'`{p}`' for p in specbench['files'].values())}. "
              "Computed as Spec-Bench's `evaluation/speed.py` does (choice 0; per question, new tokens ÷ wall "
              "time over its turns; the mean over questions; speedup = that mean ÷ the baseline's; mean accepted "
              "tokens over all steps): see docs/benchmarks.md.", ""]
@@ -189,7 +189,7 @@ def speed_markdown(specbench: dict) -> list[str]:
         for model_id, figures in rows.items():
             for task, f in figures.items():
                 lines.append(f"| {model_id} | {task} | {f['questions']} | {fmt(f['tokens_per_s'], '.1f')} | "
-                             f"{fmt(f['baseline_tokens_per_s'], '.1f')} | {fmt(f['speedup'], '.2f')}{'×' * bool(f['speedup'])} | "
+                             f"{fmt(f['baseline_tokens_per_s'], '.1f')} | {fmt(f['speedup'], '.2f', '×')} | "
                              f"{fmt(f['mean_accepted_tokens'], '.2f')} |")
         lines.append("")
     return lines
