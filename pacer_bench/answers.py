@@ -1,7 +1,8 @@
 """The bench folder's files: ``answers.jsonl`` (the answer log), ``bench.json`` and ``cost_model.json``.
 
-The answer log holds one Spec-Bench-style JSON record per generation, appended, flushed and fsynced
-one by one; a record's key is (prompt set, question id, stack, repeat). ``read_answers`` is its one
+The answer log holds one Spec-Bench-style JSON record per generation (one turn of a question),
+appended, flushed and fsynced one by one; a record's key is (prompt set, question id, stack, repeat,
+turn). Spec-Bench's own answer files are rebuilt from it (pacer_bench/specbench.py). ``read_answers`` is its one
 reader: the bench resumes from it (``AnswerLog``) and the report is computed from it (``load_run``).
 Field meanings: docs/benchmarks.md.
 """
@@ -23,8 +24,10 @@ META = "bench.json"
 COST_MODEL = "cost_model.json"
 
 
-def record_key(record: dict) -> tuple[str, str, str, int]:
-    return (str(record["prompt_set"]), str(record["question_id"]), str(record["model_id"]), int(record.get("repeat", 0)))
+def record_key(record: dict) -> tuple[str, str, str, int, int]:
+    """(prompt set, question id, stack, repeat, turn); records written before multi-turn runs are turn 0."""
+    return (str(record["prompt_set"]), str(record["question_id"]), str(record["model_id"]),
+            int(record.get("repeat", 0)), int(record.get("turn", 0)))
 
 
 @attrs.define
@@ -49,9 +52,10 @@ def record_problem(record: Any) -> Optional[str]:
             return f"no '{field}'"
         if not isinstance(record[field], kinds) or isinstance(record[field], bool):
             return f"'{field}' is a {type(record[field]).__name__}"
-    repeat = record.get("repeat", 0)
-    if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 0:
-        return f"'repeat' is {json.dumps(repeat)}, not a count"
+    for field in ("repeat", "turn"):
+        count = record.get(field, 0)
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            return f"'{field}' is {json.dumps(count)}, not a count"
     return None
 
 
@@ -242,8 +246,10 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> Optional[int]:
 
 
 def make_record(set_name: str, prompt: Any, model_id: str, kind: str, repeat: int, ids: list[int],
-                tokens: list[int], text: str, metrics: dict, finish: str, reference: Optional[list[int]]) -> dict:
-    """One generation's record; ``reference`` is autoregressive decoding's tokens for the same key."""
+                tokens: list[int], text: str, metrics: dict, finish: str, reference: Optional[list[int]],
+                turn: int = 0) -> dict:
+    """One generation's record (turn ``turn`` of the question); ``reference`` is autoregressive
+    decoding's tokens for the same key (the same turn)."""
     divergence = first_divergence(tokens, reference) if reference is not None else None
     return {
         "question_id": prompt.question_id,
@@ -252,6 +258,7 @@ def make_record(set_name: str, prompt: Any, model_id: str, kind: str, repeat: in
         "model_id": model_id,
         "kind": kind,
         "repeat": repeat,
+        "turn": turn,
         "choices": [{"index": 0, "turns": [text], "decoding_steps": [int(metrics.get("steps", 0))],
                      "new_tokens": [len(tokens)], "wall_time": [float(metrics.get("wall_s", 0.0))],
                      "accept_lengths": list(metrics.get("accept_lengths", []))}],

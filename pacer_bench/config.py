@@ -96,6 +96,7 @@ class BenchConfig:
     repeats: int = 1  # each (prompt, stack) this many times
     ignore_eos: bool = False
     chat_template: bool = True
+    multi_turn: bool = False  # every turn of multi-turn questions (MT-Bench, a question.jsonl), after the own answers
     threads: Optional[int] = None  # torch CPU threads (None = torch's default)
     sampling: SamplingConfig = attrs.field(factory=SamplingConfig)
     stacks: Dict[str, StackConfig] = attrs.field(factory=dict)

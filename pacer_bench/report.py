@@ -1,7 +1,7 @@
 """The bench report: ``report.md``, ``results.json`` and PNG plots, computed from ``answers.jsonl`` alone.
 
 Every number is a ratio of totals over records (never a mean of per-prompt ratios): speedup is a
-stack's tokens/s over autoregressive decoding's on the same (prompt, repeat) keys; τ is emitted
+stack's tokens/s over autoregressive decoding's on the same (prompt, repeat, turn) keys; τ is emitted
 tokens / steps; acceptance rate is accepted / drafted; shares of time are summed stage times over
 summed wall time. On a token tree a step's drafted count is the tree's depth, its accepted count
 the accepted path's length, and its tree size the nodes the target verified (records written
@@ -21,12 +21,13 @@ from pacer_core.metrics import step_metrics
 
 from .answers import load_run, write_json
 from .oracle import CostModel, analyse, cost_model, is_tree_log, steps_from_metrics
+from .specbench import answer_files, speed_markdown, speed_report, write_answer_files
 
 ALL = "all"  # the row over every prompt set
 
 
 def _key(r: dict) -> tuple:
-    return (r["prompt_set"], str(r["question_id"]), int(r.get("repeat", 0)))
+    return (r["prompt_set"], str(r["question_id"]), int(r.get("repeat", 0)), int(r.get("turn", 0)))
 
 
 def _sum(records: list[dict], field: str) -> float:
@@ -298,6 +299,8 @@ def render(results: dict, plots: list[str]) -> str:
         lines += [f"## {set_name}", "", table_markdown(results["table"][set_name]), ""]
     if results.get("ablation"):
         lines += ["## Ablation", "", ablation_markdown(results["ablation"]), ""]
+    if results.get("specbench"):
+        lines += speed_markdown(results["specbench"])
     if results.get("verify_cost_ms"):
         lines += verify_cost_markdown(results)
     if results.get("oracle"):
@@ -438,12 +441,15 @@ def make_plots(results: dict, out: Path) -> list[str]:
 
 
 def write_report(out: Path, plots: bool = True) -> dict[str, Any]:
-    """Compute the report of a bench folder; write results.json, report.md and the plots."""
+    """Compute the report of a bench folder; write results.json, report.md, the plots and the
+    Spec-Bench answer files (``specbench/<stack>.jsonl``, rebuilt from the answer log)."""
     out = Path(out)
     meta, records, cost = load_run(out)
     if not records:
         raise InputError(f"'{out}' has no finished records yet: run or resume the bench first")
     results = summarize(meta, records, cost)
+    files = answer_files(records)
+    results["specbench"] = {"files": write_answer_files(out, files), "speed": speed_report(files)}
     files = make_plots(results, out) if plots else []
     results["plots"] = files
     write_json(out / "results.json", results)

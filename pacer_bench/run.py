@@ -26,7 +26,7 @@ from . import units as _units
 from .answers import (ANSWERS, COST_MODEL, META, AnswerLog, json_default, make_record, read_meta, record_key,
                       write_json)
 from .config import BASELINE, HF_BASELINES, BenchConfig, BenchModelConfig
-from .prompts import load_prompts
+from .prompts import load_prompts, turn_ids
 from .report import write_report
 from .timing import device_of, make_clock, measure_verify_costs
 from .units import Models, Unit, engine_unit, hf_unit
@@ -119,22 +119,23 @@ def run_bench(bench: BenchConfig, stacks: dict[str, PacerConfig], out: Path, *, 
     meta = _merge_meta(out, json.loads(json.dumps(meta, default=json_default)), earlier)
     write_json(out / META, meta)
 
-    # encode every prompt once; all units decode the same ids
+    # encode every first turn once; all units decode the same ids (a later turn follows each unit's own answers)
     work = []
     too_long = 0
     for set_name, prompts in prompt_sets.items():
         for prompt in prompts:
-            ids = models.tokenizer.encode(prompt.text, chat_template=bench.chat_template)
+            ids = turn_ids(models.tokenizer, prompt, [], bench.chat_template)
             if len(ids) + bench.max_new_tokens > models.target.max_length:
                 too_long += 1
                 continue
-            work.append((set_name, prompt, list(ids)))
+            work.append((set_name, prompt, ids, len(prompt.turns) if bench.multi_turn else 1))
     if too_long:
         _log(f"skipping {too_long} prompt(s) longer than the target's context minus max_new_tokens")
     if not work:
         raise InputError("no prompt to run: the prompt sets are empty (check --limit and the files)")
 
-    planned = [(s, p.question_id, u.name, r) for s, p, _ in work for r in range(bench.repeats) for u in units]
+    planned = [(s, p.question_id, u.name, r, t) for s, p, _, turns in work for r in range(bench.repeats)
+               for t in range(turns) for u in units]
     done = sum(key in log.keys for key in planned)
     interrupted = False
     try:
@@ -178,27 +179,43 @@ def _warm_up(units: list[Unit], ids: list[int], bench: BenchConfig) -> None:
 
 def _run_all(units: list[Unit], work: list, bench: BenchConfig, log: AnswerLog, models: Models,
              done: int, total: int, progress: bool) -> None:
+    """Every planned generation not yet in the log: per prompt and repeat, turn by turn, every unit.
+    Turn t > 0 is prompted with the unit's own answers to the earlier turns (read back from the log,
+    so a resumed run continues a conversation where it stopped)."""
     from tqdm import tqdm
 
     by_key = {record_key(r): r for r in log.records}
     bar = tqdm(total=total, initial=done, unit="gen", file=sys.stderr, dynamic_ncols=True,
                disable=not progress, smoothing=0.1)
+    too_long = 0
     try:
-        for set_name, prompt, ids in work:
+        for set_name, prompt, first_ids, turns in work:
             for repeat in range(bench.repeats):
-                reference_key = (set_name, prompt.question_id, BASELINE, repeat)
-                for unit in units:
-                    key = (set_name, prompt.question_id, unit.name, repeat)
-                    if key in log.keys:
-                        continue
-                    bar.set_postfix_str(f"{set_name} {unit.name}", refresh=False)
-                    tokens, metrics, finish = unit.run(ids, repeat, bench.max_new_tokens)
-                    reference = by_key.get(reference_key)
-                    ref_tokens = tokens if unit.name == BASELINE else (reference or {}).get("tokens")
-                    record = make_record(set_name, prompt, unit.name, unit.kind, repeat, ids, tokens,
-                                         models.tokenizer.decode(tokens), metrics, finish, ref_tokens)
-                    log.append(record)
-                    by_key[key] = record
-                    bar.update(1)
+                ended: set[str] = set()  # units whose conversation no longer fits the target's context
+                for turn in range(turns):
+                    reference_key = (set_name, prompt.question_id, BASELINE, repeat, turn)
+                    for unit in units:
+                        key = (set_name, prompt.question_id, unit.name, repeat, turn)
+                        if key in log.keys or unit.name in ended:
+                            continue
+                        earlier = [by_key[(set_name, prompt.question_id, unit.name, repeat, t)] for t in range(turn)]
+                        answers = [r["choices"][0]["turns"][0] for r in earlier]
+                        ids = turn_ids(models.tokenizer, prompt, answers, bench.chat_template) if turn else first_ids
+                        if len(ids) + bench.max_new_tokens > models.target.max_length:
+                            ended.add(unit.name)
+                            too_long += turns - turn
+                            continue
+                        bar.set_postfix_str(f"{set_name} {unit.name}", refresh=False)
+                        tokens, metrics, finish = unit.run(ids, repeat, bench.max_new_tokens)
+                        reference = by_key.get(reference_key)
+                        ref_tokens = tokens if unit.name == BASELINE else (reference or {}).get("tokens")
+                        record = make_record(set_name, prompt, unit.name, unit.kind, repeat, ids, tokens,
+                                             models.tokenizer.decode(tokens), metrics, finish, ref_tokens, turn)
+                        log.append(record)
+                        by_key[key] = record
+                        bar.update(1)
     finally:
         bar.close()
+    if too_long:
+        _log(f"skipped {too_long} later turn(s): the conversation so far plus max_new_tokens exceeds the "
+             "target's context")

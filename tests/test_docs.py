@@ -488,6 +488,9 @@ def test_documented_bench_errors_are_the_real_messages(tmp_path, capsys, monkeyp
         "a prompt file in Latin-1": lambda: bench(lines='{"prompt": "caf\xe9"}\n'.encode("latin-1")),
         "a prompt file line that is not JSON": lambda: bench(lines=good_prompts + "not json\n"),
         "a prompt file line without text": lambda: bench(lines='{"question_id": "q"}\n'),
+        'a question file line with `"turns": ["a", 5]`': lambda: bench(lines='{"question_id": 81, "turns": ["a", 5]}\n'),
+        'a question file repeating `"question_id": 81` on line 2': lambda: bench(
+            lines='{"question_id": 81, "turns": ["a", "b"]}\n{"question_id": 81, "turns": ["c"]}\n'),
         "an empty prompt file": lambda: bench(lines=""),
         "`bench.json` that is not JSON": lambda: run_folder("{oops"),
         "`bench.json` without its `units`": lambda: run_folder(json.dumps({k: v for k, v in meta.items() if k != "units"})),

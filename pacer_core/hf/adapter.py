@@ -58,13 +58,16 @@ class HFTokenizer:
 
     def encode(self, text: str, chat_template: bool = True) -> list[int]:
         if chat_template and self.has_chat_template:
-            ids = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
-            )
-            if hasattr(ids, "keys"):  # a BatchEncoding
-                ids = ids["input_ids"]
-            return list(ids)
+            return self.encode_chat([{"role": "user", "content": text}])
         return list(self.tokenizer.encode(text, add_special_tokens=True))
+
+    def encode_chat(self, messages: Sequence[dict]) -> list[int]:
+        """A conversation (``[{"role": "user" | "assistant", "content": text}, ...]``, ending with
+        the user's turn) through the chat template, with the assistant's generation prompt."""
+        ids = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+        if hasattr(ids, "keys"):  # a BatchEncoding
+            ids = ids["input_ids"]
+        return list(ids)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)

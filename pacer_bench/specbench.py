@@ -1,0 +1,195 @@
+"""Spec-Bench compatibility: its answer files, rebuilt from the answer log, and its speed report.
+
+Spec-Bench (Xia et al., 2024) writes one JSONL answer file per method, one line per question:
+``question_id``, ``category``, ``answer_id``, ``model_id``, ``choices`` and ``tstamp``, where
+``choices[i]`` (seed i) holds per-turn lists ``turns`` (texts), ``decoding_steps``, ``new_tokens``,
+``wall_time`` and the concatenated per-step ``accept_lengths``. ``answer_files`` builds exactly that
+from our records (a repeat r is choice r, a record's turn t is entry t of the lists);
+``write_answer_files`` writes them beside the answer log, so they survive interruption and resume
+the way the log does (they are rebuilt whenever the report is).
+
+``speed`` computes what Spec-Bench's ``evaluation/speed.py`` prints for one task: over a file's
+questions of that task, each question's speed is its summed new tokens over its summed wall time
+(choice 0, all turns); tokens/s is the mean of those speeds; the speedup is that mean over the
+baseline file's mean; the mean accepted tokens is the mean of all accept lengths. Tasks are
+``mt_bench`` (MT-Bench's eight categories), each other category, and ``overall``. The one
+difference: speed.py recounts the baseline's tokens by re-tokenizing its text (minus one, for the
+BOS token of Vicuna's tokenizer), which needs the tokenizer; we read the baseline's ``new_tokens``,
+counted the way the stacks' are. Meaning and use: docs/benchmarks.md#spec-bench-compatibility.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import uuid
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+FOLDER = "specbench"  # DIR/specbench/<model_id>.jsonl
+ANSWER_FIELDS = ("question_id", "category", "answer_id", "model_id", "choices", "tstamp")
+CHOICE_FIELDS = ("index", "turns", "decoding_steps", "new_tokens", "wall_time", "accept_lengths")
+MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+MT_BENCH, OVERALL = "mt_bench", "overall"
+SPEED_BASELINES = ("autoregressive", "hf_generate")  # the files speedups are computed against, when present
+
+
+def _question_id(value: Any) -> Any:
+    """Spec-Bench numbers its questions: an id that is the text of a whole number is written as one."""
+    return int(value) if isinstance(value, str) and re.fullmatch(r"[0-9]+", value) else value
+
+
+def _answer_id(set_name: str, question_id: Any, model_id: str) -> str:
+    """Stable across rebuilds (Spec-Bench draws a random short uuid; nothing reads it)."""
+    return uuid.uuid5(uuid.NAMESPACE_URL, f"pacer-bench:{set_name}\0{question_id}\0{model_id}").hex[:22]
+
+
+def answer_files(records: Sequence[dict]) -> dict[str, list[dict]]:
+    """model_id → its Spec-Bench answer lines, in the order questions first appear in ``records``.
+
+    A question's line holds every repeat recorded (choice ``index`` = repeat, in order) and, in each
+    choice, every turn recorded (in order); ``tstamp`` is its latest record's."""
+    grouped: dict[str, dict[tuple, dict[int, dict[int, dict]]]] = {}
+    for r in records:
+        question = (str(r["prompt_set"]), str(r["question_id"]))
+        repeats = grouped.setdefault(str(r["model_id"]), {}).setdefault(question, {})
+        repeats.setdefault(int(r.get("repeat", 0)), {})[int(r.get("turn", 0))] = r
+    files: dict[str, list[dict]] = {}
+    for model_id, questions in grouped.items():
+        lines = []
+        for (set_name, question_id), repeats in questions.items():
+            choices, first, stamp = [], None, 0.0
+            for repeat in sorted(repeats):
+                turns = [repeats[repeat][t] for t in sorted(repeats[repeat])]
+                first = first or turns[0]
+                stamp = max([stamp] + [float(r.get("tstamp", 0.0)) for r in turns])
+                per_turn = [r["choices"][0] for r in turns]  # one turn per record
+                choices.append({
+                    "index": repeat,
+                    "turns": [c["turns"][0] for c in per_turn],
+                    "decoding_steps": [int(c["decoding_steps"][0]) for c in per_turn],
+                    "new_tokens": [int(c["new_tokens"][0]) for c in per_turn],
+                    "wall_time": [float(c["wall_time"][0]) for c in per_turn],
+                    "accept_lengths": [int(a) for c in per_turn for a in c["accept_lengths"]],
+                })
+            lines.append({"question_id": _question_id(question_id), "category": first.get("category", set_name),
+                          "answer_id": _answer_id(set_name, question_id, model_id), "model_id": model_id,
+                          "choices": choices, "tstamp": stamp})
+        files[model_id] = lines
+    return files
+
+
+def file_names(model_ids: Sequence[str]) -> dict[str, str]:
+    """model_id → its answer file's name: the id with characters unsafe in a file name replaced by
+    ``_`` (``~2``, ``~3``, ... added when two ids would share a name)."""
+    names: dict[str, str] = {}
+    taken: set[str] = set()
+    for model_id in model_ids:
+        stem = re.sub(r"[^A-Za-z0-9._+()=,-]", "_", model_id).lstrip(".") or "_"
+        name, n = f"{stem}.jsonl", 1
+        while name in taken:
+            n += 1
+            name = f"{stem}~{n}.jsonl"
+        taken.add(name)
+        names[model_id] = name
+    return names
+
+
+def write_answer_files(out: Path, files: dict[str, list[dict]]) -> dict[str, str]:
+    """Write each model's answer file under ``out/specbench/`` (atomically: a temporary file, then a
+    rename); model_id → the path relative to ``out``. Other files in the folder are left alone."""
+    folder = Path(out) / FOLDER
+    folder.mkdir(exist_ok=True)
+    paths = {}
+    for model_id, name in file_names(list(files)).items():
+        path = folder / name
+        tmp = path.with_name(name + ".tmp")
+        tmp.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in files[model_id]),
+                       encoding="utf-8")
+        os.replace(tmp, path)
+        paths[model_id] = f"{FOLDER}/{name}"
+    return paths
+
+
+def in_task(line: dict, task: str) -> bool:
+    if task == OVERALL:
+        return True
+    if task == MT_BENCH:
+        return line["category"] in MT_BENCH_CATEGORIES
+    return line["category"] == task
+
+
+def tasks(lines: Sequence[dict]) -> list[str]:
+    """speed.py's tasks present in ``lines``: ``mt_bench`` (any MT-Bench category), every other
+    category in order of appearance, ``overall``."""
+    categories = list(dict.fromkeys(line["category"] for line in lines))
+    mt = [MT_BENCH] if any(c in MT_BENCH_CATEGORIES for c in categories) else []
+    return mt + [c for c in categories if c not in MT_BENCH_CATEGORIES] + [OVERALL]
+
+
+def _mean(values: Sequence[float]) -> Optional[float]:
+    return sum(values) / len(values) if values else None
+
+
+def _speeds(lines: Sequence[dict]) -> list[float]:
+    """Per question: summed new tokens / summed wall seconds over the turns of choice 0 (a question
+    timed at zero seconds, where speed.py would divide by zero, is left out)."""
+    out = []
+    for line in lines:
+        choice = line["choices"][0]
+        seconds = sum(choice["wall_time"])
+        if seconds > 0:
+            out.append(sum(choice["new_tokens"]) / seconds)
+    return out
+
+
+def speed(lines: Sequence[dict], base_lines: Sequence[dict], task: str) -> Optional[dict]:
+    """speed.py's figures for ``task``: a method's answer lines against the baseline's (None when the
+    method or the baseline has no question of the task)."""
+    mine = [line for line in lines if in_task(line, task)]
+    base = [line for line in base_lines if in_task(line, task)]
+    rate, base_rate = _mean(_speeds(mine)), _mean(_speeds(base))
+    if rate is None or base_rate is None:
+        return None
+    accepts = [a for line in mine for a in line["choices"][0]["accept_lengths"]]
+    return {"questions": len(mine), "tokens_per_s": rate, "baseline_tokens_per_s": base_rate,
+            "speedup": rate / base_rate if base_rate else None, "mean_accepted_tokens": _mean(accepts)}
+
+
+def speed_report(files: dict[str, list[dict]]) -> dict[str, dict[str, dict[str, dict]]]:
+    """baseline → model_id → task → ``speed``'s figures, for every answer file against each of
+    ``SPEED_BASELINES`` present (the baseline's own row included: speedup 1)."""
+    report: dict[str, dict[str, dict[str, dict]]] = {}
+    for baseline in SPEED_BASELINES:
+        if baseline not in files:
+            continue
+        rows = {}
+        for model_id, lines in files.items():
+            figures = {task: speed(lines, files[baseline], task) for task in tasks(lines)}
+            rows[model_id] = {task: f for task, f in figures.items() if f is not None}
+        report[baseline] = rows
+    return report
+
+
+def speed_markdown(specbench: dict) -> list[str]:
+    """The report's Spec-Bench section: where the files are, then one table per baseline."""
+    def fmt(value: Optional[float], spec: str, unit: str = "") -> str:
+        return "—" if value is None else format(value, spec) + unit
+
+    lines = ["## Spec-Bench speed", "",
+             f"Spec-Bench answer files (one per stack and baseline): {', '.join(f'`{p}`' for p in specbench['files'].values())}. "
+             "Computed as Spec-Bench's `evaluation/speed.py` does (choice 0; per question, new tokens ÷ wall "
+             "time over its turns; the mean over questions; speedup = that mean ÷ the baseline's; mean accepted "
+             "tokens over all steps): see docs/benchmarks.md.", ""]
+    for baseline, rows in specbench["speed"].items():
+        lines += [f"Against `{baseline}`:", "",
+                  "| stack | task | questions | tok/s | baseline tok/s | speedup | mean accepted tokens |",
+                  "|---|---|---|---|---|---|---|"]
+        for model_id, figures in rows.items():
+            for task, f in figures.items():
+                lines.append(f"| {model_id} | {task} | {f['questions']} | {fmt(f['tokens_per_s'], '.1f')} | "
+                             f"{fmt(f['baseline_tokens_per_s'], '.1f')} | {fmt(f['speedup'], '.2f', '×')} | "
+                             f"{fmt(f['mean_accepted_tokens'], '.2f')} |")
+        lines.append("")
+    return lines
