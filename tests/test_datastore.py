@@ -363,3 +363,16 @@ def test_a_seed_reproduces_a_sampled_generation_while_the_store_grows(tmp_path):
     assert len(outputs) == 1
     assert datastore_plugin(engine).store.size > 60 and datastore_plugin(engine).searched.size == 0
     assert len(np.load(path)["lengths"]) == 6  # every generation is saved for later runs
+
+
+def test_tiny_llama_greedy_output_equals_transformers_generate():
+    from helpers import adapter, greedy_pair
+
+    prompts = [[5, 9, 13, 5, 9, 13, 5], [17, 4, 17, 4]]
+    target, draft, references = greedy_pair(8.0, prompts, 20)
+    engine = build_engine(adapter(target, eos=False), adapter(draft, eos=False),
+                          "hybrid, members: [{name: draft_model}, {name: datastore, min_ngram: 1}, {name: phrase_pool, level: 3}]",
+                          "{name: fixed, gamma: 3}", {"temperature": 0.0}, verifier="greedy")
+    for _ in range(2):  # the second round retrieves from the first one's generations
+        for prompt, reference in zip(prompts, references):
+            assert engine.generate(prompt, max_new_tokens=20).tokens == reference
