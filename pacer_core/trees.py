@@ -19,6 +19,8 @@ import attrs
 import torch
 from attrs import validators as v
 
+from .types import Draft, DraftBlock, SideNodes
+
 
 @attrs.define
 class TreeConfig:
@@ -100,3 +102,22 @@ def merge_phrases(tokens: list[int], parents: list[int], phrases: list[list[int]
             at = node
         paths.append(path)
     return new_tokens, new_parents, paths
+
+
+def phrase_block(phrases: list[list[int]], draft: Draft) -> Optional[DraftBlock]:
+    """A model-free drafter's block from candidate phrases continuing the draft's main path, best
+    first: the first phrase is the block's tokens (the main path), the others hang off the same
+    node as side nodes, merged into a trie with it (no two siblings repeat a token). All are point
+    masses (no draft probabilities, ``sampled=False``). None when there is no non-empty first phrase.
+    """
+    if not phrases or not phrases[0]:
+        return None
+    main = [int(t) for t in phrases[0]]
+    parent = draft.path_nodes[-1] if len(draft) else -1  # the main path's tip (-1: the root)
+    # the main phrase first in the trie: its nodes are the block's tokens, numbered from
+    # draft.num_nodes; the other phrases share its prefix and follow as side nodes
+    trie = SideNodes.trie([main] + [list(p) for p in phrases[1:]], parent=parent, first=draft.num_nodes)
+    side = None
+    if len(trie) > len(main):
+        side = SideNodes(trie.tokens[len(main):], trie.parents[len(main):])
+    return DraftBlock(tokens=torch.tensor(main, dtype=torch.long), side=side, sampled=False)

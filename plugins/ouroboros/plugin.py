@@ -24,16 +24,15 @@ accepted node as the target corrected it.
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 from typing import Optional, Sequence
 
 import attrs
 import torch
 
 from pacer_builtins.drafters import DEFAULT_DRAFT, sync_cache
-from pacer_core import Component, DraftBlock, InputError, Resources, SideNodes, hookimpl
+from pacer_core import Component, DraftBlock, Resources, SideNodes, hookimpl
 
-from .pool import PhrasePool, argmax_chains
+from .pool import learn_from_step, ngram_pairs, open_pool
 
 __all__ = ["OuroborosConfig", "Ouroboros", "lookahead_layout", "pacer_components"]
 
@@ -121,25 +120,11 @@ class Ouroboros:
         self.config = config
         self.model = resources.draft
         self.phrase_length = config.level - 1
-        self.pool = self._initial_pool()
+        self.pool = open_pool(config.pool_path, self.phrase_length, config.guess_set_size)
         self.window: list[list[int]] = []  # rows × columns of the lookahead window
         self._window_updates = 0
         self._surplus: Optional[tuple[list[int], _Drafted]] = None  # (context it continues, tokens)
         self.stats: Counter[str] = Counter()
-
-    def _initial_pool(self) -> PhrasePool:
-        c, path = self.config, self.config.pool_path
-        if path and Path(path).expanduser().exists():
-            try:
-                pool = PhrasePool.load(path, capacity=c.guess_set_size)
-            except ValueError as exc:
-                raise InputError(f"{exc}; delete it or set another pool_path") from None
-            if pool.phrase_length != self.phrase_length:
-                raise InputError(f"phrase pool '{path}' holds phrases of {pool.phrase_length} tokens; "
-                                 f"level {c.level} needs {self.phrase_length}: use level "
-                                 f"{pool.phrase_length + 1} or another pool_path")
-            return pool
-        return PhrasePool(self.phrase_length, c.guess_set_size)
 
     # -- hooks -----------------------------------------------------------------------------------
     @hookimpl
@@ -149,7 +134,7 @@ class Ouroboros:
             self.pool.clear()
         prompt, n = state.tokens, self.phrase_length
         if self.config.prompt_phrases:
-            self.pool.add_all((prompt[i], prompt[i + 1:i + 1 + n]) for i in range(len(prompt) - n))
+            self.pool.add_all(ngram_pairs(prompt, n))
         # the window starts as tokens picked from the prompt (lookahead decoding's initialisation)
         picks = torch.randint(len(prompt), (n, self.config.window_size), generator=torch.Generator().manual_seed(0))
         self.window = [[prompt[int(j)] for j in row] for row in picks] if self.config.window_size else []
@@ -182,36 +167,10 @@ class Ouroboros:
     def pacer_observe_step(self, state, step) -> None:
         self._surplus = None
         sync_cache(self.model, state.tokens)  # roll the draft cache back to the committed tokens
-        draft, verdict = step.draft, step.verdict
-        tree, accepted = draft.tree, verdict.nodes(draft)
+        draft = step.draft
         main_nodes = set(draft.path_nodes)
-        self.stats["branch_tokens"] += sum(1 for i in accepted if i not in main_nodes)
-        if len(draft) == 0 or step.target_argmax is None or len(step.target_argmax) != len(tree) + 1:
-            return
-        argmax = step.target_argmax.tolist()  # [N + 1]: row 0 after the root, row i + 1 after node i
-        tokens = tree.tokens.tolist()
-        root = state.tokens[step.committed_before - 1]
-
-        def fed(nodes) -> tuple[list[int], list[int]]:  # a root path and the target's argmax along it
-            return [root] + [tokens[i] for i in nodes], [argmax[0]] + [argmax[i + 1] for i in nodes]
-
-        paths = [fed(draft.path_nodes)]
-        if any(i not in main_nodes for i in accepted):
-            paths.append(fed(accepted))
-        # each candidate suffix hanging off an accepted node, as the target would have continued it
-        children = tree.children
-        for leaf in (i for i in range(len(tree)) if i not in main_nodes and not children[i]):
-            path = tree.path_to(leaf)
-            attach = max((j for j, node in enumerate(path) if node in main_nodes), default=-1)
-            anchor = path[attach] if attach >= 0 else -1
-            if anchor != -1 and anchor not in accepted:
-                continue
-            branch = path[attach + 1:]
-            key = tokens[anchor] if anchor >= 0 else root
-            corrected = [argmax[anchor + 1]] + [argmax[i + 1] for i in branch]
-            self.pool.replace(key, [tokens[i] for i in branch], corrected[: self.phrase_length])
-        for chain, target in paths:  # the target's own greedy chains along the verified paths
-            self.pool.add_all(argmax_chains(chain, target, self.phrase_length))
+        self.stats["branch_tokens"] += sum(1 for i in step.verdict.nodes(draft) if i not in main_nodes)
+        learn_from_step(self.pool, state, step)
 
     @hookimpl
     def pacer_finish(self, state, result) -> dict:

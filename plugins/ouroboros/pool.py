@@ -14,9 +14,11 @@ import json
 import os
 from collections import OrderedDict
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence, Union
+from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 
-__all__ = ["PhrasePool", "argmax_chains"]
+from pacer_core import InputError
+
+__all__ = ["PhrasePool", "argmax_chains", "learn_from_step", "ngram_pairs", "open_pool"]
 
 Phrase = tuple[int, ...]
 FORMAT = "ouroboros-phrase-pool"
@@ -151,3 +153,61 @@ def argmax_chains(tokens: Sequence[int], argmax: Sequence[int], length: int) -> 
         if len(chain) == length:
             pairs.append((int(tokens[i]), tuple(chain)))
     return pairs
+
+
+def ngram_pairs(tokens: Sequence[int], length: int) -> Iterator[tuple[int, Sequence[int]]]:
+    """(key, phrase) for every ``length``-token n-gram of ``tokens`` after its first token, keyed by the token before it."""
+    return ((tokens[i], tokens[i + 1:i + 1 + length]) for i in range(len(tokens) - length))
+
+
+def open_pool(path: Optional[str], phrase_length: int, capacity: int) -> PhrasePool:
+    """The pool saved at ``path`` (each key's ``capacity`` most recent phrases) when it exists, else
+    an empty one; ``InputError`` for a file that is not a pool or holds phrases of another length."""
+    if path and Path(path).expanduser().exists():
+        try:
+            pool = PhrasePool.load(path, capacity=capacity)
+        except ValueError as exc:
+            raise InputError(f"{exc}; delete it or set another pool_path") from None
+        if pool.phrase_length != phrase_length:
+            raise InputError(f"phrase pool '{path}' holds phrases of {pool.phrase_length} tokens; "
+                             f"level {phrase_length + 1} needs {phrase_length}: use level "
+                             f"{pool.phrase_length + 1} or another pool_path")
+        return pool
+    return PhrasePool(phrase_length, capacity)
+
+
+def learn_from_step(pool: PhrasePool, state: Any, step: Any) -> None:
+    """What a verified step teaches the pool (``step.target_argmax``: the target's argmax at every
+    node): the target's argmax chains along the main path and the accepted path, and each candidate
+    suffix hanging off an accepted node (or the root) replaced by the target's correction of it.
+    Nothing without a draft or the argmax rows."""
+    draft, verdict = step.draft, step.verdict
+    tree, accepted = draft.tree, verdict.nodes(draft)
+    main_nodes = set(draft.path_nodes)
+    if len(draft) == 0 or step.target_argmax is None or len(step.target_argmax) != len(tree) + 1:
+        return
+    argmax = step.target_argmax.tolist()  # [N + 1]: row 0 after the root, row i + 1 after node i
+    tokens = tree.tokens.tolist()
+    root = state.tokens[step.committed_before - 1]
+    length = pool.phrase_length
+
+    def fed(nodes) -> tuple[list[int], list[int]]:  # a root path and the target's argmax along it
+        return [root] + [tokens[i] for i in nodes], [argmax[0]] + [argmax[i + 1] for i in nodes]
+
+    paths = [fed(draft.path_nodes)]
+    if any(i not in main_nodes for i in accepted):
+        paths.append(fed(accepted))
+    # each candidate suffix hanging off an accepted node, as the target would have continued it
+    children = tree.children
+    for leaf in (i for i in range(len(tree)) if i not in main_nodes and not children[i]):
+        path = tree.path_to(leaf)
+        attach = max((j for j, node in enumerate(path) if node in main_nodes), default=-1)
+        anchor = path[attach] if attach >= 0 else -1
+        if anchor != -1 and anchor not in accepted:
+            continue
+        branch = path[attach + 1:]
+        key = tokens[anchor] if anchor >= 0 else root
+        corrected = [argmax[anchor + 1]] + [argmax[i + 1] for i in branch]
+        pool.replace(key, [tokens[i] for i in branch], corrected[:length])
+    for chain, target in paths:  # the target's own greedy chains along the verified paths
+        pool.add_all(argmax_chains(chain, target, length))

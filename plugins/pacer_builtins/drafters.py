@@ -10,7 +10,7 @@ import torch
 
 from pacer_core import Component, DraftBlock, Resources, SideNodes, hookimpl
 from pacer_core.sampling import choose, logits_to_probs
-from pacer_core.trees import TreeConfig, grow_level
+from pacer_core.trees import TreeConfig, grow_level, phrase_block
 
 # the token-level draft shipped for the embedded SmolLM2 target (made by `pacer distill
 # student.kind=token`, see its manifest.json): used when a config omits `draft`
@@ -285,17 +285,7 @@ class PromptLookup:
             tokens = lookup_continuation(context, c.max_ngram_size, c.min_ngram_size, num_tokens)
             return DraftBlock(tokens=tokens.clone()) if tokens.numel() else None
         found = lookup_continuations(context, c.max_ngram_size, c.min_ngram_size, num_tokens, c.branches)
-        if not found:
-            return None
-        main = found[0]
-        parent = draft.path_nodes[-1] if len(draft) else -1  # the main path's tip (-1: the root)
-        # the main continuation first in the trie: its nodes are the block's tokens, numbered from
-        # draft.num_nodes; the other continuations share its prefix and follow as side nodes
-        trie = SideNodes.trie([main] + found[1:], parent=parent, first=draft.num_nodes)
-        side = None
-        if len(trie) > len(main):
-            side = SideNodes(trie.tokens[len(main):], trie.parents[len(main):])
-        return DraftBlock(tokens=torch.tensor(main, dtype=torch.long), side=side, sampled=False)
+        return phrase_block(found, draft)
 
 
 @hookimpl
