@@ -18,8 +18,8 @@ first rejection. Replayed step by step:
 
 Each step emits its accepted tokens plus one (the recovered or bonus token). A step costs
 ``draft(n) + verify(n + 1)`` for n draft tokens, since the target is fed the pending token plus the
-draft; plain decoding costs ``verify(1)`` per token, so a simulated speedup is
-``(emitted / seconds) · verify(1)``. The replay treats logged steps as independent situations: it
+draft (plus ``step_s``, a step's fixed cost, where measured); plain decoding costs ``step(0)`` =
+``step_s + verify(1)`` per token, so a simulated speedup is ``(emitted / seconds) · step(0)``. The replay treats logged steps as independent situations: it
 does not re-simulate where a different γ would have started its next step (docs/benchmarks.md).
 
 **Token trees**: a tree step logs its depth as ``drafted``, its accepted path as ``accepted`` and the
@@ -65,12 +65,14 @@ class CostModel:
     """Measured costs in seconds: ``verify_s[k - 1]`` is one causal target forward over k tokens
     (k = 1..K, a chain's verification); ``tree_verify_s[i]`` one tree-masked forward over
     ``tree_k[i]`` tokens (ascending; empty = trees cost what chains do); ``draft_token_s`` is the
-    drafter's cost per draft token."""
+    drafter's cost per draft token; ``step_s`` a step's fixed cost besides drafting and verifying
+    (committing, cropping caches, the hooks; 0 = not measured)."""
 
     verify_s: tuple[float, ...] = attrs.field(converter=tuple)
     draft_token_s: float = 0.0
     tree_k: tuple[int, ...] = attrs.field(default=(), converter=tuple)
     tree_verify_s: tuple[float, ...] = attrs.field(default=(), converter=tuple)
+    step_s: float = 0.0
 
     def __attrs_post_init__(self) -> None:
         if not self.verify_s or min(self.verify_s) <= 0:
@@ -81,6 +83,8 @@ class CostModel:
             raise ValueError(f"tree_k must be ascending token counts >= 2, got {list(self.tree_k)}")
         if self.tree_verify_s and min(self.tree_verify_s) <= 0:
             raise ValueError("tree_verify_s must be positive times")
+        if self.draft_token_s < 0 or self.step_s < 0:
+            raise ValueError(f"draft_token_s ({self.draft_token_s}) and step_s ({self.step_s}) must be >= 0")
 
     def verify(self, k: int) -> float:
         """Cost of verifying k tokens; beyond the measured K, extrapolated linearly from the last two."""
@@ -108,19 +112,27 @@ class CostModel:
     def draft(self, n: int) -> float:
         return n * self.draft_token_s
 
-    def step(self, drafted: int, nodes: Optional[int] = None) -> float:
+    def step(self, drafted: int, nodes: Optional[int] = None, sent: Optional[int] = None) -> float:
         """A step drafting ``drafted`` tokens (a tree: levels) whose target forward verifies the
-        pending token and ``nodes`` draft nodes (None or ``drafted``: a chain, a causal forward)."""
+        pending token and ``nodes`` draft nodes (None or ``drafted``: a chain, a causal forward);
+        ``sent``: a chain trimmed to its first ``sent`` tokens before verification (the trimmed
+        ones were drafted, so they cost drafting but not verifying)."""
+        if sent is not None:
+            return self.step_s + self.draft(drafted) + self.verify(sent + 1)
         if nodes is None or nodes == drafted:
-            return self.draft(drafted) + self.verify(drafted + 1)
-        return self.draft(drafted) + self.verify_tree(nodes + 1)
+            return self.step_s + self.draft(drafted) + self.verify(drafted + 1)
+        return self.step_s + self.draft(drafted) + self.verify_tree(nodes + 1)
 
 
-def cost_model(cost_file: dict, draft_token_s: float = 0.0) -> CostModel:
-    """The cost model of a bench's ``cost_model.json``: each measured curve made non-decreasing."""
+def cost_model(cost_file: dict, draft_token_s: Optional[float] = None) -> CostModel:
+    """The cost model of a bench's ``cost_model.json`` (or a ``pacer costs`` file): each measured
+    curve made non-decreasing. ``draft_token_s`` defaults to the file's (0 when it has none)."""
     tree_k = list(cost_file.get("tree_k") or ())
     tree_s = monotone(cost_file.get("tree_verify_s") or ()) if tree_k else ()
-    return CostModel(monotone(cost_file["verify_s"]), draft_token_s, tree_k, tree_s)
+    if draft_token_s is None:
+        draft_token_s = float(cost_file.get("draft_token_s") or 0.0)
+    return CostModel(monotone(cost_file["verify_s"]), draft_token_s, tree_k, tree_s,
+                     float(cost_file.get("step_s") or 0.0))
 
 
 @attrs.frozen
@@ -153,8 +165,9 @@ class Replay:
     steps: int
 
     def speedup(self, cost: CostModel) -> float:
-        """Tokens/s of this replay over plain decoding's (one ``verify(1)`` forward per token)."""
-        return (self.emitted / self.seconds) * cost.verify(1) if self.seconds > 0 else 0.0
+        """Tokens/s of this replay over plain decoding's (one step without a draft per token,
+        ``step(0)``: a ``verify(1)`` forward plus ``step_s``)."""
+        return (self.emitted / self.seconds) * cost.step(0) if self.seconds > 0 else 0.0
 
 
 def steps_from_metrics(metrics: dict) -> list[LoggedStep]:

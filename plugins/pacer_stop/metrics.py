@@ -55,3 +55,17 @@ def prediction_report(probs: torch.Tensor, labels: torch.Tensor) -> dict[str, fl
         "brier": float(((probs - labels) ** 2).mean()),
         "log_loss": float(log_loss),
     }
+
+
+def position_report(probs: torch.Tensor, labels: torch.Tensor, positions: torch.Tensor) -> list[dict[str, float]]:
+    """Per draft position (0 = the first draft token): tokens, accepted rate, mean prediction, ROC AUC
+    (NaN where one outcome is missing) and ECE of ``probs`` [N] against ``labels`` [N] at ``positions`` [N]."""
+    rows = []
+    for p in range(int(positions.max()) + 1 if len(positions) else 0):
+        at = positions == p
+        if not bool(at.any()):
+            continue
+        rows.append({"position": p, "tokens": int(at.sum()), "accepted_rate": float(labels[at].double().mean()),
+                     "mean_prediction": float(probs[at].double().mean()), "auc": roc_auc(probs[at], labels[at]),
+                     "ece": expected_calibration_error(probs[at], labels[at])})
+    return rows

@@ -1,8 +1,11 @@
 """The ``pacer`` stop policy: blockwise pre-verification of the draft by M_B (docs/pacer.md).
 
-Drafting goes in blocks of ``b`` tokens. After each block M_B predicts every block token's
-acceptance probability; if the block's mean is below the threshold t the draft stops, else
-t ← min(t · rho, t_max) for the next block. t starts at ``t0`` in every step.
+Drafting goes in blocks of ``b`` tokens. After each block the predictor (M_B, or the draft's own
+cumulative confidence) estimates, for every block token, the probability that it and every earlier
+draft token are accepted. Then the ``rule`` decides (``rules``): ``paper`` stops when the block's
+mean is below the threshold t (else t ← min(t · rho, t_max); t starts at ``t0`` in every step);
+``throughput`` keeps the block's best prefix by gain against marginal cost at the running
+throughput (a measured cost model, ``costs``) and goes on only if the whole block paid.
 """
 
 from __future__ import annotations
@@ -10,14 +13,17 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional
 
 import attrs
 import torch
 from attrs import validators as v
 
+from pacer_bench.oracle import CostModel, monotone
 from pacer_core import Draft, InputError, Resources, Stop, hookimpl
 
+from . import costs as cost_files
+from . import rules
 from .model import CONFIG, MANIFEST, WEIGHTS, IncrementalPredictor, PreVerifier, confidence_features
 
 DEFAULT_CHECKPOINT = Path(__file__).parent / "default"  # M_B for the embedded target + shipped eagle draft
@@ -33,6 +39,33 @@ def _unit(instance, attribute, value) -> None:
         raise ValueError(f"'{attribute.name}' must be in [0, 1], got {value}")
 
 
+RULES = ("paper", "throughput")
+PREDICTORS = ("mb", "draft_confidence")
+
+
+def _one_of(choices):
+    def check(instance, attribute, value) -> None:
+        if value not in choices:
+            raise ValueError(f"'{attribute.name}' must be one of {', '.join(choices)}, got '{value}'")
+    return check
+
+
+@attrs.define
+class CostsConfig:
+    """A cost model given inline (seconds), instead of a measured cost file."""
+
+    verify_s: List[float] = attrs.field(factory=list)  # one target forward over k = 1..K tokens
+    draft_token_s: float = attrs.field(default=0.0, validator=v.ge(0.0))  # drafting one token
+    step_s: float = attrs.field(default=0.0, validator=v.ge(0.0))  # a step's other fixed costs
+
+    def __attrs_post_init__(self) -> None:
+        if not self.verify_s or min(self.verify_s) <= 0:
+            raise ValueError("costs.verify_s needs the positive seconds of a target forward over k = 1, 2, ... tokens")
+
+    def model(self) -> CostModel:
+        return CostModel(monotone(self.verify_s), self.draft_token_s, step_s=self.step_s)
+
+
 @attrs.define
 class PacerStopConfig:
     b: int = attrs.field(default=2, validator=v.ge(1))  # block size in tokens (1 = per-token, SpecDec++-like)
@@ -45,6 +78,13 @@ class PacerStopConfig:
     checkpoint: Optional[str] = None  # M_B folder from `pacer train-preverify`; None = the shipped one for
     # the pair; shipped:NAME = a folder shipped with this plugin (shipped:ablation_no_pos)
     allow_other_pair: bool = False  # experts: use an M_B trained for another draft/target pair
+    rule: str = attrs.field(default="paper", validator=_one_of(RULES))  # paper: t0/rho/t_max; throughput: costs
+    predictor: str = attrs.field(default="mb", validator=_one_of(PREDICTORS))  # draft_confidence: no M_B
+    margin: float = attrs.field(default=1.0, validator=v.gt(0.0))  # throughput: λ multiplier (> 1: shorter)
+    rate_decay: float = attrs.field(default=0.1, validator=[v.gt(0.0), v.le(1.0)])  # throughput: λ's EMA weight
+    transient: bool = False  # throughput: forget λ at every prompt (always so under sampling)
+    costs: Optional[CostsConfig] = None  # throughput: the cost model inline; None = the measured one
+    cost_file: Optional[str] = None  # throughput: a `pacer costs` file; None = the cache's for the pair
 
     def __attrs_post_init__(self) -> None:  # checked by load_config, before any model loads
         if self.min_draft > self.max_draft:
@@ -131,29 +171,68 @@ def _rows_since(draft: Draft, start: int, field: str) -> Optional[torch.Tensor]:
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
+class DraftConfidence:
+    """The training-free predictor: the draft's cumulative probability of its own tokens,
+    Π_{j≤i} q_j(x_j), as the estimate of P(x_1 … x_i accepted). Called like ``IncrementalPredictor``
+    with the confidence features (log q(x), H(q)) of tokens ``start …``."""
+
+    def __init__(self):
+        self.logs: list[float] = []  # log q_j(x_j) of the draft tokens seen
+
+    def reset(self) -> None:
+        self.logs = []
+
+    def __call__(self, hidden, start: int, confidence: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if confidence is None:
+            raise ValueError("the draft_confidence predictor reads the draft's confidence features")
+        del self.logs[start:]
+        before = sum(self.logs)
+        self.logs.extend(confidence[:, 0].double().tolist())
+        return rules.cumulative_confidence(confidence[:, 0], before)
+
+
+def load_costs(config: PacerStopConfig, resources: Resources) -> CostModel:
+    """The throughput rule's cost model: inline, a given cost file, or the cache's for the run's pair."""
+    if config.costs is not None:
+        return config.costs.model()
+    key = cost_files.full_key(cost_files.run_pair(resources))
+    path = Path(config.cost_file) if config.cost_file else cost_files.cache_file(key)
+    return cost_files.read_costs(path, key)
+
+
 class PacerStop:
-    """Blockwise pre-verification: stop when M_B's mean prediction over the latest block is below t.
+    """Blockwise pre-verification: after each block, the rule judges the predictor's estimates.
 
     ``predictor(hidden, start, confidence)`` returns the acceptance probabilities of the draft
     tokens ``start..start+k-1`` and remembers them as context for later blocks of the same draft
-    (``IncrementalPredictor``); ``reset()`` starts a new draft. Tests pass a scripted one.
+    (``IncrementalPredictor``, ``DraftConfidence``); ``reset()`` starts a new draft. Tests pass a
+    scripted one. ``cost`` (the throughput rule's cost model) is required for ``rule: throughput``.
     """
 
-    def __init__(self, config: PacerStopConfig, predictor: Any, reads_confidence: bool = False):
+    def __init__(self, config: PacerStopConfig, predictor: Any, reads_confidence: bool = False,
+                 cost: Optional[CostModel] = None):
+        if config.rule == "throughput" and cost is None:
+            raise ValueError("the throughput rule needs a cost model")
         self.config = config
         self.predictor = predictor
         self.reads_confidence = reads_confidence
+        self.cost = cost
+        self.rate = rules.RunningRate(cost, config.rate_decay) if cost is not None else None
         self.clock = time.perf_counter
         self.threshold = config.t0
         self.checked = 0  # draft tokens judged so far in this step
+        self.drafted = 0  # draft tokens drafted in this step (trimmed ones included)
         self.predictions: list[float] = []  # of the judged tokens of this step
-        self.blocks_judged: list[tuple[int, int, float, float]] = []  # (start, end, mean, threshold)
+        self.blocks_judged: list[tuple[int, int, float, float]] = []  # (start, end, mean, threshold or λ)
         self._reset_totals()
 
     @classmethod
     def from_config(cls, config: PacerStopConfig, resources: Resources) -> "PacerStop":
+        cost = load_costs(config, resources) if config.rule == "throughput" else None
+        if config.predictor == "draft_confidence":
+            return cls(config, DraftConfidence(), reads_confidence=True, cost=cost)
         predictor = load_predictor(config, resources)
-        return cls(config, predictor, reads_confidence=predictor.arch.draft_confidence)
+        return cls(config, predictor, reads_confidence=predictor.arch.draft_confidence, cost=cost)
 
     def _reset_totals(self) -> None:
         self.totals = {"checks": 0, "early_stops": 0, "mb_s": 0.0, "judged": 0, "predicted": 0.0, "accepted": 0}
@@ -161,14 +240,22 @@ class PacerStop:
     def _new_draft(self) -> None:
         self.threshold = self.config.t0
         self.checked = 0
+        self.drafted = 0
         self.predictions = []
         self.blocks_judged = []
         self.predictor.reset()
 
-    @hookimpl
-    def pacer_start(self, state) -> None:
+    def start_generation(self, greedy: bool) -> None:
+        """A new prompt: fresh totals and draft; λ kept under greedy decoding unless ``transient``."""
         self._reset_totals()
         self._new_draft()
+        if self.rate is not None and (self.config.transient or not greedy):
+            self.rate.reset()
+
+    @hookimpl
+    def pacer_start(self, state) -> None:
+        sampling = getattr(state, "sampling", None)  # None: a policy driven without an engine
+        self.start_generation(sampling is None or sampling.greedy)
 
     def _judge(self, draft: Draft, end: int) -> torch.Tensor:
         """M_B's predictions for the draft tokens ``self.checked:end`` ([k])."""
@@ -181,8 +268,10 @@ class PacerStop:
         if self.reads_confidence:
             probs = _rows_since(draft, start, "draft_probs")
             if probs is None:
-                raise InputError("this PACER checkpoint reads the draft's probabilities, which this drafter "
-                                 "did not return: use a model drafter (draft_model, eagle)")
+                reader = ("the draft_confidence predictor" if self.config.predictor == "draft_confidence"
+                          else "this PACER checkpoint")
+                raise InputError(f"{reader} reads the draft's probabilities, which this drafter did not return: "
+                                 "use a model drafter (draft_model, eagle)")
             confidence = confidence_features(probs[: end - start], draft.tokens[start:end])
         t = self.clock()
         predicted = self.predictor(hidden[: end - start], start, confidence)
@@ -196,40 +285,62 @@ class PacerStop:
         n = len(draft)
         if n == 0 or n < self.checked:  # a new step
             self._new_draft()
+        self.drafted = max(self.drafted, n)
         at_max = n >= c.max_draft
         end = min(n, c.max_draft)  # a drafter may return more than asked: judge up to max_draft
         since = end - self.checked
         # judge a complete block (several, if the drafter returned more: one check for all); at
-        # max_draft a trimming policy also judges the last, possibly partial, block (a sending one
-        # would send it either way)
-        if since > 0 and ((since >= c.b and not at_max) or (at_max and not c.send_failed_block)):
+        # max_draft a rule that may trim (throughput, or paper without send_failed_block) also
+        # judges the last, possibly partial, block (a sending one would send it either way)
+        trims = c.rule == "throughput" or not c.send_failed_block
+        if since > 0 and ((since >= c.b and not at_max) or (at_max and trims)):
             start = self.checked
             predicted = self._judge(draft, end)
-            mean = float(predicted.mean())
             self.checked = end
             self.predictions.extend(predicted.tolist())
-            self.blocks_judged.append((start, end, mean, self.threshold))
-            if mean < self.threshold:
-                if end >= c.min_draft:
-                    self.totals["early_stops"] += 1
-                    keep = end if c.send_failed_block else max(start, c.min_draft)
-                    return Stop() if keep >= n else Stop(keep=keep)
-                # a failed block before min_draft: drafting goes on, the threshold stays
-            else:
-                self.threshold = min(self.threshold * c.rho, c.t_max)
+            keep = self._decide(start, end, predicted)
+            if keep is not None:
+                self.totals["early_stops"] += 1
+                return Stop() if keep >= n else Stop(keep=keep)
             since = 0
         if at_max:
             return Stop() if n == c.max_draft else Stop(keep=c.max_draft)
         return min(c.b - since, c.max_draft - n)
 
-    @hookimpl
-    def pacer_observe_step(self, state, step) -> None:
-        """Tally predictions against the verifier's decisions (calibration seen while decoding)."""
-        judged = self.predictions[: len(step.draft)]
-        accepted = step.main_accepted  # of the main path, which M_B judged
+    def _decide(self, start: int, end: int, predicted: torch.Tensor) -> Optional[int]:
+        """The rule on the block ``start:end`` just judged: the draft length to send if drafting
+        stops here, else None."""
+        c = self.config
+        mean = float(predicted.mean())
+        if c.rule == "throughput":
+            rate = self.rate.value * c.margin
+            self.blocks_judged.append((start, end, mean, rate))
+            best = rules.best_prefix(self.predictions, start, end, self.cost, rate)
+            if best < end and end >= c.min_draft:  # the block did not all pay: keep its best prefix
+                return max(best, c.min_draft)
+            return None
+        self.blocks_judged.append((start, end, mean, self.threshold))
+        if not rules.paper_passes(mean, self.threshold):
+            if end >= c.min_draft:
+                return end if c.send_failed_block else max(start, c.min_draft)
+            return None  # a failed block before min_draft: drafting goes on, the threshold stays
+        self.threshold = rules.paper_next_threshold(self.threshold, c.rho, c.t_max)
+        return None
+
+    def observe_outcome(self, sent: int, accepted: int, emitted: int) -> None:
+        """A step's outcome: ``sent`` draft tokens verified, ``accepted`` of them accepted (the
+        main path), ``emitted`` tokens committed. Tallies calibration and updates λ."""
+        judged = self.predictions[:sent]
         self.totals["judged"] += len(judged)
         self.totals["predicted"] += sum(judged)
         self.totals["accepted"] += min(accepted, len(judged))
+        if self.rate is not None:
+            self.rate.update(emitted, max(self.drafted, sent), sent)
+
+    @hookimpl
+    def pacer_observe_step(self, state, step) -> None:
+        """Tally predictions against the verifier's decisions (calibration seen while decoding)."""
+        self.observe_outcome(len(step.draft), step.main_accepted, len(step.emitted))
 
     @hookimpl
     def pacer_finish(self, state, result) -> dict[str, Any]:
@@ -242,4 +353,5 @@ class PacerStop:
             "pacer_judged_tokens": judged,
             "pacer_mean_prediction": t["predicted"] / judged if judged else 0.0,
             "pacer_judged_accept_rate": t["accepted"] / judged if judged else 0.0,
+            **({"pacer_rate": self.rate.value} if self.rate is not None else {}),
         }

@@ -47,7 +47,7 @@ from pacer_train import (TrainingRun, atomic_save, atomic_write_text, check_out_
                          guard_recipe, interruptible, load_run_file, progress, read_json, set_threads,
                          training_command)
 
-from .metrics import prediction_report
+from .metrics import position_report, prediction_report
 from .model import PreVerifier, PreVerifierArch, confidence_features, pack, packing_mask
 
 LR_FLOOR = 0.05  # the cosine schedule decays to 0.05 × train.lr
@@ -437,6 +437,17 @@ def predict_steps(net: PreVerifier, data: StepData, steps: list[int], pack_len: 
     return torch.cat(probs), torch.cat(labels)
 
 
+def draft_confidence(data: StepData, steps: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the draft's cumulative confidence Π_{j≤i} q_j(x_j), labels) of every row of ``steps``, in
+    ``predict_steps``' order: the training-free estimate M_B is compared with."""
+    from .rules import cumulative_confidence
+
+    offsets = data.offsets.tolist()
+    probs = [cumulative_confidence(data.confidence[offsets[s]:offsets[s + 1], 0].float()) for s in steps]
+    labels = [data.labels[offsets[s]:offsets[s + 1]].double() for s in steps]
+    return torch.cat(probs), torch.cat(labels)
+
+
 def train(cfg: TrainPreverifyConfig, checkpoint: Path, data: StepData, train_steps: list[int],
           heldout_steps: list[int]) -> tuple[PreVerifier, dict[str, Any], dict[str, Any]]:
     """Train M_B on ``train_steps`` (resuming from ``checkpoint``); returns (net, held-out metrics,
@@ -485,15 +496,12 @@ def train(cfg: TrainPreverifyConfig, checkpoint: Path, data: StepData, train_ste
     step, history = run.step, run.history
     net.eval()
     metrics = prediction_report(*predict_steps(net, data, heldout_steps, t.pack_len)) if heldout_steps else {}
-    if heldout_steps:  # per draft position: accepted rate vs mean prediction (calibration by position)
+    if heldout_steps:  # per draft position: AUC and calibration, of M_B and of the draft's own confidence
         probs, labels = predict_steps(net, data, heldout_steps, t.pack_len)
         positions = torch.cat([torch.arange(int(n)) for n in data.lengths[heldout_steps]])
-        metrics["by_position"] = [
-            {"position": p, "tokens": int((positions == p).sum()),
-             "accepted_rate": float(labels[positions == p].mean()),
-             "mean_prediction": float(probs[positions == p].mean())}
-            for p in range(int(positions.max()) + 1)
-        ]
+        metrics["by_position"] = position_report(probs, labels, positions)
+        metrics["draft_confidence"] = prediction_report(*draft_confidence(data, heldout_steps))
+        metrics["draft_confidence_by_position"] = position_report(*draft_confidence(data, heldout_steps), positions)
     return net, metrics, {"steps": step, "steps_per_epoch": steps_per_epoch, "history": history}
 
 

@@ -1,0 +1,232 @@
+"""The cost model of the ``pacer`` stop's throughput rule: measured once per machine and model pair,
+cached, refused for another pair or when stale (docs/pacer.md#the-cost-model).
+
+A cost file is JSON: the bench's verification-cost probe (``pacer_bench.timing.measure_verify_costs``)
+gives ``verify_s`` (seconds of one target forward over k = 1..K tokens); one short generation with a
+fixed window gives ``draft_token_s`` (the drafter's seconds per draft token) and ``step_s`` (a
+step's remaining fixed cost). ``key`` names what it was measured for:
+
+- the pair: the target's weights digest, the draft identity (as the pacer stop sees them,
+  ``Resources``), the dtype and the device;
+- the machine: the processor, the CPU count (or the accelerator's name) and the torch version;
+- ``version``: the cost-model format (``COST_MODEL_VERSION``).
+
+The cache is ``$PACER_CACHE/costs/<pair hash>.json`` (``~/.cache/pacer-sd`` by default).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Any, Optional
+
+from pacer_bench.oracle import CostModel, cost_model
+from pacer_core import InputError, hookimpl
+from pacer_core.commands import command
+
+COST_MODEL_VERSION = 1
+MEASURE_HINT = "pacer costs"
+PAIR_FIELDS = ("target_digest", "draft_identity", "dtype", "device")
+MACHINE_FIELDS = ("processor", "cpus", "accelerator", "torch")
+
+
+def _processor() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine(device: str) -> dict[str, Any]:
+    """What the measured seconds depend on besides the models."""
+    import torch
+
+    accelerator = None
+    if device.startswith("cuda") and torch.cuda.is_available():
+        accelerator = torch.cuda.get_device_name(torch.device(device))
+    return {"processor": _processor(), "cpus": os.cpu_count(), "accelerator": accelerator,
+            "torch": torch.__version__}
+
+
+def pair(target_digest: Optional[str], draft_identity: Optional[str], dtype: Any, device: Any) -> dict[str, Any]:
+    return {"target_digest": target_digest, "draft_identity": draft_identity,
+            "dtype": str(dtype).replace("torch.", ""), "device": str(device)}
+
+
+def run_pair(resources) -> dict[str, Any]:
+    """The pair of a run, from the stop's ``Resources``."""
+    target = resources.target
+    return pair(getattr(target, "digest", None), resources.draft_identity, getattr(target, "dtype", "float32"),
+                getattr(target, "device", "cpu"))
+
+
+def cache_folder() -> Path:
+    from pacer_core.hf.artifacts import cache_root
+
+    return cache_root() / "costs"
+
+
+def cache_file(key: dict[str, Any], folder: Optional[Path] = None) -> Path:
+    """Where the cost model of this pair is cached (one file per pair; the machine is checked inside)."""
+    text = json.dumps({k: key[k] for k in PAIR_FIELDS}, sort_keys=True)
+    return (folder or cache_folder()) / f"{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
+
+
+def _describe(key: dict[str, Any]) -> str:
+    return f"target {key.get('target_digest')} with draft {key.get('draft_identity')} ({key.get('dtype')}, {key.get('device')})"
+
+
+def check_costs(data: Any, path: Path, key: dict[str, Any]) -> CostModel:
+    """The cost model in ``data`` (a cost file's JSON), or ``InputError`` in one line when it is not
+    one, was measured for another pair, or is stale (another format version, machine or torch)."""
+    fix = f"measure it again with `{MEASURE_HINT}` for this run's config"
+    if not (isinstance(data, dict) and isinstance(data.get("key"), dict) and isinstance(data.get("verify_s"), list)):
+        raise InputError(f"'{path}' is not a cost file `{MEASURE_HINT}` wrote: {fix}")
+    saved = data["key"]
+    if saved.get("version") != COST_MODEL_VERSION:
+        raise InputError(f"cost file '{path}' has cost-model version {saved.get('version')}, this code reads "
+                         f"version {COST_MODEL_VERSION}: {fix}")
+    # parts a run does not know (in-memory models have no digest) are not compared
+    differs = [f for f in PAIR_FIELDS if key.get(f) is not None and saved.get(f) is not None and key[f] != saved[f]]
+    if differs:
+        raise InputError(f"cost file '{path}' was measured for {_describe(saved)}, but this run pairs "
+                         f"{_describe(key)}: {fix}")
+    changed = [f for f in MACHINE_FIELDS if f in key and saved.get(f) != key[f]]
+    if changed:
+        was = ", ".join(f"{f} {saved.get(f)!r} (now {key[f]!r})" for f in changed)
+        raise InputError(f"cost file '{path}' is stale: measured with {was}: {fix}")
+    try:
+        return cost_model(data)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise InputError(f"cost file '{path}' holds no valid cost model ({exc}): {fix}") from None
+
+
+def read_costs(path: Path, key: dict[str, Any]) -> CostModel:
+    """The cost file at ``path`` for ``key`` (pair + machine), checked by ``check_costs``."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise InputError(f"no cost model at '{path}' for {_describe(key)}: measure one with `{MEASURE_HINT}` "
+                         "(seconds), or give the stop `costs: {verify_s: [...], draft_token_s: ..., step_s: ...}`")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise InputError(f"cost file '{path}' cannot be read ({type(exc).__name__}): measure it again with "
+                         f"`{MEASURE_HINT}`") from None
+    return check_costs(data, path, key)
+
+
+def write_costs(path: Path, key: dict[str, Any], measured: dict[str, Any]) -> Path:
+    """Write a cost file atomically: ``measured`` (verify_s, draft_token_s, step_s, …) under ``key``."""
+    from pacer_train import atomic_write_text
+
+    path = Path(path).expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps({"key": {**key, "version": COST_MODEL_VERSION}, **measured}, indent=2) + "\n")
+    return path
+
+
+def full_key(pair_key: dict[str, Any]) -> dict[str, Any]:
+    return {**pair_key, **machine(pair_key["device"])}
+
+
+# -- measuring: `pacer costs` -------------------------------------------------------------------------
+PROBE_PROMPT = "Write a Python function that returns the n-th Fibonacci number, and explain it briefly."
+
+
+class StepTimer:
+    """An observer timing what the cost model needs from real steps: the drafter's seconds per
+    draft token, and a step's seconds outside drafting and verification (the time between two
+    steps' observations, less the later step's draft and verify time)."""
+
+    def __init__(self, clock):
+        self.clock = clock
+        self.last: Optional[float] = None
+        self.per_token: list[float] = []
+        self.other: list[float] = []
+
+    @hookimpl
+    def pacer_start(self, state) -> None:
+        self.last = None
+
+    @hookimpl
+    def pacer_observe_step(self, state, step) -> None:
+        now = self.clock()
+        if self.last is not None:
+            self.other.append(max(0.0, now - self.last - step.draft_s - step.verify_s))
+        self.last = now
+        if step.drafted:
+            self.per_token.append(max(0.0, step.draft_s - step.stop_s) / step.drafted)
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2] if values else 0.0
+
+
+def measure_costs(engine, prompt: list[int], max_k: int, repeats: int, tokens: int) -> dict[str, Any]:
+    """Measure a cost model on a built engine (a stack with a fixed window): the bench's
+    verification-cost probe for k = 1..``max_k``, then one generation of ``tokens`` tokens (after a
+    short warm-up) for the draft and per-step costs. Returns the cost file's measured fields."""
+    from pacer_bench.timing import device_of, make_clock, measure_verify_costs
+
+    clock = make_clock(device_of(engine.target))
+    timer = StepTimer(clock)
+    engine.pm.register(timer, name="pacer-costs:timer")
+    try:
+        engine.generate(prompt, max_new_tokens=min(8, tokens))  # warm-up
+        timer.per_token, timer.other = [], []
+        engine.generate(prompt, max_new_tokens=tokens)
+    finally:
+        engine.pm.unregister(timer)
+    verify_s = measure_verify_costs(engine.target, prompt, range(1, max_k + 1), repeats, clock)
+    return {"verify_s": verify_s, "draft_token_s": _median(timer.per_token), "step_s": _median(timer.other),
+            "context_tokens": len(prompt), "steps_timed": len(timer.per_token)}
+
+
+def engine_pair(engine) -> dict[str, Any]:
+    """The pair a ``pacer`` stop in this engine's stack would see (``Resources``)."""
+    from .train import drafter_identity
+
+    target = engine.target
+    return pair(getattr(target, "digest", None), drafter_identity(engine, engine.draft),
+                getattr(target, "dtype", "float32"), getattr(target, "device", "cpu"))
+
+
+@command("costs", "measure the throughput rule's cost model (seconds) for a run config's machine and models, and cache it")
+def _setup_costs(p):
+    p.add_argument("--config", "-c", metavar="YAML", help="the run config whose target, draft and drafter to measure")
+    p.add_argument("--out", metavar="FILE", help="write the cost file here (then give it as cost_file) instead of "
+                                                 "the cache")
+    p.add_argument("--max-k", type=int, default=17, metavar="K", help="verification forwards of 1..K tokens (17)")
+    p.add_argument("--repeats", type=int, default=3, help="timings per k; the median is kept (3)")
+    p.add_argument("--tokens", type=int, default=32, help="new tokens of the generation timing the drafter (32)")
+    p.add_argument("--gamma", type=int, default=4, help="the fixed window of that generation (4)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. target.dtype=bfloat16")
+
+    def run(args) -> int:
+        from pacer_core import cli
+        from pacer_core.config import load_config
+
+        for name in ("max_k", "repeats", "tokens", "gamma"):
+            if getattr(args, name) < 1:
+                raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+        overrides = list(args.overrides) + [f"strategy.stop=[{{name: fixed, gamma: {args.gamma}}}]",
+                                            "sampling.temperature=0"]
+        cfg = load_config(args.config, overrides)  # validated before any model loads
+        engine = cli.build_engine(cfg)
+        prompt = engine.encode(PROBE_PROMPT) if engine.tokenizer is not None else list(range(1, 17))
+        measured = measure_costs(engine, prompt, args.max_k, args.repeats, args.tokens)
+        key = full_key(engine_pair(engine))
+        path = write_costs(Path(args.out) if args.out else cache_file(key), key, measured)
+        v = measured["verify_s"]
+        print(f"cost model for {_describe(key)}: verify {v[0] * 1e3:.2f} ms (k=1) .. {v[-1] * 1e3:.2f} ms "
+              f"(k={len(v)}), draft {measured['draft_token_s'] * 1e3:.2f} ms/token, other "
+              f"{measured['step_s'] * 1e3:.2f} ms/step -> {path}")
+        return 0
+
+    return run

@@ -1,0 +1,305 @@
+"""``pacer replay-stop``: noise-free replay of stop rules on held-out simulated steps (docs/pacer.md).
+
+A ``pacer train-preverify`` run folder holds, for every simulated step, what M_B reads (the draft's
+hidden states of a ``data.window``-token draft), the draft's confidence features (log q(x), H(q))
+and the verifier's labels (1 for the accepted prefix, then 0). On the held-out items (never
+trained on), each rule is replayed step by step: the ``pacer`` stop's own hook (``PacerStop``) is
+driven with the stored predictions (M_B's, computed once, or the draft's cumulative confidence) as
+a drafter offering the window's tokens; it returns how many tokens were drafted and how many sent.
+A step then accepts min(sent, accepted in the window) tokens, emits one more, and costs
+``cost.step(drafted, sent=sent)`` seconds of the measured cost model. No clock runs: the same
+inputs give the same table.
+
+Compared: every fixed window γ, the oracle (drafts exactly the accepted tokens) and the
+cost-optimal oracle (``pacer_bench.oracle``), the ``confidence`` stop's rule (stop after the first
+token with q(x) < t), and grids of the ``pacer`` stop's rules over both predictors. Like the
+bench's oracle replay it treats the logged steps as independent situations (a shorter draft would
+have started the next step elsewhere).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence
+
+import attrs
+import torch
+
+from pacer_bench.oracle import CostModel, LoggedStep, Replay, captured_share, cost_model, replay_best, \
+    replay_fixed, replay_oracle
+from pacer_core import Draft, DraftBlock, InputError, Stop
+from pacer_core.commands import command
+
+from .metrics import position_report
+from .policy import DEFAULT_CHECKPOINT, PacerStop, PacerStopConfig, checkpoint_folder
+from .rules import cumulative_confidence
+
+
+@attrs.frozen
+class HeldOutStep:
+    """One simulated step: its predictions ([window] each) and how many window tokens were accepted."""
+
+    mb: torch.Tensor  # M_B's p_i, float64
+    confidence: torch.Tensor  # Π_{j≤i} q_j(x_j), float64
+    accepted: int
+    item: int
+
+    @property
+    def window(self) -> int:
+        return len(self.confidence)
+
+
+class StoredPredictor:
+    """Plays back a step's stored predictions to a ``PacerStop`` (``predictor(hidden, start)``)."""
+
+    def __init__(self):
+        self.values = torch.zeros(0, dtype=torch.float64)
+
+    def reset(self) -> None:
+        pass
+
+    def __call__(self, hidden, start: int, confidence=None) -> torch.Tensor:
+        return self.values[start:start + len(hidden)]
+
+
+def drive(policy: PacerStop, available: int) -> tuple[int, int]:
+    """The engine's drafting loop with ``policy`` alone and a drafter offering ``available`` tokens
+    (what is asked, one block per call): (tokens drafted, tokens sent to the target)."""
+    draft = Draft()
+    while True:
+        answer = policy.pacer_draft_more(state=None, draft=draft)
+        if isinstance(answer, Stop):
+            return len(draft), len(draft) if answer.keep is None else min(answer.keep, len(draft))
+        n = len(draft)
+        k = min(int(answer), available - n)
+        if k <= 0:
+            return n, n  # the window is spent
+        draft = draft.extend(DraftBlock(tokens=torch.zeros(k, dtype=torch.long), hidden_states=torch.zeros(k, 1)))
+
+
+def replay_policy(steps: Sequence[HeldOutStep], config: PacerStopConfig, cost: Optional[CostModel]) -> Replay:
+    """The ``pacer`` stop with ``config`` replayed on ``steps`` (in order; a new generation at each
+    new item, λ kept across them as under greedy decoding)."""
+    predictor = StoredPredictor()
+    policy = PacerStop(config, predictor, cost=cost if config.rule == "throughput" else None)
+    charge = cost if cost is not None else CostModel((1.0,))
+    emitted, seconds, item = 0, 0.0, None
+    for step in steps:
+        if step.item != item:
+            policy.start_generation(greedy=True)
+            item = step.item
+        predictor.values = step.mb if config.predictor == "mb" else step.confidence
+        drafted, sent = drive(policy, min(step.window, config.max_draft))
+        accepted = min(sent, step.accepted)
+        policy.observe_outcome(sent, accepted, accepted + 1)
+        emitted += accepted + 1
+        seconds += charge.step(drafted, sent=sent)
+    return Replay(emitted, seconds, len(steps))
+
+
+def replay_confidence_stop(steps: Sequence[HeldOutStep], threshold: float, cost: CostModel,
+                           max_tokens: int = 20) -> Replay:
+    """The ``confidence`` stop (entropy_stop): draft until the first token with q(x) < threshold,
+    which is still sent."""
+    emitted, seconds = 0, 0.0
+    for step in steps:
+        q = torch.cat([step.confidence[:1], step.confidence[1:] / step.confidence[:-1].clamp_min(1e-300)])
+        below = (q < threshold).nonzero()
+        sent = min(int(below[0]) + 1 if below.numel() else step.window, max_tokens, step.window)
+        emitted += min(sent, step.accepted) + 1
+        seconds += cost.step(sent)
+    return Replay(emitted, seconds, len(steps))
+
+
+# -- data ----------------------------------------------------------------------------------------
+def load_heldout(run: Path, heldout_every: int) -> tuple[Any, list[int]]:
+    """The held-out steps of a train-preverify run folder: (StepData, their indices). ``heldout_every``
+    0 = every item (a folder simulated for evaluation only)."""
+    from pacer_train import load_run_file
+
+    from .train import SAMPLE_KEYS, StepData
+
+    files = sorted((Path(run) / "samples").glob("item_*.pt"))
+    if not files:
+        raise InputError(f"'{run}' holds no simulated items (samples/item_*.pt): give a `pacer train-preverify` "
+                         "run folder (its simulate stage writes them)")
+    samples = []
+    for path in files:
+        sample = load_run_file(path, "simulated item")
+        if not isinstance(sample, dict) or any(key not in sample for key in SAMPLE_KEYS):
+            raise InputError(f"'{path}' is not a simulated item train-preverify wrote: delete it and rerun the "
+                             "simulation")
+        if heldout_every == 0 or int(sample["item"]) % heldout_every == 0:
+            samples.append(sample)
+    if not samples:
+        raise InputError(f"'{run}' holds no held-out item (item number divisible by {heldout_every}): "
+                         "simulate them, or pass --heldout-every 0 for a folder simulated for evaluation only")
+    data = StepData.from_samples(samples)
+    return data, list(range(len(data.lengths)))
+
+
+def heldout_steps(data, mb_probs: torch.Tensor) -> list[HeldOutStep]:
+    """Per step: M_B's predictions (``mb_probs``, all rows in step order), the draft's cumulative
+    confidence and the accepted count."""
+    steps = []
+    offsets = data.offsets.tolist()
+    for s in range(len(offsets) - 1):
+        a, b = offsets[s], offsets[s + 1]
+        labels = data.labels[a:b]
+        steps.append(HeldOutStep(mb=mb_probs[a:b].double(),
+                                 confidence=cumulative_confidence(data.confidence[a:b, 0].float()),
+                                 accepted=int(labels.long().cumprod(0).sum()), item=int(data.step_item[s])))
+    return steps
+
+
+def mb_predictions(checkpoint: Path, data, steps: list[int]) -> torch.Tensor:
+    from .model import PreVerifier
+    from .train import predict_steps
+
+    net = PreVerifier.load(checkpoint)
+    if net.arch.input_size != data.hidden.shape[-1]:
+        raise InputError(f"M_B '{checkpoint}' reads hidden states of size {net.arch.input_size}, the simulated "
+                         f"steps hold size {data.hidden.shape[-1]}: give the M_B trained for that run's pair")
+    longest = int(data.lengths.max())
+    probs, _ = predict_steps(net, data, steps, max(longest, 16))
+    return probs.double()
+
+
+def read_cost_file(path: Path, draft_token_s: Optional[float], step_s: Optional[float]) -> CostModel:
+    """A `pacer costs` file or a bench's cost_model.json (seconds); the options override its draft and
+    step costs (a bench file has none)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise InputError(f"cost file '{path}' cannot be read ({type(exc).__name__}): give a `pacer costs` file or a "
+                         "bench's cost_model.json") from None
+    if not isinstance(data, dict) or not isinstance(data.get("verify_s"), list):
+        raise InputError(f"'{path}' has no 'verify_s' list: give a `pacer costs` file or a bench's cost_model.json")
+    if draft_token_s is not None:
+        data["draft_token_s"] = draft_token_s
+    if step_s is not None:
+        data["step_s"] = step_s
+    try:
+        return cost_model(data)
+    except (ValueError, TypeError) as exc:
+        raise InputError(f"cost file '{path}' holds no valid cost model ({exc})") from None
+
+
+# -- the comparison ------------------------------------------------------------------------------
+def compare(steps: Sequence[HeldOutStep], cost: CostModel, gammas: Iterable[int], blocks: Iterable[int],
+            margins: Iterable[float], t0s: Iterable[float], confidences: Iterable[float],
+            max_draft: int) -> dict[str, Any]:
+    """Simulated speedups of each rule and parameter on ``steps`` (sorted best first within each
+    family), with the share of the oracle's gain over the best fixed γ each captures."""
+    log = [LoggedStep(min(s.window, max_draft), min(s.accepted, max_draft)) for s in steps]
+    fixed = {g: replay_fixed(log, g, cost).speedup(cost) for g in gammas if g <= max_draft}
+    best_gamma = max(fixed, key=lambda g: (fixed[g], -g))
+    oracle = replay_oracle(log, cost).speedup(cost)
+    rows: list[dict[str, Any]] = []
+
+    def add(family: str, params: dict[str, Any], replay: Replay) -> None:
+        speedup = replay.speedup(cost)
+        rows.append({"family": family, **params, "speedup": speedup,
+                     "captured": captured_share(speedup, fixed[best_gamma], oracle)})
+
+    for threshold in confidences:
+        add("confidence stop", {"t": threshold}, replay_confidence_stop(steps, threshold, cost, max_draft))
+    for predictor in ("mb", "draft_confidence"):
+        for b in blocks:
+            for margin in margins:
+                config = PacerStopConfig(b=b, rule="throughput", predictor=predictor, margin=margin,
+                                         max_draft=max_draft)
+                add(f"throughput / {predictor}", {"b": b, "margin": margin}, replay_policy(steps, config, cost))
+    for b in blocks:
+        for t0 in t0s:
+            config = PacerStopConfig(b=b, t0=t0, t_max=max(t0, 0.9), rule="paper", max_draft=max_draft)
+            add("paper / mb", {"b": b, "t0": t0}, replay_policy(steps, config, cost))
+    best_of: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        if row["family"] not in best_of or row["speedup"] > best_of[row["family"]]["speedup"]:
+            best_of[row["family"]] = row
+    return {"steps": len(steps), "fixed": fixed, "best_fixed_gamma": best_gamma,
+            "best_fixed_speedup": fixed[best_gamma], "oracle_speedup": oracle,
+            "optimal_oracle_speedup": replay_best(log, cost).speedup(cost), "rows": rows, "best": best_of}
+
+
+def calibration(steps: Sequence[HeldOutStep]) -> dict[str, list[dict[str, Any]]]:
+    """Per-position AUC and calibration of M_B and of the draft's cumulative confidence, as
+    predictors of 'tokens 1 … i all accepted'."""
+    labels = torch.cat([(torch.arange(s.window) < s.accepted).double() for s in steps])
+    positions = torch.cat([torch.arange(s.window) for s in steps])
+    return {"mb": position_report(torch.cat([s.mb for s in steps]), labels, positions),
+            "draft_confidence": position_report(torch.cat([s.confidence for s in steps]), labels, positions)}
+
+
+def markdown(result: dict[str, Any], positions: dict[str, list[dict[str, Any]]]) -> str:
+    lines = [f"{result['steps']} held-out steps. Best fixed γ = {result['best_fixed_gamma']}: "
+             f"{result['best_fixed_speedup']:.3f}×; oracle {result['oracle_speedup']:.3f}×; cost-optimal oracle "
+             f"{result['optimal_oracle_speedup']:.3f}×.", "",
+             "| fixed γ | " + " | ".join(str(g) for g in result["fixed"]) + " |",
+             "|---|" + "---|" * len(result["fixed"]),
+             "| speedup | " + " | ".join(f"{v:.3f}×" for v in result["fixed"].values()) + " |", "",
+             "| rule | parameters | speedup | captured |", "|---|---|---|---|"]
+    for row in sorted(result["rows"], key=lambda r: (r["family"], -r["speedup"])):
+        params = ", ".join(f"{k} {v}" for k, v in row.items() if k not in ("family", "speedup", "captured"))
+        captured = "—" if row["captured"] is None else f"{row['captured']:.0%}"
+        lines.append(f"| {row['family']} | {params} | {row['speedup']:.3f}× | {captured} |")
+    lines += ["", "| position | tokens | accepted | M_B AUC | M_B mean p | conf AUC | conf mean p |",
+              "|---|---|---|---|---|---|---|"]
+    for mb, conf in zip(positions["mb"], positions["draft_confidence"]):
+        auc = lambda r: "—" if r["auc"] != r["auc"] else f"{r['auc']:.3f}"
+        lines.append(f"| {mb['position']} | {mb['tokens']} | {mb['accepted_rate']:.3f} | {auc(mb)} | "
+                     f"{mb['mean_prediction']:.3f} | {auc(conf)} | {conf['mean_prediction']:.3f} |")
+    return "\n".join(lines)
+
+
+def _numbers(text: str, kind=float) -> list:
+    try:
+        return [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise InputError(f"'{text}' is not a comma-separated list of numbers") from None
+
+
+@command("replay-stop", "replay stop rules on held-out simulated steps with a cost model (noise-free speedups)")
+def _setup(p):
+    p.add_argument("folder", metavar="DIR", help="a `pacer train-preverify` run folder (its samples/)")
+    p.add_argument("--costs", metavar="FILE", required=True,
+                   help="a `pacer costs` file or a bench's cost_model.json (seconds)")
+    p.add_argument("--checkpoint", metavar="DIR", help="the M_B to replay (default: the shipped one)")
+    p.add_argument("--heldout-every", type=int, default=10,
+                   help="held-out items: item numbers divisible by this (the run's data.heldout_every, 10); "
+                        "0 = every item")
+    p.add_argument("--draft-token-s", type=float, help="override the cost file's seconds per draft token")
+    p.add_argument("--step-s", type=float, help="override the cost file's fixed seconds per step")
+    p.add_argument("--max-draft", type=int, default=16, help="longest draft (<= the run's window; 16)")
+    p.add_argument("--gammas", default="1,2,3,4,5,6,8,10,12,16", help="fixed windows")
+    p.add_argument("--b", default="1,2,4", help="block sizes of the pacer rules")
+    p.add_argument("--margins", default="0.8,0.9,1,1.1,1.25,1.5", help="λ multipliers of the throughput rule")
+    p.add_argument("--t0", default="0.3,0.5,0.6,0.7,0.8,0.9", help="t0 of the paper rule")
+    p.add_argument("--confidence", default="0.2,0.3,0.4,0.5,0.6,0.7", help="thresholds of the confidence stop")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+
+    def run(args) -> int:
+        cost = read_cost_file(Path(args.costs), args.draft_token_s, args.step_s)  # before the data loads
+        folder = checkpoint_folder(args.checkpoint if args.checkpoint else str(DEFAULT_CHECKPOINT))
+        if args.heldout_every < 0 or args.max_draft < 1:
+            raise InputError("--heldout-every must be >= 0 and --max-draft >= 1")
+        data, indices = load_heldout(Path(args.folder), args.heldout_every)
+        steps = heldout_steps(data, mb_predictions(folder, data, indices))
+        longest = max(s.window for s in steps)
+        if args.max_draft > longest:
+            raise InputError(f"--max-draft {args.max_draft} exceeds the simulated window ({longest} tokens)")
+        result = compare(steps, cost, _numbers(args.gammas, int), _numbers(args.b, int), _numbers(args.margins),
+                         _numbers(args.t0), _numbers(args.confidence), args.max_draft)
+        positions = calibration(steps)
+        print(markdown(result, positions))
+        if args.json:
+            Path(args.json).write_text(json.dumps({**result, "by_position": positions,
+                                                   "fixed": {str(k): v for k, v in result["fixed"].items()}},
+                                                  indent=2, default=str) + "\n")
+            print(f"\nresults: {args.json}", file=sys.stderr)
+        return 0
+
+    return run

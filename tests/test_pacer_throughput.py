@@ -1,0 +1,364 @@
+"""The ``pacer`` stop's throughput rule, its cost model cache and the noise-free replay (plugins/pacer_stop).
+
+The pure rule with scripted predictions and cost models (stops exactly where the marginal gain
+falls below the marginal cost; flat and rising verification costs; blocks keep their best
+prefix); λ learned from the outcomes; the draft-confidence predictor; the cost files (keyed by
+machine and pair, refused for another pair or when stale) and `pacer costs` on tiny models;
+losslessness with the rule in the stack; the replay on synthetic steps and on a tiny run folder;
+per-position AUC and calibration.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pacer_bench.oracle import CostModel
+from pacer_core import Engine, InputError, load_config
+from pacer_stop import costs as cost_files
+from pacer_stop import rules
+from pacer_stop.metrics import position_report, roc_auc
+from pacer_stop.policy import DraftConfidence, PacerStop, PacerStopConfig
+from pacer_stop.replay import HeldOutStep, StoredPredictor, compare, drive, replay_policy
+
+from helpers import adapter, one_line_error, run_cli, single_thread, tiny_llama, write_checkpoint
+
+FLAT = CostModel([0.010] * 20, draft_token_s=0.002)  # verification as dear for 1 token as for 20
+RISING = CostModel([0.010 + 0.002 * k for k in range(20)], draft_token_s=0.002)  # each row adds 2 ms
+
+
+class Scripted:
+    """A fake predictor: draft position i gets ``probs[i]``."""
+
+    def __init__(self, probs):
+        self.values = torch.tensor(probs, dtype=torch.float64)
+
+    def reset(self):
+        pass
+
+    def __call__(self, hidden, start, confidence=None):
+        return self.values[start:start + len(hidden)]
+
+
+def throughput(probs, cost, **options) -> PacerStop:
+    config = PacerStopConfig(rule="throughput", **{"max_draft": len(probs), "min_draft": 0, **options})
+    policy = PacerStop(config, Scripted(probs), cost=cost)
+    policy.start_generation(greedy=True)
+    return policy
+
+
+# -- the rule ------------------------------------------------------------------------------------
+def test_marginal_costs_are_drafting_plus_the_added_verification_row():
+    assert rules.marginal_costs(FLAT, 0, 3).tolist() == pytest.approx([0.002] * 3)
+    assert rules.marginal_costs(RISING, 2, 5).tolist() == pytest.approx([0.004] * 3)
+    assert rules.plain_rate(CostModel([0.01], step_s=0.01)) == pytest.approx(50.0)
+
+
+@pytest.mark.parametrize("cost, kept", [(FLAT, 3), (RISING, 2)], ids=["flat", "rising"])
+def test_the_draft_stops_exactly_where_gain_falls_below_marginal_cost(cost, kept):
+    # λ starts at plain decoding's rate, 1 / verify(1) = 100 tokens/s: a token pays while
+    # p_i >= 100 · (C(i) − C(i−1)), i.e. 0.2 with flat and 0.4 with rising verification
+    probs = [0.9, 0.6, 0.3, 0.15, 0.1, 0.05]
+    assert rules.best_prefix(probs, 0, 6, cost, 100.0) == kept
+    policy = throughput(probs, cost, b=1)
+    assert drive(policy, 6) == (kept + 1, kept)  # the first token that does not pay was drafted, not sent
+    assert policy.totals["early_stops"] == 1
+
+
+def test_the_boundary_token_that_exactly_pays_is_not_kept_and_margin_scales_lambda():
+    # p_3 = λ · ΔC exactly: keeping it gains nothing, the shorter draft wins the tie
+    assert rules.best_prefix([0.9, 0.5, 0.2, 0.1], 0, 4, FLAT, 100.0) == 2
+    assert drive(throughput([0.9, 0.5, 0.3, 0.1], FLAT, b=1, margin=3.0), 4) == (2, 1)  # λ tripled: a 0.6 bar
+
+
+def test_a_block_keeps_its_best_prefix_and_goes_on_only_if_it_all_paid():
+    probs = [0.9, 0.8, 0.7, 0.1, 0.6, 0.5]
+    assert drive(throughput(probs, FLAT, b=2), 6) == (4, 3)  # block 3-4: keep 3
+    assert drive(throughput([0.9, 0.8, 0.7, 0.6, 0.5, 0.4], FLAT, b=2), 6) == (6, 6)  # every block paid
+    # a lone dip is outweighed by the rest of the block: the best prefix is the whole block
+    assert rules.best_prefix([0.9, 0.15, 0.9], 0, 3, FLAT, 100.0) == 3
+    assert drive(throughput(probs, FLAT, b=2, min_draft=4), 6) == (4, 4)  # never below min_draft
+    assert drive(throughput([0.1] * 6, FLAT, b=2, min_draft=3), 6) == (4, 3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=12), st.sampled_from([FLAT, RISING]),
+       st.integers(1, 4), st.floats(0.5, 2.0))
+def test_with_falling_predictions_the_rule_is_the_first_unpaid_token(raw, cost, b, margin):
+    probs = sorted(raw, reverse=True)
+    rate = rules.plain_rate(cost) * margin
+    marginal = rules.marginal_costs(cost, 0, len(probs)).tolist()
+    unpaid = next((i for i, (p, c) in enumerate(zip(probs, marginal)) if p <= rate * c), None)
+    drafted, sent = drive(throughput(probs, cost, b=b, margin=margin), len(probs))
+    assert sent == (len(probs) if unpaid is None else unpaid)
+    assert sent <= drafted <= sent + b
+
+
+def test_lambda_learns_the_running_throughput_from_the_cost_model():
+    rate = rules.RunningRate(FLAT, decay=0.5)
+    assert rate.value == pytest.approx(100.0)
+    rate.update(emitted=4, drafted=3, sent=3)  # 4 tokens in 0.016 s
+    assert rate.tokens == pytest.approx(2.5) and rate.seconds == pytest.approx(0.013)
+    policy = throughput([0.9, 0.9, 0.9], FLAT, b=1, rate_decay=1.0)
+    drive(policy, 3)
+    policy.observe_outcome(sent=3, accepted=3, emitted=4)
+    assert policy.rate.value == pytest.approx(4 / FLAT.step(3))
+    policy.start_generation(greedy=True)
+    assert policy.rate.value == pytest.approx(4 / FLAT.step(3))  # kept across prompts under greedy
+    policy.start_generation(greedy=False)
+    assert policy.rate.value == pytest.approx(100.0)  # forgotten under sampling
+
+
+def test_the_paper_rule_is_unchanged_by_the_option():
+    policy = PacerStop(PacerStopConfig(b=2, t0=0.5, max_draft=6), Scripted([0.9, 0.9, 0.2, 0.2, 0.9, 0.9]))
+    assert drive(policy, 6) == (4, 4)
+    with pytest.raises(ValueError, match="cost model"):
+        PacerStop(PacerStopConfig(rule="throughput"), Scripted([0.5]))
+
+
+def test_draft_confidence_is_the_cumulative_product_across_blocks():
+    q = torch.tensor([0.9, 0.5, 0.8, 0.25])
+    features = torch.stack([q.log(), torch.zeros(4)], dim=-1)
+    predictor = DraftConfidence()
+    first, second = predictor(None, 0, features[:2]), predictor(None, 2, features[2:])
+    assert torch.cat([first, second]).tolist() == pytest.approx(q.double().cumprod(0).tolist())
+    assert predictor(None, 1, features[1:2]).tolist() == pytest.approx([0.45])  # re-judging forgets later tokens
+    predictor.reset()
+    assert predictor(None, 0, features[:1]).tolist() == pytest.approx([0.9])
+
+
+# -- losslessness ----------------------------------------------------------------------------------
+BUDGET = 40
+PROMPTS = [[5, 9, 13, 5, 9, 21, 7], [1, 2, 3, 4, 5, 6, 7, 8], [30, 31, 30, 31, 30]]
+GREEDY_SCALE = 6.0
+COSTS = "costs: {verify_s: [0.010, 0.011, 0.012, 0.013], draft_token_s: 0.004}"
+
+
+@pytest.mark.parametrize("stop", [
+    f"{{name: pacer, rule: throughput, b: 1, {COSTS}, checkpoint: MB}}",
+    f"{{name: pacer, rule: throughput, b: 2, predictor: draft_confidence, {COSTS}}}",
+    f"{{name: pacer, rule: throughput, b: 1, margin: 0.003, predictor: draft_confidence, {COSTS}}}",
+], ids=["mb", "confidence-b2", "confidence-long"])
+@pytest.mark.parametrize("verifier", ["greedy", "speculative_sampling"])
+def test_greedy_output_is_the_targets_greedy_decoding(tmp_path, greedy_models, stop, verifier):
+    target, draft, references = greedy_models
+    stop = stop.replace("MB", f"'{write_checkpoint(tmp_path / 'mb', 32)}'")
+    cfg = load_config(overrides=["strategy.drafter={name: draft_model}", f"strategy.verifier={{name: {verifier}}}",
+                                 f"strategy.stop=[{stop}]"], require_models=False)
+    engine = Engine.build(adapter(target, eos=False), draft=adapter(draft, eos=False), cfg=cfg)
+    with single_thread():
+        results = [engine.generate(prompt, max_new_tokens=BUDGET) for prompt in PROMPTS]
+    assert [r.tokens for r in results] == references
+    lengths = {n for r in results for n in r.metrics["drafted_per_step"]}
+    assert len(lengths) >= 2, "draft lengths never varied"
+    assert all(r.metrics["pacer_rate"] > 0 for r in results)
+
+
+def test_speculative_sampling_with_the_throughput_rule_matches_the_target_distribution():
+    from pacer_core.testing import ScriptedLM, chisquare_pvalue, exact_continuation_probs
+
+    from helpers import DRAFT_TABLE, LENGTH, PASS_P, PROMPT, SAMPLINGS, TARGET_TABLE, build_engine
+    from helpers import SCRIPTED_VOCAB as VOCAB
+    from helpers import sample_outputs as run
+
+    with single_thread():
+        target = ScriptedLM(VOCAB, table=TARGET_TABLE.clone())
+        draft = ScriptedLM(VOCAB, seed=1, table=DRAFT_TABLE.clone())
+        stop = f"{{name: pacer, rule: throughput, b: 1, max_draft: 3, predictor: draft_confidence, {COSTS}}}"
+        engine = build_engine(target, draft, "draft_model", stop, SAMPLINGS["t1"])
+        outputs, steps = run(engine, PROMPT, 8_000)
+        p_value = chisquare_pvalue(outputs, exact_continuation_probs(target, PROMPT, LENGTH, engine.sampling))
+    assert p_value > PASS_P
+    assert 1.2 < steps < LENGTH - 0.2  # drafts were cut at varying lengths and also rejected
+
+
+# -- the cost model cache --------------------------------------------------------------------------
+PAIR = cost_files.pair("tttt", "dddd", "torch.float32", "cpu")
+MEASURED = {"verify_s": [0.010, 0.012, 0.011], "draft_token_s": 0.003, "step_s": 0.001}
+
+
+def test_a_cost_file_round_trips_for_its_machine_and_pair(tmp_path):
+    key = cost_files.full_key(PAIR)
+    path = cost_files.write_costs(cost_files.cache_file(key, tmp_path), key, MEASURED)
+    cost = cost_files.read_costs(path, key)
+    assert cost.verify_s == pytest.approx((0.010, 0.0115, 0.0115))  # made non-decreasing
+    assert (cost.draft_token_s, cost.step_s) == (0.003, 0.001)
+    assert key["dtype"] == "float32" and json.loads(path.read_text())["key"]["version"] == cost_files.COST_MODEL_VERSION
+    # one file per pair, whatever the machine; another pair has another file
+    assert cost_files.cache_file({**key, "torch": "0.0"}, tmp_path) == path
+    assert cost_files.cache_file({**key, "draft_identity": "eeee"}, tmp_path) != path
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"draft_identity": "eeee"}, "measured for target tttt with draft dddd (float32, cpu), but this run pairs target "
+                                 "tttt with draft eeee"),
+    ({"dtype": "bfloat16"}, "but this run pairs"),
+    ({"torch": "0.0"}, "is stale: measured with torch"),
+    ({"processor": "another CPU"}, "is stale: measured with processor"),
+])
+def test_a_cost_file_for_another_pair_or_machine_is_refused_in_one_line(tmp_path, change, words):
+    key = cost_files.full_key(PAIR)
+    path = cost_files.write_costs(tmp_path / "costs.json", key, MEASURED)
+    with pytest.raises(InputError) as info:
+        cost_files.read_costs(path, {**key, **change})
+    assert "\n" not in str(info.value) and words in str(info.value) and "pacer costs" in str(info.value)
+
+
+def test_an_old_version_missing_or_damaged_cost_file_is_refused(tmp_path):
+    key = cost_files.full_key(PAIR)
+    path = cost_files.write_costs(tmp_path / "costs.json", key, MEASURED)
+    data = json.loads(path.read_text())
+    data["key"]["version"] = 0
+    path.write_text(json.dumps(data))
+    with pytest.raises(InputError, match="cost-model version 0, this code reads version 1"):
+        cost_files.read_costs(path, key)
+    with pytest.raises(InputError, match="no cost model at .* measure one with `pacer costs`"):
+        cost_files.read_costs(tmp_path / "nothing.json", key)
+    path.write_text("{")
+    with pytest.raises(InputError, match="cannot be read"):
+        cost_files.read_costs(path, key)
+    path.write_text(json.dumps({"verify_s": [0.01]}))
+    with pytest.raises(InputError, match="not a cost file"):
+        cost_files.read_costs(path, key)
+
+
+def pacer_engine(tmp_path, extra: str, digest="tttt"):
+    target, draft = adapter(tiny_llama(0)), adapter(tiny_llama(1))
+    target.digest, draft.digest = digest, "dddd"
+    folder = write_checkpoint(tmp_path / "mb", 32)
+    cfg = load_config(overrides=["strategy.drafter={name: draft_model}",
+                                 f"strategy.stop=[{{name: pacer, rule: throughput, checkpoint: '{folder}'{extra}}}]"],
+                      require_models=False)
+    return Engine.build(target, draft=draft, cfg=cfg)
+
+
+def test_the_stop_reads_the_cached_or_given_cost_model(tmp_path, monkeypatch):
+    monkeypatch.setenv("PACER_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(InputError, match=r"no cost model at .*cache/costs/.* for target tttt with draft dddd"):
+        pacer_engine(tmp_path, "")
+    key = cost_files.full_key(cost_files.pair("tttt", "dddd", torch.float32, "cpu"))
+    cost_files.write_costs(cost_files.cache_file(key), key, MEASURED)
+    engine = pacer_engine(tmp_path, "")
+    stop = next(p for n, p in engine.pm.list_name_plugin() if n.startswith("strategy.stop"))
+    assert stop.cost.draft_token_s == 0.003
+    with pytest.raises(InputError, match="no cost model"):  # the cache holds nothing for another target
+        pacer_engine(tmp_path, "", digest="uuuu")
+    given = cost_files.write_costs(tmp_path / "given.json", key, {**MEASURED, "draft_token_s": 0.005})
+    engine = pacer_engine(tmp_path, f", cost_file: '{given}'")
+    assert next(p for n, p in engine.pm.list_name_plugin() if n.startswith("strategy.stop")).cost.draft_token_s == 0.005
+    with pytest.raises(InputError, match="measured for target tttt .* but this run pairs target uuuu"):
+        pacer_engine(tmp_path, f", cost_file: '{given}'", digest="uuuu")
+
+
+def test_pacer_costs_measures_and_caches_a_tiny_pair(tmp_path, capsys, monkeypatch):
+    from pacer_core import cli
+
+    target, draft = adapter(tiny_llama(0)), adapter(tiny_llama(1))
+    target.digest, draft.digest = "tttt", "dddd"
+    built = []
+
+    def build(cfg):
+        built.append(cfg)
+        return Engine.build(target, draft=draft, cfg=cfg)
+
+    monkeypatch.setattr(cli, "build_engine", build)
+    monkeypatch.setenv("PACER_CACHE", str(tmp_path / "cache"))
+    with single_thread():
+        code, out, err = run_cli(["costs", "--max-k", "4", "--repeats", "1", "--tokens", "8",
+                                  "strategy.drafter={name: draft_model}"], capsys)
+    assert code == 0, err
+    assert [s["name"] for s in built[0].strategy.stop] == ["fixed"] and built[0].sampling.temperature == 0
+    key = cost_files.full_key(cost_files.engine_pair(build(built[0])))
+    cost = cost_files.read_costs(cost_files.cache_file(key), key)
+    assert len(cost.verify_s) == 4 and min(cost.verify_s) > 0 and cost.draft_token_s > 0
+    assert "tttt" in out and str(cost_files.cache_file(key)) in out
+    assert "--tokens must be >= 1" in one_line_error(capsys, ["costs", "--tokens", "0"])
+
+
+# -- the replay ------------------------------------------------------------------------------------
+def synthetic_steps(count=300, window=8, seed=0):
+    """Steps whose accepted count is drawn from falling acceptance; M_B knows the truth (p = 1 on the
+    accepted prefix, 0 after), the draft's confidence is noisy."""
+    g = torch.Generator().manual_seed(seed)
+    steps = []
+    for i in range(count):
+        accepted = int((torch.rand(window, generator=g) < 0.75).long().cumprod(0).sum())
+        truth = (torch.arange(window) < accepted).double()
+        noisy = (0.6 + 0.3 * torch.rand(window, generator=g, dtype=torch.float64)).cumprod(0)
+        steps.append(HeldOutStep(mb=truth, confidence=noisy, accepted=accepted, item=i // 20))
+    return steps
+
+
+def test_replaying_a_policy_charges_what_it_drafted_and_sent():
+    steps = [HeldOutStep(mb=torch.tensor([0.9, 0.9, 0.1, 0.1], dtype=torch.float64),
+                         confidence=torch.ones(4, dtype=torch.float64), accepted=3, item=0)]
+    config = PacerStopConfig(rule="throughput", b=1, max_draft=4, min_draft=0)
+    replay = replay_policy(steps, config, FLAT)
+    assert (replay.emitted, replay.steps) == (3, 1)  # 2 sent, both accepted, + 1
+    assert replay.seconds == pytest.approx(FLAT.step(3, sent=2))
+
+
+def test_a_perfect_predictor_reaches_the_cost_optimal_oracle_and_beats_fixed_windows():
+    steps = synthetic_steps()
+    result = compare(steps, RISING, gammas=range(1, 9), blocks=[1], margins=[1.0], t0s=[0.5], confidences=[0.5],
+                     max_draft=8)
+    mb = next(r for r in result["rows"] if r["family"] == "throughput / mb")
+    # with p exact the first rejected token is the only waste: near the oracle, far above fixed γ
+    assert mb["speedup"] > result["best_fixed_speedup"] and mb["captured"] > 0.5
+    assert result["oracle_speedup"] >= mb["speedup"]
+    # the same replay twice gives the same numbers (no clock)
+    again = compare(steps, RISING, gammas=range(1, 9), blocks=[1], margins=[1.0], t0s=[0.5], confidences=[0.5],
+                    max_draft=8)
+    assert again["rows"] == result["rows"]
+
+
+def test_replay_stop_reads_a_run_folder(tmp_path, capsys):
+    from pacer_train import atomic_save
+
+    g = torch.Generator().manual_seed(0)
+    (tmp_path / "run" / "samples").mkdir(parents=True)
+    for item in range(1, 4):
+        lengths = torch.tensor([6, 6, 4])
+        n = int(lengths.sum())
+        labels = torch.cat([torch.arange(int(k)) < torch.randint(0, int(k) + 1, (1,), generator=g) for k in lengths])
+        atomic_save(tmp_path / "run" / "samples" / f"item_{item:05d}.pt", {
+            "hidden": torch.randn(n, 32, generator=g).half(), "labels": labels,
+            "confidence": torch.stack([torch.rand(n, generator=g).clamp_min(0.05).log(), torch.rand(n)], -1).half(),
+            "lengths": lengths, "item": item})
+    cost = tmp_path / "cost.json"
+    cost.write_text(json.dumps({"verify_s": [0.01, 0.011, 0.012]}))
+    checkpoint = write_checkpoint(tmp_path / "mb", 32)
+    code, out, err = run_cli(["replay-stop", str(tmp_path / "run"), "--costs", str(cost), "--checkpoint",
+                              str(checkpoint), "--heldout-every", "0", "--max-draft", "6", "--draft-token-s", "0.002",
+                              "--gammas", "1,2,6", "--b", "1,2", "--margins", "1", "--t0", "0.5", "--confidence",
+                              "0.5", "--json", str(tmp_path / "out.json")], capsys)
+    assert code == 0, err
+    saved = json.loads((tmp_path / "out.json").read_text())
+    assert saved["steps"] == 9 and set(saved["fixed"]) == {"1", "2", "6"}
+    assert {r["family"] for r in saved["rows"]} == {"confidence stop", "throughput / mb",
+                                                     "throughput / draft_confidence", "paper / mb"}
+    assert len(saved["by_position"]["mb"]) == 6 and "| throughput / mb | b 1, margin 1.0 |" in out
+    message = one_line_error(capsys, ["replay-stop", str(tmp_path / "run"), "--costs", str(cost), "--checkpoint",
+                                      str(checkpoint), "--max-draft", "6"])
+    assert "no held-out item" in message  # items 1..3: none divisible by the default 10
+    assert "exceeds the simulated window" in one_line_error(
+        capsys, ["replay-stop", str(tmp_path / "run"), "--costs", str(cost), "--checkpoint", str(checkpoint),
+                 "--heldout-every", "0", "--max-draft", "7"])
+
+
+# -- per-position AUC and calibration --------------------------------------------------------------
+def test_position_report_is_each_positions_own_metrics():
+    g = torch.Generator().manual_seed(1)
+    probs, labels = torch.rand(200, generator=g), (torch.rand(200, generator=g) < 0.5).double()
+    positions = torch.arange(200) % 4
+    rows = position_report(probs, labels, positions)
+    assert [r["position"] for r in rows] == [0, 1, 2, 3] and sum(r["tokens"] for r in rows) == 200
+    at = positions == 2
+    assert rows[2]["auc"] == pytest.approx(roc_auc(probs[at], labels[at]))
+    assert rows[2]["mean_prediction"] == pytest.approx(float(probs[at].mean()))
+    perfect = position_report(labels, labels, positions)
+    assert all(r["auc"] == 1.0 and r["ece"] == 0.0 for r in perfect)
