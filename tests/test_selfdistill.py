@@ -67,6 +67,8 @@ def test_the_real_guard_covers_the_benchmark_sets_and_the_stream_avoids_them(str
     for name in ("humaneval", "gsm8k", "mtbench", "summarization", "code_editing"):
         prompt = _prompt_sets()[name]()[0]
         assert guard.refuses("Please answer this.\n\n" + prompt.text) is not None, name
+    second = next(p for p in _prompt_sets()["mtbench"]() if len(p.turns) > 1)  # multi-turn benches use them
+    assert f"{second.question_id}/turn2" in guard.refuses("Next: " + second.turns[1])
     refused = [stream.at(p) for p in range(3000) if guard.refuses(stream.at(p).text)]
     assert len(refused) < 0.05 * 3000 and {i.family for i in refused} <= {"summary"}
 

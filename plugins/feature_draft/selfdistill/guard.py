@@ -3,8 +3,8 @@
 Texts are compared as lower-case word sequences (runs of letters and digits). An instruction is
 refused when it shares any run of ``n`` consecutive words (default 13, the usual contamination
 n-gram) with a benchmark prompt, or contains a whole benchmark prompt shorter than ``n`` words.
-The benchmark sets are the project's evaluation prompts: HumanEval, GSM8K test, MT-Bench first
-turns, and the summarization and code-editing prompts.
+The benchmark sets are the project's evaluation prompts: HumanEval, GSM8K test, MT-Bench (both
+turns), and the summarization and code-editing prompts.
 """
 
 from __future__ import annotations
@@ -63,7 +63,9 @@ class BenchmarkGuard:
         names = list(sets)
         for name in names:
             try:
-                pairs += [(p.question_id, p.text) for p in loaders[name]()]
+                # every turn: a multi-turn bench (multi_turn: true) evaluates MT-Bench's second turns too
+                pairs += [(p.question_id if t == 0 else f"{p.question_id}/turn{t + 1}", text)
+                          for p in loaders[name]() for t, text in enumerate(p.turns)]
             except InputError as exc:
                 raise InputError(f"the benchmark-overlap check needs the '{name}' prompt set: {exc}") from None
         guard = cls(pairs, n)
