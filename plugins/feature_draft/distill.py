@@ -140,7 +140,10 @@ def load_distill_config(path: Optional[str], overrides: list[str]) -> DistillCon
 
 
 def log(message: str) -> None:
-    print(f"distill: {message}", file=sys.stderr, flush=True)
+    """One line on stderr, above the progress bar when one is shown."""
+    from tqdm import tqdm
+
+    tqdm.write(f"distill: {message}", file=sys.stderr)
 
 
 # -- 1. corpus ----------------------------------------------------------------------------------
@@ -516,7 +519,7 @@ def write_scaling(path: Path, start: dict[str, Any], history: list[dict[str, Any
     ax.set_ylabel("held-out top-1 agreement with the target")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper left")
     fig.tight_layout()
     fig.savefig(path.with_suffix(".png"), dpi=120)
     plt.close(fig)
