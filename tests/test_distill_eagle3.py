@@ -272,3 +272,24 @@ def test_the_gpu_script_runs_end_to_end_with_its_smoke_settings(tmp_path):
     assert manifest["family"].startswith("eagle3") and manifest["recipe"]["train"]["unroll"] == 3
     assert manifest["corpus_sources"]["selfdistill"]["records"] > 0
     assert json.loads((tmp_path / "draft" / "scaling.json").read_text())["points"]
+
+
+def test_the_shipped_draft_can_be_continued():
+    """init= the shipped v3 draft: its weights, its subset and its 1.5M tokens seen carry over; a
+    student of another width is refused in one line."""
+    from feature_draft.distill import load_init
+    from feature_draft.drafter import DEFAULT_DRAFT
+    from feature_draft.model import ArchConfig
+
+    config = json.loads((DEFAULT_DRAFT / "config.json").read_text())
+    config.pop("family")
+    net = FeatureDraft(ArchConfig(**config))
+    start = load_init(str(DEFAULT_DRAFT), net)
+    shipped = load_draft(DEFAULT_DRAFT)
+    manifest = json.loads((DEFAULT_DRAFT / "manifest.json").read_text())
+    assert start["tokens_before"] == manifest["training"]["tokens_seen"] > 1_000_000 and start["points"] == []
+    assert all(torch.equal(a, b) for a, b in zip(net.state_dict().values(), shipped.state_dict().values()))
+    config["intermediate_size"] = 1024
+    with pytest.raises(InputError) as info:
+        load_init(str(DEFAULT_DRAFT), FeatureDraft(ArchConfig(**config)))
+    assert "gate_proj.weight" in str(info.value) and "\n" not in str(info.value)
