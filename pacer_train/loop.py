@@ -7,6 +7,9 @@ trainer for the step's loss, back-propagates, clips the gradient norm, steps the
 checkpoint atomically. The learning rate is a function of the step alone, so a resumed run continues
 the schedule where it stopped.
 
+A time budget (``fit(deadline=...)``) stops the same way as a checkpoint, without an error: the
+caller goes on (exports what it has) and the same command continues later.
+
 Ctrl-C or SIGTERM (``interruptible``): the current step finishes, the checkpoint is written, and
 ``KeyboardInterrupt`` is raised, which the command line turns into its interrupted exit code (130);
 rerunning the same command resumes. A second Ctrl-C stops at once (the last checkpoint stays intact).
@@ -18,6 +21,7 @@ import math
 import signal
 import sys
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
@@ -111,7 +115,8 @@ def load_checkpoint(path: Path, net: torch.nn.Module, optimizer: torch.optim.Opt
 
 class TrainingRun:
     """A resumable optimisation of ``net`` by ``optimizer`` for ``total`` steps, checkpointed to
-    ``checkpoint`` (``extra`` items are stored with every checkpoint)."""
+    ``checkpoint`` (``extra`` items are stored with every checkpoint; resuming, the checkpoint's own
+    extra items replace the given ones, so what a run recorded at its start stays)."""
 
     def __init__(self, checkpoint: Path, net: torch.nn.Module, optimizer: torch.optim.Optimizer, total: int,
                  log: Callable[[str], None], extra: Optional[dict[str, Any]] = None):
@@ -121,6 +126,7 @@ class TrainingRun:
         if self.checkpoint.exists():
             state = load_checkpoint(self.checkpoint, net, optimizer)
             self.step, self.history = int(state["step"]), list(state["history"])
+            self.extra.update({k: v for k, v in state.items() if k not in CHECKPOINT_KEYS})
             log(f"resuming at step {self.step}/{total}")
 
     def save(self) -> None:
@@ -130,11 +136,16 @@ class TrainingRun:
     def fit(self, step_loss: Callable[[int], tuple[torch.Tensor, dict[str, Any]]], lr: Callable[[int], float],
             checkpoint_every: int, record: Callable[[int, torch.Tensor, dict[str, Any]], dict[str, Any]],
             after_step: Callable[[int, torch.Tensor, dict[str, Any]], dict[str, str]] = lambda *a: {},
-            clip: float = 1.0, desc: str = "train") -> None:
+            clip: float = 1.0, desc: str = "train", deadline: Optional[float] = None) -> bool:
         """Train from ``self.step`` to ``self.total``. Per step: learning rate ``lr(step)``, then
         ``step_loss(step) -> (loss, parts)``, backward, gradient-norm clipping at ``clip``, optimizer step;
         then ``after_step(step, loss, parts)`` gives the progress bar's postfix, and at checkpoints
-        ``record(step, loss, parts)`` the history entry (``step`` counts finished steps there)."""
+        ``record(step, loss, parts)`` the history entry (``step`` counts finished steps there).
+
+        ``deadline`` (a ``time.time()`` value): after the step that reaches it (at least one step
+        runs), training stops as at a checkpoint (history entry, checkpoint) and returns False; the
+        same command continues later.
+        Returns True when ``total`` steps are done."""
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         with interruptible(self.log) as stop, progress(self.total, self.step, desc) as bar:
             while self.step < self.total and not stop:
@@ -148,11 +159,17 @@ class TrainingRun:
                 self.step += 1
                 bar.update(1)
                 bar.set_postfix(**after_step(self.step, loss, parts))
-                if self.step % checkpoint_every == 0 or self.step == self.total:
+                out_of_time = deadline is not None and time.time() >= deadline and self.step < self.total
+                if self.step % checkpoint_every == 0 or self.step == self.total or out_of_time:
                     self.history.append(record(self.step, loss, parts))
                     self.save()
+                if out_of_time:
+                    self.log(f"time budget reached: checkpoint kept at step {self.step}/{self.total}; "
+                             "run the same command to continue")
+                    return False
             if stop:
                 self.save()
                 self.log(f"interrupted: checkpoint kept at step {self.step}/{self.total}; "
                          "run the same command to resume")
                 raise KeyboardInterrupt
+        return True

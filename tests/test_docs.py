@@ -173,6 +173,29 @@ def test_config_sections_are_documented(name, cls):
     assert_options_documented(section(read("config.md"), f"### `{name}`"), cls, name)
 
 
+@pytest.mark.parametrize("heading,cls", [("#### `corpus`", "CorpusConfig"), ("#### `student`", "StudentConfig"),
+                                         ("#### `train`", "TrainConfig")])
+def test_distill_options_are_documented(heading, cls):
+    from feature_draft import distill
+
+    options = section(read("config.md"), "## `pacer distill` options")
+    assert_options_documented(section(options, heading), getattr(distill, cls), f"distill {heading}")
+
+
+def test_distill_top_level_options_are_documented():
+    from feature_draft.distill import DistillConfig
+
+    table = section(section(read("config.md"), "## `pacer distill` options"), "#### `distill` (top level)")
+    rows = {spans(r[0])[0]: r for r in table_rows(table) if spans(r[0])}
+    sections = {"corpus", "student", "train"}  # each its own table (test_distill_options_are_documented)
+    assert set(rows) == {f.name for f in attrs.fields(DistillConfig)} - sections
+    defaults = DistillConfig()
+    for name, row in rows.items():
+        value = getattr(defaults, name)
+        if not attrs.has(type(value)):
+            assert f"`{render(value)}`" in row, f"distill option '{name}' should show default {render(value)}"
+
+
 def test_every_section_is_documented():
     config_md = read("config.md")
     for name in SECTIONS:

@@ -188,13 +188,14 @@ def test_out_folders_that_cannot_hold_a_run_are_refused_in_one_line(tmp_path):
 
 
 # -- the training loop ------------------------------------------------------------------------------
-def linear_run(checkpoint: Path, total: int, interrupt_at: Optional[int] = None, signum=signal.SIGINT):
+def linear_run(checkpoint: Path, total: int, interrupt_at: Optional[int] = None, signum=signal.SIGINT,
+               deadline: Optional[float] = None, extra: Optional[dict] = None):
     """A tiny deterministic run: the batch of step s is a function of s alone."""
     torch.manual_seed(0)
     net = torch.nn.Linear(4, 1)
     optimizer = torch.optim.AdamW(net.parameters(), lr=0.1)
     logs: list[str] = []
-    run = TrainingRun(checkpoint, net, optimizer, total, logs.append, extra={"arch": {"width": 4}})
+    run = TrainingRun(checkpoint, net, optimizer, total, logs.append, extra=extra or {"arch": {"width": 4}})
     lrs: dict[int, float] = {}
 
     def step_loss(step: int):
@@ -205,9 +206,26 @@ def linear_run(checkpoint: Path, total: int, interrupt_at: Optional[int] = None,
         inputs = torch.randn(8, 4, generator=x)
         return ((net(inputs).squeeze(-1) - inputs.sum(-1)) ** 2).mean(), {}
 
-    run.fit(step_loss, lambda step: cosine_lr(step, total, 3, 0.1, 0.1), checkpoint_every=4,
-            record=lambda step, loss, parts: {"step": step, "loss": float(loss.detach())})
+    run.finished = run.fit(step_loss, lambda step: cosine_lr(step, total, 3, 0.1, 0.1), checkpoint_every=4,
+                           record=lambda step, loss, parts: {"step": step, "loss": float(loss.detach())},
+                           deadline=deadline)
     return run, lrs, logs
+
+
+def test_a_time_budget_stops_after_a_step_saves_and_the_run_continues(tmp_path):
+    whole, _, _ = linear_run(tmp_path / "whole.pt", total=12)
+    assert whole.finished
+    checkpoint = tmp_path / "budget.pt"
+    stopped, lrs, logs = linear_run(checkpoint, total=12, deadline=0.0, extra={"start": {"tokens_before": 7}})
+    assert not stopped.finished and sorted(lrs) == [0] and "time budget reached" in logs[-1]
+    state = load_run_file(checkpoint)
+    assert state["step"] == 1 and [h["step"] for h in state["history"]] == [1]  # recorded at the stop
+    resumed, lrs, _ = linear_run(checkpoint, total=12, extra={"start": {"tokens_before": 0}})
+    assert resumed.finished and sorted(lrs) == list(range(1, 12))
+    assert resumed.extra["start"] == {"tokens_before": 7}  # what the run started from stays
+    assert [h["step"] for h in resumed.history] == [1, 4, 8, 12]
+    for a, b in zip(resumed.net.parameters(), whole.net.parameters()):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])

@@ -69,6 +69,15 @@ def last_hidden_states(target: HFModel, input_ids: torch.Tensor) -> torch.Tensor
 
 
 @torch.inference_mode()
+def layer_inputs(target: HFModel, input_ids: torch.Tensor, layers: Sequence[int]) -> torch.Tensor:
+    """The inputs of the target's decoder ``layers`` for a batch [B, L], concatenated in that order →
+    [B, L, len(layers) × d] (index i: transformers' ``hidden_states[i]``, as ``HFModel.forward(hidden=
+    layers)`` returns them; what an EAGLE-3-style draft fuses), without touching its KV cache."""
+    out = target.model.base_model(input_ids=input_ids.to(target.device), use_cache=False, output_hidden_states=True)
+    return torch.cat([out.hidden_states[i] for i in layers], dim=-1)
+
+
+@torch.inference_mode()
 def batch_generate(target: HFModel, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
     """Greedy answers for several prompts at once (left-padded batch), each cut at its first EOS."""
     pad = min(target.eos_token_ids) if target.eos_token_ids else 0

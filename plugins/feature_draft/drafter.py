@@ -1,7 +1,9 @@
 """The ``eagle`` drafter: a feature-level draft (see model.py) reading the target's hidden states.
 
-``path`` names a folder written by ``pacer distill`` (manifest.json) or a published EAGLE-1/2 or
-EAGLE-3 checkpoint as downloaded (config.json + weights, see published.py)."""
+``path`` names a folder written by ``pacer distill`` (manifest.json; the EAGLE-1-style
+``FeatureDraft`` or the EAGLE-3-style ``Eagle3Draft``, whose config records the target layers it
+reads) or a published EAGLE-1/2 or EAGLE-3 checkpoint as downloaded (config.json + weights, see
+published.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from pacer_core.kernels import PackedMatrix, pack_linears
 from pacer_core.sampling import logits_to_probs, sample
 from pacer_core.trees import TreeConfig, grow_level
 
-from .model import MANIFEST, WEIGHTS, FeatureDraft, KVCache
+from .model import MANIFEST, WEIGHTS, Eagle3Draft, KVCache, load_draft
 from .published import load_published, weights_file
 
 DEFAULT_DRAFT = Path(__file__).parent / "default"
@@ -91,7 +93,10 @@ class EagleDrafter:
         packed = bool(target.packed_weights) and device.type == "cpu"  # pack as the target does
         self.target_layers: Optional[tuple[int, ...]] = None  # target layers whose inputs the net reads
         if (folder / MANIFEST).exists():
-            self.net, self.layout = self._own_draft(folder, config, target), "pacer"
+            self.net = self._own_draft(folder, config, target)
+            self.layout = "eagle3" if isinstance(self.net, Eagle3Draft) else "pacer"
+            if self.layout == "eagle3":
+                self.target_layers = tuple(self.net.arch.target_layers)
             subset = self.net.subset
             self.draft_identity = draft_identity(folder)  # Resources.draft_identity of later components
         else:  # a published EAGLE checkpoint
@@ -118,8 +123,9 @@ class EagleDrafter:
         self.pacer_start(None, None)
 
     @staticmethod
-    def _own_draft(folder: Path, config: EagleConfig, target) -> FeatureDraft:
-        """A draft ``pacer distill`` wrote, checked against the target it was distilled from."""
+    def _own_draft(folder: Path, config: EagleConfig, target) -> torch.nn.Module:
+        """A draft ``pacer distill`` wrote (``FeatureDraft`` or ``Eagle3Draft``), checked against the
+        target it was distilled from."""
         manifest = json.loads((folder / MANIFEST).read_text())
         target_digest = target.digest
         if target_digest and manifest.get("target_digest") != target_digest and not config.allow_other_target:
@@ -128,8 +134,11 @@ class EagleDrafter:
                 f"target is {target_digest}: distill a draft for it (`pacer distill`) or set "
                 "strategy.drafter.allow_other_target=true"
             )
-        net = FeatureDraft.load(folder)
-        if net.arch.vocab_size != target.vocab_size or net.arch.hidden_size != target.hidden_size:
+        net = load_draft(folder)
+        fused = getattr(net.arch, "fused_size", net.arch.hidden_size)
+        layers = len(getattr(net.arch, "target_layers", [])) or 1
+        if net.arch.vocab_size != target.vocab_size or net.arch.hidden_size != target.hidden_size \
+                or fused != layers * target.hidden_size:
             raise InputError(f"draft '{folder}' does not fit this target (vocabulary or hidden size differ)")
         return net
 

@@ -7,21 +7,28 @@ frequent-token subset of the vocabulary for the drafts `pacer distill` makes, th
 EAGLE checkpoints) turns the predicted feature into draft logits for x_{t+2}. Only the small
 network (fc + one decoder layer) is stored; the embeddings and the output layer are the target's.
 
-``Eagle3Draft`` (EAGLE-3): the true rows read three target layers fused by ``fc``, the layer
-attends over [norm(embedding); norm(feature)], and the draft has its own norm and output layer
-over a reduced vocabulary (see published.py for the checkpoint layout).
+``Eagle3Draft`` (EAGLE-3): the true rows read several target layers (three) fused by ``fc``, the
+layer attends over [norm(embedding); norm(feature)], and the draft has its own norm and output
+layer over a reduced vocabulary (see published.py for the checkpoint layout; ``pacer distill
+student.kind=eagle3`` trains one, its config recording ``target_layers``).
+
+Both keep ``subset``, the target id of each draft logit, with their weights (``save_draft`` /
+``load_draft``: the folder format of ``pacer distill``). ``UnrolledKeys`` lets one forward per step
+train k draft steps of every row at once (the training-time test).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import attrs
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from pacer_core.errors import InputError
 
 WEIGHTS = "draft.safetensors"
 CONFIG = "config.json"
@@ -88,17 +95,50 @@ class KVCache:
             self.keys, self.values = self.keys[:, :length], self.values[:, :length]
 
 
+class UnrolledKeys:
+    """Keys and values of the draft layer over the unrolled steps of a training-time test (HASS,
+    EAGLE-3): every row t of a sequence is drafted ahead k times in one batch. Step 1 rows are fed
+    with the target's features; row t of step j ≥ 2 with step j−1's prediction of row t, at position
+    t + j − 1. Row t of step j attends to the step-1 rows 0..t (causal) and to its own rows of steps
+    2..j (the diagonal): exactly the rows the drafter's cache holds when it drafts token j after
+    position t. Batches of any size (``KVCache`` holds one sequence)."""
+
+    def __init__(self):
+        self.keys: list[torch.Tensor] = []  # per step: [B, kv_heads, T, head_dim]
+        self.values: list[torch.Tensor] = []
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: int) -> torch.Tensor:
+        """q: [B, heads, T, hd]; k, v: [B, kv_heads, T, hd] of this step (rotated) → [B, heads, T, hd]."""
+        self.keys.append(k)
+        self.values.append(v)
+        t = q.shape[2]
+        scale = q.shape[-1] ** -0.5
+        first_k = self.keys[0].repeat_interleave(groups, dim=1)
+        causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+        scores = (q @ first_k.transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))  # [B, H, T, T]
+        diagonal = [(q * key.repeat_interleave(groups, dim=1)).sum(-1, keepdim=True) * scale
+                    for key in self.keys[1:]]  # each [B, H, T, 1]: row t of an earlier step j ≥ 2
+        weights = torch.softmax(torch.cat([scores, *diagonal], dim=-1).float(), dim=-1).to(q.dtype)
+        out = weights[..., :t] @ self.values[0].repeat_interleave(groups, dim=1)
+        for i, value in enumerate(self.values[1:]):
+            out = out + weights[..., t + i:t + i + 1] * value.repeat_interleave(groups, dim=1)
+        return out
+
+
 def attend(layer: nn.Module, h: torch.Tensor, positions: torch.Tensor, cache: Optional[KVCache],
            mask: Optional[torch.Tensor], shape: tuple[int, int, int, float]) -> torch.Tensor:
     """Self-attention of ``layer`` (its q/k/v/o_proj) over h: [B, T, in] → [B, T, d], appending the
-    new keys and values to ``cache`` (B = 1 then). ``shape`` = (heads, kv_heads, head_dim, rope θ);
-    ``mask`` as in ``FeatureDraft.forward`` (None: causal, every cached row visible)."""
+    new keys and values to ``cache`` (B = 1 then; an ``UnrolledKeys`` takes batches and its own
+    mask). ``shape`` = (heads, kv_heads, head_dim, rope θ); ``mask`` as in ``FeatureDraft.forward``
+    (None: causal, every cached row visible)."""
     heads, kv_heads, head_dim, theta = shape
     b, t, _ = h.shape
     q = layer.q_proj(h).view(b, t, heads, head_dim).transpose(1, 2)
     k = layer.k_proj(h).view(b, t, kv_heads, head_dim).transpose(1, 2)
     v = layer.v_proj(h).view(b, t, kv_heads, head_dim).transpose(1, 2)
     q, k = rope(q, positions, theta), rope(k, positions, theta)
+    if isinstance(cache, UnrolledKeys):
+        return layer.o_proj(cache.attend(q, k, v, heads // kv_heads).transpose(1, 2).reshape(b, t, -1))
     past = 0
     if cache is not None:
         past = len(cache)
@@ -160,26 +200,14 @@ class FeatureDraft(nn.Module):
 
     # -- storage -----------------------------------------------------------------------------
     def save(self, folder: Path, manifest: dict) -> None:
-        from safetensors.torch import save_file
-
-        folder.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().to(torch.float16 if v.is_floating_point() else v.dtype).contiguous()
-                 for k, v in self.state_dict().items()}
-        save_file(state, str(folder / WEIGHTS))
-        (folder / CONFIG).write_text(json.dumps({"family": "feature_draft", **attrs.asdict(self.arch)}, indent=2))
-        (folder / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
+        save_draft(self, folder, manifest)
 
     @classmethod
     def load(cls, folder: Path) -> "FeatureDraft":
-        from pacer_core.hf import load_safetensors
-
-        config = json.loads((folder / CONFIG).read_text())
-        config.pop("family", None)
-        model = cls(ArchConfig(**config))
-        fix = "distill the draft again (`pacer distill`), or reinstall for the shipped one"
-        state = load_safetensors(folder / WEIGHTS, fix)
-        model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
-        return model.eval()
+        net = load_draft(folder)
+        if not isinstance(net, cls):
+            raise InputError(f"'{folder}' holds an {type(net).__name__}, not a FeatureDraft")
+        return net
 
 
 def head_logits(features: torch.Tensor, head_weight_subset: torch.Tensor) -> torch.Tensor:
@@ -199,6 +227,9 @@ class Eagle3Arch:
     rms_eps: float
     draft_vocab_size: int  # rows of the draft's own output layer
     fused_size: int  # width of the fused target states fc reads (3 × the target's hidden size)
+    vocab_size: int = 0  # the target's (drafts `pacer distill` makes; 0 = not recorded, published ones)
+    target_layers: List[int] = attrs.field(factory=list)  # target decoder layers whose inputs fc reads
+    # (drafts `pacer distill` makes; [] = published ones, which read EAGLE-3's 2, L // 2, L − 3)
 
 
 class Eagle3Draft(nn.Module):
@@ -226,6 +257,10 @@ class Eagle3Draft(nn.Module):
         self.down_proj = nn.Linear(arch.intermediate_size, d, bias=False)
         self.norm = RMSNorm(d, arch.rms_eps)
         self.lm_head = nn.Linear(d, arch.draft_vocab_size, bias=False)
+        self.register_buffer("subset", torch.zeros(arch.draft_vocab_size, dtype=torch.long))  # target id per head row
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=0.02)
 
     def fuse(self, target_hidden: torch.Tensor) -> torch.Tensor:
         """[k, fused] target states (three layers, concatenated) → [k, d] features."""
@@ -247,3 +282,54 @@ class Eagle3Draft(nn.Module):
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """[k, d] → [k, draft_vocab]: the draft's own head after its final norm."""
         return self.lm_head(self.norm(features))
+
+    def save(self, folder: Path, manifest: dict) -> None:
+        save_draft(self, folder, manifest)
+
+
+FAMILIES = {"feature_draft": (FeatureDraft, ArchConfig), "eagle3": (Eagle3Draft, Eagle3Arch)}
+
+
+def save_draft(net: nn.Module, folder: Path, manifest: dict) -> None:
+    """A draft folder `pacer distill` writes: ``draft.safetensors`` (fp16 weights and the ``subset``
+    buffer: the target id of each draft logit), ``config.json`` (``family`` and the architecture),
+    ``manifest.json``."""
+    from safetensors.torch import save_file
+
+    family = next(name for name, (cls, _) in FAMILIES.items() if type(net) is cls)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to("cpu", torch.float16 if v.is_floating_point() else v.dtype).contiguous()
+             for k, v in net.state_dict().items()}
+    save_file(state, str(folder / WEIGHTS))
+    (folder / CONFIG).write_text(json.dumps({"family": family, **attrs.asdict(net.arch)}, indent=2))
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
+
+
+def load_draft(folder: Path) -> nn.Module:
+    """The network of a draft folder `pacer distill` wrote (``FeatureDraft`` or ``Eagle3Draft``, float32,
+    eval mode); an unknown family or a damaged file is one ``InputError``."""
+    from pacer_core.hf import load_safetensors
+
+    config = json.loads((folder / CONFIG).read_text())
+    family = config.pop("family", "feature_draft")
+    if family not in FAMILIES:
+        raise InputError(f"'{folder / CONFIG}' names draft family {family!r}, which this version does not read "
+                         f"({', '.join(FAMILIES)}): update pacer-sd or distill the draft again")
+    cls, arch_cls = FAMILIES[family]
+    model = cls(arch_cls(**config))
+    fix = "distill the draft again (`pacer distill`), or reinstall for the shipped one"
+    state = load_safetensors(folder / WEIGHTS, fix)
+    try:
+        model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
+    except RuntimeError as exc:
+        raise InputError(f"'{folder / WEIGHTS}' does not match its config.json ({str(exc).splitlines()[0][:120]}): "
+                         f"{fix}") from None
+    return model.eval()
+
+
+def draft_logits(net: nn.Module, features: torch.Tensor, head_weight_subset: torch.Tensor) -> torch.Tensor:
+    """Draft logits over the draft vocabulary ([..., d] → [..., subset]): an ``Eagle3Draft``'s own norm
+    and head, else the target's output layer restricted to the subset rows."""
+    if isinstance(net, Eagle3Draft):
+        return net.logits(features)
+    return head_logits(features, head_weight_subset)

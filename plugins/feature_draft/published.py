@@ -205,7 +205,9 @@ def load_published(folder: Path, target: Any) -> Published:
     draft_vocab = int(config.get("draft_vocab_size") or vocab)
     net = Eagle3Draft(Eagle3Arch(draft_vocab_size=draft_vocab, fused_size=3 * hidden, **shape))
     _fill(net, state, EAGLE3_NAMES, path)
-    return Published(layout, net.eval(), draft_vocabulary(state, draft_vocab, vocab, path), layers, identity)
+    ids = draft_vocabulary(state, draft_vocab, vocab, path)
+    net.subset.copy_(ids)
+    return Published(layout, net.eval(), ids, layers, identity)
 
 
 def eagle3_layers(num_layers: int) -> tuple[int, int, int]:

@@ -1,0 +1,295 @@
+"""`pacer distill` beyond EAGLE-1: the EAGLE-3 family, the training-time test over k steps,
+continuing from a draft (``init=``), the scaling curve, the time budget and the vocabulary
+coverage — on tiny seeded Llama targets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pacer_core import Engine, InputError, load_config
+from helpers import EOS, adapter, reference_greedy, tiny_llama
+
+from feature_draft.distill import (DistillConfig, batch_ids, build_student, draft_loss, extract_features,
+                                   load_distill_config, run_distill, train, unrolled_features, vocab_coverage)
+from feature_draft.model import Eagle3Draft, FeatureDraft, KVCache, load_draft
+
+LAYERS = [0, 1, 2]  # the tiny target has 3 decoder layers: the inputs of each
+
+
+def tiny_target(seed: int = 0):
+    return tiny_llama(seed, layers=3, scale=4.0)
+
+
+def student(kind: str, target, seed: int = 0) -> torch.nn.Module:
+    cfg = DistillConfig()
+    cfg.seed, cfg.student.kind, cfg.student.intermediate_size = seed, kind, 64
+    if kind == "eagle3":
+        cfg.student.fused_layers = LAYERS
+    return build_student(cfg, target, torch.arange(48), target.embedding_weights()[1].float())
+
+
+def batch(target, kind: str, rows: int = 2, length: int = 10, seed: int = 0):
+    """tokens [B, L], the target's last-layer states and (eagle3) its layers' inputs."""
+    from pacer_core.hf import last_hidden_states, layer_inputs
+
+    tokens = torch.randint(3, 64, (rows, length), generator=torch.Generator().manual_seed(seed))
+    feats = last_hidden_states(target, tokens).float().clone()
+    fused = layer_inputs(target, tokens, LAYERS).float().clone() if kind == "eagle3" else None
+    return tokens, feats, fused
+
+
+# -- the training-time test ---------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["feature", "eagle3"])
+def test_unrolled_steps_equal_what_the_drafter_computes_step_by_step(kind):
+    """Row t of step j is the draft's j-th token after position t, as the drafter's cache computes it:
+    true rows 0..t, then its own predictions fed back one row at a time."""
+    target = adapter(tiny_target())
+    net = student(kind, target).eval()
+    embed = target.embedding_weights()[0].float()
+    tokens, feats, fused = batch(target, kind, rows=1, length=9)
+    inputs = feats[:, :-1] if fused is None else net.fuse(fused[:, :-1])
+    with torch.no_grad():
+        steps = unrolled_features(net, embed, tokens, inputs, 3)
+        for t in range(tokens.shape[1] - 3):
+            cache = KVCache()
+            out = net(embed[tokens[0, 1:t + 2]], inputs[0, :t + 1], torch.arange(t + 1), cache)[-1]
+            for j in range(3):
+                if j:
+                    out = net(embed[tokens[0, t + j + 1]][None], out[None], torch.tensor([t + j]), cache)[-1]
+                assert torch.allclose(steps[j][0, t], out, atol=1e-5), (t, j)
+
+
+@pytest.mark.parametrize("kind", ["feature", "eagle3"])
+def test_later_steps_are_trained_through_the_fed_back_features(kind):
+    """Step j+1 depends on step j's output at the same row, and only through it (a detached feed
+    would give no gradient; a wrong mask would leak other rows)."""
+    target = adapter(tiny_target())
+    net = student(kind, target)
+    embed = target.embedding_weights()[0].float()
+    tokens, feats, fused = batch(target, kind, rows=1, length=8)
+    inputs = feats[:, :-1] if fused is None else net.fuse(fused[:, :-1])
+    steps = unrolled_features(net, embed, tokens, inputs, 3)
+    for j in (1, 2):
+        for t in (0, 3):
+            grad = torch.autograd.grad(steps[j][0, t].sum(), steps[j - 1], retain_graph=True, allow_unused=True)[0]
+            assert grad is not None and grad[0, t].abs().sum() > 0
+            others = torch.cat([grad[0, :t], grad[0, t + 1:]])
+            assert torch.count_nonzero(others) == 0
+
+
+@pytest.mark.parametrize("kind", ["feature", "eagle3"])
+def test_the_loss_of_k_steps_differs_from_one_step_and_trains_every_weight(kind):
+    target = adapter(tiny_target())
+    embed, head = (w.float() for w in target.embedding_weights())
+    tokens, feats, fused = batch(target, kind, rows=2, length=10)
+    losses, grads = {}, {}
+    for k in (1, 3):
+        net = student(kind, target)
+        loss, parts = draft_loss(net, embed, head[net.subset], tokens, feats, 0.0, 1.0, 0.1, None, k, fused)
+        loss.backward()
+        losses[k], grads[k] = float(loss.detach()), {n: p.grad.clone() for n, p in net.named_parameters()}
+        assert np.isfinite(losses[k]) and 0.0 <= parts["top1"] <= 1.0
+        assert all(torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads[k].values())
+    assert losses[3] > losses[1]  # two more steps' losses are added
+    assert not torch.allclose(grads[3]["fc.weight"], grads[1]["fc.weight"])
+
+
+# -- training and the drafter ------------------------------------------------------------------------
+def tiny_run(tmp_path, kind="eagle3", epochs=2.0, unroll=3, init=None):
+    target = adapter(tiny_target())
+    cfg = DistillConfig(out=str(tmp_path))
+    cfg.corpus.heldout_sequences = 2
+    cfg.student.kind, cfg.student.intermediate_size = kind, 64
+    cfg.student.fused_layers = LAYERS if kind == "eagle3" else None
+    cfg.train.epochs, cfg.train.batch_size, cfg.train.checkpoint_every, cfg.train.warmup = epochs, 4, 2, 2
+    cfg.train.lr, cfg.train.unroll, cfg.init = 3e-3, unroll, init
+    tokens = torch.randint(3, 64, (14, 12), generator=torch.Generator().manual_seed(0))
+    features = extract_features(tmp_path, tokens, target)
+    fused = extract_features(tmp_path, tokens, target, layers=LAYERS) if kind == "eagle3" else None
+    return cfg, target, tokens, features, fused
+
+
+def test_eagle3_training_lowers_the_loss_measures_agreement_and_resumes(tmp_path):
+    cfg, target, tokens, features, fused = tiny_run(tmp_path, epochs=2)
+    net, metrics, info = train(cfg, tmp_path, tokens, features, target, torch.arange(64), fused=fused)
+    assert isinstance(net, Eagle3Draft) and info["steps"] == 6 and info["finished"]
+    assert set(metrics) == {"heldout_top1_first", "heldout_top1_second", "heldout_top1_first_two"}
+    assert all("heldout_top1_first" in h and h["tokens"] == h["step"] * 4 * 12 for h in info["history"])
+    curve = json.loads((tmp_path / "scaling.json").read_text())
+    assert [p["tokens"] for p in curve["points"]] == [h["tokens"] for h in info["history"]]
+    cfg.train.epochs = 6
+    _, _, longer = train(cfg, tmp_path, tokens, features, target, torch.arange(64), fused=fused)
+    assert longer["steps"] == 18 and longer["history"][:3] == info["history"]
+    assert longer["history"][-1]["loss"] < info["history"][0]["loss"]
+
+
+def fake_tokenizer():
+    class Tokenizer:
+        def encode(self, text, chat_template=True):
+            return [3 + ord(c) % 61 for c in text]
+
+    return Tokenizer()
+
+
+@pytest.fixture
+def tiny_distill(tmp_path, monkeypatch):
+    """``run_distill`` on the tiny target: its corpus one text file (no stdlib, docs or chat)."""
+    import pacer_core.hf as hf
+
+    model = tiny_target()
+    monkeypatch.setattr(hf, "load_section", lambda section, name: (adapter(model), fake_tokenizer(), None))
+    monkeypatch.setattr(hf, "materialize", lambda path: tmp_path)  # no tokenizer files to copy
+    text = tmp_path / "text.txt"
+    text.write_text("def add(a, b):\n    return a + b\n" * 14)
+
+    def distill(out: str, *overrides: str) -> Path:
+        cfg = load_distill_config(None, [
+            f"out={tmp_path / out}", "corpus.stdlib_tokens=0", "corpus.docs_tokens=0", "corpus.chat_answers=0",
+            f"corpus.extra_files=[{text}]", "corpus.seq_len=12", "corpus.heldout_sequences=2",
+            "student.kind=eagle3", f"student.fused_layers={LAYERS}", "student.intermediate_size=64",
+            "train.batch_size=4", "train.checkpoint_every=2", "train.warmup=2", "train.lr=0.003",
+            "train.unroll=3", *overrides])
+        return run_distill(cfg, "pacer distill (test)")
+
+    return model, distill
+
+
+def eagle_engine(target_model, folder):
+    cfg = load_config(overrides=[f"strategy.drafter={{name: eagle, path: '{folder}'}}",
+                                 "strategy.stop=[{name: fixed, gamma: 3}]"], require_models=False)
+    return Engine.build(adapter(target_model), cfg=cfg)
+
+
+def test_distill_eagle3_end_to_end_the_eagle_drafter_keeps_greedy_output(tiny_distill, tmp_path):
+    model, distill = tiny_distill
+    export = distill("run", "train.epochs=2")
+    manifest = json.loads((export / "manifest.json").read_text())
+    assert json.loads((export / "config.json").read_text())["target_layers"] == LAYERS
+    assert manifest["family"].startswith("eagle3") and manifest["training"]["finished"]
+    assert set(manifest["vocab_coverage"]) == {"8192", "16384", "32768"}
+    assert all(0 < c["corpus_tokens"] <= 1 and 0 <= c["heldout_target_greedy"] <= 1
+               for c in manifest["vocab_coverage"].values())
+    run_curve = json.loads((tmp_path / "run" / "scaling.json").read_text())
+    assert json.loads((export / "scaling.json").read_text()) == run_curve and len(run_curve["points"]) >= 2
+    engine = eagle_engine(model, export)
+    drafter = next(p for p in engine.pm.get_plugins() if type(p).__name__ == "EagleDrafter")
+    assert drafter.layout == "eagle3" and drafter.target_layers == tuple(LAYERS)
+    for prompt in ([1, 7, 9, 7, 9, 7], list(range(3, 30))):
+        result = engine.generate(prompt, max_new_tokens=24)
+        assert result.tokens == reference_greedy(model, prompt, 24)
+        assert result.metrics["drafted"] > 0
+
+
+def test_continuing_from_a_draft_starts_from_its_weights_and_its_curve(tiny_distill, tmp_path):
+    model, distill = tiny_distill
+    first = distill("first", "train.epochs=2")
+    before = json.loads((first / "manifest.json").read_text())["training"]
+    second = distill("second", "train.epochs=1", f"init={first}", "train.noise=0", "train.checkpoint_every=1")
+    training = json.loads((second / "manifest.json").read_text())["training"]
+    assert training["init"] == str(first) and training["tokens_total"] == before["tokens_total"] + training["tokens_seen"]
+    # step 0 of the new run is the loss of the loaded draft on the step's batch
+    loaded = load_draft(first)
+    cfg = load_distill_config(None, ["corpus.heldout_sequences=2", "train.batch_size=4", "train.epochs=1"])
+    run = tmp_path / "second"
+    tokens = torch.load(run / "corpus.pt", weights_only=True)["tokens"]
+    target = adapter(model)
+    features = extract_features(run, tokens, target)
+    fused = extract_features(run, tokens, target, layers=LAYERS)
+    ids = batch_ids(cfg, 0, np.arange(2, tokens.shape[0]))
+    embed, head = (w.float() for w in target.embedding_weights())
+    loss, _ = draft_loss(loaded, embed, head[loaded.subset], tokens[ids], torch.from_numpy(features[ids].astype(np.float32)),
+                         0.0, 1.0, 0.1, None, 3, torch.from_numpy(fused[ids].astype(np.float32)))
+    assert training["history"][0]["loss"] == pytest.approx(float(loss.detach()), rel=1e-5)
+    curve = json.loads((second / "scaling.json").read_text())
+    tokens_seen = [p["tokens"] for p in curve["points"]]
+    assert curve["points"][:len(json.loads((first / "scaling.json").read_text())["points"])] == \
+        json.loads((first / "scaling.json").read_text())["points"]
+    assert tokens_seen == sorted(tokens_seen) and tokens_seen[-1] == training["tokens_total"]
+
+
+def test_a_draft_of_another_shape_or_family_is_refused_as_init_in_one_line(tiny_distill):
+    _, distill = tiny_distill
+    first = distill("first", "train.epochs=1")
+    with pytest.raises(InputError) as wrong_shape:
+        distill("second", f"init={first}", "student.intermediate_size=32")
+    assert "has shape" in str(wrong_shape.value) and "\n" not in str(wrong_shape.value)
+    with pytest.raises(InputError) as wrong_family:
+        distill("third", f"init={first}", "student.kind=feature", "student.fused_layers=null")
+    assert "another draft family" in str(wrong_family.value) and "\n" not in str(wrong_family.value)
+
+
+def test_the_time_budget_stops_training_exports_and_the_same_command_continues(tiny_distill):
+    _, distill = tiny_distill
+    export = distill("run", "train.epochs=3", "train.max_seconds=0.001")
+    training = json.loads((export / "manifest.json").read_text())["training"]
+    assert training["steps"] == 1 and not training["finished"] and (export / "draft.safetensors").exists()
+    export = distill("run", "train.epochs=3")
+    training = json.loads((export / "manifest.json").read_text())["training"]
+    assert training["finished"] and training["steps"] == training["total_steps"] > 1
+
+
+# -- the vocabulary ----------------------------------------------------------------------------------
+def test_vocab_coverage_counts_the_corpus_and_the_targets_greedy_tokens():
+    corpus = torch.tensor([[5, 5, 5, 6, 6, 7, 8, 9]])
+    greedy = torch.tensor([[5, 6, 9, 10]])
+    table = vocab_coverage(corpus, greedy, {EOS}, sizes=(2, 3))
+    assert table["2"] == {"corpus_tokens": 3 / 8, "heldout_target_greedy": 1 / 4}  # subset {EOS, 5}
+    assert table["3"] == {"corpus_tokens": 5 / 8, "heldout_target_greedy": 2 / 4}  # {EOS, 5, 6}
+
+
+def test_distill_config_checks_the_new_options():
+    from pacer_core import ConfigError
+
+    for overrides, needle in ((["train.unroll=0"], "train.unroll must be >= 1"),
+                              (["student.fused_layers=[1, 2]"], "student.kind=eagle3"),
+                              (["init=/nonexistent/draft"], "init '/nonexistent/draft' does not exist"),
+                              (["student.kind=token", "init=."], "token student")):
+        with pytest.raises(ConfigError) as info:
+            load_distill_config(None, overrides)
+        assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+# -- the GPU script --------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_the_gpu_script_runs_end_to_end_with_its_smoke_settings(tmp_path):
+    """scripts/gpu_distill.sh --smoke on the CPU with the embedded target: corpus shards, an eagle3
+    draft with the training-time test, its curve, and the printed agreement."""
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run(["bash", "scripts/gpu_distill.sh", "--smoke", "--minutes", "10", "--out", str(tmp_path)],
+                         cwd=root, env={**os.environ, "PACER_SKIP_BOOTSTRAP": "1"}, capture_output=True, text=True,
+                         timeout=1800)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "held-out top-1 agreement with the target" in run.stdout
+    manifest = json.loads((tmp_path / "draft" / "manifest.json").read_text())
+    assert manifest["family"].startswith("eagle3") and manifest["recipe"]["train"]["unroll"] == 3
+    assert manifest["corpus_sources"]["selfdistill"]["records"] > 0
+    assert json.loads((tmp_path / "draft" / "scaling.json").read_text())["points"]
+
+
+def test_the_shipped_draft_can_be_continued():
+    """init= the shipped v3 draft: its weights, its subset and its 1.5M tokens seen carry over; a
+    student of another width is refused in one line."""
+    from feature_draft.distill import load_init
+    from feature_draft.drafter import DEFAULT_DRAFT
+    from feature_draft.model import ArchConfig
+
+    config = json.loads((DEFAULT_DRAFT / "config.json").read_text())
+    config.pop("family")
+    net = FeatureDraft(ArchConfig(**config))
+    start = load_init(str(DEFAULT_DRAFT), net)
+    shipped = load_draft(DEFAULT_DRAFT)
+    manifest = json.loads((DEFAULT_DRAFT / "manifest.json").read_text())
+    assert start["tokens_before"] == manifest["training"]["tokens_seen"] > 1_000_000 and start["points"] == []
+    assert all(torch.equal(a, b) for a, b in zip(net.state_dict().values(), shipped.state_dict().values()))
+    config["intermediate_size"] = 1024
+    with pytest.raises(InputError) as info:
+        load_init(str(DEFAULT_DRAFT), FeatureDraft(ArchConfig(**config)))
+    assert "gate_proj.weight" in str(info.value) and "\n" not in str(info.value)
