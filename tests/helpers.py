@@ -346,3 +346,23 @@ def error_of(path=None, overrides=(), **kwargs) -> str:
     message = str(info.value)
     assert "\n" not in message
     return message
+
+
+def lie_about_merged_nodes(engine) -> None:
+    """Make the engine's ``hybrid`` a wrong one: it claims the side nodes merged from its other
+    members (retrieved, point masses) were drawn from the main member's draft distribution."""
+    from pacer_core import SideNodes
+
+    plugin = next(p for name, p in engine.pm.list_name_plugin() if name.endswith(":hybrid"))
+    merge = plugin._merge
+
+    def lying_merge(draft, primary, proposals):
+        block = merge(draft, primary, proposals)
+        side = block.side
+        if side is None or primary.draft_probs is None:
+            return block
+        q = primary.draft_probs[0].expand(len(side), -1).clone()
+        return type(block)(block.tokens, block.draft_probs, block.hidden_states,
+                           SideNodes(side.tokens, side.parents, q, sampled=True), block.forwards, block.sampled)
+
+    plugin._merge = lying_merge

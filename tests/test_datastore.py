@@ -17,11 +17,11 @@ import pytest
 
 from datastore.index import TokenIndex, context_matches, rank_continuations
 from datastore.store import FORMAT, VERSION, save_documents
-from pacer_core import ConfigError, InputError, SideNodes, load_config
+from pacer_core import ConfigError, InputError, load_config
 from pacer_core.testing import ScriptedLM, chisquare_pvalue, exact_continuation_probs
 
 from helpers import (DRAFT_TABLE, LENGTH, PASS_P, PROMPT, SAMPLINGS, TARGET_TABLE, build_engine,
-                     sample_outputs)
+                     lie_about_merged_nodes, sample_outputs)
 from helpers import SCRIPTED_VOCAB as VOCAB
 
 # -- the index -------------------------------------------------------------------------------------
@@ -337,19 +337,7 @@ def test_a_hybrid_lying_about_its_retrieved_tokens_is_rejected(tmp_path):
     target, draft = scripted_pair()
     drafter = HYBRID.replace("{name: datastore", f"{{name: datastore, path: '{warm_store(tmp_path)}'")
     engine = build_engine(target, draft, drafter, "{name: fixed, gamma: 2}", SAMPLINGS["t1"])
-    plugin = next(p for name, p in engine.pm.list_name_plugin() if name.endswith(":hybrid"))
-    merge = plugin._merge
-
-    def lying_merge(draft_so_far, primary, proposals):  # claims retrieved tokens were drawn from q
-        block = merge(draft_so_far, primary, proposals)
-        side = block.side
-        if side is None or primary.draft_probs is None:
-            return block
-        q = primary.draft_probs[0].expand(len(side), -1).clone()
-        return type(block)(block.tokens, block.draft_probs, block.hidden_states,
-                           SideNodes(side.tokens, side.parents, q, sampled=True), block.forwards, block.sampled)
-
-    plugin._merge = lying_merge
+    lie_about_merged_nodes(engine)  # its retrieved side nodes claimed drawn from the draft's distribution
     assert _pvalue(engine, 1500) < PASS_P
 
 

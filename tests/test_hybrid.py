@@ -12,12 +12,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pacer_core import ConfigError, Engine, InputError, SideNodes, load_config
+from pacer_core import ConfigError, Engine, InputError, load_config
 from pacer_core.testing import ScriptedLM, chisquare_pvalue, exact_continuation_probs
 from pacer_core.trees import merge_phrases
 
 from helpers import (DRAFT_TABLE, LENGTH, PASS_P, PROMPT, SAMPLINGS, TARGET_TABLE, build_engine,
-                     sample_outputs)
+                     lie_about_merged_nodes, sample_outputs)
 from helpers import SCRIPTED_VOCAB as VOCAB
 
 LOOKUP = "{name: prompt_lookup}"
@@ -122,30 +122,10 @@ def test_hybrid_sampling_has_the_target_distribution(request, members, sampling)
     assert _pvalue(engine, 2 * SAMPLES if slow else SAMPLES) > PASS_P
 
 
-class LyingHybrid:
-    """A wrong hybrid: it claims its lookup side nodes were drawn from the draft's distribution."""
-
-    @staticmethod
-    def patch(plugin) -> None:
-        merge = plugin._merge
-
-        def lying_merge(draft, primary, proposals):
-            block = merge(draft, primary, proposals)
-            side = block.side
-            if side is None or primary.draft_probs is None:
-                return block
-            q = primary.draft_probs[0].expand(len(side), -1).clone()
-            return type(block)(block.tokens, block.draft_probs, block.hidden_states,
-                               SideNodes(side.tokens, side.parents, q, sampled=True), block.forwards, block.sampled)
-
-        plugin._merge = lying_merge
-
-
 def test_a_hybrid_lying_about_its_lookup_tokens_is_rejected():
     target, draft = scripted_pair()
     engine = build_engine(target, draft, hybrid(MEMBERS["chain"]), "{name: fixed, gamma: 2}", SAMPLINGS["t1"])
-    plugin = next(p for name, p in engine.pm.list_name_plugin() if name.endswith(":hybrid"))
-    LyingHybrid.patch(plugin)
+    lie_about_merged_nodes(engine)  # its lookup side nodes claimed drawn from the draft's distribution
     assert _pvalue(engine, 1500) < PASS_P
 
 
