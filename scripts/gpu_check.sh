@@ -2,7 +2,7 @@
 # The GPU check: the tests of the GPU path (marked `gpu`: host syncs per step, models on the device,
 # bf16 on CUDA) and a short bench on the embedded pair (configs/bench_gpu.yaml, 2 prompts per set,
 # 2 repeats), whose report shows plain decoding beside transformers' generate. On a machine without
-# a GPU the same tests run on the CPU and the bench runs there (fp32, 1 prompt per set).
+# a GPU the same tests run on the CPU and the bench runs there (fp32, 1 prompt per set, no cost probe).
 #   bash scripts/gpu_check.sh [OUT]        results in OUT (default runs/gpu_check); rerun to resume
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -15,7 +15,7 @@ if "$venv/bin/python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_availab
   limit=2; overrides=()
 else
   echo "no GPU visible: the same checks on the CPU"
-  limit=1; overrides=(dtype=float32 repeats=1)
+  limit=1; overrides=(dtype=float32 repeats=1 verify_cost=false)
 fi
 "$venv/bin/python" -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py
 "$venv/bin/pacer" bench --config configs/bench_gpu.yaml --limit "$limit" --out "$out" --no-progress "${overrides[@]}"
