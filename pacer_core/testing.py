@@ -89,6 +89,7 @@ class ScriptedLM:
         self.hidden_table = torch.randn(self.buckets, self.hidden_size, generator=generator)  # [buckets, hidden]
         self.num_forwards = 0
         self.digest: Optional[str] = None  # no weights to hash
+        self.dtype, self.device = torch.float32, torch.device("cpu")
         self._tokens: list[int] = []
         self._logit_rows: dict[int, torch.Tensor] = {}  # key -> [1, vocab] view of ``table``
         self._hidden_rows: dict[int, torch.Tensor] = {}  # key -> [1, hidden] view of ``hidden_table``

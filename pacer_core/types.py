@@ -413,6 +413,8 @@ class LanguageModel(Protocol):
     # a content hash of the weights: components trained for one model (a feature draft, PACER's M_B)
     # compare it with the one they were trained for; None when unknown (models built in memory)
     digest: Optional[str]
+    dtype: torch.dtype  # of the weights (the logits are float32 whatever it is)
+    device: torch.device  # where forward's outputs live (docs/gpu.md)
 
     @property
     def cached_tokens(self) -> Sequence[int]: ...

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from pacer_core import Engine, load_config
+from pacer_core import Engine, hookimpl, load_config
 from pacer_core.hf import HFModel
 from pacer_core.testing import ScriptedLM, random_table
 
@@ -366,3 +366,32 @@ def lie_about_merged_nodes(engine) -> None:
                            SideNodes(side.tokens, side.parents, q, sampled=True), block.forwards, block.sampled)
 
     plugin._merge = lying_merge
+
+
+# -- bench builders ------------------------------------------------------------------------------
+class CharTokenizer:
+    """Characters ↔ ids 3..62 of the tiny vocabulary (0 pad, 1 BOS, 2 EOS)."""
+
+    has_chat_template = False
+
+    def vocab(self) -> dict[str, int]:
+        return {chr(32 + i): 3 + i for i in range(60)}
+
+    def encode(self, text: str, chat_template: bool = True) -> list[int]:
+        return [1] + [3 + (ord(c) - 32) % 60 for c in text]
+
+    def decode(self, ids) -> str:
+        return "".join(chr(32 + i - 3) for i in ids if 3 <= i < 63)
+
+
+class Crash:
+    """Raises ``error`` when the ``after``-th engine generation finishes (before its record is written)."""
+
+    def __init__(self, after: int, error: type[BaseException]):
+        self.after, self.error, self.count = after, error, 0
+
+    @hookimpl
+    def pacer_finish(self, state, result):
+        self.count += 1
+        if self.count == self.after:
+            raise self.error("simulated crash")

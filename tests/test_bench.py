@@ -22,31 +22,16 @@ from pacer_bench.config import (HF_BASELINES, BenchConfig, BenchModelConfig, mod
 from pacer_bench.oracle import (CostModel, LoggedStep, analyse, captured_share, cost_model, monotone, replay_best,
                                 replay_fixed, replay_logged, replay_oracle, steps_from_metrics)
 from pacer_bench.run import run_bench
-from pacer_core import cli, hookimpl
+from pacer_core import cli
 from pacer_core.errors import InputError
 from pacer_core.hf import hf_generate_traced
 from pacer_core.metrics import step_metrics
 
-from helpers import adapter, make_draft, reference_greedy, run_cli, tiny_llama
+from helpers import CharTokenizer, Crash, adapter, make_draft, reference_greedy, run_cli, tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["the cat sat on the mat. the cat sat on the", "abc abc abc abc abc", "to be or not to be, to be",
            "one two three one two three one"]
-
-
-class CharTokenizer:
-    """Characters ↔ ids 3..62 of the tiny vocabulary (0 pad, 1 BOS, 2 EOS)."""
-
-    has_chat_template = False
-
-    def vocab(self) -> dict[str, int]:
-        return {chr(32 + i): 3 + i for i in range(60)}
-
-    def encode(self, text: str, chat_template: bool = True) -> list[int]:
-        return [1] + [3 + (ord(c) - 32) % 60 for c in text]
-
-    def decode(self, ids) -> str:
-        return "".join(chr(32 + i - 3) for i in ids if 3 <= i < 63)
 
 
 @pytest.fixture(scope="module")
@@ -246,19 +231,6 @@ def test_a_log_stack_drafting_trees_is_not_replayed(finished, tmp_path, capsys):
 
 
 # -- resumption ---------------------------------------------------------------------------------
-class Crash:
-    """Raises ``error`` when the ``after``-th engine generation finishes (before its record is written)."""
-
-    def __init__(self, after: int, error: type[BaseException]):
-        self.after, self.error, self.count = after, error, 0
-
-    @hookimpl
-    def pacer_finish(self, state, result):
-        self.count += 1
-        if self.count == self.after:
-            raise self.error("simulated crash")
-
-
 def test_resume_after_interruption_loses_nothing_and_duplicates_nothing(tmp_path, models, capsys):
     config = write_bench(tmp_path, STACKS + "baselines: [hf_generate]\n", n=4)
     cfg, stacks = read_bench_config(config)

@@ -22,8 +22,7 @@ from pacer_bench.run import run_bench
 from pacer_bench.specbench import answer_files, file_names, speed, tasks
 from pacer_core.hf import HFTokenizer
 
-from helpers import adapter, run_cli, tiny_llama
-from test_bench import CharTokenizer, Crash
+from helpers import CharTokenizer, Crash, adapter, run_cli, tiny_llama
 
 ANSWER_FIELDS = {"question_id", "category", "answer_id", "model_id", "choices", "tstamp"}
 CHOICE_FIELDS = {"index", "turns", "decoding_steps", "new_tokens", "wall_time", "accept_lengths"}

@@ -237,7 +237,7 @@ def selfdistill_stream(folder: Path, target) -> tuple[list[int], dict[str, Any]]
 
     store = CorpusStore(folder, create=False)
     written_by = (store.manifest.get("target") or {}).get("digest")
-    if written_by and getattr(target, "digest", None) and written_by != target.digest:
+    if written_by and target.digest and written_by != target.digest:
         raise InputError(f"corpus.selfdistill '{folder}' was written by target {written_by}, this target is "
                          f"{target.digest}: grow a corpus with this target (`pacer corpus target=...`)")
     stream, records = [], 0

@@ -62,8 +62,7 @@ def pair(target_digest: Optional[str], draft_identity: Optional[str], dtype: Any
 def run_pair(resources) -> dict[str, Any]:
     """The pair of a run, from the stop's ``Resources``."""
     target = resources.target
-    return pair(getattr(target, "digest", None), resources.draft_identity, getattr(target, "dtype", "float32"),
-                getattr(target, "device", "cpu"))
+    return pair(target.digest, resources.draft_identity, target.dtype, target.device)
 
 
 def cache_folder() -> Path:
@@ -193,8 +192,7 @@ def engine_pair(engine) -> dict[str, Any]:
     from .train import drafter_identity
 
     target = engine.target
-    return pair(getattr(target, "digest", None), drafter_identity(engine, engine.draft),
-                getattr(target, "dtype", "float32"), getattr(target, "device", "cpu"))
+    return pair(target.digest, drafter_identity(engine, engine.draft), target.dtype, target.device)
 
 
 @command("costs", "measure the throughput rule's cost model (seconds) for a run config's machine and models, and cache it")
