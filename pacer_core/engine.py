@@ -1,4 +1,4 @@
-"""The decode loop: prefill → draft until a stop policy says stop → score → verify → commit → observe.
+"""The decode loop: draft until a stop policy says stop → score (step 0 also prefills) → verify → commit → observe.
 
 The engine knows token ids, tensors and hooks; strategies live in plugins, models behind adapters.
 """
@@ -264,12 +264,10 @@ class Engine:
         state = DecodeState(list(tokens), len(tokens), budget, self.sampling, generator, eos)
         target_forwards, draft_forwards = self.target.num_forwards, 0
         start = clock()
-        # 1. prefill: the target caches all but the last prompt token, which every step re-feeds
+        # 1. nothing is cached yet: step 0's forward prefills the whole prompt along with its draft
         self.target.reset()
-        prefill = self.target.forward(tokens[:-1], logits_from=len(tokens) - 1,
-                                      hidden=self.target_hidden) if len(tokens) > 1 else None
-        pending = [tokens[-1]]  # committed tokens not yet in the target's cache
-        hook.pacer_start(state=state, target_hidden=prefill.hidden_states if prefill else None)
+        pending = list(tokens)  # committed tokens not yet in the target's cache
+        hook.pacer_start(state=state)
         finish = "length"
         while state.budget_left > 0:
             # 2. draft until a stop policy says stop

@@ -50,18 +50,18 @@ def pacer_components() -> "list[Component]":
 
 
 @hookspec
-def pacer_start(state: "DecodeState", target_hidden: "Optional[torch.Tensor]") -> None:
-    """A generation begins: the prompt is in ``state.tokens`` and prefilled into the target.
+def pacer_start(state: "DecodeState") -> None:
+    """A generation begins: the prompt is in ``state.tokens``, nothing is in the target's cache yet.
 
     Called on every registered strategy. Reset per-prompt state here; keep state that should
     survive across prompts (learned thresholds, phrase pools) on the object. State carried across
     generations must not change which random numbers a sampled generation sees: when
     ``state.sampling.greedy`` is false, reset adaptive state (a learned gamma or threshold) to its
-    initial value, so a seed reproduces the output (docs/hooks.md). When a component
-    declared ``needs_target_hidden``, ``target_hidden`` is [len(prompt) - 1, hidden]: the target's
-    last-layer hidden states of every prompt token but the last (which each step re-feeds); else None.
-    When the drafter object names decoder layers in a ``target_layers`` attribute (EAGLE-3: three),
-    the rows are those layers' inputs concatenated instead: [len(prompt) - 1, len(layers) × hidden].
+    initial value, so a seed reproduces the output (docs/hooks.md). Step 0's target forward
+    prefills the prompt together with step 0's draft, so a drafter that reads the target's hidden
+    states has none yet: it proposes nothing in step 0 and gets the prompt's rows with step 0's
+    record (``StepRecord.target_hidden``, from row 0), as ``generate`` gets the first token from
+    its prefill.
     """
 
 

@@ -220,7 +220,7 @@ def sample_outputs(engine: Engine, prompt: list[int], samples: int) -> tuple[lis
         result = engine.generate(prompt, max_new_tokens=LENGTH, seed=seed)
         assert len(result.tokens) == LENGTH and result.finish_reason == "length"
         outputs.append(tuple(result.tokens))
-        steps += result.metrics["target_forwards"] - 1  # one target forward per step, plus the prefill
+        steps += result.metrics["target_forwards"]  # one target forward per step (step 0's prefills)
     return outputs, steps / samples
 
 

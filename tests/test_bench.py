@@ -181,7 +181,8 @@ def test_tree_stacks_report_their_size_and_stay_out_of_the_chain_oracle(tmp_path
     assert bound["tree"] and not results["verify_bound"]["chain"]["tree"]
     assert bound["verified_tokens_per_step"] == pytest.approx(sum(n + 1 for n in nodes) / len(nodes))
     assert bound["verify_cost_ratio"] == pytest.approx(
-        sum(model.verify_tree(s.nodes + 1) for s in steps) / len(steps) / model.verify(1))
+        sum(model.verify_tree(s.nodes + 1) if s.nodes != s.drafted else model.verify(s.drafted + 1)  # step 0: plain
+            for s in steps) / len(steps) / model.verify(1))
     # the chain oracle replays the chain log; the tree stack is named, not replayed as a policy
     oracle = results["oracle"]
     assert oracle["tree_stacks"] == ["tree"] and set(oracle["sets"]["all"]["policies"]) == {"chain"}

@@ -120,7 +120,7 @@ class EagleDrafter:
         self.vocab_size = target.vocab_size
         self.tree = config.tree
         self.hidden_size = target.hidden_size
-        self.pacer_start(None, None)
+        self.pacer_start(None)
 
     @staticmethod
     def _own_draft(folder: Path, config: EagleConfig, target) -> torch.nn.Module:
@@ -158,11 +158,8 @@ class EagleDrafter:
         return self.net.fuse(target_hidden.to(self.embed.device, self.dtype))
 
     @hookimpl
-    def pacer_start(self, state, target_hidden) -> None:
-        if target_hidden is None:
-            self.reset(torch.empty(0, self.hidden_size, dtype=self.dtype, device=self.embed.device))
-        else:
-            self.reset(self._fuse(target_hidden))
+    def pacer_start(self, state) -> None:  # the prompt's rows come with step 0's record
+        self.reset(torch.empty(0, self.hidden_size, dtype=self.dtype, device=self.embed.device))
 
     @hookimpl
     def pacer_observe_step(self, state, step) -> None:
@@ -230,7 +227,7 @@ class EagleDrafter:
             return self._propose_level(state, draft)
         context = state.tokens + draft.tokens.tolist()
         if len(self.features) == 0:
-            return None  # a one-token prompt: no target feature yet, the first step decodes plainly
+            return None  # step 0 (the prefill): no target feature yet, it decodes plainly
         forwards = self._sync(context)
         if len(self.row_tokens) != len(context) - 1:
             return None
@@ -258,7 +255,7 @@ class EagleDrafter:
             self.level, self._row_mask = None, {}
             context = state.tokens
             if len(self.features) == 0:
-                return None  # a one-token prompt: no target feature yet, the first step decodes plainly
+                return None  # step 0 (the prefill): no target feature yet, it decodes plainly
             self.cache.crop(len(self.row_tokens))
             forwards = self._sync(context)
             if len(self.row_tokens) != len(context) - 1:

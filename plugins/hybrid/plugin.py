@@ -8,8 +8,8 @@ its own branches, each read as a phrase), which is merged into the tree as side 
 walks down through existing nodes carrying its tokens and adds the rest (``pacer_core.trees.
 merge_phrases``), in member order, up to ``nodes`` nodes per step. Model-free members' tokens are
 point masses for the verifier, so the tree stays lossless under sampling. When the primary has
-nothing to propose (``eagle`` before the target has produced a feature, i.e. the first step of a
-one-token prompt), the step decodes plainly, so stop policies always judge the primary's tokens.
+nothing to propose (``eagle`` before the target has produced a feature, i.e. step 0, whose
+forward prefills the prompt), the step decodes plainly, so stop policies always judge the primary's tokens.
 At most one member may use the draft model (its cache is the member's). ``hybrid_accepted_<member>``
 metrics count the accepted tokens each source contributed.
 """
@@ -83,10 +83,10 @@ class Hybrid:
 
     # -- hooks forwarded to the members ----------------------------------------------------------
     @hookimpl
-    def pacer_start(self, state, target_hidden) -> None:
+    def pacer_start(self, state) -> None:
         self.accepted = Counter()
         for member in self.members:
-            _call(member, "pacer_start", state=state, target_hidden=target_hidden)
+            _call(member, "pacer_start", state=state)
 
     @hookimpl
     def pacer_observe_step(self, state, step) -> None:
