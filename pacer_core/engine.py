@@ -1,4 +1,5 @@
-"""The decode loop: draft until a stop policy says stop → score (step 0 also prefills) → verify → commit → observe.
+"""The decode loop: draft until a stop policy says stop → score → verify → commit → observe
+(step 0's forward also prefills the prompt).
 
 The engine knows token ids, tensors and hooks; strategies live in plugins, models behind adapters.
 """

@@ -342,7 +342,8 @@ def test_one_draft_step_equals_the_published_math(tmp_path, layout):
     prefill = target.forward(prompt[:-1], logits_from=len(prompt) - 1, hidden=drafter.target_layers or True)
     state = DecodeState(list(prompt), len(prompt), 8, sampling, torch.Generator().manual_seed(0), frozenset())
     drafter.pacer_start(state=state)  # the prompt's rows arrive with step 0's record, as from the engine
-    drafter.pacer_observe_step(state=state, step=SimpleNamespace(target_hidden=prefill.hidden_states, target_hidden_start=0))
+    step0 = SimpleNamespace(target_hidden=prefill.hidden_states, target_hidden_start=0)
+    drafter.pacer_observe_step(state=state, step=step0)
     block = drafter.pacer_propose(state=state, draft=Draft(), num_tokens=2)
     assert block.tokens.tolist() == [first, int(second_probs.argmax())]
     assert torch.allclose(block.draft_probs, torch.stack([first_probs, second_probs]), atol=1e-5)

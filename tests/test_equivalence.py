@@ -77,8 +77,9 @@ class NoOptions:
 
 
 class CacheInvariants:
-    """Observer: nothing is cached before step 0 (its forward prefills the prompt); after every step,
-    the target's cache holds exactly the committed prefix minus the one pending token, and the draft model's cache holds a prefix of committed + draft tokens."""
+    """Observer: nothing is cached before step 0 (its forward prefills the prompt); after every
+    step, the target's cache holds exactly the committed prefix minus the one pending token, and
+    the draft model's cache holds a prefix of committed + draft tokens."""
 
     def __init__(self, config: NoOptions, resources):
         self.target, self.draft = resources.target, resources.draft

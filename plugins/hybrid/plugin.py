@@ -9,7 +9,8 @@ walks down through existing nodes carrying its tokens and adds the rest (``pacer
 merge_phrases``), in member order, up to ``nodes`` nodes per step. Model-free members' tokens are
 point masses for the verifier, so the tree stays lossless under sampling. When the primary has
 nothing to propose (``eagle`` before the target has produced a feature, i.e. step 0, whose
-forward prefills the prompt), the step decodes plainly, so stop policies always judge the primary's tokens.
+forward prefills the prompt), the step decodes plainly, so stop policies always judge the
+primary's tokens.
 At most one member may use the draft model (its cache is the member's). ``hybrid_accepted_<member>``
 metrics count the accepted tokens each source contributed.
 """
