@@ -251,6 +251,15 @@ def test_incremental_decoding_equals_a_full_forward(options, blocks):
         assert torch.allclose(torch.cat(parts), full, atol=1e-5)
 
 
+def test_a_checkpoint_of_another_layout_is_refused_in_one_line(tmp_path):
+    folder = write_checkpoint(tmp_path / "mb", 8, draft_confidence=True)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "draft_confidence": False}))
+    with pytest.raises(InputError, match=r"does not match the layout .*: train the checkpoint again") as info:
+        PreVerifier.load(folder)
+    assert "\n" not in str(info.value)
+
+
 def test_checkpoints_round_trip(tmp_path):
     folder = write_checkpoint(tmp_path / "mb", 8, seed=5, target_digest="t1", draft_identity="d1", layers=2)
     loaded = PreVerifier.load(folder)

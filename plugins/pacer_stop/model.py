@@ -147,7 +147,14 @@ class PreVerifier(nn.Module):
         config.pop("family", None)
         model = cls(PreVerifierArch(**config))
         fix = "train the checkpoint again (`pacer train-preverify`)"
-        model.load_state_dict(load_safetensors(Path(folder) / WEIGHTS, fix))
+        try:
+            model.load_state_dict(load_safetensors(Path(folder) / WEIGHTS, fix))
+        except RuntimeError as exc:  # missing, unexpected or mis-shaped tensors
+            from pacer_core.errors import InputError
+
+            detail = str(exc).strip().splitlines()[-1].strip()[:160]
+            raise InputError(f"M_B '{folder}' does not match the layout its config.json describes ({detail}): "
+                             f"{fix}") from None
         return model.eval()
 
 
