@@ -423,6 +423,7 @@ def test_the_shipped_checkpoint_for_the_run_pair_is_chosen(tmp_path, monkeypatch
 BUDGET = 40
 PROMPTS = [[5, 9, 13, 5, 9, 21, 7], [1, 2, 3, 4, 5, 6, 7, 8], [30, 31, 30, 31, 30]]
 GREEDY_SCALE = 6.0  # the tiny target of greedy_models
+COSTS = "costs: {verify_s: [0.010, 0.011, 0.012, 0.013], draft_token_s: 0.004}"  # throughput rule, inline
 
 
 @pytest.mark.parametrize("stack", [
@@ -430,19 +431,26 @@ GREEDY_SCALE = 6.0  # the tiny target of greedy_models
     "{name: pacer, b: 2, t0: 0.55, rho: 1.1, t_max: 0.7, send_failed_block: false}",
     "{name: pacer, b: 1, t0: 0.55, rho: 1.05, t_max: 0.7, min_draft: 0, send_failed_block: false}",
     "{name: pacer, b: 2, t0: 0.5}, {name: fixed, gamma: 3}",
-], ids=["send", "trim", "trim-to-zero", "with-fixed"])
+    f"{{name: pacer, rule: throughput, b: 1, {COSTS}}}",
+    f"{{name: pacer, rule: throughput, b: 2, predictor: draft_confidence, {COSTS}}}",
+    f"{{name: pacer, rule: throughput, b: 1, margin: 0.003, predictor: draft_confidence, {COSTS}}}",
+], ids=["send", "trim", "trim-to-zero", "with-fixed", "throughput", "throughput-confidence-b2",
+        "throughput-confidence-long"])
 @pytest.mark.parametrize("verifier", ["greedy", "speculative_sampling"])
 def test_greedy_output_is_the_targets_greedy_decoding(tmp_path, greedy_models, stack, verifier):
     target, draft, references = greedy_models
     folder = write_checkpoint(tmp_path / "mb", 32)
-    stops = stack.replace("pacer,", f"pacer, checkpoint: '{folder}',")
+    stops = stack if "draft_confidence" in stack else stack.replace("pacer,", f"pacer, checkpoint: '{folder}',")
     cfg = load_config(overrides=["strategy.drafter={name: draft_model}", f"strategy.verifier={{name: {verifier}}}",
                                  f"strategy.stop=[{stops}]"], require_models=False)
     engine = Engine.build(adapter(target, eos=False), draft=adapter(draft, eos=False), cfg=cfg)
     with single_thread():
         results = [engine.generate(prompt, max_new_tokens=BUDGET) for prompt in PROMPTS]
     assert [r.tokens for r in results] == references
-    assert sum(r.metrics["pacer_early_stops"] for r in results) >= 3, "M_B never cut a draft"
+    if "throughput" in stack:  # the rule learns its rate from the outcomes
+        assert all(r.metrics["pacer_rate"] > 0 for r in results)
+    else:
+        assert sum(r.metrics["pacer_early_stops"] for r in results) >= 3, "M_B never cut a draft"
     lengths = {n for r in results for n in r.metrics["drafted_per_step"]}
     assert len(lengths) >= 2, "draft lengths never varied"
     if "fixed" in stack:
