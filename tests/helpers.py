@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -395,3 +396,19 @@ class Crash:
         self.count += 1
         if self.count == self.after:
             raise self.error("simulated crash")
+
+
+# -- bench folders ---------------------------------------------------------------------------------
+def write_bench_config(folder: Path, prompt_set: Path, max_new_tokens: int, body: str) -> Path:
+    """A tiny bench config in ``folder``: one prompt set, on the CPU, no warm-up, EOS ignored, then
+    ``body`` (stacks and any other keys)."""
+    path = folder / "bench.yaml"
+    path.write_text(f"prompt_sets: [{prompt_set}]\nmax_new_tokens: {max_new_tokens}\nwarmup: 0\ndevice: cpu\n"
+                    f"ignore_eos: true\n{body}")
+    return path
+
+
+def read_answers(out: Path) -> list[dict]:
+    """The records of a bench's ``answers.jsonl``."""
+    return [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
+

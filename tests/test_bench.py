@@ -27,7 +27,8 @@ from pacer_core.errors import InputError
 from pacer_core.hf import hf_generate_traced
 from pacer_core.metrics import step_metrics
 
-from helpers import CharTokenizer, Crash, adapter, make_draft, reference_greedy, run_cli, tiny_llama
+from helpers import (CharTokenizer, Crash, adapter, make_draft, read_answers, reference_greedy, run_cli, tiny_llama,
+                     write_bench_config)
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["the cat sat on the mat. the cat sat on the", "abc abc abc abc abc", "to be or not to be, to be",
@@ -60,14 +61,7 @@ stacks:
 
 
 def write_bench(folder: Path, body: str, n: int = 3) -> Path:
-    path = folder / "bench.yaml"
-    path.write_text(f"prompt_sets: [{prompt_file(folder, n)}]\nmax_new_tokens: 16\nwarmup: 0\ndevice: cpu\n"
-                    f"ignore_eos: true\n{body}")
-    return path
-
-
-def read_records(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
+    return write_bench_config(folder, prompt_file(folder, n), 16, body)
 
 
 # -- a full tiny bench, shared by several tests -------------------------------------------------
@@ -90,7 +84,7 @@ def test_tiny_bench_runs_end_to_end(finished):
     for name in ("answers.jsonl", "bench.json", "results.json", "report.md", "cost_model.json",
                  "speedup_per_set.png", "draft_lengths.png", "per_position_acceptance.png", "oracle.png"):
         assert (finished / name).stat().st_size > 0, name
-    records = read_records(finished)
+    records = read_answers(finished)
     units = ["autoregressive", "fixed2", "heuristic", "long", "hf_generate", "hf_prompt_lookup"]
     assert [r["model_id"] for r in records] == units * 3  # interleaved per prompt, baseline first
     meta = json.loads((finished / "bench.json").read_text())
@@ -110,7 +104,7 @@ def test_tiny_bench_runs_end_to_end(finished):
 
 def test_report_numbers_match_a_recomputation_from_the_jsonl(finished, capsys):
     results = json.loads((finished / "results.json").read_text())
-    records = read_records(finished)
+    records = read_answers(finished)
     by_key = {(r["prompt_set"], r["question_id"], r["model_id"]): r for r in records}
     ar = [r for r in records if r["model_id"] == "autoregressive"]
     ar_rate = sum(r["choices"][0]["new_tokens"][0] for r in ar) / sum(r["choices"][0]["wall_time"][0] for r in ar)
@@ -159,7 +153,7 @@ def test_tree_stacks_report_their_size_and_stay_out_of_the_chain_oracle(tmp_path
                          "oracle: {log_stack: chain, verify_max_k: 5, verify_repeats: 1, verify_tree_k: [2, 4, 8]}\n", n=2)
     code, out, err = run_cli(["bench", "--config", str(config), "--out", str(tmp_path / "out"), "--no-progress"], capsys)
     assert code == 0, err
-    records = read_records(tmp_path / "out")
+    records = read_answers(tmp_path / "out")
     tree = [r for r in records if r["model_id"] == "tree"]
     assert all(r["identical_to_autoregressive"] for r in records)  # fp32 greedy: trees are exact too
     nodes = [n for r in tree for n in r["metrics"]["nodes_per_step"]]
@@ -198,7 +192,7 @@ def test_old_answer_logs_and_cost_models_still_report(finished, tmp_path, capsys
     """Records and cost models written before token trees (no nodes_per_step, no tree costs): the
     tree size is the draft length, the report has no tree-cost table, the oracle replays as before."""
     out = copy_of(finished, tmp_path)
-    records = read_records(out)
+    records = read_answers(out)
     for r in records:
         r["metrics"].pop("nodes_per_step"), r["metrics"].pop("mean_nodes_per_step")
     (out / "answers.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -218,7 +212,7 @@ def test_old_answer_logs_and_cost_models_still_report(finished, tmp_path, capsys
 def test_a_log_stack_drafting_trees_is_not_replayed(finished, tmp_path, capsys):
     """A log whose steps verified side nodes (a hand-made or other run's log) is named, not replayed."""
     out = copy_of(finished, tmp_path)
-    records = read_records(out)
+    records = read_answers(out)
     for r in records:
         if r["model_id"] == "long":
             r["metrics"]["nodes_per_step"] = [d + 2 if d else 0 for d in r["metrics"]["drafted_per_step"]]
@@ -239,29 +233,29 @@ def test_resume_after_interruption_loses_nothing_and_duplicates_nothing(tmp_path
 
     clean = tmp_path / "clean"
     assert run_bench(cfg, stacks, clean, models=models, progress=False, report=False) == 0
-    expected = {(r["question_id"], r["model_id"]): r["tokens"] for r in read_records(clean)}
+    expected = {(r["question_id"], r["model_id"]): r["tokens"] for r in read_answers(clean)}
     assert len(expected) == total
 
     out = tmp_path / "out"
     # Ctrl-C in the 6th engine generation (prompt 2's fixed2): exit 130, the 6 finished records kept
     code = run_bench(cfg, stacks, out, models=models, progress=False, extra_plugins=[Crash(6, KeyboardInterrupt)])
     assert code == 130 and "rerun the same command to resume" in capsys.readouterr().err
-    assert len(read_records(out)) == 6 and not (out / "report.md").exists()
+    assert len(read_answers(out)) == 6 and not (out / "report.md").exists()
     # a crash in prompt 3's first generation, then a kill in the middle of writing a line
     with pytest.raises(RuntimeError, match="simulated crash"):
         run_bench(cfg, stacks, out, models=models, progress=False, extra_plugins=[Crash(4, RuntimeError)])
-    assert len(read_records(out)) == 10
+    assert len(read_answers(out)) == 10
     with open(out / "answers.jsonl", "a") as handle:
         handle.write('{"question_id": "q3", "category": "prom')
     assert run_bench(cfg, stacks, out, models=models, progress=False) == 0
     assert "dropped 1 incomplete line" in capsys.readouterr().err
-    records = read_records(out)
+    records = read_answers(out)
     keys = [(r["question_id"], r["model_id"]) for r in records]
     assert len(keys) == len(set(keys)) == total
     assert {k: r["tokens"] for k, r in zip(keys, records)} == expected
     # a finished run resumed again adds nothing
     assert run_bench(cfg, stacks, out, models=models, progress=False, report=False) == 0
-    assert len(read_records(out)) == total
+    assert len(read_answers(out)) == total
 
 
 def test_resume_refuses_other_settings(tmp_path, models):
@@ -617,7 +611,7 @@ def test_ablate_runs_a_grid_into_one_table(tmp_path, tiny, capsys):
     assert [r["strategy.stop.0.gamma"] for r in rows] == [1, 3] and all(r["records"] == 2 for r in rows)
     table = (tmp_path / "out" / "ablation.md").read_text()
     assert table.count("\n") == 4 and "| strategy.stop.0.gamma |" in table and table in out + "\n"
-    records = read_records(tmp_path / "out")
+    records = read_answers(tmp_path / "out")
     assert {r["model_id"] for r in records} == {"autoregressive", "gamma=1", "gamma=3"}
     assert max(d for r in records if r["model_id"] == "gamma=1" for d in r["metrics"]["drafted_per_step"]) <= 1
 
@@ -707,7 +701,7 @@ def test_skip_leaves_out_the_first_prompts_of_each_set(tmp_path, tiny):
     config = write_bench(tmp_path, "skip: 1\nlimit: 1\nstacks: {}\n")
     cfg, stacks = read_bench_config(config)
     assert run_bench(cfg, stacks, tmp_path / "out", progress=False, report=False) == 0
-    assert {r["question_id"] for r in read_records(tmp_path / "out")} == {"q1"}
+    assert {r["question_id"] for r in read_answers(tmp_path / "out")} == {"q1"}
     with pytest.raises(Exception, match="skip must be >= 0"):
         read_bench_config(config, ["skip=-1"])
 

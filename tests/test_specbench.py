@@ -22,7 +22,7 @@ from pacer_bench.run import run_bench
 from pacer_bench.specbench import answer_files, file_names, speed, tasks
 from pacer_core.hf import HFTokenizer
 
-from helpers import CharTokenizer, Crash, adapter, run_cli, tiny_llama
+from helpers import CharTokenizer, Crash, adapter, read_answers, run_cli, tiny_llama, write_bench_config
 
 ANSWER_FIELDS = {"question_id", "category", "answer_id", "model_id", "choices", "tstamp"}
 CHOICE_FIELDS = {"index", "turns", "decoding_steps", "new_tokens", "wall_time", "accept_lengths"}
@@ -51,14 +51,8 @@ def question_file(folder: Path) -> Path:
 
 
 def write_bench(folder: Path, multi_turn: bool = True) -> Path:
-    path = folder / "bench.yaml"
-    path.write_text(f"prompt_sets: [{question_file(folder)}]\nmax_new_tokens: 12\nwarmup: 0\ndevice: cpu\n"
-                    f"ignore_eos: true\nmulti_turn: {json.dumps(multi_turn)}\nplots: false\n{STACKS}")
-    return path
-
-
-def read_records(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
+    return write_bench_config(folder, question_file(folder), 12,
+                              f"multi_turn: {json.dumps(multi_turn)}\nplots: false\n{STACKS}")
 
 
 def read_lines(path: Path) -> list[dict]:
@@ -128,7 +122,7 @@ def finished(tmp_path_factory, models):
 
 def test_multi_turn_runs_each_turn_after_the_units_own_answer(finished):
     out, calls = finished
-    records = read_records(out)
+    records = read_answers(out)
     by_key = {(r["question_id"], r["model_id"], r["turn"]): r for r in records}
     expected = [(str(q["question_id"]), unit, t) for q in QUESTIONS for t in range(len(q["turns"]))
                 for unit in ("autoregressive", "fixed2", "hf_generate")]
@@ -162,7 +156,7 @@ def test_spec_bench_answer_files_have_exactly_its_fields(finished):
     results = json.loads((out / "results.json").read_text())
     files = results["specbench"]["files"]
     assert files == {name: f"specbench/{name}.jsonl" for name in ("autoregressive", "fixed2", "hf_generate")}
-    records = read_records(out)
+    records = read_answers(out)
     for model_id, relative in files.items():
         lines = read_lines(out / relative)
         assert [line["question_id"] for line in lines] == [q["question_id"] for q in QUESTIONS]  # numbers, in order
@@ -263,17 +257,17 @@ def test_a_single_turn_run_is_resumed_into_a_multi_turn_one_and_survives_interru
     multi, _ = read_bench_config(write_bench(tmp_path, multi_turn=True))
     clean = tmp_path / "clean"
     assert run_bench(multi, stacks, clean, models=models, progress=False, report=False) == 0
-    expected = {(r["question_id"], r["model_id"], r["turn"]): r["tokens"] for r in read_records(clean)}
+    expected = {(r["question_id"], r["model_id"], r["turn"]): r["tokens"] for r in read_answers(clean)}
     assert len(expected) == (2 + 2 + 1) * 3
 
     out = tmp_path / "out"
     assert run_bench(single, stacks, out, models=models, progress=False, report=False) == 0
-    assert {r["turn"] for r in read_records(out)} == {0} and len(read_records(out)) == 3 * 3  # the default
+    assert {r["turn"] for r in read_answers(out)} == {0} and len(read_answers(out)) == 3 * 3  # the default
     # multi_turn over the same folder adds the second turns; Ctrl-C inside question 81's second turn
     code = run_bench(multi, stacks, out, models=models, progress=False, extra_plugins=[Crash(2, KeyboardInterrupt)])
-    assert code == 130 and len(read_records(out)) == 9 + 1  # autoregressive's second turn kept
+    assert code == 130 and len(read_answers(out)) == 9 + 1  # autoregressive's second turn kept
     assert run_bench(multi, stacks, out, models=models, progress=False, report=False) == 0
-    records = read_records(out)
+    records = read_answers(out)
     assert {(r["question_id"], r["model_id"], r["turn"]): r["tokens"] for r in records} == expected
     assert len(records) == len(expected)
     # the Spec-Bench files are rebuilt from the log: both turns, as from the uninterrupted run
