@@ -42,6 +42,21 @@ def _steps(records: list[dict], field: str) -> list[int]:
     return [x for r in records for x in r["metrics"].get(field, [])]
 
 
+SOURCE_PREFIX = "hybrid_accepted_"  # the hybrid drafter's metrics: accepted tokens each member proposed
+
+
+def source_shares(records: list[dict]) -> dict[str, float]:
+    """Each hybrid member's share of the accepted draft tokens over ``records`` (empty for a stack
+    without members; a member that never won a token has share 0)."""
+    counts: dict[str, float] = {}
+    for r in records:
+        for field, value in r["metrics"].items():
+            if field.startswith(SOURCE_PREFIX):
+                counts[field[len(SOURCE_PREFIX):]] = counts.get(field[len(SOURCE_PREFIX):], 0.0) + float(value or 0)
+    total = sum(counts.values())
+    return {name: (n / total if total else 0.0) for name, n in counts.items()}
+
+
 def _nodes(record: dict) -> float:
     """Nodes the target verified over a record's steps: ``nodes_per_step`` where recorded, else its
     drafted tokens (a chain verifies its draft; logs from before token trees)."""
@@ -86,6 +101,7 @@ def cell(records: list[dict], reference: dict[tuple, dict]) -> dict[str, Any]:
         "first_divergence_median": statistics.median(divergences) if divergences else None,
         "per_position_acceptance": per_step["per_position_acceptance"],
         "draft_length_histogram": {str(d): n for d, n in per_step["draft_length_histogram"].items()},
+        "source_shares": source_shares(records),
     }
 
 
@@ -282,6 +298,22 @@ def _oracle_markdown(oracle: dict) -> list[str]:
     return lines + [""]
 
 
+def sources_markdown(results: dict) -> list[str]:
+    """Per hybrid stack and prompt set: each member's share of the accepted draft tokens."""
+    rows = [(set_name, name, c["source_shares"]) for set_name in [*results["prompt_sets"], ALL]
+            for name, c in results["table"].get(set_name, {}).items() if c.get("source_shares")]
+    if not rows:
+        return []
+    lines = ["## Draft sources (hybrid stacks)", "",
+             "Share of the accepted draft tokens each member proposed (`hybrid_accepted_<member>`; a node "
+             "several members proposed counts for the one that put it in the tree first: the first (primary) "
+             "member, then the others in their order).", "",
+             "| prompt set | stack | accepted tokens by source |", "|---|---|---|"]
+    for set_name, name, shares in rows:
+        lines.append(f"| {set_name} | {name} | " + ", ".join(f"{m} {v:.0%}" for m, v in shares.items()) + " |")
+    return lines + [""]
+
+
 def render(results: dict, plots: list[str]) -> str:
     s = results["settings"]
     target = (s.get("target") or {})
@@ -297,6 +329,7 @@ def render(results: dict, plots: list[str]) -> str:
     lines += ["## All prompt sets", "", table_markdown(results["table"][ALL]), ""]
     for set_name in results["prompt_sets"]:
         lines += [f"## {set_name}", "", table_markdown(results["table"][set_name]), ""]
+    lines += sources_markdown(results)
     if results.get("ablation"):
         lines += ["## Ablation", "", ablation_markdown(results["ablation"]), ""]
     if results.get("specbench"):

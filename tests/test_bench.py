@@ -730,3 +730,21 @@ def test_bench_model_sections_take_the_bench_dtype_and_device_unless_they_set_th
     assert (mine.path, mine.dtype, mine.device, mine.pack_weights) == ("x", "bfloat16", "cpu", False)
     own = model_config(BenchModelConfig(dtype="float32", device="meta"), cfg)
     assert (own.path, own.dtype, own.device, own.pack_weights) == (None, "float32", "meta", None)
+
+
+def test_the_report_gives_each_hybrid_members_share_of_the_accepted_tokens():
+    from pacer_bench.report import sources_markdown, source_shares
+
+    records = [{"metrics": {"hybrid_accepted_eagle": 6, "hybrid_accepted_prompt_lookup": 2, "accepted": 8}},
+               {"metrics": {"hybrid_accepted_eagle": 0, "hybrid_accepted_prompt_lookup": 2, "accepted": 2}}]
+    assert source_shares(records) == {"eagle": 0.6, "prompt_lookup": 0.4}
+    assert source_shares([{"metrics": {"accepted": 3}}]) == {}  # a stack without members
+    assert source_shares([{"metrics": {"hybrid_accepted_eagle": 0}}]) == {"eagle": 0.0}
+    results = {"prompt_sets": ["gsm8k"], "table": {
+        "gsm8k": {"plain": {"source_shares": {}}, "hybrid": {"source_shares": {"eagle": 0.6, "datastore": 0.4}}},
+        "all": {"hybrid": {"source_shares": {"eagle": 0.5, "datastore": 0.5}}}}}
+    lines = sources_markdown(results)
+    assert "| gsm8k | hybrid | eagle 60%, datastore 40% |" in lines and "| all | hybrid | eagle 50%, datastore 50% |" in lines
+    assert not any("plain" in line for line in lines)
+    assert sources_markdown({"prompt_sets": ["gsm8k"], "table": {"gsm8k": {"plain": {"source_shares": {}}}}}) == []
+
