@@ -246,11 +246,11 @@ def markdown(result: dict[str, Any], positions: dict[str, list[dict[str, Any]]])
         params = ", ".join(f"{k} {v}" for k, v in row.items() if k not in ("family", "speedup", "captured"))
         captured = "—" if row["captured"] is None else f"{row['captured']:.0%}"
         lines.append(f"| {row['family']} | {params} | {row['speedup']:.3f}× | {captured} |")
-    lines += ["", "| position | tokens | accepted | M_B AUC | M_B mean p | conf AUC | conf mean p |",
+    lines += ["", "| draft position | tokens | accepted | M_B AUC | M_B mean p | conf AUC | conf mean p |",
               "|---|---|---|---|---|---|---|"]
     for mb, conf in zip(positions["mb"], positions["draft_confidence"]):
         auc = lambda r: "—" if r["auc"] != r["auc"] else f"{r['auc']:.3f}"
-        lines.append(f"| {mb['position']} | {mb['tokens']} | {mb['accepted_rate']:.3f} | {auc(mb)} | "
+        lines.append(f"| {mb['position'] + 1} | {mb['tokens']} | {mb['accepted_rate']:.3f} | {auc(mb)} | "
                      f"{mb['mean_prediction']:.3f} | {auc(conf)} | {conf['mean_prediction']:.3f} |")
     return "\n".join(lines)
 
