@@ -52,7 +52,8 @@ def source_shares(records: list[dict]) -> dict[str, float]:
     for r in records:
         for field, value in r["metrics"].items():
             if field.startswith(SOURCE_PREFIX):
-                counts[field[len(SOURCE_PREFIX):]] = counts.get(field[len(SOURCE_PREFIX):], 0.0) + float(value or 0)
+                name = field[len(SOURCE_PREFIX):]
+                counts[name] = counts.get(name, 0.0) + float(value or 0)
     total = sum(counts.values())
     return {name: (n / total if total else 0.0) for name, n in counts.items()}
 

@@ -412,3 +412,8 @@ def read_answers(out: Path) -> list[dict]:
     """The records of a bench's ``answers.jsonl``."""
     return [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
 
+
+# -- the pacer stop's throughput rule ----------------------------------------------------------------
+# a cost model given inline (seconds), for stacks with `rule: throughput` on tiny models
+INLINE_COSTS = "costs: {verify_s: [0.010, 0.011, 0.012, 0.013], draft_token_s: 0.004}"
+

@@ -33,6 +33,7 @@ from pacer_train import load_run_file  # what train-preverify writes reads back 
 from helpers import (DRAFT_TABLE, LENGTH, PASS_P, PROMPT, SAMPLINGS, TARGET_TABLE, adapter, build_engine,
                      make_draft, reference_greedy, sample_outputs as run, single_thread, small_arch, tiny_llama,
                      write_checkpoint)
+from helpers import INLINE_COSTS as COSTS  # the throughput rule's cost model, inline
 from helpers import SCRIPTED_VOCAB as VOCAB
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -423,7 +424,6 @@ def test_the_shipped_checkpoint_for_the_run_pair_is_chosen(tmp_path, monkeypatch
 BUDGET = 40
 PROMPTS = [[5, 9, 13, 5, 9, 21, 7], [1, 2, 3, 4, 5, 6, 7, 8], [30, 31, 30, 31, 30]]
 GREEDY_SCALE = 6.0  # the tiny target of greedy_models
-COSTS = "costs: {verify_s: [0.010, 0.011, 0.012, 0.013], draft_token_s: 0.004}"  # throughput rule, inline
 
 
 @pytest.mark.parametrize("stack", [

@@ -26,6 +26,7 @@ from pacer_stop.policy import DraftConfidence, PacerStop, PacerStopConfig
 from pacer_stop.replay import HeldOutStep, StoredPredictor, compare, drive, replay_policy
 
 from helpers import adapter, one_line_error, run_cli, single_thread, tiny_llama, write_checkpoint
+from helpers import INLINE_COSTS as COSTS  # the throughput rule's cost model, inline
 
 FLAT = CostModel([0.010] * 20, draft_token_s=0.002)  # verification as dear for 1 token as for 20
 RISING = CostModel([0.010 + 0.002 * k for k in range(20)], draft_token_s=0.002)  # each row adds 2 ms
@@ -134,7 +135,6 @@ def test_draft_confidence_is_the_cumulative_product_across_blocks():
 # -- losslessness ----------------------------------------------------------------------------------
 # Greedy equality of the throughput rule (over M_B and over the draft's confidence): test_pacer_stop's
 # losslessness tests, beside the paper rule's stacks.
-COSTS = "costs: {verify_s: [0.010, 0.011, 0.012, 0.013], draft_token_s: 0.004}"
 
 
 def test_speculative_sampling_with_the_throughput_rule_matches_the_target_distribution():

@@ -26,6 +26,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from pacer_core.errors import InputError
+
 WEIGHTS = "preverify.safetensors"
 CONFIG = "config.json"
 MANIFEST = "manifest.json"
@@ -150,8 +152,6 @@ class PreVerifier(nn.Module):
         try:
             model.load_state_dict(load_safetensors(Path(folder) / WEIGHTS, fix))
         except RuntimeError as exc:  # missing, unexpected or mis-shaped tensors
-            from pacer_core.errors import InputError
-
             detail = str(exc).strip().splitlines()[-1].strip()[:160]
             raise InputError(f"M_B '{folder}' does not match the layout its config.json describes ({detail}): "
                              f"{fix}") from None
