@@ -1,8 +1,8 @@
 """The ``pacer`` stop's throughput rule, its cost model cache and the noise-free replay (plugins/pacer_stop).
 
-The pure rule with scripted predictions and cost models (stops exactly where the marginal gain
-falls below the marginal cost; flat and rising verification costs; blocks keep their best
-prefix); λ learned from the outcomes; the draft-confidence predictor; the cost files (keyed by
+The pure rule with scripted predictions and cost models (drafting stops exactly where the next
+token's forecast gain falls below its marginal cost, and the draft sent is what pays its
+verification; flat and rising verification costs; blocks); λ learned from the outcomes; the draft-confidence predictor; the cost files (keyed by
 machine and pair, refused for another pair or when stale) and `pacer costs` on tiny models;
 the exact distribution with the rule in the stack (its greedy equality: test_pacer_stop); the replay on synthetic steps and on a tiny run folder;
 per-position AUC and calibration.
@@ -14,7 +14,7 @@ import json
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from pacer_bench.oracle import CostModel
@@ -59,44 +59,58 @@ def test_marginal_costs_are_drafting_plus_the_added_verification_row():
     assert rules.plain_rate(CostModel([0.01], step_s=0.01)) == pytest.approx(50.0)
 
 
-@pytest.mark.parametrize("cost, kept", [(FLAT, 3), (RISING, 2)], ids=["flat", "rising"])
-def test_the_draft_stops_exactly_where_gain_falls_below_marginal_cost(cost, kept):
-    # λ starts at plain decoding's rate, 1 / verify(1) = 100 tokens/s: a token pays while
-    # p_i >= 100 · (C(i) − C(i−1)), i.e. 0.2 with flat and 0.4 with rising verification
-    probs = [0.9, 0.6, 0.3, 0.15, 0.1, 0.05]
-    assert rules.best_prefix(probs, 0, 6, cost, 100.0) == kept
+@pytest.mark.parametrize("cost, drafted, sent", [(FLAT, 3, 3), (RISING, 3, 2)], ids=["flat", "rising"])
+def test_drafting_stops_where_the_next_tokens_gain_falls_below_its_cost_and_sends_what_pays_verification(
+        cost, drafted, sent):
+    # λ starts at plain decoding's rate, 1 / verify(1) = 100 tokens/s. Going on: the forecast
+    # p̂_{e+1} = p_e² / p_{e−1} must pay drafting and its verification row, 100 · 0.002 (flat) or
+    # 100 · 0.004 (rising): after token 3 the forecast is 0.15 · 0.18 = 0.026, below both. Sending:
+    # the drafting is spent, a token is verified while p_i pays its row, 0 (flat) or 0.2 (rising).
+    probs = [0.9, 0.85, 0.15, 0.1, 0.05, 0.01]
+    assert rules.forecast(probs, 2, 2).tolist() == pytest.approx([0.85 * 0.85 / 0.9, 0.85 * (0.85 / 0.9) ** 2])
+    assert rules.next_block_pays(probs, 2, 1, cost, 100.0) and not rules.next_block_pays(probs, 3, 1, cost, 100.0)
+    assert rules.send_length(probs, 0, 3, cost, 100.0) == sent
     policy = throughput(probs, cost, b=1)
-    assert drive(policy, 6) == (kept + 1, kept)  # the first token that does not pay was drafted, not sent
+    assert drive(policy, 6) == (drafted, sent)  # rising: token 3 was drafted, and is not verified
     assert policy.totals["early_stops"] == 1
 
 
-def test_the_boundary_token_that_exactly_pays_is_not_kept_and_margin_scales_lambda():
-    # p_3 = λ · ΔC exactly: keeping it gains nothing, the shorter draft wins the tie
-    assert rules.best_prefix([0.9, 0.5, 0.2, 0.1], 0, 4, FLAT, 100.0) == 2
-    assert drive(throughput([0.9, 0.5, 0.3, 0.1], FLAT, b=1, margin=3.0), 4) == (2, 1)  # λ tripled: a 0.6 bar
+def test_ties_go_to_the_shorter_draft_and_margin_scales_lambda():
+    # p_3 = λ · Δverify exactly: verifying it gains nothing, the shorter draft wins the tie
+    assert rules.send_length([0.9, 0.5, 0.2, 0.1], 0, 4, RISING, 100.0) == 2
+    # the forecast after [0.5, 0.4] is 0.32: it pays a token's 0.002 s at λ 100 (0.2), not at λ 200 (0.4)
+    assert rules.next_block_pays([0.5, 0.4], 2, 1, FLAT, 100.0) and not rules.next_block_pays([0.5, 0.4], 2, 1, FLAT, 200.0)
+    assert drive(throughput([0.9, 0.5, 0.3, 0.1], FLAT, b=1), 4) == (3, 3)
+    assert drive(throughput([0.9, 0.5, 0.3, 0.1], FLAT, b=1, margin=3.0), 4) == (2, 2)  # λ tripled: a 0.6 bar
 
 
-def test_a_block_keeps_its_best_prefix_and_goes_on_only_if_it_all_paid():
+def test_blocks_are_drafted_whole_and_the_send_skips_their_unpaid_tail():
     probs = [0.9, 0.8, 0.7, 0.1, 0.6, 0.5]
-    assert drive(throughput(probs, FLAT, b=2), 6) == (4, 3)  # block 3-4: keep 3
+    assert drive(throughput(probs, FLAT, b=2), 6) == (4, 4)  # after block 3-4 the forecast is 0.014
+    assert drive(throughput(probs, RISING, b=2), 6) == (4, 3)  # token 4 (0.1) does not pay its row
     assert drive(throughput([0.9, 0.8, 0.7, 0.6, 0.5, 0.4], FLAT, b=2), 6) == (6, 6)  # every block paid
-    # a lone dip is outweighed by the rest of the block: the best prefix is the whole block
-    assert rules.best_prefix([0.9, 0.15, 0.9], 0, 3, FLAT, 100.0) == 3
-    assert drive(throughput(probs, FLAT, b=2, min_draft=4), 6) == (4, 4)  # never below min_draft
-    assert drive(throughput([0.1] * 6, FLAT, b=2, min_draft=3), 6) == (4, 3)
+    # a lone dip is outweighed by what follows it: the best prefix is the whole draft
+    assert rules.send_length([0.9, 0.15, 0.9], 0, 3, RISING, 100.0) == 3
+    assert drive(throughput(probs, RISING, b=2, min_draft=4), 6) == (4, 4)  # never below min_draft
+    assert drive(throughput([0.1] * 6, RISING, b=2, min_draft=3), 6) == (4, 3)  # judged only from token 3 on
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=12), st.sampled_from([FLAT, RISING]),
+@given(st.lists(st.integers(0, 1000), min_size=1, max_size=12), st.sampled_from([FLAT, RISING]),
        st.integers(1, 4), st.floats(0.5, 2.0))
-def test_with_falling_predictions_the_rule_is_the_first_unpaid_token(raw, cost, b, margin):
-    probs = sorted(raw, reverse=True)
+def test_with_falling_predictions_the_rule_drafts_while_the_forecast_pays_and_sends_what_pays_its_row(
+        raw, cost, b, margin):
+    probs = sorted((x / 1000 for x in raw), reverse=True)
     rate = rules.plain_rate(cost) * margin
-    marginal = rules.marginal_costs(cost, 0, len(probs)).tolist()
-    unpaid = next((i for i, (p, c) in enumerate(zip(probs, marginal)) if p <= rate * c), None)
     drafted, sent = drive(throughput(probs, cost, b=b, margin=margin), len(probs))
-    assert sent == (len(probs) if unpaid is None else unpaid)
-    assert sent <= drafted <= sent + b
+    # drafting stops at the first block end whose next block's forecast does not pay (or at the end)
+    ends = [e for e in range(b, len(probs), b)]
+    expected = next((e for e in ends if not rules.next_block_pays(probs, e, b, cost, rate)), len(probs))
+    assert drafted == expected
+    # every drafted token whose gain beats the verification row it adds is sent, and no other
+    rows = [cost.verify(i + 1) - cost.verify(i) for i in range(1, drafted + 1)]
+    assume(all(abs(p - rate * row) > 1e-9 for p, row in zip(probs, rows)))  # no exact tie in floating point
+    assert sent == sum(p > rate * row for p, row in zip(probs, rows))
 
 
 def test_lambda_learns_the_running_throughput_from_the_cost_model():
@@ -276,9 +290,9 @@ def test_replaying_a_policy_charges_what_it_drafted_and_sent():
     steps = [HeldOutStep(mb=torch.tensor([0.9, 0.9, 0.1, 0.1], dtype=torch.float64),
                          confidence=torch.ones(4, dtype=torch.float64), accepted=3, item=0)]
     config = PacerStopConfig(rule="throughput", b=1, max_draft=4, min_draft=0)
-    replay = replay_policy(steps, config, FLAT)
-    assert (replay.emitted, replay.steps) == (3, 1)  # 2 sent, both accepted, + 1
-    assert replay.seconds == pytest.approx(FLAT.step(3, sent=2))
+    replay = replay_policy(steps, config, RISING)
+    assert (replay.emitted, replay.steps) == (3, 1)  # 3 drafted, 2 sent, both accepted, + 1
+    assert replay.seconds == pytest.approx(RISING.step(3, sent=2))
 
 
 def test_a_perfect_predictor_reaches_the_cost_optimal_oracle_and_beats_fixed_windows():

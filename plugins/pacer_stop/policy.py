@@ -4,8 +4,9 @@ Drafting goes in blocks of ``b`` tokens. After each block the predictor (M_B, or
 cumulative confidence) estimates, for every block token, the probability that it and every earlier
 draft token are accepted. Then the ``rule`` decides (``rules``): ``paper`` stops when the block's
 mean is below the threshold t (else t ← min(t · rho, t_max); t starts at ``t0`` in every step);
-``throughput`` keeps the block's best prefix by gain against marginal cost at the running
-throughput (a measured cost model, ``costs``) and goes on only if the whole block paid.
+``throughput`` goes on while the next block's forecast gain pays its cost at the running throughput
+(a measured cost model, ``costs``) and then sends the drafted tokens whose gain pays their
+verification (drafting is spent by then).
 """
 
 from __future__ import annotations
@@ -315,10 +316,10 @@ class PacerStop:
         if c.rule == "throughput":
             rate = self.rate.value * c.margin
             self.blocks_judged.append((start, end, mean, rate))
-            best = rules.best_prefix(self.predictions, start, end, self.cost, rate)
-            if best < end and end >= c.min_draft:  # the block did not all pay: keep its best prefix
-                return max(best, c.min_draft)
-            return None
+            if end < c.min_draft or (end < c.max_draft and rules.next_block_pays(self.predictions, end, c.b,
+                                                                                 self.cost, rate)):
+                return None
+            return rules.send_length(self.predictions, c.min_draft, end, self.cost, rate)
         self.blocks_judged.append((start, end, mean, self.threshold))
         if not rules.paper_passes(mean, self.threshold):
             if end >= c.min_draft:

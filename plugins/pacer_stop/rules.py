@@ -9,11 +9,18 @@ the noise-free replay (``replay``) both call these.
 else t ← min(t · ρ, t_max).
 
 **throughput** (Dinkelbach's ratio rule): a step that sends n draft tokens emits on average
-E(n) = 1 + Σ_{i≤n} p_i tokens and costs C(n) = step_s + n · draft_token_s + verify(n + 1) seconds.
-At the running throughput λ (tokens per second) draft token i pays for itself when its gain
-exceeds its marginal cost, p_i ≥ λ · (C(i) − C(i − 1)); maximising E(n) − λ · C(n) per step
-maximises the long-run ratio Σ E / Σ C at λ = that ratio. After each block the draft keeps its
-best prefix in the block and goes on only if the whole block paid.
+E(n) = 1 + Σ_{i≤n} p_i tokens and costs C(n) = step_s + d · draft_token_s + verify(n + 1) seconds
+(d ≥ n tokens drafted). Maximising E − λ · C in every step at λ = the running throughput maximises
+the long-run ratio Σ E / Σ C. The rule takes the two decisions of a step separately, each counting
+only the cost still ahead of it:
+
+- *go on* (``next_block_pays``): draft the next block if its forecast gain pays its drafting and
+  verification, p̂_{e+j} ≥ λ · (draft_token_s + verify(e+j+1) − verify(e+j)) summed over its best
+  prefix. The next tokens' p are unknown until drafted; the forecast carries the last token's
+  conditional acceptance forward, p̂_{e+j} = p_e · r^j with r = p_e / p_{e−1} (p_0 = 1).
+- *send* (``send_length``): once drafting stops, the drafted tokens' cost is spent whatever is
+  sent, so the draft is cut to the m maximising Σ_{i≤m} p_i − λ · verify(m + 1): a token is
+  verified while its gain pays the row it adds to the target's forward.
 """
 
 from __future__ import annotations
@@ -48,19 +55,31 @@ def marginal_costs(cost: CostModel, start: int, end: int) -> torch.Tensor:
     return cost.draft_token_s + (verify[1:] - verify[:-1])
 
 
-def best_prefix(p: Sequence[float], start: int, end: int, cost: CostModel, rate: float) -> int:
-    """The draft length m in ``start … end`` maximising E(m) − rate · C(m), tokens ``1 … start``
-    being kept already; ties go to the shorter draft.
+def forecast(p: Sequence[float], end: int, ahead: int) -> torch.Tensor:
+    """p̂ of the ``ahead`` tokens after draft token ``end`` (≥ 1): p_end · r^j with r = p_end / p_{end−1}
+    (p_0 = 1), the last token's conditional acceptance carried forward ([ahead], float64)."""
+    last = float(p[end - 1])
+    before = float(p[end - 2]) if end >= 2 else 1.0
+    ratio = min(last / before, 1.0) if before > 0 else 0.0
+    return last * ratio ** torch.arange(1, ahead + 1, dtype=torch.float64)
 
-    ``p``: predictions of at least ``end`` draft tokens. With predictions that fall along the draft
-    and costs that do not fall, this is the length just before the first token whose gain
-    p_i is below ``rate`` · (C(i) − C(i − 1)).
-    """
-    gains = torch.tensor([float(x) for x in p[start:end]], dtype=torch.float64)  # [end - start]
-    net = gains - rate * marginal_costs(cost, start, end)  # [end - start]
-    # value of m = start + j relative to m = start: the sum of the first j net gains
-    value = torch.cat([torch.zeros(1, dtype=torch.float64), net.cumsum(0)])  # [end - start + 1]
-    return start + int(torch.argmax(value))  # argmax returns the first maximum: the shorter draft
+
+def next_block_pays(p: Sequence[float], end: int, b: int, cost: CostModel, rate: float) -> bool:
+    """Whether drafting the ``b`` tokens after draft token ``end`` is expected to pay: some prefix of
+    the block has forecast gains above its marginal costs (drafting and verification) at ``rate``."""
+    net = forecast(p, end, b) - rate * marginal_costs(cost, end, end + b)  # [b]
+    return bool(net.cumsum(0).max() > 0)
+
+
+def send_length(p: Sequence[float], low: int, end: int, cost: CostModel, rate: float) -> int:
+    """The length m in ``low … end`` to verify of a draft of ``end`` tokens whose drafting has
+    stopped: maximising Σ_{i≤m} p_i − rate · verify(m + 1), the drafting being spent either way;
+    ties go to the shorter draft. With falling predictions and non-falling verification costs, every
+    token whose p_i exceeds the row it adds, rate · (verify(i + 1) − verify(i)), and no other."""
+    gains = torch.tensor([0.0] + [float(x) for x in p[:end]], dtype=torch.float64).cumsum(0)  # [end + 1]
+    verify = torch.tensor([cost.verify(m + 1) for m in range(end + 1)], dtype=torch.float64)  # [end + 1]
+    value = (gains - rate * verify)[low:]  # [end - low + 1]
+    return low + int(torch.argmax(value))  # argmax returns the first maximum: the shorter draft
 
 
 def plain_rate(cost: CostModel) -> float:
