@@ -58,6 +58,24 @@ def source_shares(records: list[dict]) -> dict[str, float]:
     return {name: (n / total if total else 0.0) for name, n in counts.items()}
 
 
+def draft_topk(records: list[dict]) -> Optional[dict[str, Any]]:
+    """The ``draft_quality`` observer's tallies summed over ``records``: per draft position, the steps
+    judged and the share whose target token was in the draft's top k (None without the observer)."""
+    tallies = [r["metrics"]["draft_topk"] for r in records if r["metrics"].get("draft_topk")]
+    if not tallies:
+        return None
+    ks = tallies[0]["k"]
+    depth = max(len(t["counts"]) for t in tallies)
+    totals = [[0] * (1 + len(ks)) for _ in range(depth)]
+    for t in tallies:
+        if t["k"] != ks:
+            raise ValueError(f"draft_topk tallies with different ks ({t['k']} vs {ks}) in one cell")
+        for position, row in enumerate(t["counts"]):
+            totals[position] = [a + b for a, b in zip(totals[position], row)]
+    return {"k": ks, "judged": [row[0] for row in totals],
+            "agreement": [[(hit / row[0] if row[0] else None) for hit in row[1:]] for row in totals]}
+
+
 def _nodes(record: dict) -> float:
     """Nodes the target verified over a record's steps: ``nodes_per_step`` where recorded, else its
     drafted tokens (a chain verifies its draft; logs from before token trees)."""
@@ -103,6 +121,7 @@ def cell(records: list[dict], reference: dict[tuple, dict]) -> dict[str, Any]:
         "per_position_acceptance": per_step["per_position_acceptance"],
         "draft_length_histogram": {str(d): n for d, n in per_step["draft_length_histogram"].items()},
         "source_shares": source_shares(records),
+        "draft_topk": draft_topk(records),
     }
 
 
@@ -315,6 +334,32 @@ def sources_markdown(results: dict) -> list[str]:
     return lines + [""]
 
 
+def quality_markdown(results: dict, positions: int = 4) -> list[str]:
+    """Per stack with the ``draft_quality`` observer and prompt set: top-k agreement at the first
+    ``positions`` draft positions."""
+    rows = [(set_name, name, c["draft_topk"]) for set_name in [*results["prompt_sets"], ALL]
+            for name, c in results["table"].get(set_name, {}).items() if c.get("draft_topk")]
+    if not rows:
+        return []
+    ks = rows[0][2]["k"]
+    shown = min(positions, max(len(q["judged"]) for _, _, q in rows))
+    lines = ["## Draft quality", "",
+             "Share of steps whose target token is among the draft's top " + " / ".join(str(k) for k in ks) +
+             " tokens, per draft position (`draft_quality` observer): at position j, of the steps whose positions "
+             "1 … j − 1 were accepted; n = the steps judged there.", "",
+             "| prompt set | stack | " + " | ".join(f"position {j + 1} (n)" for j in range(shown)) + " |",
+             "|---|---|" + "---|" * shown]
+    for set_name, name, q in rows:
+        cells = []
+        for j in range(shown):
+            if j >= len(q["judged"]) or not q["judged"][j]:
+                cells.append("—")
+                continue
+            cells.append(" / ".join(f"{a:.2f}" for a in q["agreement"][j]) + f" ({q['judged'][j]})")
+        lines.append(f"| {set_name} | {name} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 def render(results: dict, plots: list[str]) -> str:
     s = results["settings"]
     target = (s.get("target") or {})
@@ -331,6 +376,7 @@ def render(results: dict, plots: list[str]) -> str:
     for set_name in results["prompt_sets"]:
         lines += [f"## {set_name}", "", table_markdown(results["table"][set_name]), ""]
     lines += sources_markdown(results)
+    lines += quality_markdown(results)
     if results.get("ablation"):
         lines += ["## Ablation", "", ablation_markdown(results["ablation"]), ""]
     if results.get("specbench"):
