@@ -213,3 +213,23 @@ def test_stats_prints_the_totals_per_family(tmp_path, stream, capsys):
     assert cli.main(["corpus", "--stats", f"out={tmp_path}"]) == 0
     out = capsys.readouterr().out
     assert "target-written tokens" in out and all(f in out for f in ("chat", "math"))
+
+
+def test_the_committed_corpus_is_intact_counted_and_never_a_benchmark_prompt():
+    """The corpus the repository carries (plugins/feature_draft/corpus): every shard's sha256 matches
+    the manifest, the totals are the records', and no prompt the target answered overlaps a
+    benchmark prompt (the guard, run again on the decoded prompts)."""
+    from tokenizers import Tokenizer
+
+    root = Path(__file__).resolve().parents[1] / "plugins" / "feature_draft"
+    stats = corpus_stats(root / "corpus")
+    samples = list(iter_corpus(root / "corpus"))  # checks each shard's sha256 first
+    assert stats["shards"] >= 1 and stats["positions"] == 128 * stats["shards"]
+    assert len(samples) == stats["records"] and stats["target"]["digest"] == "b179c9523d0e6a0f"
+    assert sum(len(s.tokens) - s.prompt_length for s in samples) == stats["answer_tokens"]
+    assert Counter(s.family for s in samples) == {f: t["records"] for f, t in stats["families"].items()}
+    tokenizer = Tokenizer.from_file(str(root / "default" / "tokenizer.json"))  # the target's tokenizer
+    guard = BenchmarkGuard.from_benchmarks()
+    for sample in samples:
+        prompt = tokenizer.decode(sample.tokens[:sample.prompt_length].tolist())
+        assert guard.refuses(prompt) is None, sample.id
