@@ -85,7 +85,12 @@ def test_batched_greedy_answers_are_the_targets_own():
     target = adapter(model)
     wanted = [reference_greedy(model, p, 20) for p in prompts]
     assert len({len(a) for a in wanted}) >= 3
-    assert answer_all(lambda ps, n: greedy_batch(target, ps, n), prompts, 4, 20) == wanted
+    done = []
+    generate = lambda ps, n, rows, on_answer: greedy_batch(target, ps, n, rows, on_answer)  # noqa: E731
+    assert answer_all(generate, prompts, 4, 20, done.append) == wanted
+    assert sorted(map(tuple, done)) == sorted(map(tuple, wanted))  # each answer reported once, when complete
+    for rows in (1, 3, 10):  # one row at a time, rows joining a running batch, all at once
+        assert greedy_batch(target, prompts, 20, rows) == wanted
 
 
 # -- shards, resume, loader -----------------------------------------------------------------------
@@ -93,11 +98,16 @@ def fake_backend(fail_after: int = -1) -> Backend:
     """Prompt ids from the text's bytes; the answer a function of the prompt, ending with EOS 2."""
     calls = []
 
-    def generate(prompts, max_new_tokens):
-        calls.append(1)
-        if len(calls) == fail_after:
-            raise KeyboardInterrupt  # what Ctrl-C or SIGTERM does mid-shard
-        return [[(sum(p) + k) % 250 + 3 for k in range(min(len(p) % 9, max_new_tokens - 1))] + [2] for p in prompts]
+    def generate(prompts, max_new_tokens, rows, on_answer):
+        answers = []
+        for index, p in enumerate(prompts):
+            calls.append(1)
+            if len(calls) == fail_after:
+                raise KeyboardInterrupt  # what Ctrl-C or SIGTERM does mid-shard
+            answers.append([(sum(p) + k) % 250 + 3 for k in range(min(len(p) % 9, max_new_tokens - 1))] + [2])
+            if on_answer is not None:
+                on_answer(index, answers[-1])
+        return answers
 
     return Backend(encode=lambda text: [b % 250 + 3 for b in text.encode()[:60]], generate=generate, vocab_size=256,
                    target={"path": "fake", "digest": "f00d", "dtype": "float32", "device": "cpu"}, eos=[2])
@@ -123,7 +133,7 @@ def test_shards_round_trip(tmp_path, stream):
         item = stream.at(s.position)
         prompt = backend.encode(item.text)
         assert (s.id, s.family) == (item.id, item.family)
-        assert s.prompt.tolist() == prompt and s.answer.tolist() == backend.generate([prompt], 256)[0]
+        assert s.prompt.tolist() == prompt and s.answer.tolist() == backend.generate([prompt], 256, 1, None)[0]
         assert s.finished
     assert 3 not in {s.position for s in samples}
     info = json.loads((tmp_path / "shard-00000.json").read_text())
@@ -147,8 +157,8 @@ def test_resume_after_a_kill_has_no_duplicate_and_no_gap(tmp_path, stream):
     whole = tmp_path / "whole"
     run_corpus(config(whole), "pacer corpus test", backend=fake_backend(), stream=stream, guard=guard)
     cut = tmp_path / "cut"
-    with pytest.raises(KeyboardInterrupt):  # killed in the third shard's second batch
-        run_corpus(config(cut), "pacer corpus test", backend=fake_backend(fail_after=8), stream=stream, guard=guard)
+    with pytest.raises(KeyboardInterrupt):  # killed in the third shard, at its fifth answer
+        run_corpus(config(cut), "pacer corpus test", backend=fake_backend(fail_after=25), stream=stream, guard=guard)
     assert corpus_stats(cut)["shards"] == 2
     # a SIGKILL can leave a temporary file, and a finished shard the manifest did not record yet
     (cut / "shard-00002.safetensors.tmp").write_bytes(b"partial")

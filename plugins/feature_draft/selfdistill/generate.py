@@ -1,9 +1,10 @@
 """Batched greedy answers from the target (``pacer_core.hf.greedy_batch``), and the throughput
 measurement.
 
-``greedy_batch`` left-pads the prompts, runs one prefill forward, then one forward per new token
-for the rows still running: a row that emits an end-of-sequence token (or reaches the budget)
-leaves the batch (its KV-cache rows are dropped), so short answers do not pay for the longest one.
+``greedy_batch`` batches continuously: up to ``batch_size`` prompts run at once, one forward per new
+token for all of them; a row that emits an end-of-sequence token (or reaches the budget) leaves
+the batch (its KV-cache rows are dropped) and the next prompt is prefilled and joins it, so the
+batch stays full and short answers do not wait for the longest one.
 Position ids follow each row's own tokens, so a padded row sees what it would see alone; in
 float32 the answers are the target's own greedy answers up to rounding (the tests check it on a
 tiny model), in bfloat16 padding and batch shape change the rounding and an answer can part from
@@ -20,29 +21,29 @@ import torch
 from pacer_core.hf import greedy_batch
 
 
-Generator = Callable[[list[list[int]], int], list[list[int]]]
+# generate(prompts, max_new_tokens, rows, on_answer) → answers: at most ``rows`` prompts at once,
+# ``on_answer(index, answer)`` as each completes (greedy_batch's interface)
+Generator = Callable[[list[list[int]], int, int, Optional[Callable[[int, list[int]], None]]], list[list[int]]]
 
 
 def answer_all(generate: Generator, prompts: Sequence[Sequence[int]], batch_size: int, max_new_tokens: int,
-               on_batch: Optional[Callable[[list[list[int]]], None]] = None) -> list[list[int]]:
-    """Answers for all ``prompts`` in their order; batches group prompts of similar length (less
-    padding). ``on_batch(answers)`` is called after each batch (progress)."""
+               on_answer: Optional[Callable[[list[int]], None]] = None) -> list[list[int]]:
+    """Answers for all ``prompts`` in their order, generated shortest prompt first with at most
+    ``batch_size`` running at once (rows of similar length: less padding). ``on_answer(answer)`` is
+    called as each answer completes (progress)."""
     order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
+    report = None if on_answer is None else (lambda index, answer: on_answer(answer))
+    made = generate([list(prompts[i]) for i in order], max_new_tokens, batch_size, report)
     answers: list[Optional[list[int]]] = [None] * len(prompts)
-    for start in range(0, len(order), batch_size):
-        chunk = order[start:start + batch_size]
-        made = generate([list(prompts[i]) for i in chunk], max_new_tokens)
-        for i, answer in zip(chunk, made):
-            answers[i] = answer
-        if on_batch is not None:
-            on_batch(made)
+    for i, answer in zip(order, made):
+        answers[i] = answer
     return answers  # type: ignore[return-value]
 
 
 def measure(generate: Generator, prompts: Sequence[Sequence[int]], batch_sizes: Sequence[int], max_new_tokens: int,
             seconds: float, log: Callable[[str], None] = lambda _: None) -> list[dict]:
-    """Throughput of ``generate`` per batch size: batches of the first prompts (in order) until
-    ``seconds`` have passed (at least one batch). Each row: answered prompts, answer tokens, seconds,
+    """Throughput of ``generate`` per batch size: the first prompts (in order), four batches' worth
+    at a time, until ``seconds`` have passed (at least once). Each row: answered prompts, answer tokens, seconds,
     tokens/s (wall clock, and per CPU-second of this process: comparable while the machine is
     shared), and agreement with the first batch size's answers on the prompts both answered
     (identical answers; mean common prefix as a fraction of the longer answer)."""
@@ -52,10 +53,10 @@ def measure(generate: Generator, prompts: Sequence[Sequence[int]], batch_sizes: 
         start, cpu = time.perf_counter(), time.process_time()
         index = 0
         while index < len(prompts) and (not made or time.perf_counter() - start < seconds):
-            chunk = list(range(index, min(index + size, len(prompts))))
+            chunk = list(range(index, min(index + 4 * size, len(prompts))))
             for i, answer in zip(chunk, answer_all(generate, [prompts[i] for i in chunk], size, max_new_tokens)):
                 made[i] = answer
-            index += size
+            index += 4 * size
         elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
         tokens = sum(len(a) for a in made.values())
         if not reference:
