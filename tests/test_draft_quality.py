@@ -17,10 +17,24 @@ from pacer_builtins.observers import DraftQualityConfig, topk_hits
 from pacer_bench.report import draft_topk, quality_markdown
 from pacer_core import Component, Engine, hookimpl, load_config
 
-from helpers import DRAFT_TABLE, TARGET_TABLE, error_of
-from test_tree_drafters import BUDGET, PROMPTS, plain_greedy, scripted
+from pacer_core.testing import ScriptedLM
+
+from helpers import DRAFT_TABLE, SCRIPTED_VOCAB, TARGET_TABLE, error_of
 
 KS = (1, 2, 3)
+BUDGET = 30
+PROMPT = [5, 1, 6, 2]
+
+
+def scripted(table: torch.Tensor, seed: int = 0) -> ScriptedLM:
+    return ScriptedLM(SCRIPTED_VOCAB, seed, order=2, table=table.clone())
+
+
+def plain_greedy(model: ScriptedLM, prompt: list[int], budget: int) -> list[int]:
+    tokens = list(prompt)
+    for _ in range(budget):
+        tokens.append(int(model.next_logits(tokens).argmax()))
+    return tokens[len(prompt):]
 
 
 @attrs.define
@@ -65,9 +79,9 @@ def test_the_tallies_are_the_rank_of_the_committed_token_at_each_accepted_prefix
                                  f"{{name: recorder}}, {{name: draft_quality, ks: {list(KS)}, depth: 3}}]"],
                       extra_plugins=[recorder], require_models=False)
     engine = Engine.build(target, draft=draft, cfg=cfg, extra_plugins=[recorder])
-    prompt = PROMPTS["plain"]
+    prompt = PROMPT
     result = engine.generate(prompt, max_new_tokens=BUDGET)
-    text = list(prompt) + plain_greedy(scripted(TARGET_TABLE, audited=False), prompt, BUDGET + 8)
+    text = list(prompt) + plain_greedy(scripted(TARGET_TABLE), prompt, BUDGET + 8)
 
     def recount(late: int = 0) -> torch.Tensor:
         """The tallies from the committed text; ``late`` shifts the target's token (a wrong row)."""
