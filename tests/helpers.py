@@ -91,6 +91,14 @@ def reference_greedy(model: LlamaForCausalLM, prompt: list[int], max_new_tokens:
     return out[0, len(prompt):].tolist()
 
 
+def plain_greedy(model, prompt: list[int], budget: int) -> list[int]:
+    """A scripted model's (``pacer_core.testing.ScriptedLM``) greedy continuation of ``prompt``."""
+    tokens = list(prompt)
+    for _ in range(budget):
+        tokens.append(int(model.next_logits(tokens).argmax()))
+    return tokens[len(prompt):]
+
+
 def perturbed(model, std: float, seed: int):
     """``model`` with Gaussian noise of ``std`` times each weight tensor's own spread added."""
     generator = torch.Generator().manual_seed(seed)

@@ -19,7 +19,7 @@ from pacer_core import Component, Engine, hookimpl, load_config
 
 from pacer_core.testing import ScriptedLM
 
-from helpers import DRAFT_TABLE, SCRIPTED_VOCAB, TARGET_TABLE, error_of
+from helpers import DRAFT_TABLE, SCRIPTED_VOCAB, TARGET_TABLE, error_of, plain_greedy
 
 KS = (1, 2, 3)
 BUDGET = 30
@@ -28,13 +28,6 @@ PROMPT = [5, 1, 6, 2]
 
 def scripted(table: torch.Tensor, seed: int = 0) -> ScriptedLM:
     return ScriptedLM(SCRIPTED_VOCAB, seed, order=2, table=table.clone())
-
-
-def plain_greedy(model: ScriptedLM, prompt: list[int], budget: int) -> list[int]:
-    tokens = list(prompt)
-    for _ in range(budget):
-        tokens.append(int(model.next_logits(tokens).argmax()))
-    return tokens[len(prompt):]
 
 
 @attrs.define

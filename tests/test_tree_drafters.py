@@ -29,7 +29,7 @@ from pacer_builtins.drafters import (DraftModel, DraftModelConfig, PromptLookup,
                                      level_layout, lookup_continuation, lookup_continuations)
 
 from helpers import (DRAFT_TABLE, LENGTH, PASS_P, PROMPT, SCRIPTED_VOCAB, TARGET_TABLE, adapter, build_engine,
-                     error_of, noisy_copy, reference_greedy, run_cli, sample_outputs, tiny_llama)
+                     error_of, noisy_copy, plain_greedy, reference_greedy, run_cli, sample_outputs, tiny_llama)
 
 BUDGET = 30
 PROMPTS = {"plain": [5, 1, 6, 2], "one_token": [3], "repetitive": PROMPT}
@@ -91,13 +91,6 @@ class AuditedLM(ScriptedLM):
 def scripted(table: torch.Tensor, seed: int = 0, order: int = 2, audited: bool = True) -> ScriptedLM:
     cls = AuditedLM if audited else ScriptedLM
     return cls(SCRIPTED_VOCAB, seed, order=order, table=table)
-
-
-def plain_greedy(model: ScriptedLM, prompt: list[int], budget: int) -> list[int]:
-    tokens = list(prompt)
-    for _ in range(budget):
-        tokens.append(int(model.next_logits(tokens).argmax()))
-    return tokens[len(prompt):]
 
 
 # -- an observer checking every step's tree --------------------------------------------------------
