@@ -196,6 +196,19 @@ def test_distill_top_level_options_are_documented():
             assert f"`{render(value)}`" in row, f"distill option '{name}' should show default {render(value)}"
 
 
+def test_draft_eval_options_are_documented():
+    from feature_draft.agreement import DraftEvalConfig
+
+    table = section(read("draft.md"), "### Measuring a draft in a minute: `pacer draft-eval`")
+    rows = {spans(r[0])[0]: r for r in table_rows(table) if spans(r[0])}
+    assert set(rows) == {f.name for f in attrs.fields(DraftEvalConfig)}
+    defaults = DraftEvalConfig()
+    for name, row in rows.items():
+        value = getattr(defaults, name)
+        if not attrs.has(type(value)):
+            assert f"`{render(value)}`" in row, f"draft-eval option '{name}' should show default {render(value)}"
+
+
 def test_every_section_is_documented():
     config_md = read("config.md")
     for name in SECTIONS:

@@ -1,0 +1,246 @@
+"""``pacer draft-eval``: how often feature-level drafts agree with the target on the benchmark
+prompts, teacher-forced, in a minute instead of a bench run's hour (docs/draft.md#draft-eval).
+
+    pacer draft-eval drafts=[shipped,runs/distill-v4/draft] limit=10
+
+The target writes its greedy answers to the first ``limit`` prompts of each set once (continuous
+batching, cached in ``out/answers.json`` for this target and these settings). Each draft is then run
+over every answer as its drafter would run a chain from every position at once (the training-time
+test's unrolled pass, ``distill.unrolled_features``): draft position 1 reads the target's features,
+positions 2..``depth`` its own predicted features with the answer's tokens. Reported per draft and
+prompt set, like the bench's ``draft_quality`` observer: at each draft position the share of rows
+whose target token is among the draft's top 1 / 2 / 4 / 8, given the positions before it hit (top-1);
+and τ at γ = ``depth``, the mean of 1 + the leading run of top-1 hits over every answer position.
+
+It measures agreement, not speed: no engine runs, so it is exact whatever else shares the machine.
+The bench's figures differ a little: its chains start only where the previous step ended, these
+start at every answer position.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, List, Optional, Sequence
+
+import attrs
+import torch
+
+from pacer_core.commands import Runner, check_out_dir, command
+from pacer_core.config import ModelConfig, load_schema
+from pacer_core.errors import ConfigError, InputError
+
+from .model import MANIFEST, draft_logits, load_draft
+
+ANSWERS = "answers.json"
+ANSWERS_FORMAT = 1
+SHIPPED = "shipped"  # the name of the draft shipped for the embedded target
+
+
+def draft_folder(name: str) -> Path:
+    return Path(__file__).resolve().parent / "default" if name == SHIPPED else Path(name).expanduser()
+
+
+@attrs.define
+class DraftEvalConfig:
+    drafts: List[str] = attrs.field(factory=lambda: [SHIPPED])  # draft folders `pacer distill` wrote; shipped = the default
+    target: ModelConfig = attrs.field(factory=ModelConfig)
+    prompt_sets: List[str] = attrs.field(factory=lambda: ["humaneval", "gsm8k", "mtbench", "summarization"])
+    limit: int = 10  # the first prompts of each set (MT-Bench: first turns)
+    max_new_tokens: int = 128
+    depth: int = 4  # draft positions (the chain's γ for τ)
+    ks: List[int] = attrs.field(factory=lambda: [1, 2, 4, 8])
+    batch_size: int = 16  # rows of the target's answer generation
+    threads: int = 0  # torch threads; 0 = torch's default
+    out: str = "runs/draft-eval"  # answers.json (the cache), results.json, report.md
+
+
+def load_config(path: Optional[str], overrides: list[str]) -> DraftEvalConfig:
+    cfg = load_schema(DraftEvalConfig, path, overrides, "draft-eval")
+    if not cfg.drafts:
+        raise ConfigError("drafts is empty: give at least one draft folder, e.g. drafts=[shipped,runs/distill/draft]")
+    if cfg.limit < 1 or cfg.max_new_tokens < 2 or cfg.depth < 1 or not cfg.ks or min(cfg.ks) < 1:
+        raise ConfigError(f"limit >= 1, max_new_tokens >= 2, depth >= 1 and ks of positive sizes are needed "
+                          f"(got limit={cfg.limit}, max_new_tokens={cfg.max_new_tokens}, depth={cfg.depth}, ks={cfg.ks})")
+    for folder in cfg.drafts:
+        if not (draft_folder(folder) / MANIFEST).is_file():
+            raise InputError(f"draft '{folder}' is not a draft folder `pacer distill` wrote (no {MANIFEST}): "
+                             "give a feature-level draft folder (student.kind feature or eagle3)")
+    return cfg
+
+
+# -- the target's answers ---------------------------------------------------------------------------
+def target_answers(cfg: DraftEvalConfig, target, tokenizer, digest: str, out: Path) -> list[dict[str, Any]]:
+    """[{set, question_id, prompt, answer}] (token ids): the cached answers when ``out/answers.json``
+    was written for this target, dtype and these prompts, else generated now and cached."""
+    from pacer_bench.prompts import load_prompts
+    from pacer_core.hf.students import greedy_batch
+
+    key = {"format": ANSWERS_FORMAT, "target_digest": digest, "dtype": cfg.target.dtype,
+           "prompt_sets": list(cfg.prompt_sets), "limit": cfg.limit, "max_new_tokens": cfg.max_new_tokens}
+    cache = out / ANSWERS
+    if cache.is_file():
+        try:
+            saved = json.loads(cache.read_text())
+        except ValueError:
+            raise InputError(f"'{cache}' is not valid JSON: delete it to generate the answers again") from None
+        if isinstance(saved, dict) and saved.get("key") == key:
+            return saved["records"]
+    records = [{"set": name, "question_id": p.question_id, "prompt": tokenizer.encode(p.text)}
+               for name in cfg.prompt_sets for p in load_prompts(name, cfg.limit)]
+    done = [0]
+
+    def progress(index: int, answer: list[int]) -> None:
+        done[0] += 1
+        print(f"\rtarget answers: {done[0]}/{len(records)}", end="", file=sys.stderr, flush=True)
+
+    answers = greedy_batch(target, [r["prompt"] for r in records], cfg.max_new_tokens, rows=cfg.batch_size,
+                           on_answer=progress)
+    print(file=sys.stderr)
+    for record, answer in zip(records, answers):
+        record["answer"] = answer
+    cache.write_text(json.dumps({"key": key, "records": records}))
+    return records
+
+
+# -- agreement ------------------------------------------------------------------------------------
+def chain_hits(draft_logits_per_step: Sequence[torch.Tensor], subset: torch.Tensor, target_next: torch.Tensor,
+               first: int, ks: Sequence[int]) -> torch.Tensor:
+    """Per row and draft position, the smallest k of ``ks`` whose top-k holds the target's token (0:
+    none). draft_logits_per_step[j-1] [T, subset]: row t's logits for position j (the token after
+    t + j); target_next [T + 1]: the target's greedy token after every position 0..T of the sequence.
+    Rows before ``first`` (the prompt) and rows whose position j drafts past the sequence's last token
+    (t + j + 1 > T) are -1. → [T, depth] long."""
+    rows = draft_logits_per_step[0].shape[0]
+    out = torch.full((rows, len(draft_logits_per_step)), -1, dtype=torch.long)
+    biggest = max(ks)
+    for j, logits in enumerate(draft_logits_per_step, start=1):
+        valid = torch.arange(rows)
+        valid = valid[(valid >= first) & (valid + j < rows)]
+        if not len(valid):
+            continue
+        top = subset[logits[valid].topk(min(biggest, logits.shape[-1]), -1).indices]  # [n, biggest] target ids
+        wanted = target_next[valid + j]  # the target's token after position t + j
+        rank = torch.where(top == wanted[:, None], torch.arange(top.shape[1]), top.shape[1]).min(-1).values
+        smallest = torch.zeros(len(valid), dtype=torch.long)
+        for k in sorted(ks, reverse=True):
+            smallest[rank < k] = k
+        out[valid, j - 1] = smallest
+    return out
+
+
+def summarize(hits: torch.Tensor, ks: Sequence[int]) -> dict[str, Any]:
+    """hits [N, depth] from ``chain_hits`` (rows with position 1 valid) → per position j: {rows, top-k
+    shares given positions 1..j-1 hit (top-1)}, and τ at γ = depth: mean of 1 + the leading top-1 run."""
+    depth = hits.shape[1]
+    positions, given = [], torch.ones(hits.shape[0], dtype=torch.bool)
+    for j in range(depth):
+        rows = given & (hits[:, j] >= 0)
+        n = int(rows.sum())
+        shares = {f"top{k}": (float(((hits[rows, j] > 0) & (hits[rows, j] <= k)).float().mean()) if n else None)
+                  for k in ks}
+        positions.append({"rows": n, **shares})
+        given = given & (hits[:, j] == 1)
+    first_hit = (hits == 1).to(torch.long)
+    leading = first_hit.cumprod(-1).sum(-1)
+    return {"positions": positions, "tau": float((1 + leading).float().mean()) if len(hits) else None,
+            "rows": int(hits.shape[0])}
+
+
+@torch.no_grad()
+def draft_hits(net, embed: torch.Tensor, head_full: torch.Tensor, tokens: torch.Tensor, feats: torch.Tensor,
+               fused: Optional[torch.Tensor], first: int, depth: int, ks: Sequence[int]) -> torch.Tensor:
+    """``chain_hits`` of one draft over one sequence: tokens [L], feats [L, d] (the target's last-layer
+    states), fused [L, n·d] or None; ``first``: the row of the prompt's last token. → [L-1, depth]."""
+    from .distill import unrolled_features
+
+    inputs = feats[None, :-1] if fused is None else net.fuse(fused[None, :-1])
+    steps = unrolled_features(net, embed, tokens[None], inputs, depth)
+    head_sub = head_full[net.subset]
+    target_next = (feats @ head_full.T).argmax(-1)  # [L]: after position t
+    # row t reads f_t and x_{t+1}; its position j drafts the token after t + j
+    logits = [draft_logits(net, step[0], head_sub) for step in steps]
+    return chain_hits(logits, net.subset, target_next, first, ks)
+
+
+def run_draft_eval(cfg: DraftEvalConfig, command_line: str) -> dict[str, Any]:
+    from pacer_core.hf import layer_inputs, last_hidden_states, load_section
+
+    out = check_out_dir(cfg.out)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    target, tokenizer, digest = load_section(cfg.target, "target")
+    records = target_answers(cfg, target, tokenizer, digest, out)
+    embed_w, head_w = target.embedding_weights()
+    embed, head_full = embed_w.float(), head_w.float()
+    nets = []
+    for folder in cfg.drafts:
+        manifest = json.loads((draft_folder(folder) / MANIFEST).read_text())
+        if manifest.get("target_digest") not in (None, digest):
+            raise InputError(f"draft '{folder}' was distilled from target {manifest.get('target_digest')}, this "
+                             f"target is {digest}: evaluate it with its own target (target.path=...)")
+        nets.append(load_draft(draft_folder(folder)).to(embed.device))
+    layers = sorted({tuple(n.arch.target_layers) for n in nets if getattr(n.arch, "target_layers", None)})
+    hits: dict[tuple[int, str], list[torch.Tensor]] = {}
+    for number, r in enumerate(records, start=1):
+        tokens = torch.tensor(r["prompt"] + r["answer"], dtype=torch.long)
+        feats = last_hidden_states(target, tokens[None])[0].float()
+        fused = {group: layer_inputs(target, tokens[None], list(group))[0].float() for group in layers}
+        for i, net in enumerate(nets):
+            group = getattr(net.arch, "target_layers", None)
+            rows = draft_hits(net, embed, head_full, tokens, feats, fused[tuple(group)] if group else None,
+                              len(r["prompt"]) - 1, cfg.depth, cfg.ks)
+            hits.setdefault((i, r["set"]), []).append(rows[rows[:, 0] >= 0])
+        print(f"\rdrafts over the answers: {number}/{len(records)}", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    results = {"command": command_line, "target_digest": digest, "dtype": cfg.target.dtype,
+               "answers": {name: sum(len(r["answer"]) for r in records if r["set"] == name) for name in cfg.prompt_sets},
+               "drafts": []}
+    for i, folder in enumerate(cfg.drafts):
+        per_set = {name: summarize(torch.cat(hits[(i, name)]), cfg.ks) for name in cfg.prompt_sets}
+        per_set["all"] = summarize(torch.cat([torch.cat(hits[(i, name)]) for name in cfg.prompt_sets]), cfg.ks)
+        results["drafts"].append({"draft": folder, "sets": per_set})
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    report = markdown(results, cfg.ks)
+    (out / "report.md").write_text(report)
+    print(report)
+    return results
+
+
+def markdown(results: dict[str, Any], ks: Sequence[int]) -> str:
+    """One table: per draft and prompt set, position 1's top-k shares, positions 2.. top-1 given the
+    earlier hit, and τ at γ = depth."""
+    first = results["drafts"][0]["sets"]["all"]["positions"]
+    depth = len(first)
+    head = (["draft", "set"] + [f"pos 1 top-{k}" for k in ks] + [f"pos {j} top-1" for j in range(2, depth + 1)]
+            + [f"τ@γ{depth}", "rows"])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def cell(value):
+        return "—" if value is None else f"{value:.3f}"
+
+    for d in results["drafts"]:
+        shown = Path(d["draft"])
+        shown = shown.relative_to(Path.cwd()) if shown.is_absolute() and shown.is_relative_to(Path.cwd()) else shown
+        for name, s in d["sets"].items():
+            p = s["positions"]
+            lines.append("| " + " | ".join([str(shown), name] + [cell(p[0][f"top{k}"]) for k in ks]
+                                           + [cell(p[j]["top1"]) for j in range(1, depth)]
+                                           + [cell(s["tau"]).rstrip("0"), str(s["rows"])]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+@command("draft-eval", "how often feature-level drafts agree with the target on the benchmark prompts "
+                       "(teacher-forced, per draft position and prompt set)")
+def _setup(p: argparse.ArgumentParser) -> Runner:
+    p.add_argument("--config", help="draft-eval YAML (default: built-in settings)")
+    p.add_argument("overrides", nargs="*", metavar="key=value")
+
+    def runner(args: argparse.Namespace) -> int:
+        cfg = load_config(args.config, args.overrides)
+        run_draft_eval(cfg, "pacer draft-eval " + " ".join(sys.argv[2:]))
+        return 0
+
+    return runner
