@@ -14,7 +14,7 @@ import torch
 from pacer_core import Engine, InputError, load_config
 from helpers import EOS, adapter, reference_greedy, tiny_llama
 
-from feature_draft.distill import (DistillConfig, batch_ids, build_student, draft_loss, extract_features,
+from feature_draft.distill import (DistillConfig, batch_ids, build_student, draft_loss, extract_feature_sets, extract_features,
                                    load_distill_config, run_distill, train, unrolled_features, vocab_coverage)
 from feature_draft.model import Eagle3Draft, FeatureDraft, KVCache, load_draft
 
@@ -112,6 +112,31 @@ def tiny_run(tmp_path, kind="eagle3", epochs=2.0, unroll=3, init=None):
     features = extract_features(tmp_path, tokens, target)
     fused = extract_features(tmp_path, tokens, target, layers=LAYERS) if kind == "eagle3" else None
     return cfg, target, tokens, features, fused
+
+
+def test_one_forward_extracts_both_feature_files_as_two_passes_would_and_resumes(tmp_path):
+    """An eagle3 run's last-layer states and fused layers' inputs come from one target forward per
+    batch: the same files as two separate passes; a run stopped with the files at different counts
+    resumes from the smaller and leaves what the other already has."""
+    target = adapter(tiny_target())
+    tokens = torch.randint(3, 64, (5, 8), generator=torch.Generator().manual_seed(3))
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    separate = [np.array(extract_features(alone, tokens, target, batch_size=2)),
+                np.array(extract_features(alone, tokens, target, batch_size=2, layers=LAYERS))]
+    together = tmp_path / "together"
+    together.mkdir()
+    both = extract_feature_sets(together, tokens, target, [None, LAYERS], batch_size=2)
+    for got, want in zip(both, separate):
+        assert np.array_equal(np.array(got), want)
+    # the fused file stopped after 2 sequences, the last-layer one is complete
+    (together / "features-layers-0-1-2.done").write_text("2")
+    fused_file = np.memmap(together / "features-layers-0-1-2.f16", dtype=np.float16, mode="r+", shape=separate[1].shape)
+    fused_file[2:] = 0
+    fused_file.flush()
+    again = extract_feature_sets(together, tokens, target, [None, LAYERS], batch_size=2)
+    assert np.array_equal(np.array(again[1]), separate[1]) and np.array_equal(np.array(again[0]), separate[0])
+    assert (together / "features.done").read_text() == "5" == (together / "features-layers-0-1-2.done").read_text()
 
 
 def test_eagle3_training_lowers_the_loss_measures_agreement_and_resumes(tmp_path):

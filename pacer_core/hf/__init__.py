@@ -12,12 +12,12 @@ from .artifacts import (EMBEDDED_TARGET, SHARED_FILE, SUBSET_FILE, cache_root, c
                         load_safetensors, materialize, weights_digest)
 from .baselines import hf_generate, hf_generate_traced
 from .loading import load_draft, load_model, load_section, resolve_device
-from .students import (batch_generate, greedy_batch, last_hidden_states, layer_inputs, save_student,
+from .students import (batch_generate, greedy_batch, last_hidden_states, layer_inputs, save_student, target_states,
                        student_from_target)
 
 __all__ = [
     "DTYPES", "EMBEDDED_TARGET", "HFModel", "HFTokenizer", "SHARED_FILE", "SUBSET_FILE", "batch_generate", "greedy_batch",
     "cache_root", "check_weights", "embedded_target_file", "hf_generate", "hf_generate_traced",
-    "last_hidden_states", "layer_inputs", "load_draft", "load_model", "load_safetensors", "load_section", "materialize",
+    "last_hidden_states", "layer_inputs", "target_states", "load_draft", "load_model", "load_safetensors", "load_section", "materialize",
     "resolve_device", "save_student", "student_from_target", "weights_digest",
 ]

@@ -60,21 +60,30 @@ def save_student(student: Any, folder: Path, *, target_path: Optional[str], targ
     return (folder / "model.safetensors").stat().st_size
 
 
-@torch.inference_mode()
 def last_hidden_states(target: HFModel, input_ids: torch.Tensor) -> torch.Tensor:
     """The target's last-layer hidden states (after the final norm) for a batch [B, L] → [B, L, d],
     without touching its KV cache (training data for feature-level drafts)."""
-    out = target.model.base_model(input_ids=input_ids.to(target.device), use_cache=False)
-    return out.last_hidden_state
+    return target_states(target, input_ids, [None])[0]
 
 
 @torch.inference_mode()
+def target_states(target: HFModel, input_ids: torch.Tensor, groups: Sequence[Optional[Sequence[int]]]
+                  ) -> list[torch.Tensor]:
+    """Several kinds of target states from one forward over a batch [B, L]: per group, None = the
+    last-layer states after the final norm ([B, L, d], ``last_hidden_states``), else the inputs of
+    those decoder layers concatenated ([B, L, len × d], ``layer_inputs``)."""
+    fused = any(group is not None for group in groups)
+    out = target.model.base_model(input_ids=input_ids.to(target.device), use_cache=False,
+                                  output_hidden_states=fused)
+    return [out.last_hidden_state if group is None else torch.cat([out.hidden_states[i] for i in group], dim=-1)
+            for group in groups]
+
+
 def layer_inputs(target: HFModel, input_ids: torch.Tensor, layers: Sequence[int]) -> torch.Tensor:
     """The inputs of the target's decoder ``layers`` for a batch [B, L], concatenated in that order →
     [B, L, len(layers) × d] (index i: transformers' ``hidden_states[i]``, as ``HFModel.forward(hidden=
     layers)`` returns them; what an EAGLE-3-style draft fuses), without touching its KV cache."""
-    out = target.model.base_model(input_ids=input_ids.to(target.device), use_cache=False, output_hidden_states=True)
-    return torch.cat([out.hidden_states[i] for i in layers], dim=-1)
+    return target_states(target, input_ids, [layers])[0]
 
 
 @torch.inference_mode()

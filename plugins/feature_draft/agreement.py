@@ -166,7 +166,7 @@ def draft_hits(net, embed: torch.Tensor, head_full: torch.Tensor, tokens: torch.
 
 
 def run_draft_eval(cfg: DraftEvalConfig, command_line: str) -> dict[str, Any]:
-    from pacer_core.hf import layer_inputs, last_hidden_states, load_section
+    from pacer_core.hf import load_section, target_states
 
     out = check_out_dir(cfg.out)
     if cfg.threads:
@@ -186,8 +186,8 @@ def run_draft_eval(cfg: DraftEvalConfig, command_line: str) -> dict[str, Any]:
     hits: dict[tuple[int, str], list[torch.Tensor]] = {}
     for number, r in enumerate(records, start=1):
         tokens = torch.tensor(r["prompt"] + r["answer"], dtype=torch.long)
-        feats = last_hidden_states(target, tokens[None])[0].float()
-        fused = {group: layer_inputs(target, tokens[None], list(group))[0].float() for group in layers}
+        states = [s[0].float() for s in target_states(target, tokens[None], [None, *layers])]
+        feats, fused = states[0], dict(zip(layers, states[1:]))
         for i, net in enumerate(nets):
             group = getattr(net.arch, "target_layers", None)
             rows = draft_hits(net, embed, head_full, tokens, feats, fused[tuple(group)] if group else None,

@@ -277,35 +277,48 @@ def extract_features(out: Path, tokens: torch.Tensor, target, batch_size: int = 
     states after the final norm (``features.f16``, [N, L, d]); else the inputs of those decoder layers
     concatenated (``features-layers-A-B-C.f16``, [N, L, len(layers) × d]), what an eagle3 student
     fuses. Resumable: ``<name>.done`` counts finished sequences; Ctrl-C/SIGTERM stops after a batch."""
-    from pacer_core.hf import last_hidden_states, layer_inputs
+    return extract_feature_sets(out, tokens, target, [layers], batch_size)[0]
 
-    width = target.hidden_size * (1 if layers is None else len(layers))
-    shape = (tokens.shape[0], tokens.shape[1], width)
-    name = features_name(layers)
-    path, done_file = out / f"{name}.f16", out / f"{name}.done"
-    expected = int(np.prod(shape)) * 2
-    if path.exists() and path.stat().st_size != expected:
-        raise InputError(f"'{path}' has {path.stat().st_size} bytes, not the {expected} of this corpus's features: "
-                         f"delete it and {done_file.name} to extract them again")
-    features = np.memmap(path, dtype=np.float16, mode="r+" if path.exists() else "w+", shape=shape)
-    done = 0
-    if done_file.exists():
-        text = done_file.read_text().strip()
-        if not text.isdigit() or int(text) > shape[0]:
-            raise InputError(f"'{done_file}' does not hold a sequence count: delete it to extract the features again")
-        done = int(text)
-    with interruptible(log) as stop, progress(shape[0], done, name, "seq") as bar:
-        for start in range(done, shape[0], batch_size):
+
+def extract_feature_sets(out: Path, tokens: torch.Tensor, target, groups: Sequence[Optional[Sequence[int]]],
+                         batch_size: int = 8) -> list[np.memmap]:
+    """``extract_features`` for several ``layers`` groups from one target forward per batch (an eagle3
+    run needs the last-layer states and its fused layers' inputs: half the target's work of two passes).
+    Each file keeps its own ``.done`` count; a run resumes from the smallest."""
+    from pacer_core.hf import target_states
+
+    files, done = [], []
+    for layers in groups:
+        width = target.hidden_size * (1 if layers is None else len(layers))
+        shape = (tokens.shape[0], tokens.shape[1], width)
+        name = features_name(layers)
+        path, done_file = out / f"{name}.f16", out / f"{name}.done"
+        expected = int(np.prod(shape)) * 2
+        if path.exists() and path.stat().st_size != expected:
+            raise InputError(f"'{path}' has {path.stat().st_size} bytes, not the {expected} of this corpus's features: "
+                             f"delete it and {done_file.name} to extract them again")
+        count = 0
+        if done_file.exists():
+            text = done_file.read_text().strip()
+            if not text.isdigit() or int(text) > shape[0]:
+                raise InputError(f"'{done_file}' does not hold a sequence count: delete it to extract the features again")
+            count = int(text)
+        files.append((np.memmap(path, dtype=np.float16, mode="r+" if path.exists() else "w+", shape=shape), done_file))
+        done.append(count)
+    total, label = tokens.shape[0], " + ".join(features_name(layers) for layers in groups)
+    with interruptible(log) as stop, progress(total, min(done), label, "seq") as bar:
+        for start in range(min(done), total, batch_size):
             if stop:
-                log(f"interrupted: {name} of {start}/{shape[0]} sequences kept; run the same command to resume")
+                log(f"interrupted: {label} of {start}/{total} sequences kept; run the same command to resume")
                 raise KeyboardInterrupt
             batch = tokens[start:start + batch_size]
-            states = last_hidden_states(target, batch) if layers is None else layer_inputs(target, batch, layers)
-            features[start:start + len(batch)] = states.float().cpu().numpy().astype(np.float16)
-            features.flush()
-            atomic_write_text(done_file, str(start + len(batch)))
+            for (features, done_file), count, states in zip(files, done, target_states(target, batch, groups)):
+                if start + len(batch) > count:  # a file already past this batch keeps what it has
+                    features[start:start + len(batch)] = states.float().cpu().numpy().astype(np.float16)
+                    features.flush()
+                    atomic_write_text(done_file, str(start + len(batch)))
             bar.update(len(batch))
-    return features
+    return [features for features, _ in files]
 
 
 # -- 3. training --------------------------------------------------------------------------------
@@ -738,9 +751,9 @@ def run_distill(cfg: DistillConfig, command_line: str) -> Path:
         atomic_save(corpus_file, corpus)
     tokens = corpus["tokens"]
     log(f"corpus: {tokens.shape[0]} sequences × {tokens.shape[1]} tokens; sources {corpus['sources']}")
-    features = extract_features(out, tokens, target)
     layers = fused_layers(cfg, target)
-    fused = None if layers is None else extract_features(out, tokens, target, layers=layers)
+    features, fused = extract_feature_sets(out, tokens, target, [None, layers]) if layers is not None \
+        else (extract_features(out, tokens, target), None)
     held, always = cfg.corpus.heldout_sequences, set(target.eos_token_ids)
     subset = frequent_tokens(tokens[held:], cfg.student.subset_size, always)
     head_full = target.embedding_weights()[1].float()
