@@ -209,6 +209,17 @@ def test_draft_eval_options_are_documented():
             assert f"`{render(value)}`" in row, f"draft-eval option '{name}' should show default {render(value)}"
 
 
+def test_corpus_totals_in_the_docs_are_the_committed_corpus():
+    """corpus.md's "Committed so far" line names the committed corpus's shards, answers and tokens."""
+    from feature_draft.selfdistill.shards import corpus_stats
+
+    stats = corpus_stats(DOCS.parent / "plugins" / "feature_draft" / "corpus")
+    line = next(p for p in read("corpus.md").split("\n\n") if p.startswith("**Committed so far:**"))
+    for figure in (f"{stats['shards']} shards", f"{stats['records']:,} answers", f"{stats['answer_tokens']:,} answer tokens",
+                   f"{stats['tokens']:,} with their prompts", f"{stats['generation_hours']} hours"):
+        assert figure in " ".join(line.split()), f"corpus.md should say {figure!r}: update its 'Committed so far' line"
+
+
 def test_every_section_is_documented():
     config_md = read("config.md")
     for name in SECTIONS:
