@@ -99,6 +99,34 @@ def test_the_loss_of_k_steps_differs_from_one_step_and_trains_every_weight(kind)
     assert not torch.allclose(grads[3]["fc.weight"], grads[1]["fc.weight"])
 
 
+@pytest.mark.parametrize("kind", ["feature", "eagle3"])
+def test_the_loss_is_each_steps_cross_entropy_to_the_target_at_its_own_position(kind):
+    """A direct recount: step j of row t is trained towards softmax(W_subset f_{t+j}) (and, for
+    `feature`, f_{t+j} itself), rows past the end left out, each step's mean over its valid rows."""
+    import torch.nn.functional as F
+
+    from feature_draft.model import draft_logits
+
+    target = adapter(tiny_target())
+    embed, head = (w.float() for w in target.embedding_weights())
+    tokens, feats, fused = batch(target, kind, rows=2, length=9)
+    net = student(kind, target)
+    head_sub = head[net.subset]
+    loss, _ = draft_loss(net, embed, head_sub, tokens, feats, 0.0, 1.0, 0.1, None, 3, fused)
+    inputs = feats[:, :-1] if fused is None else net.fuse(fused[:, :-1])
+    expected = 0.0
+    for j, guess in enumerate(unrolled_features(net, embed, tokens, inputs, 3), start=1):
+        ce, feature = [], []
+        for b in range(tokens.shape[0]):
+            for t in range(tokens.shape[1] - 1 - j + 1):  # t + j <= L - 1
+                teacher = torch.softmax(feats[b, t + j] @ head_sub.T, -1)
+                ce.append(-(teacher * torch.log_softmax(draft_logits(net, guess[b, t], head_sub), -1)).sum())
+                feature.append(F.smooth_l1_loss(guess[b, t], feats[b, t + j]))
+        ce, feature = torch.stack(ce).mean(), torch.stack(feature).mean()
+        expected = expected + (ce if kind == "eagle3" else 1.0 * feature + 0.1 * ce)
+    assert float(loss.detach()) == pytest.approx(float(expected.detach()), rel=1e-5)
+
+
 # -- training and the drafter ------------------------------------------------------------------------
 def tiny_run(tmp_path, kind="eagle3", epochs=2.0, unroll=3, init=None):
     target = adapter(tiny_target())

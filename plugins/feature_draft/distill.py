@@ -362,12 +362,14 @@ def draft_loss(net: torch.nn.Module, embed: torch.Tensor, head_sub: torch.Tensor
         inputs = net.fuse(inputs)
     length = tokens.shape[1]
     rows = torch.arange(length - 1, device=feats.device)
+    teachers = torch.softmax(feats[:, 1:] @ head_sub.T, -1)  # [B, L-1, subset]: for x_{t+2}, every t once
     loss, parts = 0.0, {}
     for j, guess in enumerate(unrolled_features(net, embed, tokens, inputs, unroll), start=1):
         valid = (rows + j <= length - 1).to(feats.dtype)  # [T]
         count = valid.sum() * tokens.shape[0]
-        wanted = feats[:, (rows + j).clamp(max=length - 1)]  # [B, T, d]: f_{t+j}
-        teacher = torch.softmax(wanted @ head_sub.T, -1)  # [B, T, subset]
+        at = (rows + j).clamp(max=length - 1)
+        wanted = feats[:, at]  # [B, T, d]: f_{t+j}
+        teacher = teachers[:, at - 1]  # [B, T, subset]: softmax(W_subset f_{t+j})
         student = torch.log_softmax(draft_logits(net, guess, head_sub), -1)
         ce = (-(teacher * student).sum(-1) * valid).sum() / count
         if eagle3:
