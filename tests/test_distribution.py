@@ -7,10 +7,11 @@ drafter × stop policy with the ``speculative_sampling`` verifier. Deliberately 
 fail the same test, so the test can tell. The models are ``ScriptedLM`` tables (pure torch, about
 0.3-0.6 ms per generation); one test runs tiny real Llamas through the HF adapter.
 
-Default suite: every drafter × stop at temperature 1 (autoregressive once: its output does not
-depend on the stop policy, which a quick test checks), each sampling variant (temperature 0.6,
-top-k 3, top-p 0.8) on draft_model × fixed γ=3, a draft equal to the target, one wrong verifier and
-the HF adapter (2,000 samples). Everything else of the grid is marked slow.
+Default suite: draft_model × every stop at temperature 1, the other drafters with one stop each
+(autoregressive: its output does not depend on the stop policy, which a quick test checks;
+prompt_lookup with the heuristic window), each sampling variant (temperature 0.6, top-k 3, top-p
+0.8) on draft_model × fixed γ=3, a draft equal to the target, one wrong verifier and the HF adapter
+(2,000 samples). Everything else of the grid (prompt_lookup × fixed γ among it) is marked slow.
 
 The runs are independent, so they are computed ahead in ``PACER_TEST_WORKERS`` (default 2) spawned
 processes while the tests read their results in order; ``PACER_TEST_WORKERS=1`` runs each in the
@@ -42,6 +43,7 @@ STOPS = {"fixed2": "{name: fixed, gamma: 2}", "fixed3": "{name: fixed, gamma: 3}
          "heuristic": "{name: heuristic, gamma: 2}"}
 BASE_SAMPLING = "t1"
 VARIANT_COMBINATION = ("draft_model", "fixed3")
+ONE_STOP = {("autoregressive", "fixed2"), ("prompt_lookup", "heuristic")}  # the default suite's other drafters
 
 HF_VOCAB = 16
 HF_PROMPT = [3, 7, 11, 5]
@@ -247,7 +249,7 @@ def grid():
     for sampling in SAMPLINGS:
         for drafter in DRAFTERS:
             for stop in STOPS:
-                fast = (sampling == BASE_SAMPLING and (drafter != "autoregressive" or stop == "fixed2")) \
+                fast = (sampling == BASE_SAMPLING and (drafter == "draft_model" or (drafter, stop) in ONE_STOP)) \
                     or (drafter, stop) == VARIANT_COMBINATION
                 yield pytest.param(Case(drafter, stop, sampling), marks=() if fast else (pytest.mark.slow,),
                                    id=f"{drafter}-{stop}-{sampling}")

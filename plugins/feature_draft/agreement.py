@@ -161,8 +161,8 @@ def draft_hits(net, embed: torch.Tensor, head_full: torch.Tensor, tokens: torch.
     head_sub = head_full[net.subset]
     target_next = (feats @ head_full.T).argmax(-1)  # [L]: after position t
     # row t reads f_t and x_{t+1}; its position j drafts the token after t + j
-    logits = [draft_logits(net, step[0], head_sub) for step in steps]
-    return chain_hits(logits, net.subset, target_next, first, ks)
+    logits = [draft_logits(net, step[0], head_sub).cpu() for step in steps]  # the tallies run on the CPU
+    return chain_hits(logits, net.subset.cpu(), target_next.cpu(), first, ks)
 
 
 def run_draft_eval(cfg: DraftEvalConfig, command_line: str) -> dict[str, Any]:
