@@ -186,27 +186,26 @@ def test_distill_top_level_options_are_documented():
     from feature_draft.distill import DistillConfig
 
     table = section(section(read("config.md"), "## `pacer distill` options"), "#### `distill` (top level)")
-    rows = {spans(r[0])[0]: r for r in table_rows(table) if spans(r[0])}
     sections = {"corpus", "student", "train"}  # each its own table (test_distill_options_are_documented)
-    assert set(rows) == {f.name for f in attrs.fields(DistillConfig)} - sections
-    defaults = DistillConfig()
+    assert_table_shows_defaults(table, DistillConfig, "distill", skip=sections)
+
+
+def assert_table_shows_defaults(table: str, config_cls: type, where: str, skip: set = frozenset()) -> None:
+    """A row per option of ``config_cls`` but ``skip``, each showing its default (sections excepted)."""
+    rows = {spans(r[0])[0]: r for r in table_rows(table) if spans(r[0])}
+    assert set(rows) == {f.name for f in attrs.fields(config_cls)} - set(skip)
+    defaults = config_cls()
     for name, row in rows.items():
         value = getattr(defaults, name)
         if not attrs.has(type(value)):
-            assert f"`{render(value)}`" in row, f"distill option '{name}' should show default {render(value)}"
+            assert f"`{render(value)}`" in row, f"{where} option '{name}' should show default {render(value)}"
 
 
 def test_draft_eval_options_are_documented():
     from feature_draft.agreement import DraftEvalConfig
 
     table = section(read("draft.md"), "### Measuring a draft in a minute: `pacer draft-eval`")
-    rows = {spans(r[0])[0]: r for r in table_rows(table) if spans(r[0])}
-    assert set(rows) == {f.name for f in attrs.fields(DraftEvalConfig)}
-    defaults = DraftEvalConfig()
-    for name, row in rows.items():
-        value = getattr(defaults, name)
-        if not attrs.has(type(value)):
-            assert f"`{render(value)}`" in row, f"draft-eval option '{name}' should show default {render(value)}"
+    assert_table_shows_defaults(table, DraftEvalConfig, "draft-eval")
 
 
 def test_corpus_totals_in_the_docs_are_the_committed_corpus():
