@@ -15,7 +15,7 @@ from pacer_core.errors import ConfigError
 from helpers import adapter, tiny_llama
 
 from feature_draft.agreement import chain_hits, draft_hits, load_config, run_draft_eval, summarize
-from feature_draft.distill import DistillConfig, build_student
+from feature_draft.distill import DistillConfig, build_student, target_greedy
 from feature_draft.model import KVCache, draft_logits
 
 LAYERS = [0, 1, 2]
@@ -48,7 +48,7 @@ def test_hits_equal_a_step_by_step_recount_with_the_drafters_cache(kind):
     feats = last_hidden_states(target, tokens[None])[0].float()
     fused = layer_inputs(target, tokens[None], LAYERS)[0].float() if kind == "eagle3" else None
     depth, ks, first = 3, (1, 2, 4, 8), 4
-    hits = draft_hits(net, embed, head, tokens, feats, fused, first, depth, ks)
+    hits = draft_hits(net, embed, head, tokens, feats, fused, target_greedy(feats[None], head)[0], first, depth, ks)
     with torch.no_grad():
         greedy = model(tokens[None]).logits[0].argmax(-1)  # after every position
         inputs = feats[:-1] if fused is None else net.fuse(fused[:-1])

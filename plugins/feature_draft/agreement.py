@@ -32,6 +32,9 @@ from pacer_core.commands import Runner, check_out_dir, command
 from pacer_core.config import ModelConfig, load_schema
 from pacer_core.errors import ConfigError, InputError
 
+from pacer_train import atomic_write_json
+
+from .distill import target_greedy
 from .model import MANIFEST, draft_logits, load_draft
 
 ANSWERS = "answers.json"
@@ -101,7 +104,7 @@ def target_answers(cfg: DraftEvalConfig, target, tokenizer, digest: str, out: Pa
     print(file=sys.stderr)
     for record, answer in zip(records, answers):
         record["answer"] = answer
-    cache.write_text(json.dumps({"key": key, "records": records}))
+    atomic_write_json(cache, {"key": key, "records": records}, indent=None)
     return records
 
 
@@ -151,15 +154,16 @@ def summarize(hits: torch.Tensor, ks: Sequence[int]) -> dict[str, Any]:
 
 @torch.no_grad()
 def draft_hits(net, embed: torch.Tensor, head_full: torch.Tensor, tokens: torch.Tensor, feats: torch.Tensor,
-               fused: Optional[torch.Tensor], first: int, depth: int, ks: Sequence[int]) -> torch.Tensor:
+               fused: Optional[torch.Tensor], target_next: torch.Tensor, first: int, depth: int,
+               ks: Sequence[int]) -> torch.Tensor:
     """``chain_hits`` of one draft over one sequence: tokens [L], feats [L, d] (the target's last-layer
-    states), fused [L, n·d] or None; ``first``: the row of the prompt's last token. → [L-1, depth]."""
+    states), fused [L, n·d] or None, target_next [L] (``distill.target_greedy`` of feats, computed once per
+    sequence for every draft); ``first``: the row of the prompt's last token. → [L-1, depth]."""
     from .distill import unrolled_features
 
     inputs = feats[None, :-1] if fused is None else net.fuse(fused[None, :-1])
     steps = unrolled_features(net, embed, tokens[None], inputs, depth)
     head_sub = head_full[net.subset]
-    target_next = (feats @ head_full.T).argmax(-1)  # [L]: after position t
     # row t reads f_t and x_{t+1}; its position j drafts the token after t + j
     logits = [draft_logits(net, step[0], head_sub).cpu() for step in steps]  # the tallies run on the CPU
     return chain_hits(logits, net.subset.cpu(), target_next.cpu(), first, ks)
@@ -188,10 +192,11 @@ def run_draft_eval(cfg: DraftEvalConfig, command_line: str) -> dict[str, Any]:
         tokens = torch.tensor(r["prompt"] + r["answer"], dtype=torch.long)
         states = [s[0].float() for s in target_states(target, tokens[None], [None, *layers])]
         feats, fused = states[0], dict(zip(layers, states[1:]))
+        target_next = target_greedy(feats[None], head_full)[0]  # [L]: the target's token after position t
         for i, net in enumerate(nets):
             group = getattr(net.arch, "target_layers", None)
             rows = draft_hits(net, embed, head_full, tokens, feats, fused[tuple(group)] if group else None,
-                              len(r["prompt"]) - 1, cfg.depth, cfg.ks)
+                              target_next, len(r["prompt"]) - 1, cfg.depth, cfg.ks)
             hits.setdefault((i, r["set"]), []).append(rows[rows[:, 0] >= 0])
         print(f"\rdrafts over the answers: {number}/{len(records)}", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
