@@ -242,8 +242,13 @@ def test_continuing_from_a_draft_starts_from_its_weights_and_its_curve(tiny_dist
     first = distill("first", "train.epochs=2")
     before = json.loads((first / "manifest.json").read_text())["training"]
     second = distill("second", "train.epochs=1", f"init={first}", "train.noise=0", "train.checkpoint_every=1")
-    training = json.loads((second / "manifest.json").read_text())["training"]
+    manifest = json.loads((second / "manifest.json").read_text())
+    training = manifest["training"]
     assert training["init"] == str(first) and training["tokens_total"] == before["tokens_total"] + training["tokens_seen"]
+    # what the init's weights saw stays recorded (train-preverify keeps it out of M_B's prompts)
+    first_sources = json.loads((first / "manifest.json").read_text())["corpus_sources"]
+    assert manifest["corpus_sources"]["init"] == first_sources and "init" not in first_sources
+    assert "init_corpus_sources" not in training
     # step 0 of the new run is the loss of the loaded draft on the step's batch
     loaded = load_draft(first)
     cfg = load_distill_config(None, ["corpus.heldout_sequences=2", "train.batch_size=4", "train.epochs=1"])
@@ -327,8 +332,8 @@ def test_the_gpu_script_runs_end_to_end_with_its_smoke_settings(tmp_path):
 
 
 def test_the_shipped_draft_can_be_continued():
-    """init= the shipped v3 draft: its weights, its subset and its 1.5M tokens seen carry over; a
-    student of another width is refused in one line."""
+    """init= the shipped draft: its weights, its subset, the tokens it has seen and its scaling curve
+    carry over; a student of another width is refused in one line."""
     from feature_draft.distill import load_init
     from feature_draft.drafter import DEFAULT_DRAFT
     from feature_draft.model import ArchConfig
@@ -339,7 +344,11 @@ def test_the_shipped_draft_can_be_continued():
     start = load_init(str(DEFAULT_DRAFT), net)
     shipped = load_draft(DEFAULT_DRAFT)
     manifest = json.loads((DEFAULT_DRAFT / "manifest.json").read_text())
-    assert start["tokens_before"] == manifest["training"]["tokens_seen"] > 1_000_000 and start["points"] == []
+    training = manifest["training"]
+    assert start["tokens_before"] == training.get("tokens_total", training["tokens_seen"]) > 1_000_000
+    curve = DEFAULT_DRAFT / "scaling.json"
+    assert start["points"] == (json.loads(curve.read_text())["points"] if curve.is_file() else [])
+    assert start["corpus_sources"] == manifest["corpus_sources"]
     assert all(torch.equal(a, b) for a, b in zip(net.state_dict().values(), shipped.state_dict().values()))
     config["intermediate_size"] = 1024
     with pytest.raises(InputError) as info:

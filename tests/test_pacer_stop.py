@@ -596,6 +596,9 @@ class ByteTokenizer:
     def encode(self, text, chat_template=True):
         return ([1] if chat_template else []) + list(text.encode("utf-8"))
 
+    def decode(self, ids):
+        return bytes(i for i in ids if i > 1).decode("utf-8", errors="replace")
+
 
 def distill_record(stdlib_tokens=20_000, docs_tokens=20_000, answers=512, seed=0):
     """The ``corpus_sources`` record `pacer distill` writes for a corpus of these sizes (byte tokens)."""
@@ -691,6 +694,56 @@ def test_a_draft_made_before_the_record_is_re_derived_from_its_recipe(tmp_path):
         assert words in message and "data.skip_draft_corpus=false" in message and "\n" not in message
 
 
+def corpus_answering_with(folder: Path, texts: list[str]) -> Path:
+    """A `pacer corpus` folder (fake target, byte ids) whose first answers are ``texts``."""
+    from feature_draft.selfdistill.command import Backend, CorpusConfig, run_corpus
+    from feature_draft.selfdistill.guard import BenchmarkGuard
+    from feature_draft.selfdistill.stream import Stream
+
+    queue = list(texts)
+
+    def generate(prompts, max_new_tokens, rows, on_answer):
+        answers = [list((queue.pop(0) if queue else "short answer").encode()) + [0] for _ in prompts]
+        for index, answer in enumerate(answers):
+            if on_answer is not None:
+                on_answer(index, answer)
+        return answers
+
+    backend = Backend(encode=lambda text: list(text.encode()[:200]), generate=generate, vocab_size=256,
+                      target={"path": "fake", "digest": "f00d", "dtype": "float32", "device": "cpu"}, eos=[0])
+    run_corpus(CorpusConfig(out=str(folder), tokens=10, shard_size=4, batch_size=4), "pacer corpus test",
+               backend=backend, stream=Stream(0), guard=BenchmarkGuard([]))
+    return folder
+
+
+def test_prompts_the_draft_saw_in_its_self_distillation_corpus_or_its_inits_are_skipped(tmp_path):
+    """M_B's prompts avoid every corpus the draft's weights saw: its own self-distillation corpus (a
+    13-word run shared with any prompt or answer there) and, through ``init``, the corpus of the draft
+    it continued."""
+    cfg, tokenizer = small_items_config(), ByteTokenizer()
+    cfg.data.passage_tokens = 400  # bytes: passages long enough to hold 13-word runs
+    _, used = distill_record()
+    plain = trainer.build_items(cfg, tokenizer, used)
+    taken = [next(i for i in plain if i["source"] == source) for source in ("stdlib", "docs")]
+    corpus = corpus_answering_with(tmp_path / "corpus", [tokenizer.decode(i["prompt"]) for i in taken])
+    record = {**distill_record(answers=0)[1], "selfdistill": {"path": str(corpus), "records": 1},
+              "init": used}  # its own corpus (no chat answers) continued from a draft that saw `used`
+    assert trainer.seen_sources(record)["instructions"] == used["instructions"]
+    guard = trainer.CorpusGuard(trainer.selfdistill_folders(trainer.seen_sources(record)), tokenizer)
+    items = trainer.build_items(cfg, tokenizer, record, guard)
+    sources = [i["source"] for i in items]
+    assert (sources.count("chat"), sources.count("stdlib"), sources.count("docs")) == (40, 5, 6)
+    assert guard.skipped >= 2 and not any(i["prompt"] == t["prompt"] for i in items for t in taken)
+    assert_items_avoid(items, used, tokenizer)  # the init's instructions, files and topics too
+    # without the init's record its 512 answered instructions would come back
+    assert trainer.build_items(cfg, tokenizer, {**record, "init": None}, guard) != items
+    # a corpus the record names but this machine lacks: refused in one line, before any model loads
+    with pytest.raises(InputError) as info:
+        trainer.selfdistill_folders(trainer.seen_sources({**record, "selfdistill": {"path": str(tmp_path / "gone")}}))
+    assert "not here" in str(info.value) and "data.skip_draft_corpus=false" in str(info.value)
+    assert "\n" not in str(info.value)
+
+
 def attrs_asdict(value):
     import attrs
 
@@ -698,15 +751,27 @@ def attrs_asdict(value):
 
 
 def test_the_shipped_drafts_record_their_corpus():
+    """Each shipped draft records what its weights saw (its init chain included), and a
+    self-distillation corpus it names is the committed one, shard for shard."""
     from feature_draft.drafter import DEFAULT_DRAFT
+    from feature_draft.selfdistill.shards import CorpusStore
 
-    token_draft = Path(trainer.__file__).parents[1] / "pacer_builtins" / "default"
-    records = []
+    root = Path(trainer.__file__).parents[2]
+    token_draft = root / "plugins" / "pacer_builtins" / "default"
+    seen = {}
     for folder in (DEFAULT_DRAFT, token_draft):
         manifest = json.loads((folder / "manifest.json").read_text())
         record = manifest["corpus_sources"]
         assert record["seed"] == manifest["recipe"]["seed"] == 0
-        assert len(record["instructions"]) == manifest["corpus"]["instructions"] == 512
+        assert len(record["instructions"]) == manifest["corpus"]["instructions"]
         assert record["stdlib"] and record["docs"] and record["extra"] == []
-        records.append(record)
-    assert records[0] == records[1]  # one corpus for both
+        seen[folder] = trainer.seen_sources(record)
+        for corpus in seen[folder]["selfdistill"]:
+            committed = CorpusStore(root / corpus["path"], create=False).shards
+            assert corpus["shards"] == [{"name": e["name"], "sha256": e["sha256"][:16]} for e in committed[:len(corpus["shards"])]]
+            assert corpus["records"] == sum(len(json.loads((root / corpus["path"] / f"{e['name']}.json").read_text())["records"])
+                                            for e in committed[:len(corpus["shards"])])
+    # both continue the one corpus of 512 target-written chat answers the first drafts were made from
+    assert len(seen[token_draft]["instructions"]) == 512
+    for key in ("instructions", "stdlib", "docs"):
+        assert all(entry in seen[DEFAULT_DRAFT][key] for entry in seen[token_draft][key])

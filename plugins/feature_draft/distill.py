@@ -487,7 +487,26 @@ def fit(cfg: DistillConfig, out: Path, net: torch.nn.Module, tokens: torch.Tenso
     write_scaling(out / curve, start, run.history)
     return {"steps": run.step, "total_steps": total, "finished": finished, "tokens_seen": run.step * per_step,
             "tokens_total": start["tokens_before"] + run.step * per_step, "init": start.get("init"),
-            "history": run.history}
+            "init_corpus_sources": init_sources(start), "history": run.history}
+
+
+def init_sources(start: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """The ``corpus_sources`` of what a run started from: recorded in its start since runs record it; a
+    run started earlier reads its ``init`` draft folder's manifest (when the folder is still there)."""
+    if "corpus_sources" in start or not start.get("init"):
+        return start.get("corpus_sources")
+    manifest = Path(start["init"]) / MANIFEST
+    if not manifest.is_file():
+        return None
+    record = read_json(manifest, "draft manifest")
+    return record.get("corpus_sources") if isinstance(record, dict) else None
+
+
+def with_init_sources(own: dict[str, Any], inherited: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """The ``corpus_sources`` record of a draft: its own corpus's, and under ``init`` the record of the
+    ``init`` weights it continued (nested as deep as the chain of runs), so what the weights have
+    seen stays known (``pacer train-preverify`` keeps all of it out of M_B's training prompts)."""
+    return {**own, "init": inherited} if inherited else own
 
 
 # -- the scaling curve ------------------------------------------------------------------------------
@@ -596,6 +615,7 @@ def load_init(path: str, net: torch.nn.Module) -> dict[str, Any]:
         tokens_before = int(training.get("tokens_total", training.get("tokens_seen", 0)) or 0)
         curve = read_json(source / SCALING, "scaling curve") if (source / SCALING).is_file() else {}
         points = list(curve.get("points", []))
+        seen = manifest.get("corpus_sources") if isinstance(manifest, dict) else None
     else:
         saved = load_run_file(source, "init checkpoint")
         if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict):
@@ -606,6 +626,10 @@ def load_init(path: str, net: torch.nn.Module) -> dict[str, Any]:
         history = list(saved.get("history", []))
         tokens_before = int(history[-1].get("tokens", 0)) if history else int(begun.get("tokens_before", 0))
         points = scaling_points(begun, history)
+        run_corpus = source.parent / "corpus.pt"  # what the checkpoint's own run trained on
+        seen = load_run_file(run_corpus, "corpus").get("sources_used") if run_corpus.is_file() else None
+        if isinstance(seen, dict) and begun.get("corpus_sources"):
+            seen = {**seen, "init": begun["corpus_sources"]}
     own = net.state_dict()
     for name, tensor in own.items():
         if name not in state:
@@ -617,7 +641,8 @@ def load_init(path: str, net: torch.nn.Module) -> dict[str, Any]:
                              "and student.fused_layers to the draft's, or choose another init")
     net.load_state_dict({k: state[k].float() if state[k].is_floating_point() else state[k] for k in own})
     log(f"starting from init '{source}' ({tokens_before:,} tokens seen before)")
-    return {"init": str(source), "tokens_before": tokens_before, "points": points}
+    return {"init": str(source), "tokens_before": tokens_before, "points": points,
+            "corpus_sources": seen if isinstance(seen, dict) else None}
 
 
 def train(cfg: DistillConfig, out: Path, tokens: torch.Tensor, features: np.memmap, target, subset: torch.Tensor,
@@ -790,7 +815,7 @@ def run_distill(cfg: DistillConfig, command_line: str) -> Path:
         "corpus": {**corpus["sources"], "sequences": int(tokens.shape[0]), "seq_len": int(tokens.shape[1]),
                    "instructions": corpus["instructions"], "subset_coverage": coverage},
         "vocab_coverage": coverage_table,
-        "corpus_sources": corpus["sources_used"],
+        "corpus_sources": with_init_sources(corpus["sources_used"], training.pop("init_corpus_sources", None)),
         "parameters": count_parameters(net),
         "training": training,
         "heldout": metrics,

@@ -213,32 +213,93 @@ def draft_corpus(folder: Optional[Path], manifest: Optional[dict[str, Any]], tok
     return used
 
 
-def fresh_instructions(d: DataConfig, used: Optional[dict[str, Any]]) -> list[str]:
-    """``d.chat_prompts`` instructions the draft's corpus did not answer, drawn after the ones it did
-    (with its seed)."""
+def fresh_instructions(d: DataConfig, used: Optional[dict[str, Any]], keep=lambda text: True) -> list[str]:
+    """``d.chat_prompts`` instructions the draft's corpus did not answer (and ``keep`` accepts), drawn
+    after the ones it did (with its seed)."""
     from feature_draft.distill import text_digest
     from feature_draft.instructions import instructions
 
     asked = set((used or {}).get("instructions", []))
     more = instructions(len(asked) + 4 * d.chat_prompts + 8, int((used or {}).get("seed", 0)))
-    return [q for q in dict.fromkeys(more) if text_digest(q) not in asked][: d.chat_prompts]
+    return [q for q in dict.fromkeys(more) if text_digest(q) not in asked and keep(q)][: d.chat_prompts]
+
+
+def seen_sources(record: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """Everything a draft's weights saw, from its ``corpus_sources``: its own corpus's record and,
+    under ``init``, the records of the drafts it continued (a chain of runs), merged into one:
+    instructions, stdlib files and documentation topics concatenated, the self-distillation corpora
+    (``selfdistill``) listed; the seed is the draft's own."""
+    merged: dict[str, Any] = {"seed": int((record or {}).get("seed", 0)), "instructions": [], "stdlib": [],
+                              "docs": [], "selfdistill": []}
+    while isinstance(record, dict):
+        for key in ("instructions", "stdlib", "docs"):
+            merged[key] += list(record.get(key) or [])
+        if isinstance(record.get("selfdistill"), dict):
+            merged["selfdistill"].append(record["selfdistill"])
+        record = record.get("init")
+    return merged
+
+
+def selfdistill_folders(used: dict[str, Any]) -> list[Path]:
+    """The self-distillation corpus folders the draft was distilled on (``seen_sources``), each found
+    where its record says (relative to the working directory, else to the project's root); a missing
+    one is refused in one line, before any model loads: M_B's prompts could not be kept apart from it."""
+    root = Path(__file__).resolve().parents[2]
+    folders = []
+    for entry in used.get("selfdistill", []):
+        recorded = Path(entry["path"]).expanduser()
+        found = next((f for f in (recorded, root / recorded) if (f / "manifest.json").is_file()), None)
+        if found is None:
+            raise InputError(f"the draft was distilled on the self-distillation corpus '{recorded}', which is not "
+                             "here: M_B's training prompts must be kept apart from it; run from the project's root "
+                             "(or copy the corpus there), or set data.skip_draft_corpus=false")
+        folders.append(found)
+    return folders
+
+
+class CorpusGuard:
+    """``overlaps(text)``: whether a candidate prompt shares a 13-word run with the prompts or answers
+    of the self-distillation corpora the draft was trained on (the benchmark guard's n-gram check,
+    pointed at the draft's training text)."""
+
+    def __init__(self, folders: list[Path], tokenizer):
+        from feature_draft.selfdistill import iter_corpus
+        from feature_draft.selfdistill.guard import NGRAM, BenchmarkGuard, words
+
+        texts = [(f"{folder.name}/{sample.id}", tokenizer.decode(part.tolist()))
+                 for folder in folders for sample in iter_corpus(folder) for part in (sample.prompt, sample.answer)]
+        # runs of 13 words only: a shorter text (a brief answer) would refuse every prompt containing it
+        texts = [(name, text) for name, text in texts if len(words(text)) >= NGRAM]
+        self.guard = BenchmarkGuard(texts) if texts else None
+        self.skipped = 0
+
+    def overlaps(self, text: str) -> bool:
+        hit = self.guard is not None and self.guard.refuses(text) is not None
+        self.skipped += hit
+        return hit
 
 
 def _unused(entries: list[dict[str, Any]], key: str) -> tuple[set, set]:
     return {e[key] for e in entries}, {e["sha256"] for e in entries}
 
 
-def build_items(cfg: TrainPreverifyConfig, tokenizer, used: Optional[dict[str, Any]] = None) -> list[dict[str, Any]]:
+def build_items(cfg: TrainPreverifyConfig, tokenizer, used: Optional[dict[str, Any]] = None,
+                guard: Optional[CorpusGuard] = None) -> list[dict[str, Any]]:
     """The prompts to simulate SD on: [{"source", "prompt": token ids}], shuffled with the seed. Skips
-    what ``used`` (the draft's ``corpus_sources``) names: instructions by digest, stdlib files by
-    relative path or digest, documentation topics by name or digest."""
+    what ``used`` (the draft's ``corpus_sources``, its ``init`` chain included) names: instructions by
+    digest, stdlib files by relative path or digest, documentation topics by name or digest; and any
+    prompt the ``guard`` finds in the draft's self-distillation corpora."""
     from pydoc_data.topics import topics
 
     from feature_draft.distill import stdlib_files, stdlib_root, text_digest
 
-    d, rng, used = cfg.data, random.Random(cfg.seed), used or {}
+    d, rng, used = cfg.data, random.Random(cfg.seed), seen_sources(used)
+
+    def fresh(text: str) -> bool:
+        return guard is None or not guard.overlaps(text)
+
     items = [{"source": "chat", "prompt": tokenizer.encode(q, chat_template=True)}
-             for q in fresh_instructions(d, used)]
+             for q in fresh_instructions(d, used, fresh)]
     need = d.passage_tokens + 16
     used_paths, used_files = _unused(used.get("stdlib", []), "path")
     root, passages = stdlib_root(), []
@@ -251,7 +312,9 @@ def build_items(cfg: TrainPreverifyConfig, tokenizer, used: Optional[dict[str, A
         ids = tokenizer.encode(text, chat_template=False)
         if len(ids) >= need:
             start = rng.randrange(0, len(ids) - need + 1)
-            passages.append({"source": "stdlib", "prompt": ids[start:start + d.passage_tokens]})
+            passage = ids[start:start + d.passage_tokens]
+            if fresh(tokenizer.decode(passage)):
+                passages.append({"source": "stdlib", "prompt": passage})
     items += passages
     used_topics, used_texts = _unused(used.get("docs", []), "topic")
     docs = [tokenizer.encode(topics[name], chat_template=False) for name in sorted(topics)
@@ -263,9 +326,11 @@ def build_items(cfg: TrainPreverifyConfig, tokenizer, used: Optional[dict[str, A
         for ids in docs:
             start = offset * 2 * d.passage_tokens
             if taken < d.docs_passages and start + need <= len(ids):
-                items.append({"source": "docs", "prompt": ids[start:start + d.passage_tokens]})
-                taken += 1
                 progressed = True
+                passage = ids[start:start + d.passage_tokens]
+                if fresh(tokenizer.decode(passage)):
+                    items.append({"source": "docs", "prompt": passage})
+                    taken += 1
         offset += 1
         if not progressed:
             break
@@ -558,10 +623,11 @@ def run_train_preverify(cfg: TrainPreverifyConfig, command_line: str) -> Path:
     drafter = stack.drafter.component
     items_file = out / "items.json"
     choose = not items_file.exists()
-    folder, manifest = None, None
+    folder, manifest, corpora = None, None, []
     if choose and cfg.data.skip_draft_corpus:
         folder = draft_folder(cfg, sim, drafter)
         manifest = draft_manifest(folder)
+        corpora = selfdistill_folders(seen_sources((manifest or {}).get("corpus_sources")))
     t0 = time.time()
     target, tokenizer, digest = load_section(cfg.target, "target")
     draft = load_stack_draft(sim, stack, tokenizer)
@@ -570,7 +636,11 @@ def run_train_preverify(cfg: TrainPreverifyConfig, command_line: str) -> Path:
     identity = drafter_identity(engine, draft)
     if choose:
         log("choosing prompts (instructions, stdlib source and documentation prose the draft was not distilled on)")
-        items = build_items(cfg, tokenizer, draft_corpus(folder, manifest, tokenizer) if manifest else None)
+        guard = CorpusGuard(corpora, tokenizer) if manifest else None
+        items = build_items(cfg, tokenizer, draft_corpus(folder, manifest, tokenizer) if manifest else None, guard)
+        if guard is not None and guard.skipped:
+            log(f"{guard.skipped} candidate prompts skipped: they share a 13-word run with the draft's "
+                "self-distillation corpus")
         atomic_write_text(items_file, json.dumps(items))
     else:
         items = read_json(items_file, "item list")
