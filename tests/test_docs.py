@@ -219,6 +219,24 @@ def test_corpus_totals_in_the_docs_are_the_committed_corpus():
         assert figure in " ".join(line.split()), f"corpus.md should say {figure!r}: update its 'Committed so far' line"
 
 
+def test_the_shipped_drafts_figures_in_the_docs_are_its_manifests():
+    """The held-out agreement and tokens seen that draft.md and results.md give for the shipped
+    `eagle` draft are the ones its manifest records."""
+    import json
+
+    from feature_draft.drafter import DEFAULT_DRAFT
+
+    manifest = json.loads((DEFAULT_DRAFT / "manifest.json").read_text())
+    held, tokens = manifest["heldout"], manifest["training"]["tokens_total"]
+    first, second, both = (f"{held[k]:.3f}" for k in ("heldout_top1_first", "heldout_top1_second",
+                                                      "heldout_top1_first_two"))
+    shipped = [row for row in table_rows(read("results.md")) if row[0] == "**v4 (shipped, `eagle`)**"]
+    assert shipped and shipped[0][1:3] == [f"**{first}**", f"**{both}**"], "results.md: update the shipped draft's row"
+    curve = [row for row in table_rows(read("draft.md")) if row[0].startswith("**v4")]
+    assert curve and curve[0][1:] == [f"**{tokens:,}**", f"**{first}**", f"**{second}**", f"**{both}**"], \
+        "draft.md: update the shipped draft's row of the continuing runs' table"
+
+
 def test_every_section_is_documented():
     config_md = read("config.md")
     for name in SECTIONS:
