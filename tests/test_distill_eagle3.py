@@ -249,6 +249,9 @@ def test_continuing_from_a_draft_starts_from_its_weights_and_its_curve(tiny_dist
     first_sources = json.loads((first / "manifest.json").read_text())["corpus_sources"]
     assert manifest["corpus_sources"]["init"] == first_sources and "init" not in first_sources
     assert "init_corpus_sources" not in training
+    # from a run's checkpoint: that run's corpus, and what its own init saw, under init
+    third = distill("third", "train.epochs=1", f"init={tmp_path / 'second' / 'checkpoint.pt'}")
+    assert json.loads((third / "manifest.json").read_text())["corpus_sources"]["init"] == manifest["corpus_sources"]
     # step 0 of the new run is the loss of the loaded draft on the step's batch
     loaded = load_draft(first)
     cfg = load_distill_config(None, ["corpus.heldout_sequences=2", "train.batch_size=4", "train.epochs=1"])

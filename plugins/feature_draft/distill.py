@@ -627,7 +627,8 @@ def load_init(path: str, net: torch.nn.Module) -> dict[str, Any]:
         tokens_before = int(history[-1].get("tokens", 0)) if history else int(begun.get("tokens_before", 0))
         points = scaling_points(begun, history)
         run_corpus = source.parent / "corpus.pt"  # what the checkpoint's own run trained on
-        seen = load_run_file(run_corpus, "corpus").get("sources_used") if run_corpus.is_file() else None
+        corpus = load_run_file(run_corpus, "corpus") if run_corpus.is_file() else None
+        seen = corpus.get("sources_used") if isinstance(corpus, dict) else None
         if isinstance(seen, dict) and begun.get("corpus_sources"):
             seen = {**seen, "init": begun["corpus_sources"]}
     own = net.state_dict()
