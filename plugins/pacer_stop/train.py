@@ -295,8 +295,8 @@ def build_items(cfg: TrainPreverifyConfig, tokenizer, used: Optional[dict[str, A
 
     d, rng, used = cfg.data, random.Random(cfg.seed), seen_sources(used)
 
-    def fresh(text: str) -> bool:
-        return guard is None or not guard.overlaps(text)
+    def fresh(prompt) -> bool:  # an instruction's text or a passage's ids (decoded only when a guard reads it)
+        return guard is None or not guard.overlaps(prompt if isinstance(prompt, str) else tokenizer.decode(prompt))
 
     items = [{"source": "chat", "prompt": tokenizer.encode(q, chat_template=True)}
              for q in fresh_instructions(d, used, fresh)]
@@ -313,7 +313,7 @@ def build_items(cfg: TrainPreverifyConfig, tokenizer, used: Optional[dict[str, A
         if len(ids) >= need:
             start = rng.randrange(0, len(ids) - need + 1)
             passage = ids[start:start + d.passage_tokens]
-            if fresh(tokenizer.decode(passage)):
+            if fresh(passage):
                 passages.append({"source": "stdlib", "prompt": passage})
     items += passages
     used_topics, used_texts = _unused(used.get("docs", []), "topic")
@@ -328,7 +328,7 @@ def build_items(cfg: TrainPreverifyConfig, tokenizer, used: Optional[dict[str, A
             if taken < d.docs_passages and start + need <= len(ids):
                 progressed = True
                 passage = ids[start:start + d.passage_tokens]
-                if fresh(tokenizer.decode(passage)):
+                if fresh(passage):
                     items.append({"source": "docs", "prompt": passage})
                     taken += 1
         offset += 1
