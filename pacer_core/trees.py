@@ -26,8 +26,10 @@ from .types import Draft, DraftBlock, SideNodes
 class TreeConfig:
     """``tree: {topk, depth, nodes}`` on a model drafter; absent = a chain (one token per level)."""
 
-    topk: int = attrs.field(default=4, validator=v.ge(1))  # children tried per node, nodes kept per level
-    depth: int = attrs.field(default=6, validator=v.ge(1))  # levels per step at most (stop policies may stop earlier)
+    # defaults: the fastest shape of a timed sweep on the 2-core CPU in bf16 with an adaptive stop
+    # (docs/trees.md#choosing-the-shape): wide and shallow, the stop policy decides the depth
+    topk: int = attrs.field(default=6, validator=v.ge(1))  # children tried per node, nodes kept per level
+    depth: int = attrs.field(default=8, validator=v.ge(1))  # levels per step at most (stop policies may stop earlier)
     nodes: int = attrs.field(default=24, validator=v.ge(1))  # nodes sent for verification at most
 
 

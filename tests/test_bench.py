@@ -572,8 +572,23 @@ def test_shipped_bench_and_ablate_configs_validate():
     trees = {name: c.strategy.drafter for name, c in stacks.items() if c.strategy.drafter.get("tree") is not None}
     assert 6 <= len(trees) <= 8 and {d["name"] for d in trees.values()} == {"eagle", "draft_model"}
     assert all("+tree(" in name for name in trees) and cfg.oracle.log_stack not in trees
-    assert {s["name"] for name in trees for s in stacks[name].strategy.stop} == {"fixed", "heuristic", "pacer"}
+    assert {s["name"] for name in trees for s in stacks[name].strategy.stop} == {"fixed", "confidence", "pacer"}
     assert max(cfg.oracle.verify_tree_k) >= max(d["tree"]["nodes"] for d in trees.values()) + 1
+    # the hybrid rows: each beside its members (the model member's tree with the same stop, prompt lookup)
+    hybrids = {name: c for name, c in stacks.items() if c.strategy.drafter["name"] == "hybrid"}
+    assert hybrids and "prompt_lookup+heuristic" in stacks
+    for name, c in hybrids.items():
+        model = c.strategy.drafter["members"][0]
+        assert any(s.strategy.drafter == model and s.strategy.stop == c.strategy.stop for s in stacks.values()), name
+    # the tree-shape sweep (exact columns) and the timed shapes beside the best chains and generate
+    cfg, stacks = read_bench_config(ROOT / "configs" / "bench_tree_sweep.yaml")
+    shapes = {(d["tree"]["topk"], d["tree"]["depth"]) for d in (c.strategy.drafter for c in stacks.values()) if d.get("tree")}
+    assert len(shapes) >= 8 and any(c.strategy.drafter.get("tree") is None and c.strategy.drafter["name"] == "eagle"
+                                    for c in stacks.values())
+    cfg, stacks = read_bench_config(ROOT / "configs" / "bench_tree_shapes.yaml")
+    assert cfg.dtype == "bfloat16" and cfg.baselines == ["hf_generate"] and list(stacks)[0] == "autoregressive"
+    assert {"eagle+pacer", "eagle+confidence", "prompt_lookup+heuristic"} <= set(stacks)
+    assert any(c.strategy.drafter["name"] == "hybrid" for c in stacks.values())
     # the quick tree-vs-chain bench: fp32 (outputs must be identical), chains and trees of both drafts
     cfg, stacks = read_bench_config(ROOT / "configs" / "bench_trees.yaml")
     assert cfg.dtype == "float32" and cfg.verify_cost and list(stacks)[0] == "autoregressive"
