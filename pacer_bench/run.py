@@ -146,13 +146,12 @@ def run_bench(bench: BenchConfig, stacks: dict[str, PacerConfig], out: Path, *, 
                 _log(f"measuring verification cost for k = 1..{oracle.verify_max_k} tokens"
                      + (f", trees of k = {', '.join(map(str, sorted(oracle.verify_tree_k)))} tokens"
                         if oracle.verify_tree_k else "") + " ...")
-                cost = {"verify_s": measure_verify_costs(models.target, work[0][2], range(1, oracle.verify_max_k + 1),
-                                                         oracle.verify_repeats, clock)}
-                if oracle.verify_tree_k:
-                    tree_k = sorted(oracle.verify_tree_k)
-                    cost["tree_k"] = tree_k
-                    cost["tree_verify_s"] = measure_verify_costs(models.target, work[0][2], tree_k,
-                                                                 oracle.verify_repeats, clock, tree=True)
+                tree_k = sorted(oracle.verify_tree_k)
+                chain_s, tree_s = measure_verify_costs(models.target, work[0][2], range(1, oracle.verify_max_k + 1),
+                                                       oracle.verify_repeats, clock, tree_k)  # interleaved
+                cost = {"verify_s": chain_s}
+                if tree_k:
+                    cost["tree_k"], cost["tree_verify_s"] = tree_k, tree_s
                 write_json(out / COST_MODEL, {**cost, "context_tokens": len(work[0][2]), "device": device,
                                               "dtype": bench.dtype})
         _run_all(units, work, bench, log, models, done, len(planned), progress)

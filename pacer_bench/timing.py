@@ -46,31 +46,35 @@ def probe_tree_layout(k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def measure_verify_costs(target: Any, context: Sequence[int], ks: Sequence[int], repeats: int,
-                         clock: Callable[[], float], tree: bool = False) -> list[float]:
-    """Median seconds of one target forward over each k of ``ks`` new tokens after ``context``
-    (cached), as a verification step feeds them: causal (a chain), or with ``tree`` the positions
-    and ancestor mask of a token tree (``probe_tree_layout``; k >= 2). The cache is cropped back
-    after each forward."""
-    context, ks = list(context), [int(k) for k in ks]
-    if not ks or min(ks) < (2 if tree else 1):
-        raise ValueError(f"token counts must be >= {2 if tree else 1}, got {ks}")
-    longest = max(ks)
+                         clock: Callable[[], float], tree_ks: Sequence[int] = ()) -> tuple[list[float], list[float]]:
+    """Median seconds of one target forward over k new tokens after ``context`` (cached), as a
+    verification step feeds them: causal for each k of ``ks`` (a chain), and with the positions and
+    ancestor mask of a token tree (``probe_tree_layout``; k >= 2) for each k of ``tree_ks``.
+    Returns (chain medians, tree medians), in the order given. Every repeat runs every probe, chain
+    and tree interleaved, so drift of the machine's speed hits both alike; the cache is cropped
+    back after each forward."""
+    ks, tree_ks = [int(k) for k in ks], [int(k) for k in tree_ks]
+    if not ks and not tree_ks:
+        raise ValueError("no token count to measure")
+    if (ks and min(ks) < 1) or (tree_ks and min(tree_ks) < 2):
+        raise ValueError(f"token counts must be >= 1 (trees >= 2), got {ks} and trees {tree_ks}")
+    context = list(context)
+    longest = max(ks + tree_ks)
     feed = (context * (longest // max(len(context), 1) + 1))[:longest]
-    layouts: dict[int, tuple[Optional[torch.Tensor], Optional[torch.Tensor]]] = {
-        k: probe_tree_layout(k) if tree else (None, None) for k in ks}
+    probes = [(k, None, None) for k in ks] + [(k, *probe_tree_layout(k)) for k in tree_ks]
     target.reset()
     target.forward(context, logits_from=len(context))
     base = len(target.cached_tokens)
-    first = layouts[ks[0]]
-    target.forward(feed[:ks[0]], positions=first[0], tree_mask=first[1])  # one untimed forward
+    k, positions, mask = probes[0]
+    target.forward(feed[:k], positions=positions, tree_mask=mask)  # one untimed forward
     target.crop(base)
-    times: dict[int, list[float]] = {k: [] for k in ks}
+    times: list[list[float]] = [[] for _ in probes]
     for _ in range(repeats):
-        for k in ks:
-            positions, mask = layouts[k]
+        for i, (k, positions, mask) in enumerate(probes):
             start = clock()
             target.forward(feed[:k], positions=positions, tree_mask=mask)
-            times[k].append(clock() - start)
+            times[i].append(clock() - start)
             target.crop(base)
     target.reset()
-    return [sorted(times[k])[len(times[k]) // 2] for k in ks]
+    medians = [sorted(t)[len(t) // 2] for t in times]
+    return medians[: len(ks)], medians[len(ks):]

@@ -182,7 +182,7 @@ def measure_costs(engine, prompt: list[int], max_k: int, repeats: int, tokens: i
         engine.generate(prompt, max_new_tokens=tokens)
     finally:
         engine.pm.unregister(timer)
-    verify_s = measure_verify_costs(engine.target, prompt, range(1, max_k + 1), repeats, clock)
+    verify_s, _ = measure_verify_costs(engine.target, prompt, range(1, max_k + 1), repeats, clock)
     return {"verify_s": verify_s, "draft_token_s": _median(timer.per_token), "step_s": _median(timer.other),
             "context_tokens": len(prompt), "steps_timed": len(timer.per_token)}
 
