@@ -208,6 +208,15 @@ def test_draft_eval_options_are_documented():
     assert_table_shows_defaults(table, DraftEvalConfig, "draft-eval")
 
 
+def test_tree_options_and_their_defaults_are_documented():
+    from pacer_core.trees import TreeConfig
+
+    assert_table_shows_defaults(section(read("trees.md"), "## Tree drafters: `tree: {topk, depth, nodes}`"),
+                                TreeConfig, "tree")
+    d = TreeConfig()
+    assert read("config.md").count(f"`{{}}` = the defaults {d.topk}, {d.depth}, {d.nodes})") == 2  # both drafters
+
+
 def test_corpus_totals_in_the_docs_are_the_committed_corpus():
     """corpus.md's "Committed so far" line names the committed corpus's shards, answers and tokens."""
     from feature_draft.selfdistill.shards import corpus_stats
