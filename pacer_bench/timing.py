@@ -8,7 +8,7 @@ model's masked attention path. Each probe times the forward the engine would run
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
