@@ -142,6 +142,80 @@ def _is_tree_stack(unit: dict, records: list[dict]) -> bool:
     return declared or any(is_tree_log(steps_from_metrics(r["metrics"])) for r in records)
 
 
+def _strategy_drafter(unit: dict) -> dict:
+    try:
+        drafter = unit["config"]["strategy"]["drafter"]
+    except (KeyError, TypeError):
+        return {}
+    return drafter if isinstance(drafter, dict) else {}
+
+
+def comparisons(units: list[dict], table: dict[str, dict[str, dict]]) -> dict[str, Any]:
+    """The goals' ratios, per prompt set (and ``all``), from the speedups in ``table``:
+
+    - ``trees``: for each model drafter with tree and chain stacks, the fastest tree stack over the
+      fastest chain stack of the same drafter (chosen per set, as a reader with hindsight would);
+    - ``hybrids``: each hybrid stack over the better of its members, a member's stacks being the
+      non-hybrid stacks whose drafter is that member entry (the same name, and the same ``tree`` for
+      a model member) under any stop.
+    Units are bench.json's (``name`` and ``config``); a set without the stacks it needs is left out.
+    """
+    drafters = {u["name"]: _strategy_drafter(u) for u in units if u.get("kind", "stack") == "stack"}
+    out: dict[str, Any] = {"trees": {}, "hybrids": {}}
+
+    def best(names: list[str], row: dict) -> Optional[tuple[str, float]]:
+        timed = [(n, row[n]["speedup"]) for n in names if n in row and row[n].get("speedup") is not None]
+        return max(timed, key=lambda x: x[1]) if timed else None
+
+    def ratio(top: Optional[tuple[str, float]], bar: Optional[tuple[str, float]]) -> Optional[dict]:
+        if top is None or bar is None or not bar[1]:
+            return None
+        return {"stack": top[0], "speedup": top[1], "against": bar[0], "against_speedup": bar[1],
+                "ratio": top[1] / bar[1]}
+
+    for model in sorted({d.get("name") for d in drafters.values() if d.get("tree") is not None} - {None}):
+        trees = [n for n, d in drafters.items() if d.get("name") == model and d.get("tree") is not None]
+        chains = [n for n, d in drafters.items() if d.get("name") == model and d.get("tree") is None]
+        if not chains:
+            continue
+        per_set = {s: ratio(best(trees, row), best(chains, row)) for s, row in table.items()}
+        out["trees"][model] = {s: r for s, r in per_set.items() if r is not None}
+    for name, d in drafters.items():
+        if d.get("name") != "hybrid":
+            continue
+        members = [m for m in d.get("members") or [] if isinstance(m, dict) and m.get("name")]
+        groups = [[n for n, o in drafters.items() if o.get("name") == m["name"] and o.get("tree") == m.get("tree")]
+                  for m in members]
+        if not members or not all(groups):
+            continue  # a member without a stack of its own: nothing to compare with
+        pool = [n for g in groups for n in g]
+        per_set = {s: ratio(best([name], row), best(pool, row)) for s, row in table.items()}
+        out["hybrids"][name] = {s: r for s, r in per_set.items() if r is not None}
+    return out
+
+
+def comparisons_markdown(results: dict) -> list[str]:
+    """The ``comparisons`` as a table: tree vs chain per drafter, hybrid vs its better member."""
+    found = results.get("comparisons") or {}
+    rows = [(f"fastest `{model}` tree vs its fastest chain", per_set) for model, per_set in found.get("trees", {}).items()]
+    rows += [(f"`{name}` vs its better member", per_set) for name, per_set in found.get("hybrids", {}).items()]
+    if not rows:
+        return []
+    sets = [*results["prompt_sets"], ALL]
+    lines = ["## Trees vs chains, hybrids vs members", "",
+             "Per prompt set, the ratio of speedups, with the two stacks compared (the faster of each kind "
+             "chosen per set; a hybrid's members: the stacks whose drafter is a member entry, any stop).", "",
+             "| comparison | " + " | ".join(sets) + " |", "|---|" + "---|" * len(sets)]
+    for label, per_set in rows:
+        cells = []
+        for s in sets:
+            r = per_set.get(s)
+            cells.append("—" if r is None else
+                         f"{r['ratio']:.2f}× ({r['stack']} {r['speedup']:.2f}× / {r['against']} {r['against_speedup']:.2f}×)")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 def oracle_summary(meta: dict, records: list[dict], cost_file: Optional[dict],
                    table: dict[str, dict[str, dict]]) -> Optional[dict]:
     """Oracle replay of the log stack per prompt set and overall (None without a log or a cost model).
@@ -237,6 +311,7 @@ def summarize(meta: dict, records: list[dict], cost_file: Optional[dict] = None)
         "tree_verify_cost_ms": ({"k": list(cost_file["tree_k"]), "ms": [1000 * v for v in cost_file["tree_verify_s"]]}
                                 if cost_file and cost_file.get("tree_k") else None),
         "verify_bound": None,
+        "comparisons": comparisons(meta["units"], table),
     }
     if cost_file:
         cost = cost_model(cost_file)
@@ -375,6 +450,7 @@ def render(results: dict, plots: list[str]) -> str:
     lines += ["## All prompt sets", "", table_markdown(results["table"][ALL]), ""]
     for set_name in results["prompt_sets"]:
         lines += [f"## {set_name}", "", table_markdown(results["table"][set_name]), ""]
+    lines += comparisons_markdown(results)
     lines += sources_markdown(results)
     lines += quality_markdown(results)
     if results.get("ablation"):

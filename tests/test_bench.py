@@ -772,6 +772,42 @@ def test_the_chain_and_tree_cost_probes_run_interleaved_so_drift_hits_both_alike
         measure_verify_costs(Target(), [5], [1], 1, lambda: 0.0, tree_ks=[1])
 
 
+def test_the_report_compares_each_tree_with_its_chains_and_each_hybrid_with_its_members():
+    from pacer_bench.report import comparisons, comparisons_markdown
+
+    def unit(name, drafter):
+        return {"name": name, "kind": "stack", "config": {"strategy": {"drafter": drafter, "stop": []}}}
+
+    tree = {"topk": 4, "depth": 8, "nodes": 24}
+    units = [unit("plain", {"name": "autoregressive"}), unit("chain2", {"name": "eagle"}),
+             unit("chain4", {"name": "eagle"}), unit("tree", {"name": "eagle", "tree": tree}),
+             unit("tree-other", {"name": "eagle", "tree": {"topk": 6}}), unit("lookup", {"name": "prompt_lookup"}),
+             unit("hybrid", {"name": "hybrid", "members": [{"name": "eagle", "tree": tree}, {"name": "prompt_lookup"}]}),
+             unit("orphan", {"name": "hybrid", "members": [{"name": "datastore"}]}),
+             unit("draft-chain", {"name": "draft_model"}), {"name": "hf_generate", "kind": "baseline"}]
+    speed = {"code": {"plain": 1.0, "chain2": 1.2, "chain4": 1.3, "tree": 1.5, "tree-other": 1.4, "lookup": 1.8,
+                      "hybrid": 2.16, "orphan": 3.0, "draft-chain": 1.1, "hf_generate": 1.0},
+             "chat": {"plain": 1.0, "chain2": 1.25, "chain4": 1.2, "tree": 1.3, "tree-other": 1.5, "lookup": 1.0,
+                      "hybrid": 1.4},
+             "all": {"plain": 1.0, "chain2": 1.2}}
+    table = {s: {n: {"speedup": v} for n, v in row.items()} for s, row in speed.items()}
+    found = comparisons(units, table)
+    assert set(found["trees"]) == {"eagle"}  # the token draft has no tree stack here
+    code, chat = found["trees"]["eagle"]["code"], found["trees"]["eagle"]["chat"]
+    assert (code["stack"], code["against"], code["ratio"]) == ("tree", "chain4", pytest.approx(1.5 / 1.3))
+    assert (chat["stack"], chat["against"], chat["ratio"]) == ("tree-other", "chain2", pytest.approx(1.5 / 1.25))
+    assert "all" not in found["trees"]["eagle"]  # no tree stack timed on that row
+    assert set(found["hybrids"]) == {"hybrid"}  # the orphan's member has no stack of its own
+    # members: the tree with the member's own tree section (not tree-other) and lookup, any stop
+    assert found["hybrids"]["hybrid"]["code"]["against"] == "lookup"
+    assert found["hybrids"]["hybrid"]["code"]["ratio"] == pytest.approx(1.2)
+    assert found["hybrids"]["hybrid"]["chat"]["against"] == "tree"
+    assert found["hybrids"]["hybrid"]["chat"]["ratio"] == pytest.approx(1.4 / 1.3)
+    text = "\n".join(comparisons_markdown({"prompt_sets": ["code", "chat"], "comparisons": found}))
+    assert "## Trees vs chains, hybrids vs members" in text and "1.20× (hybrid 2.16× / lookup 1.80×)" in text
+    assert comparisons_markdown({"prompt_sets": ["code"], "comparisons": {"trees": {}, "hybrids": {}}}) == []
+
+
 def test_bench_model_sections_take_the_bench_dtype_and_device_unless_they_set_their_own():
     cfg = BenchConfig(dtype="bfloat16", device="cpu")
     mine = model_config(BenchModelConfig(path="x", device_map=None, pack_weights=False), cfg)
