@@ -125,29 +125,24 @@ def cell(records: list[dict], reference: dict[tuple, dict]) -> dict[str, Any]:
     }
 
 
-def _drafter(unit: dict) -> Optional[str]:
-    try:
-        return unit["config"]["strategy"]["drafter"]["name"]
-    except (KeyError, TypeError):
-        return None
-
-
-def _is_tree_stack(unit: dict, records: list[dict]) -> bool:
-    """A stack drafting token trees: its drafter has a ``tree`` section, or a logged step verified
-    more nodes than its depth (side nodes)."""
-    try:
-        declared = unit["config"]["strategy"]["drafter"].get("tree") is not None
-    except (KeyError, TypeError, AttributeError):
-        declared = False
-    return declared or any(is_tree_log(steps_from_metrics(r["metrics"])) for r in records)
-
-
 def _strategy_drafter(unit: dict) -> dict:
+    """A bench unit's drafter entry (``{}`` for a baseline or a unit without one)."""
     try:
         drafter = unit["config"]["strategy"]["drafter"]
     except (KeyError, TypeError):
         return {}
     return drafter if isinstance(drafter, dict) else {}
+
+
+def _drafter(unit: dict) -> Optional[str]:
+    return _strategy_drafter(unit).get("name")
+
+
+def _is_tree_stack(unit: dict, records: list[dict]) -> bool:
+    """A stack drafting token trees: its drafter has a ``tree`` section, or a logged step verified
+    more nodes than its depth (side nodes)."""
+    declared = _strategy_drafter(unit).get("tree") is not None
+    return declared or any(is_tree_log(steps_from_metrics(r["metrics"])) for r in records)
 
 
 def comparisons(units: list[dict], table: dict[str, dict[str, dict]]) -> dict[str, Any]:
