@@ -589,6 +589,18 @@ def test_shipped_bench_and_ablate_configs_validate():
     assert cfg.dtype == "bfloat16" and cfg.baselines == ["hf_generate"] and list(stacks)[0] == "autoregressive"
     assert {"eagle+pacer", "eagle+confidence", "prompt_lookup+heuristic"} <= set(stacks)
     assert any(c.strategy.drafter["name"] == "hybrid" for c in stacks.values())
+    # the goals' stacks in one run: the eagle chain at γ 1-4, each adaptive stop on it, trees, hybrids beside members
+    cfg, stacks = read_bench_config(ROOT / "configs" / "bench_goals.yaml")
+    assert cfg.dtype == "bfloat16" and cfg.baselines == ["hf_generate"] and list(stacks)[0] == "autoregressive"
+    chains = [c for c in stacks.values() if c.strategy.drafter == {"name": "eagle"}]
+    assert {s["gamma"] for c in chains for s in c.strategy.stop if s["name"] == "fixed"} == {1, 2, 3, 4}
+    assert {s["name"] for c in chains for s in c.strategy.stop} == {"fixed", "confidence", "entropy", "pacer"}
+    assert max(cfg.oracle.verify_tree_k) >= max(c.strategy.drafter["tree"]["nodes"] for c in stacks.values()
+                                               if c.strategy.drafter.get("tree"))
+    for name, c in stacks.items():
+        if c.strategy.drafter["name"] == "hybrid":
+            model = c.strategy.drafter["members"][0]
+            assert any(s.strategy.drafter == model and s.strategy.stop == c.strategy.stop for s in stacks.values()), name
     # the quick tree-vs-chain bench: fp32 (outputs must be identical), chains and trees of both drafts
     cfg, stacks = read_bench_config(ROOT / "configs" / "bench_trees.yaml")
     assert cfg.dtype == "float32" and cfg.verify_cost and list(stacks)[0] == "autoregressive"
