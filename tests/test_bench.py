@@ -559,6 +559,17 @@ def test_hf_trace_counts_steps_and_drafts_with_an_identical_assistant():
 
 
 # -- configs and errors -------------------------------------------------------------------------
+def _hybrids_beside_their_model_member(stacks) -> list[str]:
+    """The config's hybrid stacks, after checking each has a stack of its model member (the first)
+    under the same stop beside it."""
+    hybrids = [name for name, c in stacks.items() if c.strategy.drafter["name"] == "hybrid"]
+    for name in hybrids:
+        c = stacks[name]
+        model = c.strategy.drafter["members"][0]
+        assert any(s.strategy.drafter == model and s.strategy.stop == c.strategy.stop for s in stacks.values()), name
+    return hybrids
+
+
 def test_shipped_bench_and_ablate_configs_validate():
     cfg, stacks = read_bench_config(ROOT / "configs" / "bench.yaml")
     assert list(stacks)[0] == "autoregressive" and len(stacks) >= 6
@@ -575,11 +586,7 @@ def test_shipped_bench_and_ablate_configs_validate():
     assert {s["name"] for name in trees for s in stacks[name].strategy.stop} == {"fixed", "confidence", "pacer"}
     assert max(cfg.oracle.verify_tree_k) >= max(d["tree"]["nodes"] for d in trees.values()) + 1
     # the hybrid rows: each beside its members (the model member's tree with the same stop, prompt lookup)
-    hybrids = {name: c for name, c in stacks.items() if c.strategy.drafter["name"] == "hybrid"}
-    assert hybrids and "prompt_lookup+heuristic" in stacks
-    for name, c in hybrids.items():
-        model = c.strategy.drafter["members"][0]
-        assert any(s.strategy.drafter == model and s.strategy.stop == c.strategy.stop for s in stacks.values()), name
+    assert _hybrids_beside_their_model_member(stacks) and "prompt_lookup+heuristic" in stacks
     # the tree-shape sweep (exact columns) and the timed shapes beside the best chains and generate
     cfg, stacks = read_bench_config(ROOT / "configs" / "bench_tree_sweep.yaml")
     shapes = {(d["tree"]["topk"], d["tree"]["depth"]) for d in (c.strategy.drafter for c in stacks.values()) if d.get("tree")}
@@ -597,10 +604,7 @@ def test_shipped_bench_and_ablate_configs_validate():
     assert {s["name"] for c in chains for s in c.strategy.stop} == {"fixed", "confidence", "entropy", "pacer"}
     assert max(cfg.oracle.verify_tree_k) >= max(c.strategy.drafter["tree"]["nodes"] for c in stacks.values()
                                                if c.strategy.drafter.get("tree"))
-    for name, c in stacks.items():
-        if c.strategy.drafter["name"] == "hybrid":
-            model = c.strategy.drafter["members"][0]
-            assert any(s.strategy.drafter == model and s.strategy.stop == c.strategy.stop for s in stacks.values()), name
+    assert _hybrids_beside_their_model_member(stacks)
     # the quick tree-vs-chain bench: fp32 (outputs must be identical), chains and trees of both drafts
     cfg, stacks = read_bench_config(ROOT / "configs" / "bench_trees.yaml")
     assert cfg.dtype == "float32" and cfg.verify_cost and list(stacks)[0] == "autoregressive"
