@@ -189,11 +189,25 @@ def test_the_policy_reports_its_work_and_calibration():
 
 
 # -- M_B ---------------------------------------------------------------------------------------------
+PRIOR = {"draft_confidence": True, "confidence_prior": True}
+
+
+def with_a_correction(net: PreVerifier) -> PreVerifier:
+    """A confidence_prior M_B's head starts at zero: give it a correction to check."""
+    if net.arch.confidence_prior:
+        with torch.no_grad():
+            net.head.weight.normal_(std=0.5)
+            net.head.bias.fill_(0.3)
+            net.prior_scale.fill_(0.8)
+    return net
+
+
 @pytest.mark.parametrize("options", [{}, {"positional": False}, {"layers": 2, "ffn_size": 0},
-                                     {"draft_confidence": True}], ids=["default", "no-pos", "2-layers", "conf"])
+                                     {"draft_confidence": True}, PRIOR], ids=["default", "no-pos", "2-layers", "conf",
+                                                                              "prior"])
 def test_a_packed_forward_equals_separate_forwards(options):
     torch.manual_seed(3)
-    net = PreVerifier(small_arch(8, **options)).eval()
+    net = with_a_correction(PreVerifier(small_arch(8, **options))).eval()
     lengths = [3, 5, 1, 4, 2]
     steps = [torch.randn(n, 8) for n in lengths]
     confs = [torch.randn(n, 2) for n in lengths]
@@ -211,6 +225,7 @@ def test_a_packed_forward_equals_separate_forwards(options):
             positions[row, at:at + n], segments[row, at:at + n] = torch.arange(n), segment
             at += n
     hidden[1, 6:] = 100.0  # padding must not leak into real rows
+    conf[1, 6:] = -50.0
     packed = net(hidden, positions, packing_mask(segments), conf)
     for row, seq in enumerate(sequences):
         at = 0
@@ -234,12 +249,14 @@ def test_pack_fills_sequences_in_order():
 
 
 @pytest.mark.parametrize("options", [{}, {"positional": False}, {"layers": 2}, {"draft_confidence": True},
-                                     {"max_positions": 4}], ids=["default", "no-pos", "2-layers", "conf", "few-pos"])
+                                     {"max_positions": 4}, PRIOR], ids=["default", "no-pos", "2-layers", "conf",
+                                                                        "few-pos", "prior"])
 @pytest.mark.parametrize("blocks", [[1] * 7, [2, 2, 3], [3, 4], [7]], ids=str)
 def test_incremental_decoding_equals_a_full_forward(options, blocks):
     torch.manual_seed(4)
-    net = PreVerifier(small_arch(8, **options)).eval()
-    hidden, conf = torch.randn(7, 8), torch.randn(7, 2)
+    net = with_a_correction(PreVerifier(small_arch(8, **options))).eval()
+    hidden = torch.randn(7, 8)
+    conf = torch.stack([-torch.rand(7) * 3, torch.rand(7) * 4], dim=-1)  # log q(x) <= 0, H(q) >= 0
     with torch.no_grad():
         full = torch.sigmoid(net(hidden, torch.arange(7), confidence=conf))
     predictor = IncrementalPredictor(net)
@@ -250,6 +267,28 @@ def test_incremental_decoding_equals_a_full_forward(options, blocks):
             parts.append(predictor(hidden[start:start + k], start, conf[start:start + k]))
             start += k
         assert torch.allclose(torch.cat(parts), full, atol=1e-5)
+    # re-judging from token 2 with other tokens 2.. forgets the old ones, their confidence included
+    other = conf.clone()
+    other[2:, 0] -= 1.0
+    with torch.no_grad():
+        expected = torch.sigmoid(net(hidden, torch.arange(7), confidence=other))[2:]
+    assert torch.allclose(predictor(hidden[2:], 2, other[2:]), expected, atol=1e-5)
+
+
+def test_an_untrained_confidence_prior_predicts_the_drafts_cumulative_confidence():
+    from pacer_stop.rules import cumulative_confidence
+
+    torch.manual_seed(6)
+    net = PreVerifier(small_arch(8, **PRIOR)).eval()
+    log_q = -torch.rand(6) * 2
+    conf = torch.stack([log_q, torch.rand(6)], dim=-1)
+    with torch.no_grad():
+        p = torch.sigmoid(net(torch.randn(6, 8), torch.arange(6), confidence=conf))
+    assert torch.allclose(p.double(), cumulative_confidence(log_q), atol=1e-5)
+    assert torch.allclose(IncrementalPredictor(net)(torch.randn(6, 8), 0, conf).double(),
+                          cumulative_confidence(log_q), atol=1e-5)
+    with pytest.raises(ValueError, match="confidence_prior starts from the draft's confidence: set draft_confidence"):
+        small_arch(8, confidence_prior=True)
 
 
 def test_a_checkpoint_of_another_layout_is_refused_in_one_line(tmp_path):
@@ -582,6 +621,7 @@ def test_train_config_errors_are_one_line():
                              (["drafter={name: draft_model}", "target.path=/my/target"], "needs a draft model"),
                              (["model.max_positions=8"], "max_positions (8) must be >= data.window (16)"),
                              (["model.width=30"], "multiple of heads"),
+                             (["model.confidence_prior=true"], "set draft_confidence too"),
                              (["data.windw=3"], "unknown option 'data.windw'")]:
         with pytest.raises(ConfigError) as info:
             trainer.load_train_config(None, overrides)

@@ -8,7 +8,11 @@ earlier draft token are accepted):
 
     x_i = W_in · LayerNorm(h_i) [+ W_c · (log q(x_i), H(q_i))] + P[pos_i]
     x   = x + Attn(LN(x)) ; x = x + FFN(LN(x))          (``layers`` times, causal)
-    p_i = sigmoid(w_out · LN(x_i) + b_out)
+    p_i = sigmoid(w_out · LN(x_i) + b_out  [+ α · logit(Π_{j≤i} q(x_j))])
+
+With ``confidence_prior`` the logit starts from the draft's own estimate: the head starts at zero
+and α at 1, so an untrained M_B predicts the draft's cumulative confidence exactly, and training
+learns a correction to it from the hidden states (and α).
 
 Training packs many steps into one sequence with a block-diagonal causal mask (``packing_mask``);
 decoding feeds each block once and keeps the keys and values of earlier draft tokens
@@ -46,11 +50,14 @@ class PreVerifierArch:
     positional: bool = True  # learned embedding of the position in the current draft (ablation: false)
     max_positions: int = 64  # positions beyond this share the last embedding
     draft_confidence: bool = False  # also read log q(x) and the entropy of q (needs draft_probs)
+    confidence_prior: bool = False  # start the logit from the draft's cumulative confidence (needs draft_confidence)
     dropout: float = 0.0  # training only
 
     def __attrs_post_init__(self) -> None:
         if self.width < 1 or self.input_size < 1 or self.max_positions < 1 or self.layers < 0:
             raise ValueError("input_size, width and max_positions must be >= 1 and layers >= 0")
+        if self.confidence_prior and not self.draft_confidence:
+            raise ValueError("confidence_prior starts from the draft's confidence: set draft_confidence too")
         if self.layers and (self.heads < 1 or self.width % self.heads):
             raise ValueError(f"width ({self.width}) must be a multiple of heads ({self.heads})")
 
@@ -99,6 +106,10 @@ class PreVerifier(nn.Module):
                                     for _ in range(arch.layers))
         self.head_norm = nn.LayerNorm(arch.width)
         self.head = nn.Linear(arch.width, 1)
+        if arch.confidence_prior:
+            nn.init.zeros_(self.head.weight)
+            nn.init.zeros_(self.head.bias)
+            self.prior_scale = nn.Parameter(torch.ones(1))  # α
         self.dropout = nn.Dropout(arch.dropout)
 
     def embed(self, hidden: torch.Tensor, positions: torch.Tensor,
@@ -128,7 +139,12 @@ class PreVerifier(nn.Module):
         x = self.embed(hidden, positions, confidence)
         for block in self.blocks:
             x = block(x, mask[:, None])
-        return self.head(self.head_norm(x)).squeeze(-1)
+        logits = self.head(self.head_norm(x)).squeeze(-1)
+        if self.arch.confidence_prior:
+            # Σ_{j≤i} log q(x_j) within each draft: the rows a row may attend to are its draft's earlier rows
+            cumulative = torch.matmul(mask.to(confidence.dtype), confidence[..., 0:1]).squeeze(-1)  # [B, T]
+            logits = logits + self.prior_scale * prior_logit(cumulative)
+        return logits
 
     # -- storage -----------------------------------------------------------------------------
     def save(self, folder: Path, manifest: dict[str, Any]) -> None:
@@ -156,6 +172,12 @@ class PreVerifier(nn.Module):
             raise InputError(f"M_B '{folder}' does not match the layout its config.json describes ({detail}): "
                              f"{fix}") from None
         return model.eval()
+
+
+def prior_logit(cumulative_log_q: torch.Tensor) -> torch.Tensor:
+    """logit(Π q) from Σ log q: s − log(1 − e^s), with s kept below −1e-4 (a certain draft)."""
+    s = cumulative_log_q.clamp(max=-1e-4)
+    return s - torch.log(-torch.expm1(s))
 
 
 def confidence_features(draft_probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -219,11 +241,13 @@ class IncrementalPredictor:
         self.heads, self.head_dim = a.heads, a.width // max(1, a.heads)
         self.keys: list[Optional[torch.Tensor]] = [None] * len(self.layers)  # [heads, T, head_dim]
         self.values: list[Optional[torch.Tensor]] = [None] * len(self.layers)
+        self.cumulative = torch.zeros(0)  # Σ_{j≤i} log q(x_j) of the tokens seen (confidence_prior)
         self.length = 0
 
     def reset(self) -> None:
         self.keys = [None] * len(self.layers)
         self.values = [None] * len(self.layers)
+        self.cumulative = torch.zeros(0)
         self.length = 0
 
     def _norm(self, x: torch.Tensor, prefix: str, weights: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -245,6 +269,7 @@ class IncrementalPredictor:
         if start < self.length:  # re-judging earlier tokens: forget them
             self.keys = [None if k is None else k[:, :start] for k in self.keys]
             self.values = [None if v is None else v[:, :start] for v in self.values]
+            self.cumulative = self.cumulative[:start]
             self.length = start
         if start != self.length:
             raise RuntimeError(f"M_B has seen {self.length} draft tokens, cannot score from {start}")
@@ -283,5 +308,10 @@ class IncrementalPredictor:
                 up = F.gelu(F.linear(self._norm(x, "ffn_norm", lw), lw["up.weight"], lw["up.bias"]), approximate="tanh")
                 x = x + F.linear(up, lw["down.weight"], lw["down.bias"])
         self.length = start + k
-        logits = F.linear(self._norm(x, "head_norm", w), w["head.weight"], w["head.bias"])  # [k, 1]
-        return torch.sigmoid(logits[:, 0])  # [k]
+        logits = F.linear(self._norm(x, "head_norm", w), w["head.weight"], w["head.bias"])[:, 0]  # [k]
+        if a.confidence_prior:
+            before = self.cumulative[-1] if len(self.cumulative) else torch.zeros(())
+            cumulative = before + confidence[:, 0].to("cpu", torch.float32).cumsum(0)
+            self.cumulative = torch.cat([self.cumulative, cumulative])
+            logits = logits + w["prior_scale"] * prior_logit(cumulative)
+        return torch.sigmoid(logits)  # [k]

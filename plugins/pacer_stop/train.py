@@ -76,6 +76,7 @@ class ModelShape:
     positional: bool = True  # ablation: false
     max_positions: int = 64
     draft_confidence: bool = False  # also read log q(x) and H(q)
+    confidence_prior: bool = False  # start from the draft's cumulative confidence, learn a correction
     dropout: float = 0.1
 
 
@@ -521,7 +522,11 @@ def train(cfg: TrainPreverifyConfig, checkpoint: Path, data: StepData, train_ste
     set_threads(t.threads)
     torch.manual_seed(cfg.seed)
     net = PreVerifier(arch(cfg, int(data.hidden.shape[-1])))
-    optimizer = torch.optim.AdamW(net.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+    # weight decay pulls a confidence_prior M_B's correction towards the prior, never α itself
+    decayed = [p for name, p in net.named_parameters() if name != "prior_scale"]
+    groups = [{"params": decayed}] + [{"params": [net.prior_scale], "weight_decay": 0.0}
+                                      for _ in range(int(net.arch.confidence_prior))]
+    optimizer = torch.optim.AdamW(groups, lr=t.lr, weight_decay=t.weight_decay)
     lengths = data.lengths.tolist()
 
     def epoch_sequences(epoch: int) -> list[list[int]]:
