@@ -58,6 +58,14 @@ def source_shares(records: list[dict]) -> dict[str, float]:
     return {name: (n / total if total else 0.0) for name, n in counts.items()}
 
 
+def mb_share(records: list[dict], wall: float) -> Optional[float]:
+    """PACER's pre-verification layer's own time (``pacer_mb_s``, part of the stop time) over the
+    wall time; None for a stack without it."""
+    if not any("pacer_mb_s" in r["metrics"] for r in records):
+        return None
+    return _ratio(_sum(records, "pacer_mb_s"), wall)
+
+
 def draft_topk(records: list[dict]) -> Optional[dict[str, Any]]:
     """The ``draft_quality`` observer's tallies summed over ``records``: per draft position, the steps
     judged and the share whose target token was in the draft's top k (None without the observer)."""
@@ -115,6 +123,7 @@ def cell(records: list[dict], reference: dict[tuple, dict]) -> dict[str, Any]:
         "draft_share": _ratio(_sum(records, "draft_s"), wall),
         "verify_share": _ratio(_sum(records, "verify_s"), wall),
         "stop_share": _ratio(_sum(records, "stop_s"), wall),
+        "mb_share": mb_share(records, wall),
         "identical": sum(bool(r.get("identical_to_autoregressive")) for r in paired),
         "first_divergence_min": min(divergences) if divergences else None,
         "first_divergence_median": statistics.median(divergences) if divergences else None,
@@ -345,13 +354,19 @@ _COLUMNS = ("| stack | prompts | tok/s | speedup | τ | acceptance | mean draft 
             "| draft fw/token | draft time | verify time | stop time | identical | first divergence (min / median) |")
 
 
+def _stop(c: dict) -> str:
+    """The stop time, with M_B's own share in brackets where a PACER stop ran."""
+    stop = _fmt(c["stop_share"], "pct")
+    return stop if c.get("mb_share") is None else f"{stop} (M_B {_fmt(c['mb_share'], 'pct')})"
+
+
 def _row(name: str, c: dict) -> str:
     div = "—" if c["first_divergence_min"] is None else f"{c['first_divergence_min']} / {c['first_divergence_median']:g}"
     return (f"| {name} | {c['records']} | {_fmt(c['tokens_per_s'], 'f1')} | {_fmt(c['speedup'], 'x')} | "
             f"{_fmt(c['tau'])} | {_fmt(c['acceptance_rate'], 'pct')} | {_fmt(c['mean_draft_length'])} | "
             f"{_fmt(c.get('mean_nodes_per_step'))} | "
             f"{_fmt(c['target_forwards_per_token'])} | {_fmt(c['draft_forwards_per_token'])} | "
-            f"{_fmt(c['draft_share'], 'pct')} | {_fmt(c['verify_share'], 'pct')} | {_fmt(c['stop_share'], 'pct')} | "
+            f"{_fmt(c['draft_share'], 'pct')} | {_fmt(c['verify_share'], 'pct')} | {_stop(c)} | "
             f"{c['identical']}/{c['paired']} | {div} |")
 
 

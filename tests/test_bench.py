@@ -848,3 +848,13 @@ def test_the_report_gives_each_hybrid_members_share_of_the_accepted_tokens():
     assert not any("plain" in line for line in lines)
     assert sources_markdown({"prompt_sets": ["gsm8k"], "table": {"gsm8k": {"plain": {"source_shares": {}}}}}) == []
 
+
+
+def test_the_report_gives_m_bs_own_share_of_the_wall_time_beside_the_stop_time():
+    from pacer_bench.report import _stop, mb_share
+
+    records = [{"metrics": {"pacer_mb_s": 0.2, "stop_s": 0.5}}, {"metrics": {"pacer_mb_s": 0.1, "stop_s": 0.3}}]
+    assert mb_share(records, 10.0) == pytest.approx(0.03)
+    assert mb_share([{"metrics": {"stop_s": 0.5}}], 10.0) is None  # no PACER stop
+    assert _stop({"stop_share": 0.08, "mb_share": 0.03}) == "8.0% (M_B 3.0%)"
+    assert _stop({"stop_share": 0.08, "mb_share": None}) == "8.0%"
