@@ -239,9 +239,9 @@ def test_the_shipped_drafts_figures_in_the_docs_are_its_manifests():
     held, tokens = manifest["heldout"], manifest["training"]["tokens_total"]
     first, second, both = (f"{held[k]:.3f}" for k in ("heldout_top1_first", "heldout_top1_second",
                                                       "heldout_top1_first_two"))
-    shipped = [row for row in table_rows(read("results.md")) if row[0] == "**v5 (shipped, `eagle`)**"]
+    shipped = [row for row in table_rows(read("results.md")) if row[0] == "**v6 (shipped, `eagle`)**"]
     assert shipped and shipped[0][1:3] == [f"**{first}**", f"**{both}**"], "results.md: update the shipped draft's row"
-    curve = [row for row in table_rows(read("draft.md")) if row[0].startswith("**v5")]
+    curve = [row for row in table_rows(read("draft.md")) if row[0].startswith("**v6")]
     assert curve and curve[0][1:] == [f"**{tokens:,}**", f"**{first}**", f"**{second}**", f"**{both}**"], \
         "draft.md: update the shipped draft's row of the continuing runs' table"
 

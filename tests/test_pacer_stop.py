@@ -616,6 +616,16 @@ def test_training_lowers_the_loss_and_resumes(tmp_path):
     assert [p["position"] for p in metrics["by_position"]] == list(range(6))
 
 
+def test_the_checkpoint_tag_changes_with_the_recipe_but_not_with_what_a_resumed_run_may_change():
+    tag = lambda *overrides: trainer.shape_tag(trainer.load_train_config(None, list(overrides)))
+    base = tag()
+    for same in (["train.epochs=60"], ["train.threads=1"], ["train.checkpoint_every=7"], ["export=runs/x"]):
+        assert tag(*same) == base, same  # continuing, or only how the work is run
+    others = [tag(*o) for o in (["train.lr=0.0005"], ["train.weight_decay=0.1"], ["model.width=32"],
+                                ["model.draft_confidence=true"], ["seed=1"], ["train.batch_size=8"])]
+    assert base not in others and len(set(others)) == len(others)
+
+
 def test_train_config_errors_are_one_line():
     for overrides, words in [(["drafter={name: prompt_lookup}"], "does not provide hidden states"),
                              (["drafter={name: draft_model}", "target.path=/my/target"], "needs a draft model"),

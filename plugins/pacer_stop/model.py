@@ -22,6 +22,7 @@ decoding feeds each block once and keeps the keys and values of earlier draft to
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -241,13 +242,14 @@ class IncrementalPredictor:
         self.heads, self.head_dim = a.heads, a.width // max(1, a.heads)
         self.keys: list[Optional[torch.Tensor]] = [None] * len(self.layers)  # [heads, T, head_dim]
         self.values: list[Optional[torch.Tensor]] = [None] * len(self.layers)
-        self.cumulative = torch.zeros(0)  # Σ_{j≤i} log q(x_j) of the tokens seen (confidence_prior)
+        self.cumulative: list[float] = []  # Σ_{j≤i} log q(x_j) of the tokens seen (confidence_prior)
+        self.prior_scale = float(w["prior_scale"]) if a.confidence_prior else 0.0
         self.length = 0
 
     def reset(self) -> None:
         self.keys = [None] * len(self.layers)
         self.values = [None] * len(self.layers)
-        self.cumulative = torch.zeros(0)
+        self.cumulative = []
         self.length = 0
 
     def _norm(self, x: torch.Tensor, prefix: str, weights: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -309,9 +311,12 @@ class IncrementalPredictor:
                 x = x + F.linear(up, lw["down.weight"], lw["down.bias"])
         self.length = start + k
         logits = F.linear(self._norm(x, "head_norm", w), w["head.weight"], w["head.bias"])[:, 0]  # [k]
-        if a.confidence_prior:
-            before = self.cumulative[-1] if len(self.cumulative) else torch.zeros(())
-            cumulative = before + confidence[:, 0].to("cpu", torch.float32).cumsum(0)
-            self.cumulative = torch.cat([self.cumulative, cumulative])
-            logits = logits + w["prior_scale"] * prior_logit(cumulative)
+        if a.confidence_prior:  # a handful of scalars: plain floats cost less than tensor calls
+            running, prior = self.cumulative[-1] if self.cumulative else 0.0, []
+            for log_q in confidence[:, 0].tolist():
+                running += log_q
+                self.cumulative.append(running)
+                s = min(running, -1e-4)
+                prior.append(self.prior_scale * (s - math.log(-math.expm1(s))))
+            logits = logits + torch.tensor(prior, dtype=logits.dtype)
         return torch.sigmoid(logits)  # [k]

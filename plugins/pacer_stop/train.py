@@ -16,7 +16,8 @@ Stages (each resumes from what is in ``out``):
               (each step attends only within itself; positions restart per step); binary
               cross-entropy on the labels; AdamW with warm-up and cosine decay (floor 0.05);
               checkpoints every ``checkpoint_every`` steps and on Ctrl-C/SIGTERM
-              (``checkpoint-<shape>.pt``, one per M_B shape, so ablations share the simulated data).
+              (``checkpoint-<tag>.pt``, one per M_B shape and training recipe, so ablations share the
+              simulated data).
 4. export   — the M_B folder: weights (safetensors), config.json (shape), manifest.json (the
               draft/target pair, the recipe, held-out accuracy, AUC, ECE).
 
@@ -139,8 +140,16 @@ def arch(cfg: TrainPreverifyConfig, input_size: int) -> PreVerifierArch:
     return PreVerifierArch(input_size=input_size, **attrs.asdict(cfg.model))
 
 
+RESUMABLE_TRAIN_KEYS = ("epochs", "threads", "checkpoint_every")  # a run continued with other values is the same run
+
+
 def shape_tag(cfg: TrainPreverifyConfig) -> str:
-    text = json.dumps({"model": attrs.asdict(cfg.model), "seed": cfg.seed}, sort_keys=True)
+    """The checkpoint's tag: M_B's shape, the seed and the training recipe (every train option but
+    the epochs, to train on for longer, and the threads and checkpoint interval, which change no
+    result), so another learning rate or weight decay starts its own checkpoint instead of
+    resuming one made with different settings."""
+    recipe = {k: v for k, v in attrs.asdict(cfg.train).items() if k not in RESUMABLE_TRAIN_KEYS}
+    text = json.dumps({"model": attrs.asdict(cfg.model), "seed": cfg.seed, "train": recipe}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
