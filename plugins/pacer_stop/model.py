@@ -175,9 +175,12 @@ class PreVerifier(nn.Module):
         return model.eval()
 
 
+PRIOR_MAX_LOG_Q = -1e-4  # Σ log q is kept below this (a certain draft) so logit(Π q) stays finite
+
+
 def prior_logit(cumulative_log_q: torch.Tensor) -> torch.Tensor:
-    """logit(Π q) from Σ log q: s − log(1 − e^s), with s kept below −1e-4 (a certain draft)."""
-    s = cumulative_log_q.clamp(max=-1e-4)
+    """logit(Π q) from Σ log q: s − log(1 − e^s), with s kept below ``PRIOR_MAX_LOG_Q``."""
+    s = cumulative_log_q.clamp(max=PRIOR_MAX_LOG_Q)
     return s - torch.log(-torch.expm1(s))
 
 
@@ -316,7 +319,7 @@ class IncrementalPredictor:
             for log_q in confidence[:, 0].tolist():
                 running += log_q
                 self.cumulative.append(running)
-                s = min(running, -1e-4)
+                s = min(running, PRIOR_MAX_LOG_Q)  # prior_logit on one float
                 prior.append(self.prior_scale * (s - math.log(-math.expm1(s))))
             logits = logits + torch.tensor(prior, dtype=logits.dtype)
         return torch.sigmoid(logits)  # [k]

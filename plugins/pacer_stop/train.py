@@ -532,9 +532,9 @@ def train(cfg: TrainPreverifyConfig, checkpoint: Path, data: StepData, train_ste
     torch.manual_seed(cfg.seed)
     net = PreVerifier(arch(cfg, int(data.hidden.shape[-1])))
     # weight decay pulls a confidence_prior M_B's correction towards the prior, never α itself
-    decayed = [p for name, p in net.named_parameters() if name != "prior_scale"]
-    groups = [{"params": decayed}] + [{"params": [net.prior_scale], "weight_decay": 0.0}
-                                      for _ in range(int(net.arch.confidence_prior))]
+    groups = [{"params": [p for name, p in net.named_parameters() if name != "prior_scale"]}]
+    if net.arch.confidence_prior:
+        groups.append({"params": [net.prior_scale], "weight_decay": 0.0})
     optimizer = torch.optim.AdamW(groups, lr=t.lr, weight_decay=t.weight_decay)
     lengths = data.lengths.tolist()
 
