@@ -140,7 +140,9 @@ def run_bench(bench: BenchConfig, stacks: dict[str, PacerConfig], out: Path, *, 
     interrupted = False
     try:
         if done < len(planned):
-            _warm_up(units, work[0][2], bench)
+            # a prompt of no set: stacks that remember earlier generations (datastore, phrase pool)
+            # must not have seen a timed prompt's opening
+            _warm_up(units, models.tokenizer.encode(WARMUP_PROMPT, chat_template=bench.chat_template), bench)
             if (bench.oracle.log_stack or bench.verify_cost) and not (out / COST_MODEL).exists():
                 oracle = bench.oracle
                 _log(f"measuring verification cost for k = 1..{oracle.verify_max_k} tokens"
@@ -167,6 +169,9 @@ def run_bench(bench: BenchConfig, stacks: dict[str, PacerConfig], out: Path, *, 
         print(results["markdown_table"])
         print(f"\nreport: {out / 'report.md'}  results: {out / 'results.json'}")
     return 0
+
+
+WARMUP_PROMPT = "Name three colours of the rainbow."
 
 
 def _warm_up(units: list[Unit], ids: list[int], bench: BenchConfig) -> None:

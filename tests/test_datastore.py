@@ -251,6 +251,54 @@ def test_corpus_files(tmp_path):
         datastore_engine(f", corpus: '{tmp_path / 'gone.txt'}'")
 
 
+def _corpus_folder(folder, digest="f00d"):
+    """A two-answer corpus folder as `pacer corpus` writes it (prompt, then the target's answer)."""
+    from feature_draft.selfdistill.shards import CorpusStore
+
+    store = CorpusStore(folder)
+    store.set_header({"seed": 0}, {"path": "scripted", "digest": digest}, {})
+    records = [{"id": f"chat/{i}", "family": "chat", "position": i, "sha": str(i), "prompt_tokens": 3,
+                "answer_tokens": 3, "finished": True} for i in range(2)]
+    store.append(records, [[7, 7, 1, 2, 3, 4], [7, 7, 2, 5, 6, 0]], [], 2, VOCAB, {})
+    return folder
+
+
+def test_a_corpus_folder_gives_the_targets_answers_after_their_prompts_tail(tmp_path):
+    from datastore.plugin import load_corpus
+
+    folder = _corpus_folder(tmp_path / "corpus")
+    # each answer with its prompt's last max_ngram (here 2) tokens; a prompt shorter than that, whole
+    assert load_corpus(str(folder), None, VOCAB, "f00d", 2) == [[7, 1, 2, 3, 4], [7, 2, 5, 6, 0]]
+    assert load_corpus(str(folder), None, VOCAB, None, 9) == [[7, 7, 1, 2, 3, 4], [7, 7, 2, 5, 6, 0]]
+    plugin = datastore_plugin(datastore_engine(f", corpus: '{folder}', max_ngram: 2, min_ngram: 2"))
+    assert plugin.phrases([9, 7, 2], 3) == [[5, 6, 0]]  # found after the prompt's tail
+    with pytest.raises(InputError, match="written by another target .*weights f00d; this target's are beef"):
+        load_corpus(str(folder), None, VOCAB, "beef", 2)
+    with pytest.raises(InputError, match="beyond this target's vocabulary"):
+        load_corpus(str(folder), None, 4, None, 2)
+    with pytest.raises(InputError, match="manifest.json is missing"):
+        datastore_engine(f", corpus: '{tmp_path}'")
+    shard = folder / "shard-00000.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-1] + b"x")
+    with pytest.raises(InputError, match="does not match its sha256"):
+        datastore_engine(f", corpus: '{folder}'")
+
+
+def test_the_shipped_corpus_is_the_embedded_targets_answers():
+    from datastore.plugin import load_corpus
+    from feature_draft.selfdistill.shards import CorpusStore
+    from pathlib import Path
+
+    import feature_draft
+
+    manifest = CorpusStore(Path(feature_draft.__file__).parent / "corpus", create=False).manifest
+    docs = load_corpus("shipped", None, 49152, manifest["target"]["digest"], 4)
+    assert len(docs) == manifest["totals"]["records"]
+    assert sum(map(len, docs)) == manifest["totals"]["answer_tokens"] + 4 * len(docs)
+    with pytest.raises(InputError, match="written by another target"):
+        load_corpus("shipped", None, 49152, "another", 4)
+
+
 def test_config_refusals():
     with pytest.raises(ConfigError, match="min_ngram"):
         load_config(overrides=["strategy.drafter={name: datastore, min_ngram: 5}"], require_models=False)

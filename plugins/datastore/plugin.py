@@ -32,7 +32,7 @@ from pacer_core.trees import phrase_block
 from .index import TokenIndex, context_matches, rank_continuations
 from .store import load_documents, save_documents, tokenizer_identity
 
-__all__ = ["DatastoreConfig", "Datastore", "pacer_components"]
+__all__ = ["SHIPPED_CORPUS", "DatastoreConfig", "Datastore", "load_corpus", "pacer_components"]
 
 
 @attrs.define
@@ -43,19 +43,31 @@ class DatastoreConfig:
     max_matches: int = attrs.field(default=64, validator=attrs.validators.ge(1))  # occurrences counted
     path: Optional[str] = None  # .npz file of earlier generations: loaded when it exists, saved after each
     max_tokens: int = attrs.field(default=1_000_000, validator=attrs.validators.ge(0))  # earlier generations kept
-    corpus: Optional[str] = None  # a text file (tokenized with the target's tokenizer) or a .json of token ids
+    # a text file (tokenized with the target's tokenizer), a .json of token ids, a folder `pacer corpus`
+    # wrote (the target's answers) or "shipped" (the one the embedded target wrote, in feature_draft)
+    corpus: Optional[str] = None
 
     def __attrs_post_init__(self) -> None:  # checked by load_config, before any model loads
         if self.min_ngram > self.max_ngram:
             raise ValueError(f"min_ngram ({self.min_ngram}) must not exceed max_ngram ({self.max_ngram})")
 
 
-def load_corpus(path: str, tokenizer: Any, vocab_size: int) -> list[list[int]]:
-    """A corpus's documents: a ``.json`` file holds token ids (a list, or a list of lists); any
-    other file is UTF-8 text, tokenized once with the target's tokenizer (no chat template)."""
+SHIPPED_CORPUS = "shipped"  # corpus: shipped = the self-distillation corpus the embedded target wrote
+
+
+def load_corpus(path: str, tokenizer: Any, vocab_size: int, target_digest: Optional[str] = None,
+                prompt_tail: int = 0) -> list[list[int]]:
+    """A corpus's documents. ``shipped`` or a folder that ``pacer corpus`` wrote: the target's own
+    answers, each with the last ``prompt_tail`` tokens of its prompt (so an answer's opening is found
+    after the chat template's assistant header); refused when another target wrote it. A ``.json``
+    file holds token ids (a list, or a list of lists); any other file is UTF-8 text, tokenized once
+    with the target's tokenizer (no chat template)."""
+    if path == SHIPPED_CORPUS or Path(path).expanduser().is_dir():
+        return _target_answers(path, vocab_size, target_digest, prompt_tail)
     file = Path(path).expanduser()
     if not file.is_file():
-        raise InputError(f"datastore corpus '{file}' does not exist: give a text file or a .json of token ids")
+        raise InputError(f"datastore corpus '{file}' does not exist: give a text file, a .json of token ids, "
+                         f"a folder `pacer corpus` wrote or '{SHIPPED_CORPUS}'")
     if file.suffix == ".json":
         try:
             data = json.loads(file.read_text())
@@ -77,6 +89,31 @@ def load_corpus(path: str, tokenizer: Any, vocab_size: int) -> list[list[int]]:
     return [list(tokenizer.encode(text, chat_template=False))]
 
 
+def _target_answers(path: str, vocab_size: int, target_digest: Optional[str], prompt_tail: int) -> list[list[int]]:
+    """The answers of a self-distillation corpus folder (``feature_draft.selfdistill``; its shards'
+    checksums are verified on reading), each after its prompt's last ``prompt_tail`` tokens."""
+    try:
+        from feature_draft.selfdistill.shards import CorpusStore, iter_corpus
+    except ImportError:  # pragma: no cover - both plugins ship in the same distribution
+        raise InputError(f"datastore corpus '{path}' is a self-distillation corpus, which needs the "
+                         "feature_draft plugin: install pacer-sd whole, or give a text or .json corpus") from None
+    folder = Path(__file__).resolve().parent.parent / "feature_draft" / "corpus" if path == SHIPPED_CORPUS \
+        else Path(path).expanduser()
+    written_by = CorpusStore(folder, create=False).manifest.get("target") or {}
+    if target_digest is not None and written_by.get("digest") not in (None, target_digest):
+        raise InputError(f"datastore corpus '{path}' was written by another target ({written_by.get('path')}, "
+                         f"weights {written_by.get('digest')}; this target's are {target_digest}): "
+                         "grow one with this target (`pacer corpus out=DIR`) or give a text corpus")
+    docs = []
+    for sample in iter_corpus(folder):
+        tokens = sample.tokens[max(0, sample.prompt_length - prompt_tail):]
+        if len(tokens) and int(tokens.max()) >= vocab_size:
+            raise InputError(f"datastore corpus '{path}' holds token ids beyond this target's vocabulary "
+                             f"({vocab_size}): give a corpus this target wrote")
+        docs.append(tokens.tolist())
+    return docs
+
+
 class Datastore:
     """Continuations of the context's suffix from the context, earlier generations and a corpus
     (see the module)."""
@@ -91,7 +128,8 @@ class Datastore:
         self.corpus: Optional[TokenIndex] = None
         if config.corpus:
             self.corpus = TokenIndex(config.max_ngram)
-            self.corpus.extend(load_corpus(config.corpus, resources.tokenizer, self.vocab_size))
+            self.corpus.extend(load_corpus(config.corpus, resources.tokenizer, self.vocab_size,
+                                           getattr(resources.target, "digest", None), config.max_ngram))
         # what lookups search: under sampling the store as loaded (the live one is copied on write)
         self.searched = self.store
         self.frozen = not resources.sampling.greedy
