@@ -93,11 +93,12 @@ def _target_answers(path: str, vocab_size: int, target_digest: Optional[str], pr
     """The answers of a self-distillation corpus folder (``feature_draft.selfdistill``; its shards'
     checksums are verified on reading), each after its prompt's last ``prompt_tail`` tokens."""
     try:
+        import feature_draft
         from feature_draft.selfdistill.shards import CorpusStore, iter_corpus
     except ImportError:  # pragma: no cover - both plugins ship in the same distribution
         raise InputError(f"datastore corpus '{path}' is a self-distillation corpus, which needs the "
                          "feature_draft plugin: install pacer-sd whole, or give a text or .json corpus") from None
-    folder = Path(__file__).resolve().parent.parent / "feature_draft" / "corpus" if path == SHIPPED_CORPUS \
+    folder = Path(feature_draft.__file__).resolve().parent / "corpus" if path == SHIPPED_CORPUS \
         else Path(path).expanduser()
     written_by = CorpusStore(folder, create=False).manifest.get("target") or {}
     if target_digest is not None and written_by.get("digest") not in (None, target_digest):
