@@ -165,6 +165,10 @@ def test_every_shipped_config_generates(tiny, capsys, config, tmp_path):
         extra.append("draft.path=tiny-draft")  # tiny_engine supplies tiny model 1
     if resolved.drafter.component.name == "eagle":
         extra.append(f"strategy.drafter.path={make_draft(tiny_model(0), tmp_path / 'eagle')}")
+    members = resolved.drafter.config.members if resolved.drafter.component.name == "hybrid" else []
+    for index, member in enumerate(members):  # a hybrid's eagle member
+        if member["name"] == "eagle":
+            extra.append(f"strategy.drafter.members.{index}.path={make_draft(tiny_model(0), tmp_path / 'eagle')}")
     for item in resolved:
         if item.component.name == "pacer" and item.config.checkpoint is None:  # a random M_B
             index = item.where[len("strategy.stop["):-1]

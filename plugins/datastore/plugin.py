@@ -130,7 +130,7 @@ class Datastore:
         if config.corpus:
             self.corpus = TokenIndex(config.max_ngram)
             self.corpus.extend(load_corpus(config.corpus, resources.tokenizer, self.vocab_size,
-                                           getattr(resources.target, "digest", None), config.max_ngram))
+                                           resources.target.digest, config.max_ngram))
         # what lookups search: under sampling the store as loaded (the live one is copied on write)
         self.searched = self.store
         self.frozen = not resources.sampling.greedy
