@@ -37,7 +37,6 @@ def main() -> int:
     p.add_argument("--out", default="runs/retrieval-replay.json", help="the target's answers, cached")
     a = p.parse_args()
 
-    from datastore.index import rank_continuations
     from datastore.plugin import Datastore, DatastoreConfig
     from pacer_bench.prompts import load_prompts, turn_ids
     from pacer_builtins.drafters import lookup_continuation
@@ -59,19 +58,9 @@ def main() -> int:
             out.write_text(json.dumps({**cached, key: answers}))
 
     resources = Resources(target=target, draft=None, sampling=SamplingParams(), tokenizer=tokenizer)
-    store = Datastore(DatastoreConfig(corpus=a.corpus, max_tokens=0), resources)
+    # one datastore per branch count, its earlier-generations store empty: the corpus alone
+    stores = {b: Datastore(DatastoreConfig(corpus=a.corpus, max_tokens=0, branches=b), resources) for b in a.branches}
     eos = frozenset(int(t) for t in target.eos_token_ids)
-
-    def corpus_phrases(context: list[int], branches: int) -> list[list[int]]:
-        """The datastore's ranking over the corpus alone (prompt lookup has the context)."""
-        c = store.config
-        for n in range(min(c.max_ngram, len(context)), c.min_ngram - 1, -1):
-            hits = store.corpus.find(context[len(context) - n:])[: c.max_matches].tolist()
-            found = [store.corpus.continuation(h + n, a.max_phrase) for h in hits]
-            found = [f[: next((i + 1 for i, t in enumerate(f) if t in eos), len(f))] for f in found if f]
-            if found:
-                return rank_continuations(found, branches)
-        return []
 
     def matched(phrases: list[list[int]], truth: list[int]) -> int:
         best = 0
@@ -93,7 +82,7 @@ def main() -> int:
                 lookup = lookup_continuation(torch.tensor(context), 3, 1, a.max_phrase).tolist()
                 got["prompt lookup"].append(matched([lookup], truth))
                 for b in a.branches:
-                    found = corpus_phrases(context, b)
+                    found = stores[b].phrases(context, a.max_phrase, eos, search_context=False)
                     got[f"corpus b{b}"].append(matched(found, truth))
                     got[f"lookup + corpus b{b}"].append(matched([lookup] + found, truth))
         cells = [f"{np.mean(v):.2f} ({np.mean(np.array(v) >= 1):.0%})" for v in got.values()]

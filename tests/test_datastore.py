@@ -129,6 +129,7 @@ def test_the_longest_match_wins_over_a_more_frequent_shorter_one(tmp_path):
     assert plugin.phrases([2, 5, 6], 3) == [[1], [7]]  # [5, 6]: twice followed by 1, once by 7
     assert plugin.phrases([5, 6, 2, 5, 6], 3) == [[1], [2, 5, 6], [7]]  # 1 twice; then the tie: the context first
     assert plugin.phrases([6, 3, 2, 6, 3], 2)[0] == [2, 6]  # the context itself: [6, 3] then 2, 6
+    assert plugin.phrases([6, 3, 2, 6, 3], 2, search_context=False) == [[6]]  # the corpus alone: [3] then 6
     assert plugin.phrases([3, 7], 3) == []  # 7 ends a document: nothing follows it
 
 

@@ -137,14 +137,17 @@ class Datastore:
         self.proposals = 0
 
     # -- matching -------------------------------------------------------------------------------
-    def phrases(self, context: list[int], num_tokens: int, eos: frozenset[int] = frozenset()) -> list[list[int]]:
-        """Up to ``branches`` continuations of ``context`` of at most ``num_tokens`` tokens, best first."""
+    def phrases(self, context: list[int], num_tokens: int, eos: frozenset[int] = frozenset(),
+                search_context: bool = True) -> list[list[int]]:
+        """Up to ``branches`` continuations of ``context`` of at most ``num_tokens`` tokens, best first.
+        ``search_context=False`` leaves the context's own earlier occurrences out (the stored
+        generations and the corpus alone: scripts/retrieval_replay.py credits those to prompt lookup)."""
         c = self.config
         ctx = np.asarray(context, dtype=np.int64)  # [L]
         indexes = [self.searched] + ([self.corpus] if self.corpus is not None else [])
         for n in range(min(c.max_ngram, len(ctx)), c.min_ngram - 1, -1):
             found: list[list[int]] = []
-            for p in context_matches(ctx, n)[: c.max_matches].tolist():
+            for p in context_matches(ctx, n)[: c.max_matches].tolist() if search_context else []:
                 found.append(ctx[p + n: p + n + num_tokens].tolist())
             suffix = ctx[len(ctx) - n:].tolist()
             for index in indexes:
