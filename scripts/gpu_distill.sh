@@ -3,37 +3,53 @@
 # (docs/draft.md#on-a-lent-gpu-scriptsgpu_distillsh):
 #   1. bootstrap the venv;
 #   2. `pacer corpus` grows the self-distillation corpus on the GPU (bfloat16, large batches) for
-#      about 40% of the budget, shard by shard (default: the committed plugins/feature_draft/corpus);
+#      a share of the budget (--corpus-share, default 0.4), shard by shard (default: the committed
+#      plugins/feature_draft/corpus);
 #   3. `pacer distill` distils the eagle3 family with the training-time test (train.unroll=3) on the
 #      GPU from that corpus and the built-in text, until the budget ends (train.max_seconds), then
-#      exports OUT/draft (manifest, scaling.json, scaling.png);
+#      exports OUT/draft (manifest, scaling.json, scaling.png); `pacer distill` options after `--`
+#      replace the script's (another student, a learning rate, ...);
 #   4. prints the held-out agreement.
 # Every stage resumes: the same command continues (more corpus shards, more training steps).
-#   bash scripts/gpu_distill.sh [--minutes M] [--out DIR] [--corpus DIR] [--init DRAFT] [--smoke]
+#   bash scripts/gpu_distill.sh [--minutes M] [--out DIR] [--corpus DIR] [--corpus-share F] [--init DRAFT] [--smoke] [-- KEY=VALUE...]
 #   --minutes M   the whole budget (default 8)
+#   --corpus-share F  the budget's share for growing the corpus (default 0.4; 0 trains on the corpus as it is)
 #   --out DIR     the run folder (default runs/gpu_distill); the draft is DIR/draft
 #   --corpus DIR  the corpus folder to grow (default plugins/feature_draft/corpus; DIR/corpus with --smoke)
 #   --init DRAFT  start a new OUT from a draft folder or checkpoint.pt (continue a shipped or earlier draft)
 #   --smoke       tiny settings on the CPU (a few minutes with the embedded target): checks the script
+#   -- KEY=VALUE  `pacer distill` overrides after the script's own, e.g. a deeper feature draft grown
+#                 from the shipped one: --init plugins/feature_draft/default -- student.kind=feature
+#                 student.fused_layers=null train.unroll=2 student.extra_layers=1
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-minutes=8; out=runs/gpu_distill; corpus=""; init=""; smoke=0
+minutes=8; out=runs/gpu_distill; corpus=""; init=""; smoke=0; share=0.4; overrides=()
 while [ $# -gt 0 ]; do
   case "$1" in
+    --corpus-share) share="$2"; shift 2 ;;
+    --) shift; overrides=("$@"); break ;;
     --minutes) minutes="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --corpus) corpus="$2"; shift 2 ;;
     --init) init="$2"; shift 2 ;;
     --smoke) smoke=1; shift ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
-    *) echo "gpu_distill.sh: unknown argument '$1' (--minutes M, --out DIR, --corpus DIR, --init DRAFT, --smoke)" >&2; exit 2 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    *) echo "gpu_distill.sh: unknown argument '$1' (--minutes M, --out DIR, --corpus DIR, --corpus-share F, --init DRAFT, --smoke, -- KEY=VALUE...)" >&2; exit 2 ;;
   esac
 done
 [ -n "${PACER_SKIP_BOOTSTRAP:-}" ] || bash scripts/bootstrap.sh
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 venv="${PACER_VENV:-.venv}"
 seconds=$("$venv/bin/python" -c "print(int(float('$minutes') * 60))")
-corpus_minutes=$("$venv/bin/python" -c "print(round(float('$minutes') * 0.4, 2))")
+corpus_minutes=$("$venv/bin/python" -c "
+import sys
+try:
+    share = float('$share')
+except ValueError:
+    share = -1.0
+if not 0 <= share < 1:
+    sys.exit('gpu_distill.sh: --corpus-share must be a number in [0, 1) (got $share): 0.4 is the default, 0 skips the corpus')
+print(round(float('$minutes') * share, 2))") || exit 2
 
 if [ "$smoke" = 1 ]; then
   corpus="${corpus:-$out/corpus}"
@@ -58,8 +74,10 @@ fi
 mkdir -p "$out"
 started=$(date +%s)
 
-# 2. the corpus: whole shards until about 40% of the budget is spent
-"$venv/bin/pacer" corpus out="$corpus" "${device[@]}" "${generate[@]}" minutes="$corpus_minutes"
+# 2. the corpus: whole shards until its share of the budget is spent
+if [ "$corpus_minutes" != "0.0" ]; then
+  "$venv/bin/pacer" corpus out="$corpus" "${device[@]}" "${generate[@]}" minutes="$corpus_minutes"
+fi
 
 # 3. the draft, in the time left (train.max_seconds counts from the distill command's start; 30 s are
 # kept for the last held-out measurement and the export). A rerun continues the run in OUT/distill on
@@ -75,7 +93,7 @@ left=$(( seconds - ($(date +%s) - started) - 30 ))
 [ "$left" -gt 30 ] || left=30
 "$venv/bin/pacer" distill out="$out/distill" export="$out/draft" "${target[@]}" "${selfdistill[@]}" \
   corpus.chat_answers=0 student.kind=eagle3 train.unroll=3 train.max_seconds="$left" "${recipe[@]}" \
-  ${init:+init="$init"}
+  ${init:+init="$init"} "${overrides[@]}"
 
 # 4. what it reached
 "$venv/bin/python" - "$out/draft" <<'PY'

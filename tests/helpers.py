@@ -141,14 +141,15 @@ def greedy_pair(scale: float, prompts: list[list[int]], budget: int):
     return target, draft, references
 
 
-def make_draft(target_model, folder, seed=0, digest=None):
-    """A random feature-level (``eagle``) draft for the tiny ``target_model``, saved in ``folder``."""
+def make_draft(target_model, folder, seed=0, digest=None, extra_layers=0):
+    """A random feature-level (``eagle``) draft for the tiny ``target_model``, saved in ``folder``
+    (``extra_layers``: decoder layers after the first)."""
     from feature_draft.distill import _attention_shape
     from feature_draft.model import ArchConfig, FeatureDraft
 
     target = adapter(target_model)
     arch = ArchConfig(hidden_size=target.hidden_size, vocab_size=target.vocab_size, subset_size=48,
-                      intermediate_size=64, **_attention_shape(target))
+                      intermediate_size=64, extra_layers=extra_layers, **_attention_shape(target))
     torch.manual_seed(seed)
     net = FeatureDraft(arch)
     net.subset.copy_(torch.arange(48))  # tokens 48..63 lie outside the draft's vocabulary

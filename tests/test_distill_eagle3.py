@@ -26,8 +26,10 @@ def tiny_target(seed: int = 0):
 
 
 def student(kind: str, target, seed: int = 0) -> torch.nn.Module:
+    """kind: feature, eagle3, or feature-deep (a feature student with two decoder layers)."""
     cfg = DistillConfig()
-    cfg.seed, cfg.student.kind, cfg.student.intermediate_size = seed, kind, 64
+    cfg.seed, cfg.student.kind, cfg.student.intermediate_size = seed, kind.removesuffix("-deep"), 64
+    cfg.student.extra_layers = int(kind.endswith("-deep"))
     if kind == "eagle3":
         cfg.student.fused_layers = LAYERS
     return build_student(cfg, target, torch.arange(48), target.embedding_weights()[1].float())
@@ -44,7 +46,7 @@ def batch(target, kind: str, rows: int = 2, length: int = 10, seed: int = 0):
 
 
 # -- the training-time test ---------------------------------------------------------------------------
-@pytest.mark.parametrize("kind", ["feature", "eagle3"])
+@pytest.mark.parametrize("kind", ["feature", "feature-deep", "eagle3"])
 def test_unrolled_steps_equal_what_the_drafter_computes_step_by_step(kind):
     """Row t of step j is the draft's j-th token after position t, as the drafter's cache computes it:
     true rows 0..t, then its own predictions fed back one row at a time."""
@@ -64,7 +66,7 @@ def test_unrolled_steps_equal_what_the_drafter_computes_step_by_step(kind):
                 assert torch.allclose(steps[j][0, t], out, atol=1e-5), (t, j)
 
 
-@pytest.mark.parametrize("kind", ["feature", "eagle3"])
+@pytest.mark.parametrize("kind", ["feature", "feature-deep", "eagle3"])
 def test_later_steps_are_trained_through_the_fed_back_features(kind):
     """Step j+1 depends on step j's output at the same row, and only through it (a detached feed
     would give no gradient; a wrong mask would leak other rows)."""
@@ -82,7 +84,7 @@ def test_later_steps_are_trained_through_the_fed_back_features(kind):
             assert torch.count_nonzero(others) == 0
 
 
-@pytest.mark.parametrize("kind", ["feature", "eagle3"])
+@pytest.mark.parametrize("kind", ["feature", "feature-deep", "eagle3"])
 def test_the_loss_of_k_steps_differs_from_one_step_and_trains_every_weight(kind):
     target = adapter(tiny_target())
     embed, head = (w.float() for w in target.embedding_weights())
@@ -283,6 +285,42 @@ def test_a_draft_of_another_shape_or_family_is_refused_as_init_in_one_line(tiny_
     assert "another draft family" in str(wrong_family.value) and "\n" not in str(wrong_family.value)
 
 
+def test_a_draft_grows_deeper_from_a_shallower_init_and_starts_where_it_was(tiny_distill, tmp_path):
+    """``student.extra_layers`` with ``init=`` a one-layer draft: the new layer starts as the identity,
+    so the grown draft predicts exactly what its init did; training then moves it. A deeper init is
+    refused for a shallower student, in one line."""
+    from feature_draft.distill import load_init
+
+    model, distill = tiny_distill
+    feature = ("student.kind=feature", "student.fused_layers=null")
+    first = distill("first", "train.epochs=1", *feature)
+    cfg = load_distill_config(None, ["student.kind=feature", "student.intermediate_size=64", "student.extra_layers=1"])
+    target = adapter(model)
+    subset = load_draft(first).subset
+    grown = build_student(cfg, target, subset, target.embedding_weights()[1].float()).eval()
+    start = load_init(str(first), grown)
+    assert start["init"] == str(first) and len(grown.extra) == 1
+    embed = target.embedding_weights()[0].float()
+    tokens, feats, _ = batch(target, "feature", rows=1, length=9)
+    with torch.no_grad():
+        before = load_draft(first)(embed[tokens[0, 1:]], feats[0, :-1], torch.arange(8), KVCache())
+        after = grown(embed[tokens[0, 1:]], feats[0, :-1], torch.arange(8), KVCache())
+    assert torch.equal(before, after)
+    deep = distill("deep", "train.epochs=1", *feature, f"init={first}", "student.extra_layers=1")
+    manifest = json.loads((deep / "manifest.json").read_text())
+    assert json.loads((deep / "config.json").read_text())["extra_layers"] == 1
+    assert "fc + 2 decoder layers" in manifest["family"] and manifest["training"]["init"] == str(first)
+    trained = load_draft(deep)
+    assert trained.extra[0].o_proj.weight.abs().sum() > 0  # training moved the new layer off the identity
+    engine = eagle_engine(model, deep)
+    for prompt in ([1, 7, 9, 7, 9, 7], list(range(3, 30))):
+        assert engine.generate(prompt, max_new_tokens=20).tokens == reference_greedy(model, prompt, 20)
+    with pytest.raises(InputError) as shallower:
+        distill("back", "train.epochs=1", *feature, f"init={deep}")
+    assert "has 2 decoder layers" in str(shallower.value) and "student.extra_layers=1" in str(shallower.value)
+    assert "\n" not in str(shallower.value)
+
+
 def test_the_time_budget_stops_training_exports_and_the_same_command_continues(tiny_distill):
     _, distill = tiny_distill
     export = distill("run", "train.epochs=3", "train.max_seconds=0.001")
@@ -308,7 +346,9 @@ def test_distill_config_checks_the_new_options():
     for overrides, needle in ((["train.unroll=0"], "train.unroll must be >= 1"),
                               (["student.fused_layers=[1, 2]"], "student.kind=eagle3"),
                               (["init=/nonexistent/draft"], "init '/nonexistent/draft' does not exist"),
-                              (["student.kind=token", "init=."], "token student")):
+                              (["student.kind=token", "init=."], "token student"),
+                              (["student.kind=eagle3", "student.extra_layers=1"], "deepens a feature student"),
+                              (["student.extra_layers=-1"], "deepens a feature student")):
         with pytest.raises(ConfigError) as info:
             load_distill_config(None, overrides)
         assert needle in str(info.value) and "\n" not in str(info.value)
@@ -332,6 +372,30 @@ def test_the_gpu_script_runs_end_to_end_with_its_smoke_settings(tmp_path):
     assert manifest["family"].startswith("eagle3") and manifest["recipe"]["train"]["unroll"] == 3
     assert manifest["corpus_sources"]["selfdistill"]["records"] > 0
     assert json.loads((tmp_path / "draft" / "scaling.json").read_text())["points"]
+    # no corpus stage, and distill options after -- replace the script's: a deeper feature draft
+    deep = tmp_path / "deep"
+    run = subprocess.run(["bash", "scripts/gpu_distill.sh", "--smoke", "--minutes", "5", "--corpus-share", "0",
+                          "--out", str(deep), "--", "student.kind=feature", "student.fused_layers=null",
+                          "student.extra_layers=1", "train.unroll=2"],
+                         cwd=root, env={**os.environ, "PACER_SKIP_BOOTSTRAP": "1"}, capture_output=True, text=True,
+                         timeout=1800)
+    assert run.returncode == 0, run.stderr[-3000:]
+    manifest = json.loads((deep / "draft" / "manifest.json").read_text())
+    assert "fc + 2 decoder layers" in manifest["family"] and manifest["recipe"]["train"]["unroll"] == 2
+    assert not (deep / "corpus").exists() and "selfdistill" not in manifest["corpus_sources"]
+
+
+@pytest.mark.parametrize("share", ["1", "-0.1", "lots"])
+def test_the_gpu_script_refuses_a_bad_corpus_share_in_one_line(share):
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run(["bash", "scripts/gpu_distill.sh", "--smoke", "--corpus-share", share],
+                         cwd=root, env={**os.environ, "PACER_SKIP_BOOTSTRAP": "1"}, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr.strip().startswith("gpu_distill.sh: --corpus-share must be") and len(run.stderr.splitlines()) == 1
 
 
 def test_the_shipped_draft_can_be_continued():
@@ -353,6 +417,13 @@ def test_the_shipped_draft_can_be_continued():
     assert start["points"] == (json.loads(curve.read_text())["points"] if curve.is_file() else [])
     assert start["corpus_sources"] == manifest["corpus_sources"]
     assert all(torch.equal(a, b) for a, b in zip(net.state_dict().values(), shipped.state_dict().values()))
+    # grown one layer deeper, it predicts what the shipped draft does
+    deeper = FeatureDraft(ArchConfig(**{**config, "extra_layers": 1})).eval()
+    load_init(str(DEFAULT_DRAFT), deeper)
+    g = torch.Generator().manual_seed(0)
+    embeds, feats = torch.randn(6, config["hidden_size"], generator=g), torch.randn(6, config["hidden_size"], generator=g)
+    with torch.no_grad():
+        assert torch.equal(deeper(embeds, feats, torch.arange(6), KVCache()), shipped(embeds, feats, torch.arange(6), KVCache()))
     config["intermediate_size"] = 1024
     with pytest.raises(InputError) as info:
         load_init(str(DEFAULT_DRAFT), FeatureDraft(ArchConfig(**config)))

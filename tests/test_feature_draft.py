@@ -14,7 +14,7 @@ from pacer_core.kernels import PackedLinear, packing_supported
 from helpers import EOS, adapter, make_draft, reference_greedy, tiny_llama
 
 from feature_draft.distill import DistillConfig, draft_loss, frequent_tokens, train
-from feature_draft.model import ArchConfig, FeatureDraft
+from feature_draft.model import ArchConfig, FeatureDraft, KVCache
 from feature_draft.distill import _attention_shape
 
 
@@ -41,6 +41,31 @@ def test_eagle_greedy_equals_target(tmp_path, stop, prompt):
     assert drafter.row_tokens[: drafter.true_rows] == committed[1: drafter.true_rows + 1]
     if len(prompt) > 1:
         assert result.metrics["drafted"] > 0 and result.metrics["draft_forwards"] > 0
+
+
+@pytest.mark.parametrize("tree", [None, "{topk: 3, depth: 4, nodes: 10}"], ids=["chain", "tree"])
+def test_a_deeper_draft_keeps_greedy_output_and_every_layers_cache_in_step(tmp_path, tree):
+    """``extra_layers``: each later layer keeps its own cache rows, cropped with the first layer's, and
+    sees the tree's mask and positions; output stays the target's."""
+    target_model = tiny_llama(0, scale=6.0)
+    folder = make_draft(target_model, tmp_path / "draft", extra_layers=2)
+    assert json.loads((folder / "config.json").read_text())["extra_layers"] == 2
+    extra = [f"strategy.drafter.tree={tree}"] if tree else []
+    engine = eagle_engine(target_model, folder, "{name: fixed, gamma: 3}", extra=extra)
+    drafter = next(p for p in engine.pm.get_plugins() if type(p).__name__ == "EagleDrafter")
+    for prompt in ([1, 7, 9, 7, 9, 7], list(range(3, 40))):
+        result = engine.generate(prompt, max_new_tokens=30)
+        assert result.tokens == reference_greedy(target_model, prompt, 30)
+        assert result.metrics["drafted"] > 0
+        assert [len(c) for c in drafter.cache.deeper] == [len(drafter.cache)] * 2
+    # the cached rows are what a fresh causal pass over the same rows computes, in every layer
+    rows = drafter.true_rows
+    embed = drafter.embed[drafter.row_tokens[:rows]].to(drafter.dtype)
+    fresh = KVCache()
+    with torch.no_grad():
+        drafter.net(embed, drafter.features[:rows], torch.arange(rows), fresh)
+    for mine, theirs in zip([drafter.cache, *drafter.cache.deeper], [fresh, *fresh.deeper]):
+        assert torch.allclose(mine.keys[:, :rows], theirs.keys, atol=1e-5)
 
 
 def test_eagle_sampling_uses_subset_probs(tmp_path):

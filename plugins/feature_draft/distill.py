@@ -76,6 +76,8 @@ class StudentConfig:
     # token: a small HF causal LM for `draft_model` / `ouroboros` / transformers' assisted generation
     subset_size: int = 8192  # draft head vocabulary: the most frequent corpus tokens
     intermediate_size: int = 1536  # feature and eagle3 kinds: the decoder layer's MLP width
+    extra_layers: int = 0  # feature kind: decoder layers after the first (a deeper draft); with init= a
+    # shallower draft, the layers it lacks start as the identity
     fused_layers: Optional[List[int]] = None  # eagle3: target decoder layers whose inputs it fuses
     # (None = EAGLE-3's low, middle and high: 2, L // 2, L - 3)
     layers: List[int] = attrs.field(factory=lambda: [0, -1])  # token kind: target layers it starts from
@@ -129,6 +131,9 @@ def load_distill_config(path: Optional[str], overrides: list[str]) -> DistillCon
     if cfg.student.fused_layers is not None and (cfg.student.kind != "eagle3" or not cfg.student.fused_layers):
         raise ConfigError("student.fused_layers names the target layers an eagle3 student fuses: give a non-empty "
                           "list with student.kind=eagle3, or leave it null")
+    if cfg.student.extra_layers and (cfg.student.kind != "feature" or cfg.student.extra_layers < 0):
+        raise ConfigError(f"student.extra_layers={cfg.student.extra_layers} deepens a feature student: give a count "
+                          ">= 0 with student.kind=feature, or leave it 0")
     if cfg.init is not None:
         if cfg.student.kind == "token":
             raise ConfigError("init= continues a feature or eagle3 student; the token student starts from target "
@@ -586,7 +591,8 @@ def build_student(cfg: DistillConfig, target, subset: torch.Tensor, head_full: t
             net.lm_head.weight.copy_(head_full[subset])
     else:
         net = FeatureDraft(ArchConfig(hidden_size=target.hidden_size, vocab_size=target.vocab_size,
-                                      subset_size=len(subset), intermediate_size=cfg.student.intermediate_size, **shape))
+                                      subset_size=len(subset), intermediate_size=cfg.student.intermediate_size,
+                                      extra_layers=cfg.student.extra_layers, **shape))
     net.subset.copy_(subset)
     return net
 
@@ -632,7 +638,15 @@ def load_init(path: str, net: torch.nn.Module) -> dict[str, Any]:
         if isinstance(seen, dict) and begun.get("corpus_sources"):
             seen = {**seen, "init": begun["corpus_sources"]}
     own = net.state_dict()
+    have = 1 + len({name.split(".")[1] for name in state if name.startswith("extra.")})  # the init's layers
+    want = 1 + len(getattr(net, "extra", ()))
+    if have > want:
+        raise InputError(f"init '{source}' has {have} decoder layers, this run's student {want}: set "
+                         f"student.extra_layers={have - 1}")
+    grown = [f"extra.{i - 1}." for i in range(have, want)]  # layers the init lacks: they start as the identity
     for name, tensor in own.items():
+        if name.startswith(tuple(grown)):
+            continue
         if name not in state:
             raise InputError(f"init '{source}' holds no tensor '{name}': it is another draft family than "
                              f"student.kind={'eagle3' if isinstance(net, Eagle3Draft) else 'feature'}")
@@ -640,8 +654,12 @@ def load_init(path: str, net: torch.nn.Module) -> dict[str, Any]:
             raise InputError(f"init '{source}': tensor '{name}' has shape {tuple(state[name].shape)}, this run's "
                              f"student {tuple(tensor.shape)}: set student.subset_size, student.intermediate_size "
                              "and student.fused_layers to the draft's, or choose another init")
-    net.load_state_dict({k: state[k].float() if state[k].is_floating_point() else state[k] for k in own})
-    log(f"starting from init '{source}' ({tokens_before:,} tokens seen before)")
+    kept = {k: state[k].float() if state[k].is_floating_point() else state[k] for k in own if k in state}
+    net.load_state_dict(kept, strict=not grown)
+    for i in range(have, want):
+        net.extra[i - 1].start_as_identity()
+    log(f"starting from init '{source}' ({tokens_before:,} tokens seen before)"
+        + (f"; grown from {have} to {want} decoder layers, the new ones starting as the identity" if grown else ""))
     return {"init": str(source), "tokens_before": tokens_before, "points": points,
             "corpus_sources": seen if isinstance(seen, dict) else None}
 
@@ -803,7 +821,8 @@ def run_distill(cfg: DistillConfig, command_line: str) -> Path:
         "token": (f"token-level draft: {len(cfg.student.layers)} decoder layers initialised from target layers "
                   f"{cfg.student.layers}, target embeddings and tied head shared, head restricted to "
                   f"{len(subset)} frequent tokens"),
-        "feature": "feature_draft (EAGLE-1 style: fc + 1 decoder layer, target embeddings and head shared)",
+        "feature": (f"feature_draft (EAGLE-1 style: fc + {1 + cfg.student.extra_layers} decoder "
+                    f"layer{'s' if cfg.student.extra_layers else ''}, target embeddings and head shared)"),
         "eagle3": (f"eagle3 (EAGLE-3 style: fc over the inputs of target layers {layers}, 1 decoder layer, own norm "
                    f"and head over {len(subset)} frequent tokens, target embeddings shared)"),
     }

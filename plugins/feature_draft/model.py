@@ -48,6 +48,7 @@ class ArchConfig:
     subset_size: int = 8192  # draft head: the most frequent corpus tokens
     input_norm: bool = True  # RMS norm before attention (EAGLE-1 checkpoints have none in layer 0)
     fc_bias: bool = False  # fc has a bias (EAGLE-1 checkpoints: their config's `bias`, default true)
+    extra_layers: int = 0  # decoder layers after the first (a deeper draft; EAGLE's has none)
 
 
 class RMSNorm(nn.Module):
@@ -73,11 +74,19 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor
 
 
 class KVCache:
-    """Keys and values of the draft layer for the positions fed so far; cropped on rollback."""
+    """Keys and values of the draft layer for the positions fed so far; cropped on rollback. A deeper
+    draft's later layers keep theirs in ``layer(i)``, cropped with this one."""
 
     def __init__(self):
         self.keys: Optional[torch.Tensor] = None  # [kv_heads, T, head_dim]
         self.values: Optional[torch.Tensor] = None
+        self.deeper: list[KVCache] = []  # the caches of decoder layers 1, 2, ...
+
+    def layer(self, i: int) -> "KVCache":
+        """The cache of decoder layer i ≥ 1 (created on first use)."""
+        while len(self.deeper) < i:
+            self.deeper.append(KVCache())
+        return self.deeper[i - 1]
 
     def __len__(self) -> int:
         return 0 if self.keys is None else int(self.keys.shape[1])
@@ -93,6 +102,8 @@ class KVCache:
     def crop(self, length: int) -> None:
         if self.keys is not None and length < len(self):
             self.keys, self.values = self.keys[:, :length], self.values[:, :length]
+        for cache in self.deeper:
+            cache.crop(length)
 
 
 class UnrolledKeys:
@@ -106,6 +117,13 @@ class UnrolledKeys:
     def __init__(self):
         self.keys: list[torch.Tensor] = []  # per step: [B, kv_heads, T, head_dim]
         self.values: list[torch.Tensor] = []
+        self.deeper: list[UnrolledKeys] = []  # those of decoder layers 1, 2, ... (a deeper draft)
+
+    def layer(self, i: int) -> "UnrolledKeys":
+        """The keys of decoder layer i ≥ 1 (created on first use)."""
+        while len(self.deeper) < i:
+            self.deeper.append(UnrolledKeys())
+        return self.deeper[i - 1]
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: int) -> torch.Tensor:
         """q: [B, heads, T, hd]; k, v: [B, kv_heads, T, hd] of this step (rotated) → [B, heads, T, hd]."""
@@ -156,8 +174,45 @@ def attend(layer: nn.Module, h: torch.Tensor, positions: torch.Tensor, cache: Op
     return layer.o_proj(attn.transpose(1, 2).reshape(b, t, -1))
 
 
+def decoder_block(layer: nn.Module, x: torch.Tensor, positions: torch.Tensor, cache, mask: Optional[torch.Tensor],
+                  shape: tuple[int, int, int, float]) -> torch.Tensor:
+    """One pre-norm Llama decoder layer (``layer``'s input_norm, q/k/v/o_proj, post_norm and
+    gate/up/down_proj) over x: [B, T, d]; ``cache``, ``mask`` and ``shape`` as in ``attend``."""
+    x = x + attend(layer, layer.input_norm(x), positions, cache, mask, shape)
+    h = layer.post_norm(x)
+    return x + layer.down_proj(F.silu(layer.gate_proj(h)) * layer.up_proj(h))
+
+
+class DecoderLayer(nn.Module):
+    """A deeper draft's later decoder layer (``ArchConfig.extra_layers``): the weights of
+    ``decoder_block``, as the first layer's."""
+
+    def __init__(self, arch: "ArchConfig"):
+        super().__init__()
+        d, h, kv, hd = arch.hidden_size, arch.num_heads, arch.num_kv_heads, arch.head_dim
+        self.input_norm = RMSNorm(d, arch.rms_eps)
+        self.q_proj = nn.Linear(d, h * hd, bias=False)
+        self.k_proj = nn.Linear(d, kv * hd, bias=False)
+        self.v_proj = nn.Linear(d, kv * hd, bias=False)
+        self.o_proj = nn.Linear(h * hd, d, bias=False)
+        self.post_norm = RMSNorm(d, arch.rms_eps)
+        self.gate_proj = nn.Linear(d, arch.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(d, arch.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(arch.intermediate_size, d, bias=False)
+
+    def start_as_identity(self) -> None:
+        """Zero the projections that write into the residual stream (o_proj, down_proj): the layer
+        then passes its input through unchanged, so a draft grown by it predicts what it did before
+        (``pacer distill init=`` a shallower draft), and training moves it from there."""
+        with torch.no_grad():
+            self.o_proj.weight.zero_()
+            self.down_proj.weight.zero_()
+
+
 class FeatureDraft(nn.Module):
-    """fc(concat(embedding(x_{t+1}), f_t)) → one pre-norm decoder layer → predicted f_{t+1}."""
+    """fc(concat(embedding(x_{t+1}), f_t)) → one pre-norm decoder layer (``1 + extra_layers``) →
+    predicted f_{t+1}. The first layer's weights sit on the module itself (the layout of published
+    EAGLE-1 checkpoints), later ones in ``extra``."""
 
     def __init__(self, arch: ArchConfig):
         super().__init__()
@@ -173,6 +228,7 @@ class FeatureDraft(nn.Module):
         self.gate_proj = nn.Linear(d, arch.intermediate_size, bias=False)
         self.up_proj = nn.Linear(d, arch.intermediate_size, bias=False)
         self.down_proj = nn.Linear(arch.intermediate_size, d, bias=False)
+        self.extra = nn.ModuleList([DecoderLayer(arch) for _ in range(arch.extra_layers)])
         self.register_buffer("subset", torch.zeros(arch.subset_size, dtype=torch.long))
         for module in self.modules():
             if isinstance(module, nn.Linear):
@@ -182,16 +238,17 @@ class FeatureDraft(nn.Module):
                 cache: Optional[KVCache] = None, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Predicted next features. token_embeds, features: [B, T, d] (or [T, d] with a cache);
         positions: [T]; ``mask`` (True = may attend) replaces the causal mask: [T, T] over the new
-        rows (every cached row visible) or [T, past + T] over the cached rows too (a token tree)."""
+        rows (every cached row visible) or [T, past + T] over the cached rows too (a token tree).
+        Every layer sees the same rows, positions and mask."""
         squeeze = token_embeds.dim() == 2
         if squeeze:
             token_embeds, features = token_embeds[None], features[None]
         a = self.arch
+        shape = (a.num_heads, a.num_kv_heads, a.head_dim, a.rope_theta)
         x = self.fc(torch.cat([token_embeds, features], dim=-1))  # EAGLE-1: cat((embeds, features))
-        x = x + attend(self, self.input_norm(x), positions, cache, mask,
-                       (a.num_heads, a.num_kv_heads, a.head_dim, a.rope_theta))
-        h = self.post_norm(x)
-        x = x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        x = decoder_block(self, x, positions, cache, mask, shape)
+        for i, layer in enumerate(self.extra, start=1):
+            x = decoder_block(layer, x, positions, None if cache is None else cache.layer(i), mask, shape)
         return x[0] if squeeze else x
 
     def fuse(self, target_hidden: torch.Tensor) -> torch.Tensor:
