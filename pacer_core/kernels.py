@@ -18,6 +18,7 @@ order of the additions differs), which is how one-token and multi-token products
 from __future__ import annotations
 
 import functools
+import time
 from typing import Optional
 
 import torch
@@ -46,6 +47,39 @@ def packing_supported(dtype: torch.dtype) -> bool:
         return False
     tolerance = 1e-4 if dtype == torch.float32 else 5e-2
     return out.shape == (3, 24) and torch.allclose(out.float(), F.linear(x, weight).float(), atol=tolerance, rtol=tolerance)
+
+
+@functools.lru_cache(maxsize=None)
+def batched_slowdown(dtype: torch.dtype, rows: int = 64) -> float:
+    """How many times longer than in float32 a CPU matrix product of ``rows`` rows (× 512 × 512)
+    takes in ``dtype`` here, the best of three each. bfloat16 and float16 products run without fast
+    kernels on CPUs lacking their instructions: on a 2-core AVX2 CPU bf16 took 44× as long at 256 rows
+    (1.0 against 45 GFLOP/s), while one-row products, bound by reading the weights, stayed fast."""
+    generator = torch.Generator().manual_seed(0)
+    a, b = torch.randn(rows, 512, generator=generator), torch.randn(512, 512, generator=generator)
+
+    def best(x: torch.Tensor, y: torch.Tensor) -> float:
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            x @ y
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    return best(a.to(dtype), b.to(dtype)) / max(best(a, b), 1e-9)
+
+
+def batched_dtype_hint(dtype: torch.dtype, device: torch.device, option: str) -> Optional[str]:
+    """One line for a batched job (feature extraction, batched generation) asked to run in bf16/fp16
+    on a CPU where that is several times slower than float32, naming ``option`` to set; else None."""
+    if device.type != "cpu" or dtype not in (torch.bfloat16, torch.float16):
+        return None
+    slowdown = batched_slowdown(dtype)
+    if slowdown < 3:
+        return None
+    name = str(dtype).removeprefix("torch.")
+    return (f"{name} matrix products of many rows take {slowdown:.0f}× as long as float32 ones on this CPU (no fast "
+            f"{name} kernels): set {option}=float32 for this batched work")
 
 
 def _pack(weight: torch.Tensor) -> torch.Tensor:

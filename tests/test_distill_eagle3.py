@@ -321,6 +321,18 @@ def test_a_draft_grows_deeper_from_a_shallower_init_and_starts_where_it_was(tiny
     assert "\n" not in str(shallower.value)
 
 
+def test_distill_warns_in_one_line_where_the_targets_dtype_is_slow_for_batches(tiny_distill, monkeypatch, capsys):
+    import feature_draft.distill as distill_module
+
+    asked = []
+    monkeypatch.setattr(distill_module, "batched_dtype_hint",
+                        lambda dtype, device, option: asked.append(option) or "bfloat16 is slow here: set target.dtype=float32")
+    _, distill = tiny_distill
+    distill("run", "train.epochs=1")
+    assert asked == ["target.dtype"]
+    assert "distill: warning: bfloat16 is slow here: set target.dtype=float32\n" in capsys.readouterr().err
+
+
 def test_the_time_budget_stops_training_exports_and_the_same_command_continues(tiny_distill):
     _, distill = tiny_distill
     export = distill("run", "train.epochs=3", "train.max_seconds=0.001")

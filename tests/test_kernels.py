@@ -140,3 +140,17 @@ def test_pack_weights_with_device_map_is_refused_before_loading(tmp_path):
     (tmp_path / "config.json").write_text("{}")  # never read: the option is refused first
     with pytest.raises(InputError, match="pack_weights=true needs the whole model on the CPU, not device_map"):
         load_model(str(tmp_path), "float32", "cpu", "auto", "target", pack_weights=True)
+
+
+def test_batched_dtype_hint_names_the_option_only_where_half_precision_is_slow(monkeypatch):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    slowdown = kernels.batched_slowdown(torch.bfloat16)  # the real probe: a positive, finite ratio
+    assert 0 < slowdown < float("inf")
+    monkeypatch.setattr(kernels, "batched_slowdown", lambda dtype, rows=64: 30.0)
+    hint = kernels.batched_dtype_hint(torch.bfloat16, cpu, "target.dtype")
+    assert "30× as long as float32" in hint and hint.endswith("set target.dtype=float32 for this batched work")
+    assert "\n" not in hint
+    assert kernels.batched_dtype_hint(torch.float32, cpu, "dtype") is None
+    assert kernels.batched_dtype_hint(torch.bfloat16, cuda, "dtype") is None  # GPUs have their own kernels
+    monkeypatch.setattr(kernels, "batched_slowdown", lambda dtype, rows=64: 1.5)
+    assert kernels.batched_dtype_hint(torch.float16, cpu, "dtype") is None

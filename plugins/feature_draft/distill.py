@@ -41,6 +41,7 @@ from torch.nn import functional as F
 
 from pacer_core.config import ModelConfig, load_schema
 from pacer_core.errors import ConfigError, InputError
+from pacer_core.kernels import batched_dtype_hint
 from pacer_train import (TrainingRun, atomic_save, atomic_write_json, atomic_write_text, check_out_dir, cosine_lr,
                          count_parameters, guard_recipe, interruptible, load_run_file, progress, read_json, set_threads,
                          training_command)
@@ -788,6 +789,9 @@ def run_distill(cfg: DistillConfig, command_line: str) -> Path:
     torch.manual_seed(cfg.seed)
     t0 = time.time()
     target, tokenizer, digest = load_section(cfg.target, "target")
+    hint = batched_dtype_hint(target.dtype, target.device, "target.dtype")
+    if hint:  # the corpus and features stages run the target over whole batches
+        log(f"warning: {hint}")
     corpus_file = out / "corpus.pt"
     if corpus_file.exists():
         corpus = load_corpus(cfg, corpus_file, tokenizer)

