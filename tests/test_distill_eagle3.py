@@ -343,6 +343,31 @@ def test_the_time_budget_stops_training_exports_and_the_same_command_continues(t
     assert training["finished"] and training["steps"] == training["total_steps"] > 1
 
 
+def test_selfdistill_from_reads_the_corpus_from_that_shard_on_and_records_it(tmp_path):
+    """``corpus.selfdistill_from``: a continuation trains on the shards its init has not seen."""
+    from feature_draft.distill import selfdistill_stream
+    from feature_draft.selfdistill.shards import CorpusStore
+
+    store = CorpusStore(tmp_path / "corpus")
+    store.set_header({"seed": 0}, {"path": "scripted", "digest": "f00d"}, {})
+    for shard, answers in enumerate(([[7, 1, 2], [7, 3, 4]], [[7, 5, 6]])):
+        records = [{"id": f"chat/{shard}-{i}", "family": "chat", "position": 2 * shard + i, "sha": f"{shard}{i}",
+                    "prompt_tokens": 1, "answer_tokens": 2, "finished": True} for i in range(len(answers))]
+        store.append(records, answers, [], 2 * shard + len(answers), 64, {})
+
+    class Target:
+        digest = "f00d"
+
+    everything, record = selfdistill_stream(tmp_path / "corpus", Target())
+    assert everything == [7, 1, 2, 7, 3, 4, 7, 5, 6] and record["first_shard"] == 0 and len(record["shards"]) == 2
+    newest, record = selfdistill_stream(tmp_path / "corpus", Target(), 1)
+    assert newest == [7, 5, 6] and record["records"] == 1 and record["first_shard"] == 1
+    assert [s["name"] for s in record["shards"]] == ["shard-00001"]
+    with pytest.raises(InputError) as info:
+        selfdistill_stream(tmp_path / "corpus", Target(), 2)
+    assert "selfdistill_from=2" in str(info.value) and "shards 0..1" in str(info.value) and "\n" not in str(info.value)
+
+
 # -- the vocabulary ----------------------------------------------------------------------------------
 def test_vocab_coverage_counts_the_corpus_and_the_targets_greedy_tokens():
     corpus = torch.tensor([[5, 5, 5, 6, 6, 7, 8, 9]])

@@ -67,6 +67,7 @@ class CorpusConfig:
     heldout_sequences: int = 24
     extra_files: List[str] = attrs.field(factory=list)  # your own text files (never benchmark prompts)
     selfdistill: Optional[str] = None  # a `pacer corpus` folder: its records (prompt + the target's answer) join
+    selfdistill_from: int = 0  # read its shards from this index on (e.g. only those the init draft did not see)
 
 
 @attrs.define
@@ -215,7 +216,7 @@ def build_corpus(cfg: DistillConfig, target, tokenizer) -> dict[str, Any]:
     text, used = text_sources(c, cfg.seed, tokenizer, eos)
     streams = {"stdlib": text["stdlib"], "docs": text["docs"], "chat": [], "extra": text["extra"]}
     if c.selfdistill is not None:
-        streams["selfdistill"], used["selfdistill"] = selfdistill_stream(Path(c.selfdistill), target)
+        streams["selfdistill"], used["selfdistill"] = selfdistill_stream(Path(c.selfdistill), target, c.selfdistill_from)
     asks = instructions(c.chat_answers, cfg.seed)
     used["instructions"] = [text_digest(q) for q in asks]
     for start in range(0, len(asks), c.chat_batch_size):
@@ -233,11 +234,12 @@ def build_corpus(cfg: DistillConfig, target, tokenizer) -> dict[str, Any]:
             "sources": {k: len(v) for k, v in streams.items()}, "instructions": len(asks), "sources_used": used}
 
 
-def selfdistill_stream(folder: Path, target) -> tuple[list[int], dict[str, Any]]:
+def selfdistill_stream(folder: Path, target, first_shard: int = 0) -> tuple[list[int], dict[str, Any]]:
     """The records of a ``pacer corpus`` folder (each its prompt, chat template applied, and the
-    target's greedy answer) concatenated in stream order, and the record of what was read: the folder,
-    the digest of the target that wrote it, its shards (name, sha256) and the record count. A corpus
-    another target wrote is refused in one line."""
+    target's greedy answer; its shards from ``first_shard`` on) concatenated in stream order, and the
+    record of what was read: the folder, the digest of the target that wrote it, the shards read
+    (name, sha256) and the record count. A corpus another target wrote, or a ``first_shard`` past its
+    last shard, is refused in one line."""
     from .selfdistill import iter_corpus
     from .selfdistill.shards import CorpusStore
 
@@ -246,12 +248,15 @@ def selfdistill_stream(folder: Path, target) -> tuple[list[int], dict[str, Any]]
     if written_by and target.digest and written_by != target.digest:
         raise InputError(f"corpus.selfdistill '{folder}' was written by target {written_by}, this target is "
                          f"{target.digest}: grow a corpus with this target (`pacer corpus target=...`)")
+    if not 0 <= first_shard < len(store.shards):
+        raise InputError(f"corpus.selfdistill_from={first_shard}, but '{folder}' holds shards 0..{len(store.shards) - 1}: "
+                         "give an index among them (0 reads them all)")
     stream, records = [], 0
-    for sample in iter_corpus(folder):
+    for sample in iter_corpus(folder, first_shard=first_shard):
         stream += sample.tokens.tolist()
         records += 1
-    return stream, {"path": str(folder), "target_digest": written_by, "records": records,
-                    "shards": [{"name": e["name"], "sha256": e["sha256"][:16]} for e in store.shards]}
+    return stream, {"path": str(folder), "target_digest": written_by, "records": records, "first_shard": first_shard,
+                    "shards": [{"name": e["name"], "sha256": e["sha256"][:16]} for e in store.shards[first_shard:]]}
 
 
 def load_corpus(cfg: DistillConfig, path: Path, tokenizer) -> dict[str, Any]:
