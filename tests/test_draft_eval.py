@@ -27,14 +27,16 @@ def tiny_target():
 
 
 def student(kind: str, target) -> torch.nn.Module:
+    """kind: feature, eagle3, or feature-deep (a feature student with two decoder layers)."""
     cfg = DistillConfig()
-    cfg.student.kind, cfg.student.intermediate_size = kind, 64
+    cfg.student.kind, cfg.student.intermediate_size = kind.removesuffix("-deep"), 64
+    cfg.student.extra_layers = int(kind.endswith("-deep"))
     if kind == "eagle3":
         cfg.student.fused_layers = LAYERS
     return build_student(cfg, target, SUBSET, target.embedding_weights()[1].float()).eval()
 
 
-@pytest.mark.parametrize("kind", ["feature", "eagle3"])
+@pytest.mark.parametrize("kind", ["feature", "feature-deep", "eagle3"])
 def test_hits_equal_a_step_by_step_recount_with_the_drafters_cache(kind):
     """Row t, position j: the rank class of the target's greedy token after t + j (from the target's
     own logits) among the draft's top-k, the draft fed its own features through its KV cache."""

@@ -183,22 +183,27 @@ def decoder_block(layer: nn.Module, x: torch.Tensor, positions: torch.Tensor, ca
     return x + layer.down_proj(F.silu(layer.gate_proj(h)) * layer.up_proj(h))
 
 
+def add_decoder_weights(module: nn.Module, arch: "ArchConfig", input_norm: bool = True) -> None:
+    """Give ``module`` the weights ``decoder_block`` reads (``input_norm`` False: no norm before
+    attention, as layer 0 of EAGLE-1 checkpoints)."""
+    d, h, kv, hd = arch.hidden_size, arch.num_heads, arch.num_kv_heads, arch.head_dim
+    module.input_norm = RMSNorm(d, arch.rms_eps) if input_norm else nn.Identity()
+    module.q_proj = nn.Linear(d, h * hd, bias=False)
+    module.k_proj = nn.Linear(d, kv * hd, bias=False)
+    module.v_proj = nn.Linear(d, kv * hd, bias=False)
+    module.o_proj = nn.Linear(h * hd, d, bias=False)
+    module.post_norm = RMSNorm(d, arch.rms_eps)
+    module.gate_proj = nn.Linear(d, arch.intermediate_size, bias=False)
+    module.up_proj = nn.Linear(d, arch.intermediate_size, bias=False)
+    module.down_proj = nn.Linear(arch.intermediate_size, d, bias=False)
+
+
 class DecoderLayer(nn.Module):
-    """A deeper draft's later decoder layer (``ArchConfig.extra_layers``): the weights of
-    ``decoder_block``, as the first layer's."""
+    """A deeper draft's later decoder layer (``ArchConfig.extra_layers``)."""
 
     def __init__(self, arch: "ArchConfig"):
         super().__init__()
-        d, h, kv, hd = arch.hidden_size, arch.num_heads, arch.num_kv_heads, arch.head_dim
-        self.input_norm = RMSNorm(d, arch.rms_eps)
-        self.q_proj = nn.Linear(d, h * hd, bias=False)
-        self.k_proj = nn.Linear(d, kv * hd, bias=False)
-        self.v_proj = nn.Linear(d, kv * hd, bias=False)
-        self.o_proj = nn.Linear(h * hd, d, bias=False)
-        self.post_norm = RMSNorm(d, arch.rms_eps)
-        self.gate_proj = nn.Linear(d, arch.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(d, arch.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(arch.intermediate_size, d, bias=False)
+        add_decoder_weights(self, arch)
 
     def start_as_identity(self) -> None:
         """Zero the projections that write into the residual stream (o_proj, down_proj): the layer
@@ -210,24 +215,15 @@ class DecoderLayer(nn.Module):
 
 
 class FeatureDraft(nn.Module):
-    """fc(concat(embedding(x_{t+1}), f_t)) → one pre-norm decoder layer (``1 + extra_layers``) →
+    """fc(concat(embedding(x_{t+1}), f_t)) → ``1 + extra_layers`` pre-norm decoder layers →
     predicted f_{t+1}. The first layer's weights sit on the module itself (the layout of published
     EAGLE-1 checkpoints), later ones in ``extra``."""
 
     def __init__(self, arch: ArchConfig):
         super().__init__()
         self.arch = arch
-        d, h, kv, hd = arch.hidden_size, arch.num_heads, arch.num_kv_heads, arch.head_dim
-        self.fc = nn.Linear(2 * d, d, bias=arch.fc_bias)
-        self.input_norm = RMSNorm(d, arch.rms_eps) if arch.input_norm else nn.Identity()
-        self.q_proj = nn.Linear(d, h * hd, bias=False)
-        self.k_proj = nn.Linear(d, kv * hd, bias=False)
-        self.v_proj = nn.Linear(d, kv * hd, bias=False)
-        self.o_proj = nn.Linear(h * hd, d, bias=False)
-        self.post_norm = RMSNorm(d, arch.rms_eps)
-        self.gate_proj = nn.Linear(d, arch.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(d, arch.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(arch.intermediate_size, d, bias=False)
+        self.fc = nn.Linear(2 * arch.hidden_size, arch.hidden_size, bias=arch.fc_bias)
+        add_decoder_weights(self, arch, arch.input_norm)
         self.extra = nn.ModuleList([DecoderLayer(arch) for _ in range(arch.extra_layers)])
         self.register_buffer("subset", torch.zeros(arch.subset_size, dtype=torch.long))
         for module in self.modules():
