@@ -465,3 +465,14 @@ def test_the_shipped_draft_can_be_continued():
     with pytest.raises(InputError) as info:
         load_init(str(DEFAULT_DRAFT), FeatureDraft(ArchConfig(**config)))
     assert "gate_proj.weight" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_the_draft_fit_script_refuses_a_run_without_features_in_one_line(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, "scripts/draft_fit.py", str(tmp_path), "shipped"], cwd=root,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "corpus.pt' is missing" in run.stderr and len(run.stderr.splitlines()) == 1

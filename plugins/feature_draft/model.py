@@ -5,7 +5,8 @@ it reads the target's last-layer hidden state f_t (after the final norm) and the
 next token x_{t+1}, and predicts f_{t+1}; the target's own output layer (restricted to a
 frequent-token subset of the vocabulary for the drafts `pacer distill` makes, the full one for
 EAGLE checkpoints) turns the predicted feature into draft logits for x_{t+2}. Only the small
-network (fc + one decoder layer) is stored; the embeddings and the output layer are the target's.
+network (fc + one decoder layer, or more with ``extra_layers``) is stored; the embeddings and the
+output layer are the target's.
 
 ``Eagle3Draft`` (EAGLE-3): the true rows read several target layers (three) fused by ``fc``, the
 layer attends over [norm(embedding); norm(feature)], and the draft has its own norm and output
