@@ -93,6 +93,24 @@ def test_batched_greedy_answers_are_the_targets_own():
         assert greedy_batch(target, prompts, 20, rows) == wanted
 
 
+def test_the_real_backend_loads_the_target_and_warns_where_its_dtype_is_slow_for_batches(monkeypatch, capsys):
+    """``load_backend``: the target's digest, device and dtype recorded, its greedy batches as the
+    target's own, and one warning line where the dtype is slow for many rows on this CPU."""
+    import pacer_core.hf as hf
+    import feature_draft.selfdistill.command as command
+
+    model = tiny_llama(3, scale=4.0)
+    target = adapter(model)
+    target.digest = "f00d"
+    tokenizer = type("Tokenizer", (), {"encode": lambda self, text: [3, 4]})()
+    monkeypatch.setattr(hf, "load_section", lambda section, name: (target, tokenizer, "f00d"))
+    monkeypatch.setattr(command, "batched_dtype_hint", lambda dtype, device, option: f"slow for batches: set {option}=float32")
+    backend = command.load_backend(CorpusConfig(out="unused"))
+    assert backend.target["digest"] == "f00d" and backend.target["device"] == "cpu" and backend.encode("x") == [3, 4]
+    assert backend.generate([[5, 6, 7]], 8, 1, None) == [reference_greedy(model, [5, 6, 7], 8)]
+    assert capsys.readouterr().err.strip().endswith("warning: slow for batches: set dtype=float32")
+
+
 # -- shards, resume, loader -----------------------------------------------------------------------
 def fake_backend(fail_after: int = -1) -> Backend:
     """Prompt ids from the text's bytes; the answer a function of the prompt, ending with EOS 2."""

@@ -25,6 +25,7 @@ import attrs
 
 from pacer_core.config import ModelConfig, load_schema
 from pacer_core.errors import ConfigError
+from pacer_core.kernels import batched_dtype_hint
 
 from .generate import Generator, answer_all, greedy_batch, measure
 from .guard import BenchmarkGuard
