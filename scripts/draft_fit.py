@@ -42,19 +42,19 @@ def main() -> int:
             return 2
     from pacer_core.config import ModelConfig
     from pacer_core.hf import load_section
-    from feature_draft.distill import evaluate, target_greedy
+    from feature_draft.distill import evaluate
     from feature_draft.model import load_draft
 
     torch.set_num_threads(args.threads)
     tokens = torch.load(run / "corpus.pt", weights_only=True)["tokens"]
     count, length = tokens.shape
-    target, _, _ = load_section(ModelConfig(dtype="float32"), "target")
-    embed, head = (w.float() for w in target.embedding_weights())
-    features = np.memmap(run / "features.f16", dtype=np.float16, mode="r", shape=(count, length, target.hidden_size))
     if int((run / "features.done").read_text().strip() or 0) < count or count < args.heldout + args.train:
         print(f"draft_fit: '{run}' has not finished its features, or holds fewer than --heldout + --train "
               f"({args.heldout + args.train}) sequences", file=sys.stderr)
         return 2
+    target, _, _ = load_section(ModelConfig(dtype="float32"), "target")
+    embed, head = (w.float() for w in target.embedding_weights())
+    features = np.memmap(run / "features.f16", dtype=np.float16, mode="r", shape=(count, length, target.hidden_size))
     rows = {"heldout": np.arange(args.heldout),
             "train": np.sort(np.random.default_rng(0).choice(np.arange(args.heldout, count), args.train, replace=False))}
     results = {}
@@ -64,8 +64,7 @@ def main() -> int:
         for label, ids in rows.items():
             feats = torch.from_numpy(np.asarray(features[ids], dtype=np.float32))
             with torch.no_grad():
-                results[name][label] = evaluate(net, embed, head, net.subset, tokens[ids], feats, None,
-                                                target_greedy(feats, head))
+                results[name][label] = evaluate(net, embed, head, net.subset, tokens[ids], feats)
         shown = "; ".join(f"{label}: first {r['heldout_top1_first']:.4f}, second {r['heldout_top1_second']:.4f}"
                           for label, r in results[name].items())
         print(f"{name}: {shown}", flush=True)
