@@ -368,6 +368,48 @@ def test_selfdistill_from_reads_the_corpus_from_that_shard_on_and_records_it(tmp
     assert "selfdistill_from=2" in str(info.value) and "shards 0..1" in str(info.value) and "\n" not in str(info.value)
 
 
+
+def test_selfdistill_extra_adds_whole_corpus_folders_and_records_each(tmp_path):
+    """``corpus.selfdistill_extra``: more corpus folders (e.g. one of open-ended chat only) join the
+    training text beside ``corpus.selfdistill``; each is recorded, and M_B's trainer keeps its
+    prompts apart from them as from the main corpus."""
+    from feature_draft.distill import CorpusConfig, build_corpus
+    from feature_draft.selfdistill.shards import CorpusStore
+    from pacer_stop import train as trainer
+
+    def corpus(folder, answers, family):
+        store = CorpusStore(folder)
+        store.set_header({"seed": 0}, {"path": "scripted", "digest": "f00d"}, {})
+        records = [{"id": f"{family}/{i}", "family": family, "position": i, "sha": f"{family}{i}", "prompt_tokens": 1,
+                    "answer_tokens": len(a) - 1, "finished": True} for i, a in enumerate(answers)]
+        store.append(records, answers, [], len(answers), 64, {})
+        return folder
+
+    main = corpus(tmp_path / "main", [[7, 1, 2, 3], [7, 4, 5, 6]], "chat")
+    extra = corpus(tmp_path / "open", [[8, 9, 10, 11], [8, 12, 13, 14]], "open_chat")
+
+    class Target:
+        digest, eos_token_ids = "f00d", frozenset({EOS})
+
+    cfg = DistillConfig(corpus=CorpusConfig(stdlib_tokens=0, docs_tokens=0, chat_answers=0, seq_len=4,
+                                            selfdistill=str(main), selfdistill_extra=[str(extra)]))
+    built = build_corpus(cfg, Target(), tokenizer=None)
+    assert built["sources"]["selfdistill"] == 8 and built["sources"]["selfdistill_extra"] == 8
+    assert sorted(map(tuple, built["tokens"].tolist())) == [(7, 1, 2, 3), (7, 4, 5, 6), (8, 9, 10, 11), (8, 12, 13, 14)]
+    used = built["sources_used"]
+    assert [r["path"] for r in used["selfdistill_extra"]] == [str(extra)] and used["selfdistill_extra"][0]["records"] == 2
+    assert [r["path"] for r in trainer.seen_sources(used)["selfdistill"]] == [str(main), str(extra)]
+    assert trainer.selfdistill_folders(trainer.seen_sources(used)) == [main, extra]
+
+    class Other:
+        digest, eos_token_ids = "beef", frozenset({EOS})
+
+    with pytest.raises(InputError) as info:
+        build_corpus(DistillConfig(corpus=CorpusConfig(stdlib_tokens=0, docs_tokens=0, chat_answers=0, seq_len=4,
+                                                       selfdistill_extra=[str(extra)])), Other(), tokenizer=None)
+    assert str(info.value).startswith("corpus.selfdistill_extra ") and "\n" not in str(info.value)
+
+
 # -- the vocabulary ----------------------------------------------------------------------------------
 def test_vocab_coverage_counts_the_corpus_and_the_targets_greedy_tokens():
     corpus = torch.tensor([[5, 5, 5, 6, 6, 7, 8, 9]])
@@ -385,7 +427,10 @@ def test_distill_config_checks_the_new_options():
                               (["init=/nonexistent/draft"], "init '/nonexistent/draft' does not exist"),
                               (["student.kind=token", "init=."], "token student"),
                               (["student.kind=eagle3", "student.extra_layers=1"], "deepens a feature student"),
-                              (["student.extra_layers=-1"], "deepens a feature student")):
+                              (["student.extra_layers=-1"], "deepens a feature student"),
+                              (["corpus.selfdistill_extra=[/nonexistent/corpus]"], "holds no `pacer corpus` corpus"),
+                              (["corpus.selfdistill=plugins/feature_draft/corpus",
+                                "corpus.selfdistill_extra=[plugins/feature_draft/corpus]"], "names a corpus folder twice")):
         with pytest.raises(ConfigError) as info:
             load_distill_config(None, overrides)
         assert needle in str(info.value) and "\n" not in str(info.value)

@@ -48,6 +48,35 @@ def test_stream_is_deterministic_large_and_varied(stream):
     assert len({t.split("```python")[1] for t in edits}) >= 0.8 * len(edits)  # many different functions
 
 
+
+def test_a_stream_of_chosen_families_gives_them_in_turn_and_records_them(stream):
+    """``families=[...]``: a corpus of open-ended chat only (or any mix); the default stream's record
+    stays as every corpus made before the option has it."""
+    open_chat = Stream(0, stream.mat, families=["open_chat"])
+    items = [open_chat.at(p) for p in range(600)]
+    assert {i.family for i in items} == {"open_chat"} and [i.id for i in items[:3]] == ["open_chat/0", "open_chat/1", "open_chat/2"]
+    assert items == [Stream(0, stream.mat, families=["open_chat"]).at(p) for p in range(600)]
+    texts = [i.text for i in items]
+    assert len(set(texts)) >= 0.75 * len(texts)  # a few fixed puzzles repeat; the corpus skips repeats
+    starts = Counter(t.split()[0] for t in texts)
+    assert len(starts) >= 15 and max(starts.values()) < 0.3 * len(texts)  # writing, role-play, extraction, ...
+    assert any("\n\n" in t and "JSON" in t for t in texts) and any(t.startswith(("Pretend", "Act as", "You are")) for t in texts)
+    assert open_chat.describe()["families"] == ["open_chat"] and "families" not in stream.describe()
+    mixed = Stream(0, stream.mat, families=["math", "open_chat"])
+    assert [mixed.at(p).family for p in range(4)] == ["math", "open_chat", "math", "open_chat"]
+    assert mixed.at(2).text == stream.families["math"].text(*_combo(stream, mixed, "math", 1))
+    for bad in (["poetry"], ["chat", "chat"], []):
+        with pytest.raises(ValueError, match="families must be distinct names"):
+            Stream(0, stream.mat, families=bad)
+
+
+def _combo(stream, other, family, j):
+    """The combination and rng item ``j`` of ``family`` gets (the same in any stream of that seed)."""
+    import random
+
+    a, b = other._perms[family]
+    return (a * j + b) % stream.families[family].size, random.Random(f"0:{family}:{j}")
+
 # -- the benchmark guard --------------------------------------------------------------------------
 def test_guard_refuses_long_overlaps_and_short_whole_prompts():
     long = "Natalia sold clips to forty eight of her friends in April and then she sold half as many in May"
@@ -214,6 +243,24 @@ def test_a_corpus_continues_only_with_its_seed(tmp_path, stream):
     with pytest.raises(CorpusError, match="seed=0"):
         run_corpus(config(tmp_path, tokens=50, seed=1), "t", backend=fake_backend(), stream=Stream(1, stream.mat),
                    guard=BenchmarkGuard([]))
+    with pytest.raises(CorpusError, match=r"made with families=\[\]: continue it with those"):
+        run_corpus(config(tmp_path, tokens=50, families=["open_chat"]), "t", backend=fake_backend(),
+                   stream=Stream(0, stream.mat, families=["open_chat"]), guard=BenchmarkGuard([]))
+
+
+def test_an_open_chat_corpus_records_its_families_and_continues_only_with_them(tmp_path, stream):
+    open_chat = Stream(0, stream.mat, families=["open_chat"])
+    run_corpus(config(tmp_path, tokens=20, families=["open_chat"]), "t", backend=fake_backend(), stream=open_chat,
+               guard=BenchmarkGuard([]))
+    assert {r[1] for r in records(tmp_path)} == {"open_chat"}
+    assert corpus_stats(tmp_path)["stream"]["families"] == ["open_chat"]
+    shard = json.loads(next(tmp_path.glob("shard-*.json")).read_text())
+    assert shard["stream"]["families"] == ["open_chat"]
+    with pytest.raises(CorpusError, match=r"made with families=\['open_chat'\]"):
+        run_corpus(config(tmp_path, tokens=50), "t", backend=fake_backend(), stream=stream, guard=BenchmarkGuard([]))
+    run_corpus(config(tmp_path, tokens=60, families=["open_chat"]), "t", backend=fake_backend(),
+               stream=Stream(0, stream.mat, families=["open_chat"]), guard=BenchmarkGuard([]))
+    assert corpus_stats(tmp_path)["answer_tokens"] >= 60
 
 
 # -- the command ----------------------------------------------------------------------------------
@@ -226,6 +273,8 @@ def test_a_corpus_continues_only_with_its_seed(tmp_path, stream):
     (["tokens=many"], "tokens"),
     (["--stats", "out=NOPE"], "holds no corpus"),
     (["out=FILE"], "is a file"),
+    (["families=[poetry]"], "give distinct names among chat"),
+    (["families=[chat,chat]"], "give distinct names among chat"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
     (tmp_path / "FILE").write_text("x")

@@ -68,6 +68,7 @@ class CorpusConfig:
     extra_files: List[str] = attrs.field(factory=list)  # your own text files (never benchmark prompts)
     selfdistill: Optional[str] = None  # a `pacer corpus` folder: its records (prompt + the target's answer) join
     selfdistill_from: int = 0  # read its shards from this index on (e.g. only those the init draft did not see)
+    selfdistill_extra: List[str] = attrs.field(factory=list)  # more `pacer corpus` folders, read whole (e.g. open chat)
 
 
 @attrs.define
@@ -126,6 +127,13 @@ def load_distill_config(path: Optional[str], overrides: list[str]) -> DistillCon
     if cfg.corpus.selfdistill is not None and not (Path(cfg.corpus.selfdistill) / "manifest.json").is_file():
         raise ConfigError(f"corpus.selfdistill '{cfg.corpus.selfdistill}' holds no `pacer corpus` corpus "
                           "(no manifest.json): make one with `pacer corpus out=FOLDER` or drop the option")
+    for folder in cfg.corpus.selfdistill_extra:
+        if not (Path(folder) / "manifest.json").is_file():
+            raise ConfigError(f"corpus.selfdistill_extra '{folder}' holds no `pacer corpus` corpus (no manifest.json): "
+                              "make one with `pacer corpus out=FOLDER` or drop it from the list")
+    if len({str(Path(f).resolve()) for f in [*cfg.corpus.selfdistill_extra, *([cfg.corpus.selfdistill] if cfg.corpus.selfdistill else [])]}) \
+            != len(cfg.corpus.selfdistill_extra) + (cfg.corpus.selfdistill is not None):
+        raise ConfigError("corpus.selfdistill_extra names a corpus folder twice (or corpus.selfdistill again): give each once")
     t = cfg.train
     if t.unroll < 1 or not 0 < t.unroll_decay <= 1 or t.max_seconds < 0:
         raise ConfigError(f"train.unroll must be >= 1 (got {t.unroll}), train.unroll_decay in (0, 1] "
@@ -217,6 +225,12 @@ def build_corpus(cfg: DistillConfig, target, tokenizer) -> dict[str, Any]:
     streams = {"stdlib": text["stdlib"], "docs": text["docs"], "chat": [], "extra": text["extra"]}
     if c.selfdistill is not None:
         streams["selfdistill"], used["selfdistill"] = selfdistill_stream(Path(c.selfdistill), target, c.selfdistill_from)
+    if c.selfdistill_extra:
+        streams["selfdistill_extra"], used["selfdistill_extra"] = [], []
+        for folder in c.selfdistill_extra:
+            stream, record = selfdistill_stream(Path(folder), target, option="corpus.selfdistill_extra")
+            streams["selfdistill_extra"] += stream
+            used["selfdistill_extra"].append(record)
     asks = instructions(c.chat_answers, cfg.seed)
     used["instructions"] = [text_digest(q) for q in asks]
     for start in range(0, len(asks), c.chat_batch_size):
@@ -234,7 +248,8 @@ def build_corpus(cfg: DistillConfig, target, tokenizer) -> dict[str, Any]:
             "sources": {k: len(v) for k, v in streams.items()}, "instructions": len(asks), "sources_used": used}
 
 
-def selfdistill_stream(folder: Path, target, first_shard: int = 0) -> tuple[list[int], dict[str, Any]]:
+def selfdistill_stream(folder: Path, target, first_shard: int = 0,
+                       option: str = "corpus.selfdistill") -> tuple[list[int], dict[str, Any]]:
     """The records of a ``pacer corpus`` folder (each its prompt, chat template applied, and the
     target's greedy answer; its shards from ``first_shard`` on) concatenated in stream order, and the
     record of what was read: the folder, the digest of the target that wrote it, the shards read
@@ -246,7 +261,7 @@ def selfdistill_stream(folder: Path, target, first_shard: int = 0) -> tuple[list
     store = CorpusStore(folder, create=False)
     written_by = (store.manifest.get("target") or {}).get("digest")
     if written_by and target.digest and written_by != target.digest:
-        raise InputError(f"corpus.selfdistill '{folder}' was written by target {written_by}, this target is "
+        raise InputError(f"{option} '{folder}' was written by target {written_by}, this target is "
                          f"{target.digest}: grow a corpus with this target (`pacer corpus target=...`)")
     if not 0 <= first_shard < len(store.shards):
         raise InputError(f"corpus.selfdistill_from={first_shard}, but '{folder}' holds shards 0..{len(store.shards) - 1}: "

@@ -238,7 +238,7 @@ def seen_sources(record: Optional[dict[str, Any]]) -> dict[str, Any]:
     """Everything a draft's weights saw, from its ``corpus_sources``: its own corpus's record and,
     under ``init``, the records of the drafts it continued (a chain of runs), merged into one:
     instructions, stdlib files and documentation topics concatenated, the self-distillation corpora
-    (``selfdistill``) listed; the seed is the draft's own."""
+    (``selfdistill`` and ``selfdistill_extra``) listed; the seed is the draft's own."""
     merged: dict[str, Any] = {"seed": int((record or {}).get("seed", 0)), "instructions": [], "stdlib": [],
                               "docs": [], "selfdistill": []}
     while isinstance(record, dict):
@@ -246,6 +246,7 @@ def seen_sources(record: Optional[dict[str, Any]]) -> dict[str, Any]:
             merged[key] += list(record.get(key) or [])
         if isinstance(record.get("selfdistill"), dict):
             merged["selfdistill"].append(record["selfdistill"])
+        merged["selfdistill"] += [r for r in record.get("selfdistill_extra") or [] if isinstance(r, dict)]
         record = record.get("init")
     return merged
 

@@ -3,6 +3,7 @@
     pacer corpus out=plugins/feature_draft/corpus tokens=2000000        # grow until it holds 2M answer tokens
     pacer corpus --stats out=plugins/feature_draft/corpus               # what it holds
     pacer corpus --measure                                             # tokens/s per batch size and dtype
+    pacer corpus out=plugins/feature_draft/corpus-open families=[open_chat] tokens=300000   # open-ended chat only
 
 The run is resumable: each shard covers the next ``shard_size`` positions of the instruction
 stream; an interrupted run (Ctrl-C, SIGTERM, SIGKILL) loses at most the shard in progress, and the
@@ -30,7 +31,7 @@ from pacer_core.kernels import batched_dtype_hint
 from .generate import Generator, answer_all, greedy_batch, measure
 from .guard import BenchmarkGuard
 from .shards import CorpusError, CorpusStore, corpus_stats
-from .stream import STREAM_VERSION, Stream
+from .stream import ALL_FAMILIES, STREAM_VERSION, Stream
 
 from pacer_core.commands import Runner, command
 
@@ -59,6 +60,7 @@ class CorpusConfig:
     max_prompt_tokens: int = 1024  # longer instructions are refused (recorded) instead of answered
     shard_size: int = 128  # stream positions per shard: what an interruption can lose
     seed: int = 0  # the instruction stream's seed; fixed when the corpus is created
+    families: List[str] = attrs.field(factory=list)  # [] = the five-family pattern; else these in turn (fixed at creation)
     minutes: float = 0.0  # stop before a shard that would end after this many minutes (0 = no limit)
     threads: int = 0  # torch threads; 0 = torch's default
     measure: MeasureConfig = attrs.field(factory=MeasureConfig)
@@ -84,6 +86,10 @@ def check(cfg: CorpusConfig) -> None:
             raise ConfigError(f"unknown dtype '{dtype}': use one of {', '.join(DTYPES)}")
     if not cfg.measure.batch_sizes or min(cfg.measure.batch_sizes) < 1 or cfg.measure.prompts < 1:
         raise ConfigError("measure.batch_sizes must be positive integers and measure.prompts >= 1")
+    unknown = [f for f in cfg.families if f not in ALL_FAMILIES]
+    if unknown or len(set(cfg.families)) != len(cfg.families):
+        raise ConfigError(f"families={cfg.families}: give distinct names among {', '.join(ALL_FAMILIES)} "
+                          "(or none for the default mix)")
     out = Path(cfg.out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"out='{out}' is a file: give a folder for the corpus")
@@ -143,7 +149,7 @@ def run_corpus(cfg: CorpusConfig, command_line: str, *, backend: Optional[Backen
     store.recover(log)
     for entry in store.shards:  # never build on a damaged corpus
         store.verify(entry)
-    stream = stream or Stream(cfg.seed)
+    stream = stream or Stream(cfg.seed, families=cfg.families or None)
     header = store.manifest["stream"]
     if header is not None:
         if header["seed"] != cfg.seed:
@@ -153,6 +159,10 @@ def run_corpus(cfg: CorpusConfig, command_line: str, *, backend: Optional[Backen
             raise CorpusError(f"'{cfg.out}' was made from another instruction stream (version {header['version']}, "
                               f"material {header['material_digest']}, Python {header['python']}); this Python "
                               f"makes material {stream.material_digest}: continue it with that Python or choose a new out= folder")
+        made_with = header.get("families", [])
+        if made_with != list(stream.mix or []):
+            raise CorpusError(f"'{cfg.out}' was made with families={made_with}: continue it with those "
+                              "or choose a new out= folder")
     if store.totals["answer_tokens"] >= cfg.tokens:
         log(f"'{cfg.out}' already holds {store.totals['answer_tokens']} answer tokens (tokens={cfg.tokens}); nothing to do")
         return corpus_stats(cfg.out)
@@ -223,7 +233,8 @@ def run_corpus(cfg: CorpusConfig, command_line: str, *, backend: Optional[Backen
                                "max_prompt_tokens": cfg.max_prompt_tokens, "batch_size": cfg.batch_size,
                                "dtype": backend.target["dtype"], "device": backend.target["device"]},
                 "target": backend.target,
-                "stream": {"seed": cfg.seed, "version": STREAM_VERSION, "material_digest": stream.material_digest},
+                "stream": {"seed": cfg.seed, "version": STREAM_VERSION, "material_digest": stream.material_digest,
+                           **({"families": list(stream.mix)} if stream.mix is not None else {})},
                 "guard": guard.describe(),
                 "command": command_line,
                 "timing": {"started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(shard_started)),
@@ -255,7 +266,7 @@ def run_corpus(cfg: CorpusConfig, command_line: str, *, backend: Optional[Backen
 def run_measure(cfg: CorpusConfig) -> list[dict]:
     """Tokens/s per batch size and dtype on this machine (greedy, ``max_new_tokens``, the first
     ``measure.prompts`` usable instructions of the stream); prints a markdown table."""
-    stream, guard = Stream(cfg.seed), BenchmarkGuard.from_benchmarks()
+    stream, guard = Stream(cfg.seed, families=cfg.families or None), BenchmarkGuard.from_benchmarks()
     if cfg.threads:
         import torch
 

@@ -1,4 +1,5 @@
-"""The instruction stream: deterministic, seeded, random-access, in five families.
+"""The instruction stream: deterministic, seeded, random-access, in five families (a sixth,
+``open_chat``, for a stream of chosen families).
 
 Position ``p`` of the stream belongs to the family ``PATTERN[p % 20]`` (6 chat, 4 code writing,
 4 code editing, 3 math, 3 summaries in every 20) and is that family's item ``j`` (how many earlier
@@ -28,12 +29,13 @@ import sys
 import sysconfig
 import textwrap
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence
 
 import attrs
 
 STREAM_VERSION = 1
-FAMILIES = ("chat", "code_write", "code_edit", "math", "summary")
+FAMILIES = ("chat", "code_write", "code_edit", "math", "summary")  # the default pattern's
+ALL_FAMILIES = FAMILIES + ("open_chat",)  # open_chat: only in a stream made with ``families=[...]``
 PATTERN = ("chat", "code_edit", "code_write", "math", "chat", "summary", "code_edit", "chat", "code_write", "math",
            "chat", "code_edit", "summary", "code_write", "chat", "math", "code_edit", "chat", "summary", "code_write")
 
@@ -245,6 +247,147 @@ def _math_problem(template: int, rng: random.Random) -> str:
 
 MATH_TEMPLATES = 20
 
+
+# open-ended requests in the manner of multi-turn chat benchmarks (writing, role-play, extraction,
+# reasoning, explanations for a given reader); every word list and template written for this project
+PLACES = _split("""
+Lisbon; Kyoto; a small fishing village in Norway; the Scottish Highlands; Marrakech; Vancouver; the Amazon rainforest;
+Istanbul; a mountain town in the Andes; Cape Town; Iceland; Hanoi; the Greek islands; Patagonia; Prague;
+a national park in Canada; Seoul; the Australian outback; Venice; a desert oasis; Mexico City; New Zealand's south island;
+a lighthouse on a rocky coast; Copenhagen; the Swiss Alps; Buenos Aires; a tea plantation in Sri Lanka; Edinburgh;
+a coral atoll; Montreal; the Sahara; a night market in Taipei; Vienna; a quiet lake in Finland; Havana; Dublin
+""")
+PERSONAS = _split("""
+a medieval knight; a ship's captain from the 1800s; a friendly robot from the future; a detective in 1920s London;
+a grumpy old wizard; a cheerful kindergarten teacher; a famous chef; a professional football coach;
+a NASA flight director; a pirate who has given up piracy; a time traveller from the year 3000; a museum tour guide;
+a stand-up comedian; a wise old tree; a startup founder pitching to investors; a sports commentator;
+a librarian who loves mysteries; a park ranger; a personal fitness trainer; a travel agent;
+a nineteenth-century scientist; a lighthouse keeper; a news anchor; a poet laureate; a retired astronaut;
+a barista who gives life advice; a cat who can talk; a dragon guarding a treasure; a village baker; a tour bus driver
+""")
+AUDIENCES = _split("""
+a group of high-school students; your grandparents; a curious five-year-old; a busy executive; new employees;
+a skeptical scientist; a room full of tourists; readers of a local newspaper; a city council; first-year university students
+""")
+THINGS = _split("""
+a smartwatch; a reusable water bottle; an electric scooter; a noise-cancelling headset; a language-learning app;
+a solar-powered charger; a smart thermostat; a meal-kit subscription; a folding bicycle; an e-reader;
+a home coffee roaster; a plant-care sensor; a budgeting app; a portable projector; a standing desk
+""")
+ROLES = ["engineer", "designer", "manager", "analyst", "teacher", "nurse", "accountant", "chef", "pilot", "editor",
+         "pharmacist", "architect", "developer", "consultant", "journalist"]
+CITIES = ["Oslo", "Lima", "Nairobi", "Perth", "Leeds", "Porto", "Osaka", "Denver", "Quito", "Gdansk", "Tampere", "Accra"]
+MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
+          "November", "December"]
+OPEN_TEMPLATES = _split("""
+Compose an engaging travel blog post about a week spent in {place}, covering the food, the people and one unexpected moment.;
+Write a persuasive essay arguing that every school should teach {topic}.;
+Draft a professional email to your manager asking for a week off to visit {place}.;
+Write a product review of {thing} after using it for a month, with its strengths and weaknesses.;
+Write a short story about {persona} who has to learn about {topic}.;
+Write a speech for {audience} about why {topic} matters.;
+Write a letter to a friend describing your first impressions of {place}.;
+Write the opening scene of a mystery novel set in {place}.;
+Write a radio advertisement for {thing}, about thirty seconds long.;
+Draft a polite complaint to a company whose {thing} stopped working after two days.;
+Write a diary entry of {persona} on an ordinary Tuesday.;
+Write a motivational speech for {audience} before a difficult exam.;
+Write a two-paragraph cover letter for a job that involves {topic}.;
+Compose a short poem in the voice of {persona} about {place}.;
+Write a news report about a festival held in {place}.;
+Write a review of an imaginary restaurant in {place}, as a food critic would.;
+Pretend you are {persona}. Describe your typical day and what you like most about it.;
+Act as {persona} and give advice to someone who is nervous about {topic}.;
+You are {persona}. A visitor asks you what {topic} is. Answer in character.;
+Imagine you are {persona} visiting {place} for the first time. What do you notice?;
+Take on the role of {persona} and explain why people should care about {topic}.;
+Pretend to be {persona} and persuade {audience} to try {thing}.;
+Role-play as {persona}: a customer complains that {thing} is too expensive. Respond to them.;
+Stay in character as {persona} and tell a short story about your greatest adventure.;
+As {persona}, write a short welcome message for {audience}.;
+Explain {topic} to {audience}, using one clear example.;
+What are the main challenges of {topic}, and how can they be addressed?;
+Compare living in {place} with living in a big city. Which would you choose and why?;
+Describe three ways {topic} has changed everyday life in the last fifty years.;
+What ethical questions does {topic} raise? Discuss two of them.;
+Explain the history and the importance of {topic} in a short essay.;
+Give a balanced analysis of the benefits and risks of {thing}.;
+If you had to teach {topic} in a single afternoon, how would you plan it?;
+What would a beginner misunderstand about {topic}, and how would you correct it?;
+Describe how {topic} could be used to solve a problem in a small town.;
+Suggest a three-day itinerary for {place}, with one activity for each morning and afternoon.;
+Plan a birthday surprise for a friend who loves {topic}.;
+Brainstorm five creative names for a café in {place}, and explain each one.;
+Outline a marketing plan for {thing} aimed at {audience}.;
+Suggest five discussion questions for {audience} about {topic}.;
+Create a weekly schedule that helps a student make progress with {topic}.
+""")
+OPEN_KINDS = ("template", "extract", "reason", "rewrite")
+
+
+def _notes(rng: random.Random) -> tuple[str, list[str]]:
+    """A short invented passage naming people, roles, cities and months (for extraction requests)."""
+    people = rng.sample(NAMES, 3)
+    lines = []
+    for name in people:
+        role, city, month = rng.choice(ROLES), rng.choice(CITIES), rng.choice(MONTHS)
+        year = rng.randint(2015, 2024)
+        lines.append(rng.choice([
+            f"{name} joined the team as a {role} in {month} {year} and moved to {city} soon after.",
+            f"In {month} {year}, {name}, a {role} from {city}, led the project's first review.",
+            f"{name} has worked as a {role} in {city} since {month} {year}.",
+        ]))
+    extra = rng.choice([f"The group met {rng.randint(3, 12)} times that year.",
+                        f"Their budget was {rng.randint(5, 90)} thousand euros.",
+                        f"Most meetings took place in {rng.choice(CITIES)}."])
+    return " ".join(lines + [extra]), people
+
+
+def _open_extract(rng: random.Random) -> str:
+    text, _ = _notes(rng)
+    ask = rng.choice([
+        "List every person mentioned, with their job and city, as JSON.",
+        "Extract all the dates and the events that happened on them.",
+        "Who is mentioned in this text, and what does each of them do? Answer in a table.",
+        "Identify the cities in the text and say who is connected to each.",
+        "Summarize the passage in one sentence, then list the names it mentions.",
+    ])
+    return rng.choice([f"{ask}\n\n{text}", f"{text}\n\n{ask}"])
+
+
+def _open_reason(rng: random.Random) -> str:
+    a, b, c, d = rng.sample(NAMES, 4)
+    n, m = rng.randint(3, 9), rng.randint(2, 6)
+    puzzles = [
+        f"{a} is taller than {b}, and {b} is taller than {c}. Is {c} taller than {a}? Explain your reasoning.",
+        f"{a}, {b} and {c} each own one pet: a cat, a dog or a fish. {a} is allergic to fur and {b} does not own "
+        f"the dog. Who owns which pet?",
+        f"In a race, {a} finished ahead of {b} but behind {c}. {d} finished last. What was the finishing order?",
+        f"If it takes {m} workers {n} hours to paint a fence, how long would it take {m * 2} workers, assuming they "
+        f"work at the same rate? Explain your answer.",
+        f"{a} says that {b} is lying. {b} says that {c} is lying. {c} says that both {a} and {b} are lying. "
+        f"Who is telling the truth?",
+        f"A clock shows {n}:{m * 5:02d}. What is the angle between the hour hand and the minute hand?",
+        f"There are {n} people in a room and each shakes hands with every other person once. How many handshakes "
+        f"are there? Show your reasoning.",
+        f"{a} has twice as many books as {b}, and together they have {3 * (n + m)} books. How many does each have?",
+        f"Which is heavier, a kilogram of feathers or a kilogram of iron? Explain why people often get this wrong.",
+        f"{a} is facing north, turns right, turns right again and then turns left. Which direction is {a} facing?",
+    ]
+    return rng.choice(puzzles)
+
+
+def _open_rewrite(rng: random.Random) -> str:
+    text, _ = _notes(rng)
+    ask = rng.choice([
+        "Rewrite this paragraph in a more formal tone.",
+        "Rewrite this as a short, friendly announcement for a company newsletter.",
+        "Turn this passage into three bullet points.",
+        "Edit this paragraph to make it clearer and shorter.",
+        "Rewrite this text as if it were the opening of a novel.",
+    ])
+    return f"{ask}\n\n{text}"
 
 # -- material from the standard library --------------------------------------------------------------
 @attrs.frozen
@@ -524,6 +667,31 @@ class Summary(Family):
         return SUMMARY_FRAMES[frame].format(ask=SUMMARY_ASKS[ask], text=self.mat.texts[t])
 
 
+class OpenChat(Family):
+    """Open-ended requests (writing, role-play, explanations for a reader, planning; extraction from,
+    rewriting of and reasoning about invented passages and puzzles): the kind of chat the other
+    families cover least. The item's kind and slots come from its seeded ``rng``."""
+
+    name = "open_chat"
+    combos = 1_000_000
+
+    @property
+    def size(self) -> int:
+        return self.combos
+
+    def text(self, combo, rng):
+        kind = rng.choices(OPEN_KINDS, weights=(7, 1, 1, 1))[0]  # the item's own rng: spread over templates
+        if kind == "extract":
+            return _open_extract(rng)
+        if kind == "reason":
+            return _open_reason(rng)
+        if kind == "rewrite":
+            return _open_rewrite(rng)
+        template = rng.choice(OPEN_TEMPLATES)
+        return template.format(topic=rng.choice(TOPICS), place=rng.choice(PLACES), persona=rng.choice(PERSONAS),
+                               audience=rng.choice(AUDIENCES), thing=rng.choice(THINGS))
+
+
 def _permutation(size: int, seed: int, family: str) -> tuple[int, int]:
     """(a, b) of the affine permutation j → (a·j + b) mod size, a coprime to size."""
     rng = random.Random(f"{seed}:{family}:perm")
@@ -537,26 +705,37 @@ class Stream:
     """The instruction at any stream position, for a seed (``at``); ``None`` when the family's space
     is used up (never within a few million positions)."""
 
-    def __init__(self, seed: int = 0, mat: Optional[Material] = None):
+    def __init__(self, seed: int = 0, mat: Optional[Material] = None, families: Optional[Sequence[str]] = None):
+        """``families`` None: the five-family ``PATTERN``; else positions go to those families in turn
+        (e.g. ``["open_chat"]``: a corpus of open-ended chat only), recorded by ``describe``."""
         self.seed = seed
         self.mat = mat or material()
-        self.families: dict[str, Family] = {cls.name: cls(self.mat) for cls in (Chat, CodeWrite, CodeEdit, Math, Summary)}
+        self.mix = None if families is None else tuple(families)
+        self.pattern = PATTERN if self.mix is None else self.mix
+        unknown = sorted(set(self.pattern) - set(ALL_FAMILIES))
+        if unknown or not self.pattern or (self.mix is not None and len(set(self.mix)) != len(self.mix)):
+            raise ValueError(f"families must be distinct names among {', '.join(ALL_FAMILIES)}, got {list(self.pattern)}")
+        classes = {cls.name: cls for cls in (Chat, CodeWrite, CodeEdit, Math, Summary, OpenChat)}
+        self.families: dict[str, Family] = {name: classes[name](self.mat) for name in dict.fromkeys(self.pattern)}
         self._perms = {name: _permutation(f.size, seed, name) for name, f in self.families.items()}
-        self._rank = [PATTERN[:i].count(PATTERN[i]) for i in range(len(PATTERN))]
+        self._rank = [self.pattern[:i].count(self.pattern[i]) for i in range(len(self.pattern))]
 
     @property
     def material_digest(self) -> str:
         return self.mat.digest
 
     def describe(self) -> dict:
-        return {"version": STREAM_VERSION, "seed": self.seed, "material_digest": self.mat.digest,
-                "python": f"{sys.version_info.major}.{sys.version_info.minor}",
-                "family_sizes": {name: f.size for name, f in self.families.items()}}
+        described = {"version": STREAM_VERSION, "seed": self.seed, "material_digest": self.mat.digest,
+                     "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+                     "family_sizes": {name: f.size for name, f in self.families.items()}}
+        if self.mix is not None:  # absent: the five-family pattern (every corpus made before the option)
+            described["families"] = list(self.mix)
+        return described
 
     def locate(self, position: int) -> tuple[str, int]:
-        cycle, slot = divmod(position, len(PATTERN))
-        family = PATTERN[slot]
-        return family, cycle * PATTERN.count(family) + self._rank[slot]
+        cycle, slot = divmod(position, len(self.pattern))
+        family = self.pattern[slot]
+        return family, cycle * self.pattern.count(family) + self._rank[slot]
 
     def at(self, position: int) -> Optional[Instruction]:
         family, j = self.locate(position)
