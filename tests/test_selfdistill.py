@@ -292,15 +292,18 @@ def test_stats_prints_the_totals_per_family(tmp_path, stream, capsys):
     assert "target-written tokens" in out and all(f in out for f in ("chat", "math"))
 
 
-def test_the_committed_corpus_is_intact_counted_and_never_a_benchmark_prompt():
-    """The corpus the repository carries (plugins/feature_draft/corpus): every shard's sha256 matches
-    the manifest, the totals are the records', and no prompt the target answered overlaps a
-    benchmark prompt (the guard, run again on the decoded prompts)."""
+@pytest.mark.parametrize("folder, families", [("corpus", set(FAMILIES)), ("corpus-open", {"open_chat"})])
+def test_the_committed_corpus_is_intact_counted_and_never_a_benchmark_prompt(folder, families):
+    """The corpora the repository carries (plugins/feature_draft/corpus, and corpus-open of open-ended
+    chat only): every shard's sha256 matches the manifest, the totals are the records', and no prompt
+    the target answered overlaps a benchmark prompt (the guard, run again on the decoded prompts)."""
     from tokenizers import Tokenizer
 
     root = Path(__file__).resolve().parents[1] / "plugins" / "feature_draft"
-    stats = corpus_stats(root / "corpus")
-    samples = list(iter_corpus(root / "corpus"))  # checks each shard's sha256 first
+    stats = corpus_stats(root / folder)
+    samples = list(iter_corpus(root / folder))  # checks each shard's sha256 first
+    assert {s.family for s in samples} == families
+    assert stats["stream"].get("families", sorted(FAMILIES)) == sorted(families)
     assert stats["shards"] >= 1 and stats["positions"] == 128 * stats["shards"]
     assert len(samples) == stats["records"] and stats["target"]["digest"] == "b179c9523d0e6a0f"
     assert sum(len(s.tokens) - s.prompt_length for s in samples) == stats["answer_tokens"]
