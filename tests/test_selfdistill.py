@@ -292,6 +292,19 @@ def test_stats_prints_the_totals_per_family(tmp_path, stream, capsys):
     assert "target-written tokens" in out and all(f in out for f in ("chat", "math"))
 
 
+def test_the_stream_still_makes_the_committed_open_chat_corpus(stream):
+    """Every record of plugins/feature_draft/corpus-open is the instruction its stream position gives
+    (id and text digest): a change to the open_chat family that would silently rewrite the corpus's
+    provenance fails here."""
+    root = Path(__file__).resolve().parents[1] / "plugins" / "feature_draft" / "corpus-open"
+    open_chat = Stream(0, stream.mat, families=["open_chat"])
+    records = [r for shard in sorted(root.glob("shard-*.json")) for r in json.loads(shard.read_text())["records"]]
+    assert len(records) >= 1000
+    for r in records:
+        item = open_chat.at(r["position"])
+        assert (item.id, item.sha) == (r["id"], r["sha"]), r["id"]
+
+
 @pytest.mark.parametrize("folder, families", [("corpus", set(FAMILIES)), ("corpus-open", {"open_chat"})])
 def test_the_committed_corpus_is_intact_counted_and_never_a_benchmark_prompt(folder, families):
     """The corpora the repository carries (plugins/feature_draft/corpus, and corpus-open of open-ended

@@ -326,7 +326,7 @@ Create a weekly schedule that helps a student make progress with {topic}.
 OPEN_KINDS = ("template", "extract", "reason", "rewrite")
 
 
-def _notes(rng: random.Random) -> tuple[str, list[str]]:
+def _notes(rng: random.Random) -> str:
     """A short invented passage naming people, roles, cities and months (for extraction requests)."""
     people = rng.sample(NAMES, 3)
     lines = []
@@ -341,19 +341,26 @@ def _notes(rng: random.Random) -> tuple[str, list[str]]:
     extra = rng.choice([f"The group met {rng.randint(3, 12)} times that year.",
                         f"Their budget was {rng.randint(5, 90)} thousand euros.",
                         f"Most meetings took place in {rng.choice(CITIES)}."])
-    return " ".join(lines + [extra]), people
+    return " ".join(lines + [extra])
 
 
-def _open_extract(rng: random.Random) -> str:
-    text, _ = _notes(rng)
-    ask = rng.choice([
-        "List every person mentioned, with their job and city, as JSON.",
-        "Extract all the dates and the events that happened on them.",
-        "Who is mentioned in this text, and what does each of them do? Answer in a table.",
-        "Identify the cities in the text and say who is connected to each.",
-        "Summarize the passage in one sentence, then list the names it mentions.",
-    ])
-    return rng.choice([f"{ask}\n\n{text}", f"{text}\n\n{ask}"])
+EXTRACT_ASKS = ["List every person mentioned, with their job and city, as JSON.",
+                "Extract all the dates and the events that happened on them.",
+                "Who is mentioned in this text, and what does each of them do? Answer in a table.",
+                "Identify the cities in the text and say who is connected to each.",
+                "Summarize the passage in one sentence, then list the names it mentions."]
+REWRITE_ASKS = ["Rewrite this paragraph in a more formal tone.",
+                "Rewrite this as a short, friendly announcement for a company newsletter.",
+                "Turn this passage into three bullet points.",
+                "Edit this paragraph to make it clearer and shorter.",
+                "Rewrite this text as if it were the opening of a novel."]
+
+
+def _on_notes(rng: random.Random, asks: list[str], either_order: bool) -> str:
+    """A request about an invented passage: the request first, or (``either_order``) after it."""
+    text = _notes(rng)
+    ask = rng.choice(asks)
+    return rng.choice([f"{ask}\n\n{text}", f"{text}\n\n{ask}"]) if either_order else f"{ask}\n\n{text}"
 
 
 def _open_reason(rng: random.Random) -> str:
@@ -377,17 +384,6 @@ def _open_reason(rng: random.Random) -> str:
     ]
     return rng.choice(puzzles)
 
-
-def _open_rewrite(rng: random.Random) -> str:
-    text, _ = _notes(rng)
-    ask = rng.choice([
-        "Rewrite this paragraph in a more formal tone.",
-        "Rewrite this as a short, friendly announcement for a company newsletter.",
-        "Turn this passage into three bullet points.",
-        "Edit this paragraph to make it clearer and shorter.",
-        "Rewrite this text as if it were the opening of a novel.",
-    ])
-    return f"{ask}\n\n{text}"
 
 # -- material from the standard library --------------------------------------------------------------
 @attrs.frozen
@@ -681,12 +677,10 @@ class OpenChat(Family):
 
     def text(self, combo, rng):
         kind = rng.choices(OPEN_KINDS, weights=(7, 1, 1, 1))[0]  # the item's own rng: spread over templates
-        if kind == "extract":
-            return _open_extract(rng)
+        if kind in ("extract", "rewrite"):
+            return _on_notes(rng, EXTRACT_ASKS, True) if kind == "extract" else _on_notes(rng, REWRITE_ASKS, False)
         if kind == "reason":
             return _open_reason(rng)
-        if kind == "rewrite":
-            return _open_rewrite(rng)
         template = rng.choice(OPEN_TEMPLATES)
         return template.format(topic=rng.choice(TOPICS), place=rng.choice(PLACES), persona=rng.choice(PERSONAS),
                                audience=rng.choice(AUDIENCES), thing=rng.choice(THINGS))
