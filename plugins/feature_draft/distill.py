@@ -131,8 +131,8 @@ def load_distill_config(path: Optional[str], overrides: list[str]) -> DistillCon
         if not (Path(folder) / "manifest.json").is_file():
             raise ConfigError(f"corpus.selfdistill_extra '{folder}' holds no `pacer corpus` corpus (no manifest.json): "
                               "make one with `pacer corpus out=FOLDER` or drop it from the list")
-    if len({str(Path(f).resolve()) for f in [*cfg.corpus.selfdistill_extra, *([cfg.corpus.selfdistill] if cfg.corpus.selfdistill else [])]}) \
-            != len(cfg.corpus.selfdistill_extra) + (cfg.corpus.selfdistill is not None):
+    folders = [cfg.corpus.selfdistill] * (cfg.corpus.selfdistill is not None) + list(cfg.corpus.selfdistill_extra)
+    if len({Path(f).resolve() for f in folders}) != len(folders):
         raise ConfigError("corpus.selfdistill_extra names a corpus folder twice (or corpus.selfdistill again): give each once")
     t = cfg.train
     if t.unroll < 1 or not 0 < t.unroll_decay <= 1 or t.max_seconds < 0:

@@ -31,7 +31,7 @@ from pacer_core.kernels import batched_dtype_hint
 from .generate import Generator, answer_all, greedy_batch, measure
 from .guard import BenchmarkGuard
 from .shards import CorpusError, CorpusStore, corpus_stats
-from .stream import ALL_FAMILIES, STREAM_VERSION, Stream
+from .stream import ALL_FAMILIES, STREAM_VERSION, Stream, valid_families
 
 from pacer_core.commands import Runner, command
 
@@ -86,8 +86,7 @@ def check(cfg: CorpusConfig) -> None:
             raise ConfigError(f"unknown dtype '{dtype}': use one of {', '.join(DTYPES)}")
     if not cfg.measure.batch_sizes or min(cfg.measure.batch_sizes) < 1 or cfg.measure.prompts < 1:
         raise ConfigError("measure.batch_sizes must be positive integers and measure.prompts >= 1")
-    unknown = [f for f in cfg.families if f not in ALL_FAMILIES]
-    if unknown or len(set(cfg.families)) != len(cfg.families):
+    if cfg.families and not valid_families(cfg.families):
         raise ConfigError(f"families={cfg.families}: give distinct names among {', '.join(ALL_FAMILIES)} "
                           "(or none for the default mix)")
     out = Path(cfg.out)

@@ -695,6 +695,11 @@ def _permutation(size: int, seed: int, family: str) -> tuple[int, int]:
     return a, rng.randrange(size)
 
 
+def valid_families(families: Sequence[str]) -> bool:
+    """Whether ``families`` is a stream's family list: at least one, distinct, each a known family."""
+    return bool(families) and len(set(families)) == len(families) and set(families) <= set(ALL_FAMILIES)
+
+
 class Stream:
     """The instruction at any stream position, for a seed (``at``); ``None`` when the family's space
     is used up (never within a few million positions)."""
@@ -706,8 +711,7 @@ class Stream:
         self.mat = mat or material()
         self.mix = None if families is None else tuple(families)
         self.pattern = PATTERN if self.mix is None else self.mix
-        unknown = sorted(set(self.pattern) - set(ALL_FAMILIES))
-        if unknown or not self.pattern or (self.mix is not None and len(set(self.mix)) != len(self.mix)):
+        if self.mix is not None and not valid_families(self.mix):
             raise ValueError(f"families must be distinct names among {', '.join(ALL_FAMILIES)}, got {list(self.pattern)}")
         classes = {cls.name: cls for cls in (Chat, CodeWrite, CodeEdit, Math, Summary, OpenChat)}
         self.families: dict[str, Family] = {name: classes[name](self.mat) for name in dict.fromkeys(self.pattern)}
