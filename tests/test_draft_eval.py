@@ -14,7 +14,8 @@ from pacer_core import InputError
 from pacer_core.errors import ConfigError
 from helpers import adapter, tiny_llama
 
-from feature_draft.agreement import chain_hits, draft_hits, load_config, run_draft_eval, summarize
+from feature_draft.agreement import (chain_hits, draft_hits, load_config, run_draft_eval, summarize, summarize_kinds,
+                                     token_kind)
 from feature_draft.distill import DistillConfig, build_student, target_greedy
 from feature_draft.model import KVCache, draft_logits
 
@@ -103,6 +104,21 @@ def test_summarize_counts_each_position_given_the_earlier_hits_and_tau():
     assert s["tau"] == pytest.approx((3 + 2 + 1 + 1 + 3) / 5) and s["rows"] == 5
 
 
+def test_token_kinds_from_the_decoded_text():
+    assert [token_kind(t) for t in ("", "\n\n", "  ", " 42", "**", "\ufffd", " Hello", "ing", " (x")] == [
+        "special", "newline", "space", "digits", "punctuation", "punctuation", "word start", "word piece",
+        "word start"]
+
+
+def test_summarize_kinds_splits_position_one_by_kind():
+    first = torch.tensor([1, 0, 2, 1, 1])
+    kinds = torch.tensor([0, 0, 2, 2, 4])  # word start, word start, punctuation, punctuation, newline
+    assert summarize_kinds(first, kinds) == {
+        "word start": {"rows": 2, "share": 0.4, "top1": 0.5},
+        "punctuation": {"rows": 2, "share": 0.4, "top1": 0.5},
+        "newline": {"rows": 1, "share": 0.2, "top1": 1.0}}
+
+
 @pytest.fixture
 def tiny_eval(tmp_path, monkeypatch):
     """``run_draft_eval`` on the tiny target (a character tokenizer) with a saved eagle3 draft."""
@@ -114,6 +130,10 @@ def tiny_eval(tmp_path, monkeypatch):
     class Tokenizer:
         def encode(self, text, chat_template=True):
             return [3 + ord(c) % 61 for c in text[:40]]
+
+        def decode(self, ids):
+            return "".join(" " if i % 7 == 0 else "\n" if i % 7 == 1 else "." if i % 7 == 2 else
+                           "5" if i % 7 == 3 else chr(97 + i % 26) for i in ids)
 
     monkeypatch.setattr(hf, "load_section", lambda section, name: (target, Tokenizer(), "tinydigest"))
     folder = tmp_path / "draft"
@@ -138,6 +158,12 @@ def test_the_command_reports_per_set_caches_the_answers_and_refuses_bad_input(ti
     # position 1 is drafted after every answer token but the last (its next token is not in the answer)
     assert rows == sets["all"]["rows"] == sum(len(r["answer"]) - 1 for r in answers)
     assert (tmp_path / "eval" / "report.md").read_text().count("|") > 10
+    # position 1 by the kind of the target's token: the kinds partition the rows and recompose top-1
+    for s in sets.values():
+        by_kind = s["by_kind"]
+        assert sum(k["rows"] for k in by_kind.values()) == s["rows"]
+        assert sum(k["share"] * k["top1"] for k in by_kind.values()) == pytest.approx(s["positions"][0]["top1"])
+    assert "by the kind of the target's token" in (tmp_path / "eval" / "report.md").read_text()
     # the answers are reused: generating again would fail
     import pacer_core.hf.students as students
     monkeypatch.setattr(students, "greedy_batch", lambda *a, **k: pytest.fail("answers generated again"))

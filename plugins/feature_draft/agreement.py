@@ -11,6 +11,8 @@ positions 2..``depth`` its own predicted features with the answer's tokens. Repo
 prompt set, like the bench's ``draft_quality`` observer: at each draft position the share of rows
 whose target token is among the draft's top 1 / 2 / 4 / 8, given the positions before it hit (top-1);
 and τ at γ = ``depth``, the mean of 1 + the leading run of top-1 hits over every answer position.
+Position 1 is also split by the kind of the target's token (``token_kind``: word start, word piece,
+punctuation, digits, newline, space, special), to show where a draft misses.
 
 It measures agreement, not speed: no engine runs, so it is exact whatever else shares the machine.
 The bench's figures differ a little: its chains start only where the previous step ended, these
@@ -134,6 +136,38 @@ def chain_hits(draft_logits_per_step: Sequence[torch.Tensor], subset: torch.Tens
     return out
 
 
+TOKEN_KINDS = ("word start", "word piece", "punctuation", "digits", "newline", "space", "special")
+
+
+def token_kind(text: str) -> str:
+    """The kind of a token from its decoded text: ``special`` (decodes to nothing), ``newline`` or
+    ``space`` (whitespace only), ``digits`` (holds a digit), ``punctuation`` (no letter or digit:
+    markdown, symbols, a partial character), else a word: ``word start`` after leading whitespace,
+    ``word piece`` without."""
+    if not text:
+        return "special"
+    if not text.strip():
+        return "newline" if "\n" in text else "space"
+    if any(c.isdigit() for c in text):
+        return "digits"
+    if not any(c.isalnum() for c in text):
+        return "punctuation"
+    return "word start" if text[0].isspace() else "word piece"
+
+
+def summarize_kinds(first_hits: torch.Tensor, kinds: torch.Tensor) -> dict[str, dict[str, float]]:
+    """Position 1 by the kind of the target's token: first_hits [N] (``chain_hits``' column 0, ≥ 0),
+    kinds [N] (indices into ``TOKEN_KINDS``) → {kind: {rows, share of the rows, top1}} for the kinds
+    present; Σ share · top1 is position 1's top-1 share."""
+    out = {}
+    for index, name in enumerate(TOKEN_KINDS):
+        rows = kinds == index
+        n = int(rows.sum())
+        if n:
+            out[name] = {"rows": n, "share": n / len(kinds), "top1": float((first_hits[rows] == 1).float().mean())}
+    return out
+
+
 def summarize(hits: torch.Tensor, ks: Sequence[int]) -> dict[str, Any]:
     """hits [N, depth] from ``chain_hits`` (rows with position 1 valid) → per position j: {rows, top-k
     shares given positions 1..j-1 hit (top-1)}, and τ at γ = depth: mean of 1 + the leading top-1 run."""
@@ -188,6 +222,8 @@ def run_draft_eval(cfg: DraftEvalConfig, command_line: str) -> dict[str, Any]:
         nets.append(load_draft(draft_folder(folder)).to(embed.device))
     layers = sorted({tuple(n.arch.target_layers) for n in nets if getattr(n.arch, "target_layers", None)})
     hits: dict[tuple[int, str], list[torch.Tensor]] = {}
+    kinds: dict[str, list[torch.Tensor]] = {}  # per set, the kind of the target's token at each row's position 1
+    kind_of: dict[int, int] = {}
     for number, r in enumerate(records, start=1):
         tokens = torch.tensor(r["prompt"] + r["answer"], dtype=torch.long)
         states = [s[0].float() for s in target_states(target, tokens[None], [None, *layers])]
@@ -197,7 +233,12 @@ def run_draft_eval(cfg: DraftEvalConfig, command_line: str) -> dict[str, Any]:
             group = getattr(net.arch, "target_layers", None)
             rows = draft_hits(net, embed, head_full, tokens, feats, fused[tuple(group)] if group else None,
                               target_next, len(r["prompt"]) - 1, cfg.depth, cfg.ks)
-            hits.setdefault((i, r["set"]), []).append(rows[rows[:, 0] >= 0])
+            kept = rows[:, 0] >= 0
+            hits.setdefault((i, r["set"]), []).append(rows[kept])
+        wanted = target_next[kept.nonzero()[:, 0] + 1].tolist()  # row t's position 1 drafts the token after t + 1
+        for token in set(wanted) - set(kind_of):
+            kind_of[token] = TOKEN_KINDS.index(token_kind(tokenizer.decode([token])))
+        kinds.setdefault(r["set"], []).append(torch.tensor([kind_of[t] for t in wanted], dtype=torch.long))
         print(f"\rdrafts over the answers: {number}/{len(records)}", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
     results = {"command": command_line, "target_digest": digest, "dtype": cfg.target.dtype,
@@ -206,6 +247,11 @@ def run_draft_eval(cfg: DraftEvalConfig, command_line: str) -> dict[str, Any]:
     for i, folder in enumerate(cfg.drafts):
         per_set = {name: summarize(torch.cat(hits[(i, name)]), cfg.ks) for name in cfg.prompt_sets}
         per_set["all"] = summarize(torch.cat([torch.cat(hits[(i, name)]) for name in cfg.prompt_sets]), cfg.ks)
+        for name in cfg.prompt_sets:
+            per_set[name]["by_kind"] = summarize_kinds(torch.cat(hits[(i, name)])[:, 0], torch.cat(kinds[name]))
+        per_set["all"]["by_kind"] = summarize_kinds(
+            torch.cat([torch.cat(hits[(i, name)]) for name in cfg.prompt_sets])[:, 0],
+            torch.cat([torch.cat(kinds[name]) for name in cfg.prompt_sets]))
         results["drafts"].append({"draft": folder, "sets": per_set})
     (out / "results.json").write_text(json.dumps(results, indent=2))
     report = markdown(results, cfg.ks)
@@ -215,8 +261,8 @@ def run_draft_eval(cfg: DraftEvalConfig, command_line: str) -> dict[str, Any]:
 
 
 def markdown(results: dict[str, Any], ks: Sequence[int]) -> str:
-    """One table: per draft and prompt set, position 1's top-k shares, positions 2.. top-1 given the
-    earlier hit, and τ at γ = depth."""
+    """Two tables: per draft and prompt set, position 1's top-k shares, positions 2.. top-1 given the
+    earlier hit, and τ at γ = depth; then position 1's top-1 share by the kind of the target's token."""
     first = results["drafts"][0]["sets"]["all"]["positions"]
     depth = len(first)
     head = (["draft", "set"] + [f"pos 1 top-{k}" for k in ks] + [f"pos {j} top-1" for j in range(2, depth + 1)]
@@ -227,14 +273,33 @@ def markdown(results: dict[str, Any], ks: Sequence[int]) -> str:
         return "—" if value is None else f"{value:.3f}"
 
     for d in results["drafts"]:
-        shown = Path(d["draft"])
-        shown = shown.relative_to(Path.cwd()) if shown.is_absolute() and shown.is_relative_to(Path.cwd()) else shown
         for name, s in d["sets"].items():
             p = s["positions"]
-            lines.append("| " + " | ".join([str(shown), name] + [cell(p[0][f"top{k}"]) for k in ks]
+            lines.append("| " + " | ".join([_shown(d["draft"]), name] + [cell(p[0][f"top{k}"]) for k in ks]
                                            + [cell(p[j]["top1"]) for j in range(1, depth)]
                                            + [cell(s["tau"]).rstrip("0"), str(s["rows"])]) + " |")
+    present = [k for k in TOKEN_KINDS if any(k in s.get("by_kind", {}) for d in results["drafts"] for s in d["sets"].values())]
+    if present:
+        lines += ["", "Position 1, top-1 agreement by the kind of the target's token (the kind's share of the rows):", "",
+                  "| " + " | ".join(["draft", "set"] + present) + " |", "|" + "---|" * (len(present) + 2)]
+        for d in results["drafts"]:
+            for name, s in d["sets"].items():
+                by_kind = s.get("by_kind", {})
+                lines.append("| " + " | ".join([_shown(d["draft"]), name] + [
+                    _kind_cell(by_kind.get(k)) for k in present]) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _kind_cell(kind: Optional[dict[str, float]]) -> str:
+    if kind is None:
+        return "—"
+    share = f"{kind['share']:.0%}" if kind["share"] >= 0.01 else f"{kind['rows']} row{'s' if kind['rows'] != 1 else ''}"
+    return f"{kind['top1']:.3f} ({share})"
+
+
+def _shown(folder: str) -> str:
+    shown = Path(folder)
+    return str(shown.relative_to(Path.cwd()) if shown.is_absolute() and shown.is_relative_to(Path.cwd()) else shown)
 
 
 @command("draft-eval", "how often feature-level drafts agree with the target on the benchmark prompts "
