@@ -21,7 +21,9 @@ draft's features (cumulative log q, log q, entropy, log top probability, positio
 without the step context, and prints per draft position the AUC of the cumulative confidence and
 of both models; then replays the throughput rule (Dinkelbach: each step drafts the n that
 maximises 1 + Σ_{i≤n} p_i − λ · cost(n), λ the running throughput, iterated to its fixed point)
-with each predictor, beside the best fixed window and the oracle, on the cost model
+with each predictor (and, as an optimistic bound for any rule over the draft's confidence, that
+confidence calibrated per position on the very steps replayed), beside the best fixed window and
+the oracle, on the cost model
 `--verify-ms` (target forward over 1, 2, … tokens) and `--draft-ms` (a draft token).
 """
 
@@ -154,6 +156,21 @@ def cross_validated(rows, context: bool, folds: int = 4) -> list[list[float]]:
     return predictions
 
 
+def hindsight_calibrated(rows, bins: int = 20) -> list[list[float]]:
+    """An optimistic bound for any rule over the draft's cumulative confidence: per draft position,
+    the steps split into ``bins`` equal-count bins of Π q, each predicted by its own bin's accepted
+    rate, measured on these very steps."""
+    out = [[0.0] * min(r["n"], DEPTH) for r in rows]
+    for i in range(DEPTH):
+        ids = sorted((s for s, r in enumerate(rows) if r["n"] > i), key=lambda s: sum(rows[s]["log_q"][:i + 1]))
+        for b in range(bins):
+            chunk = ids[b * len(ids) // bins:(b + 1) * len(ids) // bins]
+            rate = sum(rows[s]["accepted"] > i for s in chunk) / max(1, len(chunk))
+            for s in chunk:
+                out[s][i] = rate
+    return out
+
+
 def throughput(rows, choose, cost, plain: float) -> float:
     """Simulated speedup over plain decoding of a rule choose(step, row, λ) → tokens to send."""
     rate = 1 / plain
@@ -205,7 +222,9 @@ def analyse(args) -> int:
     fixed = max((throughput(rows, lambda s, r, rate, g=g: min(g, r["n"]), cost, plain), g) for g in range(DEPTH + 1))
     oracle = throughput(rows, lambda s, r, rate: min(r["accepted"], DEPTH), cost, plain)
     print(f"\nbest fixed window {fixed[1]}: {fixed[0]:.3f}x; oracle {oracle:.3f}x")
+    hindsight = hindsight_calibrated(rows)
     rules = {"cumulative confidence": lambda s, r: [math.exp(sum(r["log_q"][:i + 1])) for i in range(min(r["n"], DEPTH))],
+             "cumulative confidence, calibrated with hindsight": lambda s, r: hindsight[s],
              "draft features": lambda s, r: base[s], "+ step context": lambda s, r: with_context[s]}
     for name, probabilities in rules.items():
         speedup = throughput(rows, rule(probabilities), cost, plain)

@@ -6,6 +6,7 @@ import math
 import random
 from pathlib import Path
 
+import pytest
 import torch
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "step_context_probe.py"
@@ -67,3 +68,15 @@ def test_the_replay_puts_a_predictor_between_the_best_fixed_window_and_the_oracl
 
     assert fixed < oracle
     assert abs(module.throughput(rows, rule, cost, 50.0) - oracle) < 1e-9  # knowing the labels is the oracle
+
+
+def test_hindsight_calibration_matches_each_positions_accepted_rate_and_orders_by_confidence():
+    module = probe()
+    rows = steps(False)
+    calibrated = module.hindsight_calibrated(rows, bins=10)
+    for i in range(8):
+        rate = sum(r["accepted"] > i for r in rows) / len(rows)
+        assert sum(p[i] for p in calibrated) / len(rows) == pytest.approx(rate)
+    # where acceptance follows the draft's own q, more confident bins accept more often at position 1
+    order = sorted(range(len(rows)), key=lambda s: rows[s]["log_q"][0])
+    assert calibrated[order[-1]][0] > calibrated[order[0]][0] + 0.3
