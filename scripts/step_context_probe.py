@@ -48,6 +48,7 @@ def record(args) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import attrs
 
+    from entropy_stop.rules import entropy
     from pacer_bench.prompts import load_prompts
     from pacer_core import Component, Engine, hookimpl, load_config
 
@@ -73,13 +74,12 @@ def record(args) -> int:
             if len(draft) and draft.draft_probs is not None and self.previous is not None:
                 q = draft.draft_probs.float()  # [n, vocab]
                 chosen = q.gather(1, draft.tokens[:, None])[:, 0].clamp_min(1e-12)
-                entropy = -(q.clamp_min(1e-12).log() * q).sum(-1)
                 rows.append({"prompt": self.prompt, "n": len(draft), "accepted": step.verdict.accepted,
-                             "log_q": chosen.log().tolist(), "entropy": entropy.tolist(),
+                             "log_q": chosen.log().tolist(), "entropy": entropy(q).tolist(),
                              "log_top": q.max(-1).values.clamp_min(1e-12).log().tolist(),
                              "context": self.previous})
             p = torch.softmax(step.target_logits[step.verdict.accepted].float(), -1)
-            self.previous = {"target_top": float(p.max()), "target_entropy": float(-(p.clamp_min(1e-12).log() * p).sum()),
+            self.previous = {"target_top": float(p.max()), "target_entropy": float(entropy(p)),
                              "accepted": step.verdict.accepted, "drafted": len(draft),
                              "bonus": step.verdict.next_kind == "bonus"}
 
@@ -185,8 +185,7 @@ def throughput(rows, choose, cost, plain: float) -> float:
 
 
 def analyse(args) -> int:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from plugins.pacer_stop.metrics import roc_auc
+    from pacer_stop.metrics import roc_auc
 
     rows = json.loads(Path(args.path).read_text())
     verify = [float(v) for v in args.verify_ms.split(",")]

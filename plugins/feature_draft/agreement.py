@@ -244,14 +244,13 @@ def run_draft_eval(cfg: DraftEvalConfig, command_line: str) -> dict[str, Any]:
     results = {"command": command_line, "target_digest": digest, "dtype": cfg.target.dtype,
                "answers": {name: sum(len(r["answer"]) for r in records if r["set"] == name) for name in cfg.prompt_sets},
                "drafts": []}
+    set_kinds = {name: torch.cat(kinds[name]) for name in cfg.prompt_sets}
+    set_kinds["all"] = torch.cat(list(set_kinds.values()))
     for i, folder in enumerate(cfg.drafts):
-        per_set = {name: summarize(torch.cat(hits[(i, name)]), cfg.ks) for name in cfg.prompt_sets}
-        per_set["all"] = summarize(torch.cat([torch.cat(hits[(i, name)]) for name in cfg.prompt_sets]), cfg.ks)
-        for name in cfg.prompt_sets:
-            per_set[name]["by_kind"] = summarize_kinds(torch.cat(hits[(i, name)])[:, 0], torch.cat(kinds[name]))
-        per_set["all"]["by_kind"] = summarize_kinds(
-            torch.cat([torch.cat(hits[(i, name)]) for name in cfg.prompt_sets])[:, 0],
-            torch.cat([torch.cat(kinds[name]) for name in cfg.prompt_sets]))
+        set_hits = {name: torch.cat(hits[(i, name)]) for name in cfg.prompt_sets}
+        set_hits["all"] = torch.cat(list(set_hits.values()))
+        per_set = {name: {**summarize(h, cfg.ks), "by_kind": summarize_kinds(h[:, 0], set_kinds[name])}
+                   for name, h in set_hits.items()}
         results["drafts"].append({"draft": folder, "sets": per_set})
     (out / "results.json").write_text(json.dumps(results, indent=2))
     report = markdown(results, cfg.ks)
