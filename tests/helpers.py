@@ -141,18 +141,18 @@ def greedy_pair(scale: float, prompts: list[list[int]], budget: int):
     return target, draft, references
 
 
-def make_draft(target_model, folder, seed=0, digest=None, extra_layers=0):
+def make_draft(target_model, folder, seed=0, digest=None, extra_layers=0, subset_size=48):
     """A random feature-level (``eagle``) draft for the tiny ``target_model``, saved in ``folder``
-    (``extra_layers``: decoder layers after the first)."""
+    (``extra_layers``: decoder layers after the first), whose vocabulary is tokens 0..subset_size-1."""
     from feature_draft.distill import _attention_shape
     from feature_draft.model import ArchConfig, FeatureDraft
 
     target = adapter(target_model)
-    arch = ArchConfig(hidden_size=target.hidden_size, vocab_size=target.vocab_size, subset_size=48,
+    arch = ArchConfig(hidden_size=target.hidden_size, vocab_size=target.vocab_size, subset_size=subset_size,
                       intermediate_size=64, extra_layers=extra_layers, **_attention_shape(target))
     torch.manual_seed(seed)
     net = FeatureDraft(arch)
-    net.subset.copy_(torch.arange(48))  # tokens 48..63 lie outside the draft's vocabulary
+    net.subset.copy_(torch.arange(subset_size))  # 48: tokens 48..63 lie outside the draft's vocabulary
     net.save(folder, {"target_digest": digest})
     return folder
 

@@ -37,10 +37,15 @@ def student(kind: str, target) -> torch.nn.Module:
     return build_student(cfg, target, SUBSET, target.embedding_weights()[1].float()).eval()
 
 
-@pytest.mark.parametrize("kind", ["feature", "feature-deep", "eagle3"])
-def test_hits_equal_a_step_by_step_recount_with_the_drafters_cache(kind):
+@pytest.mark.parametrize("kind,context_vocab,bias", [
+    ("feature", False, 0.0), ("feature", True, 0.0), ("feature", True, 1.5), ("feature", False, 1.5),
+    ("feature-deep", False, 0.0), ("eagle3", False, 0.0), ("eagle3", True, 1.5)])
+def test_hits_equal_a_step_by_step_recount_with_the_drafters_cache(kind, context_vocab, bias):
     """Row t, position j: the rank class of the target's greedy token after t + j (from the target's
-    own logits) among the draft's top-k, the draft fed its own features through its KV cache."""
+    own logits) among the draft's top-k, the draft fed its own features through its KV cache. With
+    ``context_vocab`` a subset head also ranks the tokens x_0..x_{t+1} outside its subset (ids 51..63
+    here), as the eagle drafter does (EAGLE-3's own head is left as it is); ``bias`` is added to the
+    logits of the tokens x_0..x_{t+1} the head holds."""
     from pacer_core.hf import last_hidden_states, layer_inputs
 
     model = tiny_target()
@@ -51,12 +56,20 @@ def test_hits_equal_a_step_by_step_recount_with_the_drafters_cache(kind):
     feats = last_hidden_states(target, tokens[None])[0].float()
     fused = layer_inputs(target, tokens[None], LAYERS)[0].float() if kind == "eagle3" else None
     depth, ks, first = 3, (1, 2, 4, 8), 4
-    hits = draft_hits(net, embed, head, tokens, feats, fused, target_greedy(feats[None], head)[0], first, depth, ks)
+    hits = draft_hits(net, embed, head, tokens, feats, fused, target_greedy(feats[None], head)[0], first, depth, ks,
+                      context_vocab, bias)
+    if context_vocab and kind == "feature":
+        assert set(tokens.tolist()) - set(SUBSET.tolist())  # the sequence has tokens outside the subset
     with torch.no_grad():
         greedy = model(tokens[None]).logits[0].argmax(-1)  # after every position
         inputs = feats[:-1] if fused is None else net.fuse(fused[:-1])
-        head_sub = head[net.subset]
         for t in range(len(tokens) - 1):
+            ids = net.subset.tolist()
+            if context_vocab and kind != "eagle3":
+                ids += [x for x in dict.fromkeys(tokens[: t + 2].tolist()) if x not in ids]
+            ids = torch.tensor(ids)
+            head_sub = head[ids]
+            read = torch.tensor([x in tokens[: t + 2].tolist() for x in ids.tolist()])
             cache = KVCache()
             out = net(embed[tokens[1:t + 2]], inputs[:t + 1], torch.arange(t + 1), cache)[-1]
             for j in range(1, depth + 1):
@@ -65,7 +78,7 @@ def test_hits_equal_a_step_by_step_recount_with_the_drafters_cache(kind):
                     continue
                 if j > 1:
                     out = net(embed[tokens[t + j]][None], out[None], torch.tensor([t + j - 1]), cache)[-1]
-                ranked = net.subset[draft_logits(net, out, head_sub).argsort(descending=True)].tolist()
+                ranked = ids[(draft_logits(net, out, head_sub) + bias * read).argsort(descending=True)].tolist()
                 rank = ranked.index(int(greedy[t + j])) if int(greedy[t + j]) in ranked else 99
                 expected = next((k for k in ks if rank < k), 0)
                 assert hits[t, j - 1] == expected, (t, j, rank)

@@ -11,7 +11,8 @@ import torch
 
 from pacer_core import Engine, InputError, hookimpl, load_config
 from pacer_core.kernels import PackedLinear, packing_supported
-from helpers import EOS, adapter, make_draft, reference_greedy, tiny_llama
+from pacer_core.testing import chisquare_pvalue
+from helpers import EOS, LENGTH, PASS_P, adapter, make_draft, reference_greedy, sample_outputs, single_thread, tiny_llama
 
 from feature_draft.distill import DistillConfig, draft_loss, frequent_tokens, train
 from feature_draft.model import ArchConfig, FeatureDraft, KVCache
@@ -27,7 +28,8 @@ def eagle_engine(target_model, folder, stop="{name: fixed, gamma: 3}", extra=(),
 
 
 @pytest.mark.parametrize("stop", ["{name: fixed, gamma: 1}", "{name: fixed, gamma: 4}", "{name: heuristic}"])
-@pytest.mark.parametrize("prompt", [[1, 7, 9, 7, 9, 7], [5], list(range(3, 40))], ids=["repeat", "one-token", "long"])
+@pytest.mark.parametrize("prompt", [[1, 7, 9, 7, 9, 7], [5], list(range(3, 40)), [50, 7, 61, 9, 50, 61, 7]],
+                         ids=["repeat", "one-token", "long", "outside-subset"])
 def test_eagle_greedy_equals_target(tmp_path, stop, prompt):
     target_model = tiny_llama(0, scale=6.0)
     folder = make_draft(target_model, tmp_path / "draft")
@@ -53,7 +55,7 @@ def test_a_deeper_draft_keeps_greedy_output_and_every_layers_cache_in_step(tmp_p
     extra = [f"strategy.drafter.tree={tree}"] if tree else []
     engine = eagle_engine(target_model, folder, "{name: fixed, gamma: 3}", extra=extra)
     drafter = next(p for p in engine.pm.get_plugins() if type(p).__name__ == "EagleDrafter")
-    for prompt in ([1, 7, 9, 7, 9, 7], list(range(3, 40))):
+    for prompt in ([1, 7, 9, 7, 9, 7], list(range(3, 40)), [50, 7, 61, 9, 50, 61, 7]):  # 50, 61: outside the subset
         result = engine.generate(prompt, max_new_tokens=30)
         assert result.tokens == reference_greedy(target_model, prompt, 30)
         assert result.metrics["drafted"] > 0
@@ -68,25 +70,77 @@ def test_a_deeper_draft_keeps_greedy_output_and_every_layers_cache_in_step(tmp_p
         assert torch.allclose(mine.keys[:, :rows], theirs.keys, atol=1e-5)
 
 
-def test_eagle_sampling_uses_subset_probs(tmp_path):
+@pytest.mark.parametrize("context_vocab", [None, False])
+def test_eagle_sampling_q_covers_the_subset_and_the_context(tmp_path, context_vocab):
+    """q is a distribution over the draft's subset (tokens 0..47) and, with ``context_vocab`` (on by
+    default for a subset head), the committed tokens outside it; every other token has q = 0."""
     target_model = tiny_llama(0, scale=2.0)
     folder = make_draft(target_model, tmp_path / "draft")
-    engine = eagle_engine(target_model, folder, extra=["sampling.temperature=0.9"])
+    extra = ["sampling.temperature=0.9"] + ([f"strategy.drafter.context_vocab={str(context_vocab).lower()}"]
+                                            if context_vocab is not None else [])
+    engine = eagle_engine(target_model, folder, extra=extra)
     seen = []
 
     class Probe:
         @hookimpl
         def pacer_observe_step(self, state, step):
             if len(step.draft):
-                seen.append(step.draft.draft_probs)
+                seen.append((list(state.tokens), step.draft.draft_probs))
 
     engine.pm.register(Probe())
-    a = engine.generate([1, 7, 9, 7], max_new_tokens=20, seed=3)
-    b = engine.generate([1, 7, 9, 7], max_new_tokens=20, seed=3)
-    assert a.tokens == b.tokens
-    probs = torch.cat(seen)
-    assert torch.allclose(probs.sum(-1), torch.ones(probs.shape[0]), atol=1e-5)
-    assert probs[:, 48:].abs().max() == 0  # outside the draft's vocabulary: q = 0
+    prompt = [1, 7, 50, 9, 7, 61]  # 50 and 61 lie outside the draft's subset
+    a = engine.generate(prompt, max_new_tokens=20, seed=3)
+    assert engine.generate(prompt, max_new_tokens=20, seed=3).tokens == a.tokens
+    assert seen
+    for context, probs in seen:
+        assert torch.allclose(probs.sum(-1), torch.ones(probs.shape[0]), atol=1e-5)
+        # the step observed sees the tokens committed after it; q was built from those before it
+        allowed = torch.zeros(64, dtype=torch.bool)
+        allowed[:48] = True
+        if context_vocab is None:
+            allowed[context] = True
+        assert probs[:, ~allowed].abs().max() == 0
+        outside = probs[:, [50, 61]]
+        assert (outside > 0).all() if context_vocab is None else (outside == 0).all()
+
+
+def test_context_bias_raises_the_logits_of_the_tokens_read_and_nothing_else(tmp_path):
+    target_model = tiny_llama(0, scale=6.0)
+    folder = make_draft(target_model, tmp_path / "draft")
+    prompt = [50, 7, 61, 9, 50, 61, 7]
+    drafters = []
+    for bias in ("0.0", "1.5"):
+        engine = eagle_engine(target_model, folder, extra=[f"strategy.drafter.context_bias={bias}"])
+        result = engine.generate(prompt, max_new_tokens=12)
+        assert result.tokens == reference_greedy(target_model, prompt, 12)
+        drafters.append(next(p for p in engine.pm.get_plugins() if type(p).__name__ == "EagleDrafter"))
+    plain, biased = drafters
+    assert torch.equal(plain.vocab, biased.vocab) and plain._scanned == biased._scanned
+    context = set((prompt + result.tokens)[: biased._scanned])
+    feature = torch.randn(2, plain.hidden_size)
+    difference = biased._logits(feature) - plain._logits(feature)
+    read = torch.tensor([int(t) in context for t in biased.vocab])
+    assert torch.allclose(difference[:, read], torch.full((2, int(read.sum())), 1.5), atol=1e-5)
+    assert difference[:, ~read].abs().max() == 0
+    assert {50, 61} <= set(biased.vocab.tolist()) and len(biased.vocab) == 48 + len(context - set(range(48)))
+
+
+def test_context_vocab_is_refused_for_a_head_of_the_whole_vocabulary(tmp_path):
+    from test_eagle_checkpoints import write_eagle1
+
+    target_model = tiny_llama(0)
+    folder = write_eagle1(tmp_path / "ckpt", target_model)
+    with pytest.raises(InputError, match="context_vocab=true needs a draft whose head is a subset.*leave context_vocab unset"):
+        eagle_engine(target_model, folder, extra=["strategy.drafter.context_vocab=true"])
+    eagle_engine(target_model, folder, extra=["strategy.drafter.context_vocab=false"])
+    # the copy bias applies to any head, off by default for published checkpoints
+    assert next(p for p in eagle_engine(target_model, folder).pm.get_plugins()
+                if type(p).__name__ == "EagleDrafter").context_bias == 0.0
+    engine = eagle_engine(target_model, folder, extra=["strategy.drafter.context_bias=1.0"])
+    prompt = [1, 7, 9, 7, 9, 7]
+    assert engine.generate(prompt, max_new_tokens=20).tokens == reference_greedy(target_model, prompt, 20)
+    drafter = next(p for p in engine.pm.get_plugins() if type(p).__name__ == "EagleDrafter")
+    assert set(drafter.vocab[drafter.bias == 1.0].tolist()) >= {1, 7, 9}
 
 
 def test_eagle_refuses_a_draft_for_another_target(tmp_path):
@@ -230,3 +284,59 @@ def test_eagle_packs_its_network_when_the_target_is_packed(tmp_path):
     assert isinstance(drafter.net.fc, PackedLinear) and drafter.head._packed is not None
     result = engine.generate(prompt, max_new_tokens=30)
     assert result.tokens == reference and result.metrics["drafted"] > 0
+
+
+# -- context vocabulary: sampling stays exact -----------------------------------------------------------
+CONTEXT_PROMPT = [3, 7, 11, 13, 5]  # 11 and 13 lie outside the draft's eight-token subset
+
+
+def context_vocab_samples(tmp_path, samples, wrong=False, monkeypatch=None, bias=None):
+    """Sampled chains of an own-subset draft (tokens 0..7) on a peaked bigram target of 16 tokens, whose
+    prompt holds tokens outside the subset (``context_bias``: ``bias``, None = the default); ``wrong``:
+    the drafter samples from subset + context but reports q = 0 for the context tokens (the verifier
+    then accepts them whenever drafted)."""
+    from pacer_core.testing import exact_continuation_probs
+    from feature_draft.drafter import EagleDrafter
+    from test_eagle_checkpoints import bigram, engine_for
+
+    if wrong:
+        choose = EagleDrafter._choose
+
+        def claims_subset_only(self, feature, generator):
+            token, full = choose(self, feature, generator)
+            full = full.clone()
+            full[self.vocab[len(self.subset):]] = 0.0
+            return token, full / full.sum()
+
+        monkeypatch.setattr(EagleDrafter, "_choose", claims_subset_only)
+    target_model = bigram(tiny_llama(0, vocab=16, scale=25.0))
+    folder = make_draft(target_model, tmp_path / "draft", subset_size=8)
+    engine = engine_for(target_model, folder, stop="{name: fixed, gamma: 2}", eos=False,
+                        extra=["sampling.temperature=1.0", "strategy.verifier={name: speculative_sampling}",
+                               "generation.ignore_eos=true"]
+                        + ([] if bias is None else [f"strategy.drafter.context_bias={bias}"]))
+    drafted = []
+
+    class Probe:
+        @hookimpl
+        def pacer_observe_step(self, state, step):
+            drafted.extend(step.draft.tokens.tolist())
+
+    engine.pm.register(Probe())
+    outputs, _ = sample_outputs(engine, CONTEXT_PROMPT, samples)
+    expected = exact_continuation_probs(adapter(target_model, eos=False), CONTEXT_PROMPT, LENGTH, engine.sampling)
+    return chisquare_pvalue(outputs, expected), drafted
+
+
+@pytest.mark.parametrize("bias", [None, 0.0, 2.0], ids=["default-bias", "no-bias", "bias2"])
+def test_context_vocab_sampling_matches_the_target_distribution(tmp_path, bias):
+    with single_thread():
+        p_value, drafted = context_vocab_samples(tmp_path, 400, bias=bias)
+    assert p_value > PASS_P
+    assert {11, 13} & set(drafted)  # context tokens outside the subset were drafted
+
+
+def test_context_tokens_drafted_but_claimed_impossible_fail_the_distribution_test(tmp_path, monkeypatch):
+    with single_thread():
+        p_value, _ = context_vocab_samples(tmp_path, 400, wrong=True, monkeypatch=monkeypatch)
+    assert p_value < 1e-6

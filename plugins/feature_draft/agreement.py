@@ -37,7 +37,7 @@ from pacer_core.errors import ConfigError, InputError
 from pacer_train import atomic_write_json
 
 from .distill import target_greedy
-from .model import MANIFEST, draft_logits, load_draft
+from .model import MANIFEST, Eagle3Draft, draft_logits, load_draft
 
 ANSWERS = "answers.json"
 ANSWERS_FORMAT = 1
@@ -58,6 +58,8 @@ class DraftEvalConfig:
     depth: int = 4  # draft positions (the chain's γ for τ)
     ks: List[int] = attrs.field(factory=lambda: [1, 2, 4, 8])
     batch_size: int = 16  # rows of the target's answer generation
+    context_vocab: bool = True  # as the eagle drafter does by default: a subset head also says the context's tokens
+    context_bias: Optional[float] = None  # added to the logits of the tokens read; None = the eagle drafter's default
     threads: int = 0  # torch threads; 0 = torch's default
     out: str = "runs/draft-eval"  # answers.json (the cache), results.json, report.md
 
@@ -186,21 +188,54 @@ def summarize(hits: torch.Tensor, ks: Sequence[int]) -> dict[str, Any]:
             "rows": int(hits.shape[0])}
 
 
+def context_columns(subset: torch.Tensor, tokens: torch.Tensor, extend: bool
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What the ``eagle`` drafter's head holds at each row of one sequence (row t drafts after x_{t+1},
+    so it has read x_0..x_{t+1}): (ids [C], known [L-1, C], seen [L-1, C]) with ids the subset and,
+    when ``extend`` (``context_vocab``), the sequence's tokens outside it in order of first use; known:
+    the head can say the id at the row; seen: the row has read it (where ``context_bias`` applies)."""
+    inside = torch.zeros(int(max(subset.max(), tokens.max())) + 1, dtype=torch.bool)
+    inside[subset] = True
+    extra = [t for t in dict.fromkeys(tokens.tolist()) if not inside[t]] if extend else []
+    ids = torch.cat([subset, torch.tensor(extra, dtype=torch.long)])
+    first_use = torch.full((len(inside),), len(tokens), dtype=torch.long)  # never: past every row
+    first_use.scatter_reduce_(0, tokens, torch.arange(len(tokens)), "amin")
+    rows = torch.arange(len(tokens) - 1)
+    seen = first_use[ids][None, :] <= rows[:, None] + 1
+    known = seen.clone()
+    known[:, : len(subset)] = True
+    return ids, known, seen
+
+
 @torch.no_grad()
 def draft_hits(net, embed: torch.Tensor, head_full: torch.Tensor, tokens: torch.Tensor, feats: torch.Tensor,
                fused: Optional[torch.Tensor], target_next: torch.Tensor, first: int, depth: int,
-               ks: Sequence[int]) -> torch.Tensor:
+               ks: Sequence[int], context_vocab: bool = False, context_bias: float = 0.0) -> torch.Tensor:
     """``chain_hits`` of one draft over one sequence: tokens [L], feats [L, d] (the target's last-layer
     states), fused [L, n·d] or None, target_next [L] (``distill.target_greedy`` of feats, computed once per
-    sequence for every draft); ``first``: the row of the prompt's last token. → [L-1, depth]."""
+    sequence for every draft); ``first``: the row of the prompt's last token. As the ``eagle`` drafter
+    with those options (``context_columns``): ``context_vocab``, a subset head also says the tokens
+    read so far (not for ``Eagle3Draft``, whose head is its own); ``context_bias``, added to the logits of
+    the tokens read. → [L-1, depth]."""
     from .distill import unrolled_features
 
     inputs = feats[None, :-1] if fused is None else net.fuse(fused[None, :-1])
     steps = unrolled_features(net, embed, tokens[None], inputs, depth)
-    head_sub = head_full[net.subset]
+    ids, known, seen = context_columns(net.subset.cpu(), tokens, context_vocab and not isinstance(net, Eagle3Draft))
+    head_sub = head_full[ids.to(head_full.device)]
     # row t reads f_t and x_{t+1}; its position j drafts the token after t + j
     logits = [draft_logits(net, step[0], head_sub).cpu() for step in steps]  # the tallies run on the CPU
-    return chain_hits(logits, net.subset.cpu(), target_next.cpu(), first, ks)
+    logits = [(row_logits + context_bias * seen).masked_fill(~known, float("-inf")) for row_logits in logits]
+    return chain_hits(logits, ids, target_next.cpu(), first, ks)
+
+
+def context_bias_of(net, configured: Optional[float]) -> float:
+    """The ``context_bias`` the eagle drafter gives ``net`` (a draft `pacer distill` made) unless set."""
+    from .drafter import CONTEXT_BIAS
+
+    if configured is not None:
+        return float(configured)
+    return 0.0 if isinstance(net, Eagle3Draft) else CONTEXT_BIAS
 
 
 def run_draft_eval(cfg: DraftEvalConfig, command_line: str) -> dict[str, Any]:
@@ -232,7 +267,8 @@ def run_draft_eval(cfg: DraftEvalConfig, command_line: str) -> dict[str, Any]:
         for i, net in enumerate(nets):
             group = getattr(net.arch, "target_layers", None)
             rows = draft_hits(net, embed, head_full, tokens, feats, fused[tuple(group)] if group else None,
-                              target_next, len(r["prompt"]) - 1, cfg.depth, cfg.ks)
+                              target_next, len(r["prompt"]) - 1, cfg.depth, cfg.ks, cfg.context_vocab,
+                              context_bias_of(net, cfg.context_bias))
             kept = rows[:, 0] >= 0
             hits.setdefault((i, r["set"]), []).append(rows[kept])
         wanted = target_next[kept.nonzero()[:, 0] + 1].tolist()  # row t's position 1 drafts the token after t + 1

@@ -24,6 +24,7 @@ from .model import MANIFEST, WEIGHTS, Eagle3Draft, KVCache, load_draft
 from .published import load_published, weights_file
 
 DEFAULT_DRAFT = Path(__file__).parent / "default"
+CONTEXT_BIAS = 1.0  # chosen on the target's answers to held-out prompts (docs/draft.md)
 
 
 @attrs.define
@@ -32,6 +33,13 @@ class EagleConfig:
     # checkpoint (config.json + pytorch_model.bin or model.safetensors); None = the shipped default draft
     allow_other_target: bool = False  # experts: use a draft distilled from another target
     tree: Optional[TreeConfig] = None  # grow a token tree ({topk, depth, nodes}); None = a chain
+    # add the context's tokens that lie outside the draft's vocabulary subset to its head (their rows
+    # of the target's output layer), so the draft can say any word of the prompt or answer; None = on
+    # for drafts whose head is the target's output layer restricted to a subset (docs/draft.md)
+    context_vocab: Optional[bool] = None
+    # added to the draft's logits of the tokens already in the context (a copy prior, before the sampling
+    # parameters); None = CONTEXT_BIAS for drafts `pacer distill` makes, 0 for published checkpoints
+    context_bias: Optional[float] = None
 
 
 def draft_folder(path: Optional[str]) -> Path:
@@ -115,7 +123,16 @@ class EagleDrafter:
             self.head = PackedMatrix(head.to(self.dtype), pack=packed)  # the target's full head
         else:
             self.head = PackedMatrix(head[subset.to(device)].to(self.dtype), pack=packed)  # x @ [subset, hidden].T
-        self.subset = subset.cpu()  # target id of each draft logit
+        self.subset = subset.cpu()  # target id of each logit of the draft's own head
+        own_subset = self.layout == "pacer"
+        self.context_vocab = own_subset if config.context_vocab is None else config.context_vocab
+        if self.context_vocab and not own_subset:
+            has = "its own output layer" if self.layout == "eagle3" else "the target's whole vocabulary"
+            raise InputError(f"strategy.drafter.context_vocab=true needs a draft whose head is a subset of the "
+                             f"target's output layer; this {self.layout} draft has {has}: leave context_vocab unset")
+        self.target_head = head  # the rows context tokens outside the subset read (context_vocab)
+        self.context_bias = (CONTEXT_BIAS if own_subset else 0.0) if config.context_bias is None \
+            else float(config.context_bias)
         self.sampling = resources.sampling
         self.vocab_size = target.vocab_size
         self.tree = config.tree
@@ -150,6 +167,37 @@ class EagleDrafter:
         self.row_out: list[torch.Tensor] = []  # predicted f_{r+1} from row r
         self.level: Optional[_Level] = None  # the latest level of this step's tree (tree mode)
         self._row_mask: dict[int, torch.Tensor] = {}  # tree rows: the cache rows each may see
+        self.vocab = self.subset  # target id of each draft logit: the subset, then context tokens outside it
+        self.extra_head: Optional[torch.Tensor] = None  # [extra, hidden]: the target's rows of those tokens
+        self._column = torch.full((self.vocab_size,), -1, dtype=torch.long)  # draft logit of each id, -1: none
+        self._column[self.subset] = torch.arange(len(self.subset))
+        self.bias = torch.zeros(len(self.subset))  # [len(vocab)]: context_bias at the context's tokens
+        self._scanned = 0  # context tokens already read
+
+    def _read_context(self, context: list[int]) -> None:
+        """Read the tokens of ``context`` (committed tokens, which only grow within a generation) not read
+        yet: add those the draft cannot say to its vocabulary with their rows of the target's output
+        layer (``context_vocab``), and give every one it can say ``context_bias``."""
+        new = list(dict.fromkeys(context[self._scanned:]))
+        self._scanned = len(context)
+        outside = [t for t in new if self._column[t] < 0] if self.context_vocab else []
+        if outside:
+            ids = torch.tensor(outside, dtype=torch.long)
+            rows = self.target_head[ids.to(self.target_head.device)].to(self.dtype)
+            self.extra_head = rows if self.extra_head is None else torch.cat([self.extra_head, rows])
+            self._column[ids] = torch.arange(len(self.vocab), len(self.vocab) + len(ids))
+            self.vocab = torch.cat([self.vocab, ids])
+            self.bias = torch.cat([self.bias, torch.zeros(len(ids))])
+        if self.context_bias and new:
+            columns = self._column[new]
+            self.bias[columns[columns >= 0]] = self.context_bias
+
+    def _logits(self, features: torch.Tensor) -> torch.Tensor:
+        """[k, hidden] → [k, len(self.vocab)] float32 on the CPU."""
+        logits = self.head(features)
+        if self.extra_head is not None:
+            logits = torch.cat([logits, features @ self.extra_head.T], -1)
+        return logits.float().cpu() + self.bias if self.context_bias else logits.float().cpu()
 
     @torch.inference_mode()
     def _fuse(self, target_hidden: torch.Tensor) -> torch.Tensor:
@@ -204,22 +252,22 @@ class EagleDrafter:
     def _distribution(self, features: torch.Tensor) -> torch.Tensor:
         """The draft's distribution after each feature ([k, vocab]): sampling parameters applied
         (softmax under greedy), tokens outside the draft's vocabulary at 0."""
-        logits = self.head(features).float().cpu()  # [k, subset]
+        logits = self._logits(features)  # [k, draft vocabulary]
         probs = torch.softmax(logits, -1) if self.sampling.greedy else logits_to_probs(logits, self.sampling)
         full = torch.zeros(features.shape[0], self.vocab_size)
-        full[:, self.subset] = probs
+        full[:, self.vocab] = probs
         return full
 
     def _choose(self, feature: torch.Tensor, generator) -> tuple[int, torch.Tensor]:
-        logits = self.head(feature[None])[0].float().cpu()  # [subset]
+        logits = self._logits(feature[None])[0]  # [draft vocabulary]
         if self.sampling.greedy:
             index, probs = int(logits.argmax()), torch.softmax(logits, -1)
         else:
             probs = logits_to_probs(logits, self.sampling)
             index = int(sample(probs, generator))
         full = torch.zeros(self.vocab_size)
-        full[self.subset] = probs  # tokens outside the draft's vocabulary have probability 0
-        return int(self.subset[index]), full
+        full[self.vocab] = probs  # tokens outside the draft's vocabulary have probability 0
+        return int(self.vocab[index]), full
 
     @hookimpl
     def pacer_propose(self, state, draft, num_tokens) -> Optional[DraftBlock]:
@@ -228,6 +276,8 @@ class EagleDrafter:
         context = state.tokens + draft.tokens.tolist()
         if len(self.features) == 0:
             return None  # step 0 (the prefill): no target feature yet, it decodes plainly
+        if self.context_vocab or self.context_bias:
+            self._read_context(state.tokens)
         forwards = self._sync(context)
         if len(self.row_tokens) != len(context) - 1:
             return None
@@ -256,6 +306,8 @@ class EagleDrafter:
             context = state.tokens
             if len(self.features) == 0:
                 return None  # step 0 (the prefill): no target feature yet, it decodes plainly
+            if self.context_vocab or self.context_bias:
+                self._read_context(context)
             self.cache.crop(len(self.row_tokens))
             forwards = self._sync(context)
             if len(self.row_tokens) != len(context) - 1:

@@ -1,0 +1,159 @@
+"""Is the draft's vocabulary what holds it back? One feature draft's weights scored against other heads.
+
+A `feature` draft's head is the target's output layer restricted to a subset of the vocabulary, so
+the same predicted features can be scored against any set of the target's rows without training.
+This probe takes the target's answers that `pacer draft-eval` cached (``answers.json``) and, for
+each head, reports like draft-eval the top-1 agreement at draft position 1, τ at γ = 4, and, for
+sampling at temperature 1, the expected acceptance of the first draft token, Σ min(p, q):
+
+    python scripts/head_vocab_probe.py runs/draft-eval-ctx/answers.json --draft shipped \
+        --heads subset,context,corpus:16384,full --bias 0,0.5,1 --out runs/head-vocab.json
+
+Heads: ``subset`` (the draft's own), ``context`` (the subset and the tokens of the sequence up to
+the row, as the `eagle` drafter's ``context_vocab``), ``corpus:N`` (the N most frequent tokens of the
+committed self-distillation corpora), ``full`` (the whole vocabulary). ``--bias`` adds a bonus to
+the logits of the tokens already in the sequence (a copy bias; 0 = none) for the ``context`` head.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+
+SETS_ALL = "all"
+DEPTH = 4
+CORPORA = ("plugins/feature_draft/corpus", "plugins/feature_draft/corpus-open")
+
+
+def seen_mask(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[L] → [L-1, vocab]: row t (which drafts after x_{t+1}) has seen x_0..x_{t+1}."""
+    rows = len(tokens) - 1
+    seen = torch.zeros(rows, vocab, dtype=torch.bool)
+    seen[torch.arange(rows), tokens[1:]] = True
+    seen[:, tokens[0]] = True
+    return seen.cummax(0).values
+
+
+@torch.no_grad()
+def score_sequence(net, embed, head_full, tokens, feats, first: int, heads: dict[str, Optional[torch.Tensor]],
+                   biases: Sequence[float]) -> dict[tuple[str, float], tuple[torch.Tensor, torch.Tensor]]:
+    """For each (head, bias): (chain_hits [rows, DEPTH] of the answer rows, Σ min(p, q) at position 1
+    [rows]). ``heads``: name → [vocab] bool of the ids the head holds, None for ``context`` (the
+    draft's subset and the tokens seen). feats [L, d]: the target's last-layer states."""
+    from feature_draft.agreement import chain_hits
+    from feature_draft.distill import target_greedy, unrolled_features
+    from feature_draft.model import draft_logits
+
+    vocab = head_full.shape[0]
+    target_next = target_greedy(feats[None], head_full)[0]
+    steps = unrolled_features(net, embed, tokens[None], feats[None, :-1], DEPTH)
+    logits = [draft_logits(net, step[0], head_full) for step in steps]  # [L-1, vocab] per position
+    seen = seen_mask(tokens, vocab)
+    own = torch.zeros(vocab, dtype=torch.bool)
+    own[net.subset] = True
+    rows = len(tokens) - 1
+    target_p = torch.softmax(feats[first + 1: rows] @ head_full.T, -1)  # the target's p for rows first..rows-2
+    out = {}
+    for name, holds in heads.items():
+        allowed = own[None] | seen if holds is None else holds[None].expand(rows, vocab)
+        for bias in (biases if holds is None else [0.0]):
+            masked = [(step + bias * seen).masked_fill(~allowed, float("-inf")) for step in logits]
+            hits = chain_hits(masked, torch.arange(vocab), target_next, first, (1,))
+            q = torch.softmax(masked[0][first: rows - 1], -1)
+            out[(name, bias)] = (hits[hits[:, 0] >= 0], torch.minimum(target_p, q).sum(-1))
+    return out
+
+
+def corpus_frequent(size: int, vocab: int) -> torch.Tensor:
+    from safetensors.torch import load_file
+
+    counts = torch.zeros(vocab, dtype=torch.long)
+    for folder in CORPORA:
+        for shard in sorted(Path(folder).glob("shard-*.safetensors")):
+            counts += torch.bincount(load_file(str(shard))["tokens"].to(torch.long), minlength=vocab)
+    holds = torch.zeros(vocab, dtype=torch.bool)
+    holds[torch.argsort(counts, descending=True, stable=True)[:size]] = True
+    return holds
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("answers", help="answers.json that `pacer draft-eval` cached")
+    parser.add_argument("--draft", default="shipped", help="a `feature` draft folder; shipped = the default")
+    parser.add_argument("--heads", default="subset,context,full")
+    parser.add_argument("--bias", default="0", help="comma-separated copy biases for the context head")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", default=None, help="write the table as JSON here too")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from feature_draft.agreement import DraftEvalConfig, draft_folder, summarize
+    from feature_draft.model import Eagle3Draft, load_draft
+    from pacer_core.hf import load_section, target_states
+
+    answers = Path(args.answers)
+    if not answers.is_file():
+        print(f"error: {answers} is not a file: run `pacer draft-eval` first, it caches answers.json", file=sys.stderr)
+        return 2
+    records = json.loads(answers.read_text())["records"]
+    torch.set_num_threads(args.threads)
+    target, _, _ = load_section(DraftEvalConfig().target, "target")
+    embed, head_full = (w.float() for w in target.embedding_weights())
+    net = load_draft(draft_folder(args.draft))
+    if isinstance(net, Eagle3Draft):
+        print("error: an eagle3 draft has its own head: this probe scores `feature` drafts", file=sys.stderr)
+        return 2
+    vocab = head_full.shape[0]
+    heads: dict[str, Optional[torch.Tensor]] = {}
+    for name in args.heads.split(","):
+        if name == "subset":
+            heads[name] = torch.zeros(vocab, dtype=torch.bool)
+            heads[name][net.subset] = True
+            heads[name][list(target.eos_token_ids)] = True
+        elif name == "context":
+            heads[name] = None
+        elif name == "full":
+            heads[name] = torch.ones(vocab, dtype=torch.bool)
+        elif name.startswith("corpus:") and name[7:].isdigit():
+            heads[name] = corpus_frequent(int(name[7:]), vocab)
+        else:
+            print(f"error: unknown head '{name}': use subset, context, corpus:N or full", file=sys.stderr)
+            return 2
+    biases = [float(b) for b in args.bias.split(",")]
+    tallies: dict[tuple[str, float, str], list] = {}
+    for number, r in enumerate(records, start=1):
+        tokens = torch.tensor(r["prompt"] + r["answer"], dtype=torch.long)
+        feats = target_states(target, tokens[None], [None])[0][0].float()
+        for key, (hits, accept) in score_sequence(net, embed, head_full, tokens, feats, len(r["prompt"]) - 1,
+                                                  heads, biases).items():
+            tallies.setdefault((*key, r["set"]), []).append((hits, accept))
+        print(f"\rsequences: {number}/{len(records)}", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    sets = list(dict.fromkeys(r["set"] for r in records))
+    table = []
+    for name, bias in dict.fromkeys((k[0], k[1]) for k in tallies):
+        row = {"head": name, "bias": bias}
+        for s in sets + [SETS_ALL]:
+            parts = [x for ss in (sets if s == SETS_ALL else [s]) for x in tallies[(name, bias, ss)]]
+            summary = summarize(torch.cat([h for h, _ in parts]), (1,))
+            row[s] = {"top1": summary["positions"][0]["top1"], "tau": summary["tau"],
+                      "accept_t1": float(torch.cat([a for _, a in parts]).mean())}
+        table.append(row)
+    print("| head | bias | " + " | ".join(sets + [SETS_ALL]) + " |")
+    print("|---|---|" + "---|" * (len(sets) + 1))
+    for row in table:
+        print(f"| {row['head']} | {row['bias']:g} | " + " | ".join(
+            f"{row[s]['top1']:.3f} / {row[s]['tau']:.3f} / {row[s]['accept_t1']:.3f}" for s in sets + [SETS_ALL]) + " |")
+    print("(position 1 top-1 / τ at γ = 4 / Σ min(p, q) at position 1, temperature 1)")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"answers": str(answers), "draft": args.draft, "table": table}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""scripts/head_vocab_probe.py: its subset and context heads count exactly what `pacer draft-eval`
+counts with ``context_vocab`` off and on, and its sampling acceptance is Σ min(p, q)."""
+
+import importlib.util
+from pathlib import Path
+
+import torch
+
+from helpers import adapter
+from test_draft_eval import SUBSET, student, tiny_target
+
+from feature_draft.agreement import draft_hits
+from feature_draft.distill import target_greedy
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "head_vocab_probe.py"
+
+
+def probe():
+    spec = importlib.util.spec_from_file_location("head_vocab_probe", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_seen_mask_is_causal():
+    seen = probe().seen_mask(torch.tensor([2, 0, 3, 0]), 5)
+    assert seen.tolist() == [[True, False, True, False, False],   # row 0 drafts after x_1: knows x_0, x_1
+                             [True, False, True, True, False],
+                             [True, False, True, True, False]]
+
+
+def test_heads_match_draft_eval_and_acceptance_is_the_overlap():
+    from pacer_core.hf import last_hidden_states
+
+    model = tiny_target()
+    target = adapter(model)
+    net = student("feature", target)
+    embed, head = (w.float() for w in target.embedding_weights())
+    tokens = torch.randint(3, 64, (20,), generator=torch.Generator().manual_seed(2))
+    assert set(tokens.tolist()) - set(SUBSET.tolist())  # some tokens lie outside the subset
+    feats = last_hidden_states(target, tokens[None])[0].float()
+    first, vocab = 5, head.shape[0]
+    subset = torch.zeros(vocab, dtype=torch.bool)
+    subset[SUBSET] = True
+    out = probe().score_sequence(net, embed, head, tokens, feats, first,
+                                 {"subset": subset, "context": None, "full": torch.ones(vocab, dtype=torch.bool)},
+                                 [0.0, 1.0])
+    target_next = target_greedy(feats[None], head)[0]
+    for name, context_vocab in (("subset", False), ("context", True)):
+        expected = draft_hits(net, embed, head, tokens, feats, None, target_next, first, 4, (1,), context_vocab)
+        assert torch.equal(out[(name, 0.0)][0], expected[expected[:, 0] >= 0]), name
+    assert ("context", 1.0) in out and ("subset", 1.0) not in out  # the copy bias is the context head's
+    # Σ min(p, q) at position 1 under the full head, row `first`: p the target's, q the draft's
+    with torch.no_grad():
+        from feature_draft.distill import unrolled_features
+        q = torch.softmax(unrolled_features(net, embed, tokens[None], feats[None, :-1], 1)[0][0, first] @ head.T, -1)
+    p = torch.softmax(feats[first + 1] @ head.T, -1)
+    accept = out[("full", 0.0)][1]
+    assert accept.shape[0] == len(tokens) - 2 - first
+    assert torch.allclose(accept[0], torch.minimum(p, q).sum(), atol=1e-5)
+    assert ((accept >= 0) & (accept <= 1 + 1e-6)).all()
