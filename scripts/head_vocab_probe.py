@@ -7,12 +7,14 @@ each head, reports like draft-eval the top-1 agreement at draft position 1, τ a
 sampling at temperature 1, the expected acceptance of the first draft token, Σ min(p, q):
 
     python scripts/head_vocab_probe.py runs/draft-eval-ctx/answers.json --draft shipped \
-        --heads subset,context,corpus:16384,full --bias 0,0.5,1 --out runs/head-vocab.json
+        --heads subset,context,corpus:16384,full --bias 0,0.5,1 --lookup 0,2:4:4 --out runs/head-vocab.json
 
 Heads: ``subset`` (the draft's own), ``context`` (the subset and the tokens of the sequence up to
 the row, as the `eagle` drafter's ``context_vocab``), ``corpus:N`` (the N most frequent tokens of the
-committed self-distillation corpora), ``full`` (the whole vocabulary). ``--bias`` adds a bonus to
-the logits of the tokens already in the sequence (a copy bias; 0 = none) for the ``context`` head.
+committed self-distillation corpora), ``full`` (the whole vocabulary). For the ``context`` head,
+``--bias`` adds a bonus to the logits of the tokens already in the sequence (the drafter's
+``context_bias``; 0 = none) and ``--lookup`` the n-gram successor priors (``lookup_bias`` b_1:b_2:…,
+0 = none; `pacer draft-eval`'s ``add_lookup_bonus``), every combination of the two.
 """
 
 from __future__ import annotations
@@ -42,11 +44,13 @@ def seen_mask(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
 
 @torch.no_grad()
 def score_sequence(net, embed, head_full, tokens, feats, first: int, heads: dict[str, Optional[torch.Tensor]],
-                   biases: Sequence[float]) -> dict[tuple[str, float], tuple[torch.Tensor, torch.Tensor]]:
-    """For each (head, bias): (chain_hits [rows, DEPTH] of the answer rows, Σ min(p, q) at position 1
-    [rows]). ``heads``: name → [vocab] bool of the ids the head holds, None for ``context`` (the
-    draft's subset and the tokens seen). feats [L, d]: the target's last-layer states."""
-    from feature_draft.agreement import chain_hits
+                   biases: Sequence[float], lookups: Sequence[tuple[float, ...]] = ((),)
+                   ) -> dict[tuple[str, float, tuple[float, ...]], tuple[torch.Tensor, torch.Tensor]]:
+    """For each (head, bias, lookup): (chain_hits [rows, DEPTH] of the answer rows, Σ min(p, q) at
+    position 1 [rows]). ``heads``: name → [vocab] bool of the ids the head holds, None for ``context``
+    (the draft's subset and the tokens seen; the only head the priors apply to). feats [L, d]: the
+    target's last-layer states."""
+    from feature_draft.agreement import add_lookup_bonus, chain_hits
     from feature_draft.distill import target_greedy, unrolled_features
     from feature_draft.model import draft_logits
 
@@ -63,10 +67,14 @@ def score_sequence(net, embed, head_full, tokens, feats, first: int, heads: dict
     for name, holds in heads.items():
         allowed = own[None] | seen if holds is None else holds[None].expand(rows, vocab)
         for bias in (biases if holds is None else [0.0]):
-            masked = [(step + bias * seen).masked_fill(~allowed, float("-inf")) for step in logits]
-            hits = chain_hits(masked, torch.arange(vocab), target_next, first, (1,))
-            q = torch.softmax(masked[0][first: rows - 1], -1)
-            out[(name, bias)] = (hits[hits[:, 0] >= 0], torch.minimum(target_p, q).sum(-1))
+            for lookup in (lookups if holds is None else [()]):
+                biased = [step + bias * seen for step in logits]
+                if lookup:
+                    add_lookup_bonus(biased, torch.arange(vocab), tokens.tolist(), first, lookup)
+                masked = [step.masked_fill(~allowed, float("-inf")) for step in biased]
+                hits = chain_hits(masked, torch.arange(vocab), target_next, first, (1,))
+                q = torch.softmax(masked[0][first: rows - 1], -1)
+                out[(name, bias, tuple(lookup))] = (hits[hits[:, 0] >= 0], torch.minimum(target_p, q).sum(-1))
     return out
 
 
@@ -88,6 +96,7 @@ def main(argv=None) -> int:
     parser.add_argument("--draft", default="shipped", help="a `feature` draft folder; shipped = the default")
     parser.add_argument("--heads", default="subset,context,full")
     parser.add_argument("--bias", default="0", help="comma-separated copy biases for the context head")
+    parser.add_argument("--lookup", default="0", help="comma-separated lookup priors b_1:b_2:... for the context head; 0 = none")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=None, help="write the table as JSON here too")
     args = parser.parse_args(argv)
@@ -125,29 +134,31 @@ def main(argv=None) -> int:
             print(f"error: unknown head '{name}': use subset, context, corpus:N or full", file=sys.stderr)
             return 2
     biases = [float(b) for b in args.bias.split(",")]
-    tallies: dict[tuple[str, float, str], list] = {}
+    lookups = [() if item.strip() == "0" else tuple(float(b) for b in item.split(":")) for item in args.lookup.split(",")]
+    tallies: dict[tuple, list] = {}
     for number, r in enumerate(records, start=1):
         tokens = torch.tensor(r["prompt"] + r["answer"], dtype=torch.long)
         feats = target_states(target, tokens[None], [None])[0][0].float()
         for key, (hits, accept) in score_sequence(net, embed, head_full, tokens, feats, len(r["prompt"]) - 1,
-                                                  heads, biases).items():
+                                                  heads, biases, lookups).items():
             tallies.setdefault((*key, r["set"]), []).append((hits, accept))
         print(f"\rsequences: {number}/{len(records)}", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
     sets = list(dict.fromkeys(r["set"] for r in records))
     table = []
-    for name, bias in dict.fromkeys((k[0], k[1]) for k in tallies):
-        row = {"head": name, "bias": bias}
+    for name, bias, lookup in dict.fromkeys(k[:3] for k in tallies):
+        row = {"head": name, "bias": bias, "lookup": list(lookup)}
         for s in sets + [SETS_ALL]:
-            parts = [x for ss in (sets if s == SETS_ALL else [s]) for x in tallies[(name, bias, ss)]]
+            parts = [x for ss in (sets if s == SETS_ALL else [s]) for x in tallies[(name, bias, lookup, ss)]]
             summary = summarize(torch.cat([h for h, _ in parts]), (1,))
             row[s] = {"top1": summary["positions"][0]["top1"], "tau": summary["tau"],
                       "accept_t1": float(torch.cat([a for _, a in parts]).mean())}
         table.append(row)
-    print("| head | bias | " + " | ".join(sets + [SETS_ALL]) + " |")
-    print("|---|---|" + "---|" * (len(sets) + 1))
+    print("| head | bias | lookup | " + " | ".join(sets + [SETS_ALL]) + " |")
+    print("|---|---|---|" + "---|" * (len(sets) + 1))
     for row in table:
-        print(f"| {row['head']} | {row['bias']:g} | " + " | ".join(
+        lookup = ":".join(f"{b:g}" for b in row["lookup"]) or "0"
+        print(f"| {row['head']} | {row['bias']:g} | {lookup} | " + " | ".join(
             f"{row[s]['top1']:.3f} / {row[s]['tau']:.3f} / {row[s]['accept_t1']:.3f}" for s in sets + [SETS_ALL]) + " |")
     print("(position 1 top-1 / τ at γ = 4 / Σ min(p, q) at position 1, temperature 1)")
     if args.out:

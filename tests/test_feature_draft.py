@@ -302,8 +302,8 @@ def context_vocab_samples(tmp_path, samples, wrong=False, monkeypatch=None, bias
     if wrong:
         choose = EagleDrafter._choose
 
-        def claims_subset_only(self, feature, generator):
-            token, full = choose(self, feature, generator)
+        def claims_subset_only(self, *args):
+            token, full = choose(self, *args)
             full = full.clone()
             full[self.vocab[len(self.subset):]] = 0.0
             return token, full / full.sum()
@@ -340,3 +340,99 @@ def test_context_tokens_drafted_but_claimed_impossible_fail_the_distribution_tes
     with single_thread():
         p_value, _ = context_vocab_samples(tmp_path, 400, wrong=True, monkeypatch=monkeypatch)
     assert p_value < 1e-6
+
+
+# -- lookup bias: the priors reach the drafted distribution, and sampling stays exact -----------------
+LOOKUP_PROMPT = [3, 7, 3, 7, 3]  # 7 followed 3, (7, 3) and (3, 7, 3): every prior points at 7
+
+
+def lookup_samples(tmp_path, samples, monkeypatch=None):
+    """Sampled chains on the peaked bigram target of 16 tokens with the default priors; with
+    ``monkeypatch``, the drafter samples with the lookup bias but reports q without it."""
+    from feature_draft.drafter import EagleDrafter
+    from pacer_core.testing import exact_continuation_probs
+    from test_eagle_checkpoints import bigram, engine_for
+
+    if monkeypatch is not None:
+        choose = EagleDrafter._choose
+
+        def reports_q_without_the_lookup_bias(self, feature, generator, suffix):
+            token, _ = choose(self, feature, generator, suffix)
+            saved, self.lookup_bias = self.lookup_bias, ()
+            _, unbiased = choose(self, feature, torch.Generator().manual_seed(0), suffix)
+            self.lookup_bias = saved
+            return token, unbiased
+
+        monkeypatch.setattr(EagleDrafter, "_choose", reports_q_without_the_lookup_bias)
+    target_model = bigram(tiny_llama(0, vocab=16, scale=25.0))
+    folder = make_draft(target_model, tmp_path / "draft", subset_size=8)
+    engine = engine_for(target_model, folder, stop="{name: fixed, gamma: 2}", eos=False,
+                        extra=["sampling.temperature=1.0", "strategy.verifier={name: speculative_sampling}",
+                               "generation.ignore_eos=true"])
+    outputs, _ = sample_outputs(engine, LOOKUP_PROMPT, samples)
+    expected = exact_continuation_probs(adapter(target_model, eos=False), LOOKUP_PROMPT, LENGTH, engine.sampling)
+    return chisquare_pvalue(outputs, expected)
+
+
+def test_lookup_bias_sampling_matches_the_target_distribution(tmp_path):
+    with single_thread():
+        assert lookup_samples(tmp_path, 400) > PASS_P
+
+
+def test_a_lookup_bias_left_out_of_the_reported_q_fails_the_distribution_test(tmp_path, monkeypatch):
+    with single_thread():
+        assert lookup_samples(tmp_path, 1000, monkeypatch) < 1e-6
+
+
+def test_lookup_bias_follows_the_draft_path_over_the_committed_text(tmp_path, monkeypatch):
+    """Each draft token's lookup reads the last tokens of the committed text and the tokens drafted
+    before it in the step, and adds Σ b_n to the successors of their n-gram in the committed text."""
+    from feature_draft.drafter import EagleDrafter
+    from test_priors import scan
+
+    target_model = tiny_llama(0, scale=6.0)
+    folder = make_draft(target_model, tmp_path / "draft")
+    calls = []
+    logits = EagleDrafter._logits
+
+    def spy(self, features, suffixes=None):
+        calls.append((list(self._index.text), suffixes))
+        return logits(self, features, suffixes)
+
+    monkeypatch.setattr(EagleDrafter, "_logits", spy)
+    propose = EagleDrafter.pacer_propose
+    steps = []
+
+    def record(self, state, draft, num_tokens):
+        start = len(calls)
+        block = propose(self, state, draft, num_tokens)
+        steps.append((state.tokens + draft.tokens.tolist(), block, calls[start:]))
+        return block
+
+    monkeypatch.setattr(EagleDrafter, "pacer_propose", hookimpl(record))
+    engine = eagle_engine(target_model, folder, "{name: fixed, gamma: 4}",
+                          extra=["strategy.drafter.context_bias=0", "strategy.drafter.lookup_bias=[2.0, 3.0]"])
+    prompt = [1, 7, 9, 7, 9, 7, 9, 7]
+    assert engine.generate(prompt, max_new_tokens=24).tokens == reference_greedy(target_model, prompt, 24)
+    drafter = next(p for p in engine.pm.get_plugins() if type(p).__name__ == "EagleDrafter")
+    assert drafter.lookup_bias == (2.0, 3.0)
+    checked = 0
+    for context, block, made in steps:
+        if block is None:
+            continue
+        for i, (committed, suffixes) in enumerate(made):
+            assert suffixes == [(context + block.tokens[:i].tolist())[-2:]]
+            assert committed == context[: len(committed)] and len(committed) >= len(context) - len(block.tokens)
+            checked += 1
+    assert checked > 5
+    # the bonus itself: the logits of a feature with and without the priors
+    feature = torch.randn(1, drafter.hidden_size)
+    suffix = [9, 7]
+    bonus = scan(drafter._index.text, suffix, [2.0, 3.0])
+    assert bonus  # 7 and (9, 7) were followed by 9 in the committed text
+    with_priors = logits(drafter, feature, [suffix])[0]
+    without = logits(drafter, feature, None)[0]
+    expected = torch.zeros_like(without)
+    for token, value in bonus.items():
+        expected[int(drafter._column[token])] = value
+    assert torch.allclose(with_priors - without, expected)

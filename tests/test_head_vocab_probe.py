@@ -44,18 +44,20 @@ def test_heads_match_draft_eval_and_acceptance_is_the_overlap():
     subset[SUBSET] = True
     out = probe().score_sequence(net, embed, head, tokens, feats, first,
                                  {"subset": subset, "context": None, "full": torch.ones(vocab, dtype=torch.bool)},
-                                 [0.0, 1.0])
+                                 [0.0, 1.0], [(), (2.0, 3.0)])
     target_next = target_greedy(feats[None], head)[0]
     for name, context_vocab in (("subset", False), ("context", True)):
         expected = draft_hits(net, embed, head, tokens, feats, None, target_next, first, 4, (1,), context_vocab)
-        assert torch.equal(out[(name, 0.0)][0], expected[expected[:, 0] >= 0]), name
-    assert ("context", 1.0) in out and ("subset", 1.0) not in out  # the copy bias is the context head's
+        assert torch.equal(out[(name, 0.0, ())][0], expected[expected[:, 0] >= 0]), name
+    expected = draft_hits(net, embed, head, tokens, feats, None, target_next, first, 4, (1,), True, 1.0, (2.0, 3.0))
+    assert torch.equal(out[("context", 1.0, (2.0, 3.0))][0], expected[expected[:, 0] >= 0])
+    assert ("subset", 1.0, ()) not in out and ("subset", 0.0, (2.0, 3.0)) not in out  # the priors are the context head's
     # Σ min(p, q) at position 1 under the full head, row `first`: p the target's, q the draft's
     with torch.no_grad():
         from feature_draft.distill import unrolled_features
         q = torch.softmax(unrolled_features(net, embed, tokens[None], feats[None, :-1], 1)[0][0, first] @ head.T, -1)
     p = torch.softmax(feats[first + 1] @ head.T, -1)
-    accept = out[("full", 0.0)][1]
+    accept = out[("full", 0.0, ())][1]
     assert accept.shape[0] == len(tokens) - 2 - first
     assert torch.allclose(accept[0], torch.minimum(p, q).sum(), atol=1e-5)
     assert ((accept >= 0) & (accept <= 1 + 1e-6)).all()

@@ -60,6 +60,7 @@ class DraftEvalConfig:
     batch_size: int = 16  # rows of the target's answer generation
     context_vocab: bool = True  # as the eagle drafter does by default: a subset head also says the context's tokens
     context_bias: Optional[float] = None  # added to the logits of the tokens read; None = the eagle drafter's default
+    lookup_bias: Optional[List[float]] = None  # n-gram successor priors; None = the eagle drafter's default
     threads: int = 0  # torch threads; 0 = torch's default
     out: str = "runs/draft-eval"  # answers.json (the cache), results.json, report.md
 
@@ -210,13 +211,15 @@ def context_columns(subset: torch.Tensor, tokens: torch.Tensor, extend: bool
 @torch.no_grad()
 def draft_hits(net, embed: torch.Tensor, head_full: torch.Tensor, tokens: torch.Tensor, feats: torch.Tensor,
                fused: Optional[torch.Tensor], target_next: torch.Tensor, first: int, depth: int,
-               ks: Sequence[int], context_vocab: bool = False, context_bias: float = 0.0) -> torch.Tensor:
+               ks: Sequence[int], context_vocab: bool = False, context_bias: float = 0.0,
+               lookup_bias: Sequence[float] = ()) -> torch.Tensor:
     """``chain_hits`` of one draft over one sequence: tokens [L], feats [L, d] (the target's last-layer
     states), fused [L, n·d] or None, target_next [L] (``distill.target_greedy`` of feats, computed once per
     sequence for every draft); ``first``: the row of the prompt's last token. As the ``eagle`` drafter
     with those options (``context_columns``): ``context_vocab``, a subset head also says the tokens
     read so far (not for ``Eagle3Draft``, whose head is its own); ``context_bias``, added to the logits of
-    the tokens read. → [L-1, depth]."""
+    the tokens read; ``lookup_bias``, the n-gram successor priors (``priors.lookup_bonus``: row t has read
+    x_0..x_{t+1}, its position j drafts after x_{t+j}). → [L-1, depth]."""
     from .distill import unrolled_features
 
     inputs = feats[None, :-1] if fused is None else net.fuse(fused[None, :-1])
@@ -225,17 +228,42 @@ def draft_hits(net, embed: torch.Tensor, head_full: torch.Tensor, tokens: torch.
     head_sub = head_full[ids.to(head_full.device)]
     # row t reads f_t and x_{t+1}; its position j drafts the token after t + j
     logits = [draft_logits(net, step[0], head_sub).cpu() for step in steps]  # the tallies run on the CPU
-    logits = [(row_logits + context_bias * seen).masked_fill(~known, float("-inf")) for row_logits in logits]
+    logits = [row_logits + context_bias * seen for row_logits in logits]
+    if lookup_bias:
+        add_lookup_bonus(logits, ids, tokens.tolist(), first, lookup_bias)
+    logits = [row_logits.masked_fill(~known, float("-inf")) for row_logits in logits]
     return chain_hits(logits, ids, target_next.cpu(), first, ks)
 
 
-def context_bias_of(net, configured: Optional[float]) -> float:
-    """The ``context_bias`` the eagle drafter gives ``net`` (a draft `pacer distill` made) unless set."""
-    from .drafter import CONTEXT_BIAS
+def add_lookup_bonus(logits: list[torch.Tensor], ids: torch.Tensor, tokens: list[int], first: int,
+                     lookup_bias: Sequence[float]) -> None:
+    """Add ``priors.lookup_bonus`` in place to logits[j-1] [L-1, C] (columns: ``ids``) at every row t ≥
+    ``first``: the successors, in x_0..x_{t+1}, of the last tokens of x_0..x_{t+j}."""
+    from .priors import SuccessorIndex, lookup_bonus
 
-    if configured is not None:
-        return float(configured)
-    return 0.0 if isinstance(net, Eagle3Draft) else CONTEXT_BIAS
+    column = {token: c for c, token in enumerate(ids.tolist())}
+    index = SuccessorIndex(len(lookup_bias))
+    index.extend(tokens[: first + 1])
+    for t in range(first, len(tokens) - 1):
+        index.extend(tokens[t + 1: t + 2])
+        for j, row_logits in enumerate(logits, start=1):
+            if t + j >= len(tokens):
+                break
+            for token, bonus in lookup_bonus(index, tokens[max(0, t + j + 1 - len(lookup_bias)): t + j + 1],
+                                             lookup_bias).items():
+                if token in column:
+                    row_logits[t, column[token]] += bonus
+
+
+def priors_of(net, context_bias: Optional[float], lookup_bias: Optional[Sequence[float]]
+              ) -> tuple[float, tuple[float, ...]]:
+    """The ``context_bias`` and ``lookup_bias`` the eagle drafter gives ``net`` (a draft `pacer distill`
+    made: its defaults for ``feature`` drafts, none for ``eagle3``) where not set."""
+    from .drafter import CONTEXT_BIAS, LOOKUP_BIAS
+
+    own = not isinstance(net, Eagle3Draft)
+    return (float((CONTEXT_BIAS if own else 0.0) if context_bias is None else context_bias),
+            tuple(float(b) for b in ((LOOKUP_BIAS if own else ()) if lookup_bias is None else lookup_bias)))
 
 
 def run_draft_eval(cfg: DraftEvalConfig, command_line: str) -> dict[str, Any]:
@@ -268,7 +296,7 @@ def run_draft_eval(cfg: DraftEvalConfig, command_line: str) -> dict[str, Any]:
             group = getattr(net.arch, "target_layers", None)
             rows = draft_hits(net, embed, head_full, tokens, feats, fused[tuple(group)] if group else None,
                               target_next, len(r["prompt"]) - 1, cfg.depth, cfg.ks, cfg.context_vocab,
-                              context_bias_of(net, cfg.context_bias))
+                              *priors_of(net, cfg.context_bias, cfg.lookup_bias))
             kept = rows[:, 0] >= 0
             hits.setdefault((i, r["set"]), []).append(rows[kept])
         wanted = target_next[kept.nonzero()[:, 0] + 1].tolist()  # row t's position 1 drafts the token after t + 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import attrs
 import torch
@@ -21,10 +21,12 @@ from pacer_core.sampling import logits_to_probs, sample
 from pacer_core.trees import TreeConfig, grow_level
 
 from .model import MANIFEST, WEIGHTS, Eagle3Draft, KVCache, load_draft
+from .priors import SuccessorIndex, lookup_bonus
 from .published import load_published, weights_file
 
 DEFAULT_DRAFT = Path(__file__).parent / "default"
 CONTEXT_BIAS = 1.0  # chosen on the target's answers to held-out prompts (docs/draft.md)
+LOOKUP_BIAS = (2.0, 4.0, 4.0)  # likewise
 
 
 @attrs.define
@@ -40,6 +42,10 @@ class EagleConfig:
     # added to the draft's logits of the tokens already in the context (a copy prior, before the sampling
     # parameters); None = CONTEXT_BIAS for drafts `pacer distill` makes, 0 for published checkpoints
     context_bias: Optional[float] = None
+    # [b_1, b_2, ...]: b_n added to the logits of the tokens that followed an earlier occurrence of the
+    # last n tokens of the draft's path in the committed text (priors.py); None = LOOKUP_BIAS for drafts
+    # `pacer distill` makes, [] (none) for published checkpoints
+    lookup_bias: Optional[List[float]] = None
 
 
 def draft_folder(path: Optional[str]) -> Path:
@@ -77,6 +83,7 @@ class _Level:
     blocks: int  # blocks in the draft once this level is added (another drafter may add side nodes)
     grown: int  # nodes this drafter has added in this step, this level's included
     rows: list[Optional[int]] = attrs.field(factory=list)  # cache rows once fed
+    paths: list[tuple[int, ...]] = attrs.field(factory=list)  # each node's tokens from the root (lookup_bias)
 
 
 class EagleDrafter:
@@ -133,6 +140,9 @@ class EagleDrafter:
         self.target_head = head  # the rows context tokens outside the subset read (context_vocab)
         self.context_bias = (CONTEXT_BIAS if own_subset else 0.0) if config.context_bias is None \
             else float(config.context_bias)
+        self.lookup_bias = tuple(float(b) for b in (
+            (LOOKUP_BIAS if own_subset else ()) if config.lookup_bias is None else config.lookup_bias))
+        self.reads_context = self.context_vocab or bool(self.context_bias) or bool(self.lookup_bias)
         self.sampling = resources.sampling
         self.vocab_size = target.vocab_size
         self.tree = config.tree
@@ -172,12 +182,16 @@ class EagleDrafter:
         self._column = torch.full((self.vocab_size,), -1, dtype=torch.long)  # draft logit of each id, -1: none
         self._column[self.subset] = torch.arange(len(self.subset))
         self.bias = torch.zeros(len(self.subset))  # [len(vocab)]: context_bias at the context's tokens
+        self._index = SuccessorIndex(len(self.lookup_bias))  # the committed text's n-grams → successors
         self._scanned = 0  # context tokens already read
 
     def _read_context(self, context: list[int]) -> None:
         """Read the tokens of ``context`` (committed tokens, which only grow within a generation) not read
         yet: add those the draft cannot say to its vocabulary with their rows of the target's output
-        layer (``context_vocab``), and give every one it can say ``context_bias``."""
+        layer (``context_vocab``), give every one it can say ``context_bias``, and index its n-grams
+        (``lookup_bias``)."""
+        if self.lookup_bias:
+            self._index.extend(context[self._scanned:])
         new = list(dict.fromkeys(context[self._scanned:]))
         self._scanned = len(context)
         outside = [t for t in new if self._column[t] < 0] if self.context_vocab else []
@@ -192,12 +206,22 @@ class EagleDrafter:
             columns = self._column[new]
             self.bias[columns[columns >= 0]] = self.context_bias
 
-    def _logits(self, features: torch.Tensor) -> torch.Tensor:
-        """[k, hidden] → [k, len(self.vocab)] float32 on the CPU."""
+    def _logits(self, features: torch.Tensor, suffixes: Optional[list[list[int]]] = None) -> torch.Tensor:
+        """[k, hidden] → [k, len(self.vocab)] float32 on the CPU, with the context priors; suffixes[i]: the
+        path row i drafts after (its last tokens suffice), for ``lookup_bias``."""
         logits = self.head(features)
         if self.extra_head is not None:
             logits = torch.cat([logits, features @ self.extra_head.T], -1)
-        return logits.float().cpu() + self.bias if self.context_bias else logits.float().cpu()
+        logits = logits.float().cpu()
+        if self.context_bias:
+            logits = logits + self.bias
+        if self.lookup_bias and suffixes is not None:
+            for row, suffix in enumerate(suffixes):
+                for token, bonus in lookup_bonus(self._index, suffix, self.lookup_bias).items():
+                    column = int(self._column[token])
+                    if column >= 0:
+                        logits[row, column] += bonus
+        return logits
 
     @torch.inference_mode()
     def _fuse(self, target_hidden: torch.Tensor) -> torch.Tensor:
@@ -249,17 +273,18 @@ class EagleDrafter:
             forwards += 1
         return forwards
 
-    def _distribution(self, features: torch.Tensor) -> torch.Tensor:
-        """The draft's distribution after each feature ([k, vocab]): sampling parameters applied
-        (softmax under greedy), tokens outside the draft's vocabulary at 0."""
-        logits = self._logits(features)  # [k, draft vocabulary]
+    def _distribution(self, features: torch.Tensor, suffixes: Optional[list[list[int]]]) -> torch.Tensor:
+        """The draft's distribution after each feature ([k, vocab]; suffixes[i]: the path row i drafts
+        after): sampling parameters applied (softmax under greedy), tokens outside the draft's
+        vocabulary at 0."""
+        logits = self._logits(features, suffixes)  # [k, draft vocabulary]
         probs = torch.softmax(logits, -1) if self.sampling.greedy else logits_to_probs(logits, self.sampling)
         full = torch.zeros(features.shape[0], self.vocab_size)
         full[:, self.vocab] = probs
         return full
 
-    def _choose(self, feature: torch.Tensor, generator) -> tuple[int, torch.Tensor]:
-        logits = self._logits(feature[None])[0]  # [draft vocabulary]
+    def _choose(self, feature: torch.Tensor, generator, suffix: list[int]) -> tuple[int, torch.Tensor]:
+        logits = self._logits(feature[None], [suffix])[0]  # [draft vocabulary]
         if self.sampling.greedy:
             index, probs = int(logits.argmax()), torch.softmax(logits, -1)
         else:
@@ -276,15 +301,16 @@ class EagleDrafter:
         context = state.tokens + draft.tokens.tolist()
         if len(self.features) == 0:
             return None  # step 0 (the prefill): no target feature yet, it decodes plainly
-        if self.context_vocab or self.context_bias:
+        if self.reads_context:
             self._read_context(state.tokens)
         forwards = self._sync(context)
         if len(self.row_tokens) != len(context) - 1:
             return None
         tokens, probs, hidden = [], [], []
         feature = self.row_out[-1]
+        longest = len(self.lookup_bias)
         for i in range(num_tokens):
-            token, token_probs = self._choose(feature, state.generator)
+            token, token_probs = self._choose(feature, state.generator, (context + tokens)[-longest:] if longest else [])
             tokens.append(token)
             probs.append(token_probs)
             hidden.append(feature)
@@ -306,7 +332,7 @@ class EagleDrafter:
             context = state.tokens
             if len(self.features) == 0:
                 return None  # step 0 (the prefill): no target feature yet, it decodes plainly
-            if self.context_vocab or self.context_bias:
+            if self.reads_context:
                 self._read_context(context)
             self.cache.crop(len(self.row_tokens))
             forwards = self._sync(context)
@@ -314,6 +340,7 @@ class EagleDrafter:
                 return None
             features = self.row_out[-1][None]  # [1, hidden]: the root
             scores, tip_row, nodes, parents, rows = torch.zeros(1), 0, [-1], [None], [None]
+            paths: list[tuple[int, ...]] = [()]
         else:
             level = self.level
             if level is None or level.blocks != len(draft.blocks) or level.depth >= tree.depth:
@@ -323,8 +350,10 @@ class EagleDrafter:
             features = self._feed_level(level)  # [f, hidden]: after each node of the latest level
             forwards = 1
             scores, tip_row, nodes = level.scores, level.tip_row, level.nodes
-            parents, rows = level.nodes, level.rows
-        probs = self._distribution(features)  # [f, vocab]
+            parents, rows, paths = level.nodes, level.rows, level.paths
+        longest = len(self.lookup_bias)
+        suffixes = [(state.tokens[-longest:] + list(path))[-longest:] for path in paths] if longest else None
+        probs = self._distribution(features, suffixes)  # [f, vocab]
         if self.level is not None:  # nothing grows past an end-of-sequence token
             ends = [i for i, t in enumerate(self.level.tokens) if t in state.eos_token_ids]
             probs[ends] = 0.0
@@ -344,7 +373,7 @@ class EagleDrafter:
             nodes=[first + i for i in range(len(chosen))], tokens=[c.token for c in chosen],
             scores=torch.tensor([c.score for c in chosen]), tip_row=0, depth=depth,
             parent_rows=[rows[c.row] for c in chosen], parent_features=features[[c.row for c in chosen]],
-            blocks=len(draft.blocks) + 1, grown=grown + len(chosen))
+            blocks=len(draft.blocks) + 1, grown=grown + len(chosen), paths=[paths[c.row] + (c.token,) for c in chosen])
         return DraftBlock(tokens=torch.tensor([tip.token], dtype=torch.long), draft_probs=probs[[tip.row]],
                           hidden_states=features[[tip.row]], side=side_nodes, forwards=forwards, sampled=False)
 
