@@ -92,7 +92,9 @@ def corpus_frequent(size: int, vocab: int) -> torch.Tensor:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("answers", help="answers.json that `pacer draft-eval` cached")
+    parser.add_argument("answers", help="answers.json that `pacer draft-eval` cached, or a `pacer train-preverify` "
+                                        "run folder (its simulated items' prompts and answers)")
+    parser.add_argument("--every", type=int, default=1, help="of a run folder's items, every N-th")
     parser.add_argument("--draft", default="shipped", help="a `feature` draft folder; shipped = the default")
     parser.add_argument("--heads", default="subset,context,full")
     parser.add_argument("--bias", default="0", help="comma-separated copy biases for the context head")
@@ -106,10 +108,16 @@ def main(argv=None) -> int:
     from pacer_core.hf import load_section, target_states
 
     answers = Path(args.answers)
-    if not answers.is_file():
-        print(f"error: {answers} is not a file: run `pacer draft-eval` first, it caches answers.json", file=sys.stderr)
+    if answers.is_dir() and (answers / "samples").is_dir():
+        records = [{"set": item["source"], "prompt": list(item["prompt"]), "answer": list(item["generated"])}
+                   for item in (torch.load(f, weights_only=True)
+                                for f in sorted((answers / "samples").glob("item_*.pt"))[::args.every])]
+    elif answers.is_file():
+        records = json.loads(answers.read_text())["records"]
+    else:
+        print(f"error: {answers} is neither answers.json (run `pacer draft-eval` first, it caches one) nor a "
+              "`pacer train-preverify` run folder", file=sys.stderr)
         return 2
-    records = json.loads(answers.read_text())["records"]
     torch.set_num_threads(args.threads)
     target, _, _ = load_section(DraftEvalConfig().target, "target")
     embed, head_full = (w.float() for w in target.embedding_weights())

@@ -59,7 +59,7 @@ class DraftEvalConfig:
     ks: List[int] = attrs.field(factory=lambda: [1, 2, 4, 8])
     batch_size: int = 16  # rows of the target's answer generation
     context_vocab: bool = True  # as the eagle drafter does by default: a subset head also says the context's tokens
-    context_bias: Optional[float] = None  # added to the logits of the tokens read; None = the eagle drafter's default
+    context_bias: float = 0.0  # added to the logits of the tokens read (the eagle drafter's default: 0)
     lookup_bias: Optional[List[float]] = None  # n-gram successor priors; None = the eagle drafter's default
     threads: int = 0  # torch threads; 0 = torch's default
     out: str = "runs/draft-eval"  # answers.json (the cache), results.json, report.md
@@ -255,15 +255,13 @@ def add_lookup_bonus(logits: list[torch.Tensor], ids: torch.Tensor, tokens: list
                     row_logits[t, column[token]] += bonus
 
 
-def priors_of(net, context_bias: Optional[float], lookup_bias: Optional[Sequence[float]]
-              ) -> tuple[float, tuple[float, ...]]:
-    """The ``context_bias`` and ``lookup_bias`` the eagle drafter gives ``net`` (a draft `pacer distill`
-    made: its defaults for ``feature`` drafts, none for ``eagle3``) where not set."""
-    from .drafter import CONTEXT_BIAS, LOOKUP_BIAS
+def lookup_bias_of(net, lookup_bias: Optional[Sequence[float]]) -> tuple[float, ...]:
+    """The ``lookup_bias`` the eagle drafter gives ``net`` (a draft `pacer distill` made: its default for
+    ``feature`` drafts, none for ``eagle3``) where not set."""
+    from .drafter import LOOKUP_BIAS
 
-    own = not isinstance(net, Eagle3Draft)
-    return (float((CONTEXT_BIAS if own else 0.0) if context_bias is None else context_bias),
-            tuple(float(b) for b in ((LOOKUP_BIAS if own else ()) if lookup_bias is None else lookup_bias)))
+    default = () if isinstance(net, Eagle3Draft) else LOOKUP_BIAS
+    return tuple(float(b) for b in (default if lookup_bias is None else lookup_bias))
 
 
 def run_draft_eval(cfg: DraftEvalConfig, command_line: str) -> dict[str, Any]:
@@ -296,7 +294,7 @@ def run_draft_eval(cfg: DraftEvalConfig, command_line: str) -> dict[str, Any]:
             group = getattr(net.arch, "target_layers", None)
             rows = draft_hits(net, embed, head_full, tokens, feats, fused[tuple(group)] if group else None,
                               target_next, len(r["prompt"]) - 1, cfg.depth, cfg.ks, cfg.context_vocab,
-                              *priors_of(net, cfg.context_bias, cfg.lookup_bias))
+                              cfg.context_bias, lookup_bias_of(net, cfg.lookup_bias))
             kept = rows[:, 0] >= 0
             hits.setdefault((i, r["set"]), []).append(rows[kept])
         wanted = target_next[kept.nonzero()[:, 0] + 1].tolist()  # row t's position 1 drafts the token after t + 1

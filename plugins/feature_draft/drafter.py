@@ -25,8 +25,7 @@ from .priors import SuccessorIndex, lookup_bonus
 from .published import load_published, weights_file
 
 DEFAULT_DRAFT = Path(__file__).parent / "default"
-CONTEXT_BIAS = 1.0  # chosen on the target's answers to held-out prompts (docs/draft.md)
-LOOKUP_BIAS = (2.0, 4.0, 4.0)  # likewise
+LOOKUP_BIAS = (2.0, 4.0, 4.0)  # chosen on the target's answers to the benchmark prompts (docs/draft.md)
 
 
 @attrs.define
@@ -40,8 +39,8 @@ class EagleConfig:
     # for drafts whose head is the target's output layer restricted to a subset (docs/draft.md)
     context_vocab: Optional[bool] = None
     # added to the draft's logits of the tokens already in the context (a copy prior, before the sampling
-    # parameters); None = CONTEXT_BIAS for drafts `pacer distill` makes, 0 for published checkpoints
-    context_bias: Optional[float] = None
+    # parameters); 0 = none: with the lookup bias on it adds nothing (docs/draft.md)
+    context_bias: float = 0.0
     # [b_1, b_2, ...]: b_n added to the logits of the tokens that followed an earlier occurrence of the
     # last n tokens of the draft's path in the committed text (priors.py); None = LOOKUP_BIAS for drafts
     # `pacer distill` makes, [] (none) for published checkpoints
@@ -138,8 +137,7 @@ class EagleDrafter:
             raise InputError(f"strategy.drafter.context_vocab=true needs a draft whose head is a subset of the "
                              f"target's output layer; this {self.layout} draft has {has}: leave context_vocab unset")
         self.target_head = head  # the rows context tokens outside the subset read (context_vocab)
-        self.context_bias = (CONTEXT_BIAS if own_subset else 0.0) if config.context_bias is None \
-            else float(config.context_bias)
+        self.context_bias = float(config.context_bias)
         self.lookup_bias = tuple(float(b) for b in (
             (LOOKUP_BIAS if own_subset else ()) if config.lookup_bias is None else config.lookup_bias))
         self.reads_context = self.context_vocab or bool(self.context_bias) or bool(self.lookup_bias)
