@@ -426,3 +426,13 @@ def read_answers(out: Path) -> list[dict]:
 # a cost model given inline (seconds), for stacks with `rule: throughput` on tiny models
 INLINE_COSTS = "costs: {verify_s: [0.010, 0.011, 0.012, 0.013], draft_token_s: 0.004}"
 
+
+
+def load_script(name: str):
+    """The module of ``scripts/<name>.py`` (the scripts are not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

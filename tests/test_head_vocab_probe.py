@@ -1,25 +1,18 @@
 """scripts/head_vocab_probe.py: its subset and context heads count exactly what `pacer draft-eval`
 counts with ``context_vocab`` off and on, and its sampling acceptance is Σ min(p, q)."""
 
-import importlib.util
-from pathlib import Path
 
 import torch
 
-from helpers import adapter
+from helpers import adapter, load_script
 from test_draft_eval import SUBSET, student, tiny_target
 
 from feature_draft.agreement import draft_hits
 from feature_draft.distill import target_greedy
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "head_vocab_probe.py"
-
 
 def probe():
-    spec = importlib.util.spec_from_file_location("head_vocab_probe", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("head_vocab_probe")
 
 
 def test_seen_mask_is_causal():

@@ -1,22 +1,17 @@
 """scripts/step_context_probe.py's analysis: the cross-validated models see the step context when
 it decides acceptance, and the replayed rules sit between the best fixed window and the oracle."""
 
-import importlib.util
 import math
 import random
-from pathlib import Path
 
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "step_context_probe.py"
+from helpers import load_script
 
 
 def probe():
-    spec = importlib.util.spec_from_file_location("step_context_probe", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("step_context_probe")
 
 
 def steps(context_decides: bool, count: int = 600):
