@@ -1,7 +1,6 @@
 """scripts/head_vocab_probe.py: its subset and context heads count exactly what `pacer draft-eval`
 counts with ``context_vocab`` off and on, and its sampling acceptance is Σ min(p, q)."""
 
-
 import torch
 
 from helpers import adapter, load_script
