@@ -436,3 +436,57 @@ def load_script(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+# -- the eagle drafter on tiny targets ------------------------------------------------------------
+def bigram(model):
+    """``model`` with every layer's attention and MLP output zeroed: its next-token distribution is
+    softmax(W · norm(embed(x_t))), which a feature draft can copy (see ``write_eagle1``)."""
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+    return model
+
+
+def engine_for(target_model, folder, stop="{name: fixed, gamma: 3}", tree=None, extra=(), eos=True, digest=None):
+    target = adapter(target_model, eos=eos)
+    target.digest = digest
+    drafter = f"{{name: eagle, path: '{folder}'" + (f", tree: {tree}" if tree else "") + "}"
+    cfg = load_config(overrides=[f"strategy.drafter={drafter}", f"strategy.stop=[{stop}]", *extra],
+                      require_models=False)
+    return Engine.build(target, cfg=cfg)
+
+
+def brute_successors(committed: list[int], suffix: list[int], biases) -> dict[int, float]:
+    """token → Σ biases[n-1] over the n such that the token follows, somewhere in ``committed``, the
+    last n tokens of ``suffix``: a direct scan (what feature_draft.priors.lookup_bonus computes)."""
+    bonus = {}
+    for n, bias in enumerate(biases, start=1):
+        if len(suffix) < n:
+            break
+        followers = {committed[i] for i in range(n, len(committed)) if committed[i - n:i] == suffix[-n:]}
+        for token in followers:
+            bonus[token] = bonus.get(token, 0.0) + bias
+    return bonus
+
+
+# -- feature-level students for the agreement tests ------------------------------------------------
+STUDENT_LAYERS = [0, 1, 2]
+STUDENT_SUBSET = torch.arange(3, 51)  # 48 of the 64 ids
+
+
+def student_target():
+    return tiny_llama(0, layers=3, scale=4.0)
+
+
+def student(kind: str, target) -> torch.nn.Module:
+    """kind: feature, eagle3, or feature-deep (a feature student with two decoder layers)."""
+    from feature_draft.distill import DistillConfig, build_student
+
+    cfg = DistillConfig()
+    cfg.student.kind, cfg.student.intermediate_size = kind.removesuffix("-deep"), 64
+    cfg.student.extra_layers = int(kind.endswith("-deep"))
+    if kind == "eagle3":
+        cfg.student.fused_layers = STUDENT_LAYERS
+    return build_student(cfg, target, STUDENT_SUBSET, target.embedding_weights()[1].float()).eval()

@@ -12,43 +12,13 @@ import torch
 
 from pacer_core import InputError
 from pacer_core.errors import ConfigError
-from helpers import adapter, reference_greedy, tiny_llama
+from helpers import STUDENT_LAYERS as LAYERS, STUDENT_SUBSET as SUBSET
+from helpers import adapter, brute_successors, reference_greedy, student, student_target as tiny_target
 
 from feature_draft.agreement import (chain_hits, draft_hits, load_config, run_draft_eval, summarize, summarize_kinds,
                                      token_kind)
-from feature_draft.distill import DistillConfig, build_student, target_greedy
+from feature_draft.distill import target_greedy
 from feature_draft.model import KVCache, draft_logits
-
-LAYERS = [0, 1, 2]
-SUBSET = torch.arange(3, 51)  # 48 of the 64 ids
-
-
-def tiny_target():
-    return tiny_llama(0, layers=3, scale=4.0)
-
-
-def student(kind: str, target) -> torch.nn.Module:
-    """kind: feature, eagle3, or feature-deep (a feature student with two decoder layers)."""
-    cfg = DistillConfig()
-    cfg.student.kind, cfg.student.intermediate_size = kind.removesuffix("-deep"), 64
-    cfg.student.extra_layers = int(kind.endswith("-deep"))
-    if kind == "eagle3":
-        cfg.student.fused_layers = LAYERS
-    return build_student(cfg, target, SUBSET, target.embedding_weights()[1].float()).eval()
-
-
-def brute_successors(committed: list[int], suffix: list[int], biases) -> dict[int, float]:
-    """token → Σ biases[n-1] over the n such that the token follows, somewhere in ``committed``, the
-    last n tokens of ``suffix``: a direct scan."""
-    bonus = {}
-    for n, bias in enumerate(biases, start=1):
-        if len(suffix) < n:
-            break
-        followers = {committed[i] for i in range(n, len(committed)) if committed[i - n:i] == suffix[-n:]}
-        for token in followers:
-            bonus[token] = bonus.get(token, 0.0) + bias
-    return bonus
-
 
 @pytest.mark.parametrize("kind,context_vocab,bias,lookup", [
     ("feature", False, 0.0, ()), ("feature", True, 0.0, ()), ("feature", True, 1.5, ()),

@@ -24,8 +24,8 @@ from safetensors.torch import load_file, save_file
 
 from feature_draft.drafter import EagleConfig, EagleDrafter
 
-from helpers import (LENGTH, PASS_P, Planted, adapter, reference_greedy, sample_outputs, single_thread,
-                     tiny_llama, write_checkpoint)
+from helpers import (LENGTH, PASS_P, Planted, adapter, bigram, engine_for, reference_greedy, sample_outputs,
+                     single_thread, tiny_llama, write_checkpoint)
 
 HIDDEN, HEADS, KV_HEADS, FFN = 32, 4, 2, 48  # the tiny targets' attention layout (tiny_llama)
 EAGLE3_LAYERS = 8  # EAGLE-3 reads the inputs of target layers 2, L // 2, L - 3: 2, 4, 5
@@ -57,16 +57,6 @@ def _randn(generator, *shape, std=0.2):
 
 def _norm_weight(generator):
     return 1.0 + _randn(generator, HIDDEN, std=0.1)
-
-
-def bigram(model):
-    """``model`` with every layer's attention and MLP output zeroed: its next-token distribution is
-    softmax(W · norm(embed(x_t))), which a feature draft can copy (see ``write_eagle1``)."""
-    with torch.no_grad():
-        for layer in model.model.layers:
-            layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
-    return model
 
 
 def write_eagle1(folder: Path, target_model, fmt: str = "bin", bias: bool = True, seed: int = 0,
@@ -139,15 +129,6 @@ def write_eagle3(folder: Path, target_model, draft_vocab: int, fmt: str = "safet
 
 def eagle3_target(vocab: int = 64, scale: float = 6.0):
     return tiny_llama(0, vocab=vocab, layers=EAGLE3_LAYERS, scale=scale)
-
-
-def engine_for(target_model, folder, stop="{name: fixed, gamma: 3}", tree=None, extra=(), eos=True, digest=None):
-    target = adapter(target_model, eos=eos)
-    target.digest = digest
-    drafter = f"{{name: eagle, path: '{folder}'" + (f", tree: {tree}" if tree else "") + "}"
-    cfg = load_config(overrides=[f"strategy.drafter={drafter}", f"strategy.stop=[{stop}]", *extra],
-                      require_models=False)
-    return Engine.build(target, cfg=cfg)
 
 
 def drafter_of(engine):
@@ -506,3 +487,19 @@ def test_an_unreadable_file_is_refused(tmp_path):
     folder = write_eagle1(tmp_path / "foreign", target_model)
     torch.save({"model.layers.0.mlp.up_proj.weight": torch.zeros(2)}, folder / "pytorch_model.bin")
     assert "neither EAGLE-1/2 tensors" in refusal(target_model, folder)
+
+
+def test_context_vocab_is_refused_for_a_head_of_the_whole_vocabulary(tmp_path):
+    target_model = tiny_llama(0)
+    folder = write_eagle1(tmp_path / "ckpt", target_model)
+    with pytest.raises(InputError, match="context_vocab=true needs a draft whose head is a subset.*leave context_vocab unset"):
+        engine_for(target_model, folder, extra=["strategy.drafter.context_vocab=true"])
+    engine_for(target_model, folder, extra=["strategy.drafter.context_vocab=false"])
+    # the priors apply to any head when set, and are off by default for published checkpoints
+    plain = next(p for p in engine_for(target_model, folder).pm.get_plugins() if type(p).__name__ == "EagleDrafter")
+    assert plain.context_bias == 0.0 and plain.lookup_bias == () and not plain.reads_context
+    engine = engine_for(target_model, folder, extra=["strategy.drafter.context_bias=1.0"])
+    prompt = [1, 7, 9, 7, 9, 7]
+    assert engine.generate(prompt, max_new_tokens=20).tokens == reference_greedy(target_model, prompt, 20)
+    drafter = next(p for p in engine.pm.get_plugins() if type(p).__name__ == "EagleDrafter")
+    assert set(drafter.vocab[drafter.bias == 1.0].tolist()) >= {1, 7, 9}

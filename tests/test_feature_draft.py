@@ -12,7 +12,8 @@ import torch
 from pacer_core import Engine, InputError, hookimpl, load_config
 from pacer_core.kernels import PackedLinear, packing_supported
 from pacer_core.testing import chisquare_pvalue
-from helpers import EOS, LENGTH, PASS_P, adapter, make_draft, reference_greedy, sample_outputs, single_thread, tiny_llama
+from helpers import (EOS, LENGTH, PASS_P, adapter, bigram, brute_successors, engine_for, make_draft, reference_greedy,
+                     sample_outputs, single_thread, tiny_llama)
 
 from feature_draft.distill import DistillConfig, draft_loss, frequent_tokens, train
 from feature_draft.model import ArchConfig, FeatureDraft, KVCache
@@ -123,24 +124,6 @@ def test_context_bias_raises_the_logits_of_the_tokens_read_and_nothing_else(tmp_
     assert torch.allclose(difference[:, read], torch.full((2, int(read.sum())), 1.5), atol=1e-5)
     assert difference[:, ~read].abs().max() == 0
     assert {50, 61} <= set(biased.vocab.tolist()) and len(biased.vocab) == 48 + len(context - set(range(48)))
-
-
-def test_context_vocab_is_refused_for_a_head_of_the_whole_vocabulary(tmp_path):
-    from test_eagle_checkpoints import write_eagle1
-
-    target_model = tiny_llama(0)
-    folder = write_eagle1(tmp_path / "ckpt", target_model)
-    with pytest.raises(InputError, match="context_vocab=true needs a draft whose head is a subset.*leave context_vocab unset"):
-        eagle_engine(target_model, folder, extra=["strategy.drafter.context_vocab=true"])
-    eagle_engine(target_model, folder, extra=["strategy.drafter.context_vocab=false"])
-    # the copy bias applies to any head, off by default for published checkpoints
-    assert next(p for p in eagle_engine(target_model, folder).pm.get_plugins()
-                if type(p).__name__ == "EagleDrafter").context_bias == 0.0
-    engine = eagle_engine(target_model, folder, extra=["strategy.drafter.context_bias=1.0"])
-    prompt = [1, 7, 9, 7, 9, 7]
-    assert engine.generate(prompt, max_new_tokens=20).tokens == reference_greedy(target_model, prompt, 20)
-    drafter = next(p for p in engine.pm.get_plugins() if type(p).__name__ == "EagleDrafter")
-    assert set(drafter.vocab[drafter.bias == 1.0].tolist()) >= {1, 7, 9}
 
 
 def test_eagle_refuses_a_draft_for_another_target(tmp_path):
@@ -297,7 +280,6 @@ def context_vocab_samples(tmp_path, samples, wrong=False, monkeypatch=None, bias
     then accepts them whenever drafted)."""
     from pacer_core.testing import exact_continuation_probs
     from feature_draft.drafter import EagleDrafter
-    from test_eagle_checkpoints import bigram, engine_for
 
     if wrong:
         choose = EagleDrafter._choose
@@ -351,7 +333,6 @@ def lookup_samples(tmp_path, samples, monkeypatch=None):
     ``monkeypatch``, the drafter samples with the lookup bias but reports q without it."""
     from feature_draft.drafter import EagleDrafter
     from pacer_core.testing import exact_continuation_probs
-    from test_eagle_checkpoints import bigram, engine_for
 
     if monkeypatch is not None:
         choose = EagleDrafter._choose
@@ -388,7 +369,6 @@ def test_lookup_bias_follows_the_draft_path_over_the_committed_text(tmp_path, mo
     """Each draft token's lookup reads the last tokens of the committed text and the tokens drafted
     before it in the step, and adds Σ b_n to the successors of their n-gram in the committed text."""
     from feature_draft.drafter import EagleDrafter
-    from test_priors import scan
 
     target_model = tiny_llama(0, scale=6.0)
     folder = make_draft(target_model, tmp_path / "draft")
@@ -428,7 +408,7 @@ def test_lookup_bias_follows_the_draft_path_over_the_committed_text(tmp_path, mo
     # the bonus itself: the logits of a feature with and without the priors
     feature = torch.randn(1, drafter.hidden_size)
     suffix = [9, 7]
-    bonus = scan(drafter._index.text, suffix, [2.0, 3.0])
+    bonus = brute_successors(drafter._index.text, suffix, [2.0, 3.0])
     assert bonus  # 7 and (9, 7) were followed by 9 in the committed text
     with_priors = logits(drafter, feature, [suffix])[0]
     without = logits(drafter, feature, None)[0]

@@ -3,8 +3,8 @@ counts with ``context_vocab`` off and on, and its sampling acceptance is Σ min(
 
 import torch
 
-from helpers import adapter, load_script
-from test_draft_eval import SUBSET, student, tiny_target
+from helpers import STUDENT_SUBSET as SUBSET
+from helpers import adapter, load_script, student, student_target as tiny_target
 
 from feature_draft.agreement import draft_hits
 from feature_draft.distill import target_greedy

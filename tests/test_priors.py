@@ -3,16 +3,7 @@
 import random
 
 from feature_draft.priors import SuccessorIndex, lookup_bonus
-
-
-def scan(text, suffix, biases):
-    bonus = {}
-    for n, bias in enumerate(biases, start=1):
-        if len(suffix) < n:
-            break
-        for token in {text[i] for i in range(n, len(text)) if text[i - n:i] == suffix[-n:]}:
-            bonus[token] = bonus.get(token, 0.0) + bias
-    return bonus
+from helpers import brute_successors
 
 
 def test_a_worked_example():
@@ -37,4 +28,4 @@ def test_reading_in_pieces_equals_a_direct_scan():
         read += piece
         for _ in range(5):
             suffix = [rng.randrange(6) for _ in range(rng.randint(1, 4))]
-            assert lookup_bonus(index, suffix, [1.0, 2.5, 4.0]) == scan(text[:read], suffix, [1.0, 2.5, 4.0])
+            assert lookup_bonus(index, suffix, [1.0, 2.5, 4.0]) == brute_successors(text[:read], suffix, [1.0, 2.5, 4.0])
