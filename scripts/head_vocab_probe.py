@@ -33,15 +33,6 @@ DEPTH = 4
 CORPORA = ("plugins/feature_draft/corpus", "plugins/feature_draft/corpus-open")
 
 
-def seen_mask(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
-    """[L] → [L-1, vocab]: row t (which drafts after x_{t+1}) has seen x_0..x_{t+1}."""
-    rows = len(tokens) - 1
-    seen = torch.zeros(rows, vocab, dtype=torch.bool)
-    seen[torch.arange(rows), tokens[1:]] = True
-    seen[:, tokens[0]] = True
-    return seen.cummax(0).values
-
-
 @torch.no_grad()
 def score_sequence(net, embed, head_full, tokens, feats, first: int, heads: dict[str, Optional[torch.Tensor]],
                    biases: Sequence[float], lookups: Sequence[tuple[float, ...]] = ((),)
@@ -50,7 +41,7 @@ def score_sequence(net, embed, head_full, tokens, feats, first: int, heads: dict
     position 1 [rows]). ``heads``: name → [vocab] bool of the ids the head holds, None for ``context``
     (the draft's subset and the tokens seen; the only head the priors apply to). feats [L, d]: the
     target's last-layer states."""
-    from feature_draft.agreement import add_lookup_bonus, chain_hits
+    from feature_draft.agreement import add_lookup_bonus, chain_hits, context_columns
     from feature_draft.distill import target_greedy, unrolled_features
     from feature_draft.model import draft_logits
 
@@ -58,7 +49,7 @@ def score_sequence(net, embed, head_full, tokens, feats, first: int, heads: dict
     target_next = target_greedy(feats[None], head_full)[0]
     steps = unrolled_features(net, embed, tokens[None], feats[None, :-1], DEPTH)
     logits = [draft_logits(net, step[0], head_full) for step in steps]  # [L-1, vocab] per position
-    seen = seen_mask(tokens, vocab)
+    seen = context_columns(torch.arange(vocab), tokens, False)[2]  # [L-1, vocab]: row t has read x_0..x_{t+1}
     own = torch.zeros(vocab, dtype=torch.bool)
     own[net.subset] = True
     rows = len(tokens) - 1

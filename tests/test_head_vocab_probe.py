@@ -6,7 +6,7 @@ import torch
 from helpers import STUDENT_SUBSET as SUBSET
 from helpers import adapter, load_script, student, student_target as tiny_target
 
-from feature_draft.agreement import draft_hits
+from feature_draft.agreement import context_columns, draft_hits
 from feature_draft.distill import target_greedy
 
 
@@ -14,8 +14,8 @@ def probe():
     return load_script("head_vocab_probe")
 
 
-def test_seen_mask_is_causal():
-    seen = probe().seen_mask(torch.tensor([2, 0, 3, 0]), 5)
+def test_seen_is_causal():
+    seen = context_columns(torch.arange(5), torch.tensor([2, 0, 3, 0]), False)[2]
     assert seen.tolist() == [[True, False, True, False, False],   # row 0 drafts after x_1: knows x_0, x_1
                              [True, False, True, True, False],
                              [True, False, True, True, False]]
