@@ -19,18 +19,22 @@ from feature_draft.agreement import (chain_hits, draft_hits, load_config, run_dr
                                      token_kind)
 from feature_draft.distill import target_greedy
 from feature_draft.model import KVCache, draft_logits
+from feature_draft.priors import CorpusSuccessors, corpus_bonus
 
-@pytest.mark.parametrize("kind,context_vocab,bias,lookup", [
-    ("feature", False, 0.0, ()), ("feature", True, 0.0, ()), ("feature", True, 1.5, ()),
-    ("feature", False, 1.5, ()), ("feature", True, 1.0, (2.0, 3.0, 4.0)), ("feature", False, 0.0, (5.0,)),
-    ("feature-deep", False, 0.0, ()), ("eagle3", False, 0.0, ()), ("eagle3", True, 1.5, (2.0, 3.0))])
-def test_hits_equal_a_step_by_step_recount_with_the_drafters_cache(kind, context_vocab, bias, lookup):
+@pytest.mark.parametrize("kind,context_vocab,bias,lookup,corpus_bias", [
+    ("feature", False, 0.0, (), 0.0), ("feature", True, 0.0, (), 0.0), ("feature", True, 1.5, (), 0.0),
+    ("feature", False, 1.5, (), 0.0), ("feature", True, 1.0, (2.0, 3.0, 4.0), 0.0), ("feature", False, 0.0, (5.0,), 0.0),
+    ("feature", True, 0.0, (), 6.0), ("feature", True, 0.0, (2.0, 4.0), 3.0),
+    ("feature-deep", False, 0.0, (), 0.0), ("eagle3", False, 0.0, (), 0.0), ("eagle3", True, 1.5, (2.0, 3.0), 0.0)])
+def test_hits_equal_a_step_by_step_recount_with_the_drafters_cache(kind, context_vocab, bias, lookup, corpus_bias):
     """Row t, position j: the rank class of the target's greedy token after t + j (from the target's
     own logits) among the draft's top-k, the draft fed its own features through its KV cache. With
     ``context_vocab`` a subset head also ranks the tokens x_0..x_{t+1} outside its subset (ids 51..63
     here), as the eagle drafter does (EAGLE-3's own head is left as it is); ``bias`` is added to the
     logits of the tokens x_0..x_{t+1} the head holds, and ``lookup`` (the n-gram successor priors)
-    to the tokens that follow the last n tokens of x_0..x_{t+j} in x_0..x_{t+1}."""
+    to the tokens that follow the last n tokens of x_0..x_{t+j} in x_0..x_{t+1}; ``corpus_bias`` (the
+    corpus prior) times the share of each successor of x_0..x_{t+j}'s longest frequent n-gram in a corpus
+    of token lists."""
     from pacer_core.hf import last_hidden_states, layer_inputs
 
     model = tiny_target()
@@ -38,13 +42,16 @@ def test_hits_equal_a_step_by_step_recount_with_the_drafters_cache(kind, context
     net = student(kind, target)
     embed, head = (w.float() for w in target.embedding_weights())
     tokens = torch.randint(3, 64, (14,), generator=torch.Generator().manual_seed(1))
-    if lookup:  # the target's own greedy answer, which falls into a loop: its n-grams recur
+    if lookup or corpus_bias:  # the target's own greedy answer, which falls into a loop: its n-grams recur
         tokens = torch.tensor(tokens[:5].tolist() + reference_greedy(model, tokens[:5].tolist(), 11, eos=False))
     feats = last_hidden_states(target, tokens[None])[0].float()
     fused = layer_inputs(target, tokens[None], LAYERS)[0].float() if kind == "eagle3" else None
     depth, ks, first = 3, (1, 2, 4, 8), 4
+    rng = torch.Generator().manual_seed(2)
+    corpus = CorpusSuccessors([torch.randint(3, 64, (40,), generator=rng).tolist() for _ in range(30)]
+                              + [tokens.tolist()] * 5, 64, 3, min_count=2) if corpus_bias else None
     hits = draft_hits(net, embed, head, tokens, feats, fused, target_greedy(feats[None], head)[0], first, depth, ks,
-                      context_vocab, bias, lookup)
+                      context_vocab, bias, lookup, corpus, corpus_bias)
     if context_vocab and kind == "feature":
         assert set(tokens.tolist()) - set(SUBSET.tolist())  # the sequence has tokens outside the subset
     with torch.no_grad():
@@ -66,10 +73,13 @@ def test_hits_equal_a_step_by_step_recount_with_the_drafters_cache(kind, context
                 if j > 1:
                     out = net(embed[tokens[t + j]][None], out[None], torch.tensor([t + j - 1]), cache)[-1]
                 logits = draft_logits(net, out, head_sub) + bias * read
-                for token, bonus in brute_successors(tokens[: t + 2].tolist(), tokens[: t + j + 1].tolist(),
-                                                     lookup).items():
-                    if token in ids.tolist():
-                        logits[ids.tolist().index(token)] += bonus
+                bonuses = [brute_successors(tokens[: t + 2].tolist(), tokens[: t + j + 1].tolist(), lookup)]
+                if corpus is not None:
+                    bonuses.append(corpus_bonus(corpus, tokens[: t + j + 1].tolist(), corpus_bias))
+                for bonus_of in bonuses:
+                    for token, bonus in bonus_of.items():
+                        if token in ids.tolist():
+                            logits[ids.tolist().index(token)] += bonus
                 ranked = ids[logits.argsort(descending=True)].tolist()
                 rank = ranked.index(int(greedy[t + j])) if int(greedy[t + j]) in ranked else 99
                 expected = next((k for k in ks if rank < k), 0)

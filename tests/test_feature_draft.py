@@ -328,28 +328,39 @@ def test_context_tokens_drafted_but_claimed_impossible_fail_the_distribution_tes
 LOOKUP_PROMPT = [3, 7, 3, 7, 3]  # 7 followed 3, (7, 3) and (3, 7, 3): every prior points at 7
 
 
-def lookup_samples(tmp_path, samples, monkeypatch=None):
-    """Sampled chains on the peaked bigram target of 16 tokens with the default priors; with
-    ``monkeypatch``, the drafter samples with the lookup bias but reports q without it."""
+CORPUS_DOCS = [[a, (5 * a + 3) % 8] for a in range(16)] * 5  # the corpus prior: a → 5a + 3 mod 8, in the subset
+
+
+def lookup_samples(tmp_path, samples, monkeypatch=None, corpus=False):
+    """Sampled chains on the peaked bigram target of 16 tokens with the default priors (``corpus``: the
+    corpus prior alone over CORPUS_DOCS, with a bias of 30 that outweighs the draft's own logits); with ``monkeypatch``, the drafter samples with the
+    prior but reports q without it."""
     from feature_draft.drafter import EagleDrafter
     from pacer_core.testing import exact_continuation_probs
 
+    prior = "corpus_bias" if corpus else "lookup_bias"
     if monkeypatch is not None:
         choose = EagleDrafter._choose
 
-        def reports_q_without_the_lookup_bias(self, feature, generator, suffix):
+        def reports_q_without_the_prior(self, feature, generator, suffix):
             token, _ = choose(self, feature, generator, suffix)
-            saved, self.lookup_bias = self.lookup_bias, ()
+            saved = getattr(self, prior)
+            setattr(self, prior, 0.0 if corpus else ())
             _, unbiased = choose(self, feature, torch.Generator().manual_seed(0), suffix)
-            self.lookup_bias = saved
+            setattr(self, prior, saved)
             return token, unbiased
 
-        monkeypatch.setattr(EagleDrafter, "_choose", reports_q_without_the_lookup_bias)
+        monkeypatch.setattr(EagleDrafter, "_choose", reports_q_without_the_prior)
     target_model = bigram(tiny_llama(0, vocab=16, scale=25.0))
     folder = make_draft(target_model, tmp_path / "draft", subset_size=8)
+    extra = []
+    if corpus:
+        (tmp_path / "corpus.json").write_text(json.dumps(CORPUS_DOCS))
+        extra = ["strategy.drafter.lookup_bias=[]", "strategy.drafter.corpus_bias=30.0",
+                 f"strategy.drafter.corpus={tmp_path / 'corpus.json'}"]
     engine = engine_for(target_model, folder, stop="{name: fixed, gamma: 2}", eos=False,
                         extra=["sampling.temperature=1.0", "strategy.verifier={name: speculative_sampling}",
-                               "generation.ignore_eos=true"])
+                               "generation.ignore_eos=true"] + extra)
     outputs, _ = sample_outputs(engine, LOOKUP_PROMPT, samples)
     expected = exact_continuation_probs(adapter(target_model, eos=False), LOOKUP_PROMPT, LENGTH, engine.sampling)
     return chisquare_pvalue(outputs, expected)
@@ -363,6 +374,59 @@ def test_lookup_bias_sampling_matches_the_target_distribution(tmp_path):
 def test_a_lookup_bias_left_out_of_the_reported_q_fails_the_distribution_test(tmp_path, monkeypatch):
     with single_thread():
         assert lookup_samples(tmp_path, 1000, monkeypatch) < 1e-6
+
+
+def test_corpus_bias_sampling_matches_the_target_distribution(tmp_path):
+    with single_thread():
+        assert lookup_samples(tmp_path, 400, corpus=True) > PASS_P
+
+
+def test_a_corpus_bias_left_out_of_the_reported_q_fails_the_distribution_test(tmp_path, monkeypatch):
+    with single_thread():
+        assert lookup_samples(tmp_path, 1000, monkeypatch, corpus=True) < 1e-6
+
+
+@pytest.mark.parametrize("tree", [None, "{topk: 3, depth: 4, nodes: 10}"], ids=["chain", "tree"])
+def test_corpus_bias_adds_the_share_of_the_paths_corpus_successors(tmp_path, tree):
+    """Greedy output stays the target's; the bonus is corpus_bias × the share of each successor of the
+    longest frequent n-gram ending the path, in the corpus (read from a .json of token ids)."""
+    from feature_draft.drafter import CORPUS_NGRAM
+    from feature_draft.priors import corpus_bonus
+
+    target_model = tiny_llama(0, scale=6.0)
+    folder = make_draft(target_model, tmp_path / "draft")
+    docs = [[1, 7, 9, 7, 9, 7, 3] * 3, [7, 9, 4, 7, 9, 4, 9, 4, 5, 9, 4]]
+    (tmp_path / "corpus.json").write_text(json.dumps(docs))
+    extra = ["strategy.drafter.corpus_bias=3.0", f"strategy.drafter.corpus={tmp_path / 'corpus.json'}"]
+    if tree:
+        extra.append(f"strategy.drafter.tree={tree}")
+    engine = eagle_engine(target_model, folder, "{name: fixed, gamma: 4}", extra=extra)
+    prompt = [1, 7, 9, 7, 9, 7, 9, 7]
+    result = engine.generate(prompt, max_new_tokens=24)
+    assert result.tokens == reference_greedy(target_model, prompt, 24) and result.metrics["drafted"] > 0
+    drafter = next(p for p in engine.pm.get_plugins() if type(p).__name__ == "EagleDrafter")
+    assert drafter.corpus.longest == CORPUS_NGRAM and drafter.suffix_length == CORPUS_NGRAM
+    feature = torch.randn(1, drafter.hidden_size)
+    saved, drafter.lookup_bias = drafter.lookup_bias, ()
+    for suffix in ([9, 7, 9], [3, 5, 9], [7, 9, 4, 9]):
+        bonus = corpus_bonus(drafter.corpus, suffix, 3.0)
+        assert bonus
+        difference = drafter._logits(feature, [suffix])[0] - drafter._logits(feature, None)[0]
+        expected = torch.zeros_like(difference)
+        held = {token: value for token, value in bonus.items() if drafter._column[token] >= 0}
+        assert held  # successors the draft's head can say
+        for token, value in held.items():
+            expected[int(drafter._column[token])] = value
+        assert torch.allclose(difference, expected)
+    drafter.lookup_bias = saved
+
+
+def test_a_missing_corpus_is_refused_in_one_line(tmp_path):
+    target_model = tiny_llama(0, scale=6.0)
+    folder = make_draft(target_model, tmp_path / "draft")
+    with pytest.raises(InputError, match="does not exist"):
+        eagle_engine(target_model, folder, "{name: fixed, gamma: 2}",
+                     extra=["strategy.drafter.corpus_bias=1.0", f"strategy.drafter.corpus={tmp_path / 'none.json'}"])
 
 
 def test_lookup_bias_follows_the_draft_path_over_the_committed_text(tmp_path, monkeypatch):

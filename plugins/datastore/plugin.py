@@ -32,7 +32,7 @@ from pacer_core.trees import phrase_block
 from .index import TokenIndex, context_matches, rank_continuations
 from .store import load_documents, save_documents, tokenizer_identity
 
-__all__ = ["SHIPPED_CORPUS", "DatastoreConfig", "Datastore", "load_corpus", "pacer_components"]
+__all__ = ["SHIPPED_CORPUS", "DatastoreConfig", "Datastore", "corpus_writer", "load_corpus", "pacer_components"]
 
 
 @attrs.define
@@ -89,18 +89,34 @@ def load_corpus(path: str, tokenizer: Any, vocab_size: int, target_digest: Optio
     return [list(tokenizer.encode(text, chat_template=False))]
 
 
-def _target_answers(path: str, vocab_size: int, target_digest: Optional[str], prompt_tail: int) -> list[list[int]]:
-    """The answers of a self-distillation corpus folder (``feature_draft.selfdistill``; its shards'
-    checksums are verified on reading), each after its prompt's last ``prompt_tail`` tokens."""
+def corpus_writer(path: str) -> Optional[dict[str, Any]]:
+    """The target that wrote a self-distillation corpus (``shipped`` or a folder ``pacer corpus`` wrote):
+    its manifest's ``{"path", "digest"}``; None for a text or .json corpus."""
+    if path != SHIPPED_CORPUS and not Path(path).expanduser().is_dir():
+        return None
+    return _self_distillation(path)[1].manifest.get("target") or {}
+
+
+def _self_distillation(path: str):
+    """(folder, ``CorpusStore``) of ``shipped`` or a corpus folder."""
     try:
         import feature_draft
-        from feature_draft.selfdistill.shards import CorpusStore, iter_corpus
+        from feature_draft.selfdistill.shards import CorpusStore
     except ImportError:  # pragma: no cover - both plugins ship in the same distribution
         raise InputError(f"datastore corpus '{path}' is a self-distillation corpus, which needs the "
                          "feature_draft plugin: install pacer-sd whole, or give a text or .json corpus") from None
     folder = Path(feature_draft.__file__).resolve().parent / "corpus" if path == SHIPPED_CORPUS \
         else Path(path).expanduser()
-    written_by = CorpusStore(folder, create=False).manifest.get("target") or {}
+    return folder, CorpusStore(folder, create=False)
+
+
+def _target_answers(path: str, vocab_size: int, target_digest: Optional[str], prompt_tail: int) -> list[list[int]]:
+    """The answers of a self-distillation corpus folder (``feature_draft.selfdistill``; its shards'
+    checksums are verified on reading), each after its prompt's last ``prompt_tail`` tokens."""
+    from feature_draft.selfdistill.shards import iter_corpus
+
+    folder, store = _self_distillation(path)
+    written_by = store.manifest.get("target") or {}
     if target_digest is not None and written_by.get("digest") not in (None, target_digest):
         raise InputError(f"datastore corpus '{path}' was written by another target ({written_by.get('path')}, "
                          f"weights {written_by.get('digest')}; this target's are {target_digest}): "

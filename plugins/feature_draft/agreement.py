@@ -38,6 +38,7 @@ from pacer_train import atomic_write_json
 
 from .distill import target_greedy
 from .model import MANIFEST, Eagle3Draft, draft_logits, load_draft
+from .priors import CorpusSuccessors, SuccessorIndex, corpus_bonus, lookup_bonus
 
 ANSWERS = "answers.json"
 ANSWERS_FORMAT = 1
@@ -61,6 +62,8 @@ class DraftEvalConfig:
     context_vocab: bool = True  # as the eagle drafter does by default: a subset head also says the context's tokens
     context_bias: float = 0.0  # added to the logits of the tokens read (the eagle drafter's default: 0)
     lookup_bias: Optional[List[float]] = None  # n-gram successor priors; None = the eagle drafter's default
+    corpus_bias: Optional[float] = None  # the corpus prior; None = the eagle drafter's default for the draft
+    corpus: str = "shipped"  # what corpus_bias reads, as the eagle drafter's `corpus`
     threads: int = 0  # torch threads; 0 = torch's default
     out: str = "runs/draft-eval"  # answers.json (the cache), results.json, report.md
 
@@ -212,14 +215,16 @@ def context_columns(subset: torch.Tensor, tokens: torch.Tensor, extend: bool
 def draft_hits(net, embed: torch.Tensor, head_full: torch.Tensor, tokens: torch.Tensor, feats: torch.Tensor,
                fused: Optional[torch.Tensor], target_next: torch.Tensor, first: int, depth: int,
                ks: Sequence[int], context_vocab: bool = False, context_bias: float = 0.0,
-               lookup_bias: Sequence[float] = ()) -> torch.Tensor:
+               lookup_bias: Sequence[float] = (), corpus: Optional[CorpusSuccessors] = None,
+               corpus_bias: float = 0.0) -> torch.Tensor:
     """``chain_hits`` of one draft over one sequence: tokens [L], feats [L, d] (the target's last-layer
     states), fused [L, n·d] or None, target_next [L] (``distill.target_greedy`` of feats, computed once per
     sequence for every draft); ``first``: the row of the prompt's last token. As the ``eagle`` drafter
     with those options (``context_columns``): ``context_vocab``, a subset head also says the tokens
     read so far (not for ``Eagle3Draft``, whose head is its own); ``context_bias``, added to the logits of
     the tokens read; ``lookup_bias``, the n-gram successor priors (``priors.lookup_bonus``: row t has read
-    x_0..x_{t+1}, its position j drafts after x_{t+j}). → [L-1, depth]."""
+    x_0..x_{t+1}, its position j drafts after x_{t+j}); ``corpus_bias``, the corpus prior over ``corpus``
+    (``priors.corpus_bonus``). → [L-1, depth]."""
     from .distill import unrolled_features
 
     inputs = feats[None, :-1] if fused is None else net.fuse(fused[None, :-1])
@@ -229,30 +234,35 @@ def draft_hits(net, embed: torch.Tensor, head_full: torch.Tensor, tokens: torch.
     # row t reads f_t and x_{t+1}; its position j drafts the token after t + j
     logits = [draft_logits(net, step[0], head_sub).cpu() for step in steps]  # the tallies run on the CPU
     logits = [row_logits + context_bias * seen for row_logits in logits]
-    if lookup_bias:
-        add_lookup_bonus(logits, ids, tokens.tolist(), first, lookup_bias)
+    if lookup_bias or (corpus is not None and corpus_bias):
+        add_lookup_bonus(logits, ids, tokens.tolist(), first, lookup_bias, corpus, corpus_bias)
     logits = [row_logits.masked_fill(~known, float("-inf")) for row_logits in logits]
     return chain_hits(logits, ids, target_next.cpu(), first, ks)
 
 
 def add_lookup_bonus(logits: list[torch.Tensor], ids: torch.Tensor, tokens: list[int], first: int,
-                     lookup_bias: Sequence[float]) -> None:
+                     lookup_bias: Sequence[float], corpus: Optional[CorpusSuccessors] = None,
+                     corpus_bias: float = 0.0) -> None:
     """Add ``priors.lookup_bonus`` in place to logits[j-1] [L-1, C] (columns: ``ids``) at every row t ≥
-    ``first``: the successors, in x_0..x_{t+1}, of the last tokens of x_0..x_{t+j}."""
-    from .priors import SuccessorIndex, lookup_bonus
-
+    ``first``: the successors, in x_0..x_{t+1}, of the last tokens of x_0..x_{t+j}; and, with a
+    ``corpus``, ``priors.corpus_bonus`` of the same path."""
     column = {token: c for c, token in enumerate(ids.tolist())}
     index = SuccessorIndex(len(lookup_bias))
     index.extend(tokens[: first + 1])
+    longest = max(len(lookup_bias), corpus.longest if corpus is not None else 0)
     for t in range(first, len(tokens) - 1):
         index.extend(tokens[t + 1: t + 2])
         for j, row_logits in enumerate(logits, start=1):
             if t + j >= len(tokens):
                 break
-            for token, bonus in lookup_bonus(index, tokens[max(0, t + j + 1 - len(lookup_bias)): t + j + 1],
-                                             lookup_bias).items():
-                if token in column:
-                    row_logits[t, column[token]] += bonus
+            suffix = tokens[max(0, t + j + 1 - longest): t + j + 1]
+            bonuses = [lookup_bonus(index, suffix, lookup_bias)]
+            if corpus is not None and corpus_bias:
+                bonuses.append(corpus_bonus(corpus, suffix, corpus_bias))
+            for bonus_of in bonuses:
+                for token, bonus in bonus_of.items():
+                    if token in column:
+                        row_logits[t, column[token]] += bonus
 
 
 def lookup_bias_of(net, lookup_bias: Optional[Sequence[float]]) -> tuple[float, ...]:
@@ -264,8 +274,19 @@ def lookup_bias_of(net, lookup_bias: Optional[Sequence[float]]) -> tuple[float, 
     return tuple(float(b) for b in (default if lookup_bias is None else lookup_bias))
 
 
+def corpus_bias_of(net, corpus_bias: Optional[float], corpus: str, target_digest: Optional[str]) -> float:
+    """The ``corpus_bias`` the eagle drafter gives ``net`` with ``corpus`` where not set."""
+    from .drafter import CORPUS_BIAS, own_corpus
+
+    if corpus_bias is not None:
+        return float(corpus_bias)
+    return CORPUS_BIAS if not isinstance(net, Eagle3Draft) and own_corpus(corpus, target_digest) else 0.0
+
+
 def run_draft_eval(cfg: DraftEvalConfig, command_line: str) -> dict[str, Any]:
     from pacer_core.hf import load_section, target_states
+
+    from .drafter import corpus_successors
 
     out = check_out_dir(cfg.out)
     if cfg.threads:
@@ -282,6 +303,8 @@ def run_draft_eval(cfg: DraftEvalConfig, command_line: str) -> dict[str, Any]:
                              f"target is {digest}: evaluate it with its own target (target.path=...)")
         nets.append(load_draft(draft_folder(folder)).to(embed.device))
     layers = sorted({tuple(n.arch.target_layers) for n in nets if getattr(n.arch, "target_layers", None)})
+    corpus_biases = [corpus_bias_of(net, cfg.corpus_bias, cfg.corpus, digest) for net in nets]
+    corpus = corpus_successors(cfg.corpus, tokenizer, target.vocab_size, digest) if any(corpus_biases) else None
     hits: dict[tuple[int, str], list[torch.Tensor]] = {}
     kinds: dict[str, list[torch.Tensor]] = {}  # per set, the kind of the target's token at each row's position 1
     kind_of: dict[int, int] = {}
@@ -294,7 +317,7 @@ def run_draft_eval(cfg: DraftEvalConfig, command_line: str) -> dict[str, Any]:
             group = getattr(net.arch, "target_layers", None)
             rows = draft_hits(net, embed, head_full, tokens, feats, fused[tuple(group)] if group else None,
                               target_next, len(r["prompt"]) - 1, cfg.depth, cfg.ks, cfg.context_vocab,
-                              cfg.context_bias, lookup_bias_of(net, cfg.lookup_bias))
+                              cfg.context_bias, lookup_bias_of(net, cfg.lookup_bias), corpus, corpus_biases[i])
             kept = rows[:, 0] >= 0
             hits.setdefault((i, r["set"]), []).append(rows[kept])
         wanted = target_next[kept.nonzero()[:, 0] + 1].tolist()  # row t's position 1 drafts the token after t + 1

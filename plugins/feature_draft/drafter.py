@@ -7,6 +7,7 @@ published.py)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -21,11 +22,13 @@ from pacer_core.sampling import logits_to_probs, sample
 from pacer_core.trees import TreeConfig, grow_level
 
 from .model import MANIFEST, WEIGHTS, Eagle3Draft, KVCache, load_draft
-from .priors import SuccessorIndex, lookup_bonus
+from .priors import CorpusSuccessors, SuccessorIndex, corpus_bonus, lookup_bonus
 from .published import load_published, weights_file
 
 DEFAULT_DRAFT = Path(__file__).parent / "default"
 LOOKUP_BIAS = (2.0, 4.0, 4.0)  # chosen on the target's answers to the benchmark prompts (docs/draft.md)
+CORPUS_NGRAM = 4  # the longest n-gram the corpus prior matches
+CORPUS_BIAS = 3.0  # chosen on held-out open-chat items and MT-Bench questions 11-30 (docs/draft.md)
 
 
 @attrs.define
@@ -45,6 +48,32 @@ class EagleConfig:
     # last n tokens of the draft's path in the committed text (priors.py); None = LOOKUP_BIAS for drafts
     # `pacer distill` makes, [] (none) for published checkpoints
     lookup_bias: Optional[List[float]] = None
+    # added, times its share, to the logits of each token that followed the longest n-gram (up to
+    # CORPUS_NGRAM, seen 5 times or more) ending the draft's path in `corpus` (priors.CorpusSuccessors);
+    # None = CORPUS_BIAS for drafts `pacer distill` makes of kind `feature` where this target wrote the
+    # corpus (or it is a file), 0 (none) otherwise (docs/draft.md)
+    corpus_bias: Optional[float] = None
+    # what corpus_bias reads: "shipped" (the answers the embedded target wrote), a folder `pacer corpus`
+    # wrote, a .json of token ids or a text file (as the datastore drafter's `corpus`)
+    corpus: str = "shipped"
+
+
+@functools.lru_cache(maxsize=2)
+def corpus_successors(corpus: str, tokenizer, vocab_size: int, target_digest: Optional[str]) -> CorpusSuccessors:
+    """The corpus prior's n-gram table of ``corpus`` (read as the datastore drafter reads its ``corpus``;
+    kept for the next drafter of the same target: a bench builds one per stack)."""
+    from datastore.plugin import load_corpus
+
+    return CorpusSuccessors(load_corpus(corpus, tokenizer, vocab_size, target_digest, CORPUS_NGRAM), vocab_size,
+                            CORPUS_NGRAM)
+
+
+def own_corpus(corpus: str, target_digest: Optional[str]) -> bool:
+    """Whether ``corpus`` is this target's own writing (a self-distillation corpus it wrote) or a file."""
+    from datastore.plugin import corpus_writer
+
+    writer = corpus_writer(corpus)
+    return writer is None or (target_digest is not None and writer.get("digest") == target_digest)
 
 
 def draft_folder(path: Optional[str]) -> Path:
@@ -141,6 +170,11 @@ class EagleDrafter:
         self.lookup_bias = tuple(float(b) for b in (
             (LOOKUP_BIAS if own_subset else ()) if config.lookup_bias is None else config.lookup_bias))
         self.reads_context = self.context_vocab or bool(self.context_bias) or bool(self.lookup_bias)
+        self.corpus_bias = float(config.corpus_bias) if config.corpus_bias is not None \
+            else CORPUS_BIAS if own_subset and own_corpus(config.corpus, target.digest) else 0.0
+        self.corpus = corpus_successors(config.corpus, resources.tokenizer, target.vocab_size, target.digest) \
+            if self.corpus_bias else None
+        self.suffix_length = max(len(self.lookup_bias), self.corpus.longest if self.corpus else 0)  # path tokens the priors read
         self.sampling = resources.sampling
         self.vocab_size = target.vocab_size
         self.tree = config.tree
@@ -206,19 +240,24 @@ class EagleDrafter:
 
     def _logits(self, features: torch.Tensor, suffixes: Optional[list[list[int]]] = None) -> torch.Tensor:
         """[k, hidden] → [k, len(self.vocab)] float32 on the CPU, with the context priors; suffixes[i]: the
-        path row i drafts after (its last tokens suffice), for ``lookup_bias``."""
+        path row i drafts after (its last ``suffix_length`` tokens suffice), for ``lookup_bias`` and
+        ``corpus_bias``."""
         logits = self.head(features)
         if self.extra_head is not None:
             logits = torch.cat([logits, features @ self.extra_head.T], -1)
         logits = logits.float().cpu()
         if self.context_bias:
             logits = logits + self.bias
-        if self.lookup_bias and suffixes is not None:
+        if self.suffix_length and suffixes is not None:
             for row, suffix in enumerate(suffixes):
-                for token, bonus in lookup_bonus(self._index, suffix, self.lookup_bias).items():
-                    column = int(self._column[token])
-                    if column >= 0:
-                        logits[row, column] += bonus
+                bonuses = [lookup_bonus(self._index, suffix, self.lookup_bias)] if self.lookup_bias else []
+                if self.corpus is not None:
+                    bonuses.append(corpus_bonus(self.corpus, suffix, self.corpus_bias))
+                for bonus_of in bonuses:
+                    for token, bonus in bonus_of.items():
+                        column = int(self._column[token])
+                        if column >= 0:
+                            logits[row, column] += bonus
         return logits
 
     @torch.inference_mode()
@@ -306,7 +345,7 @@ class EagleDrafter:
             return None
         tokens, probs, hidden = [], [], []
         feature = self.row_out[-1]
-        longest = len(self.lookup_bias)
+        longest = self.suffix_length
         for i in range(num_tokens):
             token, token_probs = self._choose(feature, state.generator, (context + tokens)[-longest:] if longest else [])
             tokens.append(token)
@@ -349,7 +388,7 @@ class EagleDrafter:
             forwards = 1
             scores, tip_row, nodes = level.scores, level.tip_row, level.nodes
             parents, rows, paths = level.nodes, level.rows, level.paths
-        longest = len(self.lookup_bias)
+        longest = self.suffix_length
         suffixes = [(state.tokens[-longest:] + list(path))[-longest:] for path in paths] if longest else None
         probs = self._distribution(features, suffixes)  # [f, vocab]
         if self.level is not None:  # nothing grows past an end-of-sequence token
