@@ -480,3 +480,23 @@ def test_lookup_bias_follows_the_draft_path_over_the_committed_text(tmp_path, mo
     for token, value in bonus.items():
         expected[int(drafter._column[token])] = value
     assert torch.allclose(with_priors - without, expected)
+
+
+def test_the_corpus_prior_is_on_by_default_only_over_the_targets_own_writing(tmp_path):
+    """corpus_bias unset: CORPUS_BIAS over a corpus file or a corpus this target wrote; off over the
+    shipped corpus for another target (here a tiny one), and for published checkpoints (their tests)."""
+    from pathlib import Path
+
+    import feature_draft
+    from feature_draft.drafter import CORPUS_BIAS, own_corpus
+
+    shipped = json.loads((Path(feature_draft.__file__).parent / "corpus" / "manifest.json").read_text())
+    assert own_corpus("shipped", shipped["target"]["digest"]) and not own_corpus("shipped", "another")
+    assert not own_corpus("shipped", None) and own_corpus(str(tmp_path / "ids.json"), None)
+    target_model = tiny_llama(0, scale=6.0)
+    folder = make_draft(target_model, tmp_path / "draft")
+    (tmp_path / "ids.json").write_text(json.dumps([[1, 7, 9, 7, 9, 7, 3] * 3]))
+    for extra, bias in (([], 0.0), ([f"strategy.drafter.corpus={tmp_path / 'ids.json'}"], CORPUS_BIAS)):
+        engine = eagle_engine(target_model, folder, "{name: fixed, gamma: 2}", extra=extra)
+        drafter = next(p for p in engine.pm.get_plugins() if type(p).__name__ == "EagleDrafter")
+        assert drafter.corpus_bias == bias and (drafter.corpus is None) == (bias == 0.0)
