@@ -333,8 +333,8 @@ CORPUS_DOCS = [[a, (5 * a + 3) % 8] for a in range(16)] * 5  # the corpus prior:
 
 def lookup_samples(tmp_path, samples, monkeypatch=None, corpus=False):
     """Sampled chains on the peaked bigram target of 16 tokens with the default priors (``corpus``: the
-    corpus prior alone over CORPUS_DOCS, with a bias of 30 that outweighs the draft's own logits); with ``monkeypatch``, the drafter samples with the
-    prior but reports q without it."""
+    corpus prior alone over CORPUS_DOCS, with a bias of 30 that outweighs the draft's own logits);
+    with ``monkeypatch``, the drafter samples with the prior but reports q without it."""
     from feature_draft.drafter import EagleDrafter
     from pacer_core.testing import exact_continuation_probs
 

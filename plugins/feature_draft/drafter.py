@@ -174,7 +174,8 @@ class EagleDrafter:
             else CORPUS_BIAS if own_subset and own_corpus(config.corpus, target.digest) else 0.0
         self.corpus = corpus_successors(config.corpus, resources.tokenizer, target.vocab_size, target.digest) \
             if self.corpus_bias else None
-        self.suffix_length = max(len(self.lookup_bias), self.corpus.longest if self.corpus else 0)  # path tokens the priors read
+        # the last tokens of a path the priors read
+        self.suffix_length = max(len(self.lookup_bias), self.corpus.longest if self.corpus else 0)
         self.sampling = resources.sampling
         self.vocab_size = target.vocab_size
         self.tree = config.tree
