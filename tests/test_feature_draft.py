@@ -383,7 +383,7 @@ def test_corpus_bias_sampling_matches_the_target_distribution(tmp_path):
 
 def test_a_corpus_bias_left_out_of_the_reported_q_fails_the_distribution_test(tmp_path, monkeypatch):
     with single_thread():
-        assert lookup_samples(tmp_path, 1000, monkeypatch, corpus=True) < 1e-6
+        assert lookup_samples(tmp_path, 300, monkeypatch, corpus=True) < 1e-6
 
 
 @pytest.mark.parametrize("tree", [None, "{topk: 3, depth: 4, nodes: 10}"], ids=["chain", "tree"])
