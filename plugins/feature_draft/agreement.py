@@ -38,7 +38,7 @@ from pacer_train import atomic_write_json
 
 from .distill import target_greedy
 from .model import MANIFEST, Eagle3Draft, draft_logits, load_draft
-from .priors import CorpusSuccessors, SuccessorIndex, corpus_bonus, lookup_bonus
+from .priors import CorpusSuccessors, SuccessorIndex, path_bonus
 
 ANSWERS = "answers.json"
 ANSWERS_FORMAT = 1
@@ -256,13 +256,9 @@ def add_lookup_bonus(logits: list[torch.Tensor], ids: torch.Tensor, tokens: list
             if t + j >= len(tokens):
                 break
             suffix = tokens[max(0, t + j + 1 - longest): t + j + 1]
-            bonuses = [lookup_bonus(index, suffix, lookup_bias)]
-            if corpus is not None and corpus_bias:
-                bonuses.append(corpus_bonus(corpus, suffix, corpus_bias))
-            for bonus_of in bonuses:
-                for token, bonus in bonus_of.items():
-                    if token in column:
-                        row_logits[t, column[token]] += bonus
+            for token, bonus in path_bonus(index, lookup_bias, corpus, corpus_bias, suffix).items():
+                if token in column:
+                    row_logits[t, column[token]] += bonus
 
 
 def lookup_bias_of(net, lookup_bias: Optional[Sequence[float]]) -> tuple[float, ...]:

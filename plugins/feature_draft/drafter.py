@@ -22,7 +22,7 @@ from pacer_core.sampling import logits_to_probs, sample
 from pacer_core.trees import TreeConfig, grow_level
 
 from .model import MANIFEST, WEIGHTS, Eagle3Draft, KVCache, load_draft
-from .priors import CorpusSuccessors, SuccessorIndex, corpus_bonus, lookup_bonus
+from .priors import CorpusSuccessors, SuccessorIndex, path_bonus
 from .published import load_published, weights_file
 
 DEFAULT_DRAFT = Path(__file__).parent / "default"
@@ -251,14 +251,11 @@ class EagleDrafter:
             logits = logits + self.bias
         if self.suffix_length and suffixes is not None:
             for row, suffix in enumerate(suffixes):
-                bonuses = [lookup_bonus(self._index, suffix, self.lookup_bias)] if self.lookup_bias else []
-                if self.corpus is not None:
-                    bonuses.append(corpus_bonus(self.corpus, suffix, self.corpus_bias))
-                for bonus_of in bonuses:
-                    for token, bonus in bonus_of.items():
-                        column = int(self._column[token])
-                        if column >= 0:
-                            logits[row, column] += bonus
+                for token, bonus in path_bonus(self._index, self.lookup_bias, self.corpus, self.corpus_bias,
+                                               suffix).items():
+                    column = int(self._column[token])
+                    if column >= 0:
+                        logits[row, column] += bonus
         return logits
 
     @torch.inference_mode()

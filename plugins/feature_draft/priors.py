@@ -17,7 +17,7 @@ draft tokens. The draft's distribution stays what it is told to be, so verificat
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -130,3 +130,13 @@ def corpus_bonus(corpus: CorpusSuccessors, suffix: Sequence[int], bias: float) -
     """token → ``bias`` × its share of the successors of ``suffix``'s longest frequent n-gram in the corpus."""
     tokens, shares = corpus.lookup(suffix)
     return {token: bias * share for token, share in zip(tokens, shares)}
+
+
+def path_bonus(index: SuccessorIndex, lookup_bias: Sequence[float], corpus: Optional[CorpusSuccessors],
+               corpus_bias: float, suffix: Sequence[int]) -> dict[int, float]:
+    """token → the lookup bonus plus, with a ``corpus``, the corpus bonus of the path ending ``suffix``."""
+    bonus = lookup_bonus(index, suffix, lookup_bias)
+    if corpus is not None and corpus_bias:
+        for token, value in corpus_bonus(corpus, suffix, corpus_bias).items():
+            bonus[token] = bonus.get(token, 0.0) + value
+    return bonus
