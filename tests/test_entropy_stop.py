@@ -454,8 +454,8 @@ def test_greedy_with_the_sampling_verifier_at_temperature_zero(greedy_models):
 # The drafts' bounds on the scripted tables lie in about [0.39, 0.50] (γ = 0.2), so λ = 0.43
 # (h = 0.57 for svip) cuts drafts of the 3-token generations at varying lengths.
 DISTRIBUTION_CASES = [
-    pytest.param("{name: entropy, threshold: 0.43}", 8_000, id="entropy"),
-    pytest.param("{name: confidence}", 8_000, id="confidence"),
+    pytest.param("{name: entropy, threshold: 0.43}", 5_000, id="entropy"),
+    pytest.param("{name: confidence}", 5_000, id="confidence"),
     pytest.param("{name: svip, threshold: 0.57}", 20_000, id="svip", marks=pytest.mark.slow),
     pytest.param("{name: entropy, threshold: 0.43}, {name: fixed, gamma: 2}", 20_000, id="entropy+fixed2",
                  marks=pytest.mark.slow),

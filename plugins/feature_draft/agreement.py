@@ -262,21 +262,18 @@ def add_lookup_bonus(logits: list[torch.Tensor], ids: torch.Tensor, tokens: list
 
 
 def lookup_bias_of(net, lookup_bias: Optional[Sequence[float]]) -> tuple[float, ...]:
-    """The ``lookup_bias`` the eagle drafter gives ``net`` (a draft `pacer distill` made: its default for
-    ``feature`` drafts, none for ``eagle3``) where not set."""
-    from .drafter import LOOKUP_BIAS
+    """The ``lookup_bias`` the eagle drafter gives ``net`` (a draft `pacer distill` made: every kind but
+    ``eagle3`` has its own head subset) where not set."""
+    from .drafter import lookup_bias_for
 
-    default = () if isinstance(net, Eagle3Draft) else LOOKUP_BIAS
-    return tuple(float(b) for b in (default if lookup_bias is None else lookup_bias))
+    return lookup_bias_for(not isinstance(net, Eagle3Draft), lookup_bias)
 
 
 def corpus_bias_of(net, corpus_bias: Optional[float], corpus: str, target_digest: Optional[str]) -> float:
     """The ``corpus_bias`` the eagle drafter gives ``net`` with ``corpus`` where not set."""
-    from .drafter import CORPUS_BIAS, own_corpus
+    from .drafter import corpus_bias_for
 
-    if corpus_bias is not None:
-        return float(corpus_bias)
-    return CORPUS_BIAS if not isinstance(net, Eagle3Draft) and own_corpus(corpus, target_digest) else 0.0
+    return corpus_bias_for(not isinstance(net, Eagle3Draft), corpus_bias, corpus, target_digest)
 
 
 def run_draft_eval(cfg: DraftEvalConfig, command_line: str) -> dict[str, Any]:

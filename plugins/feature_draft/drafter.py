@@ -11,7 +11,7 @@ import functools
 import hashlib
 import json
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import attrs
 import torch
@@ -74,6 +74,21 @@ def own_corpus(corpus: str, target_digest: Optional[str]) -> bool:
 
     writer = corpus_writer(corpus)
     return writer is None or (target_digest is not None and writer.get("digest") == target_digest)
+
+
+def lookup_bias_for(own_subset: bool, lookup_bias: Optional[Sequence[float]]) -> tuple[float, ...]:
+    """The ``lookup_bias`` a draft gets: as set, else LOOKUP_BIAS for a draft with its own head subset
+    (kind ``feature``, layout "pacer"), none for the others (eagle3, published checkpoints)."""
+    return tuple(float(b) for b in ((LOOKUP_BIAS if own_subset else ()) if lookup_bias is None else lookup_bias))
+
+
+def corpus_bias_for(own_subset: bool, corpus_bias: Optional[float], corpus: str,
+                    target_digest: Optional[str]) -> float:
+    """The ``corpus_bias`` a draft gets: as set, else CORPUS_BIAS for a draft with its own head subset
+    where ``corpus`` is this target's own writing (or a file), 0 otherwise."""
+    if corpus_bias is not None:
+        return float(corpus_bias)
+    return CORPUS_BIAS if own_subset and own_corpus(corpus, target_digest) else 0.0
 
 
 def draft_folder(path: Optional[str]) -> Path:
@@ -167,11 +182,9 @@ class EagleDrafter:
                              f"target's output layer; this {self.layout} draft has {has}: leave context_vocab unset")
         self.target_head = head  # the rows context tokens outside the subset read (context_vocab)
         self.context_bias = float(config.context_bias)
-        self.lookup_bias = tuple(float(b) for b in (
-            (LOOKUP_BIAS if own_subset else ()) if config.lookup_bias is None else config.lookup_bias))
+        self.lookup_bias = lookup_bias_for(own_subset, config.lookup_bias)
         self.reads_context = self.context_vocab or bool(self.context_bias) or bool(self.lookup_bias)
-        self.corpus_bias = float(config.corpus_bias) if config.corpus_bias is not None \
-            else CORPUS_BIAS if own_subset and own_corpus(config.corpus, target.digest) else 0.0
+        self.corpus_bias = corpus_bias_for(own_subset, config.corpus_bias, config.corpus, target.digest)
         self.corpus = corpus_successors(config.corpus, resources.tokenizer, target.vocab_size, target.digest) \
             if self.corpus_bias else None
         # the last tokens of a path the priors read
