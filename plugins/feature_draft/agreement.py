@@ -261,25 +261,10 @@ def add_lookup_bonus(logits: list[torch.Tensor], ids: torch.Tensor, tokens: list
                     row_logits[t, column[token]] += bonus
 
 
-def lookup_bias_of(net, lookup_bias: Optional[Sequence[float]]) -> tuple[float, ...]:
-    """The ``lookup_bias`` the eagle drafter gives ``net`` (a draft `pacer distill` made: every kind but
-    ``eagle3`` has its own head subset) where not set."""
-    from .drafter import lookup_bias_for
-
-    return lookup_bias_for(not isinstance(net, Eagle3Draft), lookup_bias)
-
-
-def corpus_bias_of(net, corpus_bias: Optional[float], corpus: str, target_digest: Optional[str]) -> float:
-    """The ``corpus_bias`` the eagle drafter gives ``net`` with ``corpus`` where not set."""
-    from .drafter import corpus_bias_for
-
-    return corpus_bias_for(not isinstance(net, Eagle3Draft), corpus_bias, corpus, target_digest)
-
-
 def run_draft_eval(cfg: DraftEvalConfig, command_line: str) -> dict[str, Any]:
     from pacer_core.hf import load_section, target_states
 
-    from .drafter import corpus_successors
+    from .drafter import corpus_bias_for, corpus_successors, lookup_bias_for
 
     out = check_out_dir(cfg.out)
     if cfg.threads:
@@ -296,7 +281,10 @@ def run_draft_eval(cfg: DraftEvalConfig, command_line: str) -> dict[str, Any]:
                              f"target is {digest}: evaluate it with its own target (target.path=...)")
         nets.append(load_draft(draft_folder(folder)).to(embed.device))
     layers = sorted({tuple(n.arch.target_layers) for n in nets if getattr(n.arch, "target_layers", None)})
-    corpus_biases = [corpus_bias_of(net, cfg.corpus_bias, cfg.corpus, digest) for net in nets]
+    # the priors the eagle drafter gives each draft where not set (every kind but eagle3 has its own head subset)
+    own_subsets = [not isinstance(net, Eagle3Draft) for net in nets]
+    lookup_biases = [lookup_bias_for(own, cfg.lookup_bias) for own in own_subsets]
+    corpus_biases = [corpus_bias_for(own, cfg.corpus_bias, cfg.corpus, digest) for own in own_subsets]
     corpus = corpus_successors(cfg.corpus, tokenizer, target.vocab_size, digest) if any(corpus_biases) else None
     hits: dict[tuple[int, str], list[torch.Tensor]] = {}
     kinds: dict[str, list[torch.Tensor]] = {}  # per set, the kind of the target's token at each row's position 1
@@ -310,7 +298,7 @@ def run_draft_eval(cfg: DraftEvalConfig, command_line: str) -> dict[str, Any]:
             group = getattr(net.arch, "target_layers", None)
             rows = draft_hits(net, embed, head_full, tokens, feats, fused[tuple(group)] if group else None,
                               target_next, len(r["prompt"]) - 1, cfg.depth, cfg.ks, cfg.context_vocab,
-                              cfg.context_bias, lookup_bias_of(net, cfg.lookup_bias), corpus, corpus_biases[i])
+                              cfg.context_bias, lookup_biases[i], corpus, corpus_biases[i])
             kept = rows[:, 0] >= 0
             hits.setdefault((i, r["set"]), []).append(rows[kept])
         wanted = target_next[kept.nonzero()[:, 0] + 1].tolist()  # row t's position 1 drafts the token after t + 1
