@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The test suite. Default: the fast suite (tiny models, a short SmolLM2 check).
+# The test suite. Default: the fast suite (tiny models, a short SmolLM2 check), one pytest-xdist
+# worker per core (the tests pin torch to one thread; whole files go to a worker, so a module's
+# fixtures are built once). PACER_TEST_WORKERS=N sets the count (0: no workers, one process).
 #   --slow  the model-heavy tests (gemma-3 sliding-window rollback, full distribution grid, ...)
 #   --all   both. Other arguments go to pytest.
 set -euo pipefail
@@ -18,6 +20,9 @@ case "${1:-}" in
   --all) shift; marker="slow or not slow"; slow_models ;;
 esac
 status=0
-"$venv/bin/python" -m pytest -q -m "$marker" "$@" || status=$?
+workers="${PACER_TEST_WORKERS:-auto}"
+parallel=(-n "$workers" --dist loadfile)
+[ "$workers" = 0 ] && parallel=(-p no:xdist)
+"$venv/bin/python" -m pytest -q "${parallel[@]}" -m "$marker" "$@" || status=$?
 [ "$status" -eq 5 ] && [ "$marker" != "not slow" ] && { echo "test.sh: no tests selected" >&2; status=0; }
 exit "$status"

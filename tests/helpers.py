@@ -31,7 +31,9 @@ if TYPE_CHECKING:
 
 # -- threads -------------------------------------------------------------------------------------
 TEST_THREADS = 1  # tiny models only lose time to thread synchronisation, badly so on a busy machine
-REAL_MODEL_THREADS = 2  # real models use both cores
+# real models use the cores this process has: all of them, or its share when pytest-xdist runs
+# PYTEST_XDIST_WORKER_COUNT test processes side by side (scripts/test.sh)
+REAL_MODEL_THREADS = max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
 
 
 def pin_threads(count: int = TEST_THREADS) -> None:
