@@ -23,7 +23,7 @@ from pacer_stop import costs as cost_files
 from pacer_stop import rules
 from pacer_stop.metrics import position_report, roc_auc
 from pacer_stop.policy import DraftConfidence, PacerStop, PacerStopConfig
-from pacer_stop.replay import HeldOutStep, StoredPredictor, compare, drive, replay_policy
+from pacer_stop.replay import HeldOutStep, StoredPredictor, compare, drive, replay_entropy_stop, replay_policy
 
 from helpers import adapter, one_line_error, run_cli, single_thread, tiny_llama, write_checkpoint
 from helpers import INLINE_COSTS as COSTS  # the throughput rule's cost model, inline
@@ -295,6 +295,24 @@ def test_replaying_a_policy_charges_what_it_drafted_and_sent():
     assert replay.seconds == pytest.approx(RISING.step(3, sent=2))
 
 
+def test_the_entropy_replay_stops_after_the_first_low_bound_and_calibrates_between_steps():
+    # γ 1: bounds 1 − sqrt(H) = 0.9, 0.9, then negative; the draft is sure but the target rejects
+    sure = torch.tensor([0.01, 0.01, 2.0, 2.0], dtype=torch.float64)
+    steps = [HeldOutStep(mb=torch.zeros(4, dtype=torch.float64), confidence=torch.ones(4, dtype=torch.float64),
+                         accepted=0, item=0, entropy=sure) for _ in range(2)]
+    fixed = replay_entropy_stop(steps, gamma=1.0, threshold=0.5, adapt=False, cost=RISING)
+    assert (fixed.emitted, fixed.steps) == (2, 2)  # each step sends 3 tokens (the low bound's one included)
+    assert fixed.seconds == pytest.approx(2 * RISING.step(3))
+    # calibrated: the first step's rejection at bound 0.9 moves δ to 0.05 · (0 − 0.9), so λ rises to
+    # 0.545; a rate of 1 makes δ = −0.9 and λ = 1 after one step, and the second step sends 1 token
+    adapted = replay_entropy_stop(steps, gamma=1.0, threshold=0.5, adapt=True, cost=RISING, adapt_rate=1.0)
+    assert adapted.seconds == pytest.approx(RISING.step(3) + RISING.step(1))
+    assert replay_entropy_stop(steps, gamma=1.0, threshold=0.5, adapt=True, cost=RISING).seconds == \
+        pytest.approx(fixed.seconds)
+    with pytest.raises(InputError, match="no draft entropies"):
+        replay_entropy_stop([HeldOutStep(mb=sure, confidence=sure, accepted=0, item=0)], 1.0, 0.5, False, RISING)
+
+
 def test_a_perfect_predictor_reaches_the_cost_optimal_oracle_and_beats_fixed_windows():
     steps = synthetic_steps()
     result = compare(steps, RISING, gammas=range(1, 9), blocks=[1], margins=[1.0], t0s=[0.5], confidences=[0.5],
@@ -333,7 +351,8 @@ def test_replay_stop_reads_a_run_folder(tmp_path, capsys):
     saved = json.loads((tmp_path / "out.json").read_text())
     assert saved["steps"] == 9 and set(saved["fixed"]) == {"1", "2", "6"}
     assert {r["family"] for r in saved["rows"]} == {"confidence stop", "throughput / mb",
-                                                     "throughput / draft_confidence", "paper / mb"}
+                                                     "throughput / draft_confidence", "paper / mb", "entropy stop",
+                                                     "entropy stop, no calibration (svip)"}
     assert len(saved["by_position"]["mb"]) == 6 and "| throughput / mb | b 1, margin 1.0 |" in out
     message = one_line_error(capsys, ["replay-stop", str(tmp_path / "run"), "--costs", str(cost), "--checkpoint",
                                       str(checkpoint), "--max-draft", "6"])

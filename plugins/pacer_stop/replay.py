@@ -12,7 +12,9 @@ inputs give the same table.
 
 Compared: every fixed window γ, the oracle (drafts exactly the accepted tokens) and the
 cost-optimal oracle (``pacer_bench.oracle``), the ``confidence`` stop's rule (stop after the first
-token with q(x) < t), and grids of the ``pacer`` stop's rules over both predictors. Like the
+token with q(x) < t), the ``entropy`` stop's rule (stop after the first token whose bound
+1 − sqrt(γ · H(q)) is below λ; with its online calibration of λ, and without it, which is ``svip``
+with h = 1 − λ) and grids of the ``pacer`` stop's rules over both predictors. Like the
 bench's oracle replay it treats the logged steps as independent situations (a shorter draft would
 have started the next step elsewhere).
 """
@@ -45,6 +47,7 @@ class HeldOutStep:
     confidence: torch.Tensor  # Π_{j≤i} q_j(x_j), float64
     accepted: int
     item: int
+    entropy: Optional[torch.Tensor] = None  # H(q_i) in nats, float64 (None: not replayed)
 
     @property
     def window(self) -> int:
@@ -113,6 +116,31 @@ def replay_confidence_stop(steps: Sequence[HeldOutStep], threshold: float, cost:
     return Replay(emitted, seconds, len(steps))
 
 
+def replay_entropy_stop(steps: Sequence[HeldOutStep], gamma: float, threshold: float, adapt: bool, cost: CostModel,
+                        max_tokens: int = 20, adapt_rate: float = 0.05) -> Replay:
+    """The ``entropy`` stop (entropy_stop, its pure rules): draft until the first token whose bound
+    1 − sqrt(γ · H(q)) is below λ, which is still sent. With ``adapt``, λ = clip(λ₀ − δ, 0, 1) where
+    δ is updated after every step from the judged tokens' outcomes, kept across items (greedy)."""
+    from entropy_stop import rules
+
+    emitted, seconds, offset = 0, 0.0, 0.0
+    for step in steps:
+        if step.entropy is None:
+            raise InputError("these held-out steps hold no draft entropies: simulate them again with "
+                             "`pacer train-preverify`")
+        bounds = rules.acceptance_bound(step.entropy, gamma)  # [window]
+        lam = min(1.0, max(0.0, threshold - offset)) if adapt else threshold
+        flagged = rules.first_below(bounds, lam)
+        sent = min(step.window if flagged is None else flagged + 1, max_tokens, step.window)
+        accepted = min(sent, step.accepted)
+        emitted += accepted + 1
+        seconds += cost.step(sent)
+        if adapt:
+            outcomes = rules.verified_outcomes(sent, accepted)
+            offset = rules.calibrated_offset(offset, bounds[:len(outcomes)].tolist(), outcomes, adapt_rate)
+    return Replay(emitted, seconds, len(steps))
+
+
 # -- data ----------------------------------------------------------------------------------------
 def load_heldout(run: Path, heldout_every: int) -> tuple[Any, list[int]]:
     """The held-out steps of a train-preverify run folder: (StepData, their indices). ``heldout_every``
@@ -150,7 +178,8 @@ def heldout_steps(data, mb_probs: torch.Tensor) -> list[HeldOutStep]:
         labels = data.labels[a:b]
         steps.append(HeldOutStep(mb=mb_probs[a:b].double(),
                                  confidence=cumulative_confidence(data.confidence[a:b, 0].float()),
-                                 accepted=int(labels.long().cumprod(0).sum()), item=int(data.step_item[s])))
+                                 accepted=int(labels.long().cumprod(0).sum()), item=int(data.step_item[s]),
+                                 entropy=data.confidence[a:b, 1].double()))
     return steps
 
 
@@ -190,7 +219,8 @@ def read_cost_file(path: Path, draft_token_s: Optional[float], step_s: Optional[
 # -- the comparison ------------------------------------------------------------------------------
 def compare(steps: Sequence[HeldOutStep], cost: CostModel, gammas: Iterable[int], blocks: Iterable[int],
             margins: Iterable[float], t0s: Iterable[float], confidences: Iterable[float],
-            max_draft: int) -> dict[str, Any]:
+            max_draft: int, entropy_gammas: Iterable[float] = (), entropy_thresholds: Iterable[float] = ()
+            ) -> dict[str, Any]:
     """Simulated speedups of each rule and parameter on ``steps`` (sorted best first within each
     family), with the share of the oracle's gain over the best fixed γ each captures."""
     log = [LoggedStep(min(s.window, max_draft), min(s.accepted, max_draft)) for s in steps]
@@ -206,6 +236,12 @@ def compare(steps: Sequence[HeldOutStep], cost: CostModel, gammas: Iterable[int]
 
     for threshold in confidences:
         add("confidence stop", {"t": threshold}, replay_confidence_stop(steps, threshold, cost, max_draft))
+    entropy_thresholds = list(entropy_thresholds)
+    for gamma in entropy_gammas:
+        for threshold in entropy_thresholds:
+            for adapt in (True, False):
+                add("entropy stop" if adapt else "entropy stop, no calibration (svip)", {"gamma": gamma, "λ0": threshold},
+                    replay_entropy_stop(steps, gamma, threshold, adapt, cost, max_draft))
     for predictor in ("mb", "draft_confidence"):
         for b in blocks:
             for margin in margins:
@@ -279,6 +315,9 @@ def _setup(p):
     p.add_argument("--margins", default="0.8,0.9,1,1.1,1.25,1.5", help="λ multipliers of the throughput rule")
     p.add_argument("--t0", default="0.3,0.5,0.6,0.7,0.8,0.9", help="t0 of the paper rule")
     p.add_argument("--confidence", default="0.2,0.3,0.4,0.5,0.6,0.7", help="thresholds of the confidence stop")
+    p.add_argument("--entropy-gamma", default="0.2", help="γ of the entropy stop's bound 1 − sqrt(γ · H) ('' = none)")
+    p.add_argument("--entropy", default="0.3,0.4,0.5,0.6,0.7,0.8",
+                   help="λ₀ of the entropy stop, each with and without its calibration (svip: h = 1 − λ₀)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
 
     def run(args) -> int:
@@ -292,7 +331,8 @@ def _setup(p):
         if args.max_draft > longest:
             raise InputError(f"--max-draft {args.max_draft} exceeds the simulated window ({longest} tokens)")
         result = compare(steps, cost, _numbers(args.gammas, int), _numbers(args.b, int), _numbers(args.margins),
-                         _numbers(args.t0), _numbers(args.confidence), args.max_draft)
+                         _numbers(args.t0), _numbers(args.confidence), args.max_draft,
+                         _numbers(args.entropy_gamma), _numbers(args.entropy))
         positions = calibration(steps)
         print(markdown(result, positions))
         if args.json:
