@@ -17,6 +17,7 @@ metrics count the accepted tokens each source contributed.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections import Counter
 from typing import Any, Optional
@@ -40,8 +41,14 @@ def _call(plugin: Any, hook: str, **kwargs: Any) -> Any:
     method = getattr(plugin, hook, None)
     if method is None or not hasattr(method, "pacer_sd_impl"):
         return None
-    accepted = inspect.signature(method).parameters
+    accepted = _parameters(getattr(method, "__func__", method))
     return method(**{k: v for k, v in kwargs.items() if k in accepted})
+
+
+@functools.lru_cache(maxsize=None)
+def _parameters(function: Any) -> frozenset[str]:
+    """The argument names a hook implementation declares (read once per function, not per call)."""
+    return frozenset(inspect.signature(function).parameters)
 
 
 def _phrases(block: DraftBlock) -> list[list[int]]:
