@@ -172,6 +172,8 @@ class Engine:
             plugin = item.component.factory(config, resources)
             if item is stack.drafter and getattr(plugin, "draft_identity", None):
                 resources = attrs.evolve(resources, draft_identity=plugin.draft_identity)  # built first
+            if item is stack.drafter and getattr(plugin, "stop_thresholds", None):
+                resources = attrs.evolve(resources, stop_thresholds=dict(plugin.stop_thresholds))
             if item is stack.drafter:
                 target_layers = getattr(plugin, "target_layers", None)  # e.g. EAGLE-3: three layers' inputs
             pm.register(plugin, name=f"{item.where}:{item.component.name}")

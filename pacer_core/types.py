@@ -7,7 +7,7 @@ Tensors are excluded from equality and shown by shape in ``repr``. Shapes are no
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Literal, Optional, Protocol, Sequence, Union, runtime_checkable
+from typing import Any, Callable, Literal, Mapping, Optional, Protocol, Sequence, Union, runtime_checkable
 
 import attrs
 import torch
@@ -482,6 +482,10 @@ class Resources:
     # names the draft weights drafts come from, for components trained on one draft/target pair
     # (PACER's M_B): the drafter's ``draft_identity`` attribute, else the draft model's ``digest``
     draft_identity: Optional[str] = None
+    # thresholds the drafter's draft recommends to the stop policies that read its probabilities, by
+    # stop name (the drafter's ``stop_thresholds`` attribute: e.g. measured for a draft whose priors
+    # make its probabilities run high); a stop whose own threshold is unset takes its entry
+    stop_thresholds: Mapping[str, float] = attrs.field(factory=dict, hash=False)
 
 
 @attrs.frozen

@@ -500,3 +500,53 @@ def test_the_corpus_prior_is_on_by_default_only_over_the_targets_own_writing(tmp
         engine = eagle_engine(target_model, folder, "{name: fixed, gamma: 2}", extra=extra)
         drafter = next(p for p in engine.pm.get_plugins() if type(p).__name__ == "EagleDrafter")
         assert drafter.corpus_bias == bias and (drafter.corpus is None) == (bias == 0.0)
+
+
+# -- the thresholds a draft recommends to the stop policies -----------------------------------------
+def _stops(engine) -> dict:
+    return {type(p).__name__ + (f":{p.name}" if hasattr(p, "name") else ""): p for p in engine.pm.get_plugins()}
+
+
+def test_a_drafts_recommended_stop_thresholds_reach_stops_whose_threshold_is_unset(tmp_path):
+    """The manifest's stop_thresholds become Resources.stop_thresholds: a stop with its threshold
+    unset takes its entry, a set one keeps its own; with a prior option set, or through a hybrid's
+    primary member, the same rule; another stop name keeps the stop's default."""
+    target_model = tiny_llama(0, scale=6.0)
+    folder = make_draft(target_model, tmp_path / "draft")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["stop_thresholds"] = {"confidence": 0.9, "entropy": 0.7}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    stops = "{name: confidence}, {name: entropy}, {name: svip}"
+    engine = engine_for(target_model, folder, stops)
+    found = _stops(engine)
+    assert found["Confidence:confidence"].threshold == 0.9
+    assert found["EntropyBound:entropy"].threshold == 0.7  # λ₀ (adapt on: no step observed yet)
+    assert found["EntropyBound:svip"].threshold == pytest.approx(1 - 0.45)  # no entry: h's default
+    explicit = _stops(engine_for(target_model, folder, "{name: confidence, threshold: 0.3}"))
+    assert explicit["Confidence:confidence"].threshold == 0.3
+    no_lookup = _stops(engine_for(target_model, folder, "{name: confidence}", extra=["strategy.drafter.lookup_bias=[]"]))
+    assert no_lookup["Confidence:confidence"].threshold == 0.4  # measured with the priors: not offered
+    target = adapter(target_model)
+    cfg = load_config(overrides=[f"strategy.drafter={{name: hybrid, members: [{{name: eagle, path: '{folder}'}}, "
+                                 "{name: prompt_lookup}]}", "strategy.stop=[{name: confidence}]"],
+                      require_models=False)
+    assert _stops(Engine.build(target, cfg=cfg))["Confidence:confidence"].threshold == 0.9
+
+
+@pytest.mark.parametrize("entry", [{"confidence": 1.5}, {"confidence": "high"}, [0.9], {"confidence": True}])
+def test_a_bad_stop_thresholds_entry_is_refused_in_one_line(tmp_path, entry):
+    target_model = tiny_llama(0, scale=6.0)
+    folder = make_draft(target_model, tmp_path / "draft")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["stop_thresholds"] = entry
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(InputError, match="stop_thresholds must map stop names to numbers in \\[0, 1\\]"):
+        engine_for(target_model, folder, "{name: confidence}")
+
+
+def test_the_shipped_draft_recommends_the_thresholds_its_docs_report():
+    from feature_draft.drafter import DEFAULT_DRAFT, EagleConfig, recommended_stop_thresholds
+
+    thresholds = recommended_stop_thresholds(DEFAULT_DRAFT, EagleConfig())
+    assert thresholds == {"confidence": 0.95, "entropy": 0.8, "svip": 0.25}
+    assert recommended_stop_thresholds(DEFAULT_DRAFT, EagleConfig(corpus_bias=0.0)) == {}

@@ -6,6 +6,10 @@ still verified: it costs nothing more to draft and may be accepted). A drafter t
 tokens per call is handled too: every new token is judged and the draft is trimmed after the first
 flagged one (``Stop(keep=...)``). ``max_tokens`` bounds the draft. The rules are in
 ``entropy_stop.rules``; docs/stop-policies.md states them with their defaults.
+
+A ``threshold`` left unset (None) is the one the drafter's draft recommends for the stop
+(``Resources.stop_thresholds``, e.g. the shipped eagle draft's manifest), else the stop's default
+(``DEFAULT_THRESHOLDS``).
 """
 
 from __future__ import annotations
@@ -20,6 +24,20 @@ from pacer_core import Resources, Stop, hookimpl
 from . import rules
 
 _unit = [attrs.validators.ge(0.0), attrs.validators.le(1.0)]
+_optional_unit = attrs.validators.optional(_unit)
+
+DEFAULT_THRESHOLDS = {"entropy": 0.5, "svip": 0.45, "confidence": 0.4}
+"""Each stop's threshold when neither its config nor the draft sets one (chosen by the sweeps of
+configs/ablate_*.yaml; confidence: transformers' value)."""
+
+
+def threshold_for(name: str, threshold: Optional[float], resources: Optional[Resources]) -> float:
+    """The threshold stop ``name`` uses: as configured, else the draft's recommendation for it
+    (``resources.stop_thresholds``), else ``DEFAULT_THRESHOLDS[name]``."""
+    if threshold is not None:
+        return float(threshold)
+    recommended = {} if resources is None else resources.stop_thresholds
+    return float(recommended.get(name, DEFAULT_THRESHOLDS[name]))
 
 
 def _draft_probs(draft, name: str) -> torch.Tensor:
@@ -55,7 +73,8 @@ def judge_new_tokens(draft, judged: int, max_tokens: int, scores: Callable[[int,
 @attrs.define
 class EntropyConfig:
     gamma: float = attrs.field(default=0.2, validator=attrs.validators.gt(0.0))  # γ_e in 1 − sqrt(γ_e · H)
-    threshold: float = attrs.field(default=0.5, validator=_unit)  # λ₀: stop when the bound falls below it (swept)
+    # λ₀: stop when the bound falls below it; None = the draft's recommendation, else 0.5 (swept)
+    threshold: Optional[float] = attrs.field(default=None, validator=_optional_unit)
     adapt: bool = True  # calibrate λ online from the observed acceptance
     adapt_rate: float = attrs.field(default=0.05, validator=[attrs.validators.gt(0.0), attrs.validators.le(1.0)])
     transient: bool = False  # forget the calibration at every prompt (always under sampling)
@@ -65,7 +84,8 @@ class EntropyConfig:
 @attrs.define
 class SvipConfig:
     gamma: float = attrs.field(default=0.2, validator=attrs.validators.gt(0.0))  # γ in sqrt(γ · H)
-    threshold: float = attrs.field(default=0.45, validator=attrs.validators.ge(0.0))  # h: stop when sqrt(γ · H) > h (swept)
+    # h: stop when sqrt(γ · H) > h; None = the draft's recommendation, else 0.45 (swept)
+    threshold: Optional[float] = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(0.0)))
     max_tokens: int = attrs.field(default=20, validator=attrs.validators.ge(1))
 
 
@@ -88,13 +108,14 @@ class EntropyBound:
 
     @classmethod
     def from_entropy_config(cls, config: EntropyConfig, resources: Optional[Resources] = None) -> "EntropyBound":
-        return cls(gamma=config.gamma, threshold=config.threshold, adapt=config.adapt,
-                   adapt_rate=config.adapt_rate, transient=config.transient, max_tokens=config.max_tokens)
+        return cls(gamma=config.gamma, threshold=threshold_for("entropy", config.threshold, resources),
+                   adapt=config.adapt, adapt_rate=config.adapt_rate, transient=config.transient, max_tokens=config.max_tokens)
 
     @classmethod
     def from_svip_config(cls, config: SvipConfig, resources: Optional[Resources] = None) -> "EntropyBound":
         # sqrt(γ·H) > h  ⇔  1 − sqrt(γ·H) < 1 − h: SVIP's rule is the bound with λ = 1 − h, fixed
-        return cls(gamma=config.gamma, threshold=1.0 - config.threshold, max_tokens=config.max_tokens, name="svip")
+        h = threshold_for("svip", config.threshold, resources)
+        return cls(gamma=config.gamma, threshold=1.0 - h, max_tokens=config.max_tokens, name="svip")
 
     @property
     def threshold(self) -> float:
@@ -139,7 +160,8 @@ class EntropyBound:
 # -- confidence ------------------------------------------------------------------------------------
 @attrs.define
 class ConfidenceConfig:
-    threshold: float = attrs.field(default=0.4, validator=_unit)  # stop after a token with p below it
+    # stop after a token with p below it; None = the draft's recommendation, else 0.4 (transformers')
+    threshold: Optional[float] = attrs.field(default=None, validator=_optional_unit)
     adapt: bool = False  # re-fit the threshold after every step from (p, accepted) pairs (off: swept)
     fp_cost: float = attrs.field(default=1.0, validator=attrs.validators.ge(0.0))
     fn_cost: float = attrs.field(default=3.0, validator=attrs.validators.ge(0.0))
@@ -164,7 +186,8 @@ class Confidence:
     def __init__(self, config: ConfidenceConfig, resources: Optional[Resources] = None):
         self.config = config
         self._judged = 0  # tokens of the current draft already judged
-        self.threshold = config.threshold
+        self.initial_threshold = threshold_for(self.name, config.threshold, resources)
+        self.threshold = self.initial_threshold
         self.probs: list[float] = []  # q(x) of each judged draft token of this prompt
         self.accepted: list[int] = []  # its outcome: 1 accepted, 0 rejected
 
@@ -183,7 +206,7 @@ class Confidence:
     def pacer_start(self, state) -> None:
         self.probs, self.accepted = [], []
         if self.config.transient or not state.sampling.greedy:
-            self.threshold = self.config.threshold
+            self.threshold = self.initial_threshold
 
     @hookimpl
     def pacer_observe_step(self, state, step) -> None:

@@ -103,6 +103,25 @@ def draft_folder(path: Optional[str]) -> Path:
     return folder
 
 
+PRIOR_OPTIONS = ("context_vocab", "context_bias", "lookup_bias", "corpus_bias", "corpus")
+
+
+def recommended_stop_thresholds(folder: Path, config: EagleConfig) -> dict[str, float]:
+    """The thresholds a draft's manifest recommends to the stop policies reading its probabilities
+    (its ``stop_thresholds``: chosen for the drafter's default priors, docs/stop-policies.md), or none
+    when ``config`` sets any of the priors' options or the manifest has no such entry."""
+    defaults = attrs.fields_dict(EagleConfig)
+    if any(getattr(config, name) != defaults[name].default for name in PRIOR_OPTIONS):
+        return {}
+    entry = json.loads((folder / MANIFEST).read_text()).get("stop_thresholds", {})
+    if not isinstance(entry, dict) or not all(
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0
+            for k, v in entry.items()):
+        raise InputError(f"'{folder / MANIFEST}': stop_thresholds must map stop names to numbers in [0, 1]: "
+                         "fix that entry or remove it")
+    return {k: float(v) for k, v in entry.items()}
+
+
 def draft_identity(folder: Path) -> str:
     """Names a draft folder for components trained on its drafts (PACER's M_B): the digest of the
     target it was distilled from and a hash of its weights file."""
@@ -157,11 +176,13 @@ class EagleDrafter:
                 self.target_layers = tuple(self.net.arch.target_layers)
             subset = self.net.subset
             self.draft_identity = draft_identity(folder)  # Resources.draft_identity of later components
+            self.stop_thresholds = recommended_stop_thresholds(folder, config)  # Resources.stop_thresholds
         else:  # a published EAGLE checkpoint
             published = load_published(folder, target)
             self.net, self.layout = published.net, published.layout
             self.target_layers = published.target_layers  # the engine returns these layers' inputs
             self.draft_identity = published.identity
+            self.stop_thresholds: dict[str, float] = {}  # the stops' own defaults
             subset = published.vocab if published.layout == "eagle3" else torch.arange(target.vocab_size)
         self.net.to(device=device, dtype=self.dtype).requires_grad_(False)
         self.embed = embed

@@ -78,6 +78,8 @@ class Hybrid:
             raise InputError(f"hybrid: at most one member may use the draft model, got {', '.join(users)}; "
                              "keep one of them")
         self.draft_identity = getattr(self.members[0], "draft_identity", None)
+        # stop policies judge the primary's tokens, so they take its draft's recommended thresholds
+        self.stop_thresholds = dict(getattr(self.members[0], "stop_thresholds", None) or {})
         # the target states the members read: the inputs of some layers (EAGLE-3) or the last layer's
         readers = [(m.component.name, getattr(p, "target_layers", None))
                    for m, p in zip(config.members, self.members) if "target_hidden" in m.component.needs]
