@@ -524,7 +524,8 @@ def test_a_drafts_recommended_stop_thresholds_reach_stops_whose_threshold_is_uns
     assert found["EntropyBound:svip"].threshold == pytest.approx(1 - 0.45)  # no entry: h's default
     explicit = _stops(engine_for(target_model, folder, "{name: confidence, threshold: 0.3}"))
     assert explicit["Confidence:confidence"].threshold == 0.3
-    no_lookup = _stops(engine_for(target_model, folder, "{name: confidence}", extra=["strategy.drafter.lookup_bias=[]"]))
+    no_lookup = _stops(engine_for(target_model, folder, "{name: confidence}",
+                                  extra=["strategy.drafter.lookup_bias=[]"]))
     assert no_lookup["Confidence:confidence"].threshold == 0.4  # measured with the priors: not offered
     target = adapter(target_model)
     cfg = load_config(overrides=[f"strategy.drafter={{name: hybrid, members: [{{name: eagle, path: '{folder}'}}, "

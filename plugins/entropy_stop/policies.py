@@ -85,7 +85,8 @@ class EntropyConfig:
 class SvipConfig:
     gamma: float = attrs.field(default=0.2, validator=attrs.validators.gt(0.0))  # γ in sqrt(γ · H)
     # h: stop when sqrt(γ · H) > h; None = the draft's recommendation, else 0.45 (swept)
-    threshold: Optional[float] = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(0.0)))
+    threshold: Optional[float] = attrs.field(default=None,
+                                             validator=attrs.validators.optional(attrs.validators.ge(0.0)))
     max_tokens: int = attrs.field(default=20, validator=attrs.validators.ge(1))
 
 
@@ -109,7 +110,8 @@ class EntropyBound:
     @classmethod
     def from_entropy_config(cls, config: EntropyConfig, resources: Optional[Resources] = None) -> "EntropyBound":
         return cls(gamma=config.gamma, threshold=threshold_for("entropy", config.threshold, resources),
-                   adapt=config.adapt, adapt_rate=config.adapt_rate, transient=config.transient, max_tokens=config.max_tokens)
+                   adapt=config.adapt, adapt_rate=config.adapt_rate, transient=config.transient,
+                   max_tokens=config.max_tokens)
 
     @classmethod
     def from_svip_config(cls, config: SvipConfig, resources: Optional[Resources] = None) -> "EntropyBound":

@@ -240,7 +240,8 @@ def compare(steps: Sequence[HeldOutStep], cost: CostModel, gammas: Iterable[int]
     for gamma in entropy_gammas:
         for threshold in entropy_thresholds:
             for adapt in (True, False):
-                add("entropy stop" if adapt else "entropy stop, no calibration (svip)", {"gamma": gamma, "λ0": threshold},
+                family = "entropy stop" if adapt else "entropy stop, no calibration (svip)"
+                add(family, {"gamma": gamma, "λ0": threshold},
                     replay_entropy_stop(steps, gamma, threshold, adapt, cost, max_draft))
     for predictor in ("mb", "draft_confidence"):
         for b in blocks:
@@ -315,7 +316,8 @@ def _setup(p):
     p.add_argument("--margins", default="0.8,0.9,1,1.1,1.25,1.5", help="λ multipliers of the throughput rule")
     p.add_argument("--t0", default="0.3,0.5,0.6,0.7,0.8,0.9", help="t0 of the paper rule")
     p.add_argument("--confidence", default="0.2,0.3,0.4,0.5,0.6,0.7", help="thresholds of the confidence stop")
-    p.add_argument("--entropy-gamma", default="0.2", help="γ of the entropy stop's bound 1 − sqrt(γ · H) ('' = none)")
+    p.add_argument("--entropy-gamma", default="0.2",
+                   help="γ of the entropy stop's bound 1 − sqrt(γ · H) ('' = no entropy rows)")
     p.add_argument("--entropy", default="0.3,0.4,0.5,0.6,0.7,0.8",
                    help="λ₀ of the entropy stop, each with and without its calibration (svip: h = 1 − λ₀)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
