@@ -522,6 +522,9 @@ def test_a_drafts_recommended_stop_thresholds_reach_stops_whose_threshold_is_uns
     assert found["Confidence:confidence"].threshold == 0.9
     assert found["EntropyBound:entropy"].threshold == 0.7  # λ₀ (adapt on: no step observed yet)
     assert found["EntropyBound:svip"].threshold == pytest.approx(1 - 0.45)  # no entry: h's default
+    metrics = engine.generate([1, 2, 3, 4], max_new_tokens=6).metrics  # each reports what it used
+    assert metrics["confidence_threshold"] == 0.9 and metrics["svip_threshold"] == pytest.approx(0.45)
+    assert 0.0 <= metrics["entropy_threshold"] <= 1.0  # λ₀ 0.7, then calibrated
     explicit = _stops(engine_for(target_model, folder, "{name: confidence, threshold: 0.3}"))
     assert explicit["Confidence:confidence"].threshold == 0.3
     no_lookup = _stops(engine_for(target_model, folder, "{name: confidence}",

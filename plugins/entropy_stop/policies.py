@@ -156,7 +156,8 @@ class EntropyBound:
 
     @hookimpl
     def pacer_finish(self, state, result) -> Optional[dict]:
-        return {f"{self.name}_threshold": self.threshold} if self.adapt else None
+        # the threshold in use, in the config's terms (svip: h = 1 − λ), whichever set it
+        return {f"{self.name}_threshold": 1.0 - self.threshold if self.name == "svip" else self.threshold}
 
 
 # -- confidence ------------------------------------------------------------------------------------
@@ -228,4 +229,4 @@ class Confidence:
 
     @hookimpl
     def pacer_finish(self, state, result) -> Optional[dict]:
-        return {"confidence_threshold": self.threshold} if self.config.adapt else None
+        return {"confidence_threshold": self.threshold}  # in use: configured, the draft's, or re-fit
