@@ -31,9 +31,10 @@ if TYPE_CHECKING:
 
 # -- threads -------------------------------------------------------------------------------------
 TEST_THREADS = 1  # tiny models only lose time to thread synchronisation, badly so on a busy machine
-# real models use the cores this process has: all of them, or its share when pytest-xdist runs
-# PYTEST_XDIST_WORKER_COUNT test processes side by side (scripts/test.sh)
-REAL_MODEL_THREADS = max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+# the cores this test process has: all of them, or its share when pytest-xdist runs
+# PYTEST_XDIST_WORKER_COUNT test processes side by side (scripts/test.sh, PACER_TEST_WORKERS)
+PROCESS_CORES = max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+REAL_MODEL_THREADS = PROCESS_CORES  # real models use them all
 
 
 def pin_threads(count: int = TEST_THREADS) -> None:
@@ -237,7 +238,7 @@ def sample_outputs(engine: Engine, prompt: list[int], samples: int) -> tuple[lis
 
 
 # -- distribution cases computed ahead in spawned workers ----------------------------------------------
-WORKERS = int(os.environ.get("PACER_TEST_WORKERS", "2"))  # PACER_TEST_WORKERS=1: each case in its test
+WORKERS = PROCESS_CORES  # one spawned process per core this test process has; 1: each case in its test
 
 
 def module_cases(request) -> list:

@@ -15,9 +15,9 @@ prompt_lookup with the heuristic window), each sampling variant (temperature 0.6
 (2,000 samples). Everything else of the grid (prompt_lookup × fixed γ among it) is marked slow.
 6,000 samples keep the default suite's power: the wrong verifier's p-value is about 1e-189 at 5,000.
 
-The runs are independent, so they are computed ahead in ``PACER_TEST_WORKERS`` (default 2) spawned
-processes while the tests read their results in order; ``PACER_TEST_WORKERS=1`` runs each in the
-test itself.
+The runs are independent, so they are computed ahead in spawned processes, one per core this test
+process has (``helpers.PROCESS_CORES``: all of them, or its share under the suite's pytest-xdist
+workers), while the tests read their results in order; with one core each runs in the test itself.
 """
 
 from __future__ import annotations
