@@ -170,11 +170,10 @@ class Engine:
             # a composite's factory gets its members resolved (config.members: ResolvedComponents)
             config = attrs.evolve(item.config, members=item.members) if item.members else item.config
             plugin = item.component.factory(config, resources)
-            if item is stack.drafter and getattr(plugin, "draft_identity", None):
-                resources = attrs.evolve(resources, draft_identity=plugin.draft_identity)  # built first
-            if item is stack.drafter and getattr(plugin, "stop_thresholds", None):
-                resources = attrs.evolve(resources, stop_thresholds=dict(plugin.stop_thresholds))
-            if item is stack.drafter:
+            if item is stack.drafter:  # built first: what it names reaches the components after it
+                resources = attrs.evolve(
+                    resources, draft_identity=getattr(plugin, "draft_identity", None) or resources.draft_identity,
+                    stop_thresholds=dict(getattr(plugin, "stop_thresholds", None) or {}))
                 target_layers = getattr(plugin, "target_layers", None)  # e.g. EAGLE-3: three layers' inputs
             pm.register(plugin, name=f"{item.where}:{item.component.name}")
         check_hooks(pm)  # a misspelled hook on a strategy object is an error, not a silent no-op

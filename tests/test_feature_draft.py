@@ -549,8 +549,9 @@ def test_a_bad_stop_thresholds_entry_is_refused_in_one_line(tmp_path, entry):
 
 
 def test_the_shipped_draft_recommends_the_thresholds_its_docs_report():
-    from feature_draft.drafter import DEFAULT_DRAFT, EagleConfig, recommended_stop_thresholds
+    from feature_draft.drafter import DEFAULT_DRAFT, EagleConfig, read_manifest, recommended_stop_thresholds
 
-    thresholds = recommended_stop_thresholds(DEFAULT_DRAFT, EagleConfig())
+    manifest = read_manifest(DEFAULT_DRAFT)
+    thresholds = recommended_stop_thresholds(DEFAULT_DRAFT, manifest, EagleConfig())
     assert thresholds == {"confidence": 0.95, "entropy": 0.8, "svip": 0.25}
-    assert recommended_stop_thresholds(DEFAULT_DRAFT, EagleConfig(corpus_bias=0.0)) == {}
+    assert recommended_stop_thresholds(DEFAULT_DRAFT, manifest, EagleConfig(corpus_bias=0.0)) == {}

@@ -106,14 +106,20 @@ def draft_folder(path: Optional[str]) -> Path:
 PRIOR_OPTIONS = ("context_vocab", "context_bias", "lookup_bias", "corpus_bias", "corpus")
 
 
-def recommended_stop_thresholds(folder: Path, config: EagleConfig) -> dict[str, float]:
-    """The thresholds a draft's manifest recommends to the stop policies reading its probabilities
-    (its ``stop_thresholds``: chosen for the drafter's default priors, docs/stop-policies.md), or none
-    when ``config`` sets any of the priors' options or the manifest has no such entry."""
+def read_manifest(folder: Path) -> dict:
+    """The manifest of a draft folder ``pacer distill`` wrote."""
+    return json.loads((folder / MANIFEST).read_text())
+
+
+def recommended_stop_thresholds(folder: Path, manifest: dict, config: EagleConfig) -> dict[str, float]:
+    """The thresholds the manifest of the draft in ``folder`` recommends to the stop policies reading
+    its probabilities (its ``stop_thresholds``: chosen for the drafter's default priors,
+    docs/stop-policies.md), or none when ``config`` sets any of the priors' options or the manifest
+    has no such entry."""
     defaults = attrs.fields_dict(EagleConfig)
     if any(getattr(config, name) != defaults[name].default for name in PRIOR_OPTIONS):
         return {}
-    entry = json.loads((folder / MANIFEST).read_text()).get("stop_thresholds", {})
+    entry = manifest.get("stop_thresholds", {})
     if not isinstance(entry, dict) or not all(
             isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0
             for k, v in entry.items()):
@@ -125,7 +131,7 @@ def recommended_stop_thresholds(folder: Path, config: EagleConfig) -> dict[str, 
 def draft_identity(folder: Path) -> str:
     """Names a draft folder for components trained on its drafts (PACER's M_B): the digest of the
     target it was distilled from and a hash of its weights file."""
-    manifest = json.loads((folder / MANIFEST).read_text())
+    manifest = read_manifest(folder)
     weights = hashlib.sha256((folder / WEIGHTS).read_bytes()).hexdigest()[:16]
     return f"eagle:{manifest.get('target_digest')}:{weights}"
 
@@ -170,13 +176,14 @@ class EagleDrafter:
         packed = bool(target.packed_weights) and device.type == "cpu"  # pack as the target does
         self.target_layers: Optional[tuple[int, ...]] = None  # target layers whose inputs the net reads
         if (folder / MANIFEST).exists():
-            self.net = self._own_draft(folder, config, target)
+            manifest = read_manifest(folder)
+            self.net = self._own_draft(folder, manifest, config, target)
             self.layout = "eagle3" if isinstance(self.net, Eagle3Draft) else "pacer"
             if self.layout == "eagle3":
                 self.target_layers = tuple(self.net.arch.target_layers)
             subset = self.net.subset
             self.draft_identity = draft_identity(folder)  # Resources.draft_identity of later components
-            self.stop_thresholds = recommended_stop_thresholds(folder, config)  # Resources.stop_thresholds
+            self.stop_thresholds = recommended_stop_thresholds(folder, manifest, config)  # Resources.stop_thresholds
         else:  # a published EAGLE checkpoint
             published = load_published(folder, target)
             self.net, self.layout = published.net, published.layout
@@ -217,10 +224,9 @@ class EagleDrafter:
         self.pacer_start(None)
 
     @staticmethod
-    def _own_draft(folder: Path, config: EagleConfig, target) -> torch.nn.Module:
-        """A draft ``pacer distill`` wrote (``FeatureDraft`` or ``Eagle3Draft``), checked against the
-        target it was distilled from."""
-        manifest = json.loads((folder / MANIFEST).read_text())
+    def _own_draft(folder: Path, manifest: dict, config: EagleConfig, target) -> torch.nn.Module:
+        """A draft ``pacer distill`` wrote (``FeatureDraft`` or ``Eagle3Draft``; ``manifest``: its
+        manifest), checked against the target it was distilled from."""
         target_digest = target.digest
         if target_digest and manifest.get("target_digest") != target_digest and not config.allow_other_target:
             raise InputError(

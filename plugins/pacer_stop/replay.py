@@ -105,12 +105,14 @@ def replay_policy(steps: Sequence[HeldOutStep], config: PacerStopConfig, cost: O
 def replay_confidence_stop(steps: Sequence[HeldOutStep], threshold: float, cost: CostModel,
                            max_tokens: int = 20) -> Replay:
     """The ``confidence`` stop (entropy_stop): draft until the first token with q(x) < threshold,
-    which is still sent."""
+    which is still sent (the stop's pure rule, as ``replay_entropy_stop``)."""
+    from entropy_stop import rules
+
     emitted, seconds = 0, 0.0
     for step in steps:
         q = torch.cat([step.confidence[:1], step.confidence[1:] / step.confidence[:-1].clamp_min(1e-300)])
-        below = (q < threshold).nonzero()
-        sent = min(int(below[0]) + 1 if below.numel() else step.window, max_tokens, step.window)
+        flagged = rules.first_below(q, threshold)
+        sent = min(step.window if flagged is None else flagged + 1, max_tokens, step.window)
         emitted += min(sent, step.accepted) + 1
         seconds += cost.step(sent)
     return Replay(emitted, seconds, len(steps))
