@@ -317,7 +317,8 @@ class Engine:
         return result
 
     def _draft(self, state: DecodeState) -> tuple[Draft, float]:
-        """Ask the stop policies, then the drafter, until a policy stops or the bound is reached."""
+        """Ask the stop policies, then the drafter, until a policy stops or the bound is reached;
+        then every strategy may leave tree nodes out."""
         hook, clock = self.pm.hook, self.clock
         draft, stop_s = Draft(), 0.0
         while len(draft) < state.max_draft_tokens:
@@ -336,7 +337,9 @@ class Engine:
             if block is None or len(block) == 0:
                 break
             draft = draft.extend(block)
-        return draft.truncate(state.max_draft_tokens), stop_s
+        draft = draft.truncate(state.max_draft_tokens)
+        chosen = [set(nodes) for nodes in hook.pacer_select_nodes(state=state, draft=draft) if nodes is not None]
+        return (draft.select(set.intersection(*chosen)) if chosen else draft), stop_s
 
     @staticmethod
     def _truncate(emitted: list[int], state: DecodeState) -> tuple[list[int], bool]:

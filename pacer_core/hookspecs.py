@@ -7,8 +7,9 @@ decorated with ``pacer_core.hookimpl``. Call order of one ``generate``:
 
 1. ``pacer_start`` (all) after the prompt is prefilled.
 2. Each step: the draft starts empty; repeat ``pacer_draft_more`` (all stop policies) → if none says
-   stop, ``pacer_propose`` (the one drafter) for that many tokens; then the target scores the draft
-   tree (every node, with the ancestor mask) in one forward; ``pacer_verify`` (the one verifier)
+   stop, ``pacer_propose`` (the one drafter) for that many tokens; ``pacer_select_nodes`` (all) may
+   leave some tree nodes out; then the target scores the draft tree (every node sent, with the
+   ancestor mask) in one forward; ``pacer_verify`` (the one verifier)
    picks the accepted path; the engine commits the emitted tokens and keeps only the accepted
    path's rows in the target's KV cache; ``pacer_observe_step`` (all).
 3. ``pacer_finish`` (all) once EOS or the token budget is reached; returned dicts become metrics.
@@ -20,7 +21,7 @@ uses, and new arguments can be added later without breaking plugins. Names: ``ta
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Iterable, Optional, Union
 
 import pluggy
 
@@ -95,6 +96,20 @@ def pacer_propose(state: "DecodeState", draft: "Draft", num_tokens: int) -> "Opt
     candidates, each with its parent in ``draft.tree``) and grows ``num_tokens`` levels. Return
     None or an empty block when there is nothing to propose: drafting then ends.
     Use ``state.generator`` for any randomness.
+    """
+
+
+@hookspec
+def pacer_select_nodes(state: "DecodeState", draft: "Draft") -> "Optional[Iterable[int]]":
+    """Drafting has ended: which nodes of ``draft.tree`` should the target score?
+
+    Called on every strategy once per step, after the stop policies stopped (and the draft was cut
+    to ``state.max_draft_tokens``), before the target's forward. Return the indices of the nodes to
+    send, or None to send them all. The engine sends the nodes every answer keeps, less any whose
+    ancestor is left out (``Draft.select``). Choose from the draft alone, never the target, and
+    keep or drop a node's sampled children together, so verification stays lossless. Tree drafters
+    send their best ``nodes`` by cumulative draft probability here (EAGLE-2's re-ranking:
+    ``pacer_core.trees.best_nodes``).
     """
 
 

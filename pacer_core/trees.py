@@ -19,7 +19,7 @@ import attrs
 import torch
 from attrs import validators as v
 
-from .types import Draft, DraftBlock, SideNodes
+from .types import Draft, DraftBlock, SideNodes, TokenTree
 
 
 @attrs.define
@@ -30,7 +30,7 @@ class TreeConfig:
     # (docs/trees.md#choosing-the-shape): wide and shallow, the stop policy decides the depth
     topk: int = attrs.field(default=6, validator=v.ge(1))  # children tried per node, nodes kept per level
     depth: int = attrs.field(default=8, validator=v.ge(1))  # levels per step at most (stop policies may stop earlier)
-    nodes: int = attrs.field(default=24, validator=v.ge(1))  # nodes sent for verification at most
+    nodes: int = attrs.field(default=24, validator=v.ge(1))  # nodes sent for verification at most (the best by score)
 
 
 @attrs.frozen
@@ -123,3 +123,31 @@ def phrase_block(phrases: list[list[int]], draft: Draft) -> Optional[DraftBlock]
     if len(trie) > len(main):
         side = SideNodes(trie.tokens[len(main):], trie.parents[len(main):])
     return DraftBlock(tokens=torch.tensor(main, dtype=torch.long), side=side, sampled=False)
+
+
+def best_nodes(tree: TokenTree, nodes: int) -> Optional[list[int]]:
+    """The nodes of ``tree`` a tree drafter sends for verification: the ``nodes`` most likely by
+    cumulative draft probability (the product of ``q(token | parent)`` down the node's root path,
+    ties to the earlier node), plus every node without a draft probability (a point mass another
+    source merged in, e.g. a ``hybrid`` member's phrase) with its ancestors. A node is never more
+    likely than its parent, so the chosen nodes hang together. None when everything fits.
+    """
+    n = len(tree)
+    if n <= nodes or tree.draft_probs is None:
+        return None
+    q = tree.draft_probs.gather(1, tree.tokens[:, None])[:, 0].double()  # [N]: q(token | its parent's path)
+    parents = tree.parents.tolist()
+    score = [0.0] * n
+    own = (q > 0).tolist()
+    for i, parent in enumerate(parents):
+        score[i] = (float(q[i].log()) if own[i] else 0.0) + (score[parent] if parent >= 0 else 0.0)
+    ranked = sorted((i for i in range(n) if own[i]), key=lambda i: (-score[i], i))
+    keep = set(ranked[:nodes])
+    for i in range(n):
+        if not own[i]:
+            keep.add(i)
+            parent = parents[i]
+            while parent >= 0:
+                keep.add(parent)
+                parent = parents[parent]
+    return sorted(keep)

@@ -7,7 +7,7 @@ Tensors are excluded from equality and shown by shape in ``repr``. Shapes are no
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Literal, Mapping, Optional, Protocol, Sequence, Union, runtime_checkable
+from typing import Any, Callable, Iterable, Literal, Mapping, Optional, Protocol, Sequence, Union, runtime_checkable
 
 import attrs
 import torch
@@ -323,12 +323,36 @@ class Draft:
         tree = self.tree
         if not len(tree) or int(tree.depths.max()) <= length:
             return self
-        keep = (tree.depths <= length).tolist()
-        old_to_new, kept_blocks, total, next_index, main_total = {-1: -1}, [], 0, 0, 0
+        return self.select(i for i, depth in enumerate(tree.depths.tolist()) if depth <= length)
+
+    def select(self, nodes: Iterable[int]) -> "Draft":
+        """The draft with only the tree nodes ``nodes`` (indices into ``tree``) and none whose
+        ancestor is left out: a main-path token goes with every later one, a side node with its
+        subtree. Nodes are renumbered in the same order; forwards spent on the dropped nodes stay
+        counted (on the last kept block). A node's sampled children go or stay together: dropping some
+        of several candidates drawn from one distribution would bias their rejection."""
+        tree = self.tree
+        wanted = set(int(i) for i in nodes)
+        if not len(tree) or wanted.issuperset(range(len(tree))):
+            return self
+        parents = tree.parents.tolist()
+        keep = [False] * len(tree)
+        for i, parent in enumerate(parents):  # parents precede children
+            keep[i] = i in wanted and (parent < 0 or keep[parent])
+        sampled_kept: dict[int, set[bool]] = {}  # per parent: whether its sampled children are kept
+        for i, parent in enumerate(parents):
+            if bool(tree.sampled[i]):
+                sampled_kept.setdefault(parent, set()).add(keep[i])
+        split = next((parent for parent, kept in sampled_kept.items() if len(kept) > 1), None)
+        if split is not None:
+            raise ValueError(f"a selection keeps some of node {split}'s sampled children and drops others: "
+                             "candidates drawn from one distribution must be kept or dropped together")
+        old_to_new, kept_blocks, total, next_index = {-1: -1}, [], 0, 0
         for block in self.blocks:
             n = len(block)
-            take = min(n, max(0, length - main_total))
-            main_total += n
+            take = 0
+            while take < n and keep[total + take]:
+                take += 1
             for i in range(take):
                 old_to_new[total + i] = next_index + i
             next_index += take

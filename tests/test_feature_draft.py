@@ -46,7 +46,8 @@ def test_eagle_greedy_equals_target(tmp_path, stop, prompt):
         assert result.metrics["drafted"] > 0 and result.metrics["draft_forwards"] > 0
 
 
-@pytest.mark.parametrize("tree", [None, "{topk: 3, depth: 4, nodes: 10}"], ids=["chain", "tree"])
+@pytest.mark.parametrize("tree", [None, "{topk: 3, depth: 4, nodes: 10}", "{topk: 3, depth: 4, nodes: 4}"],
+                         ids=["chain", "tree", "tree-best-4"])
 def test_a_deeper_draft_keeps_greedy_output_and_every_layers_cache_in_step(tmp_path, tree):
     """``extra_layers``: each later layer keeps its own cache rows, cropped with the first layer's, and
     sees the tree's mask and positions; output stays the target's."""
@@ -386,7 +387,8 @@ def test_a_corpus_bias_left_out_of_the_reported_q_fails_the_distribution_test(tm
         assert lookup_samples(tmp_path, 300, monkeypatch, corpus=True) < 1e-6
 
 
-@pytest.mark.parametrize("tree", [None, "{topk: 3, depth: 4, nodes: 10}"], ids=["chain", "tree"])
+@pytest.mark.parametrize("tree", [None, "{topk: 3, depth: 4, nodes: 10}", "{topk: 3, depth: 4, nodes: 4}"],
+                         ids=["chain", "tree", "tree-best-4"])
 def test_corpus_bias_adds_the_share_of_the_paths_corpus_successors(tmp_path, tree):
     """Greedy output stays the target's; the bonus is corpus_bias × the share of each successor of the
     longest frequent n-gram ending the path, in the corpus (read from a .json of token ids)."""

@@ -108,6 +108,97 @@ def test_truncate_cuts_nodes_deeper_than_keep_and_renumbers():
     assert TREE_DRAFT.truncate(0).num_nodes == 0
 
 
+def test_select_keeps_the_chosen_nodes_with_their_ancestors_and_renumbers():
+    points = Draft(tuple(attrs.evolve(b, sampled=False) for b in TREE_DRAFT.blocks))  # top-k children
+    # main path 0 1 | 6 7; keep 0, 2, 3, 8 (8's parent 3, 3's parent 2) and 7 (its parent 6 is left out)
+    chosen = points.select([0, 2, 3, 8, 7, 4])
+    tree = chosen.tree
+    assert tree.tokens.tolist() == [3, 10, 11, 20, 12] and tree.parents.tolist() == [-1, -1, 1, 0, 2]
+    assert chosen.tokens.tolist() == [3] and len(chosen) == 1 and chosen.depth == 3
+    assert chosen.forwards == points.forwards and points.select(range(13)) is points
+    assert points.select([]).num_nodes == 0
+    assert points.select(i for i in range(13) if i != 1).tokens.tolist() == [3]  # the main path ends at 0
+
+
+def test_select_refuses_to_split_sampled_siblings():
+    """Candidates drawn i.i.d. from one distribution are rejected in turn against a residual:
+    leaving out some of them for their values would bias what is accepted."""
+    probs = torch.full((1, 8), 1 / 8)
+    sampled = SideNodes(torch.tensor([5, 6]), torch.tensor([-1, -1]), torch.full((2, 8), 1 / 8))
+    draft = Draft((DraftBlock(torch.tensor([4]), probs, side=sampled),))
+    with pytest.raises(ValueError, match="sampled children"):
+        draft.select([0, 1])
+    assert draft.select([]).num_nodes == 0 and draft.select([0, 1, 2]) is draft
+    chain = Draft((DraftBlock(torch.tensor([4, 5, 6]), probs.expand(3, 8)),))  # a sampled chain may be cut
+    assert chain.select([0, 1]).tokens.tolist() == [4, 5]
+    points = Draft((DraftBlock(torch.tensor([4]), probs, side=attrs.evolve(sampled, sampled=False), sampled=False),))
+    assert points.select([0, 2]).tree.tokens.tolist() == [4, 6]  # point masses may be left out one by one
+
+
+def test_best_nodes_ranks_by_cumulative_draft_probability():
+    from pacer_core.trees import best_nodes
+
+    # root children 0 (q .6, main) and 1 (q .3); 0's children 2 (.5, main) and 3 (.4); 2's child 4 (.9)
+    q = {0: (1, 0.6), 1: (2, 0.3), 2: (3, 0.5), 3: (4, 0.4), 4: (5, 0.9)}
+    probs = torch.zeros(5, 8)
+    for node, (token, p) in q.items():
+        probs[node, token] = p
+    main = DraftBlock(torch.tensor([1]), probs[:1], side=SideNodes(torch.tensor([2]), torch.tensor([-1]), probs[1:2]),
+                      sampled=False)
+    second = DraftBlock(torch.tensor([3]), probs[2:3], side=SideNodes(torch.tensor([4]), torch.tensor([0]), probs[3:4]),
+                        sampled=False)
+    third = DraftBlock(torch.tensor([5]), probs[4:5], sampled=False)
+    draft = Draft((main, second, third))  # cumulative: 0 .6, 1 .3, 2 .3, 3 .24, 4 .27
+    assert best_nodes(draft.tree, 5) is None
+    assert best_nodes(draft.tree, 1) == [0]
+    assert best_nodes(draft.tree, 3) == [0, 1, 2]  # a tie goes to the earlier node
+    assert best_nodes(draft.tree, 4) == [0, 1, 2, 4]
+    # a node without a draft probability (another source's phrase) is kept, with its ancestors
+    phrase = SideNodes(torch.tensor([7]), torch.tensor([3]), torch.zeros(1, 8), sampled=False)
+    merged = Draft((main, attrs.evolve(second, side=SideNodes(torch.tensor([4, 7]), torch.tensor([0, 3]),
+                                                              torch.cat([probs[3:4], torch.zeros(1, 8)]),
+                                                              sampled=False)), third))
+    assert merged.tree.tokens.tolist() == [1, 2, 3, 4, 7, 5]
+    assert best_nodes(merged.tree, 1) == [0, 3, 4]  # node 4 (the phrase) needs node 3 above it
+    assert draft.select(best_nodes(draft.tree, 2)).tree.tokens.tolist() == [1, 2]
+
+
+def test_every_strategys_selection_applies_and_a_tree_drafter_sends_its_best_nodes():
+    """The engine sends the nodes every ``pacer_select_nodes`` answer keeps; the ``draft_model``
+    tree grows topk nodes a level and sends its best ``nodes``; output stays the target's."""
+    sent = []
+
+    @attrs.define
+    class NoConfig:
+        pass
+
+    class Picky:  # leaves out every node at depth 3 and beyond
+        @hookimpl
+        def pacer_select_nodes(self, draft):
+            return [i for i, d in enumerate(draft.tree.depths.tolist()) if d < 3]
+
+        @hookimpl
+        def pacer_observe_step(self, step):
+            sent.append(step.draft)
+
+    class Plugin:
+        @hookimpl
+        def pacer_components(self):
+            return [Component("observer", "picky", NoConfig, lambda config, resources: Picky())]
+
+    target, draft = adapter(llama("target"), eos=False), adapter(tiny_llama(1), eos=False)
+    cfg = load_config(overrides=["strategy.drafter={name: draft_model, tree: {topk: 3, depth: 4, nodes: 5}}",
+                                 "strategy.stop=[{name: fixed, gamma: 4}]", "strategy.observers=[{name: picky}]"],
+                      require_models=False, extra_plugins=[Plugin()])
+    engine = Engine.build(target, draft=draft, cfg=cfg, extra_plugins=[Plugin()])
+    for prompt in PROMPTS.values():
+        assert engine.generate(prompt, max_new_tokens=BUDGET).tokens == reference_greedy(llama("target"), prompt, BUDGET,
+                                                                                          eos=False)
+    grown = [d for d in sent if d.forwards == 4]
+    assert grown and all(d.num_nodes <= 5 and d.depth <= 2 for d in sent)
+    assert any(d.num_nodes == 5 for d in grown)
+
+
 def test_sampled_flag_and_side_probabilities_follow_the_blocks():
     probs = torch.full((2, 8), 1 / 8)
     side = SideNodes(torch.tensor([1]), torch.tensor([-1]), torch.full((1, 8), 1 / 8))

@@ -19,7 +19,7 @@ import torch
 from pacer_core import Component, DraftBlock, FeatureModel, InputError, Resources, SideNodes, hookimpl
 from pacer_core.kernels import PackedMatrix, pack_linears
 from pacer_core.sampling import logits_to_probs, sample
-from pacer_core.trees import TreeConfig, grow_level
+from pacer_core.trees import TreeConfig, best_nodes, grow_level
 
 from .model import MANIFEST, WEIGHTS, Eagle3Draft, KVCache, load_draft
 from .priors import CorpusSuccessors, SuccessorIndex, path_bonus
@@ -149,7 +149,6 @@ class _Level:
     parent_rows: list[Optional[int]]  # cache row of each node's parent (None: the root)
     parent_features: torch.Tensor  # [f, hidden]: the feature that chose each node
     blocks: int  # blocks in the draft once this level is added (another drafter may add side nodes)
-    grown: int  # nodes this drafter has added in this step, this level's included
     rows: list[Optional[int]] = attrs.field(factory=list)  # cache rows once fed
     paths: list[tuple[int, ...]] = attrs.field(factory=list)  # each node's tokens from the root (lookup_bias)
 
@@ -397,6 +396,11 @@ class EagleDrafter:
                           hidden_states=torch.stack(hidden), forwards=forwards)
 
     # -- token trees (docs/trees.md) -------------------------------------------------------------
+    @hookimpl
+    def pacer_select_nodes(self, draft) -> Optional[list[int]]:
+        """A tree sends its best ``tree.nodes`` nodes by cumulative draft probability."""
+        return None if self.tree is None else best_nodes(draft.tree, self.tree.nodes)
+
     def _propose_level(self, state, draft) -> Optional[DraftBlock]:
         """One level of an EAGLE-2-style tree (pacer_core.trees): the first call of a step reads
         the draft's distribution after the context; each later one feeds every node of the latest
@@ -432,8 +436,7 @@ class EagleDrafter:
         if self.level is not None:  # nothing grows past an end-of-sequence token
             ends = [i for i, t in enumerate(self.level.tokens) if t in state.eos_token_ids]
             probs[ends] = 0.0
-        grown = 0 if self.level is None else self.level.grown  # this drafter's nodes so far
-        chosen = grow_level(scores, probs, tip_row, tree.topk, tree.nodes - grown)
+        chosen = grow_level(scores, probs, tip_row, tree.topk, tree.topk)
         if not chosen or tip_row is None or chosen[0].row != tip_row:
             return None
         # node numbering: the block's main token first (index draft.num_nodes), then its side nodes
@@ -448,7 +451,7 @@ class EagleDrafter:
             nodes=[first + i for i in range(len(chosen))], tokens=[c.token for c in chosen],
             scores=torch.tensor([c.score for c in chosen]), tip_row=0, depth=depth,
             parent_rows=[rows[c.row] for c in chosen], parent_features=features[[c.row for c in chosen]],
-            blocks=len(draft.blocks) + 1, grown=grown + len(chosen), paths=[paths[c.row] + (c.token,) for c in chosen])
+            blocks=len(draft.blocks) + 1, paths=[paths[c.row] + (c.token,) for c in chosen])
         return DraftBlock(tokens=torch.tensor([tip.token], dtype=torch.long), draft_probs=probs[[tip.row]],
                           hidden_states=features[[tip.row]], side=side_nodes, forwards=forwards, sampled=False)
 

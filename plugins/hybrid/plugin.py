@@ -117,6 +117,11 @@ class Hybrid:
                 metrics.update(extra)
         return metrics
 
+    @hookimpl
+    def pacer_select_nodes(self, state, draft) -> Optional[list[int]]:
+        """The primary's choice (a tree sends its best nodes; the others' phrases are all kept)."""
+        return _call(self.members[0], "pacer_select_nodes", state=state, draft=draft)
+
     # -- drafting ----------------------------------------------------------------------------------
     @hookimpl
     def pacer_propose(self, state, draft, num_tokens) -> Optional[DraftBlock]:

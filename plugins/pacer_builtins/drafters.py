@@ -10,7 +10,7 @@ import torch
 
 from pacer_core import Component, DraftBlock, Resources, SideNodes, hookimpl
 from pacer_core.sampling import choose, logits_to_probs
-from pacer_core.trees import TreeConfig, grow_level, phrase_block
+from pacer_core.trees import TreeConfig, best_nodes, grow_level, phrase_block
 
 # the token-level draft shipped for the embedded SmolLM2 target (made by `pacer distill
 # student.kind=token`, see its manifest.json): used when a config omits `draft`
@@ -97,12 +97,16 @@ class DraftModel:
         # tree mode, the step being drafted: its context length (the tree's cache rows follow), the
         # cache rows each fed node sees after the context (its ancestors' and its own), the last
         # level's (node, parent, token) and cumulative log-probabilities, the draft's blocks after it
-        # and the nodes this drafter grew (a hybrid drafter may add others)
         self._context: Optional[int] = None
         self._seen: dict[int, list[int]] = {}
         self._level: list[tuple[int, int, int]] = []
         self._scores: list[float] = []
-        self._blocks, self._grown = 0, 0
+        self._blocks = 0
+
+    @hookimpl
+    def pacer_select_nodes(self, draft) -> Optional[list[int]]:
+        """A tree sends its best ``tree.nodes`` nodes by cumulative draft probability."""
+        return None if self.tree is None else best_nodes(draft.tree, self.tree.nodes)
 
     @hookimpl
     def pacer_start(self, state) -> None:
@@ -121,7 +125,7 @@ class DraftModel:
         if self._context is not None:
             self.model.crop(min(self._context, len(self.model.cached_tokens)))
         self._context, self._seen, self._level, self._scores = None, {}, [], []
-        self._blocks, self._grown = 0, 0
+        self._blocks = 0
 
     def _probs(self, logits: torch.Tensor) -> torch.Tensor:
         """[f, vocab] logits -> the distributions tree children are chosen from (sampling applied;
@@ -157,11 +161,9 @@ class DraftModel:
     def _propose_level(self, state, draft) -> Optional[DraftBlock]:
         """One level of the tree: level 1 from the draft's distribution after the context, each
         later one from a forward over every node of the previous level (a tree mask over the
-        cached rows). None after ``tree.depth`` levels or ``tree.nodes`` nodes."""
+        cached rows). None after ``tree.depth`` levels."""
         tree, model = self.tree, self.model
-        grown = self._grown if len(draft) else 0  # this drafter's nodes so far (a hybrid adds others)
-        room = tree.nodes - grown
-        if len(draft) >= tree.depth or room <= 0:
+        if len(draft) >= tree.depth:
             return None
         if len(draft) == 0:  # a new step: level 1
             self._drop_tree_rows()  # normally done in pacer_observe_step already
@@ -192,7 +194,7 @@ class DraftModel:
             probs[ends] = 0.0  # nothing grows past an end-of-sequence side node
             hidden = out.hidden_states if self.hidden else None  # [k, hidden]
             nodes, scores = [node for node, _, _ in level], torch.tensor(self._scores)
-        chosen = grow_level(scores, probs, 0, tree.topk, room)
+        chosen = grow_level(scores, probs, 0, tree.topk, tree.topk)
         if not chosen:
             return None
         main, others = chosen[0], chosen[1:]
@@ -205,7 +207,7 @@ class DraftModel:
                              probs[rows])
         self._level = [(first + j, nodes[c.row], c.token) for j, c in enumerate(chosen)]
         self._scores = [c.score for c in chosen]
-        self._blocks, self._grown = len(draft.blocks) + 1, grown + len(chosen)
+        self._blocks = len(draft.blocks) + 1
         return DraftBlock(
             tokens=torch.tensor([main.token], dtype=torch.long),
             draft_probs=probs[main.row: main.row + 1],
