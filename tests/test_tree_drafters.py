@@ -172,7 +172,7 @@ def test_tree_option_loads_and_defaults():
     assert drafter_config("strategy.drafter={name: draft_model, tree: null}").tree is None
     assert drafter_config("strategy.drafter={name: draft_model, tree: {}}").tree == TreeConfig()
     config = drafter_config("strategy.drafter={name: draft_model, tree: {topk: 3}}")
-    assert config.tree == TreeConfig(topk=3, depth=8, nodes=24) and isinstance(config, DraftModelConfig)
+    assert config.tree == TreeConfig(topk=3, depth=8, nodes=10) and isinstance(config, DraftModelConfig)
     config = drafter_config("strategy.drafter={name: draft_model}", "strategy.drafter.tree.depth=2",
                             "strategy.drafter.tree.nodes=5")
     assert config.tree == TreeConfig(topk=6, depth=2, nodes=5)
