@@ -6,7 +6,8 @@ committed token. Each later level feeds every node of the previous level in one 
 forward and picks, among the ``topk`` most likely children of each, the main-path child (the most
 likely child of the current tip: the draft's greedy chain, what stop policies judge) plus the
 ``topk - 1`` other children with the highest cumulative draft log-probability (a beam over the
-tree), never more than ``nodes`` nodes in all. Children are chosen deterministically (top-k), so
+tree). Once drafting ends the drafter sends the ``nodes`` nodes of highest cumulative draft
+probability (EAGLE-2's re-ranking, ``best_nodes``). Children are chosen deterministically (top-k), so
 the sampling verifier treats them as point masses: exact for any temperature, top-k or top-p
 (docs/trees.md). Nothing here touches a model; randomness is not used.
 """
