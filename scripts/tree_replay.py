@@ -1,7 +1,7 @@
 """Which tree shape, and how many of its nodes, pays on this machine? A noise-free replay.
 
     python scripts/tree_replay.py record runs/tree-replay/steps.json
-    python scripts/tree_replay.py costs runs/tree-replay/costs.json
+    python scripts/tree_replay.py costs runs/tree-replay/costs.json --base runs/tree-replay/base.json
     python scripts/tree_replay.py analyse runs/tree-replay/steps.json runs/tree-replay/costs.json
 
 ``record`` decodes held-out prompts (HumanEval, GSM8K and MT-Bench prompts 20–31, summarization
@@ -11,8 +11,8 @@ each node's token, parent and draft probability q(token | parent), the main path
 path. It saves after every prompt; a rerun skips the prompts already recorded.
 
 ``costs`` measures, on an idle machine, the target's forward over 1..17 causal tokens and 2..33
-tree-masked ones (median of 7), beside the draft and per-step costs of a ``pacer costs`` file
-(``--base``, default: this machine's cached one for the shipped pair is not looked up; give it).
+tree-masked ones after ``--context`` cached tokens (median of ``--repeats``), beside the draft and
+per-step costs of a ``pacer costs`` file (``--base``).
 
 ``analyse`` replays, on the same recorded steps, chains of γ = 1..4 (the main path), each tree
 shape (``topk`` nodes a level from the recorded tree, ``depth`` levels) sending every node or its
@@ -105,7 +105,9 @@ def costs(args) -> int:
     engine = Engine.from_config(cfg)
     clock = make_clock(device_of(engine.target))
     ks, tree_ks = list(range(1, 18)), list(range(2, 34))
-    chain, tree = measure_verify_costs(engine.target, engine.encode(PROBE_PROMPT), ks, 7, clock, tree_ks)
+    context = engine.encode(PROBE_PROMPT)
+    context = (context * (args.context // len(context) + 1))[:args.context]  # a step's context, not a prompt's
+    chain, tree = measure_verify_costs(engine.target, context, ks, args.repeats, clock, tree_ks)
     out = {"key": base.get("key"), "verify_s": chain, "tree_k": tree_ks, "tree_verify_s": tree,
            "draft_token_s": base["draft_token_s"], "step_s": base.get("step_s", 0.0)}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -280,6 +282,8 @@ def main(argv=None) -> int:
     p = sub.add_parser("costs", help="measure chain and tree verification costs on an idle machine")
     p.add_argument("out")
     p.add_argument("--base", required=True, help="a `pacer costs` file for the draft and per-step costs")
+    p.add_argument("--context", type=int, default=300, help="tokens already in the cache (300: a typical step's)")
+    p.add_argument("--repeats", type=int, default=9, help="timings per token count; the median is kept (9)")
     p.set_defaults(run=costs)
     p = sub.add_parser("analyse", help="replay chains, tree shapes and node budgets on the recorded steps")
     p.add_argument("steps")
