@@ -158,6 +158,8 @@ def best(r: dict, nodes: list[int], n: int, key: str = "cp") -> set:
 def calibrate(rows: list[dict], bins: int = 12) -> None:
     """P(node on the accepted path | depth, cumulative probability): isotonic in bins, fitted on the
     other half of the prompts; never above the parent's."""
+    from pacer_bench.oracle import monotone
+
     prompts = sorted({r["prompt"] for r in rows})
     half = {p: i % 2 for i, p in enumerate(prompts)}
     tables = {}
@@ -173,13 +175,7 @@ def calibrate(rows: list[dict], bins: int = 12) -> None:
             xs.sort()
             size = max(1, len(xs) // bins)
             chunks = [xs[b:b + size] for b in range(0, len(xs), size)]
-            pools: list[list[float]] = []
-            for chunk in chunks:
-                pools.append([sum(y for _, y in chunk) / len(chunk), 1])
-                while len(pools) > 1 and pools[-2][0] > pools[-1][0]:
-                    (m2, w2), (m1, w1) = pools.pop(), pools.pop()
-                    pools.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2])
-            values = [m for m, w in pools for _ in range(int(w))]
+            values = monotone([sum(y for _, y in chunk) / len(chunk) for chunk in chunks])  # isotonic
             table[d] = [(chunk[-1][0], v) for chunk, v in zip(chunks, values)]
         tables[h] = table
     for r in rows:

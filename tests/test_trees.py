@@ -154,7 +154,6 @@ def test_best_nodes_ranks_by_cumulative_draft_probability():
     assert best_nodes(draft.tree, 3) == [0, 1, 2]  # a tie goes to the earlier node
     assert best_nodes(draft.tree, 4) == [0, 1, 2, 4]
     # a node without a draft probability (another source's phrase) is kept, with its ancestors
-    phrase = SideNodes(torch.tensor([7]), torch.tensor([3]), torch.zeros(1, 8), sampled=False)
     merged = Draft((main, attrs.evolve(second, side=SideNodes(torch.tensor([4, 7]), torch.tensor([0, 3]),
                                                               torch.cat([probs[3:4], torch.zeros(1, 8)]),
                                                               sampled=False)), third))
