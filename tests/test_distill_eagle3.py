@@ -101,10 +101,12 @@ def test_the_loss_of_k_steps_differs_from_one_step_and_trains_every_weight(kind)
     assert not torch.allclose(grads[3]["fc.weight"], grads[1]["fc.weight"])
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
 @pytest.mark.parametrize("kind", ["feature", "eagle3"])
-def test_the_loss_is_each_steps_cross_entropy_to_the_target_at_its_own_position(kind):
-    """A direct recount: step j of row t is trained towards softmax(W_subset f_{t+j}) (and, for
-    `feature`, f_{t+j} itself), rows past the end left out, each step's mean over its valid rows."""
+def test_the_loss_is_each_steps_cross_entropy_to_the_target_at_its_own_position(kind, temperature):
+    """A direct recount: step j of row t is trained towards softmax(W_subset f_{t+j} / temperature)
+    (and, for `feature`, f_{t+j} itself), rows past the end left out, each step's mean over its
+    valid rows."""
     import torch.nn.functional as F
 
     from feature_draft.model import draft_logits
@@ -114,13 +116,13 @@ def test_the_loss_is_each_steps_cross_entropy_to_the_target_at_its_own_position(
     tokens, feats, fused = batch(target, kind, rows=2, length=9)
     net = student(kind, target)
     head_sub = head[net.subset]
-    loss, _ = draft_loss(net, embed, head_sub, tokens, feats, 0.0, 1.0, 0.1, None, 3, fused)
+    loss, _ = draft_loss(net, embed, head_sub, tokens, feats, 0.0, 1.0, 0.1, None, 3, fused, temperature=temperature)
     inputs = feats[:, :-1] if fused is None else net.fuse(fused[:, :-1])
     expected = 0.0
     for j, guess in enumerate(unrolled_features(net, embed, tokens, inputs, 3), start=1):
         ce, feature = [], []
         for t in range(tokens.shape[1] - j):  # t + j <= L - 1; every sequence of the batch at once
-            teacher = torch.softmax(feats[:, t + j] @ head_sub.T, -1)
+            teacher = torch.softmax(feats[:, t + j] @ head_sub.T / temperature, -1)
             ce.append(-(teacher * torch.log_softmax(draft_logits(net, guess[:, t], head_sub), -1)).sum(-1))
             feature.append(F.smooth_l1_loss(guess[:, t], feats[:, t + j], reduction="none").mean(-1))
         ce, feature = torch.cat(ce).mean(), torch.cat(feature).mean()

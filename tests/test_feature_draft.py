@@ -251,6 +251,22 @@ def test_token_loss_is_the_soft_cross_entropy_to_the_target():
     teacher = torch.softmax(feats @ head.T, -1)
     entropy = -(teacher * torch.log(teacher)).sum(-1).mean()
     assert parts["top1"] == 1.0 and torch.allclose(loss, entropy, atol=1e-4)  # KL = 0: CE = H(teacher)
+    # a sharpened target: the same student is no longer its minimiser, and the loss is the
+    # cross-entropy to softmax(logits / T), which a near-zero T turns into the greedy token's
+    sharp, _ = token_loss(student, head, tokens, feats, temperature=0.5)
+    log_student = torch.log_softmax(feats @ head.T, -1)
+    assert torch.allclose(sharp, -(torch.softmax(feats @ head.T / 0.5, -1) * log_student).sum(-1).mean(), atol=1e-4)
+    hard, _ = token_loss(student, head, tokens, feats, temperature=1e-4)
+    greedy = (feats @ head.T).argmax(-1, keepdim=True)
+    assert torch.allclose(hard, -log_student.gather(-1, greedy).mean(), atol=1e-4)
+
+
+def test_distill_refuses_a_teacher_temperature_that_is_not_positive(capsys, tmp_path):
+    from pacer_core import cli
+
+    code = cli.main(["distill", f"out={tmp_path}", "train.teacher_temperature=0"])
+    err = capsys.readouterr().err
+    assert code == 2 and "train.teacher_temperature must be > 0 (got 0.0)" in err and len(err.splitlines()) == 1
 
 
 @pytest.mark.skipif(not packing_supported(torch.float32), reason="this torch build cannot pack weights")

@@ -96,6 +96,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     feature_weight: float = 1.0
     ce_weight: float = 0.1
+    teacher_temperature: float = 1.0  # the cross-entropy's target is softmax(target logits / this); < 1 sharpens it
     noise: float = 0.1  # uniform noise on input features, ±noise
     unroll: int = 2  # training-time test: draft steps trained per row, steps >= 2 fed the network's own
     # predicted feature (1 = EAGLE-1's loss)
@@ -138,6 +139,9 @@ def load_distill_config(path: Optional[str], overrides: list[str]) -> DistillCon
     if t.unroll < 1 or not 0 < t.unroll_decay <= 1 or t.max_seconds < 0:
         raise ConfigError(f"train.unroll must be >= 1 (got {t.unroll}), train.unroll_decay in (0, 1] "
                           f"(got {t.unroll_decay}) and train.max_seconds >= 0 (got {t.max_seconds})")
+    if not t.teacher_temperature > 0:
+        raise ConfigError(f"train.teacher_temperature must be > 0 (got {t.teacher_temperature}): 1 trains towards "
+                          "the target's distribution, below 1 towards a sharper one")
     if cfg.student.fused_layers is not None and (cfg.student.kind != "eagle3" or not cfg.student.fused_layers):
         raise ConfigError("student.fused_layers names the target layers an eagle3 student fuses: give a non-empty "
                           "list with student.kind=eagle3, or leave it null")
@@ -369,7 +373,7 @@ def unrolled_features(net: torch.nn.Module, embed: torch.Tensor, tokens: torch.T
 def draft_loss(net: torch.nn.Module, embed: torch.Tensor, head_sub: torch.Tensor, tokens: torch.Tensor,
                feats: torch.Tensor, noise: float, feature_weight: float, ce_weight: float,
                generator: Optional[torch.Generator], unroll: int = 1, fused: Optional[torch.Tensor] = None,
-               decay: float = 1.0) -> tuple[torch.Tensor, dict[str, float]]:
+               decay: float = 1.0, temperature: float = 1.0) -> tuple[torch.Tensor, dict[str, float]]:
     """Loss on a batch: tokens [B, L], feats [B, L, d] (the target's last-layer states, float32), fused
     [B, L, n·d] (an ``Eagle3Draft``'s fused layers' inputs; None for a ``FeatureDraft``).
 
@@ -379,7 +383,8 @@ def draft_loss(net: torch.nn.Module, embed: torch.Tensor, head_sub: torch.Tensor
     of an ``Eagle3Draft``; a ``FeatureDraft`` adds ``feature_weight`` × smooth-L1 to f_{t+j} and weighs
     the cross-entropy by ``ce_weight``. Step j weighs ``decay`` ** (j − 1); rows past the sequence's end
     (t + j > L − 1) are left out. Uniform noise ±``noise`` on the step-1 inputs. ``unroll=1`` is
-    EAGLE-1's loss."""
+    EAGLE-1's loss. ``temperature`` divides the target's logits before the softmax: below 1 the
+    cross-entropy leans towards the target's greedy token (greedy verification compares only that)."""
     eagle3 = fused is not None
     inputs = (fused if eagle3 else feats)[:, :-1]
     if noise > 0:
@@ -388,7 +393,7 @@ def draft_loss(net: torch.nn.Module, embed: torch.Tensor, head_sub: torch.Tensor
         inputs = net.fuse(inputs)
     length = tokens.shape[1]
     rows = torch.arange(length - 1, device=feats.device)
-    teachers = torch.softmax(feats[:, 1:] @ head_sub.T, -1)  # [B, L-1, subset]: for x_{t+2}, every t once
+    teachers = torch.softmax(feats[:, 1:] @ head_sub.T / temperature, -1)  # [B, L-1, subset]: for x_{t+2}, every t once
     loss, parts = 0.0, {}
     for j, guess in enumerate(unrolled_features(net, embed, tokens, inputs, unroll), start=1):
         valid = (rows + j <= length - 1).to(feats.dtype)  # [T]
@@ -709,19 +714,20 @@ def train(cfg: DistillConfig, out: Path, tokens: torch.Tensor, features: np.memm
     # the subset rows are read from the net at every step: a resumed or init-started run brings its own
     training = fit(cfg, out, net, tokens, features, lambda batch_tokens, batch_feats, batch_fused, generator: draft_loss(
         net, embed, head_full[net.subset], batch_tokens, batch_feats, t.noise, t.feature_weight, t.ce_weight,
-        generator, t.unroll, batch_fused, t.unroll_decay), fused=fused, evaluate_fn=measure, start=start,
+        generator, t.unroll, batch_fused, t.unroll_decay, t.teacher_temperature), fused=fused, evaluate_fn=measure, start=start,
         deadline=deadline)
     return net, measure(), training
 
 
 # -- the token-level student -----------------------------------------------------------------------
-def token_loss(student, head_sub: torch.Tensor, tokens: torch.Tensor, feats: torch.Tensor
-               ) -> tuple[torch.Tensor, dict[str, float]]:
+def token_loss(student, head_sub: torch.Tensor, tokens: torch.Tensor, feats: torch.Tensor,
+               temperature: float = 1.0) -> tuple[torch.Tensor, dict[str, float]]:
     """Soft cross-entropy (KL up to a constant) from the student's next-token distribution at every
-    position to the target's, both over the draft's vocabulary subset; the target's logits come from
-    its cached last hidden states (``feats``), so no target forward runs while training."""
+    position to the target's (its logits divided by ``temperature``), both over the draft's vocabulary
+    subset; the target's logits come from its cached last hidden states (``feats``), so no target
+    forward runs while training."""
     hidden = student.base_model(input_ids=tokens, use_cache=False).last_hidden_state  # [B, L, d], after the norm
-    teacher = torch.softmax(feats @ head_sub.T, -1)
+    teacher = torch.softmax(feats @ head_sub.T / temperature, -1)
     log_student = torch.log_softmax(hidden @ head_sub.T, -1)
     ce = -(teacher * log_student).sum(-1).mean()
     agree = (log_student.argmax(-1) == teacher.argmax(-1)).float().mean()
@@ -764,7 +770,7 @@ def train_token(cfg: DistillConfig, out: Path, tokens: torch.Tensor, features: n
 
     training = fit(cfg, out, student, tokens, features,
                    lambda batch_tokens, batch_feats, batch_fused, generator: token_loss(
-                       student, head_sub, batch_tokens, batch_feats),
+                       student, head_sub, batch_tokens, batch_feats, cfg.train.teacher_temperature),
                    checkpoint="checkpoint-token.pt", evaluate_fn=measure, deadline=deadline)
     return student, measure(), training
 
