@@ -36,103 +36,10 @@ from typing import Iterable, Optional, Sequence
 
 import attrs
 
+from pacer_core.costs import CostModel, cost_model, monotone  # the engine's cost models, re-exported
+
 __all__ = ["CostModel", "LoggedStep", "Replay", "analyse", "captured_share", "cost_model", "is_tree_log", "monotone",
            "replay_best", "replay_fixed", "replay_logged", "replay_oracle", "steps_from_metrics"]
-
-
-def monotone(values: Sequence[float]) -> tuple[float, ...]:
-    """The closest non-decreasing sequence (least squares, pool-adjacent-violators): measured
-    verification times are noisy, but verifying more tokens never costs less."""
-    blocks: list[list[float]] = []  # [mean, weight]
-    for v in values:
-        blocks.append([float(v), 1.0])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            (m2, w2), (m1, w1) = blocks.pop(), blocks.pop()
-            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2])
-    return tuple(m for m, w in blocks for _ in range(int(w)))
-
-
-def _extrapolate(known: Sequence[float], at: int) -> float:
-    """``known[at - 1]`` (k = 1..K), or beyond K linearly from the last two (never decreasing)."""
-    if at <= len(known):
-        return known[at - 1]
-    slope = known[-1] - known[-2] if len(known) >= 2 else 0.0
-    return known[-1] + max(slope, 0.0) * (at - len(known))
-
-
-@attrs.frozen
-class CostModel:
-    """Measured costs in seconds: ``verify_s[k - 1]`` is one causal target forward over k tokens
-    (k = 1..K, a chain's verification); ``tree_verify_s[i]`` one tree-masked forward over
-    ``tree_k[i]`` tokens (ascending; empty = trees cost what chains do); ``draft_token_s`` is the
-    drafter's cost per draft token; ``step_s`` a step's fixed cost besides drafting and verifying
-    (committing, cropping caches, the hooks; 0 = not measured)."""
-
-    verify_s: tuple[float, ...] = attrs.field(converter=tuple)
-    draft_token_s: float = 0.0
-    tree_k: tuple[int, ...] = attrs.field(default=(), converter=tuple)
-    tree_verify_s: tuple[float, ...] = attrs.field(default=(), converter=tuple)
-    step_s: float = 0.0
-
-    def __attrs_post_init__(self) -> None:
-        if not self.verify_s or min(self.verify_s) <= 0:
-            raise ValueError("verify_s needs at least one positive time (k = 1)")
-        if len(self.tree_k) != len(self.tree_verify_s):
-            raise ValueError(f"tree_k ({len(self.tree_k)}) and tree_verify_s ({len(self.tree_verify_s)}) differ in length")
-        if list(self.tree_k) != sorted(set(self.tree_k)) or any(k < 2 for k in self.tree_k):
-            raise ValueError(f"tree_k must be ascending token counts >= 2, got {list(self.tree_k)}")
-        if self.tree_verify_s and min(self.tree_verify_s) <= 0:
-            raise ValueError("tree_verify_s must be positive times")
-        if self.draft_token_s < 0 or self.step_s < 0:
-            raise ValueError(f"draft_token_s ({self.draft_token_s}) and step_s ({self.step_s}) must be >= 0")
-
-    def verify(self, k: int) -> float:
-        """Cost of verifying k tokens; beyond the measured K, extrapolated linearly from the last two."""
-        if k < 1:
-            raise ValueError(f"a target forward covers at least one token, got k={k}")
-        return _extrapolate(self.verify_s, k)
-
-    def verify_tree(self, k: int) -> float:
-        """Cost of a tree-masked forward over k tokens: interpolated linearly between the measured
-        token counts, the first one's below them, extrapolated from the last two above; without
-        tree measurements, a chain's ``verify(k)``."""
-        if k < 1:
-            raise ValueError(f"a target forward covers at least one token, got k={k}")
-        ks, ts = self.tree_k, self.tree_verify_s
-        if not ks:
-            return self.verify(k)
-        if k <= ks[0]:
-            return ts[0]
-        for (k0, t0), (k1, t1) in zip(zip(ks, ts), zip(ks[1:], ts[1:])):
-            if k <= k1:
-                return t0 + (t1 - t0) * (k - k0) / (k1 - k0)
-        slope = (ts[-1] - ts[-2]) / (ks[-1] - ks[-2]) if len(ks) >= 2 else 0.0
-        return ts[-1] + max(slope, 0.0) * (k - ks[-1])
-
-    def draft(self, n: int) -> float:
-        return n * self.draft_token_s
-
-    def step(self, drafted: int, nodes: Optional[int] = None, sent: Optional[int] = None) -> float:
-        """A step drafting ``drafted`` tokens (a tree: levels) whose target forward verifies the
-        pending token and ``nodes`` draft nodes (None or ``drafted``: a chain, a causal forward);
-        ``sent``: a chain trimmed to its first ``sent`` tokens before verification (the trimmed
-        ones were drafted, so they cost drafting but not verifying)."""
-        if sent is not None:
-            return self.step_s + self.draft(drafted) + self.verify(sent + 1)
-        if nodes is None or nodes == drafted:
-            return self.step_s + self.draft(drafted) + self.verify(drafted + 1)
-        return self.step_s + self.draft(drafted) + self.verify_tree(nodes + 1)
-
-
-def cost_model(cost_file: dict, draft_token_s: Optional[float] = None) -> CostModel:
-    """The cost model of a bench's ``cost_model.json`` (or a ``pacer costs`` file): each measured
-    curve made non-decreasing. ``draft_token_s`` defaults to the file's (0 when it has none)."""
-    tree_k = list(cost_file.get("tree_k") or ())
-    tree_s = monotone(cost_file.get("tree_verify_s") or ()) if tree_k else ()
-    if draft_token_s is None:
-        draft_token_s = float(cost_file.get("draft_token_s") or 0.0)
-    return CostModel(monotone(cost_file["verify_s"]), draft_token_s, tree_k, tree_s,
-                     float(cost_file.get("step_s") or 0.0))
 
 
 @attrs.frozen

@@ -23,7 +23,7 @@ import platform
 from pathlib import Path
 from typing import Any, Optional
 
-from pacer_bench.oracle import CostModel, cost_model
+from pacer_core.costs import CostModel, cost_model
 from pacer_core import InputError, hookimpl
 from pacer_core.commands import command
 

@@ -20,7 +20,7 @@ import attrs
 import torch
 from attrs import validators as v
 
-from pacer_bench.oracle import CostModel, monotone
+from pacer_core.costs import CostModel, monotone
 from pacer_core import Draft, InputError, Resources, Stop, hookimpl
 
 from . import costs as cost_files
