@@ -299,6 +299,18 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _parse(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    """``parser.parse_args(argv)``, except that ``key=value`` overrides may stand anywhere on the line
+    (``generate target.path=X --prompt P --json a=b``): argparse gives a ``nargs="*"`` positional
+    only one run of words, so the words after a later option are collected here, in their order."""
+    args, extras = parser.parse_known_args(argv)
+    if extras and hasattr(args, "overrides") and not any(word.startswith("-") for word in extras):
+        args.overrides = [*(args.overrides or []), *extras]
+    elif extras:
+        parser.error(f"unrecognized arguments: {' '.join(extras)}")
+    return args
+
+
 def _error(message: str) -> None:
     print(f"{PROG}: error: {' '.join(str(message).split())}", file=sys.stderr)
 
@@ -310,7 +322,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     parser = make_parser()
     try:
-        args = parser.parse_args(argv)
+        args = _parse(parser, argv)
         if getattr(args, "run", None) is None:
             raise _UsageError(f"choose a command: {', '.join(COMMANDS)}; see `{PROG} --help`")
         return args.run(args)

@@ -215,6 +215,39 @@ def test_bad_overrides(tiny, capsys, overrides, needles):
     assert_one_line_error(code, err, *needles)
 
 
+def test_overrides_split_around_options_generate_as_one_list(tiny, capsys):
+    # argparse gave the overrides positional one run of words: "a=b" after --json was unrecognized
+    code, out, err = run(["generate", "generation.ignore_eos=true", "--prompt", PROMPT, "--json",
+                          "generation.max_new_tokens=7"], capsys)
+    assert code == 0, err
+    assert len(json.loads(out)["tokens"]) == 7
+    code, _, err = run(["generate", "generation.ignore_eos=true", "--prompt", PROMPT, "--bogus", "x=1"], capsys)
+    assert_one_line_error(code, err, "unrecognized arguments: --bogus x=1")
+
+
+def _commands_with_overrides():
+    parser = cli.make_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    for name, p in sub.choices.items():
+        if any(a.dest == "overrides" for a in p._actions):
+            required = [a for a in p._actions if a.required and a.option_strings]
+            required += [g._group_actions[0] for g in p._mutually_exclusive_groups if g.required]
+            option = next(a for a in p._actions if a.option_strings and a.dest != "help" and a not in required)
+            yield name, option, required
+
+
+def _words(option) -> list[str]:
+    return [option.option_strings[0]] + ([] if option.nargs == 0 else [str(option.choices[0]) if option.choices else "1"])
+
+
+@pytest.mark.parametrize("name, option, required", list(_commands_with_overrides()),
+                         ids=lambda v: getattr(v, "dest", v) if not isinstance(v, list) else "")
+def test_every_command_takes_overrides_anywhere(name, option, required):
+    needed = [word for action in required for word in _words(action)]
+    args = cli._parse(cli.make_parser(), [name, "a.b=1", *_words(option), "c.d=2", *needed, "e=3"])
+    assert args.overrides == ["a.b=1", "c.d=2", "e=3"]
+
+
 def test_missing_config_file(tiny, capsys, tmp_path):
     code, _, err = run(["generate", "-c", str(tmp_path / "nope.yaml"), "-p", PROMPT], capsys)
     assert_one_line_error(code, err, "nope.yaml", "does not exist")
