@@ -8,11 +8,11 @@ Randomness is passed in (``uniforms``, ``generator``); nothing here seeds or tou
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
-from .sampling import sample
+from .sampling import sample, sample_with_noise
 from .types import Verdict
 
 
@@ -77,6 +77,7 @@ def speculative_verify(
     generator: Optional[torch.Generator],
     parents: Optional[torch.Tensor] = None,
     sampled: Optional[torch.Tensor] = None,
+    next_noise: Optional[Callable[[int], torch.Tensor]] = None,
 ) -> Verdict:
     """Speculative sampling on a token tree (Leviathan et al. 2023; SpecInfer's multi-candidate rule).
 
@@ -85,7 +86,9 @@ def speculative_verify(
     ``sampled``: [n] bool, whether a node was drawn at random from its row (siblings independently),
     else chosen deterministically and treated as a point mass (default: all drawn);
     ``target_probs``: [n + 1, vocab] after the same temperature/top-k/top-p, row 0 after the root,
-    row i + 1 after node i; ``uniforms``: [n] draws from U[0, 1), one per node.
+    row i + 1 after node i; ``uniforms``: [n] draws from U[0, 1), one per node; ``next_noise``:
+    ``next_noise(accepted)`` is the [vocab] Exponential(1) noise the next token is drawn with
+    (``sample_with_noise``; per-position randomness), else it is drawn with ``generator``.
 
     From the root, the children of the current node are tried in node order against the current
     distribution p (the target's row for that node): child x with draft distribution q is accepted
@@ -102,7 +105,8 @@ def speculative_verify(
     node = -1
 
     def verdict(kind: str, p: torch.Tensor) -> Verdict:  # a chain's path is its first accepted nodes
-        return Verdict(accepted=len(path), next_token=int(sample(p, generator)), next_kind=kind,
+        token = sample(p, generator) if next_noise is None else sample_with_noise(p, next_noise(len(path)))
+        return Verdict(accepted=len(path), next_token=int(token), next_kind=kind,
                        path=None if parents is None else tuple(path))
 
     while True:
@@ -128,3 +132,32 @@ def speculative_verify(
             p = residual_distribution(p, q)
         else:
             return verdict("recovered", p)
+
+
+def sample_match_verify(draft_tokens: torch.Tensor, target_probs: torch.Tensor, noise: torch.Tensor,
+                        parents: Optional[torch.Tensor] = None) -> Verdict:
+    """Keep draft tokens while they equal the token the target's own sampling draws there.
+
+    ``draft_tokens``: [n] tree nodes; ``parents``: [n] (-1: the root), or None for a chain;
+    ``target_probs``: [n + 1, vocab] (row 0 after the root, row i + 1 after node i); ``noise``:
+    [depth + 1, vocab] Exponential(1) noise, row d for the token at depth d (0: the root's child),
+    the same noise plain decoding draws that position with. At each node the target's token is
+    ``sample_with_noise(row, noise[depth])``; the walk moves to the child carrying it (the first, on
+    duplicate siblings) and stops where none does: that token is then ``recovered`` (or ``bonus``
+    at a leaf). Every emitted token is the one plain sampling emits with the same noise, so the
+    output is exactly plain sampling's, whatever was drafted (greedy, temperature 0: the argmax).
+    """
+    n = int(draft_tokens.shape[0])
+    children = _children(parents, n)
+    tokens = draft_tokens.tolist()
+    path: list[int] = []
+    node = -1
+    while True:
+        drawn = int(sample_with_noise(target_probs[node + 1], noise[len(path)]))
+        child = next((c for c in children[node] if tokens[c] == drawn), None)
+        if child is None:
+            return Verdict(accepted=len(path), next_token=drawn,
+                           next_kind="recovered" if children[node] else "bonus",
+                           path=None if parents is None else tuple(path))
+        path.append(child)
+        node = child

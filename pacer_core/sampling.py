@@ -43,6 +43,33 @@ def sample(probs: torch.Tensor, generator: Optional[torch.Generator]) -> torch.T
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
 
 
+_MIX = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
+
+
+def position_seed(seed: int, position: int) -> int:
+    """A 63-bit seed for the draw at ``position`` (an index into prompt + new tokens) of a generation
+    seeded ``seed``: a fixed mix of the two (splitmix64's finaliser), so each position's randomness is
+    a function of (seed, position) alone, whatever was drawn, drafted or verified before it."""
+    x = (int(seed) * _MIX[0] + int(position) * _MIX[1] + 1) % (1 << 64)
+    x = ((x ^ (x >> 30)) * _MIX[1]) % (1 << 64)
+    x = ((x ^ (x >> 27)) * _MIX[2]) % (1 << 64)
+    return (x ^ (x >> 31)) >> 1
+
+
+def position_noise(seed: int, position: int, vocab: int) -> torch.Tensor:
+    """[vocab] float32 Exponential(1) noise for the draw at ``position``: ``sample_with_noise`` turns
+    it into the token the target's own sampling emits there."""
+    generator = torch.Generator().manual_seed(position_seed(seed, position))
+    return torch.empty(vocab).exponential_(generator=generator)
+
+
+def sample_with_noise(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """One token id per row of ``probs`` ([..., vocab] → [...]): argmax(probs / noise), with
+    ``noise`` [..., vocab] i.i.d. Exponential(1). P(i) = probs[i] / Σ probs exactly (the exponential
+    race); a zero-probability token is never chosen."""
+    return (probs.float() / noise.to(probs.device)).argmax(-1)
+
+
 def choose(logits: torch.Tensor, params: SamplingParams, generator: Optional[torch.Generator]):
     """Pick a token from one row of logits ([vocab]); returns ``(token, probs)``.
 
