@@ -350,11 +350,37 @@ def _validate_typed(schema_cls: type, data: Any, where: str, finite: bool = True
     return typed
 
 
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what a torch.Generator accepts
+
+
+def check_seed(seed: int, name: str = "sampling.seed") -> None:
+    """Refuse a seed a ``torch.Generator`` cannot take (``ConfigError``, one line)."""
+    low, high = SEED_RANGE
+    if not low <= seed <= high:
+        raise ConfigError(f"{name} must lie in [-2**63, 2**64 - 1] (a 64-bit seed), got {seed}")
+
+
+def _override_list(overrides: Any) -> list[str]:
+    """``overrides`` as a list of ``key=value`` strings; a lone string (which would be read one
+    character at a time) or an item that is not a string is refused in one line."""
+    if isinstance(overrides, (str, bytes)):
+        raise ConfigError(f"overrides must be a list of key=value strings, got a single {type(overrides).__name__} "
+                          f"{overrides!r}: pass [{overrides!r}]")
+    try:
+        items = list(overrides)
+    except TypeError:
+        raise ConfigError(f"overrides must be a list of key=value strings, got {type(overrides).__name__}") from None
+    for i, item in enumerate(items):
+        if not isinstance(item, str):
+            raise ConfigError(f"overrides must be key=value strings: item {i} is {type(item).__name__} {item!r}")
+    return items
+
+
 def load_schema(schema_cls: type, path: Optional[str | Path], overrides: Sequence[str], where: str) -> Any:
     """Any attrs config class (e.g. a training command's) from a YAML file and ``key=value``
     overrides, validated in struct mode like the run config; raises ``ConfigError`` in one line."""
     raw = read_yaml(Path(path)) if path else OmegaConf.create({})
-    for override in overrides:
+    for override in _override_list(overrides):
         _apply_override(raw, override)
     return _validate_typed(schema_cls, OmegaConf.to_container(raw), where)
 
@@ -368,7 +394,7 @@ def load_config(path: Optional[str | Path] = None, overrides: Sequence[str] = ()
     ``require_models=False`` is for configs used with in-memory models (``Engine.build``).
     """
     raw = read_yaml(Path(path)) if path is not None else OmegaConf.create({})
-    for override in overrides:
+    for override in _override_list(overrides):
         _apply_override(raw, override)
     data = OmegaConf.to_container(raw)
     allowed = [f.name for f in attrs.fields(PacerConfig)]
@@ -418,6 +444,7 @@ def check(cfg: PacerConfig, extra_plugins: Sequence[Any] = (), require_models: b
         raise ConfigError(f"sampling.top_k must be >= 0 (0 = off), got {s.top_k}")
     if not 0.0 < s.top_p <= 1.0:
         raise ConfigError(f"sampling.top_p must be in (0, 1] (1 = off), got {s.top_p}")
+    check_seed(s.seed)
     for section in (cfg.target, cfg.draft):
         if section is not None and section.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"unknown dtype '{section.dtype}': use float32, bfloat16 or float16")

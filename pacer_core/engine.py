@@ -15,8 +15,8 @@ import attrs
 import pluggy
 import torch
 
-from .config import PacerConfig, check, draft_model_config
-from .errors import InputError
+from .config import PacerConfig, check, check_seed, draft_model_config
+from .errors import ConfigError, InputError
 from .registry import ResolvedStack, check_hooks, new_plugin_manager
 from .types import Draft, GenerationResult, LanguageModel, Resources, SamplingParams, StepRecord, Stop, TokenTree
 
@@ -196,6 +196,11 @@ class Engine:
                 raise InputError("the prompt is empty: give some text to continue")
             if self.tokenizer is None:
                 raise InputError("this engine has no tokenizer: pass the prompt as a list of token ids")
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError as exc:  # a lone surrogate: no tokenizer can encode it
+                raise InputError(f"the prompt is not valid Unicode text (U+{ord(prompt[exc.start]):04X}, a lone "
+                                 f"surrogate, at character {exc.start}): give UTF-8 text") from None
             return self.tokenizer.encode(prompt, chat_template=self.chat_template)
         if isinstance(prompt, (bytes, bytearray, memoryview)):
             raise InputError(f"the prompt must be {self._PROMPT_TYPES}, got {type(prompt).__name__}: "
@@ -241,8 +246,11 @@ class Engine:
             max_new_tokens, "max_new_tokens", "a positive int")
         if budget <= 0:
             raise InputError(f"max_new_tokens must be positive, got {budget}")
-        if seed is not None:
-            seed = self._whole(seed, "seed", "an int")
+        seed = self.seed if seed is None else self._whole(seed, "seed", "an int")
+        try:
+            check_seed(seed, "seed")
+        except ConfigError as exc:
+            raise InputError(str(exc)) from None
         if self._generating == threading.get_ident():
             raise InputError("generate was called from inside a hook of the same engine's generation: "
                              "build a second engine for nested decoding")

@@ -163,6 +163,23 @@ def test_bad_overrides():
     assert "strategy.stop.3.gamma=1" in error_of(overrides=["strategy.stop.3.gamma=1"])
 
 
+def test_overrides_that_are_not_a_list_of_strings():
+    from pacer_core.config import load_schema
+
+    for call in (lambda o: load_config(overrides=o), lambda o: load_schema(PacerConfig, None, o, "run")):
+        with pytest.raises(ConfigError, match=r"got a single str 'sampling.seed=3': pass \['sampling.seed=3'\]"):
+            call("sampling.seed=3")  # was read one character at a time
+        with pytest.raises(ConfigError, match="item 0 is int 5"):
+            call([5])
+        with pytest.raises(ConfigError, match="got int"):
+            call(5)
+
+
+def test_seeds_outside_64_bits_are_refused():
+    assert "sampling.seed must lie in [-2**63, 2**64 - 1]" in error_of(overrides=[f"sampling.seed={2**64}"])
+    assert load_config(overrides=[f"sampling.seed={2**64 - 1}"]).sampling.seed == 2**64 - 1
+
+
 def test_missing_config_file(tmp_path):
     message = error_of(tmp_path / "nope.yaml")
     assert "nope.yaml" in message and "does not exist" in message

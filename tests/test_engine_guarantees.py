@@ -97,6 +97,22 @@ def test_bad_seeds_are_input_errors(plain):
             plain.generate([5, 9, 13], max_new_tokens=4, seed=seed)
 
 
+def test_seeds_a_generator_cannot_take_are_input_errors(plain):
+    for seed in (2**64, -(2**63) - 1):
+        with pytest.raises(InputError, match=r"seed must lie in \[-2\*\*63, 2\*\*64 - 1\]"):
+            plain.generate([5, 9, 13], max_new_tokens=4, seed=seed)
+    assert len(plain.generate([5, 9, 13], max_new_tokens=4, seed=2**64 - 1).tokens) == 4
+
+
+def test_a_prompt_with_a_lone_surrogate_is_an_input_error():
+    from helpers import CharTokenizer
+
+    cfg = load_config(overrides=["strategy.stop=[{name: fixed, gamma: 2}]"], require_models=False)
+    texts = Engine.build(adapter(model("target")), tokenizer=CharTokenizer(), cfg=cfg)
+    with pytest.raises(InputError, match=r"U\+D800, a lone surrogate, at character 2"):
+        texts.generate("ab\ud800c", max_new_tokens=2)
+
+
 def test_integer_ids_of_any_integer_type_are_accepted(plain):
     expected = plain.generate([5, 9, 13], max_new_tokens=6).tokens
     for prompt in ((5, 9, 13), torch.tensor([5, 9, 13]), np.array([5, 9, 13]), [np.int64(5), 9, 13], range(5, 6)):
