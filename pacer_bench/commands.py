@@ -12,6 +12,7 @@ from typing import Optional
 
 from pacer_core.commands import Runner, command
 
+from .compare import compare_run
 from .config import read_ablate_config, read_bench_config
 from .demo import DEMO_SETS, run_demo
 from .report import write_report
@@ -57,8 +58,15 @@ def _setup_bench(p: argparse.ArgumentParser) -> Runner:
 def _setup_report(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("dir", metavar="DIR", help="a folder written by `pacer bench` or `pacer ablate`")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--compare", nargs=2, metavar=("A", "B"),
+                   help="only compare two stacks of DIR: their tokens/s ratio with a 95%% interval, and whether "
+                        "they differ beyond the noise (writes nothing)")
 
     def run(args: argparse.Namespace) -> int:
+        if args.compare:
+            _, text = compare_run(Path(args.dir), *args.compare)
+            print(text)
+            return 0
         results = write_report(Path(args.dir), plots=not args.no_plots)
         print(results["markdown_table"])
         print(f"\nreport: {Path(args.dir) / 'report.md'}  results: {Path(args.dir) / 'results.json'}")

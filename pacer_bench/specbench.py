@@ -15,7 +15,15 @@ baseline file's mean; the mean accepted tokens is the mean of all accept lengths
 ``mt_bench`` (MT-Bench's eight categories), each other category, and ``overall``. The one
 difference: speed.py recounts the baseline's tokens by re-tokenizing its text (minus one, for the
 BOS token of Vicuna's tokenizer), which needs the tokenizer; we read the baseline's ``new_tokens``,
-counted the way the stacks' are. Meaning and use: docs/benchmarks.md#spec-bench-compatibility.
+counted the way the stacks' are.
+
+The files count steps as Spec-Bench's runners do: a drafting stack's first step that verified no
+draft (the prefill alone: an EAGLE draft has no feature to draft from yet) is folded into the next
+step, as its EAGLE runners count (``decoding_steps`` one fewer, the first ``accept_lengths`` entry
+holding the prefill's token too); a stack that never drafted is counted as its baseline runner does
+(one step per token). Question ids are Spec-Bench's (``mtbench/81`` → ``81``), so the files join its
+runners' files by id. ``leaderboard_markdown`` lays the speed figures out as Spec-Bench's leaderboard,
+with 95% intervals (pacer_bench/stats.py). Meaning and use: docs/benchmarks.md#spec-bench-compatibility.
 """
 
 from __future__ import annotations
@@ -27,17 +35,52 @@ import uuid
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+import numpy as np
+
+from .stats import SEED, format_interval, interval, ratio
+
 FOLDER = "specbench"  # DIR/specbench/<model_id>.jsonl
 ANSWER_FIELDS = ("question_id", "category", "answer_id", "model_id", "choices", "tstamp")
 CHOICE_FIELDS = ("index", "turns", "decoding_steps", "new_tokens", "wall_time", "accept_lengths")
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 MT_BENCH, OVERALL = "mt_bench", "overall"
 SPEED_BASELINES = ("autoregressive", "hf_generate")  # the files speedups are computed against, when present
+SPEC_BENCH_ID_SETS = ("mtbench",)  # named sets holding Spec-Bench's own rows, their ids prefixed by the set's name
+# Spec-Bench's six tasks in its leaderboard's order, with its column titles
+LEADERBOARD = ((MT_BENCH, "Multi-turn Conversation"), ("translation", "Translation"),
+               ("summarization", "Summarization"), ("qa", "Question Answering"),
+               ("math_reasoning", "Mathematical Reasoning"), ("rag", "Retrieval-aug. Generation"))
 
 
-def _question_id(value: Any) -> Any:
-    """Spec-Bench numbers its questions: an id that is the text of a whole number is written as one."""
-    return int(value) if isinstance(value, str) and re.fullmatch(r"[0-9]+", value) else value
+def _question_id(set_name: str, value: Any) -> Any:
+    """Spec-Bench's id of a question: the named ``mtbench`` set's ``mtbench/81`` is Spec-Bench's row
+    81 (the same question); an id that is the text of a whole number is written as a number."""
+    value = str(value)
+    if set_name in SPEC_BENCH_ID_SETS and value.startswith(set_name + "/"):
+        value = value[len(set_name) + 1:]
+    return int(value) if re.fullmatch(r"[0-9]+", value) else value
+
+
+def spec_bench_steps(record: dict, plain: bool) -> tuple[int, list[int]]:
+    """(decoding steps, accept lengths) of one turn as Spec-Bench's runners count them.
+
+    ``plain`` (a stack that never drafted): one step per emitted token, the prefill's included, as
+    its baseline runner counts. Otherwise a first step that verified no draft (``drafted_per_step[0]``
+    is 0: the prefill alone) is folded into the second, as its EAGLE runners count (they prefill,
+    then count each tree step's accepted tokens with the token before them); a first step that
+    verified a draft is a decoding step for every runner. Sums are unchanged: Σ accept lengths is
+    the turn's new tokens either way. Records without ``drafted_per_step`` are left as they are."""
+    choice = record["choices"][0]
+    steps, accepts = int(choice["decoding_steps"][0]), [int(a) for a in choice["accept_lengths"]]
+    drafted = record.get("metrics", {}).get("drafted_per_step")
+    if plain or not drafted or drafted[0] != 0 or len(accepts) < 2:
+        return steps, accepts
+    return steps - 1, [accepts[0] + accepts[1]] + accepts[2:]
+
+
+def _drafted(record: dict) -> int:
+    metrics = record.get("metrics", {})
+    return int(metrics.get("drafted") or sum(metrics.get("drafted_per_step", [])) or 0)
 
 
 def _answer_id(set_name: str, question_id: Any, model_id: str) -> str:
@@ -51,6 +94,7 @@ def answer_files(records: Sequence[dict]) -> dict[str, list[dict]]:
     A question's line holds every repeat recorded (choice ``index`` = repeat, in order) and, in each
     choice, every turn recorded (in order); ``tstamp`` is its latest record's."""
     grouped: dict[str, dict[tuple, dict[int, dict[int, dict]]]] = {}
+    drafting = {str(r["model_id"]) for r in records if _drafted(r)}
     for r in records:
         question = (str(r["prompt_set"]), str(r["question_id"]))
         repeats = grouped.setdefault(str(r["model_id"]), {}).setdefault(question, {})
@@ -65,15 +109,16 @@ def answer_files(records: Sequence[dict]) -> dict[str, list[dict]]:
                 first = first or turns[0]
                 stamp = max([stamp] + [float(r.get("tstamp", 0.0)) for r in turns])
                 per_turn = [r["choices"][0] for r in turns]  # one turn per record
+                counted = [spec_bench_steps(r, model_id not in drafting) for r in turns]
                 choices.append({
                     "index": repeat,
                     "turns": [c["turns"][0] for c in per_turn],
-                    "decoding_steps": [int(c["decoding_steps"][0]) for c in per_turn],
+                    "decoding_steps": [steps for steps, _ in counted],
                     "new_tokens": [int(c["new_tokens"][0]) for c in per_turn],
                     "wall_time": [float(c["wall_time"][0]) for c in per_turn],
-                    "accept_lengths": [int(a) for c in per_turn for a in c["accept_lengths"]],
+                    "accept_lengths": [a for _, accepts in counted for a in accepts],
                 })
-            lines.append({"question_id": _question_id(question_id), "category": first.get("category", set_name),
+            lines.append({"question_id": _question_id(set_name, question_id), "category": first.get("category", set_name),
                           "answer_id": _answer_id(set_name, question_id, model_id), "model_id": model_id,
                           "choices": choices, "tstamp": stamp})
         files[model_id] = lines
@@ -154,7 +199,32 @@ def speed(lines: Sequence[dict], base_lines: Sequence[dict], task: str) -> Optio
         return None
     accepts = [a for line in mine for a in line["choices"][0]["accept_lengths"]]
     return {"questions": len(mine), "tokens_per_s": rate, "baseline_tokens_per_s": base_rate,
-            "speedup": rate / base_rate if base_rate else None, "mean_accepted_tokens": _mean(accepts)}
+            "speedup": rate / base_rate if base_rate else None, "mean_accepted_tokens": _mean(accepts),
+            **speed_intervals(mine, base)}
+
+
+def _speed(line: dict) -> Optional[float]:
+    choice = line["choices"][0]
+    seconds = sum(choice["wall_time"])
+    return sum(choice["new_tokens"]) / seconds if seconds > 0 else None
+
+
+def speed_intervals(mine: Sequence[dict], base: Sequence[dict], seed: int = SEED) -> dict[str, Optional[list]]:
+    """95% intervals of ``speed``'s speedup and mean accepted tokens, by a bootstrap over questions
+    (speed.py reads choice 0 alone, so there are no repeats to draw): the speedup's over the
+    questions timed in both files, paired by (question id, category), each drawn with its baseline
+    line (a mean of speeds over the same questions is a ratio of their sums)."""
+    base_speed = {(line["question_id"], line["category"]): _speed(line) for line in base}
+    paired = [(line["question_id"], line["category"], _speed(line)) for line in mine]
+    paired = [(q, c, v, base_speed.get((q, c))) for q, c, v in paired]
+    paired = [p for p in paired if p[2] is not None and p[3] is not None]
+    speedup = interval(ratio, np.array([p[2:] for p in paired], dtype=float).reshape(-1, 2),
+                       [p[:2] for p in paired], np.random.default_rng(seed))
+    counts = [(sum(line["choices"][0]["accept_lengths"]), len(line["choices"][0]["accept_lengths"])) for line in mine]
+    accepted = interval(ratio, np.array(counts, dtype=float).reshape(-1, 2),
+                        [(line["question_id"], line["category"]) for line in mine], np.random.default_rng(seed))
+    return {"speedup_ci": list(speedup) if speedup else None,
+            "mean_accepted_tokens_ci": list(accepted) if accepted else None}
 
 
 def speed_report(files: dict[str, list[dict]]) -> dict[str, dict[str, dict[str, dict]]]:
@@ -181,7 +251,8 @@ def speed_markdown(specbench: dict) -> list[str]:
              f"Spec-Bench answer files (one per stack and baseline): {', '.join(f'`{p}`' for p in specbench['files'].values())}. "
              "Computed as Spec-Bench's `evaluation/speed.py` does (choice 0; per question, new tokens ÷ wall "
              "time over its turns; the mean over questions; speedup = that mean ÷ the baseline's; mean accepted "
-             "tokens over all steps): see docs/benchmarks.md.", ""]
+             "tokens over all steps, counted as its runners count them); [low, high]: 95% interval, bootstrap over "
+             "questions: see docs/benchmarks.md.", ""]
     for baseline, rows in specbench["speed"].items():
         lines += [f"Against `{baseline}`:", "",
                   "| stack | task | questions | tok/s | baseline tok/s | speedup | mean accepted tokens |",
@@ -189,7 +260,58 @@ def speed_markdown(specbench: dict) -> list[str]:
         for model_id, figures in rows.items():
             for task, f in figures.items():
                 lines.append(f"| {model_id} | {task} | {f['questions']} | {fmt(f['tokens_per_s'], '.1f')} | "
-                             f"{fmt(f['baseline_tokens_per_s'], '.1f')} | {fmt(f['speedup'], '.2f', '×')} | "
-                             f"{fmt(f['mean_accepted_tokens'], '.2f')} |")
+                             f"{fmt(f['baseline_tokens_per_s'], '.1f')} | "
+                             f"{format_interval(f['speedup'], f.get('speedup_ci'), '.2f', '×')} | "
+                             f"{format_interval(f['mean_accepted_tokens'], f.get('mean_accepted_tokens_ci'))} |")
         lines.append("")
     return lines
+
+
+def shows_leaderboard(specbench: dict, prompt_sets: Sequence[str]) -> bool:
+    """A run over a Spec-Bench set, or whose files hold one of its tasks other than MT-Bench."""
+    if any(name == FOLDER or name.startswith(FOLDER + ":") for name in prompt_sets):
+        return True
+    tasks_run = {task for rows in specbench["speed"].values() for figures in rows.values() for task in figures}
+    return bool(tasks_run & {task for task, _ in LEADERBOARD[1:]})
+
+
+def leaderboard_markdown(specbench: dict, prompt_sets: Sequence[str]) -> list[str]:
+    """Spec-Bench's leaderboard layout (a row per stack: the speedup per task, #Mean Accepted
+    Tokens, Overall), then τ per task, from the speed figures against ``autoregressive`` (else the
+    first baseline), with their intervals; a task the run has no question of is —, and named."""
+    if not specbench.get("speed") or not shows_leaderboard(specbench, prompt_sets):
+        return []
+    baseline = "autoregressive" if "autoregressive" in specbench["speed"] else next(iter(specbench["speed"]))
+    rows = specbench["speed"][baseline]
+    present = {task for figures in rows.values() for task in figures}
+    missing = [title for task, title in LEADERBOARD if task not in present]
+
+    def speedup(f: Optional[dict]) -> str:
+        return "—" if f is None else format_interval(f["speedup"], f.get("speedup_ci"), ".2f", "×")
+
+    def tau(f: Optional[dict]) -> str:
+        return "—" if f is None else format_interval(f["mean_accepted_tokens"], f.get("mean_accepted_tokens_ci"))
+
+    titles = [title for _, title in LEADERBOARD]
+    lines = ["## Spec-Bench leaderboard", "",
+             f"Speedup over `{baseline}` per Spec-Bench task, as its leaderboard lays it out (speed.py's figures: "
+             "the mean of per-question speeds ÷ the baseline's; #Mean Accepted Tokens: per decoding step, counted as "
+             "its runners count them); [low, high]: 95% interval, bootstrap over questions.", ""]
+    if missing:
+        offline = FOLDER in prompt_sets
+        lines += [f"Not in this run: {', '.join(missing)}" + (
+            " (the offline `specbench` set builds only Multi-turn Conversation, from the MT-Bench package, and "
+            "Mathematical Reasoning, from GSM8K test items; the other tasks need Spec-Bench's question.jsonl: "
+            "`specbench:PATH`)." if offline else "."), ""]
+    lines += ["| stack | " + " | ".join(titles) + " | #Mean Accepted Tokens | Overall |",
+              "|---|" + "---|" * (len(titles) + 2)]
+    for model_id, figures in rows.items():
+        cells = [speedup(figures.get(task)) for task, _ in LEADERBOARD]
+        lines.append(f"| {model_id} | " + " | ".join(cells) + f" | {tau(figures.get(OVERALL))} | "
+                     f"{speedup(figures.get(OVERALL))} |")
+    lines += ["", "Mean accepted tokens (τ) per task:", "",
+              "| stack | " + " | ".join(titles) + " | Overall |", "|---|" + "---|" * (len(titles) + 1)]
+    for model_id, figures in rows.items():
+        cells = [tau(figures.get(task)) for task, _ in LEADERBOARD] + [tau(figures.get(OVERALL))]
+        lines.append(f"| {model_id} | " + " | ".join(cells) + " |")
+    return lines + [""]

