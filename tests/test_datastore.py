@@ -283,6 +283,10 @@ def test_a_corpus_folder_gives_the_targets_answers_after_their_prompts_tail(tmp_
     shard.write_bytes(shard.read_bytes()[:-1] + b"x")
     with pytest.raises(InputError, match="does not match its sha256"):
         datastore_engine(f", corpus: '{folder}'")
+    folder = _corpus_folder(tmp_path / "damaged")
+    (folder / "shard-00000.json").write_text('{"records": [')  # damaged JSON: one line naming it
+    with pytest.raises(InputError, match="corpus shard '.*shard-00000.json' is not valid JSON"):
+        datastore_engine(f", corpus: '{folder}'")
 
 
 def test_the_shipped_corpus_is_the_embedded_targets_answers():

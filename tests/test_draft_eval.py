@@ -191,3 +191,7 @@ def test_the_command_reports_per_set_caches_the_answers_and_refuses_bad_input(ti
     manifest.write_text(json.dumps({"family": "eagle3", "target_digest": "other"}))
     with pytest.raises(InputError, match="distilled from target other"):
         run()
+    for damaged in ('{"family": "eagle3", "target_', '["eagle3"]'):
+        manifest.write_text(damaged)
+        with pytest.raises(InputError, match=f"draft manifest '{manifest}' .*damaged; distill the draft again"):
+            run()

@@ -239,3 +239,35 @@ def test_damaged_json_of_a_token_draft(target_folder, tmp_path, capsys, kind, na
                     else '{"ids": [1]}')
     code, _, err = generate(capsys, target_folder, "strategy.drafter.name=draft_model", f"draft.path={folder}")
     assert_one_line_error(code, err, f"'{path}'", "damaged")
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+@pytest.mark.parametrize("name", ["config.json", "manifest.json"])
+def test_damaged_json_of_an_eagle_draft(target_folder, tmp_path, capsys, name, damage):
+    folder = eagle_draft(target_folder, tmp_path / "eagle")
+    path = folder / name
+    path.write_text(DAMAGES[damage](path.read_text()))
+    code, _, err = generate(capsys, target_folder, f"strategy.drafter={{name: eagle, path: '{folder}'}}")
+    assert_one_line_error(code, err, f"'{path}'", "damaged", "pacer distill")
+
+
+def test_an_eagle_draft_config_with_options_of_another_draft(target_folder, tmp_path, capsys):
+    folder = eagle_draft(target_folder, tmp_path / "eagle")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "colour": "red"}))
+    code, _, err = generate(capsys, target_folder, f"strategy.drafter={{name: eagle, path: '{folder}'}}")
+    assert_one_line_error(code, err, f"'{folder / 'config.json'}'", "colour", "damaged")
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+@pytest.mark.parametrize("name", ["config.json", "manifest.json"])
+def test_damaged_json_of_a_pacer_checkpoint(target_folder, tmp_path, capsys, name, damage):
+    from helpers import write_checkpoint
+
+    eagle = eagle_draft(target_folder, tmp_path / "eagle")
+    checkpoint = write_checkpoint(tmp_path / "mb", 32)
+    path = checkpoint / name
+    path.write_text(DAMAGES[damage](path.read_text()))
+    code, _, err = generate(capsys, target_folder, f"strategy.drafter={{name: eagle, path: '{eagle}'}}",
+                            f"strategy.stop=[{{name: pacer, checkpoint: '{checkpoint}'}}]")
+    assert_one_line_error(code, err, f"'{path}'", "damaged", "pacer train-preverify")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pacer_core import cli
+from pacer_core import InputError, cli
 from feature_draft.selfdistill import CorpusError, corpus_stats, iter_corpus
 from feature_draft.selfdistill.command import Backend, CorpusConfig, run_corpus
 from feature_draft.selfdistill.generate import answer_all
@@ -290,6 +290,21 @@ def test_stats_prints_the_totals_per_family(tmp_path, stream, capsys):
     assert cli.main(["corpus", "--stats", f"out={tmp_path}"]) == 0
     out = capsys.readouterr().out
     assert "target-written tokens" in out and all(f in out for f in ("chat", "math"))
+
+
+@pytest.mark.parametrize("name, text", [("shard-00000.json", '{"records": [{"id": "chat/0"'),
+                                        ("shard-00000.json", '{"records": 3}'),
+                                        ("shard-00000.json", '{"records": [{"id": "chat/0"}]}'),
+                                        ("manifest.json", "[1, 2]")])
+def test_a_damaged_shard_or_manifest_json_is_one_line(tmp_path, stream, capsys, name, text):
+    run_corpus(config(tmp_path, tokens=40), "t", backend=fake_backend(), stream=stream, guard=BenchmarkGuard([]))
+    (tmp_path / name).write_text(text)
+    with pytest.raises(InputError, match="damaged; restore it"):
+        list(iter_corpus(tmp_path))
+    capsys.readouterr()
+    assert cli.main(["corpus", "--stats", f"out={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pacer: error: ") and err.count("\n") == 1 and f"'{tmp_path / name}'" in err, err
 
 
 def test_the_stream_still_makes_the_committed_open_chat_corpus(stream):

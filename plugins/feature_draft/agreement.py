@@ -33,6 +33,7 @@ import torch
 from pacer_core.commands import Runner, check_out_dir, command
 from pacer_core.config import ModelConfig, load_schema
 from pacer_core.errors import ConfigError, InputError
+from pacer_core.jsonfile import read_json
 
 from pacer_train import atomic_write_json
 
@@ -275,7 +276,7 @@ def run_draft_eval(cfg: DraftEvalConfig, command_line: str) -> dict[str, Any]:
     embed, head_full = embed_w.float(), head_w.float()
     nets = []
     for folder in cfg.drafts:
-        manifest = json.loads((draft_folder(folder) / MANIFEST).read_text())
+        manifest = read_json(draft_folder(folder) / MANIFEST, "draft manifest", "distill the draft again (`pacer distill`)")
         if manifest.get("target_digest") not in (None, digest):
             raise InputError(f"draft '{folder}' was distilled from target {manifest.get('target_digest')}, this "
                              f"target is {digest}: evaluate it with its own target (target.path=...)")

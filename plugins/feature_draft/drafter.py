@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 from pathlib import Path
 from typing import List, Optional, Sequence
 
@@ -17,6 +16,7 @@ import attrs
 import torch
 
 from pacer_core import Component, DraftBlock, FeatureModel, InputError, Resources, SideNodes, hookimpl
+from pacer_core.jsonfile import read_json
 from pacer_core.kernels import PackedMatrix, pack_linears
 from pacer_core.sampling import logits_to_probs, sample
 from pacer_core.trees import TreeConfig, best_nodes, grow_level
@@ -107,8 +107,8 @@ PRIOR_OPTIONS = ("context_vocab", "context_bias", "lookup_bias", "corpus_bias", 
 
 
 def read_manifest(folder: Path) -> dict:
-    """The manifest of a draft folder ``pacer distill`` wrote."""
-    return json.loads((folder / MANIFEST).read_text())
+    """The manifest of a draft folder ``pacer distill`` wrote (``InputError`` naming it when damaged)."""
+    return read_json(folder / MANIFEST, "draft manifest", "distill the draft again (`pacer distill`)")
 
 
 def recommended_stop_thresholds(folder: Path, manifest: dict, config: EagleConfig) -> dict[str, float]:

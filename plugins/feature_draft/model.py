@@ -30,6 +30,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from pacer_core.errors import InputError
+from pacer_core.jsonfile import read_json
 
 WEIGHTS = "draft.safetensors"
 CONFIG = "config.json"
@@ -364,14 +365,19 @@ def load_draft(folder: Path) -> nn.Module:
     eval mode); an unknown family or a damaged file is one ``InputError``."""
     from pacer_core.hf import load_safetensors
 
-    config = json.loads((folder / CONFIG).read_text())
+    fix = "distill the draft again (`pacer distill`), or reinstall for the shipped one"
+    config = read_json(folder / CONFIG, "draft config", fix)
     family = config.pop("family", "feature_draft")
     if family not in FAMILIES:
         raise InputError(f"'{folder / CONFIG}' names draft family {family!r}, which this version does not read "
                          f"({', '.join(FAMILIES)}): update pacer-sd or distill the draft again")
     cls, arch_cls = FAMILIES[family]
-    model = cls(arch_cls(**config))
-    fix = "distill the draft again (`pacer distill`), or reinstall for the shipped one"
+    try:
+        model = cls(arch_cls(**config))
+    except (TypeError, ValueError, ZeroDivisionError, RuntimeError) as exc:  # missing, unknown or bad options
+        raise InputError(f"draft config '{folder / CONFIG}' does not describe a {family} draft "
+                         f"({str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__}): the file is "
+                         f"damaged; {fix}") from None
     state = load_safetensors(folder / WEIGHTS, fix)
     try:
         model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})

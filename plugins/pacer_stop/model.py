@@ -32,6 +32,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from pacer_core.errors import InputError
+from pacer_core.jsonfile import read_json
 
 WEIGHTS = "preverify.safetensors"
 CONFIG = "config.json"
@@ -162,10 +163,15 @@ class PreVerifier(nn.Module):
     def load(cls, folder: Path) -> "PreVerifier":
         from pacer_core.hf import load_safetensors
 
-        config = json.loads((Path(folder) / CONFIG).read_text())
-        config.pop("family", None)
-        model = cls(PreVerifierArch(**config))
         fix = "train the checkpoint again (`pacer train-preverify`)"
+        config = read_json(Path(folder) / CONFIG, "M_B config", fix)
+        config.pop("family", None)
+        try:
+            model = cls(PreVerifierArch(**config))
+        except (TypeError, ValueError, ZeroDivisionError, RuntimeError) as exc:  # missing, unknown or bad options
+            raise InputError(f"M_B config '{Path(folder) / CONFIG}' does not describe an M_B "
+                             f"({str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__}): the file is "
+                             f"damaged; {fix}") from None
         try:
             model.load_state_dict(load_safetensors(Path(folder) / WEIGHTS, fix))
         except RuntimeError as exc:  # missing, unexpected or mis-shaped tensors

@@ -11,7 +11,6 @@ verification (drafting is spent by then).
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any, Callable, List, Optional
@@ -22,6 +21,7 @@ from attrs import validators as v
 
 from pacer_core.costs import CostModel, monotone
 from pacer_core import Draft, InputError, Resources, Stop, hookimpl
+from pacer_core.jsonfile import read_json
 
 from . import costs as cost_files
 from . import rules
@@ -130,7 +130,7 @@ def shipped_for_pair(draft_identity: Optional[str]) -> Optional[str]:
     """The shipped M_B trained for this draft (by identity), if any."""
     for folder in SHIPPED_CHECKPOINTS:
         if draft_identity and (folder / MANIFEST).exists():
-            if json.loads((folder / MANIFEST).read_text()).get("draft_identity") == draft_identity:
+            if read_json(folder / MANIFEST, "M_B manifest", "reinstall pacer-sd").get("draft_identity") == draft_identity:
                 return str(folder)
     return None
 
@@ -138,7 +138,7 @@ def shipped_for_pair(draft_identity: Optional[str]) -> Optional[str]:
 def load_predictor(config: PacerStopConfig, resources: Resources) -> IncrementalPredictor:
     chosen = config.checkpoint if config.checkpoint is not None else shipped_for_pair(resources.draft_identity)
     folder = checkpoint_folder(chosen)
-    manifest = json.loads((folder / MANIFEST).read_text())
+    manifest = read_json(folder / MANIFEST, "M_B manifest", f"train the checkpoint again (`{TRAIN_HINT}`)")
     if not config.allow_other_pair:
         check_pair(folder, manifest, resources.target.digest, resources.draft_identity)
     predictor = IncrementalPredictor(PreVerifier.load(folder))

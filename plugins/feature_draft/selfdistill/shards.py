@@ -32,9 +32,12 @@ import attrs
 import torch
 
 from pacer_core.errors import InputError
+from pacer_core.jsonfile import read_json, require_keys
 
 FORMAT = 1
 MANIFEST = "manifest.json"
+RESTORE = "restore it with git checkout, or make the corpus again with `pacer corpus`"
+RECORD_KEYS = frozenset({"id", "family", "position", "sha", "prompt_tokens", "answer_tokens", "finished"})
 
 
 class CorpusError(InputError):
@@ -117,10 +120,7 @@ class CorpusStore:
             raise CorpusError(f"corpus folder '{self.folder}' is a file: give a folder with out=")
         manifest = self.folder / MANIFEST
         if manifest.exists():
-            try:
-                self.manifest = json.loads(manifest.read_text())
-            except json.JSONDecodeError:
-                raise CorpusError(f"'{manifest}' is not valid JSON: restore it with git checkout") from None
+            self.manifest = read_json(manifest, "corpus manifest", RESTORE)
             if self.manifest.get("format") != FORMAT:
                 raise CorpusError(f"'{manifest}' has format {self.manifest.get('format')!r}, this code reads {FORMAT}")
         elif not create:
@@ -143,7 +143,15 @@ class CorpusStore:
         return self.manifest["totals"]
 
     def shard_info(self, entry: dict[str, Any]) -> dict[str, Any]:
-        return json.loads((self.folder / f"{entry['name']}.json").read_text())
+        """The JSON of a listed shard (its records), refused in one line naming it when damaged."""
+        path = self.folder / f"{entry['name']}.json"
+        info = read_json(path, "corpus shard", RESTORE)
+        require_keys(info, path, "corpus shard", RESTORE, records=list, **({"timing": dict} if "timing" in info else {}))
+        for i, record in enumerate(info["records"]):
+            if not isinstance(record, dict) or not RECORD_KEYS <= record.keys():
+                raise CorpusError(f"corpus shard '{path}': record {i} is not an object with {', '.join(sorted(RECORD_KEYS))}: "
+                                  f"the file is damaged; {RESTORE}")
+        return info
 
     def verify(self, entry: dict[str, Any]) -> Path:
         path = self.folder / f"{entry['name']}.safetensors"
@@ -172,8 +180,11 @@ class CorpusStore:
             tensors, info = self.folder / f"{name}.safetensors", self.folder / f"{name}.json"
             if not (tensors.exists() and info.exists()):
                 break
-            shard = json.loads(info.read_text())
-            if shard.get("sha256") != file_sha256(tensors) or shard["positions"][0] != self.next_position:
+            try:  # a damaged one is not complete: removed below like any unlisted shard
+                shard = json.loads(info.read_text())
+                if shard.get("sha256") != file_sha256(tensors) or shard["positions"][0] != self.next_position:
+                    break
+            except (ValueError, AttributeError, KeyError, TypeError, IndexError):
                 break
             self._register(name, shard)
             log(f"adopted {name}, complete but missing from {MANIFEST}")
