@@ -275,8 +275,9 @@ def profile_from_dict(data: Any, path: str = "<dict>") -> Profile:
         raise InputError(f"{_where(path, 'verify_s')} must include k = 1 (plain decoding's forward)")
     tree = None if data.get("tree_verify_s") is None else _curve(data["tree_verify_s"], _where(path, "tree_verify_s"))
     drafts = data["draft_s"]
-    if not isinstance(drafts, Mapping) or not drafts:
-        raise InputError(f"{_where(path, 'draft_s')} must map drafter kinds ({', '.join(DRAFTER_KINDS)}) to curves")
+    if not isinstance(drafts, Mapping):
+        raise InputError(f"{_where(path, 'draft_s')} must map drafter kinds ({', '.join(DRAFTER_KINDS)}) to curves "
+                         "({} for a profile of drafters without a draft model)")
     bad = sorted(set(map(str, drafts)) - set(DRAFTER_KINDS))
     if bad:
         raise InputError(f"{_where(path, 'draft_s')} has unknown drafter kind(s) {bad}: use {', '.join(DRAFTER_KINDS)}")

@@ -14,7 +14,7 @@ the sampling verifier treats them as point masses: exact for any temperature, to
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Callable, Optional, Sequence
 
 import attrs
 import torch
@@ -23,16 +23,41 @@ from attrs import validators as v
 from .types import Draft, DraftBlock, SideNodes, TokenTree
 
 
+MAX_TOPK = 64  # children tried per node and nodes kept per level, at most
+MAX_DEPTH = 32  # levels per step, at most
+MAX_NODES = 512  # nodes sent for verification, at most (EAGLE-2 sends 60 on a GPU)
+AUTO = "auto"
+CPU_NODES = 10  # ``tree: {}`` on a CPU: the fastest fixed budget measured there (docs/trees.md)
+
+
+def _nodes(instance, attribute, value) -> None:
+    if value is None or value == AUTO:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_NODES:
+        raise ValueError(f"tree.nodes must be 'auto' or a whole number in 1..{MAX_NODES}, got {value!r}")
+
+
 @attrs.define
 class TreeConfig:
-    """``tree: {topk, depth, nodes}`` on a model drafter; absent = a chain (one token per level)."""
+    """``tree: {topk, depth, nodes, profile}`` on a model drafter; absent = a chain (one token per level)."""
 
-    # defaults: wide and shallow, the stop policy decides the depth, the best 10 nodes sent: 5-8%
-    # faster than sending every node and tied with 8 in timed runs on the 2-core CPU in fp32, and
-    # about what the fastest shape of the bf16 sweep verified on average (docs/trees.md#sending-the-best-nodes)
-    topk: int = attrs.field(default=6, validator=v.ge(1))  # children tried per node, nodes kept per level
-    depth: int = attrs.field(default=8, validator=v.ge(1))  # levels per step at most (stop policies may stop earlier)
-    nodes: int = attrs.field(default=10, validator=v.ge(1))  # nodes sent for verification at most (the best by score)
+    # defaults: wide and shallow, the stop policy decides the depth
+    topk: int = attrs.field(default=6, validator=[v.ge(1), v.le(MAX_TOPK)])  # children tried per node, nodes kept per level
+    depth: int = attrs.field(default=8, validator=[v.ge(1), v.le(MAX_DEPTH)])  # levels per step at most (stop policies may stop earlier)
+    # nodes sent for verification: a number (the best by cumulative draft probability), 'auto' (per
+    # step, the nodes that maximise expected emitted tokens per second under the cost profile), or
+    # None: by device (CPU_NODES on a CPU, where a tree-masked forward costs more per node; 'auto'
+    # elsewhere): docs/trees.md#cost-sized-trees
+    nodes: Any = attrs.field(default=None, validator=_nodes)
+    # the cost profile 'auto' sizes trees with (a shipped name or a file, docs/costs.md); None: the
+    # device's (a CPU: the shipped measured CPU profile; a GPU: the shipped published one)
+    profile: Optional[str] = None
+
+    def budget(self, device: str) -> Any:
+        """The nodes this tree sends on ``device``: a number or AUTO."""
+        if self.nodes is not None:
+            return self.nodes
+        return CPU_NODES if str(device).startswith("cpu") else AUTO
 
 
 @attrs.frozen
@@ -60,21 +85,22 @@ def grow_level(scores: torch.Tensor, probs: torch.Tensor, tip_row: Optional[int]
     top_p, top_x = probs.topk(k, dim=-1)  # [f, k]
     total = scores[:, None] + top_p.clamp_min(1e-38).log()  # [f, k]
     total = torch.where(top_p > 0, total, torch.full_like(total, float("-inf")))
-    chosen: list[Candidate] = []
-    taken: set[tuple[int, int]] = set()
-    if tip_row is not None and bool(top_p[tip_row, 0] > 0):
-        chosen.append(Candidate(tip_row, int(top_x[tip_row, 0]), float(total[tip_row, 0])))
-        taken.add((tip_row, 0))
     order = total.flatten().argsort(descending=True, stable=True).tolist()
+    # read once on the host: indexing tensors element by element costs more than the whole level
+    positive, tokens, totals = (top_p > 0).flatten().tolist(), top_x.flatten().tolist(), total.flatten().tolist()
+    limit = min(topk, room)
+    chosen: list[Candidate] = []
+    tip = -1  # the flat index of the main-path child, taken first
+    if tip_row is not None and positive[tip_row * k]:
+        tip = tip_row * k
+        chosen.append(Candidate(tip_row, tokens[tip], totals[tip]))
     for flat in order:
-        if len(chosen) >= min(topk, room):
+        if len(chosen) >= limit:
             break
-        row, j = divmod(flat, k)
-        if (row, j) in taken or not bool(top_p[row, j] > 0):
+        if flat == tip or not positive[flat]:
             continue
-        chosen.append(Candidate(row, int(top_x[row, j]), float(total[row, j])))
-        taken.add((row, j))
-    return chosen[: min(topk, room)]
+        chosen.append(Candidate(flat // k, tokens[flat], totals[flat]))
+    return chosen[:limit]
 
 
 def merge_phrases(tokens: list[int], parents: list[int], phrases: list[list[int]], first: int,
@@ -153,3 +179,109 @@ def best_nodes(tree: TokenTree, nodes: int) -> Optional[list[int]]:
                 keep.add(parent)
                 parent = parents[parent]
     return sorted(keep)
+
+
+# -- cost-sized trees: the nodes worth sending ------------------------------------------------------
+def node_values(tree: TokenTree, point_mass: Optional[Callable[[int], float]] = None) -> list[float]:
+    """Each node's estimated probability of being accepted: a node the draft model chose, its
+    cumulative draft probability (the product of ``q(token | parent)`` down its root path); a point
+    mass (a phrase another source merged in, no draft probability), its parent's value times
+    ``point_mass(node)`` (that source's acceptance rate at that depth; default 0.5). A node's value
+    never exceeds its parent's, so ranking by value keeps ancestors before their descendants."""
+    n = len(tree)
+    parents = tree.parents.tolist()
+    if tree.draft_probs is None:
+        q = [0.0] * n
+    else:
+        q = tree.draft_probs.gather(1, tree.tokens[:, None])[:, 0].double().tolist()  # [N]
+    values = [0.0] * n
+    for i, parent in enumerate(parents):
+        above = values[parent] if parent >= 0 else 1.0
+        own = q[i] if q[i] > 0 else (point_mass(i) if point_mass is not None else 0.5)
+        values[i] = above * min(1.0, max(0.0, own))
+    return values
+
+
+def value_nodes(values: Sequence[float], parents: Sequence[int], verify: Callable[[int], float],
+                rate: float) -> tuple[list[int], float, float]:
+    """The nodes to send: ranked by value (ties to the earlier node, ancestors first), the first n
+    for the n maximising ``Σ values − rate · verify(n + 1)`` (Dinkelbach's step for the ratio
+    expected emitted tokens ÷ seconds, ``rate`` being the throughput reached so far; ``verify(k)``:
+    a tree-masked target forward over k tokens). n may be 0 (a plain step). Returns (the nodes,
+    ascending; their expected accepted tokens; the verification's seconds)."""
+    order = sorted(range(len(values)), key=lambda i: (-values[i], i))
+    taken: set[int] = set()
+    ranked: list[int] = []
+    for i in order:  # keep the ranking closed under ancestors even if values tie oddly
+        if parents[i] < 0 or parents[i] in taken:
+            taken.add(i)
+            ranked.append(i)
+    best_n, best_value, gain = 0, -rate * verify(1), 0.0
+    gains = [0.0]
+    for n, node in enumerate(ranked, start=1):
+        gain += values[node]
+        gains.append(gain)
+        value = gain - rate * verify(n + 1)
+        if value > best_value:
+            best_n, best_value = n, value
+    return sorted(ranked[:best_n]), gains[best_n], verify(best_n + 1)
+
+
+class NodeBudget:
+    """What a tree drafter sends once drafting ends: its best ``nodes`` by cumulative draft
+    probability (``best_nodes``), or with ``nodes: auto`` the nodes that maximise expected emitted
+    tokens per second under a cost model (``value_nodes``). ``auto`` keeps the throughput it
+    predicts for its own choices (expected emitted ÷ predicted seconds, over the steps so far) as
+    the rate a node's verification cost is weighed against, so the choice settles at the budget
+    that maximises the whole generation's rate, not one step's."""
+
+    def __init__(self, tree: TreeConfig, device: str, cost: Any = None):
+        self.nodes = tree.budget(device)
+        self.cost = cost
+        if self.nodes == AUTO and cost is None:
+            raise ValueError("tree nodes 'auto' needs a cost model")
+        self.emitted = self.seconds = 0.0
+
+    @property
+    def auto(self) -> bool:
+        return self.nodes == AUTO
+
+    def rate(self) -> float:
+        """Tokens per second predicted so far (plain decoding's before the first step)."""
+        return self.emitted / self.seconds if self.seconds > 0 else 1.0 / self.cost.step(0)
+
+    def select(self, tree: TokenTree, values: Optional[Sequence[float]] = None) -> Optional[list[int]]:
+        """The nodes to send (None: all of them); ``values``: each node's acceptance estimate
+        (default ``node_values``)."""
+        if not self.auto:
+            return best_nodes(tree, self.nodes)
+        values = node_values(tree) if values is None else values
+        depth = int(tree.depths.max()) if len(tree) else 0
+        fixed = self.cost.draft(depth) + self.cost.host(len(tree))
+        nodes, expected, verify_s = value_nodes(values, tree.parents.tolist(), self.cost.verify_tree, self.rate())
+        self.emitted += 1.0 + expected
+        self.seconds += fixed + verify_s
+        return None if len(nodes) == len(tree) else nodes
+
+
+def default_profile(device: str) -> str:
+    """The shipped cost profile ``nodes: auto`` sizes trees with when none is named: the measured
+    CPU one on a CPU, the published GPU one elsewhere (docs/costs.md)."""
+    return CPU_PROFILE if str(device).startswith("cpu") else GPU_PROFILE
+
+
+CPU_PROFILE = "cpu-2core-smollm2-fp32"
+GPU_PROFILE = "a100-7b-bf16"
+
+
+def node_budget(tree: TreeConfig, device: Any, drafter_kind: str) -> NodeBudget:
+    """A tree drafter's ``NodeBudget`` on ``device`` (a ``drafter_kind`` drafter: ``feature`` or
+    ``token``), its cost model read from ``tree.profile`` or the device's shipped profile when the
+    budget is ``auto``. Raises ``InputError`` for a profile that cannot be read."""
+    from .costs import load_profile
+
+    device = str(device)
+    if tree.budget(device) != AUTO:
+        return NodeBudget(tree, device)
+    profile = load_profile(tree.profile or default_profile(device))
+    return NodeBudget(tree, device, profile.cost_model(drafter_kind))

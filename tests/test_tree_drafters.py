@@ -172,7 +172,8 @@ def test_tree_option_loads_and_defaults():
     assert drafter_config("strategy.drafter={name: draft_model, tree: null}").tree is None
     assert drafter_config("strategy.drafter={name: draft_model, tree: {}}").tree == TreeConfig()
     config = drafter_config("strategy.drafter={name: draft_model, tree: {topk: 3}}")
-    assert config.tree == TreeConfig(topk=3, depth=8, nodes=10) and isinstance(config, DraftModelConfig)
+    assert config.tree == TreeConfig(topk=3, depth=8, nodes=None) and isinstance(config, DraftModelConfig)
+    assert config.tree.budget("cpu") == 10 and config.tree.budget("cuda:0") == "auto"
     config = drafter_config("strategy.drafter={name: draft_model}", "strategy.drafter.tree.depth=2",
                             "strategy.drafter.tree.nodes=5")
     assert config.tree == TreeConfig(topk=6, depth=2, nodes=5)
@@ -194,11 +195,18 @@ def test_pacer_validate_accepts_a_tree_drafter(tmp_path, capsys):
 @pytest.mark.parametrize("override, message", [
     ("{name: draft_model, tree: {topk: 0}}", "strategy.drafter (draft_model): tree: 'topk' must be >= 1: 0"),
     ("{name: draft_model, tree: {depth: 0}}", "strategy.drafter (draft_model): tree: 'depth' must be >= 1: 0"),
-    ("{name: draft_model, tree: {nodes: -2}}", "strategy.drafter (draft_model): tree: 'nodes' must be >= 1: -2"),
+    ("{name: draft_model, tree: {nodes: -2}}",
+     "strategy.drafter (draft_model): tree: tree.nodes must be 'auto' or a whole number in 1..512, got -2"),
+    ("{name: draft_model, tree: {nodes: many}}",
+     "strategy.drafter (draft_model): tree: tree.nodes must be 'auto' or a whole number in 1..512, got 'many'"),
+    ("{name: draft_model, tree: {nodes: 100000}}",
+     "strategy.drafter (draft_model): tree: tree.nodes must be 'auto' or a whole number in 1..512, got 100000"),
+    ("{name: draft_model, tree: {topk: 100000}}", "strategy.drafter (draft_model): tree: 'topk' must be <= 64: 100000"),
+    ("{name: draft_model, tree: {depth: 999}}", "strategy.drafter (draft_model): tree: 'depth' must be <= 32: 999"),
     ("{name: draft_model, tree: {tpk: 3}}",
-     "strategy.drafter (draft_model): unknown option 'tree.tpk'; valid options: topk, depth, nodes"),
+     "strategy.drafter (draft_model): unknown option 'tree.tpk'; valid options: topk, depth, nodes, profile"),
     ("{name: draft_model, tree: 3}",
-     "strategy.drafter (draft_model): 'tree' must be a mapping of options (topk, depth, nodes), got int 3"),
+     "strategy.drafter (draft_model): 'tree' must be a mapping of options (topk, depth, nodes, profile), got int 3"),
     ("{name: draft_model, tree: {topk: x}}",
      "strategy.drafter (draft_model): bad value for 'tree.topk': Value 'x' of type 'str' could not be "
      "converted to Integer; give a value of type int"),
@@ -404,7 +412,10 @@ def test_chain_is_unchanged_without_tree():
 # -- draft_model trees through the engine ----------------------------------------------------------
 TREES = {"k1": "{topk: 1, depth: 4, nodes: 4}", "k2": "{topk: 2, depth: 3, nodes: 5}",
          "k3": "{topk: 3, depth: 6, nodes: 12}", "k4": "{topk: 4, depth: 4, nodes: 24}",
-         "few_nodes": "{topk: 4, depth: 6, nodes: 3}"}
+         "few_nodes": "{topk: 4, depth: 6, nodes: 3}",
+         # cost-sized: the CPU profile sends few nodes, the GPU one many
+         "auto_cpu": "{topk: 3, depth: 4, nodes: auto, profile: cpu-2core-smollm2-fp32}",
+         "auto_gpu": "{topk: 4, depth: 4, nodes: auto, profile: a100-7b-bf16}"}
 
 
 @functools.cache
@@ -429,6 +440,8 @@ def test_greedy_tree_drafting_equals_plain_decoding(tree, stop, verifier):
     target, draft = scripted(TARGET_TABLE), scripted(DRAFT_TABLE, seed=1)
     engine, audit = tree_engine(target, draft, f"{{name: draft_model, tree: {TREES[tree]}}}", stop, verifier)
     side = off_path = 0
+    fixed_budget = isinstance(bounds.nodes, int)  # else 'auto': at most every node grown
+    cap = bounds.nodes if fixed_budget else bounds.topk * bounds.depth
     for name, prompt in PROMPTS.items():  # one engine, several prompts: state must not leak
         result = engine.generate(prompt, max_new_tokens=BUDGET)
         assert result.tokens == references(tuple(prompt)), name
@@ -438,17 +451,17 @@ def test_greedy_tree_drafting_equals_plain_decoding(tree, stop, verifier):
             # one draft forward per level grown; the best `nodes` of them are sent, so the main
             # path (len(d)) may end above the deepest node sent
             assert forwards == step.draft_forwards <= bounds.depth
-            assert d.num_nodes <= bounds.nodes and len(d) <= d.depth <= forwards
+            assert d.num_nodes <= cap and len(d) <= d.depth <= forwards
             if len(d):
                 assert all(int((d.tree.depths == lv).sum()) <= bounds.topk for lv in range(1, d.depth + 1))
             if stop.startswith("fixed"):  # the stop's gamma, unless depth or the budget end it
                 expected = min(int(stop[5:]), bounds.depth, BUDGET - (step.committed_before - len(prompt)))
                 assert forwards == expected
-                if bounds.nodes >= expected * bounds.topk:  # everything grown fits: the whole tree is sent
+                if fixed_budget and bounds.nodes >= expected * bounds.topk:  # everything grown fits: the whole tree is sent
                     assert len(d) == forwards
             side += d.num_nodes - len(d)
             off_path += goes_off_the_main_path(step)
-    if bounds.topk > 1 and bounds.nodes > 1 and stop != "fixed1":
+    if fixed_budget and bounds.topk > 1 and bounds.nodes > 1 and stop != "fixed1":
         assert side > 0  # the tree has side nodes
         if bounds.nodes >= bounds.topk:
             assert off_path > 0  # and the target took some (with 3 nodes sent here it takes none)

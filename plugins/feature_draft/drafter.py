@@ -19,7 +19,7 @@ from pacer_core import Component, DraftBlock, FeatureModel, InputError, Resource
 from pacer_core.jsonfile import read_json
 from pacer_core.kernels import PackedMatrix, pack_linears
 from pacer_core.sampling import logits_to_probs, sample
-from pacer_core.trees import TreeConfig, best_nodes, grow_level
+from pacer_core.trees import TreeConfig, grow_level, node_budget
 
 from .model import MANIFEST, WEIGHTS, Eagle3Draft, KVCache, load_draft
 from .priors import CorpusSuccessors, SuccessorIndex, path_bonus
@@ -219,6 +219,7 @@ class EagleDrafter:
         self.sampling = resources.sampling
         self.vocab_size = target.vocab_size
         self.tree = config.tree
+        self.budget = None if config.tree is None else node_budget(config.tree, target.device, "feature")
         self.hidden_size = target.hidden_size
         self.pacer_start(None)
 
@@ -398,8 +399,9 @@ class EagleDrafter:
     # -- token trees (docs/trees.md) -------------------------------------------------------------
     @hookimpl
     def pacer_select_nodes(self, draft) -> Optional[list[int]]:
-        """A tree sends its best ``tree.nodes`` nodes by cumulative draft probability."""
-        return None if self.tree is None else best_nodes(draft.tree, self.tree.nodes)
+        """A tree sends its best ``tree.nodes`` nodes by cumulative draft probability, or with
+        ``nodes: auto`` the nodes worth their verification cost (``pacer_core.trees.NodeBudget``)."""
+        return None if self.budget is None else self.budget.select(draft.tree)
 
     def _propose_level(self, state, draft) -> Optional[DraftBlock]:
         """One level of an EAGLE-2-style tree (pacer_core.trees): the first call of a step reads

@@ -10,7 +10,7 @@ import torch
 
 from pacer_core import Component, DraftBlock, Resources, SideNodes, hookimpl
 from pacer_core.sampling import choose, logits_to_probs
-from pacer_core.trees import TreeConfig, best_nodes, grow_level, phrase_block
+from pacer_core.trees import TreeConfig, grow_level, node_budget, phrase_block
 
 # the token-level draft shipped for the embedded SmolLM2 target (made by `pacer distill
 # student.kind=token`, see its manifest.json): used when a config omits `draft`
@@ -94,6 +94,7 @@ class DraftModel:
         self.sampling = resources.sampling
         self.hidden = config.hidden_states
         self.tree = config.tree
+        self.budget = None if config.tree is None else node_budget(config.tree, resources.target.device, "token")
         # tree mode, the step being drafted: its context length (the tree's cache rows follow), the
         # cache rows each fed node sees after the context (its ancestors' and its own), the last
         # level's (node, parent, token) and cumulative log-probabilities, the draft's blocks after it
@@ -105,8 +106,9 @@ class DraftModel:
 
     @hookimpl
     def pacer_select_nodes(self, draft) -> Optional[list[int]]:
-        """A tree sends its best ``tree.nodes`` nodes by cumulative draft probability."""
-        return None if self.tree is None else best_nodes(draft.tree, self.tree.nodes)
+        """A tree sends its best ``tree.nodes`` nodes by cumulative draft probability, or with
+        ``nodes: auto`` the nodes worth their verification cost (``pacer_core.trees.NodeBudget``)."""
+        return None if self.budget is None else self.budget.select(draft.tree)
 
     @hookimpl
     def pacer_start(self, state) -> None:

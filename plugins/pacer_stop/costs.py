@@ -204,6 +204,11 @@ def _setup_costs(p):
     p.add_argument("--repeats", type=int, default=3, help="timings per k; the median is kept (3)")
     p.add_argument("--tokens", type=int, default=32, help="new tokens of the generation timing the drafter (32)")
     p.add_argument("--gamma", type=int, default=4, help="the fixed window of that generation (4)")
+    p.add_argument("--profile", metavar="FILE", help="also write a measured cost profile (docs/costs.md): chain and "
+                                                     "tree verification curves up to --profile-max-k tokens after "
+                                                     "--context cached tokens, the drafter's forward, the host time")
+    p.add_argument("--profile-max-k", type=int, default=512, metavar="K", help="the profile's longest forward (512)")
+    p.add_argument("--context", type=int, default=300, help="cached tokens before the profile's forwards (300)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. target.dtype=bfloat16")
 
     def run(args) -> int:
@@ -216,11 +221,22 @@ def _setup_costs(p):
         overrides = list(args.overrides) + [f"strategy.stop=[{{name: fixed, gamma: {args.gamma}}}]",
                                             "sampling.temperature=0"]
         cfg = load_config(args.config, overrides)  # validated before any model loads
+        if args.profile:
+            from pacer_core.commands import check_out_dir
+
+            check_out_dir(Path(args.profile).expanduser().parent, "--profile")  # before measuring
+        if args.out:
+            from pacer_core.commands import check_out_dir
+
+            check_out_dir(Path(args.out).expanduser().parent, "--out")
         engine = cli.build_engine(cfg)
         prompt = engine.encode(PROBE_PROMPT) if engine.tokenizer is not None else list(range(1, 17))
         measured = measure_costs(engine, prompt, args.max_k, args.repeats, args.tokens)
         key = full_key(engine_pair(engine))
         path = write_costs(Path(args.out) if args.out else cache_file(key), key, measured)
+        if args.profile:
+            written = write_measured_profile(Path(args.profile), engine, cfg, prompt, measured, args)
+            print(f"measured cost profile -> {written}")
         v = measured["verify_s"]
         print(f"cost model for {_describe(key)}: verify {v[0] * 1e3:.2f} ms (k=1) .. {v[-1] * 1e3:.2f} ms "
               f"(k={len(v)}), draft {measured['draft_token_s'] * 1e3:.2f} ms/token, other "
@@ -228,3 +244,55 @@ def _setup_costs(p):
         return 0
 
     return run
+
+
+PROFILE_CHAIN_K = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+PROFILE_TREE_K = (2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+
+
+def drafter_kind(cfg) -> Optional[str]:
+    """The cost profile's drafter kind of a run config's drafter: ``feature`` (eagle), ``token``
+    (a draft model), or None (no draft model: lookups)."""
+    drafter = cfg.strategy.drafter
+    name = drafter.get("name") if isinstance(drafter, dict) else getattr(drafter, "name", None)
+    if name == "hybrid":
+        members = (drafter.get("members") if isinstance(drafter, dict) else None) or []
+        kinds = [drafter_kind_of(m.get("name")) for m in members if isinstance(m, dict)]
+        return next((k for k in kinds if k is not None), None)
+    return drafter_kind_of(name)
+
+
+def drafter_kind_of(name: Optional[str]) -> Optional[str]:
+    return {"eagle": "feature", "draft_model": "token", "ouroboros": "token"}.get(name or "")
+
+
+def write_measured_profile(path: Path, engine, cfg, prompt: list[int], measured: dict[str, Any], args) -> Path:
+    """Measure the verification curves after ``args.context`` cached tokens and write a measured
+    cost profile with this run's drafter and per-step costs (``measured``)."""
+    from pacer_bench.timing import device_of, make_clock, measure_verify_costs
+    from pacer_core.costs import Curve, Profile, monotone, write_profile
+
+    clock = make_clock(device_of(engine.target))
+    top = max(1, args.profile_max_k)
+    chain_k = [k for k in PROFILE_CHAIN_K if k <= top]
+    tree_k = [k for k in PROFILE_TREE_K if k <= top]
+    context = (prompt * (args.context // max(len(prompt), 1) + 1))[:max(1, args.context)]
+    chain, tree = measure_verify_costs(engine.target, context, chain_k, args.repeats, clock, tree_k)
+    key = full_key(engine_pair(engine))
+    kind = drafter_kind(cfg)
+    target = engine.target
+    step = float(measured["step_s"]) or 1e-6
+    profile = Profile(
+        name=f"measured-{key['device']}-{key['dtype']}", kind="measured",
+        device=f"{key.get('accelerator') or key['processor']} ({key['cpus']} CPUs, torch {key['torch']})",
+        verify=Curve(chain_k, monotone(chain)), tree_verify=Curve(tree_k, monotone(tree)) if tree_k else None,
+        draft={kind: Curve([1], [max(float(measured["draft_token_s"]), 1e-6)])} if kind else {},
+        host_plain=step, host_chain=step, dtype=key["dtype"],
+        target={k: v for k, v in {"digest": target.digest, "vocab": target.vocab_size,
+                                  "layers": getattr(target, "num_layers", None)}.items() if v is not None},
+        context=len(context),
+        sources={"verify_s": f"pacer costs --profile, median of {args.repeats} forwards per k after {len(context)} "
+                             "cached tokens",
+                 "draft_s": "pacer costs: the drafter's seconds per draft token in a generation with a fixed window",
+                 "host_s": "pacer costs: a step's seconds outside drafting and verifying in that generation"})
+    return write_profile(path, profile, header="measured by `pacer costs --profile` (docs/costs.md)")
