@@ -1,21 +1,120 @@
 #!/usr/bin/env bash
-# The GPU check: the tests of the GPU path (marked `gpu`: host syncs per step, models on the device,
-# bf16 on CUDA) and a short bench on the embedded pair (configs/bench_gpu.yaml, 2 prompts per set,
-# 2 repeats), whose report shows plain decoding beside transformers' generate. On a machine without
-# a GPU the same tests run on the CPU and the bench runs there (fp32, 1 prompt per set, no cost probe).
-#   bash scripts/gpu_check.sh [OUT]        results in OUT (default runs/gpu_check); rerun to resume
+# The GPU check (docs/gpu.md#the-gpu-check): offline, no model weights, one call, under 8 minutes on one
+# H100-class GPU. It
+#   1. runs the tests marked `gpu` (host syncs per step, models on the device, bf16 on CUDA);
+#   2. measures a cost profile on random weights in two real target shapes, the embedded target's
+#      (SmolLM2-135M) and Llama-3-8B's, bf16, built on the GPU: chain and tree-masked verification
+#      curves (k up to 128 after 512 cached tokens), a draft forward per drafter kind (a one-layer
+#      feature head, a token-level draft about a tenth of the target), M_B and the host time per step
+#      (python -m pacer_bench.devicecosts);
+#   3. replays the recorded CPU runs under each profile (`pacer replay`): predicted GPU speedups.
+# Without a GPU the same steps run on the CPU with shrunk shapes (2 layers, small width and vocabulary, fp32).
+#
+#   bash scripts/gpu_check.sh [--system-python] [OUT]     results in OUT (default runs/gpu_check)
+#   --system-python  (or PACER_USE_SYSTEM_PYTHON=1) use the Python at hand as it is: no pip, no venv, no
+#                    downloads; PACER_PYTHON names it (default python3); see scripts/system_python.sh
+#   PACER_REPLAY_RUNS  the recorded runs to replay (folders, space-separated; default RECORDED below)
+# OUT receives at most 8 files, each under 16 MB: tests.log, profile-<shape>.yaml and raw-<shape>.json
+# per shape, replay.md and check.log. Each phase has its own time limit (PHASE_LIMITS below).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-bash scripts/bootstrap.sh
+out=runs/gpu_check
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --system-python) export PACER_USE_SYSTEM_PYTHON=1; shift ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -*) echo "gpu_check.sh: unknown option '$1' (--system-python, or the results folder)" >&2; exit 2 ;;
+    *) out="$1"; shift ;;
+  esac
+done
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-venv="${PACER_VENV:-.venv}"
-out="${1:-runs/gpu_check}"
-if "$venv/bin/python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-  "$venv/bin/python" -c "import torch; print('GPU:', torch.cuda.get_device_name(0), '| torch', torch.__version__)"
-  limit=2; overrides=()
-else
-  echo "no GPU visible: the same checks on the CPU"
-  limit=1; overrides=(dtype=float32 repeats=1 verify_cost=false)
+# shellcheck source=scripts/system_python.sh
+source scripts/system_python.sh
+choose_python
+mkdir -p "$out"
+if [ -n "$(find "$out" -mindepth 1 -maxdepth 1 ! -name 'tests.log' ! -name 'profile-*.yaml' ! -name 'raw-*.json' \
+          ! -name replay.md ! -name check.log -print -quit)" ]; then
+  echo "gpu_check.sh: '$out' holds other files; give an empty or new folder" >&2
+  exit 2
 fi
-"$venv/bin/python" -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py
-"$venv/bin/pacer" bench --config configs/bench_gpu.yaml --limit "$limit" --out "$out" --no-progress "${overrides[@]}"
+exec > >(tee "$out/check.log") 2>&1
+
+RECORDED="docs/results/recorded-cpu"   # the committed CPU runs whose steps were recorded
+SHAPES=(smollm2-135m llama3-8b)
+if "${PY[@]}" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+  "${PY[@]}" -c "import torch; print('GPU:', torch.cuda.get_device_name(0), '| torch', torch.__version__)"
+  # seconds: the tests, each shape's profile (the last 'measure' seconds of it are the timings' budget), the replay
+  TESTS_S=120; PROFILE_S=(90 160); MEASURE_S=(45 80); REPLAY_S=60; size=()
+else
+  echo "no GPU visible: the same check on the CPU, shrunk shapes in float32"
+  TESTS_S=300; PROFILE_S=(120 120); MEASURE_S=(20 20); REPLAY_S=120; size=(--small --device cpu --dtype float32)
+fi
+started=$(date +%s)
+phase() { echo "== $1 ($(( $(date +%s) - started )) s so far)"; }
+
+# 1. the tests of the GPU path
+phase "tests marked gpu (limit ${TESTS_S} s)"
+set +e
+timeout -k 10 "$TESTS_S" "${PY[@]}" -m pytest -q -m gpu -p no:cacheprovider -p no:xdist tests/test_gpu.py \
+  > "$out/tests.log" 2>&1
+tests_rc=$?
+set -e
+tail -n 3 "$out/tests.log"
+
+# 2. a measured profile per target shape (the host time is measured once, with the first that succeeds)
+host=(); failed=()
+for i in "${!SHAPES[@]}"; do
+  shape="${SHAPES[$i]}"
+  phase "profile of $shape (limit ${PROFILE_S[$i]} s)"
+  if timeout -k 10 "${PROFILE_S[$i]}" "${PY[@]}" -m pacer_bench.devicecosts --target "$shape" "${size[@]}" \
+       --seconds "${MEASURE_S[$i]}" --out "$out/profile-$shape.yaml" --raw "$out/raw-$shape.json" "${host[@]}"; then
+    [ "${#host[@]}" -gt 0 ] || host=(--host-from "$out/profile-$shape.yaml")
+  else
+    failed+=("profile of $shape (exit $?)")
+  fi
+done
+
+# 3. the recorded CPU runs replayed under each profile
+phase "replay of the recorded CPU runs (limit ${REPLAY_S} s)"
+{
+  echo "# Predicted speedups under the measured profiles ($(date -u +%F))"
+  echo
+  if ! "${PACER[@]}" replay --help > /dev/null 2>&1; then
+    echo "not replayed: this checkout has no \`pacer replay\` command yet"
+  else
+    replay_end=$(( $(date +%s) + REPLAY_S ))
+    for run in ${PACER_REPLAY_RUNS:-$RECORDED}; do
+      if [ ! -d "$run" ]; then
+        echo "not replayed: no recorded run at '$run'"
+        continue
+      fi
+      for shape in "${SHAPES[@]}"; do
+        [ -f "$out/profile-$shape.yaml" ] || { echo "not replayed: no profile of $shape"; continue; }
+        left=$(( replay_end - $(date +%s) ))
+        if [ "$left" -le 0 ]; then
+          echo "not replayed: the replay's ${REPLAY_S} s were spent before '$run' under $shape"
+          continue
+        fi
+        echo "## $run under profile-$shape.yaml"
+        echo
+        timeout -k 5 "$left" "${PACER[@]}" replay "$run" --profile "$out/profile-$shape.yaml" 2>&1 \
+          || echo "(pacer replay exited with $?)"
+        echo
+      done
+    done
+  fi
+} > "$out/replay.md"
+cat "$out/replay.md"
+
+# what came out: at most 8 files, each under 16 MB
+phase "done"
+count=$(find "$out" -type f | wc -l)
+big=$(find "$out" -type f -size +16M)
+[ "$count" -le 8 ] || { echo "gpu_check.sh: $count files in $out (at most 8)" >&2; exit 1; }
+[ -z "$big" ] || { echo "gpu_check.sh: files over 16 MB: $big" >&2; exit 1; }
+[ "$tests_rc" = 0 ] || failed+=("the tests marked gpu (exit $tests_rc: see $out/tests.log)")
+if [ "${#failed[@]}" -gt 0 ]; then
+  printf 'gpu_check.sh: failed: %s\n' "${failed[@]}" >&2
+  exit 1
+fi
+echo "results in $out: $(cd "$out" && ls | tr '\n' ' ')"
