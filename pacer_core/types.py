@@ -161,17 +161,27 @@ class TokenTree:
         return int(self.tokens.shape[0])
 
     @functools.cached_property
-    def depths(self) -> torch.Tensor:  # [N] int64, 1 for the root's children
+    def parent_list(self) -> list[int]:
+        """``parents`` as a list, read once."""
+        return self.parents.tolist()
+
+    @functools.cached_property
+    def depth_list(self) -> list[int]:
+        """``depths`` as a list (1 for the root's children)."""
         depths = [0] * len(self)
-        for i, parent in enumerate(self.parents.tolist()):
+        for i, parent in enumerate(self.parent_list):
             depths[i] = 1 if parent < 0 else depths[parent] + 1
-        return torch.tensor(depths, dtype=torch.long)
+        return depths
+
+    @functools.cached_property
+    def depths(self) -> torch.Tensor:  # [N] int64, 1 for the root's children
+        return torch.tensor(self.depth_list, dtype=torch.long)
 
     @functools.cached_property
     def children(self) -> dict[int, list[int]]:
         """Each node's children in node order (key -1: the root's)."""
         children: dict[int, list[int]] = {-1: []}
-        for i, parent in enumerate(self.parents.tolist()):
+        for i, parent in enumerate(self.parent_list):
             children.setdefault(parent, []).append(i)
             children.setdefault(i, [])
         return children
@@ -184,7 +194,7 @@ class TokenTree:
 
     def path_to(self, node: int) -> list[int]:
         """Node indices from the root's child down to ``node`` (empty for the root, -1)."""
-        path, parents = [], self.parents.tolist()
+        path, parents = [], self.parent_list
         while node >= 0:
             path.append(node)
             node = parents[node]
@@ -194,9 +204,14 @@ class TokenTree:
         """[N, N] bool: node i may attend to node j (j is i or one of its ancestors)."""
         n = len(self)
         mask = torch.eye(n, dtype=torch.bool)
-        for i, parent in enumerate(self.parents.tolist()):
-            if parent >= 0:
-                mask[i] |= mask[parent]
+        if not n:
+            return mask
+        # one step up the tree per pass for every node at once: as many passes as the tree is deep
+        rows, up = torch.arange(n), self.parents.clone()
+        for _ in range(max(self.depth_list) - 1):
+            has = up >= 0
+            mask[rows[has], up[has]] = True
+            up = torch.where(has, self.parents[up.clamp_min(0)], up)
         return mask
 
 
@@ -242,7 +257,7 @@ class Draft:
         """The deepest node's depth: ``len(draft)`` for a chain, deeper with side nodes below the tip."""
         if all(b.side is None for b in self.blocks):
             return len(self)
-        return int(self.tree.depths.max())
+        return max(self.tree.depth_list)
 
     @functools.cached_property
     def path_nodes(self) -> tuple[int, ...]:
@@ -321,9 +336,9 @@ class Draft:
         no deeper than that (whose ancestors are kept). Forwards spent on the cut tokens stay
         counted (on the last kept block)."""
         tree = self.tree
-        if not len(tree) or int(tree.depths.max()) <= length:
+        if not len(tree) or max(tree.depth_list) <= length:
             return self
-        return self.select(i for i, depth in enumerate(tree.depths.tolist()) if depth <= length)
+        return self.select(i for i, depth in enumerate(tree.depth_list) if depth <= length)
 
     def select(self, nodes: Iterable[int]) -> "Draft":
         """The draft with only the tree nodes ``nodes`` (indices into ``tree``) and none whose
@@ -335,13 +350,13 @@ class Draft:
         wanted = set(int(i) for i in nodes)
         if not len(tree) or wanted.issuperset(range(len(tree))):
             return self
-        parents = tree.parents.tolist()
+        parents = tree.parent_list
         keep = [False] * len(tree)
         for i, parent in enumerate(parents):  # parents precede children
             keep[i] = i in wanted and (parent < 0 or keep[parent])
         sampled_kept: dict[int, set[bool]] = {}  # per parent: whether its sampled children are kept
-        for i, parent in enumerate(parents):
-            if bool(tree.sampled[i]):
+        for i, (parent, sampled) in enumerate(zip(parents, tree.sampled.tolist())):
+            if sampled:
                 sampled_kept.setdefault(parent, set()).add(keep[i])
         split = next((parent for parent, kept in sampled_kept.items() if len(kept) > 1), None)
         if split is not None:
@@ -359,16 +374,16 @@ class Draft:
             side = block.side
             new_side = None
             if side is not None and len(side):
-                rows = []  # in order: a side node's parent may be an earlier side node of this block
+                rows, new_parents = [], []  # in order: a side node's parent may be an earlier side node of this block
                 for j, parent in enumerate(side.parents.tolist()):
                     if keep[total + n + j] and parent in old_to_new:
                         rows.append(j)
+                        new_parents.append(old_to_new[parent])
                         old_to_new[total + n + j] = next_index
                         next_index += 1
                 if rows:
                     index = torch.tensor(rows, dtype=torch.long)
-                    new_side = SideNodes(side.tokens[index],
-                                         torch.tensor([old_to_new[int(side.parents[j])] for j in rows]),
+                    new_side = SideNodes(side.tokens[index], torch.tensor(new_parents),
                                          None if side.draft_probs is None else side.draft_probs[index],
                                          side.sampled)
             if take or new_side is not None or not kept_blocks:

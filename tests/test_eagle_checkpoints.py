@@ -33,13 +33,31 @@ EAGLE3_LAYERS = 8  # EAGLE-3 reads the inputs of target layers 2, L // 2, L - 3:
 
 # -- writing checkpoints in the published layouts -------------------------------------------------
 def _save(folder: Path, config: dict, tensors: dict[str, torch.Tensor], fmt: str) -> Path:
+    """``fmt``: bin, safetensors, or either with ``-sharded``: two shards named by transformers'
+    ``*.index.json`` (``weight_map``: tensor name → shard file)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     tensors = {k: v.contiguous() for k, v in tensors.items()}
-    if fmt == "bin":
-        torch.save(tensors, folder / "pytorch_model.bin")
-    else:
-        save_file(tensors, str(folder / "model.safetensors"))
+    kind, sharded = fmt.removesuffix("-sharded"), fmt.endswith("-sharded")
+
+    def write(part: dict, name: str) -> None:
+        if kind == "bin":
+            torch.save(part, folder / name)
+        else:
+            save_file(part, str(folder / name))
+
+    base = "pytorch_model" if kind == "bin" else "model"
+    ext = ".bin" if kind == "bin" else ".safetensors"
+    if not sharded:
+        write(tensors, base + ext)
+        return folder
+    names = sorted(tensors)
+    shards = {f"{base}-0000{i + 1}-of-00002{ext}": names[i::2] for i in range(2)}
+    for shard, keys in shards.items():
+        write({k: tensors[k] for k in keys}, shard)
+    index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in tensors.values())},
+             "weight_map": {k: shard for shard, keys in shards.items() for k in keys}}
+    (folder / f"{base}{ext}.index.json").write_text(json.dumps(index, indent=2))
     return folder
 
 
@@ -59,11 +77,27 @@ def _norm_weight(generator):
     return 1.0 + _randn(generator, HIDDEN, std=0.1)
 
 
+def _attention(g, prefix: str, width: int, head_dim: int, qkv_bias: bool, small: float = 0.2) -> dict:
+    """q/k/v/o_proj of a published layer reading ``width`` inputs (cnets.py / cnets1.py names)."""
+    tensors = {
+        prefix + "q_proj.weight": _randn(g, HEADS * head_dim, width),
+        prefix + "k_proj.weight": _randn(g, KV_HEADS * head_dim, width),
+        prefix + "v_proj.weight": _randn(g, KV_HEADS * head_dim, width),
+        prefix + "o_proj.weight": _randn(g, HIDDEN, HEADS * head_dim, std=small),
+    }
+    if qkv_bias:  # cnets1.py: nn.Linear(..., bias=config.qkv_bias) for q, k and v
+        tensors.update({prefix + f"{p}_proj.bias": _randn(g, n * head_dim, std=0.5)
+                        for p, n in (("q", HEADS), ("k", KV_HEADS), ("v", KV_HEADS))})
+    return tensors
+
+
 def write_eagle1(folder: Path, target_model, fmt: str = "bin", bias: bool = True, seed: int = 0,
-                 passthrough: bool = False, drop: str = "", **config) -> Path:
+                 passthrough: bool = False, drop: str = "", head_dim: int = 8, qkv_bias: bool = False,
+                 layers: int = 1, **config) -> Path:
     """An EAGLE-1/2 checkpoint for ``target_model``. ``passthrough`` (for a ``bigram`` target): fc
     scales embed(x_{t+1}) to the size the final norm gives it (HF initialises embeddings with std 0.02)
-    and the layer adds little, so the draft predicts roughly the target's next distribution."""
+    and the layer adds little, so the draft predicts roughly the target's next distribution.
+    ``layers`` > 1: cnets1.py's later layers, each with an ``input_layernorm``."""
     g = torch.Generator().manual_seed(seed)
     vocab = target_model.config.vocab_size
     fc = _randn(g, HIDDEN, 2 * HIDDEN)
@@ -72,29 +106,36 @@ def write_eagle1(folder: Path, target_model, fmt: str = "bin", bias: bool = True
         fc = torch.cat([50.0 * torch.eye(HIDDEN) + _randn(g, HIDDEN, HIDDEN, std=5.0),
                         _randn(g, HIDDEN, HIDDEN, std=0.05)], 1)
         small = 0.01
-    tensors = {
-        "fc.weight": fc,
-        "layers.0.self_attn.q_proj.weight": _randn(g, HEADS * 8, HIDDEN),
-        "layers.0.self_attn.k_proj.weight": _randn(g, KV_HEADS * 8, HIDDEN),
-        "layers.0.self_attn.v_proj.weight": _randn(g, KV_HEADS * 8, HIDDEN),
-        "layers.0.self_attn.o_proj.weight": _randn(g, HIDDEN, HEADS * 8, std=small),
-        "layers.0.post_attention_layernorm.weight": _norm_weight(g),
-        "layers.0.mlp.gate_proj.weight": _randn(g, FFN, HIDDEN),
-        "layers.0.mlp.up_proj.weight": _randn(g, FFN, HIDDEN),
-        "layers.0.mlp.down_proj.weight": _randn(g, HIDDEN, FFN, std=small),
-        # EAGLE-1 checkpoints carry a copy of the target's embeddings: ignored
-        "embed_tokens.weight": target_model.model.embed_tokens.weight.detach().clone(),
-    }
+    tensors = {"fc.weight": fc}
+    for i in range(layers):
+        prefix = f"layers.{i}."
+        tensors.update(_attention(g, prefix + "self_attn.", HIDDEN, head_dim, qkv_bias, small))
+        tensors.update({
+            prefix + "post_attention_layernorm.weight": _norm_weight(g),
+            prefix + "mlp.gate_proj.weight": _randn(g, FFN, HIDDEN),
+            prefix + "mlp.up_proj.weight": _randn(g, FFN, HIDDEN),
+            prefix + "mlp.down_proj.weight": _randn(g, HIDDEN, FFN, std=small),
+        })
+        if i:
+            tensors[prefix + "input_layernorm.weight"] = _norm_weight(g)
+    # EAGLE-1 checkpoints carry a copy of the target's embeddings: ignored
+    tensors["embed_tokens.weight"] = target_model.model.embed_tokens.weight.detach().clone()
     if bias:
         tensors["fc.bias"] = _randn(g, HIDDEN, std=0.02 if passthrough else 0.2)
     tensors.pop(drop, None)
-    cfg = _llama_config(vocab, rope_theta=5000.0, bias=bias)  # a θ of its own: it must be honoured
+    cfg = _llama_config(vocab, rope_theta=5000.0, bias=bias, num_hidden_layers=layers)  # a θ of its own
+    cfg.update(_shape_keys(head_dim, qkv_bias))
     cfg.update(config)
     return _save(folder, cfg, tensors, fmt)
 
 
+def _shape_keys(head_dim: int, qkv_bias: bool) -> dict:
+    return {**({"head_dim": head_dim} if head_dim != HIDDEN // HEADS else {}),
+            **({"qkv_bias": True} if qkv_bias else {})}
+
+
 def write_eagle3(folder: Path, target_model, draft_vocab: int, fmt: str = "safetensors", seed: int = 0,
-                 drop: str = "", **config) -> Path:
+                 drop: str = "", head_dim: int = 8, **config) -> Path:
     """An EAGLE-3 checkpoint for ``target_model``: its head covers ``draft_vocab`` target tokens (every
     other one first, then the lowest ids left), mapped by d2t/t2d. Its config has no rope_theta, like
     EAGLE's own training config (EAGLE then uses 10000)."""
@@ -108,10 +149,7 @@ def write_eagle3(folder: Path, target_model, draft_vocab: int, fmt: str = "safet
         "fc.weight": _randn(g, HIDDEN, 3 * HIDDEN),
         "midlayer.hidden_norm.weight": _norm_weight(g),
         "midlayer.input_layernorm.weight": _norm_weight(g),
-        "midlayer.self_attn.q_proj.weight": _randn(g, HEADS * 8, 2 * HIDDEN),
-        "midlayer.self_attn.k_proj.weight": _randn(g, KV_HEADS * 8, 2 * HIDDEN),
-        "midlayer.self_attn.v_proj.weight": _randn(g, KV_HEADS * 8, 2 * HIDDEN),
-        "midlayer.self_attn.o_proj.weight": _randn(g, HIDDEN, HEADS * 8),
+        **_attention(g, "midlayer.self_attn.", 2 * HIDDEN, head_dim, False),
         "midlayer.post_attention_layernorm.weight": _norm_weight(g),
         "midlayer.mlp.gate_proj.weight": _randn(g, FFN, HIDDEN),
         "midlayer.mlp.up_proj.weight": _randn(g, FFN, HIDDEN),
@@ -123,6 +161,7 @@ def write_eagle3(folder: Path, target_model, draft_vocab: int, fmt: str = "safet
     }
     tensors.pop(drop, None)
     cfg = _llama_config(vocab, draft_vocab_size=draft_vocab)
+    cfg.update(_shape_keys(head_dim, False))
     cfg.update(config)
     return _save(folder, cfg, tensors, fmt)
 
@@ -236,16 +275,46 @@ def _rotate_half(x):
     return torch.cat((-x2, x1), dim=-1)
 
 
-def _reference_attention(x, t, prefix, theta):
-    """LlamaAttention of EAGLE's cnets: causal over x [T, in] at positions 0..T-1; head_dim = H / heads."""
-    n, head_dim = x.shape[0], HIDDEN // HEADS
-    q = (x @ t[prefix + "q_proj.weight"].T).view(n, HEADS, head_dim).transpose(0, 1)
-    k = (x @ t[prefix + "k_proj.weight"].T).view(n, KV_HEADS, head_dim).transpose(0, 1)
-    v = (x @ t[prefix + "v_proj.weight"].T).view(n, KV_HEADS, head_dim).transpose(0, 1)
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2).float() / head_dim))
-    freqs = torch.outer(torch.arange(n).float(), inv_freq)
-    emb = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = emb.cos(), emb.sin()
+def _reference_rope(config: dict, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [T, head_dim] of rows fed in forwards of ``lengths`` rows each, from the config's θ and
+    ``rope_scaling`` through transformers' own rope functions (``ROPE_INIT_FUNCTIONS``). A dynamic
+    scaling is computed per forward from its furthest position (keys of earlier forwards were cached
+    rotated as they were then, in EAGLE's code as in transformers)."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    head_dim = config.get("head_dim") or HIDDEN // HEADS
+    theta = config.get("rope_theta", 10000.0)  # EAGLE's default
+    scaling = config.get("rope_scaling")
+    hf = LlamaConfig(hidden_size=HIDDEN, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=head_dim,
+                     max_position_embeddings=config["max_position_embeddings"], rope_theta=theta,
+                     rope_scaling=dict(scaling) if scaling else None)
+    cos, sin, start = [], [], 0
+    for length in lengths:
+        end = start + length
+        if scaling:
+            kind = scaling.get("rope_type", scaling.get("type"))
+            inv_freq, factor = ROPE_INIT_FUNCTIONS[kind](hf, "cpu", **({"seq_len": end} if kind == "dynamic" else {}))
+        else:
+            inv_freq, factor = 1.0 / (theta ** (torch.arange(0, head_dim, 2).float() / head_dim)), 1.0
+        emb = torch.outer(torch.arange(start, end).float(), inv_freq.float()).repeat(1, 2)
+        cos.append(emb.cos() * factor)
+        sin.append(emb.sin() * factor)
+        start = end
+    return torch.cat(cos), torch.cat(sin)
+
+
+def _reference_attention(x, t, prefix, rope, head_dim=HIDDEN // HEADS):
+    """LlamaAttention of EAGLE's cnets: causal over x [T, in] at positions 0..T-1 (biases when the
+    checkpoint has them); ``rope``: (cos, sin) [T, head_dim]."""
+    n = x.shape[0]
+
+    def project(name, heads):
+        return (x @ t[prefix + name + ".weight"].T + t.get(prefix + name + ".bias", 0.0)).view(n, heads, head_dim)
+
+    q, k, v = project("q_proj", HEADS), project("k_proj", KV_HEADS), project("v_proj", KV_HEADS)
+    q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+    cos, sin = rope
     q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
     k, v = k.repeat_interleave(HEADS // KV_HEADS, 0), v.repeat_interleave(HEADS // KV_HEADS, 0)
     scores = q @ k.transpose(1, 2) / math.sqrt(head_dim)
@@ -259,34 +328,89 @@ def _reference_mlp(x, t, prefix):
         t[prefix + "down_proj.weight"].T
 
 
-def reference_eagle1(t, embeds, features):
-    """cnets1.Model.forward + LlamaDecoderLayer(index 0): rows [T] → predicted features [T, H]."""
+def reference_eagle1(t, config, embeds, features, lengths):
+    """cnets1.Model.forward + its LlamaDecoderLayers: rows [T] → predicted features [T, H]."""
+    rope = _reference_rope(config, lengths)
+    head_dim = config.get("head_dim") or HIDDEN // HEADS
     x = torch.cat((embeds, torch.stack(features)), dim=-1) @ t["fc.weight"].T + t.get("fc.bias", 0.0)
-    x = x + _reference_attention(x, t, "layers.0.self_attn.", 5000.0)  # no input_layernorm in layer 0
-    return x + _reference_mlp(_rms(x, t["layers.0.post_attention_layernorm.weight"]), t, "layers.0.mlp.")
+    for i in range(config["num_hidden_layers"]):
+        p = f"layers.{i}."
+        h = x if i == 0 else _rms(x, t[p + "input_layernorm.weight"])  # layer 0 has no input_layernorm
+        x = x + _reference_attention(h, t, p + "self_attn.", rope, head_dim)
+        x = x + _reference_mlp(_rms(x, t[p + "post_attention_layernorm.weight"]), t, p + "mlp.")
+    return x
 
 
-def reference_eagle3(t, embeds, hidden):
+def reference_eagle3(t, config, embeds, hidden, lengths):
     """cnets.Model.forward + LlamaDecoderLayeremb: hidden rows are fc'd when 3H wide (true target
     states), else used as they are (the draft's own predictions)."""
     hidden = torch.stack([h @ t["fc.weight"].T if h.shape[-1] == 3 * HIDDEN else h for h in hidden])
     x = torch.cat((_rms(embeds, t["midlayer.input_layernorm.weight"]),
                    _rms(hidden, t["midlayer.hidden_norm.weight"])), dim=-1)
-    x = hidden + _reference_attention(x, t, "midlayer.self_attn.", 10000.0)
+    x = hidden + _reference_attention(x, t, "midlayer.self_attn.", _reference_rope(config, lengths),
+                                      config.get("head_dim") or HIDDEN // HEADS)
     return x + _reference_mlp(_rms(x, t["midlayer.post_attention_layernorm.weight"]), t, "midlayer.mlp.")
 
 
-@pytest.mark.parametrize("layout", ["eagle1", "eagle3"])
-def test_one_draft_step_equals_the_published_math(tmp_path, layout):
-    """Two draft tokens after a prompt: the first from rows fed with the target's states, the second
-    from a row fed with the draft's own prediction; probabilities and hidden states must match."""
-    target_model = eagle3_target() if layout == "eagle3" else tiny_llama(0, scale=6.0)
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 64}  # head_dim 8: wavelengths 6.3 (kept), 63 (blended), 630+ (÷ 8)
+VARIANTS = {  # published layouts: (eagle1|eagle3, writer options); each drafts what the reference computes
+    "eagle1": ("eagle1", {}),
+    "eagle3": ("eagle3", {}),
+    "eagle1-qkv-bias": ("eagle1", {"qkv_bias": True}),  # EAGLE's Qwen2 drafts (cnets1.py qkv_bias)
+    "eagle1-two-layers": ("eagle1", {"layers": 2}),
+    "eagle1-head-dim": ("eagle1", {"head_dim": 16}),
+    "eagle3-head-dim": ("eagle3", {"head_dim": 16}),  # Qwen3-style: heads × head_dim ≠ hidden size
+    "eagle3-llama3-rope": ("eagle3", {"rope_scaling": LLAMA3, "rope_theta": 500000.0}),  # Llama-3.1 EAGLE-3
+    "eagle1-llama3-rope": ("eagle1", {"rope_scaling": LLAMA3}),
+    "eagle3-yarn-rope": ("eagle3", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                                     "original_max_position_embeddings": 16}}),
+    "eagle1-linear-rope": ("eagle1", {"rope_scaling": {"type": "linear", "factor": 2.0}}),
+    "eagle1-dynamic-rope": ("eagle1", {"rope_scaling": {"type": "dynamic", "factor": 2.0},
+                                       "max_position_embeddings": 4}),  # the prompt passes 4 positions
+    "eagle1-sharded-safetensors": ("eagle1", {"fmt": "safetensors-sharded"}),
+    "eagle3-sharded-bin": ("eagle3", {"fmt": "bin-sharded"}),
+}
+
+
+def write_variant(name: str, target_model, folder: Path) -> tuple[Path, dict, dict]:
+    """The variant's folder, its tensors (read back independently of the loader) and its config."""
+    layout, options = VARIANTS[name]
     if layout == "eagle3":
-        folder = write_eagle3(tmp_path / "ckpt", target_model, draft_vocab=40)
-        tensors = load_file(str(folder / "model.safetensors"))
+        folder = write_eagle3(folder, target_model, draft_vocab=40, **options)
     else:
-        folder = write_eagle1(tmp_path / "ckpt", target_model)
-        tensors = torch.load(folder / "pytorch_model.bin", weights_only=True)
+        folder = write_eagle1(folder, target_model, **options)
+    tensors = {}
+    for path in folder.iterdir():
+        if path.suffix == ".safetensors":
+            tensors.update(load_file(str(path)))
+        elif path.suffix == ".bin":
+            tensors.update(torch.load(path, weights_only=True))
+    return folder, tensors, json.loads((folder / "config.json").read_text())
+
+
+def draft_two_tokens(target_model, folder, prompt):
+    """The drafter's two-token block after ``prompt`` (its rows fed from the prefill, as the engine does)."""
+    target = adapter(target_model)
+    sampling = SamplingParams()
+    drafter = EagleDrafter(EagleConfig(path=str(folder)), Resources(target=target, draft=None, sampling=sampling))
+    target.reset()
+    prefill = target.forward(prompt[:-1], logits_from=len(prompt) - 1, hidden=drafter.target_layers or True)
+    state = DecodeState(list(prompt), len(prompt), 8, sampling, torch.Generator().manual_seed(0), frozenset())
+    drafter.pacer_start(state=state)  # the prompt's rows arrive with step 0's record, as from the engine
+    step0 = SimpleNamespace(target_hidden=prefill.hidden_states, target_hidden_start=0)
+    drafter.pacer_observe_step(state=state, step=step0)
+    return drafter.pacer_propose(state=state, draft=Draft(), num_tokens=2)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_two_draft_steps_equal_the_published_math(tmp_path, variant):
+    """Two draft tokens after a prompt: the first from rows fed with the target's states, the second
+    from a row fed with the draft's own prediction; probabilities and hidden states must match a
+    plain implementation of the publisher's network (biases, head size, rope scaling, layers)."""
+    layout = VARIANTS[variant][0]
+    target_model = eagle3_target() if layout == "eagle3" else tiny_llama(0, scale=6.0)
+    folder, tensors, config = write_variant(variant, target_model, tmp_path / "ckpt")
     prompt = [1, 7, 9, 7, 9, 7, 3]
     with torch.no_grad():
         states = target_model(torch.tensor([prompt[:-1]]), output_hidden_states=True).hidden_states
@@ -310,25 +434,33 @@ def test_one_draft_step_equals_the_published_math(tmp_path, layout):
         rows = list(torch.cat([states[2][0], states[4][0], states[5][0]], -1))  # inputs of layers 2, 4, 5
         predict = reference_eagle3
     embeds = embed[prompt[1:]]
-    out = predict(tensors, embeds, rows)
+    out = predict(tensors, config, embeds, rows, [len(rows)])
     first_probs = reference_probs(out[-1])
     first = int(first_probs.argmax())
-    out2 = predict(tensors, torch.cat([embeds, embed[[first]]]), rows + [out[-1]])
+    out2 = predict(tensors, config, torch.cat([embeds, embed[[first]]]), rows + [out[-1]], [len(rows), 1])
     second_probs = reference_probs(out2[-1])
 
-    target = adapter(target_model)
-    sampling = SamplingParams()
-    drafter = EagleDrafter(EagleConfig(path=str(folder)), Resources(target=target, draft=None, sampling=sampling))
-    target.reset()
-    prefill = target.forward(prompt[:-1], logits_from=len(prompt) - 1, hidden=drafter.target_layers or True)
-    state = DecodeState(list(prompt), len(prompt), 8, sampling, torch.Generator().manual_seed(0), frozenset())
-    drafter.pacer_start(state=state)  # the prompt's rows arrive with step 0's record, as from the engine
-    step0 = SimpleNamespace(target_hidden=prefill.hidden_states, target_hidden_start=0)
-    drafter.pacer_observe_step(state=state, step=step0)
-    block = drafter.pacer_propose(state=state, draft=Draft(), num_tokens=2)
+    block = draft_two_tokens(target_model, folder, prompt)
     assert block.tokens.tolist() == [first, int(second_probs.argmax())]
     assert torch.allclose(block.draft_probs, torch.stack([first_probs, second_probs]), atol=1e-5)
     assert torch.allclose(block.hidden_states, torch.stack([out[-1], out2[-1]]), atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", ["eagle1-qkv-bias", "eagle3-llama3-rope", "eagle1-dynamic-rope",
+                                     "eagle3-yarn-rope"])
+def test_each_variant_changes_the_draft(tmp_path, variant):
+    """The variants matter: the same weights drafted without the bias or the scaling differ (so the
+    equality above could not hold by ignoring them)."""
+    layout = VARIANTS[variant][0]
+    target_model = eagle3_target() if layout == "eagle3" else tiny_llama(0, scale=6.0)
+    folder, _, config = write_variant(variant, target_model, tmp_path / "ckpt")
+    prompt = [1, 7, 9, 7, 9, 7, 3]
+    honoured = draft_two_tokens(target_model, folder, prompt)
+    config.pop("qkv_bias", None)
+    config.pop("rope_scaling", None)
+    (folder / "config.json").write_text(json.dumps(config))
+    ignored = draft_two_tokens(target_model, folder, prompt)
+    assert (honoured.hidden_states - ignored.hidden_states).abs().max() > 1e-3
 
 
 def test_the_target_pass_returns_the_declared_layers_inputs():
@@ -503,3 +635,76 @@ def test_context_vocab_is_refused_for_a_head_of_the_whole_vocabulary(tmp_path):
     assert engine.generate(prompt, max_new_tokens=20).tokens == reference_greedy(target_model, prompt, 20)
     drafter = next(p for p in engine.pm.get_plugins() if type(p).__name__ == "EagleDrafter")
     assert set(drafter.vocab[drafter.bias == 1.0].tolist()) >= {1, 7, 9}
+
+
+@pytest.mark.parametrize("key,value,needle", [
+    ("num_attention_heads", 0, "num_attention_heads must be a whole number ≥ 1, not 0"),
+    ("hidden_size", "abc", "hidden_size must be a whole number ≥ 1, not 'abc'"),
+    ("hidden_size", [576], "hidden_size must be a whole number ≥ 1, not [576]"),
+    ("intermediate_size", -5, "intermediate_size must be a whole number ≥ 1, not -5"),
+    ("rope_theta", "fast", "rope_theta must be a number > 0, not 'fast'"),
+    ("num_key_value_heads", 3, "num_attention_heads (4) must be a multiple of num_key_value_heads (3)"),
+    ("head_dim", 7, "head_dim must be even"),
+    ("rms_norm_eps", float("nan"), "rms_norm_eps must be a number > 0"),
+    ("bias", "yes", "bias must be true or false, not 'yes'"),
+    ("qkv_bias", 1, "qkv_bias must be true or false, not 1"),
+    ("num_hidden_layers", 1.5, "num_hidden_layers must be a whole number ≥ 1, not 1.5"),
+    ("vocab_size", True, "vocab_size must be a whole number ≥ 1, not True"),
+])
+def test_a_config_value_of_the_wrong_type_is_refused_naming_the_key(tmp_path, key, value, needle):
+    target_model = tiny_llama(0)
+    folder = write_eagle1(tmp_path / "ckpt", target_model)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, key: value}))
+    message = refusal(target_model, folder)
+    assert needle in message and "config.json" in message
+
+
+@pytest.mark.parametrize("layout,config,needle", [
+    ("eagle3", {"rope_scaling": {"rope_type": "longrope", "factor": 2.0}}, "rope_scaling type 'longrope' is not supported"),
+    ("eagle1", {"rope_scaling": {"type": "linear"}}, "rope_scaling has no 'factor'"),
+    ("eagle1", {"rope_scaling": {"type": "linear", "factor": "x"}}, "rope_scaling factor must be a number > 0"),
+    ("eagle3", {"rope_scaling": {**LLAMA3, "beta_fast": 2}}, "rope_scaling key 'beta_fast' is not supported"),
+    ("eagle3", {"rope_scaling": "llama3"}, "rope_scaling must be an object"),
+    ("eagle1", {"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported"),
+    ("eagle1", {"attention_bias": True}, "attention_bias: True is not supported"),
+    ("eagle1", {"mlp_bias": True}, "mlp_bias: True is not supported"),
+    ("eagle1", {"partial_rotary_factor": 0.5}, "partial_rotary_factor 0.5 is not supported"),
+    ("eagle3", {"qkv_bias": True}, "qkv_bias: True is not supported"),
+    ("eagle3", {"num_hidden_layers": 2}, "only one-layer EAGLE-3 drafts"),
+    ("eagle3", {"draft_vocab_size": 80}, "draft_vocab_size (80) exceeds vocab_size (64)"),
+    ("eagle1", {"speculative_token_map": "../map.pt"}, "speculative_token_map must name a file beside"),
+    ("eagle1", {"speculative_token_map": "map.pt"}, "map.pt' (the config's speculative_token_map) is missing"),
+])
+def test_an_unsupported_key_is_refused_by_name(tmp_path, layout, config, needle):
+    if layout == "eagle3":
+        target_model = eagle3_target()
+        folder = write_eagle3(tmp_path / "ckpt", target_model, draft_vocab=40, **config)
+    else:
+        target_model = tiny_llama(0)
+        folder = write_eagle1(tmp_path / "ckpt", target_model, **config)
+    assert needle in refusal(target_model, folder)
+
+
+def test_a_damaged_shard_index_is_refused(tmp_path):
+    target_model = tiny_llama(0)
+    folder = write_eagle1(tmp_path / "ckpt", target_model, fmt="safetensors-sharded")
+    index = folder / "model.safetensors.index.json"
+    data = json.loads(index.read_text())
+    (folder / "model-00002-of-00002.safetensors").unlink()
+    assert "names shard 'model-00002-of-00002.safetensors', which is missing" in refusal(target_model, folder)
+    folder = write_eagle1(tmp_path / "moved", target_model, fmt="safetensors-sharded")
+    data["weight_map"]["fc.weight"] = "model-00002-of-00002.safetensors" \
+        if data["weight_map"]["fc.weight"].startswith("model-00001") else "model-00001-of-00002.safetensors"
+    (folder / "model.safetensors.index.json").write_text(json.dumps(data))
+    assert "places tensor 'fc.weight' in" in refusal(target_model, folder)
+    data["weight_map"]["fc.weight"] = "../elsewhere.safetensors"
+    (folder / "model.safetensors.index.json").write_text(json.dumps(data))
+    assert "not a .safetensors file beside the index" in refusal(target_model, folder)
+    (folder / "model.safetensors.index.json").write_text("{}")
+    assert "has no 'weight_map'" in refusal(target_model, folder)
+    folder = write_eagle1(tmp_path / "planted", target_model, fmt="bin-sharded")
+    marker = tmp_path / "planted-marker"
+    torch.save({"fc.weight": Planted(str(marker))}, folder / "pytorch_model-00001-of-00002.bin")
+    assert "cannot be loaded as PyTorch weights" in refusal(target_model, folder)
+    assert not marker.exists()

@@ -189,14 +189,14 @@ class EagleDrafter:
             self.target_layers = published.target_layers  # the engine returns these layers' inputs
             self.draft_identity = published.identity
             self.stop_thresholds: dict[str, float] = {}  # the stops' own defaults
-            subset = published.vocab if published.layout == "eagle3" else torch.arange(target.vocab_size)
+            subset = published.vocab if published.vocab is not None else torch.arange(target.vocab_size)
         self.net.to(device=device, dtype=self.dtype).requires_grad_(False)
         self.embed = embed
         if packed:
             pack_linears(self.net)
         if self.layout == "eagle3":
             self.head = self.net.logits  # the draft's own norm and head over its vocabulary
-        elif self.layout == "eagle1":
+        elif self.layout == "eagle1" and len(subset) == target.vocab_size:
             self.head = PackedMatrix(head.to(self.dtype), pack=packed)  # the target's full head
         else:
             self.head = PackedMatrix(head[subset.to(device)].to(self.dtype), pack=packed)  # x @ [subset, hidden].T
@@ -249,7 +249,7 @@ class EagleDrafter:
         self.row_tokens: list[int] = []  # token x_{r+1} fed at row r
         self.row_out: list[torch.Tensor] = []  # predicted f_{r+1} from row r
         self.level: Optional[_Level] = None  # the latest level of this step's tree (tree mode)
-        self._row_mask: dict[int, torch.Tensor] = {}  # tree rows: the cache rows each may see
+        self._tree_seen: Optional[torch.Tensor] = None  # [r, r] bool: the step's tree rows each tree row sees
         self.vocab = self.subset  # target id of each draft logit: the subset, then context tokens outside it
         self.extra_head: Optional[torch.Tensor] = None  # [extra, hidden]: the target's rows of those tokens
         self._column = torch.full((self.vocab_size,), -1, dtype=torch.long)  # draft logit of each id, -1: none
@@ -290,12 +290,17 @@ class EagleDrafter:
         if self.context_bias:
             logits = logits + self.bias
         if self.suffix_length and suffixes is not None:
+            rows, tokens, bonuses = [], [], []
             for row, suffix in enumerate(suffixes):
-                for token, bonus in path_bonus(self._index, self.lookup_bias, self.corpus, self.corpus_bias,
-                                               suffix).items():
-                    column = int(self._column[token])
-                    if column >= 0:
-                        logits[row, column] += bonus
+                bonus = path_bonus(self._index, self.lookup_bias, self.corpus, self.corpus_bias, suffix)
+                rows += [row] * len(bonus)
+                tokens += bonus.keys()
+                bonuses += bonus.values()
+            if tokens:  # one indexed add (no two entries share a cell: a row's tokens are distinct)
+                columns = self._column[tokens]  # [m]
+                said = columns >= 0
+                logits.index_put_((torch.tensor(rows)[said], columns[said]),
+                                  torch.tensor(bonuses, dtype=logits.dtype)[said], accumulate=True)
         return logits
 
     @torch.inference_mode()
@@ -409,7 +414,7 @@ class EagleDrafter:
         level in one tree-masked forward and keeps the best children."""
         tree, forwards = self.tree, 0
         if draft.num_nodes == 0:  # a new step: drop the previous tree's rows, sync with the context
-            self.level, self._row_mask = None, {}
+            self.level, self._tree_seen = None, None
             context = state.tokens
             if len(self.features) == 0:
                 return None  # step 0 (the prefill): no target feature yet, it decodes plainly
@@ -462,18 +467,17 @@ class EagleDrafter:
         """Feed the latest level's nodes (token, the feature that chose it) in one forward; each row
         sees the context rows, its ancestors' rows and itself. Returns their predicted features."""
         start, base = len(self.cache), len(self.row_tokens)
-        f = len(level.tokens)
-        mask = torch.zeros(f, start + f, dtype=torch.bool)
-        mask[:, :base] = True
-        for i, parent_row in enumerate(level.parent_rows):
-            mask[i, start + i] = True
-            if parent_row is not None:
-                seen = self._row_mask[parent_row]  # the parent's row and what it sees
-                mask[i, : seen.shape[0]] |= seen
+        f, r = len(level.tokens), start - base  # r: the tree rows cached before this level
+        seen = torch.zeros(f, r + f, dtype=torch.bool)  # [f, r + f]: the tree rows each new row sees
+        children = [i for i, row in enumerate(level.parent_rows) if row is not None]
+        if children:  # a parent's row and what it sees
+            seen[children, :r] = self._tree_seen[[level.parent_rows[i] - base for i in children]]
+        seen[:, r:] = torch.eye(f, dtype=torch.bool)
+        mask = torch.cat([torch.ones(f, base, dtype=torch.bool), seen], 1)  # [f, start + f]
         positions = torch.full((f,), base + level.depth - 1)
         out = self.net(self.embed[level.tokens].to(self.dtype), level.parent_features, positions, self.cache, mask)
-        for i in range(f):
-            self._row_mask[start + i] = mask[i]
+        self._tree_seen = seen if not r else torch.cat(
+            [torch.nn.functional.pad(self._tree_seen, (0, f)), seen])
         level.rows = [start + i for i in range(f)]
         return out
 

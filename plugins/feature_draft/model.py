@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Union
 
 import attrs
 import torch
@@ -31,6 +31,8 @@ from torch.nn import functional as F
 
 from pacer_core.errors import InputError
 from pacer_core.jsonfile import read_json
+
+from .rotary import Rotary
 
 WEIGHTS = "draft.safetensors"
 CONFIG = "config.json"
@@ -51,6 +53,9 @@ class ArchConfig:
     input_norm: bool = True  # RMS norm before attention (EAGLE-1 checkpoints have none in layer 0)
     fc_bias: bool = False  # fc has a bias (EAGLE-1 checkpoints: their config's `bias`, default true)
     extra_layers: int = 0  # decoder layers after the first (a deeper draft; EAGLE's has none)
+    qkv_bias: bool = False  # q/k/v projections have biases (EAGLE checkpoints whose config says qkv_bias)
+    rope_scaling: Optional[dict] = None  # a Llama config's rope_scaling (rotary.py); None: plain rotary
+    max_position_embeddings: int = 2048  # read by rope_scaling types dynamic and yarn only
 
 
 class RMSNorm(nn.Module):
@@ -65,12 +70,17 @@ class RMSNorm(nn.Module):
         return (wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary embedding (half-split layout) for x: [..., T, head_dim], positions: [T]."""
+def rope(x: torch.Tensor, positions: torch.Tensor, theta: Union[float, Rotary]) -> torch.Tensor:
+    """Rotary embedding (half-split layout) for x: [..., T, head_dim], positions: [T]; ``theta``: θ of
+    plain rotary embeddings, or a ``Rotary`` with a scaling."""
     half = x.shape[-1] // 2
-    freqs = theta ** (-torch.arange(half, dtype=torch.float32, device=x.device) / half)
-    angles = positions.to(x.device).float()[:, None] * freqs[None]  # [T, half]
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    if isinstance(theta, Rotary):
+        cos, sin = theta.cos_sin(2 * half, positions.to(x.device))  # [T, half]
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    else:
+        freqs = theta ** (-torch.arange(half, dtype=torch.float32, device=x.device) / half)
+        angles = positions.to(x.device).float()[:, None] * freqs[None]  # [T, half]
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
@@ -190,9 +200,9 @@ def add_decoder_weights(module: nn.Module, arch: "ArchConfig", input_norm: bool 
     attention, as layer 0 of EAGLE-1 checkpoints)."""
     d, h, kv, hd = arch.hidden_size, arch.num_heads, arch.num_kv_heads, arch.head_dim
     module.input_norm = RMSNorm(d, arch.rms_eps) if input_norm else nn.Identity()
-    module.q_proj = nn.Linear(d, h * hd, bias=False)
-    module.k_proj = nn.Linear(d, kv * hd, bias=False)
-    module.v_proj = nn.Linear(d, kv * hd, bias=False)
+    module.q_proj = nn.Linear(d, h * hd, bias=arch.qkv_bias)
+    module.k_proj = nn.Linear(d, kv * hd, bias=arch.qkv_bias)
+    module.v_proj = nn.Linear(d, kv * hd, bias=arch.qkv_bias)
     module.o_proj = nn.Linear(h * hd, d, bias=False)
     module.post_norm = RMSNorm(d, arch.rms_eps)
     module.gate_proj = nn.Linear(d, arch.intermediate_size, bias=False)
@@ -224,6 +234,7 @@ class FeatureDraft(nn.Module):
     def __init__(self, arch: ArchConfig):
         super().__init__()
         self.arch = arch
+        self.rotary = rotary_of(arch)
         self.fc = nn.Linear(2 * arch.hidden_size, arch.hidden_size, bias=arch.fc_bias)
         add_decoder_weights(self, arch, arch.input_norm)
         self.extra = nn.ModuleList([DecoderLayer(arch) for _ in range(arch.extra_layers)])
@@ -242,7 +253,7 @@ class FeatureDraft(nn.Module):
         if squeeze:
             token_embeds, features = token_embeds[None], features[None]
         a = self.arch
-        shape = (a.num_heads, a.num_kv_heads, a.head_dim, a.rope_theta)
+        shape = (a.num_heads, a.num_kv_heads, a.head_dim, self.rotary)
         x = self.fc(torch.cat([token_embeds, features], dim=-1))  # EAGLE-1: cat((embeds, features))
         x = decoder_block(self, x, positions, cache, mask, shape)
         for i, layer in enumerate(self.extra, start=1):
@@ -265,6 +276,14 @@ class FeatureDraft(nn.Module):
         return net
 
 
+def rotary_of(arch) -> Union[float, Rotary]:
+    """What ``rope`` rotates a draft layer with: θ alone, or a ``Rotary`` when the arch has a scaling."""
+    if arch.rope_scaling is None:
+        return arch.rope_theta
+    return Rotary.parse(arch.rope_theta, arch.rope_scaling, arch.max_position_embeddings,
+                        lambda message: InputError(f"draft rope_scaling: {message}"))
+
+
 def head_logits(features: torch.Tensor, head_weight_subset: torch.Tensor) -> torch.Tensor:
     """Draft logits over the vocabulary subset: features [..., d] @ W_subset.T → [..., subset]."""
     return features @ head_weight_subset.T
@@ -285,6 +304,9 @@ class Eagle3Arch:
     vocab_size: int = 0  # the target's (drafts `pacer distill` makes; 0 = not recorded, published ones)
     target_layers: List[int] = attrs.field(factory=list)  # target decoder layers whose inputs fc reads
     # (drafts `pacer distill` makes; [] = published ones, which read EAGLE-3's 2, L // 2, L − 3)
+    qkv_bias: bool = False  # as ArchConfig's
+    rope_scaling: Optional[dict] = None
+    max_position_embeddings: int = 2048
 
 
 class Eagle3Draft(nn.Module):
@@ -298,13 +320,14 @@ class Eagle3Draft(nn.Module):
     def __init__(self, arch: Eagle3Arch):
         super().__init__()
         self.arch = arch
+        self.rotary = rotary_of(arch)
         d, h, kv, hd = arch.hidden_size, arch.num_heads, arch.num_kv_heads, arch.head_dim
         self.fc = nn.Linear(arch.fused_size, d, bias=False)
         self.hidden_norm = RMSNorm(d, arch.rms_eps)
         self.input_norm = RMSNorm(d, arch.rms_eps)
-        self.q_proj = nn.Linear(2 * d, h * hd, bias=False)
-        self.k_proj = nn.Linear(2 * d, kv * hd, bias=False)
-        self.v_proj = nn.Linear(2 * d, kv * hd, bias=False)
+        self.q_proj = nn.Linear(2 * d, h * hd, bias=arch.qkv_bias)
+        self.k_proj = nn.Linear(2 * d, kv * hd, bias=arch.qkv_bias)
+        self.v_proj = nn.Linear(2 * d, kv * hd, bias=arch.qkv_bias)
         self.o_proj = nn.Linear(h * hd, d, bias=False)
         self.post_norm = RMSNorm(d, arch.rms_eps)
         self.gate_proj = nn.Linear(d, arch.intermediate_size, bias=False)
@@ -329,7 +352,7 @@ class Eagle3Draft(nn.Module):
             token_embeds, features = token_embeds[None], features[None]
         a = self.arch
         h = torch.cat([self.input_norm(token_embeds), self.hidden_norm(features)], dim=-1)  # [B, T, 2d]
-        x = features + attend(self, h, positions, cache, mask, (a.num_heads, a.num_kv_heads, a.head_dim, a.rope_theta))
+        x = features + attend(self, h, positions, cache, mask, (a.num_heads, a.num_kv_heads, a.head_dim, self.rotary))
         h = self.post_norm(x)
         x = x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
         return x[0] if squeeze else x

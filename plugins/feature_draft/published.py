@@ -1,31 +1,32 @@
 """Published EAGLE checkpoints (SafeAILab/EAGLE and the models trained with it), read as downloaded.
 
-Such a folder holds ``config.json`` (a one-layer Llama config) and ``pytorch_model.bin`` or
-``model.safetensors``, no manifest and no record of its target. The layout is recognised from the
-tensor names:
+Such a folder holds ``config.json`` (a Llama config of the draft) and its weights (one file or shards
+with an index, published_files.py), no manifest and no record of its target. The layout is
+recognised from the tensor names:
 
 - **EAGLE-1/2** (``eagle/model/cnets1.py``): ``fc`` (2d → d, bias unless the config says
-  ``bias: false``) over cat(embed(x_{t+1}), f_t), then ``layers.0.*``: attention without an input
-  norm (layer 0 skips it), ``post_attention_layernorm``, the MLP. No final norm, no output layer:
-  the logits are the target's head over the full vocabulary. This is ``FeatureDraft`` with
-  ``input_norm=False``.
+  ``bias: false``) over cat(embed(x_{t+1}), f_t), then ``layers.{i}.*``: attention (q/k/v biases when
+  the config says ``qkv_bias: true``) without an input norm in layer 0 (later layers have
+  ``input_layernorm``), ``post_attention_layernorm``, the MLP. No final norm, no output layer: the
+  logits are the target's head over the full vocabulary, or over the token map the config names
+  (``speculative_token_map``, written by ``pacer export``). This is ``FeatureDraft`` with
+  ``input_norm=False`` and ``extra_layers`` = layers − 1.
 - **EAGLE-3** (``eagle/model/cnets.py``): ``fc`` (3d → d) over the inputs of target decoder layers
   2, L // 2 and L − 3 (the engine returns them when the drafter declares ``target_layers``),
   ``midlayer.*`` with ``hidden_norm`` and ``input_layernorm``, attention over 2d inputs, ``norm``
   and an own ``lm_head`` over a reduced draft vocabulary mapped to target ids by ``d2t`` (target
   id = draft id + d2t[draft id]). This is ``Eagle3Draft``.
 
-``embed_tokens.weight``, when present, is checked against the target and ignored: the drafter uses
-the target's embeddings. Other tensors the math does not use are ignored, as EAGLE's own loader
-does; every tensor it uses must be present with its shape. ``.bin`` files are unpickled with
-``weights_only=True`` only.
+The config's values are checked one by one (published_config.py); ``head_dim``, ``rope_scaling``
+(linear, dynamic, yarn, llama3 as transformers defines them, rotary.py) and ``qkv_bias`` are honoured,
+and keys of variants not implemented here are refused by name. ``embed_tokens.weight``, when present,
+is checked against the target and ignored: the drafter uses the target's embeddings. Other tensors
+the math does not use are ignored, as EAGLE's own loader does; every tensor it uses must be present
+with its shape.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import zipfile
 from pathlib import Path
 from typing import Any, Optional
 
@@ -35,10 +36,8 @@ import torch
 from pacer_core import InputError
 
 from .model import ArchConfig, Eagle3Arch, Eagle3Draft, FeatureDraft
-
-CONFIG = "config.json"
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
-FIX = "download the checkpoint again"
+from .published_config import check_config, read_config
+from .published_files import FIX, digest, read_tensors, read_token_map, weights_file  # noqa: F401 (re-exported)
 
 # our module name → the EAGLE-1/2 tensor name (FeatureDraft)
 EAGLE1_NAMES = {
@@ -76,59 +75,32 @@ class Published:
 
     layout: str  # "eagle1" (EAGLE-1/2) or "eagle3"
     net: torch.nn.Module  # FeatureDraft or Eagle3Draft, float32 on the CPU
-    vocab: Optional[torch.Tensor]  # [draft vocab] target ids of the draft's own head (EAGLE-3); None: the target's head
+    vocab: Optional[torch.Tensor]  # [draft vocab] target ids of the draft's logits; None: the target's whole head
     target_layers: Optional[tuple[int, ...]]  # target decoder layers whose inputs the draft reads; None: the last layer
     identity: str  # names the weights for PACER's M_B (Resources.draft_identity)
 
 
-def weights_file(folder: Path) -> Optional[Path]:
-    """The weights file of an EAGLE checkpoint folder (config.json + one weights file), else None."""
-    if not (folder / CONFIG).is_file():
-        return None
-    return next((folder / name for name in WEIGHT_FILES if (folder / name).is_file()), None)
+def eagle1_names(layers: int, qkv_bias: bool, fc_bias: bool) -> dict[str, str]:
+    """Our module name → the EAGLE-1/2 tensor name, for a draft of ``layers`` decoder layers."""
+    names = {ours: theirs for ours, theirs in EAGLE1_NAMES.items()}
+    if fc_bias:
+        names["fc.bias"] = "fc.bias"
+    if qkv_bias:
+        names.update({f"{p}.bias": f"layers.0.self_attn.{p}.bias" for p in ("q_proj", "k_proj", "v_proj")})
+    for i in range(1, layers):
+        for ours, theirs in list(names.items()):
+            if theirs.startswith("layers.0."):
+                names[f"extra.{i - 1}.{ours}"] = theirs.replace("layers.0.", f"layers.{i}.")
+        names[f"extra.{i - 1}.input_norm.weight"] = f"layers.{i}.input_layernorm.weight"
+    return names
 
 
-def read_tensors(path: Path) -> dict[str, torch.Tensor]:
-    """The tensors of a checkpoint file; anything unreadable is one ``InputError``."""
-    if path.suffix == ".safetensors":
-        from pacer_core.hf import load_safetensors
-
-        state = load_safetensors(path, FIX)
-    else:
-        try:  # never unpickle arbitrary objects: plain tensors only
-            state = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
-        except Exception as exc:  # noqa: BLE001 — corrupt, truncated or holding more than tensors
-            raise InputError(f"'{path}' cannot be loaded as PyTorch weights ({type(exc).__name__}): it is truncated, "
-                             f"corrupt or holds more than tensors; {FIX}") from exc
-    if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
-                                              for k, v in state.items()):
-        raise InputError(f"'{path}' does not hold a dict of named tensors: it is not an EAGLE checkpoint")
-    return state
-
-
-def _read_config(folder: Path) -> dict[str, Any]:
-    try:
-        config = json.loads((folder / CONFIG).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"'{folder / CONFIG}' cannot be read as JSON ({type(exc).__name__}): {FIX}") from exc
-    if not isinstance(config, dict):
-        raise InputError(f"'{folder / CONFIG}' is not a JSON object: {FIX}")
-    return config
-
-
-def _field(config: dict, key: str, folder: Path, default: Any = None) -> Any:
-    value = config.get(key, default)
-    if value is None:
-        raise InputError(f"'{folder / CONFIG}' has no '{key}': it is not an EAGLE checkpoint config")
-    return value
-
-
-def _file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()[:16]
+def eagle3_names(qkv_bias: bool = False) -> dict[str, str]:
+    """Our module name → the EAGLE-3 tensor name."""
+    names = dict(EAGLE3_NAMES)
+    if qkv_bias:
+        names.update({f"{p}.bias": f"midlayer.self_attn.{p}.bias" for p in ("q_proj", "k_proj", "v_proj")})
+    return names
 
 
 def _fill(net: torch.nn.Module, state: dict[str, torch.Tensor], names: dict[str, str], path: Path) -> None:
@@ -142,6 +114,8 @@ def _fill(net: torch.nn.Module, state: dict[str, torch.Tensor], names: dict[str,
         if tuple(tensor.shape) != tuple(own[ours].shape):
             raise InputError(f"'{path}': tensor '{theirs}' has shape {tuple(tensor.shape)}, but its config.json "
                              f"implies {tuple(own[ours].shape)}: the config and weights do not belong together")
+        if not tensor.is_floating_point():
+            raise InputError(f"'{path}': tensor '{theirs}' holds {tensor.dtype} values, not weights; {FIX}")
         loaded[ours] = tensor.float()
     net.load_state_dict(loaded, strict=False)
 
@@ -151,7 +125,7 @@ def load_published(folder: Path, target: Any) -> Published:
     does not fit the target or cannot be read is one ``InputError``."""
     path = weights_file(folder)
     assert path is not None
-    config = _read_config(folder)
+    config = read_config(folder)
     state = read_tensors(path)
     if any(name.startswith("midlayer.") for name in state):
         layout = "eagle3"
@@ -160,52 +134,39 @@ def load_published(folder: Path, target: Any) -> Published:
     else:
         raise InputError(f"'{path}' holds neither EAGLE-1/2 tensors (layers.0.*) nor EAGLE-3 tensors (midlayer.*): "
                          "it is not an EAGLE checkpoint")
-    hidden = int(_field(config, "hidden_size", folder))
-    vocab = int(_field(config, "vocab_size", folder))
-    heads = int(_field(config, "num_attention_heads", folder))
-    kv_heads = int(config.get("num_key_value_heads") or heads)
+    c = check_config(config, folder, layout)
     name = "EAGLE-3" if layout == "eagle3" else "EAGLE-1/2"
-    if hidden != target.hidden_size:
-        raise InputError(f"{name} checkpoint '{folder}' has hidden size {hidden}, but the target's is "
+    if c.hidden_size != target.hidden_size:
+        raise InputError(f"{name} checkpoint '{folder}' has hidden size {c.hidden_size}, but the target's is "
                          f"{target.hidden_size}: use the checkpoint published for this target")
-    if vocab != target.vocab_size:
-        raise InputError(f"{name} checkpoint '{folder}' has a vocabulary of {vocab} tokens, but the target's has "
-                         f"{target.vocab_size}: use the checkpoint published for this target")
+    if c.vocab_size != target.vocab_size:
+        raise InputError(f"{name} checkpoint '{folder}' has a vocabulary of {c.vocab_size} tokens, but the target's "
+                         f"has {target.vocab_size}: use the checkpoint published for this target")
     embed = state.get("embed_tokens.weight")
-    target_hidden = config.get("target_hidden_size")
-    if target_hidden is not None and int(target_hidden) != hidden:
-        raise InputError(f"{name} checkpoint '{folder}' reads target states of size {target_hidden} into a draft of "
-                         f"hidden size {hidden}: drafts narrower than their target are not supported")
+    if c.target_hidden_size is not None and c.target_hidden_size != c.hidden_size:
+        raise InputError(f"{name} checkpoint '{folder}' reads target states of size {c.target_hidden_size} into a "
+                         f"draft of hidden size {c.hidden_size}: drafts narrower than their target are not supported")
     if embed is not None and tuple(embed.shape) != (target.vocab_size, target.hidden_size):
         raise InputError(f"{name} checkpoint '{folder}' has embeddings of shape {tuple(embed.shape)}, but the "
                          f"target's are {(target.vocab_size, target.hidden_size)}: use the checkpoint published "
                          "for this target")
-    if config.get("rope_scaling"):
-        raise InputError(f"{name} checkpoint '{folder}': rope_scaling {config['rope_scaling']} is not supported "
-                         "(only plain rotary embeddings)")
-    if config.get("norm_before_residual"):
-        raise InputError(f"{name} checkpoint '{folder}': norm_before_residual (a variant of other trainers) is not "
-                         "supported; use a checkpoint in the SafeAILab/EAGLE layout")
-    shape = dict(hidden_size=hidden, num_heads=heads, num_kv_heads=kv_heads, head_dim=hidden // heads,
-                 intermediate_size=int(_field(config, "intermediate_size", folder)),
-                 rope_theta=float(config.get("rope_theta") or 10000.0),  # EAGLE's default when absent
-                 rms_eps=float(config.get("rms_norm_eps") or 1e-6))
-    identity = f"{layout}:{_file_digest(path)}"
+    identity = f"{layout}:{digest(path)}"
     if layout == "eagle1":
-        if int(config.get("num_hidden_layers", 1)) != 1:
-            raise InputError(f"{name} checkpoint '{folder}' has {config['num_hidden_layers']} layers; only "
-                             "one-layer EAGLE drafts are supported")
-        bias = bool(config.get("bias", True))  # EAGLE's default
-        net = FeatureDraft(ArchConfig(vocab_size=vocab, subset_size=vocab, input_norm=False, fc_bias=bias, **shape))
-        names = dict(EAGLE1_NAMES, **({"fc.bias": "fc.bias"} if bias else {}))
-        _fill(net, state, names, path)
-        net.subset.copy_(torch.arange(vocab))
-        return Published(layout, net.eval(), None, None, identity)
+        ids = None
+        if c.token_map is not None:  # the draft vocabulary `pacer export` writes (SGLang's token map)
+            ids = read_token_map(folder / c.token_map, c.vocab_size)
+            identity += f"+{digest(folder / c.token_map)[:8]}"
+        net = FeatureDraft(ArchConfig(vocab_size=c.vocab_size, subset_size=c.vocab_size if ids is None else len(ids),
+                                      input_norm=False, fc_bias=c.fc_bias, extra_layers=c.num_layers - 1,
+                                      **c.arch_fields()))
+        _fill(net, state, eagle1_names(c.num_layers, c.qkv_bias, c.fc_bias), path)
+        net.subset.copy_(torch.arange(c.vocab_size) if ids is None else ids)
+        return Published(layout, net.eval(), ids, None, identity)
     layers = eagle3_layers(target.num_layers)
-    draft_vocab = int(config.get("draft_vocab_size") or vocab)
-    net = Eagle3Draft(Eagle3Arch(draft_vocab_size=draft_vocab, fused_size=3 * hidden, **shape))
-    _fill(net, state, EAGLE3_NAMES, path)
-    ids = draft_vocabulary(state, draft_vocab, vocab, path)
+    net = Eagle3Draft(Eagle3Arch(draft_vocab_size=c.draft_vocab_size, fused_size=3 * c.hidden_size,
+                                 **c.arch_fields()))
+    _fill(net, state, eagle3_names(c.qkv_bias), path)
+    ids = draft_vocabulary(state, c.draft_vocab_size, c.vocab_size, path)
     net.subset.copy_(ids)
     return Published(layout, net.eval(), ids, layers, identity)
 

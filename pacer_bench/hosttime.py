@@ -1,0 +1,308 @@
+"""Host time per step: what a decoding step costs outside the model forwards (docs/host-time.md).
+
+On a GPU every step pays this time on top of its forwards: the drafter's logic (tree growth and
+selection), masks and positions, the verifier's acceptance, cache bookkeeping and the hooks'
+dispatch. It is measured on tiny models built in memory (one decoder layer, random weights, nothing
+downloaded), whose forwards are timed and subtracted: ``ForwardClock`` times every model forward of
+an engine (the target's and draft's ``LanguageModel`` forwards, and every ``torch.nn.Module`` and
+packed output layer the strategy objects hold: an ``eagle`` draft network, PACER's M_B), and a
+step's host time is ``(generation wall − forward seconds) / steps``.
+
+``measure_host_time`` runs the stacks of ``STACKS`` and keeps, per stack, the fastest of several
+repeats (the machine's noise only ever adds time); ``host_profile`` turns the result into a cost
+profile's ``host_s`` entry. ``pacer bench-host`` runs it from the command line; the bench reports the
+same quantity for its own runs (``host_ms_per_step``, from the same clock).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+import attrs
+import torch
+
+from pacer_core.commands import Runner, check_out_dir, command
+from pacer_core.errors import InputError
+
+# stack name -> (config overrides, tree nodes sent or None); EAGLE and MB name the tiny models' folders;
+# trees grow topk nodes per level for depth levels (topk × depth >= nodes), then send the best `nodes`
+STACKS: dict[str, tuple[list[str], Optional[int]]] = {
+    "plain": (["strategy.drafter={name: autoregressive}", "strategy.stop=[]"], None),
+    "chain": (["strategy.drafter={name: eagle, path: EAGLE}", "strategy.stop=[{name: fixed, gamma: 4}]"], None),
+    "tree10": (["strategy.drafter={name: eagle, path: EAGLE, tree: {topk: 6, depth: 4, nodes: 10}}",
+                "strategy.stop=[{name: fixed, gamma: 4}]"], 10),
+    "tree32": (["strategy.drafter={name: eagle, path: EAGLE, tree: {topk: 8, depth: 5, nodes: 32}}",
+                "strategy.stop=[{name: fixed, gamma: 5}]"], 32),
+    "tree64": (["strategy.drafter={name: eagle, path: EAGLE, tree: {topk: 10, depth: 7, nodes: 64}}",
+                "strategy.stop=[{name: fixed, gamma: 7}]"], 64),
+    "hybrid": (["strategy.drafter={name: hybrid, members: [{name: eagle, path: EAGLE, "
+                "tree: {topk: 6, depth: 4, nodes: 10}}, {name: prompt_lookup}]}",
+                "strategy.stop=[{name: fixed, gamma: 4}]"], 10),
+    "pacer": (["strategy.drafter={name: eagle, path: EAGLE}", "strategy.stop=[{name: pacer, checkpoint: MB}]"],
+              None),
+    "draft_model_chain": (["strategy.drafter={name: draft_model}", "strategy.stop=[{name: fixed, gamma: 4}]"], None),
+    "draft_model_tree64": (["strategy.drafter={name: draft_model, tree: {topk: 10, depth: 7, nodes: 64}}",
+                            "strategy.stop=[{name: fixed, gamma: 7}]"], 64),
+}
+DEFAULT_STACKS = ("plain", "chain", "tree10", "tree32", "tree64", "hybrid", "pacer")
+
+
+@attrs.frozen
+class Shape:
+    """The tiny models' shape: a one-layer Llama target (its identical copy is the token-level draft)."""
+
+    vocab: int = 512
+    hidden: int = 64
+    layers: int = 1
+
+
+@attrs.frozen
+class HostTime:
+    """One stack's steps: seconds per step in all, in model forwards, and the rest (the host's)."""
+
+    stack: str
+    steps: int  # steps of the fastest repeat
+    nodes_per_step: float  # tokens the target verified per step (tree nodes)
+    step_s: float  # wall seconds per step
+    forward_s: float  # seconds per step inside model forwards
+    host_s: float  # step_s - forward_s
+
+    def as_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+class ForwardClock:
+    """Seconds spent in model forwards, summed (``seconds``); ``watch_engine`` installs it.
+
+    Each watched forward is timed with ``clock`` once, outermost call only (a network called inside
+    another watched one is not counted twice)."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter):
+        self.clock, self.seconds, self._depth, self._start = clock, 0.0, 0, 0.0
+        self._watched: set[int] = set()
+
+    def _enter(self) -> None:
+        if self._depth == 0:
+            self._start = self.clock()
+        self._depth += 1
+
+    def _leave(self) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            self.seconds += self.clock() - self._start
+
+    def timed(self, function: Callable) -> Callable:
+        def wrapper(*args, **kwargs):
+            self._enter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self._leave()
+
+        return wrapper
+
+    def watch_model(self, model: Any) -> None:
+        """Time a ``LanguageModel``'s forwards: its network's (``model.model``, an ``HFModel``'s
+        transformers module and its base model, so the adapter's masks and cache bookkeeping count
+        as host time), else its whole ``forward`` (replaced on the instance; a ``ScriptedLM``)."""
+        if model is None or id(model) in self._watched:
+            return
+        self._watched.add(id(model))
+        network = getattr(model, "model", None)
+        if isinstance(network, torch.nn.Module):
+            self.watch_module(network)
+            base = getattr(network, "base_model", None)
+            if isinstance(base, torch.nn.Module) and base is not network:
+                self.watch_module(base)
+        else:
+            model.forward = self.timed(model.forward)
+
+    def watch_module(self, module: torch.nn.Module) -> None:
+        if id(module) in self._watched:
+            return
+        self._watched.add(id(module))
+        module.register_forward_pre_hook(lambda *_: self._enter())
+        module.register_forward_hook(lambda *_: self._leave())
+
+    def watch_engine(self, engine: Any) -> "ForwardClock":
+        """Time the engine's target and draft and the models its strategy objects hold (two levels
+        deep, so a ``hybrid``'s members are found)."""
+        self.watch_model(engine.target)
+        self.watch_model(engine.draft)
+        for _, plugin in engine.pm.list_name_plugin():
+            self._watch_object(plugin, depth=2)
+        return self
+
+    def _watch_object(self, obj: Any, depth: int) -> None:
+        from pacer_core.kernels import PackedMatrix
+
+        if depth < 0 or not hasattr(obj, "__dict__") or isinstance(obj, type):
+            return
+        for name, value in list(vars(obj).items()):
+            values = value if isinstance(value, (list, tuple)) else [value]
+            for item in values:
+                if isinstance(item, torch.nn.Module):
+                    self.watch_module(item)
+                elif isinstance(item, PackedMatrix) and item is value:  # an output layer: a draft forward's
+                    if id(item) not in self._watched:
+                        self._watched.add(id(item))
+                        setattr(obj, name, self.timed(item))
+                elif callable(getattr(item, "forward", None)) and hasattr(item, "cached_tokens"):
+                    self.watch_model(item)
+                elif type(item).__module__.split(".")[0] not in ("builtins", "torch", "attrs"):
+                    self._watch_object(item, depth - 1)
+
+
+def tiny_models(shape: Shape, folder: Path, seed: int = 0) -> tuple[Any, Any, dict[str, str]]:
+    """(target, draft, paths): a one-layer random Llama target (``HFModel``), an identical copy as the
+    token-level draft (everything it drafts is accepted), and in ``folder`` a random ``eagle`` feature
+    draft and a random PACER M_B for it (paths["EAGLE"], paths["MB"])."""
+    import copy
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from feature_draft.distill import _attention_shape
+    from feature_draft.model import ArchConfig, FeatureDraft
+    from pacer_core.hf import HFModel
+    from pacer_stop.model import PreVerifier, PreVerifierArch
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=2 * shape.hidden,
+                         num_hidden_layers=shape.layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=4096, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                         tie_word_embeddings=False)
+    model = LlamaForCausalLM(config).eval()
+    target, draft = HFModel(model), HFModel(copy.deepcopy(model))
+    arch = ArchConfig(hidden_size=shape.hidden, vocab_size=shape.vocab, subset_size=shape.vocab,
+                      intermediate_size=2 * shape.hidden, extra_layers=0, **_attention_shape(target))
+    FeatureDraft(arch).save(folder / "eagle", {"target_digest": None})
+    PreVerifier(PreVerifierArch(input_size=shape.hidden, width=16, heads=2, ffn_size=32, max_positions=16)).save(
+        folder / "mb", {"target_digest": None, "draft_identity": None})
+    return target, draft, {"EAGLE": str(folder / "eagle"), "MB": str(folder / "mb")}
+
+
+def stack_engine(name: str, target: Any, draft: Any, paths: dict[str, str]) -> Any:
+    """The engine of stack ``name`` (``STACKS``) around the tiny models: greedy, EOS ignored."""
+    from pacer_core import Engine, load_config
+
+    overrides = [o.replace("EAGLE", f"'{paths['EAGLE']}'").replace("MB", f"'{paths['MB']}'") for o in STACKS[name][0]]
+    overrides += ["strategy.verifier={name: greedy}", "strategy.observers=[{name: metrics}]",
+                  "generation.ignore_eos=true", "sampling.temperature=0"]
+    cfg = load_config(overrides=overrides, require_models=False)
+    return Engine.build(target, draft=draft, cfg=cfg)
+
+
+def prompt_ids(vocab: int, length: int = 48, seed: int = 0) -> list[int]:
+    """A prompt that repeats itself (so ``prompt_lookup`` finds n-grams to draft)."""
+    generator = torch.Generator().manual_seed(seed)
+    phrase = torch.randint(3, vocab, (length // 3,), generator=generator).tolist()
+    return (phrase * 3)[:length]
+
+
+def time_engine(engine: Any, prompt: Sequence[int], new_tokens: int, repeats: int,
+                clock: Callable[[], float] = time.perf_counter) -> tuple[int, float, float, float]:
+    """(steps, nodes per step, wall seconds, forward seconds) of the fastest of ``repeats`` generations
+    by host time, after one untimed warm-up generation."""
+    forwards = ForwardClock(clock).watch_engine(engine)
+    best: Optional[tuple[int, float, float, float]] = None
+    for repeat in range(repeats + 1):
+        before = forwards.seconds
+        start = clock()
+        result = engine.generate(list(prompt), max_new_tokens=new_tokens)
+        wall = clock() - start
+        spent = forwards.seconds - before
+        steps = int(result.metrics["steps"])
+        nodes = sum(result.metrics.get("nodes_per_step", [])) / max(steps, 1)
+        run = (steps, nodes, wall, spent)
+        if repeat and (best is None or (wall - spent) / steps < (best[2] - best[3]) / best[0]):
+            best = run
+    assert best is not None
+    return best
+
+
+def measure_host_time(stacks: Iterable[str] = DEFAULT_STACKS, *, shape: Shape = Shape(), new_tokens: int = 64,
+                      repeats: int = 5, threads: Optional[int] = 1, seed: int = 0,
+                      progress: Callable[[str], None] = lambda line: None) -> list[HostTime]:
+    """Host time per step of each stack of ``STACKS`` on tiny models of ``shape`` (built in memory),
+    greedy, ``new_tokens`` per generation, the fastest of ``repeats``. ``threads`` pins torch's
+    intra-op threads while measuring (tiny models only lose time to thread hand-offs)."""
+    stacks = list(stacks)
+    unknown = [s for s in stacks if s not in STACKS]
+    if unknown:
+        raise InputError(f"unknown host-time stack {unknown[0]!r}: choose from {', '.join(STACKS)}")
+    if new_tokens < 1 or repeats < 1:
+        raise InputError(f"new_tokens ({new_tokens}) and repeats ({repeats}) must be at least 1")
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            target, draft, paths = tiny_models(shape, Path(folder), seed)
+            prompt = prompt_ids(shape.vocab, seed=seed)
+            out = []
+            for name in stacks:
+                engine = stack_engine(name, target, draft, paths)
+                steps, nodes, wall, spent = time_engine(engine, prompt, new_tokens, repeats)
+                out.append(HostTime(name, steps, nodes, wall / steps, spent / steps, (wall - spent) / steps))
+                progress(row_text(out[-1]))
+            return out
+    finally:
+        torch.set_num_threads(before)
+
+
+def host_profile(results: Sequence[HostTime]) -> dict[str, Any]:
+    """A cost profile's ``host_s`` entry from measured results: ``plain``, ``chain`` and ``tree`` by
+    nodes sent (the eagle stacks; a token-level draft's stacks are left out)."""
+    by_name = {r.stack: r for r in results}
+    out: dict[str, Any] = {}
+    for key in ("plain", "chain"):
+        if key in by_name:
+            out[key] = by_name[key].host_s
+    trees = {STACKS[r.stack][1]: r.host_s for r in results if r.stack.startswith("tree")}
+    if trees:
+        out["tree"] = dict(sorted(trees.items()))
+    return out
+
+
+def row_text(r: HostTime) -> str:
+    return (f"| {r.stack} | {r.steps} | {r.nodes_per_step:.1f} | {1000 * r.step_s:.2f} | "
+            f"{1000 * r.forward_s:.2f} | {1000 * r.host_s:.2f} |")
+
+
+TABLE_HEAD = ("| stack | steps | nodes/step | step ms | forward ms | host ms |\n"
+              "|---|---|---|---|---|---|")
+
+
+@command("bench-host", "host time per step outside the model forwards, on tiny models (docs/host-time.md)")
+def _setup(p: argparse.ArgumentParser) -> Runner:
+    p.add_argument("--stacks", default=",".join(DEFAULT_STACKS),
+                   help=f"comma-separated, from {', '.join(STACKS)} (default: {','.join(DEFAULT_STACKS)})")
+    p.add_argument("--new-tokens", type=int, default=64, help="new tokens per generation (default 64)")
+    p.add_argument("--repeats", type=int, default=5, help="timed generations per stack; the fastest counts (default 5)")
+    p.add_argument("--vocab", type=int, default=Shape.vocab, help=f"the tiny models' vocabulary (default {Shape.vocab})")
+    p.add_argument("--threads", type=int, default=1, help="torch threads while measuring (default 1)")
+    p.add_argument("--json", metavar="FILE", help="also write the results and the profile's host_s entry here")
+
+    def run(args: argparse.Namespace) -> int:
+        if args.vocab < 8:
+            raise InputError(f"--vocab must be at least 8, got {args.vocab}")
+        if args.json:
+            check_out_dir(Path(args.json).expanduser().parent or ".", "--json")
+        print(TABLE_HEAD, flush=True)
+        results = measure_host_time([s.strip() for s in args.stacks.split(",") if s.strip()],
+                                    shape=Shape(vocab=args.vocab), new_tokens=args.new_tokens,
+                                    repeats=args.repeats, threads=args.threads,
+                                    progress=lambda line: print(line, flush=True))
+        profile = host_profile(results)
+        print(f"host_s: {json.dumps({k: v for k, v in profile.items()})}")
+        if args.json:
+            Path(args.json).expanduser().write_text(json.dumps(
+                {"results": [r.as_dict() for r in results], "host_s": profile}, indent=1) + "\n")
+        return 0
+
+    return run

@@ -1,0 +1,175 @@
+"""The ``config.json`` of a published EAGLE checkpoint, read and checked value by value.
+
+Every value the draft network is built from is checked for its type and range before anything is
+built, so a damaged or hand-edited config is one ``InputError`` naming the key (``num_attention_heads:
+0``, ``hidden_size: "abc"``, ``rope_theta: "fast"``), never a bare exception from deep inside. Keys of
+variants this loader does not implement are refused by name rather than ignored, so a draft never
+silently computes something other than what its publisher's code computes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Optional
+
+import attrs
+
+from pacer_core import InputError
+
+from .rotary import Rotary
+
+CONFIG = "config.json"
+FIX = "download the checkpoint again"
+_MISSING = object()
+
+
+@attrs.frozen
+class PublishedConfig:
+    """The values of an EAGLE checkpoint's config.json that shape its network."""
+
+    hidden_size: int
+    vocab_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int  # config head_dim, else hidden_size / num_attention_heads
+    intermediate_size: int
+    rms_eps: float
+    rope_theta: float  # 10000 when absent, as in EAGLE's code
+    rope_scaling: Optional[dict]  # None: plain rotary embeddings (checked by Rotary.parse)
+    max_position_embeddings: int
+    num_layers: int
+    fc_bias: bool  # EAGLE-1/2: config `bias` (default true in EAGLE's code)
+    qkv_bias: bool  # EAGLE-1/2: config `qkv_bias` (cnets1.py), q/k/v projections with biases
+    draft_vocab_size: int  # EAGLE-3: rows of its own head (the vocabulary size when absent)
+    target_hidden_size: Optional[int]
+    token_map: Optional[str]  # EAGLE-1/2 exported by `pacer export`: file of the draft's vocabulary (target ids)
+
+    def arch_fields(self) -> dict[str, Any]:
+        """The keyword arguments ``ArchConfig`` and ``Eagle3Arch`` share."""
+        return dict(hidden_size=self.hidden_size, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+                    head_dim=self.head_dim, intermediate_size=self.intermediate_size, rope_theta=self.rope_theta,
+                    rms_eps=self.rms_eps, qkv_bias=self.qkv_bias, rope_scaling=self.rope_scaling,
+                    max_position_embeddings=self.max_position_embeddings)
+
+
+def read_config(folder: Path) -> dict[str, Any]:
+    """The JSON object of ``folder/config.json``; unreadable or not an object is one ``InputError``."""
+    try:
+        config = json.loads((folder / CONFIG).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise InputError(f"'{folder / CONFIG}' cannot be read as JSON ({type(exc).__name__}): {FIX}") from exc
+    if not isinstance(config, dict):
+        raise InputError(f"'{folder / CONFIG}' is not a JSON object: {FIX}")
+    return config
+
+
+class _Reader:
+    """Typed reads of one config, each failing as one line naming the key."""
+
+    def __init__(self, config: dict, path: Path):
+        self.config, self.path = config, path
+
+    def bad(self, message: str) -> InputError:
+        return InputError(f"'{self.path}': {message}; fix the value or {FIX}")
+
+    def get(self, key: str, default: Any) -> Any:
+        value = self.config.get(key)
+        if value is None:
+            if default is _MISSING:
+                raise InputError(f"'{self.path}' has no '{key}': it is not an EAGLE checkpoint config")
+            return default
+        return value
+
+    def whole(self, key: str, default: Any = _MISSING, minimum: int = 1) -> int:
+        value = self.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or value != int(value) or value < minimum:
+            raise self.bad(f"{key} must be a whole number ≥ {minimum}, not {value!r}")
+        return int(value)
+
+    def positive(self, key: str, default: Any = _MISSING) -> float:
+        value = self.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise self.bad(f"{key} must be a number > 0, not {value!r}")
+        return float(value)
+
+    def flag(self, key: str, default: bool) -> bool:
+        value = self.get(key, default)
+        if not isinstance(value, bool):
+            raise self.bad(f"{key} must be true or false, not {value!r}")
+        return value
+
+    def refuse_true(self, key: str, why: str) -> None:
+        if self.config.get(key) not in (None, False):
+            raise InputError(f"'{self.path}': {key}: {self.config[key]!r} is not supported ({why}); use a checkpoint "
+                             "in the SafeAILab/EAGLE layout")
+
+
+def check_config(config: dict, folder: Path, layout: str) -> PublishedConfig:
+    """``config`` (read from ``folder``) checked for a checkpoint of ``layout`` ("eagle1" or "eagle3")."""
+    r = _Reader(config, folder / CONFIG)
+    hidden = r.whole("hidden_size")
+    vocab = r.whole("vocab_size")
+    heads = r.whole("num_attention_heads")
+    kv_heads = r.whole("num_key_value_heads", heads)
+    if heads % kv_heads:
+        raise r.bad(f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})")
+    if config.get("head_dim") is None and hidden % heads:
+        raise r.bad(f"hidden_size ({hidden}) is not a multiple of num_attention_heads ({heads}) and there is "
+                    "no head_dim")
+    head_dim = r.whole("head_dim", hidden // heads)
+    if head_dim % 2:
+        raise r.bad(f"head_dim must be even for rotary embeddings, not {head_dim}")
+    intermediate = r.whole("intermediate_size")
+    rms_eps = r.positive("rms_norm_eps", 1e-6)
+    max_positions = r.whole("max_position_embeddings", 2048)
+    act = config.get("hidden_act", "silu")
+    if act != "silu":
+        raise r.bad(f"hidden_act {act!r} is not supported (EAGLE drafts use 'silu')")
+    rope_theta, scaling = _rope(config, r)
+    Rotary.parse(rope_theta, scaling, max_positions, r.bad)  # checked here, built with the network
+    r.refuse_true("norm_before_residual", "a variant of other trainers")
+    r.refuse_true("attention_bias", "an o_proj bias, which EAGLE's code does not have")
+    r.refuse_true("mlp_bias", "MLP biases, which EAGLE's code does not have")
+    factor = config.get("partial_rotary_factor")
+    if factor not in (None, 1, 1.0):
+        raise r.bad(f"partial_rotary_factor {factor!r} is not supported (only 1: every dimension rotated)")
+    layers = r.whole("num_hidden_layers", 1)
+    if layout == "eagle3":
+        if layers != 1:
+            raise r.bad(f"num_hidden_layers is {layers}; only one-layer EAGLE-3 drafts are supported")
+        r.refuse_true("qkv_bias", "EAGLE-3's code (eagle/model/cnets.py) has no q/k/v biases")
+    draft_vocab = r.whole("draft_vocab_size", vocab)
+    if draft_vocab > vocab:
+        raise r.bad(f"draft_vocab_size ({draft_vocab}) exceeds vocab_size ({vocab})")
+    target_hidden = config.get("target_hidden_size")
+    token_map = config.get("speculative_token_map")
+    if token_map is not None and (not isinstance(token_map, str) or Path(token_map).name != token_map
+                                  or token_map in ("", ".", "..")):
+        raise r.bad(f"speculative_token_map must name a file beside config.json, not {token_map!r}")
+    return PublishedConfig(
+        hidden_size=hidden, vocab_size=vocab, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+        intermediate_size=intermediate, rms_eps=rms_eps, rope_theta=rope_theta, rope_scaling=scaling,
+        max_position_embeddings=max_positions, num_layers=layers, fc_bias=r.flag("bias", True),
+        qkv_bias=r.flag("qkv_bias", False), draft_vocab_size=draft_vocab,
+        target_hidden_size=None if target_hidden is None else r.whole("target_hidden_size"), token_map=token_map)
+
+
+def _rope(config: dict, r: _Reader) -> tuple[float, Optional[dict]]:
+    """θ and the scaling: ``rope_theta`` / ``rope_scaling`` (transformers 4, EAGLE's code) or
+    ``rope_parameters`` (transformers 5, θ inside); a default type is no scaling."""
+    params = config.get("rope_parameters")
+    scaling = config.get("rope_scaling")
+    if params is not None and scaling is None:
+        if not isinstance(params, dict):
+            raise r.bad(f"rope_parameters must be an object, not {params!r}")
+        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+        theta = _Reader(params, r.path).positive("rope_theta", r.config.get("rope_theta") or 10000.0)
+    else:
+        theta = r.positive("rope_theta", 10000.0)  # EAGLE's default when absent
+    if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type", "default")) == "default" \
+            and set(scaling) <= {"type", "rope_type"}:
+        scaling = None
+    return theta, scaling

@@ -1,0 +1,120 @@
+"""The weights files of a published EAGLE checkpoint: one file or shards named by an index.
+
+A checkpoint folder holds ``config.json`` and its weights as ``model.safetensors`` or
+``pytorch_model.bin``, or sharded as ``model.safetensors.index.json`` / ``pytorch_model.bin.index.json``
+(transformers' ``weight_map`` from tensor name to shard file) beside the shards. ``.bin`` files are
+unpickled with ``weights_only=True`` only: a pickle holding more than tensors is refused, never run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import zipfile
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from pacer_core import InputError
+
+CONFIG = "config.json"
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+FIX = "download the checkpoint again"
+
+
+def weights_file(folder: Path) -> Optional[Path]:
+    """The weights file (or shard index) of an EAGLE checkpoint folder, else None."""
+    if not (folder / CONFIG).is_file():
+        return None
+    return next((folder / name for name in WEIGHT_FILES + INDEX_FILES if (folder / name).is_file()), None)
+
+
+def shard_files(index: Path) -> dict[str, Path]:
+    """Tensor name → shard file of a ``*.index.json``; shards must lie beside it and exist."""
+    try:
+        data = json.loads(index.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise InputError(f"'{index}' cannot be read as JSON ({type(exc).__name__}): {FIX}") from exc
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise InputError(f"'{index}' has no 'weight_map' object naming each tensor's shard: {FIX}")
+    suffix = ".safetensors" if index.name.startswith("model.safetensors") else ".bin"
+    files = {}
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str) or Path(shard).name != shard or not shard.endswith(suffix):
+            raise InputError(f"'{index}' maps '{name}' to {shard!r}, not a {suffix} file beside the index: {FIX}")
+        path = index.parent / shard
+        if not path.is_file():
+            raise InputError(f"'{index}' names shard '{shard}', which is missing from '{index.parent}': {FIX}")
+        files[name] = path
+    return files
+
+
+def read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a checkpoint file or of every shard of an index; anything unreadable is one
+    ``InputError``. A sharded checkpoint must hold each tensor in the shard its index names."""
+    if path.name.endswith(".index.json"):
+        files = shard_files(path)
+        state: dict[str, torch.Tensor] = {}
+        for shard in sorted(set(files.values())):
+            for name, tensor in _read_file(shard).items():
+                if files.get(name) == shard:
+                    state[name] = tensor
+        missing = sorted(set(files) - set(state))
+        if missing:
+            raise InputError(f"'{path}' places tensor '{missing[0]}' in '{files[missing[0]].name}', which does not "
+                             f"hold it: the shards are incomplete; {FIX}")
+        return state
+    return _read_file(path)
+
+
+def _read_file(path: Path) -> dict[str, torch.Tensor]:
+    if path.suffix == ".safetensors":
+        from pacer_core.hf import load_safetensors
+
+        state = load_safetensors(path, FIX)
+    else:
+        try:  # never unpickle arbitrary objects: plain tensors only
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
+        except Exception as exc:  # noqa: BLE001 — corrupt, truncated or holding more than tensors
+            raise InputError(f"'{path}' cannot be loaded as PyTorch weights ({type(exc).__name__}): it is truncated, "
+                             f"corrupt or holds more than tensors; {FIX}") from exc
+    if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                              for k, v in state.items()):
+        raise InputError(f"'{path}' does not hold a dict of named tensors: it is not an EAGLE checkpoint")
+    return state
+
+
+def read_token_map(path: Path, vocab: int) -> torch.Tensor:
+    """[n] distinct target ids of an EAGLE-1/2 draft vocabulary (SGLang's ``--speculative-token-map``
+    file: a tensor or list of ids saved with ``torch.save``), loaded with ``weights_only=True``."""
+    if not path.is_file():
+        raise InputError(f"'{path}' (the config's speculative_token_map) is missing: {FIX}")
+    try:
+        ids = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001
+        raise InputError(f"'{path}' cannot be loaded as a token map ({type(exc).__name__}): {FIX}") from exc
+    if isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        ids = torch.tensor(ids, dtype=torch.long)
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.is_floating_point() or ids.dtype == torch.bool \
+            or not len(ids):
+        raise InputError(f"'{path}' does not hold a list of token ids: {FIX}")
+    ids = ids.long()
+    if bool((ids < 0).any()) or bool((ids >= vocab).any()) or len(set(ids.tolist())) != len(ids):
+        raise InputError(f"'{path}' names ids outside the target's {vocab} tokens or one id twice: the token map "
+                         "belongs to another target")
+    return ids
+
+
+def digest(path: Path) -> str:
+    """16 hex digits naming the weights: the file's SHA-256, or for an index that of its shards' digests."""
+    if path.name.endswith(".index.json"):
+        shards = sorted(set(shard_files(path).values()))
+        return hashlib.sha256("".join(digest(shard) for shard in shards).encode()).hexdigest()[:16]
+    sha = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 22), b""):
+            sha.update(chunk)
+    return sha.hexdigest()[:16]
