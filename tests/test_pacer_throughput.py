@@ -272,6 +272,17 @@ def test_pacer_costs_measures_and_caches_a_tiny_pair(tmp_path, capsys, monkeypat
     assert "--tokens must be >= 1" in one_line_error(capsys, ["costs", "--tokens", "0"])
 
 
+def test_pacer_costs_refuses_an_out_file_it_cannot_write_before_measuring(tmp_path, capsys, monkeypatch):
+    from pacer_core import cli
+    from helpers import bad_out_folders
+
+    monkeypatch.setattr(cli, "build_engine", lambda cfg: pytest.fail("measured before checking --out"))
+    a_folder = tmp_path / "a-folder"
+    a_folder.mkdir()
+    for out in [a_folder, *(place / "costs.json" for place in bad_out_folders(tmp_path) if place.name != "a-file")]:
+        assert "--out '" in one_line_error(capsys, ["costs", "--out", str(out)]), out
+
+
 # -- the replay ------------------------------------------------------------------------------------
 def synthetic_steps(count=300, window=8, seed=0):
     """Steps whose accepted count is drawn from falling acceptance; M_B knows the truth (p = 1 on the

@@ -284,6 +284,17 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
     assert err.startswith("pacer: error: ") and err.count("\n") == 1 and message in err
 
 
+def test_an_out_folder_that_cannot_be_written_is_refused_before_generating(tmp_path, capsys, monkeypatch):
+    from feature_draft.selfdistill import command as corpus_command
+    from helpers import bad_out_folders
+
+    monkeypatch.setattr(corpus_command, "load_backend", lambda cfg: pytest.fail("the target loaded first"))
+    for out in bad_out_folders(tmp_path):
+        assert cli.main(["corpus", f"out={out}", "tokens=10"]) == 2, out
+        err = capsys.readouterr().err
+        assert err.startswith("pacer: error: ") and err.count("\n") == 1 and f"'{out}'" in err, err
+
+
 def test_stats_prints_the_totals_per_family(tmp_path, stream, capsys):
     run_corpus(config(tmp_path, tokens=40), "t", backend=fake_backend(), stream=stream, guard=BenchmarkGuard([]))
     capsys.readouterr()

@@ -120,6 +120,18 @@ def read_costs(path: Path, key: dict[str, Any]) -> CostModel:
     return check_costs(data, path, key)
 
 
+def check_out_file(path: str, option: str) -> Path:
+    """A file a command writes after measuring, checked before it measures: not a folder, in a folder
+    that can be written (``InputError`` in one line)."""
+    from pacer_core.commands import check_out_dir
+
+    file = Path(path).expanduser()
+    if file.is_dir():
+        raise InputError(f"{option} '{file}' is a folder: give the path of a file to write")
+    check_out_dir(file.parent, option)
+    return file
+
+
 def write_costs(path: Path, key: dict[str, Any], measured: dict[str, Any]) -> Path:
     """Write a cost file atomically: ``measured`` (verify_s, draft_token_s, step_s, …) under ``key``."""
     from pacer_train import atomic_write_text
@@ -221,6 +233,8 @@ def _setup_costs(p):
         overrides = list(args.overrides) + [f"strategy.stop=[{{name: fixed, gamma: {args.gamma}}}]",
                                             "sampling.temperature=0"]
         cfg = load_config(args.config, overrides)  # validated before any model loads
+        if args.out:
+            check_out_file(args.out, "--out")  # before measuring, which takes minutes
         if args.profile:
             from pacer_core.commands import check_out_dir
 

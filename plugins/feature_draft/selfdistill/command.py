@@ -33,7 +33,7 @@ from .guard import BenchmarkGuard
 from .shards import CorpusError, CorpusStore, corpus_stats
 from .stream import ALL_FAMILIES, STREAM_VERSION, Stream, valid_families
 
-from pacer_core.commands import Runner, command
+from pacer_core.commands import Runner, check_out_dir, command
 
 DTYPES = ("float32", "bfloat16", "float16")
 DEFAULT_DTYPE = "float32"  # measured on the 2-core CPU: docs/corpus.md#throughput
@@ -144,6 +144,7 @@ def run_corpus(cfg: CorpusConfig, command_line: str, *, backend: Optional[Backen
     pass); returns its stats. ``backend``/``stream``/``guard`` replace the real ones (tests)."""
     from tqdm import tqdm
 
+    check_out_dir(cfg.out)  # a file, a folder under a file, an unwritable place: before any answer is generated
     store = CorpusStore(Path(cfg.out))
     store.recover(log)
     for entry in store.shards:  # never build on a damaged corpus
