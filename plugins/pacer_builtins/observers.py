@@ -31,6 +31,7 @@ class Metrics:
         self.drafted_per_step: list[int] = []
         self.accepted_per_step: list[int] = []
         self.nodes_per_step: list[int] = []  # tokens the target verified (tree nodes)
+        self.draft_forwards_per_step: list[int] = []  # what a replay charges the drafter (pacer replay)
 
     @hookimpl
     def pacer_start(self, state) -> None:
@@ -42,6 +43,7 @@ class Metrics:
         self.drafted_per_step.append(step.draft.depth)
         self.accepted_per_step.append(step.verdict.accepted)
         self.nodes_per_step.append(step.draft.num_nodes)
+        self.draft_forwards_per_step.append(step.draft_forwards)
         self.draft_s += step.draft_s
         self.verify_s += step.verify_s
         self.stop_s += step.stop_s
@@ -51,6 +53,7 @@ class Metrics:
         return {
             **step_metrics(self.accept_lengths, self.drafted_per_step, self.accepted_per_step,
                            self.nodes_per_step),
+            "draft_forwards_per_step": list(self.draft_forwards_per_step),
             "draft_s": self.draft_s,
             "verify_s": self.verify_s,
             "stop_s": self.stop_s,

@@ -1,0 +1,207 @@
+"""``pacer replay``: a recorded bench run replayed under a device's cost profile.
+
+A bench run records, for every generation, what each step did: the draft's depth
+(``drafted_per_step``), the tokens the target verified (``nodes_per_step``), the accepted tokens
+(``accepted_per_step``) and the draft forwards (``draft_forwards_per_step``), plus the prompt's length
+and PACER's M_B consultations (``pacer_checks``). Greedy verification makes what a stack emits
+independent of the device, so the same steps can be priced under any cost profile
+(``pacer_core.costs.Profile``): a step costs
+
+    host(step kind, nodes) + Σ draft forwards (one over the prompt first) + verify(pending + sent)
+
+with ``pending`` the prompt on the first step and 1 after it, ``sent`` the draft's nodes (a tree:
+the tree-masked curve), and a generation adds its M_B consultations. Plain decoding is priced the
+same way from the baseline's records (one one-token forward and ``host_s.plain`` per token, the
+prompt's forward first). A stack's **predicted speedup** is its predicted tokens per second over
+plain decoding's, paired over the same prompts as the bench's measured speedup.
+
+Under a profile measured on the machine that ran the bench, the prediction can be set beside the
+measured speedup (the validation in docs/costs.md); under any other profile it is a prediction,
+and every table says which profile made it. The oracle (each step drafting exactly what was
+accepted) and the best fixed chain γ are replayed the same way when the bench logged a long window
+(``oracle.log_stack``). Pure: no models, no clocks.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from pacer_core.commands import command
+from pacer_core.costs import Profile, load_profile
+from pacer_core.errors import InputError
+
+from .oracle import analyse, is_tree_log, steps_from_metrics
+
+ALL = "all"
+BASELINE = "autoregressive"
+DRAFTER_KINDS = {"eagle": "feature", "draft_model": "token", "ouroboros": "token"}
+
+
+def unit_drafter(unit: dict) -> dict:
+    try:
+        drafter = unit["config"]["strategy"]["drafter"]
+    except (KeyError, TypeError):
+        return {}
+    return drafter if isinstance(drafter, dict) else {}
+
+
+def drafter_kind(unit: dict) -> Optional[str]:
+    """The profile's drafter kind a bench unit's drafter is priced as: ``feature`` (eagle),
+    ``token`` (a draft model), None (no draft model: lookups, plain decoding); a hybrid's is its
+    model member's."""
+    drafter = unit_drafter(unit)
+    if drafter.get("name") == "hybrid":
+        kinds = [DRAFTER_KINDS.get(m.get("name")) for m in drafter.get("members") or [] if isinstance(m, dict)]
+        return next((k for k in kinds if k), None)
+    return DRAFTER_KINDS.get(drafter.get("name"))
+
+
+def has_steps(record: dict) -> bool:
+    return "accepted_per_step" in record.get("metrics", {})
+
+
+def generation_seconds(record: dict, profile: Profile, kind: Optional[str]) -> float:
+    """The seconds ``profile`` predicts for one recorded generation (see the module)."""
+    m = record["metrics"]
+    prompt = max(1, int(record.get("prompt_tokens") or 1))
+    steps = steps_from_metrics(m)
+    if not steps:  # a baseline without per-step records (transformers' generate): plain decoding
+        tokens = len(record.get("tokens") or ())
+        return profile.verify(prompt) + max(0, tokens - 1) * profile.plain_step() + profile.host_plain
+    forwards = m.get("draft_forwards_per_step")
+    if forwards is None or len(forwards) != len(steps):  # older runs: the total spread over the drafted steps
+        total, drafted = int(m.get("draft_forwards", 0) or 0), sum(s.drafted for s in steps)
+        forwards = [round(total * s.drafted / drafted) if drafted else 0 for s in steps]
+    tree_verify = profile.tree_verify or profile.verify
+    seconds, prefilled = 0.0, False
+    for i, (step, n_forwards) in enumerate(zip(steps, forwards)):
+        pending = prompt if i == 0 else 1
+        sent = step.drafted if step.nodes is None else step.nodes
+        if step.is_tree:
+            seconds += tree_verify(pending + sent)
+            seconds += profile.host_tree(sent) if profile.host_tree is not None else profile.host_chain
+        else:
+            seconds += profile.verify(pending + sent)
+            seconds += profile.host_plain if kind is None and sent == 0 and not step.drafted else profile.host_chain
+        if kind is not None and n_forwards:
+            width = max(1, round(sent / n_forwards)) if step.is_tree else 1
+            first = prompt if not prefilled else width  # the drafter reads the prompt once, on its first forward
+            prefilled = True
+            seconds += profile.draft_forward(kind, first) + (n_forwards - 1) * profile.draft_forward(kind, width)
+    return seconds + int(m.get("pacer_checks", 0) or 0) * profile.preverify_s
+
+
+def _key(r: dict) -> tuple:
+    return (r["prompt_set"], r["question_id"], r.get("repeat", 0), r.get("turn", 0))
+
+
+def predict(meta: dict, records: list[dict], profile: Profile) -> dict[str, Any]:
+    """Per prompt set (and ``all``) and stack: τ, the measured speedup and the predicted one."""
+    units = {u["name"]: u for u in meta["units"]}
+    baseline = [r for r in records if r["model_id"] == BASELINE]
+    if not baseline:
+        raise InputError(f"the run has no '{BASELINE}' records to compare with: bench plain decoding too")
+    if not any(has_steps(r) for r in records if r["model_id"] != BASELINE):
+        raise InputError("the run's records hold no recorded steps (accepted_per_step): rerun the bench with "
+                         "this version")
+    reference = {_key(r): r for r in baseline}
+    base_seconds = {k: generation_seconds(r, profile, None) for k, r in reference.items()}
+    sets = list(meta.get("prompt_sets") or sorted({r["prompt_set"] for r in records})) + [ALL]
+    out: dict[str, Any] = {"profile": profile.name, "kind": profile.kind, "device": profile.device, "sets": {}}
+    for set_name in sets:
+        rows = {}
+        chosen = [r for r in records if set_name == ALL or r["prompt_set"] == set_name]
+        for name in units:
+            mine = [r for r in chosen if r["model_id"] == name and _key(r) in reference]
+            if not mine or (name != BASELINE and units[name].get("kind") == "stack" and not all(map(has_steps, mine))):
+                continue
+            kind = drafter_kind(units[name])
+            ref = [reference[_key(r)] for r in mine]
+            tokens, ref_tokens = sum(len(r["tokens"]) for r in mine), sum(len(r["tokens"]) for r in ref)
+            predicted = sum(generation_seconds(r, profile, kind) for r in mine)
+            base = sum(base_seconds[_key(r)] for r in mine)
+            wall, ref_wall = sum(r["metrics"]["wall_s"] for r in mine), sum(r["metrics"]["wall_s"] for r in ref)
+            steps = sum(len(steps_from_metrics(r["metrics"])) for r in mine)
+            rows[name] = {
+                "records": len(mine),
+                "tau": tokens / steps if steps else None,
+                "measured_speedup": (tokens / wall) / (ref_tokens / ref_wall) if wall > 0 and ref_wall > 0 else None,
+                "predicted_speedup": (tokens / predicted) / (ref_tokens / base) if predicted > 0 and base > 0 else None,
+                "tree": any(is_tree_log(steps_from_metrics(r["metrics"])) for r in mine),
+            }
+            m, p = rows[name]["measured_speedup"], rows[name]["predicted_speedup"]
+            rows[name]["predicted_over_measured"] = p / m if m and p else None
+        out["sets"][set_name] = rows
+    out["oracle"] = _oracle(meta, records, profile)
+    return out
+
+
+def _oracle(meta: dict, records: list[dict], profile: Profile) -> Optional[dict]:
+    """The oracle and best fixed chain on the bench's long-window log under ``profile`` (None
+    without one; a tree log cannot be cut to chains)."""
+    log_stack = (meta.get("oracle") or {}).get("log_stack")
+    units = {u["name"]: u for u in meta["units"]}
+    if not log_stack or log_stack not in units:
+        return None
+    log = [s for r in records if r["model_id"] == log_stack for s in steps_from_metrics(r["metrics"])]
+    if not log or is_tree_log(log):
+        return None
+    cost = profile.cost_model(drafter_kind(units[log_stack]))
+    longest = max(s.drafted for s in log)
+    result = analyse(log, cost, range(1, longest + 1))
+    return {"log_stack": log_stack, "best_fixed_gamma": result["best_fixed_gamma"],
+            "best_fixed_speedup": result["best_fixed_speedup"], "oracle_speedup": result["oracle_speedup"]}
+
+
+def _fmt(value: Optional[float], unit: str = "×") -> str:
+    return "—" if value is None else f"{value:.2f}{unit}"
+
+
+def markdown(prediction: dict) -> str:
+    """The prediction as a table, labelled with its profile."""
+    label = f"*predicted under {prediction['kind']} profile '{prediction['profile']}' ({prediction['device']})*"
+    lines = [label, "", "| prompt set | stack | τ | measured here | predicted | predicted ÷ measured |",
+             "|---|---|---|---|---|---|"]
+    for set_name, rows in prediction["sets"].items():
+        for name, row in rows.items():
+            if name == BASELINE:
+                continue
+            lines.append(f"| {set_name} | {name}{' (tree)' if row['tree'] else ''} | {_fmt(row['tau'], '')} | "
+                         f"{_fmt(row['measured_speedup'])} | {_fmt(row['predicted_speedup'])} | "
+                         f"{_fmt(row['predicted_over_measured'], '')} |")
+    oracle = prediction.get("oracle")
+    if oracle:
+        lines += ["", f"On the long-window log of {oracle['log_stack']}: best fixed γ = {oracle['best_fixed_gamma']} "
+                      f"{_fmt(oracle['best_fixed_speedup'])}, oracle {_fmt(oracle['oracle_speedup'])} ({label})."]
+    return "\n".join(lines) + "\n"
+
+
+@command("replay", "predict a recorded bench run's speedups under device cost profiles (docs/costs.md)")
+def _setup_replay(p):
+    p.add_argument("folder", metavar="RUN", help="a bench folder (pacer bench --out RUN)")
+    p.add_argument("--profile", "-p", action="append", required=True, metavar="NAME|FILE",
+                   help="a cost profile: a shipped name or a file (repeatable)")
+    p.add_argument("--json", action="store_true", help="print the predictions as JSON")
+
+    def run(args) -> int:
+        from .answers import load_run
+
+        profiles = [load_profile(p) for p in args.profile]  # every profile checked before the run is read
+        meta, records, _ = load_run(Path(args.folder))
+        predictions = [predict(meta, records, profile) for profile in profiles]
+        if args.json:
+            json.dump(predictions, sys.stdout, indent=1)
+            print()
+        else:
+            print("\n".join(markdown(p) for p in predictions))
+        return 0
+
+    return run
+
+
+def predicted_columns(meta: dict, records: list[dict], names: Sequence[str]) -> list[dict]:
+    """The bench report's ``predict: [...]`` section: one prediction per named profile."""
+    return [predict(meta, records, load_profile(name)) for name in names]

@@ -1,0 +1,154 @@
+"""``pacer replay``: a recorded run priced under a cost profile. On models whose forwards cost exactly
+what a profile says (a fake clock advanced by each forward), the replay's predicted speedup equals the
+speedup the run measured; a wrong cost rule is caught."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import DRAFT_TABLE, PROMPT, TARGET_TABLE, assert_one_line_error, build_engine, run_cli
+
+from pacer_bench import replay
+from pacer_bench.answers import make_record
+from pacer_core.costs import profile_from_dict
+from pacer_core.testing import ScriptedLM
+from helpers import SCRIPTED_VOCAB as VOCAB
+
+PROFILE = {
+    "format": 1, "name": "fake", "kind": "measured", "device": "a fake clock",
+    "verify_s": {1: 0.020, 2: 0.021, 4: 0.023, 8: 0.026, 16: 0.032, 64: 0.060},
+    "tree_verify_s": {1: 0.022, 4: 0.025, 16: 0.035, 64: 0.070},
+    "draft_s": {"token": {1: 0.003}},
+    "host_s": {"plain": 1e-12, "chain": 1e-12},
+    "sources": {"verify_s": "test", "draft_s": "test", "host_s": "test"},
+}
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Costed:
+    """A model whose every forward advances ``clock`` by what the profile says it costs."""
+
+    def __init__(self, model, clock: Clock, cost):
+        self.model, self.clock, self.cost = model, clock, cost
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    @property
+    def cached_tokens(self):
+        return self.model.cached_tokens
+
+    def forward(self, tokens, **kwargs):
+        self.clock.now += self.cost(len(tokens), kwargs.get("tree_mask") is not None)
+        return self.model.forward(tokens, **kwargs)
+
+
+STACKS = {
+    "autoregressive": ("autoregressive", ""),
+    "chain": ("draft_model", "{name: fixed, gamma: 3}"),
+    "tree": ("draft_model, tree: {topk: 3, depth: 3, nodes: 7}", "{name: fixed, gamma: 3}"),
+    "lookup": ("prompt_lookup", "{name: heuristic}"),
+}
+PROMPTS = {"p0": PROMPT, "p1": [3, 5, 7, 1, 2], "p2": [6, 6, 1]}
+
+
+def recorded_run(profile_data: dict) -> tuple[dict, list[dict]]:
+    """Bench-style meta and records of every stack on every prompt, timed by the fake clock."""
+    profile = profile_from_dict(profile_data)
+    tree_verify = profile.tree_verify or profile.verify
+    records, units = [], []
+    for name, (drafter, stop) in STACKS.items():
+        clock = Clock()
+        target = Costed(ScriptedLM(VOCAB, table=TARGET_TABLE), clock,
+                        lambda k, tree: tree_verify(k) if tree else profile.verify(k))
+        draft = Costed(ScriptedLM(VOCAB, table=DRAFT_TABLE), clock, lambda k, tree: profile.draft_forward("token", k))
+        engine = build_engine(target, draft, drafter, stop, {"temperature": 0.0}, verifier="greedy")
+        engine.clock = clock
+        engine.pm.register(__import__("pacer_builtins.observers", fromlist=["Metrics"]).Metrics(None, None))
+        units.append({"name": name, "kind": "stack",
+                      "config": {"strategy": {"drafter": {"name": drafter.split(",")[0]}}}})
+        for question, prompt in PROMPTS.items():
+            result = engine.generate(prompt, max_new_tokens=24)
+            prompt_obj = type("P", (), {"question_id": question, "category": None})()
+            records.append(make_record("set", prompt_obj, name, "stack", 0, list(prompt), result.tokens, "",
+                                       result.metrics, result.finish_reason, None))
+    return {"units": units, "prompt_sets": ["set"]}, records
+
+
+@pytest.fixture(scope="module")
+def run():
+    return recorded_run(PROFILE)
+
+
+def test_replay_predicts_the_measured_speedup_when_costs_are_known_exactly(run):
+    meta, records = run
+    prediction = replay.predict(meta, records, profile_from_dict(PROFILE))
+    rows = prediction["sets"]["all"]
+    assert set(rows) == set(STACKS)
+    for name, row in rows.items():
+        assert row["predicted_speedup"] == pytest.approx(row["measured_speedup"], rel=1e-6), name
+    assert rows["tree"]["tree"] and not rows["chain"]["tree"]
+    assert rows["chain"]["tau"] > 1 and rows["tree"]["tau"] > 1
+    # under another profile the same steps predict another speedup: flat verification favours trees
+    flat = dict(PROFILE, verify_s={1: 0.02, 64: 0.0201}, tree_verify_s={1: 0.02, 64: 0.0201})
+    other = replay.predict(meta, records, profile_from_dict(flat))["sets"]["all"]
+    assert other["tree"]["predicted_speedup"] > rows["tree"]["predicted_speedup"]
+    assert "predicted under measured profile 'fake'" in replay.markdown(prediction)
+
+
+def test_a_wrong_cost_rule_is_caught(run):
+    """Charging a tree step the chain curve (or forgetting the drafter's prompt forward) moves the
+    prediction off the measurement, so the test above can fail."""
+    meta, records = run
+    wrong = replay.predict(meta, records, profile_from_dict(dict(PROFILE, tree_verify_s=None)))["sets"]["all"]
+    assert wrong["tree"]["predicted_speedup"] != pytest.approx(wrong["tree"]["measured_speedup"], rel=1e-3)
+
+
+def write_run(folder: Path, meta: dict, records: list[dict]) -> Path:
+    from pacer_bench.answers import ANSWERS, META
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / META).write_text(json.dumps({"version": 1, "baseline": "autoregressive", "settings": {}, **meta}))
+    (folder / ANSWERS).write_text("".join(json.dumps(r) + "\n" for r in records))
+    return folder
+
+
+def test_pacer_replay_prints_the_labelled_table(run, tmp_path, capsys):
+    folder = write_run(tmp_path / "run", *run)
+    profile = tmp_path / "fake.yaml"
+    import yaml
+
+    profile.write_text(yaml.safe_dump(PROFILE))
+    code, out, err = run_cli(["replay", str(folder), "--profile", str(profile), "--profile", "a100-7b-bf16"], capsys)
+    assert code == 0, err
+    assert "predicted under measured profile 'fake'" in out and "predicted under published profile 'a100-7b-bf16'" in out
+    code, out, err = run_cli(["replay", str(folder), "--profile", str(profile), "--json"], capsys)
+    rows = json.loads(out)[0]["sets"]["all"]
+    assert rows["chain"]["predicted_speedup"] == pytest.approx(rows["chain"]["measured_speedup"], rel=1e-6)
+
+
+def test_replay_refuses_bad_input_in_one_line(run, tmp_path, capsys):
+    folder = write_run(tmp_path / "run", *run)
+    code, _, err = run_cli(["replay", str(folder), "--profile", "no-such-profile"], capsys)
+    assert_one_line_error(code, err, "no cost profile 'no-such-profile'", "a100-7b-bf16")
+    code, _, err = run_cli(["replay", str(tmp_path), "--profile", "a100-7b-bf16"], capsys)
+    assert_one_line_error(code, err, "is not a bench folder")
+    meta, records = run
+    stripped = [dict(r, metrics={k: v for k, v in r["metrics"].items() if not k.endswith("_per_step")}) for r in records]
+    old = write_run(tmp_path / "old", meta, stripped)
+    code, _, err = run_cli(["replay", str(old), "--profile", "a100-7b-bf16"], capsys)
+    assert_one_line_error(code, err, "no recorded steps")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("format: 1\nname: x\nkind: measured\ndevice: d\nverify_s: {1: 0.02, 2: 0.01}\n"
+                   "draft_s: {}\nhost_s: {plain: 0.001, chain: 0.001}\nsources: {verify_s: a, draft_s: b, host_s: c}\n")
+    code, _, err = run_cli(["replay", str(folder), "--profile", str(bad)], capsys)
+    assert_one_line_error(code, err, "verify_s falls from 0.02 s at k=1 to 0.01 s at k=2")
