@@ -1,0 +1,266 @@
+"""What ``pacer check`` runs: a strategy stack on tiny models it builds itself, against the target's
+own decoding (greedy), its exact distribution (sampling), plain sampling with the same seed
+(``sample_match``), itself (repeatability) and its own options' bad values.
+
+Every case has an id (``check/case``); ``pacer check ... --case ID`` reruns one. A case fails on a
+wrong output, a refused contract (``Contract``: a draft cache not rolled back, a stop keeping more
+tokens than were drafted, a block longer than asked, a verdict accepting more than was drafted) or
+any error other than a one-line refusal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import attrs
+import torch
+
+from pacer_core import Engine, hookimpl, load_config
+from pacer_core.config import check as check_stack
+from pacer_core.registry import new_plugin_manager
+from pacer_core.types import Draft, DraftBlock, Stop, Verdict
+
+FALSE_ALARM = 1e-3  # the chance a correct stack fails the distribution check (all its cases together)
+PROMPTS = {"plain": [5, 9, 13, 7, 22], "one_token": [17], "repetitive": [5, 9, 13, 5, 9, 13, 5, 9]}
+DIST_PROMPT = [3, 7, 11, 5]
+DIST_LENGTH = 3  # tokens per sampled continuation: 16**3 outcomes, enumerated exactly
+SAMPLINGS = {"t0.7": {"temperature": 0.7}, "t1.0": {"temperature": 1.0},
+             "t1.0-topk4": {"temperature": 1.0, "top_k": 4}, "t0.7-topp0.8": {"temperature": 0.7, "top_p": 0.8}}
+QUICK_SAMPLINGS = ("t0.7", "t1.0-topk4")
+EOS_BIAS = 0.03  # added to the EOS logit of the EOS target: EOS becomes its argmax after a few tokens
+CONTEXT = 40  # the context-limit case's target context (prompt + budget fill it)
+
+
+class Contract(Exception):
+    """A component broke what the engine relies on (one line: what, and which component)."""
+
+
+@attrs.frozen
+class Case:
+    id: str  # "check/case"
+    run: Callable[[], None]  # raises AssertionError/Contract (or anything) when the case fails
+
+
+@attrs.define
+class Outcome:
+    check: str
+    cases: int = 0
+    failed: Optional[str] = None  # the first failing case's id
+    reason: str = ""
+    note: str = ""
+
+    @property
+    def passed(self) -> bool:
+        """No case failed (a check with no case applies not to this stack: the note says why)."""
+        return self.failed is None
+
+
+# -- the draft cache and the hooks' contracts ----------------------------------------------------------
+class WatchedLM:
+    """A draft model whose cache is checked before every chain forward: it must agree with what is
+    true then (the committed tokens and the current draft, which ``Truth`` records before each
+    ``pacer_propose``), up to the shorter of the two. Rejected tokens left in it mean the drafter did
+    not roll back its cache (its later drafts would continue a text that was never emitted)."""
+
+    def __init__(self, model: Any, truth: "Truth"):
+        self._model, self._truth = model, truth
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+    def forward(self, tokens, *, positions=None, tree_mask=None, logits_from=0, hidden=False):
+        cached = list(self._model.cached_tokens)
+        truth = self._truth.tokens
+        if truth is not None and positions is None and tree_mask is None:
+            n = min(len(cached), len(truth))
+            if cached[:n] != truth[:n]:
+                at = next(i for i in range(n) if cached[i] != truth[i])
+                raise Contract(f"the draft model's cache holds token {cached[at]} at position {at} where the "
+                               f"committed text and draft hold {truth[at]}: the drafter did not roll back its draft cache")
+        return self._model.forward(tokens, positions=positions, tree_mask=tree_mask, logits_from=logits_from,
+                                   hidden=hidden)
+
+    def crop(self, length, rows=()):
+        return self._model.crop(length, rows)
+
+    def reset(self):
+        return self._model.reset()
+
+    @property
+    def cached_tokens(self):
+        return self._model.cached_tokens
+
+
+class Truth:
+    """A plugin of the check's: before every ``pacer_propose`` the engine asks the stops, so this
+    records the committed tokens and the draft's main path then (no opinion of its own)."""
+
+    def __init__(self):
+        self.tokens: Optional[list[int]] = None
+
+    @hookimpl
+    def pacer_draft_more(self, state, draft):
+        self.tokens = list(state.tokens) + draft.tokens.tolist()
+        return None
+
+    @hookimpl
+    def pacer_start(self, state):
+        self.tokens = None
+
+
+def watch_contracts(pm) -> None:
+    """Refuse, through pluggy's call monitoring, results no component may return: a ``Stop`` keeping
+    more tokens than were drafted, a block longer than asked, a verdict accepting more than drafted."""
+
+    def after(outcome, hook_name, hook_impls, kwargs):
+        if outcome.exception is not None:
+            return
+        result = outcome.get_result()
+        draft: Optional[Draft] = kwargs.get("draft")
+        if hook_name == "pacer_draft_more":
+            for impl, want in zip(reversed(hook_impls), result):  # results come last-registered first
+                if isinstance(want, Stop) and want.keep is not None and not 0 <= want.keep <= len(draft):
+                    raise Contract(f"stop '{impl.plugin_name}' returned Stop(keep={want.keep}) for a draft of "
+                                   f"{len(draft)} tokens: it may keep at most what was drafted")
+        elif hook_name == "pacer_propose" and isinstance(result, DraftBlock):
+            if len(result) > kwargs["num_tokens"]:
+                raise Contract(f"drafter '{hook_impls[0].plugin_name}' proposed {len(result)} tokens when asked "
+                               f"for {kwargs['num_tokens']}")
+        elif hook_name == "pacer_verify" and isinstance(result, Verdict):
+            if not 0 <= result.accepted <= len(draft.tree):
+                raise Contract(f"verifier '{hook_impls[0].plugin_name}' accepted {result.accepted} of "
+                               f"{len(draft.tree)} draft tokens")
+
+    pm.add_hookcall_monitoring(lambda *args: None, after)
+
+
+# -- tiny pairs and the stack's stand-in artifacts -----------------------------------------------------
+class Pairs:
+    """The tiny models (built once) and the artifacts the stack's components read, made for them:
+    a random feature-level draft for ``eagle``, a random M_B for ``pacer``."""
+
+    def __init__(self, folder: Path):
+        from pacer_core.hf.tiny import noisy_copy, tiny_llama
+
+        self.folder = folder
+        self.models = {
+            "target": tiny_llama(0), "eos_target": tiny_llama(0, eos_bias=EOS_BIAS),
+            "dist_target": tiny_llama(0, vocab=16, scale=25.0),
+        }
+        self.models["draft"] = noisy_copy(self.models["target"], 0.1, seed=123)
+        self.models["eos_draft"] = noisy_copy(self.models["eos_target"], 0.1, seed=123)
+        self.models["dist_draft"] = noisy_copy(self.models["dist_target"], 0.3, seed=1)
+        self._made: dict[tuple[str, int], str] = {}
+
+    def pair(self, kind: str = "", eos: bool = False):
+        """(target, draft) adapters, fresh (each engine owns its models' caches)."""
+        from pacer_core.hf.tiny import tiny_model
+
+        prefix = f"{kind}_" if kind else ""
+        return tiny_model(self.models[prefix + "target"], eos=eos), tiny_model(self.models[prefix + "draft"], eos=eos)
+
+    def standins(self, stack, target) -> list[str]:
+        """Overrides pointing the stack's artifact-reading components at stand-ins for ``target``."""
+        extra = []
+        for top in stack:
+            for part in top.walk():
+                key = part.where.replace("[", ".").replace("]", "")
+                if part.component.name == "eagle":
+                    extra.append(f"{key}.path={self._eagle(target)}")
+                if part.component.name == "pacer" and getattr(part.config, "checkpoint", 0) is None:
+                    extra.append(f"{key}.checkpoint={self._mb(target)}")
+        return extra
+
+    def _eagle(self, target) -> str:
+        from feature_draft.model import ArchConfig, FeatureDraft
+
+        key = ("eagle", target.vocab_size)
+        if key not in self._made:
+            folder = self.folder / f"eagle-{target.vocab_size}"
+            arch = ArchConfig(hidden_size=target.hidden_size, vocab_size=target.vocab_size,
+                              subset_size=min(48, target.vocab_size), intermediate_size=64,
+                              **attrs.asdict(target.attention_shape()))
+            with _seeded(0):
+                net = FeatureDraft(arch)
+            net.subset.copy_(torch.arange(arch.subset_size))
+            net.save(folder, {"target_digest": None})
+            self._made[key] = str(folder)
+        return self._made[key]
+
+    def _mb(self, target) -> str:
+        from pacer_stop.model import PreVerifier, PreVerifierArch
+
+        key = ("mb", target.hidden_size)
+        if key not in self._made:
+            folder = self.folder / f"mb-{target.hidden_size}"
+            with _seeded(0):
+                net = PreVerifier(PreVerifierArch(input_size=target.hidden_size, width=16, heads=2, ffn_size=32,
+                                                  max_positions=16))
+            net.save(folder, {"target_digest": None, "draft_identity": None})
+            self._made[key] = str(folder)
+        return self._made[key]
+
+
+@contextlib.contextmanager
+def _seeded(seed: int) -> Iterator[None]:
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        yield
+    finally:
+        torch.random.set_rng_state(state)
+
+
+# -- the stack under test --------------------------------------------------------------------------
+class Stack:
+    """The stack as the user gave it (config file, overrides, plugin modules), built into engines on
+    the tiny pairs with the check's own overrides on top."""
+
+    def __init__(self, config: Optional[str], overrides: Sequence[str], plugins: Sequence[Any], pairs: Pairs):
+        self.config, self.overrides, self.plugins, self.pairs = config, list(overrides), list(plugins), pairs
+        cfg = load_config(config, self.overrides, extra_plugins=self.plugins, require_models=False)
+        self.stack = check_stack(cfg, extra_plugins=self.plugins, require_models=False)
+        self.needs_draft = self.stack.needs("draft_model")
+        verifier = self.stack.verifier.component
+        # a greedy-only verifier (``needs greedy``) is replaced by speculative_sampling when sampling
+        self.sampling_verifier = None if "greedy" not in verifier.needs else "speculative_sampling"
+
+    def engine(self, target, draft, extra: Sequence[str] = (), *, sampling: Optional[dict] = None,
+               verifier: Optional[str] = None, watch: bool = True) -> Engine:
+        extra = list(extra)
+        if sampling is not None:
+            extra += [f"sampling.{k}={v}" for k, v in {"top_k": 0, "top_p": 1.0, **sampling}.items()]
+            verifier = verifier or self.sampling_verifier
+        else:
+            extra += ["sampling.temperature=0"]
+        if verifier is not None:
+            extra.append(f"strategy.verifier={{name: {verifier}}}")
+        overrides = self.overrides + self.pairs.standins(self.stack, target) + extra
+        cfg = load_config(self.config, overrides, extra_plugins=self.plugins, require_models=False)
+        pm = new_plugin_manager(self.plugins)
+        truth = Truth()
+        if watch:
+            pm.register(truth, name="check:truth")
+            watch_contracts(pm)
+        used = None
+        if self.needs_draft:
+            used = WatchedLM(draft, truth) if watch else draft
+        return Engine.build(target, draft=used, cfg=cfg, pm=pm, max_draft_tokens=16)
+
+    def plain(self, target, *, sampling: Optional[dict] = None) -> Engine:
+        """The target's own decoding through the engine: the autoregressive drafter, no stop."""
+        extra = ["strategy.drafter={name: autoregressive}", "strategy.stop=[]", "strategy.observers=[]",
+                 "strategy.verifier={name: greedy}" if sampling is None else "strategy.verifier={name: speculative_sampling}"]
+        extra += [f"sampling.{k}={v}" for k, v in {"temperature": 0, "top_k": 0, "top_p": 1.0, **(sampling or {})}.items()]
+        cfg = load_config(None, extra, require_models=False)
+        return Engine.build(target, cfg=cfg)
+
+
+def expect_equal(got: Sequence[int], want: Sequence[int], what: str) -> None:
+    if list(got) != list(want):
+        at = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+        raise AssertionError(f"{what}: differs at new token {at} (got {list(got)[at:at + 4]}, "
+                             f"want {list(want)[at:at + 4]})")
