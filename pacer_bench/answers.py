@@ -40,11 +40,48 @@ class Answers:
     duplicates: int = 0  # lines repeating an earlier record's key (the first is kept)
 
 
-_RECORD_FIELDS = {"prompt_set": str, "question_id": (str, int), "model_id": str, "tokens": list, "metrics": dict}
+_RECORD_FIELDS = {"prompt_set": str, "question_id": (str, int), "model_id": str, "tokens": list, "metrics": dict,
+                  "choices": list}
+# the metrics the report adds up (numbers) and lists per step (lists of numbers), when a record has them
+_METRIC_NUMBERS = ("wall_s", "steps", "accepted", "drafted", "target_forwards", "draft_forwards", "draft_s",
+                   "verify_s", "stop_s", "pacer_mb_s")
+_METRIC_LISTS = ("accept_lengths", "drafted_per_step", "accepted_per_step", "nodes_per_step")
+_CHOICE_LISTS = {"turns": str, "decoding_steps": (int, float), "new_tokens": (int, float),
+                 "wall_time": (int, float), "accept_lengths": (int, float)}
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _nested_problem(record: dict) -> Optional[str]:
+    """Why the metrics or the first choice of ``record`` cannot be read by the report, or None."""
+    metrics = record["metrics"]
+    for field, value in metrics.items():
+        if (field in _METRIC_NUMBERS or field.startswith("hybrid_accepted_")) and value is not None \
+                and not _number(value):
+            return f"'metrics.{field}' is {json.dumps(value)[:40]}, not a number"
+        if field in _METRIC_LISTS and value is not None and not (
+                isinstance(value, list) and all(_number(x) for x in value)):
+            return f"'metrics.{field}' is {json.dumps(value)[:40]}, not a list of numbers"
+    topk = metrics.get("draft_topk")
+    if topk and not (isinstance(topk, dict) and isinstance(topk.get("k"), list) and isinstance(topk.get("counts"), list)
+                     and all(isinstance(row, list) and all(_number(x) for x in row) for row in topk["counts"])):
+        return "'metrics.draft_topk' is not the draft_quality observer's tallies ({k: [...], counts: [[...]]})"
+    choice = record["choices"][0] if record["choices"] else None
+    if not isinstance(choice, dict):
+        return "'choices' holds no answer object"
+    for field, kinds in _CHOICE_LISTS.items():
+        value = choice.get(field)
+        if not isinstance(value, list) or not all(isinstance(x, kinds) and not isinstance(x, bool) for x in value) \
+                or (field in ("turns", "decoding_steps") and not value):
+            return f"'choices[0].{field}' is {json.dumps(value)[:40]}, not a list of {'texts' if kinds is str else 'numbers'}"
+    return None
 
 
 def record_problem(record: Any) -> Optional[str]:
-    """Why ``record`` is not an answer record (the fields the bench and the report read), or None."""
+    """Why ``record`` is not an answer record (the fields the bench and the report read, nested ones
+    too), or None."""
     if not isinstance(record, dict):
         return f"a JSON {type(record).__name__}, not an object"
     for field, kinds in _RECORD_FIELDS.items():
@@ -52,6 +89,9 @@ def record_problem(record: Any) -> Optional[str]:
             return f"no '{field}'"
         if not isinstance(record[field], kinds) or isinstance(record[field], bool):
             return f"'{field}' is a {type(record[field]).__name__}"
+    nested = _nested_problem(record)
+    if nested:
+        return nested
     for field in ("repeat", "turn"):
         count = record.get(field, 0)
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:

@@ -269,7 +269,8 @@ def test_resume_refuses_other_settings(tmp_path, models):
 
 def test_answer_log_drops_only_a_cut_short_last_line_and_duplicates(tmp_path):
     path = tmp_path / "answers.jsonl"
-    good = {"prompt_set": "s", "question_id": "a", "model_id": "m", "repeat": 0, "tokens": [], "metrics": {}}
+    good = {"prompt_set": "s", "question_id": "a", "model_id": "m", "repeat": 0, "tokens": [], "metrics": {},
+            "choices": [{"turns": ["t"], "decoding_steps": [1], "new_tokens": [0], "wall_time": [0.0], "accept_lengths": []}]}
     path.write_text(json.dumps(good) + "\n" + json.dumps(good) + "\n" + '{"prompt_set": "s", "quest')
     log = AnswerLog(path)
     assert (log.dropped, log.duplicates, len(log.records)) == (1, 1, 1)  # a truncated tail, a duplicate
@@ -280,18 +281,32 @@ def test_answer_log_drops_only_a_cut_short_last_line_and_duplicates(tmp_path):
     assert len(path.read_text().splitlines()) == 2
 
 
+CHOICES = '"choices": [{"turns": ["t"], "decoding_steps": [1], "new_tokens": [0], "wall_time": [0.0], "accept_lengths": []}]'
+
+
 @pytest.mark.parametrize("line, problem", [
     ("not json", "not JSON"),
     ('{"prompt_set": "s", "quest', "not JSON"),  # a cut-short line is an interrupted write only when last
     ("[1, 2]", "a JSON list, not an object"),
     ('{"prompt_set": "s", "question_id": "x", "model_id": "m", "tokens": []}', "no 'metrics'"),
     ('{"prompt_set": "s", "question_id": "x", "model_id": "m", "tokens": 5, "metrics": {}}', "'tokens' is a int"),
-    ('{"prompt_set": "s", "question_id": "x", "model_id": "m", "tokens": [], "metrics": {}, "repeat": "1"}',
+    ('{"prompt_set": "s", "question_id": "x", "model_id": "m", "tokens": [], "metrics": {}, "repeat": "1", ' + CHOICES + '}',
      "'repeat'"),
+    # nested fields the report reads (a TypeError or KeyError in the report before)
+    ('{"prompt_set": "s", "question_id": "x", "model_id": "m", "tokens": [], "metrics": {}}', "no 'choices'"),
+    ('{"prompt_set": "s", "question_id": "x", "model_id": "m", "tokens": [], "metrics": {"wall_s": "slow"}, '
+     + CHOICES + '}', "'metrics.wall_s' is \"slow\", not a number"),
+    ('{"prompt_set": "s", "question_id": "x", "model_id": "m", "tokens": [], "metrics": {"accept_lengths": [1, "2"]}, '
+     + CHOICES + '}', "'metrics.accept_lengths' is [1, \"2\"], not a list of numbers"),
+    ('{"prompt_set": "s", "question_id": "x", "model_id": "m", "tokens": [], "metrics": {}, "choices": [{}]}',
+     "'choices[0].turns' is null, not a list of texts"),
+    ('{"prompt_set": "s", "question_id": "x", "model_id": "m", "tokens": [], "metrics": {}, "choices": []}',
+     "'choices' holds no answer object"),
 ])
 def test_answer_log_with_a_damaged_middle_line_is_refused_naming_the_line(tmp_path, line, problem):
     path = tmp_path / "answers.jsonl"
-    good = {"prompt_set": "s", "question_id": "a", "model_id": "m", "repeat": 0, "tokens": [], "metrics": {}}
+    good = {"prompt_set": "s", "question_id": "a", "model_id": "m", "repeat": 0, "tokens": [], "metrics": {},
+            "choices": [{"turns": ["t"], "decoding_steps": [1], "new_tokens": [0], "wall_time": [0.0], "accept_lengths": []}]}
     text = json.dumps(good) + "\n" + line + "\n" + json.dumps({**good, "question_id": "b"}) + "\n"
     path.write_text(text)
     with pytest.raises(InputError) as info:
@@ -323,6 +338,21 @@ def test_report_refuses_a_damaged_middle_line_of_the_answer_log(finished, tmp_pa
     code, out_text, err = run_cli(["report", str(out), "--no-plots"], capsys)
     assert_one_line(code, err, f"'{out / 'answers.jsonl'}' line 5", "not JSON", "delete line 5")
     assert out_text == ""
+
+
+@pytest.mark.parametrize("edit, problem", [
+    (lambda r: r["metrics"].update(wall_s="slow"), "'metrics.wall_s' is \"slow\", not a number"),
+    (lambda r: r.pop("choices"), "no 'choices'"),
+])
+def test_report_refuses_a_record_with_a_bad_nested_field(finished, tmp_path, capsys, edit, problem):
+    out = copy_of(finished, tmp_path)
+    lines = (out / "answers.jsonl").read_text().splitlines()
+    record = json.loads(lines[2])
+    edit(record)
+    lines[2] = json.dumps(record)
+    (out / "answers.jsonl").write_text("\n".join(lines) + "\n")
+    code, _, err = run_cli(["report", str(out), "--no-plots"], capsys)
+    assert_one_line(code, err, f"'{out / 'answers.jsonl'}' line 3", problem, "delete line 3")
 
 
 def test_report_reads_a_run_in_progress(finished, tmp_path, capsys):
@@ -858,3 +888,39 @@ def test_the_report_gives_m_bs_own_share_of_the_wall_time_beside_the_stop_time()
     assert mb_share([{"metrics": {"stop_s": 0.5}}], 10.0) is None  # no PACER stop
     assert _stop({"stop_share": 0.08, "mb_share": 0.03}) == "8.0% (M_B 3.0%)"
     assert _stop({"stop_share": 0.08, "mb_share": None}) == "8.0%"
+
+
+# -- 95% intervals and --compare ---------------------------------------------------------------------
+def test_every_speedup_and_tau_of_the_report_carries_its_interval(finished):
+    results = json.loads((finished / "results.json").read_text())
+    text = (finished / "report.md").read_text()
+    for set_name, row in results["table"].items():
+        for name, c in row.items():
+            low, high = c["speedup_ci"]
+            assert low <= c["speedup"] + 1e-9 and c["speedup"] - 1e-9 <= high, (set_name, name)
+            assert c["tau_ci"][0] <= c["tau"] + 1e-9 <= c["tau_ci"][1] + 2e-9, (set_name, name)
+    assert results["table"]["all"]["autoregressive"]["speedup_ci"] == [1.0, 1.0]
+    c = results["table"]["all"]["fixed2"]
+    assert (f"| fixed2 | {c['records']} | {c['tokens_per_s']:.1f} | {c['speedup']:.2f}× "
+            f"[{c['speedup_ci'][0]:.2f}, {c['speedup_ci'][1]:.2f}] | {c['tau']:.2f} [{c['tau_ci'][0]:.2f}, "
+            f"{c['tau_ci'][1]:.2f}] |") in text
+    # rebuilt from the same log: the same intervals (the generators are seeded)
+    again = finished.parent / "again"
+    shutil.copytree(finished, again, dirs_exist_ok=True)
+    from pacer_bench.report import write_report
+
+    assert write_report(again, plots=False)["table"] == results["table"]
+
+
+def test_report_compare_says_whether_two_stacks_differ_beyond_the_noise(finished, capsys):
+    code, out, err = run_cli(["report", str(finished), "--compare", "fixed2", "long"], capsys)
+    assert code == 0, err
+    assert "| prompt set | prompts | generations | fixed2 ÷ long | τ fixed2 | τ long | verdict |" in out
+    rows = [line for line in out.splitlines() if line.startswith("| all |")]
+    assert len(rows) == 1 and rows[0].split(" | ")[-1].rstrip(" |") in (
+        "fixed2 faster", "long faster", "no difference beyond the noise")
+    code, _, err = run_cli(["report", str(finished), "--compare", "fixed2", "nope"], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith("pacer: error: --compare: 'nope' has no record in") and "fixed2" in err
+    code, _, err = run_cli(["report", str(finished), "--compare", "long", "long"], capsys)
+    assert code == 2 and "names 'long' twice" in err
