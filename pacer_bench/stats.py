@@ -75,11 +75,12 @@ def interval(statistic: Callable[[np.ndarray], np.ndarray], columns: np.ndarray,
              level: float = LEVEL) -> Optional[tuple[float, float]]:
     """The bootstrap interval of ``statistic``: ``columns`` ``[units, k]`` holds each unit's sums,
     ``statistic`` maps weighted column sums ``[resamples, k]`` to ``[resamples]`` values (a zero
-    denominator may give nan or inf: that resample is dropped). None without units."""
+    denominator may give nan or inf: that resample is dropped). None with fewer than two clusters:
+    one prompt says nothing of how the figure varies between prompts."""
     columns = np.asarray(columns, dtype=float)
     if columns.ndim != 2 or columns.shape[0] != len(clusters):
         raise ValueError(f"columns of shape {columns.shape} for {len(clusters)} units")
-    if len(clusters) == 0:
+    if len(set(clusters)) < 2:
         return None
     sums = bootstrap_weights(clusters, rng, resamples) @ columns  # [resamples, k]
     with np.errstate(divide="ignore", invalid="ignore"):
