@@ -1,0 +1,199 @@
+"""``pacer export``: a draft trained here, written in the published EAGLE layout other engines serve.
+
+The layouts are those SafeAILab/EAGLE's code builds (``eagle/model/cnets1.py`` for EAGLE-1/2,
+``eagle/model/cnets.py`` for EAGLE-3) and vLLM's and SGLang's EAGLE loaders read
+(``vllm/model_executor/models/llama_eagle.py`` and ``llama_eagle3.py``;
+``python/sglang/srt/models/llama_eagle.py`` and ``llama_eagle3.py``):
+
+- a feature-level student (``FeatureDraft``) becomes an EAGLE-1/2 checkpoint: ``fc`` and
+  ``layers.{i}.*``. EAGLE's layer 0 has no input norm; a student with one (the shipped draft) is
+  written with an identity layer 0 first (all its weights zero but its norm: attention and MLP add
+  exactly zero) and its own layer as layer 1, whose ``input_layernorm`` the layout has. Its head is
+  the target's restricted to the student's vocabulary: the ids go to ``token_map.pt`` (SGLang's
+  ``--speculative-token-map`` format, named by the config's ``speculative_token_map``).
+- an EAGLE-3 student (``Eagle3Draft``) becomes an EAGLE-3 checkpoint: ``fc``, ``midlayer.*``,
+  ``norm``, ``lm_head`` and the vocabulary maps ``d2t`` (target id − draft id, int64) and ``t2d``
+  (bool over the target's vocabulary), as EAGLE-3's code registers them.
+
+Weights keep the dtype the draft folder stores (float16) unless ``--dtype`` says otherwise.
+``embed_tokens.weight`` is not written: EAGLE's code, vLLM and SGLang take the target's. What the
+layout cannot express is refused in one line naming the part (an EAGLE-3 student fusing other target
+layers than 2, L // 2 and L − 3, or not three of them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from pacer_core.commands import Runner, check_out_dir, command
+from pacer_core.errors import InputError
+from pacer_core.jsonfile import read_json
+
+from .model import CONFIG, MANIFEST, WEIGHTS, Eagle3Draft, FeatureDraft, load_draft
+from .published import eagle1_names, eagle3_names
+
+TOKEN_MAP = "token_map.pt"
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+# the architecture names vLLM's and SGLang's registries map to their EAGLE / EAGLE-3 Llama drafts:
+# vLLM keeps names starting "Eagle" (EagleLlamaForCausalLM) and SGLang registers LlamaForCausalLMEagle;
+# both try each listed name in turn. EAGLE-3: LlamaForCausalLMEagle3 in both.
+ARCHITECTURES = {"eagle1": ["EagleLlamaForCausalLM", "LlamaForCausalLMEagle"], "eagle3": ["LlamaForCausalLMEagle3"]}
+
+
+def export_draft(draft: Path, out: Path, dtype: torch.dtype = torch.float16,
+                 max_positions: Optional[int] = None) -> dict[str, Any]:
+    """Write the draft folder ``draft`` (one ``pacer distill`` made) into ``out`` (absent or empty) in
+    the published layout; returns {layout, out, tensors, token_map}. Bad input is one ``InputError``."""
+    check_draft(draft)
+    manifest = read_json(draft / MANIFEST, "draft manifest", "distill the draft again (`pacer distill`)")
+    net = load_draft(draft)
+    if isinstance(net, Eagle3Draft):
+        layout, tensors, config, token_map = "eagle3", *_eagle3(net, draft)
+    elif isinstance(net, FeatureDraft):
+        layout, tensors, config, token_map = "eagle1", *_eagle1(net)
+    else:  # pragma: no cover — load_draft knows no other family
+        raise InputError(f"'{draft}' holds a {type(net).__name__}, which has no published EAGLE layout")
+    arch = net.arch
+    if max_positions is None:
+        max_positions = arch.max_position_embeddings if arch.rope_scaling else 32768
+    config.update(architectures=ARCHITECTURES[layout], model_type="llama", hidden_act="silu",
+                  hidden_size=arch.hidden_size, intermediate_size=arch.intermediate_size,
+                  num_attention_heads=arch.num_heads, num_key_value_heads=arch.num_kv_heads, head_dim=arch.head_dim,
+                  max_position_embeddings=max_positions, rms_norm_eps=arch.rms_eps, rope_theta=arch.rope_theta,
+                  tie_word_embeddings=False, torch_dtype=str(dtype).removeprefix("torch."))
+    if arch.rope_scaling:
+        config["rope_scaling"] = arch.rope_scaling
+    if arch.qkv_bias:
+        config["qkv_bias"] = True
+    config["pacer_export"] = {"from": str(draft), "target": manifest.get("target"),
+                              "target_digest": manifest.get("target_digest")}
+    tensors = {name: (t.to(dtype) if t.is_floating_point() else t).contiguous() for name, t in tensors.items()}
+    _write(out, tensors, config, token_map)
+    return {"layout": layout, "out": str(out), "tensors": len(tensors), "token_map": token_map is not None}
+
+
+def _eagle1(net: FeatureDraft) -> tuple[dict, dict, Optional[torch.Tensor]]:
+    """EAGLE-1/2 tensors (cnets1.py names), config keys and the token map of a feature student."""
+    arch = net.arch
+    own = {k: v.detach().cpu() for k, v in net.state_dict().items()}
+    shift = 1 if arch.input_norm else 0  # an input norm before the first layer: an identity layer 0 first
+    layers = 1 + arch.extra_layers + shift
+    names = eagle1_names(layers, arch.qkv_bias, arch.fc_bias)  # ours (as if without the shift) → theirs
+    tensors = {}
+    for ours, theirs in names.items():
+        if ours == "fc.weight" or ours == "fc.bias":
+            tensors[theirs] = own[ours]
+            continue
+        # our layer k: 0 = the module's own weights, k ≥ 1 = extra.{k - 1}; theirs: layers.{k}
+        k = int(ours.split(".")[1]) + 1 if ours.startswith("extra.") else 0
+        param = ours.split(".", 2)[2] if ours.startswith("extra.") else ours
+        source = k - shift  # our layer feeding EAGLE layer k (−1: the identity layer)
+        if source < 0:
+            tensors[theirs] = torch.ones_like(own[param]) if param.endswith("norm.weight") else \
+                torch.zeros_like(own[param])
+        elif source == 0:
+            tensors[theirs] = own[param]
+        else:
+            tensors[theirs] = own[f"extra.{source - 1}.{param}"]
+    if shift:
+        tensors["layers.1.input_layernorm.weight"] = own["input_norm.weight"]
+    config = {"num_hidden_layers": layers, "vocab_size": arch.vocab_size}
+    if not arch.fc_bias:
+        config["bias"] = False  # EAGLE's code reads `bias` for fc (default true); absent when true
+    subset = own["subset"].long()
+    token_map = None if torch.equal(subset, torch.arange(arch.vocab_size)) else subset
+    if token_map is not None:
+        config["speculative_token_map"] = TOKEN_MAP
+    return tensors, config, token_map
+
+
+def _eagle3(net: Eagle3Draft, draft: Path) -> tuple[dict, dict, None]:
+    """EAGLE-3 tensors (cnets.py names, with d2t and t2d) and config keys of an EAGLE-3 student."""
+    arch = net.arch
+    layers = list(arch.target_layers)
+    if len(layers) != 3 or arch.fused_size != 3 * arch.hidden_size:
+        raise InputError(f"'{draft}' fuses {len(layers)} target layers {layers}; the EAGLE-3 layout's fc reads "
+                         "exactly three (2, L // 2 and L − 3): distill with student.fused_layers unset")
+    num_layers = layers[2] + 3
+    if layers != [2, num_layers // 2, num_layers - 3]:
+        raise InputError(f"'{draft}' fuses target layers {layers}, but the EAGLE-3 layout (EAGLE's code, vLLM, "
+                         "SGLang) reads the inputs of layers 2, L // 2 and L − 3 of an L-layer target: the fc "
+                         "part cannot be expressed; distill with student.fused_layers unset")
+    if arch.vocab_size <= 0:
+        raise InputError(f"'{draft}' does not record its target's vocabulary size, which t2d needs: distill it again")
+    own = {k: v.detach().cpu() for k, v in net.state_dict().items()}
+    tensors = {theirs: own[ours] for ours, theirs in eagle3_names(arch.qkv_bias).items()}
+    subset = own["subset"].long()
+    tensors["d2t"] = subset - torch.arange(len(subset))  # target id = draft id + d2t[draft id]
+    t2d = torch.zeros(arch.vocab_size, dtype=torch.bool)
+    t2d[subset] = True
+    tensors["t2d"] = t2d
+    config = {"num_hidden_layers": 1, "vocab_size": arch.vocab_size, "draft_vocab_size": arch.draft_vocab_size}
+    return tensors, config, None
+
+
+def _write(out: Path, tensors: dict, config: dict, token_map: Optional[torch.Tensor]) -> None:
+    """The files of the export, each written under a temporary name and renamed into place."""
+    import json
+
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    files = {"model.safetensors": lambda p: save_file(tensors, str(p), metadata={"format": "pt"}),
+             CONFIG: lambda p: p.write_text(json.dumps(config, indent=2) + "\n")}
+    if token_map is not None:
+        files[TOKEN_MAP] = lambda p: torch.save(token_map.clone(), p)
+    for name, write in files.items():
+        partial = out / f".{name}.{os.getpid()}.partial"
+        write(partial)
+        os.replace(partial, out / name)
+
+
+def check_draft(draft: Path) -> None:
+    """``draft`` must be a folder ``pacer distill`` wrote (manifest and weights), else ``InputError``."""
+    if not draft.is_dir():
+        raise InputError(f"draft '{draft}' is not a folder: give a folder `pacer distill` wrote")
+    if not (draft / MANIFEST).is_file() or not (draft / WEIGHTS).is_file():
+        published = (draft / CONFIG).is_file() and any((draft / n).exists() for n in
+                                                      ("model.safetensors", "pytorch_model.bin"))
+        hint = "it is already in the published layout" if published else "give a folder `pacer distill` wrote"
+        raise InputError(f"'{draft}' is not a draft `pacer distill` wrote (no {MANIFEST} and {WEIGHTS}): {hint}")
+
+
+def check_export_out(out: str) -> Path:
+    """``out`` as the export's folder: absent (created when written) or an empty folder, in a place that
+    can be written; else ``InputError``."""
+    folder = check_out_dir(out, "out", create=False)
+    if folder.is_dir() and any(folder.iterdir()):
+        raise InputError(f"out '{folder}' exists and is not empty: give a new or empty folder (an export never "
+                         "overwrites files)")
+    return folder
+
+
+@command("export", "write a draft `pacer distill` made (feature-level or EAGLE-3) in the published EAGLE layout "
+                   "that vLLM, SGLang and EAGLE's code load (docs/eagle-checkpoints.md)")
+def _setup(p: argparse.ArgumentParser) -> Runner:
+    p.add_argument("draft", help="a draft folder `pacer distill` wrote (manifest.json, draft.safetensors)")
+    p.add_argument("out", help="the folder to write (new or empty)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float16", help="weights' dtype (default float16)")
+    p.add_argument("--max-position-embeddings", type=int, default=None, metavar="N",
+                   help="the config's max_position_embeddings: the target's context length (default 32768)")
+
+    def runner(args: argparse.Namespace) -> int:
+        if args.max_position_embeddings is not None and args.max_position_embeddings < 1:
+            raise InputError(f"--max-position-embeddings must be ≥ 1, not {args.max_position_embeddings}")
+        draft = Path(args.draft).expanduser()
+        check_draft(draft)
+        out = check_export_out(args.out)
+        result = export_draft(draft, out, DTYPES[args.dtype], args.max_position_embeddings)
+        extra = f" and {TOKEN_MAP}" if result["token_map"] else ""
+        print(f"wrote {result['layout']} checkpoint {out} ({result['tensors']} tensors in model.safetensors, "
+              f"config.json{extra})")
+        return 0
+
+    return runner
