@@ -52,11 +52,14 @@ STACKS: dict[str, tuple[list[str], Optional[int]]] = {
 DEFAULT_STACKS = ("plain", "chain", "tree10", "tree32", "tree64", "hybrid", "pacer")
 
 
+DEFAULT_VOCAB = 512
+
+
 @attrs.frozen
 class Shape:
     """The tiny models' shape: a one-layer Llama target (its identical copy is the token-level draft)."""
 
-    vocab: int = 512
+    vocab: int = DEFAULT_VOCAB
     hidden: int = 64
     layers: int = 1
 
@@ -284,7 +287,8 @@ def _setup(p: argparse.ArgumentParser) -> Runner:
                    help=f"comma-separated, from {', '.join(STACKS)} (default: {','.join(DEFAULT_STACKS)})")
     p.add_argument("--new-tokens", type=int, default=64, help="new tokens per generation (default 64)")
     p.add_argument("--repeats", type=int, default=5, help="timed generations per stack; the fastest counts (default 5)")
-    p.add_argument("--vocab", type=int, default=Shape.vocab, help=f"the tiny models' vocabulary (default {Shape.vocab})")
+    p.add_argument("--vocab", type=int, default=DEFAULT_VOCAB,
+                   help=f"the tiny models' vocabulary (default {DEFAULT_VOCAB})")
     p.add_argument("--threads", type=int, default=1, help="torch threads while measuring (default 1)")
     p.add_argument("--json", metavar="FILE", help="also write the results and the profile's host_s entry here")
 

@@ -93,6 +93,15 @@ def _nodes(record: dict) -> float:
     return float(sum(nodes)) if nodes is not None else float(record["metrics"].get("drafted", 0) or 0)
 
 
+def host_ms_per_step(records: list[dict]) -> Optional[float]:
+    """Milliseconds per step outside the model forwards: (wall − forward_s) / steps over the records
+    whose forwards were timed (CPU runs, docs/host-time.md); None when none were."""
+    timed = [r for r in records if r["metrics"].get("forward_s") is not None]
+    host = _sum(timed, "wall_s") - _sum(timed, "forward_s")
+    ratio = _ratio(host, _sum(timed, "steps"))
+    return None if ratio is None else 1000 * ratio
+
+
 def cell(records: list[dict], reference: dict[tuple, dict]) -> dict[str, Any]:
     """One stack's numbers over ``records``; ``reference`` maps keys to autoregressive records."""
     new = float(sum(len(r["tokens"]) for r in records))
@@ -125,6 +134,7 @@ def cell(records: list[dict], reference: dict[tuple, dict]) -> dict[str, Any]:
         "draft_share": _ratio(_sum(records, "draft_s"), wall),
         "verify_share": _ratio(_sum(records, "verify_s"), wall),
         "stop_share": _ratio(_sum(records, "stop_s"), wall),
+        "host_ms_per_step": host_ms_per_step(records),
         "mb_share": mb_share(records, wall),
         "identical": sum(bool(r.get("identical_to_autoregressive")) for r in paired),
         "first_divergence_min": min(divergences) if divergences else None,
@@ -353,7 +363,8 @@ def _fmt(value: Any, kind: str = "f2") -> str:
 
 
 _COLUMNS = ("| stack | prompts | tok/s | speedup | τ | acceptance | mean draft | tree size | target fw/token "
-            "| draft fw/token | draft time | verify time | stop time | identical | first divergence (min / median) |")
+            "| draft fw/token | draft time | verify time | stop time | host ms/step | identical "
+            "| first divergence (min / median) |")
 
 
 def _stop(c: dict) -> str:
@@ -370,7 +381,7 @@ def _row(name: str, c: dict) -> str:
             f"{_fmt(c.get('mean_nodes_per_step'))} | "
             f"{_fmt(c['target_forwards_per_token'])} | {_fmt(c['draft_forwards_per_token'])} | "
             f"{_fmt(c['draft_share'], 'pct')} | {_fmt(c['verify_share'], 'pct')} | {_stop(c)} | "
-            f"{c['identical']}/{c['paired']} | {div} |")
+            f"{_fmt(c.get('host_ms_per_step'))} | {c['identical']}/{c['paired']} | {div} |")
 
 
 def table_markdown(row: dict[str, dict]) -> str:

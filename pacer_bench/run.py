@@ -26,6 +26,7 @@ from . import units as _units
 from .answers import (ANSWERS, COST_MODEL, META, AnswerLog, json_default, make_record, read_meta, record_key,
                       write_json)
 from .config import BASELINE, HF_BASELINES, BenchConfig, BenchModelConfig
+from .hosttime import ForwardClock
 from .prompts import load_prompts, turn_ids
 from .report import write_report
 from .timing import device_of, make_clock, measure_verify_costs
@@ -102,7 +103,8 @@ def run_bench(bench: BenchConfig, stacks: dict[str, PacerConfig], out: Path, *, 
     clock = make_clock(device)
 
     skipped: dict[str, str] = {}
-    units = [engine_unit(name, cfg, models, bench, clock, extra_plugins) for name, cfg in stacks.items()]
+    forwards = ForwardClock() if device == "cpu" else None  # host time per step (docs/host-time.md)
+    units = [engine_unit(name, cfg, models, bench, clock, extra_plugins, forwards) for name, cfg in stacks.items()]
     for name in bench.baselines:
         if HF_BASELINES[name] and models.draft is None:
             skipped[name] = "needs a draft model: set the bench's draft.path"

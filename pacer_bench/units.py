@@ -44,18 +44,26 @@ class Unit:
     description: dict
 
 
-def engine_unit(name: str, cfg: PacerConfig, models: Models, bench: BenchConfig, clock, extra_plugins) -> Unit:
+def engine_unit(name: str, cfg: PacerConfig, models: Models, bench: BenchConfig, clock, extra_plugins,
+                forwards: Any = None) -> Unit:
     """Stack ``name``: an engine built once around the shared models. ``clock`` (synchronised on a
     GPU) times each whole generation; the engine's per-step split runs on the host clock, adding no
-    sync of its own (each phase ends in a host read of its result anyway: docs/gpu.md)."""
+    sync of its own (each phase ends in a host read of its result anyway: docs/gpu.md). ``forwards``
+    (a ``hosttime.ForwardClock`` shared by the units, on a CPU) times the model forwards, so the
+    record's ``forward_s`` leaves the host time per step (docs/host-time.md)."""
     engine = Engine.build(models.target, draft=models.draft, tokenizer=models.tokenizer, cfg=cfg,
                           extra_plugins=extra_plugins, clock=time.perf_counter)
+    if forwards is not None:
+        forwards.watch_engine(engine)
 
     def run(ids: list[int], repeat: int, budget: int):
+        spent = forwards.seconds if forwards is not None else 0.0
         start = clock()
         result = engine.generate(ids, max_new_tokens=budget, seed=bench.sampling.seed + repeat)
         wall = clock() - start
         metrics = dict(result.metrics, wall_s=wall, tokens_per_s=len(result.tokens) / wall if wall > 0 else 0.0)
+        if forwards is not None:
+            metrics["forward_s"] = forwards.seconds - spent
         return list(result.tokens), metrics, result.finish_reason
 
     description = {k: v for k, v in to_dict(cfg).items() if k in ("sampling", "generation", "strategy")}

@@ -1,0 +1,91 @@
+"""Host time per step (pacer_bench/hosttime.py, docs/host-time.md): the forward clock counts exactly
+the model forwards, the measurement splits each step into forwards and the rest, and bad requests
+are refused in one line. Nothing here asserts on wall-clock time."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import SCRIPTED_VOCAB, assert_one_line_error, build_engine, run_cli
+
+from pacer_bench.hosttime import STACKS, ForwardClock, HostTime, Shape, host_profile, measure_host_time
+from pacer_core import InputError
+from pacer_core.testing import ScriptedLM
+
+
+class TickClock:
+    """A clock that advances one second per reading: a timed forward reads it twice, so it adds 1."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+@pytest.mark.parametrize("drafter", ["draft_model", "draft_model, tree: {topk: 3, depth: 3, nodes: 6}"])
+def test_the_forward_clock_times_each_forward_of_target_and_draft_once(drafter):
+    target, draft = ScriptedLM(SCRIPTED_VOCAB, seed=0), ScriptedLM(SCRIPTED_VOCAB, seed=1)
+    engine = build_engine(target, draft, drafter, "{name: fixed, gamma: 3}", {"temperature": 0.0})
+    clock = ForwardClock(TickClock()).watch_engine(engine)
+    clock.watch_engine(engine)  # watching twice must not count a forward twice
+    before = target.num_forwards + draft.num_forwards
+    engine.generate([1, 2, 3], max_new_tokens=12)
+    assert clock.seconds == target.num_forwards + draft.num_forwards - before > 0
+
+
+def test_the_forward_clock_counts_a_nested_network_once():
+    import torch
+
+    inner = torch.nn.Linear(2, 2)
+    outer = torch.nn.Sequential(inner)
+    clock = ForwardClock(TickClock())
+    clock.watch_module(outer)
+    clock.watch_module(inner)
+    outer(torch.zeros(1, 2))
+    assert clock.seconds == 1.0
+
+
+def test_host_time_splits_each_step_into_forwards_and_the_rest():
+    results = measure_host_time(["plain", "chain", "tree10"], shape=Shape(vocab=64, hidden=32), new_tokens=8,
+                                repeats=1)
+    assert [r.stack for r in results] == ["plain", "chain", "tree10"]
+    for r in results:
+        assert r.steps >= 1
+        assert 0.0 < r.forward_s <= r.step_s
+        assert r.host_s == pytest.approx(r.step_s - r.forward_s)
+    by = {r.stack: r for r in results}
+    assert by["plain"].nodes_per_step == 0.0  # one target forward per step, nothing drafted
+    assert 1.0 < by["tree10"].nodes_per_step <= 10.0  # step 0 (the prefill) drafts nothing
+    profile = host_profile(results)
+    assert set(profile) == {"plain", "chain", "tree"} and list(profile["tree"]) == [10]
+    assert profile["tree"][10] == by["tree10"].host_s
+
+
+def test_the_profile_entry_has_the_cost_profile_layout():
+    made = [HostTime(name, 4, 1.0, 0.003, 0.002, 0.001) for name in ("tree64", "plain", "tree10", "hybrid")]
+    assert host_profile(made) == {"plain": 0.001, "tree": {10: 0.001, 64: 0.001}}
+    assert all(STACKS[name][1] in (None, 10, 32, 64) for name in STACKS)
+
+
+def test_bad_requests_are_refused_before_any_model_is_built(capsys):
+    with pytest.raises(InputError, match="unknown host-time stack 'trees'"):
+        measure_host_time(["trees"])
+    with pytest.raises(InputError, match="at least 1"):
+        measure_host_time(["plain"], repeats=0)
+    code, _, err = run_cli(["bench-host", "--stacks", "plain,nope"], capsys)
+    assert_one_line_error(code, err, "unknown host-time stack 'nope'", "plain")
+    code, _, err = run_cli(["bench-host", "--vocab", "2"], capsys)
+    assert_one_line_error(code, err, "--vocab")
+
+
+def test_the_command_prints_a_table_and_writes_json(capsys, tmp_path):
+    out = tmp_path / "host.json"
+    code, text, _ = run_cli(["bench-host", "--stacks", "plain", "--new-tokens", "4", "--repeats", "1",
+                             "--vocab", "64", "--json", str(out)], capsys)
+    assert code == 0
+    assert "| plain |" in text and "host_s:" in text
+    written = json.loads(out.read_text())
+    assert written["results"][0]["stack"] == "plain" and set(written["host_s"]) == {"plain"}
