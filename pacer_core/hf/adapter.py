@@ -133,9 +133,11 @@ class HFModel:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self._cache_cls = transformers.DynamicCache
-        self._sliding = any(
-            getattr(config, "layer_types", None) and t != "full_attention" for t in config.layer_types
-        ) if getattr(config, "layer_types", None) else False
+        # per decoder layer: "full_attention", "sliding_attention" or another kind of cache layer;
+        # sliding-window layers keep every row like full ones and get the window from the attention
+        # mask, by position, so tree rows and crops behind the window stay exact (see reset)
+        self._layer_kinds: tuple[str, ...] = ()
+        self._window: Optional[int] = None
         self.num_forwards = 0
         self.digest: Optional[str] = None  # content hash of the weights, set by load_model
         self.vocab_subset: Optional[torch.Tensor] = None  # see use_vocab_subset
@@ -218,12 +220,31 @@ class HFModel:
         return self._tokens
 
     def reset(self) -> None:
+        """An empty cache. Full-attention and sliding-window layers alike become growing layers
+        holding every position: transformers' sliding-window layer keeps only the last window − 1
+        rows and slices its keys by row count, which a tree's rows (positions ≠ row indices) and a
+        crop after the window was passed both break. The window is applied by the attention mask
+        instead: transformers' own for consecutive tokens (rows are positions then), ``forward``'s
+        for trees (by each row's position). Exact for every window, at full attention's memory."""
         self._cache = self._cache_cls(config=self.model.config)
-        growing = growing_layer()  # full-attention layers append in place; sliding-window ones stay as they are
-        self._cache.layers = [growing() if type(layer) is growing.__base__ else layer for layer in self._cache.layers]
-        if self._sliding and hasattr(self._cache, "activate_past_recording"):
-            self._cache.activate_past_recording()  # sliding-window layers can be cropped only so
+        growing = growing_layer()
+        kinds, windows, layers = [], set(), []
+        for layer in self._cache.layers:
+            if type(layer) is growing.__base__:
+                kinds.append("full_attention")
+            elif getattr(layer, "is_sliding", False) and isinstance(layer, growing.__base__):
+                kinds.append("sliding_attention")
+                windows.add(int(layer.sliding_window))
+            else:  # another kind (e.g. linear attention): kept as transformers made it
+                kinds.append(type(layer).__name__)
+                layers.append(layer)
+                continue
+            layers.append(growing())
+        self._cache.layers = layers
+        self._layer_kinds = tuple(kinds)
+        self._window = min(windows) if windows else None
         self._tokens: list[int] = []
+        self._positions: list[int] = []  # the position each cached row was computed at
 
     @torch.inference_mode()  # the cache's tensors are inference tensors, moved in place
     def crop(self, length: int, rows: Sequence[int] = ()) -> None:
@@ -239,38 +260,67 @@ class HFModel:
             for layer in self._cache.layers:
                 self._move_rows(layer, total, length, rows)
             self._tokens[length:] = [self._tokens[r] for r in rows]
+            self._positions[length:] = [self._positions[r] for r in rows]
             return
         length += len(rows)
         remove = len(self._tokens) - length
         if remove > 0:
             self._cache.crop(-remove)
-            del self._tokens[length:]
+            del self._tokens[length:], self._positions[length:]
 
     @staticmethod
     def _move_rows(layer: Any, total: int, length: int, rows: list[int]) -> None:
-        """Keep positions [0, length) and ``rows`` of one cache layer (which holds the last
-        ``stored`` of ``total`` positions: a sliding-window layer may hold fewer)."""
-        stored = int(layer.keys.shape[-2])
-        offset = total - stored  # position of the layer's first stored row
-        if length < offset:
-            raise ValueError("a tree path cannot be moved past a sliding window's dropped positions")
-        if not hasattr(layer, "cumulative_length"):  # a full-attention layer: move the rows in place
-            start, index = length - offset, _to_device(torch.tensor([r - offset for r in rows]), layer.keys.device)
-            end = start + len(rows)
-            layer.keys[..., start:end, :] = layer.keys.index_select(-2, index)  # gathered first: rows ≥ their targets
-            layer.values[..., start:end, :] = layer.values.index_select(-2, index)
-            layer.keys, layer.values = layer.keys[..., :end, :], layer.values[..., :end, :]
-            return
-        index = _to_device(torch.tensor(list(range(length - offset)) + [r - offset for r in rows]), layer.keys.device)
-        layer.keys = layer.keys.index_select(-2, index)
-        layer.values = layer.values.index_select(-2, index)
-        layer.cumulative_length = length + len(rows)  # a sliding-window layer: back to its working size
-        window = getattr(layer, "sliding_window", None)
-        if window and layer.cumulative_length >= window:
-            layer.keys, layer.values = layer.keys[..., -window + 1:, :], layer.values[..., -window + 1:, :]
+        """Keep positions [0, length) and ``rows`` of one cache layer, moving the rows in place."""
+        if int(layer.keys.shape[-2]) != total:
+            raise ValueError(f"cannot move tree rows in a {type(layer).__name__} cache layer")
+        index = _to_device(torch.tensor(rows), layer.keys.device)
+        end = length + len(rows)
+        layer.keys[..., length:end, :] = layer.keys.index_select(-2, index)  # gathered first: rows ≥ their targets
+        layer.values[..., length:end, :] = layer.values.index_select(-2, index)
+        layer.keys, layer.values = layer.keys[..., :end, :], layer.values[..., :end, :]
 
     def _on_device(self, tensor: torch.Tensor) -> torch.Tensor:
         return _to_device(tensor, self.device)
+
+    def _tree_attention_mask(self, allowed: torch.Tensor, query_positions: torch.Tensor) -> Any:
+        """The additive attention mask(s) of a tree forward: ``allowed`` ([k, cached + k] bool) for
+        full-attention layers; for sliding-window layers also only the keys whose position lies less
+        than the window before the query's (transformers' rule, by position rather than row index).
+        One [1, 1, k, cached + k] mask when every layer is of one kind, else a mask per kind, which
+        the models with mixed layers (gemma-2/3, qwen2/3 with ``use_sliding_window``...) accept."""
+        kinds = set(self._layer_kinds)
+        if not kinds <= {"full_attention", "sliding_attention"}:
+            other = ", ".join(sorted(kinds - {"full_attention", "sliding_attention"}))
+            raise InputError(f"{self.name}: token trees need full or sliding-window attention layers, this model "
+                             f"also has {other}: draft chains instead (no tree option)")
+        masks = {}
+        if "full_attention" in kinds:
+            masks["full_attention"] = allowed
+        if "sliding_attention" in kinds:
+            key_positions = torch.tensor(self._positions + query_positions.tolist())  # [cached + k]
+            masks["sliding_attention"] = allowed & (key_positions[None, :] > query_positions[:, None] - self._window)
+        for kind, mask in masks.items():
+            additive = torch.zeros(mask.shape, dtype=self.dtype)
+            additive.masked_fill_(~mask, torch.finfo(self.dtype).min)
+            masks[kind] = self._on_device(additive[None, None])
+        if len(masks) == 1:
+            return next(iter(masks.values()))
+        if not self._accepts_mask_per_kind():
+            raise InputError(f"{self.name}: token trees on a model mixing full and sliding-window layers need "
+                             f"its transformers class to take a mask per layer kind, which "
+                             f"{type(self.model.base_model).__name__} does not: draft chains instead (no tree option)")
+        return masks
+
+    def _accepts_mask_per_kind(self) -> bool:
+        """Whether the decoder's forward takes ``attention_mask`` as {layer kind: mask} (transformers'
+        models with mixed layers do, by checking ``isinstance(attention_mask, dict)``)."""
+        import inspect
+
+        try:
+            source = inspect.getsource(type(self.model.base_model).forward)
+        except (OSError, TypeError):
+            return False
+        return "isinstance(causal_mask_mapping := attention_mask, dict)" in source
 
     # -- forward -----------------------------------------------------------------------------
     @torch.inference_mode()
@@ -301,10 +351,12 @@ class HFModel:
         if tree_mask is not None:
             allowed = torch.ones(k, past + k, dtype=torch.bool)
             allowed[:, past + k - tree_mask.shape[1]:] = tree_mask
-            mask = torch.zeros(k, past + k, dtype=self.dtype)
-            mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
-            kwargs["attention_mask"] = self._on_device(mask[None, None])
-            kwargs["position_ids"] = self._on_device((positions + past)[None])
+            query_positions = positions + past  # [k]
+            kwargs["attention_mask"] = self._tree_attention_mask(allowed, query_positions)
+            kwargs["position_ids"] = self._on_device(query_positions[None])
+            new_positions = query_positions.tolist()
+        else:
+            new_positions = range(past, past + k)
         layers = None if isinstance(hidden, bool) else tuple(int(i) for i in hidden)
         if layers is not None and any(not 0 <= i <= self.num_layers for i in layers):
             raise ValueError(f"hidden layers must lie in [0, {self.num_layers}], got {list(layers)}")
@@ -330,4 +382,5 @@ class HFModel:
             out_hidden = _layer_inputs(out.hidden_states, layers) if layers else \
                 (out.hidden_states[-1][0] if hidden else None)
         self._tokens.extend(int(t) for t in tokens)
+        self._positions.extend(new_positions)
         return ModelOutput(logits=out_logits, hidden_states=out_hidden)
