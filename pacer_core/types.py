@@ -231,6 +231,11 @@ class Draft:
     blocks: tuple[DraftBlock, ...] = ()
 
     def __len__(self) -> int:
+        return self.length
+
+    @functools.cached_property
+    def length(self) -> int:
+        """Main-path tokens (``len(draft)``), counted once: the engine and drafters ask often."""
         return sum(len(b) for b in self.blocks)
 
     @functools.cached_property
@@ -247,7 +252,7 @@ class Draft:
     def hidden_states(self) -> Optional[torch.Tensor]:  # [n, hidden]
         return _cat([b.hidden_states for b in self.blocks], "hidden_states")
 
-    @property
+    @functools.cached_property
     def num_nodes(self) -> int:
         """Main-path tokens plus side nodes: what the target scores."""
         return sum(len(b) + (len(b.side) if b.side is not None else 0) for b in self.blocks)
