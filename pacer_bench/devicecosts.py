@@ -307,8 +307,8 @@ def measure(name: str, *, device: str, dtype: str, context: int = 512, seconds: 
         "verify_s": smooth(chain),
         "tree_verify_s": smooth(tree),
         "draft_s": {"feature": smooth(feature), "token": smooth(token)},
-        "preverify_s": raw["preverify_s"],
-        "host_s": host,
+        "preverify_s": seconds4(raw["preverify_s"]),
+        "host_s": {key: smooth(value) if isinstance(value, dict) else seconds4(value) for key, value in host.items()},
         "sources": {
             "verify_s": f"{how} {raw['verify_repeats']} causal forwards per k",
             "tree_verify_s": f"{how} {raw['verify_repeats']} tree-masked forwards per k",
@@ -326,10 +326,16 @@ def measure(name: str, *, device: str, dtype: str, context: int = 512, seconds: 
     return profile, raw
 
 
+def seconds4(value: float) -> float:
+    """``value`` to four significant digits (the timings' noise is larger)."""
+    return float(f"{value:.4g}")
+
+
 def smooth(points: dict[int, float]) -> dict[int, float]:
-    """The measured medians made non-decreasing in k (noise aside, more tokens never cost less)."""
+    """The measured medians made non-decreasing in k (noise aside, more tokens never cost less), to
+    four significant digits (rounding keeps the order)."""
     ks = sorted(points)
-    return dict(zip(ks, monotone([points[k] for k in ks])))
+    return {k: seconds4(v) for k, v in zip(ks, monotone([points[k] for k in ks]))}
 
 
 # -- command line ------------------------------------------------------------------------------------

@@ -6,7 +6,8 @@
 #   commands that pyproject.toml registers as entry points are registered by a metadata folder written
 #   to a temporary directory on PYTHONPATH, so the checkout needs no install. PACER_PYTHON names the
 #   interpreter (default: python3 on PATH).
-#   Otherwise: scripts/bootstrap.sh creates or updates .venv (or $PACER_VENV), and that runs.
+#   Otherwise: scripts/bootstrap.sh creates or updates .venv (or $PACER_VENV; PACER_SKIP_BOOTSTRAP=1 uses
+#   it as it is), and that runs.
 #
 # After `choose_python`: PY (the interpreter) and PACER (the `pacer` command line) are arrays.
 # The caller is at the repository root and has `set -euo pipefail`.
@@ -65,7 +66,7 @@ choose_python() {
     PACER=("${PY[@]}" -m pacer_core)
     echo "system python: $("${PY[@]}" -c 'import sys; print(sys.executable, sys.version.split()[0])'), packages from $PWD"
   else
-    bash scripts/bootstrap.sh
+    [ -n "${PACER_SKIP_BOOTSTRAP:-}" ] || bash scripts/bootstrap.sh
     local venv="${PACER_VENV:-.venv}"
     PY=("$venv/bin/python")
     PACER=("$venv/bin/pacer")
