@@ -120,9 +120,19 @@ class ResolvedComponent:
             yield from member.walk()
 
     @property
+    def main_member(self) -> Optional["ResolvedComponent"]:
+        """A composite's member whose tokens form the main path: the first member that supplies draft
+        probabilities (a model drafter), else the first member; None for a plain component. Member
+        order decides nothing else (``hybrid`` ranks every member's nodes by value)."""
+        if not self.members:
+            return None
+        return next((m for m in self.members if "draft_probs" in m.provides), self.members[0])
+
+    @property
     def provides(self) -> frozenset[str]:
-        """What it supplies: its own capabilities, or a composite's first member's (its main path)."""
-        return self.component.provides | (self.members[0].provides if self.members else frozenset())
+        """What it supplies: its own capabilities, or a composite's main member's (its main path)."""
+        main = self.main_member
+        return self.component.provides | (main.provides if main is not None else frozenset())
 
 
 @attrs.frozen

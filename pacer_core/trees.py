@@ -227,6 +227,21 @@ def value_nodes(values: Sequence[float], parents: Sequence[int], verify: Callabl
     return sorted(ranked[:best_n]), gains[best_n], verify(best_n + 1)
 
 
+def ranked_nodes(values: Sequence[float], parents: Sequence[int], n: int) -> Optional[list[int]]:
+    """The ``n`` nodes of highest value (ties to the earlier node), every one with its ancestors
+    (a node's value never exceeds its parent's); None when every node fits."""
+    if len(values) <= n:
+        return None
+    order = sorted(range(len(values)), key=lambda i: (-values[i], i))
+    taken: set[int] = set()
+    for i in order:
+        if len(taken) >= n:
+            break
+        if parents[i] < 0 or parents[i] in taken:
+            taken.add(i)
+    return sorted(taken)
+
+
 class NodeBudget:
     """What a tree drafter sends once drafting ends: its best ``nodes`` by cumulative draft
     probability (``best_nodes``), or with ``nodes: auto`` the nodes that maximise expected emitted
@@ -254,7 +269,9 @@ class NodeBudget:
         """The nodes to send (None: all of them); ``values``: each node's acceptance estimate
         (default ``node_values``)."""
         if not self.auto:
-            return best_nodes(tree, self.nodes)
+            if values is None:
+                return best_nodes(tree, self.nodes)
+            return ranked_nodes(values, tree.parents.tolist(), self.nodes)
         values = node_values(tree) if values is None else values
         depth = int(tree.depths.max()) if len(tree) else 0
         fixed = self.cost.draft(depth) + self.cost.host(len(tree))

@@ -214,7 +214,9 @@ def test_tree_options_and_their_defaults_are_documented():
     assert_table_shows_defaults(section(read("trees.md"), "## Tree drafters: `tree: {topk, depth, nodes}`"),
                                 TreeConfig, "tree")
     d = TreeConfig()
-    assert read("config.md").count(f"`{{}}` = the defaults {d.topk}, {d.depth}, {d.nodes})") == 2  # both drafters
+    assert (d.nodes, d.budget("cpu"), d.budget("cuda")) == (None, 10, "auto")
+    assert read("config.md").count(f"`{{}}` = {d.topk}, {d.depth} and the device's budget: 10 on a CPU, "
+                                   "`auto` elsewhere") == 2  # both drafters
 
 
 def test_corpus_totals_in_the_docs_are_the_committed_corpus():

@@ -152,7 +152,49 @@ def test_config_refusals_name_the_problem():
         ["strategy.drafter={name: hybrid, members: [{name: draft_model}, {name: draft_model}]}"])
 
 
-def test_a_stop_policy_reading_draft_probs_needs_a_model_first_member():
-    message = _error(["strategy.drafter={name: hybrid, members: [{name: prompt_lookup}, {name: draft_model}]}",
+def test_a_stop_policy_reading_draft_probs_needs_a_model_member():
+    message = _error(["strategy.drafter={name: hybrid, members: [{name: prompt_lookup}, {name: prompt_lookup, branches: 2}]}",
                       "strategy.stop=[{name: entropy}]"])
     assert "strategy.stop[0]" in message and "draft" in message
+
+
+@pytest.mark.parametrize("stop", ["{name: fixed, gamma: 3}", "{name: entropy}"])
+def test_member_order_changes_nothing(stop):
+    """The model member gives the main path wherever it stands, and nodes are sent by value, so the
+    two orders decode the same steps (the stop reading draft probabilities works in either)."""
+    runs = []
+    for members in (f"[{{name: draft_model, tree: {{topk: 2, depth: 3}}}}, {LOOKUP}]",
+                    f"[{LOOKUP}, {{name: draft_model, tree: {{topk: 2, depth: 3}}}}]"):
+        target, draft = scripted_pair()
+        cfg = load_config(overrides=[f"strategy.drafter={{name: {hybrid(members, nodes=6)}}}",
+                                     f"strategy.stop=[{stop}]", "strategy.verifier={name: greedy}",
+                                     "generation.ignore_eos=true"], require_models=False)
+        engine = Engine.build(target, draft=draft, cfg=cfg)
+        results = [engine.generate(prompt, max_new_tokens=24) for prompt in PROMPTS]
+        for prompt, result in zip(PROMPTS, results):
+            assert result.tokens == greedy_reference(target, prompt, 24)
+        runs.append([(r.metrics["accept_lengths"], r.metrics["nodes_per_step"],
+                      r.metrics["hybrid_accepted_prompt_lookup"]) for r in results])
+    assert runs[0] == runs[1]
+
+
+def test_phrase_nodes_are_ranked_by_their_members_learned_rate():
+    """A member whose phrases were always accepted outranks unlikely model nodes under the budget;
+    one whose phrases always failed is left out first."""
+    from pacer_core import Draft, DraftBlock, SideNodes
+
+    target, draft = scripted_pair()
+    cfg = load_config(overrides=[f"strategy.drafter={{name: {hybrid(MEMBERS['chain'], nodes=2)}}}",
+                                 "strategy.stop=[{name: fixed, gamma: 2}]", "strategy.verifier={name: greedy}"],
+                      require_models=False)
+    engine = Engine.build(target, draft=draft, cfg=cfg)
+    plugin = next(p for p in engine.pm.get_plugins() if type(p).__name__ == "Hybrid")
+    probs = torch.zeros(2, VOCAB)
+    probs[0, 1], probs[1, 2] = 0.3, 0.3  # the model's chain 1 -> 2, cumulative 0.3 and 0.09
+    block = DraftBlock(tokens=torch.tensor([1, 2]), draft_probs=probs,
+                       side=SideNodes(torch.tensor([5]), torch.tensor([-1]), torch.zeros(1, VOCAB), sampled=False))
+    plugin._sources = {(5,): "prompt_lookup"}
+    plugin.trials = {("prompt_lookup", 1): [50, 50]}  # lookup's first tokens: always accepted so far
+    assert plugin.pacer_select_nodes(state=None, draft=Draft((block,))) == [0, 2]  # 1 (0.3) and 5 (~0.98)
+    plugin.trials = {("prompt_lookup", 1): [0, 50]}
+    assert plugin.pacer_select_nodes(state=None, draft=Draft((block,))) == [0, 1]  # the model's 1 -> 2

@@ -1,16 +1,25 @@
-"""The ``hybrid`` drafter: several draft sources merged into one token tree per step.
+"""The ``hybrid`` drafter: several draft sources merged into one token tree per step, ranked by value.
 
-``members`` are drafter entries configured as usual. The **first** member is the primary: its
-tokens form the draft's main path (what stop policies judge) and it grows the tree level by level
-as it would alone (``eagle`` or ``draft_model`` with ``tree``, or a chain). At the first level of
-each step every other member proposes a continuation of the committed text (its main tokens and
-its own branches, each read as a phrase), which is merged into the tree as side nodes: a phrase
-walks down through existing nodes carrying its tokens and adds the rest (``pacer_core.trees.
-merge_phrases``), in member order, up to ``nodes`` nodes per step. Model-free members' tokens are
-point masses for the verifier, so the tree stays lossless under sampling. When the primary has
-nothing to propose (``eagle`` before the target has produced a feature, i.e. step 0, whose
-forward prefills the prompt), the step decodes plainly, so stop policies always judge the
-primary's tokens.
+``members`` are drafter entries configured as usual. The **main** member is the first one that
+drafts with a model (``eagle``, ``draft_model``: it supplies draft probabilities), else the first:
+its tokens form the draft's main path (what stop policies judge) and it grows the tree level by
+level as it would alone (a tree, or a chain). At the first level of each step every other member
+proposes a continuation of the committed text (its main tokens and its own branches, each read as a
+phrase), merged into the tree as side nodes: a phrase walks down through existing nodes carrying its
+tokens and adds the rest (``pacer_core.trees.merge_phrases``).
+
+Once drafting ends the merged tree is cut to its budget **by value**, not by member order: each node's
+value is its estimated probability of being accepted (``pacer_core.trees.node_values``): a model
+node's cumulative draft probability; a merged phrase node's, its parent's value times its member's
+acceptance rate at that depth, learned while decoding (accepted ÷ tried among the phrase nodes whose
+parent was accepted, from an even prior). ``nodes`` is that budget: a number (the most valuable
+nodes), ``auto`` (the nodes that maximise expected emitted tokens per second under a cost profile,
+``pacer_core.trees.NodeBudget``), or None: the main member's own tree budget (a chain main member:
+by device, as a tree's). So member order changes nothing but the numbering of equal-valued nodes.
+Model-free members' tokens are point masses for the verifier, so the tree stays lossless under
+sampling. When the main member has nothing to propose (``eagle`` before the target has produced a
+feature, i.e. step 0, whose forward prefills the prompt), the step decodes plainly, so stop policies
+always judge the main member's tokens.
 At most one member may use the draft model (its cache is the member's). ``hybrid_accepted_<member>``
 metrics count the accepted tokens each source contributed.
 """
@@ -26,13 +35,16 @@ import attrs
 import torch
 
 from pacer_core import Component, Draft, DraftBlock, InputError, Resources, SideNodes, hookimpl
-from pacer_core.trees import merge_phrases
+from pacer_core.trees import MAX_NODES, TreeConfig, merge_phrases, node_budget, node_values
 
 
 @attrs.define
 class HybridConfig:
-    members: list[Any] = attrs.field(factory=list)  # drafter entries; the first gives the main path
-    nodes: int = attrs.field(default=32, validator=attrs.validators.ge(1))  # tree nodes per step at most
+    members: list[Any] = attrs.field(factory=list)  # drafter entries; the first model drafter gives the main path
+    # nodes sent per step, the most valuable: a number, 'auto' (cost-sized) or None (the main member's
+    # tree budget; by device for a chain)
+    nodes: Any = attrs.field(default=None, validator=lambda i, a, v: TreeConfig(nodes=v))
+    profile: Optional[str] = None  # the cost profile 'auto' reads (docs/costs.md); None: the device's
     max_phrase: int = attrs.field(default=8, validator=attrs.validators.ge(1))  # tokens per member phrase
 
 
@@ -68,12 +80,15 @@ class Hybrid:
         self.names: list[str] = []
         self.members: list[Any] = []
         seen: Counter[str] = Counter()
-        for member in config.members:  # ResolvedComponents (the engine resolves a composite's members)
+        # the main member first (the first model drafter, else the first), the others in their order
+        main = next((m for m in config.members if "draft_probs" in m.provides), config.members[0])
+        ordered = [main] + [m for m in config.members if m is not main]
+        for member in ordered:  # ResolvedComponents (the engine resolves a composite's members)
             self.members.append(member.component.factory(member.config, resources))
             seen[member.component.name] += 1
             name = member.component.name
             self.names.append(name if seen[name] == 1 else f"{name}{seen[name]}")
-        users = [m.component.name for m in config.members if "draft_model" in m.component.needs]
+        users = [m.component.name for m in ordered if "draft_model" in m.component.needs]
         if len(users) > 1:
             raise InputError(f"hybrid: at most one member may use the draft model, got {', '.join(users)}; "
                              "keep one of them")
@@ -82,7 +97,7 @@ class Hybrid:
         self.stop_thresholds = dict(getattr(self.members[0], "stop_thresholds", None) or {})
         # the target states the members read: the inputs of some layers (EAGLE-3) or the last layer's
         readers = [(m.component.name, getattr(p, "target_layers", None))
-                   for m, p in zip(config.members, self.members) if "target_hidden" in m.component.needs]
+                   for m, p in zip(ordered, self.members) if "target_hidden" in m.component.needs]
         if len({layers for _, layers in readers}) > 1:
             raise InputError("hybrid: members read different target hidden states ("
                              + ", ".join(f"{name}: {list(layers) if layers else 'last layer'}" for name, layers in readers)
@@ -90,6 +105,14 @@ class Hybrid:
         self.target_layers = readers[0][1] if readers else None  # the engine asks the target for these
         self.accepted: Counter[str] = Counter()
         self._sources: dict[tuple[int, ...], str] = {}  # root path of a merged node -> its member
+        # the budget: the hybrid's own, else the main member's tree's (a chain's: by device)
+        own_tree = getattr(main.config, "tree", None)
+        tree = TreeConfig(nodes=config.nodes if config.nodes is not None else getattr(own_tree, "nodes", None),
+                          profile=config.profile or getattr(own_tree, "profile", None))
+        kind = "token" if "draft_model" in main.component.needs else "feature"
+        self.budget = node_budget(tree, resources.target.device, kind)
+        # per (member, depth): [accepted, tried] of its phrase nodes whose parent was accepted
+        self.trials: dict[tuple[str, int], list[int]] = {}
 
     # -- hooks forwarded to the members ----------------------------------------------------------
     @hookimpl
@@ -102,9 +125,12 @@ class Hybrid:
     def pacer_observe_step(self, state, step) -> None:
         tree = step.draft.tree
         path: tuple[int, ...] = ()
-        for node in step.verdict.nodes(step.draft)[: max(0, len(step.emitted) - 1)]:
+        accepted = step.verdict.nodes(step.draft)[: max(0, len(step.emitted) - 1)]
+        for node in accepted:
             path += (int(tree.tokens[node]),)
             self.accepted[self._sources.get(path, self.names[0])] += 1
+        if len(tree):
+            self._learn(tree, set(accepted))
         for member in self.members:
             _call(member, "pacer_observe_step", state=state, step=step)
 
@@ -119,8 +145,40 @@ class Hybrid:
 
     @hookimpl
     def pacer_select_nodes(self, state, draft) -> Optional[list[int]]:
-        """The primary's choice (a tree sends its best nodes; the others' phrases are all kept)."""
-        return _call(self.members[0], "pacer_select_nodes", state=state, draft=draft)
+        """The most valuable nodes of every member within the budget (see the module)."""
+        tree = draft.tree
+        if not len(tree):
+            return None
+        members = self._members_of(tree)
+        depths = tree.depth_list
+        return self.budget.select(tree, node_values(tree, lambda i: self.rate(members[i], depths[i])))
+
+    # -- what a member's phrase nodes are worth --------------------------------------------------
+    def rate(self, member: Optional[str], depth: int) -> float:
+        """The estimated chance that ``member``'s phrase node at ``depth`` is accepted when its parent is."""
+        accepted, tried = self.trials.get((member or self.names[0], depth), (0, 0))
+        return (accepted + 1) / (tried + 2)
+
+    def _members_of(self, tree) -> list[Optional[str]]:
+        """For each node, the member that merged it (None: the main member's own node)."""
+        tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
+        paths: list[tuple[int, ...]] = []
+        for token, parent in zip(tokens, parents):
+            paths.append((paths[parent] if parent >= 0 else ()) + (token,))
+        return [self._sources.get(path) for path in paths]
+
+    def _learn(self, tree, accepted: set[int]) -> None:
+        """Count each merged phrase node whose parent was accepted (or is the root): tried, and accepted or not."""
+        members, depths = self._members_of(tree), tree.depth_list
+        if tree.draft_probs is None:
+            point_mass = [True] * len(tree)
+        else:
+            point_mass = (tree.draft_probs.gather(1, tree.tokens[:, None])[:, 0] <= 0).tolist()
+        for i, parent in enumerate(tree.parents.tolist()):
+            if point_mass[i] and (parent < 0 or parent in accepted):
+                counts = self.trials.setdefault((members[i] or self.names[0], depths[i]), [0, 0])
+                counts[0] += i in accepted
+                counts[1] += 1
 
     # -- drafting ----------------------------------------------------------------------------------
     @hookimpl
@@ -152,7 +210,7 @@ class Hybrid:
         for name, block in proposals:
             forwards += block.forwards
             first = len(tokens) + len(new_tokens)
-            budget = self.config.nodes - first
+            budget = MAX_NODES - first  # the budget by value comes later (pacer_select_nodes)
             if budget <= 0:
                 break
             phrases = [p[: self.config.max_phrase] for p in _phrases(block)]
@@ -182,6 +240,6 @@ class Hybrid:
 def pacer_components() -> list[Component]:
     return [Component(
         "drafter", "hybrid", HybridConfig, Hybrid,
-        "one token tree from several drafters (members): the first gives the main path, the others' "
-        "continuations join as side nodes",
+        "one token tree from several drafters (members): the first model drafter gives the main path, "
+        "the others' continuations join as side nodes; the most valuable nodes are sent",
     )]
