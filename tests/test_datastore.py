@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from datastore.index import TokenIndex, context_matches, rank_continuations
-from datastore.store import FORMAT, VERSION, save_documents
+from datastore.store import FORMAT, VERSION, load_documents, save_documents
 from pacer_core import ConfigError, InputError, load_config
 from pacer_core.testing import ScriptedLM, chisquare_pvalue, exact_continuation_probs
 
@@ -202,10 +202,33 @@ def bad_stores(tmp_path):
     cases["pickle"] = tmp_path / "pickle.npz"
     with open(cases["pickle"], "wb") as f:
         np.savez(f, header=np.array([{"format": FORMAT}], dtype=object), tokens=np.array([1]), lengths=np.array([1]))
+    cases["huge"] = tmp_path / "huge.npz"  # 1 KB claiming 5e10 tokens: was a MemoryError (5e9: 18.6 GiB allocated)
+    _write_claiming(cases["huge"], 5 * 10**10)
     return good, cases
 
 
-NEEDLES = {"truncated": "not a readable", "not a zip": "not a readable", "empty": "not a readable",
+def _write_claiming(path, count: int) -> None:
+    """A small store whose tokens array's .npy header declares ``count`` int32 values."""
+    import io
+    import zipfile
+
+    def npy(array=None, header=None) -> bytes:
+        out = io.BytesIO()
+        if array is not None:
+            np.lib.format.write_array(out, array)
+        else:
+            np.lib.format.write_array_header_1_0(out, header)
+            out.write(b"\0" * 64)
+        return out.getvalue()
+
+    header = {"format": FORMAT, "version": VERSION, "tokenizer": f"ids:{VOCAB}", "tokens": count, "documents": 1}
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("header.npy", npy(np.array(json.dumps(header))))
+        archive.writestr("tokens.npy", npy(header={"descr": "<i4", "fortran_order": False, "shape": (count,)}))
+        archive.writestr("lengths.npy", npy(np.array([count], dtype=np.int64)))
+
+
+NEEDLES = {"huge": "declares 200000000000 bytes, more than the file's", "truncated": "not a readable", "not a zip": "not a readable", "empty": "not a readable",
            "version": "format version 2", "format": "not a datastore file", "tokenizer": "another tokenizer",
            "count": "inconsistent", "lengths": "inconsistent", "ids": "outside this target's vocabulary",
            "pickle": "not a readable"}
@@ -220,6 +243,42 @@ def test_bad_store_files_are_refused_in_one_line(tmp_path):
         message = str(info.value)
         assert "\n" not in message and str(path) in message and "delete it or set another" in message, message
         assert NEEDLES[name] in message, (name, message)
+
+
+def test_a_path_no_save_could_write_is_refused_before_decoding(tmp_path):
+    from helpers import bad_out_folders
+
+    a_folder = tmp_path / "a-folder"
+    a_folder.mkdir()
+    places = [a_folder] + [place / "store.npz" for place in bad_out_folders(tmp_path) if place.name != "a-file"]
+    for path in places:
+        with pytest.raises(InputError, match=f"datastore path '{path}' (is a folder|lies under|cannot be written)"):
+            datastore_engine(f", path: '{path}'")  # was refused only by the save after the first generation
+
+
+_WRITER = """
+import sys, numpy as np
+from datastore.store import load_documents, save_documents
+path, seed = sys.argv[1], int(sys.argv[2])
+rng = np.random.default_rng(seed)
+for i in range(150):
+    lengths = rng.integers(1, 400, size=50)
+    save_documents(path, rng.integers(0, 8, size=int(lengths.sum())), lengths, "ids:8")
+    docs = load_documents(path, "ids:8", 8)
+    assert sum(map(len, docs)) > 0
+"""
+
+
+def test_two_processes_saving_and_loading_one_store(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "store.npz"
+    runs = [subprocess.Popen([sys.executable, "-c", _WRITER, str(path), str(seed)], stderr=subprocess.PIPE, text=True)
+            for seed in (1, 2)]
+    errors = [run.communicate(timeout=300)[1] for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], errors  # was FileNotFoundError, "not a zip file", bad CRC
+    assert load_documents(path, "ids:8", 8) and [p.name for p in tmp_path.iterdir()] == ["store.npz"]
 
 
 def test_corpus_files(tmp_path):

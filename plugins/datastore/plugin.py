@@ -30,7 +30,7 @@ from pacer_core import Component, DraftBlock, InputError, Resources, hookimpl
 from pacer_core.trees import phrase_block
 
 from .index import TokenIndex, context_matches, rank_continuations
-from .store import load_documents, save_documents, tokenizer_identity
+from .store import check_path, load_documents, save_documents, tokenizer_identity
 
 __all__ = ["SHIPPED_CORPUS", "DatastoreConfig", "Datastore", "corpus_writer", "load_corpus", "pacer_components"]
 
@@ -140,6 +140,8 @@ class Datastore:
         self.vocab_size = resources.target.vocab_size
         self.identity = tokenizer_identity(resources.tokenizer, self.vocab_size)
         self.store = TokenIndex(config.max_ngram)  # earlier generations
+        if config.path:
+            check_path(config.path)  # saved after each generation: refused now rather than after decoding
         if config.path and Path(config.path).expanduser().exists():
             self.store.extend(load_documents(config.path, self.identity, self.vocab_size), config.max_tokens)
         self.corpus: Optional[TokenIndex] = None

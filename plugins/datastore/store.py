@@ -5,7 +5,10 @@ An ``.npz`` archive (numpy's zip of plain arrays; read with ``allow_pickle=False
 "tokens": <count>, "documents": <count>}``; ``tokens``, every document's ids concatenated (int32,
 oldest first); ``lengths``, each document's length (int64). The tokenizer identity ties a store to
 the target's vocabulary, so a store written for another tokenizer is refused instead of drafting
-nonsense. Writes are atomic (a temporary file renamed over the old one). Anything unreadable,
+nonsense. Writes are atomic: each save writes a temporary file of its own and renames it over the
+old one, so concurrent writers never mix their bytes and a reader always finds a whole store (the
+last save wins). Arrays whose headers declare more bytes than the file holds are refused before
+anything is allocated. Anything unreadable,
 inconsistent, of another format version or of another tokenizer is refused with one line naming
 the file and the fix.
 """
@@ -14,7 +17,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -27,7 +32,7 @@ FORMAT = "pacer-datastore"
 VERSION = 1
 FIX = "delete it or set another datastore path"
 
-__all__ = ["FORMAT", "VERSION", "load_documents", "save_documents", "tokenizer_identity"]
+__all__ = ["FORMAT", "VERSION", "check_path", "load_documents", "save_documents", "tokenizer_identity"]
 
 
 def tokenizer_identity(tokenizer: Any, vocab_size: int) -> str:
@@ -49,10 +54,68 @@ def save_documents(path: Union[str, Path], tokens: np.ndarray, lengths: np.ndarr
     tokens, lengths = np.asarray(tokens, dtype=np.int32), np.asarray(lengths, dtype=np.int64)
     header = json.dumps({"format": FORMAT, "version": VERSION, "tokenizer": identity,
                          "tokens": int(tokens.shape[0]), "documents": int(lengths.shape[0])})
-    tmp = path.with_name(path.name + ".partial")
-    with open(tmp, "wb") as f:
-        np.savez(f, header=np.array(header), tokens=tokens, lengths=lengths)
-    os.replace(tmp, path)
+    # a temporary name of this write's own: two processes saving the same store never write into one
+    # file, and the rename publishes a complete one (the last save wins, whole)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, header=np.array(header), tokens=tokens, lengths=lengths)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # what open() would have given
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def check_path(path: Union[str, Path]) -> Path:
+    """Refuse, before any decoding, a datastore path no save could write (``InputError``, one line):
+    a folder, a path under a file, or a place that cannot be written."""
+    file = Path(path).expanduser()
+    fix = "give path a .npz file in a folder that can be written"
+    if file.is_dir():
+        raise InputError(f"datastore path '{file}' is a folder: {fix}")
+    existing = file.parent
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise InputError(f"datastore path '{file}' lies under '{existing}', which is not a folder: {fix}")
+    try:  # what a save does: make the folder, write a file of its own in it
+        file.parent.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=f".{file.name}.", suffix=".check", dir=file.parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise InputError(f"datastore path '{file}' cannot be written ({exc.strerror or type(exc).__name__} in "
+                         f"'{existing}'): {fix}") from None
+    return file
+
+
+def _check_declared_sizes(handle: Any) -> None:
+    """Refuse an archive (an open file) whose arrays declare more bytes than the file holds, from their
+    .npy headers, before numpy allocates them (a 1 KB file could otherwise claim gigabytes)."""
+    size = os.fstat(handle.fileno()).st_size
+    with zipfile.ZipFile(handle) as archive:
+        for info in archive.infolist():
+            with archive.open(info) as member:
+                version = np.lib.format.read_magic(member)
+                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                shape, _, dtype = read(member)
+            if dtype.hasobject:
+                raise ValueError(f"its array '{info.filename}' holds Python objects, not plain numbers")
+            declared = math.prod(int(n) for n in shape) * dtype.itemsize
+            if declared > size:
+                raise ValueError(f"its array '{info.filename}' declares {declared} bytes, more than the file's {size}")
 
 
 def load_documents(path: Union[str, Path], identity: str, vocab_size: Optional[int] = None) -> list[np.ndarray]:
@@ -63,12 +126,15 @@ def load_documents(path: Union[str, Path], identity: str, vocab_size: Optional[i
     def refuse(problem: str) -> InputError:
         return InputError(f"datastore '{shown}' {problem}; {FIX}")
 
-    try:
-        with np.load(shown, allow_pickle=False) as archive:
-            if not {"header", "tokens", "lengths"} <= set(archive.files):
-                raise refuse("is not a datastore file (it lacks header, tokens or lengths)")
-            header = json.loads(str(archive["header"]))
-            tokens, lengths = archive["tokens"], archive["lengths"]
+    try:  # one open file for the check and the read: a concurrent save may rename another over the path
+        with open(shown, "rb") as handle:
+            _check_declared_sizes(handle)
+            handle.seek(0)
+            with np.load(handle, allow_pickle=False) as archive:
+                if not {"header", "tokens", "lengths"} <= set(archive.files):
+                    raise refuse("is not a datastore file (it lacks header, tokens or lengths)")
+                header = json.loads(str(archive["header"]))
+                tokens, lengths = archive["tokens"], archive["lengths"]
     except InputError:
         raise
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zipfile.LargeZipFile) as exc:
