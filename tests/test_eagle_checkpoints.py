@@ -361,7 +361,9 @@ VARIANTS = {  # published layouts: (eagle1|eagle3, writer options); each drafts 
     "eagle1-two-layers": ("eagle1", {"layers": 2}),
     "eagle1-head-dim": ("eagle1", {"head_dim": 16}),
     "eagle3-head-dim": ("eagle3", {"head_dim": 16}),  # Qwen3-style: heads × head_dim ≠ hidden size
-    "eagle3-llama3-rope": ("eagle3", {"rope_scaling": LLAMA3, "rope_theta": 500000.0}),  # Llama-3.1 EAGLE-3
+    "eagle3-llama3-rope": ("eagle3", {"rope_scaling": LLAMA3, "rope_theta": 500000.0, "attention_bias": False,
+                                      "mlp_bias": False, "pretraining_tp": 1, "bos_token_id": 128000,
+                                      "tie_word_embeddings": False}),  # the keys of the Llama-3.1 EAGLE-3 configs
     "eagle1-llama3-rope": ("eagle1", {"rope_scaling": LLAMA3}),
     "eagle3-yarn-rope": ("eagle3", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0,
                                                      "original_max_position_embeddings": 16}}),

@@ -248,3 +248,16 @@ def test_an_eagle3_student_fusing_other_layers_is_refused_naming_the_part(tmp_pa
     with pytest.raises(InputError, match=r"fuses target layers \[0, 1, 2\].*layers 2, L // 2 and L − 3.*fc part"):
         export_draft(tmp_path / "draft", tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_an_eagle3_student_with_qkv_biases_is_refused_naming_the_part(tmp_path):
+    import attrs
+
+    from feature_draft.model import Eagle3Draft
+
+    target_model = tiny_llama(0, vocab=64, layers=8)
+    net = load_draft(eagle3_folder(target_model, tmp_path / "plain"))
+    biased = Eagle3Draft(attrs.evolve(net.arch, qkv_bias=True))
+    biased.save(tmp_path / "draft", {"target_digest": None})
+    with pytest.raises(InputError, match="q/k/v biases.*attention part cannot be expressed"):
+        export_draft(tmp_path / "draft", tmp_path / "out")

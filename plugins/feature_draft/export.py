@@ -124,10 +124,13 @@ def _eagle3(net: Eagle3Draft, draft: Path) -> tuple[dict, dict, None]:
         raise InputError(f"'{draft}' fuses target layers {layers}, but the EAGLE-3 layout (EAGLE's code, vLLM, "
                          "SGLang) reads the inputs of layers 2, L // 2 and L − 3 of an L-layer target: the fc "
                          "part cannot be expressed; distill with student.fused_layers unset")
+    if arch.qkv_bias:
+        raise InputError(f"'{draft}' has q/k/v biases, which the EAGLE-3 layout (EAGLE's cnets.py, vLLM, SGLang) "
+                         "does not have: the attention part cannot be expressed")
     if arch.vocab_size <= 0:
         raise InputError(f"'{draft}' does not record its target's vocabulary size, which t2d needs: distill it again")
     own = {k: v.detach().cpu() for k, v in net.state_dict().items()}
-    tensors = {theirs: own[ours] for ours, theirs in eagle3_names(arch.qkv_bias).items()}
+    tensors = {theirs: own[ours] for ours, theirs in eagle3_names().items()}
     subset = own["subset"].long()
     tensors["d2t"] = subset - torch.arange(len(subset))  # target id = draft id + d2t[draft id]
     t2d = torch.zeros(arch.vocab_size, dtype=torch.bool)
