@@ -19,7 +19,8 @@ Under a profile measured on the machine that ran the bench, the prediction can b
 measured speedup (the validation in docs/costs.md); under any other profile it is a prediction,
 and every table says which profile made it. The oracle (each step drafting exactly what was
 accepted) and the best fixed chain γ are replayed the same way when the bench logged a long window
-(``oracle.log_stack``). Pure: no models, no clocks.
+(``oracle.log_stack``), and so are chains, tree shapes, node budgets and ``nodes: auto`` on the trees a
+stack logged with the ``tree_log`` observer (``replay_trees``). Pure: no models, no clocks.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from pacer_core.costs import Profile, load_profile
 from pacer_core.errors import InputError
 
 from .oracle import analyse, is_tree_log, steps_from_metrics
+from .replay_trees import logged_trees, replay_shapes
+from .replay_trees import markdown as tree_markdown
 
 ALL = "all"
 BASELINE = "autoregressive"
@@ -136,6 +139,11 @@ def predict(meta: dict, records: list[dict], profile: Profile) -> dict[str, Any]
             rows[name]["predicted_over_measured"] = p / m if m and p else None
         out["sets"][set_name] = rows
     out["oracle"] = _oracle(meta, records, profile)
+    out["trees"] = {}
+    for name, unit in units.items():  # stacks that logged their trees (the tree_log observer)
+        logged = logged_trees(records, name)
+        if logged:
+            out["trees"][name] = replay_shapes(logged, profile, drafter_kind(unit) or "feature")
     return out
 
 
@@ -176,6 +184,8 @@ def markdown(prediction: dict) -> str:
     if oracle:
         lines += ["", f"On the long-window log of {oracle['log_stack']}: best fixed γ = {oracle['best_fixed_gamma']} "
                       f"{_fmt(oracle['best_fixed_speedup'])}, oracle {_fmt(oracle['oracle_speedup'])} ({label})."]
+    for name, result in prediction.get("trees", {}).items():
+        lines += ["", f"Tree shapes on the trees {name} logged:", "", tree_markdown(result).rstrip()]
     return "\n".join(lines) + "\n"
 
 

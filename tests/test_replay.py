@@ -152,3 +152,94 @@ def test_replay_refuses_bad_input_in_one_line(run, tmp_path, capsys):
                    "draft_s: {}\nhost_s: {plain: 0.001, chain: 0.001}\nsources: {verify_s: a, draft_s: b, host_s: c}\n")
     code, _, err = run_cli(["replay", str(folder), "--profile", str(bad)], capsys)
     assert_one_line_error(code, err, "verify_s falls from 0.02 s at k=1 to 0.01 s at k=2")
+
+
+# -- tree shapes on logged trees ---------------------------------------------------------------------
+from pacer_bench import replay_trees  # noqa: E402
+
+
+def test_a_logged_tree_replays_to_the_run_it_came_from():
+    """The tree_log observer's steps, replayed with the logged shape and every node sent, give back
+    the run's own τ; a narrower shape or a chain never accepts more."""
+    from pacer_core import Engine, load_config
+
+    target, draft = ScriptedLM(VOCAB, table=TARGET_TABLE), ScriptedLM(VOCAB, table=DRAFT_TABLE)
+    cfg = load_config(overrides=["strategy.drafter={name: draft_model, tree: {topk: 3, depth: 3, nodes: 512}}",
+                                 "strategy.stop=[{name: fixed, gamma: 3}]", "strategy.verifier={name: greedy}",
+                                 "strategy.observers=[{name: metrics}, {name: tree_log}]",
+                                 "generation.ignore_eos=true"], require_models=False)
+    engine = Engine.build(target, draft=draft, cfg=cfg)
+    records, emitted, steps = [], 0, 0
+    for question, prompt in PROMPTS.items():
+        result = engine.generate(prompt, max_new_tokens=24)
+        assert len(result.metrics["tree_steps"]) == result.metrics["steps"]  # the scripted draft drafts at once
+        # emitted as a step would without the budget's cut: accepted + 1 (the replay's count)
+        emitted += sum(a + 1 for a in result.metrics["accepted_per_step"])
+        steps += result.metrics["steps"]
+        records.append({"model_id": "tree", "prompt_set": "set", "metrics": result.metrics})
+    logged = replay_trees.logged_trees(records, "tree")
+    result = replay_trees.replay_shapes(logged, profile_from_dict(PROFILE), kind="token")
+    table = result["table"]
+    assert table["tree k3 d3 all"]["all"]["tau"] == pytest.approx(emitted / steps)
+    assert table["oracle tree"]["all"]["tau"] == pytest.approx(emitted / steps)
+    assert all(row["all"]["tau"] <= emitted / steps + 1e-9 for row in table.values())
+    assert table["chain γ=3"]["all"]["tau"] <= table["tree k3 d3 all"]["all"]["tau"]
+    assert "predicted under measured profile 'fake'" in replay_trees.markdown(result)
+
+
+def synthetic_trees(count: int, topk: int, depth: int, seed: int = 0) -> list:
+    """Trees whose draft probabilities are calibrated: a node is accepted, given its parent was,
+    with probability q / (sum of its siblings' q) × the chance the target's token is among them."""
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        parents, q, level = [], [], [-1]
+        for _d in range(depth):
+            nxt = []
+            for parent in level:
+                weights = sorted((rng.random() ** 3 for _ in range(topk)), reverse=True)
+                total = sum(weights) / rng.uniform(0.6, 0.95)
+                for w in weights:
+                    if len(nxt) >= topk:
+                        break
+                    parents.append(parent)
+                    q.append(w / total)
+                    nxt.append(len(parents) - 1)
+            level = nxt
+        main, node = [], -1
+        while True:
+            children = [i for i, p in enumerate(parents) if p == node]
+            if not children:
+                break
+            node = children[0]
+            main.append(node)
+        path, node = [], -1
+        while True:
+            children = [i for i, p in enumerate(parents) if p == node]
+            draw, chosen = rng.random(), None
+            for c in children:
+                draw -= q[c]
+                if draw < 0:
+                    chosen = c
+                    break
+            if chosen is None:
+                break
+            path.append(chosen)
+            node = chosen
+        out.append(replay_trees.LoggedTree(tuple(parents), tuple(q), tuple(main), tuple(path), "set"))
+    return out
+
+
+@pytest.mark.parametrize("profile_name", ["cpu-2core-smollm2-fp32", "a100-7b-bf16"])
+def test_auto_is_at_least_about_the_best_fixed_budget(profile_name):
+    """On trees whose draft probabilities are calibrated, nodes: auto under a profile is within 3% of
+    the best fixed budget and the best chain that hindsight picks under the same profile."""
+    from pacer_core.costs import load_profile
+
+    steps = synthetic_trees(400, topk=6, depth=5)
+    result = replay_trees.replay_shapes(steps, load_profile(profile_name), kind="feature")
+    speed = {name: row["all"]["speedup"] for name, row in result["table"].items()}
+    best = result["best"]
+    assert speed[best["auto"]] >= 0.97 * max(speed[best["tree"]], speed[best["chain"]])

@@ -123,9 +123,50 @@ class DraftQuality:
         return {"draft_topk": {"k": self.ks.tolist(), "counts": self.counts.tolist()}}
 
 
+@attrs.define
+class TreeLogConfig:
+    pass
+
+
+class TreeLog:
+    """Every step's draft tree, for ``pacer replay``'s tree shapes (docs/costs.md#tree-shapes): per
+    step that drafted, each node's parent and draft probability ``q(token | parent)`` (0 for a point
+    mass), the main path and the accepted path. Log a stack that grows a wide tree and sends every
+    node (``tree: {topk: 10, depth: 8, nodes: 512}`` with ``fixed``): under greedy verification a
+    smaller shape's accepted path is the logged one's longest prefix among the nodes it sends."""
+
+    def __init__(self, config: TreeLogConfig, resources: Resources):
+        self.steps: list[dict] = []
+
+    @hookimpl
+    def pacer_start(self, state) -> None:
+        self.steps = []
+
+    @hookimpl
+    def pacer_observe_step(self, state, step) -> None:
+        draft = step.draft
+        if not draft.num_nodes:
+            return
+        tree = draft.tree
+        if tree.draft_probs is None:
+            q = [0.0] * len(tree)
+        else:
+            q = tree.draft_probs.gather(1, tree.tokens[:, None].to(tree.draft_probs.device))[:, 0].float().cpu().tolist()
+        self.steps.append({"parents": tree.parents.tolist(), "q": [round(x, 6) for x in q],
+                           "main": list(draft.path_nodes), "path": list(step.verdict.nodes(draft)),
+                           "forwards": step.draft_forwards})
+
+    @hookimpl
+    def pacer_finish(self, state, result) -> dict:
+        return {"tree_steps": self.steps}
+
+
 @hookimpl
 def pacer_components() -> list[Component]:
     return [Component("observer", "metrics", MetricsConfig, Metrics, "per-generation metrics",
                       provides={"metrics"}),
             Component("observer", "draft_quality", DraftQualityConfig, DraftQuality,
-                      "the draft's top-k agreement with the target per draft position", needs={"draft_probs"})]
+                      "the draft's top-k agreement with the target per draft position", needs={"draft_probs"}),
+            Component("observer", "tree_log", TreeLogConfig, TreeLog,
+                      "every step's draft tree (parents, draft probabilities, main and accepted paths) for "
+                      "pacer replay's tree shapes")]
