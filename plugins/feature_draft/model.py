@@ -75,7 +75,7 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: Union[float, Rotary]) 
     plain rotary embeddings, or a ``Rotary`` with a scaling."""
     half = x.shape[-1] // 2
     if isinstance(theta, Rotary):
-        cos, sin = theta.cos_sin(2 * half, positions.to(x.device))  # [T, half]
+        cos, sin = theta.cos_sin(2 * half, positions, x.device)  # [T, half]
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     else:
         freqs = theta ** (-torch.arange(half, dtype=torch.float32, device=x.device) / half)

@@ -143,11 +143,12 @@ class Rotary:
             return inv / self.factor * (1 - keep) + inv * keep
         return inv
 
-    def cos_sin(self, head_dim: int, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """[T, head_dim / 2] cos and sin of the angles at ``positions`` [T] (float32, on their device)."""
-        furthest = int(positions.max()) + 1 if positions.numel() else 0
-        inv = self.inverse_frequencies(head_dim, furthest).to(positions.device)
-        angles = positions.float()[:, None] * inv[None]
+    def cos_sin(self, head_dim: int, positions: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """[T, head_dim / 2] float32 cos and sin of the angles at ``positions`` [T], on ``device``
+        (only ``dynamic`` reads the positions' values on the host, for its furthest position)."""
+        furthest = int(positions.max()) + 1 if self.kind == "dynamic" and positions.numel() else 0
+        inv = self.inverse_frequencies(head_dim, furthest).to(device)
+        angles = positions.to(device).float()[:, None] * inv[None]
         return angles.cos() * self.attention_factor, angles.sin() * self.attention_factor
 
 
