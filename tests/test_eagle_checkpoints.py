@@ -710,3 +710,51 @@ def test_a_damaged_shard_index_is_refused(tmp_path):
     torch.save({"fc.weight": Planted(str(marker))}, folder / "pytorch_model-00001-of-00002.bin")
     assert "cannot be loaded as PyTorch weights" in refusal(target_model, folder)
     assert not marker.exists()
+
+
+def test_the_command_line_refuses_a_bad_config_value_in_one_line_exit_2(tmp_path, capsys):
+    """``pacer generate`` with a published checkpoint whose config has a value of the wrong type: one
+    line naming the key, exit 2, never a traceback (the tiny target saved with a word tokenizer)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from helpers import VOCAB, assert_one_line_error, run_cli
+
+    target_model = tiny_llama(0)
+    target_model.save_pretrained(tmp_path / "target")
+    words = Tokenizer(models.WordLevel({f"w{i}": i for i in range(VOCAB)}, unk_token="w0"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=words, unk_token="w0", pad_token="w0", bos_token="w1",
+                            eos_token="w2").save_pretrained(tmp_path / "target")
+    folder = write_eagle1(tmp_path / "ckpt", target_model)
+    argv = ["generate", "-p", "w5 w7 w9 w7", "-n", "4", f"target.path={tmp_path / 'target'}",
+            f"strategy.drafter={{name: eagle, path: '{folder}'}}"]
+    code, _, err = run_cli(argv, capsys)
+    assert code == 0, err
+    config = json.loads((folder / "config.json").read_text())
+    for key, value, needle in (("num_attention_heads", 0, "num_attention_heads must be a whole number ≥ 1, not 0"),
+                               ("rope_theta", "fast", "rope_theta must be a number > 0, not 'fast'"),
+                               ("rope_scaling", {"rope_type": "longrope"}, "rope_scaling type 'longrope'")):
+        (folder / "config.json").write_text(json.dumps({**config, key: value}))
+        code, _, err = run_cli(argv, capsys)
+        assert_one_line_error(code, err, needle, "config.json")
+
+
+def test_an_eagle1_token_map_restricts_the_draft_and_a_bad_one_is_refused(tmp_path):
+    target_model = tiny_llama(0)
+    folder = write_eagle1(tmp_path / "ckpt", target_model, speculative_token_map="map.pt")
+    torch.save([5, 3, 9, 7, 1], folder / "map.pt")  # SGLang's format: a list (or tensor) of target ids
+    drafter = drafter_of(engine_for(target_model, folder))
+    assert drafter.subset.tolist() == [5, 3, 9, 7, 1] and drafter.draft_identity.startswith("eagle1:")
+    prompt = [1, 7, 9, 7, 9, 7]
+    assert engine_for(target_model, folder).generate(prompt, max_new_tokens=12).tokens == \
+        reference_greedy(target_model, prompt, 12)
+    for content, needle in (([5, 5], "one id twice"), ([70], "outside the target's 64 tokens"),
+                            (torch.rand(4), "does not hold a list of token ids"),
+                            ({"ids": [1]}, "does not hold a list of token ids")):
+        torch.save(content, folder / "map.pt")
+        assert needle in refusal(target_model, folder)
+    marker = tmp_path / "planted"
+    torch.save(Planted(str(marker)), folder / "map.pt")
+    assert "cannot be loaded as a token map" in refusal(target_model, folder)
+    assert not marker.exists()
