@@ -32,6 +32,17 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # type: ignore[override]
         raise _UsageError(f"{message}; see `{self.prog} --help`")
 
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        """As argparse's, except that ``key=value`` overrides may stand anywhere on the line
+        (``generate target.path=X --prompt P --json a=b``): argparse gives a ``nargs="*"`` positional
+        only one run of words, so the words after a later option are collected here, in order."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras and hasattr(parsed, "overrides") and not any(word.startswith("-") for word in extras):
+            parsed.overrides = [*(parsed.overrides or []), *extras]
+        elif extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
+
 
 class _UsageError(Exception):
     pass
@@ -299,18 +310,6 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _parse(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]]) -> argparse.Namespace:
-    """``parser.parse_args(argv)``, except that ``key=value`` overrides may stand anywhere on the line
-    (``generate target.path=X --prompt P --json a=b``): argparse gives a ``nargs="*"`` positional
-    only one run of words, so the words after a later option are collected here, in their order."""
-    args, extras = parser.parse_known_args(argv)
-    if extras and hasattr(args, "overrides") and not any(word.startswith("-") for word in extras):
-        args.overrides = [*(args.overrides or []), *extras]
-    elif extras:
-        parser.error(f"unrecognized arguments: {' '.join(extras)}")
-    return args
-
-
 def _error(message: str) -> None:
     print(f"{PROG}: error: {' '.join(str(message).split())}", file=sys.stderr)
 
@@ -322,7 +321,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     parser = make_parser()
     try:
-        args = _parse(parser, argv)
+        args = parser.parse_args(argv)
         if getattr(args, "run", None) is None:
             raise _UsageError(f"choose a command: {', '.join(COMMANDS)}; see `{PROG} --help`")
         return args.run(args)

@@ -244,7 +244,7 @@ def _words(option) -> list[str]:
                          ids=lambda v: getattr(v, "dest", v) if not isinstance(v, list) else "")
 def test_every_command_takes_overrides_anywhere(name, option, required):
     needed = [word for action in required for word in _words(action)]
-    args = cli._parse(cli.make_parser(), [name, "a.b=1", *_words(option), "c.d=2", *needed, "e=3"])
+    args = cli.make_parser().parse_args([name, "a.b=1", *_words(option), "c.d=2", *needed, "e=3"])
     assert args.overrides == ["a.b=1", "c.d=2", "e=3"]
 
 

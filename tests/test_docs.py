@@ -537,7 +537,9 @@ def test_documented_bench_errors_are_the_real_messages(tmp_path, capsys, monkeyp
 
     meta = {"version": 1, "settings": {}, "baseline": "autoregressive", "prompt_sets": ["s"],
             "units": [{"name": "autoregressive", "kind": "stack", "config": {}}]}
-    record = {"prompt_set": "s", "model_id": "autoregressive", "repeat": 0, "tokens": [5], "metrics": {}}
+    record = {"prompt_set": "s", "model_id": "autoregressive", "repeat": 0, "tokens": [5], "metrics": {},
+              "choices": [{"turns": ["x"], "decoding_steps": [1], "new_tokens": [1], "wall_time": [0.1],
+                           "accept_lengths": [1]}]}
 
     def run_folder(meta_text: str, answers: list[str] = (), cost: str = None) -> list[str]:
         folder = tmp_path / f"run{len(list(tmp_path.glob('run*')))}"

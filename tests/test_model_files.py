@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import fractions
 import json
+import re
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -190,6 +192,7 @@ def test_the_completed_draft_is_remade_when_any_file_of_the_draft_changes(target
 def test_a_target_folder_without_tokenizer_files(target_folder, tmp_path, capsys):
     bare = tmp_path / "no-tokenizer"
     tiny_llama(0).save_pretrained(bare)
+    capsys.readouterr()  # the save's progress bar
     code, _, err = generate(capsys, bare)
     assert_one_line_error(code, err, f"'{bare}'", "no tokenizer files", "copy the model's tokenizer files")
     (bare / "tokenizer.json").write_text("{not json")  # present but unreadable
@@ -217,6 +220,7 @@ def test_an_encoder_decoder_target(tmp_path, capsys):
     T5ForConditionalGeneration(T5Config(vocab_size=VOCAB, d_model=16, d_kv=8, d_ff=32, num_layers=1,
                                         num_heads=2)).save_pretrained(folder)
     save_tokenizer(folder)
+    capsys.readouterr()  # the save's progress bar
     code, _, err = generate(capsys, folder)
     assert_one_line_error(code, err, "a t5 model, an encoder-decoder model", "causal (decoder-only) language models only")
 
@@ -271,3 +275,42 @@ def test_damaged_json_of_a_pacer_checkpoint(target_folder, tmp_path, capsys, nam
     code, _, err = generate(capsys, target_folder, f"strategy.drafter={{name: eagle, path: '{eagle}'}}",
                             f"strategy.stop=[{{name: pacer, checkpoint: '{checkpoint}'}}]")
     assert_one_line_error(code, err, f"'{path}'", "damaged", "pacer train-preverify")
+
+
+
+def _documented_model_errors() -> dict[str, str]:
+    """docs/config.md's table of model folder errors: input (first cell) -> message (second, in backticks)."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "config.md").read_text()
+    part = text.split("## Model folder and data file errors", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split(" | ", 1) for line in part.splitlines() if line.startswith("| ") and "`" in line]
+    return {cells[0][2:]: re.search(r"`(.+)` \|$", cells[1]).group(1) for cells in rows}
+
+
+def test_the_documented_model_folder_errors_are_the_real_messages(target_folder, tmp_path, capsys):
+    bare = tmp_path / "bare"
+    tiny_llama(0).save_pretrained(bare)
+    remote = tmp_path / "remote"
+    shutil.copytree(target_folder, remote)
+    config = json.loads((remote / "config.json").read_text())
+    (remote / "config.json").write_text(json.dumps({**config, "model_type": "fancy_custom", "auto_map": {}}))
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    t5 = tmp_path / "t5"
+    T5ForConditionalGeneration(T5Config(vocab_size=VOCAB, d_model=16, d_kv=8, d_ff=32, num_layers=1,
+                                        num_heads=2)).save_pretrained(t5)
+    save_tokenizer(t5)
+    draft = save_model(tmp_path / "draft", 1)
+    (draft / "config.json").write_text("{")
+    scenarios = {"a folder with a config and weights but no tokenizer files": [bare],
+                 "a `model_type` transformers does not know, with `auto_map` (custom code)": [remote],
+                 "an encoder-decoder model such as T5": [t5],
+                 "a damaged `config.json` of a model or token draft":
+                     [target_folder, "strategy.drafter.name=draft_model", f"draft.path={draft}"]}
+    documented = _documented_model_errors()
+    assert set(documented) == set(scenarios)
+    capsys.readouterr()  # progress bars of the saves
+    for name, (target, *overrides) in scenarios.items():
+        code, _, err = generate(capsys, target, *overrides)
+        assert_one_line_error(code, err)
+        pattern = ".*".join(re.escape(part) for part in documented[name].split("…"))
+        assert re.fullmatch(pattern, err.strip()[len("pacer: error: "):]), (name, err)
