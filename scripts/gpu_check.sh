@@ -28,9 +28,6 @@ while [ $# -gt 0 ]; do
   esac
 done
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-# shellcheck source=scripts/system_python.sh
-source scripts/system_python.sh
-choose_python
 mkdir -p "$out"
 if [ -n "$(find "$out" -mindepth 1 -maxdepth 1 ! -name 'tests.log' ! -name 'profile-*.yaml' ! -name 'raw-*.json' \
           ! -name replay.md ! -name check.log -print -quit)" ]; then
@@ -38,6 +35,9 @@ if [ -n "$(find "$out" -mindepth 1 -maxdepth 1 ! -name 'tests.log' ! -name 'prof
   exit 2
 fi
 exec > >(tee "$out/check.log") 2>&1
+# shellcheck source=scripts/system_python.sh
+source scripts/system_python.sh
+choose_python
 
 RECORDED="docs/results/recorded-cpu"   # the committed CPU runs whose steps were recorded
 SHAPES=(smollm2-135m llama3-8b)
