@@ -675,6 +675,10 @@ def test_a_config_value_of_the_wrong_type_is_refused_naming_the_key(tmp_path, ke
     ("eagle3", {"qkv_bias": True}, "qkv_bias: True is not supported"),
     ("eagle3", {"num_hidden_layers": 2}, "only one-layer EAGLE-3 drafts"),
     ("eagle3", {"draft_vocab_size": 80}, "draft_vocab_size (80) exceeds vocab_size (64)"),
+    ("eagle3", {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 4]}},
+     "eagle_config.eagle_aux_hidden_state_layer_ids [1, 3, 4] is not supported"),
+    ("eagle3", {"eagle_aux_hidden_state_layer_ids": [2, 4, 5]}, "remove the key if the draft was trained on those"),
+    ("eagle3", {"eagle_config": {"use_aux_hidden_state": False}}, "use_aux_hidden_state: false"),
     ("eagle1", {"speculative_token_map": "../map.pt"}, "speculative_token_map must name a file beside"),
     ("eagle1", {"speculative_token_map": "map.pt"}, "map.pt' (the config's speculative_token_map) is missing"),
 ])

@@ -141,6 +141,7 @@ def check_config(config: dict, folder: Path, layout: str) -> PublishedConfig:
         if layers != 1:
             raise r.bad(f"num_hidden_layers is {layers}; only one-layer EAGLE-3 drafts are supported")
         r.refuse_true("qkv_bias", "EAGLE-3's code (eagle/model/cnets.py) has no q/k/v biases")
+        _refuse_layer_ids(config, r)
     draft_vocab = r.whole("draft_vocab_size", vocab)
     if draft_vocab > vocab:
         raise r.bad(f"draft_vocab_size ({draft_vocab}) exceeds vocab_size ({vocab})")
@@ -173,3 +174,23 @@ def _rope(config: dict, r: _Reader) -> tuple[float, Optional[dict]]:
             and set(scaling) <= {"type", "rope_type"}:
         scaling = None
     return theta, scaling
+
+
+def _refuse_layer_ids(config: dict, r: _Reader) -> None:
+    """Target layers named by the config (vLLM's and SGLang's ``eagle_aux_hidden_state_layer_ids``,
+    top level or in ``eagle_config``) are refused: the engines number them differently (vLLM: the
+    input of layer j; SGLang: the output of layer j), and this loader reads EAGLE's layers."""
+    eagle_config = config.get("eagle_config")
+    if eagle_config is not None and not isinstance(eagle_config, dict):
+        raise r.bad(f"eagle_config must be an object, not {eagle_config!r}")
+    eagle_config = eagle_config or {}
+    if eagle_config.get("use_aux_hidden_state") is False:
+        raise r.bad("eagle_config.use_aux_hidden_state: false (a draft without fc over three target layers) is "
+                    "not supported")
+    for where, ids in (("eagle_aux_hidden_state_layer_ids", config.get("eagle_aux_hidden_state_layer_ids")),
+                       ("eagle_config.eagle_aux_hidden_state_layer_ids",
+                        eagle_config.get("eagle_aux_hidden_state_layer_ids"))):
+        if ids is not None:
+            raise InputError(f"'{r.path}': {where} {ids!r} is not supported: engines number these layers "
+                             "differently, and this loader reads the inputs of target layers 2, L // 2 and L − 3 as "
+                             "EAGLE's code does; remove the key if the draft was trained on those")
