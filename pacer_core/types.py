@@ -276,21 +276,25 @@ class Draft:
     @functools.cached_property
     def tree(self) -> TokenTree:
         """Every node of the draft with its parent, in node order (see ``TokenTree``)."""
-        tokens, parents, probs, sampled = [], [], [], []
+        tokens, probs = [], []
+        parents: list[int] = []  # read and built as lists: a few small tensors per block cost more
+        sampled: list[bool] = []
         tip, total = -1, 0
         has_probs = [b.draft_probs is not None for b in self.blocks]
         for block in self.blocks:
             n = len(block)
             tokens.append(block.tokens)
-            parents.append(torch.arange(total - 1, total + n - 1, dtype=torch.long))
             if n:
-                parents[-1][0] = tip
+                parents.append(tip)
+                parents.extend(range(total, total + n - 1))
                 tip = total + n - 1
             probs.append(block.draft_probs)
             side = block.side
             s = 0 if side is None else len(side)
+            sampled.extend([bool(block.sampled)] * n)
             if s:
-                if bool((side.parents >= total + n + torch.arange(s)).any()) or bool((side.parents < -1).any()):
+                side_parents = side.parents.tolist()
+                if any(p >= total + n + j or p < -1 for j, p in enumerate(side_parents)):
                     raise ValueError("a side node's parent must be an earlier node of the draft tree, or -1")
                 side_sampled = block.sampled if side.sampled is None else side.sampled
                 side_probs = side.draft_probs
@@ -301,19 +305,17 @@ class Draft:
                 elif side_probs is not None and block.draft_probs is None:
                     raise ValueError("a block's side nodes carry draft_probs but its tokens do not")
                 tokens.append(side.tokens)
-                parents.append(side.parents.long())
+                parents.extend(side_parents)
                 probs.append(side_probs)
-            sampled.append(torch.full((n,), block.sampled, dtype=torch.bool))
-            if s:
-                sampled.append(torch.full((s,), side_sampled, dtype=torch.bool))
+                sampled.extend([bool(side_sampled)] * s)
             total += n + s
         if not self.blocks:
             empty = torch.empty(0, dtype=torch.long)
             return TokenTree(empty, empty.clone(), None, torch.empty(0, dtype=torch.bool))
         if any(has_probs) and not all(has_probs):
             raise ValueError("draft blocks disagree on whether they carry draft_probs")
-        return TokenTree(torch.cat(tokens), torch.cat(parents), _cat(probs, "draft_probs"),
-                         torch.cat(sampled), self.path_nodes)
+        return TokenTree(torch.cat(tokens), torch.tensor(parents, dtype=torch.long), _cat(probs, "draft_probs"),
+                         torch.tensor(sampled, dtype=torch.bool), self.path_nodes)
 
     @property
     def block_starts(self) -> tuple[int, ...]:
@@ -370,6 +372,7 @@ class Draft:
         old_to_new, kept_blocks, total, next_index = {-1: -1}, [], 0, 0
         for block in self.blocks:
             n = len(block)
+            unshifted = next_index == total  # nothing dropped before this block: its numbering stands
             take = 0
             while take < n and keep[total + take]:
                 take += 1
@@ -378,19 +381,28 @@ class Draft:
             next_index += take
             side = block.side
             new_side = None
+            rows: list[int] = []
             if side is not None and len(side):
-                rows, new_parents = [], []  # in order: a side node's parent may be an earlier side node of this block
+                new_parents = []  # in order: a side node's parent may be an earlier side node of this block
                 for j, parent in enumerate(side.parents.tolist()):
                     if keep[total + n + j] and parent in old_to_new:
                         rows.append(j)
                         new_parents.append(old_to_new[parent])
                         old_to_new[total + n + j] = next_index
                         next_index += 1
+                if unshifted and take == n and len(rows) == len(side):
+                    kept_blocks.append(block)  # kept whole, numbered as before
+                    total += n + len(side)
+                    continue
                 if rows:
                     index = torch.tensor(rows, dtype=torch.long)
                     new_side = SideNodes(side.tokens[index], torch.tensor(new_parents),
                                          None if side.draft_probs is None else side.draft_probs[index],
                                          side.sampled)
+            elif unshifted and take == n and side is None:
+                kept_blocks.append(block)
+                total += n
+                continue
             if take or new_side is not None or not kept_blocks:
                 kept_blocks.append(DraftBlock(
                     block.tokens[:take],

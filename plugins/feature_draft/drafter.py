@@ -297,7 +297,7 @@ class EagleDrafter:
                 tokens += bonus.keys()
                 bonuses += bonus.values()
             if tokens:  # one indexed add (no two entries share a cell: a row's tokens are distinct)
-                columns = self._column[tokens]  # [m]
+                columns = self._column[torch.tensor(tokens)]  # [m]
                 said = columns >= 0
                 logits.index_put_((torch.tensor(rows)[said], columns[said]),
                                   torch.tensor(bonuses, dtype=logits.dtype)[said], accumulate=True)
@@ -442,7 +442,8 @@ class EagleDrafter:
         probs = self._distribution(features, suffixes)  # [f, vocab]
         if self.level is not None:  # nothing grows past an end-of-sequence token
             ends = [i for i, t in enumerate(self.level.tokens) if t in state.eos_token_ids]
-            probs[ends] = 0.0
+            if ends:
+                probs[ends] = 0.0
         chosen = grow_level(scores, probs, tip_row, tree.topk, tree.topk)
         if not chosen or tip_row is None or chosen[0].row != tip_row:
             return None
