@@ -239,6 +239,7 @@ def test_the_command_writes_an_export_and_refuses_bad_input_in_one_line(tmp_path
     code, _, _ = run_cli(["export", str(draft), str(empty), "--dtype", "bfloat16"], capsys)
     assert code == 0
     assert load_file(str(empty / "model.safetensors"))["fc.weight"].dtype == torch.bfloat16
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".partial")]  # written in one rename
 
 
 def test_an_eagle3_student_fusing_other_layers_is_refused_naming_the_part(tmp_path):

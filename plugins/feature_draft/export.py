@@ -141,20 +141,27 @@ def _eagle3(net: Eagle3Draft, draft: Path) -> tuple[dict, dict, None]:
 
 
 def _write(out: Path, tensors: dict, config: dict, token_map: Optional[torch.Tensor]) -> None:
-    """The files of the export, each written under a temporary name and renamed into place."""
+    """The export's files, written into a temporary folder beside ``out`` that then replaces it (absent
+    or empty) in one rename: an interrupted export leaves no half-written checkpoint."""
     import json
+    import shutil
 
     from safetensors.torch import save_file
 
-    out.mkdir(parents=True, exist_ok=True)
-    files = {"model.safetensors": lambda p: save_file(tensors, str(p), metadata={"format": "pt"}),
-             CONFIG: lambda p: p.write_text(json.dumps(config, indent=2) + "\n")}
-    if token_map is not None:
-        files[TOKEN_MAP] = lambda p: torch.save(token_map.clone(), p)
-    for name, write in files.items():
-        partial = out / f".{name}.{os.getpid()}.partial"
-        write(partial)
-        os.replace(partial, out / name)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.parent / f".{out.name}.{os.getpid()}.partial"
+    try:
+        partial.mkdir()
+        save_file(tensors, str(partial / "model.safetensors"), metadata={"format": "pt"})
+        (partial / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+        if token_map is not None:
+            torch.save(token_map.clone(), partial / TOKEN_MAP)
+        os.replace(partial, out)  # onto an absent or empty folder
+    except OSError as exc:
+        raise InputError(f"out '{out}' cannot be written ({exc.strerror or type(exc).__name__}): give a new or "
+                         "empty folder that can be written") from None
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
 
 
 def check_draft(draft: Path) -> None:
