@@ -75,6 +75,8 @@ def test_bad_requests_are_refused_before_any_model_is_built(capsys):
         measure_host_time(["trees"])
     with pytest.raises(InputError, match="at least 1"):
         measure_host_time(["plain"], repeats=0)
+    with pytest.raises(InputError, match="threads=1"):
+        measure_host_time(["plain"], clock="cpu", threads=2)
     code, _, err = run_cli(["bench-host", "--stacks", "plain,nope"], capsys)
     assert_one_line_error(code, err, "unknown host-time stack 'nope'", "plain")
     code, _, err = run_cli(["bench-host", "--vocab", "2"], capsys)
@@ -83,9 +85,65 @@ def test_bad_requests_are_refused_before_any_model_is_built(capsys):
 
 def test_the_command_prints_a_table_and_writes_json(capsys, tmp_path):
     out = tmp_path / "host.json"
-    code, text, _ = run_cli(["bench-host", "--stacks", "plain", "--new-tokens", "4", "--repeats", "1",
+    code, text, _ = run_cli(["bench-host", "--stacks", "plain", "--new-tokens", "4", "--repeats", "1", "--clock", "cpu",
                              "--vocab", "64", "--json", str(out)], capsys)
     assert code == 0
     assert "| plain |" in text and "host_s:" in text
     written = json.loads(out.read_text())
     assert written["results"][0]["stack"] == "plain" and set(written["host_s"]) == {"plain"}
+
+
+# -- the cuts keep the results: vectorised tree bookkeeping against brute force ------------------
+def random_draft(seed: int):
+    """A draft of 1-4 blocks, each of 1-3 main-path tokens and 0-4 side nodes hanging anywhere earlier."""
+    import torch
+
+    from pacer_core.types import Draft, DraftBlock, SideNodes
+
+    g = torch.Generator().manual_seed(seed)
+    blocks, total = [], 0
+
+    def pick(high: int) -> int:
+        return int(torch.randint(high, (1,), generator=g))
+
+    for _ in range(1 + pick(4)):
+        n, s = 1 + pick(3), pick(5)
+        parents = [pick(total + n + j + 1) - 1 for j in range(s)]  # -1 .. any earlier node
+        side = SideNodes(torch.randint(50, (s,), generator=g), torch.tensor(parents, dtype=torch.long)) if s else None
+        blocks.append(DraftBlock(torch.randint(50, (n,), generator=g), side=side, forwards=1, sampled=False))
+        total += n + s
+    return Draft(tuple(blocks))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_tree_masks_depths_and_selections_match_brute_force(seed):
+    import torch
+
+    draft = random_draft(seed)
+    tree = draft.tree
+    parents = tree.parents.tolist()
+
+    def ancestors(i):
+        out = []
+        while i >= 0:
+            out.append(i)
+            i = parents[i]
+        return out
+
+    n = len(tree)
+    expected = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        expected[i, ancestors(i)] = True
+    assert torch.equal(tree.ancestor_mask(), expected)
+    assert tree.depths.tolist() == [len(ancestors(i)) for i in range(n)]
+    assert draft.num_nodes == n and len(draft) == sum(len(b) for b in draft.blocks)
+
+    wanted = set(torch.randperm(n, generator=torch.Generator().manual_seed(seed))[: n // 2 + 1].tolist())
+    kept = [i for i in range(n) if all(a in wanted for a in ancestors(i))]
+    chosen = draft.select(wanted)
+    new = {old: k for k, old in enumerate(kept)}
+    assert chosen.tree.tokens.tolist() == [int(tree.tokens[i]) for i in kept]
+    assert chosen.tree.parents.tolist() == [new.get(parents[i], -1) for i in kept]
+    assert chosen.forwards == draft.forwards
+    everything = draft.select(range(n))
+    assert everything is draft
