@@ -262,3 +262,14 @@ def test_an_eagle3_student_with_qkv_biases_is_refused_naming_the_part(tmp_path):
     biased.save(tmp_path / "draft", {"target_digest": None})
     with pytest.raises(InputError, match="q/k/v biases.*attention part cannot be expressed"):
         export_draft(tmp_path / "draft", tmp_path / "out")
+
+
+def test_a_token_level_draft_is_refused_naming_the_kind(tmp_path):
+    from pacer_core.hf import HFModel, save_student, student_from_target
+
+    target_model = tiny_llama(0)
+    folder = tmp_path / "token-draft"
+    save_student(student_from_target(HFModel(target_model), [1]), folder, target_path=None, target_digest="aaaa")
+    (folder / "manifest.json").write_text(json.dumps({"family": "token", "target_digest": None}))
+    with pytest.raises(InputError, match="token-level draft.*feature-level networks only.*STANDALONE"):
+        export_draft(folder, tmp_path / "out")
