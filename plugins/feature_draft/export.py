@@ -170,8 +170,7 @@ def check_draft(draft: Path) -> None:
         raise InputError(f"draft '{draft}' is not a folder: give a folder `pacer distill` wrote")
     if (draft / MANIFEST).is_file() and not (draft / WEIGHTS).is_file():
         raise InputError(f"'{draft}' holds a token-level draft (a causal LM of its own, student.kind=token): the "
-                         "EAGLE layouts express feature-level networks only; serve it as a separate draft model "
-                         "(vLLM method draft_model, SGLang --speculative-algorithm STANDALONE)")
+                         "EAGLE layouts express feature-level networks only; export a feature or eagle3 student")
     if not (draft / MANIFEST).is_file() or not (draft / WEIGHTS).is_file():
         published = (draft / CONFIG).is_file() and any((draft / n).exists() for n in
                                                       ("model.safetensors", "pytorch_model.bin"))
