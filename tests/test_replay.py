@@ -243,3 +243,30 @@ def test_auto_is_at_least_about_the_best_fixed_budget(profile_name):
     speed = {name: row["all"]["speedup"] for name, row in result["table"].items()}
     best = result["best"]
     assert speed[best["auto"]] >= 0.97 * max(speed[best["tree"]], speed[best["chain"]])
+
+
+# -- replay-stop's options ---------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, needle", [
+    (["--gammas", "0,-1"], "--gammas takes finite numbers >= 1, got 0"),
+    (["--b", "0"], "--b takes finite numbers >= 1, got 0"),
+    (["--t0", "nan"], "--t0 takes finite numbers >= 0 and <= 1, got nan"),
+    (["--margins", "0"], "--margins takes finite numbers > 0, got 0"),
+    (["--confidence", ""], "--confidence is empty"),
+    (["--draft-token-s", "nan"], "holds no valid cost model"),
+])
+def test_replay_stop_refuses_bad_options_in_one_line(tmp_path, capsys, argv, needle):
+    costs = tmp_path / "costs.json"
+    costs.write_text(json.dumps({"verify_s": [0.05, 0.06], "draft_token_s": 0.005}))
+    code, _, err = run_cli(["replay-stop", str(tmp_path / "none"), "--costs", str(costs), *argv], capsys)
+    assert_one_line_error(code, err, needle)
+
+
+def test_replay_stop_takes_a_profile_or_a_cost_file_and_refuses_nan_costs(tmp_path, capsys):
+    code, _, err = run_cli(["replay-stop", str(tmp_path)], capsys)
+    assert_one_line_error(code, err, "--costs FILE or --profile NAME|FILE")
+    nan = tmp_path / "nan.json"
+    nan.write_text('{"verify_s": [0.05, NaN], "draft_token_s": 0.005}')
+    code, _, err = run_cli(["replay-stop", str(tmp_path), "--costs", str(nan)], capsys)
+    assert_one_line_error(code, err, "holds no valid cost model")
+    code, _, err = run_cli(["replay-stop", str(tmp_path / "none"), "--profile", "a100-7b-bf16"], capsys)
+    assert_one_line_error(code, err, "holds no simulated items")  # the profile was read: the folder is refused

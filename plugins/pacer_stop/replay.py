@@ -22,6 +22,7 @@ have started the next step elsewhere).
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
@@ -294,18 +295,34 @@ def markdown(result: dict[str, Any], positions: dict[str, list[dict[str, Any]]])
     return "\n".join(lines)
 
 
-def _numbers(text: str, kind=float) -> list:
+def _numbers(text: str, kind=float, option: str = "", low: Optional[float] = None, high: Optional[float] = None,
+             open_low: bool = False) -> list:
+    """A comma-separated option as numbers, each finite and within [low, high] (``open_low``: above
+    low), else ``InputError`` naming the option."""
+    where = f"{option} " if option else ""
     try:
-        return [kind(x) for x in text.split(",") if x.strip()]
+        values = [kind(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise InputError(f"'{text}' is not a comma-separated list of numbers") from None
+        raise InputError(f"{where}'{text}' is not a comma-separated list of numbers") from None
+    if not values:
+        raise InputError(f"{where}is empty: give at least one number")
+    for v in values:
+        bad = not math.isfinite(v) or (low is not None and (v <= low if open_low else v < low)) \
+            or (high is not None and v > high)
+        if bad:
+            bounds = " and ".join(b for b in (
+                None if low is None else f"{'>' if open_low else '>='} {low:g}",
+                None if high is None else f"<= {high:g}") if b)
+            raise InputError(f"{where}takes finite numbers {bounds}, got {v}")
+    return values
 
 
 @command("replay-stop", "replay stop rules on held-out simulated steps with a cost model (noise-free speedups)")
 def _setup(p):
     p.add_argument("folder", metavar="DIR", help="a `pacer train-preverify` run folder (its samples/)")
-    p.add_argument("--costs", metavar="FILE", required=True,
-                   help="a `pacer costs` file or a bench's cost_model.json (seconds)")
+    p.add_argument("--costs", metavar="FILE", help="a `pacer costs` file or a bench's cost_model.json (seconds)")
+    p.add_argument("--profile", metavar="NAME|FILE", help="or a cost profile (docs/costs.md): a shipped name or a "
+                                                          "file; its eagle (feature) drafter's costs")
     p.add_argument("--checkpoint", metavar="DIR", help="the M_B to replay (default: the shipped one)")
     p.add_argument("--heldout-every", type=int, default=10,
                    help="held-out items: item numbers divisible by this (the run's data.heldout_every, 10); "
@@ -325,7 +342,26 @@ def _setup(p):
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
 
     def run(args) -> int:
-        cost = read_cost_file(Path(args.costs), args.draft_token_s, args.step_s)  # before the data loads
+        if (args.costs is None) == (args.profile is None):
+            raise InputError("give the costs to replay with: --costs FILE or --profile NAME|FILE (one of them)")
+        if args.costs is not None:
+            cost = read_cost_file(Path(args.costs), args.draft_token_s, args.step_s)  # before the data loads
+        else:
+            from pacer_core.costs import load_profile
+
+            cost = load_profile(args.profile).cost_model("feature")
+            overrides = {k: v for k, v in (("draft_token_s", args.draft_token_s), ("step_s", args.step_s))
+                         if v is not None}
+            if overrides:
+                try:
+                    cost = attrs.evolve(cost, **overrides)
+                except ValueError as exc:
+                    raise InputError(f"--draft-token-s / --step-s: {exc}") from None
+        gammas, blocks = _numbers(args.gammas, int, "--gammas", 1), _numbers(args.b, int, "--b", 1)
+        margins, t0 = _numbers(args.margins, float, "--margins", 0, open_low=True), _numbers(args.t0, float, "--t0", 0, 1)
+        confidence = _numbers(args.confidence, float, "--confidence", 0, 1)
+        entropy_gamma = _numbers(args.entropy_gamma, float, "--entropy-gamma", 0, open_low=True)
+        entropy = _numbers(args.entropy, float, "--entropy", 0, 1)
         folder = checkpoint_folder(args.checkpoint if args.checkpoint else str(DEFAULT_CHECKPOINT))
         if args.heldout_every < 0 or args.max_draft < 1:
             raise InputError("--heldout-every must be >= 0 and --max-draft >= 1")
@@ -334,9 +370,7 @@ def _setup(p):
         longest = max(s.window for s in steps)
         if args.max_draft > longest:
             raise InputError(f"--max-draft {args.max_draft} exceeds the simulated window ({longest} tokens)")
-        result = compare(steps, cost, _numbers(args.gammas, int), _numbers(args.b, int), _numbers(args.margins),
-                         _numbers(args.t0), _numbers(args.confidence), args.max_draft,
-                         _numbers(args.entropy_gamma), _numbers(args.entropy))
+        result = compare(steps, cost, gammas, blocks, margins, t0, confidence, args.max_draft, entropy_gamma, entropy)
         positions = calibration(steps)
         print(markdown(result, positions))
         if args.json:
