@@ -6,9 +6,11 @@ The engine knows token ids, tensors and hooks; strategies live in plugins, model
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import threading
 import time
+import weakref
 from typing import Any, Callable, Optional, Sequence, Union
 
 import attrs
@@ -103,12 +105,39 @@ def load_stack_draft(cfg: PacerConfig, stack: ResolvedStack, tokenizer: Any,
     return loaded[section.path]
 
 
+@attrs.define(eq=False)
+class CacheLock:
+    """The lock of one model's KV cache and the thread holding it."""
+
+    lock: threading.Lock = attrs.Factory(threading.Lock)
+    owner: Optional[int] = None
+
+
+_CACHE_LOCKS: dict[int, CacheLock] = {}
+_CACHE_LOCKS_GUARD = threading.Lock()
+
+
+def cache_lock(model: Any) -> CacheLock:
+    """The lock of ``model``'s KV cache, one per model object, shared by every engine built on it
+    (two engines on one loaded target take turns, as one engine's threads do); dropped with it."""
+    with _CACHE_LOCKS_GUARD:
+        lock = _CACHE_LOCKS.get(id(model))
+        if lock is None:
+            lock = _CACHE_LOCKS[id(model)] = CacheLock()
+            try:
+                weakref.finalize(model, _CACHE_LOCKS.pop, id(model), None)
+            except TypeError:  # a model without weak references keeps its lock for the process's life
+                pass
+        return lock
+
+
 class Engine:
     """Speculative decoding with one target model and a strategy stack of plugins.
 
     An engine may be shared between threads: ``generate`` calls are serialised by a lock, since the
-    engine owns its models' KV caches and its components' state. For parallel decoding build one
-    engine per thread.
+    engine owns its components' state; engines built on the same model object (target or draft)
+    also take turns, since its KV cache is the model's. For parallel decoding build one engine per
+    thread, each with its own models.
     """
 
     def __init__(self, target: LanguageModel, pm: pluggy.PluginManager, *, sampling: SamplingParams,
@@ -128,6 +157,8 @@ class Engine:
             self.target_hidden = check_target_layers(target, target_layers)
         self._lock = threading.Lock()  # one generation at a time: the models' caches are the engine's
         self._generating: Optional[int] = None  # the thread inside generate, to refuse re-entry
+        models = {id(m): m for m in (target, draft) if m is not None}
+        self._cache_locks = [cache_lock(models[key]) for key in sorted(models)]  # taken in one global order
         for hook, role in (("pacer_propose", "drafter"), ("pacer_verify", "verifier")):
             impls = getattr(pm.hook, hook).get_hookimpls()
             if len(impls) != 1:
@@ -254,8 +285,15 @@ class Engine:
         if self._generating == threading.get_ident():
             raise InputError("generate was called from inside a hook of the same engine's generation: "
                              "build a second engine for nested decoding")
-        with self._lock:
+        if any(lock.owner == threading.get_ident() for lock in self._cache_locks):
+            raise InputError("generate was called during another engine's generation on the same model (from one "
+                             "of its hooks): build the nested engine on its own copy of the model")
+        with self._lock, contextlib.ExitStack() as held:
             self._generating = threading.get_ident()
+            for lock in self._cache_locks:
+                held.enter_context(lock.lock)
+                lock.owner = self._generating
+                held.callback(setattr, lock, "owner", None)
             try:
                 return self._generate(prompt, budget, seed)
             finally:

@@ -7,10 +7,13 @@ GGUF files are dequantized once and cached as safetensors in the user cache fold
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -93,6 +96,25 @@ def check_weights(folder: Path) -> None:
                              "safetensors") from exc
 
 
+@contextlib.contextmanager
+def _publishing(folder: Path):
+    """A new temporary folder beside ``folder`` to build it in, renamed to ``folder`` in one step when
+    the block succeeds, so other processes see no folder or a whole one. Processes building the same
+    folder at once each build their own copy: the first rename publishes it, the others find the
+    folder there and drop theirs (the copies are the same). The temporary folder never stays."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{folder.name}.partial-", dir=folder.parent))
+    try:
+        yield tmp
+        try:
+            os.rename(tmp, folder)
+        except OSError:
+            if not folder.is_dir():  # not another process's copy: a real failure
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
@@ -117,7 +139,11 @@ def materialize(path: Optional[str]) -> Path:
         raise InputError(f"'{source}' is neither an HF model folder nor a .gguf file")
     digest = _file_digest(source)
     folder = cache_root() / "gguf" / f"{source.stem}-{digest[:16]}"
-    if (folder / "model.safetensors").exists() and (folder / "pacer-source.json").exists():
+
+    def whole() -> bool:
+        return (folder / "model.safetensors").exists() and (folder / "pacer-source.json").exists()
+
+    if whole():
         return folder
     transformers = _quiet_transformers()
     tokenizer = transformers.AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
@@ -128,11 +154,12 @@ def materialize(path: Optional[str]) -> Path:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    tmp = folder.with_name(folder.name + ".partial")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "pacer-source.json").write_text(json.dumps({"gguf": str(source), "sha256": digest}))
-    tmp.rename(folder)
+    if folder.is_dir() and not whole():  # damaged: _publishing makes whole ones
+        shutil.rmtree(folder, ignore_errors=True)
+    with _publishing(folder) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "pacer-source.json").write_text(json.dumps({"gguf": str(source), "sha256": digest}))
     return folder
 
 
@@ -173,17 +200,13 @@ def _complete_shared(folder: Path) -> Path:
         if source_name not in target_weights:
             raise InputError(f"draft '{folder}' needs tensor '{source_name}' from its target, which lacks it")
         tensors[name] = target_weights[source_name].to(tensors[next(iter(tensors))].dtype).contiguous()
-    tmp = complete.with_name(complete.name + ".partial")
-    tmp.mkdir(parents=True, exist_ok=True)
-    for item in folder.iterdir():
-        if item.is_file() and item.name not in ("model.safetensors", SHARED_FILE):  # a plain HF folder
-            (tmp / item.name).write_bytes(item.read_bytes())
-    save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
-    if complete.exists():
-        import shutil
-
-        shutil.rmtree(complete)
-    tmp.rename(complete)
+    if complete.is_dir() and not (complete / "model.safetensors").exists():  # damaged: _publishing makes whole ones
+        shutil.rmtree(complete, ignore_errors=True)
+    with _publishing(complete) as tmp:
+        for item in folder.iterdir():
+            if item.is_file() and item.name not in ("model.safetensors", SHARED_FILE):  # a plain HF folder
+                (tmp / item.name).write_bytes(item.read_bytes())
+        save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
     return complete
 
 
