@@ -140,7 +140,7 @@ class Datastore:
         self.vocab_size = resources.target.vocab_size
         self.identity = tokenizer_identity(resources.tokenizer, self.vocab_size)
         self.store = TokenIndex(config.max_ngram)  # earlier generations
-        if config.path:
+        if config.path and config.max_tokens > 0:
             check_path(config.path)  # saved after each generation: refused now rather than after decoding
         if config.path and Path(config.path).expanduser().exists():
             self.store.extend(load_documents(config.path, self.identity, self.vocab_size), config.max_tokens)
