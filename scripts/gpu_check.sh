@@ -13,16 +13,17 @@
 #   bash scripts/gpu_check.sh [--system-python] [OUT]     results in OUT (default runs/gpu_check)
 #   --system-python  (or PACER_USE_SYSTEM_PYTHON=1) use the Python at hand as it is: no pip, no venv, no
 #                    downloads; PACER_PYTHON names it (default python3); see scripts/system_python.sh
-#   PACER_REPLAY_RUNS  the recorded runs to replay (folders, space-separated; default RECORDED below)
+#   PACER_REPLAY_RUNS  the recorded bench runs to replay (folders, space-separated; default: every bench
+#                    folder committed under docs/results)
 # OUT receives at most 8 files, each under 16 MB: tests.log, profile-<shape>.yaml and raw-<shape>.json
-# per shape, replay.md and check.log. Each phase has its own time limit (PHASE_LIMITS below).
+# per shape, replay.md and check.log. Each phase has its own time limit (TESTS_S, PROFILE_S, REPLAY_S).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=runs/gpu_check
 while [ $# -gt 0 ]; do
   case "$1" in
     --system-python) export PACER_USE_SYSTEM_PYTHON=1; shift ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     -*) echo "gpu_check.sh: unknown option '$1' (--system-python, or the results folder)" >&2; exit 2 ;;
     *) out="$1"; shift ;;
   esac
@@ -39,7 +40,6 @@ exec > >(tee "$out/check.log") 2>&1
 source scripts/system_python.sh
 choose_python
 
-RECORDED="docs/results/recorded-cpu"   # the committed CPU runs whose steps were recorded
 SHAPES=(smollm2-135m llama3-8b)
 if "${PY[@]}" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   "${PY[@]}" -c "import torch; print('GPU:', torch.cuda.get_device_name(0), '| torch', torch.__version__)"
@@ -74,33 +74,41 @@ for i in "${!SHAPES[@]}"; do
   fi
 done
 
-# 3. the recorded CPU runs replayed under each profile
+# 3. the recorded CPU runs replayed under the profiles: every committed bench folder (bench.json and
+# answers.jsonl) under docs/results, or the folders in PACER_REPLAY_RUNS
 phase "replay of the recorded CPU runs (limit ${REPLAY_S} s)"
+profiles=()
+for shape in "${SHAPES[@]}"; do
+  if [ -f "$out/profile-$shape.yaml" ]; then profiles+=(--profile "$out/profile-$shape.yaml"); fi
+done
+if [ -n "${PACER_REPLAY_RUNS:-}" ]; then
+  read -r -a runs <<< "$PACER_REPLAY_RUNS"
+else
+  mapfile -t runs < <(find docs/results -name bench.json -printf '%h\n' | sort | while read -r d; do
+                        if [ -f "$d/answers.jsonl" ]; then echo "$d"; fi; done)
+fi
 {
   echo "# Predicted speedups under the measured profiles ($(date -u +%F))"
   echo
   if ! "${PACER[@]}" replay --help > /dev/null 2>&1; then
-    echo "not replayed: this checkout has no \`pacer replay\` command yet"
+    echo "not replayed: this checkout has no \`pacer replay\` command"
+  elif [ "${#profiles[@]}" = 0 ]; then
+    echo "not replayed: no profile was measured"
+  elif [ "${#runs[@]}" = 0 ]; then
+    echo "not replayed: no recorded bench run (a folder with bench.json and answers.jsonl) under docs/results;" \
+         "name some in PACER_REPLAY_RUNS"
   else
     replay_end=$(( $(date +%s) + REPLAY_S ))
-    for run in ${PACER_REPLAY_RUNS:-$RECORDED}; do
-      if [ ! -d "$run" ]; then
-        echo "not replayed: no recorded run at '$run'"
+    for run in "${runs[@]}"; do
+      left=$(( replay_end - $(date +%s) ))
+      if [ "$left" -le 0 ]; then
+        echo "not replayed: the replay's ${REPLAY_S} s were spent before '$run'"
         continue
       fi
-      for shape in "${SHAPES[@]}"; do
-        [ -f "$out/profile-$shape.yaml" ] || { echo "not replayed: no profile of $shape"; continue; }
-        left=$(( replay_end - $(date +%s) ))
-        if [ "$left" -le 0 ]; then
-          echo "not replayed: the replay's ${REPLAY_S} s were spent before '$run' under $shape"
-          continue
-        fi
-        echo "## $run under profile-$shape.yaml"
-        echo
-        timeout -k 5 "$left" "${PACER[@]}" replay "$run" --profile "$out/profile-$shape.yaml" 2>&1 \
-          || echo "(pacer replay exited with $?)"
-        echo
-      done
+      echo "## $run"
+      echo
+      timeout -k 5 "$left" "${PACER[@]}" replay "$run" "${profiles[@]}" 2>&1 || echo "(pacer replay exited with $?)"
+      echo
     done
   fi
 } > "$out/replay.md"
