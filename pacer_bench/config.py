@@ -105,6 +105,8 @@ class BenchConfig:
     oracle: OracleConfig = attrs.field(factory=OracleConfig)
     verify_cost: bool = False  # measure and report the verification cost without an oracle, too
     plots: bool = True
+    # cost profiles (shipped names or files, docs/costs.md) the report predicts every stack's speedup under
+    predict: List[str] = attrs.field(factory=list)
 
 
 @attrs.define

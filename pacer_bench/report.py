@@ -334,6 +334,10 @@ def summarize(meta: dict, records: list[dict], cost_file: Optional[dict] = None)
         bounds = {name: verify_bound([r for r in records if r["model_id"] == name], cost)
                   for name in unit_names if name != baseline}
         results["verify_bound"] = {name: b for name, b in bounds.items() if b is not None}
+    if meta.get("predict"):
+        from .replay import predicted_columns
+
+        results["predicted"] = predicted_columns(meta, records, meta["predict"])
     ablation = meta.get("ablation")
     if ablation:
         rows = []
@@ -487,6 +491,12 @@ def render(results: dict, plots: list[str]) -> str:
         lines += verify_cost_markdown(results)
     if results.get("oracle"):
         lines += _oracle_markdown(results["oracle"])
+    if results.get("predicted"):
+        from .replay import markdown as predicted_markdown
+
+        lines += ["## Predicted under device cost profiles", "",
+                  "The run's recorded steps priced under each profile (`pacer replay`, docs/costs.md#replay).", ""]
+        lines += [predicted_markdown(p) for p in results["predicted"]]
     if plots:
         lines += ["## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in plots] + [""]
     return "\n".join(lines)

@@ -83,6 +83,10 @@ def run_bench(bench: BenchConfig, stacks: dict[str, PacerConfig], out: Path, *, 
         skipped = f" after skipping {bench.skip} per set" if bench.skip else ""
         raise InputError(f"no prompt to run: the prompt sets are empty{skipped}; check skip, --limit and the files")
     out = check_out_dir(out, "--out")  # a file, /dev/null or a read-only place is refused before models load
+    from pacer_core.costs import load_profile
+
+    for profile in bench.predict:  # a profile that cannot be read is refused before models load
+        load_profile(profile)
     # the files of an earlier run are read before models load too: a damaged one is refused at once
     earlier = read_meta(out) if os.path.lexists(out / META) else None
     log = AnswerLog(out / ANSWERS)
@@ -115,7 +119,8 @@ def run_bench(bench: BenchConfig, stacks: dict[str, PacerConfig], out: Path, *, 
     meta = {"version": 1, "settings": _settings(bench, device), "baseline": BASELINE,
             "prompt_sets": list(bench.prompt_sets),
             "units": [{"name": u.name, "kind": u.kind, "config": u.description} for u in units],
-            "oracle": attrs.asdict(bench.oracle), "dtype": bench.dtype, "device": device, "skipped": skipped}
+            "oracle": attrs.asdict(bench.oracle), "dtype": bench.dtype, "device": device, "skipped": skipped,
+            "predict": list(bench.predict)}
     if ablation is not None:
         meta["ablation"] = ablation
     meta = _merge_meta(out, json.loads(json.dumps(meta, default=json_default)), earlier)

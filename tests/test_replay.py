@@ -270,3 +270,36 @@ def test_replay_stop_takes_a_profile_or_a_cost_file_and_refuses_nan_costs(tmp_pa
     assert_one_line_error(code, err, "holds no valid cost model")
     code, _, err = run_cli(["replay-stop", str(tmp_path / "none"), "--profile", "a100-7b-bf16"], capsys)
     assert_one_line_error(code, err, "holds no simulated items")  # the profile was read: the folder is refused
+
+
+# -- the bench's predicted columns --------------------------------------------------------------------
+def test_the_bench_report_predicts_under_the_profiles_it_names(tmp_path):
+    from helpers import CharTokenizer, adapter, tiny_llama, write_bench_config
+
+    from pacer_bench import units
+    from pacer_bench.config import read_bench_config
+    from pacer_bench.run import run_bench
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"question_id": f"q{i}", "prompt": p}) + "\n"
+                               for i, p in enumerate(["abc abc abc abc abc", "to be or not to be, to be"])))
+    body = ("stacks:\n  fixed2: {strategy: {drafter: {name: prompt_lookup}, stop: [{name: fixed, gamma: 2}], "
+            "verifier: {name: greedy}}}\npredict: [a100-7b-bf16, cpu-2core-smollm2-fp32]\nplots: false\n")
+    cfg, stacks = read_bench_config(write_bench_config(tmp_path, prompts, 16, body))
+    models = units.Models(adapter(tiny_llama(0)), None, CharTokenizer())
+    assert run_bench(cfg, stacks, tmp_path / "out", models=models, progress=False) == 0
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert [p["profile"] for p in results["predicted"]] == ["a100-7b-bf16", "cpu-2core-smollm2-fp32"]
+    assert results["predicted"][0]["sets"]["all"]["fixed2"]["predicted_speedup"] > 0
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "predicted under published profile 'a100-7b-bf16'" in report
+
+
+def test_a_bench_naming_an_unknown_profile_is_refused_before_models_load(tmp_path, capsys):
+    from helpers import write_bench_config
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"question_id": "q0", "prompt": "abc"}) + "\n")
+    config = write_bench_config(tmp_path, prompts, 8, "stacks: {}\npredict: [no-such-gpu]\n")
+    code, _, err = run_cli(["bench", "--config", str(config), "--out", str(tmp_path / "out")], capsys)
+    assert_one_line_error(code, err, "no cost profile 'no-such-gpu'")
