@@ -1,8 +1,8 @@
 """Speculative decoding on sliding-window and hybrid-attention targets, once the context is longer than
 the window.
 
-Tiny seeded models built from configs: a Mistral (every layer slides), a Gemma-2 and a Qwen2 with
-``use_sliding_window`` (sliding and full layers mixed). The HF adapter keeps every row of a sliding
+Tiny seeded models built from configs: a Mistral (every layer slides), a Gemma-2, and a Qwen2 and a
+Qwen3 with ``use_sliding_window`` (sliding and full layers mixed). The HF adapter keeps every row of a sliding
 layer and applies the window by position in the attention mask, so token trees (whose rows are not
 at their row index's position) and crops after the window was passed are exact: a tree forward's
 rows equal plain forwards, greedy speculative decoding (chains, draft-model chains, trees) equals
@@ -28,12 +28,13 @@ from helpers import (EOS, LENGTH, PASS_P, adapter, build_engine, noisy_copy, ref
 WINDOW = 8
 CONTEXT = [5, 9, 13, 7, 22, 5, 9, 13, 30, 41, 7, 22, 5, 9, 17, 3, 28, 5, 9, 13]  # 20 tokens: past the window
 BUDGET = 40
-KINDS = ("mistral", "gemma2", "qwen2")
+KINDS = ("mistral", "gemma2", "qwen2", "qwen3")
 
 
 def tiny_windowed(kind: str, seed: int = 0, vocab: int = 64, window: int = WINDOW, scale: float = 3.0):
     """A random two-layer causal LM of ``kind`` with sliding-window attention of ``window`` tokens: a
-    Mistral (both layers slide), a Gemma-2 or a Qwen2 (one sliding layer, one full)."""
+    Mistral (both layers slide), a Gemma-2, a Qwen2 or a Qwen3 (``use_sliding_window``: one sliding
+    layer, one full)."""
     import transformers
 
     shape = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -45,10 +46,11 @@ def tiny_windowed(kind: str, seed: int = 0, vocab: int = 64, window: int = WINDO
     elif kind == "gemma2":
         config = transformers.Gemma2Config(**shape, head_dim=8)
         cls = transformers.Gemma2ForCausalLM
-    elif kind == "qwen2":
-        config = transformers.Qwen2Config(**shape, use_sliding_window=True, max_window_layers=1,
-                                          tie_word_embeddings=False)
-        cls = transformers.Qwen2ForCausalLM
+    elif kind in ("qwen2", "qwen3"):
+        names = {"qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "qwen3": ("Qwen3Config", "Qwen3ForCausalLM")}[kind]
+        config = getattr(transformers, names[0])(**shape, use_sliding_window=True, max_window_layers=1,
+                                                 tie_word_embeddings=False)
+        cls = getattr(transformers, names[1])
     else:
         raise ValueError(kind)
     torch.manual_seed(seed)
@@ -77,6 +79,7 @@ def test_the_window_matters_for_these_models():
     for kind in KINDS:
         windowed, full = tiny_windowed(kind), tiny_windowed(kind, window=4096)
         assert windowed.config.sliding_window == WINDOW < len(CONTEXT)
+        assert "sliding_attention" in (getattr(windowed.config, "layer_types", None) or ["sliding_attention"])
         assert not torch.allclose(plain_logits(windowed, CONTEXT), plain_logits(full, CONTEXT), atol=1e-3), kind
 
 
