@@ -203,15 +203,14 @@ class TokenTree:
     def ancestor_mask(self) -> torch.Tensor:
         """[N, N] bool: node i may attend to node j (j is i or one of its ancestors)."""
         n = len(self)
-        mask = torch.eye(n, dtype=torch.bool)
+        eye = torch.eye(n, dtype=torch.bool)
         if not n:
-            return mask
-        # one step up the tree per pass for every node at once: as many passes as the tree is deep
-        rows, up = torch.arange(n), self.parents.clone()
+            return eye
+        # every node at once, one level per pass: a node sees itself and what its parent sees
+        up, has = self.parents.clamp_min(0), (self.parents >= 0)[:, None]  # [N], [N, 1]
+        mask = eye
         for _ in range(max(self.depth_list) - 1):
-            has = up >= 0
-            mask[rows[has], up[has]] = True
-            up = torch.where(has, self.parents[up.clamp_min(0)], up)
+            mask = eye | (mask[up] & has)
         return mask
 
 

@@ -251,6 +251,8 @@ class EagleDrafter:
         self.level: Optional[_Level] = None  # the latest level of this step's tree (tree mode)
         self._tree_seen: Optional[torch.Tensor] = None  # [r, r] bool: the step's tree rows each tree row sees
         self.vocab = self.subset  # target id of each draft logit: the subset, then context tokens outside it
+        # the draft's logits are the target's vocabulary in order (a published EAGLE-1/2 head): no scatter
+        self._whole_vocab = bool(torch.equal(self.vocab, torch.arange(self.vocab_size)))
         self.extra_head: Optional[torch.Tensor] = None  # [extra, hidden]: the target's rows of those tokens
         self._column = torch.full((self.vocab_size,), -1, dtype=torch.long)  # draft logit of each id, -1: none
         self._column[self.subset] = torch.arange(len(self.subset))
@@ -274,6 +276,7 @@ class EagleDrafter:
             self.extra_head = rows if self.extra_head is None else torch.cat([self.extra_head, rows])
             self._column[ids] = torch.arange(len(self.vocab), len(self.vocab) + len(ids))
             self.vocab = torch.cat([self.vocab, ids])
+            self._whole_vocab = False
             self.bias = torch.cat([self.bias, torch.zeros(len(ids))])
         if self.context_bias and new:
             columns = self._column[new]
@@ -359,9 +362,10 @@ class EagleDrafter:
         vocabulary at 0."""
         logits = self._logits(features, suffixes)  # [k, draft vocabulary]
         probs = torch.softmax(logits, -1) if self.sampling.greedy else logits_to_probs(logits, self.sampling)
-        full = torch.zeros(features.shape[0], self.vocab_size)
-        full[:, self.vocab] = probs
-        return full
+        if self._whole_vocab:
+            return probs
+        # index_copy_: a plain copy, much cheaper than assigning through a fancy index on a large vocabulary
+        return torch.zeros(features.shape[0], self.vocab_size).index_copy_(1, self.vocab, probs)
 
     def _choose(self, feature: torch.Tensor, generator, suffix: list[int]) -> tuple[int, torch.Tensor]:
         logits = self._logits(feature[None], [suffix])[0]  # [draft vocabulary]
@@ -370,8 +374,8 @@ class EagleDrafter:
         else:
             probs = logits_to_probs(logits, self.sampling)
             index = int(sample(probs, generator))
-        full = torch.zeros(self.vocab_size)
-        full[self.vocab] = probs  # tokens outside the draft's vocabulary have probability 0
+        full = probs if self._whole_vocab else \
+            torch.zeros(self.vocab_size).index_copy_(0, self.vocab, probs)  # outside the draft's vocabulary: 0
         return int(self.vocab[index]), full
 
     @hookimpl
