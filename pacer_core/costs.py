@@ -331,6 +331,22 @@ def profile_to_dict(profile: Profile) -> dict[str, Any]:
     return out
 
 
+def measured_profile_path(device: str, target_digest: Optional[str]) -> Path:
+    """Where ``pacer costs`` caches the measured profile of a device type and target, which
+    ``tree: {}`` on that device reads (``$PACER_CACHE/profiles/``)."""
+    from .paths import cache_root
+
+    kind = str(device).split(":")[0]
+    return cache_root() / "profiles" / f"measured-{kind}-{target_digest or 'unknown'}.yaml"
+
+
+def device_profile(device: str, target_digest: Optional[str], default: str) -> Profile:
+    """The profile cost-sized trees use on ``device`` when none is named: the one ``pacer costs``
+    measured and cached for this device type and target, else the shipped ``default``."""
+    cached = measured_profile_path(device, target_digest)
+    return load_profile(cached if cached.is_file() else default)
+
+
 def profile_names() -> list[str]:
     """The shipped profiles' names."""
     return sorted(p.stem for p in PROFILES.glob("*.yaml"))

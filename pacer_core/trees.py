@@ -291,14 +291,18 @@ CPU_PROFILE = "cpu-2core-smollm2-fp32"
 GPU_PROFILE = "a100-7b-bf16"
 
 
-def node_budget(tree: TreeConfig, device: Any, drafter_kind: str) -> NodeBudget:
+def node_budget(tree: TreeConfig, device: Any, drafter_kind: str, target_digest: Optional[str] = None) -> NodeBudget:
     """A tree drafter's ``NodeBudget`` on ``device`` (a ``drafter_kind`` drafter: ``feature`` or
-    ``token``), its cost model read from ``tree.profile`` or the device's shipped profile when the
-    budget is ``auto``. Raises ``InputError`` for a profile that cannot be read."""
-    from .costs import load_profile
+    ``token``) when the budget is ``auto``: its cost model from ``tree.profile``, else the profile
+    ``pacer costs`` measured and cached for this device type and target (``target_digest``), else
+    the device's shipped one. Raises ``InputError`` for a profile that cannot be read."""
+    from .costs import device_profile, load_profile
 
     device = str(device)
     if tree.budget(device) != AUTO:
         return NodeBudget(tree, device)
-    profile = load_profile(tree.profile or default_profile(device))
+    if tree.profile:
+        profile = load_profile(tree.profile)
+    else:
+        profile = device_profile(device, target_digest, default_profile(device))
     return NodeBudget(tree, device, profile.cost_model(drafter_kind))

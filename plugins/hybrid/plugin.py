@@ -110,7 +110,7 @@ class Hybrid:
         tree = TreeConfig(nodes=config.nodes if config.nodes is not None else getattr(own_tree, "nodes", None),
                           profile=config.profile or getattr(own_tree, "profile", None))
         kind = "token" if "draft_model" in main.component.needs else "feature"
-        self.budget = node_budget(tree, resources.target.device, kind)
+        self.budget = node_budget(tree, resources.target.device, kind, resources.target.digest)
         # per (member, depth): [accepted, tried] of its phrase nodes whose parent was accepted
         self.trials: dict[tuple[str, int], list[int]] = {}
 

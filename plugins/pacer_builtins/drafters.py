@@ -94,7 +94,8 @@ class DraftModel:
         self.sampling = resources.sampling
         self.hidden = config.hidden_states
         self.tree = config.tree
-        self.budget = None if config.tree is None else node_budget(config.tree, resources.target.device, "token")
+        self.budget = None if config.tree is None else node_budget(config.tree, resources.target.device, "token",
+                                                                              resources.target.digest)
         # tree mode, the step being drafted: its context length (the tree's cache rows follow), the
         # cache rows each fed node sees after the context (its ancestors' and its own), the last
         # level's (node, parent, token) and cumulative log-probabilities, the draft's blocks after it

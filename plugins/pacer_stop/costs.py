@@ -233,16 +233,12 @@ def _setup_costs(p):
         overrides = list(args.overrides) + [f"strategy.stop=[{{name: fixed, gamma: {args.gamma}}}]",
                                             "sampling.temperature=0"]
         cfg = load_config(args.config, overrides)  # validated before any model loads
-        if args.out:
-            check_out_file(args.out, "--out")  # before measuring, which takes minutes
         if args.profile:
             from pacer_core.commands import check_out_dir
 
             check_out_dir(Path(args.profile).expanduser().parent, "--profile")  # before measuring
         if args.out:
-            from pacer_core.commands import check_out_dir
-
-            check_out_dir(Path(args.out).expanduser().parent, "--out")
+            check_out_file(args.out, "--out")  # before measuring, which takes minutes
         engine = cli.build_engine(cfg)
         prompt = engine.encode(PROBE_PROMPT) if engine.tokenizer is not None else list(range(1, 17))
         measured = measure_costs(engine, prompt, args.max_k, args.repeats, args.tokens)
@@ -250,7 +246,8 @@ def _setup_costs(p):
         path = write_costs(Path(args.out) if args.out else cache_file(key), key, measured)
         if args.profile:
             written = write_measured_profile(Path(args.profile), engine, cfg, prompt, measured, args)
-            print(f"measured cost profile -> {written}")
+            print(f"measured cost profile -> {written} (and {cache_profile(written, engine)}, which `tree: {{}}` "
+                  f"reads on this device)")
         v = measured["verify_s"]
         print(f"cost model for {_describe(key)}: verify {v[0] * 1e3:.2f} ms (k=1) .. {v[-1] * 1e3:.2f} ms "
               f"(k={len(v)}), draft {measured['draft_token_s'] * 1e3:.2f} ms/token, other "
@@ -310,3 +307,17 @@ def write_measured_profile(path: Path, engine, cfg, prompt: list[int], measured:
                  "draft_s": "pacer costs: the drafter's seconds per draft token in a generation with a fixed window",
                  "host_s": "pacer costs: a step's seconds outside drafting and verifying in that generation"})
     return write_profile(path, profile, header="measured by `pacer costs --profile` (docs/costs.md)")
+
+
+def cache_profile(path: Path, engine) -> Path:
+    """A copy of the measured profile where cost-sized trees on this device and target find it."""
+    import shutil
+
+    from pacer_core.costs import measured_profile_path
+
+    cached = measured_profile_path(str(engine.target.device), engine.target.digest)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
+    shutil.copyfile(path, tmp)
+    os.replace(tmp, cached)
+    return cached
