@@ -183,7 +183,9 @@ def tiny_models(shape: Shape, folder: Path, seed: int = 0) -> tuple[Any, Any, di
     target, draft = HFModel(model), HFModel(copy.deepcopy(model))
     arch = ArchConfig(hidden_size=shape.hidden, vocab_size=shape.vocab, subset_size=shape.vocab,
                       intermediate_size=2 * shape.hidden, extra_layers=0, **_attention_shape(target))
-    FeatureDraft(arch).save(folder / "eagle", {"target_digest": None})
+    net = FeatureDraft(arch)
+    net.subset.copy_(torch.arange(shape.vocab))  # its head covers the whole vocabulary, in order
+    net.save(folder / "eagle", {"target_digest": None})
     PreVerifier(PreVerifierArch(input_size=shape.hidden, width=16, heads=2, ffn_size=32, max_positions=16)).save(
         folder / "mb", {"target_digest": None, "draft_identity": None})
     return target, draft, {"EAGLE": str(folder / "eagle"), "MB": str(folder / "mb")}
