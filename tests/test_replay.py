@@ -323,3 +323,19 @@ def test_a_measured_profile_cached_for_the_device_sizes_trees_there(tmp_path, mo
     assert node_budget(tree, "cpu", "feature", "other").cost.verify(1) == pytest.approx(0.087)
     named = TreeConfig(nodes="auto", profile="a100-7b-bf16")
     assert node_budget(named, "cpu", "feature", "abc").cost.verify(1) == pytest.approx(0.024)
+
+
+def test_the_pacer_stops_throughput_rule_takes_a_profile():
+    from pacer_core import load_config
+    from pacer_stop.policy import PacerStopConfig, load_costs
+
+    config = PacerStopConfig(rule="throughput", profile="a100-7b-bf16")
+    cost = load_costs(config, resources=None)
+    assert cost.verify(1) == pytest.approx(0.024) and cost.draft_token_s > 0
+    with pytest.raises(ValueError, match="one cost source"):
+        PacerStopConfig(rule="throughput", profile="a100-7b-bf16", cost_file="x.json")
+    with pytest.raises(Exception, match="no cost profile 'nope'"):
+        load_costs(PacerStopConfig(rule="throughput", profile="nope"), resources=None)
+    load_config(overrides=["strategy.drafter={name: draft_model}",
+                           "strategy.stop=[{name: pacer, rule: throughput, profile: a100-7b-bf16}]"],
+                require_models=False)

@@ -86,8 +86,11 @@ class PacerStopConfig:
     transient: bool = False  # throughput: forget λ at every prompt (always so under sampling)
     costs: Optional[CostsConfig] = None  # throughput: the cost model inline; None = the measured one
     cost_file: Optional[str] = None  # throughput: a `pacer costs` file; None = the cache's for the pair
+    profile: Optional[str] = None  # throughput: a cost profile (docs/costs.md), shipped name or file, instead
 
     def __attrs_post_init__(self) -> None:  # checked by load_config, before any model loads
+        if sum(x is not None for x in (self.costs, self.cost_file, self.profile)) > 1:
+            raise ValueError("give the throughput rule one cost source: costs, cost_file or profile")
         if self.min_draft > self.max_draft:
             raise ValueError(f"min_draft ({self.min_draft}) must not exceed max_draft ({self.max_draft})")
         if self.t_max < self.t0:
@@ -196,6 +199,12 @@ def load_costs(config: PacerStopConfig, resources: Resources) -> CostModel:
     """The throughput rule's cost model: inline, a given cost file, or the cache's for the run's pair."""
     if config.costs is not None:
         return config.costs.model()
+    if config.profile is not None:  # its eagle (feature) drafter's costs; a draft model's: token
+        from pacer_core.costs import load_profile
+
+        profile = load_profile(config.profile)
+        kind = "token" if getattr(resources, "draft", None) is not None else "feature"
+        return profile.cost_model(kind if kind in profile.draft else None)
     key = cost_files.full_key(cost_files.run_pair(resources))
     path = Path(config.cost_file) if config.cost_file else cost_files.cache_file(key)
     return cost_files.read_costs(path, key)
