@@ -70,9 +70,10 @@ def level_layout(ancestor_rows: list[list[int]], context: int, cached: int, dept
     positions = torch.full((k,), context - 1 + depth - cached, dtype=torch.long)  # [k]
     mask = torch.zeros(k, cached + k, dtype=torch.bool)  # [k, cached + k]
     mask[:, :context] = True
-    for i, rows in enumerate(ancestor_rows):
-        mask[i, rows] = True
-        mask[i, cached + i] = True
+    ancestors = [(i, row) for i, rows in enumerate(ancestor_rows) for row in rows]
+    if ancestors:  # every node's ancestors in one indexed write
+        mask[[i for i, _ in ancestors], [row for _, row in ancestors]] = True
+    mask[:, cached:] |= torch.eye(k, dtype=torch.bool)  # each node sees itself
     return positions, mask
 
 
