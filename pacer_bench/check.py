@@ -72,7 +72,7 @@ def distribution_cases(s: Stack, quick: bool) -> Iterator[Case]:
     from pacer_core.testing import chisquare_pvalue, exact_continuation_probs
 
     samplings = QUICK_SAMPLINGS if quick else tuple(SAMPLINGS)
-    samples = 1200 if quick else 4000
+    samples = 1000 if quick else 4000
     threshold = FALSE_ALARM / len(samplings)  # Bonferroni: all cases together fail a correct stack ≤ FALSE_ALARM
 
     def run_case(name):
@@ -201,6 +201,7 @@ def run_checks(s: Stack, *, quick: bool, only: Optional[str] = None, progress=No
             continue
         if name == "distribution" and s.sampling_verifier:
             outcome.note = f"verifier {s.sampling_verifier} (the stack's verifies greedy only)"
+        start = time.perf_counter()
         for case in BUILDERS[name](s, quick):
             if only is not None and case.id != only:
                 continue
@@ -215,6 +216,7 @@ def run_checks(s: Stack, *, quick: bool, only: Optional[str] = None, progress=No
                 outcome.failed, outcome.reason = case.id, f"{type(exc).__name__}: {_first_line(exc)}"
             if outcome.failed:
                 break
+        outcome.seconds = round(time.perf_counter() - start, 1)
         if only is None or outcome.cases:
             outcomes.append(outcome)
     return outcomes
@@ -260,13 +262,13 @@ def repro_command(args: argparse.Namespace, case_id: str) -> str:
 
 
 def table(outcomes: Sequence[Outcome], args: argparse.Namespace) -> str:
-    rows = [("check", "cases", "verdict", "first failing case")]
+    rows = [("check", "cases", "verdict", "seconds", "first failing case")]
     for o in outcomes:
         verdict = "FAIL" if o.failed else ("pass" if o.cases else "n/a")
         failing = f"{o.failed}: {o.reason}  rerun: {repro_command(args, o.failed)}" if o.failed else o.note
-        rows.append((o.check, str(o.cases), verdict, failing))
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    return "\n".join(" | ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + " | " + r[3] for r in rows)
+        rows.append((o.check, str(o.cases), verdict, f"{o.seconds:.0f}", failing))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    return "\n".join(" | ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + " | " + r[4] for r in rows)
 
 
 @command("check", "prove a strategy stack lossless on tiny models: greedy, exact distribution, options, seeds")

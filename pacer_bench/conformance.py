@@ -51,6 +51,7 @@ class Outcome:
     failed: Optional[str] = None  # the first failing case's id
     reason: str = ""
     note: str = ""
+    seconds: float = 0.0
 
     @property
     def passed(self) -> bool:
