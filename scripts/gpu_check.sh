@@ -35,7 +35,8 @@ if [ -n "$(find "$out" -mindepth 1 -maxdepth 1 ! -name 'tests.log' ! -name 'prof
   echo "gpu_check.sh: '$out' holds other files; give an empty or new folder" >&2
   exit 2
 fi
-exec > >(tee "$out/check.log") 2>&1
+: > "$out/check.log"
+exec > >(tee -a "$out/check.log") 2> >(tee -a "$out/check.log" >&2)
 # shellcheck source=scripts/system_python.sh
 source scripts/system_python.sh
 choose_python

@@ -5,7 +5,9 @@
 #   downloaded. The packages are imported from this checkout (PYTHONPATH=.:plugins), and the plugins and
 #   commands that pyproject.toml registers as entry points are registered by a metadata folder written
 #   to a temporary directory on PYTHONPATH, so the checkout needs no install. PACER_PYTHON names the
-#   interpreter (default: python3 on PATH).
+#   interpreter (default: python3 on PATH). Besides torch and transformers the project needs a few
+#   pure-Python packages (PACER_NEEDS); where they are missing, PACER_DEPS names a folder of them that
+#   scripts/gpu_deps.sh copied from a venv (it goes on PYTHONPATH).
 #   Otherwise: scripts/bootstrap.sh creates or updates .venv (or $PACER_VENV; PACER_SKIP_BOOTSTRAP=1 uses
 #   it as it is), and that runs.
 #
@@ -51,12 +53,25 @@ folder.mkdir(parents=True, exist_ok=True)
 PY
 }
 
+# the modules the project imports besides the standard library (pytest: the check's tests)
+PACER_NEEDS=(torch transformers pluggy attrs omegaconf yaml safetensors numpy pytest)
+
 choose_python() {
   if [ "${PACER_USE_SYSTEM_PYTHON:-0}" = 1 ]; then
     read -r -a PY <<< "${PACER_PYTHON:-python3}"
-    if ! "${PY[@]}" -c "import torch, transformers" 2>/dev/null; then
-      echo "$(basename "$0"): the system Python (${PY[*]}) cannot import torch and transformers: install them, or" \
-           "name another interpreter with PACER_PYTHON, or leave PACER_USE_SYSTEM_PYTHON unset to use the venv" >&2
+    if [ -n "${PACER_DEPS:-}" ]; then  # pure-Python dependencies copied by scripts/gpu_deps.sh
+      [ -d "$PACER_DEPS" ] || { echo "$(basename "$0"): PACER_DEPS '$PACER_DEPS' is not a folder" >&2; exit 2; }
+      export PYTHONPATH="$(cd "$PACER_DEPS" && pwd)${PYTHONPATH:+:$PYTHONPATH}"
+    fi
+    local missing
+    missing=$("${PY[@]}" -c "
+import importlib.util, sys
+print(' '.join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))" "${PACER_NEEDS[@]}" 2>/dev/null) \
+      || missing="python (${PY[*]} does not run)"
+    if [ -n "$missing" ]; then
+      echo "$(basename "$0"): the system Python (${PY[*]}) lacks $missing: install them, or copy the pure-Python ones" \
+           "from a venv with \`bash scripts/gpu_deps.sh DIR\` and set PACER_DEPS=DIR, or name another interpreter" \
+           "with PACER_PYTHON, or leave PACER_USE_SYSTEM_PYTHON unset to use the venv" >&2
       exit 2
     fi
     PACER_SITE="$(mktemp -d)"

@@ -120,18 +120,34 @@ def test_the_checkout_registers_its_entry_points_with_and_without_tomllib(tmp_pa
     assert "pacer_sd" in expected and "pacer_sd.commands" in expected
 
 
+def test_a_system_python_without_the_dependencies_is_refused_in_one_line(tmp_path):
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')  # no site-packages: no torch
+    python.chmod(0o755)
+    env = {**os.environ, "PACER_PYTHON": str(python), "PYTHONPATH": ""}
+    run = subprocess.run(["bash", "scripts/gpu_check.sh", "--system-python", str(tmp_path / "out")], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1
+    assert "lacks torch transformers pluggy attrs omegaconf" in run.stderr and "scripts/gpu_deps.sh" in run.stderr
+
+
 # -- the scripts end to end on the CPU ---------------------------------------------------------------------
+# what a machine with torch and transformers may lack: gpu_deps.sh copies them (and this project's install)
+NOT_ON_A_BARE_MACHINE = ("pacer_sd", "__editable__", "pluggy", "attr", "omegaconf", "pytest", "_pytest", "py.py",
+                         "iniconfig", "pygments", "hypothesis")
+
+
 def bare_python(tmp_path: Path) -> tuple[Path, str]:
     """(an interpreter, its PYTHONPATH): this Python without site-packages (-S), its libraries reached
-    through a folder of links that leaves this project's own install out, as on a machine that has
-    torch and transformers and never installed the project."""
+    through a folder of links that leaves out this project's own install and the pure-Python packages
+    torch and transformers do not bring, as on a GPU machine that has only those two."""
     import site
 
     libraries = tmp_path / "site"
     libraries.mkdir()
     for folder in site.getsitepackages():
         for entry in Path(folder).iterdir():
-            if entry.name.startswith(("pacer_sd", "__editable__")) or entry.suffix == ".pth":
+            if entry.name.startswith(NOT_ON_A_BARE_MACHINE) or entry.suffix == ".pth":
                 continue
             if not (libraries / entry.name).exists():
                 (libraries / entry.name).symlink_to(entry)
@@ -157,14 +173,16 @@ def checkout_copy(tmp_path: Path) -> Path:
 @pytest.mark.slow
 def test_the_gpu_check_runs_offline_without_an_install(tmp_path):
     """scripts/gpu_check.sh --system-python from a copy of the checkout, with a Python that has torch and
-    transformers but not this project: the gpu tests pass, two profiles load and validate, at most 8
-    files of at most 16 MB each."""
+    transformers but not this project nor its other dependencies (copied by scripts/gpu_deps.sh): the
+    gpu tests pass, two profiles load and validate, at most 8 files of at most 16 MB each."""
     if not (ROOT / ".git").exists():
         pytest.skip("needs the git checkout to copy")
     python, libraries = bare_python(tmp_path)
     copy = checkout_copy(tmp_path)
-    out = tmp_path / "out"
-    env = {**os.environ, "PACER_PYTHON": str(python), "PYTHONPATH": libraries}
+    out, deps = tmp_path / "out", tmp_path / "deps"
+    subprocess.run(["bash", "scripts/gpu_deps.sh", str(deps)], cwd=ROOT, env={**os.environ, "PACER_PYTHON": sys.executable},
+                   check=True, timeout=120)
+    env = {**os.environ, "PACER_PYTHON": str(python), "PYTHONPATH": libraries, "PACER_DEPS": str(deps)}
     run = subprocess.run(["bash", "scripts/gpu_check.sh", "--system-python", str(out)], cwd=copy, env=env,
                          capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
