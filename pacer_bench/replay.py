@@ -119,8 +119,8 @@ def predict(meta: dict, records: list[dict], profile: Profile) -> dict[str, Any]
         chosen = [r for r in records if set_name == ALL or r["prompt_set"] == set_name]
         for name in units:
             mine = [r for r in chosen if r["model_id"] == name and _key(r) in reference]
-            if not mine or (name != BASELINE and units[name].get("kind") == "stack" and not all(map(has_steps, mine))):
-                continue
+            if not mine or units[name].get("kind", "stack") != "stack" or not all(map(has_steps, mine)):
+                continue  # baselines other than plain decoding (transformers' generate) are not the engine's
             kind = drafter_kind(units[name])
             ref = [reference[_key(r)] for r in mine]
             tokens, ref_tokens = sum(len(r["tokens"]) for r in mine), sum(len(r["tokens"]) for r in ref)
@@ -194,12 +194,17 @@ def _setup_replay(p):
     p.add_argument("folder", metavar="RUN", help="a bench folder (pacer bench --out RUN)")
     p.add_argument("--profile", "-p", action="append", required=True, metavar="NAME|FILE",
                    help="a cost profile: a shipped name or a file (repeatable)")
+    p.add_argument("--host", metavar="FILE", help="price host time per step from this file's host_s instead "
+                                                  "(`pacer bench-host --json FILE`, or a profile): this engine's "
+                                                  "own host time in place of the profile's")
     p.add_argument("--json", action="store_true", help="print the predictions as JSON")
 
     def run(args) -> int:
         from .answers import load_run
 
         profiles = [load_profile(p) for p in args.profile]  # every profile checked before the run is read
+        if args.host:
+            profiles = [with_host(p, args.host) for p in profiles]
         meta, records, _ = load_run(Path(args.folder))
         predictions = [predict(meta, records, profile) for profile in profiles]
         if args.json:
@@ -210,6 +215,33 @@ def _setup_replay(p):
         return 0
 
     return run
+
+
+def with_host(profile: Profile, path: str) -> Profile:
+    """``profile`` with the host time per step of ``path`` (a ``pacer bench-host --json`` file or a
+    cost profile: its ``host_s``), named so that every table says so."""
+    import attrs
+    import yaml
+
+    from pacer_core.costs import profile_from_dict, profile_to_dict
+
+    file = Path(path).expanduser()
+    try:
+        data = yaml.safe_load(file.read_text())  # JSON is YAML
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise InputError(f"--host '{path}' cannot be read ({type(exc).__name__}): give a `pacer bench-host --json` "
+                         "file or a cost profile") from None
+    host = data.get("host_s") if isinstance(data, dict) else None
+    if not isinstance(host, dict):
+        raise InputError(f"--host '{path}' has no host_s: give a `pacer bench-host --json` file or a cost profile")
+    tree = host.get("tree")
+    if isinstance(tree, dict):  # JSON keys are strings
+        host = {**host, "tree": {int(k) if isinstance(k, str) and k.isdigit() else k: v for k, v in tree.items()}}
+    merged = profile_to_dict(profile)
+    merged["host_s"] = host
+    merged["sources"] = {**merged["sources"], "host_s": f"this engine's host time per step from {path}"}
+    replaced = profile_from_dict(merged, f"{profile.name} with --host {path}")
+    return attrs.evolve(replaced, name=f"{profile.name} + host time of {file.name}")
 
 
 def predicted_columns(meta: dict, records: list[dict], names: Sequence[str]) -> list[dict]:

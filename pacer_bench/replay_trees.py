@@ -193,8 +193,9 @@ def replay_shapes(steps: Sequence[LoggedTree], profile: Profile, kind: str = "fe
             for n in budgets:
                 if n < topk * depth:
                     policies[f"tree k{topk} d{depth} best {n}"] = ("tree", tree_policy(pricer, topk, depth, n))
-    for depth in depths:
-        policies[f"auto k{log_topk} d{depth}"] = ("auto", None)  # built per group: it carries a rate
+    for topk in topks:
+        for depth in depths:
+            policies[f"auto k{topk} d{depth}"] = ("auto", None)  # built per group: it carries a rate
     policies[f"oracle chain (γ ≤ {log_depth})"] = ("oracle", oracle_chain(pricer, log_depth))
     policies["oracle tree"] = ("oracle", oracle_tree(pricer, log_topk))
     groups = sorted({s.group for s in steps}) + ["all"]
@@ -204,7 +205,8 @@ def replay_shapes(steps: Sequence[LoggedTree], profile: Profile, kind: str = "fe
         for group in groups:
             chosen = [s for s in steps if group == "all" or s.group == group]
             if family == "auto":
-                policy = auto_policy(pricer, log_topk, int(name.rsplit("d", 1)[1]))
+                topk, depth = (int(part[1:]) for part in name.split()[1:3])
+                policy = auto_policy(pricer, topk, depth)
             table[name][group] = run(policy, chosen, pricer.plain)
     families = {name: family for name, (family, _) in policies.items()}
     best_of = {family: max((n for n in table if families[n] == family), key=lambda n: table[n]["all"]["speedup"])

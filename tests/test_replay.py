@@ -339,3 +339,16 @@ def test_the_pacer_stops_throughput_rule_takes_a_profile():
     load_config(overrides=["strategy.drafter={name: draft_model}",
                            "strategy.stop=[{name: pacer, rule: throughput, profile: a100-7b-bf16}]"],
                 require_models=False)
+
+
+def test_replay_can_take_this_engines_host_time(run, tmp_path, capsys):
+    folder = write_run(tmp_path / "run", *run)
+    host = tmp_path / "host.json"
+    host.write_text(json.dumps({"results": [], "host_s": {"plain": 0.0002, "chain": 0.0004,
+                                                          "tree": {"10": 0.0006, "64": 0.001}}}))
+    code, out, err = run_cli(["replay", str(folder), "--profile", "a100-7b-bf16", "--host", str(host), "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)[0]["profile"] == "a100-7b-bf16 + host time of host.json"
+    host.write_text(json.dumps({"host_s": {"plain": -1, "chain": 0.1}}))
+    code, _, err = run_cli(["replay", str(folder), "--profile", "a100-7b-bf16", "--host", str(host)], capsys)
+    assert_one_line_error(code, err, "host_s.plain must be a positive number of seconds")
