@@ -310,8 +310,12 @@ def _setup(p: argparse.ArgumentParser) -> Runner:
             raise InputError(f"--vocab must be at least 8, got {args.vocab}")
         if args.json:
             check_out_dir(Path(args.json).expanduser().parent or ".", "--json")
+        stacks = [s.strip() for s in args.stacks.split(",") if s.strip()]
+        unknown = [s for s in stacks if s not in STACKS]
+        if unknown or not stacks:
+            raise InputError(f"unknown host-time stack {(unknown or [''])[0]!r}: choose from {', '.join(STACKS)}")
         print(TABLE_HEAD, flush=True)
-        results = measure_host_time([s.strip() for s in args.stacks.split(",") if s.strip()],
+        results = measure_host_time(stacks,
                                     shape=Shape(vocab=args.vocab), new_tokens=args.new_tokens,
                                     repeats=args.repeats, threads=args.threads, clock=args.clock,
                                     progress=lambda line: print(line, flush=True))

@@ -77,8 +77,9 @@ def test_bad_requests_are_refused_before_any_model_is_built(capsys):
         measure_host_time(["plain"], repeats=0)
     with pytest.raises(InputError, match="threads=1"):
         measure_host_time(["plain"], clock="cpu", threads=2)
-    code, _, err = run_cli(["bench-host", "--stacks", "plain,nope"], capsys)
+    code, out, err = run_cli(["bench-host", "--stacks", "plain,nope"], capsys)
     assert_one_line_error(code, err, "unknown host-time stack 'nope'", "plain")
+    assert out == ""  # refused before the table's head is printed
     code, _, err = run_cli(["bench-host", "--vocab", "2"], capsys)
     assert_one_line_error(code, err, "--vocab")
 
