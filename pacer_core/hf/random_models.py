@@ -91,7 +91,9 @@ def random_llama(shape: LlamaShape, device: str = "cpu", dtype: str = "float32",
         torch.manual_seed(seed)
         with target:  # parameters are allocated and initialised there, never on the CPU first
             model = transformers.AutoModelForCausalLM.from_config(config, dtype=DTYPES[dtype])
-    placed = next(model.parameters()).device
-    if placed.type != target.type:
-        raise RuntimeError(f"the random model was built on {placed}, not on {device}")
+    first = next(model.parameters())
+    if first.device.type != target.type:
+        raise RuntimeError(f"the random model was built on {first.device}, not on {device}")
+    if first.dtype != DTYPES[dtype]:  # a transformers version that read the dtype under another name
+        model = model.to(DTYPES[dtype])
     return HFModel(model, eos_token_ids=(), name=name or shape.name)
