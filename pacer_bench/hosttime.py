@@ -167,27 +167,22 @@ def tiny_models(shape: Shape, folder: Path, seed: int = 0) -> tuple[Any, Any, di
     draft and a random PACER M_B for it (paths["EAGLE"], paths["MB"])."""
     import copy
 
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from feature_draft.distill import _attention_shape
     from feature_draft.model import ArchConfig, FeatureDraft
-    from pacer_core.hf import HFModel
+    from pacer_core.hf.tiny import tiny_llama, tiny_model
     from pacer_stop.model import PreVerifier, PreVerifierArch
 
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=2 * shape.hidden,
-                         num_hidden_layers=shape.layers, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=4096, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-                         tie_word_embeddings=False)
-    model = LlamaForCausalLM(config).eval()
-    target, draft = HFModel(model), HFModel(copy.deepcopy(model))
+    model = tiny_llama(seed, shape.vocab, layers=shape.layers, hidden=shape.hidden, max_positions=4096)
+    target, draft = tiny_model(model, eos=False), tiny_model(copy.deepcopy(model), eos=False)
     arch = ArchConfig(hidden_size=shape.hidden, vocab_size=shape.vocab, subset_size=shape.vocab,
                       intermediate_size=2 * shape.hidden, extra_layers=0, **_attention_shape(target))
-    net = FeatureDraft(arch)
-    net.subset.copy_(torch.arange(shape.vocab))  # its head covers the whole vocabulary, in order
+    with torch.random.fork_rng(devices=[]):  # seeded weights; the caller's random state is left alone
+        torch.manual_seed(seed)
+        net = FeatureDraft(arch)
+        net.subset.copy_(torch.arange(shape.vocab))  # its head covers the whole vocabulary, in order
+        mb = PreVerifier(PreVerifierArch(input_size=shape.hidden, width=16, heads=2, ffn_size=32, max_positions=16))
     net.save(folder / "eagle", {"target_digest": None})
-    PreVerifier(PreVerifierArch(input_size=shape.hidden, width=16, heads=2, ffn_size=32, max_positions=16)).save(
-        folder / "mb", {"target_digest": None, "draft_identity": None})
+    mb.save(folder / "mb", {"target_digest": None, "draft_identity": None})
     return target, draft, {"EAGLE": str(folder / "eagle"), "MB": str(folder / "mb")}
 
 
