@@ -128,3 +128,17 @@ def test_sample_match_keeps_the_draft_while_it_equals_the_target_draw():
     verdict = sample_match_verify(tree, rows, noise, parents=torch.tensor([-1, -1]))
     assert verdict.path == (1,) and verdict.next_kind == "bonus"
     assert verdict.next_token == int(sample_with_noise(rows[2], noise[1]))
+
+
+def test_the_sampling_bench_names_both_verifiers_for_every_stack():
+    from pacer_bench.config import read_bench_config
+    from pacer_core.config import check as check_stack
+
+    bench, stacks = read_bench_config(ROOT / "configs" / "bench_sampling.yaml")
+    assert bench.sampling.temperature == 1.0 and list(stacks)[0] == "autoregressive"
+    names = [name for name in stacks if name != "autoregressive"]
+    for name in names:
+        verifier = check_stack(stacks[name], require_models=False).verifier.component.name
+        assert name.endswith(f"[{verifier}]")
+    bases = {name.rsplit("[", 1)[0] for name in names}
+    assert {f"{b}[{v}]" for b in bases for v in ("speculative_sampling", "sample_match")} == set(names)
