@@ -148,3 +148,24 @@ def test_tree_masks_depths_and_selections_match_brute_force(seed):
     assert chosen.forwards == draft.forwards
     everything = draft.select(range(n))
     assert everything is draft
+
+
+def test_a_bench_unit_records_its_forward_seconds_and_the_report_the_host_time_per_step():
+    from pacer_bench.config import BenchConfig
+    from pacer_bench.report import host_ms_per_step
+    from pacer_bench.units import Models, engine_unit
+    from pacer_core import load_config
+
+    target, draft = ScriptedLM(SCRIPTED_VOCAB, seed=0), ScriptedLM(SCRIPTED_VOCAB, seed=1)
+    cfg = load_config(overrides=["strategy.drafter={name: draft_model}", "strategy.stop=[{name: fixed, gamma: 2}]",
+                                 "generation.ignore_eos=true"], require_models=False)
+    forwards = ForwardClock(TickClock())
+    unit = engine_unit("s", cfg, Models(target, draft), BenchConfig(), TickClock(), (), forwards)
+    before = target.num_forwards + draft.num_forwards
+    _, metrics, _ = unit.run([1, 2, 3], 0, 6)
+    assert metrics["forward_s"] == target.num_forwards + draft.num_forwards - before
+    records = [{"metrics": {"wall_s": 10.0, "forward_s": 4.0, "steps": 3}},
+               {"metrics": {"wall_s": 5.0, "forward_s": 1.0, "steps": 1}},
+               {"metrics": {"wall_s": 7.0, "steps": 2}}]  # a GPU run: no forward_s, left out
+    assert host_ms_per_step(records) == pytest.approx(1000 * (15.0 - 5.0) / 4)
+    assert host_ms_per_step(records[2:]) is None
