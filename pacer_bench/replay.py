@@ -40,6 +40,7 @@ from .replay_trees import markdown as tree_markdown
 
 ALL = "all"
 BASELINE = "autoregressive"
+RUN_PROFILE = "run"  # --profile run: the machine's profile measured by the run itself
 DRAFTER_KINDS = {"eagle": "feature", "draft_model": "token", "ouroboros": "token"}
 
 
@@ -193,7 +194,8 @@ def markdown(prediction: dict) -> str:
 def _setup_replay(p):
     p.add_argument("folder", metavar="RUN", help="a bench folder (pacer bench --out RUN)")
     p.add_argument("--profile", "-p", action="append", required=True, metavar="NAME|FILE",
-                   help="a cost profile: a shipped name or a file (repeatable)")
+                   help="a cost profile: a shipped name, a file, or 'run' (the run's own probe and forward "
+                        "timings: this machine's measured profile) (repeatable)")
     p.add_argument("--host", metavar="FILE", help="price host time per step from this file's host_s instead "
                                                   "(`pacer bench-host --json FILE`, or a profile): this engine's "
                                                   "own host time in place of the profile's")
@@ -202,10 +204,12 @@ def _setup_replay(p):
     def run(args) -> int:
         from .answers import load_run
 
-        profiles = [load_profile(p) for p in args.profile]  # every profile checked before the run is read
+        # every profile checked before the run is read; RUN: the run's own measured profile
+        profiles = [None if p == RUN_PROFILE else load_profile(p) for p in args.profile]
+        meta, records, cost_file = load_run(Path(args.folder))
+        profiles = [profile_from_run(meta, records, cost_file) if p is None else p for p in profiles]
         if args.host:
             profiles = [with_host(p, args.host) for p in profiles]
-        meta, records, _ = load_run(Path(args.folder))
         predictions = [predict(meta, records, profile) for profile in profiles]
         if args.json:
             json.dump(predictions, sys.stdout, indent=1)
@@ -215,6 +219,84 @@ def _setup_replay(p):
         return 0
 
     return run
+
+
+def _is_fixed_chain(unit: dict) -> bool:
+    stops = ((unit.get("config") or {}).get("strategy") or {}).get("stop") or []
+    return (unit_drafter(unit).get("tree") is None and len(stops) == 1 and isinstance(stops[0], dict)
+            and stops[0].get("name") == "fixed")
+
+
+def profile_from_run(meta: dict, records: list[dict], cost_file: Optional[dict], name: str = "run") -> Profile:
+    """The measured profile of the machine a bench ran on, from the run itself: the verification
+    curves of its cost probe (``verify_cost: true``; beyond the chain's largest k the tree-masked
+    curve, a dense forward's cost hardly depending on the mask there), one draft forward per drafter
+    kind from its fixed-chain stacks (their forward seconds less the probe's target forwards, per
+    draft forward), M_B's seconds per consultation, and the host time per step outside the forwards
+    (``forward_s``: plain decoding's, the fixed chains', a tree's by nodes sent). ``InputError``
+    without a probe or forward timings."""
+    from pacer_core.costs import Curve, monotone
+
+    if not cost_file or not cost_file.get("verify_s"):
+        raise InputError("the run has no verification-cost probe (cost_model.json): bench it with verify_cost: true")
+    timed = [r for r in records if r["metrics"].get("forward_s") is not None and has_steps(r)]
+    if not timed:
+        raise InputError("the run's records hold no forward timings (forward_s): rerun the bench with this version")
+    chain = list(monotone(cost_file["verify_s"]))
+    tree_k, tree_s = list(cost_file.get("tree_k") or ()), list(monotone(cost_file.get("tree_verify_s") or ()))
+    points = {k: t for k, t in zip(range(1, len(chain) + 1), chain)}
+    top = len(chain)
+    for k, t in zip(tree_k, tree_s):
+        if k > top:
+            points[k] = max(t, points[max(points)])
+    verify = Curve.of(points)
+    tree = Curve.of(dict(zip(tree_k, tree_s))) if tree_k else None
+    units = {u["name"]: u for u in meta["units"]}
+
+    def target_seconds(r: dict) -> float:
+        prompt = max(1, int(r.get("prompt_tokens") or 1))
+        out = 0.0
+        for i, step in enumerate(steps_from_metrics(r["metrics"])):
+            sent = step.drafted if step.nodes is None else step.nodes
+            curve = (tree or verify) if step.is_tree else verify
+            out += curve((prompt if i == 0 else 1) + sent)
+        return out
+
+    draft: dict[str, Curve] = {}
+    host: dict[str, float] = {}
+    for kind in ("feature", "token"):
+        mine = [r for r in timed if units.get(r["model_id"]) and _is_fixed_chain(units[r["model_id"]])
+                and drafter_kind(units[r["model_id"]]) == kind]
+        forwards = sum(int(r["metrics"].get("draft_forwards", 0)) for r in mine)
+        if forwards:
+            seconds = sum(r["metrics"]["forward_s"] - target_seconds(r) for r in mine)
+            draft[kind] = Curve([1], [max(seconds / forwards, 1e-6)])
+    for label, chosen in (("plain", [r for r in timed if r["model_id"] == BASELINE]),
+                          ("chain", [r for r in timed if units.get(r["model_id"]) and _is_fixed_chain(units[r["model_id"]])])):
+        steps = sum(len(steps_from_metrics(r["metrics"])) for r in chosen)
+        if steps:
+            host[label] = max(sum(r["metrics"]["wall_s"] - r["metrics"]["forward_s"] for r in chosen) / steps, 1e-6)
+    if "plain" not in host:
+        raise InputError(f"the run has no timed '{BASELINE}' records: bench plain decoding too")
+    host.setdefault("chain", host["plain"])
+    by_nodes: dict[int, list[float]] = {}
+    for r in timed:  # tree stacks: host per step against their mean nodes sent
+        steps = steps_from_metrics(r["metrics"])
+        if is_tree_log(steps):
+            nodes = round(sum(s.nodes or 0 for s in steps) / len(steps))
+            by_nodes.setdefault(max(1, nodes), []).append((r["metrics"]["wall_s"] - r["metrics"]["forward_s"]) / len(steps))
+    tree_host = Curve.of({n: sum(v) / len(v) for n, v in by_nodes.items()}) if by_nodes else None
+    if tree_host is not None:  # host time never falls with more nodes: smooth the noise
+        tree_host = Curve(tree_host.ks, [max(t, 1e-6) for t in monotone(tree_host.seconds)])
+    checks = sum(int(r["metrics"].get("pacer_checks", 0) or 0) for r in timed)
+    mb = sum(float(r["metrics"].get("pacer_mb_s", 0.0) or 0.0) for r in timed)
+    return Profile(name=name, kind="measured", device=f"the machine that ran this bench ({meta.get('device', '?')})",
+                   verify=verify, tree_verify=tree, draft=draft, host_plain=host["plain"], host_chain=host["chain"],
+                   host_tree=tree_host, preverify_s=mb / checks if checks else 0.0, dtype=meta.get("dtype"),
+                   context=cost_file.get("context_tokens"),
+                   sources={"verify_s": "the bench's verification-cost probe (cost_model.json)",
+                            "draft_s": "the run's fixed-chain stacks: forward seconds less the probe's target forwards",
+                            "host_s": "the run's wall less forward seconds per step (forward_s)"})
 
 
 def with_host(profile: Profile, path: str) -> Profile:
