@@ -52,28 +52,20 @@ case "$kind" in
   eagle3) student=(student.kind=eagle3 student.subset_size=4096) ;;  # a 15 MB weights file (8192: 20 MB)
   *) echo "gpu_distill.sh: --kind must be feature or eagle3 (got '$kind')" >&2; exit 2 ;;
 esac
+number='^([0-9]+([.][0-9]*)?|[.][0-9]+)$'
+if ! [[ "$minutes" =~ $number ]] || awk "BEGIN { exit !($minutes <= 0) }"; then
+  echo "gpu_distill.sh: --minutes must be a positive number (got $minutes)" >&2; exit 2
+fi
+if ! [[ "$share" =~ $number ]] || awk "BEGIN { exit !($share >= 1) }"; then
+  echo "gpu_distill.sh: --corpus-share must be a number in [0, 1) (got $share): 0.4 is the default, 0 skips the corpus" >&2
+  exit 2
+fi
+seconds=$(awk "BEGIN { printf \"%d\", $minutes * 60 }")
+corpus_minutes=$(awk "BEGIN { printf \"%.2f\", $minutes * $share }")
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 # shellcheck source=scripts/system_python.sh
 source scripts/system_python.sh
 choose_python > /dev/null
-seconds=$("${PY[@]}" -c "
-import sys
-try:
-    minutes = float('$minutes')
-except ValueError:
-    minutes = -1.0
-if not minutes > 0:
-    sys.exit('gpu_distill.sh: --minutes must be a positive number (got $minutes)')
-print(int(minutes * 60))") || exit 2
-corpus_minutes=$("${PY[@]}" -c "
-import sys
-try:
-    share = float('$share')
-except ValueError:
-    share = -1.0
-if not 0 <= share < 1:
-    sys.exit('gpu_distill.sh: --corpus-share must be a number in [0, 1) (got $share): 0.4 is the default, 0 skips the corpus')
-print(round(float('$minutes') * share, 2))") || exit 2
 
 if [ "$smoke" = 1 ]; then
   corpus="${corpus:-$out/corpus}"
@@ -119,7 +111,7 @@ boxed() {
 }
 
 # 2. the corpus: whole shards until its share of the budget is spent
-if [ "$corpus_minutes" != "0.0" ]; then
+if [ "$corpus_minutes" != "0.00" ]; then
   boxed "the corpus" "${PACER[@]}" corpus out="$corpus" "${device[@]}" "${generate[@]}" minutes="$corpus_minutes"
 fi
 
