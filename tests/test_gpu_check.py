@@ -239,3 +239,13 @@ def test_gpu_distill_stops_at_its_time_box_and_resumes(tmp_path):
         run, _ = distill(tmp_path, 0.5)
         assert run.returncode == 0, run.stderr[-3000:]
         assert progress(tmp_path) > first
+
+
+@pytest.mark.parametrize("args, needle", [(["--minutes", "0"], "--minutes must be a positive number"),
+                                          (["--minutes", "soon"], "--minutes must be a positive number"),
+                                          (["--kind", "token"], "--kind must be feature or eagle3")])
+def test_gpu_distill_refuses_bad_options_in_one_line(args, needle):
+    run = subprocess.run(["bash", "scripts/gpu_distill.sh", "--smoke", *args], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "PACER_SKIP_BOOTSTRAP": "1"}, timeout=60)
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr.startswith(f"gpu_distill.sh: {needle}") and len(run.stderr.strip().splitlines()) == 1
