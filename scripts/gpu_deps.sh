@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Copy the pure-Python packages the project needs besides torch and transformers (pluggy, attrs,
-# omegaconf, pytest and what pytest needs) from a Python environment that has them into one folder,
+# omegaconf, pytest and what pytest needs, gguf) from a Python environment that has them into one folder,
 # for a GPU machine whose Python lacks them: no pip, nothing downloaded. Give the folder to the
 # scripts there as PACER_DEPS (docs/gpu.md#the-gpu-check):
 #   bash scripts/gpu_deps.sh DIR                      # from .venv (or PACER_PYTHON)
@@ -15,7 +15,8 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-WANTED = ["pluggy", "attrs", "omegaconf", "pytest", "iniconfig", "pygments", "packaging", "exceptiongroup", "tomli"]
+WANTED = ["pluggy", "attrs", "omegaconf", "pytest", "iniconfig", "pygments", "packaging", "exceptiongroup", "tomli",
+          "gguf"]  # gguf reads the embedded target (gpu_distill.sh)
 out = Path(sys.argv[1])
 out.mkdir(parents=True, exist_ok=True)
 copied = []

@@ -65,6 +65,7 @@ corpus_minutes=$(awk "BEGIN { printf \"%.2f\", $minutes * $share }")
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 # shellcheck source=scripts/system_python.sh
 source scripts/system_python.sh
+PACER_NEEDS=(torch transformers pluggy attrs omegaconf yaml safetensors numpy gguf)  # no tests here
 choose_python > /dev/null
 
 if [ "$smoke" = 1 ]; then
