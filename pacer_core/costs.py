@@ -391,6 +391,7 @@ def write_profile(path: Union[str, Path], profile: Profile, header: str = "") ->
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
+        os.chmod(tmp, 0o644)  # a profile is data to share, not a secret (mkstemp makes 0600)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

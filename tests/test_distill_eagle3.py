@@ -447,7 +447,8 @@ def test_the_gpu_script_runs_end_to_end_with_its_smoke_settings(tmp_path):
     import subprocess
 
     root = Path(__file__).resolve().parents[1]
-    run = subprocess.run(["bash", "scripts/gpu_distill.sh", "--smoke", "--minutes", "10", "--out", str(tmp_path)],
+    run = subprocess.run(["bash", "scripts/gpu_distill.sh", "--smoke", "--kind", "eagle3", "--minutes", "10",
+                          "--out", str(tmp_path)],
                          cwd=root, env={**os.environ, "PACER_SKIP_BOOTSTRAP": "1"}, capture_output=True, text=True,
                          timeout=1800)
     assert run.returncode == 0, run.stderr[-3000:]
