@@ -11,7 +11,6 @@ any error other than a one-line refusal.
 from __future__ import annotations
 
 import contextlib
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
