@@ -46,7 +46,6 @@ def test_a_cheap_shipped_stack_passes(capsys):
 def test_every_shipped_config_passes(capsys, config):
     code, result = check(capsys, "-c", str(config))
     assert code == 0, failing(result)
-    assert result["seconds"] < 180
 
 
 @pytest.mark.parametrize("stack, expected", [
