@@ -627,7 +627,8 @@ def test_embedded_pair_tree_drafting_equals_plain_decoding():
     result = engine.generate(ids, max_new_tokens=32)
     assert result.tokens == reference
     steps = plugin.built[0].steps
-    assert all(f == len(step.draft) for step, f in steps)
+    # one forward per level grown; the best 10 nodes are sent, so the main path may end above them
+    assert all(len(step.draft) <= step.draft.depth <= f <= 4 for step, f in steps)
     assert sum(step.draft.num_nodes - len(step.draft) for step, _ in steps) > 0
     assert result.metrics["acceptance_rate"] > 0.0
 
