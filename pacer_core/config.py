@@ -459,6 +459,9 @@ def check(cfg: PacerConfig, extra_plugins: Sequence[Any] = (), require_models: b
         config = _validate_typed(component.config, options, f"{where} ({component.name})")
         if not any(f.name == "members" for f in attrs.fields(component.config)):
             return ResolvedComponent(where, component, config)
+        if ".members[" in where:  # a composite's factory builds plain members only
+            raise ConfigError(f"{where}: a '{component.name}' cannot be a member of another: list its members in "
+                              "the outer one")
         entries = config.members  # a composite: its members are entries of the same kind
         if not isinstance(entries, (list, tuple)) or not entries:
             raise ConfigError(f"{where}.members must be a non-empty list of {kind} entries like {{name: ...}}")

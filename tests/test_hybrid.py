@@ -152,6 +152,13 @@ def test_config_refusals_name_the_problem():
         ["strategy.drafter={name: hybrid, members: [{name: draft_model}, {name: draft_model}]}"])
 
 
+def test_a_nested_hybrid_is_refused_before_models_load():
+    message = _error(["strategy.drafter={name: hybrid, members: [{name: draft_model}, "
+                      "{name: hybrid, members: [{name: prompt_lookup}]}]}"])
+    assert message == ("strategy.drafter.members[1]: a 'hybrid' cannot be a member of another: list its members "
+                       "in the outer one")
+
+
 def test_a_stop_policy_reading_draft_probs_needs_a_model_member():
     message = _error(["strategy.drafter={name: hybrid, members: [{name: prompt_lookup}, {name: prompt_lookup, branches: 2}]}",
                       "strategy.stop=[{name: entropy}]"])
