@@ -200,6 +200,8 @@ def _setup_replay(p):
                                                   "(`pacer bench-host --json FILE`, or a profile): this engine's "
                                                   "own host time in place of the profile's")
     p.add_argument("--json", action="store_true", help="print the predictions as JSON")
+    p.add_argument("--save-profile", metavar="FILE", help="also write the run's own measured profile (--profile run) "
+                                                          "as a profile file")
 
     def run(args) -> int:
         from .answers import load_run
@@ -208,6 +210,12 @@ def _setup_replay(p):
         profiles = [None if p == RUN_PROFILE else load_profile(p) for p in args.profile]
         meta, records, cost_file = load_run(Path(args.folder))
         profiles = [profile_from_run(meta, records, cost_file) if p is None else p for p in profiles]
+        if args.save_profile:
+            from pacer_core.costs import write_profile
+
+            measured = profile_from_run(meta, records, cost_file, name=Path(args.save_profile).stem)
+            write_profile(args.save_profile, measured, header=f"measured by `pacer replay {args.folder} --profile run "
+                                                              f"--save-profile {args.save_profile}`")
         if args.host:
             profiles = [with_host(p, args.host) for p in profiles]
         predictions = [predict(meta, records, profile) for profile in profiles]
@@ -230,7 +238,8 @@ def _is_fixed_chain(unit: dict) -> bool:
 def profile_from_run(meta: dict, records: list[dict], cost_file: Optional[dict], name: str = "run") -> Profile:
     """The measured profile of the machine a bench ran on, from the run itself: the verification
     curves of its cost probe (``verify_cost: true``; beyond the chain's largest k the tree-masked
-    curve, a dense forward's cost hardly depending on the mask there), one draft forward per drafter
+    curve, a dense forward's cost hardly depending on the mask there), scaled so that a one-token
+    forward costs what plain decoding's forwards cost in the run, one draft forward per drafter
     kind from its fixed-chain stacks (their forward seconds less the probe's target forwards, per
     draft forward), M_B's seconds per consultation, and the host time per step outside the forwards
     (``forward_s``: plain decoding's, the fixed chains', a tree's by nodes sent). ``InputError``
@@ -252,6 +261,17 @@ def profile_from_run(meta: dict, records: list[dict], cost_file: Optional[dict],
     verify = Curve.of(points)
     tree = Curve.of(dict(zip(tree_k, tree_s))) if tree_k else None
     units = {u["name"]: u for u in meta["units"]}
+    # the probe's level rests on a few forwards at one context; plain decoding's own forwards (one a
+    # token, at every context the run reached) set it: the curves are scaled so that verify(1) is
+    # their mean, the probe keeping the shape (the prompts' forwards priced on the probe's curve)
+    plain = [r for r in timed if r["model_id"] == BASELINE]
+    tokens = sum(len(steps_from_metrics(r["metrics"])) - 1 for r in plain)
+    if tokens > 0:
+        prefill = sum(verify(max(1, int(r.get("prompt_tokens") or 1))) for r in plain)
+        scale = (sum(r["metrics"]["forward_s"] for r in plain) - prefill) / (tokens * verify(1))
+        if scale > 0:
+            verify = Curve(verify.ks, [t * scale for t in verify.seconds])
+            tree = None if tree is None else Curve(tree.ks, [t * scale for t in tree.seconds])
 
     def target_seconds(r: dict) -> float:
         prompt = max(1, int(r.get("prompt_tokens") or 1))

@@ -340,11 +340,16 @@ def measured_profile_path(device: str, target_digest: Optional[str]) -> Path:
     return cache_root() / "profiles" / f"measured-{kind}-{target_digest or 'unknown'}.yaml"
 
 
-def device_profile(device: str, target_digest: Optional[str], default: str) -> Profile:
+def device_profile(device: str, target_digest: Optional[str], default: str, kind: Optional[str] = None) -> Profile:
     """The profile cost-sized trees use on ``device`` when none is named: the one ``pacer costs``
-    measured and cached for this device type and target, else the shipped ``default``."""
+    measured and cached for this device type and target (when it prices a ``kind`` drafter), else
+    the shipped ``default``."""
     cached = measured_profile_path(device, target_digest)
-    return load_profile(cached if cached.is_file() else default)
+    if cached.is_file():
+        profile = load_profile(cached)
+        if kind is None or kind in profile.draft:
+            return profile
+    return load_profile(default)
 
 
 def profile_names() -> list[str]:

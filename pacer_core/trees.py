@@ -304,5 +304,5 @@ def node_budget(tree: TreeConfig, device: Any, drafter_kind: str, target_digest:
     if tree.profile:
         profile = load_profile(tree.profile)
     else:
-        profile = device_profile(device, target_digest, default_profile(device))
+        profile = device_profile(device, target_digest, default_profile(device), drafter_kind)
     return NodeBudget(tree, device, profile.cost_model(drafter_kind))

@@ -314,13 +314,17 @@ def test_a_measured_profile_cached_for_the_device_sizes_trees_there(tmp_path, mo
     from pacer_core.trees import TreeConfig, node_budget
 
     monkeypatch.setenv("PACER_CACHE", str(tmp_path))
+    from pacer_core.costs import load_profile
+
+    shipped = load_profile("cpu-2core-smollm2-fp32").verify(1)
     tree = TreeConfig(nodes="auto")
-    assert node_budget(tree, "cpu", "feature", "abc").cost.verify(1) == pytest.approx(0.087)  # the shipped CPU one
+    assert node_budget(tree, "cpu", "feature", "abc").cost.verify(1) == pytest.approx(shipped)  # the shipped CPU one
     path = measured_profile_path("cpu", "abc")
     path.parent.mkdir(parents=True)
     path.write_text(yaml.safe_dump(dict(PROFILE, draft_s={"feature": {1: 0.001}})))
     assert node_budget(tree, "cpu", "feature", "abc").cost.verify(1) == pytest.approx(0.020)
-    assert node_budget(tree, "cpu", "feature", "other").cost.verify(1) == pytest.approx(0.087)
+    assert node_budget(tree, "cpu", "feature", "other").cost.verify(1) == pytest.approx(shipped)
+    assert node_budget(tree, "cpu", "token", "abc").cost.verify(1) == pytest.approx(shipped)  # no token draft there
     named = TreeConfig(nodes="auto", profile="a100-7b-bf16")
     assert node_budget(named, "cpu", "feature", "abc").cost.verify(1) == pytest.approx(0.024)
 
