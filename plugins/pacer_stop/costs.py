@@ -299,8 +299,7 @@ def write_measured_profile(path: Path, engine, cfg, prompt: list[int], measured:
         verify=Curve(chain_k, monotone(chain)), tree_verify=Curve(tree_k, monotone(tree)) if tree_k else None,
         draft={kind: Curve([1], [max(float(measured["draft_token_s"]), 1e-6)])} if kind else {},
         host_plain=step, host_chain=step, dtype=key["dtype"],
-        target={k: v for k, v in {"digest": target.digest, "vocab": target.vocab_size,
-                                  "layers": getattr(target, "num_layers", None)}.items() if v is not None},
+        target={k: v for k, v in {"digest": target.digest, "vocab": target.vocab_size}.items() if v is not None},
         context=len(context),
         sources={"verify_s": f"pacer costs --profile, median of {args.repeats} forwards per k after {len(context)} "
                              "cached tokens",
