@@ -45,6 +45,7 @@ DRAFTER_KINDS = {"eagle": "feature", "draft_model": "token", "ouroboros": "token
 
 
 def unit_drafter(unit: dict) -> dict:
+    """A bench unit's drafter entry (``{}`` for a baseline or a unit without one)."""
     try:
         drafter = unit["config"]["strategy"]["drafter"]
     except (KeyError, TypeError):

@@ -22,6 +22,7 @@ from pacer_core.metrics import step_metrics
 
 from .answers import load_run, write_json
 from .oracle import CostModel, analyse, cost_model, is_tree_log, steps_from_metrics
+from .replay import unit_drafter as _strategy_drafter
 from .specbench import answer_files, leaderboard_markdown, speed_markdown, speed_report, write_answer_files
 from .stats import cell_intervals, format_interval
 
@@ -144,15 +145,6 @@ def cell(records: list[dict], reference: dict[tuple, dict]) -> dict[str, Any]:
         "source_shares": source_shares(records),
         "draft_topk": draft_topk(records),
     }
-
-
-def _strategy_drafter(unit: dict) -> dict:
-    """A bench unit's drafter entry (``{}`` for a baseline or a unit without one)."""
-    try:
-        drafter = unit["config"]["strategy"]["drafter"]
-    except (KeyError, TypeError):
-        return {}
-    return drafter if isinstance(drafter, dict) else {}
 
 
 def _drafter(unit: dict) -> Optional[str]:
