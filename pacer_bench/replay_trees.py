@@ -38,6 +38,7 @@ class LoggedTree:
     main: tuple[int, ...]
     path: tuple[int, ...]
     group: str  # the prompt set
+    prompt: str = ""  # the question it came from (calibration is fitted on the other prompts)
 
     @property
     def depths(self) -> list[int]:
@@ -62,7 +63,7 @@ def logged_trees(records: Sequence[dict], stack: str) -> list[LoggedTree]:
             continue
         for s in r["metrics"].get("tree_steps") or ():
             out.append(LoggedTree(tuple(s["parents"]), tuple(s["q"]), tuple(s["main"]), tuple(s["path"]),
-                                  r["prompt_set"]))
+                                  r["prompt_set"], str(r.get("question_id", ""))))
     return out
 
 
@@ -151,6 +152,59 @@ def auto_policy(pricer: Pricer, topk: int, depth: int) -> Policy:
     return step
 
 
+def fit_calibration(steps: Sequence[LoggedTree], bins: int = 12, max_depth: int = 6) -> dict[int, list[tuple[float, float]]]:
+    """P(a node is accepted | its depth, its cumulative draft probability), read off logged trees:
+    per depth (``max_depth`` and deeper together) the nodes sorted by cumulative probability, cut in
+    ``bins`` equal groups, each group's acceptance rate made non-decreasing (pool-adjacent-violators).
+    Returns depth -> [(upper cumulative probability of a group, its rate)]."""
+    from pacer_core.costs import monotone
+
+    by: dict[int, list[tuple[float, bool]]] = {}
+    for s in steps:
+        path = set(s.path)
+        for i, (d, c) in enumerate(zip(s.depths, s.cumulative)):
+            by.setdefault(min(d, max_depth), []).append((c, i in path))
+    table = {}
+    for d, xs in by.items():
+        xs.sort()
+        size = max(1, len(xs) // bins)
+        chunks = [xs[b:b + size] for b in range(0, len(xs), size)]
+        rates = monotone([sum(y for _, y in chunk) / len(chunk) for chunk in chunks])
+        table[d] = [(chunk[-1][0], r) for chunk, r in zip(chunks, rates)]
+    return table
+
+
+def calibrated(step: LoggedTree, nodes: Sequence[int], table: dict[int, list[tuple[float, float]]]) -> list[float]:
+    """The calibrated acceptance estimate of each of ``nodes`` (never above its parent's)."""
+    depths, cp = step.depths, step.cumulative
+    top = max(table)
+    out: dict[int, float] = {}
+    for i in sorted(nodes):
+        edges = table.get(min(depths[i], top)) or table[top]
+        value = next((r for edge, r in edges if cp[i] <= edge), edges[-1][1])
+        parent = step.parents[i]
+        out[i] = min(value, out[parent]) if parent >= 0 and parent in out else value
+    return [out[i] for i in nodes]
+
+
+def calibrated_auto_policy(pricer: Pricer, topk: int, depth: int, steps: Sequence[LoggedTree]) -> Policy:
+    """``auto`` valuing nodes by calibrated acceptance instead of the raw cumulative probability,
+    each step's calibration fitted on the other prompts' steps (two folds by prompt)."""
+    prompts = sorted({s.prompt for s in steps})
+    fold = {p: i % 2 for i, p in enumerate(prompts)}
+    tables = {f: fit_calibration([s for s in steps if fold[s.prompt] != f]) for f in (0, 1)}
+    budget = NodeBudget(TreeConfig(topk=topk, depth=depth, nodes="auto"), "replay",
+                        pricer.profile.cost_model(pricer.kind))
+
+    def step(s: LoggedTree) -> tuple[int, float]:
+        grown = shape(s, topk, depth)
+        chosen = budget.select(_subtree(s, grown), calibrated(s, grown, tables[fold[s.prompt]]))
+        sent = set(grown) if chosen is None else {grown[i] for i in chosen}
+        levels = min(depth, max(s.depths))
+        return accepted(s, sent) + 1, pricer.tree(levels, topk, len(sent))
+    return step
+
+
 def oracle_chain(pricer: Pricer, longest: int) -> Policy:
     def step(s: LoggedTree) -> tuple[int, float]:
         a = accepted(s, set(s.main[:longest]))
@@ -196,6 +250,8 @@ def replay_shapes(steps: Sequence[LoggedTree], profile: Profile, kind: str = "fe
     for topk in topks:
         for depth in depths:
             policies[f"auto k{topk} d{depth}"] = ("auto", None)  # built per group: it carries a rate
+            if len({s.prompt for s in steps}) >= 2:
+                policies[f"auto calibrated k{topk} d{depth}"] = ("auto calibrated", None)
     policies[f"oracle chain (γ ≤ {log_depth})"] = ("oracle", oracle_chain(pricer, log_depth))
     policies["oracle tree"] = ("oracle", oracle_tree(pricer, log_topk))
     groups = sorted({s.group for s in steps}) + ["all"]
@@ -207,10 +263,13 @@ def replay_shapes(steps: Sequence[LoggedTree], profile: Profile, kind: str = "fe
             if family == "auto":
                 topk, depth = (int(part[1:]) for part in name.split()[1:3])
                 policy = auto_policy(pricer, topk, depth)
+            elif family == "auto calibrated":
+                topk, depth = (int(part[1:]) for part in name.split()[2:4])
+                policy = calibrated_auto_policy(pricer, topk, depth, chosen)
             table[name][group] = run(policy, chosen, pricer.plain)
     families = {name: family for name, (family, _) in policies.items()}
     best_of = {family: max((n for n in table if families[n] == family), key=lambda n: table[n]["all"]["speedup"])
-               for family in ("chain", "tree", "auto")}
+               for family in ("chain", "tree", "auto", "auto calibrated") if family in families.values()}
     return {"profile": profile.name, "kind": profile.kind, "steps": len(steps), "logged_topk": log_topk,
             "logged_depth": log_depth, "table": table, "families": families, "best": best_of}
 
@@ -220,7 +279,8 @@ def markdown(result: dict[str, Any], rows: Optional[Sequence[str]] = None) -> st
     table = result["table"]
     groups = list(next(iter(table.values())))
     best = result["best"]
-    names = list(dict.fromkeys([best["chain"], best["tree"], best["auto"], *(rows or ()),
+    names = list(dict.fromkeys([best["chain"], best["tree"], best["auto"], *(v for k, v in best.items() if k not in
+                                                                              ("chain", "tree", "auto")), *(rows or ()),
                                 *(n for n in table if n.startswith("oracle"))]))
     lines = [f"*predicted under {result['kind']} profile '{result['profile']}'* — {result['steps']} logged tree "
              f"steps (k{result['logged_topk']}, {result['logged_depth']} levels)", "",
@@ -231,4 +291,7 @@ def markdown(result: dict[str, Any], rows: Optional[Sequence[str]] = None) -> st
     chain, tree, auto = (table[best[f]]["all"]["speedup"] for f in ("chain", "tree", "auto"))
     lines += ["", f"best tree ÷ best chain: {tree / chain:.3f}; auto ÷ best fixed tree budget: {auto / tree:.3f}; "
                   f"auto ÷ best chain: {auto / chain:.3f}"]
+    if "auto calibrated" in best:
+        cal = table[best["auto calibrated"]]["all"]["speedup"]
+        lines[-1] += f"; auto calibrated (fitted on the other prompts) ÷ best fixed tree budget: {cal / tree:.3f}"
     return "\n".join(lines) + "\n"

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import attrs
+
 import pytest
 from helpers import DRAFT_TABLE, PROMPT, TARGET_TABLE, assert_one_line_error, build_engine, run_cli
 
@@ -238,11 +240,24 @@ def test_auto_is_at_least_about_the_best_fixed_budget(profile_name):
     the best fixed budget and the best chain that hindsight picks under the same profile."""
     from pacer_core.costs import load_profile
 
-    steps = synthetic_trees(400, topk=6, depth=5)
+    steps = [attrs.evolve(s, prompt=str(i % 20)) for i, s in enumerate(synthetic_trees(400, topk=6, depth=5))]
     result = replay_trees.replay_shapes(steps, load_profile(profile_name), kind="feature")
     speed = {name: row["all"]["speedup"] for name, row in result["table"].items()}
     best = result["best"]
     assert speed[best["auto"]] >= 0.97 * max(speed[best["tree"]], speed[best["chain"]])
+    # valued by acceptance calibrated on the other prompts' steps, too
+    assert speed[best["auto calibrated"]] >= 0.97 * max(speed[best["tree"]], speed[best["chain"]])
+
+
+def test_calibration_reads_acceptance_rates_off_logged_trees():
+    steps = [attrs.evolve(s, prompt=str(i % 2)) for i, s in enumerate(synthetic_trees(300, topk=4, depth=3, seed=3))]
+    table = replay_trees.fit_calibration(steps, bins=4)
+    for rows in table.values():
+        rates = [r for _, r in rows]
+        assert rates == sorted(rates) and all(0 <= r <= 1 for r in rates)  # non-decreasing in the probability
+    step = steps[0]
+    values = replay_trees.calibrated(step, list(range(len(step.parents))), table)
+    assert all(values[i] <= values[p] for i, p in enumerate(step.parents) if p >= 0)  # never above the parent
 
 
 # -- replay-stop's options ---------------------------------------------------------------------------
