@@ -382,23 +382,13 @@ def load_profile(name_or_path: Union[str, Path]) -> Profile:
 
 
 def write_profile(path: Union[str, Path], profile: Profile, header: str = "") -> Path:
-    """Write ``profile`` as YAML (atomically: a unique temporary file, then renamed)."""
-    import os
-    import tempfile
-
+    """Write ``profile`` as YAML, published whole (``pacer_core.atomic``), readable by all."""
     import yaml
+
+    from .atomic import atomic_write
 
     path = Path(path).expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
     text = "".join(f"# {line}\n" for line in header.splitlines()) + yaml.safe_dump(
         profile_to_dict(profile), sort_keys=False, default_flow_style=None, width=110)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)  # a profile is data to share, not a secret (mkstemp makes 0600)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return atomic_write(path, lambda f: f.write(text.encode()), shared=True)

@@ -14,11 +14,10 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
+from pacer_core.atomic import atomic_write
 from pacer_core.commands import check_out_dir
 from pacer_core.errors import InputError
 
@@ -28,20 +27,7 @@ __all__ = ["atomic_save", "atomic_write_bytes", "atomic_write_json", "atomic_wri
 
 def _atomic(path: Path, write: Callable[[Any], None]) -> None:
     """Write through ``write(file object)`` into a temporary file beside ``path``, then rename it."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    atomic_write(path, write)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -27,6 +27,7 @@ from typing import Any, Optional, Union
 import numpy as np
 
 from pacer_core import InputError
+from pacer_core.atomic import atomic_write
 
 FORMAT = "pacer-datastore"
 VERSION = 1
@@ -56,26 +57,7 @@ def save_documents(path: Union[str, Path], tokens: np.ndarray, lengths: np.ndarr
                          "tokens": int(tokens.shape[0]), "documents": int(lengths.shape[0])})
     # a temporary name of this write's own: two processes saving the same store never write into one
     # file, and the rename publishes a complete one (the last save wins, whole)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, header=np.array(header), tokens=tokens, lengths=lengths)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # what open() would have given
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    atomic_write(path, lambda f: np.savez(f, header=np.array(header), tokens=tokens, lengths=lengths), shared=True)
 
 
 def check_path(path: Union[str, Path]) -> Path:
