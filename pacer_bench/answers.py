@@ -24,6 +24,11 @@ META = "bench.json"
 COST_MODEL = "cost_model.json"
 
 
+def pair_key(record: dict) -> tuple:
+    """What pairs a stack's record with the baseline's: (prompt set, question id, repeat, turn)."""
+    return (record["prompt_set"], str(record["question_id"]), int(record.get("repeat", 0)), int(record.get("turn", 0)))
+
+
 def record_key(record: dict) -> tuple[str, str, str, int, int]:
     """(prompt set, question id, stack, repeat, turn); records written before multi-turn runs are turn 0."""
     return (str(record["prompt_set"]), str(record["question_id"]), str(record["model_id"]),

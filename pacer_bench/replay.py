@@ -34,12 +34,13 @@ from pacer_core.commands import command
 from pacer_core.costs import Profile, load_profile
 from pacer_core.errors import InputError
 
+from .answers import pair_key
+from .config import BASELINE
 from .oracle import analyse, is_tree_log, steps_from_metrics
 from .replay_trees import logged_trees, replay_shapes
 from .replay_trees import markdown as tree_markdown
 
 ALL = "all"
-BASELINE = "autoregressive"
 RUN_PROFILE = "run"  # --profile run: the machine's profile measured by the run itself
 DRAFTER_KINDS = {"eagle": "feature", "draft_model": "token", "ouroboros": "token"}
 
@@ -99,10 +100,6 @@ def generation_seconds(record: dict, profile: Profile, kind: Optional[str]) -> f
     return seconds + int(m.get("pacer_checks", 0) or 0) * profile.preverify_s
 
 
-def _key(r: dict) -> tuple:
-    return (r["prompt_set"], r["question_id"], r.get("repeat", 0), r.get("turn", 0))
-
-
 def predict(meta: dict, records: list[dict], profile: Profile) -> dict[str, Any]:
     """Per prompt set (and ``all``) and stack: τ, the measured speedup and the predicted one."""
     units = {u["name"]: u for u in meta["units"]}
@@ -112,7 +109,7 @@ def predict(meta: dict, records: list[dict], profile: Profile) -> dict[str, Any]
     if not any(has_steps(r) for r in records if r["model_id"] != BASELINE):
         raise InputError("the run's records hold no recorded steps (accepted_per_step): rerun the bench with "
                          "this version")
-    reference = {_key(r): r for r in baseline}
+    reference = {pair_key(r): r for r in baseline}
     base_seconds = {k: generation_seconds(r, profile, None) for k, r in reference.items()}
     sets = list(meta.get("prompt_sets") or sorted({r["prompt_set"] for r in records})) + [ALL]
     out: dict[str, Any] = {"profile": profile.name, "kind": profile.kind, "device": profile.device, "sets": {}}
@@ -120,14 +117,14 @@ def predict(meta: dict, records: list[dict], profile: Profile) -> dict[str, Any]
         rows = {}
         chosen = [r for r in records if set_name == ALL or r["prompt_set"] == set_name]
         for name in units:
-            mine = [r for r in chosen if r["model_id"] == name and _key(r) in reference]
+            mine = [r for r in chosen if r["model_id"] == name and pair_key(r) in reference]
             if not mine or units[name].get("kind", "stack") != "stack" or not all(map(has_steps, mine)):
                 continue  # baselines other than plain decoding (transformers' generate) are not the engine's
             kind = drafter_kind(units[name])
-            ref = [reference[_key(r)] for r in mine]
+            ref = [reference[pair_key(r)] for r in mine]
             tokens, ref_tokens = sum(len(r["tokens"]) for r in mine), sum(len(r["tokens"]) for r in ref)
             predicted = sum(generation_seconds(r, profile, kind) for r in mine)
-            base = sum(base_seconds[_key(r)] for r in mine)
+            base = sum(base_seconds[pair_key(r)] for r in mine)
             wall, ref_wall = sum(r["metrics"]["wall_s"] for r in mine), sum(r["metrics"]["wall_s"] for r in ref)
             steps = sum(len(steps_from_metrics(r["metrics"])) for r in mine)
             rows[name] = {

@@ -21,16 +21,13 @@ from pacer_core.errors import InputError
 from pacer_core.metrics import step_metrics
 
 from .answers import load_run, write_json
+from .answers import pair_key as _key  # a stack's record and the baseline's of the same prompt
 from .oracle import CostModel, analyse, cost_model, is_tree_log, steps_from_metrics
 from .replay import unit_drafter as _strategy_drafter
 from .specbench import answer_files, leaderboard_markdown, speed_markdown, speed_report, write_answer_files
 from .stats import cell_intervals, format_interval
 
 ALL = "all"  # the row over every prompt set
-
-
-def _key(r: dict) -> tuple:
-    return (r["prompt_set"], str(r["question_id"]), int(r.get("repeat", 0)), int(r.get("turn", 0)))
 
 
 def _sum(records: list[dict], field: str) -> float:

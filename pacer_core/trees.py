@@ -202,44 +202,41 @@ def node_values(tree: TokenTree, point_mass: Optional[Callable[[int], float]] = 
     return values
 
 
-def value_nodes(values: Sequence[float], parents: Sequence[int], verify: Callable[[int], float],
-                rate: float) -> tuple[list[int], float, float]:
-    """The nodes to send: ranked by value (ties to the earlier node, ancestors first), the first n
-    for the n maximising ``Σ values − rate · verify(n + 1)`` (Dinkelbach's step for the ratio
-    expected emitted tokens ÷ seconds, ``rate`` being the throughput reached so far; ``verify(k)``:
-    a tree-masked target forward over k tokens). n may be 0 (a plain step). Returns (the nodes,
-    ascending; their expected accepted tokens; the verification's seconds)."""
-    order = sorted(range(len(values)), key=lambda i: (-values[i], i))
-    taken: set[int] = set()
+def _ranked(values: Sequence[float], parents: Sequence[int]) -> list[int]:
+    """Nodes by value, ties to the earlier node, each after its parent (a node's value never exceeds
+    its parent's; one whose parent is not yet ranked is passed over, should values tie oddly)."""
     ranked: list[int] = []
-    for i in order:  # keep the ranking closed under ancestors even if values tie oddly
+    taken: set[int] = set()
+    for i in sorted(range(len(values)), key=lambda i: (-values[i], i)):
         if parents[i] < 0 or parents[i] in taken:
             taken.add(i)
             ranked.append(i)
-    best_n, best_value, gain = 0, -rate * verify(1), 0.0
-    gains = [0.0]
+    return ranked
+
+
+def value_nodes(values: Sequence[float], parents: Sequence[int], verify: Callable[[int], float],
+                rate: float) -> tuple[list[int], float, float]:
+    """The nodes to send: ranked by value (``_ranked``), the first n for the n maximising
+    ``Σ values − rate · verify(n + 1)`` (Dinkelbach's step for the ratio expected emitted tokens ÷
+    seconds, ``rate`` being the throughput reached so far; ``verify(k)``: a tree-masked target
+    forward over k tokens). n may be 0 (a plain step). Returns (the nodes, ascending; their
+    expected accepted tokens; the verification's seconds)."""
+    ranked = _ranked(values, parents)
+    best_n, best_gain, best_value, gain = 0, 0.0, -rate * verify(1), 0.0
     for n, node in enumerate(ranked, start=1):
         gain += values[node]
-        gains.append(gain)
         value = gain - rate * verify(n + 1)
         if value > best_value:
-            best_n, best_value = n, value
-    return sorted(ranked[:best_n]), gains[best_n], verify(best_n + 1)
+            best_n, best_gain, best_value = n, gain, value
+    return sorted(ranked[:best_n]), best_gain, verify(best_n + 1)
 
 
 def ranked_nodes(values: Sequence[float], parents: Sequence[int], n: int) -> Optional[list[int]]:
-    """The ``n`` nodes of highest value (ties to the earlier node), every one with its ancestors
-    (a node's value never exceeds its parent's); None when every node fits."""
+    """The ``n`` nodes of highest value (``_ranked``), every one with its ancestors; None when
+    every node fits."""
     if len(values) <= n:
         return None
-    order = sorted(range(len(values)), key=lambda i: (-values[i], i))
-    taken: set[int] = set()
-    for i in order:
-        if len(taken) >= n:
-            break
-        if parents[i] < 0 or parents[i] in taken:
-            taken.add(i)
-    return sorted(taken)
+    return sorted(_ranked(values, parents)[:n])
 
 
 class NodeBudget:
