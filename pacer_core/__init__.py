@@ -1,11 +1,12 @@
 """PACER-SD: lossless speculative decoding with strategies as plugins."""
 
 from .config import PacerConfig, load_config
-from .engine import DecodeState, Engine
+from .engine import Engine
 from .errors import ConfigError, InputError, PacerError
 from .hookspecs import hookimpl
 from .types import (
     Component,
+    DecodeState,
     Draft,
     DraftBlock,
     FeatureModel,

@@ -20,29 +20,8 @@ import torch
 from .config import PacerConfig, check, check_seed, draft_model_config
 from .errors import ConfigError, InputError
 from .registry import ResolvedStack, check_hooks, new_plugin_manager
-from .types import Draft, GenerationResult, LanguageModel, Resources, SamplingParams, StepRecord, Stop, TokenTree
-
-
-@attrs.define(eq=False)
-class DecodeState:
-    """The generation in progress, as hooks see it. Plugins read it; only the engine writes it."""
-
-    tokens: list[int]  # prompt + committed new tokens
-    prompt_length: int
-    max_new_tokens: int
-    sampling: SamplingParams
-    generator: torch.Generator
-    eos_token_ids: frozenset[int]
-    max_draft_tokens: int = 0  # bound on this step's draft (engine limit, budget left)
-    step_index: int = 0
-
-    @property
-    def new_tokens(self) -> list[int]:
-        return self.tokens[self.prompt_length:]
-
-    @property
-    def budget_left(self) -> int:
-        return self.max_new_tokens - (len(self.tokens) - self.prompt_length)
+from .types import (DecodeState, Draft, GenerationResult, LanguageModel, Resources, SamplingParams, StepRecord, Stop,
+                    TokenTree)
 
 
 def tree_layout(n_pending: int, tree: TokenTree) -> tuple[torch.Tensor, torch.Tensor]:

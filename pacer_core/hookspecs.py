@@ -28,8 +28,7 @@ import pluggy
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from .engine import DecodeState
-    from .types import Component, Draft, DraftBlock, GenerationResult, StepRecord, Stop, Verdict
+    from .types import Component, DecodeState, Draft, DraftBlock, GenerationResult, StepRecord, Stop, Verdict
 
 PROJECT = "pacer_sd"
 """The pluggy project name, also the setuptools entry-point group plugins register under."""

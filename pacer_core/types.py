@@ -15,6 +15,7 @@ import torch
 __all__ = [
     "AttentionShape",
     "Component",
+    "DecodeState",
     "Draft",
     "DraftBlock",
     "FeatureModel",
@@ -59,6 +60,28 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+@attrs.define(eq=False)
+class DecodeState:
+    """The generation in progress, as hooks see it. Plugins read it; only the engine writes it."""
+
+    tokens: list[int]  # prompt + committed new tokens
+    prompt_length: int
+    max_new_tokens: int
+    sampling: SamplingParams
+    generator: torch.Generator
+    eos_token_ids: frozenset[int]
+    max_draft_tokens: int = 0  # bound on this step's draft (engine limit, budget left)
+    step_index: int = 0
+
+    @property
+    def new_tokens(self) -> list[int]:
+        return self.tokens[self.prompt_length:]
+
+    @property
+    def budget_left(self) -> int:
+        return self.max_new_tokens - (len(self.tokens) - self.prompt_length)
 
 
 @attrs.frozen
