@@ -392,7 +392,17 @@ def load_config(path: Optional[str | Path] = None, overrides: Sequence[str] = ()
     Keys the file omits keep their defaults. Strategy names and options are checked against the
     installed plugins (and ``extra_plugins``). Raises ``ConfigError`` with a one-line message.
     ``require_models=False`` is for configs used with in-memory models (``Engine.build``).
+    A caller that builds an engine next can resolve the stack once instead: ``read_config``, then
+    ``check`` against the engine's plugin manager, handing both to ``Engine.from_config``.
     """
+    cfg = read_config(path, overrides)
+    check(cfg, extra_plugins=extra_plugins, require_models=require_models)
+    return cfg
+
+
+def read_config(path: Optional[str | Path] = None, overrides: Sequence[str] = ()) -> PacerConfig:
+    """``load_config`` less the strategy stack: the sections read and validated, each strategy entry
+    still an open mapping that ``check`` resolves against the installed plugins."""
     raw = read_yaml(Path(path)) if path is not None else OmegaConf.create({})
     for override in _override_list(overrides):
         _apply_override(raw, override)
@@ -417,9 +427,7 @@ def load_config(path: Optional[str | Path] = None, overrides: Sequence[str] = ()
             raise ConfigError(f"section '{field.name}' must be a mapping, got {type(value).__name__}")
         # strategy entries are open mappings: check() validates each against its component's schema
         sections[field.name] = _validate_typed(schema, value, field.name, finite=field.name != "strategy")
-    cfg = PacerConfig(**sections)
-    check(cfg, extra_plugins=extra_plugins, require_models=require_models)
-    return cfg
+    return PacerConfig(**sections)
 
 
 def check(cfg: PacerConfig, extra_plugins: Sequence[Any] = (), require_models: bool = True,
