@@ -1,5 +1,9 @@
 """``pacer replay-stop``: noise-free replay of stop rules on held-out simulated steps (docs/pacer.md).
 
+A bench tool beside the bench's own replay (``pacer replay``): it compares the stops of two plugin
+packages (``pacer_stop``'s and ``entropy_stop``'s rules) on the oracle replay of ``oracle.py``, which
+only the bench may do, since no plugin imports another or the bench.
+
 A ``pacer train-preverify`` run folder holds, for every simulated step, what M_B reads (the draft's
 hidden states of a ``data.window``-token draft), the draft's confidence features (log q(x), H(q))
 and the verifier's labels (1 for the accepted prefix, then 0). On the held-out items (never
@@ -11,7 +15,7 @@ A step then accepts min(sent, accepted in the window) tokens, emits one more, an
 inputs give the same table.
 
 Compared: every fixed window γ, the oracle (drafts exactly the accepted tokens) and the
-cost-optimal oracle (``pacer_bench.oracle``), the ``confidence`` stop's rule (stop after the first
+cost-optimal oracle (``oracle.py``), the ``confidence`` stop's rule (stop after the first
 token with q(x) < t), the ``entropy`` stop's rule (stop after the first token whose bound
 1 − sqrt(γ · H(q)) is below λ; with its online calibration of λ, and without it, which is ``svip``
 with h = 1 − λ) and grids of the ``pacer`` stop's rules over both predictors. Like the
@@ -30,14 +34,15 @@ from typing import Any, Iterable, Optional, Sequence
 import attrs
 import torch
 
-from pacer_bench.oracle import CostModel, LoggedStep, Replay, captured_share, cost_model, replay_best, \
-    replay_fixed, replay_oracle
+from entropy_stop import rules as entropy_rules
 from pacer_core import Draft, DraftBlock, InputError, Stop
 from pacer_core.commands import command
+from pacer_core.costs import CostModel, cost_model
+from pacer_stop.metrics import position_report
+from pacer_stop.policy import DEFAULT_CHECKPOINT, PacerStop, PacerStopConfig, checkpoint_folder
+from pacer_stop.rules import cumulative_confidence
 
-from .metrics import position_report
-from .policy import DEFAULT_CHECKPOINT, PacerStop, PacerStopConfig, checkpoint_folder
-from .rules import cumulative_confidence
+from .oracle import LoggedStep, Replay, captured_share, replay_best, replay_fixed, replay_oracle
 
 
 @attrs.frozen
@@ -107,12 +112,10 @@ def replay_confidence_stop(steps: Sequence[HeldOutStep], threshold: float, cost:
                            max_tokens: int = 20) -> Replay:
     """The ``confidence`` stop (entropy_stop): draft until the first token with q(x) < threshold,
     which is still sent (the stop's pure rule, as ``replay_entropy_stop``)."""
-    from entropy_stop import rules
-
     emitted, seconds = 0, 0.0
     for step in steps:
         q = torch.cat([step.confidence[:1], step.confidence[1:] / step.confidence[:-1].clamp_min(1e-300)])
-        flagged = rules.first_below(q, threshold)
+        flagged = entropy_rules.first_below(q, threshold)
         sent = min(step.window if flagged is None else flagged + 1, max_tokens, step.window)
         emitted += min(sent, step.accepted) + 1
         seconds += cost.step(sent)
@@ -124,23 +127,21 @@ def replay_entropy_stop(steps: Sequence[HeldOutStep], gamma: float, threshold: f
     """The ``entropy`` stop (entropy_stop, its pure rules): draft until the first token whose bound
     1 − sqrt(γ · H(q)) is below λ, which is still sent. With ``adapt``, λ = clip(λ₀ − δ, 0, 1) where
     δ is updated after every step from the judged tokens' outcomes, kept across items (greedy)."""
-    from entropy_stop import rules
-
     emitted, seconds, offset = 0, 0.0, 0.0
     for step in steps:
         if step.entropy is None:
             raise InputError("these held-out steps hold no draft entropies: simulate them again with "
                              "`pacer train-preverify`")
-        bounds = rules.acceptance_bound(step.entropy, gamma)  # [window]
+        bounds = entropy_rules.acceptance_bound(step.entropy, gamma)  # [window]
         lam = min(1.0, max(0.0, threshold - offset)) if adapt else threshold
-        flagged = rules.first_below(bounds, lam)
+        flagged = entropy_rules.first_below(bounds, lam)
         sent = min(step.window if flagged is None else flagged + 1, max_tokens, step.window)
         accepted = min(sent, step.accepted)
         emitted += accepted + 1
         seconds += cost.step(sent)
         if adapt:
-            outcomes = rules.verified_outcomes(sent, accepted)
-            offset = rules.calibrated_offset(offset, bounds[:len(outcomes)].tolist(), outcomes, adapt_rate)
+            outcomes = entropy_rules.verified_outcomes(sent, accepted)
+            offset = entropy_rules.calibrated_offset(offset, bounds[:len(outcomes)].tolist(), outcomes, adapt_rate)
     return Replay(emitted, seconds, len(steps))
 
 
@@ -148,9 +149,8 @@ def replay_entropy_stop(steps: Sequence[HeldOutStep], gamma: float, threshold: f
 def load_heldout(run: Path, heldout_every: int) -> tuple[Any, list[int]]:
     """The held-out steps of a train-preverify run folder: (StepData, their indices). ``heldout_every``
     0 = every item (a folder simulated for evaluation only)."""
+    from pacer_stop.train import SAMPLE_KEYS, StepData
     from pacer_train import load_run_file
-
-    from .train import SAMPLE_KEYS, StepData
 
     files = sorted((Path(run) / "samples").glob("item_*.pt"))
     if not files:
@@ -187,8 +187,8 @@ def heldout_steps(data, mb_probs: torch.Tensor) -> list[HeldOutStep]:
 
 
 def mb_predictions(checkpoint: Path, data, steps: list[int]) -> torch.Tensor:
-    from .model import PreVerifier
-    from .train import predict_steps
+    from pacer_stop.model import PreVerifier
+    from pacer_stop.train import predict_steps
 
     net = PreVerifier.load(checkpoint)
     if net.arch.input_size != data.hidden.shape[-1]:
