@@ -62,6 +62,7 @@ class Shape:
     vocab: int = DEFAULT_VOCAB
     hidden: int = 64
     layers: int = 1
+    subset: Optional[int] = None  # the eagle draft's output vocabulary (None: the whole vocabulary)
 
 
 @attrs.frozen
@@ -174,12 +175,15 @@ def tiny_models(shape: Shape, folder: Path, seed: int = 0) -> tuple[Any, Any, di
 
     model = tiny_llama(seed, shape.vocab, layers=shape.layers, hidden=shape.hidden, max_positions=4096)
     target, draft = tiny_model(model, eos=False), tiny_model(copy.deepcopy(model), eos=False)
-    arch = ArchConfig(hidden_size=shape.hidden, vocab_size=shape.vocab, subset_size=shape.vocab,
+    subset = shape.vocab if shape.subset is None else shape.subset
+    arch = ArchConfig(hidden_size=shape.hidden, vocab_size=shape.vocab, subset_size=subset,
                       intermediate_size=2 * shape.hidden, extra_layers=0, **_attention_shape(target))
     with torch.random.fork_rng(devices=[]):  # seeded weights; the caller's random state is left alone
         torch.manual_seed(seed)
         net = FeatureDraft(arch)
-        net.subset.copy_(torch.arange(shape.vocab))  # its head covers the whole vocabulary, in order
+        # its head covers the whole vocabulary in order, or ``subset`` ids spread evenly over it
+        net.subset.copy_(torch.arange(shape.vocab) if subset == shape.vocab else
+                         torch.linspace(0, shape.vocab - 1, subset).round().long())
         mb = PreVerifier(PreVerifierArch(input_size=shape.hidden, width=16, heads=2, ffn_size=32, max_positions=16))
     net.save(folder / "eagle", {"target_digest": None})
     mb.save(folder / "mb", {"target_digest": None, "draft_identity": None})
@@ -295,6 +299,9 @@ def _setup(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("--repeats", type=int, default=5, help="timed generations per stack; the fastest counts (default 5)")
     p.add_argument("--vocab", type=int, default=DEFAULT_VOCAB,
                    help=f"the tiny models' vocabulary (default {DEFAULT_VOCAB})")
+    p.add_argument("--subset", type=int, default=None,
+                   help="the eagle draft's output vocabulary, e.g. 8192 as the shipped draft's "
+                        "(default: the whole vocabulary)")
     p.add_argument("--threads", type=int, default=1, help="torch threads while measuring (default 1)")
     p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                    help="wall (default), or cpu: this thread's CPU time, for a machine other jobs share")
@@ -303,6 +310,8 @@ def _setup(p: argparse.ArgumentParser) -> Runner:
     def run(args: argparse.Namespace) -> int:
         if args.vocab < 8:
             raise InputError(f"--vocab must be at least 8, got {args.vocab}")
+        if args.subset is not None and not 8 <= args.subset <= args.vocab:
+            raise InputError(f"--subset must be between 8 and --vocab ({args.vocab}), got {args.subset}")
         if args.json:
             check_out_dir(Path(args.json).expanduser().parent or ".", "--json")
         stacks = [s.strip() for s in args.stacks.split(",") if s.strip()]
@@ -311,7 +320,7 @@ def _setup(p: argparse.ArgumentParser) -> Runner:
             raise InputError(f"unknown host-time stack {(unknown or [''])[0]!r}: choose from {', '.join(STACKS)}")
         print(TABLE_HEAD, flush=True)
         results = measure_host_time(stacks,
-                                    shape=Shape(vocab=args.vocab), new_tokens=args.new_tokens,
+                                    shape=Shape(vocab=args.vocab, subset=args.subset), new_tokens=args.new_tokens,
                                     repeats=args.repeats, threads=args.threads, clock=args.clock,
                                     progress=lambda line: print(line, flush=True))
         profile = host_profile(results)

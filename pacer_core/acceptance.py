@@ -36,14 +36,14 @@ def greedy_verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor,
     ``bonus`` when that node is a leaf, else ``recovered``.
     """
     n = int(draft_tokens.shape[0])
-    target_argmax = target_logits.argmax(-1).tolist()  # [n + 1]
     tokens = draft_tokens.tolist()
     children = _children(parents, n)
+    argmax = _row_argmax(target_logits)
 
     def longest(node: int) -> list[int]:  # accepted nodes below ``node``
         best: list[int] = []
         for child in children[node]:
-            if tokens[child] == target_argmax[node + 1]:
+            if tokens[child] == argmax(node + 1):
                 path = [child] + longest(child)
                 if len(path) > len(best):
                     best = path
@@ -52,8 +52,25 @@ def greedy_verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor,
     path = longest(-1)
     last = path[-1] if path else -1
     kind = "recovered" if children[last] else "bonus"
-    return Verdict(accepted=len(path), next_token=int(target_argmax[last + 1]), next_kind=kind,
+    return Verdict(accepted=len(path), next_token=argmax(last + 1), next_kind=kind,
                    path=None if parents is None else tuple(path))
+
+
+def _row_argmax(logits: torch.Tensor) -> Callable[[int], int]:
+    """``row -> argmax of logits[row]`` ([rows, vocab]). On the CPU each row is read when first asked
+    for (a greedy walk reads the rows along its path, about τ of a tree's rows); on a device every
+    row at once, in one kernel and one copy back."""
+    if logits.device.type != "cpu":
+        rows = logits.argmax(-1).tolist()
+        return rows.__getitem__
+    seen: dict[int, int] = {}
+
+    def argmax(row: int) -> int:
+        if row not in seen:
+            seen[row] = int(logits[row].argmax())
+        return seen[row]
+
+    return argmax
 
 
 def residual_distribution(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:

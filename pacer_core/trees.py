@@ -161,9 +161,9 @@ def best_nodes(tree: TokenTree, nodes: int) -> Optional[list[int]]:
     likely than its parent, so the chosen nodes hang together. None when everything fits.
     """
     n = len(tree)
-    if n <= nodes or tree.draft_probs is None:
+    if n <= nodes or tree.token_probs is None:
         return None
-    q = tree.draft_probs.gather(1, tree.tokens[:, None])[:, 0].double()  # [N]: q(token | its parent's path)
+    q = tree.token_probs.double()  # [N]: q(token | its parent's path)
     parents = tree.parents.tolist()
     score = [0.0] * n
     own = (q > 0).tolist()
@@ -190,10 +190,10 @@ def node_values(tree: TokenTree, point_mass: Optional[Callable[[int], float]] = 
     never exceeds its parent's, so ranking by value keeps ancestors before their descendants."""
     n = len(tree)
     parents = tree.parents.tolist()
-    if tree.draft_probs is None:
+    if tree.token_probs is None:
         q = [0.0] * n
     else:
-        q = tree.draft_probs.gather(1, tree.tokens[:, None])[:, 0].double().tolist()  # [N]
+        q = tree.token_probs.double().tolist()  # [N]
     values = [0.0] * n
     for i, parent in enumerate(parents):
         above = values[parent] if parent >= 0 else 1.0

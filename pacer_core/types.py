@@ -176,7 +176,9 @@ class TokenTree:
 
     tokens: torch.Tensor = tensor_field()  # [N] int64
     parents: torch.Tensor = tensor_field()  # [N] int64, parents[i] < i
-    draft_probs: Optional[torch.Tensor] = tensor_field()  # [N, vocab] or None (point masses)
+    # [N, vocab] or None (point masses); or the row blocks that make it, in node order, joined on first
+    # read of ``draft_probs`` (a greedy tree step reads only ``token_probs`` and never pays the copy)
+    _draft_probs: Union[None, torch.Tensor, tuple[torch.Tensor, ...]] = tensor_field(alias="draft_probs")
     sampled: torch.Tensor = tensor_field()  # [N] bool: drawn at random from its draft_probs row
     main_path: tuple[int, ...] = ()  # the main path's node indices, root first
 
@@ -185,6 +187,28 @@ class TokenTree:
 
     @functools.cached_property
     def parent_list(self) -> list[int]:
+    @functools.cached_property
+    def draft_probs(self) -> Optional[torch.Tensor]:  # [N, vocab] or None
+        rows = self._draft_probs
+        if rows is None or isinstance(rows, torch.Tensor):
+            return rows
+        return rows[0] if len(rows) == 1 else torch.cat(list(rows), dim=0)
+
+    @functools.cached_property
+    def token_probs(self) -> Optional[torch.Tensor]:  # [N] float: q(token | its parent's path), or None
+        """Each node's draft probability ``draft_probs[i, tokens[i]]``, read without joining the rows."""
+        rows = self._draft_probs
+        if rows is None:
+            return None
+        if isinstance(rows, torch.Tensor):
+            return rows.gather(1, self.tokens[:, None].to(rows.device))[:, 0]
+        out, start = [], 0
+        for part in rows:
+            tokens = self.tokens[start: start + part.shape[0], None].to(part.device)
+            out.append(part.gather(1, tokens)[:, 0])
+            start += part.shape[0]
+        return torch.cat(out)
+
         """``parents`` as a list, read once."""
         return self.parents.tolist()
 
@@ -336,8 +360,10 @@ class Draft:
             return TokenTree(empty, empty.clone(), None, torch.empty(0, dtype=torch.bool))
         if any(has_probs) and not all(has_probs):
             raise ValueError("draft blocks disagree on whether they carry draft_probs")
-        return TokenTree(torch.cat(tokens), torch.tensor(parents, dtype=torch.long), _cat(probs, "draft_probs"),
-                         torch.tensor(sampled, dtype=torch.bool), self.path_nodes)
+        # the rows are joined on first read of ``TokenTree.draft_probs`` (checked above: all present or none)
+        return TokenTree(torch.cat(tokens), torch.tensor(parents, dtype=torch.long),
+                         tuple(probs) if has_probs[0] else None, torch.tensor(sampled, dtype=torch.bool),
+                         self.path_nodes)
 
     @property
     def block_starts(self) -> tuple[int, ...]:

@@ -408,6 +408,29 @@ def test_greedy_verify_tree_takes_the_longest_argmax_path(data):
     assert verdict.next_kind == ("recovered" if last in plist else "bonus")
 
 
+def test_greedy_verify_reads_only_the_rows_its_walk_reaches_on_the_cpu():
+    """A greedy walk asks for the argmax of the rows along its path (plus the next token's), not of
+    every node's row: the other rows of a wide tree are never read (on a device all rows are read in
+    one kernel instead)."""
+    vocab, width = 8, 6  # the root's children: tokens 0..5; only token 3 continues, with one child
+    tokens = torch.tensor(list(range(width)) + [4])
+    parents = torch.tensor([-1] * width + [3])
+    logits = torch.zeros(width + 2, vocab)
+    logits[0, 3] = logits[4, 4] = logits[7, 1] = 5.0  # argmax 3 after the root, 4 after node 3, 1 after node 6
+    logits[[1, 2, 3, 5, 6]] = float("nan")  # rows the walk must not read (argmax of NaN rows is NaN's index)
+    read = []
+    original = torch.Tensor.argmax
+
+    def counting(self, *args, **kwargs):
+        read.append(tuple(self.shape))
+        return original(self, *args, **kwargs)
+
+    with mock.patch.object(torch.Tensor, "argmax", counting):
+        verdict = greedy_verify(tokens, logits, parents)
+    assert verdict == Verdict(accepted=2, next_token=1, next_kind="bonus", path=(3, 6))
+    assert read == [(vocab,)] * 3  # rows 0, 4 and 7, one at a time
+
+
 def test_greedy_verify_tree_prefers_the_deeper_duplicate():
     # root children: node 0 (token 1, a leaf) and node 1 (token 1, with child node 2 = token 2)
     logits = torch.tensor([[0.0, 5.0, 0.0], [0.0, 0.0, 5.0], [0.0, 0.0, 5.0], [5.0, 0.0, 0.0]])

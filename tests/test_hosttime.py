@@ -82,6 +82,51 @@ def test_bad_requests_are_refused_before_any_model_is_built(capsys):
     assert out == ""  # refused before the table's head is printed
     code, _, err = run_cli(["bench-host", "--vocab", "2"], capsys)
     assert_one_line_error(code, err, "--vocab")
+    code, _, err = run_cli(["bench-host", "--vocab", "64", "--subset", "128"], capsys)
+    assert_one_line_error(code, err, "--subset must be between 8 and --vocab (64)")
+
+
+def test_a_draft_over_a_vocabulary_subset_drafts_only_its_tokens():
+    """``--subset``: the eagle draft's head covers that many of the vocabulary's ids (as the shipped
+    draft's 8,192 of 49,152), and its trees hold only those tokens and the context's (the drafter
+    adds the context's tokens to its vocabulary)."""
+    import tempfile
+    from pathlib import Path
+
+    import torch
+
+    from pacer_bench.hosttime import prompt_ids, stack_engine, tiny_models
+    from pacer_core import hookimpl
+
+    class Seen:
+        def __init__(self):
+            self.tokens: set[int] = set()
+
+        @hookimpl
+        def pacer_observe_step(self, state, step):
+            self.tokens.update(step.draft.tree.tokens.tolist())
+            self.context = set(state.tokens)
+
+    shape, seen = Shape(vocab=96, hidden=32, subset=24), Seen()
+    with tempfile.TemporaryDirectory() as folder:
+        target, draft, paths = tiny_models(shape, Path(folder))
+        engine = stack_engine("tree10", target, draft, paths)
+        engine.pm.register(seen, "seen")
+        engine.generate(prompt_ids(shape.vocab), max_new_tokens=12)
+    subset = set(torch.linspace(0, shape.vocab - 1, 24).round().long().tolist())
+    assert seen.tokens <= subset | seen.context
+    # a level chosen over the draft's own columns picks the tokens a choice over the whole
+    # vocabulary picks (the columns mapped back to token ids)
+    from pacer_core.trees import grow_level
+
+    drafter = next(p for _, p in engine.pm.list_name_plugin() if hasattr(p, "_draft_distribution"))
+    features = torch.randn(3, shape.hidden, generator=torch.Generator().manual_seed(0))
+    narrow = drafter._draft_distribution(features, None)  # [3, draft vocabulary]
+    assert narrow.shape[1] < shape.vocab
+    scores = torch.tensor([0.0, -0.5, -1.0])
+    by_column = grow_level(scores, narrow, 0, 6, 6)
+    whole = grow_level(scores, drafter._widen(narrow), 0, 6, 6)
+    assert [(c.row, int(drafter.vocab[c.token])) for c in by_column] == [(c.row, c.token) for c in whole]
 
 
 def test_the_command_prints_a_table_and_writes_json(capsys, tmp_path):

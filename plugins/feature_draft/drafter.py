@@ -359,14 +359,22 @@ class EagleDrafter:
 
     def _distribution(self, features: torch.Tensor, suffixes: Optional[list[list[int]]]) -> torch.Tensor:
         """The draft's distribution after each feature ([k, vocab]; suffixes[i]: the path row i drafts
+        return self._widen(self._draft_distribution(features, suffixes))
+
+    def _draft_distribution(self, features: torch.Tensor, suffixes: Optional[list[list[int]]]) -> torch.Tensor:
+        """As ``_distribution``, over the draft's own vocabulary ([k, len(self.vocab)]; column j is
+        token ``self.vocab[j]``)."""
         after): sampling parameters applied (softmax under greedy), tokens outside the draft's
         vocabulary at 0."""
         logits = self._logits(features, suffixes)  # [k, draft vocabulary]
-        probs = torch.softmax(logits, -1) if self.sampling.greedy else logits_to_probs(logits, self.sampling)
+        return torch.softmax(logits, -1) if self.sampling.greedy else logits_to_probs(logits, self.sampling)
+
+    def _widen(self, probs: torch.Tensor) -> torch.Tensor:
+        """Rows over the draft's vocabulary → rows over the target's ([k, vocab]), 0 outside it."""
         if self._whole_vocab:
             return probs
         # index_copy_: a plain copy, much cheaper than assigning through a fancy index on a large vocabulary
-        return torch.zeros(features.shape[0], self.vocab_size).index_copy_(1, self.vocab, probs)
+        return torch.zeros(probs.shape[0], self.vocab_size).index_copy_(1, self.vocab, probs)
 
     def _choose(self, feature: torch.Tensor, generator, suffix: list[int]) -> tuple[int, torch.Tensor]:
         logits = self._logits(feature[None], [suffix])[0]  # [draft vocabulary]
@@ -444,12 +452,18 @@ class EagleDrafter:
             parents, rows, paths = level.nodes, level.rows, level.paths
         longest = self.suffix_length
         suffixes = [(state.tokens[-longest:] + list(path))[-longest:] for path in paths] if longest else None
-        probs = self._distribution(features, suffixes)  # [f, vocab]
+        # chosen over the draft's own vocabulary (top-k of f × its width, not the target's); only the
+        # chosen nodes' rows are widened to the target's vocabulary
+        probs = self._draft_distribution(features, suffixes)  # [f, draft vocabulary]
         if self.level is not None:  # nothing grows past an end-of-sequence token
             ends = [i for i, t in enumerate(self.level.tokens) if t in state.eos_token_ids]
             if ends:
                 probs[ends] = 0.0
         chosen = grow_level(scores, probs, tip_row, tree.topk, tree.topk)
+        if not self._whole_vocab:
+            ids = self.vocab[torch.tensor([c.token for c in chosen])].tolist()
+            chosen = [attrs.evolve(c, token=token) for c, token in zip(chosen, ids)]
+        probs = self._widen(probs[[c.row for c in chosen]])  # [len(chosen), vocab]: row i is chosen[i]'s parent's
         if not chosen or tip_row is None or chosen[0].row != tip_row:
             return None
         # node numbering: the block's main token first (index draft.num_nodes), then its side nodes
@@ -457,7 +471,7 @@ class EagleDrafter:
         side = chosen[1:]
         side_nodes = SideNodes(torch.tensor([c.token for c in side], dtype=torch.long),
                                torch.tensor([nodes[c.row] for c in side], dtype=torch.long),
-                               probs[[c.row for c in side]]) if side else None
+                               probs[1:]) if side else None
         tip = chosen[0]
         depth = 1 if self.level is None or draft.num_nodes == 0 else self.level.depth + 1
         self.level = _Level(
@@ -465,7 +479,7 @@ class EagleDrafter:
             scores=torch.tensor([c.score for c in chosen]), tip_row=0, depth=depth,
             parent_rows=[rows[c.row] for c in chosen], parent_features=features[[c.row for c in chosen]],
             blocks=len(draft.blocks) + 1, paths=[paths[c.row] + (c.token,) for c in chosen])
-        return DraftBlock(tokens=torch.tensor([tip.token], dtype=torch.long), draft_probs=probs[[tip.row]],
+        return DraftBlock(tokens=torch.tensor([tip.token], dtype=torch.long), draft_probs=probs[:1],
                           hidden_states=features[[tip.row]], side=side_nodes, forwards=forwards, sampled=False)
 
     @torch.inference_mode()

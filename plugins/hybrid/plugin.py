@@ -170,10 +170,10 @@ class Hybrid:
     def _learn(self, tree, accepted: set[int]) -> None:
         """Count each merged phrase node whose parent was accepted (or is the root): tried, and accepted or not."""
         members, depths = self._members_of(tree), tree.depth_list
-        if tree.draft_probs is None:
+        if tree.token_probs is None:
             point_mass = [True] * len(tree)
         else:
-            point_mass = (tree.draft_probs.gather(1, tree.tokens[:, None])[:, 0] <= 0).tolist()
+            point_mass = (tree.token_probs <= 0).tolist()
         for i, parent in enumerate(tree.parents.tolist()):
             if point_mass[i] and (parent < 0 or parent in accepted):
                 counts = self.trials.setdefault((members[i] or self.names[0], depths[i]), [0, 0])

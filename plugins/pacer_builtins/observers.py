@@ -148,10 +148,10 @@ class TreeLog:
         if not draft.num_nodes:
             return
         tree = draft.tree
-        if tree.draft_probs is None:
+        if tree.token_probs is None:
             q = [0.0] * len(tree)
         else:
-            q = tree.draft_probs.gather(1, tree.tokens[:, None].to(tree.draft_probs.device))[:, 0].float().cpu().tolist()
+            q = tree.token_probs.float().cpu().tolist()
         self.steps.append({"parents": tree.parents.tolist(), "q": [round(x, 6) for x in q],
                            "main": list(draft.path_nodes), "path": list(step.verdict.nodes(draft)),
                            "forwards": step.draft_forwards})
