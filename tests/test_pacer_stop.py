@@ -652,7 +652,7 @@ class ByteTokenizer:
 
 def distill_record(stdlib_tokens=20_000, docs_tokens=20_000, answers=512, seed=0):
     """The ``corpus_sources`` record `pacer distill` writes for a corpus of these sizes (byte tokens)."""
-    from feature_draft.distill import CorpusConfig, corpus_sources
+    from pacer_train.corpus.sources import CorpusConfig, corpus_sources
 
     corpus = CorpusConfig(stdlib_tokens=stdlib_tokens, docs_tokens=docs_tokens, chat_answers=answers)
     return corpus_sources(corpus, seed, ByteTokenizer())
@@ -668,8 +668,8 @@ def small_items_config() -> trainer.TrainPreverifyConfig:
 def assert_items_avoid(items, used, tokenizer):
     from pydoc_data.topics import topics
 
-    from feature_draft.distill import stdlib_root, text_digest
-    from feature_draft.instructions import instructions
+    from pacer_train.corpus.instructions import instructions
+    from pacer_train.corpus.sources import stdlib_root, text_digest
 
     asked = {bytes(tokenizer.encode(q)[1:]).decode() for q in instructions(len(used["instructions"]), used["seed"])}
     assert {text_digest(q) for q in asked} == set(used["instructions"])

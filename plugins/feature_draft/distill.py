@@ -24,12 +24,10 @@ The run folder, its recipe guard, checkpoints and interruption are pacer_train's
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 import shutil
 import sys
-import sysconfig
 import time
 from pathlib import Path
 from typing import Any, List, Optional, Sequence
@@ -46,7 +44,9 @@ from pacer_train import (TrainingRun, atomic_save, atomic_write_json, atomic_wri
                          count_parameters, guard_recipe, interruptible, load_run_file, progress, read_json, set_threads,
                          training_command)
 
-from .instructions import instructions
+from pacer_train.corpus.instructions import instructions
+from pacer_train.corpus.sources import (CorpusConfig, corpus_sources, stdlib_files, stdlib_root,  # noqa: F401
+                                        text_digest, text_sources)
 from .model import (MANIFEST, ArchConfig, Eagle3Arch, Eagle3Draft, FeatureDraft, UnrolledKeys, draft_logits,
                     load_draft)
 from .published import eagle3_layers
@@ -54,21 +54,6 @@ from .published import eagle3_layers
 LR_FLOOR = 0.1  # the cosine schedule decays to 0.1 × train.lr
 CHECKPOINT = "checkpoint.pt"  # the feature-level students' (the token student's: checkpoint-token.pt)
 DATA_KEYS = ("target", "seed", "corpus")  # decide the corpus and features in out/: fixed for a folder
-
-
-@attrs.define
-class CorpusConfig:
-    stdlib_tokens: int = 100_000  # Python standard-library source (tests excluded)
-    docs_tokens: int = 30_000  # pydoc_data topics: the language reference's prose
-    chat_answers: int = 512  # instructions the target answers (chat template applied)
-    chat_max_new_tokens: int = 256
-    chat_batch_size: int = 32
-    seq_len: int = 256
-    heldout_sequences: int = 24
-    extra_files: List[str] = attrs.field(factory=list)  # your own text files (never benchmark prompts)
-    selfdistill: Optional[str] = None  # a `pacer corpus` folder: its records (prompt + the target's answer) join
-    selfdistill_from: int = 0  # read its shards from this index on (e.g. only those the init draft did not see)
-    selfdistill_extra: List[str] = attrs.field(factory=list)  # more `pacer corpus` folders, read whole (e.g. open chat)
 
 
 @attrs.define
@@ -165,62 +150,7 @@ def log(message: str) -> None:
     tqdm.write(f"distill: {message}", file=sys.stderr)
 
 
-# -- 1. corpus ----------------------------------------------------------------------------------
-STDLIB_SKIP = {"test", "tests", "idlelib", "site-packages", "lib2to3", "turtledemo", "__pycache__"}
-
-
-def stdlib_root() -> Path:
-    return Path(sysconfig.get_paths()["stdlib"])
-
-
-def stdlib_files(seed: int) -> list[Path]:
-    root = stdlib_root()
-    files = [p for p in sorted(root.rglob("*.py")) if not STDLIB_SKIP.intersection(p.relative_to(root).parts)]
-    random.Random(seed).shuffle(files)
-    return files
-
-
-def text_digest(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8", errors="surrogatepass")).hexdigest()[:16]
-
-
-def text_sources(c: CorpusConfig, seed: int, tokenizer, eos: int) -> tuple[dict[str, list[int]], dict[str, Any]]:
-    """The corpus's text streams (``extra`` files, ``stdlib`` source, ``docs`` prose) and the record of
-    exactly what they read: ``{"seed", "stdlib": [{"path" (relative to the standard library),
-    "sha256"}], "docs": [{"topic", "sha256"}], "extra": [{"path", "sha256"}]}`` (16-hex digests of the
-    text read). The instructions are added by ``build_corpus``."""
-    from pydoc_data.topics import topics
-
-    streams: dict[str, list[int]] = {"stdlib": [], "docs": [], "extra": []}
-    used: dict[str, Any] = {"seed": seed, "stdlib": [], "docs": [], "extra": []}
-    for name in c.extra_files:
-        text = Path(name).read_text(encoding="utf-8", errors="ignore")
-        streams["extra"] += tokenizer.encode(text, chat_template=False) + [eos]
-        used["extra"].append({"path": str(name), "sha256": text_digest(text)})
-    root = stdlib_root()
-    for file in stdlib_files(seed):
-        if len(streams["stdlib"]) >= c.stdlib_tokens:
-            break
-        text = file.read_text(encoding="utf-8", errors="ignore")
-        streams["stdlib"] += tokenizer.encode(text, chat_template=False)[: c.stdlib_tokens // 10] + [eos]
-        used["stdlib"].append({"path": file.relative_to(root).as_posix(), "sha256": text_digest(text)})
-    for name in sorted(topics):
-        if len(streams["docs"]) >= c.docs_tokens:
-            break
-        streams["docs"] += tokenizer.encode(topics[name], chat_template=False) + [eos]
-        used["docs"].append({"topic": name, "sha256": text_digest(topics[name])})
-    return streams, used
-
-
-def corpus_sources(c: CorpusConfig, seed: int, tokenizer) -> tuple[dict[str, int], dict[str, Any]]:
-    """What a corpus of this recipe reads, without the target's answers: (token counts of the text
-    streams, the ``corpus_sources`` record with the instructions' digests). Re-derives the record of
-    a run made before distill recorded it; callers check the counts against the recorded ones."""
-    streams, used = text_sources(c, seed, tokenizer, eos=0)
-    used["instructions"] = [text_digest(q) for q in instructions(c.chat_answers, seed)]
-    return {k: len(v) for k, v in streams.items()}, used
-
-
+# -- 1. corpus (its text streams and their record: pacer_train.corpus.sources) -------------------
 def build_corpus(cfg: DistillConfig, target, tokenizer) -> dict[str, Any]:
     from pacer_core.hf import batch_generate
 

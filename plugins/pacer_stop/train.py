@@ -227,7 +227,7 @@ def fresh_instructions(d: DataConfig, used: Optional[dict[str, Any]], keep=lambd
     """``d.chat_prompts`` instructions the draft's corpus did not answer (and ``keep`` accepts), drawn
     after the ones it did (with its seed)."""
     from feature_draft.distill import text_digest
-    from feature_draft.instructions import instructions
+    from pacer_train.corpus.instructions import instructions
 
     asked = set((used or {}).get("instructions", []))
     more = instructions(len(asked) + 4 * d.chat_prompts + 8, int((used or {}).get("seed", 0)))
