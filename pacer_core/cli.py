@@ -19,9 +19,10 @@ from typing import Any, Optional, Sequence
 import attrs
 
 from .commands import COMMAND_GROUP, COMMANDS, EXIT_INTERRUPTED, EXIT_USAGE, Runner, command
-from .config import PacerConfig, load_config
+from .config import PacerConfig, check, load_config, read_config
 from .errors import InputError, PacerError
 from .hookspecs import hookimpl
+from .registry import components, new_plugin_manager
 
 PROG = "pacer"
 
@@ -48,11 +49,12 @@ class _UsageError(Exception):
     pass
 
 
-def build_engine(cfg: PacerConfig):
-    """The engine for ``cfg``: loads its models. Tests replace this function to inject tiny models."""
+def build_engine(cfg: PacerConfig, pm: Any = None, stack: Any = None):
+    """The engine for ``cfg``: loads its models, building on ``pm`` and ``stack`` (the run's plugin
+    manager and ``cfg``'s stack resolved against it). Tests replace this function to inject tiny models."""
     from .engine import Engine
 
-    return Engine.from_config(cfg)
+    return Engine.from_config(cfg, pm=pm, stack=stack)
 
 
 # -- generate ----------------------------------------------------------------------------------
@@ -165,13 +167,12 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
-def _ensure_metrics_observer(cfg: PacerConfig) -> None:
-    """Add an installed observer that provides ``metrics`` unless the stack has one already."""
-    from .registry import components, new_plugin_manager
-
-    observers = components(new_plugin_manager())["observer"]
-    named = {entry.get("name") for entry in cfg.strategy.observers}
-    if any("metrics" in observers[n].provides for n in named if n in observers):
+def _ensure_metrics_observer(cfg: PacerConfig, pm: Any) -> None:
+    """Add an installed observer (of ``pm``'s plugins) that provides ``metrics`` unless the stack has
+    one already."""
+    observers = components(pm)["observer"]
+    named = [entry.get("name") for entry in cfg.strategy.observers]
+    if any("metrics" in observers[n].provides for n in named if isinstance(n, str) and n in observers):
         return
     providers = sorted(n for n, c in observers.items() if "metrics" in c.provides)
     if not providers:
@@ -201,10 +202,12 @@ def _setup_generate(p: argparse.ArgumentParser) -> Runner:
             overrides.append(f"sampling.seed={args.seed}")
         if args.no_chat_template:
             overrides.append("generation.chat_template=false")
-        cfg = load_config(args.config, overrides)  # validated before any model loads
+        cfg = read_config(args.config, overrides)
+        pm = new_plugin_manager()  # the run's one: the stack is resolved against it once, the engine built on it
+        _ensure_metrics_observer(cfg, pm)  # the summary and --json need the step metrics
+        stack = check(cfg, pm=pm)  # the whole config validated before any model loads
         prompt = _read_prompt(args)
-        _ensure_metrics_observer(cfg)  # the summary and --json need the step metrics
-        engine = build_engine(cfg)
+        engine = build_engine(cfg, pm=pm, stack=stack)
         printer = None
         if not args.json:
             printer = StreamPrinter(engine.tokenizer)
@@ -243,7 +246,7 @@ def _setup_plugins(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("--json", action="store_true", help="print the list as JSON")
 
     def run(args: argparse.Namespace) -> int:
-        from .registry import KINDS, components, new_plugin_manager
+        from .registry import KINDS
 
         table = components(new_plugin_manager())
         listing = {

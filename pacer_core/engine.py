@@ -146,28 +146,36 @@ class Engine:
 
     # -- building ----------------------------------------------------------------------------
     @classmethod
-    def from_config(cls, cfg: PacerConfig, extra_plugins: Sequence[Any] = ()) -> "Engine":
-        """Load the models the config names and build the strategy stack (config checked first)."""
+    def from_config(cls, cfg: PacerConfig, extra_plugins: Sequence[Any] = (), *,
+                    pm: Optional[pluggy.PluginManager] = None, stack: Optional[ResolvedStack] = None) -> "Engine":
+        """Load the models the config names and build the strategy stack (config checked first).
+
+        ``pm`` and ``stack``: a plugin manager and ``cfg``'s stack already resolved against it
+        (``config.check``), as ``pacer generate`` hands them on; else both are made here. Either
+        way the stack is resolved once and the engine has one plugin manager.
+        """
         from .hf import load_section  # the model adapter; only it imports transformers
 
-        pm = new_plugin_manager(extra_plugins)
-        stack = check(cfg, pm=pm)
+        pm = pm if pm is not None else new_plugin_manager(extra_plugins)
+        stack = stack if stack is not None else check(cfg, pm=pm)
         target, tokenizer, _ = load_section(cfg.target, "target")
         draft = load_stack_draft(cfg, stack, tokenizer)
-        return cls.build(target, draft=draft, tokenizer=tokenizer, cfg=cfg, pm=pm)
+        return cls.build(target, draft=draft, tokenizer=tokenizer, cfg=cfg, pm=pm, stack=stack)
 
     @classmethod
     def build(cls, target: LanguageModel, *, draft: Optional[LanguageModel] = None, tokenizer: Any = None,
               cfg: Optional[PacerConfig] = None, extra_plugins: Sequence[Any] = (),
-              pm: Optional[pluggy.PluginManager] = None, **overrides: Any) -> "Engine":
+              pm: Optional[pluggy.PluginManager] = None, stack: Optional[ResolvedStack] = None,
+              **overrides: Any) -> "Engine":
         """An engine around already-loaded models; ``cfg`` (default config if None) gives the stack.
 
         ``pm`` is a fresh plugin manager to build on (``extra_plugins`` already registered), else
         one is made; the strategy objects are registered into it and their hooks checked.
+        ``stack`` is ``cfg``'s stack already resolved against ``pm``; else it is resolved here.
         """
         cfg = cfg or PacerConfig()
         pm = pm if pm is not None else new_plugin_manager(extra_plugins)
-        stack = check(cfg, pm=pm, require_models=False)
+        stack = stack if stack is not None else check(cfg, pm=pm, require_models=False)
         s = cfg.sampling
         sampling = SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
         resources = Resources(target=target, draft=draft, sampling=sampling, tokenizer=tokenizer,

@@ -57,10 +57,10 @@ def tiny_model(seed: int):
     return tiny_llama(seed)
 
 
-def tiny_engine(cfg):
+def tiny_engine(cfg, pm=None, stack=None):
     """``cli.build_engine`` for tests: the target is tiny model 0, a draft (if any) model 1."""
     draft = adapter(tiny_model(1)) if cfg.draft is not None else None
-    return Engine.build(adapter(tiny_model(0)), draft=draft, tokenizer=ByteTokenizer(), cfg=cfg)
+    return Engine.build(adapter(tiny_model(0)), draft=draft, tokenizer=ByteTokenizer(), cfg=cfg, pm=pm, stack=stack)
 
 
 @pytest.fixture
@@ -339,7 +339,7 @@ def test_a_stack_config_that_is_a_folder(tiny, capsys, tmp_path):
 
 def test_an_unreadable_path_is_one_line_not_a_traceback(capsys, monkeypatch):
     """The last resort for an operating-system error no check foresaw: one line with the path."""
-    def broken(cfg):
+    def broken(cfg, **_):
         raise PermissionError(13, "Permission denied", "/some/weights.safetensors")
 
     monkeypatch.setattr(cli, "build_engine", broken)
@@ -414,13 +414,13 @@ def test_config_errors_slipping_through_are_one_line(capsys, monkeypatch):
     def broken(*args, **kwargs):
         raise ValidationError("Value 'x' is not a valid thing\n    full_key: a.b\n")
 
-    monkeypatch.setattr(cli, "load_config", broken)
+    monkeypatch.setattr(cli, "read_config", broken)
     code, _, err = run(["generate", "-p", PROMPT], capsys)
     assert_one_line_error(code, err, "not a valid thing")
 
 
 def test_keyboard_interrupt_exits_130(capsys, monkeypatch):
-    def interrupted(cfg):
+    def interrupted(cfg, **_):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(cli, "build_engine", interrupted)
