@@ -5,7 +5,7 @@ sampling, the strategy stacks (each resolved to a validated run config, autoregr
 transformers' baselines; an ablation config is one stack over a grid of run-config values. Every
 problem is a one-line ``ConfigError``. The schema is documented in docs/benchmarks.md.
 
-YAML files and override values are read with pacer_core.config's helpers. The bench's own rules
+YAML files and override values are read with pacer_core.schema's helpers. The bench's own rules
 differ from a run config's on purpose: an override sets a bench key as given (no run-config
 defaults are seeded), and typed entries inside open mappings (each ``stacks`` entry) are checked
 key by key, naming the keys valid where one failed.
@@ -25,10 +25,10 @@ import attrs
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from pacer_core.config import (ModelConfig, PacerConfig, SamplingConfig, check, check_finite, load_config, one_line, parse_value,
-                               read_yaml)
+from pacer_core.config import ModelConfig, PacerConfig, SamplingConfig, check, load_config
 from pacer_core.errors import ConfigError
 from pacer_core.registry import components, new_plugin_manager
+from pacer_core.schema import check_finite, one_line, parse_value, read_yaml
 
 from .prompts import PROMPT_SETS, SPECBENCH
 

@@ -1,5 +1,5 @@
 """A training command's set-up: ``--config FILE`` and ``key=value`` overrides read into the
-trainer's attrs schema (``pacer_core.config.load_schema``), the command line recorded in manifests."""
+trainer's attrs schema (``pacer_core.schema.load_schema``), the command line recorded in manifests."""
 
 from __future__ import annotations
 

@@ -164,7 +164,7 @@ def test_bad_overrides():
 
 
 def test_overrides_that_are_not_a_list_of_strings():
-    from pacer_core.config import load_schema
+    from pacer_core.schema import load_schema
 
     for call in (lambda o: load_config(overrides=o), lambda o: load_schema(PacerConfig, None, o, "run")):
         with pytest.raises(ConfigError, match=r"got a single str 'sampling.seed=3': pass \['sampling.seed=3'\]"):

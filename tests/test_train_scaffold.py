@@ -257,7 +257,7 @@ def test_a_checkpoint_of_another_shape_is_refused_in_one_line(tmp_path):
 
 def test_a_training_command_interrupted_exits_130(tmp_path, request, capsys):
     from pacer_core import cli
-    from pacer_core.config import load_schema
+    from pacer_core.schema import load_schema
 
     @attrs.define
     class Toy:

@@ -21,7 +21,8 @@ import pytest
 import torch
 
 from pacer_core import Component, Draft, DraftBlock, Engine, hookimpl, load_config
-from pacer_core.config import check, load_schema
+from pacer_core.config import check
+from pacer_core.schema import load_schema
 from pacer_core.errors import ConfigError
 from pacer_core.testing import ScriptedLM, chisquare_pvalue, exact_continuation_probs
 from pacer_core.trees import TreeConfig

@@ -31,9 +31,10 @@ import attrs
 import torch
 
 from pacer_core.commands import Runner, check_out_dir, command
-from pacer_core.config import ModelConfig, load_schema
+from pacer_core.config import ModelConfig
 from pacer_core.errors import ConfigError, InputError
 from pacer_core.jsonfile import read_json
+from pacer_core.schema import load_schema
 
 from pacer_train import atomic_write_json
 

@@ -37,9 +37,10 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from pacer_core.config import ModelConfig, load_schema
+from pacer_core.config import ModelConfig
 from pacer_core.errors import ConfigError, InputError
 from pacer_core.kernels import batched_dtype_hint
+from pacer_core.schema import load_schema
 from pacer_train import (TrainingRun, atomic_save, atomic_write_json, atomic_write_text, check_out_dir, cosine_lr,
                          count_parameters, guard_recipe, interruptible, load_run_file, progress, read_json, set_threads,
                          training_command)

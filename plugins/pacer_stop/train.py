@@ -41,9 +41,10 @@ from torch.nn import functional as F
 
 from pacer_core import Engine, hookimpl
 from pacer_core.engine import load_stack_draft
-from pacer_core.config import (GenerationConfig, ModelConfig, PacerConfig, SamplingConfig, StrategyConfig,
-                               check, draft_model_config, load_schema)
+from pacer_core.config import (GenerationConfig, ModelConfig, PacerConfig, SamplingConfig, StrategyConfig, check,
+                               draft_model_config)
 from pacer_core.errors import ConfigError, InputError
+from pacer_core.schema import load_schema
 from pacer_train import (TrainingRun, atomic_save, atomic_write_text, check_out_dir, cosine_lr, count_parameters,
                          guard_recipe, interruptible, load_run_file, progress, read_json, set_threads,
                          training_command)

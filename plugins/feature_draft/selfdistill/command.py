@@ -24,9 +24,10 @@ from typing import Any, Callable, List, Optional
 
 import attrs
 
-from pacer_core.config import ModelConfig, load_schema
+from pacer_core.config import ModelConfig
 from pacer_core.errors import ConfigError
 from pacer_core.kernels import batched_dtype_hint
+from pacer_core.schema import load_schema
 
 from .generate import Generator, answer_all, greedy_batch, measure
 from .guard import BenchmarkGuard

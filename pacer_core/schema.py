@@ -1,0 +1,340 @@
+"""Config files as schemas: the hardened YAML reader, ``key=value`` overrides and typed validation.
+
+Every YAML config is read here: the run config (pacer_core/config.py), the bench and ablation YAML
+(pacer_bench/config.py) and the training commands' configs (``load_schema`` with their attrs
+classes). ``read_yaml`` refuses duplicate keys and alias bombs with the line; ``apply_override``
+edits a loaded tree with one ``key=value`` (the value read as YAML by ``parse_value``);
+``validate_typed`` merges plain data over an attrs class's defaults in OmegaConf struct mode, so an
+unknown option lists the valid ones, and refuses NaN and infinite numbers. Every problem is a
+one-line ``ConfigError``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import typing
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+import attrs
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from .errors import ConfigError
+
+
+def one_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type's name when it has none)."""
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+MAX_YAML_NODES = 100_000  # a config's tree, aliases expanded; real configs have a few hundred nodes
+
+
+class _YAMLRefusal(Exception):
+    """A YAML document the reader refuses (duplicate key, alias bomb): ``problem`` and its mark."""
+
+    def __init__(self, problem: str, mark: Any = None):
+        super().__init__(problem)
+        self.problem, self.mark = problem, mark
+
+
+def _expanded_size(root: yaml.Node, limit: int) -> int:
+    """Nodes of the tree ``root`` stands for once every alias is expanded, counted without expanding:
+    an alias is the anchored node object itself, so each distinct node's size is computed once.
+    Stops counting past ``limit``; a node containing itself (a recursive alias) is refused."""
+    sizes: dict[int, int] = {}
+    on_path: set[int] = set()  # the nodes being counted: the ancestors of the current one
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+
+    def children(node: yaml.Node) -> list[yaml.Node]:
+        if isinstance(node, yaml.MappingNode):
+            return [part for pair in node.value for part in pair]
+        return list(node.value) if isinstance(node, yaml.SequenceNode) else []
+
+    while stack:
+        node, counted = stack.pop()
+        key = id(node)
+        if counted:
+            on_path.discard(key)
+            sizes[key] = min(limit + 1, 1 + sum(sizes[id(child)] for child in children(node)))
+            if sizes[key] > limit:
+                return sizes[key]
+            continue
+        if key in sizes:
+            continue
+        if key in on_path:
+            raise _YAMLRefusal("an alias refers to a node that contains it (a recursive alias): remove the alias", node.start_mark)
+        on_path.add(key)
+        stack.append((node, True))
+        stack.extend((child, False) for child in children(node) if id(child) not in sizes)
+    return sizes[id(root)]
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses duplicate keys in a mapping and documents whose aliases
+    expand to more than ``MAX_YAML_NODES`` nodes (checked on the composed node graph, before any
+    expansion: the loaded tree is small, but turning it into an OmegaConf object expands it)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        if isinstance(node, yaml.MappingNode):
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # `<<: *base`: keys given beside it override the merged ones, as YAML says
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    duplicate = key in seen
+                except TypeError:  # unhashable: the base class reports it
+                    continue
+                if duplicate:
+                    raise _YAMLRefusal(f"duplicate key '{key}' (a later value would silently replace the "
+                                       "earlier one): keep one", key_node.start_mark)
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+    def get_single_data(self) -> Any:
+        node = self.get_single_node()
+        if node is None:
+            return None
+        if _expanded_size(node, MAX_YAML_NODES) > MAX_YAML_NODES:
+            raise _YAMLRefusal(f"its aliases expand to more than {MAX_YAML_NODES} nodes (an alias bomb?); "
+                               "a config is refused before it is expanded: write it without nested aliases")
+        return self.construct_document(node)
+
+
+def _load_yaml(text: str) -> Any:
+    """``text`` read by ``_ConfigLoader`` (raises ``yaml.YAMLError`` or ``_YAMLRefusal``)."""
+    loader = _ConfigLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def _at(mark: Any) -> str:
+    return f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+
+
+def parse_value(text: str, where: Optional[str] = None) -> Any:
+    """The value of an override's right-hand side, read as YAML (plain text when it is not YAML).
+
+    Duplicate keys and alias bombs are refused as in files (``ConfigError``; ``where`` names the
+    override in the message)."""
+    try:
+        return _load_yaml(text) if text != "" else ""
+    except yaml.YAMLError:
+        return text
+    except _YAMLRefusal as exc:
+        raise ConfigError(f"{where or f'value {text!r}'}: {exc.problem}") from None
+
+
+def read_yaml(path: Path) -> DictConfig:
+    """A YAML file holding a mapping, as an OmegaConf node; raises ``ConfigError`` in one line.
+
+    Every YAML config is read here (run, bench and training configs): a duplicate key and a
+    document whose aliases expand past ``MAX_YAML_NODES`` nodes are refused with the line."""
+    if not path.exists():
+        raise ConfigError(f"config file '{path}' does not exist: give the path of a YAML file")
+    if path.is_dir():
+        raise ConfigError(f"config file '{path}' is a folder, not a file: give the path of a YAML file")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file '{path}' is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+                          f"{exc.start}): save it as UTF-8") from None
+    except OSError as exc:
+        raise ConfigError(f"config file '{path}' cannot be read ({exc.strerror}): check its permissions") from None
+    try:
+        loaded = _load_yaml(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or one_line(exc)
+        raise ConfigError(f"malformed YAML in '{path}'{_at(mark)}: {problem}; fix the file's syntax") from None
+    except _YAMLRefusal as exc:
+        raise ConfigError(f"'{path}'{_at(exc.mark)}: {exc.problem}") from None
+    except RecursionError:
+        raise ConfigError(f"'{path}' is nested too deeply to be a config: fix the file") from None
+    if loaded is None:
+        loaded = {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"'{path}' must hold a mapping of sections, not a {type(loaded).__name__}: fix the file")
+    return OmegaConf.create(loaded)
+
+
+_ABSENT = object()
+
+
+def _seed_defaults(cfg: DictConfig, parts: list[str], defaults: Mapping[str, Any]) -> None:
+    """Copy from ``defaults`` the default of the first container an override reaches that ``cfg`` lacks.
+
+    So, for the run config, ``strategy.stop.0.gamma=7`` edits the default stop list (and
+    ``strategy.drafter.x=1`` the default drafter) when the YAML does not set ``strategy.stop``
+    (``strategy.drafter``).
+    """
+    default: Any = defaults
+    for i, part in enumerate(parts[:-1]):
+        if isinstance(default, dict) and part in default:
+            default = default[part]
+        elif isinstance(default, list) and part.isdigit() and int(part) < len(default):
+            default = default[int(part)]
+        else:
+            return
+        if not isinstance(default, (dict, list)):
+            return
+        prefix = ".".join(parts[: i + 1])
+        if OmegaConf.select(cfg, prefix, default=_ABSENT) is _ABSENT:
+            OmegaConf.update(cfg, prefix, default, merge=False)
+            return
+
+
+def apply_override(cfg: DictConfig, override: str, defaults: Optional[Mapping[str, Any]] = None) -> None:
+    """Apply one ``key=value`` override to ``cfg`` in place (``ConfigError`` in one line). With
+    ``defaults`` (the schema's defaults as plain data), a list or mapping the override reaches but
+    ``cfg`` lacks is first copied from them, so an index or key into a default is edited."""
+    if "=" not in override:
+        raise ConfigError(f"override '{override}' is not key=value (e.g. strategy.stop.0.gamma=3)")
+    key, value = override.split("=", 1)
+    key = re.sub(r"\[(-?\d+)\]", r".\1", key.strip())
+    negative = next((part for part in key.split(".") if re.fullmatch(r"-\d+", part)), None)
+    if negative is not None:  # OmegaConf would count it from the end and silently edit another item
+        raise ConfigError(f"override '{override}': list index {negative} is negative; indices count from 0 "
+                          "(strategy.stop.0.gamma=3 is the first item)")
+    if defaults is not None:
+        _seed_defaults(cfg, key.split("."), defaults)
+    parsed = parse_value(value, where=f"override '{override}'")
+    # a whole strategy entry ({name: ...}) replaces the old one; options of another plugin would not fit
+    merge = not (isinstance(parsed, dict) and "name" in parsed)
+    try:
+        OmegaConf.update(cfg, key, parsed, merge=merge)
+    except (OmegaConfBaseException, ValueError, IndexError, KeyError) as exc:
+        raise ConfigError(f"override '{override}': {one_line(exc)}") from None
+
+
+def _non_finite(value: Any, path: str = "") -> Optional[tuple[str, float]]:
+    """The first float that is NaN or infinite in ``value`` (an attrs object, or dicts and lists of
+    them, searched recursively), as ``(dotted path, value)``; None when every number is finite."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (path, value)
+    if attrs.has(type(value)):
+        items = [(f.name, getattr(value, f.name)) for f in attrs.fields(type(value))]
+    elif isinstance(value, dict):
+        items = [(str(k), v) for k, v in value.items()]
+    elif isinstance(value, (list, tuple)):
+        items = [(str(i), v) for i, v in enumerate(value)]
+    else:
+        return None
+    for name, item in items:
+        found = _non_finite(item, f"{path}.{name}" if path else name)
+        if found is not None:
+            return found
+    return None
+
+
+def check_finite(value: Any, where: str) -> None:
+    """Refuse NaN and infinite numbers anywhere in a validated config (``ConfigError``, one line):
+    ``.nan`` and ``.inf`` are valid YAML floats, but no option means anything with them."""
+    found = _non_finite(value)
+    if found is not None:
+        key, number = found
+        raise ConfigError(f"{where}: '{key}' must be a finite number, got {number}")
+
+
+def _nested_configs(schema_cls: type) -> dict[str, tuple[type, bool]]:
+    """The options of ``schema_cls`` that are attrs config classes themselves (``tree: TreeConfig``
+    or ``Optional[TreeConfig]``): name -> (class, whether None is allowed)."""
+    try:
+        hints = typing.get_type_hints(schema_cls)
+    except Exception:  # an annotation that does not resolve: OmegaConf reports it
+        return {}
+    nested = {}
+    for name, hint in hints.items():
+        args = typing.get_args(hint) if typing.get_origin(hint) is typing.Union else (hint,)
+        classes = [a for a in args if isinstance(a, type) and attrs.has(a)]
+        if len(classes) == 1:
+            nested[name] = (classes[0], type(None) in args)
+    return nested
+
+
+def _check_nested(schema_cls: type, data: Any, where: str, prefix: str) -> None:
+    """Validate each nested config option of ``data`` against its own class first, so its errors
+    name its options (``where: unknown option 'tree.tpk'; valid options: topk, depth, nodes``)."""
+    if not isinstance(data, dict):
+        return
+    for name, (nested_cls, optional) in _nested_configs(schema_cls).items():
+        if name not in data or (data[name] is None and optional):
+            continue
+        value = data[name]
+        if not isinstance(value, dict):
+            fields = ", ".join(f.name for f in attrs.fields(nested_cls))
+            raise ConfigError(f"{where}: '{prefix}{name}' must be a mapping of options ({fields}), "
+                              f"got {type(value).__name__} {value!r}")
+        validate_typed(nested_cls, value, where, finite=False, prefix=f"{prefix}{name}.")
+
+
+def validate_typed(schema_cls: type, data: Any, where: str, finite: bool = True, prefix: str = "") -> Any:
+    """``data`` merged over ``schema_cls``'s defaults in struct mode, as an attrs object; with
+    ``finite``, NaN and infinite numbers anywhere in it are refused too. An option whose type is an
+    attrs class (or Optional of one) takes a mapping of that class's options, validated the same way
+    (``prefix``: the dotted path of the option being validated, in messages)."""
+    if finite:  # before the merge, so a validator's range message does not hide it
+        check_finite(data, where)
+    _check_nested(schema_cls, data, where, prefix)
+    schema = OmegaConf.structured(schema_cls)
+    OmegaConf.set_struct(schema, True)
+    try:
+        defaults = schema_cls()
+    except (TypeError, ValueError):  # a plugin config with required options
+        defaults = None
+    if isinstance(data, dict) and defaults is not None:
+        for name, value in data.items():
+            if isinstance(value, dict) and isinstance(getattr(defaults, name, None), dict):
+                schema[name] = {}  # an open mapping (a strategy entry) is replaced whole, not merged
+                OmegaConf.set_struct(schema[name], False)
+    try:
+        merged = OmegaConf.merge(schema, data)
+        typed = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or getattr(exc, "key", None)
+        fields = ", ".join(f.name for f in attrs.fields(schema_cls))
+        text = one_line(exc)
+        if "Key" in type(exc).__name__ or "not in struct" in text:
+            raise ConfigError(f"{where}: unknown option '{prefix}{key}'; valid options: {fields}") from None
+        types = {f.name: f.type for f in attrs.fields(schema_cls)}
+        expected = f"; give a value of type {types[key]}" if key in types else ""
+        raise ConfigError(f"{where}: bad value for '{prefix}{key}': {text}{expected}") from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: {prefix[:-1] + ': ' if prefix else ''}{one_line(exc)}") from None
+    if finite:  # again after the merge: OmegaConf reads the text "nan" into a float field as NaN
+        check_finite(typed, where)
+    return typed
+
+
+
+def override_list(overrides: Any) -> list[str]:
+    """``overrides`` as a list of ``key=value`` strings; a lone string (which would be read one
+    character at a time) or an item that is not a string is refused in one line."""
+    if isinstance(overrides, (str, bytes)):
+        raise ConfigError(f"overrides must be a list of key=value strings, got a single {type(overrides).__name__} "
+                          f"{overrides!r}: pass [{overrides!r}]")
+    try:
+        items = list(overrides)
+    except TypeError:
+        raise ConfigError(f"overrides must be a list of key=value strings, got {type(overrides).__name__}") from None
+    for i, item in enumerate(items):
+        if not isinstance(item, str):
+            raise ConfigError(f"overrides must be key=value strings: item {i} is {type(item).__name__} {item!r}")
+    return items
+
+
+
+def load_schema(schema_cls: type, path: Optional[str | Path], overrides: Sequence[str], where: str) -> Any:
+    """Any attrs config class (e.g. a training command's) from a YAML file and ``key=value``
+    overrides, validated in struct mode like the run config; raises ``ConfigError`` in one line."""
+    raw = read_yaml(Path(path)) if path else OmegaConf.create({})
+    for override in override_list(overrides):
+        apply_override(raw, override)
+    return validate_typed(schema_cls, OmegaConf.to_container(raw), where)
