@@ -3,6 +3,8 @@
 
 A trainer keeps a **run folder** (``out=``) from which every stage resumes:
 
+- ``open_run`` (run.py): what a trainer does first, before any model loads: ``check_out_dir`` and
+  ``guard_recipe`` below; it returns a ``RunFolder`` (the folder, the stored recipe, the export folder).
 - ``check_out_dir`` (files.py): the folder is created and checked writable before any model loads;
   an existing file, ``/dev/null``, a path under a file or an unwritable place is refused in one line.
 - ``guard_recipe`` (recipe.py): ``recipe.json`` records the run's recipe. Rerunning on the folder,
@@ -27,9 +29,10 @@ from .files import (atomic_save, atomic_write_bytes, atomic_write_json, atomic_w
 from .loop import (TrainingRun, count_parameters, cosine_lr, interruptible, load_checkpoint, progress,
                    set_threads)
 from .recipe import RECIPE, guard_recipe, recipe_difference
+from .run import RunFolder, open_run
 
 __all__ = [
-    "RECIPE", "TrainingRun", "atomic_save", "atomic_write_bytes", "atomic_write_json", "atomic_write_text",
+    "RECIPE", "RunFolder", "TrainingRun", "atomic_save", "atomic_write_bytes", "atomic_write_json", "atomic_write_text",
     "check_out_dir", "cosine_lr", "count_parameters", "guard_recipe", "interruptible", "load_checkpoint",
-    "load_run_file", "progress", "read_json", "recipe_difference", "set_threads", "training_command",
+    "load_run_file", "open_run", "progress", "read_json", "recipe_difference", "set_threads", "training_command",
 ]

@@ -20,7 +20,7 @@ import torch
 
 from pacer_core.errors import InputError
 from pacer_train import (TrainingRun, atomic_save, check_out_dir, cosine_lr, count_parameters, guard_recipe,
-                         load_run_file, recipe_difference, training_command)
+                         load_run_file, open_run, recipe_difference, training_command)
 
 from helpers import Planted, bad_out_folders
 
@@ -185,6 +185,23 @@ def test_out_folders_that_cannot_hold_a_run_are_refused_in_one_line(tmp_path):
     assert made.is_dir() and list(made.iterdir()) == []
     assert check_out_dir(tmp_path / "later" / "export", "export", create=False) == tmp_path / "later" / "export"
     assert not (tmp_path / "later").exists()
+
+
+def test_open_run_checks_the_folders_then_guards_the_recipe_and_names_the_export(tmp_path):
+    run = open_run(tmp_path / "run", Recipe(), KEYS, "lr")
+    assert run.out.is_dir() and run.recipe == json.loads((run.out / "recipe.json").read_text())
+    assert run.export_dir("draft") == run.out / "draft"
+    again = open_run(tmp_path / "run", Recipe(lr=5.0), KEYS, "lr", export=tmp_path / "later" / "export")
+    assert again.recipe["lr"] == 5.0 and again.export_dir("draft") == tmp_path / "later" / "export"
+    assert not (tmp_path / "later").exists()  # written at the end, by the trainer
+    with pytest.raises(InputError, match="made with seed="):
+        open_run(tmp_path / "run", Recipe(seed=1), KEYS, "lr")
+    (tmp_path / "file").write_text("")
+    for out, export in [(tmp_path / "file", None), (tmp_path / "fresh", tmp_path / "file")]:
+        with pytest.raises(InputError) as info:
+            open_run(out, Recipe(), KEYS, "lr", export=export)
+        assert "'" + str(tmp_path / "file") + "'" in str(info.value) and "\n" not in str(info.value)
+    assert not (tmp_path / "fresh" / "recipe.json").exists()  # refused before the recipe is stored
 
 
 # -- the training loop ------------------------------------------------------------------------------

