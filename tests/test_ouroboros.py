@@ -606,3 +606,24 @@ def test_many_scripted_runs_equal_greedy(stop):
         totals["multi"] += result.metrics["ouroboros_multi_token_forwards"]
         totals["branch"] += result.metrics["ouroboros_branch_tokens"]
     assert totals["multi"] > 0 and totals["branch"] > 0
+
+
+# -- what it shares with the draft_model drafter (pacer_core.drafting) ---------------------------------
+def test_both_draft_model_drafters_default_to_the_one_shipped_draft():
+    from pacer_core.drafting import shipped_draft
+
+    table = components(new_plugin_manager())["drafter"]
+    folder = Path(shipped_draft())
+    assert table["ouroboros"].default_draft == table["draft_model"].default_draft == str(folder)
+    assert folder.name == "default" and (folder / "manifest.json").exists()
+
+
+def test_sync_cache_keeps_the_shared_prefix_and_feeds_at_least_the_last_token():
+    from pacer_core.drafting import sync_cache
+
+    model = ScriptedLM(vocab_size=8)
+    model.forward([1, 2, 3, 4])
+    assert sync_cache(model, [1, 2, 5, 6]) == [5, 6] and list(model.cached_tokens) == [1, 2]
+    model.forward([5, 6])
+    assert sync_cache(model, [1, 2, 5, 6]) == [6] and list(model.cached_tokens) == [1, 2, 5]  # its logits are needed
+    assert sync_cache(model, [7]) == [7] and list(model.cached_tokens) == []

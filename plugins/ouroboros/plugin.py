@@ -29,8 +29,8 @@ from typing import Optional, Sequence
 import attrs
 import torch
 
-from pacer_builtins.drafters import DEFAULT_DRAFT, sync_cache
 from pacer_core import Component, DraftBlock, Resources, SideNodes, hookimpl
+from pacer_core.drafting import shipped_draft, sync_cache
 
 from .pool import learn_from_step, ngram_pairs, open_pool
 
@@ -245,5 +245,5 @@ def pacer_components() -> list[Component]:
                   "Ouroboros: the draft model drafts phrase by phrase from a phrase pool; candidate "
                   "suffixes are verified in the same target pass (greedy only)",
                   needs={"draft_model", "greedy"}, provides={"draft_probs", "draft_hidden"},
-                  default_draft=DEFAULT_DRAFT),
+                  default_draft=shipped_draft()),
     ]

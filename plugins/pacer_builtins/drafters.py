@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Optional
 
 import attrs
 import torch
 
 from pacer_core import Component, DraftBlock, Resources, SideNodes, hookimpl
+from pacer_core.drafting import shipped_draft, sync_cache
 from pacer_core.sampling import choose, logits_to_probs
 from pacer_core.trees import TreeConfig, grow_level, node_budget, phrase_block
 
-# the token-level draft shipped for the embedded SmolLM2 target (made by `pacer distill
-# student.kind=token`, see its manifest.json): used when a config omits `draft`
-DEFAULT_DRAFT = str(Path(__file__).resolve().parent / "default")
+# the token-level draft shipped for the embedded SmolLM2 target, in this package's default/ folder
+# (pacer_core.drafting, which ouroboros reads too): used when a config omits `draft`
+DEFAULT_DRAFT = shipped_draft()
 
 
 @attrs.define
@@ -39,22 +39,6 @@ class DraftModelConfig:
     # grow an EAGLE-2-style dynamic token tree ({topk, depth, nodes}; {} = defaults); null = a chain
     tree: Optional[TreeConfig] = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.instance_of(TreeConfig)))
-
-
-def sync_cache(model, context: list[int]) -> list[int]:
-    """Crop ``model``'s cache to its longest prefix shared with ``context``; return what to feed.
-
-    At least the last context token is always returned (its logits are what the caller needs).
-    """
-    cached = model.cached_tokens
-    shared = 0
-    for a, b in zip(cached, context):
-        if a != b:
-            break
-        shared += 1
-    shared = min(shared, len(context) - 1)
-    model.crop(shared)
-    return context[shared:]
 
 
 def level_layout(ancestor_rows: list[list[int]], context: int, cached: int, depth: int

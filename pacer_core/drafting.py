@@ -1,0 +1,43 @@
+"""What the drafters running a draft model share: its shipped default and its cache kept in step.
+
+Two plugin packages draft with a token-level draft model (``pacer_builtins``' ``draft_model``,
+``ouroboros``); neither imports the other, so what both need lives here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Optional
+
+# (package, folder): the token-level draft shipped for the embedded SmolLM2 target (made by
+# `pacer distill student.kind=token`, see its manifest.json), inside the built-in plugins' package
+SHIPPED_DRAFT = ("pacer_builtins", "default")
+
+
+def shipped_draft() -> Optional[str]:
+    """The folder of the shipped token-level draft, the ``default_draft`` of the drafters that run a
+    draft model (used when a config for the embedded target omits ``draft``); ``None`` when its
+    package is not installed. Found, never imported: the engine imports no plugin."""
+    package, folder = SHIPPED_DRAFT
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return str(Path(list(spec.submodule_search_locations)[0]).resolve() / folder)
+
+
+def sync_cache(model, context: list[int]) -> list[int]:
+    """Crop ``model``'s cache to its longest prefix shared with ``context``; return what to feed.
+
+    ``model`` is a ``LanguageModel`` (``cached_tokens``, ``crop``). At least the last context token
+    is always returned (its logits are what the caller needs).
+    """
+    cached = model.cached_tokens
+    shared = 0
+    for a, b in zip(cached, context):
+        if a != b:
+            break
+        shared += 1
+    shared = min(shared, len(context) - 1)
+    model.crop(shared)
+    return context[shared:]
