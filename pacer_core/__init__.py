@@ -9,6 +9,7 @@ from .types import (
     DecodeState,
     Draft,
     DraftBlock,
+    DraftInfo,
     FeatureModel,
     GenerationResult,
     LanguageModel,
@@ -23,7 +24,7 @@ from .types import (
 )
 
 __all__ = [
-    "Component", "ConfigError", "DecodeState", "Draft", "DraftBlock", "Engine", "FeatureModel",
+    "Component", "ConfigError", "DecodeState", "Draft", "DraftBlock", "DraftInfo", "Engine", "FeatureModel",
     "GenerationResult", "InputError", "LanguageModel", "ModelOutput", "PacerConfig", "PacerError", "Resources",
     "SamplingParams", "SideNodes", "StepRecord", "Stop", "TokenTree", "Verdict", "hookimpl", "load_config",
 ]

@@ -20,8 +20,8 @@ import torch
 from .config import PacerConfig, check, check_seed, draft_model_config
 from .errors import ConfigError, InputError
 from .registry import ResolvedStack, check_hooks, new_plugin_manager
-from .types import (DecodeState, Draft, GenerationResult, LanguageModel, Resources, SamplingParams, StepRecord, Stop,
-                    TokenTree)
+from .types import (DecodeState, Draft, DraftInfo, GenerationResult, LanguageModel, Resources, SamplingParams,
+                    StepRecord, Stop, TokenTree)
 
 
 def tree_layout(n_pending: int, tree: TokenTree) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,7 +130,7 @@ class Engine:
         self.ignore_eos, self.chat_template = ignore_eos, chat_template
         self.needs_target_hidden = needs_target_hidden
         # what the target pass returns as hidden states: the last layer (True), or the inputs of the
-        # decoder layers the drafter declared (its ``target_layers``), concatenated; False: none
+        # decoder layers the drafter declared (``DraftInfo.target_layers``), concatenated; False: none
         self.target_hidden: Union[bool, tuple[int, ...]] = bool(needs_target_hidden)
         if needs_target_hidden and target_layers:
             self.target_hidden = check_target_layers(target, target_layers)
@@ -188,11 +188,11 @@ class Engine:
             # a composite's factory gets its members resolved (config.members: ResolvedComponents)
             config = attrs.evolve(item.config, members=item.members) if item.members else item.config
             plugin = item.component.factory(config, resources)
-            if item is stack.drafter:  # built first: what it names reaches the components after it
-                resources = attrs.evolve(
-                    resources, draft_identity=getattr(plugin, "draft_identity", None) or resources.draft_identity,
-                    stop_thresholds=dict(getattr(plugin, "stop_thresholds", None) or {}))
-                target_layers = getattr(plugin, "target_layers", None)  # e.g. EAGLE-3: three layers' inputs
+            if item is stack.drafter:  # built first: what it declares reaches the components after it
+                info = DraftInfo.of(plugin)
+                resources = attrs.evolve(resources, draft_identity=info.identity or resources.draft_identity,
+                                         stop_thresholds=dict(info.stop_thresholds))
+                target_layers = info.target_layers  # e.g. EAGLE-3: three layers' inputs
             pm.register(plugin, name=f"{item.where}:{item.component.name}")
         check_hooks(pm)  # a misspelled hook on a strategy object is an error, not a silent no-op
         g = cfg.generation

@@ -17,6 +17,16 @@ decorated with ``pacer_core.hookimpl``. Call order of one ``generate``:
 Hooks are called with keyword arguments, so an implementation may declare only the arguments it
 uses, and new arguments can be added later without breaking plugins. Names: ``target_*`` and
 ``draft_*`` for the two models; accepted / recovered / bonus / emitted tokens as in docs/concepts.md.
+
+Besides the hooks, a drafter has one side channel, read once when the engine is built: its
+``draft_info`` attribute, a ``pacer_core.DraftInfo`` (the ``DeclaresDraftInfo`` protocol). The
+engine builds the drafter first and reads it with ``DraftInfo.of(drafter)``: ``identity`` names the
+draft weights (``Resources.draft_identity`` of the components built after it, else the draft
+model's ``digest``), ``stop_thresholds`` are the thresholds the draft recommends by stop name
+(``Resources.stop_thresholds``), and ``target_layers`` the target decoder layers whose inputs the
+target pass returns as ``StepRecord.target_hidden`` (None: the last layer's output). A drafter
+without ``draft_info`` declares nothing; other attributes are never read. A composite drafter
+(``hybrid``) reads its members with ``DraftInfo.of`` and declares the result the same way.
 """
 
 from __future__ import annotations
@@ -134,7 +144,8 @@ def pacer_observe_step(state: "DecodeState", step: "StepRecord") -> None:
     declared ``needs_target_hidden``, ``step.target_hidden`` holds the target's last-layer hidden
     states (after the final norm) of the committed tokens this step's forward computed, row 0 being
     ``state.tokens[step.target_hidden_start]`` (feature-level drafters in the EAGLE family read them;
-    the inputs of the drafter's ``target_layers``, concatenated, when it names them).
+    the inputs of the layers the drafter's ``DraftInfo.target_layers`` names, concatenated, when it
+    names some).
     ``step.target_logits`` are the verifier's ``target_logits`` and ``step.target_argmax`` the
     target's argmax at each of their rows, computed when first read (Ouroboros' phrase pool learns
     the target's phrases from it). On a GPU both live on the target's device: read them only when

@@ -16,8 +16,10 @@ __all__ = [
     "AttentionShape",
     "Component",
     "DecodeState",
+    "DeclaresDraftInfo",
     "Draft",
     "DraftBlock",
+    "DraftInfo",
     "FeatureModel",
     "GenerationResult",
     "LanguageModel",
@@ -186,8 +188,6 @@ class TokenTree:
         return int(self.tokens.shape[0])
 
     @functools.cached_property
-    def parent_list(self) -> list[int]:
-    @functools.cached_property
     def draft_probs(self) -> Optional[torch.Tensor]:  # [N, vocab] or None
         rows = self._draft_probs
         if rows is None or isinstance(rows, torch.Tensor):
@@ -209,6 +209,8 @@ class TokenTree:
             start += part.shape[0]
         return torch.cat(out)
 
+    @functools.cached_property
+    def parent_list(self) -> list[int]:
         """``parents`` as a list, read once."""
         return self.parents.tolist()
 
@@ -584,12 +586,54 @@ class Resources:
     sampling: SamplingParams
     tokenizer: Any = None
     # names the draft weights drafts come from, for components trained on one draft/target pair
-    # (PACER's M_B): the drafter's ``draft_identity`` attribute, else the draft model's ``digest``
+    # (PACER's M_B): the drafter's ``DraftInfo.identity``, else the draft model's ``digest``
     draft_identity: Optional[str] = None
     # thresholds the drafter's draft recommends to the stop policies that read its probabilities, by
-    # stop name (the drafter's ``stop_thresholds`` attribute: e.g. measured for a draft whose priors
+    # stop name (the drafter's ``DraftInfo.stop_thresholds``: e.g. measured for a draft whose priors
     # make its probabilities run high); a stop whose own threshold is unset takes its entry
     stop_thresholds: Mapping[str, float] = attrs.field(factory=dict, hash=False)
+
+
+def _layers(value: Optional[Iterable[int]]) -> Optional[tuple[int, ...]]:
+    return None if value is None else tuple(int(i) for i in value)
+
+
+@attrs.frozen
+class DraftInfo:
+    """What a drafter tells the engine and the components built after it: its side channel.
+
+    A drafter declares it as its ``draft_info`` attribute (``DeclaresDraftInfo``); the engine builds
+    the drafter first and reads it once, with ``DraftInfo.of``: ``identity`` and ``stop_thresholds``
+    become the later components' ``Resources.draft_identity`` and ``Resources.stop_thresholds``, and
+    ``target_layers`` what the target pass returns as hidden states. A drafter declaring nothing
+    tells nothing (every field at its default). A composite drafter (``hybrid``) declares what it
+    read of its members the same way.
+    """
+
+    identity: Optional[str] = None  # names the draft weights (PACER's M_B); None: the draft model's digest
+    # by stop name: thresholds the draft recommends to the stops reading its probabilities; empty: theirs
+    stop_thresholds: Mapping[str, float] = attrs.field(factory=dict, converter=dict, hash=False)
+    # target decoder layers whose inputs the drafter reads (EAGLE-3), concatenated; None: the last layer's
+    # output, when it needs ``target_hidden``
+    target_layers: Optional[tuple[int, ...]] = attrs.field(default=None, converter=_layers)
+
+    @staticmethod
+    def of(drafter: Any) -> "DraftInfo":
+        """What ``drafter`` declares (its ``draft_info``), else an empty ``DraftInfo``: the one way
+        the engine, and a composite drafter, read a drafter's side channel."""
+        if not isinstance(drafter, DeclaresDraftInfo):
+            return DraftInfo()
+        if not isinstance(drafter.draft_info, DraftInfo):
+            raise TypeError(f"{type(drafter).__name__}.draft_info must be a pacer_core.DraftInfo, "
+                            f"got {type(drafter.draft_info).__name__}")
+        return drafter.draft_info
+
+
+@runtime_checkable
+class DeclaresDraftInfo(Protocol):
+    """A drafter object with a side channel (``DraftInfo``) for the engine and later components."""
+
+    draft_info: DraftInfo
 
 
 @attrs.frozen
@@ -604,7 +648,7 @@ class Component:
     lists them): what the component relies on and what it supplies to the rest of the stack. The
     run supplies ``greedy`` (when ``sampling.temperature`` is 0), ``draft_model`` (the engine loads
     the ``draft`` model for a stack that needs it) and ``target_hidden`` (the target pass returns
-    hidden states: the last layer's, or, when the drafter object has a ``target_layers`` attribute,
+    hidden states: the last layer's, or, when the drafter declares ``DraftInfo.target_layers``,
     the inputs of those decoder layers concatenated); components supply the rest (a model drafter ``provides`` ``draft_probs`` and
     ``draft_hidden``, which stop policies ``need``). A stack in which something needed is supplied
     by nobody is refused before any model loads, with one generic check.

@@ -234,7 +234,7 @@ def test_distill_eagle3_end_to_end_the_eagle_drafter_keeps_greedy_output(tiny_di
     assert json.loads((export / "scaling.json").read_text()) == run_curve and len(run_curve["points"]) >= 2
     engine = eagle_engine(model, export)
     drafter = next(p for p in engine.pm.get_plugins() if type(p).__name__ == "EagleDrafter")
-    assert drafter.layout == "eagle3" and drafter.target_layers == tuple(LAYERS)
+    assert drafter.layout == "eagle3" and drafter.draft_info.target_layers == tuple(LAYERS)
     for prompt in ([1, 7, 9, 7, 9, 7], list(range(3, 30))):
         result = engine.generate(prompt, max_new_tokens=24)
         assert result.tokens == reference_greedy(model, prompt, 24)

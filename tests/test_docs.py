@@ -146,7 +146,7 @@ def test_no_documented_hook_is_missing_from_hookspecs():
 @pytest.mark.parametrize("cls", [
     pacer_core.DraftBlock, pacer_core.Draft, pacer_core.Stop, pacer_core.Verdict, pacer_core.StepRecord,
     pacer_core.DecodeState, pacer_core.SamplingParams, pacer_core.GenerationResult, pacer_core.Component,
-    pacer_core.Resources,
+    pacer_core.Resources, pacer_core.DraftInfo,
 ], ids=lambda c: c.__name__)
 def test_value_object_fields_are_documented(cls):
     body = section(read("hooks.md"), f"### `{cls.__name__}`")

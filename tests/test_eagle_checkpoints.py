@@ -397,7 +397,7 @@ def draft_two_tokens(target_model, folder, prompt):
     sampling = SamplingParams()
     drafter = EagleDrafter(EagleConfig(path=str(folder)), Resources(target=target, draft=None, sampling=sampling))
     target.reset()
-    prefill = target.forward(prompt[:-1], logits_from=len(prompt) - 1, hidden=drafter.target_layers or True)
+    prefill = target.forward(prompt[:-1], logits_from=len(prompt) - 1, hidden=drafter.draft_info.target_layers or True)
     state = DecodeState(list(prompt), len(prompt), 8, sampling, torch.Generator().manual_seed(0), frozenset())
     drafter.pacer_start(state=state)  # the prompt's rows arrive with step 0's record, as from the engine
     step0 = SimpleNamespace(target_hidden=prefill.hidden_states, target_hidden_start=0)
@@ -527,7 +527,7 @@ def test_pacer_refuses_a_published_draft_without_a_pre_verifier_for_it(tmp_path)
 def test_pacer_runs_with_a_pre_verifier_trained_for_the_pair(tmp_path, layout):
     target_model = layout_target("eagle3" if layout == "eagle3" else "eagle1-bin")
     folder = LAYOUTS["eagle3" if layout == "eagle3" else "eagle1-bin"](target_model, tmp_path / "ckpt")
-    identity = drafter_of(engine_for(target_model, folder)).draft_identity
+    identity = drafter_of(engine_for(target_model, folder)).draft_info.identity
     assert identity.startswith(f"{layout}:")
     mb = write_checkpoint(tmp_path / "mb", HIDDEN, target_digest="aaaa", draft_identity=identity)
     prompt = [1, 7, 9, 7, 9, 7, 3, 4]
@@ -749,7 +749,7 @@ def test_an_eagle1_token_map_restricts_the_draft_and_a_bad_one_is_refused(tmp_pa
     folder = write_eagle1(tmp_path / "ckpt", target_model, speculative_token_map="map.pt")
     torch.save([5, 3, 9, 7, 1], folder / "map.pt")  # SGLang's format: a list (or tensor) of target ids
     drafter = drafter_of(engine_for(target_model, folder))
-    assert drafter.subset.tolist() == [5, 3, 9, 7, 1] and drafter.draft_identity.startswith("eagle1:")
+    assert drafter.subset.tolist() == [5, 3, 9, 7, 1] and drafter.draft_info.identity.startswith("eagle1:")
     prompt = [1, 7, 9, 7, 9, 7]
     assert engine_for(target_model, folder).generate(prompt, max_new_tokens=12).tokens == \
         reference_greedy(target_model, prompt, 12)

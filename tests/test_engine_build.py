@@ -1,14 +1,126 @@
-"""How an engine is built: the strategy stack resolved once, on the engine's one plugin manager."""
+"""How an engine is built: the strategy stack resolved once, on the engine's one plugin manager, and
+the drafter's side channel (``DraftInfo``) read from what the drafter declares, nowhere else.
+
+A probe plugin offers a drafter that declares a ``DraftInfo`` (or, to show it is ignored, sets the
+same three things as plain attributes) and a stop that records the ``Resources`` it was built with.
+"""
 
 from __future__ import annotations
 
+from typing import Dict, List, Optional
+
+import attrs
 import pluggy
 import pytest
 
 import pacer_core.hf
-from pacer_core import Engine, GenerationResult, cli, config, engine as engine_module
+from pacer_core import Component, DraftInfo, Engine, GenerationResult, cli, config, engine as engine_module, hookimpl
+from pacer_core import load_config
+from pacer_core.testing import ScriptedLM
 
 from helpers import adapter, tiny_llama
+
+
+@attrs.define
+class ProbeDrafterConfig:
+    identity: Optional[str] = None
+    thresholds: Dict[str, float] = attrs.field(factory=dict)
+    layers: Optional[List[int]] = None
+    declared: bool = True  # False: the same values as undeclared attributes, which nothing reads
+
+
+class ProbeDrafter:
+    def __init__(self, config: ProbeDrafterConfig, resources):
+        info = DraftInfo(identity=config.identity, stop_thresholds=config.thresholds, target_layers=config.layers)
+        if config.declared:
+            self.draft_info = info
+        else:  # what drafters used to hand on through getattr
+            self.draft_identity, self.stop_thresholds, self.target_layers = (
+                info.identity, dict(info.stop_thresholds), info.target_layers)
+
+    @hookimpl
+    def pacer_propose(self, state, draft, num_tokens):
+        return None
+
+
+@attrs.define
+class RecorderConfig:
+    pass
+
+
+class Recorder:
+    built: list = []  # the Resources of every Recorder built
+
+    def __init__(self, config: RecorderConfig, resources):
+        Recorder.built.append(resources)
+
+    @hookimpl
+    def pacer_draft_more(self, state, draft):
+        return None
+
+
+class ProbePlugin:
+    @hookimpl
+    def pacer_components(self):
+        return [Component("drafter", "probe", ProbeDrafterConfig, ProbeDrafter, needs={"target_hidden"},
+                          provides={"draft_probs"}),
+                Component("stop", "recorder", RecorderConfig, Recorder)]
+
+
+PROBE = ProbePlugin()
+
+
+def probe_engine(drafter: str, target=None, draft=None) -> tuple[Engine, object]:
+    """An engine of ``drafter`` with the recorder stop; returns it and the recorder's Resources."""
+    Recorder.built.clear()
+    cfg = load_config(overrides=[f"strategy.drafter={drafter}", "strategy.stop=[{name: recorder}]"],
+                      extra_plugins=[PROBE], require_models=False)
+    engine = Engine.build(target or ScriptedLM(16), draft=draft, cfg=cfg, extra_plugins=[PROBE])
+    (resources,) = Recorder.built
+    return engine, resources
+
+
+# -- the side channel ---------------------------------------------------------------------------
+def test_a_declared_draft_info_reaches_the_stops_and_the_target_pass():
+    engine, resources = probe_engine("{name: probe, identity: mine, thresholds: {entropy: 0.7}, layers: [0, 1]}")
+    assert resources.draft_identity == "mine" and resources.stop_thresholds == {"entropy": 0.7}
+    assert engine.target_hidden == (0, 1)
+
+
+def test_undeclared_attributes_are_not_read():
+    """The three values as plain attributes, no ``draft_info``: the stops get the defaults (the draft
+    model's digest as identity) and the target pass returns its last layer."""
+    draft = ScriptedLM(16, seed=1)
+    draft.digest = "draft-digest"
+    engine, resources = probe_engine(
+        "{name: probe, identity: mine, thresholds: {entropy: 0.7}, layers: [0, 1], declared: false}", draft=draft)
+    assert resources.draft_identity == "draft-digest" and resources.stop_thresholds == {}
+    assert engine.target_hidden is True
+
+
+def test_a_draft_info_of_the_wrong_type_is_refused():
+    class Odd:
+        draft_info = {"identity": "x"}
+
+    with pytest.raises(TypeError, match="Odd.draft_info must be a pacer_core.DraftInfo, got dict"):
+        DraftInfo.of(Odd())
+    assert DraftInfo.of(object()) == DraftInfo()
+
+
+def test_hybrid_declares_its_main_members_draft_info():
+    members = ("[{name: probe, identity: mine, thresholds: {entropy: 0.7}, layers: [1]}, "
+               "{name: prompt_lookup}]")
+    engine, resources = probe_engine(f"{{name: hybrid, members: {members}}}")
+    assert resources.draft_identity == "mine" and resources.stop_thresholds == {"entropy": 0.7}
+    assert engine.target_hidden == (1,)
+    hybrid = engine.pm.get_plugin("strategy.drafter:hybrid")
+    assert hybrid.draft_info == DraftInfo("mine", {"entropy": 0.7}, (1,))
+
+
+def test_hybrid_forwards_nothing_its_main_member_does_not_declare():
+    members = "[{name: probe, identity: mine, layers: [1], declared: false}, {name: prompt_lookup}]"
+    engine, resources = probe_engine(f"{{name: hybrid, members: {members}}}")
+    assert resources.draft_identity is None and engine.target_hidden is True
 
 
 # -- one resolution, one plugin manager ---------------------------------------------------------
@@ -39,9 +151,10 @@ def _fake_load_model(path, dtype, device, device_map, name, pack_weights=None):
 
 def test_from_config_resolves_the_stack_once_on_one_plugin_manager(counted, monkeypatch):
     monkeypatch.setattr(pacer_core.hf.loading, "load_model", _fake_load_model)
-    engine = Engine.from_config(config.read_config())
+    cfg = config.read_config(overrides=["strategy.stop=[{name: recorder}]"])
+    engine = Engine.from_config(cfg, extra_plugins=[PROBE])
     assert counted == {"plugin_managers": 1, "resolutions": 1}
-    assert engine.pm.get_plugin("strategy.stop[0]:heuristic") is not None
+    assert engine.pm.get_plugin("strategy.stop[0]:recorder") is not None
 
 
 def test_pacer_generate_resolves_the_stack_once_on_one_plugin_manager(counted, monkeypatch, capsys):

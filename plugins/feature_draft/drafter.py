@@ -15,7 +15,7 @@ from typing import List, Optional, Sequence
 import attrs
 import torch
 
-from pacer_core import Component, DraftBlock, FeatureModel, InputError, Resources, SideNodes, hookimpl
+from pacer_core import Component, DraftBlock, DraftInfo, FeatureModel, InputError, Resources, SideNodes, hookimpl
 from pacer_core.jsonfile import read_json
 from pacer_core.kernels import PackedMatrix, pack_linears
 from pacer_core.sampling import logits_to_probs, sample
@@ -173,22 +173,20 @@ class EagleDrafter:
         # float32 on the CPU (as the target's packed products); the target's dtype on an accelerator
         self.dtype = torch.float32 if device.type == "cpu" else embed.dtype
         packed = bool(target.packed_weights) and device.type == "cpu"  # pack as the target does
-        self.target_layers: Optional[tuple[int, ...]] = None  # target layers whose inputs the net reads
+        # what the engine and later components read of it (DraftInfo): the draft's identity, the stop
+        # thresholds it recommends, the target layers whose inputs the net reads (None: the last layer)
         if (folder / MANIFEST).exists():
             manifest = read_manifest(folder)
             self.net = self._own_draft(folder, manifest, config, target)
             self.layout = "eagle3" if isinstance(self.net, Eagle3Draft) else "pacer"
-            if self.layout == "eagle3":
-                self.target_layers = tuple(self.net.arch.target_layers)
             subset = self.net.subset
-            self.draft_identity = draft_identity(folder)  # Resources.draft_identity of later components
-            self.stop_thresholds = recommended_stop_thresholds(folder, manifest, config)  # Resources.stop_thresholds
-        else:  # a published EAGLE checkpoint
+            self.draft_info = DraftInfo(
+                identity=draft_identity(folder), stop_thresholds=recommended_stop_thresholds(folder, manifest, config),
+                target_layers=tuple(self.net.arch.target_layers) if self.layout == "eagle3" else None)
+        else:  # a published EAGLE checkpoint; the stops keep their own thresholds
             published = load_published(folder, target)
             self.net, self.layout = published.net, published.layout
-            self.target_layers = published.target_layers  # the engine returns these layers' inputs
-            self.draft_identity = published.identity
-            self.stop_thresholds: dict[str, float] = {}  # the stops' own defaults
+            self.draft_info = DraftInfo(identity=published.identity, target_layers=published.target_layers)
             subset = published.vocab if published.vocab is not None else torch.arange(target.vocab_size)
         self.net.to(device=device, dtype=self.dtype).requires_grad_(False)
         self.embed = embed
@@ -359,13 +357,13 @@ class EagleDrafter:
 
     def _distribution(self, features: torch.Tensor, suffixes: Optional[list[list[int]]]) -> torch.Tensor:
         """The draft's distribution after each feature ([k, vocab]; suffixes[i]: the path row i drafts
+        after): sampling parameters applied (softmax under greedy), tokens outside the draft's
+        vocabulary at 0."""
         return self._widen(self._draft_distribution(features, suffixes))
 
     def _draft_distribution(self, features: torch.Tensor, suffixes: Optional[list[list[int]]]) -> torch.Tensor:
         """As ``_distribution``, over the draft's own vocabulary ([k, len(self.vocab)]; column j is
         token ``self.vocab[j]``)."""
-        after): sampling parameters applied (softmax under greedy), tokens outside the draft's
-        vocabulary at 0."""
         logits = self._logits(features, suffixes)  # [k, draft vocabulary]
         return torch.softmax(logits, -1) if self.sampling.greedy else logits_to_probs(logits, self.sampling)
 
@@ -460,12 +458,12 @@ class EagleDrafter:
             if ends:
                 probs[ends] = 0.0
         chosen = grow_level(scores, probs, tip_row, tree.topk, tree.topk)
+        if not chosen or tip_row is None or chosen[0].row != tip_row:
+            return None
         if not self._whole_vocab:
             ids = self.vocab[torch.tensor([c.token for c in chosen])].tolist()
             chosen = [attrs.evolve(c, token=token) for c, token in zip(chosen, ids)]
         probs = self._widen(probs[[c.row for c in chosen]])  # [len(chosen), vocab]: row i is chosen[i]'s parent's
-        if not chosen or tip_row is None or chosen[0].row != tip_row:
-            return None
         # node numbering: the block's main token first (index draft.num_nodes), then its side nodes
         first = draft.num_nodes
         side = chosen[1:]

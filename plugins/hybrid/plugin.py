@@ -34,7 +34,7 @@ from typing import Any, Optional
 import attrs
 import torch
 
-from pacer_core import Component, Draft, DraftBlock, InputError, Resources, SideNodes, hookimpl
+from pacer_core import Component, Draft, DraftBlock, DraftInfo, InputError, Resources, SideNodes, hookimpl
 from pacer_core.trees import MAX_NODES, TreeConfig, merge_phrases, node_budget, node_values
 
 
@@ -92,17 +92,18 @@ class Hybrid:
         if len(users) > 1:
             raise InputError(f"hybrid: at most one member may use the draft model, got {', '.join(users)}; "
                              "keep one of them")
-        self.draft_identity = getattr(self.members[0], "draft_identity", None)
-        # stop policies judge the primary's tokens, so they take its draft's recommended thresholds
-        self.stop_thresholds = dict(getattr(self.members[0], "stop_thresholds", None) or {})
         # the target states the members read: the inputs of some layers (EAGLE-3) or the last layer's
-        readers = [(m.component.name, getattr(p, "target_layers", None))
+        readers = [(m.component.name, DraftInfo.of(p).target_layers)
                    for m, p in zip(ordered, self.members) if "target_hidden" in m.component.needs]
         if len({layers for _, layers in readers}) > 1:
             raise InputError("hybrid: members read different target hidden states ("
                              + ", ".join(f"{name}: {list(layers) if layers else 'last layer'}" for name, layers in readers)
                              + "); keep members that read the same ones")
-        self.target_layers = readers[0][1] if readers else None  # the engine asks the target for these
+        # its side channel, read the engine's way from the members: the main member's draft identity and
+        # recommended thresholds (stop policies judge its tokens), the target layers its readers share
+        main_info = DraftInfo.of(self.members[0])
+        self.draft_info = DraftInfo(identity=main_info.identity, stop_thresholds=main_info.stop_thresholds,
+                                    target_layers=readers[0][1] if readers else None)
         self.accepted: Counter[str] = Counter()
         self._sources: dict[tuple[int, ...], str] = {}  # root path of a merged node -> its member
         # the budget: the hybrid's own, else the main member's tree's (a chain's: by device)

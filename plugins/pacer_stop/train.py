@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from pacer_core import Engine, hookimpl
+from pacer_core import DraftInfo, Engine, hookimpl
 from pacer_core.engine import load_stack_draft
 from pacer_core.config import (GenerationConfig, ModelConfig, PacerConfig, SamplingConfig, StrategyConfig, check,
                                draft_model_config)
@@ -610,10 +610,9 @@ def split_steps(data: StepData, heldout_every: int) -> tuple[list[int], list[int
 
 def drafter_identity(engine: Engine, draft) -> Optional[str]:
     """The draft identity a ``pacer`` stop in this stack would check (Resources.draft_identity)."""
-    for name, plugin in engine.pm.list_name_plugin():
-        if name.startswith("strategy.drafter:") and getattr(plugin, "draft_identity", None):
-            return plugin.draft_identity
-    return draft.digest if draft is not None else None
+    drafters = [plugin for name, plugin in engine.pm.list_name_plugin() if name.startswith("strategy.drafter:")]
+    identity = DraftInfo.of(drafters[0]).identity if drafters else None  # as the engine reads it
+    return identity or (draft.digest if draft is not None else None)
 
 
 def _json_safe(value: Any) -> Any:
