@@ -2,7 +2,8 @@
 
 ``config`` the bench/ablation YAML schema and validation; ``answers`` the answer log and the bench
 folder's files; ``timing`` clocks and the verification-cost probe; ``units`` what runs per prompt
-(engine stacks, transformers' baselines); ``run`` the resumable run; ``report`` report.md,
-results.json and plots; ``oracle`` the oracle replay; ``prompts`` the offline prompt sets; ``demo``
-the main job; ``commands`` ``pacer demo/bench/report/ablate``. docs/benchmarks.md documents them.
+(engine stacks, transformers' baselines); ``run`` the resumable run; ``results`` the report's
+numbers (results.json); ``report`` report.md and plots; ``oracle`` the oracle replay; ``prompts``
+the offline prompt sets; ``demo`` the main job; ``commands`` ``pacer demo/bench/report/ablate``.
+docs/benchmarks.md documents them.
 """

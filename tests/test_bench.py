@@ -819,7 +819,8 @@ def test_the_chain_and_tree_cost_probes_run_interleaved_so_drift_hits_both_alike
 
 
 def test_the_report_compares_each_tree_with_its_chains_and_each_hybrid_with_its_members():
-    from pacer_bench.report import comparisons, comparisons_markdown
+    from pacer_bench.report import comparisons_markdown
+    from pacer_bench.results import comparisons
 
     def unit(name, drafter):
         return {"name": name, "kind": "stack", "config": {"strategy": {"drafter": drafter, "stop": []}}}
@@ -863,7 +864,8 @@ def test_bench_model_sections_take_the_bench_dtype_and_device_unless_they_set_th
 
 
 def test_the_report_gives_each_hybrid_members_share_of_the_accepted_tokens():
-    from pacer_bench.report import sources_markdown, source_shares
+    from pacer_bench.report import sources_markdown
+    from pacer_bench.results import source_shares
 
     records = [{"metrics": {"hybrid_accepted_eagle": 6, "hybrid_accepted_prompt_lookup": 2, "accepted": 8}},
                {"metrics": {"hybrid_accepted_eagle": 0, "hybrid_accepted_prompt_lookup": 2, "accepted": 2}}]
@@ -881,7 +883,8 @@ def test_the_report_gives_each_hybrid_members_share_of_the_accepted_tokens():
 
 
 def test_the_report_gives_m_bs_own_share_of_the_wall_time_beside_the_stop_time():
-    from pacer_bench.report import _stop, mb_share
+    from pacer_bench.report import _stop
+    from pacer_bench.results import mb_share
 
     records = [{"metrics": {"pacer_mb_s": 0.2, "stop_s": 0.5}}, {"metrics": {"pacer_mb_s": 0.1, "stop_s": 0.3}}]
     assert mb_share(records, 10.0) == pytest.approx(0.03)

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from pacer_builtins.observers import DraftQualityConfig, topk_hits
-from pacer_bench.report import draft_topk, quality_markdown
+from pacer_bench.report import quality_markdown
+from pacer_bench.results import draft_topk
 from pacer_core import Component, Engine, hookimpl, load_config
 
 from pacer_core.testing import ScriptedLM

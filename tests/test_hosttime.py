@@ -197,7 +197,7 @@ def test_tree_masks_depths_and_selections_match_brute_force(seed):
 
 def test_a_bench_unit_records_its_forward_seconds_and_the_report_the_host_time_per_step():
     from pacer_bench.config import BenchConfig
-    from pacer_bench.report import host_ms_per_step
+    from pacer_bench.results import host_ms_per_step
     from pacer_bench.units import Models, engine_unit
     from pacer_core import load_config
 
