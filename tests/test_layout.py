@@ -6,7 +6,12 @@ packages is read with ``ast`` — at module level and inside functions alike; on
 
 - no import cycle between modules;
 - pacer_core (the engine) imports nothing from pacer_bench, pacer_train or any plugin package;
-- only the model adapter, ``pacer_core/hf.py`` or the ``pacer_core/hf/`` package, imports transformers.
+- only the model adapter, ``pacer_core/hf.py`` or the ``pacer_core/hf/`` package, imports transformers;
+- no plugin module imports pacer_bench when it is imported (module and class bodies; a command may
+  import it inside its function);
+- pacer_core holds no training code (no optimizer, no gradient computed);
+- no module outside tests/ is longer than ``MAX_LINES``, but those listed in ``OVER_MAX_LINES``, a
+  list that only shrinks.
 
 And the tests themselves: no test module imports another test module (shared code is in
 tests/helpers.py and tests/strategies.py, shared fixtures in tests/conftest.py), nothing in tests/
@@ -17,6 +22,7 @@ torch's thread count (conftest.py applies it to every test).
 from __future__ import annotations
 
 import ast
+import os
 from pathlib import Path
 
 import pytest
@@ -56,27 +62,35 @@ def _is_type_checking(node: ast.AST) -> bool:
         or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
 
 
-def _runtime_nodes(tree: ast.AST, type_only: bool = False):
+FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)  # bodies that run when called, not on import
+
+
+def _runtime_nodes(tree: ast.AST, type_only: bool = False, import_time: bool = False):
     """Every node of ``tree`` (functions' bodies included) except the bodies of ``if TYPE_CHECKING:``
-    blocks, which only annotations read and which never run; with ``type_only``, those too."""
+    blocks, which only annotations read and which never run; with ``type_only``, those too; with
+    ``import_time``, not the functions' bodies either (what importing the module runs: its module
+    and class bodies)."""
     pending = [tree]
     while pending:
         node = pending.pop()
         yield node
+        if import_time and isinstance(node, FUNCTIONS):
+            continue
         if _is_type_checking(node) and not type_only:
             pending += node.orelse
         else:
             pending += list(ast.iter_child_nodes(node))
 
 
-def _imports(module: str, path: Path, type_only: bool = False) -> list[tuple[str, int]]:
+def _imports(module: str, path: Path, type_only: bool = False, import_time: bool = False) -> list[tuple[str, int]]:
     """(imported name, line) for every import in ``path``, wherever it stands (with ``type_only``,
-    inside ``if TYPE_CHECKING:`` blocks too); relative imports are resolved; ``from X import n`` names
-    ``X.n``, which is the submodule ``X.n`` if there is one, else ``X``."""
+    inside ``if TYPE_CHECKING:`` blocks too; with ``import_time``, only outside functions' bodies);
+    relative imports are resolved; ``from X import n`` names ``X.n``, which is the submodule ``X.n``
+    if there is one, else ``X``."""
     is_package = path.name == "__init__.py"
     here = module.split(".") if is_package else module.split(".")[:-1]
     out = []
-    for node in _runtime_nodes(ast.parse(path.read_text(), str(path)), type_only):
+    for node in _runtime_nodes(ast.parse(path.read_text(), str(path)), type_only, import_time):
         if isinstance(node, ast.Import):
             out += [(alias.name, node.lineno) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -227,6 +241,119 @@ def test_imports_inside_functions_count_and_type_checking_blocks_do_not(tmp_path
     assert {"pkg.sibling.g", "transformers", "a.fallback", "typing.TYPE_CHECKING"} == names
     assert {name for name, _ in _imports("pkg.mod", path, type_only=True)} == names | {"a.only_typing"}
 
+
+# -- what lives where ------------------------------------------------------------------------------
+BENCH = "pacer_bench"
+MAX_LINES = 600  # a module longer than this is split along a seam (tests/ excepted)
+# modules still over MAX_LINES, each to be split; the list only shrinks (a module back under the limit
+# must leave it, and no other module may pass the limit)
+OVER_MAX_LINES = {
+    "pacer_core/types.py",
+    "plugins/pacer_stop/train.py",
+    "plugins/feature_draft/selfdistill/stream.py",
+    "plugins/feature_draft/distill.py",
+}
+SKIPPED_FOLDERS = {"tests", "runs", "build", "dist", "node_modules", "__pycache__"}  # and hidden ones
+
+
+def import_time_problems(sources: dict[str, Path], plugins: set[str]) -> list[str]:
+    """Plugin modules importing the bench when imported (module or class bodies): the bench may
+    import plugins, and a plugin's command may use the bench inside the function that runs it."""
+    return [f"{module} imports {name} at import time (line {line})" for module, path in sorted(sources.items())
+            if _top(module) in plugins for name, line in sorted(_imports(module, path, import_time=True), key=lambda x: x[1])
+            if _top(name) == BENCH]
+
+
+def training_code(path: Path) -> list[str]:
+    """Where ``path`` trains: an optimizer (``torch.optim``, imported or reached as an attribute) or a
+    gradient computed (``.backward()``, ``torch.autograd.grad``, ``.zero_grad()``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [f"line {node.lineno}: imports {a.name}" for a in node.names
+                      if a.name.split(".")[:2] in (["torch", "optim"], ["torch", "autograd"])]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names = [f"{node.module}.{a.name}" for a in node.names]
+            found += [f"line {node.lineno}: imports {n}" for n in names
+                      if n.split(".")[:2] in (["torch", "optim"], ["torch", "autograd"])]
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "torch" \
+                and node.attr in ("optim", "autograd"):
+            found.append(f"line {node.lineno}: uses torch.{node.attr}")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in ("backward", "zero_grad"):
+            found.append(f"line {node.lineno}: calls .{node.func.attr}()")
+    return found
+
+
+def long_modules(root: Path, limit: int = MAX_LINES) -> dict[str, int]:
+    """Every .py file under ``root`` outside tests/ and hidden or build folders with more than
+    ``limit`` lines: its path relative to ``root`` → its line count."""
+    found = {}
+    for folder, subfolders, files in os.walk(root):
+        subfolders[:] = sorted(d for d in subfolders if not d.startswith(".") and d not in SKIPPED_FOLDERS
+                               and not d.endswith(".egg-info"))
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = Path(folder, name)
+                count = len(path.read_text().splitlines())
+                if count > limit:
+                    found[path.relative_to(root).as_posix()] = count
+    return found
+
+
+def test_no_plugin_imports_the_bench_at_import_time():
+    plugins = {name for name, folder in _packages().items() if folder.parent == PLUGINS}
+    problems = import_time_problems(_sources(), plugins)
+    assert not problems, ("a plugin depends on the engine and the training package, not on the bench (a command may "
+                          "import it inside its function; a bench tool lives in pacer_bench): " + "; ".join(problems))
+
+
+def test_the_engine_holds_no_training_code():
+    problems = [f"{module} {where}" for module, path in sorted(_sources().items()) if _top(module) == CORE
+                for where in training_code(path)]
+    assert not problems, "training code lives in pacer_train (or a plugin's trainer), not pacer_core: " + "; ".join(
+        problems)
+
+
+def test_no_module_passes_the_line_limit_but_the_listed_ones_and_the_list_only_shrinks():
+    long = long_modules(ROOT)
+    unlisted = {path: n for path, n in long.items() if path not in OVER_MAX_LINES}
+    assert not unlisted, (f"modules over {MAX_LINES} lines: " + ", ".join(f"{p} ({n})" for p, n in sorted(unlisted.items()))
+                          + ": split each along a seam")
+    fixed = sorted(OVER_MAX_LINES - set(long))
+    assert not fixed, (f"{', '.join(fixed)} no longer exceed {MAX_LINES} lines (or are gone): remove them from "
+                       "OVER_MAX_LINES in tests/test_layout.py")
+
+
+def test_the_placement_checks_catch_what_they_forbid(tmp_path):
+    plugin, core = tmp_path / "plug", tmp_path / "core"
+    plugin.mkdir()
+    core.mkdir()
+    (plugin / "cmd.py").write_text("import pacer_bench.timing\nclass C:\n    from pacer_bench import oracle\n"
+                                   "def run():\n    from pacer_bench.prompts import PROMPT_SETS\n"
+                                   "f = lambda: __import__('pacer_bench')\n")
+    sources = {"plug.cmd": plugin / "cmd.py"}
+    assert import_time_problems(sources, {"plug"}) == [
+        "plug.cmd imports pacer_bench.timing at import time (line 1)",
+        "plug.cmd imports pacer_bench.oracle at import time (line 3)"]
+    assert import_time_problems(sources, set()) == []  # not a plugin: the bench itself, say
+    (core / "train.py").write_text("import torch\nfrom torch.optim import AdamW\nimport torch.optim as optim\n"
+                                   "def step(model, loss):\n    loss.backward()\n    torch.optim.SGD(model.parameters())\n"
+                                   "    model.zero_grad()\n    torch.autograd.grad(loss, [])\n")
+    assert sorted(training_code(core / "train.py")) == sorted([
+        "line 2: imports torch.optim.AdamW", "line 3: imports torch.optim", "line 5: calls .backward()",
+        "line 6: uses torch.optim", "line 7: calls .zero_grad()", "line 8: uses torch.autograd"])
+    (core / "infer.py").write_text("import torch\n@torch.inference_mode()\ndef f(x):\n    return x.softmax(-1)\n")
+    assert training_code(core / "infer.py") == []
+    tree = tmp_path / "tree"
+    for folder in ("pkg", "tests", ".hidden"):
+        (tree / folder).mkdir(parents=True)
+    (tree / "pkg" / "long.py").write_text("x = 1\n" * 7)
+    (tree / "pkg" / "short.py").write_text("x = 1\n" * 6)
+    (tree / "tests" / "test_long.py").write_text("x = 1\n" * 9)  # tests/ are not held to it
+    (tree / ".hidden" / "long.py").write_text("x = 1\n" * 9)
+    assert long_modules(tree, limit=6) == {"pkg/long.py": 7}
+    assert long_modules(tree, limit=7) == {}
 
 
 # -- the tests' own layout ---------------------------------------------------------------------------
