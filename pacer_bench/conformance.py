@@ -20,7 +20,8 @@ import torch
 from pacer_core import Engine, hookimpl, load_config
 from pacer_core.config import check as check_stack
 from pacer_core.registry import new_plugin_manager
-from pacer_core.types import Draft, DraftBlock, Stop, Verdict
+from pacer_core.drafts import Draft, DraftBlock
+from pacer_core.types import Stop, Verdict
 
 FALSE_ALARM = 1e-3  # the chance a correct stack fails the distribution check (all its cases together)
 PROMPTS = {"plain": [5, 9, 13, 7, 22], "one_token": [17], "repetitive": [5, 9, 13, 5, 9, 13, 5, 9]}

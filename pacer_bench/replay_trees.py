@@ -28,7 +28,7 @@ import torch
 
 from pacer_core.costs import Profile
 from pacer_core.trees import NodeBudget, TreeConfig
-from pacer_core.types import TokenTree
+from pacer_core.drafts import TokenTree
 
 
 @attrs.frozen

@@ -4,24 +4,9 @@ from .config import PacerConfig, load_config
 from .engine import Engine
 from .errors import ConfigError, InputError, PacerError
 from .hookspecs import hookimpl
-from .types import (
-    Component,
-    DecodeState,
-    Draft,
-    DraftBlock,
-    DraftInfo,
-    FeatureModel,
-    GenerationResult,
-    LanguageModel,
-    ModelOutput,
-    Resources,
-    SamplingParams,
-    SideNodes,
-    StepRecord,
-    Stop,
-    TokenTree,
-    Verdict,
-)
+from .drafts import Draft, DraftBlock, SideNodes, TokenTree
+from .protocols import FeatureModel, LanguageModel, ModelOutput
+from .types import Component, DecodeState, DraftInfo, GenerationResult, Resources, SamplingParams, StepRecord, Stop, Verdict
 
 __all__ = [
     "Component", "ConfigError", "DecodeState", "Draft", "DraftBlock", "DraftInfo", "Engine", "FeatureModel",

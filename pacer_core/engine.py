@@ -20,8 +20,9 @@ import torch
 from .config import PacerConfig, check, check_seed, draft_model_config
 from .errors import ConfigError, InputError
 from .registry import ResolvedStack, check_hooks, new_plugin_manager
-from .types import (DecodeState, Draft, DraftInfo, GenerationResult, LanguageModel, Resources, SamplingParams,
-                    StepRecord, Stop, TokenTree)
+from .drafts import Draft, TokenTree
+from .protocols import LanguageModel
+from .types import DecodeState, DraftInfo, GenerationResult, Resources, SamplingParams, StepRecord, Stop
 
 
 def tree_layout(n_pending: int, tree: TokenTree) -> tuple[torch.Tensor, torch.Tensor]:

@@ -38,7 +38,8 @@ import pluggy
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from .types import Component, DecodeState, Draft, DraftBlock, GenerationResult, StepRecord, Stop, Verdict
+    from .drafts import Draft, DraftBlock
+    from .types import Component, DecodeState, GenerationResult, StepRecord, Stop, Verdict
 
 PROJECT = "pacer_sd"
 """The pluggy project name, also the setuptools entry-point group plugins register under."""

@@ -1,6 +1,6 @@
 """Test helpers for plugin authors: a scripted language model and an exact-distribution check.
 
-``ScriptedLM`` implements ``pacer_core.types.LanguageModel`` in pure torch (no transformers, no
+``ScriptedLM`` implements ``pacer_core.protocols.LanguageModel`` in pure torch (no transformers, no
 weights): the next-token logits are a deterministic function of the last ``order`` tokens of the
 context, read from a seeded random table. It is fast enough to run tens of thousands of
 generations through the engine in seconds, and its distributions are known exactly, so a strategy
@@ -35,7 +35,8 @@ from typing import Iterable, Optional, Sequence, Union
 import torch
 
 from .sampling import logits_to_probs
-from .types import ModelOutput, SamplingParams
+from .protocols import ModelOutput
+from .types import SamplingParams
 
 __all__ = ["DeviceLM", "OnDevice", "ScriptedLM", "chisquare_pvalue", "count_host_reads", "count_host_syncs",
            "exact_continuation_probs", "on_device", "random_table"]

@@ -20,7 +20,7 @@ import attrs
 import torch
 from attrs import validators as v
 
-from .types import Draft, DraftBlock, SideNodes, TokenTree
+from .drafts import Draft, DraftBlock, SideNodes, TokenTree
 
 
 MAX_TOPK = 64  # children tried per node and nodes kept per level, at most

@@ -12,7 +12,7 @@ import pytest
 
 from pacer_core import Engine, FeatureModel, InputError, LanguageModel, load_config
 from pacer_core.testing import ScriptedLM
-from pacer_core.types import AttentionShape
+from pacer_core.protocols import AttentionShape
 from helpers import adapter, tiny_llama
 
 PLUGINS = Path(__file__).resolve().parents[1] / "plugins"

@@ -21,7 +21,7 @@ from pacer_core import Engine, SamplingParams, load_config
 from pacer_core.engine import tree_layout
 from pacer_core.hf import HFModel
 from pacer_core.testing import chisquare_pvalue, exact_continuation_probs
-from pacer_core.types import TokenTree
+from pacer_core.drafts import TokenTree
 
 from helpers import (EOS, LENGTH, PASS_P, adapter, build_engine, noisy_copy, reference_greedy, sample_outputs)
 

@@ -2,7 +2,7 @@
 
 ``artifacts`` model files on disk (cache root, embedded target, GGUF conversion, draft folders
 completed with their target's shared tensors, weight digests); ``adapter`` ``HFModel`` (one model and
-its KV cache, a ``pacer_core.types.FeatureModel``) and ``HFTokenizer``; ``loading`` a config's model
+its KV cache, a ``pacer_core.protocols.FeatureModel``) and ``HFTokenizer``; ``loading`` a config's model
 sections; ``students`` training helpers; ``baselines`` transformers' own ``generate``, traced for
 benchmarks. Every public name is re-exported here: ``from pacer_core.hf import X``.
 """

@@ -1,5 +1,5 @@
 """The adapter: ``HFModel`` owns one transformers causal LM and its KV cache (and the token ids in
-it); the engine and drafters see only ``pacer_core.types.LanguageModel`` (and plugins that read
+it); the engine and drafters see only ``pacer_core.protocols.LanguageModel`` (and plugins that read
 weights, ``FeatureModel``). ``HFTokenizer`` turns text into ids and back."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 
 from ..errors import InputError
 from ..kernels import PackedLinear, PackedMatrix, pack_linears
-from ..types import AttentionShape, ModelOutput
+from ..protocols import AttentionShape, ModelOutput
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -116,8 +116,8 @@ class HFTokenizer:
 
 
 class HFModel:
-    """One causal LM and its KV cache (``pacer_core.types.LanguageModel``), showing its weights and
-    layout to plugins as ``pacer_core.types.FeatureModel``."""
+    """One causal LM and its KV cache (``pacer_core.protocols.LanguageModel``), showing its weights and
+    layout to plugins as ``pacer_core.protocols.FeatureModel``."""
 
     def __init__(self, model: Any, eos_token_ids: Sequence[int] = (), name: str = "model"):
         transformers = _quiet_transformers()

@@ -166,7 +166,7 @@ class EagleDrafter:
         target = resources.target
         if not isinstance(target, FeatureModel):
             raise InputError(f"the eagle drafter reads its target's weights, which this target "
-                             f"({type(target).__name__}) does not show: give it a pacer_core.types.FeatureModel "
+                             f"({type(target).__name__}) does not show: give it a pacer_core.protocols.FeatureModel "
                              "such as pacer_core.hf.HFModel")
         embed, head = target.embedding_weights()
         device = embed.device

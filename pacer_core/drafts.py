@@ -1,0 +1,399 @@
+"""A step's draft: the blocks drafters propose (``DraftBlock``, with ``SideNodes`` off the main path),
+the ``Draft`` they make, and its ``TokenTree`` as the target scores it (with the tree algorithms the
+engine, verifiers and tree drafters share: paths, depths, masks, truncation and selection).
+
+Shapes are noted as ``# [n, vocab]`` comments; ``n`` is the number of draft tokens (``N`` the tree's
+nodes), ``vocab`` the model vocabulary.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Iterable, Optional, Sequence, Union
+
+import attrs
+import torch
+
+from .fields import tensor_field
+
+__all__ = ["Draft", "DraftBlock", "SideNodes", "TokenTree"]
+
+
+@attrs.frozen
+class SideNodes:
+    """Alternative draft tokens a block hangs off the draft's tree: the target scores them in the
+    same forward as the main path, and a tree verifier may accept a path through them.
+
+    ``parents[i]`` is the node each token continues, as an index into the whole draft tree
+    (``Draft.tree``: earlier nodes, this block's main-path nodes, or earlier side nodes of this
+    block), or -1 for the root (the last committed token). ``draft_probs`` row i is the draft's
+    distribution the token was chosen from (None: no distribution, a point mass). ``sampled``: the
+    tokens were drawn at random from their rows, siblings independently (None: as the block's
+    main-path tokens); False: chosen deterministically (top-k, lookup), verified as point masses.
+    """
+
+    tokens: torch.Tensor = tensor_field()  # [s] int64
+    parents: torch.Tensor = tensor_field()  # [s] int64
+    draft_probs: Optional[torch.Tensor] = tensor_field(default=None)  # [s, vocab]
+    sampled: Optional[bool] = None
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @classmethod
+    def trie(cls, phrases: Sequence[Sequence[int]], parent: int, first: int) -> Optional["SideNodes"]:
+        """Candidate phrases continuing node ``parent`` as a trie (shared prefixes merged, so no
+        two siblings repeat a token), its nodes numbered from ``first`` in the draft tree; None when
+        there are no phrases. Drafters without probabilities (phrase pools, lookup) use it."""
+        tokens: list[int] = []
+        parents: list[int] = []
+        index: dict[tuple[int, int], int] = {}  # (parent, token) -> node
+        for phrase in phrases:
+            at = parent
+            for token in map(int, phrase):
+                node = index.get((at, token))
+                if node is None:
+                    node = index[(at, token)] = first + len(tokens)
+                    tokens.append(token)
+                    parents.append(at)
+                at = node
+        if not tokens:
+            return None
+        return cls(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long), sampled=False)
+
+
+@attrs.frozen
+class DraftBlock:
+    """Tokens one ``pacer_propose`` call adds to the current draft.
+
+    The block's ``tokens`` continue the draft's **main path** (its chain: what stop policies judge).
+    ``draft_probs`` is the distribution each token was chosen from (after temperature, top-k and
+    top-p), or None for drafters without probabilities (n-gram, phrase pool): the verifier then
+    treats each token as a point mass. ``sampled`` says whether the tokens (and side nodes, unless
+    ``side.sampled`` says otherwise) were drawn at random from their ``draft_probs`` row, siblings
+    independently; False when they were chosen deterministically (top-k children, a greedy chain),
+    which the sampling verifier then treats as point masses (exact either way). ``hidden_states`` are the draft model's
+    hidden states that produced each main-path token (PACER reads them), or None. ``side`` holds
+    alternative tokens anywhere in the tree (a token tree's other candidates, Ouroboros' candidate
+    suffixes); the target scores them in the same forward. ``forwards`` counts the draft-model
+    forward passes the block cost (0 for model-free drafters).
+    """
+
+    tokens: torch.Tensor = tensor_field()  # [n] int64
+    draft_probs: Optional[torch.Tensor] = tensor_field(default=None)  # [n, vocab]
+    hidden_states: Optional[torch.Tensor] = tensor_field(default=None)  # [n, hidden]
+    side: Optional[SideNodes] = None
+    forwards: int = 0  # draft-model forwards spent on this block (reported in metrics)
+    sampled: bool = True
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+def _cat(parts: Sequence[Optional[torch.Tensor]], what: str) -> Optional[torch.Tensor]:
+    present = [p is not None for p in parts]
+    if not any(present):
+        return None
+    if not all(present):
+        raise ValueError(f"draft blocks disagree on whether they carry {what}")
+    return parts[0] if len(parts) == 1 else torch.cat(list(parts), dim=0)  # type: ignore[arg-type]
+
+
+@attrs.frozen
+class TokenTree:
+    """A draft as the target scores it: every node (main path and side nodes) with its parent.
+
+    Nodes are numbered block by block, each block's main-path tokens then its side nodes, so a
+    parent always precedes its children; -1 is the root (the last committed token). A chain is the
+    tree whose parents are -1, 0, 1, ... Row ``i + 1`` of the verifier's ``target_logits`` scores
+    the token after node i's root path; row 0 the token after the root.
+    """
+
+    tokens: torch.Tensor = tensor_field()  # [N] int64
+    parents: torch.Tensor = tensor_field()  # [N] int64, parents[i] < i
+    # [N, vocab] or None (point masses); or the row blocks that make it, in node order, joined on first
+    # read of ``draft_probs`` (a greedy tree step reads only ``token_probs`` and never pays the copy)
+    _draft_probs: Union[None, torch.Tensor, tuple[torch.Tensor, ...]] = tensor_field(alias="draft_probs")
+    sampled: torch.Tensor = tensor_field()  # [N] bool: drawn at random from its draft_probs row
+    main_path: tuple[int, ...] = ()  # the main path's node indices, root first
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @functools.cached_property
+    def draft_probs(self) -> Optional[torch.Tensor]:  # [N, vocab] or None
+        rows = self._draft_probs
+        if rows is None or isinstance(rows, torch.Tensor):
+            return rows
+        return rows[0] if len(rows) == 1 else torch.cat(list(rows), dim=0)
+
+    @functools.cached_property
+    def token_probs(self) -> Optional[torch.Tensor]:  # [N] float: q(token | its parent's path), or None
+        """Each node's draft probability ``draft_probs[i, tokens[i]]``, read without joining the rows."""
+        rows = self._draft_probs
+        if rows is None:
+            return None
+        if isinstance(rows, torch.Tensor):
+            return rows.gather(1, self.tokens[:, None].to(rows.device))[:, 0]
+        out, start = [], 0
+        for part in rows:
+            tokens = self.tokens[start: start + part.shape[0], None].to(part.device)
+            out.append(part.gather(1, tokens)[:, 0])
+            start += part.shape[0]
+        return torch.cat(out)
+
+    @functools.cached_property
+    def parent_list(self) -> list[int]:
+        """``parents`` as a list, read once."""
+        return self.parents.tolist()
+
+    @functools.cached_property
+    def depth_list(self) -> list[int]:
+        """``depths`` as a list (1 for the root's children)."""
+        depths = [0] * len(self)
+        for i, parent in enumerate(self.parent_list):
+            depths[i] = 1 if parent < 0 else depths[parent] + 1
+        return depths
+
+    @functools.cached_property
+    def depths(self) -> torch.Tensor:  # [N] int64, 1 for the root's children
+        return torch.tensor(self.depth_list, dtype=torch.long)
+
+    @functools.cached_property
+    def children(self) -> dict[int, list[int]]:
+        """Each node's children in node order (key -1: the root's)."""
+        children: dict[int, list[int]] = {-1: []}
+        for i, parent in enumerate(self.parent_list):
+            children.setdefault(parent, []).append(i)
+            children.setdefault(i, [])
+        return children
+
+    @functools.cached_property
+    def is_chain(self) -> bool:
+        """Every node is on the main path (side nodes continuing the main path's tip make a
+        chain-shaped tree that is not a chain: a chain verifier's ``accepted`` counts main-path nodes)."""
+        return len(self.main_path) == len(self) and bool((self.parents == torch.arange(len(self)) - 1).all())
+
+    def path_to(self, node: int) -> list[int]:
+        """Node indices from the root's child down to ``node`` (empty for the root, -1)."""
+        path, parents = [], self.parent_list
+        while node >= 0:
+            path.append(node)
+            node = parents[node]
+        return path[::-1]
+
+    def ancestor_mask(self) -> torch.Tensor:
+        """[N, N] bool: node i may attend to node j (j is i or one of its ancestors)."""
+        n = len(self)
+        eye = torch.eye(n, dtype=torch.bool)
+        if not n:
+            return eye
+        # every node at once, one level per pass: a node sees itself and what its parent sees
+        up, has = self.parents.clamp_min(0), (self.parents >= 0)[:, None]  # [N], [N, 1]
+        mask = eye
+        for _ in range(max(self.depth_list) - 1):
+            mask = eye | (mask[up] & has)
+        return mask
+
+
+@attrs.frozen
+class Draft:
+    """The draft of the current step: the blocks proposed so far, a token tree.
+
+    ``tokens``, ``draft_probs`` and ``hidden_states`` are the **main path** (the blocks' tokens
+    concatenated, computed once per draft on first use): the chain stop policies judge, and the
+    whole draft for chain drafters. ``len(draft)`` is its length, the draft's depth. Side nodes
+    make the draft a tree; ``tree`` shows every node for the engine and the verifier. A stop
+    policy that looks only at the latest block should read ``draft.blocks[-1]`` (or slice with
+    ``draft.last_block``), which costs nothing. ``block_starts`` holds the index of each block's
+    first main-path token.
+    """
+
+    blocks: tuple[DraftBlock, ...] = ()
+
+    def __len__(self) -> int:
+        return self.length
+
+    @functools.cached_property
+    def length(self) -> int:
+        """Main-path tokens (``len(draft)``), counted once: the engine and drafters ask often."""
+        return sum(len(b) for b in self.blocks)
+
+    @functools.cached_property
+    def tokens(self) -> torch.Tensor:  # [n] int64
+        if not self.blocks:
+            return torch.empty(0, dtype=torch.long)
+        return _cat([b.tokens for b in self.blocks], "tokens")
+
+    @functools.cached_property
+    def draft_probs(self) -> Optional[torch.Tensor]:  # [n, vocab]
+        return _cat([b.draft_probs for b in self.blocks], "draft_probs")
+
+    @functools.cached_property
+    def hidden_states(self) -> Optional[torch.Tensor]:  # [n, hidden]
+        return _cat([b.hidden_states for b in self.blocks], "hidden_states")
+
+    @functools.cached_property
+    def num_nodes(self) -> int:
+        """Main-path tokens plus side nodes: what the target scores."""
+        return sum(len(b) + (len(b.side) if b.side is not None else 0) for b in self.blocks)
+
+    @property
+    def depth(self) -> int:
+        """The deepest node's depth: ``len(draft)`` for a chain, deeper with side nodes below the tip."""
+        if all(b.side is None for b in self.blocks):
+            return len(self)
+        return max(self.tree.depth_list)
+
+    @functools.cached_property
+    def path_nodes(self) -> tuple[int, ...]:
+        """The tree node index (``Draft.tree``) of each main-path token."""
+        nodes, total = [], 0
+        for block in self.blocks:
+            nodes.extend(range(total, total + len(block)))
+            total += len(block) + (len(block.side) if block.side is not None else 0)
+        return tuple(nodes)
+
+    @functools.cached_property
+    def tree(self) -> TokenTree:
+        """Every node of the draft with its parent, in node order (see ``TokenTree``)."""
+        tokens, probs = [], []
+        parents: list[int] = []  # read and built as lists: a few small tensors per block cost more
+        sampled: list[bool] = []
+        tip, total = -1, 0
+        has_probs = [b.draft_probs is not None for b in self.blocks]
+        for block in self.blocks:
+            n = len(block)
+            tokens.append(block.tokens)
+            if n:
+                parents.append(tip)
+                parents.extend(range(total, total + n - 1))
+                tip = total + n - 1
+            probs.append(block.draft_probs)
+            side = block.side
+            s = 0 if side is None else len(side)
+            sampled.extend([bool(block.sampled)] * n)
+            if s:
+                side_parents = side.parents.tolist()
+                if any(p >= total + n + j or p < -1 for j, p in enumerate(side_parents)):
+                    raise ValueError("a side node's parent must be an earlier node of the draft tree, or -1")
+                side_sampled = block.sampled if side.sampled is None else side.sampled
+                side_probs = side.draft_probs
+                if side_probs is None and block.draft_probs is not None:
+                    if side_sampled:
+                        raise ValueError("sampled side nodes must carry the draft_probs they were drawn from")
+                    side_probs = torch.zeros(s, block.draft_probs.shape[1])  # point masses: never read
+                elif side_probs is not None and block.draft_probs is None:
+                    raise ValueError("a block's side nodes carry draft_probs but its tokens do not")
+                tokens.append(side.tokens)
+                parents.extend(side_parents)
+                probs.append(side_probs)
+                sampled.extend([bool(side_sampled)] * s)
+            total += n + s
+        if not self.blocks:
+            empty = torch.empty(0, dtype=torch.long)
+            return TokenTree(empty, empty.clone(), None, torch.empty(0, dtype=torch.bool))
+        if any(has_probs) and not all(has_probs):
+            raise ValueError("draft blocks disagree on whether they carry draft_probs")
+        # the rows are joined on first read of ``TokenTree.draft_probs`` (checked above: all present or none)
+        return TokenTree(torch.cat(tokens), torch.tensor(parents, dtype=torch.long),
+                         tuple(probs) if has_probs[0] else None, torch.tensor(sampled, dtype=torch.bool),
+                         self.path_nodes)
+
+    @property
+    def block_starts(self) -> tuple[int, ...]:
+        starts, total = [], 0
+        for block in self.blocks:
+            starts.append(total)
+            total += len(block)
+        return tuple(starts)
+
+    @property
+    def forwards(self) -> int:
+        """Draft-model forwards spent on this draft (blocks cut off by ``truncate`` included)."""
+        return sum(b.forwards for b in self.blocks)
+
+    @property
+    def last_block(self) -> slice:
+        """Index range of the latest block (empty slice for an empty draft)."""
+        return slice(len(self) - len(self.blocks[-1]) if self.blocks else 0, len(self))
+
+    def extend(self, block: DraftBlock) -> "Draft":
+        return Draft(self.blocks + (block,))
+
+    def truncate(self, length: int) -> "Draft":
+        """The tree cut at depth ``length``: the first ``length`` main-path tokens and the side nodes
+        no deeper than that (whose ancestors are kept). Forwards spent on the cut tokens stay
+        counted (on the last kept block)."""
+        tree = self.tree
+        if not len(tree) or max(tree.depth_list) <= length:
+            return self
+        return self.select(i for i, depth in enumerate(tree.depth_list) if depth <= length)
+
+    def select(self, nodes: Iterable[int]) -> "Draft":
+        """The draft with only the tree nodes ``nodes`` (indices into ``tree``) and none whose
+        ancestor is left out: a main-path token goes with every later one, a side node with its
+        subtree. Nodes are renumbered in the same order; forwards spent on the dropped nodes stay
+        counted (on the last kept block). A node's sampled children go or stay together: dropping some
+        of several candidates drawn from one distribution would bias their rejection."""
+        tree = self.tree
+        wanted = set(int(i) for i in nodes)
+        if not len(tree) or wanted.issuperset(range(len(tree))):
+            return self
+        parents = tree.parent_list
+        keep = [False] * len(tree)
+        for i, parent in enumerate(parents):  # parents precede children
+            keep[i] = i in wanted and (parent < 0 or keep[parent])
+        sampled_kept: dict[int, set[bool]] = {}  # per parent: whether its sampled children are kept
+        for i, (parent, sampled) in enumerate(zip(parents, tree.sampled.tolist())):
+            if sampled:
+                sampled_kept.setdefault(parent, set()).add(keep[i])
+        split = next((parent for parent, kept in sampled_kept.items() if len(kept) > 1), None)
+        if split is not None:
+            raise ValueError(f"a selection keeps some of node {split}'s sampled children and drops others: "
+                             "candidates drawn from one distribution must be kept or dropped together")
+        old_to_new, kept_blocks, total, next_index = {-1: -1}, [], 0, 0
+        for block in self.blocks:
+            n = len(block)
+            unshifted = next_index == total  # nothing dropped before this block: its numbering stands
+            take = 0
+            while take < n and keep[total + take]:
+                take += 1
+            for i in range(take):
+                old_to_new[total + i] = next_index + i
+            next_index += take
+            side = block.side
+            new_side = None
+            rows: list[int] = []
+            if side is not None and len(side):
+                new_parents = []  # in order: a side node's parent may be an earlier side node of this block
+                for j, parent in enumerate(side.parents.tolist()):
+                    if keep[total + n + j] and parent in old_to_new:
+                        rows.append(j)
+                        new_parents.append(old_to_new[parent])
+                        old_to_new[total + n + j] = next_index
+                        next_index += 1
+                if unshifted and take == n and len(rows) == len(side):
+                    kept_blocks.append(block)  # kept whole, numbered as before
+                    total += n + len(side)
+                    continue
+                if rows:
+                    index = torch.tensor(rows, dtype=torch.long)
+                    new_side = SideNodes(side.tokens[index], torch.tensor(new_parents),
+                                         None if side.draft_probs is None else side.draft_probs[index],
+                                         side.sampled)
+            elif unshifted and take == n and side is None:
+                kept_blocks.append(block)
+                total += n
+                continue
+            if take or new_side is not None or not kept_blocks:
+                kept_blocks.append(DraftBlock(
+                    block.tokens[:take],
+                    None if block.draft_probs is None else block.draft_probs[:take],
+                    None if block.hidden_states is None else block.hidden_states[:take],
+                    new_side, block.forwards, block.sampled,
+                ))
+            total += n + (len(side) if side is not None else 0)
+        cut = self.forwards - sum(b.forwards for b in kept_blocks)
+        kept_blocks[-1] = attrs.evolve(kept_blocks[-1], forwards=kept_blocks[-1].forwards + cut)
+        return Draft(tuple(kept_blocks))

@@ -1,0 +1,92 @@
+"""What the engine and plugins need of a model: ``LanguageModel`` (a causal LM with its KV cache) and
+``FeatureModel`` (one that also shows its weights and layout), implemented by ``pacer_core.hf.HFModel``
+and, in tests, ``pacer_core.testing.ScriptedLM``; only the model adapter imports transformers."""
+
+from __future__ import annotations
+
+from typing import Optional, Protocol, Sequence, Union, runtime_checkable
+
+import attrs
+import torch
+
+from .fields import tensor_field
+
+__all__ = ["AttentionShape", "FeatureModel", "LanguageModel", "ModelOutput"]
+
+
+@attrs.frozen
+class ModelOutput:
+    logits: torch.Tensor = tensor_field()  # [k, vocab] float32, on the model's device (docs/gpu.md)
+    hidden_states: Optional[torch.Tensor] = tensor_field(default=None)  # [k, hidden] or [k, layers × hidden]
+
+
+class LanguageModel(Protocol):
+    """What the engine and drafters need of a causal LM with a KV cache (see ``hf.HFModel``).
+
+    The model adapter owns the cache and the token ids in it (``cached_tokens``).
+    """
+
+    vocab_size: int
+    hidden_size: int
+    max_length: int
+    eos_token_ids: frozenset[int]
+    num_forwards: int  # forward passes so far (the engine reports the target's)
+    # a content hash of the weights: components trained for one model (a feature draft, PACER's M_B)
+    # compare it with the one they were trained for; None when unknown (models built in memory)
+    digest: Optional[str]
+    dtype: torch.dtype  # of the weights (the logits are float32 whatever it is)
+    device: torch.device  # where forward's outputs live (docs/gpu.md)
+
+    @property
+    def cached_tokens(self) -> Sequence[int]: ...
+
+    def forward(
+        self,
+        tokens: Sequence[int],
+        *,
+        positions: Optional[torch.Tensor] = None,
+        tree_mask: Optional[torch.Tensor] = None,
+        logits_from: int = 0,
+        hidden: Union[bool, Sequence[int]] = False,
+    ) -> ModelOutput:
+        """Run ``tokens`` after the cached ones (appending them to the cache): logits [k - logits_from,
+        vocab]; hidden states of all k rows when ``hidden``: True = the last layer's (after the final
+        norm) [k, hidden]; a sequence of decoder-layer indices = the input of each of those layers
+        (i = 0 the embeddings), concatenated in order: [k, len(layers) × hidden]. Both stay on the
+        model's device: reading their values on the host (``tolist``, ``int``, ``.cpu()``) waits for
+        a GPU, so a caller reads only what it needs, once (docs/gpu.md)."""
+        ...
+
+    def crop(self, length: int, rows: Sequence[int] = ()) -> None:
+        """Keep the first ``length`` cached positions, then the cached ``rows`` (ascending indices
+        ≥ ``length``: an accepted tree path) moved into the positions after them; drop the rest."""
+        ...
+
+    def reset(self) -> None: ...
+
+
+@attrs.frozen
+class AttentionShape:
+    """The attention layout of a model's decoder layers (a feature-level draft copies its target's)."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float
+    rms_eps: float  # epsilon of the RMS norms
+
+
+@runtime_checkable
+class FeatureModel(LanguageModel, Protocol):
+    """A ``LanguageModel`` that also shows its weights and layout: what feature-level drafts (``eagle``)
+    and the trainers distilling drafts from a target read (see ``hf.HFModel``). ``hidden_size`` (from
+    ``LanguageModel``) is the width of its hidden states and embeddings."""
+
+    num_layers: int  # decoder layers
+    packed_weights: bool  # its linear layers multiply with packed weights (``pacer_core.kernels``)
+
+    def embedding_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input embeddings [vocab, hidden], output layer [vocab, hidden]), shared, not copied."""
+        ...
+
+    def attention_shape(self) -> AttentionShape: ...
