@@ -168,7 +168,7 @@ def tiny_models(shape: Shape, folder: Path, seed: int = 0) -> tuple[Any, Any, di
     draft and a random PACER M_B for it (paths["EAGLE"], paths["MB"])."""
     import copy
 
-    from feature_draft.distill import _attention_shape
+    from feature_draft.students import _attention_shape
     from feature_draft.model import ArchConfig, FeatureDraft
     from pacer_core.hf.tiny import tiny_llama, tiny_model
     from pacer_stop.model import PreVerifier, PreVerifierArch

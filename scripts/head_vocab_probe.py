@@ -42,7 +42,8 @@ def score_sequence(net, embed, head_full, tokens, feats, first: int, heads: dict
     (the draft's subset and the tokens seen; the only head the priors apply to). feats [L, d]: the
     target's last-layer states."""
     from feature_draft.agreement import add_lookup_bonus, chain_hits, context_columns
-    from feature_draft.distill import target_greedy, unrolled_features
+    from feature_draft.features import target_greedy
+    from feature_draft.students import unrolled_features
     from feature_draft.model import draft_logits
 
     vocab = head_full.shape[0]

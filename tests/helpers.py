@@ -147,7 +147,7 @@ def greedy_pair(scale: float, prompts: list[list[int]], budget: int):
 def make_draft(target_model, folder, seed=0, digest=None, extra_layers=0, subset_size=48):
     """A random feature-level (``eagle``) draft for the tiny ``target_model``, saved in ``folder``
     (``extra_layers``: decoder layers after the first), whose vocabulary is tokens 0..subset_size-1."""
-    from feature_draft.distill import _attention_shape
+    from feature_draft.students import _attention_shape
     from feature_draft.model import ArchConfig, FeatureDraft
 
     target = adapter(target_model)
@@ -485,7 +485,8 @@ def student_target():
 
 def student(kind: str, target) -> torch.nn.Module:
     """kind: feature, eagle3, or feature-deep (a feature student with two decoder layers)."""
-    from feature_draft.distill import DistillConfig, build_student
+    from feature_draft.distill import DistillConfig
+    from feature_draft.students import build_student
 
     cfg = DistillConfig()
     cfg.student.kind, cfg.student.intermediate_size = kind.removesuffix("-deep"), 64

@@ -14,8 +14,10 @@ import torch
 from pacer_core import Engine, InputError, load_config
 from helpers import EOS, adapter, reference_greedy, tiny_llama
 
-from feature_draft.distill import (DistillConfig, batch_ids, build_student, draft_loss, extract_feature_sets, extract_features,
-                                   load_distill_config, run_distill, train, unrolled_features, vocab_coverage)
+from feature_draft.distill import DistillConfig, load_distill_config, run_distill, vocab_coverage
+from feature_draft.features import extract_feature_sets, extract_features
+from feature_draft.students import build_student, draft_loss, train, unrolled_features
+from pacer_train.distillation import batch_ids
 from feature_draft.model import Eagle3Draft, FeatureDraft, KVCache, load_draft
 
 LAYERS = [0, 1, 2]  # the tiny target has 3 decoder layers: the inputs of each
@@ -291,7 +293,7 @@ def test_a_draft_grows_deeper_from_a_shallower_init_and_starts_where_it_was(tiny
     """``student.extra_layers`` with ``init=`` a one-layer draft: the new layer starts as the identity,
     so the grown draft predicts exactly what its init did; training then moves it. A deeper init is
     refused for a shallower student, in one line."""
-    from feature_draft.distill import load_init
+    from feature_draft.students import load_init
 
     model, distill = tiny_distill
     feature = ("student.kind=feature", "student.fused_layers=null")
@@ -375,8 +377,9 @@ def test_selfdistill_extra_adds_whole_corpus_folders_and_records_each(tmp_path):
     """``corpus.selfdistill_extra``: more corpus folders (e.g. one of open-ended chat only) join the
     training text beside ``corpus.selfdistill``; each is recorded, and M_B's trainer keeps its
     prompts apart from them as from the main corpus."""
-    from feature_draft.distill import CorpusConfig, build_corpus
+    from feature_draft.distill import build_corpus
     from feature_draft.selfdistill.shards import CorpusStore
+    from pacer_train.corpus.sources import CorpusConfig
     from pacer_stop import train as trainer
 
     def corpus(folder, answers, family):
@@ -486,7 +489,7 @@ def test_the_gpu_script_refuses_a_bad_corpus_share_in_one_line(share):
 def test_the_shipped_draft_can_be_continued():
     """init= the shipped draft: its weights, its subset, the tokens it has seen and its scaling curve
     carry over; a student of another width is refused in one line."""
-    from feature_draft.distill import load_init
+    from feature_draft.students import load_init
     from feature_draft.drafter import DEFAULT_DRAFT
     from feature_draft.model import ArchConfig
 

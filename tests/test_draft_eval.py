@@ -17,7 +17,7 @@ from helpers import adapter, brute_successors, reference_greedy, student, studen
 
 from feature_draft.agreement import (chain_hits, draft_hits, load_config, run_draft_eval, summarize, summarize_kinds,
                                      token_kind)
-from feature_draft.distill import target_greedy
+from feature_draft.features import target_greedy
 from feature_draft.model import KVCache, draft_logits
 from feature_draft.priors import CorpusSuccessors, corpus_bonus
 

@@ -86,7 +86,8 @@ def feature_folder(target_model, folder: Path, extra_layers: int = 0) -> Path:
 def eagle3_folder(target_model, folder: Path) -> Path:
     """An EAGLE-3 student (``pacer distill student.kind=eagle3``'s network) for an 8-layer target,
     fusing EAGLE-3's layers 2, 4, 5, over 48 of the 64 ids."""
-    from feature_draft.distill import DistillConfig, build_student
+    from feature_draft.distill import DistillConfig
+    from feature_draft.students import build_student
 
     cfg = DistillConfig()
     cfg.student.kind, cfg.student.intermediate_size = "eagle3", FFN  # fused_layers unset: EAGLE-3's

@@ -15,9 +15,9 @@ from pacer_core.testing import chisquare_pvalue
 from helpers import (EOS, LENGTH, PASS_P, adapter, bigram, brute_successors, engine_for, make_draft, reference_greedy,
                      sample_outputs, single_thread, tiny_llama)
 
-from feature_draft.distill import DistillConfig, draft_loss, frequent_tokens, train
+from feature_draft.distill import DistillConfig, frequent_tokens
 from feature_draft.model import ArchConfig, FeatureDraft, KVCache
-from feature_draft.distill import _attention_shape
+from feature_draft.students import _attention_shape, draft_loss, train
 
 
 def eagle_engine(target_model, folder, stop="{name: fixed, gamma: 3}", extra=(), plugins=(), digest=None):
@@ -219,7 +219,7 @@ def test_recipe_guard_takes_options_added_later_at_their_default(tmp_path):
 
 # -- the token-level student (`pacer distill student.kind=token`) ---------------------------------
 def test_token_student_learns_and_resumes_from_its_own_checkpoint(tmp_path):
-    from feature_draft.distill import train_token
+    from pacer_train.token_student import train_token
 
     cfg, target, tokens, features, subset = _tiny_training_setup(tmp_path, epochs=2)
     cfg.student.kind, cfg.student.layers = "token", [0, -1]
@@ -237,7 +237,7 @@ def test_token_student_learns_and_resumes_from_its_own_checkpoint(tmp_path):
 
 
 def test_token_loss_is_the_soft_cross_entropy_to_the_target():
-    from feature_draft.distill import token_loss
+    from pacer_train.token_student import token_loss
     from pacer_core.hf import student_from_target
 
     target = adapter(tiny_llama(0, hidden=32))

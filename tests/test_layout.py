@@ -250,7 +250,6 @@ MAX_LINES = 600  # a module longer than this is split along a seam (tests/ excep
 OVER_MAX_LINES = {
     "plugins/pacer_stop/train.py",
     "plugins/feature_draft/selfdistill/stream.py",
-    "plugins/feature_draft/distill.py",
 }
 SKIPPED_FOLDERS = {"tests", "runs", "build", "dist", "node_modules", "__pycache__"}  # and hidden ones
 
@@ -409,3 +408,15 @@ def test_the_test_folder_check_catches_what_it_forbids(tmp_path):
         "test_a.py:2 changes sys.path", "test_a.py:3 imports the test module test_b.f",
         "test_b.py:3 imports the test module .test_a", "test_b.py:4 imports the test module tests.conftest",
         "test_b.py:5 changes sys.path", "test_b.py:6 sets torch's thread count"]
+
+
+def test_the_training_package_imports_no_plugin(graph):
+    """pacer_train serves the plugins' trainers (``pacer distill``, ``pacer train-preverify``): what they
+    share lives there (corpus-making, the run folder, the distillation loop, the token-level student),
+    so it never reaches back into a plugin."""
+    modules, lines = graph
+    plugins = {name for name, folder in _packages().items() if folder.parent == PLUGINS}
+    bad = [f"{m} imports {t} (line {lines[m, t]})" for m, targets in sorted(modules.items()) if _top(m) == "pacer_train"
+           for t in sorted(targets) if _top(t) in plugins]
+    assert not bad, "pacer_train must import only pacer_core and libraries: " + "; ".join(bad)
+    assert any(_top(m) == "pacer_train" for m in modules), "the scan should see pacer_train"

@@ -38,7 +38,7 @@ from pacer_core.schema import load_schema
 
 from pacer_train import atomic_write_json
 
-from .distill import target_greedy
+from .features import target_greedy
 from .model import MANIFEST, Eagle3Draft, draft_logits, load_draft
 from .priors import CorpusSuccessors, SuccessorIndex, path_bonus
 
@@ -227,7 +227,7 @@ def draft_hits(net, embed: torch.Tensor, head_full: torch.Tensor, tokens: torch.
     the tokens read; ``lookup_bias``, the n-gram successor priors (``priors.lookup_bonus``: row t has read
     x_0..x_{t+1}, its position j drafts after x_{t+j}); ``corpus_bias``, the corpus prior over ``corpus``
     (``priors.corpus_bonus``). → [L-1, depth]."""
-    from .distill import unrolled_features
+    from .students import unrolled_features
 
     inputs = feats[None, :-1] if fused is None else net.fuse(fused[None, :-1])
     steps = unrolled_features(net, embed, tokens[None], inputs, depth)
