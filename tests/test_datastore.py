@@ -313,7 +313,7 @@ def test_corpus_files(tmp_path):
 
 def _corpus_folder(folder, digest="f00d"):
     """A two-answer corpus folder as `pacer corpus` writes it (prompt, then the target's answer)."""
-    from feature_draft.selfdistill.shards import CorpusStore
+    from pacer_train.corpus.shards import CorpusStore
 
     store = CorpusStore(folder)
     store.set_header({"seed": 0}, {"path": "scripted", "digest": digest}, {})
@@ -350,7 +350,7 @@ def test_a_corpus_folder_gives_the_targets_answers_after_their_prompts_tail(tmp_
 
 def test_the_shipped_corpus_is_the_embedded_targets_answers():
     from datastore.plugin import load_corpus
-    from feature_draft.selfdistill.shards import CorpusStore
+    from pacer_train.corpus.shards import CorpusStore
     from pathlib import Path
 
     import feature_draft

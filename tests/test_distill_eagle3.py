@@ -350,7 +350,7 @@ def test_the_time_budget_stops_training_exports_and_the_same_command_continues(t
 def test_selfdistill_from_reads_the_corpus_from_that_shard_on_and_records_it(tmp_path):
     """``corpus.selfdistill_from``: a continuation trains on the shards its init has not seen."""
     from feature_draft.distill import selfdistill_stream
-    from feature_draft.selfdistill.shards import CorpusStore
+    from pacer_train.corpus.shards import CorpusStore
 
     store = CorpusStore(tmp_path / "corpus")
     store.set_header({"seed": 0}, {"path": "scripted", "digest": "f00d"}, {})
@@ -378,7 +378,7 @@ def test_selfdistill_extra_adds_whole_corpus_folders_and_records_each(tmp_path):
     training text beside ``corpus.selfdistill``; each is recorded, and M_B's trainer keeps its
     prompts apart from them as from the main corpus."""
     from feature_draft.distill import build_corpus
-    from feature_draft.selfdistill.shards import CorpusStore
+    from pacer_train.corpus.shards import CorpusStore
     from pacer_train.corpus.sources import CorpusConfig
     from pacer_stop import train as trainer
 

@@ -221,7 +221,7 @@ def test_tree_options_and_their_defaults_are_documented():
 
 def test_corpus_totals_in_the_docs_are_the_committed_corpus():
     """corpus.md's "Committed so far" line names the committed corpus's shards, answers and tokens."""
-    from feature_draft.selfdistill.shards import corpus_stats
+    from pacer_train.corpus.shards import corpus_stats
 
     stats = corpus_stats(DOCS.parent / "plugins" / "feature_draft" / "corpus")
     line = next(p for p in read("corpus.md").split("\n\n") if p.startswith("**Committed so far:**"))

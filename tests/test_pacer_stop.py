@@ -746,9 +746,9 @@ def test_a_draft_made_before_the_record_is_re_derived_from_its_recipe(tmp_path):
 
 def corpus_answering_with(folder: Path, texts: list[str]) -> Path:
     """A `pacer corpus` folder (fake target, byte ids) whose first answers are ``texts``."""
-    from feature_draft.selfdistill.command import Backend, CorpusConfig, run_corpus
-    from feature_draft.selfdistill.guard import BenchmarkGuard
-    from feature_draft.selfdistill.stream import Stream
+    from pacer_train.corpus.command import Backend, CorpusConfig, run_corpus
+    from pacer_train.corpus.guard import BenchmarkGuard
+    from pacer_train.corpus.stream import Stream
 
     queue = list(texts)
 
@@ -804,7 +804,7 @@ def test_the_shipped_drafts_record_their_corpus():
     """Each shipped draft records what its weights saw (its init chain included), and a
     self-distillation corpus it names is the committed one, shard for shard."""
     from feature_draft.drafter import DEFAULT_DRAFT
-    from feature_draft.selfdistill.shards import CorpusStore
+    from pacer_train.corpus.shards import CorpusStore
 
     root = Path(trainer.__file__).parents[2]
     token_draft = root / "plugins" / "pacer_builtins" / "default"

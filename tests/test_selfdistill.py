@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from pacer_core import InputError, cli
-from feature_draft.selfdistill import CorpusError, corpus_stats, iter_corpus
-from feature_draft.selfdistill.command import Backend, CorpusConfig, run_corpus
-from feature_draft.selfdistill.generate import answer_all
 from pacer_core.hf import greedy_batch
-from feature_draft.selfdistill.guard import BenchmarkGuard
-from feature_draft.selfdistill.stream import FAMILIES, PATTERN, Stream
+from pacer_train.corpus import CorpusError, corpus_stats, iter_corpus
+from pacer_train.corpus.command import Backend, CorpusConfig, run_corpus
+from pacer_train.corpus.generate import answer_all
+from pacer_train.corpus.guard import BenchmarkGuard
+from pacer_train.corpus.stream import FAMILIES, PATTERN, Stream
 
 from helpers import EOS, adapter, reference_greedy, tiny_llama
 
@@ -91,7 +91,7 @@ def test_guard_refuses_long_overlaps_and_short_whole_prompts():
 def test_the_real_guard_covers_the_benchmark_sets_and_the_stream_avoids_them(stream):
     guard = BenchmarkGuard.from_benchmarks()
     assert guard.describe()["prompts"] >= 1700
-    from feature_draft.selfdistill.guard import _prompt_sets  # wherever the prompt sets live
+    from pacer_train.corpus.guard import _prompt_sets  # wherever the prompt sets live
 
     for name in ("humaneval", "gsm8k", "mtbench", "summarization", "code_editing"):
         prompt = _prompt_sets()[name]()[0]
@@ -126,7 +126,7 @@ def test_the_real_backend_loads_the_target_and_warns_where_its_dtype_is_slow_for
     """``load_backend``: the target's digest, device and dtype recorded, its greedy batches as the
     target's own, and one warning line where the dtype is slow for many rows on this CPU."""
     import pacer_core.hf as hf
-    import feature_draft.selfdistill.command as command
+    import pacer_train.corpus.command as command
 
     model = tiny_llama(3, scale=4.0)
     target = adapter(model)
@@ -285,7 +285,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
 
 
 def test_an_out_folder_that_cannot_be_written_is_refused_before_generating(tmp_path, capsys, monkeypatch):
-    from feature_draft.selfdistill import command as corpus_command
+    from pacer_train.corpus import command as corpus_command
     from helpers import bad_out_folders
 
     monkeypatch.setattr(corpus_command, "load_backend", lambda cfg: pytest.fail("the target loaded first"))

@@ -101,7 +101,7 @@ def _self_distillation(path: str):
     """(folder, ``CorpusStore``) of ``shipped`` or a corpus folder."""
     try:
         import feature_draft
-        from feature_draft.selfdistill.shards import CorpusStore
+        from pacer_train.corpus.shards import CorpusStore
     except ImportError:  # pragma: no cover - both plugins ship in the same distribution
         raise InputError(f"datastore corpus '{path}' is a self-distillation corpus, which needs the "
                          "feature_draft plugin: install pacer-sd whole, or give a text or .json corpus") from None
@@ -111,9 +111,9 @@ def _self_distillation(path: str):
 
 
 def _target_answers(path: str, vocab_size: int, target_digest: Optional[str], prompt_tail: int) -> list[list[int]]:
-    """The answers of a self-distillation corpus folder (``feature_draft.selfdistill``; its shards'
+    """The answers of a self-distillation corpus folder (``pacer_train.corpus``; its shards'
     checksums are verified on reading), each after its prompt's last ``prompt_tail`` tokens."""
-    from feature_draft.selfdistill.shards import iter_corpus
+    from pacer_train.corpus.shards import iter_corpus
 
     folder, store = _self_distillation(path)
     written_by = store.manifest.get("target") or {}

@@ -183,8 +183,8 @@ def selfdistill_stream(folder: Path, target, first_shard: int = 0,
     record of what was read: the folder, the digest of the target that wrote it, the shards read
     (name, sha256) and the record count. A corpus another target wrote, or a ``first_shard`` past its
     last shard, is refused in one line."""
-    from .selfdistill import iter_corpus
-    from .selfdistill.shards import CorpusStore
+    from pacer_train.corpus import iter_corpus
+    from pacer_train.corpus.shards import CorpusStore
 
     store = CorpusStore(folder, create=False)
     written_by = (store.manifest.get("target") or {}).get("digest")

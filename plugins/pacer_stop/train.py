@@ -2,7 +2,7 @@
 
 Stages (each resumes from what is in ``out``):
 1. items    — prompts from an offline corpus (``items.json``): instructions this project ships
-              (feature_draft/instructions.py, chat template applied), and passages of Python
+              (pacer_train/corpus/instructions.py, chat template applied), and passages of Python
               standard-library source and ``pydoc_data`` prose (the target continues them); the
               instructions, files and topics the draft was distilled on, as its manifest records them
               (``corpus_sources``, written by ``pacer distill``), are skipped. No benchmark prompts.
@@ -275,8 +275,8 @@ class CorpusGuard:
     pointed at the draft's training text)."""
 
     def __init__(self, folders: list[Path], tokenizer):
-        from feature_draft.selfdistill import iter_corpus
-        from feature_draft.selfdistill.guard import NGRAM, BenchmarkGuard, words
+        from pacer_train.corpus import iter_corpus
+        from pacer_train.corpus.guard import NGRAM, BenchmarkGuard, words
 
         texts = [(f"{folder.name}/{sample.id}", tokenizer.decode(part.tolist()))
                  for folder in folders for sample in iter_corpus(folder) for part in (sample.prompt, sample.answer)]
