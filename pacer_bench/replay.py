@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from pacer_core.calibration import Calibration
 from pacer_core.commands import command
 from pacer_core.costs import Profile, load_profile
 from pacer_core.errors import InputError
@@ -37,7 +38,7 @@ from pacer_core.errors import InputError
 from .answers import pair_key
 from .config import BASELINE
 from .oracle import analyse, is_tree_log, steps_from_metrics
-from .replay_trees import logged_trees, replay_shapes
+from .replay_trees import fit_calibration, logged_trees, replay_shapes
 from .replay_trees import markdown as tree_markdown
 
 ALL = "all"
@@ -100,8 +101,10 @@ def generation_seconds(record: dict, profile: Profile, kind: Optional[str]) -> f
     return seconds + int(m.get("pacer_checks", 0) or 0) * profile.preverify_s
 
 
-def predict(meta: dict, records: list[dict], profile: Profile) -> dict[str, Any]:
-    """Per prompt set (and ``all``) and stack: τ, the measured speedup and the predicted one."""
+def predict(meta: dict, records: list[dict], profile: Profile, calibration: Optional[Calibration] = None
+            ) -> dict[str, Any]:
+    """Per prompt set (and ``all``) and stack: τ, the measured speedup and the predicted one; on
+    logged trees, ``nodes: auto`` through ``calibration`` too when one is given."""
     units = {u["name"]: u for u in meta["units"]}
     baseline = [r for r in records if r["model_id"] == BASELINE]
     if not baseline:
@@ -142,7 +145,8 @@ def predict(meta: dict, records: list[dict], profile: Profile) -> dict[str, Any]
     for name, unit in units.items():  # stacks that logged their trees (the tree_log observer)
         logged = logged_trees(records, name)
         if logged:
-            out["trees"][name] = replay_shapes(logged, profile, drafter_kind(unit) or "feature")
+            out["trees"][name] = replay_shapes(logged, profile, drafter_kind(unit) or "feature",
+                                               calibration=calibration)
     return out
 
 
@@ -191,22 +195,39 @@ def markdown(prediction: dict) -> str:
 @command("replay", "predict a recorded bench run's speedups under device cost profiles (docs/costs.md)")
 def _setup_replay(p):
     p.add_argument("folder", metavar="RUN", help="a bench folder (pacer bench --out RUN)")
-    p.add_argument("--profile", "-p", action="append", required=True, metavar="NAME|FILE",
+    p.add_argument("--profile", "-p", action="append", metavar="NAME|FILE",
                    help="a cost profile: a shipped name, a file, or 'run' (the run's own probe and forward "
-                        "timings: this machine's measured profile) (repeatable)")
+                        "timings: this machine's measured profile) (repeatable; required unless only "
+                        "--save-calibration is asked)")
     p.add_argument("--host", metavar="FILE", help="price host time per step from this file's host_s instead "
                                                   "(`pacer bench-host --json FILE`, or a profile): this engine's "
                                                   "own host time in place of the profile's")
     p.add_argument("--json", action="store_true", help="print the predictions as JSON")
     p.add_argument("--save-profile", metavar="FILE", help="also write the run's own measured profile (--profile run) "
                                                           "as a profile file")
+    p.add_argument("--calibration", metavar="FILE", help="on logged trees, also price nodes: auto valuing nodes "
+                                                         "through this tree calibration (as the engine would)")
+    p.add_argument("--save-calibration", metavar="FILE", help="write a tree calibration fitted on every tree the "
+                                                              "run logged (tree_log), for tree.calibration or a draft "
+                                                              "folder's calibration.json (docs/trees.md)")
 
     def run(args) -> int:
+        from pacer_core import calibration as calibrations
+
         from .answers import load_run
 
-        # every profile checked before the run is read; RUN: the run's own measured profile
-        profiles = [None if p == RUN_PROFILE else load_profile(p) for p in args.profile]
+        if not args.profile and not args.save_calibration:
+            raise InputError("give a cost profile (--profile NAME|FILE|run), or --save-calibration FILE alone")
+        # every profile and calibration checked before the run is read; RUN: the run's own measured profile
+        profiles = [None if p == RUN_PROFILE else load_profile(p) for p in args.profile or ()]
+        given = calibrations.load(args.calibration) if args.calibration else None
         meta, records, cost_file = load_run(Path(args.folder))
+        if args.save_calibration:
+            fitted = run_calibration(meta, records, f"pacer replay {args.folder} --save-calibration "
+                                                    f"{args.save_calibration}")
+            calibrations.save(args.save_calibration, fitted)
+            if not profiles:
+                return 0
         profiles = [profile_from_run(meta, records, cost_file) if p is None else p for p in profiles]
         if args.save_profile:
             from pacer_core.costs import write_profile
@@ -216,7 +237,7 @@ def _setup_replay(p):
                                                               f"--save-profile {args.save_profile}`")
         if args.host:
             profiles = [with_host(p, args.host) for p in profiles]
-        predictions = [predict(meta, records, profile) for profile in profiles]
+        predictions = [predict(meta, records, profile, given) for profile in profiles]
         if args.json:
             json.dump(predictions, sys.stdout, indent=1)
             print()
@@ -225,6 +246,43 @@ def _setup_replay(p):
         return 0
 
     return run
+
+
+def run_calibration(meta: dict, records: list[dict], source: str) -> Calibration:
+    """A tree calibration fitted on every tree the run's stacks logged (``tree_log``), naming the
+    draft they grew them with (the draft folder the stacks' eagle drafter read, as it is now).
+    ``InputError`` without logged trees, or when they come from several drafts or a drafter other
+    than an eagle draft ``pacer distill`` wrote."""
+    units = {u["name"]: u for u in meta["units"]}
+    logged = {name: logged_trees(records, name) for name in units}
+    logged = {name: steps for name, steps in logged.items() if steps}
+    if not logged:
+        raise InputError("the run holds no logged trees: bench a tree stack with the tree_log observer "
+                         "(observers: [{name: metrics}, {name: tree_log}], as docs/results/replay/trees.yaml does)")
+    identities = {unit_draft_identity(units[name]) for name in logged}
+    if len(identities) > 1:
+        raise InputError(f"the run's trees come from several drafts ({', '.join(sorted(identities))}): a calibration "
+                         "fits one; bench one draft's tree stacks")
+    return fit_calibration([s for steps in logged.values() for s in steps], draft=identities.pop(), source=source)
+
+
+def unit_draft_identity(unit: dict) -> str:
+    """The identity of the eagle draft a bench unit's drafter (or a hybrid's main member) reads."""
+    drafter = unit_drafter(unit)
+    if drafter.get("name") == "hybrid":
+        models = [m for m in drafter.get("members") or [] if isinstance(m, dict) and m.get("name") in DRAFTER_KINDS]
+        drafter = models[0] if models else {}
+    if drafter.get("name") != "eagle":
+        raise InputError(f"stack '{unit.get('name')}' logged trees with a {drafter.get('name') or 'non-model'} drafter: "
+                         "a tree calibration names an eagle draft; log an eagle tree stack")
+    from feature_draft.drafter import draft_folder, draft_identity
+    from feature_draft.model import MANIFEST
+
+    folder = draft_folder(drafter.get("path"))
+    if not (folder / MANIFEST).exists():
+        raise InputError(f"stack '{unit.get('name')}' read the published checkpoint '{folder}': a tree calibration "
+                         "names a draft `pacer distill` wrote; log such a draft's trees")
+    return draft_identity(folder)
 
 
 def _is_fixed_chain(unit: dict) -> bool:

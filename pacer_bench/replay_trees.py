@@ -11,7 +11,9 @@ sends, so from one recording (noise-free, no clock):
   ``pacer_core.trees.grow_level`` keeps them), sending every node or its best ``n``
   (``pacer_core.trees.best_nodes``' rule);
 - **auto** sends what ``nodes: auto`` sends (``pacer_core.trees.NodeBudget`` itself, its rate carried
-  along the steps);
+  along the steps), valuing nodes by their raw cumulative draft probability, by a calibration
+  (``pacer_core.calibration``) fitted on the other half of the prompts' logged trees, or by a given
+  calibration file (what the engine would use);
 - the **oracles** draft exactly the accepted chain (γ ≤ the logged depth) or path.
 
 A step costs ``host + levels × one draft forward (over the previous level's width) + verify(1 + sent)``
@@ -26,8 +28,10 @@ from typing import Any, Callable, Optional, Sequence
 import attrs
 import torch
 
+from pacer_core import calibration as calibrations
+from pacer_core.calibration import Calibration
 from pacer_core.costs import Profile
-from pacer_core.trees import NodeBudget, TreeConfig
+from pacer_core.trees import NodeBudget, TreeConfig, node_values
 from pacer_core.drafts import TokenTree
 
 
@@ -93,12 +97,16 @@ def best(step: LoggedTree, nodes: Sequence[int], n: int) -> set[int]:
     return set(sorted(nodes, key=lambda i: (-cp[i], i))[:n])
 
 
+LOGGED_ZERO = 1e-12  # what a q logged as 0 stands for (tree_log keeps 6 decimals)
+
+
 def _subtree(step: LoggedTree, nodes: Sequence[int]) -> TokenTree:
     """``nodes`` of the logged tree as a ``TokenTree`` whose draft probabilities give each node its
     logged q (what ``NodeBudget`` reads)."""
     index = {old: new for new, old in enumerate(nodes)}
     parents = torch.tensor([index.get(step.parents[i], -1) for i in nodes], dtype=torch.long)
-    probs = torch.tensor([[step.q[i]] for i in nodes], dtype=torch.float64)  # [N, 1]: every token is 0
+    # a q the log rounded to 0 (below 5e-7) is a draft node all but never accepted, not a point mass
+    probs = torch.tensor([[step.q[i] or LOGGED_ZERO] for i in nodes], dtype=torch.float64)  # [N, 1]: every token is 0
     return TokenTree(torch.zeros(len(nodes), dtype=torch.long), parents, probs, torch.zeros(len(nodes), dtype=torch.bool))
 
 
@@ -137,54 +145,36 @@ def tree_policy(pricer: Pricer, topk: int, depth: int, n: Optional[int] = None) 
     return step
 
 
-def auto_policy(pricer: Pricer, topk: int, depth: int) -> Policy:
+def auto_policy(pricer: Pricer, topk: int, depth: int,
+                calibration_of: Optional[Callable[[LoggedTree], Optional[Calibration]]] = None) -> Policy:
     """What ``tree: {topk, depth, nodes: auto}`` sends under the profile (``NodeBudget``, its rate
-    carried from step to step as in a generation)."""
+    carried from step to step as in a generation), valuing each step's nodes through
+    ``calibration_of(step)`` (``pacer_core.trees.node_values``; None: raw probabilities)."""
     budget = NodeBudget(TreeConfig(topk=topk, depth=depth, nodes="auto"), "replay",
                         pricer.profile.cost_model(pricer.kind))
 
     def step(s: LoggedTree) -> tuple[int, float]:
         grown = shape(s, topk, depth)
-        chosen = budget.select(_subtree(s, grown))
+        tree = _subtree(s, grown)
+        table = calibration_of(s) if calibration_of is not None else None
+        chosen = budget.select(tree, None if table is None else node_values(tree, calibration=table))
         sent = set(grown) if chosen is None else {grown[i] for i in chosen}
         levels = min(depth, max(s.depths))
         return accepted(s, sent) + 1, pricer.tree(levels, topk, len(sent))
     return step
 
 
-def fit_calibration(steps: Sequence[LoggedTree], bins: int = 12, max_depth: int = 6) -> dict[int, list[tuple[float, float]]]:
-    """P(a node is accepted | its depth, its cumulative draft probability), read off logged trees:
-    per depth (``max_depth`` and deeper together) the nodes sorted by cumulative probability, cut in
-    ``bins`` equal groups, each group's acceptance rate made non-decreasing (pool-adjacent-violators).
-    Returns depth -> [(upper cumulative probability of a group, its rate)]."""
-    from pacer_core.costs import monotone
-
-    by: dict[int, list[tuple[float, bool]]] = {}
-    for s in steps:
-        path = set(s.path)
-        for i, (d, c) in enumerate(zip(s.depths, s.cumulative)):
-            by.setdefault(min(d, max_depth), []).append((c, i in path))
-    table = {}
-    for d, xs in by.items():
-        xs.sort()
-        size = max(1, len(xs) // bins)
-        chunks = [xs[b:b + size] for b in range(0, len(xs), size)]
-        rates = monotone([sum(y for _, y in chunk) / len(chunk) for chunk in chunks])
-        table[d] = [(chunk[-1][0], r) for chunk, r in zip(chunks, rates)]
-    return table
-
-
-def calibrated(step: LoggedTree, nodes: Sequence[int], table: dict[int, list[tuple[float, float]]]) -> list[float]:
-    """The calibrated acceptance estimate of each of ``nodes`` (never above its parent's)."""
-    depths, cp = step.depths, step.cumulative
-    top = max(table)
-    out: dict[int, float] = {}
-    for i in sorted(nodes):
-        edges = table.get(min(depths[i], top)) or table[top]
-        value = next((r for edge, r in edges if cp[i] <= edge), edges[-1][1])
-        parent = step.parents[i]
-        out[i] = min(value, out[parent]) if parent >= 0 and parent in out else value
-    return [out[i] for i in nodes]
+def fit_calibration(steps: Sequence[LoggedTree], bins: int = 12, max_depth: int = 6, draft: Optional[str] = None,
+                    source: str = "") -> Calibration:
+    """P(a node is accepted | its depth, its cumulative draft probability), read off logged trees
+    (``pacer_core.calibration.fit``: per depth, ``max_depth`` and deeper together, equal groups by
+    probability, each group's acceptance rate made non-decreasing)."""
+    def samples():
+        for s in steps:
+            path = set(s.path)
+            for i, (d, c) in enumerate(zip(s.depths, s.cumulative)):
+                yield d, c, i in path
+    return calibrations.fit(samples(), bins=bins, max_depth=max_depth, draft=draft, source=source)
 
 
 def calibrated_auto_policy(pricer: Pricer, topk: int, depth: int, steps: Sequence[LoggedTree]) -> Policy:
@@ -193,16 +183,7 @@ def calibrated_auto_policy(pricer: Pricer, topk: int, depth: int, steps: Sequenc
     prompts = sorted({s.prompt for s in steps})
     fold = {p: i % 2 for i, p in enumerate(prompts)}
     tables = {f: fit_calibration([s for s in steps if fold[s.prompt] != f]) for f in (0, 1)}
-    budget = NodeBudget(TreeConfig(topk=topk, depth=depth, nodes="auto"), "replay",
-                        pricer.profile.cost_model(pricer.kind))
-
-    def step(s: LoggedTree) -> tuple[int, float]:
-        grown = shape(s, topk, depth)
-        chosen = budget.select(_subtree(s, grown), calibrated(s, grown, tables[fold[s.prompt]]))
-        sent = set(grown) if chosen is None else {grown[i] for i in chosen}
-        levels = min(depth, max(s.depths))
-        return accepted(s, sent) + 1, pricer.tree(levels, topk, len(sent))
-    return step
+    return auto_policy(pricer, topk, depth, lambda s: tables[fold[s.prompt]])
 
 
 def oracle_chain(pricer: Pricer, longest: int) -> Policy:
@@ -227,16 +208,22 @@ def run(policy: Policy, steps: Sequence[LoggedTree], plain: float) -> dict[str, 
     return {"tau": emitted / len(steps), "speedup": emitted / seconds * plain if seconds > 0 else 0.0}
 
 
+AUTO_FILE = "auto with the calibration"  # the family priced with a given calibration file
+
+
 def replay_shapes(steps: Sequence[LoggedTree], profile: Profile, kind: str = "feature",
-                  budgets: Sequence[int] = (8, 10, 16, 24, 32, 48, 64)) -> dict[str, Any]:
+                  budgets: Sequence[int] = (8, 10, 16, 24, 32, 48, 64),
+                  calibration: Optional[Calibration] = None) -> dict[str, Any]:
     """Every chain, tree shape and budget, auto and the oracles on the logged steps under
-    ``profile``, per prompt set and ``all``: {policy: {set: {tau, speedup}}} and the best of each family."""
+    ``profile``, per prompt set and ``all``: {policy: {set: {tau, speedup}}} and the best of each
+    family; with ``calibration``, ``auto`` valuing nodes through it too (as the engine would)."""
     if not steps:
         raise ValueError("no logged tree steps")
     log_topk = max(sum(1 for d in s.depths if d == 1) for s in steps)
     log_depth = max(max(s.depths) for s in steps)
     pricer = Pricer(profile, kind)
-    policies: dict[str, tuple[str, Policy]] = {}
+    policies: dict[str, tuple[str, Optional[Policy]]] = {}
+    shapes: dict[str, tuple[int, int]] = {}  # an auto row's (topk, depth): built per group, it carries a rate
     for gamma in range(1, log_depth + 1):
         policies[f"chain γ={gamma}"] = ("chain", chain_policy(pricer, gamma))
     topks = sorted({k for k in (2, 4, 6, 8, 10, log_topk) if 2 <= k <= log_topk})
@@ -247,11 +234,13 @@ def replay_shapes(steps: Sequence[LoggedTree], profile: Profile, kind: str = "fe
             for n in budgets:
                 if n < topk * depth:
                     policies[f"tree k{topk} d{depth} best {n}"] = ("tree", tree_policy(pricer, topk, depth, n))
-    for topk in topks:
-        for depth in depths:
-            policies[f"auto k{topk} d{depth}"] = ("auto", None)  # built per group: it carries a rate
-            if len({s.prompt for s in steps}) >= 2:
-                policies[f"auto calibrated k{topk} d{depth}"] = ("auto calibrated", None)
+    autos = ["auto"] + (["auto calibrated"] if len({s.prompt for s in steps}) >= 2 else []) \
+        + ([AUTO_FILE] if calibration is not None else [])
+    for family in autos:
+        for topk in topks:
+            for depth in depths:
+                name = f"{family} k{topk} d{depth}"
+                policies[name], shapes[name] = (family, None), (topk, depth)
     policies[f"oracle chain (γ ≤ {log_depth})"] = ("oracle", oracle_chain(pricer, log_depth))
     policies["oracle tree"] = ("oracle", oracle_tree(pricer, log_topk))
     groups = sorted({s.group for s in steps}) + ["all"]
@@ -261,15 +250,15 @@ def replay_shapes(steps: Sequence[LoggedTree], profile: Profile, kind: str = "fe
         for group in groups:
             chosen = [s for s in steps if group == "all" or s.group == group]
             if family == "auto":
-                topk, depth = (int(part[1:]) for part in name.split()[1:3])
-                policy = auto_policy(pricer, topk, depth)
+                policy = auto_policy(pricer, *shapes[name])
             elif family == "auto calibrated":
-                topk, depth = (int(part[1:]) for part in name.split()[2:4])
-                policy = calibrated_auto_policy(pricer, topk, depth, chosen)
+                policy = calibrated_auto_policy(pricer, *shapes[name], chosen)
+            elif family == AUTO_FILE:
+                policy = auto_policy(pricer, *shapes[name], lambda s: calibration)
             table[name][group] = run(policy, chosen, pricer.plain)
     families = {name: family for name, (family, _) in policies.items()}
     best_of = {family: max((n for n in table if families[n] == family), key=lambda n: table[n]["all"]["speedup"])
-               for family in ("chain", "tree", "auto", "auto calibrated") if family in families.values()}
+               for family in ("chain", "tree", *autos)}
     return {"profile": profile.name, "kind": profile.kind, "steps": len(steps), "logged_topk": log_topk,
             "logged_depth": log_depth, "table": table, "families": families, "best": best_of}
 
@@ -294,4 +283,7 @@ def markdown(result: dict[str, Any], rows: Optional[Sequence[str]] = None) -> st
     if "auto calibrated" in best:
         cal = table[best["auto calibrated"]]["all"]["speedup"]
         lines[-1] += f"; auto calibrated (fitted on the other prompts) ÷ best fixed tree budget: {cal / tree:.3f}"
+    if AUTO_FILE in best:
+        given = table[best[AUTO_FILE]]["all"]["speedup"]
+        lines[-1] += f"; {AUTO_FILE} ÷ best fixed tree budget: {given / tree:.3f}"
     return "\n".join(lines) + "\n"

@@ -20,6 +20,10 @@ import attrs
 import torch
 from attrs import validators as v
 
+from .calibration import FILE as CALIBRATION_FILE
+from .calibration import RAW, Calibration, check_draft
+from .calibration import apply as calibrated
+from .calibration import load as load_calibration
 from .drafts import Draft, DraftBlock, SideNodes, TokenTree
 
 
@@ -37,9 +41,18 @@ def _nodes(instance, attribute, value) -> None:
         raise ValueError(f"tree.nodes must be 'auto' or a whole number in 1..{MAX_NODES}, got {value!r}")
 
 
+def _calibration(instance, attribute, value) -> None:
+    if value is None or value == RAW:
+        return
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"tree.calibration must be a calibration file or '{RAW}', got {value!r}")
+    load_calibration(value)  # a file that cannot be used is refused when the config is checked
+
+
 @attrs.define
 class TreeConfig:
-    """``tree: {topk, depth, nodes, profile}`` on a model drafter; absent = a chain (one token per level)."""
+    """``tree: {topk, depth, nodes, profile, calibration}`` on a model drafter; absent = a chain (one
+    token per level)."""
 
     # defaults: wide and shallow, the stop policy decides the depth
     topk: int = attrs.field(default=6, validator=[v.ge(1), v.le(MAX_TOPK)])  # children tried per node, nodes kept per level
@@ -52,6 +65,10 @@ class TreeConfig:
     # the cost profile 'auto' sizes trees with (a shipped name or a file, docs/costs.md); None: the
     # device's (a CPU: the shipped measured CPU profile; a GPU: the shipped published one)
     profile: Optional[str] = None
+    # what 'auto' values nodes by: a calibration file (acceptance per depth and cumulative draft
+    # probability, pacer_core.calibration), 'raw' (the raw cumulative probability), or None: the
+    # draft folder's own calibration.json when it ships one, else raw (docs/trees.md#calibrated-values)
+    calibration: Optional[str] = attrs.field(default=None, validator=_calibration)
 
     def budget(self, device: str) -> Any:
         """The nodes this tree sends on ``device``: a number or AUTO."""
@@ -182,23 +199,32 @@ def best_nodes(tree: TokenTree, nodes: int) -> Optional[list[int]]:
 
 
 # -- cost-sized trees: the nodes worth sending ------------------------------------------------------
-def node_values(tree: TokenTree, point_mass: Optional[Callable[[int], float]] = None) -> list[float]:
+def node_values(tree: TokenTree, point_mass: Optional[Callable[[int], float]] = None,
+                calibration: Optional[Calibration] = None) -> list[float]:
     """Each node's estimated probability of being accepted: a node the draft model chose, its
-    cumulative draft probability (the product of ``q(token | parent)`` down its root path); a point
-    mass (a phrase another source merged in, no draft probability), its parent's value times
-    ``point_mass(node)`` (that source's acceptance rate at that depth; default 0.5). A node's value
-    never exceeds its parent's, so ranking by value keeps ancestors before their descendants."""
+    cumulative draft probability (the product of ``q(token | parent)`` down its root path), or with a
+    ``calibration`` the acceptance rate it gives at the node's depth and cumulative probability
+    (``pacer_core.calibration.apply``; never above the parent's value); a point mass (a phrase
+    another source merged in, no draft probability), its parent's value times ``point_mass(node)``
+    (that source's acceptance rate at that depth; default 0.5). A node's value never exceeds its
+    parent's, so ranking by value keeps ancestors before their descendants."""
     n = len(tree)
     parents = tree.parents.tolist()
     if tree.token_probs is None:
         q = [0.0] * n
     else:
         q = tree.token_probs.double().tolist()  # [N]
+    depths = tree.depth_list if calibration is not None else None
     values = [0.0] * n
+    cumulative = [0.0] * n  # the product down the root path (a point mass: its rate)
     for i, parent in enumerate(parents):
-        above = values[parent] if parent >= 0 else 1.0
-        own = q[i] if q[i] > 0 else (point_mass(i) if point_mass is not None else 0.5)
-        values[i] = above * min(1.0, max(0.0, own))
+        above, above_cumulative = (values[parent], cumulative[parent]) if parent >= 0 else (1.0, 1.0)
+        own = min(1.0, max(0.0, q[i] if q[i] > 0 else (point_mass(i) if point_mass is not None else 0.5)))
+        cumulative[i] = above_cumulative * own
+        if calibration is not None and q[i] > 0:
+            values[i] = min(above, calibrated(calibration, depths[i], cumulative[i]))
+        else:
+            values[i] = above * own
     return values
 
 
@@ -242,17 +268,23 @@ def ranked_nodes(values: Sequence[float], parents: Sequence[int], n: int) -> Opt
 class NodeBudget:
     """What a tree drafter sends once drafting ends: its best ``nodes`` by cumulative draft
     probability (``best_nodes``), or with ``nodes: auto`` the nodes that maximise expected emitted
-    tokens per second under a cost model (``value_nodes``). ``auto`` keeps the throughput it
-    predicts for its own choices (expected emitted ÷ predicted seconds, over the steps so far) as
-    the rate a node's verification cost is weighed against, so the choice settles at the budget
-    that maximises the whole generation's rate, not one step's."""
+    tokens per second under a cost model (``value_nodes``), each valued by ``node_values`` (through
+    ``calibration`` when one is given). ``auto`` keeps the throughput it predicts for its own
+    choices (expected emitted ÷ predicted seconds, over the steps so far) as the rate a node's
+    verification cost is weighed against, so the choice settles at the budget that maximises the
+    whole generation's rate, not one step's."""
 
-    def __init__(self, tree: TreeConfig, device: str, cost: Any = None):
+    def __init__(self, tree: TreeConfig, device: str, cost: Any = None, calibration: Optional[Calibration] = None):
         self.nodes = tree.budget(device)
         self.cost = cost
         if self.nodes == AUTO and cost is None:
             raise ValueError("tree nodes 'auto' needs a cost model")
+        self.calibration = calibration if self.nodes == AUTO else None
         self.emitted = self.seconds = 0.0
+
+    def values(self, tree: TokenTree, point_mass: Optional[Callable[[int], float]] = None) -> list[float]:
+        """Each node's acceptance estimate as this budget values it (``node_values``)."""
+        return node_values(tree, point_mass, self.calibration)
 
     @property
     def auto(self) -> bool:
@@ -269,7 +301,7 @@ class NodeBudget:
             if values is None:
                 return best_nodes(tree, self.nodes)
             return ranked_nodes(values, tree.parents.tolist(), self.nodes)
-        values = node_values(tree) if values is None else values
+        values = self.values(tree) if values is None else values
         depth = int(tree.depths.max()) if len(tree) else 0
         fixed = self.cost.draft(depth) + self.cost.host(len(tree))
         nodes, expected, verify_s = value_nodes(values, tree.parents.tolist(), self.cost.verify_tree, self.rate())
@@ -288,11 +320,13 @@ CPU_PROFILE = "cpu-2core-smollm2-fp32"
 GPU_PROFILE = "a100-7b-bf16"
 
 
-def node_budget(tree: TreeConfig, device: Any, drafter_kind: str, target_digest: Optional[str] = None) -> NodeBudget:
+def node_budget(tree: TreeConfig, device: Any, drafter_kind: str, target_digest: Optional[str] = None,
+                draft_folder: Any = None, draft_identity: Optional[str] = None) -> NodeBudget:
     """A tree drafter's ``NodeBudget`` on ``device`` (a ``drafter_kind`` drafter: ``feature`` or
     ``token``) when the budget is ``auto``: its cost model from ``tree.profile``, else the profile
     ``pacer costs`` measured and cached for this device type and target (``target_digest``), else
-    the device's shipped one. Raises ``InputError`` for a profile that cannot be read."""
+    the device's shipped one; its calibration from ``tree_calibration``. Raises ``InputError`` for
+    a profile or calibration that cannot be read or used."""
     from .costs import device_profile, load_profile
 
     device = str(device)
@@ -302,4 +336,26 @@ def node_budget(tree: TreeConfig, device: Any, drafter_kind: str, target_digest:
         profile = load_profile(tree.profile)
     else:
         profile = device_profile(device, target_digest, default_profile(device), drafter_kind)
-    return NodeBudget(tree, device, profile.cost_model(drafter_kind))
+    calibration = tree_calibration(tree, draft_folder, draft_identity)
+    return NodeBudget(tree, device, profile.cost_model(drafter_kind), calibration)
+
+
+def tree_calibration(tree: TreeConfig, draft_folder: Any = None, draft_identity: Optional[str] = None
+                     ) -> Optional[Calibration]:
+    """The calibration ``nodes: auto`` values nodes by: the file ``tree.calibration`` names, else the
+    draft folder's own ``calibration.json`` (``draft_folder``: the drafter's, None when it has
+    none), else None (raw values; ``tree.calibration: raw`` asks for them). A calibration fitted on
+    another draft's trees than ``draft_identity`` is refused in one line (``InputError``)."""
+    from pathlib import Path
+
+    if tree.calibration == RAW:
+        return None
+    if tree.calibration:
+        path = Path(tree.calibration).expanduser()
+    elif draft_folder is not None and (Path(draft_folder) / CALIBRATION_FILE).is_file():
+        path = Path(draft_folder) / CALIBRATION_FILE
+    else:
+        return None
+    calibration = load_calibration(path)
+    check_draft(calibration, draft_identity, path)
+    return calibration

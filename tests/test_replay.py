@@ -250,13 +250,15 @@ def test_auto_is_at_least_about_the_best_fixed_budget(profile_name):
 
 
 def test_calibration_reads_acceptance_rates_off_logged_trees():
+    from pacer_core.trees import node_values
+
     steps = [attrs.evolve(s, prompt=str(i % 2)) for i, s in enumerate(synthetic_trees(300, topk=4, depth=3, seed=3))]
     table = replay_trees.fit_calibration(steps, bins=4)
-    for rows in table.values():
-        rates = [r for _, r in rows]
-        assert rates == sorted(rates) and all(0 <= r <= 1 for r in rates)  # non-decreasing in the probability
+    assert len(table.rate) == 3  # one row per depth
+    for rates in table.rate:
+        assert list(rates) == sorted(rates) and all(0 <= r <= 1 for r in rates)  # non-decreasing in the probability
     step = steps[0]
-    values = replay_trees.calibrated(step, list(range(len(step.parents))), table)
+    values = node_values(replay_trees._subtree(step, list(range(len(step.parents)))), calibration=table)
     assert all(values[i] <= values[p] for i, p in enumerate(step.parents) if p >= 0)  # never above the parent
 
 

@@ -205,9 +205,9 @@ def test_pacer_validate_accepts_a_tree_drafter(tmp_path, capsys):
     ("{name: draft_model, tree: {topk: 100000}}", "strategy.drafter (draft_model): tree: 'topk' must be <= 64: 100000"),
     ("{name: draft_model, tree: {depth: 999}}", "strategy.drafter (draft_model): tree: 'depth' must be <= 32: 999"),
     ("{name: draft_model, tree: {tpk: 3}}",
-     "strategy.drafter (draft_model): unknown option 'tree.tpk'; valid options: topk, depth, nodes, profile"),
+     "strategy.drafter (draft_model): unknown option 'tree.tpk'; valid options: topk, depth, nodes, profile, calibration"),
     ("{name: draft_model, tree: 3}",
-     "strategy.drafter (draft_model): 'tree' must be a mapping of options (topk, depth, nodes, profile), got int 3"),
+     "strategy.drafter (draft_model): 'tree' must be a mapping of options (topk, depth, nodes, profile, calibration), got int 3"),
     ("{name: draft_model, tree: {topk: x}}",
      "strategy.drafter (draft_model): bad value for 'tree.topk': Value 'x' of type 'str' could not be "
      "converted to Integer; give a value of type int"),

@@ -35,7 +35,7 @@ import attrs
 import torch
 
 from pacer_core import Component, Draft, DraftBlock, DraftInfo, InputError, Resources, SideNodes, hookimpl
-from pacer_core.trees import MAX_NODES, TreeConfig, merge_phrases, node_budget, node_values
+from pacer_core.trees import MAX_NODES, TreeConfig, merge_phrases, node_budget
 
 
 @attrs.define
@@ -109,9 +109,11 @@ class Hybrid:
         # the budget: the hybrid's own, else the main member's tree's (a chain's: by device)
         own_tree = getattr(main.config, "tree", None)
         tree = TreeConfig(nodes=config.nodes if config.nodes is not None else getattr(own_tree, "nodes", None),
-                          profile=config.profile or getattr(own_tree, "profile", None))
+                          profile=config.profile or getattr(own_tree, "profile", None),
+                          calibration=getattr(own_tree, "calibration", None))
         kind = "token" if "draft_model" in main.component.needs else "feature"
-        self.budget = node_budget(tree, resources.target.device, kind, resources.target.digest)
+        self.budget = node_budget(tree, resources.target.device, kind, resources.target.digest,
+                                  getattr(self.members[0], "draft_folder", None), main_info.identity)
         # per (member, depth): [accepted, tried] of its phrase nodes whose parent was accepted
         self.trials: dict[tuple[str, int], list[int]] = {}
 
@@ -152,7 +154,7 @@ class Hybrid:
             return None
         members = self._members_of(tree)
         depths = tree.depth_list
-        return self.budget.select(tree, node_values(tree, lambda i: self.rate(members[i], depths[i])))
+        return self.budget.select(tree, self.budget.values(tree, lambda i: self.rate(members[i], depths[i])))
 
     # -- what a member's phrase nodes are worth --------------------------------------------------
     def rate(self, member: Optional[str], depth: int) -> float:

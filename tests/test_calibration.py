@@ -1,0 +1,282 @@
+"""Tree calibrations (``pacer_core.calibration``): what ``nodes: auto`` values a draft's nodes by.
+
+- The pure fit and apply: per depth, groups of equal size by cumulative probability, rates
+  non-decreasing; deeper nodes share the last depth's row.
+- The file: written whole, read back equal; a wrong kind or version, a missing field, a falling
+  rate, a damaged file are refused in one line naming the fix, also when a config names it.
+- ``NodeBudget``: a calibration that says deep nodes are worth less sends fewer deep nodes.
+- The engine: the eagle drafter (and a hybrid led by it) picks up its draft folder's
+  ``calibration.json``; one fitted on another draft is refused; ``calibration: raw`` turns it off;
+  greedy output stays the target's own with it.
+- ``pacer replay RUN --save-calibration FILE`` fits one on a run's logged trees, naming its draft.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+from helpers import adapter, assert_one_line_error, make_draft, reference_greedy, run_cli, tiny_llama
+
+from pacer_core import Engine, InputError, load_config
+from pacer_core import calibration as calibrations
+from pacer_core.calibration import Calibration, apply, fit
+from pacer_core.costs import load_profile
+from pacer_core.trees import NodeBudget, TreeConfig, node_values
+from pacer_core.drafts import TokenTree
+
+
+# -- fit and apply -----------------------------------------------------------------------------------
+def samples(seed: int = 0, count: int = 3000) -> list[tuple[int, float, bool]]:
+    """(depth, cumulative probability, accepted): accepted with probability c ** depth (deep nodes
+    are worth less than their probability says)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        depth, c = rng.randint(1, 8), rng.random()
+        out.append((depth, c, rng.random() < c ** depth))
+    return out
+
+
+def test_fit_reads_a_non_decreasing_rate_per_depth_in_equal_groups():
+    data = samples()
+    cal = fit(data, bins=5, max_depth=4)
+    assert len(cal.upper) == len(cal.rate) == len(cal.nodes) == 4  # depths 4..8 pooled in the last row
+    for d, (upper, rate, nodes) in enumerate(zip(cal.upper, cal.rate, cal.nodes), start=1):
+        mine = sorted(c for depth, c, _ in data if min(depth, 4) == d)
+        assert sum(nodes) == len(mine) and nodes[0] == len(mine) // 5  # groups of len // bins (and a remainder)
+        assert list(upper) == sorted(upper) and upper[-1] == mine[-1]
+        assert list(rate) == sorted(rate) and all(0.0 <= r <= 1.0 for r in rate)
+    # deep nodes are accepted less often than shallow ones at the same probability
+    assert apply(cal, 4, 0.5) < apply(cal, 1, 0.5)
+    assert apply(cal, 7, 0.5) == apply(cal, 4, 0.5)  # past the table: its last row
+
+
+def test_fit_pools_violators_and_apply_reads_the_first_group_reaching_the_probability():
+    # depth 1: probabilities 0.1..0.6, acceptance 1, 0, 0, 1, 1, 1 -> groups of 2: 0.5, 0.5 (pooled), 1.0
+    data = [(1, 0.1, True), (1, 0.2, False), (1, 0.3, False), (1, 0.4, True), (1, 0.5, True), (1, 0.6, True)]
+    cal = fit(data, bins=3)
+    assert cal.upper == ((0.2, 0.4, 0.6),) and cal.rate == ((0.5, 0.5, 1.0),) and cal.nodes == ((2, 2, 2),)
+    assert [apply(cal, 1, c) for c in (0.0, 0.2, 0.21, 0.5, 0.9)] == [0.5, 0.5, 0.5, 1.0, 1.0]
+    # a depth without nodes under the deepest one shares the deepest one's row
+    gap = fit([(1, 0.5, True), (3, 0.5, False)], bins=1)
+    assert gap.rate == ((1.0,), (0.0,), (0.0,))
+    with pytest.raises(ValueError, match="no logged tree nodes"):
+        fit([])
+
+
+# -- the file ----------------------------------------------------------------------------------------
+def test_a_calibration_file_is_written_whole_and_read_back(tmp_path):
+    cal = fit(samples(), bins=4, draft="eagle:t:w", source="pacer replay RUN --save-calibration FILE")
+    path = calibrations.save(tmp_path / "sub" / "calibration.json", cal)
+    assert calibrations.load(path) == cal
+    data = json.loads(path.read_text())
+    assert data["kind"] == calibrations.KIND and data["version"] == calibrations.VERSION
+    assert data["draft"] == "eagle:t:w" and len(data["depths"]) == len(cal.upper)
+    assert [p.name for p in path.parent.iterdir()] == ["calibration.json"]  # no temporary file left
+
+
+def good() -> dict:
+    return calibrations.to_dict(Calibration(upper=((0.1, 1.0),), rate=((0.2, 0.9),), draft="d"))
+
+
+@pytest.mark.parametrize("change, needle", [
+    (lambda d: d.update(kind="pacer-cost-profile"), "is not a tree calibration (kind 'pacer-cost-profile'"),
+    (lambda d: d.update(version=2), "has version 2"),
+    (lambda d: d.pop("depths"), "lacks depths"),
+    (lambda d: d.pop("draft"), "lacks draft"),
+    (lambda d: d["depths"][0].pop("rate"), "depth 1 lacks rate"),
+    (lambda d: d["depths"][0].update(rate=[0.9, 0.2]), "rate falls from 0.9 to 0.2"),
+    (lambda d: d["depths"][0].update(upper=[0.5, 0.1]), "upper falls from 0.5 to 0.1"),
+    (lambda d: d["depths"][0].update(rate=[0.2, 1.5]), "rate must be a non-empty list of numbers in [0, 1]"),
+    (lambda d: d["depths"][0].update(rate=[0.2]), "upper and rate differ in length"),
+    (lambda d: d.update(depths=[]), "depths must be a non-empty list"),
+])
+def test_a_bad_calibration_is_refused_in_one_line(tmp_path, change, needle):
+    data = good()
+    change(data)
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(InputError) as info:
+        calibrations.load(path)
+    message = str(info.value)
+    assert needle in message and "\n" not in message and "--save-calibration" in message
+
+
+def test_a_damaged_or_missing_file_is_refused_in_one_line(tmp_path):
+    (tmp_path / "bad.json").write_text("{not json")
+    for name, needle in (("bad.json", "is not valid JSON"), ("missing.json", "does not exist")):
+        with pytest.raises(InputError, match=needle):
+            calibrations.load(tmp_path / name)
+
+
+def test_a_config_naming_a_bad_calibration_is_refused_when_checked(tmp_path):
+    data = good()
+    data["kind"] = "other"
+    (tmp_path / "c.json").write_text(json.dumps(data))
+    with pytest.raises(InputError, match="is not a tree calibration"):
+        load_config(overrides=[f"strategy.drafter={{name: draft_model, tree: {{nodes: auto, calibration: "
+                               f"'{tmp_path / 'c.json'}'}}}}"], require_models=False)
+    with pytest.raises(Exception, match="tree.calibration must be a calibration file or 'raw'"):
+        TreeConfig(calibration=3)
+    assert TreeConfig(calibration="raw").calibration == "raw"
+
+
+# -- NodeBudget --------------------------------------------------------------------------------------
+def chain_tree(depth: int, q: float = 0.9, point_mass: int = -1) -> TokenTree:
+    """A chain of ``depth`` confident nodes, each with one unlikely sibling (node ``point_mass``
+    without a draft probability)."""
+    parents, probs = [], []
+    for d in range(depth):
+        main = 2 * (d - 1) if d else -1
+        parents += [main, main]
+        probs += [q, 0.05]
+    if point_mass >= 0:
+        probs[point_mass] = 0.0
+    n = len(parents)
+    return TokenTree(torch.zeros(n, dtype=torch.long), torch.tensor(parents, dtype=torch.long),
+                     torch.tensor(probs, dtype=torch.float64)[:, None], torch.zeros(n, dtype=torch.bool))
+
+
+# acceptance as the raw probability says up to depth 2, nearly nothing below
+SHALLOW = Calibration(upper=((0.5, 1.0), (0.5, 1.0), (1.0,)), rate=((0.05, 0.9), (0.05, 0.81), (0.01,)), draft="d")
+
+
+def test_node_values_through_a_calibration_never_exceed_the_parent():
+    tree = chain_tree(6)
+    raw, cal = node_values(tree), node_values(tree, calibration=SHALLOW)
+    assert [raw[0], raw[2]] == pytest.approx([cal[0], cal[2]])  # depths 1-2: the calibration agrees
+    assert all(v <= 0.01 for v in cal[4:]) and raw[4] == pytest.approx(0.729)
+    assert all(cal[i] <= cal[p] for i, p in enumerate(tree.parents.tolist()) if p >= 0)
+    # a point mass (no draft probability) stays its parent's value times its rate
+    assert node_values(chain_tree(6, point_mass=3), lambda i: 0.5, SHALLOW)[3] == pytest.approx(0.5 * cal[0])
+
+
+def test_a_calibration_that_deep_nodes_are_worth_less_sends_fewer_deep_nodes():
+    cost = load_profile("cpu-2core-smollm2-fp32").cost_model("feature")  # a node's row costs something here
+    tree = chain_tree(8)
+    auto = TreeConfig(nodes="auto")
+    raw = NodeBudget(auto, "cuda", cost).select(tree)
+    calibrated = NodeBudget(auto, "cuda", cost, SHALLOW).select(tree)
+    deepest = lambda nodes: max(tree.depth_list[i] for i in (range(len(tree)) if nodes is None else nodes))  # noqa: E731
+    assert deepest(raw) > 2 and deepest(calibrated) == 2
+    assert calibrated != raw
+    # a fixed budget ignores calibrations (it sends its best nodes by probability)
+    assert NodeBudget(TreeConfig(nodes=4), "cuda", cost, SHALLOW).calibration is None
+
+
+# -- the engine --------------------------------------------------------------------------------------
+PROMPTS = ([1, 7, 9, 7, 9, 7], list(range(3, 40)), [50, 7, 61, 9, 50, 61, 7])
+
+
+def eagle_engine(target_model, folder, tree: str, drafter: str = "eagle"):
+    target = adapter(target_model)
+    entry = f"{{name: eagle, path: '{folder}', tree: {tree}}}"
+    if drafter == "hybrid":
+        entry = f"{{name: hybrid, members: [{entry}, {{name: prompt_lookup}}]}}"
+    cfg = load_config(overrides=[f"strategy.drafter={entry}", "strategy.stop=[{name: fixed, gamma: 4}]"],
+                      require_models=False)
+    return Engine.build(target, cfg=cfg)
+
+
+def draft_with_calibration(tmp_path, target_model, cal: Calibration):
+    from feature_draft.drafter import draft_identity
+
+    folder = make_draft(target_model, tmp_path / "draft")
+    calibrations.save(folder / calibrations.FILE, Calibration(cal.upper, cal.rate, draft=draft_identity(folder)))
+    return folder
+
+
+def budget_of(engine):
+    drafter = next(p for p in engine.pm.get_plugins() if type(p).__name__ in ("EagleDrafter", "Hybrid"))
+    return drafter.budget
+
+
+TREE = "{topk: 3, depth: 4, nodes: auto, profile: a100-7b-bf16}"
+
+
+@pytest.mark.parametrize("drafter", ["eagle", "hybrid"])
+def test_the_engine_takes_the_draft_folders_calibration_and_stays_greedy(tmp_path, drafter):
+    target_model = tiny_llama(0, scale=6.0)
+    folder = draft_with_calibration(tmp_path, target_model, SHALLOW)
+    engine = eagle_engine(target_model, folder, TREE, drafter)
+    assert budget_of(engine).calibration.upper == SHALLOW.upper
+    for prompt in PROMPTS:
+        result = engine.generate(prompt, max_new_tokens=30)
+        assert result.tokens == reference_greedy(target_model, prompt, 30)
+        assert result.metrics["drafted"] > 0
+    # 'raw' turns it off; a fixed budget never reads it
+    assert budget_of(eagle_engine(target_model, folder, TREE[:-1] + ", calibration: raw}", drafter)).calibration is None
+    assert budget_of(eagle_engine(target_model, folder, "{topk: 3, depth: 4, nodes: 6}", drafter)).calibration is None
+
+
+def test_a_calibration_fitted_on_another_draft_is_refused_in_one_line(tmp_path, capsys):
+    target_model = tiny_llama(0, scale=6.0)
+    folder = make_draft(target_model, tmp_path / "draft")
+    other = tmp_path / "other.json"
+    calibrations.save(other, Calibration(SHALLOW.upper, SHALLOW.rate, draft="eagle:none:0123"))
+    with pytest.raises(InputError) as info:
+        eagle_engine(target_model, folder, TREE[:-1] + f", calibration: '{other}'}}")
+    message = str(info.value)
+    assert "fitted on the trees of draft eagle:none:0123" in message and "tree.calibration: raw" in message
+    # the same file in the draft folder is refused the same way
+    (folder / calibrations.FILE).write_bytes(other.read_bytes())
+    with pytest.raises(InputError, match="fitted on the trees of draft eagle:none:0123"):
+        eagle_engine(target_model, folder, TREE)
+    # a drafter that cannot name its draft (draft_model) cannot use a named calibration
+    with pytest.raises(InputError, match="does not name its draft"):
+        calibrations.check_draft(SHALLOW, None, other)
+
+
+# -- pacer replay --save-calibration ----------------------------------------------------------------------
+def tree_steps(count: int, seed: int = 0) -> list[dict]:
+    """Logged-tree records' steps: two levels of three nodes, the first child of each accepted
+    with probability q."""
+    rng = random.Random(seed)
+    steps = []
+    for _ in range(count):
+        q = sorted((rng.random() for _ in range(3)), reverse=True)
+        parents, probs = [-1, -1, -1, 0, 0, 0], [round(x / sum(q), 6) for x in q] * 2
+        path = [0, 3] if rng.random() < probs[0] else []
+        steps.append({"parents": parents, "q": probs, "main": [0, 3], "path": path, "forwards": 2})
+    return steps
+
+
+def write_tree_run(folder, drafter: dict, steps: list[dict]):
+    from pacer_bench.answers import ANSWERS, META
+
+    folder.mkdir(parents=True, exist_ok=True)
+    meta = {"version": 1, "baseline": "autoregressive", "settings": {}, "prompt_sets": ["set"],
+            "units": [{"name": "tree", "kind": "stack", "config": {"strategy": {"drafter": drafter}}}]}
+    (folder / META).write_text(json.dumps(meta))
+    from pacer_bench.answers import make_record
+
+    records = [make_record("set", type("P", (), {"question_id": str(i), "category": None})(), "tree", "stack", 0,
+                           [1], [2], "", {"tree_steps": steps[i::3]}, "length", None) for i in range(3)]
+    (folder / ANSWERS).write_text("".join(json.dumps(r) + "\n" for r in records))
+    return folder
+
+
+def test_replay_saves_a_calibration_fitted_on_the_runs_trees(tmp_path, capsys):
+    from feature_draft.drafter import draft_identity
+
+    draft = make_draft(tiny_llama(0), tmp_path / "draft")
+    steps = tree_steps(60)
+    run = write_tree_run(tmp_path / "run", {"name": "eagle", "path": str(draft), "tree": {"topk": 3}}, steps)
+    out = tmp_path / "calibration.json"
+    code, _, err = run_cli(["replay", str(run), "--save-calibration", str(out)], capsys)
+    assert code == 0, err
+    saved = calibrations.load(out)
+    assert saved.draft == draft_identity(draft) and f"--save-calibration {out}" in saved.source
+    assert sum(saved.nodes[0]) == 180 and sum(saved.nodes[1]) == 180  # every logged node, by depth
+    # a run without logged trees, or with another drafter's, is refused in one line
+    bare = write_tree_run(tmp_path / "bare", {"name": "eagle", "path": str(draft)}, [])
+    code, _, err = run_cli(["replay", str(bare), "--save-calibration", str(out)], capsys)
+    assert_one_line_error(code, err, "holds no logged trees", "tree_log")
+    other = write_tree_run(tmp_path / "other", {"name": "draft_model", "tree": {"topk": 3}}, steps)
+    code, _, err = run_cli(["replay", str(other), "--save-calibration", str(out)], capsys)
+    assert_one_line_error(code, err, "names an eagle draft")
+    code, _, err = run_cli(["replay", str(run)], capsys)
+    assert_one_line_error(code, err, "give a cost profile")
