@@ -280,3 +280,23 @@ def test_replay_saves_a_calibration_fitted_on_the_runs_trees(tmp_path, capsys):
     assert_one_line_error(code, err, "names an eagle draft")
     code, _, err = run_cli(["replay", str(run)], capsys)
     assert_one_line_error(code, err, "give a cost profile")
+
+
+def test_the_shipped_calibration_is_the_committed_runs_and_names_the_shipped_draft():
+    """plugins/feature_draft/default/calibration.json: valid, fitted for the shipped draft, and what
+    the command its manifest records makes from the committed recordings."""
+    from pathlib import Path
+
+    from feature_draft.drafter import DEFAULT_DRAFT, draft_identity
+
+    from pacer_bench.answers import load_run
+    from pacer_bench.replay import run_calibration
+
+    shipped = calibrations.load(DEFAULT_DRAFT / calibrations.FILE)
+    assert shipped.draft == draft_identity(DEFAULT_DRAFT)
+    manifest = json.loads((DEFAULT_DRAFT / "manifest.json").read_text())
+    assert manifest["tree_calibration"] == calibrations.FILE
+    assert manifest["tree_calibration_fitted_by"].startswith(shipped.source + ":")
+    run = shipped.source.split()[2]  # pacer replay RUN --save-calibration FILE
+    meta, records, _ = load_run(Path(__file__).resolve().parents[1] / run)
+    assert run_calibration(meta, records, shipped.source) == shipped
