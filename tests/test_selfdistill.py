@@ -70,6 +70,26 @@ def test_a_stream_of_chosen_families_gives_them_in_turn_and_records_them(stream)
             Stream(0, stream.mat, families=bad)
 
 
+def test_the_word_lists_are_data_files_the_stream_reads_and_the_package_ships():
+    """pacer_train/corpus/words/*.txt: each read by the stream (none left over), one item per line
+    with no padding, and matched by pyproject's package data (an installed pacer corpus finds them)."""
+    from pacer_train.corpus import stream as stream_module
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    files = sorted(stream_module.WORDS.glob("*.txt"))
+    source = Path(stream_module.__file__).read_text()
+    assert files and all(f'words("{f.stem}")' in source for f in files)
+    for f in files:
+        items = stream_module.words(f.stem)
+        assert items and all(item == item.strip() for item in items), f.name
+    root = Path(__file__).resolve().parents[1]
+    data = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["pacer_train"]
+    package = root / "pacer_train"
+    assert all(any(f.relative_to(package).match(pattern) for pattern in data) for f in files)
+    assert stream_module.CHAT_MODIFIERS[0] == stream_module.CODE_EXTRAS[0] == stream_module.MATH_SUFFIXES[0] == ""
+
+
 def _combo(stream, other, family, j):
     """The combination and rng item ``j`` of ``family`` gets (the same in any stream of that seed)."""
     import random

@@ -8,7 +8,8 @@ positions of the cycle went to the same family). Item ``j`` of a family is combi
 spread over the space) and has the stable id ``family/j``. Everything is built from material that
 ships with Python: standard-library source (top-level modules, read with ``ast``, never imported),
 ``pydoc_data.topics`` and module docstrings, plus templates and word lists written for this
-project. None of it comes from a benchmark set; ``guard.py`` checks that anyway.
+project (the lists in ``words/*.txt``, one item per line). None of it comes from a benchmark set;
+``guard.py`` checks that anyway.
 
 The material depends on the Python version (its standard library): ``Stream.material_digest``
 names it, and a corpus refuses to be continued by a stream with another digest.
@@ -56,107 +57,23 @@ def text_sha(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
-# -- word lists and templates (written for this project) ------------------------------------------
-def _split(block: str) -> list[str]:
-    return [item.strip() for item in block.split(";") if item.strip()]
+# -- word lists (words/*.txt) and templates, written for this project -----------------------------
+WORDS = Path(__file__).resolve().parent / "words"
 
 
-TOPICS = _split("""
-recursion; hash tables; binary search; linked lists; sorting algorithms; unit testing; version control with git;
-HTTP requests; JSON files; regular expressions; list comprehensions; generators; decorators; context managers;
-exceptions; classes and objects; inheritance; type hints; virtual environments; dynamic programming; graphs;
-queues and stacks; string formatting; file input and output; command-line arguments; logging; threads;
-asynchronous programming; memory management; garbage collection; Unicode and text encodings; floating-point numbers;
-binary and hexadecimal numbers; databases and SQL; database indexes; caching; APIs; REST services; code reviews;
-refactoring; debugging; profiling slow code; test-driven development; continuous integration; containers;
-the command line; shell scripts; compilers and interpreters; operating systems; computer networks; DNS;
-encryption; passwords and password managers; open-source software; spreadsheets; data visualization;
-machine learning; neural networks; probability; statistics; averages and medians; prime numbers; fractions;
-percentages; geometry; the Pythagorean theorem; algebra; logarithms; binary trees; big-O notation;
-photosynthesis; the water cycle; volcanoes; earthquakes; the solar system; black holes; the Moon; gravity;
-electricity; magnetism; light and color; sound waves; atoms; chemical reactions; the periodic table; DNA;
-evolution; the human heart; the immune system; vaccines; sleep; nutrition; exercise; bacteria and viruses;
-bees and pollination; rainforests; deserts; oceans and tides; coral reefs; climate and weather; clouds;
-renewable energy; solar panels; electric cars; recycling; composting; supply and demand; inflation;
-interest rates; compound interest; budgeting; saving for retirement; starting a small business; marketing;
-negotiation; job interviews; writing a cover letter; writing a resume; remote work; teamwork; leadership;
-giving feedback; running a meeting; time management; procrastination; habits; public speaking; note taking;
-learning a language; learning to play the guitar; reading more books; writing a short story; poetry;
-photography; drawing; cooking pasta; baking bread; making coffee; growing tomatoes; houseplants;
-keeping a dog; caring for a cat; planning a trip; packing for a hike; camping; cycling to work;
-training for a 5k run; swimming; chess; board games; video game design; the printing press; the Roman Empire;
-ancient Egypt; the Renaissance; the industrial revolution; the invention of the telephone; the first flight;
-the space race; the history of the internet; democracy; elections; human rights; museums; libraries;
-volunteering; friendship; moving to a new city; choosing a laptop; smartphones; social media; online privacy;
-phishing emails; backups; keyboard shortcuts; email etiquette; maps and navigation; trains; bridges;
-skyscrapers; earthquake-resistant buildings; clocks and time zones; calendars; the metric system
-""")
+def words(name: str) -> list[str]:
+    """The list ``words/<name>.txt``: one item per line, in order (an instruction is a combination
+    of indices into these lists, so the order is part of the stream); ``#`` lines are comments."""
+    lines = (WORDS / f"{name}.txt").read_text(encoding="utf-8").splitlines()
+    return [line for line in lines if line and not line.startswith("#")]
 
-CHAT_TEMPLATES = _split("""
-Explain {topic} to a beginner.; Give three practical tips about {topic}.; Write a short paragraph about {topic}.;
-What are common mistakes people make with {topic}?; Summarize the key ideas of {topic}.;
-Write a short story that involves {topic}.; Write a friendly email to a colleague about {topic}.;
-Plan a fifteen-minute lesson on {topic}.; Describe {topic} using an everyday analogy.;
-List the pros and cons of {topic}.; Write the introduction of a blog post about {topic}.;
-Compose a short poem about {topic}.; Give a brief history of {topic}.; What is the most surprising fact about {topic}?;
-Write five quiz questions about {topic}, with answers.; Explain {topic} to a ten-year-old.;
-How would you explain {topic} in an interview?; Write a dialogue between a student and a teacher about {topic}.;
-Give a step-by-step guide to getting started with {topic}.; What are the main arguments for and against {topic}?;
-Create a glossary of five terms related to {topic}.; Write a tweet-length fact about {topic}.;
-Describe a typical day of someone who works with {topic}.; What should a complete beginner read first about {topic}?;
-Compare {topic} with something similar and explain the differences.; Write a haiku about {topic}.;
-Give an outline for a presentation on {topic}.; What are three myths about {topic}, and what is the truth?;
-Write a product description for a course about {topic}.; Explain why {topic} matters today.;
-Write a short FAQ about {topic}.; Suggest a small project to learn about {topic}.;
-Write a motivational message for someone struggling with {topic}.; Describe {topic} in exactly three sentences.;
-What questions would an expert ask about {topic}? Answer two of them.; Write a limerick about {topic}.;
-Give a real-world example of {topic} and explain it.; Write a short news article about a discovery in {topic}.;
-Explain the vocabulary someone needs to talk about {topic}.; What would change in the world without {topic}?
-""")
 
-CHAT_MODIFIERS = ["", "Keep it under 100 words.", "Use a numbered list.", "Use simple words.", "Be concise.",
-                  "Use a friendly tone.", "Use a formal tone.", "Add a short example.", "End with a one-line summary.",
-                  "Use bullet points.", "Write it for a busy manager.", "Include one surprising detail."]
+TOPICS = words("topics")
+CHAT_TEMPLATES = words("chat_templates")
+CHAT_MODIFIERS = ["", *words("chat_modifiers")]  # "": none
 
-CODE_TASKS = _split("""
-reverses a string; checks whether a number is prime; counts the vowels in a text; returns the n-th Fibonacci number;
-merges two sorted lists; removes duplicates from a list while keeping the order; computes the factorial of n;
-finds the largest element of a list; converts Celsius to Fahrenheit; checks whether a word is a palindrome;
-flattens a nested list; counts word frequencies in a text; returns the greatest common divisor of two numbers;
-transposes a matrix given as a list of lists; splits a list into chunks of size k; computes a running average;
-returns the second largest number in a list; capitalizes every word in a sentence; sums the digits of an integer;
-checks whether two strings are anagrams; rotates a list by k positions; finds all pairs in a list that sum to a target;
-parses a date string like 2024-05-17 into a tuple of integers; computes the median of a list;
-counts the lines, words and characters of a text file; converts a Roman numeral to an integer;
-converts an integer to a Roman numeral; checks whether brackets in a string are balanced;
-groups words by their first letter; returns the longest common prefix of a list of strings;
-computes the dot product of two vectors; finds the index of a value in a sorted list with binary search;
-implements bubble sort; implements insertion sort; implements merge sort; implements quicksort;
-returns the prime factors of a number; checks whether a year is a leap year; counts the days between two dates;
-converts a string to snake_case; converts a string to camelCase; truncates a text to n characters with an ellipsis;
-masks all but the last four digits of a card number; generates a random password of a given length;
-validates an IPv4 address; formats a number of bytes as KB, MB or GB; parses a query string into a dictionary;
-reads a CSV file and returns the sum of one column; merges two dictionaries, summing values of shared keys;
-returns the most common element of a list; computes the area of a polygon from its vertices;
-finds the missing number in a list containing 1 to n; computes the power set of a small list;
-returns all permutations of a string; checks whether a list is sorted; removes vowels from a string;
-computes compound interest; counts the set bits of an integer; converts a binary string to an integer;
-interleaves two lists; finds the longest word in a sentence; wraps a text at a given width;
-computes the Levenshtein distance between two strings; implements a stack class with push, pop and peek;
-implements a queue with two stacks; computes the moving maximum over a window; deduplicates a list of dictionaries by a key;
-returns the intersection of two lists; checks whether a string contains only digits; computes a checksum of a text;
-counts how often each character occurs in a string; finds the first non-repeating character of a string;
-computes the cumulative sum of a list; clamps a number into a range; pads a string to a given width
-""")
-
-CODE_TASK_TEMPLATES = [
-    "Write a Python function that {task}.",
-    "Write a Python function that {task}. Include a docstring.",
-    "Implement a Python function that {task}, then explain how it works.",
-    "Show me Python code for a function that {task}.",
-    "Write a small, well-named Python function that {task}, with one example call.",
-    "Using only built-in features, write a Python function that {task}.",
-]
+CODE_TASKS = words("code_tasks")
+CODE_TASK_TEMPLATES = words("code_task_templates")
 CODE_DOC_TEMPLATES = [
     "Write a Python function `{sig}`. Its documentation says: \"{doc}\" Implement it.",
     "Implement this function from its description.\n\nSignature: `{sig}`\nDescription: {doc}",
@@ -164,43 +81,16 @@ CODE_DOC_TEMPLATES = [
     "Using only the Python standard library, write `{sig}`: {doc}",
     "I need a Python function called `{name}` with parameters ({params}). {doc} Please write it.",
 ]
-CODE_EXTRAS = ["", " Add type hints.", " Keep it short.", " Then write two assert-based tests for it.",
-               " Explain the time complexity afterwards.", " Handle invalid input with a clear error."]
+CODE_EXTRAS = ["", *(" " + extra for extra in words("code_extras"))]  # "": none
 
-EDIT_NAMES = ["value", "item", "data", "count", "total", "entry", "source", "target", "payload", "amount",
-              "record", "element", "chunk", "token", "config", "options", "buffer", "handle", "node", "state"]
-EDIT_OPS = [
-    "Rename the parameter `{param}` to `{new}` everywhere in this function. Show the whole updated function.",
-    "Rename the local variable `{local}` to `{new}` in this function and show the full result.",
-    "Rename this function to `{newfunc}`; change nothing else. Show the complete code.",
-    "Add a short comment explaining each statement of this function, leaving the code itself as it is.",
-    "Add a docstring to this function that describes its arguments and its return value; keep the code as it is.",
-    "Add type hints to the signature of this function. Do not change its behaviour.",
-    "Remove all comments and the docstring from this function; keep every line of code the same.",
-    "Reformat this function to use double quotes for all string literals; nothing else may change.",
-    "Wrap the body of this function in a try/except block that logs the exception and re-raises it.",
-    "Turn this function into a static method of a class named `{klass}` and show the class.",
-    "Add a debugging print of all arguments at the start of this function; keep the rest unchanged.",
-    "Reindent this function with two spaces per level instead of four; keep the code otherwise identical.",
-]
+EDIT_NAMES = words("edit_names")
+EDIT_OPS = words("edit_ops")
 EDIT_FRAMES = ["{op}\n\n```python\n{code}\n```", "```python\n{code}\n```\n\n{op}"]
-
-SUMMARY_ASKS = [
-    "Summarize this text in two or three sentences.", "What is the main point of this passage? Answer briefly.",
-    "Write a one-paragraph summary of the text below for a new Python programmer.",
-    "Give a bullet-point summary of the key facts in this text.", "Explain this passage in plain language.",
-    "Condense this documentation into a short note a developer could keep on a sticky note.",
-    "Write a TL;DR for this text.", "List the three most important things this documentation says.",
-    "Rewrite this text as a short, simple explanation.", "Summarize what this documentation describes, in one sentence.",
-]
+SUMMARY_ASKS = words("summary_asks")
 SUMMARY_FRAMES = ["{ask}\n\n{text}", "{text}\n\n{ask}"]
-
-NAMES = ["Ana", "Ben", "Chloe", "Dev", "Emma", "Farid", "Grace", "Hiro", "Ivy", "Jonas", "Kemi", "Luis", "Maya",
-         "Noah", "Olga", "Priya", "Quinn", "Rosa", "Sam", "Tariq", "Uma", "Victor", "Wen", "Yusuf", "Zoe"]
-ITEMS = ["apples", "stickers", "marbles", "books", "pencils", "cookies", "cards", "shells", "stamps", "coins",
-         "plants", "cupcakes", "bottles", "tickets", "buttons", "bricks"]
-MATH_SUFFIXES = ["", " Show your work.", " Explain each step.", " Give the final answer on its own line.",
-                 " Reason it through before answering.", " Solve it carefully."]
+NAMES = words("names")
+ITEMS = words("items")
+MATH_SUFFIXES = ["", *(" " + suffix for suffix in words("math_suffixes"))]  # "": none
 
 
 def _math_problem(template: int, rng: random.Random) -> str:
@@ -250,79 +140,14 @@ MATH_TEMPLATES = 20
 
 # open-ended requests in the manner of multi-turn chat benchmarks (writing, role-play, extraction,
 # reasoning, explanations for a given reader); every word list and template written for this project
-PLACES = _split("""
-Lisbon; Kyoto; a small fishing village in Norway; the Scottish Highlands; Marrakech; Vancouver; the Amazon rainforest;
-Istanbul; a mountain town in the Andes; Cape Town; Iceland; Hanoi; the Greek islands; Patagonia; Prague;
-a national park in Canada; Seoul; the Australian outback; Venice; a desert oasis; Mexico City; New Zealand's south island;
-a lighthouse on a rocky coast; Copenhagen; the Swiss Alps; Buenos Aires; a tea plantation in Sri Lanka; Edinburgh;
-a coral atoll; Montreal; the Sahara; a night market in Taipei; Vienna; a quiet lake in Finland; Havana; Dublin
-""")
-PERSONAS = _split("""
-a medieval knight; a ship's captain from the 1800s; a friendly robot from the future; a detective in 1920s London;
-a grumpy old wizard; a cheerful kindergarten teacher; a famous chef; a professional football coach;
-a NASA flight director; a pirate who has given up piracy; a time traveller from the year 3000; a museum tour guide;
-a stand-up comedian; a wise old tree; a startup founder pitching to investors; a sports commentator;
-a librarian who loves mysteries; a park ranger; a personal fitness trainer; a travel agent;
-a nineteenth-century scientist; a lighthouse keeper; a news anchor; a poet laureate; a retired astronaut;
-a barista who gives life advice; a cat who can talk; a dragon guarding a treasure; a village baker; a tour bus driver
-""")
-AUDIENCES = _split("""
-a group of high-school students; your grandparents; a curious five-year-old; a busy executive; new employees;
-a skeptical scientist; a room full of tourists; readers of a local newspaper; a city council; first-year university students
-""")
-THINGS = _split("""
-a smartwatch; a reusable water bottle; an electric scooter; a noise-cancelling headset; a language-learning app;
-a solar-powered charger; a smart thermostat; a meal-kit subscription; a folding bicycle; an e-reader;
-a home coffee roaster; a plant-care sensor; a budgeting app; a portable projector; a standing desk
-""")
-ROLES = ["engineer", "designer", "manager", "analyst", "teacher", "nurse", "accountant", "chef", "pilot", "editor",
-         "pharmacist", "architect", "developer", "consultant", "journalist"]
-CITIES = ["Oslo", "Lima", "Nairobi", "Perth", "Leeds", "Porto", "Osaka", "Denver", "Quito", "Gdansk", "Tampere", "Accra"]
-MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
-          "November", "December"]
-OPEN_TEMPLATES = _split("""
-Compose an engaging travel blog post about a week spent in {place}, covering the food, the people and one unexpected moment.;
-Write a persuasive essay arguing that every school should teach {topic}.;
-Draft a professional email to your manager asking for a week off to visit {place}.;
-Write a product review of {thing} after using it for a month, with its strengths and weaknesses.;
-Write a short story about {persona} who has to learn about {topic}.;
-Write a speech for {audience} about why {topic} matters.;
-Write a letter to a friend describing your first impressions of {place}.;
-Write the opening scene of a mystery novel set in {place}.;
-Write a radio advertisement for {thing}, about thirty seconds long.;
-Draft a polite complaint to a company whose {thing} stopped working after two days.;
-Write a diary entry of {persona} on an ordinary Tuesday.;
-Write a motivational speech for {audience} before a difficult exam.;
-Write a two-paragraph cover letter for a job that involves {topic}.;
-Compose a short poem in the voice of {persona} about {place}.;
-Write a news report about a festival held in {place}.;
-Write a review of an imaginary restaurant in {place}, as a food critic would.;
-Pretend you are {persona}. Describe your typical day and what you like most about it.;
-Act as {persona} and give advice to someone who is nervous about {topic}.;
-You are {persona}. A visitor asks you what {topic} is. Answer in character.;
-Imagine you are {persona} visiting {place} for the first time. What do you notice?;
-Take on the role of {persona} and explain why people should care about {topic}.;
-Pretend to be {persona} and persuade {audience} to try {thing}.;
-Role-play as {persona}: a customer complains that {thing} is too expensive. Respond to them.;
-Stay in character as {persona} and tell a short story about your greatest adventure.;
-As {persona}, write a short welcome message for {audience}.;
-Explain {topic} to {audience}, using one clear example.;
-What are the main challenges of {topic}, and how can they be addressed?;
-Compare living in {place} with living in a big city. Which would you choose and why?;
-Describe three ways {topic} has changed everyday life in the last fifty years.;
-What ethical questions does {topic} raise? Discuss two of them.;
-Explain the history and the importance of {topic} in a short essay.;
-Give a balanced analysis of the benefits and risks of {thing}.;
-If you had to teach {topic} in a single afternoon, how would you plan it?;
-What would a beginner misunderstand about {topic}, and how would you correct it?;
-Describe how {topic} could be used to solve a problem in a small town.;
-Suggest a three-day itinerary for {place}, with one activity for each morning and afternoon.;
-Plan a birthday surprise for a friend who loves {topic}.;
-Brainstorm five creative names for a café in {place}, and explain each one.;
-Outline a marketing plan for {thing} aimed at {audience}.;
-Suggest five discussion questions for {audience} about {topic}.;
-Create a weekly schedule that helps a student make progress with {topic}.
-""")
+PLACES = words("places")
+PERSONAS = words("personas")
+AUDIENCES = words("audiences")
+THINGS = words("things")
+ROLES = words("roles")
+CITIES = words("cities")
+MONTHS = words("months")
+OPEN_TEMPLATES = words("open_templates")
 OPEN_KINDS = ("template", "extract", "reason", "rewrite")
 
 
@@ -344,16 +169,8 @@ def _notes(rng: random.Random) -> str:
     return " ".join(lines + [extra])
 
 
-EXTRACT_ASKS = ["List every person mentioned, with their job and city, as JSON.",
-                "Extract all the dates and the events that happened on them.",
-                "Who is mentioned in this text, and what does each of them do? Answer in a table.",
-                "Identify the cities in the text and say who is connected to each.",
-                "Summarize the passage in one sentence, then list the names it mentions."]
-REWRITE_ASKS = ["Rewrite this paragraph in a more formal tone.",
-                "Rewrite this as a short, friendly announcement for a company newsletter.",
-                "Turn this passage into three bullet points.",
-                "Edit this paragraph to make it clearer and shorter.",
-                "Rewrite this text as if it were the opening of a novel."]
+EXTRACT_ASKS = words("extract_asks")
+REWRITE_ASKS = words("rewrite_asks")
 
 
 def _on_notes(rng: random.Random, asks: list[str], either_order: bool) -> str:
