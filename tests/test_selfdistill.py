@@ -71,14 +71,15 @@ def test_a_stream_of_chosen_families_gives_them_in_turn_and_records_them(stream)
 
 
 def test_the_word_lists_are_data_files_the_stream_reads_and_the_package_ships():
-    """pacer_train/corpus/words/*.txt: each read by the stream (none left over), one item per line
-    with no padding, and matched by pyproject's package data (an installed pacer corpus finds them)."""
-    from pacer_train.corpus import stream as stream_module
+    """pacer_train/corpus/words/*.txt: each read by the stream or the instructions (none left over),
+    one item per line with no padding, and matched by pyproject's package data (an installed pacer
+    corpus finds them)."""
+    from pacer_train.corpus import instructions, stream as stream_module
 
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
     files = sorted(stream_module.WORDS.glob("*.txt"))
-    source = Path(stream_module.__file__).read_text()
+    source = Path(stream_module.__file__).read_text() + Path(instructions.__file__).read_text()
     assert files and all(f'words("{f.stem}")' in source for f in files)
     for f in files:
         items = stream_module.words(f.stem)

@@ -1,56 +1,27 @@
 """Instructions the target answers to make chat-formatted distillation data.
 
-Written for this project (templates × topics, arithmetic word problems with seeded numbers); none
-comes from a benchmark set (HumanEval, GSM8K, MT-Bench are held out for evaluation).
+Written for this project (templates × topics, arithmetic word problems with seeded numbers; the
+lists in ``words/instruction_*.txt``, names and items the stream's); none comes from a benchmark set
+(HumanEval, GSM8K, MT-Bench are held out for evaluation).
 """
 
 from __future__ import annotations
 
 import random
 
-TOPICS = [
-    "recursion", "hash tables", "binary search", "linked lists", "sorting algorithms", "unit testing",
-    "version control", "HTTP requests", "JSON files", "regular expressions", "list comprehensions",
-    "generators", "decorators", "context managers", "exceptions", "classes and objects", "inheritance",
-    "type hints", "virtual environments", "dynamic programming", "graphs", "queues and stacks",
-    "string formatting", "file input and output", "command-line arguments", "logging", "threads",
-    "photosynthesis", "the water cycle", "volcanoes", "the solar system", "gravity", "electricity",
-    "the human heart", "vaccines", "climate and weather", "supply and demand", "inflation",
-    "compound interest", "budgeting", "healthy sleep", "time management", "public speaking",
-    "learning a language", "writing a cover letter", "planning a trip", "growing tomatoes",
-    "baking bread", "training for a 5k run", "the printing press", "the Roman Empire",
-    "the industrial revolution", "democracy", "renewable energy", "recycling", "friendship",
-]
-CODE_TASKS = [
-    "reverses a string", "checks whether a number is prime", "counts the vowels in a text",
-    "returns the n-th Fibonacci number", "merges two sorted lists", "removes duplicates from a list "
-    "while keeping order", "computes the factorial of n", "finds the largest element of a list",
-    "converts Celsius to Fahrenheit", "checks whether a word is a palindrome", "flattens a nested list",
-    "counts word frequencies in a text", "returns the greatest common divisor of two numbers",
-    "transposes a matrix given as a list of lists", "validates an email address roughly",
-    "splits a list into chunks of size k", "computes the running average of a list",
-    "returns the second largest number in a list", "capitalizes every word in a sentence",
-    "sums the digits of an integer", "checks whether two strings are anagrams",
-    "rotates a list by k positions", "finds all pairs in a list that sum to a target",
-    "parses a date string like 2024-05-17 into a tuple", "computes the median of a list",
-]
-TEMPLATES = [
-    "Explain {topic} to a beginner.", "Give three practical tips about {topic}.",
-    "Write a short paragraph about {topic}.", "What are common mistakes people make with {topic}?",
-    "Summarize the key ideas of {topic} in a few sentences.", "Write a short story that involves {topic}.",
-    "Write a persuasive email to a friend about {topic}.", "Imagine you are a teacher. Plan a short lesson on {topic}.",
-    "Describe {topic} using an everyday analogy.", "List the pros and cons of learning about {topic}.",
-    "Write a blog post introduction about {topic}.", "What questions would an expert ask about {topic}? Answer two of them.",
-    "Compose a short poem about {topic}.", "Explain the history of {topic} in a few paragraphs.",
-]
+from .stream import words
+
+TOPICS = words("instruction_topics")
+CODE_TASKS = words("instruction_code_tasks")
+TEMPLATES = words("instruction_templates")
 CODE_TEMPLATES = [
     "Write a Python function that {task}.",
     "Write a Python function that {task}. Include a docstring and two example calls.",
     "Implement a Python function that {task}, then explain how it works step by step.",
     'Complete the following Python code:\n\ndef solve(data):\n    """Return the result of a function that {task}."""\n',
 ]
-NAMES = ["Ana", "Ben", "Chloe", "Dev", "Emma", "Farid", "Grace", "Hiro", "Ivy", "Jonas", "Kemi", "Luis"]
-ITEMS = ["apples", "stickers", "marbles", "books", "pencils", "cookies", "cards", "shells"]
+NAMES = words("names")[:12]  # the first of the stream's lists (words/names.txt, words/items.txt)
+ITEMS = words("items")[:8]
 
 
 def word_problem(rng: random.Random) -> str:
