@@ -26,8 +26,12 @@ from .errors import ConfigError
 
 
 def one_line(exc: BaseException) -> str:
-    """The first line of an exception's message (its type's name when it has none)."""
-    text = str(exc).strip().splitlines()
+    """The first line of an exception's message (its type's name when it has none). An exception
+    raised with several arguments (attrs' validators add the attribute, the options and the value)
+    gives its first, the message."""
+    args = getattr(exc, "args", ())
+    message = args[0] if len(args) > 1 and isinstance(args[0], str) else str(exc)
+    text = message.strip().splitlines()
     return text[0] if text else type(exc).__name__
 
 

@@ -237,3 +237,26 @@ def test_bench_only_options_refuse_non_finite_numbers_and_negative_indices(tmp_p
         read_bench_config(bench, ["baseline_options.confidence_threshold=.nan"])
     with pytest.raises(ConfigError, match="index -1 is negative"):
         read_bench_config(bench, ["prompt_sets.-1=x"])
+
+
+@attrs.define
+class Student:
+    kind: str = attrs.field(default="feature", validator=attrs.validators.in_(["feature", "token"]))
+
+
+@attrs.define
+class Recipe:
+    student: Student = attrs.field(factory=Student)
+
+
+def test_a_value_an_attrs_validator_refuses_is_named_in_one_readable_line(tmp_path, capsys):
+    """attrs' validators raise with the attribute, the options and the value as extra arguments; the
+    refusal shows only their message (``pacer distill student.kind=bogus`` printed the whole tuple)."""
+    with pytest.raises(ConfigError) as refused:
+        load_schema(Recipe, None, ["student.kind=bogus"], where="distill config")
+    message = str(refused.value)
+    assert "'kind' must be in ['feature', 'token'] (got 'bogus')" in message
+    assert "Attribute(" not in message and "\n" not in message
+    code = cli.main(["distill", f"out={tmp_path / 'run'}", "student.kind=bogus"])
+    err = capsys.readouterr().err
+    assert code == 2 and "(got 'bogus')" in err and "Attribute(" not in err and len(err.strip().splitlines()) == 1
