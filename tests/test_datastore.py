@@ -324,7 +324,7 @@ def _corpus_folder(folder, digest="f00d"):
 
 
 def test_a_corpus_folder_gives_the_targets_answers_after_their_prompts_tail(tmp_path):
-    from datastore.plugin import load_corpus
+    from pacer_train.corpus.loaders import load_corpus
 
     folder = _corpus_folder(tmp_path / "corpus")
     # each answer with its prompt's last max_ngram (here 2) tokens; a prompt shorter than that, whole
@@ -349,7 +349,7 @@ def test_a_corpus_folder_gives_the_targets_answers_after_their_prompts_tail(tmp_
 
 
 def test_the_shipped_corpus_is_the_embedded_targets_answers():
-    from datastore.plugin import load_corpus
+    from pacer_train.corpus.loaders import load_corpus
     from pacer_train.corpus.shards import CorpusStore
     from pathlib import Path
 

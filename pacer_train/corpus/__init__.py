@@ -13,6 +13,8 @@ build their training text, and the self-distillation corpus ``pacer corpus`` gro
 - ``shards``: the shard files (uint16 token ids + offsets, JSON provenance), the manifest, the
   resumable writer and ``iter_corpus``, the loader trainers use.
 - ``command``: ``pacer corpus``.
+- ``loaders``: a corpus as documents of token ids (``shipped``, a corpus folder, a ``.json`` of ids
+  or a text file): what the ``datastore`` drafter searches and the ``eagle`` drafter's corpus prior counts.
 """
 
 from .shards import CorpusError, Sample, corpus_stats, iter_corpus

@@ -19,20 +19,19 @@ output on the same engine; later generations are still stored and saved for late
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import attrs
 import numpy as np
 
-from pacer_core import Component, DraftBlock, InputError, Resources, hookimpl
+from pacer_core import Component, DraftBlock, Resources, hookimpl
 from pacer_core.trees import phrase_block
 
 from .index import TokenIndex, context_matches, rank_continuations
 from .store import check_path, load_documents, save_documents, tokenizer_identity
 
-__all__ = ["SHIPPED_CORPUS", "DatastoreConfig", "Datastore", "corpus_writer", "load_corpus", "pacer_components"]
+__all__ = ["DatastoreConfig", "Datastore", "pacer_components"]
 
 
 @attrs.define
@@ -52,85 +51,6 @@ class DatastoreConfig:
             raise ValueError(f"min_ngram ({self.min_ngram}) must not exceed max_ngram ({self.max_ngram})")
 
 
-SHIPPED_CORPUS = "shipped"  # corpus: shipped = the self-distillation corpus the embedded target wrote
-
-
-def load_corpus(path: str, tokenizer: Any, vocab_size: int, target_digest: Optional[str] = None,
-                prompt_tail: int = 0) -> list[list[int]]:
-    """A corpus's documents. ``shipped`` or a folder that ``pacer corpus`` wrote: the target's own
-    answers, each with the last ``prompt_tail`` tokens of its prompt (so an answer's opening is found
-    after the chat template's assistant header); refused when another target wrote it. A ``.json``
-    file holds token ids (a list, or a list of lists); any other file is UTF-8 text, tokenized once
-    with the target's tokenizer (no chat template)."""
-    if path == SHIPPED_CORPUS or Path(path).expanduser().is_dir():
-        return _target_answers(path, vocab_size, target_digest, prompt_tail)
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise InputError(f"datastore corpus '{file}' does not exist: give a text file, a .json of token ids, "
-                         f"a folder `pacer corpus` wrote or '{SHIPPED_CORPUS}'")
-    if file.suffix == ".json":
-        try:
-            data = json.loads(file.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise InputError(f"datastore corpus '{file}' is not readable JSON ({exc}); give a list of token ids") from None
-        docs = data if isinstance(data, list) and data and all(isinstance(d, list) for d in data) else [data]
-        for doc in docs:
-            if not isinstance(doc, list) or not all(type(t) is int and 0 <= t < vocab_size for t in doc):
-                raise InputError(f"datastore corpus '{file}' must hold token ids in [0, {vocab_size}): "
-                                 "a list of ints or a list of such lists")
-        return docs
-    if tokenizer is None:
-        raise InputError(f"datastore corpus '{file}' is text but this engine has no tokenizer: "
-                         "give token ids in a .json file")
-    try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"datastore corpus '{file}' is not readable UTF-8 text ({exc}); give a text file") from None
-    return [list(tokenizer.encode(text, chat_template=False))]
-
-
-def corpus_writer(path: str) -> Optional[dict[str, Any]]:
-    """The target that wrote a self-distillation corpus (``shipped`` or a folder ``pacer corpus`` wrote):
-    its manifest's ``{"path", "digest"}``; None for a text or .json corpus."""
-    if path != SHIPPED_CORPUS and not Path(path).expanduser().is_dir():
-        return None
-    return _self_distillation(path)[1].manifest.get("target") or {}
-
-
-def _self_distillation(path: str):
-    """(folder, ``CorpusStore``) of ``shipped`` or a corpus folder."""
-    try:
-        import feature_draft
-        from pacer_train.corpus.shards import CorpusStore
-    except ImportError:  # pragma: no cover - both plugins ship in the same distribution
-        raise InputError(f"datastore corpus '{path}' is a self-distillation corpus, which needs the "
-                         "feature_draft plugin: install pacer-sd whole, or give a text or .json corpus") from None
-    folder = Path(feature_draft.__file__).resolve().parent / "corpus" if path == SHIPPED_CORPUS \
-        else Path(path).expanduser()
-    return folder, CorpusStore(folder, create=False)
-
-
-def _target_answers(path: str, vocab_size: int, target_digest: Optional[str], prompt_tail: int) -> list[list[int]]:
-    """The answers of a self-distillation corpus folder (``pacer_train.corpus``; its shards'
-    checksums are verified on reading), each after its prompt's last ``prompt_tail`` tokens."""
-    from pacer_train.corpus.shards import iter_corpus
-
-    folder, store = _self_distillation(path)
-    written_by = store.manifest.get("target") or {}
-    if target_digest is not None and written_by.get("digest") not in (None, target_digest):
-        raise InputError(f"datastore corpus '{path}' was written by another target ({written_by.get('path')}, "
-                         f"weights {written_by.get('digest')}; this target's are {target_digest}): "
-                         "grow one with this target (`pacer corpus out=DIR`) or give a text corpus")
-    docs = []
-    for sample in iter_corpus(folder):
-        tokens = sample.tokens[max(0, sample.prompt_length - prompt_tail):]
-        if len(tokens) and int(tokens.max()) >= vocab_size:
-            raise InputError(f"datastore corpus '{path}' holds token ids beyond this target's vocabulary "
-                             f"({vocab_size}): give a corpus this target wrote")
-        docs.append(tokens.tolist())
-    return docs
-
-
 class Datastore:
     """Continuations of the context's suffix from the context, earlier generations and a corpus
     (see the module)."""
@@ -146,6 +66,8 @@ class Datastore:
             self.store.extend(load_documents(config.path, self.identity, self.vocab_size), config.max_tokens)
         self.corpus: Optional[TokenIndex] = None
         if config.corpus:
+            from pacer_train.corpus.loaders import load_corpus  # the corpus-reading half of the training package
+
             self.corpus = TokenIndex(config.max_ngram)
             self.corpus.extend(load_corpus(config.corpus, resources.tokenizer, self.vocab_size,
                                            resources.target.digest, config.max_ngram))

@@ -62,7 +62,7 @@ class EagleConfig:
 def corpus_successors(corpus: str, tokenizer, vocab_size: int, target_digest: Optional[str]) -> CorpusSuccessors:
     """The corpus prior's n-gram table of ``corpus`` (read as the datastore drafter reads its ``corpus``;
     kept for the next drafter of the same target: a bench builds one per stack)."""
-    from datastore.plugin import load_corpus
+    from pacer_train.corpus.loaders import load_corpus
 
     return CorpusSuccessors(load_corpus(corpus, tokenizer, vocab_size, target_digest, CORPUS_NGRAM), vocab_size,
                             CORPUS_NGRAM)
@@ -70,7 +70,7 @@ def corpus_successors(corpus: str, tokenizer, vocab_size: int, target_digest: Op
 
 def own_corpus(corpus: str, target_digest: Optional[str]) -> bool:
     """Whether ``corpus`` is this target's own writing (a self-distillation corpus it wrote) or a file."""
-    from datastore.plugin import corpus_writer
+    from pacer_train.corpus.loaders import corpus_writer
 
     writer = corpus_writer(corpus)
     return writer is None or (target_digest is not None and writer.get("digest") == target_digest)
