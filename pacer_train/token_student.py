@@ -55,7 +55,7 @@ def evaluate_token(student, head_full: torch.Tensor, subset: torch.Tensor, token
 
 def train_token(cfg, out: Path, tokens: torch.Tensor, features: np.memmap, target,
                 subset: torch.Tensor, deadline: Optional[float] = None):
-    from pacer_core.hf import student_from_target
+    from pacer_train.students import student_from_target
 
     layers = [i % target.num_layers for i in cfg.student.layers]
     torch.manual_seed(cfg.seed)
@@ -83,7 +83,7 @@ def save_token_draft(student, folder: Path, manifest: dict[str, Any], *, target_
                      target_digest: str, dtype: str, subset: torch.Tensor) -> None:
     """The draft folder (replacing one there): the student's own tensors in ``dtype``, the vocabulary
     subset, and ``manifest`` completed with the bytes stored and the trainable parameters."""
-    from pacer_core.hf import save_student
+    from pacer_train.students import save_student
 
     if folder.exists():
         shutil.rmtree(folder)

@@ -97,7 +97,8 @@ def main(argv=None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from feature_draft.agreement import DraftEvalConfig, draft_folder, summarize
     from feature_draft.model import Eagle3Draft, load_draft
-    from pacer_core.hf import load_section, target_states
+    from pacer_core.hf import load_section
+    from pacer_train.students import target_states
 
     answers = Path(args.answers)
     if answers.is_dir() and (answers / "samples").is_dir():

@@ -42,7 +42,7 @@ def main() -> int:
     from pacer_builtins.drafters import lookup_continuation
     from pacer_core import Resources, SamplingParams
     from pacer_core.hf.loading import load_model
-    from pacer_core.hf.students import greedy_batch
+    from pacer_core.hf import greedy_batch
 
     target, tokenizer, digest = load_model(None, a.dtype, "cpu", None, "target")
     out = Path(a.out)

@@ -125,7 +125,8 @@ def complete_in_rounds(draft: str, cache: str, rounds: int, barrier, results) ->
 
 
 def test_two_processes_completing_one_draft_folder_both_load_it(tmp_path, monkeypatch):
-    from pacer_core.hf import HFModel, load_safetensors, materialize, save_student, student_from_target, weights_digest
+    from pacer_core.hf import HFModel, load_safetensors, materialize, weights_digest
+    from pacer_train.students import save_student, student_from_target
 
     monkeypatch.setenv("PACER_CACHE", str(tmp_path / "reference-cache"))
     target, draft = tmp_path / "target", tmp_path / "draft"

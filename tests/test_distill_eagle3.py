@@ -39,7 +39,7 @@ def student(kind: str, target, seed: int = 0) -> torch.nn.Module:
 
 def batch(target, kind: str, rows: int = 2, length: int = 10, seed: int = 0):
     """tokens [B, L], the target's last-layer states and (eagle3) its layers' inputs."""
-    from pacer_core.hf import last_hidden_states, layer_inputs
+    from pacer_train.students import last_hidden_states, layer_inputs
 
     tokens = torch.randint(3, 64, (rows, length), generator=torch.Generator().manual_seed(seed))
     feats = last_hidden_states(target, tokens).float().clone()

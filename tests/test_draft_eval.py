@@ -35,7 +35,7 @@ def test_hits_equal_a_step_by_step_recount_with_the_drafters_cache(kind, context
     to the tokens that follow the last n tokens of x_0..x_{t+j} in x_0..x_{t+1}; ``corpus_bias`` (the
     corpus prior) times the share of each successor of x_0..x_{t+j}'s longest frequent n-gram in a corpus
     of token lists."""
-    from pacer_core.hf import last_hidden_states, layer_inputs
+    from pacer_train.students import last_hidden_states, layer_inputs
 
     model = tiny_target()
     target = adapter(model)
@@ -180,8 +180,8 @@ def test_the_command_reports_per_set_caches_the_answers_and_refuses_bad_input(ti
         assert sum(k["share"] * k["top1"] for k in by_kind.values()) == pytest.approx(s["positions"][0]["top1"])
     assert "by the kind of the target's token" in (tmp_path / "eval" / "report.md").read_text()
     # the answers are reused: generating again would fail
-    import pacer_core.hf.students as students
-    monkeypatch.setattr(students, "greedy_batch", lambda *a, **k: pytest.fail("answers generated again"))
+    import pacer_core.hf.batched as batched
+    monkeypatch.setattr(batched, "greedy_batch", lambda *a, **k: pytest.fail("answers generated again"))
     assert run()["drafts"] == results["drafts"]
     with pytest.raises(ConfigError, match="drafts is empty"):
         load_config(None, ["drafts=[]"])

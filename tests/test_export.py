@@ -266,7 +266,8 @@ def test_an_eagle3_student_with_qkv_biases_is_refused_naming_the_part(tmp_path):
 
 
 def test_a_token_level_draft_is_refused_naming_the_kind(tmp_path):
-    from pacer_core.hf import HFModel, save_student, student_from_target
+    from pacer_core.hf import HFModel
+    from pacer_train.students import save_student, student_from_target
 
     target_model = tiny_llama(0)
     folder = tmp_path / "token-draft"

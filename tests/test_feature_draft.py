@@ -152,7 +152,7 @@ def _tiny_training_setup(tmp_path, epochs):
     cfg.train.lr = 3e-3
     torch.manual_seed(0)
     tokens = torch.randint(3, 64, (18, 16))
-    from pacer_core.hf import last_hidden_states
+    from pacer_train.students import last_hidden_states
 
     features = np.asarray(last_hidden_states(target, tokens).float().numpy(), dtype=np.float16)
     return cfg, target, tokens, features, torch.arange(64)
@@ -238,12 +238,12 @@ def test_token_student_learns_and_resumes_from_its_own_checkpoint(tmp_path):
 
 def test_token_loss_is_the_soft_cross_entropy_to_the_target():
     from pacer_train.token_student import token_loss
-    from pacer_core.hf import student_from_target
+    from pacer_train.students import student_from_target
 
     target = adapter(tiny_llama(0, hidden=32))
     student = student_from_target(target, [0, 1])  # the target itself: every layer copied
     tokens = torch.randint(3, 64, (2, 8))
-    from pacer_core.hf import last_hidden_states
+    from pacer_train.students import last_hidden_states
 
     feats = last_hidden_states(target, tokens).float()
     head = target.embedding_weights()[1].float()

@@ -22,7 +22,7 @@ def test_seen_is_causal():
 
 
 def test_heads_match_draft_eval_and_acceptance_is_the_overlap():
-    from pacer_core.hf import last_hidden_states
+    from pacer_train.students import last_hidden_states
 
     model = tiny_target()
     target = adapter(model)

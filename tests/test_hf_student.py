@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from pacer_core.errors import InputError
-from pacer_core.hf import (SHARED_FILE, SUBSET_FILE, HFModel, materialize, save_student,
-                           student_from_target, weights_digest)
+from pacer_core.hf import SHARED_FILE, SUBSET_FILE, HFModel, materialize, weights_digest
+from pacer_train.students import save_student, student_from_target
 from helpers import adapter, tiny_llama
 
 

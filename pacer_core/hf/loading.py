@@ -1,4 +1,4 @@
-"""Loading a config's model sections: (adapter, tokenizer, weights digest)."""
+"""Loading a config's model sections: (adapter, tokenizer, weights digest); a new model of a config."""
 
 from __future__ import annotations
 
@@ -57,6 +57,12 @@ def load_model(path: Optional[str], dtype: str, device: str, device_map: Optiona
     model.digest = weights_digest(folder)
     return model, tokenizer, model.digest
 
+
+
+def model_from_config(config: Any, dtype: torch.dtype = torch.float32) -> Any:
+    """A new causal LM of ``config``'s architecture with fresh weights (transformers'
+    ``AutoModelForCausalLM.from_config``): what a trainer fills with copied target layers."""
+    return _quiet_transformers().AutoModelForCausalLM.from_config(config, dtype=dtype)
 
 def check_causal_lm(folder: Path, name: str) -> None:
     """Refuse, from its config.json alone, a model folder transformers cannot load as a causal LM without

@@ -89,7 +89,7 @@ def target_answers(cfg: DraftEvalConfig, target, tokenizer, digest: str, out: Pa
     """[{set, question_id, prompt, answer}] (token ids): the cached answers when ``out/answers.json``
     was written for this target, dtype and these prompts, else generated now and cached."""
     from pacer_bench.prompts import load_prompts
-    from pacer_core.hf.students import greedy_batch
+    from pacer_core.hf import greedy_batch
 
     key = {"format": ANSWERS_FORMAT, "target_digest": digest, "dtype": cfg.target.dtype,
            "prompt_sets": list(cfg.prompt_sets), "limit": cfg.limit, "max_new_tokens": cfg.max_new_tokens}
@@ -264,7 +264,8 @@ def add_lookup_bonus(logits: list[torch.Tensor], ids: torch.Tensor, tokens: list
 
 
 def run_draft_eval(cfg: DraftEvalConfig, command_line: str) -> dict[str, Any]:
-    from pacer_core.hf import load_section, target_states
+    from pacer_core.hf import load_section
+    from pacer_train.students import target_states
 
     from .drafter import corpus_bias_for, corpus_successors, lookup_bias_for
 

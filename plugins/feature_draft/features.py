@@ -35,7 +35,7 @@ def extract_feature_sets(out: Path, tokens: torch.Tensor, target, groups: Sequen
     """``extract_features`` for several ``layers`` groups from one target forward per batch (an eagle3
     run needs the last-layer states and its fused layers' inputs: half the target's work of two passes).
     Each file keeps its own ``.done`` count; a run resumes from the smallest."""
-    from pacer_core.hf import target_states
+    from pacer_train.students import target_states
 
     files, done = [], []
     for layers in groups:

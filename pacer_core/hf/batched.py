@@ -1,89 +1,15 @@
-"""Training helpers: token-level students built from target layers and saved without the tensors
-they share with it, the target's hidden states for a batch, batched greedy answers."""
+"""Batched greedy answers from the target: ``greedy_batch`` (continuous batching: finished rows
+leave, waiting prompts join) and ``batch_generate`` (transformers' ``generate`` on a left-padded
+batch). What corpus-making and draft evaluation generate with; kept in the adapter, the one package
+that touches transformers' cache."""
 
 from __future__ import annotations
 
-import copy
-import json
-from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from .adapter import DTYPES, HFModel, _quiet_transformers
-from .artifacts import SHARED_FILE, SUBSET_FILE
-
-
-def student_from_target(target: "HFModel", layers: Sequence[int]) -> Any:
-    """A small causal LM of the target's architecture: ``layers`` (indices into the target's decoder
-    layers) copied in order, with the target's embeddings, final norm and output layer (float32,
-    trainable; the caller freezes what it shares)."""
-    transformers = _quiet_transformers()
-    config = copy.deepcopy(target.model.config)
-    config.num_hidden_layers = len(layers)
-    if getattr(config, "layer_types", None):
-        config.layer_types = [config.layer_types[i] for i in layers]
-    student = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    source = target.model.base_model
-    with torch.no_grad():
-        for mine, index in zip(student.base_model.layers, layers):
-            mine.load_state_dict({k: v.float() for k, v in source.layers[index].state_dict().items()})
-        student.base_model.norm.load_state_dict({k: v.float() for k, v in source.norm.state_dict().items()})
-        student.get_input_embeddings().weight.copy_(target.model.get_input_embeddings().weight.float())
-        if not getattr(config, "tie_word_embeddings", False):
-            student.get_output_embeddings().weight.copy_(target.model.get_output_embeddings().weight.float())
-    return student
-
-
-def save_student(student: Any, folder: Path, *, target_path: Optional[str], target_digest: str,
-                 dtype: str = "bfloat16", vocab_subset: Optional[Sequence[int]] = None) -> int:
-    """Write ``student`` as an HF folder without the tensors it shares with its target (the input
-    embeddings, and the tied output layer): ``pacer-shared.json`` says where to get them, and
-    ``materialize`` completes the folder on first load. Returns the bytes written for the weights."""
-    from safetensors.torch import save_file
-
-    folder.mkdir(parents=True, exist_ok=True)
-    embed_name = "model.embed_tokens.weight"
-    state = {k: v.detach().to(DTYPES[dtype]).contiguous() for k, v in student.state_dict().items()
-             if k != embed_name and not (k == "lm_head.weight" and student.config.tie_word_embeddings)}
-    save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
-    config = copy.deepcopy(student.config)
-    config.dtype = dtype
-    config.save_pretrained(folder)
-    if student.generation_config is not None:
-        student.generation_config.save_pretrained(folder)
-    (folder / SHARED_FILE).write_text(json.dumps(
-        {"target_path": target_path, "target_digest": target_digest,
-         "tensors": {embed_name: embed_name}}, indent=2))
-    if vocab_subset is not None:
-        (folder / SUBSET_FILE).write_text(json.dumps(sorted(int(t) for t in vocab_subset)))
-    return (folder / "model.safetensors").stat().st_size
-
-
-def last_hidden_states(target: HFModel, input_ids: torch.Tensor) -> torch.Tensor:
-    """The target's last-layer hidden states (after the final norm) for a batch [B, L] → [B, L, d],
-    without touching its KV cache (training data for feature-level drafts)."""
-    return target_states(target, input_ids, [None])[0]
-
-
-@torch.inference_mode()
-def target_states(target: HFModel, input_ids: torch.Tensor, groups: Sequence[Optional[Sequence[int]]]
-                  ) -> list[torch.Tensor]:
-    """Several kinds of target states from one forward over a batch [B, L]: per group, None = the
-    last-layer states after the final norm ([B, L, d], ``last_hidden_states``), else the inputs of
-    those decoder layers concatenated ([B, L, len × d], ``layer_inputs``)."""
-    fused = any(group is not None for group in groups)
-    out = target.model.base_model(input_ids=input_ids.to(target.device), use_cache=False,
-                                  output_hidden_states=fused)
-    return [out.last_hidden_state if group is None else torch.cat([out.hidden_states[i] for i in group], dim=-1)
-            for group in groups]
-
-
-def layer_inputs(target: HFModel, input_ids: torch.Tensor, layers: Sequence[int]) -> torch.Tensor:
-    """The inputs of the target's decoder ``layers`` for a batch [B, L], concatenated in that order →
-    [B, L, len(layers) × d] (index i: transformers' ``hidden_states[i]``, as ``HFModel.forward(hidden=
-    layers)`` returns them; what an EAGLE-3-style draft fuses), without touching its KV cache."""
-    return target_states(target, input_ids, [layers])[0]
+from .adapter import HFModel
 
 
 @torch.inference_mode()
