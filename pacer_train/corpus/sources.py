@@ -4,7 +4,7 @@ documentation prose it takes, and the record of exactly what was read (``corpus_
 
 ``pacer distill`` builds its corpus from these streams (plugins/feature_draft/distill.py);
 ``pacer train-preverify`` re-derives the record of a draft made before distill recorded it and
-keeps what a draft was distilled on out of its own prompts (plugins/pacer_stop/train.py).
+keeps what a draft was distilled on out of its own prompts (plugins/pacer_stop/items.py).
 """
 
 from __future__ import annotations

