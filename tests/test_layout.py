@@ -7,6 +7,8 @@ packages is read with ``ast`` — at module level and inside functions alike; on
 - no import cycle between modules;
 - pacer_core (the engine) imports nothing from pacer_bench, pacer_train or any plugin package;
 - only the model adapter, ``pacer_core/hf.py`` or the ``pacer_core/hf/`` package, imports transformers;
+- no plugin imports another plugin, anywhere in its modules (functions' bodies included): what two
+  plugins share lives in pacer_train or pacer_core;
 - no plugin module imports pacer_bench when it is imported (module and class bodies; a command may
   import it inside its function);
 - pacer_core holds no training code (no optimizer, no gradient computed);
@@ -417,3 +419,22 @@ def test_the_training_package_imports_no_plugin(graph):
            for t in sorted(targets) if _top(t) in plugins]
     assert not bad, "pacer_train must import only pacer_core and libraries: " + "; ".join(bad)
     assert any(_top(m) == "pacer_train" for m in modules), "the scan should see pacer_train"
+
+
+def cross_plugin_imports(modules: dict[str, set[str]], lines: dict[tuple[str, str], int], plugins: set[str]) -> list[str]:
+    """Imports of one plugin package by another (``import_graph``'s edges, functions' bodies included)."""
+    return [f"{m} imports {t} (line {lines[m, t]})" for m, targets in sorted(modules.items()) if _top(m) in plugins
+            for t in sorted(targets) if _top(t) in plugins and _top(t) != _top(m)]
+
+
+def test_no_plugin_imports_another_plugin(graph):
+    """Plugins are found and combined through the plugin manager, never by importing one another: a
+    plugin depends on the engine (pacer_core) and the training package (pacer_train), where anything
+    two plugins share lives (the corpus code, the run folder, the students, the shipped drafts' folders)."""
+    modules, lines = graph
+    plugins = {name for name, folder in _packages().items() if folder.parent == PLUGINS}
+    bad = cross_plugin_imports(modules, lines, plugins)
+    assert not bad, "a plugin imports another plugin; move what they share to pacer_train or pacer_core: " + "; ".join(bad)
+    assert len(plugins) >= 2, "the scan should see the plugin packages"
+    made_up = {"a.cmd": {"b.store", "a.util", "pacer_train.corpus"}, "b.store": {"numpy"}}
+    assert cross_plugin_imports(made_up, {("a.cmd", "b.store"): 7}, {"a", "b"}) == ["a.cmd imports b.store (line 7)"]
