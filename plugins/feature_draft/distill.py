@@ -46,8 +46,7 @@ from pacer_core.kernels import batched_dtype_hint
 from pacer_core.schema import load_schema
 from pacer_train import atomic_save, count_parameters, load_run_file, open_run, training_command
 from pacer_train.corpus.instructions import instructions
-from pacer_train.corpus.sources import (CorpusConfig, corpus_sources, stdlib_files, stdlib_root,  # noqa: F401
-                                        text_digest, text_sources)  # stdlib_*: train-preverify reads them here
+from pacer_train.corpus.sources import CorpusConfig, corpus_sources, text_digest, text_sources
 from pacer_train.distillation import CHECKPOINT, SCALING, log, scaling_name, with_init_sources
 from pacer_train.token_student import TOKEN_CHECKPOINT, save_token_draft, train_token
 
