@@ -176,7 +176,7 @@ class Pairs:
         return extra
 
     def _eagle(self, target) -> str:
-        from feature_draft.model import ArchConfig, FeatureDraft
+        from pacer_plugins.feature_draft.model import ArchConfig, FeatureDraft
 
         key = ("eagle", target.vocab_size)
         if key not in self._made:
@@ -192,7 +192,7 @@ class Pairs:
         return self._made[key]
 
     def _mb(self, target) -> str:
-        from pacer_stop.model import PreVerifier, PreVerifierArch
+        from pacer_plugins.pacer_stop.model import PreVerifier, PreVerifierArch
 
         key = ("mb", target.hidden_size)
         if key not in self._made:

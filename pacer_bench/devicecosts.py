@@ -4,13 +4,13 @@ What a decoding step costs on a device depends on the models' shapes, the dtype 
 on the values of the weights. So this module builds, with random weights and directly on the device
 (``pacer_core.hf.random_models``), a target of a known shape (``TARGETS``: the embedded target's,
 SmolLM2-135M, and Llama-3-8B's), a one-layer feature head of its width (EAGLE-shaped:
-``feature_draft.model.FeatureDraft`` and its output layer) and a token-level draft about a tenth of
+``pacer_plugins.feature_draft.model.FeatureDraft`` and its output layer) and a token-level draft about a tenth of
 its size, and measures after ``context`` cached tokens:
 
 - ``verify_s``: one causal target forward over k new tokens (a chain's verification), k = 1..128;
 - ``tree_verify_s``: one tree-masked target forward over k tokens (``pacer_bench.timing``'s probe);
 - ``draft_s``: one draft forward over w tokens (one chain step, or one tree level), per drafter kind;
-- ``preverify_s``: one consultation of PACER's M_B (``pacer_stop.model``, random, the shipped arch);
+- ``preverify_s``: one consultation of PACER's M_B (``pacer_plugins.pacer_stop.model``, random, the shipped arch);
 - ``host_s``: the host time per step outside the forwards (``pacer_bench.hosttime``).
 
 The result is a cost profile (``pacer_core.costs``; curves made non-decreasing with ``monotone``)
@@ -123,7 +123,7 @@ def forward_curves(model: Any, context: Sequence[int], ks: Sequence[int], tree_k
 def feature_head(target: Target, shape: LlamaShape, device: str, dtype: torch.dtype) -> tuple[Any, torch.Tensor, torch.Tensor]:
     """(network, embedding table [vocab, d], output rows [subset, d]): a random one-layer feature
     draft of the target's width, built on the device."""
-    from feature_draft.model import ArchConfig, FeatureDraft
+    from pacer_plugins.feature_draft.model import ArchConfig, FeatureDraft
 
     subset = target.feature_vocab or shape.vocab
     arch = ArchConfig(hidden_size=shape.hidden, num_heads=shape.heads, num_kv_heads=shape.kv_heads,
@@ -142,7 +142,7 @@ def feature_draft_curve(target: Target, shape: LlamaShape, device: str, dtype: t
     """{w: median s} of one feature-head forward over w rows after ``context`` cached rows, as the
     ``eagle`` drafter runs it: embeddings and features in, a tree level's mask (w > 1), the output
     layer over its rows and their distribution; the cache cropped back after each."""
-    from feature_draft.model import KVCache
+    from pacer_plugins.feature_draft.model import KVCache
 
     net, embed, head = feature_head(target, shape, device, dtype)
     generator = torch.Generator().manual_seed(1)
@@ -183,8 +183,8 @@ def preverify_cost(hidden: int, device: str, dtype: torch.dtype, clock: Callable
                    share: float) -> tuple[float, int]:
     """Median seconds of one consultation of M_B (the shipped arch, random weights, read from a
     draft's hidden state on ``device``) at positions 0..PREVERIFY_TOKENS-1 of a draft."""
-    from pacer_stop import model as preverifier
-    from pacer_stop.model import CONFIG, IncrementalPredictor, PreVerifier, PreVerifierArch
+    from pacer_plugins.pacer_stop import model as preverifier
+    from pacer_plugins.pacer_stop.model import CONFIG, IncrementalPredictor, PreVerifier, PreVerifierArch
 
     shipped = json.loads((Path(preverifier.__file__).with_name("default") / CONFIG).read_text())
     fields = {f.name for f in attrs.fields(PreVerifierArch)}

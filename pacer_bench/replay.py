@@ -275,8 +275,8 @@ def unit_draft_identity(unit: dict) -> str:
     if drafter.get("name") != "eagle":
         raise InputError(f"stack '{unit.get('name')}' logged trees with a {drafter.get('name') or 'non-model'} drafter: "
                          "a tree calibration names an eagle draft; log an eagle tree stack")
-    from feature_draft.drafter import draft_folder, draft_identity
-    from feature_draft.model import MANIFEST
+    from pacer_plugins.feature_draft.drafter import draft_folder, draft_identity
+    from pacer_plugins.feature_draft.model import MANIFEST
 
     folder = draft_folder(drafter.get("path"))
     if not (folder / MANIFEST).exists():

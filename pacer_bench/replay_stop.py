@@ -34,13 +34,13 @@ from typing import Any, Iterable, Optional, Sequence
 import attrs
 import torch
 
-from entropy_stop import rules as entropy_rules
+from pacer_plugins.entropy_stop import rules as entropy_rules
 from pacer_core import Draft, DraftBlock, InputError, Stop
 from pacer_core.commands import command
 from pacer_core.costs import CostModel, cost_model
-from pacer_stop.metrics import position_report
-from pacer_stop.policy import DEFAULT_CHECKPOINT, PacerStop, PacerStopConfig, checkpoint_folder
-from pacer_stop.rules import cumulative_confidence
+from pacer_plugins.pacer_stop.metrics import position_report
+from pacer_plugins.pacer_stop.policy import DEFAULT_CHECKPOINT, PacerStop, PacerStopConfig, checkpoint_folder
+from pacer_plugins.pacer_stop.rules import cumulative_confidence
 
 from .oracle import LoggedStep, Replay, captured_share, replay_best, replay_fixed, replay_oracle
 
@@ -149,7 +149,7 @@ def replay_entropy_stop(steps: Sequence[HeldOutStep], gamma: float, threshold: f
 def load_heldout(run: Path, heldout_every: int) -> tuple[Any, list[int]]:
     """The held-out steps of a train-preverify run folder: (StepData, their indices). ``heldout_every``
     0 = every item (a folder simulated for evaluation only)."""
-    from pacer_stop.train import SAMPLE_KEYS, StepData
+    from pacer_plugins.pacer_stop.train import SAMPLE_KEYS, StepData
     from pacer_train import load_run_file
 
     files = sorted((Path(run) / "samples").glob("item_*.pt"))
@@ -187,8 +187,8 @@ def heldout_steps(data, mb_probs: torch.Tensor) -> list[HeldOutStep]:
 
 
 def mb_predictions(checkpoint: Path, data, steps: list[int]) -> torch.Tensor:
-    from pacer_stop.model import PreVerifier
-    from pacer_stop.train import predict_steps
+    from pacer_plugins.pacer_stop.model import PreVerifier
+    from pacer_plugins.pacer_stop.train import predict_steps
 
     net = PreVerifier.load(checkpoint)
     if net.arch.input_size != data.hidden.shape[-1]:

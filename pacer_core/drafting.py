@@ -6,24 +6,21 @@ Two plugin packages draft with a token-level draft model (``pacer_builtins``' ``
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from typing import Optional
+
+from .paths import PLUGINS, package_folder
 
 # (package, folder): the token-level draft shipped for the embedded SmolLM2 target (made by
 # `pacer distill student.kind=token`, see its manifest.json), inside the built-in plugins' package
-SHIPPED_DRAFT = ("pacer_builtins", "default")
+SHIPPED_DRAFT = (f"{PLUGINS}.pacer_builtins", "default")
 
 
 def shipped_draft() -> Optional[str]:
     """The folder of the shipped token-level draft, the ``default_draft`` of the drafters that run a
     draft model (used when a config for the embedded target omits ``draft``); ``None`` when its
     package is not installed. Found, never imported: the engine imports no plugin."""
-    package, folder = SHIPPED_DRAFT
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return str(Path(list(spec.submodule_search_locations)[0]).resolve() / folder)
+    found = package_folder(*SHIPPED_DRAFT)
+    return None if found is None else str(found)
 
 
 def sync_cache(model, context: list[int]) -> list[int]:

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from datastore.index import TokenIndex, context_matches, rank_continuations
+from pacer_plugins.datastore.index import TokenIndex, context_matches, rank_continuations
 
 
 def build(size: int, rng: np.random.Generator, vocab: int = 49152, doc: int = 256) -> tuple[TokenIndex, float]:

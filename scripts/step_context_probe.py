@@ -48,7 +48,7 @@ def record(args) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import attrs
 
-    from entropy_stop.rules import entropy
+    from pacer_plugins.entropy_stop.rules import entropy
     from pacer_bench.prompts import load_prompts
     from pacer_core import Component, Engine, hookimpl, load_config
 
@@ -185,7 +185,7 @@ def throughput(rows, choose, cost, plain: float) -> float:
 
 
 def analyse(args) -> int:
-    from pacer_stop.metrics import roc_auc
+    from pacer_plugins.pacer_stop.metrics import roc_auc
 
     rows = json.loads(Path(args.path).read_text())
     verify = [float(v) for v in args.verify_ms.split(",")]

@@ -2,7 +2,8 @@
 #
 #   PACER_USE_SYSTEM_PYTHON=1 (or the scripts' --system-python): the Python environment at hand, as it
 #   is (torch, transformers and the other dependencies already installed): no pip, no venv, nothing
-#   downloaded. The packages are imported from this checkout (PYTHONPATH=.:plugins), and the plugins and
+#   downloaded. The packages are imported from this checkout (PYTHONPATH=., plugins/ linked as
+#   pacer_plugins), and the plugins and
 #   commands that pyproject.toml registers as entry points are registered by a metadata folder written
 #   to a temporary directory on PYTHONPATH, so the checkout needs no install. PACER_PYTHON names the
 #   interpreter (default: python3 on PATH). Besides torch and transformers the project needs a few
@@ -77,7 +78,8 @@ print(' '.join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))"
     PACER_SITE="$(mktemp -d)"
     trap 'rm -rf "$PACER_SITE"' EXIT
     register_checkout "$PACER_SITE"
-    export PYTHONPATH="$PACER_SITE:$PWD:$PWD/plugins${PYTHONPATH:+:$PYTHONPATH}"
+    ln -s "$PWD/plugins" "$PACER_SITE/pacer_plugins"  # the folder plugins/ is the package pacer_plugins
+    export PYTHONPATH="$PACER_SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
     PACER=("${PY[@]}" -m pacer_core)
     echo "system python: $("${PY[@]}" -c 'import sys; print(sys.executable, sys.version.split()[0])'), packages from $PWD"
   else

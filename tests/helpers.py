@@ -147,8 +147,8 @@ def greedy_pair(scale: float, prompts: list[list[int]], budget: int):
 def make_draft(target_model, folder, seed=0, digest=None, extra_layers=0, subset_size=48):
     """A random feature-level (``eagle``) draft for the tiny ``target_model``, saved in ``folder``
     (``extra_layers``: decoder layers after the first), whose vocabulary is tokens 0..subset_size-1."""
-    from feature_draft.students import _attention_shape
-    from feature_draft.model import ArchConfig, FeatureDraft
+    from pacer_plugins.feature_draft.students import _attention_shape
+    from pacer_plugins.feature_draft.model import ArchConfig, FeatureDraft
 
     target = adapter(target_model)
     arch = ArchConfig(hidden_size=target.hidden_size, vocab_size=target.vocab_size, subset_size=subset_size,
@@ -162,7 +162,7 @@ def make_draft(target_model, folder, seed=0, digest=None, extra_layers=0, subset
 
 def small_arch(input_size: int, **options):
     """A small PACER pre-verifier (M_B) architecture reading ``input_size`` features."""
-    from pacer_stop.model import PreVerifierArch
+    from pacer_plugins.pacer_stop.model import PreVerifierArch
 
     shape = dict(input_size=input_size, width=16, heads=2, ffn_size=32, max_positions=16)
     shape.update(options)
@@ -172,7 +172,7 @@ def small_arch(input_size: int, **options):
 def write_checkpoint(folder: Path, input_size: int, seed: int = 0, target_digest=None, draft_identity=None,
                      **options) -> Path:
     """An untrained M_B (``small_arch``) saved as a PACER checkpoint folder."""
-    from pacer_stop.model import PreVerifier
+    from pacer_plugins.pacer_stop.model import PreVerifier
 
     torch.manual_seed(seed)
     PreVerifier(small_arch(input_size, **options)).save(
@@ -463,7 +463,7 @@ def engine_for(target_model, folder, stop="{name: fixed, gamma: 3}", tree=None, 
 
 def brute_successors(committed: list[int], suffix: list[int], biases) -> dict[int, float]:
     """token → Σ biases[n-1] over the n such that the token follows, somewhere in ``committed``, the
-    last n tokens of ``suffix``: a direct scan (what feature_draft.priors.lookup_bonus computes)."""
+    last n tokens of ``suffix``: a direct scan (what pacer_plugins.feature_draft.priors.lookup_bonus computes)."""
     bonus = {}
     for n, bias in enumerate(biases, start=1):
         if len(suffix) < n:
@@ -485,8 +485,8 @@ def student_target():
 
 def student(kind: str, target) -> torch.nn.Module:
     """kind: feature, eagle3, or feature-deep (a feature student with two decoder layers)."""
-    from feature_draft.distill import DistillConfig
-    from feature_draft.students import build_student
+    from pacer_plugins.feature_draft.distill import DistillConfig
+    from pacer_plugins.feature_draft.students import build_student
 
     cfg = DistillConfig()
     cfg.student.kind, cfg.student.intermediate_size = kind.removesuffix("-deep"), 64

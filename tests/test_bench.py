@@ -737,7 +737,7 @@ def test_first_divergence_and_step_metrics():
 
 
 def test_the_embedded_target_gets_its_shipped_draft_when_a_stack_or_baseline_needs_one(tmp_path):
-    from pacer_builtins.drafters import DEFAULT_DRAFT
+    from pacer_plugins.pacer_builtins.drafters import DEFAULT_DRAFT
 
     for name in "abcd":
         (tmp_path / name).mkdir()

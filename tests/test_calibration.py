@@ -182,7 +182,7 @@ def eagle_engine(target_model, folder, tree: str, drafter: str = "eagle"):
 
 
 def draft_with_calibration(tmp_path, target_model, cal: Calibration):
-    from feature_draft.drafter import draft_identity
+    from pacer_plugins.feature_draft.drafter import draft_identity
 
     folder = make_draft(target_model, tmp_path / "draft")
     calibrations.save(folder / calibrations.FILE, Calibration(cal.upper, cal.rate, draft=draft_identity(folder)))
@@ -260,7 +260,7 @@ def write_tree_run(folder, drafter: dict, steps: list[dict]):
 
 
 def test_replay_saves_a_calibration_fitted_on_the_runs_trees(tmp_path, capsys):
-    from feature_draft.drafter import draft_identity
+    from pacer_plugins.feature_draft.drafter import draft_identity
 
     draft = make_draft(tiny_llama(0), tmp_path / "draft")
     steps = tree_steps(60)
@@ -287,7 +287,7 @@ def test_the_shipped_calibration_is_the_committed_runs_and_names_the_shipped_dra
     the command its manifest records makes from the committed recordings."""
     from pathlib import Path
 
-    from feature_draft.drafter import DEFAULT_DRAFT, draft_identity
+    from pacer_plugins.feature_draft.drafter import DEFAULT_DRAFT, draft_identity
 
     from pacer_bench.answers import load_run
     from pacer_bench.replay import run_calibration

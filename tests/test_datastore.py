@@ -15,8 +15,8 @@ import random
 import numpy as np
 import pytest
 
-from datastore.index import TokenIndex, context_matches, rank_continuations
-from datastore.store import FORMAT, VERSION, load_documents, save_documents
+from pacer_plugins.datastore.index import TokenIndex, context_matches, rank_continuations
+from pacer_plugins.datastore.store import FORMAT, VERSION, load_documents, save_documents
 from pacer_core import ConfigError, InputError, load_config
 from pacer_core.testing import ScriptedLM, chisquare_pvalue, exact_continuation_probs
 
@@ -258,7 +258,7 @@ def test_a_path_no_save_could_write_is_refused_before_decoding(tmp_path):
 
 _WRITER = """
 import sys, numpy as np
-from datastore.store import load_documents, save_documents
+from pacer_plugins.datastore.store import load_documents, save_documents
 path, seed = sys.argv[1], int(sys.argv[2])
 rng = np.random.default_rng(seed)
 for i in range(150):
@@ -292,7 +292,7 @@ def test_corpus_files(tmp_path):
 
     text = tmp_path / "corpus.txt"
     text.write_text("1 2 3 4 5")
-    from datastore.plugin import Datastore, DatastoreConfig
+    from pacer_plugins.datastore.plugin import Datastore, DatastoreConfig
     from pacer_core import Resources, SamplingParams
 
     target = ScriptedLM(VOCAB, table=TARGET_TABLE)
@@ -353,9 +353,9 @@ def test_the_shipped_corpus_is_the_embedded_targets_answers():
     from pacer_train.corpus.shards import CorpusStore
     from pathlib import Path
 
-    import feature_draft
+    import pacer_plugins.feature_draft
 
-    manifest = CorpusStore(Path(feature_draft.__file__).parent / "corpus", create=False).manifest
+    manifest = CorpusStore(Path(pacer_plugins.feature_draft.__file__).parent / "corpus", create=False).manifest
     docs = load_corpus("shipped", None, 49152, manifest["target"]["digest"], 4)
     assert len(docs) == manifest["totals"]["records"]
     assert sum(map(len, docs)) == manifest["totals"]["answer_tokens"] + 4 * len(docs)

@@ -176,14 +176,14 @@ def test_config_sections_are_documented(name, cls):
 @pytest.mark.parametrize("heading,cls", [("#### `corpus`", "CorpusConfig"), ("#### `student`", "StudentConfig"),
                                          ("#### `train`", "TrainConfig")])
 def test_distill_options_are_documented(heading, cls):
-    from feature_draft import distill
+    from pacer_plugins.feature_draft import distill
 
     options = section(read("config.md"), "## `pacer distill` options")
     assert_options_documented(section(options, heading), getattr(distill, cls), f"distill {heading}")
 
 
 def test_distill_top_level_options_are_documented():
-    from feature_draft.distill import DistillConfig
+    from pacer_plugins.feature_draft.distill import DistillConfig
 
     table = section(section(read("config.md"), "## `pacer distill` options"), "#### `distill` (top level)")
     sections = {"corpus", "student", "train"}  # each its own table (test_distill_options_are_documented)
@@ -202,7 +202,7 @@ def assert_table_shows_defaults(table: str, config_cls: type, where: str, skip: 
 
 
 def test_draft_eval_options_are_documented():
-    from feature_draft.agreement import DraftEvalConfig
+    from pacer_plugins.feature_draft.agreement import DraftEvalConfig
 
     table = section(read("draft.md"), "### Measuring a draft in a minute: `pacer draft-eval`")
     assert_table_shows_defaults(table, DraftEvalConfig, "draft-eval")
@@ -235,7 +235,7 @@ def test_the_shipped_drafts_figures_in_the_docs_are_its_manifests():
     `eagle` draft are the ones its manifest records."""
     import json
 
-    from feature_draft.drafter import DEFAULT_DRAFT
+    from pacer_plugins.feature_draft.drafter import DEFAULT_DRAFT
 
     manifest = json.loads((DEFAULT_DRAFT / "manifest.json").read_text())
     held, tokens = manifest["heldout"], manifest["training"]["tokens_total"]

@@ -13,7 +13,7 @@ import attrs
 import pytest
 import torch
 
-from pacer_builtins.observers import DraftQualityConfig, topk_hits
+from pacer_plugins.pacer_builtins.observers import DraftQualityConfig, topk_hits
 from pacer_bench.report import quality_markdown
 from pacer_bench.results import draft_topk
 from pacer_core import Component, Engine, hookimpl, load_config

@@ -22,7 +22,7 @@ from pacer_core import DecodeState, Draft, Engine, InputError, Resources, Sampli
 from pacer_core.testing import chisquare_pvalue, exact_continuation_probs
 from safetensors.torch import load_file, save_file
 
-from feature_draft.drafter import EagleConfig, EagleDrafter
+from pacer_plugins.feature_draft.drafter import EagleConfig, EagleDrafter
 
 from helpers import (LENGTH, PASS_P, Planted, adapter, bigram, engine_for, reference_greedy, sample_outputs,
                      single_thread, tiny_llama, write_checkpoint)

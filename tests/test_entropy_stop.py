@@ -23,8 +23,8 @@ from pacer_core import (ConfigError, Draft, DraftBlock, Engine, SamplingParams, 
                         hookimpl, load_config)
 from pacer_core.testing import ScriptedLM, chisquare_pvalue, exact_continuation_probs
 
-from entropy_stop import rules
-from entropy_stop.policies import (Confidence, ConfidenceConfig, EntropyBound, EntropyConfig, SvipConfig,
+from pacer_plugins.entropy_stop import rules
+from pacer_plugins.entropy_stop.policies import (Confidence, ConfidenceConfig, EntropyBound, EntropyConfig, SvipConfig,
                                    judge_new_tokens)
 
 from helpers import (DRAFT_TABLE, LENGTH, PASS_P, PROMPT, SAMPLINGS, TARGET_TABLE, adapter, build_engine,

@@ -1,6 +1,6 @@
 """``pacer export``: drafts trained here written in the published EAGLE layouts.
 
-An exported folder must load back through the published-layout loader (``feature_draft.published``)
+An exported folder must load back through the published-layout loader (``pacer_plugins.feature_draft.published``)
 and propose exactly what the draft folder proposes, token for token (chains and trees, greedy and
 sampled), and hold exactly the tensor names, shapes and dtypes and the config keys that EAGLE's code
 (``eagle/model/cnets1.py``, ``cnets.py``) builds and vLLM's / SGLang's EAGLE loaders read. What the
@@ -18,8 +18,8 @@ from safetensors.torch import load_file
 
 from pacer_core import InputError, hookimpl
 
-from feature_draft.export import export_draft
-from feature_draft.model import load_draft
+from pacer_plugins.feature_draft.export import export_draft
+from pacer_plugins.feature_draft.model import load_draft
 
 from helpers import (adapter, assert_one_line_error, engine_for, make_draft, reference_greedy, run_cli, student,
                      tiny_llama)
@@ -86,8 +86,8 @@ def feature_folder(target_model, folder: Path, extra_layers: int = 0) -> Path:
 def eagle3_folder(target_model, folder: Path) -> Path:
     """An EAGLE-3 student (``pacer distill student.kind=eagle3``'s network) for an 8-layer target,
     fusing EAGLE-3's layers 2, 4, 5, over 48 of the 64 ids."""
-    from feature_draft.distill import DistillConfig
-    from feature_draft.students import build_student
+    from pacer_plugins.feature_draft.distill import DistillConfig
+    from pacer_plugins.feature_draft.students import build_student
 
     cfg = DistillConfig()
     cfg.student.kind, cfg.student.intermediate_size = "eagle3", FFN  # fused_layers unset: EAGLE-3's
@@ -255,7 +255,7 @@ def test_an_eagle3_student_fusing_other_layers_is_refused_naming_the_part(tmp_pa
 def test_an_eagle3_student_with_qkv_biases_is_refused_naming_the_part(tmp_path):
     import attrs
 
-    from feature_draft.model import Eagle3Draft
+    from pacer_plugins.feature_draft.model import Eagle3Draft
 
     target_model = tiny_llama(0, vocab=64, layers=8)
     net = load_draft(eagle3_folder(target_model, tmp_path / "plain"))

@@ -15,9 +15,9 @@ from pacer_core.testing import chisquare_pvalue
 from helpers import (EOS, LENGTH, PASS_P, adapter, bigram, brute_successors, engine_for, make_draft, reference_greedy,
                      sample_outputs, single_thread, tiny_llama)
 
-from feature_draft.distill import DistillConfig, frequent_tokens
-from feature_draft.model import ArchConfig, FeatureDraft, KVCache
-from feature_draft.students import _attention_shape, draft_loss, train
+from pacer_plugins.feature_draft.distill import DistillConfig, frequent_tokens
+from pacer_plugins.feature_draft.model import ArchConfig, FeatureDraft, KVCache
+from pacer_plugins.feature_draft.students import _attention_shape, draft_loss, train
 
 
 def eagle_engine(target_model, folder, stop="{name: fixed, gamma: 3}", extra=(), plugins=(), digest=None):
@@ -199,7 +199,7 @@ def test_distill_refuses_a_missing_corpus_file(capsys, tmp_path):
 
 
 def test_recipe_guard_takes_options_added_later_at_their_default(tmp_path):
-    from feature_draft.distill import DATA_KEYS
+    from pacer_plugins.feature_draft.distill import DATA_KEYS
     from pacer_train import guard_recipe
 
     cfg = DistillConfig(out=str(tmp_path))
@@ -296,7 +296,7 @@ def context_vocab_samples(tmp_path, samples, wrong=False, monkeypatch=None, bias
     the drafter samples from subset + context but reports q = 0 for the context tokens (the verifier
     then accepts them whenever drafted)."""
     from pacer_core.testing import exact_continuation_probs
-    from feature_draft.drafter import EagleDrafter
+    from pacer_plugins.feature_draft.drafter import EagleDrafter
 
     if wrong:
         choose = EagleDrafter._choose
@@ -352,7 +352,7 @@ def lookup_samples(tmp_path, samples, monkeypatch=None, corpus=False):
     """Sampled chains on the peaked bigram target of 16 tokens with the default priors (``corpus``: the
     corpus prior alone over CORPUS_DOCS, with a bias of 30 that outweighs the draft's own logits);
     with ``monkeypatch``, the drafter samples with the prior but reports q without it."""
-    from feature_draft.drafter import EagleDrafter
+    from pacer_plugins.feature_draft.drafter import EagleDrafter
     from pacer_core.testing import exact_continuation_probs
 
     prior = "corpus_bias" if corpus else "lookup_bias"
@@ -408,8 +408,8 @@ def test_a_corpus_bias_left_out_of_the_reported_q_fails_the_distribution_test(tm
 def test_corpus_bias_adds_the_share_of_the_paths_corpus_successors(tmp_path, tree):
     """Greedy output stays the target's; the bonus is corpus_bias × the share of each successor of the
     longest frequent n-gram ending the path, in the corpus (read from a .json of token ids)."""
-    from feature_draft.drafter import CORPUS_NGRAM
-    from feature_draft.priors import corpus_bonus
+    from pacer_plugins.feature_draft.drafter import CORPUS_NGRAM
+    from pacer_plugins.feature_draft.priors import corpus_bonus
 
     target_model = tiny_llama(0, scale=6.0)
     folder = make_draft(target_model, tmp_path / "draft")
@@ -450,7 +450,7 @@ def test_a_missing_corpus_is_refused_in_one_line(tmp_path):
 def test_lookup_bias_follows_the_draft_path_over_the_committed_text(tmp_path, monkeypatch):
     """Each draft token's lookup reads the last tokens of the committed text and the tokens drafted
     before it in the step, and adds Σ b_n to the successors of their n-gram in the committed text."""
-    from feature_draft.drafter import EagleDrafter
+    from pacer_plugins.feature_draft.drafter import EagleDrafter
 
     target_model = tiny_llama(0, scale=6.0)
     folder = make_draft(target_model, tmp_path / "draft")
@@ -505,10 +505,10 @@ def test_the_corpus_prior_is_on_by_default_only_over_the_targets_own_writing(tmp
     shipped corpus for another target (here a tiny one), and for published checkpoints (their tests)."""
     from pathlib import Path
 
-    import feature_draft
-    from feature_draft.drafter import CORPUS_BIAS, own_corpus
+    import pacer_plugins.feature_draft
+    from pacer_plugins.feature_draft.drafter import CORPUS_BIAS, own_corpus
 
-    shipped = json.loads((Path(feature_draft.__file__).parent / "corpus" / "manifest.json").read_text())
+    shipped = json.loads((Path(pacer_plugins.feature_draft.__file__).parent / "corpus" / "manifest.json").read_text())
     assert own_corpus("shipped", shipped["target"]["digest"]) and not own_corpus("shipped", "another")
     assert not own_corpus("shipped", None) and own_corpus(str(tmp_path / "ids.json"), None)
     target_model = tiny_llama(0, scale=6.0)
@@ -567,7 +567,7 @@ def test_a_bad_stop_thresholds_entry_is_refused_in_one_line(tmp_path, entry):
 
 
 def test_the_shipped_draft_recommends_the_thresholds_its_docs_report():
-    from feature_draft.drafter import DEFAULT_DRAFT, EagleConfig, read_manifest, recommended_stop_thresholds
+    from pacer_plugins.feature_draft.drafter import DEFAULT_DRAFT, EagleConfig, read_manifest, recommended_stop_thresholds
 
     manifest = read_manifest(DEFAULT_DRAFT)
     thresholds = recommended_stop_thresholds(DEFAULT_DRAFT, manifest, EagleConfig())

@@ -30,7 +30,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PLUGINS = ROOT / "plugins"
+PLUGINS = ROOT / "plugins"  # the package pacer_plugins (pyproject.toml's package-dir); each folder a plugin
+PLUGIN_PACKAGE = "pacer_plugins"
 CORE = "pacer_core"
 HARNESS = ("pacer_bench", "pacer_train")
 TESTS = ROOT / "tests"
@@ -42,7 +43,7 @@ MODEL_LIBRARY = "transformers"
 def _packages() -> dict[str, Path]:
     """Top-level package name → its folder: the core, the harness packages present, the plugins."""
     found = {name: ROOT / name for name in (CORE, *HARNESS) if (ROOT / name / "__init__.py").exists()}
-    found.update({p.name: p for p in sorted(PLUGINS.iterdir()) if (p / "__init__.py").exists()})
+    found.update({f"{PLUGIN_PACKAGE}.{p.name}": p for p in sorted(PLUGINS.iterdir()) if (p / "__init__.py").exists()})
     return found
 
 
@@ -133,7 +134,9 @@ def import_graph(type_only: bool = False) -> tuple[dict[str, set[str]], dict[tup
 
 
 def _top(name: str) -> str:
-    return name.split(".")[0]
+    """The package a module belongs to: its top-level package, or for a plugin ``pacer_plugins.<plugin>``."""
+    parts = name.split(".")
+    return ".".join(parts[:2]) if parts[0] == PLUGIN_PACKAGE and len(parts) > 1 else parts[0]
 
 
 def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -181,7 +184,7 @@ def graph():
 def test_the_scan_sees_every_package(graph):
     modules, _ = graph
     tops = {_top(m) for m in modules}
-    assert {CORE, "pacer_bench", "pacer_builtins"} <= tops
+    assert {CORE, "pacer_bench", f"{PLUGIN_PACKAGE}.pacer_builtins"} <= tops
     assert "pacer_core.engine" in modules and "pacer_bench.run" in modules
     assert ADAPTER in modules  # hf.py, or the hf/ package's __init__.py
     # imports inside functions count too: the bench loads the adapter lazily
@@ -438,3 +441,16 @@ def test_no_plugin_imports_another_plugin(graph):
     assert len(plugins) >= 2, "the scan should see the plugin packages"
     made_up = {"a.cmd": {"b.store", "a.util", "pacer_train.corpus"}, "b.store": {"numpy"}}
     assert cross_plugin_imports(made_up, {("a.cmd", "b.store"): 7}, {"a", "b"}) == ["a.cmd imports b.store (line 7)"]
+
+
+def test_every_package_is_installed():
+    """pyproject.toml lists the packages (the plugins' folder is mapped to ``pacer_plugins``): every
+    folder with an ``__init__.py`` is listed, under its installed name, and nothing else."""
+    import tomllib
+
+    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert setup["package-dir"] == {PLUGIN_PACKAGE: "plugins"}
+    folders = {init.parent.relative_to(ROOT) for root in (CORE, *HARNESS, "plugins")
+               for init in (ROOT / root).rglob("__init__.py")}
+    names = {".".join((PLUGIN_PACKAGE, *f.parts[1:]) if f.parts[0] == "plugins" else f.parts) for f in folders}
+    assert sorted(setup["packages"]) == sorted(names)

@@ -29,8 +29,8 @@ import attrs
 import pytest
 import torch
 
-from ouroboros.plugin import Ouroboros, OuroborosConfig, lookahead_layout
-from ouroboros.pool import PhrasePool, argmax_chains
+from pacer_plugins.ouroboros.plugin import Ouroboros, OuroborosConfig, lookahead_layout
+from pacer_plugins.ouroboros.pool import PhrasePool, argmax_chains
 from pacer_core import (Component, ConfigError, DecodeState, Draft, DraftBlock, Engine, InputError, Resources,
                         SamplingParams, SideNodes, StepRecord, Stop, Verdict, hookimpl, load_config)
 from pacer_core.registry import components, new_plugin_manager
@@ -220,7 +220,7 @@ def stop_specs(tmp_path_factory) -> dict[str, str]:
     predictions vary around the threshold, so drafts of many lengths are verified)."""
     specs = dict(BASE_STOPS, entropy="{name: entropy}")
     if "pacer" in OPTIONAL_STOPS:
-        pacer_model = pytest.importorskip("pacer_stop.model")
+        pacer_model = pytest.importorskip("pacer_plugins.pacer_stop.model")
         folder = tmp_path_factory.mktemp("pacer_checkpoint")
         torch.manual_seed(0)
         arch = pacer_model.PreVerifierArch(input_size=model("target").config.hidden_size)

@@ -24,10 +24,10 @@ from hypothesis import strategies as st
 from pacer_core import ConfigError, Draft, DraftBlock, Engine, InputError, StepRecord, Stop, Verdict, load_config
 from pacer_core.testing import ScriptedLM, chisquare_pvalue, exact_continuation_probs
 
-from pacer_stop.metrics import accuracy, expected_calibration_error, prediction_report, roc_auc
-from pacer_stop.model import IncrementalPredictor, PreVerifier, pack, packing_mask
-from pacer_stop.policy import PacerStop, PacerStopConfig
-from pacer_stop import train as trainer
+from pacer_plugins.pacer_stop.metrics import accuracy, expected_calibration_error, prediction_report, roc_auc
+from pacer_plugins.pacer_stop.model import IncrementalPredictor, PreVerifier, pack, packing_mask
+from pacer_plugins.pacer_stop.policy import PacerStop, PacerStopConfig
+from pacer_plugins.pacer_stop import train as trainer
 from pacer_train import load_run_file  # what train-preverify writes reads back with weights_only=True
 
 from helpers import (DRAFT_TABLE, LENGTH, PASS_P, PROMPT, SAMPLINGS, TARGET_TABLE, adapter, build_engine,
@@ -276,7 +276,7 @@ def test_incremental_decoding_equals_a_full_forward(options, blocks):
 
 
 def test_an_untrained_confidence_prior_predicts_the_drafts_cumulative_confidence():
-    from pacer_stop.rules import cumulative_confidence
+    from pacer_plugins.pacer_stop.rules import cumulative_confidence
 
     torch.manual_seed(6)
     net = PreVerifier(small_arch(8, **PRIOR)).eval()
@@ -400,7 +400,7 @@ def test_a_checkpoint_for_another_pair_fails_in_one_line(tmp_path):
 
 
 def test_the_eagle_drafters_identity_reaches_the_stop(tmp_path):
-    from feature_draft.drafter import draft_identity
+    from pacer_plugins.feature_draft.drafter import draft_identity
 
     target_model = tiny_llama(0)
     eagle = make_draft(target_model, tmp_path / "eagle", digest="aaaa")
@@ -422,14 +422,14 @@ def test_the_eagle_drafters_identity_reaches_the_stop(tmp_path):
 
 
 def test_missing_or_mismatched_checkpoints_are_explained(tmp_path, monkeypatch):
-    import pacer_stop.policy
+    import pacer_plugins.pacer_stop.policy
 
     pair_engine_default = load_config(overrides=["strategy.drafter={name: draft_model}",
                                                  "strategy.stop=[{name: pacer}]"], require_models=False)
     # the shipped checkpoint is trained for the embedded pair: a tiny pair's hidden size differs
     with pytest.raises(InputError, match="size 576, but this draft's have size 32.*train-preverify"):
         Engine.build(adapter(tiny_llama(0)), draft=adapter(tiny_llama(1)), cfg=pair_engine_default)
-    monkeypatch.setattr(pacer_stop.policy, "DEFAULT_CHECKPOINT", tmp_path / "not-shipped")
+    monkeypatch.setattr(pacer_plugins.pacer_stop.policy, "DEFAULT_CHECKPOINT", tmp_path / "not-shipped")
     with pytest.raises(InputError, match="shipped PACER checkpoint .* does not exist yet.*train-preverify"):
         Engine.build(adapter(tiny_llama(0)), draft=adapter(tiny_llama(1)), cfg=pair_engine_default)
     with pytest.raises(InputError, match="not a PACER checkpoint folder"):
@@ -439,7 +439,7 @@ def test_missing_or_mismatched_checkpoints_are_explained(tmp_path, monkeypatch):
 
 
 def test_the_shipped_checkpoint_for_the_run_pair_is_chosen(tmp_path, monkeypatch):
-    import pacer_stop.policy as policy
+    import pacer_plugins.pacer_stop.policy as policy
 
     first = write_checkpoint(tmp_path / "a", 32, draft_identity="draft-a")
     second = write_checkpoint(tmp_path / "b", 32, seed=1, draft_identity="draft-b")
@@ -721,7 +721,7 @@ def test_train_preverify_follows_the_drafts_recorded_corpus(tmp_path):
 
 
 def test_a_draft_made_before_the_record_is_re_derived_from_its_recipe(tmp_path):
-    from feature_draft.distill import DistillConfig
+    from pacer_plugins.feature_draft.distill import DistillConfig
 
     tokenizer = ByteTokenizer()
     counts, used = distill_record()
@@ -803,7 +803,7 @@ def attrs_asdict(value):
 def test_the_shipped_drafts_record_their_corpus():
     """Each shipped draft records what its weights saw (its init chain included), and a
     self-distillation corpus it names is the committed one, shard for shard."""
-    from feature_draft.drafter import DEFAULT_DRAFT
+    from pacer_plugins.feature_draft.drafter import DEFAULT_DRAFT
     from pacer_train.corpus.shards import CorpusStore
 
     root = Path(trainer.__file__).parents[2]

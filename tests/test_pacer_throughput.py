@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 from pacer_bench.oracle import CostModel
 from pacer_bench.replay_stop import HeldOutStep, StoredPredictor, compare, drive, replay_entropy_stop, replay_policy
 from pacer_core import Engine, InputError, load_config
-from pacer_stop import costs as cost_files
-from pacer_stop import rules
-from pacer_stop.metrics import position_report, roc_auc
-from pacer_stop.policy import DraftConfidence, PacerStop, PacerStopConfig
+from pacer_plugins.pacer_stop import costs as cost_files
+from pacer_plugins.pacer_stop import rules
+from pacer_plugins.pacer_stop.metrics import position_report, roc_auc
+from pacer_plugins.pacer_stop.policy import DraftConfidence, PacerStop, PacerStopConfig
 
 from helpers import adapter, one_line_error, run_cli, single_thread, tiny_llama, write_checkpoint
 from helpers import INLINE_COSTS as COSTS  # the throughput rule's cost model, inline

@@ -75,7 +75,7 @@ def recorded_run(profile_data: dict) -> tuple[dict, list[dict]]:
         draft = Costed(ScriptedLM(VOCAB, table=DRAFT_TABLE), clock, lambda k, tree: profile.draft_forward("token", k))
         engine = build_engine(target, draft, drafter, stop, {"temperature": 0.0}, verifier="greedy")
         engine.clock = clock
-        engine.pm.register(__import__("pacer_builtins.observers", fromlist=["Metrics"]).Metrics(None, None))
+        engine.pm.register(__import__("pacer_plugins.pacer_builtins.observers", fromlist=["Metrics"]).Metrics(None, None))
         units.append({"name": name, "kind": "stack",
                       "config": {"strategy": {"drafter": {"name": drafter.split(",")[0]}}}})
         for question, prompt in PROMPTS.items():
@@ -348,7 +348,7 @@ def test_a_measured_profile_cached_for_the_device_sizes_trees_there(tmp_path, mo
 
 def test_the_pacer_stops_throughput_rule_takes_a_profile():
     from pacer_core import load_config
-    from pacer_stop.policy import PacerStopConfig, load_costs
+    from pacer_plugins.pacer_stop.policy import PacerStopConfig, load_costs
 
     config = PacerStopConfig(rule="throughput", profile="a100-7b-bf16")
     cost = load_costs(config, resources=None)

@@ -71,7 +71,7 @@ def test_train_preverify_refuses_a_crafted_sample_item(tmp_path, capsys, tiny_pa
 
 
 def test_train_preverify_refuses_a_crafted_or_truncated_checkpoint(tmp_path, capsys, tiny_pair):
-    from pacer_stop import train as trainer
+    from pacer_plugins.pacer_stop import train as trainer
 
     out, argv = preverify_folder(tmp_path)
     checkpoint = out / f"checkpoint-{trainer.shape_tag(trainer.load_train_config(None, argv[3:]))}.pt"

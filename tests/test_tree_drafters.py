@@ -26,7 +26,7 @@ from pacer_core.schema import load_schema
 from pacer_core.errors import ConfigError
 from pacer_core.testing import ScriptedLM, chisquare_pvalue, exact_continuation_probs
 from pacer_core.trees import TreeConfig
-from pacer_builtins.drafters import (DraftModel, DraftModelConfig, PromptLookup, PromptLookupConfig,
+from pacer_plugins.pacer_builtins.drafters import (DraftModel, DraftModelConfig, PromptLookup, PromptLookupConfig,
                                      level_layout, lookup_continuation, lookup_continuations)
 
 from helpers import (DRAFT_TABLE, LENGTH, PASS_P, PROMPT, SCRIPTED_VOCAB, TARGET_TABLE, adapter, build_engine,

@@ -7,18 +7,18 @@ A corpus is ``shipped`` (the self-distillation corpus the embedded target wrote)
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any, Optional
 
 from pacer_core.errors import InputError
+from pacer_core.paths import PLUGINS, package_folder
 
 from .shards import CorpusStore, iter_corpus
 
 SHIPPED_CORPUS = "shipped"  # corpus: shipped = the self-distillation corpus the embedded target wrote
 # (package, folder): where it is committed, beside the draft distilled on it (plugins/feature_draft/corpus)
-SHIPPED_FOLDER = ("feature_draft", "corpus")
+SHIPPED_FOLDER = (f"{PLUGINS}.feature_draft", "corpus")
 
 
 def load_corpus(path: str, tokenizer: Any, vocab_size: int, target_digest: Optional[str] = None,
@@ -66,11 +66,7 @@ def corpus_writer(path: str) -> Optional[dict[str, Any]]:
 def shipped_corpus() -> Optional[Path]:
     """The folder of the shipped corpus; ``None`` when its package is not installed. Found, never
     imported: the training package imports no plugin."""
-    package, folder = SHIPPED_FOLDER
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(list(spec.submodule_search_locations)[0]).resolve() / folder
+    return package_folder(*SHIPPED_FOLDER)
 
 
 def _self_distillation(path: str) -> tuple[Path, CorpusStore]:

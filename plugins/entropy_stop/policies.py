@@ -5,7 +5,7 @@ before the next is drafted, and stops right after the first token its rule flags
 still verified: it costs nothing more to draft and may be accepted). A drafter that returns several
 tokens per call is handled too: every new token is judged and the draft is trimmed after the first
 flagged one (``Stop(keep=...)``). ``max_tokens`` bounds the draft. The rules are in
-``entropy_stop.rules``; docs/stop-policies.md states them with their defaults.
+``pacer_plugins.entropy_stop.rules``; docs/stop-policies.md states them with their defaults.
 
 A ``threshold`` left unset (None) is the one the drafter's draft recommends for the stop
 (``Resources.stop_thresholds``, e.g. the shipped eagle draft's manifest), else the stop's default

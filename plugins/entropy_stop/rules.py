@@ -1,7 +1,7 @@
 """The decision rules of the training-free stop policies, as pure functions of tensors and lists.
 
 No models, no state, no randomness. ``n`` is the number of draft tokens, ``vocab`` the vocabulary.
-The policies in ``entropy_stop.policies`` call these; the tests check them directly.
+The policies in ``pacer_plugins.entropy_stop.policies`` call these; the tests check them directly.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The ``phrase_pool`` drafter: Ouroboros' phrase pool as a model-free draft source.
 
-No draft model: the pool (``ouroboros.pool``, the same one the ``ouroboros`` drafter keeps) is
+No draft model: the pool (``pacer_plugins.ouroboros.pool``, the same one the ``ouroboros`` drafter keeps) is
 filled from the prompt's own n-grams (``prompt_phrases``), from the target as in Ouroboros
 (``learn_from_step``: the target's argmax chains along the verified paths and its corrections of
 the phrases that hung off accepted nodes) and from the generation's own n-grams as they are

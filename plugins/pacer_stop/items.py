@@ -9,7 +9,6 @@ the instructions, files and topics the draft was distilled on, as its manifest r
 
 from __future__ import annotations
 
-import importlib.util
 import random
 from pathlib import Path
 from typing import Any, Optional
@@ -18,6 +17,7 @@ import attrs
 
 from pacer_core.config import PacerConfig, draft_model_config
 from pacer_core.errors import InputError
+from pacer_core.paths import PLUGINS, package_folder
 from pacer_train import read_json
 from pacer_train.corpus import iter_corpus
 from pacer_train.corpus.guard import NGRAM, BenchmarkGuard, words
@@ -27,7 +27,7 @@ from pacer_train.corpus.sources import CorpusConfig, corpus_sources, stdlib_file
 from .train_config import DataConfig, TrainPreverifyConfig, log
 
 # (package, folder): the shipped feature draft, the eagle drafter's default (plugins/feature_draft/default)
-SHIPPED_FEATURE_DRAFT = ("feature_draft", "default")
+SHIPPED_FEATURE_DRAFT = (f"{PLUGINS}.feature_draft", "default")
 
 
 def draft_folder(cfg: TrainPreverifyConfig, sim: PacerConfig, drafter) -> Optional[Path]:
@@ -43,11 +43,7 @@ def draft_folder(cfg: TrainPreverifyConfig, sim: PacerConfig, drafter) -> Option
 
 def shipped_feature_draft() -> Optional[Path]:
     """The eagle drafter's default draft folder, found without importing its plugin."""
-    package, folder = SHIPPED_FEATURE_DRAFT
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(list(spec.submodule_search_locations)[0]).resolve() / folder
+    return package_folder(*SHIPPED_FEATURE_DRAFT)
 
 
 DRAFT_CORPUS_FIX = ("make the draft with the current `pacer distill`, or set data.skip_draft_corpus=false if it "
