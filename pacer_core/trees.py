@@ -303,11 +303,16 @@ class NodeBudget:
             return ranked_nodes(values, tree.parents.tolist(), self.nodes)
         values = self.values(tree) if values is None else values
         depth = int(tree.depths.max()) if len(tree) else 0
-        fixed = self.cost.draft(depth) + self.cost.host(len(tree))
-        nodes, expected, verify_s = value_nodes(values, tree.parents.tolist(), self.cost.verify_tree, self.rate())
+        nodes, expected, sent_s = value_nodes(values, tree.parents.tolist(), self.sending_seconds, self.rate())
         self.emitted += 1.0 + expected
-        self.seconds += fixed + verify_s
+        self.seconds += self.cost.draft(depth) + sent_s
         return None if len(nodes) == len(tree) else nodes
+
+    def sending_seconds(self, k: int) -> float:
+        """What sending k − 1 nodes costs (a forward over k tokens, the pending one first): the
+        tree-masked verification and the step's host time, which also grows with the nodes sent
+        (a profile's ``host_s.tree`` is by nodes sent: masks, positions, acceptance, bookkeeping)."""
+        return self.cost.verify_tree(k) + self.cost.host(max(k - 1, 1))
 
 
 def default_profile(device: str) -> str:

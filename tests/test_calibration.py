@@ -167,6 +167,25 @@ def test_a_calibration_that_deep_nodes_are_worth_less_sends_fewer_deep_nodes():
     assert NodeBudget(TreeConfig(nodes=4), "cuda", cost, SHALLOW).calibration is None
 
 
+def test_auto_weighs_the_host_time_each_sent_node_adds():
+    """A profile whose tree host time grows with the nodes sent makes each node dearer: ``auto``
+    sends fewer nodes than under the same profile with a flat host time, and what it predicts for a
+    step counts the host time of the nodes it sends."""
+    import attrs
+
+    from pacer_core.costs import Curve
+
+    flat = load_profile("cpu-2core-smollm2-fp32").cost_model("feature")
+    steep = attrs.evolve(flat, tree_step_s=Curve((1, 64), (0.001, 0.001 + 63 * 0.004)))  # 4 ms a node
+    tree = chain_tree(8, q=0.97)
+    auto = TreeConfig(nodes="auto")
+    calm = NodeBudget(auto, "cuda", attrs.evolve(flat, tree_step_s=Curve((1, 64), (0.001, 0.001))))
+    dear = NodeBudget(auto, "cuda", steep)
+    sent_calm, sent_dear = calm.select(tree) or list(range(len(tree))), dear.select(tree) or list(range(len(tree)))
+    assert len(sent_dear) < len(sent_calm)
+    assert dear.sending_seconds(5) == pytest.approx(steep.verify_tree(5) + steep.host(4))
+
+
 # -- the engine --------------------------------------------------------------------------------------
 PROMPTS = ([1, 7, 9, 7, 9, 7], list(range(3, 40)), [50, 7, 61, 9, 50, 61, 7])
 
