@@ -33,8 +33,20 @@ import attrs
 from pacer_core import ConfigError, InputError
 from pacer_core.commands import Runner, command
 
-from .conformance import (CONTEXT, DIST_LENGTH, DIST_PROMPT, FALSE_ALARM, PROMPTS, QUICK_SAMPLINGS, SAMPLINGS, Case,
-                          Outcome, Pairs, Stack, expect_equal)
+from .conformance import (
+    CONTEXT,
+    DIST_LENGTH,
+    DIST_PROMPT,
+    FALSE_ALARM,
+    PROMPTS,
+    QUICK_SAMPLINGS,
+    SAMPLINGS,
+    Case,
+    Outcome,
+    Pairs,
+    Stack,
+    expect_equal,
+)
 
 CHECKS = ("greedy", "distribution", "sample_match", "repeatability", "options")
 SAMPLED = ("distribution", "sample_match", "repeatability")  # not applicable to a greedy-only stack

@@ -17,7 +17,7 @@ import numpy as np
 from pacer_core.errors import InputError
 
 from .answers import load_run
-from .stats import SEED, format_interval, interval, ratio_of_rates, rate_columns, tau_interval
+from .stats import SEED, format_interval, interval, rate_columns, ratio_of_rates, tau_interval
 
 ALL = "all"
 

@@ -13,10 +13,9 @@ key by key, naming the keys valid where one failed.
 
 from __future__ import annotations
 
-import re
-
 import itertools
 import json
+import re
 import typing
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence

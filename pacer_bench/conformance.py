@@ -19,8 +19,8 @@ import torch
 
 from pacer_core import Engine, hookimpl, load_config
 from pacer_core.config import check as check_stack
-from pacer_core.registry import new_plugin_manager
 from pacer_core.drafts import Draft, DraftBlock
+from pacer_core.registry import new_plugin_manager
 from pacer_core.types import Stop, Verdict
 
 FALSE_ALARM = 1e-3  # the chance a correct stack fails the distribution check (all its cases together)

@@ -243,6 +243,7 @@ def measure(name: str, *, device: str, dtype: str, context: int = 512, seconds: 
     if name not in TARGETS:
         raise InputError(f"unknown target shape '{name}': choose from {', '.join(TARGETS)}")
     from pacer_core.hf import DTYPES
+
     from .timing import make_clock
 
     if dtype not in DTYPES:

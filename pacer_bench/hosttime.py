@@ -168,9 +168,9 @@ def tiny_models(shape: Shape, folder: Path, seed: int = 0) -> tuple[Any, Any, di
     draft and a random PACER M_B for it (paths["EAGLE"], paths["MB"])."""
     import copy
 
-    from pacer_plugins.feature_draft.students import _attention_shape
-    from pacer_plugins.feature_draft.model import ArchConfig, FeatureDraft
     from pacer_core.hf.tiny import tiny_llama, tiny_model
+    from pacer_plugins.feature_draft.model import ArchConfig, FeatureDraft
+    from pacer_plugins.feature_draft.students import _attention_shape
     from pacer_plugins.pacer_stop.model import PreVerifier, PreVerifierArch
 
     model = tiny_llama(seed, shape.vocab, layers=shape.layers, hidden=shape.hidden, max_positions=4096)

@@ -34,10 +34,10 @@ from typing import Any, Iterable, Optional, Sequence
 import attrs
 import torch
 
-from pacer_plugins.entropy_stop import rules as entropy_rules
 from pacer_core import Draft, DraftBlock, InputError, Stop
 from pacer_core.commands import command
 from pacer_core.costs import CostModel, cost_model
+from pacer_plugins.entropy_stop import rules as entropy_rules
 from pacer_plugins.pacer_stop.metrics import position_report
 from pacer_plugins.pacer_stop.policy import DEFAULT_CHECKPOINT, PacerStop, PacerStopConfig, checkpoint_folder
 from pacer_plugins.pacer_stop.rules import cumulative_confidence

@@ -23,8 +23,7 @@ from pacer_core.config import PacerConfig
 from pacer_core.errors import InputError
 
 from . import units as _units
-from .answers import (ANSWERS, COST_MODEL, META, AnswerLog, json_default, make_record, read_meta, record_key,
-                      write_json)
+from .answers import ANSWERS, COST_MODEL, META, AnswerLog, json_default, make_record, read_meta, record_key, write_json
 from .config import BASELINE, HF_BASELINES, BenchConfig, BenchModelConfig
 from .hosttime import ForwardClock
 from .prompts import load_prompts, turn_ids

@@ -1,12 +1,22 @@
 """PACER-SD: lossless speculative decoding with strategies as plugins."""
 
 from .config import PacerConfig, load_config
+from .drafts import Draft, DraftBlock, SideNodes, TokenTree
 from .engine import Engine
 from .errors import ConfigError, InputError, PacerError
 from .hookspecs import hookimpl
-from .drafts import Draft, DraftBlock, SideNodes, TokenTree
 from .protocols import FeatureModel, LanguageModel, ModelOutput
-from .types import Component, DecodeState, DraftInfo, GenerationResult, Resources, SamplingParams, StepRecord, Stop, Verdict
+from .types import (
+    Component,
+    DecodeState,
+    DraftInfo,
+    GenerationResult,
+    Resources,
+    SamplingParams,
+    StepRecord,
+    Stop,
+    Verdict,
+)
 
 __all__ = [
     "Component", "ConfigError", "DecodeState", "Draft", "DraftBlock", "DraftInfo", "Engine", "FeatureModel",

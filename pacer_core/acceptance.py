@@ -8,7 +8,7 @@ Randomness is passed in (``uniforms``, ``generator``); nothing here seeds or tou
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional
 
 import torch
 

@@ -18,10 +18,10 @@ import pluggy
 import torch
 
 from .config import PacerConfig, check, check_seed, draft_model_config
-from .errors import ConfigError, InputError
-from .registry import ResolvedStack, check_hooks, new_plugin_manager
 from .drafts import Draft, TokenTree
+from .errors import ConfigError, InputError
 from .protocols import LanguageModel
+from .registry import ResolvedStack, check_hooks, new_plugin_manager
 from .types import DecodeState, DraftInfo, GenerationResult, Resources, SamplingParams, StepRecord, Stop
 
 

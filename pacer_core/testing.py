@@ -34,8 +34,8 @@ from typing import Iterable, Optional, Sequence, Union
 
 import torch
 
-from .sampling import logits_to_probs
 from .protocols import ModelOutput
+from .sampling import logits_to_probs
 from .types import SamplingParams
 
 __all__ = ["DeviceLM", "OnDevice", "ScriptedLM", "chisquare_pvalue", "count_host_reads", "count_host_syncs",

@@ -26,7 +26,6 @@ from .calibration import apply as calibrated
 from .calibration import load as load_calibration
 from .drafts import Draft, DraftBlock, SideNodes, TokenTree
 
-
 MAX_TOPK = 64  # children tried per node and nodes kept per level, at most
 MAX_DEPTH = 32  # levels per step, at most
 MAX_NODES = 512  # nodes sent for verification, at most (EAGLE-2 sends 60 on a GPU)

@@ -9,7 +9,7 @@ Tensors are excluded from equality and shown by shape in ``repr``. Shapes are no
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Literal, Mapping, Optional, Protocol, Union, runtime_checkable
+from typing import Any, Callable, Iterable, Literal, Mapping, Optional, Protocol, runtime_checkable
 
 import attrs
 import torch

@@ -24,10 +24,16 @@ A trainer keeps a **run folder** (``out=``) from which every stage resumes:
 """
 
 from .command import training_command
-from .files import (atomic_save, atomic_write_bytes, atomic_write_json, atomic_write_text, check_out_dir,
-                    load_run_file, read_json)
-from .loop import (TrainingRun, count_parameters, cosine_lr, interruptible, load_checkpoint, progress,
-                   set_threads)
+from .files import (
+    atomic_save,
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+    check_out_dir,
+    load_run_file,
+    read_json,
+)
+from .loop import TrainingRun, cosine_lr, count_parameters, interruptible, load_checkpoint, progress, set_threads
 from .recipe import RECIPE, guard_recipe, recipe_difference
 from .run import RunFolder, open_run
 

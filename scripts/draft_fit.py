@@ -42,8 +42,8 @@ def main() -> int:
             return 2
     from pacer_core.config import ModelConfig
     from pacer_core.hf import load_section
-    from pacer_plugins.feature_draft.students import evaluate
     from pacer_plugins.feature_draft.model import load_draft
+    from pacer_plugins.feature_draft.students import evaluate
 
     torch.set_num_threads(args.threads)
     tokens = torch.load(run / "corpus.pt", weights_only=True)["tokens"]

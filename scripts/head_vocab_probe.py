@@ -43,8 +43,8 @@ def score_sequence(net, embed, head_full, tokens, feats, first: int, heads: dict
     target's last-layer states."""
     from pacer_plugins.feature_draft.agreement import add_lookup_bonus, chain_hits, context_columns
     from pacer_plugins.feature_draft.features import target_greedy
-    from pacer_plugins.feature_draft.students import unrolled_features
     from pacer_plugins.feature_draft.model import draft_logits
+    from pacer_plugins.feature_draft.students import unrolled_features
 
     vocab = head_full.shape[0]
     target_next = target_greedy(feats[None], head_full)[0]
@@ -95,9 +95,9 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None, help="write the table as JSON here too")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from pacer_core.hf import load_section
     from pacer_plugins.feature_draft.agreement import DraftEvalConfig, draft_folder, summarize
     from pacer_plugins.feature_draft.model import Eagle3Draft, load_draft
-    from pacer_core.hf import load_section
     from pacer_train.students import target_states
 
     answers = Path(args.answers)

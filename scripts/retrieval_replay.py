@@ -37,12 +37,12 @@ def main() -> int:
     p.add_argument("--out", default="runs/retrieval-replay.json", help="the target's answers, cached")
     a = p.parse_args()
 
-    from pacer_plugins.datastore.plugin import Datastore, DatastoreConfig
     from pacer_bench.prompts import load_prompts, turn_ids
-    from pacer_plugins.pacer_builtins.drafters import lookup_continuation
     from pacer_core import Resources, SamplingParams
-    from pacer_core.hf.loading import load_model
     from pacer_core.hf import greedy_batch
+    from pacer_core.hf.loading import load_model
+    from pacer_plugins.datastore.plugin import Datastore, DatastoreConfig
+    from pacer_plugins.pacer_builtins.drafters import lookup_continuation
 
     target, tokenizer, digest = load_model(None, a.dtype, "cpu", None, "target")
     out = Path(a.out)

@@ -48,9 +48,9 @@ def record(args) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import attrs
 
-    from pacer_plugins.entropy_stop.rules import entropy
     from pacer_bench.prompts import load_prompts
     from pacer_core import Component, Engine, hookimpl, load_config
+    from pacer_plugins.entropy_stop.rules import entropy
 
     out = Path(args.out)
     rows = json.loads(out.read_text()) if out.exists() else []

@@ -147,8 +147,8 @@ def greedy_pair(scale: float, prompts: list[list[int]], budget: int):
 def make_draft(target_model, folder, seed=0, digest=None, extra_layers=0, subset_size=48):
     """A random feature-level (``eagle``) draft for the tiny ``target_model``, saved in ``folder``
     (``extra_layers``: decoder layers after the first), whose vocabulary is tokens 0..subset_size-1."""
-    from pacer_plugins.feature_draft.students import _attention_shape
     from pacer_plugins.feature_draft.model import ArchConfig, FeatureDraft
+    from pacer_plugins.feature_draft.students import _attention_shape
 
     target = adapter(target_model)
     arch = ArchConfig(hidden_size=target.hidden_size, vocab_size=target.vocab_size, subset_size=subset_size,

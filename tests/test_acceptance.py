@@ -19,10 +19,10 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from scipy.stats import chisquare
 
-from pacer_core import Draft, DraftBlock, SamplingParams, Verdict
-from pacer_core import acceptance
+from pacer_core import Draft, DraftBlock, SamplingParams, Verdict, acceptance
 from pacer_core.acceptance import greedy_verify, residual_distribution, speculative_verify
 from pacer_core.sampling import choose, logits_to_probs, sample
+
 from strategies import (
     distinct_logits,
     distribution,

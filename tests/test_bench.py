@@ -17,18 +17,44 @@ import pytest
 
 from pacer_bench import units
 from pacer_bench.answers import AnswerLog, first_divergence
-from pacer_bench.config import (HF_BASELINES, BenchConfig, BenchModelConfig, model_config, read_ablate_config,
-                                read_bench_config)
-from pacer_bench.oracle import (CostModel, LoggedStep, analyse, captured_share, cost_model, monotone, replay_best,
-                                replay_fixed, replay_logged, replay_oracle, steps_from_metrics)
+from pacer_bench.config import (
+    HF_BASELINES,
+    BenchConfig,
+    BenchModelConfig,
+    model_config,
+    read_ablate_config,
+    read_bench_config,
+)
+from pacer_bench.oracle import (
+    CostModel,
+    LoggedStep,
+    analyse,
+    captured_share,
+    cost_model,
+    monotone,
+    replay_best,
+    replay_fixed,
+    replay_logged,
+    replay_oracle,
+    steps_from_metrics,
+)
 from pacer_bench.run import run_bench
 from pacer_core import cli
 from pacer_core.errors import InputError
 from pacer_core.hf import hf_generate_traced
 from pacer_core.metrics import step_metrics
 
-from helpers import (CharTokenizer, Crash, adapter, make_draft, read_answers, reference_greedy, run_cli, tiny_llama,
-                     write_bench_config)
+from helpers import (
+    CharTokenizer,
+    Crash,
+    adapter,
+    make_draft,
+    read_answers,
+    reference_greedy,
+    run_cli,
+    tiny_llama,
+    write_bench_config,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["the cat sat on the mat. the cat sat on the", "abc abc abc abc abc", "to be or not to be, to be",

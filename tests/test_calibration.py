@@ -18,14 +18,15 @@ import random
 
 import pytest
 import torch
-from helpers import adapter, assert_one_line_error, make_draft, reference_greedy, run_cli, tiny_llama
 
 from pacer_core import Engine, InputError, load_config
 from pacer_core import calibration as calibrations
 from pacer_core.calibration import Calibration, apply, fit
 from pacer_core.costs import load_profile
-from pacer_core.trees import NodeBudget, TreeConfig, node_values
 from pacer_core.drafts import TokenTree
+from pacer_core.trees import NodeBudget, TreeConfig, node_values
+
+from helpers import adapter, assert_one_line_error, make_draft, reference_greedy, run_cli, tiny_llama
 
 
 # -- fit and apply -----------------------------------------------------------------------------------
@@ -306,10 +307,9 @@ def test_the_shipped_calibration_is_the_committed_runs_and_names_the_shipped_dra
     the command its manifest records makes from the committed recordings."""
     from pathlib import Path
 
-    from pacer_plugins.feature_draft.drafter import DEFAULT_DRAFT, draft_identity
-
     from pacer_bench.answers import load_run
     from pacer_bench.replay import run_calibration
+    from pacer_plugins.feature_draft.drafter import DEFAULT_DRAFT, draft_identity
 
     shipped = calibrations.load(DEFAULT_DRAFT / calibrations.FILE)
     assert shipped.draft == draft_identity(DEFAULT_DRAFT)

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from pacer_bench.config import is_bench_config
 from pacer_core.acceptance import sample_match_verify
 from pacer_core.sampling import position_noise, sample_with_noise
 
-from pacer_bench.config import is_bench_config
 from helpers import assert_one_line_error, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -22,7 +22,8 @@ from pacer_bench.config import is_bench_config
 from pacer_core import Engine, cli, load_config
 from pacer_core.registry import components, new_plugin_manager
 
-from helpers import VOCAB, adapter, assert_one_line_error, make_draft, run_cli as run, tiny_llama, write_checkpoint
+from helpers import VOCAB, adapter, assert_one_line_error, make_draft, tiny_llama, write_checkpoint
+from helpers import run_cli as run
 
 ROOT = Path(__file__).resolve().parents[1]
 

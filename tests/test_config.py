@@ -12,6 +12,7 @@ from pacer_bench.config import is_bench_config
 from pacer_core import Component, ConfigError, PacerConfig, hookimpl, load_config
 from pacer_core.config import check, draft_model_config
 from pacer_core.registry import components, new_plugin_manager
+
 from helpers import error_of
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

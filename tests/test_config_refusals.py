@@ -15,6 +15,7 @@ import pytest
 from pacer_bench.config import read_bench_config
 from pacer_core import ConfigError, cli, load_config
 from pacer_core.schema import MAX_YAML_NODES, load_schema, parse_value
+
 from helpers import error_of
 
 

@@ -15,13 +15,22 @@ import random
 import numpy as np
 import pytest
 
-from pacer_plugins.datastore.index import TokenIndex, context_matches, rank_continuations
-from pacer_plugins.datastore.store import FORMAT, VERSION, load_documents, save_documents
 from pacer_core import ConfigError, InputError, load_config
 from pacer_core.testing import ScriptedLM, chisquare_pvalue, exact_continuation_probs
+from pacer_plugins.datastore.index import TokenIndex, context_matches, rank_continuations
+from pacer_plugins.datastore.store import FORMAT, VERSION, load_documents, save_documents
 
-from helpers import (DRAFT_TABLE, LENGTH, PASS_P, PROMPT, SAMPLINGS, TARGET_TABLE, build_engine,
-                     lie_about_merged_nodes, sample_outputs)
+from helpers import (
+    DRAFT_TABLE,
+    LENGTH,
+    PASS_P,
+    PROMPT,
+    SAMPLINGS,
+    TARGET_TABLE,
+    build_engine,
+    lie_about_merged_nodes,
+    sample_outputs,
+)
 from helpers import SCRIPTED_VOCAB as VOCAB
 
 # -- the index -------------------------------------------------------------------------------------
@@ -292,8 +301,8 @@ def test_corpus_files(tmp_path):
 
     text = tmp_path / "corpus.txt"
     text.write_text("1 2 3 4 5")
-    from pacer_plugins.datastore.plugin import Datastore, DatastoreConfig
     from pacer_core import Resources, SamplingParams
+    from pacer_plugins.datastore.plugin import Datastore, DatastoreConfig
 
     target = ScriptedLM(VOCAB, table=TARGET_TABLE)
     resources = Resources(target=target, draft=None, sampling=SamplingParams(), tokenizer=Tokenizer())
@@ -349,11 +358,11 @@ def test_a_corpus_folder_gives_the_targets_answers_after_their_prompts_tail(tmp_
 
 
 def test_the_shipped_corpus_is_the_embedded_targets_answers():
-    from pacer_train.corpus.loaders import load_corpus
-    from pacer_train.corpus.shards import CorpusStore
     from pathlib import Path
 
     import pacer_plugins.feature_draft
+    from pacer_train.corpus.loaders import load_corpus
+    from pacer_train.corpus.shards import CorpusStore
 
     manifest = CorpusStore(Path(pacer_plugins.feature_draft.__file__).parent / "corpus", create=False).manifest
     docs = load_corpus("shipped", None, 49152, manifest["target"]["digest"], 4)

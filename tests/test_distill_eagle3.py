@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from pacer_core import Engine, InputError, load_config
-from helpers import EOS, adapter, reference_greedy, tiny_llama
-
 from pacer_plugins.feature_draft.distill import DistillConfig, load_distill_config, run_distill, vocab_coverage
 from pacer_plugins.feature_draft.features import extract_feature_sets, extract_features
+from pacer_plugins.feature_draft.model import Eagle3Draft, FeatureDraft, KVCache, load_draft
 from pacer_plugins.feature_draft.students import build_student, draft_loss, train, unrolled_features
 from pacer_train.distillation import batch_ids
-from pacer_plugins.feature_draft.model import Eagle3Draft, FeatureDraft, KVCache, load_draft
+
+from helpers import EOS, adapter, reference_greedy, tiny_llama
 
 LAYERS = [0, 1, 2]  # the tiny target has 3 decoder layers: the inputs of each
 
@@ -378,9 +378,9 @@ def test_selfdistill_extra_adds_whole_corpus_folders_and_records_each(tmp_path):
     training text beside ``corpus.selfdistill``; each is recorded, and M_B's trainer keeps its
     prompts apart from them as from the main corpus."""
     from pacer_plugins.feature_draft.distill import build_corpus
+    from pacer_plugins.pacer_stop import train as trainer
     from pacer_train.corpus.shards import CorpusStore
     from pacer_train.corpus.sources import CorpusConfig
-    from pacer_plugins.pacer_stop import train as trainer
 
     def corpus(folder, answers, family):
         store = CorpusStore(folder)
@@ -489,9 +489,9 @@ def test_the_gpu_script_refuses_a_bad_corpus_share_in_one_line(share):
 def test_the_shipped_draft_can_be_continued():
     """init= the shipped draft: its weights, its subset, the tokens it has seen and its scaling curve
     carry over; a student of another width is refused in one line."""
-    from pacer_plugins.feature_draft.students import load_init
     from pacer_plugins.feature_draft.drafter import DEFAULT_DRAFT
     from pacer_plugins.feature_draft.model import ArchConfig
+    from pacer_plugins.feature_draft.students import load_init
 
     config = json.loads((DEFAULT_DRAFT / "config.json").read_text())
     config.pop("family")

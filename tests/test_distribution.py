@@ -33,9 +33,21 @@ from pacer_core.acceptance import residual_distribution
 from pacer_core.sampling import logits_to_probs, sample
 from pacer_core.testing import ScriptedLM, chisquare_pvalue, exact_continuation_probs
 
-from helpers import (DRAFT_TABLE, LENGTH, PASS_P, PROMPT, SAMPLINGS, TARGET_TABLE, adapter, build_engine,
-                     precomputed, sample_outputs as run, single_thread, tiny_llama)
+from helpers import (
+    DRAFT_TABLE,
+    LENGTH,
+    PASS_P,
+    PROMPT,
+    SAMPLINGS,
+    TARGET_TABLE,
+    adapter,
+    build_engine,
+    precomputed,
+    single_thread,
+    tiny_llama,
+)
 from helpers import SCRIPTED_VOCAB as VOCAB
+from helpers import sample_outputs as run
 
 SAMPLES = 20_000  # the slow grid
 FAST_SAMPLES = 6_000  # the default suite's cases

@@ -6,24 +6,23 @@ Adding a hook, a value-object field or a plugin component without documenting it
 from __future__ import annotations
 
 import copy
+import functools
 import importlib.util
 import inspect
-import functools
-import types
 import re
 import shlex
 import sys
-import tomllib
+import types
 from pathlib import Path
 
 import attrs
 import pytest
+import tomllib
 import torch
 import yaml
 
 import pacer_core
-from pacer_core import ConfigError, Engine, PacerConfig, hookimpl, load_config
-from pacer_core import hookspecs
+from pacer_core import ConfigError, Engine, PacerConfig, hookimpl, hookspecs, load_config
 from pacer_core.config import GenerationConfig, ModelConfig, SamplingConfig, StrategyConfig
 from pacer_core.registry import KINDS, components, new_plugin_manager
 

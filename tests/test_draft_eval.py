@@ -12,14 +12,24 @@ import torch
 
 from pacer_core import InputError
 from pacer_core.errors import ConfigError
-from helpers import STUDENT_LAYERS as LAYERS, STUDENT_SUBSET as SUBSET
-from helpers import adapter, brute_successors, reference_greedy, student, student_target as tiny_target
-
-from pacer_plugins.feature_draft.agreement import (chain_hits, draft_hits, load_config, run_draft_eval, summarize, summarize_kinds,
-                                     token_kind)
+from pacer_plugins.feature_draft.agreement import (
+    chain_hits,
+    draft_hits,
+    load_config,
+    run_draft_eval,
+    summarize,
+    summarize_kinds,
+    token_kind,
+)
 from pacer_plugins.feature_draft.features import target_greedy
 from pacer_plugins.feature_draft.model import KVCache, draft_logits
 from pacer_plugins.feature_draft.priors import CorpusSuccessors, corpus_bonus
+
+from helpers import STUDENT_LAYERS as LAYERS
+from helpers import STUDENT_SUBSET as SUBSET
+from helpers import adapter, brute_successors, reference_greedy, student
+from helpers import student_target as tiny_target
+
 
 @pytest.mark.parametrize("kind,context_vocab,bias,lookup,corpus_bias", [
     ("feature", False, 0.0, (), 0.0), ("feature", True, 0.0, (), 0.0), ("feature", True, 1.5, (), 0.0),

@@ -13,12 +13,11 @@ import attrs
 import pytest
 import torch
 
-from pacer_plugins.pacer_builtins.observers import DraftQualityConfig, topk_hits
 from pacer_bench.report import quality_markdown
 from pacer_bench.results import draft_topk
 from pacer_core import Component, Engine, hookimpl, load_config
-
 from pacer_core.testing import ScriptedLM
+from pacer_plugins.pacer_builtins.observers import DraftQualityConfig, topk_hits
 
 from helpers import DRAFT_TABLE, SCRIPTED_VOCAB, TARGET_TABLE, error_of, plain_greedy
 

@@ -17,15 +17,25 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 
 from pacer_core import DecodeState, Draft, Engine, InputError, Resources, SamplingParams, hookimpl, load_config
 from pacer_core.testing import chisquare_pvalue, exact_continuation_probs
-from safetensors.torch import load_file, save_file
-
 from pacer_plugins.feature_draft.drafter import EagleConfig, EagleDrafter
 
-from helpers import (LENGTH, PASS_P, Planted, adapter, bigram, engine_for, reference_greedy, sample_outputs,
-                     single_thread, tiny_llama, write_checkpoint)
+from helpers import (
+    LENGTH,
+    PASS_P,
+    Planted,
+    adapter,
+    bigram,
+    engine_for,
+    reference_greedy,
+    sample_outputs,
+    single_thread,
+    tiny_llama,
+    write_checkpoint,
+)
 
 HIDDEN, HEADS, KV_HEADS, FFN = 32, 4, 2, 48  # the tiny targets' attention layout (tiny_llama)
 EAGLE3_LAYERS = 8  # EAGLE-3 reads the inputs of target layers 2, L // 2, L - 3: 2, 4, 5

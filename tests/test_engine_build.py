@@ -14,8 +14,8 @@ import pluggy
 import pytest
 
 import pacer_core.hf
-from pacer_core import Component, DraftInfo, Engine, GenerationResult, cli, config, engine as engine_module, hookimpl
-from pacer_core import load_config
+from pacer_core import Component, DraftInfo, Engine, GenerationResult, cli, config, hookimpl, load_config
+from pacer_core import engine as engine_module
 from pacer_core.testing import ScriptedLM
 
 from helpers import adapter, tiny_llama

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from pacer_core import Engine, InputError, hookimpl, load_config
+
 from helpers import adapter, tiny_llama
 
 PROMPTS = [(5, 9, 13, 5, 9, 13, 5, 9), (17, 4, 17, 4, 17), (3, 8, 21, 30, 8, 21)]

@@ -19,17 +19,32 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pacer_core import (ConfigError, Draft, DraftBlock, Engine, SamplingParams, StepRecord, Stop, Verdict,
-                        hookimpl, load_config)
+from pacer_core import (
+    ConfigError,
+    Draft,
+    DraftBlock,
+    Engine,
+    SamplingParams,
+    StepRecord,
+    Stop,
+    Verdict,
+    hookimpl,
+    load_config,
+)
 from pacer_core.testing import ScriptedLM, chisquare_pvalue, exact_continuation_probs
-
 from pacer_plugins.entropy_stop import rules
-from pacer_plugins.entropy_stop.policies import (Confidence, ConfidenceConfig, EntropyBound, EntropyConfig, SvipConfig,
-                                   judge_new_tokens)
+from pacer_plugins.entropy_stop.policies import (
+    Confidence,
+    ConfidenceConfig,
+    EntropyBound,
+    EntropyConfig,
+    SvipConfig,
+    judge_new_tokens,
+)
 
-from helpers import (DRAFT_TABLE, LENGTH, PASS_P, PROMPT, SAMPLINGS, TARGET_TABLE, adapter, build_engine,
-                     sample_outputs as run, single_thread)
+from helpers import DRAFT_TABLE, LENGTH, PASS_P, PROMPT, SAMPLINGS, TARGET_TABLE, adapter, build_engine, single_thread
 from helpers import SCRIPTED_VOCAB as VOCAB
+from helpers import sample_outputs as run
 from strategies import distribution
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

@@ -19,6 +19,7 @@ import attrs
 import pytest
 
 from pacer_core import Component, Engine, hookimpl, load_config
+
 from helpers import EOS, adapter, perturbed, reference_greedy, tiny_llama, with_eos_bias
 
 BUDGET = 22

@@ -17,12 +17,19 @@ import torch
 from safetensors.torch import load_file
 
 from pacer_core import InputError, hookimpl
-
 from pacer_plugins.feature_draft.export import export_draft
 from pacer_plugins.feature_draft.model import load_draft
 
-from helpers import (adapter, assert_one_line_error, engine_for, make_draft, reference_greedy, run_cli, student,
-                     tiny_llama)
+from helpers import (
+    adapter,
+    assert_one_line_error,
+    engine_for,
+    make_draft,
+    reference_greedy,
+    run_cli,
+    student,
+    tiny_llama,
+)
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM = 32, 4, 2, 8  # tiny_llama's attention layout
 FFN = 64  # the tiny students' intermediate size

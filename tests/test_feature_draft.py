@@ -12,12 +12,24 @@ import torch
 from pacer_core import Engine, InputError, hookimpl, load_config
 from pacer_core.kernels import PackedLinear, packing_supported
 from pacer_core.testing import chisquare_pvalue
-from helpers import (EOS, LENGTH, PASS_P, adapter, bigram, brute_successors, engine_for, make_draft, reference_greedy,
-                     sample_outputs, single_thread, tiny_llama)
-
 from pacer_plugins.feature_draft.distill import DistillConfig, frequent_tokens
 from pacer_plugins.feature_draft.model import ArchConfig, FeatureDraft, KVCache
 from pacer_plugins.feature_draft.students import _attention_shape, draft_loss, train
+
+from helpers import (
+    EOS,
+    LENGTH,
+    PASS_P,
+    adapter,
+    bigram,
+    brute_successors,
+    engine_for,
+    make_draft,
+    reference_greedy,
+    sample_outputs,
+    single_thread,
+    tiny_llama,
+)
 
 
 def eagle_engine(target_model, folder, stop="{name: fixed, gamma: 3}", extra=(), plugins=(), digest=None):
@@ -237,8 +249,8 @@ def test_token_student_learns_and_resumes_from_its_own_checkpoint(tmp_path):
 
 
 def test_token_loss_is_the_soft_cross_entropy_to_the_target():
-    from pacer_train.token_student import token_loss
     from pacer_train.students import student_from_target
+    from pacer_train.token_student import token_loss
 
     target = adapter(tiny_llama(0, hidden=32))
     student = student_from_target(target, [0, 1])  # the target itself: every layer copied
@@ -352,8 +364,8 @@ def lookup_samples(tmp_path, samples, monkeypatch=None, corpus=False):
     """Sampled chains on the peaked bigram target of 16 tokens with the default priors (``corpus``: the
     corpus prior alone over CORPUS_DOCS, with a bias of 30 that outweighs the draft's own logits);
     with ``monkeypatch``, the drafter samples with the prior but reports q without it."""
-    from pacer_plugins.feature_draft.drafter import EagleDrafter
     from pacer_core.testing import exact_continuation_probs
+    from pacer_plugins.feature_draft.drafter import EagleDrafter
 
     prior = "corpus_bias" if corpus else "lookup_bias"
     if monkeypatch is not None:
@@ -567,7 +579,12 @@ def test_a_bad_stop_thresholds_entry_is_refused_in_one_line(tmp_path, entry):
 
 
 def test_the_shipped_draft_recommends_the_thresholds_its_docs_report():
-    from pacer_plugins.feature_draft.drafter import DEFAULT_DRAFT, EagleConfig, read_manifest, recommended_stop_thresholds
+    from pacer_plugins.feature_draft.drafter import (
+        DEFAULT_DRAFT,
+        EagleConfig,
+        read_manifest,
+        recommended_stop_thresholds,
+    )
 
     manifest = read_manifest(DEFAULT_DRAFT)
     thresholds = recommended_stop_thresholds(DEFAULT_DRAFT, manifest, EagleConfig())

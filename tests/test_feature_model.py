@@ -11,8 +11,9 @@ import attrs
 import pytest
 
 from pacer_core import Engine, FeatureModel, InputError, LanguageModel, load_config
-from pacer_core.testing import ScriptedLM
 from pacer_core.protocols import AttentionShape
+from pacer_core.testing import ScriptedLM
+
 from helpers import adapter, tiny_llama
 
 PLUGINS = Path(__file__).resolve().parents[1] / "plugins"

@@ -3,11 +3,12 @@ counts with ``context_vocab`` off and on, and its sampling acceptance is Σ min(
 
 import torch
 
-from helpers import STUDENT_SUBSET as SUBSET
-from helpers import adapter, load_script, student, student_target as tiny_target
-
 from pacer_plugins.feature_draft.agreement import context_columns, draft_hits
 from pacer_plugins.feature_draft.features import target_greedy
+
+from helpers import STUDENT_SUBSET as SUBSET
+from helpers import adapter, load_script, student
+from helpers import student_target as tiny_target
 
 
 def probe():

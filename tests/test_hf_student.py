@@ -11,6 +11,7 @@ import torch
 from pacer_core.errors import InputError
 from pacer_core.hf import SHARED_FILE, SUBSET_FILE, HFModel, materialize, weights_digest
 from pacer_train.students import save_student, student_from_target
+
 from helpers import adapter, tiny_llama
 
 

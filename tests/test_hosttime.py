@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import SCRIPTED_VOCAB, assert_one_line_error, build_engine, run_cli
 
 from pacer_bench.hosttime import STACKS, ForwardClock, HostTime, Shape, host_profile, measure_host_time
 from pacer_core import InputError
 from pacer_core.testing import ScriptedLM
+
+from helpers import SCRIPTED_VOCAB, assert_one_line_error, build_engine, run_cli
 
 
 class TickClock:

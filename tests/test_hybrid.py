@@ -16,15 +16,24 @@ from pacer_core import ConfigError, Engine, InputError, load_config
 from pacer_core.testing import ScriptedLM, chisquare_pvalue, exact_continuation_probs
 from pacer_core.trees import merge_phrases
 
-from helpers import (DRAFT_TABLE, LENGTH, PASS_P, PROMPT, SAMPLINGS, TARGET_TABLE, build_engine,
-                     lie_about_merged_nodes, sample_outputs)
+from helpers import (
+    DRAFT_TABLE,
+    LENGTH,
+    PASS_P,
+    PROMPT,
+    SAMPLINGS,
+    TARGET_TABLE,
+    build_engine,
+    lie_about_merged_nodes,
+    sample_outputs,
+)
 from helpers import SCRIPTED_VOCAB as VOCAB
 
 LOOKUP = "{name: prompt_lookup}"
 MEMBERS = {
     "chain": f"[{{name: draft_model}}, {LOOKUP}]",
     "tree": f"[{{name: draft_model, tree: {{topk: 2, depth: 3, nodes: 6}}}}, {LOOKUP}]",
-    "branches": f"[{{name: draft_model}}, {{name: prompt_lookup, branches: 3}}]",
+    "branches": "[{name: draft_model}, {name: prompt_lookup, branches: 3}]",
 }
 
 

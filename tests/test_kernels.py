@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pacer_core import Engine, InputError, load_config
-from pacer_core import kernels
+from pacer_core import Engine, InputError, kernels, load_config
 from pacer_core.kernels import PackedLinear, PackedMatrix, pack_linears, packing_supported, should_pack
+
 from helpers import adapter, reference_greedy, tiny_llama
 
 needs_packing = pytest.mark.skipif(not packing_supported(torch.float32), reason="this torch build cannot pack weights")

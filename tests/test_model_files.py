@@ -17,6 +17,7 @@ import torch
 from pacer_core import cli
 from pacer_core.hf import HFModel, materialize, weights_digest
 from pacer_train.students import save_student, student_from_target
+
 from helpers import VOCAB, assert_one_line_error, tiny_llama
 
 PROMPT = "w5 w7 w9 w7 w9 w7"

@@ -29,12 +29,28 @@ import attrs
 import pytest
 import torch
 
-from pacer_plugins.ouroboros.plugin import Ouroboros, OuroborosConfig, lookahead_layout
-from pacer_plugins.ouroboros.pool import PhrasePool, argmax_chains
-from pacer_core import (Component, ConfigError, DecodeState, Draft, DraftBlock, Engine, InputError, Resources,
-                        SamplingParams, SideNodes, StepRecord, Stop, Verdict, hookimpl, load_config)
+from pacer_core import (
+    Component,
+    ConfigError,
+    DecodeState,
+    Draft,
+    DraftBlock,
+    Engine,
+    InputError,
+    Resources,
+    SamplingParams,
+    SideNodes,
+    StepRecord,
+    Stop,
+    Verdict,
+    hookimpl,
+    load_config,
+)
 from pacer_core.registry import components, new_plugin_manager
 from pacer_core.testing import ScriptedLM, random_table
+from pacer_plugins.ouroboros.plugin import Ouroboros, OuroborosConfig, lookahead_layout
+from pacer_plugins.ouroboros.pool import PhrasePool, argmax_chains
+
 from helpers import EOS, adapter, perturbed, reference_greedy, tiny_llama, with_eos_bias
 
 BUDGET = 30

@@ -23,18 +23,31 @@ from hypothesis import strategies as st
 
 from pacer_core import ConfigError, Draft, DraftBlock, Engine, InputError, StepRecord, Stop, Verdict, load_config
 from pacer_core.testing import ScriptedLM, chisquare_pvalue, exact_continuation_probs
-
+from pacer_plugins.pacer_stop import train as trainer
 from pacer_plugins.pacer_stop.metrics import accuracy, expected_calibration_error, prediction_report, roc_auc
 from pacer_plugins.pacer_stop.model import IncrementalPredictor, PreVerifier, pack, packing_mask
 from pacer_plugins.pacer_stop.policy import PacerStop, PacerStopConfig
-from pacer_plugins.pacer_stop import train as trainer
 from pacer_train import load_run_file  # what train-preverify writes reads back with weights_only=True
 
-from helpers import (DRAFT_TABLE, LENGTH, PASS_P, PROMPT, SAMPLINGS, TARGET_TABLE, adapter, build_engine,
-                     make_draft, reference_greedy, sample_outputs as run, single_thread, small_arch, tiny_llama,
-                     write_checkpoint)
+from helpers import (
+    DRAFT_TABLE,
+    LENGTH,
+    PASS_P,
+    PROMPT,
+    SAMPLINGS,
+    TARGET_TABLE,
+    adapter,
+    build_engine,
+    make_draft,
+    reference_greedy,
+    single_thread,
+    small_arch,
+    tiny_llama,
+    write_checkpoint,
+)
 from helpers import INLINE_COSTS as COSTS  # the throughput rule's cost model, inline
 from helpers import SCRIPTED_VOCAB as VOCAB
+from helpers import sample_outputs as run
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

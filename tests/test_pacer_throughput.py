@@ -18,15 +18,15 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from pacer_bench.oracle import CostModel
-from pacer_bench.replay_stop import HeldOutStep, StoredPredictor, compare, drive, replay_entropy_stop, replay_policy
+from pacer_bench.replay_stop import HeldOutStep, compare, drive, replay_entropy_stop, replay_policy
 from pacer_core import Engine, InputError, load_config
 from pacer_plugins.pacer_stop import costs as cost_files
 from pacer_plugins.pacer_stop import rules
 from pacer_plugins.pacer_stop.metrics import position_report, roc_auc
 from pacer_plugins.pacer_stop.policy import DraftConfidence, PacerStop, PacerStopConfig
 
-from helpers import adapter, one_line_error, run_cli, single_thread, tiny_llama, write_checkpoint
 from helpers import INLINE_COSTS as COSTS  # the throughput rule's cost model, inline
+from helpers import adapter, one_line_error, run_cli, single_thread, tiny_llama, write_checkpoint
 
 FLAT = CostModel([0.010] * 20, draft_token_s=0.002)  # verification as dear for 1 token as for 20
 RISING = CostModel([0.010 + 0.002 * k for k in range(20)], draft_token_s=0.002)  # each row adds 2 ms
@@ -274,6 +274,7 @@ def test_pacer_costs_measures_and_caches_a_tiny_pair(tmp_path, capsys, monkeypat
 
 def test_pacer_costs_refuses_an_out_file_it_cannot_write_before_measuring(tmp_path, capsys, monkeypatch):
     from pacer_core import cli
+
     from helpers import bad_out_folders
 
     monkeypatch.setattr(cli, "build_engine", lambda cfg: pytest.fail("measured before checking --out"))

@@ -7,6 +7,7 @@ from collections import Counter
 import pytest
 
 from pacer_plugins.feature_draft.priors import CorpusSuccessors, SuccessorIndex, corpus_bonus, lookup_bonus
+
 from helpers import brute_successors
 
 

@@ -122,10 +122,9 @@ def test_the_shipped_token_draft_loads_completed_and_keeps_greedy_output():
     """The shipped token-level draft: its folder stores no embeddings, is completed from the embedded
     target on first load, computes logits on its vocabulary subset only, and SD with it (draft_model
     and ouroboros, with the shipped M_B) equals plain decoding in fp32."""
-    from pacer_plugins.pacer_builtins.drafters import DEFAULT_DRAFT
-    from pacer_core.config import check, draft_model_config
-
     from pacer_core import hf
+    from pacer_core.config import check, draft_model_config
+    from pacer_plugins.pacer_builtins.drafters import DEFAULT_DRAFT
 
     target, tokenizer, _ = load_model(None, "float32", "cpu", None, "target")
     cfg = load_config(overrides=["strategy.drafter={name: draft_model}", "strategy.stop=[{name: pacer}]",

@@ -8,14 +8,14 @@ import json
 from pathlib import Path
 
 import attrs
-
 import pytest
-from helpers import DRAFT_TABLE, PROMPT, TARGET_TABLE, assert_one_line_error, build_engine, run_cli
 
 from pacer_bench import replay
 from pacer_bench.answers import make_record
 from pacer_core.costs import profile_from_dict
 from pacer_core.testing import ScriptedLM
+
+from helpers import DRAFT_TABLE, PROMPT, TARGET_TABLE, assert_one_line_error, build_engine, run_cli
 from helpers import SCRIPTED_VOCAB as VOCAB
 
 PROFILE = {
@@ -291,11 +291,11 @@ def test_replay_stop_takes_a_profile_or_a_cost_file_and_refuses_nan_costs(tmp_pa
 
 # -- the bench's predicted columns --------------------------------------------------------------------
 def test_the_bench_report_predicts_under_the_profiles_it_names(tmp_path):
-    from helpers import CharTokenizer, adapter, tiny_llama, write_bench_config
-
     from pacer_bench import units
     from pacer_bench.config import read_bench_config
     from pacer_bench.run import run_bench
+
+    from helpers import CharTokenizer, adapter, tiny_llama, write_bench_config
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"question_id": f"q{i}", "prompt": p}) + "\n"

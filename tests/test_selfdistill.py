@@ -74,7 +74,8 @@ def test_the_word_lists_are_data_files_the_stream_reads_and_the_package_ships():
     """pacer_train/corpus/words/*.txt: each read by the stream or the instructions (none left over),
     one item per line with no padding, and matched by pyproject's package data (an installed pacer
     corpus finds them)."""
-    from pacer_train.corpus import instructions, stream as stream_module
+    from pacer_train.corpus import instructions
+    from pacer_train.corpus import stream as stream_module
 
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
@@ -307,6 +308,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
 
 def test_an_out_folder_that_cannot_be_written_is_refused_before_generating(tmp_path, capsys, monkeypatch):
     from pacer_train.corpus import command as corpus_command
+
     from helpers import bad_out_folders
 
     monkeypatch.setattr(corpus_command, "load_backend", lambda cfg: pytest.fail("the target loaded first"))

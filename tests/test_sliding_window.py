@@ -18,12 +18,12 @@ import pytest
 import torch
 
 from pacer_core import Engine, SamplingParams, load_config
+from pacer_core.drafts import TokenTree
 from pacer_core.engine import tree_layout
 from pacer_core.hf import HFModel
 from pacer_core.testing import chisquare_pvalue, exact_continuation_probs
-from pacer_core.drafts import TokenTree
 
-from helpers import (EOS, LENGTH, PASS_P, adapter, build_engine, noisy_copy, reference_greedy, sample_outputs)
+from helpers import EOS, LENGTH, PASS_P, adapter, build_engine, noisy_copy, reference_greedy, sample_outputs
 
 WINDOW = 8
 CONTEXT = [5, 9, 13, 7, 22, 5, 9, 13, 30, 41, 7, 22, 5, 9, 17, 3, 28, 5, 9, 13]  # 20 tokens: past the window

@@ -12,8 +12,17 @@ import numpy as np
 import pytest
 
 from pacer_bench.compare import compare
-from pacer_bench.stats import (bootstrap_weights, cell_intervals, format_interval, interval, percentile_interval,
-                               ratio, ratio_of_rates, rate_columns, tau_columns)
+from pacer_bench.stats import (
+    bootstrap_weights,
+    cell_intervals,
+    format_interval,
+    interval,
+    percentile_interval,
+    rate_columns,
+    ratio,
+    ratio_of_rates,
+    tau_columns,
+)
 
 
 def test_clusters_are_drawn_whole_and_repeats_within_their_prompt():

@@ -19,8 +19,18 @@ import pytest
 import torch
 
 from pacer_core.errors import InputError
-from pacer_train import (TrainingRun, atomic_save, check_out_dir, cosine_lr, count_parameters, guard_recipe,
-                         load_run_file, open_run, recipe_difference, training_command)
+from pacer_train import (
+    TrainingRun,
+    atomic_save,
+    check_out_dir,
+    cosine_lr,
+    count_parameters,
+    guard_recipe,
+    load_run_file,
+    open_run,
+    recipe_difference,
+    training_command,
+)
 
 from helpers import Planted, bad_out_folders
 

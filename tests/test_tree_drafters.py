@@ -20,17 +20,39 @@ import attrs
 import pytest
 import torch
 
-from pacer_core import Component, Draft, DraftBlock, Engine, hookimpl, load_config
+from pacer_core import Component, Draft, Engine, hookimpl, load_config
 from pacer_core.config import check
-from pacer_core.schema import load_schema
 from pacer_core.errors import ConfigError
+from pacer_core.schema import load_schema
 from pacer_core.testing import ScriptedLM, chisquare_pvalue, exact_continuation_probs
 from pacer_core.trees import TreeConfig
-from pacer_plugins.pacer_builtins.drafters import (DraftModel, DraftModelConfig, PromptLookup, PromptLookupConfig,
-                                     level_layout, lookup_continuation, lookup_continuations)
+from pacer_plugins.pacer_builtins.drafters import (
+    DraftModel,
+    DraftModelConfig,
+    PromptLookup,
+    PromptLookupConfig,
+    level_layout,
+    lookup_continuation,
+    lookup_continuations,
+)
 
-from helpers import (DRAFT_TABLE, LENGTH, PASS_P, PROMPT, SCRIPTED_VOCAB, TARGET_TABLE, adapter, build_engine,
-                     error_of, noisy_copy, plain_greedy, reference_greedy, run_cli, sample_outputs, tiny_llama)
+from helpers import (
+    DRAFT_TABLE,
+    LENGTH,
+    PASS_P,
+    PROMPT,
+    SCRIPTED_VOCAB,
+    TARGET_TABLE,
+    adapter,
+    build_engine,
+    error_of,
+    noisy_copy,
+    plain_greedy,
+    reference_greedy,
+    run_cli,
+    sample_outputs,
+    tiny_llama,
+)
 
 BUDGET = 30
 PROMPTS = {"plain": [5, 1, 6, 2], "one_token": [3], "repetitive": PROMPT}

@@ -39,9 +39,27 @@ from pacer_core.registry import components, new_plugin_manager
 from pacer_core.sampling import logits_to_probs, sample
 from pacer_core.testing import ScriptedLM, chisquare_pvalue, exact_continuation_probs, random_table
 
-from helpers import (DRAFT_TABLE, EOS, LENGTH, PASS_P, PROMPT, SAMPLINGS, SCRIPTED_VOCAB, TARGET_TABLE, VOCAB, adapter,
-                     build_engine, module_cases, precomputed, reference_greedy, sample_outputs, single_thread,
-                     tiny_llama, with_eos_bias, write_checkpoint)
+from helpers import (
+    DRAFT_TABLE,
+    EOS,
+    LENGTH,
+    PASS_P,
+    PROMPT,
+    SAMPLINGS,
+    SCRIPTED_VOCAB,
+    TARGET_TABLE,
+    VOCAB,
+    adapter,
+    build_engine,
+    module_cases,
+    precomputed,
+    reference_greedy,
+    sample_outputs,
+    single_thread,
+    tiny_llama,
+    with_eos_bias,
+    write_checkpoint,
+)
 
 BUDGET = 30
 PROMPTS = {"plain": [5, 9, 13, 7, 22], "one_token": [17], "repetitive": [5, 9, 13, 5, 9, 13, 5, 9]}

@@ -10,8 +10,17 @@ build on the target (students made of its layers, its hidden states for a batch)
 """
 
 from .adapter import DTYPES, HFModel, HFTokenizer
-from .artifacts import (EMBEDDED_TARGET, SHARED_FILE, SUBSET_FILE, cache_root, check_weights, embedded_target_file,
-                        load_safetensors, materialize, weights_digest)
+from .artifacts import (
+    EMBEDDED_TARGET,
+    SHARED_FILE,
+    SUBSET_FILE,
+    cache_root,
+    check_weights,
+    embedded_target_file,
+    load_safetensors,
+    materialize,
+    weights_digest,
+)
 from .baselines import hf_generate, hf_generate_traced
 from .batched import batch_generate, greedy_batch
 from .loading import load_draft, load_model, load_section, model_from_config, resolve_device

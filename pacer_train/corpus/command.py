@@ -15,26 +15,26 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-from importlib import metadata
 import signal
 import sys
 import time
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, List, Optional
 
 import attrs
 
+from pacer_core.commands import Runner, check_out_dir, command
 from pacer_core.config import ModelConfig
 from pacer_core.errors import ConfigError
+from pacer_core.hf import greedy_batch
 from pacer_core.kernels import batched_dtype_hint
 from pacer_core.schema import load_schema
 
-from .generate import Generator, answer_all, greedy_batch, measure
+from .generate import Generator, answer_all, measure
 from .guard import BenchmarkGuard
 from .shards import CorpusError, CorpusStore, corpus_stats
 from .stream import ALL_FAMILIES, STREAM_VERSION, Stream, valid_families
-
-from pacer_core.commands import Runner, check_out_dir, command
 
 DTYPES = ("float32", "bfloat16", "float16")
 DEFAULT_DTYPE = "float32"  # measured on the 2-core CPU: docs/corpus.md#throughput

@@ -16,11 +16,6 @@ from __future__ import annotations
 import time
 from typing import Callable, Optional, Sequence
 
-import torch
-
-from pacer_core.hf import greedy_batch
-
-
 # generate(prompts, max_new_tokens, rows, on_answer) → answers: at most ``rows`` prompts at once,
 # ``on_answer(index, answer)`` as each completes (greedy_batch's interface)
 Generator = Callable[[list[list[int]], int, int, Optional[Callable[[int, list[int]], None]]], list[list[int]]]

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import ast
 import functools
-import inspect
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -196,7 +196,7 @@ def _open_reason(rng: random.Random) -> str:
         f"There are {n} people in a room and each shakes hands with every other person once. How many handshakes "
         f"are there? Show your reasoning.",
         f"{a} has twice as many books as {b}, and together they have {3 * (n + m)} books. How many does each have?",
-        f"Which is heavier, a kilogram of feathers or a kilogram of iron? Explain why people often get this wrong.",
+        "Which is heavier, a kilogram of feathers or a kilogram of iron? Explain why people often get this wrong.",
         f"{a} is facing north, turns right, turns right again and then turns left. Which direction is {a} facing?",
     ]
     return rng.choice(puzzles)

@@ -35,7 +35,6 @@ from pacer_core.config import ModelConfig
 from pacer_core.errors import ConfigError, InputError
 from pacer_core.jsonfile import read_json
 from pacer_core.schema import load_schema
-
 from pacer_train import atomic_write_json
 
 from .features import target_greedy

@@ -23,9 +23,9 @@ import platform
 from pathlib import Path
 from typing import Any, Optional
 
-from pacer_core.costs import CostModel, cost_model
 from pacer_core import InputError, hookimpl
 from pacer_core.commands import command
+from pacer_core.costs import CostModel, cost_model
 
 COST_MODEL_VERSION = 1
 MEASURE_HINT = "pacer costs"

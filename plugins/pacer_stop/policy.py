@@ -19,8 +19,8 @@ import attrs
 import torch
 from attrs import validators as v
 
-from pacer_core.costs import CostModel, monotone
 from pacer_core import Draft, InputError, Resources, Stop, hookimpl
+from pacer_core.costs import CostModel, monotone
 from pacer_core.jsonfile import read_json
 
 from . import costs as cost_files

@@ -41,14 +41,42 @@ from pacer_core import DraftInfo, Engine, hookimpl
 from pacer_core.config import ModelConfig, check, draft_model_config
 from pacer_core.engine import load_stack_draft
 from pacer_core.errors import InputError
-from pacer_train import (TrainingRun, atomic_save, atomic_write_text, cosine_lr, count_parameters, interruptible,
-                         load_run_file, open_run, progress, read_json, set_threads, training_command)
+from pacer_train import (
+    TrainingRun,
+    atomic_save,
+    atomic_write_text,
+    cosine_lr,
+    count_parameters,
+    interruptible,
+    load_run_file,
+    open_run,
+    progress,
+    read_json,
+    set_threads,
+    training_command,
+)
 
-from .items import CorpusGuard, build_items, draft_corpus, draft_folder, draft_manifest, seen_sources, selfdistill_folders
+from .items import (
+    CorpusGuard,
+    build_items,
+    draft_corpus,
+    draft_folder,
+    draft_manifest,
+    seen_sources,
+    selfdistill_folders,
+)
 from .metrics import position_report, prediction_report
 from .model import PreVerifier, confidence_features, pack, packing_mask
-from .train_config import (DATA_KEYS, LR_FLOOR, TrainPreverifyConfig, arch, load_train_config, log, shape_tag,
-                           simulation_config)
+from .train_config import (
+    DATA_KEYS,
+    LR_FLOOR,
+    TrainPreverifyConfig,
+    arch,
+    load_train_config,
+    log,
+    shape_tag,
+    simulation_config,
+)
 
 
 # -- 2. simulate ---------------------------------------------------------------------------------

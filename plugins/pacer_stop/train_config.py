@@ -11,8 +11,15 @@ from typing import Any, Dict, Optional
 
 import attrs
 
-from pacer_core.config import (GenerationConfig, ModelConfig, PacerConfig, SamplingConfig, StrategyConfig, check,
-                               draft_model_config)
+from pacer_core.config import (
+    GenerationConfig,
+    ModelConfig,
+    PacerConfig,
+    SamplingConfig,
+    StrategyConfig,
+    check,
+    draft_model_config,
+)
 from pacer_core.errors import ConfigError
 from pacer_core.schema import load_schema
 
