@@ -80,7 +80,8 @@ def _nested_problem(record: dict) -> Optional[str]:
         value = choice.get(field)
         if not isinstance(value, list) or not all(isinstance(x, kinds) and not isinstance(x, bool) for x in value) \
                 or (field in ("turns", "decoding_steps") and not value):
-            return f"'choices[0].{field}' is {json.dumps(value)[:40]}, not a list of {'texts' if kinds is str else 'numbers'}"
+            return (f"'choices[0].{field}' is {json.dumps(value)[:40]}, not a list of "
+                    f"{'texts' if kinds is str else 'numbers'}")
     return None
 
 

@@ -255,7 +255,8 @@ def load_plugin(spec: str) -> Any:
     try:
         offered = offer() if callable(offer) else None
     except Exception as exc:  # noqa: BLE001
-        raise InputError(f"--plugin '{spec}': pacer_components() fails ({type(exc).__name__}: {_first_line(exc)})") from None
+        raise InputError(f"--plugin '{spec}': pacer_components() fails ({type(exc).__name__}: "
+                         f"{_first_line(exc)})") from None
     if not offered:
         raise InputError(f"--plugin '{spec}' offers no components: define a pacer_components() hook "
                          "returning its Component list (docs/writing-plugins.md)")
@@ -285,7 +286,8 @@ def table(outcomes: Sequence[Outcome], args: argparse.Namespace) -> str:
 
 @command("check", "prove a strategy stack lossless on tiny models: greedy, exact distribution, options, seeds")
 def _setup_check(p: argparse.ArgumentParser) -> Runner:
-    p.add_argument("--config", "-c", metavar="YAML", help="run config naming the stack (defaults apply to keys it omits)")
+    p.add_argument("--config", "-c", metavar="YAML",
+                   help="run config naming the stack (defaults apply to keys it omits)")
     p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                    help="a module (name or .py file) offering components; repeat for several")
     p.add_argument("--quick", action="store_true", help="fewer cases and samples (what CI runs)")
@@ -331,7 +333,8 @@ def _can_build(s: Stack) -> None:
     """Refuse, in one line, a stack the check cannot build on its tiny pair (say which and why)."""
     try:
         target, draft = s.pairs.pair()
-        s.engine(target, draft, ["generation.ignore_eos=true"], watch=False).generate(PROMPTS["plain"], max_new_tokens=2)
+        engine = s.engine(target, draft, ["generation.ignore_eos=true"], watch=False)
+        engine.generate(PROMPTS["plain"], max_new_tokens=2)
     except (ConfigError, InputError) as exc:
         raise InputError(f"pacer check cannot build a tiny pair for drafter '{s.stack.drafter.component.name}': "
                          f"{_first_line(exc)}") from None

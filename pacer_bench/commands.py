@@ -39,7 +39,8 @@ def _default_out(config: Optional[str], prefix: str) -> Path:
 
 @command("bench", "benchmark strategy stacks against autoregressive decoding (resumable; writes a report)")
 def _setup_bench(p: argparse.ArgumentParser) -> Runner:
-    p.add_argument("--config", "-c", metavar="YAML", help="bench config (see docs/benchmarks.md); defaults apply to keys it omits")
+    p.add_argument("--config", "-c", metavar="YAML",
+                   help="bench config (see docs/benchmarks.md); defaults apply to keys it omits")
     p.add_argument("--limit", type=int, metavar="N", help="first N prompts of each prompt set (overrides limit)")
     p.add_argument("--out", metavar="DIR", help="results folder (default runs/<config name>); rerun to resume")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -42,12 +42,14 @@ def compare(records: Sequence[dict], a: str, b: str, sets: Sequence[str], seed: 
     out: dict[str, dict[str, Any]] = {}
     for set_name in [*sets, ALL]:
         mine = [r for r in records if r["model_id"] == a and (set_name == ALL or r["prompt_set"] == set_name)]
-        theirs = {_key(r): r for r in records if r["model_id"] == b and (set_name == ALL or r["prompt_set"] == set_name)}
+        theirs = {_key(r): r for r in records
+                  if r["model_id"] == b and (set_name == ALL or r["prompt_set"] == set_name)}
         columns, clusters = rate_columns(mine, theirs)
         if not len(clusters):
             continue
         totals = columns.sum(axis=0)
-        rate_ratio = (totals[0] / totals[1]) / (totals[2] / totals[3]) if totals[1] and totals[2] and totals[3] else None
+        rate_ratio = ((totals[0] / totals[1]) / (totals[2] / totals[3])
+                      if totals[1] and totals[2] and totals[3] else None)
         ci = interval(ratio_of_rates, columns, clusters, np.random.default_rng(seed))
         paired = [r for r in mine if _key(r) in theirs]
         partners = [theirs[_key(r)] for r in paired]
@@ -68,7 +70,8 @@ def compare_run(out: Path, a: str, b: str) -> tuple[dict, str]:
     names = list(dict.fromkeys(r["model_id"] for r in records))
     for name in (a, b):
         if name not in names:
-            raise InputError(f"--compare: '{name}' has no record in '{out}'; stacks there: {', '.join(names) or 'none'}")
+            raise InputError(f"--compare: '{name}' has no record in '{out}'; stacks there: "
+                             f"{', '.join(names) or 'none'}")
     if a == b:
         raise InputError(f"--compare names '{a}' twice: give two different stacks")
     sets = [s for s in meta["prompt_sets"] if any(r["prompt_set"] == s for r in records)]
@@ -84,7 +87,8 @@ def markdown(found: dict[str, dict], a: str, b: str) -> str:
              f"| prompt set | prompts | generations | {a} ÷ {b} | τ {a} | τ {b} | verdict |",
              "|---|---|---|---|---|---|---|"]
     for set_name, c in found.items():
-        lines.append(f"| {set_name} | {c['prompts']} | {c['pairs']} | {format_interval(c['ratio'], c['ci'], '.3f', '×')} | "
+        lines.append(f"| {set_name} | {c['prompts']} | {c['pairs']} | "
+                     f"{format_interval(c['ratio'], c['ci'], '.3f', '×')} | "
                      f"{format_interval(c['tau'][a]['tau'], c['tau'][a]['tau_ci'])} | "
                      f"{format_interval(c['tau'][b]['tau'], c['tau'][b]['tau_ci'])} | {c['verdict']} |")
     return "\n".join(lines)

@@ -80,7 +80,8 @@ class WatchedLM:
             if cached[:n] != truth[:n]:
                 at = next(i for i in range(n) if cached[i] != truth[i])
                 raise Contract(f"the draft model's cache holds token {cached[at]} at position {at} where the "
-                               f"committed text and draft hold {truth[at]}: the drafter did not roll back its draft cache")
+                               f"committed text and draft hold {truth[at]}: the drafter did not roll back its "
+                               "draft cache")
         return self._model.forward(tokens, positions=positions, tree_mask=tree_mask, logits_from=logits_from,
                                    hidden=hidden)
 
@@ -254,8 +255,10 @@ class Stack:
     def plain(self, target, *, sampling: Optional[dict] = None) -> Engine:
         """The target's own decoding through the engine: the autoregressive drafter, no stop."""
         extra = ["strategy.drafter={name: autoregressive}", "strategy.stop=[]", "strategy.observers=[]",
-                 "strategy.verifier={name: greedy}" if sampling is None else "strategy.verifier={name: speculative_sampling}"]
-        extra += [f"sampling.{k}={v}" for k, v in {"temperature": 0, "top_k": 0, "top_p": 1.0, **(sampling or {})}.items()]
+                 "strategy.verifier={name: greedy}" if sampling is None
+                 else "strategy.verifier={name: speculative_sampling}"]
+        settings = {"temperature": 0, "top_k": 0, "top_p": 1.0, **(sampling or {})}
+        extra += [f"sampling.{k}={v}" for k, v in settings.items()]
         cfg = load_config(None, extra, require_models=False)
         return Engine.build(target, cfg=cfg)
 

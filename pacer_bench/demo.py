@@ -62,7 +62,8 @@ def run_demo(count: int = 4, max_new_tokens: int = 128, dtype: str = "float32") 
           f"up to {max_new_tokens} new tokens")
     for prompt in prompts:
         reference = plain.generate(prompt.text)
-        line = [f"{prompt.question_id}: {len(reference.tokens)} tokens, plain {reference.metrics['tokens_per_s']:.1f} tok/s"]
+        line = [f"{prompt.question_id}: {len(reference.tokens)} tokens, plain "
+                f"{reference.metrics['tokens_per_s']:.1f} tok/s"]
         for name, engine in stacks.items():
             result = engine.generate(prompt.text)
             same = result.tokens == reference.tokens

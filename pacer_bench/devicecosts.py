@@ -120,7 +120,8 @@ def forward_curves(model: Any, context: Sequence[int], ks: Sequence[int], tree_k
     return dict(zip(ks, chain)), dict(zip(tree_ks, tree)), repeats
 
 
-def feature_head(target: Target, shape: LlamaShape, device: str, dtype: torch.dtype) -> tuple[Any, torch.Tensor, torch.Tensor]:
+def feature_head(target: Target, shape: LlamaShape, device: str,
+                 dtype: torch.dtype) -> tuple[Any, torch.Tensor, torch.Tensor]:
     """(network, embedding table [vocab, d], output rows [subset, d]): a random one-layer feature
     draft of the target's width, built on the device."""
     from pacer_plugins.feature_draft.model import ArchConfig, FeatureDraft
@@ -138,7 +139,8 @@ def feature_head(target: Target, shape: LlamaShape, device: str, dtype: torch.dt
 
 @torch.inference_mode()
 def feature_draft_curve(target: Target, shape: LlamaShape, device: str, dtype: torch.dtype, context: int,
-                        widths: Sequence[int], clock: Callable[[], float], budget: Budget, share: float) -> tuple[dict, int]:
+                        widths: Sequence[int], clock: Callable[[], float], budget: Budget,
+                        share: float) -> tuple[dict, int]:
     """{w: median s} of one feature-head forward over w rows after ``context`` cached rows, as the
     ``eagle`` drafter runs it: embeddings and features in, a tree level's mask (w > 1), the output
     layer over its rows and their distribution; the cache cropped back after each."""
@@ -175,7 +177,6 @@ def feature_draft_curve(target: Target, shape: LlamaShape, device: str, dtype: t
     one_pass()
     repeats = budget.repeats(time.perf_counter() - start, share)
     runs = [one_pass() for _ in range(repeats)]
-    del net, embed, head, cache
     return {w: sorted(r[i] for r in runs)[len(runs) // 2] for i, w in enumerate(widths)}, repeats
 
 
@@ -188,7 +189,8 @@ def preverify_cost(hidden: int, device: str, dtype: torch.dtype, clock: Callable
 
     shipped = json.loads((Path(preverifier.__file__).with_name("default") / CONFIG).read_text())
     fields = {f.name for f in attrs.fields(PreVerifierArch)}
-    arch = PreVerifierArch(**{**{k: v for k, v in shipped.items() if k in fields}, "input_size": hidden, "dropout": 0.0})
+    arch = PreVerifierArch(**{**{k: v for k, v in shipped.items() if k in fields}, "input_size": hidden,
+                              "dropout": 0.0})
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(2)
         predictor = IncrementalPredictor(PreVerifier(arch))
@@ -350,7 +352,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default=None, help="bfloat16 (the default on CUDA) or float32 (the default on the CPU)")
     p.add_argument("--context", type=int, default=512, help="cached tokens before each timed forward (512)")
     p.add_argument("--seconds", type=float, default=120.0, help="time budget of the measurements (120)")
-    p.add_argument("--small", action="store_true", help="shrunk shapes (2 layers, small width and vocabulary): a CPU check")
+    p.add_argument("--small", action="store_true",
+                   help="shrunk shapes (2 layers, small width and vocabulary): a CPU check")
     p.add_argument("--host-from", metavar="YAML", help="reuse this profile's host_s instead of measuring it")
     return p
 

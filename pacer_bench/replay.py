@@ -273,7 +273,8 @@ def unit_draft_identity(unit: dict) -> str:
         models = [m for m in drafter.get("members") or [] if isinstance(m, dict) and m.get("name") in DRAFTER_KINDS]
         drafter = models[0] if models else {}
     if drafter.get("name") != "eagle":
-        raise InputError(f"stack '{unit.get('name')}' logged trees with a {drafter.get('name') or 'non-model'} drafter: "
+        raise InputError(f"stack '{unit.get('name')}' logged trees with a "
+                         f"{drafter.get('name') or 'non-model'} drafter: "
                          "a tree calibration names an eagle draft; log an eagle tree stack")
     from pacer_plugins.feature_draft.drafter import draft_folder, draft_identity
     from pacer_plugins.feature_draft.model import MANIFEST
@@ -348,7 +349,8 @@ def profile_from_run(meta: dict, records: list[dict], cost_file: Optional[dict],
             seconds = sum(r["metrics"]["forward_s"] - target_seconds(r) for r in mine)
             draft[kind] = Curve([1], [max(seconds / forwards, 1e-6)])
     for label, chosen in (("plain", [r for r in timed if r["model_id"] == BASELINE]),
-                          ("chain", [r for r in timed if units.get(r["model_id"]) and _is_fixed_chain(units[r["model_id"]])])):
+                          ("chain",
+                           [r for r in timed if units.get(r["model_id"]) and _is_fixed_chain(units[r["model_id"]])])):
         steps = sum(len(steps_from_metrics(r["metrics"])) for r in chosen)
         if steps:
             host[label] = max(sum(r["metrics"]["wall_s"] - r["metrics"]["forward_s"] for r in chosen) / steps, 1e-6)
@@ -360,7 +362,8 @@ def profile_from_run(meta: dict, records: list[dict], cost_file: Optional[dict],
         steps = steps_from_metrics(r["metrics"])
         if is_tree_log(steps):
             nodes = round(sum(s.nodes or 0 for s in steps) / len(steps))
-            by_nodes.setdefault(max(1, nodes), []).append((r["metrics"]["wall_s"] - r["metrics"]["forward_s"]) / len(steps))
+            host_s = (r["metrics"]["wall_s"] - r["metrics"]["forward_s"]) / len(steps)
+            by_nodes.setdefault(max(1, nodes), []).append(host_s)
     tree_host = Curve.of({n: sum(v) / len(v) for n, v in by_nodes.items()}) if by_nodes else None
     if tree_host is not None:  # host time never falls with more nodes: smooth the noise
         tree_host = Curve(tree_host.ks, [max(t, 1e-6) for t in monotone(tree_host.seconds)])

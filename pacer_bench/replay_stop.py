@@ -288,8 +288,11 @@ def markdown(result: dict[str, Any], positions: dict[str, list[dict[str, Any]]])
         lines.append(f"| {row['family']} | {params} | {row['speedup']:.3f}× | {captured} |")
     lines += ["", "| draft position | tokens | accepted | M_B AUC | M_B mean p | conf AUC | conf mean p |",
               "|---|---|---|---|---|---|---|"]
+
+    def auc(r: dict) -> str:
+        return "—" if r["auc"] != r["auc"] else f"{r['auc']:.3f}"  # NaN: a position with one class
+
     for mb, conf in zip(positions["mb"], positions["draft_confidence"]):
-        auc = lambda r: "—" if r["auc"] != r["auc"] else f"{r['auc']:.3f}"
         lines.append(f"| {mb['position'] + 1} | {mb['tokens']} | {mb['accepted_rate']:.3f} | {auc(mb)} | "
                      f"{mb['mean_prediction']:.3f} | {auc(conf)} | {conf['mean_prediction']:.3f} |")
     return "\n".join(lines)
@@ -358,7 +361,8 @@ def _setup(p):
                 except ValueError as exc:
                     raise InputError(f"--draft-token-s / --step-s: {exc}") from None
         gammas, blocks = _numbers(args.gammas, int, "--gammas", 1), _numbers(args.b, int, "--b", 1)
-        margins, t0 = _numbers(args.margins, float, "--margins", 0, open_low=True), _numbers(args.t0, float, "--t0", 0, 1)
+        margins = _numbers(args.margins, float, "--margins", 0, open_low=True)
+        t0 = _numbers(args.t0, float, "--t0", 0, 1)
         confidence = _numbers(args.confidence, float, "--confidence", 0, 1)
         entropy_gamma = _numbers(args.entropy_gamma, float, "--entropy-gamma", 0, open_low=True)
         entropy = _numbers(args.entropy, float, "--entropy", 0, 1)

@@ -87,7 +87,8 @@ def shape(step: LoggedTree, topk: int, depth: int) -> list[int]:
     kept: set[int] = set()
     for level in range(1, depth + 1):
         nodes = [i for i, d in enumerate(depths) if d == level and (step.parents[i] < 0 or step.parents[i] in kept)]
-        ranked = [i for i in nodes if i in main] + sorted((i for i in nodes if i not in main), key=lambda i: (-cp[i], i))
+        ranked = [i for i in nodes if i in main] + sorted((i for i in nodes if i not in main),
+                                                          key=lambda i: (-cp[i], i))
         kept |= set(ranked[:topk])
     return sorted(kept)
 
@@ -107,7 +108,8 @@ def _subtree(step: LoggedTree, nodes: Sequence[int]) -> TokenTree:
     parents = torch.tensor([index.get(step.parents[i], -1) for i in nodes], dtype=torch.long)
     # a q the log rounded to 0 (below 5e-7) is a draft node all but never accepted, not a point mass
     probs = torch.tensor([[step.q[i] or LOGGED_ZERO] for i in nodes], dtype=torch.float64)  # [N, 1]: every token is 0
-    return TokenTree(torch.zeros(len(nodes), dtype=torch.long), parents, probs, torch.zeros(len(nodes), dtype=torch.bool))
+    return TokenTree(torch.zeros(len(nodes), dtype=torch.long), parents, probs,
+                     torch.zeros(len(nodes), dtype=torch.bool))
 
 
 class Pricer:

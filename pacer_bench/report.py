@@ -23,7 +23,8 @@ from .stats import format_interval
 def comparisons_markdown(results: dict) -> list[str]:
     """The ``comparisons`` as a table: tree vs chain per drafter, hybrid vs its better member."""
     found = results.get("comparisons") or {}
-    rows = [(f"fastest `{model}` tree vs its fastest chain", per_set) for model, per_set in found.get("trees", {}).items()]
+    rows = [(f"fastest `{model}` tree vs its fastest chain", per_set)
+            for model, per_set in found.get("trees", {}).items()]
     rows += [(f"`{name}` vs its better member", per_set) for name, per_set in found.get("hybrids", {}).items()]
     if not rows:
         return []
@@ -37,7 +38,8 @@ def comparisons_markdown(results: dict) -> list[str]:
         for s in sets:
             r = per_set.get(s)
             cells.append("—" if r is None else
-                         f"{r['ratio']:.2f}× ({r['stack']} {r['speedup']:.2f}× / {r['against']} {r['against_speedup']:.2f}×)")
+                         f"{r['ratio']:.2f}× ({r['stack']} {r['speedup']:.2f}× / "
+                         f"{r['against']} {r['against_speedup']:.2f}×)")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return lines + [""]
 
@@ -68,10 +70,12 @@ def _stop(c: dict) -> str:
 
 
 def _row(name: str, c: dict) -> str:
-    div = "—" if c["first_divergence_min"] is None else f"{c['first_divergence_min']} / {c['first_divergence_median']:g}"
+    div = ("—" if c["first_divergence_min"] is None
+           else f"{c['first_divergence_min']} / {c['first_divergence_median']:g}")
     return (f"| {name} | {c['records']} | {_fmt(c['tokens_per_s'], 'f1')} | "
             f"{format_interval(c['speedup'], c.get('speedup_ci'), '.2f', '×')} | "
-            f"{format_interval(c['tau'], c.get('tau_ci'))} | {_fmt(c['acceptance_rate'], 'pct')} | {_fmt(c['mean_draft_length'])} | "
+            f"{format_interval(c['tau'], c.get('tau_ci'))} | {_fmt(c['acceptance_rate'], 'pct')} | "
+            f"{_fmt(c['mean_draft_length'])} | "
             f"{_fmt(c.get('mean_nodes_per_step'))} | "
             f"{_fmt(c['target_forwards_per_token'])} | {_fmt(c['draft_forwards_per_token'])} | "
             f"{_fmt(c['draft_share'], 'pct')} | {_fmt(c['verify_share'], 'pct')} | {_stop(c)} | "
@@ -89,7 +93,8 @@ def _oracle_markdown(oracle: dict) -> list[str]:
         return ["## Oracle replay", "", f"Not replayed: log stack `{oracle['log_stack']}`: {oracle['skipped']}.", ""]
     lines = ["## Oracle replay", "",
              f"Long-draft log: stack `{oracle['log_stack']}` (drafter `{oracle['drafter']}`). Cost model: "
-             f"verification {', '.join(f'{1000 * v:.1f}' for v in oracle['verify_s'])} ms for k = 1..{len(oracle['verify_s'])} "
+             f"verification {', '.join(f'{1000 * v:.1f}' for v in oracle['verify_s'])} ms "
+             f"for k = 1..{len(oracle['verify_s'])} "
              f"tokens (measured medians made non-decreasing); draft {1000 * oracle['draft_token_s']:.3f} ms per "
              "token. Simulated speedups (method: docs/benchmarks.md).", "",
              "| prompt set | steps | best fixed γ | best fixed | oracle | oracle / best fixed | cost-optimal oracle |",
@@ -160,7 +165,8 @@ def render(results: dict, plots: list[str]) -> str:
     lines = ["# Benchmark report", "",
              f"Target `{target.get('path') or 'embedded SmolLM2-135M-Instruct'}` ({target.get('dtype')}), "
              f"draft {('`' + str(draft.get('path')) + '`') if draft else 'none'}, device {s.get('device')}, "
-             f"max_new_tokens {s.get('max_new_tokens')}, sampling {s.get('sampling')}, ignore_eos {s.get('ignore_eos')}.",
+             f"max_new_tokens {s.get('max_new_tokens')}, sampling {s.get('sampling')}, "
+             f"ignore_eos {s.get('ignore_eos')}.",
              f"Baseline: `{results['baseline']}` (the same engine, no draft). Speedup = tokens/s ratio of totals "
              "on the same prompts; identical = outputs equal to autoregressive token for token. [low, high]: "
              "95% interval, paired bootstrap over prompts and repeats (docs/benchmarks.md#confidence-intervals).", ""]
@@ -230,7 +236,8 @@ def ablation_markdown(ablation: dict) -> str:
     lines = [head, "|" + "---|" * (len(keys) + 7)]
     for r in ablation["rows"]:
         values = " | ".join(json.dumps(r[k]) for k in keys)
-        lines.append(f"| {values} | {r['records']} | {format_interval(r['speedup'], r.get('speedup_ci'), '.2f', '×')} | "
+        lines.append(f"| {values} | {r['records']} | "
+                     f"{format_interval(r['speedup'], r.get('speedup_ci'), '.2f', '×')} | "
                      f"{format_interval(r['tau'], r.get('tau_ci'))} | "
                      f"{_fmt(r['acceptance_rate'], 'pct')} | {_fmt(r['mean_draft_length'])} | "
                      f"{_fmt(r.get('mean_nodes_per_step'))} | {r['identical']}/{r['paired']} |")

@@ -77,7 +77,8 @@ def run_bench(bench: BenchConfig, stacks: dict[str, PacerConfig], out: Path, *, 
               ablation: Optional[dict] = None) -> int:
     """Run (or resume) the bench into ``out``; write the report at the end. Returns the exit code
     (0, or 130 after Ctrl-C with the finished records kept)."""
-    prompt_sets = {name: load_prompts(name, bench.limit, bench.skip) for name in bench.prompt_sets}  # before models load
+    # before models load
+    prompt_sets = {name: load_prompts(name, bench.limit, bench.skip) for name in bench.prompt_sets}
     if not any(prompt_sets.values()):
         skipped = f" after skipping {bench.skip} per set" if bench.skip else ""
         raise InputError(f"no prompt to run: the prompt sets are empty{skipped}; check skip, --limit and the files")

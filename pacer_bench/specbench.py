@@ -118,7 +118,8 @@ def answer_files(records: Sequence[dict]) -> dict[str, list[dict]]:
                     "wall_time": [float(c["wall_time"][0]) for c in per_turn],
                     "accept_lengths": [a for _, accepts in counted for a in accepts],
                 })
-            lines.append({"question_id": _question_id(set_name, question_id), "category": first.get("category", set_name),
+            lines.append({"question_id": _question_id(set_name, question_id),
+                          "category": first.get("category", set_name),
                           "answer_id": _answer_id(set_name, question_id, model_id), "model_id": model_id,
                           "choices": choices, "tstamp": stamp})
         files[model_id] = lines
@@ -248,7 +249,8 @@ def speed_markdown(specbench: dict) -> list[str]:
         return "—" if value is None else format(value, spec) + unit
 
     lines = ["## Spec-Bench speed", "",
-             f"Spec-Bench answer files (one per stack and baseline): {', '.join(f'`{p}`' for p in specbench['files'].values())}. "
+             "Spec-Bench answer files (one per stack and baseline): "
+             f"{', '.join(f'`{p}`' for p in specbench['files'].values())}. "
              "Computed as Spec-Bench's `evaluation/speed.py` does (choice 0; per question, new tokens ÷ wall "
              "time over its turns; the mean over questions; speedup = that mean ÷ the baseline's; mean accepted "
              "tokens over all steps, counted as its runners count them); [low, high]: 95% interval, bootstrap over "

@@ -112,7 +112,8 @@ def _key(record: dict) -> tuple[str, str, int, int]:
 
 
 def _rate_sums(records: Sequence[dict]) -> tuple[float, float]:
-    return float(sum(len(r["tokens"]) for r in records)), float(sum(r["metrics"].get("wall_s", 0) or 0 for r in records))
+    return (float(sum(len(r["tokens"]) for r in records)),
+            float(sum(r["metrics"].get("wall_s", 0) or 0 for r in records)))
 
 
 def rate_columns(records: Sequence[dict], other: dict[tuple, dict]) -> tuple[np.ndarray, list]:

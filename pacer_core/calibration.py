@@ -100,8 +100,8 @@ def _numbers(value: Any, where: str, name: str, low: float = 0.0, high: float = 
     if not isinstance(value, list) or not value or not all(
             isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and low <= x <= high
             for x in value):
-        raise InputError(f"tree calibration {where}: {name} must be a non-empty list of numbers in [{low:g}, {high:g}]: "
-                         f"{FIT_HINT}")
+        raise InputError(f"tree calibration {where}: {name} must be a non-empty list of numbers in "
+                         f"[{low:g}, {high:g}]: {FIT_HINT}")
     return tuple(float(x) for x in value)
 
 
@@ -136,8 +136,8 @@ def from_dict(data: Any, where: str = "") -> Calibration:
         for values, label in ((u, "upper"), (r, "rate")):
             falls = next((j for j in range(1, len(values)) if values[j] < values[j - 1]), None)
             if falls is not None:
-                raise InputError(f"tree calibration {at}: {label} falls from {values[falls - 1]:g} to {values[falls]:g} "
-                                 f"(it must not decrease as the probability rises): {FIT_HINT}")
+                raise InputError(f"tree calibration {at}: {label} falls from {values[falls - 1]:g} to "
+                                 f"{values[falls]:g} (it must not decrease as the probability rises): {FIT_HINT}")
         n = entry.get("nodes")
         if n is not None and (not isinstance(n, list) or len(n) != len(u) or not all(
                 isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in n)):

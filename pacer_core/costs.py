@@ -110,7 +110,8 @@ class CostModel:
         if not self.verify_s or not all(math.isfinite(v) and v > 0 for v in self.verify_s):
             raise ValueError("verify_s needs positive finite times, from k = 1 on")
         if len(self.tree_k) != len(self.tree_verify_s):
-            raise ValueError(f"tree_k ({len(self.tree_k)}) and tree_verify_s ({len(self.tree_verify_s)}) differ in length")
+            raise ValueError(f"tree_k ({len(self.tree_k)}) and tree_verify_s ({len(self.tree_verify_s)}) "
+                             "differ in length")
         if list(self.tree_k) != sorted(set(self.tree_k)) or any(k < 2 for k in self.tree_k):
             raise ValueError(f"tree_k must be ascending token counts >= 2, got {list(self.tree_k)}")
         if not all(math.isfinite(v) and v > 0 for v in self.tree_verify_s):
@@ -214,7 +215,8 @@ class Profile:
         top = max(self.verify.ks[-1], 2) if up_to is None else up_to
         verify = tuple(self.verify(k) for k in range(1, top + 1))
         tree_k, tree_s = ((), ()) if self.tree_verify is None else (
-            tuple(k for k in self.tree_verify.ks if k >= 2), tuple(s for k, s in self.tree_verify.as_dict().items() if k >= 2))
+            tuple(k for k in self.tree_verify.ks if k >= 2),
+            tuple(s for k, s in self.tree_verify.as_dict().items() if k >= 2))
         return CostModel(verify, self.draft_forward(drafter_kind), tree_k, tree_s, self.host_chain,
                          self.host_tree, self.preverify_s)
 
@@ -258,7 +260,8 @@ def profile_from_dict(data: Any, path: str = "<dict>") -> Profile:
         raise InputError(f"cost profile '{path}' is not a mapping of profile fields: see docs/costs.md")
     unknown = sorted(set(map(str, data)) - set(PROFILE_FIELDS))
     if unknown:
-        raise InputError(f"cost profile '{path}' has unknown field(s) {unknown}: the fields are {', '.join(PROFILE_FIELDS)}")
+        raise InputError(f"cost profile '{path}' has unknown field(s) {unknown}: the fields are "
+                         f"{', '.join(PROFILE_FIELDS)}")
     missing = [f for f in REQUIRED if f not in data]
     if missing:
         raise InputError(f"cost profile '{path}' lacks {missing}: see docs/costs.md for the format")

@@ -46,7 +46,8 @@ def packing_supported(dtype: torch.dtype) -> bool:
     except (RuntimeError, AttributeError, NotImplementedError):
         return False
     tolerance = 1e-4 if dtype == torch.float32 else 5e-2
-    return out.shape == (3, 24) and torch.allclose(out.float(), F.linear(x, weight).float(), atol=tolerance, rtol=tolerance)
+    return out.shape == (3, 24) and torch.allclose(out.float(), F.linear(x, weight).float(), atol=tolerance,
+                                                   rtol=tolerance)
 
 
 @functools.lru_cache(maxsize=None)

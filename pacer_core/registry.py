@@ -186,7 +186,8 @@ def _missing_message(item: ResolvedComponent, cap: str, stack: ResolvedStack,
         return (f"{item.where}: '{c.name}' supports greedy decoding only; set sampling.temperature=0 "
                 f"or choose a component that supports sampling")
     if cap == "draft_model":
-        free = ", ".join(sorted(n for n, o in table[c.kind].items() if "draft_model" not in o.needs)) or "none installed"
+        free = ", ".join(sorted(n for n, o in table[c.kind].items()
+                                if "draft_model" not in o.needs)) or "none installed"
         return (f"{c.kind} '{c.name}' needs a draft model: set draft.path to an HF folder sharing the "
                 f"target's tokenizer, or choose a {c.kind} without one ({free})")
     what = CAPABILITIES.get(cap, repr(cap))

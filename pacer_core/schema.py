@@ -71,7 +71,8 @@ def _expanded_size(root: yaml.Node, limit: int) -> int:
         if key in sizes:
             continue
         if key in on_path:
-            raise _YAMLRefusal("an alias refers to a node that contains it (a recursive alias): remove the alias", node.start_mark)
+            raise _YAMLRefusal("an alias refers to a node that contains it (a recursive alias): remove the alias",
+                               node.start_mark)
         on_path.add(key)
         stack.append((node, True))
         stack.extend((child, False) for child in children(node) if id(child) not in sizes)

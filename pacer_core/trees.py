@@ -54,8 +54,10 @@ class TreeConfig:
     token per level)."""
 
     # defaults: wide and shallow, the stop policy decides the depth
-    topk: int = attrs.field(default=6, validator=[v.ge(1), v.le(MAX_TOPK)])  # children tried per node, nodes kept per level
-    depth: int = attrs.field(default=8, validator=[v.ge(1), v.le(MAX_DEPTH)])  # levels per step at most (stop policies may stop earlier)
+    # children tried per node, nodes kept per level
+    topk: int = attrs.field(default=6, validator=[v.ge(1), v.le(MAX_TOPK)])
+    # levels per step at most (stop policies may stop earlier)
+    depth: int = attrs.field(default=8, validator=[v.ge(1), v.le(MAX_DEPTH)])
     # nodes sent for verification: a number (the best by cumulative draft probability), 'auto' (per
     # step, the nodes that maximise expected emitted tokens per second under the cost profile), or
     # None: by device (CPU_NODES on a CPU, where a tree-masked forward costs more per node; 'auto'

@@ -176,9 +176,10 @@ class Component:
     run supplies ``greedy`` (when ``sampling.temperature`` is 0), ``draft_model`` (the engine loads
     the ``draft`` model for a stack that needs it) and ``target_hidden`` (the target pass returns
     hidden states: the last layer's, or, when the drafter declares ``DraftInfo.target_layers``,
-    the inputs of those decoder layers concatenated); components supply the rest (a model drafter ``provides`` ``draft_probs`` and
-    ``draft_hidden``, which stop policies ``need``). A stack in which something needed is supplied
-    by nobody is refused before any model loads, with one generic check.
+    the inputs of those decoder layers concatenated); components supply the rest (a model
+    drafter ``provides`` ``draft_probs`` and ``draft_hidden``, which stop policies ``need``). A
+    stack in which something needed is supplied by nobody is refused before any model loads, with
+    one generic check.
     """
 
     kind: Literal["drafter", "stop", "verifier", "observer"]

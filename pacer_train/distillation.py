@@ -84,7 +84,8 @@ def fit(cfg, out: Path, net: torch.nn.Module, tokens: torch.Tensor, features: np
         return loss_fn(batch_tokens, batch_feats, batch_fused, generator)
 
     def record(step: int, loss, parts) -> dict[str, Any]:
-        entry = {"step": step, "loss": float(loss.detach()), **parts, "tokens": start["tokens_before"] + step * per_step}
+        entry = {"step": step, "loss": float(loss.detach()), **parts,
+                 "tokens": start["tokens_before"] + step * per_step}
         if evaluate_fn is not None:
             entry.update(evaluate_fn())
             latest[0] = f"{entry['heldout_top1_first']:.3f}/{entry['heldout_top1_second']:.3f}" \

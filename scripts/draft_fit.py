@@ -26,7 +26,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("run", help="a `pacer distill` run folder (out=) whose features stage finished")
     p.add_argument("drafts", nargs="+", help="feature-level draft folders `pacer distill` wrote")
-    p.add_argument("--heldout", type=int, default=24, help="the run's held-out sequences (its corpus.heldout_sequences)")
+    p.add_argument("--heldout", type=int, default=24,
+                   help="the run's held-out sequences (its corpus.heldout_sequences)")
     p.add_argument("--train", type=int, default=96, help="training sequences to measure the fit on")
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
@@ -38,7 +39,8 @@ def main() -> int:
             return 2
     for name in args.drafts:
         if not (Path(name) / "manifest.json").is_file():
-            print(f"draft_fit: '{name}' is not a draft folder `pacer distill` wrote (no manifest.json)", file=sys.stderr)
+            print(f"draft_fit: '{name}' is not a draft folder `pacer distill` wrote (no manifest.json)",
+                  file=sys.stderr)
             return 2
     from pacer_core.config import ModelConfig
     from pacer_core.hf import load_section
@@ -56,7 +58,8 @@ def main() -> int:
     embed, head = (w.float() for w in target.embedding_weights())
     features = np.memmap(run / "features.f16", dtype=np.float16, mode="r", shape=(count, length, target.hidden_size))
     rows = {"heldout": np.arange(args.heldout),
-            "train": np.sort(np.random.default_rng(0).choice(np.arange(args.heldout, count), args.train, replace=False))}
+            "train": np.sort(np.random.default_rng(0).choice(np.arange(args.heldout, count), args.train,
+                                                             replace=False))}
     results = {}
     for name in args.drafts:
         net = load_draft(Path(name))

@@ -90,7 +90,8 @@ def main(argv=None) -> int:
     parser.add_argument("--draft", default="shipped", help="a `feature` draft folder; shipped = the default")
     parser.add_argument("--heads", default="subset,context,full")
     parser.add_argument("--bias", default="0", help="comma-separated copy biases for the context head")
-    parser.add_argument("--lookup", default="0", help="comma-separated lookup priors b_1:b_2:... for the context head; 0 = none")
+    parser.add_argument("--lookup", default="0",
+                        help="comma-separated lookup priors b_1:b_2:... for the context head; 0 = none")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=None, help="write the table as JSON here too")
     args = parser.parse_args(argv)
@@ -135,7 +136,8 @@ def main(argv=None) -> int:
             print(f"error: unknown head '{name}': use subset, context, corpus:N or full", file=sys.stderr)
             return 2
     biases = [float(b) for b in args.bias.split(",")]
-    lookups = [() if item.strip() == "0" else tuple(float(b) for b in item.split(":")) for item in args.lookup.split(",")]
+    lookups = [() if item.strip() == "0" else tuple(float(b) for b in item.split(":"))
+               for item in args.lookup.split(",")]
     tallies: dict[tuple, list] = {}
     for number, r in enumerate(records, start=1):
         tokens = torch.tensor(r["prompt"] + r["answer"], dtype=torch.long)
@@ -160,7 +162,8 @@ def main(argv=None) -> int:
     for row in table:
         lookup = ":".join(f"{b:g}" for b in row["lookup"]) or "0"
         print(f"| {row['head']} | {row['bias']:g} | {lookup} | " + " | ".join(
-            f"{row[s]['top1']:.3f} / {row[s]['tau']:.3f} / {row[s]['accept_t1']:.3f}" for s in sets + [SETS_ALL]) + " |")
+            f"{row[s]['top1']:.3f} / {row[s]['tau']:.3f} / {row[s]['accept_t1']:.3f}"
+            for s in sets + [SETS_ALL]) + " |")
     print("(position 1 top-1 / τ at γ = 4 / Σ min(p, q) at position 1, temperature 1)")
     if args.out:
         Path(args.out).write_text(json.dumps({"answers": str(answers), "draft": args.draft, "table": table}, indent=1))

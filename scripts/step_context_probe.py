@@ -152,7 +152,8 @@ def cross_validated(rows, context: bool, folds: int = 4) -> list[list[float]]:
         model = fit_logistic(torch.tensor(x), torch.tensor(y))
         for s, r in enumerate(rows):
             if r["prompt"] in held:
-                predictions[s] = model(torch.tensor([features(r, i, context) for i in range(min(r["n"], DEPTH))])).tolist()
+                predictions[s] = model(torch.tensor([features(r, i, context)
+                                                     for i in range(min(r["n"], DEPTH))])).tolist()
     return predictions
 
 
@@ -205,10 +206,12 @@ def analyse(args) -> int:
               f"{roc_auc(first, y):.3f} | {roc_auc(second, y):.3f} |")
 
     y = torch.tensor([float(r["accepted"] > 0) for r in rows])
-    alone = {"target's top probability": lambda c: c["target_top"], "target's entropy (negated)": lambda c: -c["target_entropy"],
+    alone = {"target's top probability": lambda c: c["target_top"],
+             "target's entropy (negated)": lambda c: -c["target_entropy"],
              "previous step's accepted count": lambda c: c["accepted"]}
     print("\nAUC at draft position 1 of each step-context signal alone: " + ", ".join(
-        f"{name} {roc_auc(torch.tensor([float(signal(r['context'])) for r in rows]), y):.3f}" for name, signal in alone.items()))
+        f"{name} {roc_auc(torch.tensor([float(signal(r['context'])) for r in rows]), y):.3f}"
+        for name, signal in alone.items()))
 
     def rule(probabilities):
         def choose(s, r, rate):
@@ -222,12 +225,14 @@ def analyse(args) -> int:
     oracle = throughput(rows, lambda s, r, rate: min(r["accepted"], DEPTH), cost, plain)
     print(f"\nbest fixed window {fixed[1]}: {fixed[0]:.3f}x; oracle {oracle:.3f}x")
     hindsight = hindsight_calibrated(rows)
-    rules = {"cumulative confidence": lambda s, r: [math.exp(sum(r["log_q"][:i + 1])) for i in range(min(r["n"], DEPTH))],
+    rules = {"cumulative confidence":
+             lambda s, r: [math.exp(sum(r["log_q"][:i + 1])) for i in range(min(r["n"], DEPTH))],
              "cumulative confidence, calibrated with hindsight": lambda s, r: hindsight[s],
              "draft features": lambda s, r: base[s], "+ step context": lambda s, r: with_context[s]}
     for name, probabilities in rules.items():
         speedup = throughput(rows, rule(probabilities), cost, plain)
-        print(f"throughput rule over {name}: {speedup:.3f}x, {(speedup - fixed[0]) / (oracle - fixed[0]):.0%} of the oracle's gain")
+        print(f"throughput rule over {name}: {speedup:.3f}x, {(speedup - fixed[0]) / (oracle - fixed[0]):.0%} of the "
+              "oracle's gain")
     return 0
 
 

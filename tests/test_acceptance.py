@@ -272,7 +272,8 @@ def test_point_mass_is_one_hot_draft_probs(data):
     n = data.draw(st.integers(1, 4))
     target_probs = data.draw(distribution_rows(n + 1, vocab)).float()
     tokens = torch.tensor(data.draw(st.lists(st.integers(0, vocab - 1), min_size=n, max_size=n)))
-    uniforms = torch.tensor(data.draw(st.lists(st.floats(0.0, 1.0, width=32, exclude_max=True), min_size=n, max_size=n)))
+    uniforms = torch.tensor(data.draw(st.lists(st.floats(0.0, 1.0, width=32, exclude_max=True), min_size=n,
+                                               max_size=n)))
     seed = data.draw(st.integers(0, 2**31))
     as_none = speculative_verify(tokens, None, target_probs, uniforms, torch.Generator().manual_seed(seed))
     one_hots = torch.nn.functional.one_hot(tokens, vocab).float()  # [n, vocab]

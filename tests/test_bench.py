@@ -74,7 +74,8 @@ def tiny(monkeypatch, models):
 
 def prompt_file(folder: Path, n: int = 3) -> Path:
     path = folder / "prompts.jsonl"
-    path.write_text("".join(json.dumps({"question_id": f"q{i}", "prompt": p}) + "\n" for i, p in enumerate(PROMPTS[:n])))
+    path.write_text("".join(json.dumps({"question_id": f"q{i}", "prompt": p}) + "\n"
+                            for i, p in enumerate(PROMPTS[:n])))
     return path
 
 
@@ -137,14 +138,16 @@ def test_report_numbers_match_a_recomputation_from_the_jsonl(finished, capsys):
     for name in ("fixed2", "heuristic", "long", "hf_generate", "hf_prompt_lookup"):
         mine = [by_key[(r["prompt_set"], r["question_id"], name)] for r in ar]
         rate = sum(r["choices"][0]["new_tokens"][0] for r in mine) / sum(r["choices"][0]["wall_time"][0] for r in mine)
-        tau = sum(sum(r["choices"][0]["accept_lengths"]) for r in mine) / sum(r["choices"][0]["decoding_steps"][0] for r in mine)
+        tau = (sum(sum(r["choices"][0]["accept_lengths"]) for r in mine)
+               / sum(r["choices"][0]["decoding_steps"][0] for r in mine))
         drafted = sum(sum(r["metrics"]["drafted_per_step"]) for r in mine)
         accepted = sum(sum(r["metrics"]["accepted_per_step"]) for r in mine)
         cell = results["table"]["all"][name]
         assert cell["speedup"] == pytest.approx(rate / ar_rate, rel=1e-9), name
         assert cell["tau"] == pytest.approx(tau, rel=1e-9)
         assert cell["acceptance_rate"] == (pytest.approx(accepted / drafted) if drafted else None)
-        assert cell["mean_draft_length"] == pytest.approx(drafted / sum(len(r["metrics"]["drafted_per_step"]) for r in mine))
+        steps = sum(len(r["metrics"]["drafted_per_step"]) for r in mine)
+        assert cell["mean_draft_length"] == pytest.approx(drafted / steps)
         assert cell["identical"] == cell["paired"] == 3
         drafted_at0 = sum(1 for r in mine for d in r["metrics"]["drafted_per_step"] if d > 0)
         accepted_at0 = sum(1 for r in mine for a in r["metrics"]["accepted_per_step"] if a > 0)
@@ -173,11 +176,14 @@ def test_tree_stacks_report_their_size_and_stay_out_of_the_chain_oracle(tmp_path
     draft = make_draft(tiny_llama(0), tmp_path / "eagle")
     eagle = f"{{name: eagle, path: {draft}"
     config = write_bench(tmp_path, "stacks:\n"
-                         f"  chain: {{strategy: {{drafter: {eagle}}}, stop: [{{name: fixed, gamma: 4}}], verifier: {{name: greedy}}}}}}\n"
+                         f"  chain: {{strategy: {{drafter: {eagle}}}, stop: [{{name: fixed, gamma: 4}}], "
+                         "verifier: {name: greedy}}}\n"
                          f"  tree: {{strategy: {{drafter: {eagle}, tree: {{topk: 3, depth: 3, nodes: 7}}}}, "
                          "stop: [{name: fixed, gamma: 3}], verifier: {name: greedy}}}\n"
-                         "oracle: {log_stack: chain, verify_max_k: 5, verify_repeats: 1, verify_tree_k: [2, 4, 8]}\n", n=2)
-    code, out, err = run_cli(["bench", "--config", str(config), "--out", str(tmp_path / "out"), "--no-progress"], capsys)
+                         "oracle: {log_stack: chain, verify_max_k: 5, verify_repeats: 1, verify_tree_k: [2, 4, 8]}\n",
+                         n=2)
+    code, out, err = run_cli(["bench", "--config", str(config), "--out", str(tmp_path / "out"), "--no-progress"],
+                             capsys)
     assert code == 0, err
     records = read_answers(tmp_path / "out")
     tree = [r for r in records if r["model_id"] == "tree"]
@@ -231,7 +237,8 @@ def test_old_answer_logs_and_cost_models_still_report(finished, tmp_path, capsys
     for name, cell in results["table"]["all"].items():
         assert cell["mean_nodes_per_step"] == pytest.approx(cell["mean_draft_length"]), name
     assert results["tree_verify_cost_ms"] is None and results["oracle"]["tree_stacks"] == []
-    assert results["oracle"]["sets"]["all"] == json.loads((finished / "results.json").read_text())["oracle"]["sets"]["all"]
+    finished_results = json.loads((finished / "results.json").read_text())
+    assert results["oracle"]["sets"]["all"] == finished_results["oracle"]["sets"]["all"]
     assert "Token trees:" not in (out / "report.md").read_text()
 
 
@@ -296,7 +303,8 @@ def test_resume_refuses_other_settings(tmp_path, models):
 def test_answer_log_drops_only_a_cut_short_last_line_and_duplicates(tmp_path):
     path = tmp_path / "answers.jsonl"
     good = {"prompt_set": "s", "question_id": "a", "model_id": "m", "repeat": 0, "tokens": [], "metrics": {},
-            "choices": [{"turns": ["t"], "decoding_steps": [1], "new_tokens": [0], "wall_time": [0.0], "accept_lengths": []}]}
+            "choices": [{"turns": ["t"], "decoding_steps": [1], "new_tokens": [0], "wall_time": [0.0],
+                         "accept_lengths": []}]}
     path.write_text(json.dumps(good) + "\n" + json.dumps(good) + "\n" + '{"prompt_set": "s", "quest')
     log = AnswerLog(path)
     assert (log.dropped, log.duplicates, len(log.records)) == (1, 1, 1)  # a truncated tail, a duplicate
@@ -307,7 +315,8 @@ def test_answer_log_drops_only_a_cut_short_last_line_and_duplicates(tmp_path):
     assert len(path.read_text().splitlines()) == 2
 
 
-CHOICES = '"choices": [{"turns": ["t"], "decoding_steps": [1], "new_tokens": [0], "wall_time": [0.0], "accept_lengths": []}]'
+CHOICES = ('"choices": [{"turns": ["t"], "decoding_steps": [1], "new_tokens": [0], "wall_time": [0.0], '
+           '"accept_lengths": []}]')
 
 
 @pytest.mark.parametrize("line, problem", [
@@ -316,7 +325,8 @@ CHOICES = '"choices": [{"turns": ["t"], "decoding_steps": [1], "new_tokens": [0]
     ("[1, 2]", "a JSON list, not an object"),
     ('{"prompt_set": "s", "question_id": "x", "model_id": "m", "tokens": []}', "no 'metrics'"),
     ('{"prompt_set": "s", "question_id": "x", "model_id": "m", "tokens": 5, "metrics": {}}', "'tokens' is a int"),
-    ('{"prompt_set": "s", "question_id": "x", "model_id": "m", "tokens": [], "metrics": {}, "repeat": "1", ' + CHOICES + '}',
+    ('{"prompt_set": "s", "question_id": "x", "model_id": "m", "tokens": [], "metrics": {}, '
+     '"repeat": "1", ' + CHOICES + '}',
      "'repeat'"),
     # nested fields the report reads (a TypeError or KeyError in the report before)
     ('{"prompt_set": "s", "question_id": "x", "model_id": "m", "tokens": [], "metrics": {}}', "no 'choices'"),
@@ -332,7 +342,8 @@ CHOICES = '"choices": [{"turns": ["t"], "decoding_steps": [1], "new_tokens": [0]
 def test_answer_log_with_a_damaged_middle_line_is_refused_naming_the_line(tmp_path, line, problem):
     path = tmp_path / "answers.jsonl"
     good = {"prompt_set": "s", "question_id": "a", "model_id": "m", "repeat": 0, "tokens": [], "metrics": {},
-            "choices": [{"turns": ["t"], "decoding_steps": [1], "new_tokens": [0], "wall_time": [0.0], "accept_lengths": []}]}
+            "choices": [{"turns": ["t"], "decoding_steps": [1], "new_tokens": [0], "wall_time": [0.0],
+                         "accept_lengths": []}]}
     text = json.dumps(good) + "\n" + line + "\n" + json.dumps({**good, "question_id": "b"}) + "\n"
     path.write_text(text)
     with pytest.raises(InputError) as info:
@@ -645,7 +656,8 @@ def test_shipped_bench_and_ablate_configs_validate():
     assert _hybrids_beside_their_model_member(stacks) and "prompt_lookup+heuristic" in stacks
     # the tree-shape sweep (exact columns) and the timed shapes beside the best chains and generate
     cfg, stacks = read_bench_config(ROOT / "configs" / "bench_tree_sweep.yaml")
-    shapes = {(d["tree"]["topk"], d["tree"]["depth"]) for d in (c.strategy.drafter for c in stacks.values()) if d.get("tree")}
+    shapes = {(d["tree"]["topk"], d["tree"]["depth"])
+              for d in (c.strategy.drafter for c in stacks.values()) if d.get("tree")}
     assert len(shapes) >= 8 and any(c.strategy.drafter.get("tree") is None and c.strategy.drafter["name"] == "eagle"
                                     for c in stacks.values())
     cfg, stacks = read_bench_config(ROOT / "configs" / "bench_tree_shapes.yaml")
@@ -689,7 +701,8 @@ def test_ablate_runs_a_grid_into_one_table(tmp_path, tiny, capsys):
     base = write_bench(tmp_path, "", n=2)
     grid = tmp_path / "grid.yaml"
     grid.write_text(f"bench: {base.name}\noverrides: [max_new_tokens=8]\n"
-                    "stack: {strategy: {drafter: {name: prompt_lookup}, stop: [{name: fixed}], verifier: {name: greedy}}}\n"
+                    "stack: {strategy: {drafter: {name: prompt_lookup}, stop: [{name: fixed}], "
+                    "verifier: {name: greedy}}}\n"
                     "grid: {strategy.stop.0.gamma: [1, 3]}\n")
     code, out, err = run_cli(["ablate", "--config", str(grid), "--out", str(tmp_path / "out"), "--no-progress"], capsys)
     assert code == 0, err
@@ -728,7 +741,8 @@ def test_ablate_runs_a_grid_into_one_table(tmp_path, tiny, capsys):
     ("oracle: {verify_tree_k: [1, 4]}\n", ["oracle.verify_tree_k must list token counts >= 2"]),
     ("oracle: {verify_tree_k: [4, 4]}\n", ["oracle.verify_tree_k names a token count twice"]),
     ("stacks: {t: {strategy: {drafter: {name: eagle, tree: {topk: 2}}, stop: [{name: fixed, gamma: 8}]}}}\n"
-     "oracle: {log_stack: t}\n", ["oracle.log_stack 't' drafts a token tree", "log a stack drafting a long fixed chain"]),
+     "oracle: {log_stack: t}\n", ["oracle.log_stack 't' drafts a token tree",
+                                  "log a stack drafting a long fixed chain"]),
 ])
 def test_bad_bench_yaml_is_a_one_line_error(tmp_path, capsys, text, needles):
     path = tmp_path / "bad.yaml"
@@ -775,7 +789,8 @@ def test_the_embedded_target_gets_its_shipped_draft_when_a_stack_or_baseline_nee
     free = write_bench(tmp_path / "c", "stacks: {p: {strategy: {drafter: {name: prompt_lookup}}}}\n"
                                        "baselines: [hf_generate]\n")
     assert read_bench_config(free)[0].draft is None  # nothing needs a draft: none is loaded
-    mine = write_bench(tmp_path / "d", "draft: {path: /my/draft}\nstacks: {d: {strategy: {drafter: {name: draft_model}}}}\n")
+    mine = write_bench(tmp_path / "d",
+                       "draft: {path: /my/draft}\nstacks: {d: {strategy: {drafter: {name: draft_model}}}}\n")
     assert read_bench_config(mine)[0].draft.path == "/my/draft"
 
 
@@ -855,7 +870,8 @@ def test_the_report_compares_each_tree_with_its_chains_and_each_hybrid_with_its_
     units = [unit("plain", {"name": "autoregressive"}), unit("chain2", {"name": "eagle"}),
              unit("chain4", {"name": "eagle"}), unit("tree", {"name": "eagle", "tree": tree}),
              unit("tree-other", {"name": "eagle", "tree": {"topk": 6}}), unit("lookup", {"name": "prompt_lookup"}),
-             unit("hybrid", {"name": "hybrid", "members": [{"name": "eagle", "tree": tree}, {"name": "prompt_lookup"}]}),
+             unit("hybrid", {"name": "hybrid", "members": [{"name": "eagle", "tree": tree},
+                                                           {"name": "prompt_lookup"}]}),
              unit("orphan", {"name": "hybrid", "members": [{"name": "datastore"}]}),
              unit("draft-chain", {"name": "draft_model"}), {"name": "hf_generate", "kind": "baseline"}]
     speed = {"code": {"plain": 1.0, "chain2": 1.2, "chain4": 1.3, "tree": 1.5, "tree-other": 1.4, "lookup": 1.8,
@@ -902,7 +918,8 @@ def test_the_report_gives_each_hybrid_members_share_of_the_accepted_tokens():
         "gsm8k": {"plain": {"source_shares": {}}, "hybrid": {"source_shares": {"eagle": 0.6, "datastore": 0.4}}},
         "all": {"hybrid": {"source_shares": {"eagle": 0.5, "datastore": 0.5}}}}}
     lines = sources_markdown(results)
-    assert "| gsm8k | hybrid | eagle 60%, datastore 40% |" in lines and "| all | hybrid | eagle 50%, datastore 50% |" in lines
+    assert "| gsm8k | hybrid | eagle 60%, datastore 40% |" in lines
+    assert "| all | hybrid | eagle 50%, datastore 50% |" in lines
     assert not any("plain" in line for line in lines)
     assert sources_markdown({"prompt_sets": ["gsm8k"], "table": {"gsm8k": {"plain": {"source_shares": {}}}}}) == []
 

@@ -238,7 +238,8 @@ def _commands_with_overrides():
 
 
 def _words(option) -> list[str]:
-    return [option.option_strings[0]] + ([] if option.nargs == 0 else [str(option.choices[0]) if option.choices else "1"])
+    value = [] if option.nargs == 0 else [str(option.choices[0]) if option.choices else "1"]
+    return [option.option_strings[0]] + value
 
 
 @pytest.mark.parametrize("name, option, required", list(_commands_with_overrides()),

@@ -237,7 +237,8 @@ def _write_claiming(path, count: int) -> None:
         archive.writestr("lengths.npy", npy(np.array([count], dtype=np.int64)))
 
 
-NEEDLES = {"huge": "declares 200000000000 bytes, more than the file's", "truncated": "not a readable", "not a zip": "not a readable", "empty": "not a readable",
+NEEDLES = {"huge": "declares 200000000000 bytes, more than the file's", "truncated": "not a readable",
+           "not a zip": "not a readable", "empty": "not a readable",
            "version": "format version 2", "format": "not a datastore file", "tokenizer": "another tokenizer",
            "count": "inconsistent", "lengths": "inconsistent", "ids": "outside this target's vocabulary",
            "pickle": "not a readable"}
@@ -448,7 +449,8 @@ def warm_store(tmp_path) -> str:
 def test_sampling_has_the_target_distribution(request, tmp_path, drafter, sampling):
     target, draft = scripted_pair()
     engine = build_engine(target, draft, f"{drafter}, path: '{warm_store(tmp_path)}'" if drafter.startswith("datastore")
-                          else drafter.replace("{name: datastore", f"{{name: datastore, path: '{warm_store(tmp_path)}'"),
+                          else drafter.replace("{name: datastore",
+                                               f"{{name: datastore, path: '{warm_store(tmp_path)}'"),
                           "{name: fixed, gamma: 2}", SAMPLINGS[sampling])
     slow = request.node.get_closest_marker("slow") is not None
     assert _pvalue(engine, 6000 if slow else 2000) > PASS_P
@@ -480,7 +482,8 @@ def test_tiny_llama_greedy_output_equals_transformers_generate():
     prompts = [[5, 9, 13, 5, 9, 13, 5], [17, 4, 17, 4]]
     target, draft, references = greedy_pair(8.0, prompts, 20)
     engine = build_engine(adapter(target, eos=False), adapter(draft, eos=False),
-                          "hybrid, members: [{name: draft_model}, {name: datastore, min_ngram: 1}, {name: phrase_pool, level: 3}]",
+                          "hybrid, members: [{name: draft_model}, {name: datastore, min_ngram: 1}, "
+                          "{name: phrase_pool, level: 3}]",
                           "{name: fixed, gamma: 3}", {"temperature": 0.0}, verifier="greedy")
     for _ in range(2):  # the second round retrieves from the first one's generations
         for prompt, reference in zip(prompts, references):

@@ -250,7 +250,8 @@ def test_continuing_from_a_draft_starts_from_its_weights_and_its_curve(tiny_dist
     second = distill("second", "train.epochs=1", f"init={first}", "train.noise=0", "train.checkpoint_every=1")
     manifest = json.loads((second / "manifest.json").read_text())
     training = manifest["training"]
-    assert training["init"] == str(first) and training["tokens_total"] == before["tokens_total"] + training["tokens_seen"]
+    assert training["init"] == str(first)
+    assert training["tokens_total"] == before["tokens_total"] + training["tokens_seen"]
     # what the init's weights saw stays recorded (train-preverify keeps it out of M_B's prompts)
     first_sources = json.loads((first / "manifest.json").read_text())["corpus_sources"]
     assert manifest["corpus_sources"]["init"] == first_sources and "init" not in first_sources
@@ -268,7 +269,8 @@ def test_continuing_from_a_draft_starts_from_its_weights_and_its_curve(tiny_dist
     fused = extract_features(run, tokens, target, layers=LAYERS)
     ids = batch_ids(cfg, 0, np.arange(2, tokens.shape[0]))
     embed, head = (w.float() for w in target.embedding_weights())
-    loss, _ = draft_loss(loaded, embed, head[loaded.subset], tokens[ids], torch.from_numpy(features[ids].astype(np.float32)),
+    loss, _ = draft_loss(loaded, embed, head[loaded.subset], tokens[ids],
+                         torch.from_numpy(features[ids].astype(np.float32)),
                          0.0, 1.0, 0.1, None, 3, torch.from_numpy(fused[ids].astype(np.float32)))
     assert training["history"][0]["loss"] == pytest.approx(float(loss.detach()), rel=1e-5)
     curve = json.loads((second / "scaling.json").read_text())
@@ -330,7 +332,8 @@ def test_distill_warns_in_one_line_where_the_targets_dtype_is_slow_for_batches(t
 
     asked = []
     monkeypatch.setattr(distill_module, "batched_dtype_hint",
-                        lambda dtype, device, option: asked.append(option) or "bfloat16 is slow here: set target.dtype=float32")
+                        lambda dtype, device, option: asked.append(option)
+                        or "bfloat16 is slow here: set target.dtype=float32")
     _, distill = tiny_distill
     distill("run", "train.epochs=1")
     assert asked == ["target.dtype"]
@@ -402,7 +405,8 @@ def test_selfdistill_extra_adds_whole_corpus_folders_and_records_each(tmp_path):
     assert built["sources"]["selfdistill"] == 8 and built["sources"]["selfdistill_extra"] == 8
     assert sorted(map(tuple, built["tokens"].tolist())) == [(7, 1, 2, 3), (7, 4, 5, 6), (8, 9, 10, 11), (8, 12, 13, 14)]
     used = built["sources_used"]
-    assert [r["path"] for r in used["selfdistill_extra"]] == [str(extra)] and used["selfdistill_extra"][0]["records"] == 2
+    assert [r["path"] for r in used["selfdistill_extra"]] == [str(extra)]
+    assert used["selfdistill_extra"][0]["records"] == 2
     assert [r["path"] for r in trainer.seen_sources(used)["selfdistill"]] == [str(main), str(extra)]
     assert trainer.selfdistill_folders(trainer.seen_sources(used)) == [main, extra]
 
@@ -435,7 +439,8 @@ def test_distill_config_checks_the_new_options():
                               (["student.extra_layers=-1"], "deepens a feature student"),
                               (["corpus.selfdistill_extra=[/nonexistent/corpus]"], "holds no `pacer corpus` corpus"),
                               (["corpus.selfdistill=plugins/feature_draft/corpus",
-                                "corpus.selfdistill_extra=[plugins/feature_draft/corpus]"], "names a corpus folder twice")):
+                                "corpus.selfdistill_extra=[plugins/feature_draft/corpus]"],
+                               "names a corpus folder twice")):
         with pytest.raises(ConfigError) as info:
             load_distill_config(None, overrides)
         assert needle in str(info.value) and "\n" not in str(info.value)
@@ -509,9 +514,11 @@ def test_the_shipped_draft_can_be_continued():
     deeper = FeatureDraft(ArchConfig(**{**config, "extra_layers": 1})).eval()
     load_init(str(DEFAULT_DRAFT), deeper)
     g = torch.Generator().manual_seed(0)
-    embeds, feats = torch.randn(6, config["hidden_size"], generator=g), torch.randn(6, config["hidden_size"], generator=g)
+    embeds = torch.randn(6, config["hidden_size"], generator=g)
+    feats = torch.randn(6, config["hidden_size"], generator=g)
     with torch.no_grad():
-        assert torch.equal(deeper(embeds, feats, torch.arange(6), KVCache()), shipped(embeds, feats, torch.arange(6), KVCache()))
+        assert torch.equal(deeper(embeds, feats, torch.arange(6), KVCache()),
+                           shipped(embeds, feats, torch.arange(6), KVCache()))
     config["intermediate_size"] = 1024
     with pytest.raises(InputError) as info:
         load_init(str(DEFAULT_DRAFT), FeatureDraft(ArchConfig(**config)))

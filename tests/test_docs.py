@@ -224,7 +224,8 @@ def test_corpus_totals_in_the_docs_are_the_committed_corpus():
 
     stats = corpus_stats(DOCS.parent / "plugins" / "feature_draft" / "corpus")
     line = next(p for p in read("corpus.md").split("\n\n") if p.startswith("**Committed so far:**"))
-    for figure in (f"{stats['shards']} shards", f"{stats['records']:,} answers", f"{stats['answer_tokens']:,} answer tokens",
+    for figure in (f"{stats['shards']} shards", f"{stats['records']:,} answers",
+                   f"{stats['answer_tokens']:,} answer tokens",
                    f"{stats['tokens']:,} with their prompts", f"{stats['generation_hours']} hours"):
         assert figure in " ".join(line.split()), f"corpus.md should say {figure!r}: update its 'Committed so far' line"
 
@@ -380,7 +381,8 @@ def test_the_example_plugin_validates_its_options(example_plugin):
     cfg = load_config(overrides=[drafter, "strategy.stop=[{name: prob_floor}]"], extra_plugins=plugins,
                       require_models=False)
     assert cfg.strategy.stop == [{"name": "prob_floor"}]
-    for bad, words in [("{name: prob_floor, floor: high}", "floor"), ("{name: prob_floor, max_tokens: 0}", "max_tokens"),
+    for bad, words in [("{name: prob_floor, floor: high}", "floor"),
+                       ("{name: prob_floor, max_tokens: 0}", "max_tokens"),
                        ("{name: prob_floor, flor: 0.3}", "unknown option 'flor'")]:
         with pytest.raises(ConfigError, match=words):
             load_config(overrides=[drafter, f"strategy.stop=[{bad}]"], extra_plugins=plugins, require_models=False)
@@ -564,12 +566,14 @@ def test_documented_bench_errors_are_the_real_messages(tmp_path, capsys, monkeyp
         "a prompt file in Latin-1": lambda: bench(lines='{"prompt": "caf\xe9"}\n'.encode("latin-1")),
         "a prompt file line that is not JSON": lambda: bench(lines=good_prompts + "not json\n"),
         "a prompt file line without text": lambda: bench(lines='{"question_id": "q"}\n'),
-        'a question file line with `"turns": ["a", 5]`': lambda: bench(lines='{"question_id": 81, "turns": ["a", 5]}\n'),
+        'a question file line with `"turns": ["a", 5]`': lambda: bench(
+            lines='{"question_id": 81, "turns": ["a", 5]}\n'),
         'a question file repeating `"question_id": 81` on line 2': lambda: bench(
             lines='{"question_id": 81, "turns": ["a", "b"]}\n{"question_id": 81, "turns": ["c"]}\n'),
         "an empty prompt file": lambda: bench(lines=""),
         "`bench.json` that is not JSON": lambda: run_folder("{oops"),
-        "`bench.json` without its `units`": lambda: run_folder(json.dumps({k: v for k, v in meta.items() if k != "units"})),
+        "`bench.json` without its `units`":
+            lambda: run_folder(json.dumps({k: v for k, v in meta.items() if k != "units"})),
         "a damaged line 5 of `answers.jsonl`": lambda: run_folder(json.dumps(meta), damaged),
         "an `oracle.log_stack` drafting a token tree": lambda: bench_yaml(
             "stacks: {t: {strategy: {drafter: {name: eagle, tree: {topk: 2}}, stop: [{name: fixed, gamma: 8}]}}}\n"

@@ -33,7 +33,8 @@ from helpers import student_target as tiny_target
 
 @pytest.mark.parametrize("kind,context_vocab,bias,lookup,corpus_bias", [
     ("feature", False, 0.0, (), 0.0), ("feature", True, 0.0, (), 0.0), ("feature", True, 1.5, (), 0.0),
-    ("feature", False, 1.5, (), 0.0), ("feature", True, 1.0, (2.0, 3.0, 4.0), 0.0), ("feature", False, 0.0, (5.0,), 0.0),
+    ("feature", False, 1.5, (), 0.0), ("feature", True, 1.0, (2.0, 3.0, 4.0), 0.0),
+    ("feature", False, 0.0, (5.0,), 0.0),
     ("feature", True, 0.0, (), 6.0), ("feature", True, 0.0, (2.0, 4.0), 3.0),
     ("feature-deep", False, 0.0, (), 0.0), ("eagle3", False, 0.0, (), 0.0), ("eagle3", True, 1.5, (2.0, 3.0), 0.0)])
 def test_hits_equal_a_step_by_step_recount_with_the_drafters_cache(kind, context_vocab, bias, lookup, corpus_bias):

@@ -90,15 +90,16 @@ def test_the_tallies_are_the_rank_of_the_committed_token_at_each_accepted_prefix
     expected = recount()
     assert result.metrics["draft_topk"] == {"k": list(KS), "counts": expected.tolist()}
     assert not torch.equal(recount(late=1), expected)  # the check tells a row one position late apart
-    assert expected[1:, 0].sum() > 0 and 0 < expected[:, 1].sum() < expected[:, 0].sum()  # later positions, hits and misses
+    # later positions, hits and misses
+    assert expected[1:, 0].sum() > 0 and 0 < expected[:, 1].sum() < expected[:, 0].sum()
     # greedy: the draft's token at a position is its top 1, so top-1 agreement is acceptance
     steps = [s for s in recorder.steps if len(s.draft)]
     assert int(expected[0, 1]) == sum(s.main_accepted >= 1 for s in steps)
 
 
 def test_a_drafter_without_draft_probs_and_bad_ks_are_refused():
-    assert "which drafter 'prompt_lookup' does not provide" in error_of(overrides=["strategy.drafter={name: prompt_lookup}",
-                                                "strategy.observers=[{name: draft_quality}]"])
+    assert "which drafter 'prompt_lookup' does not provide" in error_of(
+        overrides=["strategy.drafter={name: prompt_lookup}", "strategy.observers=[{name: draft_quality}]"])
     with pytest.raises(ValueError, match="increasing positive integers"):
         DraftQualityConfig(ks=[4, 2])
 

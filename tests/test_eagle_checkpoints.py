@@ -271,7 +271,8 @@ def test_an_eagle3_member_of_a_hybrid_gets_its_layers(tmp_path):
     own = make_draft(target_model, tmp_path / "own")  # reads the last layer: the two cannot share a pass
     members = f"[{{name: eagle, path: '{folder}'}}, {{name: eagle, path: '{own}'}}]"
     cfg = load_config(overrides=[f"strategy.drafter={{name: hybrid, members: {members}}}"], require_models=False)
-    with pytest.raises(InputError, match=r"members read different target hidden states \(eagle: \[2, 4, 5\], eagle: last"):
+    with pytest.raises(InputError, match=r"members read different target hidden states \(eagle: \[2, 4, 5\], "
+                                         r"eagle: last"):
         Engine.build(adapter(target_model), cfg=cfg)
 
 
@@ -636,7 +637,8 @@ def test_an_unreadable_file_is_refused(tmp_path):
 def test_context_vocab_is_refused_for_a_head_of_the_whole_vocabulary(tmp_path):
     target_model = tiny_llama(0)
     folder = write_eagle1(tmp_path / "ckpt", target_model)
-    with pytest.raises(InputError, match="context_vocab=true needs a draft whose head is a subset.*leave context_vocab unset"):
+    with pytest.raises(InputError, match="context_vocab=true needs a draft whose head is a subset.*leave "
+                                         "context_vocab unset"):
         engine_for(target_model, folder, extra=["strategy.drafter.context_vocab=true"])
     engine_for(target_model, folder, extra=["strategy.drafter.context_vocab=false"])
     # the priors apply to any head when set, and are off by default for published checkpoints
@@ -673,7 +675,8 @@ def test_a_config_value_of_the_wrong_type_is_refused_naming_the_key(tmp_path, ke
 
 
 @pytest.mark.parametrize("layout,config,needle", [
-    ("eagle3", {"rope_scaling": {"rope_type": "longrope", "factor": 2.0}}, "rope_scaling type 'longrope' is not supported"),
+    ("eagle3", {"rope_scaling": {"rope_type": "longrope", "factor": 2.0}},
+     "rope_scaling type 'longrope' is not supported"),
     ("eagle1", {"rope_scaling": {"type": "linear"}}, "rope_scaling has no 'factor'"),
     ("eagle1", {"rope_scaling": {"type": "linear", "factor": "x"}}, "rope_scaling factor must be a number > 0"),
     ("eagle3", {"rope_scaling": {**LLAMA3, "beta_fast": 2}}, "rope_scaling key 'beta_fast' is not supported"),

@@ -456,7 +456,8 @@ def test_greedy_output_is_the_targets_greedy_decoding(stack, greedy_models):
 
 def test_greedy_with_the_sampling_verifier_at_temperature_zero(greedy_models):
     target, draft, references = greedy_models
-    cfg = load_config(overrides=["strategy.drafter={name: draft_model}", "strategy.verifier={name: speculative_sampling}",
+    cfg = load_config(overrides=["strategy.drafter={name: draft_model}",
+                                 "strategy.verifier={name: speculative_sampling}",
                                  f"strategy.stop=[{ENTROPY}, {CONFIDENCE}]"], require_models=False)
     engine = Engine.build(adapter(target, eos=False), draft=adapter(draft, eos=False), cfg=cfg)
     with single_thread():

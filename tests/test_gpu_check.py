@@ -180,7 +180,8 @@ def test_the_gpu_check_runs_offline_without_an_install(tmp_path):
     python, libraries = bare_python(tmp_path)
     copy = checkout_copy(tmp_path)
     out, deps = tmp_path / "out", tmp_path / "deps"
-    subprocess.run(["bash", "scripts/gpu_deps.sh", str(deps)], cwd=ROOT, env={**os.environ, "PACER_PYTHON": sys.executable},
+    subprocess.run(["bash", "scripts/gpu_deps.sh", str(deps)], cwd=ROOT,
+                   env={**os.environ, "PACER_PYTHON": sys.executable},
                    check=True, timeout=120)
     env = {**os.environ, "PACER_PYTHON": str(python), "PYTHONPATH": libraries, "PACER_DEPS": str(deps)}
     run = subprocess.run(["bash", "scripts/gpu_check.sh", "--system-python", str(out)], cwd=copy, env=env,

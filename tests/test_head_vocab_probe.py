@@ -44,7 +44,8 @@ def test_heads_match_draft_eval_and_acceptance_is_the_overlap():
         assert torch.equal(out[(name, 0.0, ())][0], expected[expected[:, 0] >= 0]), name
     expected = draft_hits(net, embed, head, tokens, feats, None, target_next, first, 4, (1,), True, 1.0, (2.0, 3.0))
     assert torch.equal(out[("context", 1.0, (2.0, 3.0))][0], expected[expected[:, 0] >= 0])
-    assert ("subset", 1.0, ()) not in out and ("subset", 0.0, (2.0, 3.0)) not in out  # the priors are the context head's
+    # the priors are the context head's
+    assert ("subset", 1.0, ()) not in out and ("subset", 0.0, (2.0, 3.0)) not in out
     # Σ min(p, q) at position 1 under the full head, row `first`: p the target's, q the draft's
     with torch.no_grad():
         from pacer_plugins.feature_draft.students import unrolled_features

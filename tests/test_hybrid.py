@@ -169,7 +169,8 @@ def test_a_nested_hybrid_is_refused_before_models_load():
 
 
 def test_a_stop_policy_reading_draft_probs_needs_a_model_member():
-    message = _error(["strategy.drafter={name: hybrid, members: [{name: prompt_lookup}, {name: prompt_lookup, branches: 2}]}",
+    message = _error(["strategy.drafter={name: hybrid, members: "
+                      "[{name: prompt_lookup}, {name: prompt_lookup, branches: 2}]}",
                       "strategy.stop=[{name: entropy}]"])
     assert "strategy.stop[0]" in message and "draft" in message
 

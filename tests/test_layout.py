@@ -260,7 +260,8 @@ def import_time_problems(sources: dict[str, Path], plugins: set[str]) -> list[st
     """Plugin modules importing the bench when imported (module or class bodies): the bench may
     import plugins, and a plugin's command may use the bench inside the function that runs it."""
     return [f"{module} imports {name} at import time (line {line})" for module, path in sorted(sources.items())
-            if _top(module) in plugins for name, line in sorted(_imports(module, path, import_time=True), key=lambda x: x[1])
+            if _top(module) in plugins for name, line in sorted(_imports(module, path, import_time=True),
+                                                                key=lambda x: x[1])
             if _top(name) == BENCH]
 
 
@@ -318,7 +319,8 @@ def test_the_engine_holds_no_training_code():
 def test_no_module_passes_the_line_limit_but_the_listed_ones_and_the_list_only_shrinks():
     long = long_modules(ROOT)
     unlisted = {path: n for path, n in long.items() if path not in OVER_MAX_LINES}
-    assert not unlisted, (f"modules over {MAX_LINES} lines: " + ", ".join(f"{p} ({n})" for p, n in sorted(unlisted.items()))
+    assert not unlisted, (f"modules over {MAX_LINES} lines: "
+                          + ", ".join(f"{p} ({n})" for p, n in sorted(unlisted.items()))
                           + ": split each along a seam")
     fixed = sorted(OVER_MAX_LINES - set(long))
     assert not fixed, (f"{', '.join(fixed)} no longer exceed {MAX_LINES} lines (or are gone): remove them from "
@@ -338,7 +340,8 @@ def test_the_placement_checks_catch_what_they_forbid(tmp_path):
         "plug.cmd imports pacer_bench.oracle at import time (line 3)"]
     assert import_time_problems(sources, set()) == []  # not a plugin: the bench itself, say
     (core / "train.py").write_text("import torch\nfrom torch.optim import AdamW\nimport torch.optim as optim\n"
-                                   "def step(model, loss):\n    loss.backward()\n    torch.optim.SGD(model.parameters())\n"
+                                   "def step(model, loss):\n    loss.backward()\n"
+                                   "    torch.optim.SGD(model.parameters())\n"
                                    "    model.zero_grad()\n    torch.autograd.grad(loss, [])\n")
     assert sorted(training_code(core / "train.py")) == sorted([
         "line 2: imports torch.optim.AdamW", "line 3: imports torch.optim", "line 5: calls .backward()",
@@ -363,7 +366,8 @@ def _is_sys_path(node: ast.AST) -> bool:
 
 
 def _changes_sys_path(node: ast.AST) -> bool:
-    """``sys.path.insert(...)`` (append, extend, ...), ``sys.path = ...``, ``sys.path[:] = ...``, ``sys.path += ...``."""
+    """``sys.path.insert(...)`` (append, extend, ...), ``sys.path = ...``, ``sys.path[:] = ...``,
+    ``sys.path += ...``."""
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and _is_sys_path(node.func.value):
         return node.func.attr in {"insert", "append", "extend", "remove", "pop", "clear"}
     targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AugAssign) else []
@@ -424,7 +428,8 @@ def test_the_training_package_imports_no_plugin(graph):
     assert any(_top(m) == "pacer_train" for m in modules), "the scan should see pacer_train"
 
 
-def cross_plugin_imports(modules: dict[str, set[str]], lines: dict[tuple[str, str], int], plugins: set[str]) -> list[str]:
+def cross_plugin_imports(modules: dict[str, set[str]], lines: dict[tuple[str, str], int],
+                         plugins: set[str]) -> list[str]:
     """Imports of one plugin package by another (``import_graph``'s edges, functions' bodies included)."""
     return [f"{m} imports {t} (line {lines[m, t]})" for m, targets in sorted(modules.items()) if _top(m) in plugins
             for t in sorted(targets) if _top(t) in plugins and _top(t) != _top(m)]
@@ -437,7 +442,8 @@ def test_no_plugin_imports_another_plugin(graph):
     modules, lines = graph
     plugins = {name for name, folder in _packages().items() if folder.parent == PLUGINS}
     bad = cross_plugin_imports(modules, lines, plugins)
-    assert not bad, "a plugin imports another plugin; move what they share to pacer_train or pacer_core: " + "; ".join(bad)
+    assert not bad, ("a plugin imports another plugin; move what they share to pacer_train or pacer_core: "
+                     + "; ".join(bad))
     assert len(plugins) >= 2, "the scan should see the plugin packages"
     made_up = {"a.cmd": {"b.store", "a.util", "pacer_train.corpus"}, "b.store": {"numpy"}}
     assert cross_plugin_imports(made_up, {("a.cmd", "b.store"): 7}, {"a", "b"}) == ["a.cmd imports b.store (line 7)"]

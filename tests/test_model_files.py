@@ -224,7 +224,8 @@ def test_an_encoder_decoder_target(tmp_path, capsys):
     save_tokenizer(folder)
     capsys.readouterr()  # the save's progress bar
     code, _, err = generate(capsys, folder)
-    assert_one_line_error(code, err, "a t5 model, an encoder-decoder model", "causal (decoder-only) language models only")
+    assert_one_line_error(code, err, "a t5 model, an encoder-decoder model",
+                          "causal (decoder-only) language models only")
 
 
 DAMAGES = {"truncated": lambda text: text[: len(text) // 2], "a list": lambda text: "[1, 2]"}

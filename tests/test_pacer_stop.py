@@ -630,7 +630,9 @@ def test_training_lowers_the_loss_and_resumes(tmp_path):
 
 
 def test_the_checkpoint_tag_changes_with_the_recipe_but_not_with_what_a_resumed_run_may_change():
-    tag = lambda *overrides: trainer.shape_tag(trainer.load_train_config(None, list(overrides)))
+    def tag(*overrides):
+        return trainer.shape_tag(trainer.load_train_config(None, list(overrides)))
+
     base = tag()
     for same in (["train.epochs=60"], ["train.threads=1"], ["train.checkpoint_every=7"], ["export=runs/x"]):
         assert tag(*same) == base, same  # continuing, or only how the work is run
@@ -833,8 +835,8 @@ def test_the_shipped_drafts_record_their_corpus():
             first = corpus.get("first_shard", 0)  # corpus.selfdistill_from
             read = CorpusStore(root / corpus["path"], create=False).shards[first:first + len(corpus["shards"])]
             assert corpus["shards"] == [{"name": e["name"], "sha256": e["sha256"][:16]} for e in read]
-            assert corpus["records"] == sum(len(json.loads((root / corpus["path"] / f"{e['name']}.json").read_text())["records"])
-                                            for e in read)
+            shard_json = [json.loads((root / corpus["path"] / f"{e['name']}.json").read_text()) for e in read]
+            assert corpus["records"] == sum(len(shard["records"]) for shard in shard_json)
     # both continue the one corpus of 512 target-written chat answers the first drafts were made from
     assert len(seen[token_draft]["instructions"]) == 512
     for key in ("instructions", "stdlib", "docs"):

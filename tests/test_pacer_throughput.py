@@ -2,9 +2,10 @@
 
 The pure rule with scripted predictions and cost models (drafting stops exactly where the next
 token's forecast gain falls below its marginal cost, and the draft sent is what pays its
-verification; flat and rising verification costs; blocks); λ learned from the outcomes; the draft-confidence predictor; the cost files (keyed by
-machine and pair, refused for another pair or when stale) and `pacer costs` on tiny models;
-the exact distribution with the rule in the stack (its greedy equality: test_pacer_stop); the replay on synthetic steps and on a tiny run folder;
+verification; flat and rising verification costs; blocks); λ learned from the outcomes; the
+draft-confidence predictor; the cost files (keyed by machine and pair, refused for another pair or
+when stale) and `pacer costs` on tiny models; the exact distribution with the rule in the stack
+(its greedy equality: test_pacer_stop); the replay on synthetic steps and on a tiny run folder;
 per-position AUC and calibration.
 """
 
@@ -79,7 +80,8 @@ def test_ties_go_to_the_shorter_draft_and_margin_scales_lambda():
     # p_3 = λ · Δverify exactly: verifying it gains nothing, the shorter draft wins the tie
     assert rules.send_length([0.9, 0.5, 0.2, 0.1], 0, 4, RISING, 100.0) == 2
     # the forecast after [0.5, 0.4] is 0.32: it pays a token's 0.002 s at λ 100 (0.2), not at λ 200 (0.4)
-    assert rules.next_block_pays([0.5, 0.4], 2, 1, FLAT, 100.0) and not rules.next_block_pays([0.5, 0.4], 2, 1, FLAT, 200.0)
+    assert rules.next_block_pays([0.5, 0.4], 2, 1, FLAT, 100.0)
+    assert not rules.next_block_pays([0.5, 0.4], 2, 1, FLAT, 200.0)
     assert drive(throughput([0.9, 0.5, 0.3, 0.1], FLAT, b=1), 4) == (3, 3)
     assert drive(throughput([0.9, 0.5, 0.3, 0.1], FLAT, b=1, margin=3.0), 4) == (2, 2)  # λ tripled: a 0.6 bar
 

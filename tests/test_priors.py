@@ -33,7 +33,8 @@ def test_reading_in_pieces_equals_a_direct_scan():
         read += piece
         for _ in range(5):
             suffix = [rng.randrange(6) for _ in range(rng.randint(1, 4))]
-            assert lookup_bonus(index, suffix, [1.0, 2.5, 4.0]) == brute_successors(text[:read], suffix, [1.0, 2.5, 4.0])
+            assert lookup_bonus(index, suffix, [1.0, 2.5, 4.0]) == brute_successors(text[:read], suffix,
+                                                                                    [1.0, 2.5, 4.0])
 
 
 def brute_corpus(docs, suffix, longest, keep, min_count):

@@ -75,7 +75,8 @@ def recorded_run(profile_data: dict) -> tuple[dict, list[dict]]:
         draft = Costed(ScriptedLM(VOCAB, table=DRAFT_TABLE), clock, lambda k, tree: profile.draft_forward("token", k))
         engine = build_engine(target, draft, drafter, stop, {"temperature": 0.0}, verifier="greedy")
         engine.clock = clock
-        engine.pm.register(__import__("pacer_plugins.pacer_builtins.observers", fromlist=["Metrics"]).Metrics(None, None))
+        observers = __import__("pacer_plugins.pacer_builtins.observers", fromlist=["Metrics"])
+        engine.pm.register(observers.Metrics(None, None))
         units.append({"name": name, "kind": "stack",
                       "config": {"strategy": {"drafter": {"name": drafter.split(",")[0]}}}})
         for question, prompt in PROMPTS.items():
@@ -132,7 +133,8 @@ def test_pacer_replay_prints_the_labelled_table(run, tmp_path, capsys):
     profile.write_text(yaml.safe_dump(PROFILE))
     code, out, err = run_cli(["replay", str(folder), "--profile", str(profile), "--profile", "a100-7b-bf16"], capsys)
     assert code == 0, err
-    assert "predicted under measured profile 'fake'" in out and "predicted under published profile 'a100-7b-bf16'" in out
+    assert "predicted under measured profile 'fake'" in out
+    assert "predicted under published profile 'a100-7b-bf16'" in out
     code, out, err = run_cli(["replay", str(folder), "--profile", str(profile), "--json"], capsys)
     rows = json.loads(out)[0]["sets"]["all"]
     assert rows["chain"]["predicted_speedup"] == pytest.approx(rows["chain"]["measured_speedup"], rel=1e-6)
@@ -145,7 +147,8 @@ def test_replay_refuses_bad_input_in_one_line(run, tmp_path, capsys):
     code, _, err = run_cli(["replay", str(tmp_path), "--profile", "a100-7b-bf16"], capsys)
     assert_one_line_error(code, err, "is not a bench folder")
     meta, records = run
-    stripped = [dict(r, metrics={k: v for k, v in r["metrics"].items() if not k.endswith("_per_step")}) for r in records]
+    stripped = [dict(r, metrics={k: v for k, v in r["metrics"].items() if not k.endswith("_per_step")})
+                for r in records]
     old = write_run(tmp_path / "old", meta, stripped)
     code, _, err = run_cli(["replay", str(old), "--profile", "a100-7b-bf16"], capsys)
     assert_one_line_error(code, err, "no recorded steps")
@@ -367,7 +370,8 @@ def test_replay_can_take_this_engines_host_time(run, tmp_path, capsys):
     host = tmp_path / "host.json"
     host.write_text(json.dumps({"results": [], "host_s": {"plain": 0.0002, "chain": 0.0004,
                                                           "tree": {"10": 0.0006, "64": 0.001}}}))
-    code, out, err = run_cli(["replay", str(folder), "--profile", "a100-7b-bf16", "--host", str(host), "--json"], capsys)
+    code, out, err = run_cli(["replay", str(folder), "--profile", "a100-7b-bf16", "--host", str(host), "--json"],
+                             capsys)
     assert code == 0, err
     assert json.loads(out)[0]["profile"] == "a100-7b-bf16 + host time of host.json"
     host.write_text(json.dumps({"host_s": {"plain": -1, "chain": 0.1}}))

@@ -54,13 +54,15 @@ def test_a_stream_of_chosen_families_gives_them_in_turn_and_records_them(stream)
     stays as every corpus made before the option has it."""
     open_chat = Stream(0, stream.mat, families=["open_chat"])
     items = [open_chat.at(p) for p in range(600)]
-    assert {i.family for i in items} == {"open_chat"} and [i.id for i in items[:3]] == ["open_chat/0", "open_chat/1", "open_chat/2"]
+    assert {i.family for i in items} == {"open_chat"}
+    assert [i.id for i in items[:3]] == ["open_chat/0", "open_chat/1", "open_chat/2"]
     assert items == [Stream(0, stream.mat, families=["open_chat"]).at(p) for p in range(600)]
     texts = [i.text for i in items]
     assert len(set(texts)) >= 0.75 * len(texts)  # a few fixed puzzles repeat; the corpus skips repeats
     starts = Counter(t.split()[0] for t in texts)
     assert len(starts) >= 15 and max(starts.values()) < 0.3 * len(texts)  # writing, role-play, extraction, ...
-    assert any("\n\n" in t and "JSON" in t for t in texts) and any(t.startswith(("Pretend", "Act as", "You are")) for t in texts)
+    assert any("\n\n" in t and "JSON" in t for t in texts)
+    assert any(t.startswith(("Pretend", "Act as", "You are")) for t in texts)
     assert open_chat.describe()["families"] == ["open_chat"] and "families" not in stream.describe()
     mixed = Stream(0, stream.mat, families=["math", "open_chat"])
     assert [mixed.at(p).family for p in range(4)] == ["math", "open_chat", "math", "open_chat"]
@@ -155,7 +157,8 @@ def test_the_real_backend_loads_the_target_and_warns_where_its_dtype_is_slow_for
     target.digest = "f00d"
     tokenizer = type("Tokenizer", (), {"encode": lambda self, text: [3, 4]})()
     monkeypatch.setattr(hf, "load_section", lambda section, name: (target, tokenizer, "f00d"))
-    monkeypatch.setattr(command, "batched_dtype_hint", lambda dtype, device, option: f"slow for batches: set {option}=float32")
+    monkeypatch.setattr(command, "batched_dtype_hint", lambda dtype, device, option: f"slow for batches: set "
+                                                                                     f"{option}=float32")
     backend = command.load_backend(CorpusConfig(out="unused"))
     assert backend.target["digest"] == "f00d" and backend.target["device"] == "cpu" and backend.encode("x") == [3, 4]
     assert backend.generate([[5, 6, 7]], 8, 1, None) == [reference_greedy(model, [5, 6, 7], 8)]
@@ -211,12 +214,14 @@ def test_shards_round_trip(tmp_path, stream):
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["totals"]["families"].keys() == set(FAMILIES)
     assert sum(f["answer_tokens"] for f in manifest["totals"]["families"].values()) == stats["answer_tokens"]
-    assert [s.family for s in iter_corpus(tmp_path, families=["math"])] == ["math"] * stats["families"]["math"]["records"]
+    math_only = [s.family for s in iter_corpus(tmp_path, families=["math"])]
+    assert math_only == ["math"] * stats["families"]["math"]["records"]
     from safetensors.torch import load_file
 
     assert load_file(str(tmp_path / "shard-00000.safetensors"))["tokens"].dtype == torch.uint16
     # a larger target continues where the corpus stopped
-    more = run_corpus(config(tmp_path, tokens=400), "pacer corpus test", backend=fake_backend(), stream=stream, guard=guard)
+    more = run_corpus(config(tmp_path, tokens=400), "pacer corpus test", backend=fake_backend(), stream=stream,
+                      guard=guard)
     assert more["answer_tokens"] >= 400 and records(tmp_path)[:len(samples)] == [
         (s.id, s.family, s.position, s.tokens.tolist(), s.prompt_length) for s in samples]
 

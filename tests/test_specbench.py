@@ -478,7 +478,8 @@ def test_the_leaderboard_lays_out_spec_bench_s_tasks_and_names_those_not_run():
             "Mathematical Reasoning | Retrieval-aug. Generation | #Mean Accepted Tokens | Overall |") in text
     assert ("| eagle | 1.50× [1.20, 1.80] | — | — | — | 1.50× [1.20, 1.80] | — | 2.25 [2.00, 2.50] | "
             "1.50× [1.20, 1.80] |") in text
-    assert "Not in this run: Translation, Summarization, Question Answering, Retrieval-aug. Generation (the offline" in text
+    assert ("Not in this run: Translation, Summarization, Question Answering, Retrieval-aug. Generation "
+            "(the offline") in text
     # an MT-Bench run is not a Spec-Bench run; a file holding one of its other tasks is
     mt_only = {"autoregressive": {"eagle": {"mt_bench": figures, "overall": figures}}}
     assert leaderboard_markdown({"speed": mt_only}, ["mtbench"]) == []

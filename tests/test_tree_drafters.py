@@ -227,13 +227,16 @@ def test_pacer_validate_accepts_a_tree_drafter(tmp_path, capsys):
     ("{name: draft_model, tree: {topk: 100000}}", "strategy.drafter (draft_model): tree: 'topk' must be <= 64: 100000"),
     ("{name: draft_model, tree: {depth: 999}}", "strategy.drafter (draft_model): tree: 'depth' must be <= 32: 999"),
     ("{name: draft_model, tree: {tpk: 3}}",
-     "strategy.drafter (draft_model): unknown option 'tree.tpk'; valid options: topk, depth, nodes, profile, calibration"),
+     "strategy.drafter (draft_model): unknown option 'tree.tpk'; valid options: topk, depth, nodes, profile, "
+     "calibration"),
     ("{name: draft_model, tree: 3}",
-     "strategy.drafter (draft_model): 'tree' must be a mapping of options (topk, depth, nodes, profile, calibration), got int 3"),
+     "strategy.drafter (draft_model): 'tree' must be a mapping of options (topk, depth, nodes, profile, "
+     "calibration), got int 3"),
     ("{name: draft_model, tree: {topk: x}}",
      "strategy.drafter (draft_model): bad value for 'tree.topk': Value 'x' of type 'str' could not be "
      "converted to Integer; give a value of type int"),
-    ("{name: draft_model, tree: {topk: .inf}}", "strategy.drafter (draft_model): 'tree.topk' must be a finite number, got inf"),
+    ("{name: draft_model, tree: {topk: .inf}}", "strategy.drafter (draft_model): 'tree.topk' must be a finite "
+                                                "number, got inf"),
     ("{name: prompt_lookup, branches: 0}", "strategy.drafter (prompt_lookup): 'branches' must be >= 1: 0"),
 ])
 def test_bad_tree_options_are_refused_in_one_line(override, message):
@@ -480,7 +483,8 @@ def test_greedy_tree_drafting_equals_plain_decoding(tree, stop, verifier):
             if stop.startswith("fixed"):  # the stop's gamma, unless depth or the budget end it
                 expected = min(int(stop[5:]), bounds.depth, BUDGET - (step.committed_before - len(prompt)))
                 assert forwards == expected
-                if fixed_budget and bounds.nodes >= expected * bounds.topk:  # everything grown fits: the whole tree is sent
+                # everything grown fits: the whole tree is sent
+                if fixed_budget and bounds.nodes >= expected * bounds.topk:
                     assert len(d) == forwards
             side += d.num_nodes - len(d)
             off_path += goes_off_the_main_path(step)
@@ -517,7 +521,7 @@ def test_side_node_rows_never_pass_for_context():
     assert result.tokens == plain_greedy(scripted(target_table, order=1, audited=False), prompt, BUDGET)
     hits = 0
     for step, _ in audit.steps[:-1]:
-        tree, start = step.draft.tree, step.committed_before
+        tree = step.draft.tree
         level1_side = [int(tree.tokens[i]) for i in range(len(tree))
                        if int(tree.parents[i]) == -1 and i not in step.draft.path_nodes]
         hits += len(step.emitted) > 1 and step.emitted[1] in level1_side

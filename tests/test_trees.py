@@ -209,8 +209,8 @@ def test_every_strategys_selection_applies_and_a_tree_drafter_sends_its_best_nod
                       require_models=False, extra_plugins=[Plugin()])
     engine = Engine.build(target, draft=draft, cfg=cfg, extra_plugins=[Plugin()])
     for prompt in PROMPTS.values():
-        assert engine.generate(prompt, max_new_tokens=BUDGET).tokens == reference_greedy(llama("target"), prompt, BUDGET,
-                                                                                          eos=False)
+        assert engine.generate(prompt, max_new_tokens=BUDGET).tokens == reference_greedy(
+            llama("target"), prompt, BUDGET, eos=False)
     grown = [d for d in sent if d.forwards == 4]
     assert grown and all(d.num_nodes <= 5 and d.depth <= 2 for d in sent)
     assert any(d.num_nodes == 5 for d in grown)

@@ -26,7 +26,8 @@ from .batched import batch_generate, greedy_batch
 from .loading import load_draft, load_model, load_section, model_from_config, resolve_device
 
 __all__ = [
-    "DTYPES", "EMBEDDED_TARGET", "HFModel", "HFTokenizer", "SHARED_FILE", "SUBSET_FILE", "batch_generate", "greedy_batch",
+    "DTYPES", "EMBEDDED_TARGET", "HFModel", "HFTokenizer", "SHARED_FILE", "SUBSET_FILE", "batch_generate",
+    "greedy_batch",
     "cache_root", "check_weights", "embedded_target_file", "hf_generate", "hf_generate_traced",
     "load_draft", "load_model", "load_safetensors", "load_section", "materialize", "model_from_config",
     "resolve_device", "weights_digest",

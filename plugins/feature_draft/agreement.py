@@ -52,7 +52,8 @@ def draft_folder(name: str) -> Path:
 
 @attrs.define
 class DraftEvalConfig:
-    drafts: List[str] = attrs.field(factory=lambda: [SHIPPED])  # draft folders `pacer distill` wrote; shipped = the default
+    # draft folders `pacer distill` wrote; shipped = the default
+    drafts: List[str] = attrs.field(factory=lambda: [SHIPPED])
     target: ModelConfig = attrs.field(factory=ModelConfig)
     prompt_sets: List[str] = attrs.field(factory=lambda: ["humaneval", "gsm8k", "mtbench", "summarization"])
     limit: int = 10  # the first prompts of each set (MT-Bench: first turns)
@@ -75,7 +76,8 @@ def load_config(path: Optional[str], overrides: list[str]) -> DraftEvalConfig:
         raise ConfigError("drafts is empty: give at least one draft folder, e.g. drafts=[shipped,runs/distill/draft]")
     if cfg.limit < 1 or cfg.max_new_tokens < 2 or cfg.depth < 1 or not cfg.ks or min(cfg.ks) < 1:
         raise ConfigError(f"limit >= 1, max_new_tokens >= 2, depth >= 1 and ks of positive sizes are needed "
-                          f"(got limit={cfg.limit}, max_new_tokens={cfg.max_new_tokens}, depth={cfg.depth}, ks={cfg.ks})")
+                          f"(got limit={cfg.limit}, max_new_tokens={cfg.max_new_tokens}, depth={cfg.depth}, "
+                          f"ks={cfg.ks})")
     for folder in cfg.drafts:
         if not (draft_folder(folder) / MANIFEST).is_file():
             raise InputError(f"draft '{folder}' is not a draft folder `pacer distill` wrote (no {MANIFEST}): "
@@ -277,7 +279,8 @@ def run_draft_eval(cfg: DraftEvalConfig, command_line: str) -> dict[str, Any]:
     embed, head_full = embed_w.float(), head_w.float()
     nets = []
     for folder in cfg.drafts:
-        manifest = read_json(draft_folder(folder) / MANIFEST, "draft manifest", "distill the draft again (`pacer distill`)")
+        manifest = read_json(draft_folder(folder) / MANIFEST, "draft manifest",
+                             "distill the draft again (`pacer distill`)")
         if manifest.get("target_digest") not in (None, digest):
             raise InputError(f"draft '{folder}' was distilled from target {manifest.get('target_digest')}, this "
                              f"target is {digest}: evaluate it with its own target (target.path=...)")
@@ -310,7 +313,8 @@ def run_draft_eval(cfg: DraftEvalConfig, command_line: str) -> dict[str, Any]:
         print(f"\rdrafts over the answers: {number}/{len(records)}", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
     results = {"command": command_line, "target_digest": digest, "dtype": cfg.target.dtype,
-               "answers": {name: sum(len(r["answer"]) for r in records if r["set"] == name) for name in cfg.prompt_sets},
+               "answers": {name: sum(len(r["answer"]) for r in records if r["set"] == name)
+                           for name in cfg.prompt_sets},
                "drafts": []}
     set_kinds = {name: torch.cat(kinds[name]) for name in cfg.prompt_sets}
     set_kinds["all"] = torch.cat(list(set_kinds.values()))
@@ -345,9 +349,11 @@ def markdown(results: dict[str, Any], ks: Sequence[int]) -> str:
             lines.append("| " + " | ".join([_shown(d["draft"]), name] + [cell(p[0][f"top{k}"]) for k in ks]
                                            + [cell(p[j]["top1"]) for j in range(1, depth)]
                                            + [cell(s["tau"]).rstrip("0"), str(s["rows"])]) + " |")
-    present = [k for k in TOKEN_KINDS if any(k in s.get("by_kind", {}) for d in results["drafts"] for s in d["sets"].values())]
+    present = [k for k in TOKEN_KINDS
+               if any(k in s.get("by_kind", {}) for d in results["drafts"] for s in d["sets"].values())]
     if present:
-        lines += ["", "Position 1, top-1 agreement by the kind of the target's token (the kind's share of the rows):", "",
+        lines += ["",
+                  "Position 1, top-1 agreement by the kind of the target's token (the kind's share of the rows):", "",
                   "| " + " | ".join(["draft", "set"] + present) + " |", "|" + "---|" * (len(present) + 2)]
         for d in results["drafts"]:
             for name, s in d["sets"].items():

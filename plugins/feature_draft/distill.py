@@ -119,7 +119,8 @@ def load_distill_config(path: Optional[str], overrides: list[str]) -> DistillCon
                               "make one with `pacer corpus out=FOLDER` or drop it from the list")
     folders = [cfg.corpus.selfdistill] * (cfg.corpus.selfdistill is not None) + list(cfg.corpus.selfdistill_extra)
     if len({Path(f).resolve() for f in folders}) != len(folders):
-        raise ConfigError("corpus.selfdistill_extra names a corpus folder twice (or corpus.selfdistill again): give each once")
+        raise ConfigError("corpus.selfdistill_extra names a corpus folder twice (or corpus.selfdistill again): "
+                          "give each once")
     t = cfg.train
     if t.unroll < 1 or not 0 < t.unroll_decay <= 1 or t.max_seconds < 0:
         raise ConfigError(f"train.unroll must be >= 1 (got {t.unroll}), train.unroll_decay in (0, 1] "
@@ -151,7 +152,8 @@ def build_corpus(cfg: DistillConfig, target, tokenizer) -> dict[str, Any]:
     text, used = text_sources(c, cfg.seed, tokenizer, eos)
     streams = {"stdlib": text["stdlib"], "docs": text["docs"], "chat": [], "extra": text["extra"]}
     if c.selfdistill is not None:
-        streams["selfdistill"], used["selfdistill"] = selfdistill_stream(Path(c.selfdistill), target, c.selfdistill_from)
+        streams["selfdistill"], used["selfdistill"] = selfdistill_stream(Path(c.selfdistill), target,
+                                                                         c.selfdistill_from)
     if c.selfdistill_extra:
         streams["selfdistill_extra"], used["selfdistill_extra"] = [], []
         for folder in c.selfdistill_extra:
@@ -191,7 +193,8 @@ def selfdistill_stream(folder: Path, target, first_shard: int = 0,
         raise InputError(f"{option} '{folder}' was written by target {written_by}, this target is "
                          f"{target.digest}: grow a corpus with this target (`pacer corpus target=...`)")
     if not 0 <= first_shard < len(store.shards):
-        raise InputError(f"corpus.selfdistill_from={first_shard}, but '{folder}' holds shards 0..{len(store.shards) - 1}: "
+        raise InputError(f"corpus.selfdistill_from={first_shard}, but '{folder}' holds shards "
+                         f"0..{len(store.shards) - 1}: "
                          "give an index among them (0 reads them all)")
     stream, records = [], 0
     for sample in iter_corpus(folder, first_shard=first_shard):
@@ -322,7 +325,8 @@ def run_distill(cfg: DistillConfig, command_line: str) -> Path:
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"):
         if (source / name).exists():
             shutil.copy(source / name, export / name)
-    state = "" if training["finished"] else f"; stopped at step {training['steps']}/{training['total_steps']}, rerun to continue"
+    state = ("" if training["finished"]
+             else f"; stopped at step {training['steps']}/{training['total_steps']}, rerun to continue")
     log(f"draft written to {export} (held-out {metrics}{state})")
     return export
 

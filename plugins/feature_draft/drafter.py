@@ -330,7 +330,8 @@ class EagleDrafter:
     @torch.inference_mode()
     def _feed(self, tokens: list[int], features: torch.Tensor) -> torch.Tensor:
         start = len(self.cache)
-        out = self.net(self.embed[tokens].to(self.dtype), features, torch.arange(start, start + len(tokens)), self.cache)
+        out = self.net(self.embed[tokens].to(self.dtype), features, torch.arange(start, start + len(tokens)),
+                       self.cache)
         self.row_tokens.extend(tokens)
         self.row_out.extend(out.unbind(0))
         return out
@@ -342,7 +343,8 @@ class EagleDrafter:
             self._truncate_rows(self.true_rows)
         else:  # same step: keep predicted rows whose tokens still match the context
             keep = self.true_rows
-            while keep < len(self.row_tokens) and keep + 1 < len(context) and self.row_tokens[keep] == context[keep + 1]:
+            while (keep < len(self.row_tokens) and keep + 1 < len(context)
+                   and self.row_tokens[keep] == context[keep + 1]):
                 keep += 1
             self._truncate_rows(keep)
         rows = len(self.row_tokens)
@@ -402,7 +404,8 @@ class EagleDrafter:
         feature = self.row_out[-1]
         longest = self.suffix_length
         for i in range(num_tokens):
-            token, token_probs = self._choose(feature, state.generator, (context + tokens)[-longest:] if longest else [])
+            token, token_probs = self._choose(feature, state.generator,
+                                              (context + tokens)[-longest:] if longest else [])
             tokens.append(token)
             probs.append(token_probs)
             hidden.append(feature)
@@ -437,7 +440,7 @@ class EagleDrafter:
             if len(self.row_tokens) != len(context) - 1:
                 return None
             features = self.row_out[-1][None]  # [1, hidden]: the root
-            scores, tip_row, nodes, parents, rows = torch.zeros(1), 0, [-1], [None], [None]
+            scores, tip_row, nodes, rows = torch.zeros(1), 0, [-1], [None]
             paths: list[tuple[int, ...]] = [()]
         else:
             level = self.level
@@ -448,7 +451,7 @@ class EagleDrafter:
             features = self._feed_level(level)  # [f, hidden]: after each node of the latest level
             forwards = 1
             scores, tip_row, nodes = level.scores, level.tip_row, level.nodes
-            parents, rows, paths = level.nodes, level.rows, level.paths
+            rows, paths = level.rows, level.paths
         longest = self.suffix_length
         suffixes = [(state.tokens[-longest:] + list(path))[-longest:] for path in paths] if longest else None
         # chosen over the draft's own vocabulary (top-k of f × its width, not the target's); only the

@@ -51,7 +51,8 @@ def extract_feature_sets(out: Path, tokens: torch.Tensor, target, groups: Sequen
         if done_file.exists():
             text = done_file.read_text().strip()
             if not text.isdigit() or int(text) > shape[0]:
-                raise InputError(f"'{done_file}' does not hold a sequence count: delete it to extract the features again")
+                raise InputError(f"'{done_file}' does not hold a sequence count: delete it to extract the "
+                                 "features again")
             count = int(text)
         files.append((np.memmap(path, dtype=np.float16, mode="r+" if path.exists() else "w+", shape=shape), done_file))
         done.append(count)

@@ -109,7 +109,8 @@ def _fill(net: torch.nn.Module, state: dict[str, torch.Tensor], names: dict[str,
     loaded = {}
     for ours, theirs in names.items():
         if theirs not in state:
-            raise InputError(f"'{path}' has no tensor '{theirs}': the file is incomplete or not this EAGLE layout; {FIX}")
+            raise InputError(f"'{path}' has no tensor '{theirs}': the file is incomplete or not this EAGLE "
+                             f"layout; {FIX}")
         tensor = state[theirs]
         if tuple(tensor.shape) != tuple(own[ours].shape):
             raise InputError(f"'{path}': tensor '{theirs}' has shape {tuple(tensor.shape)}, but its config.json "

@@ -143,7 +143,8 @@ class Rotary:
             return inv / self.factor * (1 - keep) + inv * keep
         return inv
 
-    def cos_sin(self, head_dim: int, positions: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def cos_sin(self, head_dim: int, positions: torch.Tensor,
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """[T, head_dim / 2] float32 cos and sin of the angles at ``positions`` [T], on ``device``
         (only ``dynamic`` reads the positions' values on the host, for its furthest position)."""
         furthest = int(positions.max()) + 1 if self.kind == "dynamic" and positions.numel() else 0

@@ -168,7 +168,8 @@ def load_init(path: str, net: torch.nn.Module) -> dict[str, Any]:
         draft = load_draft(source)
         if type(draft) is not type(net):
             raise InputError(f"init '{source}' holds another draft family ({type(draft).__name__}) than student.kind="
-                             f"{'eagle3' if isinstance(net, Eagle3Draft) else 'feature'}: set student.kind to the draft's")
+                             f"{'eagle3' if isinstance(net, Eagle3Draft) else 'feature'}: set student.kind to "
+                             "the draft's")
         layers = getattr(draft.arch, "target_layers", None)
         if layers is not None and list(layers) != list(net.arch.target_layers):
             raise InputError(f"init '{source}' fuses target layers {list(layers)}, this run's student "
@@ -235,7 +236,9 @@ def train(cfg: DistillConfig, out: Path, tokens: torch.Tensor, features: np.memm
     held = cfg.corpus.heldout_sequences
 
     def held_out(source):
-        return None if source is None else torch.from_numpy(np.asarray(source[:held], dtype=np.float32)).to(embed.device)
+        if source is None:
+            return None
+        return torch.from_numpy(np.asarray(source[:held], dtype=np.float32)).to(embed.device)
 
     held_tokens, held_feats, held_fused = tokens[:held].to(embed.device), held_out(features), held_out(fused)
     held_next = target_greedy(held_feats, head_full)
@@ -244,8 +247,10 @@ def train(cfg: DistillConfig, out: Path, tokens: torch.Tensor, features: np.memm
         return evaluate(net, embed, head_full, net.subset, held_tokens, held_feats, held_fused, held_next)
 
     # the subset rows are read from the net at every step: a resumed or init-started run brings its own
-    training = fit(cfg, out, net, tokens, features, lambda batch_tokens, batch_feats, batch_fused, generator: draft_loss(
-        net, embed, head_full[net.subset], batch_tokens, batch_feats, t.noise, t.feature_weight, t.ce_weight,
-        generator, t.unroll, batch_fused, t.unroll_decay, t.teacher_temperature), fused=fused, evaluate_fn=measure, start=start,
-        deadline=deadline)
+    def loss(batch_tokens, batch_feats, batch_fused, generator):
+        return draft_loss(net, embed, head_full[net.subset], batch_tokens, batch_feats, t.noise, t.feature_weight,
+                          t.ce_weight, generator, t.unroll, batch_fused, t.unroll_decay, t.teacher_temperature)
+
+    training = fit(cfg, out, net, tokens, features, loss, fused=fused, evaluate_fn=measure, start=start,
+                   deadline=deadline)
     return net, measure(), training

@@ -97,7 +97,8 @@ class Hybrid:
                    for m, p in zip(ordered, self.members) if "target_hidden" in m.component.needs]
         if len({layers for _, layers in readers}) > 1:
             raise InputError("hybrid: members read different target hidden states ("
-                             + ", ".join(f"{name}: {list(layers) if layers else 'last layer'}" for name, layers in readers)
+                             + ", ".join(f"{name}: {list(layers) if layers else 'last layer'}"
+                                         for name, layers in readers)
                              + "); keep members that read the same ones")
         # its side channel, read the engine's way from the members: the main member's draft identity and
         # recommended thresholds (stop policies judge its tokens), the target layers its readers share

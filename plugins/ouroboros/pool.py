@@ -156,7 +156,8 @@ def argmax_chains(tokens: Sequence[int], argmax: Sequence[int], length: int) -> 
 
 
 def ngram_pairs(tokens: Sequence[int], length: int) -> Iterator[tuple[int, Sequence[int]]]:
-    """(key, phrase) for every ``length``-token n-gram of ``tokens`` after its first token, keyed by the token before it."""
+    """(key, phrase) for every ``length``-token n-gram of ``tokens`` after its first token, keyed by
+    the token before it."""
     return ((tokens[i], tokens[i + 1:i + 1 + length]) for i in range(len(tokens) - length))
 
 

@@ -78,7 +78,8 @@ def cache_file(key: dict[str, Any], folder: Optional[Path] = None) -> Path:
 
 
 def _describe(key: dict[str, Any]) -> str:
-    return f"target {key.get('target_digest')} with draft {key.get('draft_identity')} ({key.get('dtype')}, {key.get('device')})"
+    return (f"target {key.get('target_digest')} with draft {key.get('draft_identity')} "
+            f"({key.get('dtype')}, {key.get('device')})")
 
 
 def check_costs(data: Any, path: Path, key: dict[str, Any]) -> CostModel:
@@ -207,7 +208,8 @@ def engine_pair(engine) -> dict[str, Any]:
     return pair(target.digest, drafter_identity(engine, engine.draft), target.dtype, target.device)
 
 
-@command("costs", "measure the throughput rule's cost model (seconds) for a run config's machine and models, and cache it")
+@command("costs", "measure the throughput rule's cost model (seconds) for a run config's machine and models, "
+                  "and cache it")
 def _setup_costs(p):
     p.add_argument("--config", "-c", metavar="YAML", help="the run config whose target, draft and drafter to measure")
     p.add_argument("--out", metavar="FILE", help="write the cost file here (then give it as cost_file) instead of "

@@ -133,7 +133,8 @@ def shipped_for_pair(draft_identity: Optional[str]) -> Optional[str]:
     """The shipped M_B trained for this draft (by identity), if any."""
     for folder in SHIPPED_CHECKPOINTS:
         if draft_identity and (folder / MANIFEST).exists():
-            if read_json(folder / MANIFEST, "M_B manifest", "reinstall pacer-sd").get("draft_identity") == draft_identity:
+            if read_json(folder / MANIFEST, "M_B manifest",
+                         "reinstall pacer-sd").get("draft_identity") == draft_identity:
                 return str(folder)
     return None
 

@@ -116,7 +116,10 @@ def simulate_item(engine: Engine, recorder: StepRecorder, prompt: list[int], max
     result = engine.generate(prompt, max_new_tokens=max_new_tokens, seed=seed)
     steps = recorder.steps
     hidden_size = steps[0]["hidden"].shape[-1] if steps else 0
-    cat = (lambda key, empty: torch.cat([s[key] for s in steps]) if steps else empty)
+
+    def cat(key: str, empty: torch.Tensor) -> torch.Tensor:
+        return torch.cat([s[key] for s in steps]) if steps else empty
+
     return {
         "hidden": cat("hidden", torch.empty(0, hidden_size, dtype=torch.float16)),  # [S, d]
         "labels": cat("labels", torch.empty(0, dtype=torch.bool)),  # [S]
@@ -379,7 +382,8 @@ def run_train_preverify(cfg: TrainPreverifyConfig, command_line: str) -> Path:
             raise InputError(f"'{items_file}' is not an item list train-preverify wrote: delete it to choose the "
                              "prompts again")
     sources = {s: sum(1 for i in items if i["source"] == s) for s in ("chat", "stdlib", "docs")}
-    log(f"{len(items)} items {sources}; SD with a {cfg.data.window}-token window, {cfg.data.max_new_tokens} new tokens each")
+    log(f"{len(items)} items {sources}; SD with a {cfg.data.window}-token window, {cfg.data.max_new_tokens} new "
+        "tokens each")
     simulate(engine, recorder, items, out / "samples", cfg.data.max_new_tokens, cfg.seed)
     data = StepData.from_samples(load_samples(out / "samples", len(items)))
     train_steps, heldout_steps = split_steps(data, cfg.data.heldout_every)
