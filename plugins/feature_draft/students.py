@@ -25,7 +25,7 @@ from .model import MANIFEST, ArchConfig, Eagle3Arch, Eagle3Draft, FeatureDraft, 
 from .published import eagle3_layers
 
 if TYPE_CHECKING:
-    from .distill import DistillConfig
+    from .distill_config import DistillConfig
 
 
 def unrolled_features(net: torch.nn.Module, embed: torch.Tensor, tokens: torch.Tensor, inputs: torch.Tensor,

@@ -1,0 +1,106 @@
+"""The options of ``pacer distill`` (``DistillConfig``: the target, the corpus, the student and its
+training) and their checks (``load_distill_config``), read by the command (distill.py) and by the
+stages it runs (students.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import attrs
+
+from pacer_core.config import ModelConfig
+from pacer_core.errors import ConfigError
+from pacer_core.schema import load_schema
+from pacer_train.corpus.sources import CorpusConfig
+from pacer_train.distillation import CHECKPOINT
+
+DATA_KEYS = ("target", "seed", "corpus")  # decide the corpus and features in out/: fixed for a folder
+
+
+@attrs.define
+class StudentConfig:
+    kind: str = attrs.field(default="feature", validator=attrs.validators.in_(["feature", "eagle3", "token"]))
+    # feature: the EAGLE-1-style `eagle` draft (reads the target's last hidden states);
+    # eagle3: the EAGLE-3-style `eagle` draft (fuses several target layers, own norm and head over the subset);
+    # token: a small HF causal LM for `draft_model` / `ouroboros` / transformers' assisted generation
+    subset_size: int = 8192  # draft head vocabulary: the most frequent corpus tokens
+    intermediate_size: int = 1536  # feature and eagle3 kinds: the decoder layer's MLP width
+    extra_layers: int = 0  # feature kind: decoder layers after the first (a deeper draft); with init= a
+    # shallower draft, the layers it lacks start as the identity
+    fused_layers: Optional[List[int]] = None  # eagle3: target decoder layers whose inputs it fuses
+    # (None = EAGLE-3's low, middle and high: 2, L // 2, L - 3)
+    layers: List[int] = attrs.field(factory=lambda: [0, -1])  # token kind: target layers it starts from
+    dtype: str = "bfloat16"  # token kind: storage dtype of its own tensors
+
+
+@attrs.define
+class TrainConfig:
+    epochs: float = 6.0
+    batch_size: int = 8
+    lr: float = 1e-3
+    warmup: int = 100
+    weight_decay: float = 0.0
+    feature_weight: float = 1.0
+    ce_weight: float = 0.1
+    teacher_temperature: float = 1.0  # the cross-entropy's target is softmax(target logits / this); < 1 sharpens it
+    noise: float = 0.1  # uniform noise on input features, ±noise
+    unroll: int = 2  # training-time test: draft steps trained per row, steps >= 2 fed the network's own
+    # predicted feature (1 = EAGLE-1's loss)
+    unroll_decay: float = 1.0  # weight of draft step j: unroll_decay ** (j - 1)
+    checkpoint_every: int = 100  # also when the held-out agreement is measured (scaling.json)
+    max_seconds: float = 0.0  # stop training (checkpoint, then export) once the command has run this long; 0 = no limit
+    threads: int = 0  # torch threads; 0 = torch's default
+
+
+@attrs.define
+class DistillConfig:
+    target: ModelConfig = attrs.field(factory=ModelConfig)
+    out: str = "runs/distill"  # working folder: corpus, features, checkpoints
+    export: Optional[str] = None  # the draft folder; default <out>/draft (<out>/token-draft for student.kind=token)
+    init: Optional[str] = None  # start from this draft folder or checkpoint.pt (feature, eagle3); None = random
+    seed: int = 0
+    corpus: CorpusConfig = attrs.field(factory=CorpusConfig)
+    student: StudentConfig = attrs.field(factory=StudentConfig)
+    train: TrainConfig = attrs.field(factory=TrainConfig)
+
+
+def load_distill_config(path: Optional[str], overrides: list[str]) -> DistillConfig:
+    cfg = load_schema(DistillConfig, path, overrides, "distill config")
+    if cfg.corpus.seq_len < 4 or cfg.corpus.heldout_sequences < 1:
+        raise ConfigError("corpus.seq_len must be >= 4 and corpus.heldout_sequences >= 1")
+    missing = [name for name in cfg.corpus.extra_files if not Path(name).is_file()]
+    if missing:
+        raise ConfigError(f"corpus file '{missing[0]}' does not exist: give paths of text files in corpus.extra_files")
+    if cfg.corpus.selfdistill is not None and not (Path(cfg.corpus.selfdistill) / "manifest.json").is_file():
+        raise ConfigError(f"corpus.selfdistill '{cfg.corpus.selfdistill}' holds no `pacer corpus` corpus "
+                          "(no manifest.json): make one with `pacer corpus out=FOLDER` or drop the option")
+    for folder in cfg.corpus.selfdistill_extra:
+        if not (Path(folder) / "manifest.json").is_file():
+            raise ConfigError(f"corpus.selfdistill_extra '{folder}' holds no `pacer corpus` corpus (no manifest.json): "
+                              "make one with `pacer corpus out=FOLDER` or drop it from the list")
+    folders = [cfg.corpus.selfdistill] * (cfg.corpus.selfdistill is not None) + list(cfg.corpus.selfdistill_extra)
+    if len({Path(f).resolve() for f in folders}) != len(folders):
+        raise ConfigError("corpus.selfdistill_extra names a corpus folder twice (or corpus.selfdistill again): "
+                          "give each once")
+    t = cfg.train
+    if t.unroll < 1 or not 0 < t.unroll_decay <= 1 or t.max_seconds < 0:
+        raise ConfigError(f"train.unroll must be >= 1 (got {t.unroll}), train.unroll_decay in (0, 1] "
+                          f"(got {t.unroll_decay}) and train.max_seconds >= 0 (got {t.max_seconds})")
+    if not t.teacher_temperature > 0:
+        raise ConfigError(f"train.teacher_temperature must be > 0 (got {t.teacher_temperature}): 1 trains towards "
+                          "the target's distribution, below 1 towards a sharper one")
+    if cfg.student.fused_layers is not None and (cfg.student.kind != "eagle3" or not cfg.student.fused_layers):
+        raise ConfigError("student.fused_layers names the target layers an eagle3 student fuses: give a non-empty "
+                          "list with student.kind=eagle3, or leave it null")
+    if cfg.student.extra_layers and (cfg.student.kind != "feature" or cfg.student.extra_layers < 0):
+        raise ConfigError(f"student.extra_layers={cfg.student.extra_layers} deepens a feature student: give a count "
+                          ">= 0 with student.kind=feature, or leave it 0")
+    if cfg.init is not None:
+        if cfg.student.kind == "token":
+            raise ConfigError("init= continues a feature or eagle3 student; the token student starts from target "
+                              "layers (student.layers)")
+        if not Path(cfg.init).expanduser().exists() and not (Path(cfg.out) / CHECKPOINT).exists():
+            raise ConfigError(f"init '{cfg.init}' does not exist: give a draft folder `pacer distill` wrote or a "
+                              "run folder's checkpoint.pt")
+    return cfg
