@@ -175,10 +175,12 @@ def test_config_sections_are_documented(name, cls):
 @pytest.mark.parametrize("heading,cls", [("#### `corpus`", "CorpusConfig"), ("#### `student`", "StudentConfig"),
                                          ("#### `train`", "TrainConfig")])
 def test_distill_options_are_documented(heading, cls):
-    from pacer_plugins.feature_draft import distill
+    from pacer_plugins.feature_draft import distill_config
+    from pacer_train.corpus import sources
 
     options = section(read("config.md"), "## `pacer distill` options")
-    assert_options_documented(section(options, heading), getattr(distill, cls), f"distill {heading}")
+    schema = getattr(sources if cls == "CorpusConfig" else distill_config, cls)
+    assert_options_documented(section(options, heading), schema, f"distill {heading}")
 
 
 def test_distill_top_level_options_are_documented():
