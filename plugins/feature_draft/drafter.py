@@ -358,15 +358,10 @@ class EagleDrafter:
             forwards += 1
         return forwards
 
-    def _distribution(self, features: torch.Tensor, suffixes: Optional[list[list[int]]]) -> torch.Tensor:
-        """The draft's distribution after each feature ([k, vocab]; suffixes[i]: the path row i drafts
-        after): sampling parameters applied (softmax under greedy), tokens outside the draft's
-        vocabulary at 0."""
-        return self._widen(self._draft_distribution(features, suffixes))
-
     def _draft_distribution(self, features: torch.Tensor, suffixes: Optional[list[list[int]]]) -> torch.Tensor:
-        """As ``_distribution``, over the draft's own vocabulary ([k, len(self.vocab)]; column j is
-        token ``self.vocab[j]``)."""
+        """The draft's distribution after each feature over its own vocabulary ([k, len(self.vocab)];
+        column j is token ``self.vocab[j]``; suffixes[i]: the path row i drafts after): sampling
+        parameters applied (softmax under greedy). ``_widen`` puts rows into the target's vocabulary."""
         logits = self._logits(features, suffixes)  # [k, draft vocabulary]
         return torch.softmax(logits, -1) if self.sampling.greedy else logits_to_probs(logits, self.sampling)
 
@@ -384,9 +379,7 @@ class EagleDrafter:
         else:
             probs = logits_to_probs(logits, self.sampling)
             index = int(sample(probs, generator))
-        full = probs if self._whole_vocab else \
-            torch.zeros(self.vocab_size).index_copy_(0, self.vocab, probs)  # outside the draft's vocabulary: 0
-        return int(self.vocab[index]), full
+        return int(self.vocab[index]), self._widen(probs[None])[0]  # outside the draft's vocabulary: 0
 
     @hookimpl
     def pacer_propose(self, state, draft, num_tokens) -> Optional[DraftBlock]:
