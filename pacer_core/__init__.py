@@ -1,7 +1,7 @@
 """PACER-SD: lossless speculative decoding with strategies as plugins."""
 
 from .config import PacerConfig, load_config
-from .drafts import Draft, DraftBlock, SideNodes, TokenTree
+from .drafts import Draft, DraftBlock, DraftVocab, SideNodes, TokenTree
 from .engine import Engine
 from .errors import ConfigError, InputError, PacerError
 from .hookspecs import hookimpl
@@ -19,7 +19,7 @@ from .types import (
 )
 
 __all__ = [
-    "Component", "ConfigError", "DecodeState", "Draft", "DraftBlock", "DraftInfo", "Engine", "FeatureModel",
-    "GenerationResult", "InputError", "LanguageModel", "ModelOutput", "PacerConfig", "PacerError", "Resources",
-    "SamplingParams", "SideNodes", "StepRecord", "Stop", "TokenTree", "Verdict", "hookimpl", "load_config",
+    "Component", "ConfigError", "DecodeState", "Draft", "DraftBlock", "DraftInfo", "DraftVocab", "Engine",
+    "FeatureModel", "GenerationResult", "InputError", "LanguageModel", "ModelOutput", "PacerConfig", "PacerError",
+    "Resources", "SamplingParams", "SideNodes", "StepRecord", "Stop", "TokenTree", "Verdict", "hookimpl", "load_config",
 ]

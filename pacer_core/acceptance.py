@@ -12,7 +12,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .sampling import sample, sample_with_noise
+from .sampling import argmax_first, sample, sample_with_noise
 from .types import Verdict
 
 
@@ -68,7 +68,7 @@ def _row_argmax(logits: torch.Tensor) -> Callable[[int], int]:
 
     def argmax(row: int) -> int:
         if row not in seen:
-            seen[row] = int(logits[row].argmax())
+            seen[row] = argmax_first(logits[row])
         return seen[row]
 
     return argmax

@@ -16,7 +16,44 @@ import torch
 
 from .fields import tensor_field
 
-__all__ = ["Draft", "DraftBlock", "SideNodes", "TokenTree"]
+__all__ = ["Draft", "DraftBlock", "DraftVocab", "SideNodes", "TokenTree"]
+
+
+@attrs.frozen(eq=False)
+class DraftVocab:
+    """The tokens a drafter's distributions cover, when it predicts a subset of the target's
+    vocabulary (an EAGLE-3-style head): column j of its rows of probabilities is token ``ids[j]``,
+    and every other token has probability 0. A block that carries rows at this width
+    (``DraftBlock.draft_vocab``) skips the copy into the target's vocabulary until something
+    reads its ``draft_probs``: a greedy tree step ranks and verifies without ever reading them.
+    A drafter builds one and hands the same object to every block."""
+
+    ids: torch.Tensor = tensor_field()  # [w] int64, distinct target token ids
+    size: int  # the target's vocabulary
+
+    @functools.cached_property
+    def columns(self) -> torch.Tensor:  # [size] int64: each token's column, -1 outside the subset
+        out = torch.full((self.size,), -1, dtype=torch.long)
+        out[self.ids] = torch.arange(len(self.ids))
+        return out
+
+    def widen(self, rows: torch.Tensor) -> torch.Tensor:
+        """[n, w] rows over ``ids`` → [n, size] rows over the target's vocabulary, 0 elsewhere."""
+        # index_copy_: a plain copy, much cheaper than assigning through a fancy index on a large vocabulary
+        wide = torch.zeros(rows.shape[0], self.size, dtype=rows.dtype, device=rows.device)
+        return wide.index_copy_(1, self.ids.to(rows.device), rows)
+
+    def token_probs(self, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """[n] row i's probability of ``tokens[i]`` (0 outside the subset): ``widen(rows)`` gathered
+        at ``tokens`` without widening."""
+        columns = self.columns[tokens.cpu()].to(rows.device)  # [n]
+        found = rows.gather(1, columns.clamp_min(0)[:, None])[:, 0]
+        return torch.where(columns >= 0, found, torch.zeros_like(found))
+
+
+def _wide(rows: Optional[torch.Tensor], vocab: Optional[DraftVocab]) -> Optional[torch.Tensor]:
+    return rows if rows is None or vocab is None else vocab.widen(rows)
+
 
 
 @attrs.frozen
@@ -30,15 +67,26 @@ class SideNodes:
     distribution the token was chosen from (None: no distribution, a point mass). ``sampled``: the
     tokens were drawn at random from their rows, siblings independently (None: as the block's
     main-path tokens); False: chosen deterministically (top-k, lookup), verified as point masses.
+    ``draft_vocab``: the rows were given over a subset of the vocabulary (see ``DraftBlock``).
     """
 
     tokens: torch.Tensor = tensor_field()  # [s] int64
     parents: torch.Tensor = tensor_field()  # [s] int64
-    draft_probs: Optional[torch.Tensor] = tensor_field(default=None)  # [s, vocab]
+    # [s, vocab], or [s, w] over draft_vocab.ids: read through ``draft_probs`` (widened) or ``draft_rows``
+    _draft_probs: Optional[torch.Tensor] = tensor_field(default=None, alias="draft_probs")
     sampled: Optional[bool] = None
+    draft_vocab: Optional[DraftVocab] = None
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
+
+    @property
+    def draft_rows(self) -> Optional[torch.Tensor]:  # [s, w]: the rows as given (over draft_vocab.ids)
+        return self._draft_probs
+
+    @functools.cached_property
+    def draft_probs(self) -> Optional[torch.Tensor]:  # [s, vocab]
+        return _wide(self._draft_probs, self.draft_vocab)
 
     @classmethod
     def trie(cls, phrases: Sequence[Sequence[int]], parent: int, first: int) -> Optional["SideNodes"]:
@@ -77,17 +125,31 @@ class DraftBlock:
     alternative tokens anywhere in the tree (a token tree's other candidates, Ouroboros' candidate
     suffixes); the target scores them in the same forward. ``forwards`` counts the draft-model
     forward passes the block cost (0 for model-free drafters).
+
+    A drafter whose distributions cover a subset of the vocabulary may give its rows at that width
+    with ``draft_vocab`` saying which token each column is: ``draft_probs`` is then widened into
+    the target's vocabulary on first read, and ``draft_rows`` are the rows as given.
     """
 
     tokens: torch.Tensor = tensor_field()  # [n] int64
-    draft_probs: Optional[torch.Tensor] = tensor_field(default=None)  # [n, vocab]
+    # [n, vocab], or [n, w] over draft_vocab.ids: read through ``draft_probs`` (widened) or ``draft_rows``
+    _draft_probs: Optional[torch.Tensor] = tensor_field(default=None, alias="draft_probs")
     hidden_states: Optional[torch.Tensor] = tensor_field(default=None)  # [n, hidden]
     side: Optional[SideNodes] = None
     forwards: int = 0  # draft-model forwards spent on this block (reported in metrics)
     sampled: bool = True
+    draft_vocab: Optional[DraftVocab] = None
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
+
+    @property
+    def draft_rows(self) -> Optional[torch.Tensor]:  # [n, w]: the rows as given (over draft_vocab.ids)
+        return self._draft_probs
+
+    @functools.cached_property
+    def draft_probs(self) -> Optional[torch.Tensor]:  # [n, vocab]
+        return _wide(self._draft_probs, self.draft_vocab)
 
 
 def _cat(parts: Sequence[Optional[torch.Tensor]], what: str) -> Optional[torch.Tensor]:
@@ -111,9 +173,11 @@ class TokenTree:
 
     tokens: torch.Tensor = tensor_field()  # [N] int64
     parents: torch.Tensor = tensor_field()  # [N] int64, parents[i] < i
-    # [N, vocab] or None (point masses); or the row blocks that make it, in node order, joined on first
-    # read of ``draft_probs`` (a greedy tree step reads only ``token_probs`` and never pays the copy)
-    _draft_probs: Union[None, torch.Tensor, tuple[torch.Tensor, ...]] = tensor_field(alias="draft_probs")
+    # [N, vocab] or None (point masses); or the row blocks that make it, in node order, each with the
+    # DraftVocab its rows cover (None: the whole vocabulary), widened and joined on first read of
+    # ``draft_probs`` (a greedy tree step reads only ``token_probs`` and never pays the copy)
+    _draft_probs: Union[None, torch.Tensor, tuple[tuple[torch.Tensor, Optional[DraftVocab]], ...]] = \
+        tensor_field(alias="draft_probs")
     sampled: torch.Tensor = tensor_field()  # [N] bool: drawn at random from its draft_probs row
     main_path: tuple[int, ...] = ()  # the main path's node indices, root first
 
@@ -125,7 +189,8 @@ class TokenTree:
         rows = self._draft_probs
         if rows is None or isinstance(rows, torch.Tensor):
             return rows
-        return rows[0] if len(rows) == 1 else torch.cat(list(rows), dim=0)
+        wide = [_wide(part, vocab) for part, vocab in rows]
+        return wide[0] if len(wide) == 1 else torch.cat(wide, dim=0)
 
     @functools.cached_property
     def token_probs(self) -> Optional[torch.Tensor]:  # [N] float: q(token | its parent's path), or None
@@ -136,9 +201,10 @@ class TokenTree:
         if isinstance(rows, torch.Tensor):
             return rows.gather(1, self.tokens[:, None].to(rows.device))[:, 0]
         out, start = [], 0
-        for part in rows:
-            tokens = self.tokens[start: start + part.shape[0], None].to(part.device)
-            out.append(part.gather(1, tokens)[:, 0])
+        for part, vocab in rows:
+            tokens = self.tokens[start: start + part.shape[0]]
+            out.append(part.gather(1, tokens[:, None].to(part.device))[:, 0] if vocab is None
+                       else vocab.token_probs(part, tokens))
             start += part.shape[0]
         return torch.cat(out)
 
@@ -261,7 +327,7 @@ class Draft:
         parents: list[int] = []  # read and built as lists: a few small tensors per block cost more
         sampled: list[bool] = []
         tip, total = -1, 0
-        has_probs = [b.draft_probs is not None for b in self.blocks]
+        has_probs = [b.draft_rows is not None for b in self.blocks]
         for block in self.blocks:
             n = len(block)
             tokens.append(block.tokens)
@@ -269,7 +335,7 @@ class Draft:
                 parents.append(tip)
                 parents.extend(range(total, total + n - 1))
                 tip = total + n - 1
-            probs.append(block.draft_probs)
+            probs.append((block.draft_rows, block.draft_vocab))
             side = block.side
             s = 0 if side is None else len(side)
             sampled.extend([bool(block.sampled)] * n)
@@ -278,16 +344,17 @@ class Draft:
                 if any(p >= total + n + j or p < -1 for j, p in enumerate(side_parents)):
                     raise ValueError("a side node's parent must be an earlier node of the draft tree, or -1")
                 side_sampled = block.sampled if side.sampled is None else side.sampled
-                side_probs = side.draft_probs
-                if side_probs is None and block.draft_probs is not None:
+                side_probs, side_vocab = side.draft_rows, side.draft_vocab
+                if side_probs is None and block.draft_rows is not None:
                     if side_sampled:
                         raise ValueError("sampled side nodes must carry the draft_probs they were drawn from")
-                    side_probs = torch.zeros(s, block.draft_probs.shape[1])  # point masses: never read
-                elif side_probs is not None and block.draft_probs is None:
+                    # point masses: never read
+                    side_probs, side_vocab = torch.zeros(s, block.draft_rows.shape[1]), block.draft_vocab
+                elif side_probs is not None and block.draft_rows is None:
                     raise ValueError("a block's side nodes carry draft_probs but its tokens do not")
                 tokens.append(side.tokens)
                 parents.extend(side_parents)
-                probs.append(side_probs)
+                probs.append((side_probs, side_vocab))
                 sampled.extend([bool(side_sampled)] * s)
             total += n + s
         if not self.blocks:
@@ -380,8 +447,8 @@ class Draft:
                 if rows:
                     index = torch.tensor(rows, dtype=torch.long)
                     new_side = SideNodes(side.tokens[index], torch.tensor(new_parents),
-                                         None if side.draft_probs is None else side.draft_probs[index],
-                                         side.sampled)
+                                         None if side.draft_rows is None else side.draft_rows[index],
+                                         side.sampled, side.draft_vocab)
             elif unshifted and take == n and side is None:
                 kept_blocks.append(block)
                 total += n
@@ -389,9 +456,9 @@ class Draft:
             if take or new_side is not None or not kept_blocks:
                 kept_blocks.append(DraftBlock(
                     block.tokens[:take],
-                    None if block.draft_probs is None else block.draft_probs[:take],
+                    None if block.draft_rows is None else block.draft_rows[:take],
                     None if block.hidden_states is None else block.hidden_states[:take],
-                    new_side, block.forwards, block.sampled,
+                    new_side, block.forwards, block.sampled, block.draft_vocab,
                 ))
             total += n + (len(side) if side is not None else 0)
         cut = self.forwards - sum(b.forwards for b in kept_blocks)

@@ -21,7 +21,7 @@ from scipy.stats import chisquare
 
 from pacer_core import Draft, DraftBlock, SamplingParams, Verdict, acceptance
 from pacer_core.acceptance import greedy_verify, residual_distribution, speculative_verify
-from pacer_core.sampling import choose, logits_to_probs, sample
+from pacer_core.sampling import argmax_first, choose, logits_to_probs, sample
 
 from strategies import (
     distinct_logits,
@@ -409,6 +409,17 @@ def test_greedy_verify_tree_takes_the_longest_argmax_path(data):
     assert verdict.next_kind == ("recovered" if last in plist else "bonus")
 
 
+@given(st.lists(st.sampled_from([-1.0, 0.0, 2.0, float("inf"), float("-inf"), float("nan")]), min_size=1,
+                max_size=300))
+def test_argmax_first_is_argmax_ties_and_nan_included(values):
+    """``argmax_first`` (read through ``max(0)``) names the index ``argmax`` names: the first of tied
+    maxima, the first NaN; on rows wide enough for the vectorised kernel too."""
+    row = torch.tensor(values)
+    assert argmax_first(row) == int(row.argmax())
+    wide = torch.cat([torch.full((5000,), -3.0), row, torch.full((5000,), -3.0)])
+    assert argmax_first(wide) == int(wide.argmax())
+
+
 def test_greedy_verify_reads_only_the_rows_its_walk_reaches_on_the_cpu():
     """A greedy walk asks for the argmax of the rows along its path (plus the next token's), not of
     every node's row: the other rows of a wide tree are never read (on a device all rows are read in
@@ -420,13 +431,13 @@ def test_greedy_verify_reads_only_the_rows_its_walk_reaches_on_the_cpu():
     logits[0, 3] = logits[4, 4] = logits[7, 1] = 5.0  # argmax 3 after the root, 4 after node 3, 1 after node 6
     logits[[1, 2, 3, 5, 6]] = float("nan")  # rows the walk must not read (argmax of NaN rows is NaN's index)
     read = []
-    original = torch.Tensor.argmax
+    original = torch.Tensor.max  # argmax_first reads a row's argmax through max(0)
 
     def counting(self, *args, **kwargs):
         read.append(tuple(self.shape))
         return original(self, *args, **kwargs)
 
-    with mock.patch.object(torch.Tensor, "argmax", counting):
+    with mock.patch.object(torch.Tensor, "max", counting):
         verdict = greedy_verify(tokens, logits, parents)
     assert verdict == Verdict(accepted=2, next_token=1, next_kind="bonus", path=(3, 6))
     assert read == [(vocab,)] * 3  # rows 0, 4 and 7, one at a time

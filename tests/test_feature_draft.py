@@ -314,10 +314,10 @@ def context_vocab_samples(tmp_path, samples, wrong=False, monkeypatch=None, bias
         choose = EagleDrafter._choose
 
         def claims_subset_only(self, *args):
-            token, full = choose(self, *args)
-            full = full.clone()
-            full[self.vocab[len(self.subset):]] = 0.0
-            return token, full / full.sum()
+            token, probs = choose(self, *args)  # over self.vocab: the subset, then the context's tokens
+            probs = probs.clone()
+            probs[len(self.subset):] = 0.0
+            return token, probs / probs.sum()
 
         monkeypatch.setattr(EagleDrafter, "_choose", claims_subset_only)
     target_model = bigram(tiny_llama(0, vocab=16, scale=25.0))

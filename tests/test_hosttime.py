@@ -126,7 +126,7 @@ def test_a_draft_over_a_vocabulary_subset_drafts_only_its_tokens():
     assert narrow.shape[1] < shape.vocab
     scores = torch.tensor([0.0, -0.5, -1.0])
     by_column = grow_level(scores, narrow, 0, 6, 6)
-    whole = grow_level(scores, drafter._widen(narrow), 0, 6, 6)
+    whole = grow_level(scores, drafter.draft_vocab.widen(narrow), 0, 6, 6)
     assert [(c.row, int(drafter.vocab[c.token])) for c in by_column] == [(c.row, c.token) for c in whole]
 
 
@@ -215,3 +215,103 @@ def test_a_bench_unit_records_its_forward_seconds_and_the_report_the_host_time_p
                {"metrics": {"wall_s": 7.0, "steps": 2}}]  # a GPU run: no forward_s, left out
     assert host_ms_per_step(records) == pytest.approx(1000 * (15.0 - 5.0) / 4)
     assert host_ms_per_step(records[2:]) is None
+
+
+# -- rows of draft probabilities at the draft's own width (DraftVocab) -----------------------------
+def _narrow_draft():
+    """A two-block draft whose rows cover tokens (2, 5, 7) of a vocabulary of 9, with side nodes."""
+    import torch
+
+    from pacer_core import Draft, DraftBlock, DraftVocab, SideNodes
+
+    vocab = DraftVocab(torch.tensor([2, 5, 7]), 9)
+    rows = torch.softmax(torch.randn(5, 3, generator=torch.Generator().manual_seed(0)), -1)  # [5, 3]
+    first = DraftBlock(torch.tensor([5]), rows[:1], side=SideNodes(torch.tensor([2, 4]), torch.tensor([-1, -1]),
+                                                                   rows[1:3], draft_vocab=vocab),
+                       sampled=False, draft_vocab=vocab)
+    second = DraftBlock(torch.tensor([7]), rows[3:4], side=SideNodes(torch.tensor([2]), torch.tensor([0]), rows[4:],
+                                                                     draft_vocab=vocab),
+                        sampled=False, draft_vocab=vocab)
+    return Draft((first, second)), vocab, rows
+
+
+def test_draft_rows_at_the_drafts_width_read_as_the_wide_rows():
+    import torch
+
+    draft, vocab, rows = _narrow_draft()
+    wide = torch.zeros(5, 9)
+    wide[:, [2, 5, 7]] = rows  # the tree's nodes: 5, side 2, 4 (outside the subset: 0), 7, side 2
+    tree = draft.tree
+    assert torch.equal(tree.draft_probs, wide)
+    assert torch.equal(tree.token_probs, wide.gather(1, tree.tokens[:, None])[:, 0])
+    assert float(tree.token_probs[2]) == 0.0  # token 4 is outside the draft's vocabulary
+    assert torch.equal(draft.draft_probs, wide[[0, 3]])  # the main path, widened
+    assert torch.equal(draft.blocks[0].draft_rows, rows[:1]) and draft.blocks[0].draft_probs.shape == (1, 9)
+    # selection and truncation keep the rows at their width, with their vocabulary
+    kept = draft.select([0, 1, 3])
+    assert kept.blocks[0].side.draft_vocab is vocab and kept.blocks[0].side.draft_rows.shape == (1, 3)
+    assert torch.equal(kept.tree.draft_probs, wide[[0, 1, 3]])
+    assert torch.equal(draft.truncate(1).tree.draft_probs, wide[:3])
+
+
+def test_a_sampled_verdict_is_the_same_on_narrow_and_wide_rows():
+    """The verifier reads the same rows from a tree of narrow blocks as from the same blocks widened
+    by hand, so a sampled verification is unchanged, draw for draw."""
+    import attrs
+    import torch
+
+    from pacer_core import Draft
+    from pacer_core.acceptance import speculative_verify
+
+    narrow, _, _ = _narrow_draft()
+    narrow = Draft(tuple(attrs.evolve(b, sampled=True) for b in narrow.blocks))  # the rows are read
+    wide = Draft(tuple(attrs.evolve(b, draft_probs=b.draft_probs, draft_vocab=None,
+                                    side=attrs.evolve(b.side, draft_probs=b.side.draft_probs, draft_vocab=None))
+                       for b in narrow.blocks))
+    verdicts = []
+    for draft in (narrow, wide):
+        tree = draft.tree
+        target = torch.softmax(torch.randn(len(tree) + 1, 9, generator=torch.Generator().manual_seed(1)), -1)
+        uniforms = torch.rand(len(tree), generator=torch.Generator().manual_seed(2))
+        verdicts.append(speculative_verify(tree.tokens, tree.draft_probs, target, uniforms,
+                                           torch.Generator().manual_seed(3), tree.parents, tree.sampled))
+    assert verdicts[0] == verdicts[1]
+    assert torch.equal(narrow.tree.token_probs, wide.tree.token_probs)
+
+
+def test_a_greedy_tree_step_never_widens_the_drafts_rows(monkeypatch):
+    """The eagle tree over a head of a subset ranks, selects and verifies greedily without copying a
+    row into the target's vocabulary; an observer that reads ``draft_probs`` gets them widened."""
+    import tempfile
+    from pathlib import Path
+
+    import torch
+
+    from pacer_bench.hosttime import prompt_ids, stack_engine, tiny_models
+    from pacer_core import DraftVocab, hookimpl
+
+    widened = []
+    original = DraftVocab.widen
+    monkeypatch.setattr(DraftVocab, "widen", lambda self, rows: widened.append(rows.shape) or original(self, rows))
+    shape = Shape(vocab=96, hidden=32, subset=24)
+    with tempfile.TemporaryDirectory() as folder:
+        target, draft, paths = tiny_models(shape, Path(folder))
+        engine = stack_engine("tree10", target, draft, paths)
+        plain = engine.generate(prompt_ids(shape.vocab), max_new_tokens=12)
+        assert widened == [] and plain.metrics["steps"] > 1
+
+        class Reads:
+            rows: list = []
+
+            @hookimpl
+            def pacer_observe_step(self, state, step):
+                probs = step.draft.tree.draft_probs
+                if probs is not None and len(probs):
+                    self.rows.append(probs)
+
+        reads = Reads()
+        engine.pm.register(reads, "reads")
+        again = engine.generate(prompt_ids(shape.vocab), max_new_tokens=12)
+    assert again.tokens == plain.tokens
+    assert widened and all(p.shape[1] == shape.vocab for p in reads.rows)
+    assert all(torch.allclose(p.sum(-1), torch.ones(len(p))) for p in reads.rows)

@@ -15,11 +15,21 @@ from typing import List, Optional, Sequence
 import attrs
 import torch
 
-from pacer_core import Component, DraftBlock, DraftInfo, FeatureModel, InputError, Resources, SideNodes, hookimpl
+from pacer_core import (
+    Component,
+    DraftBlock,
+    DraftInfo,
+    DraftVocab,
+    FeatureModel,
+    InputError,
+    Resources,
+    SideNodes,
+    hookimpl,
+)
 from pacer_core.jsonfile import read_json
 from pacer_core.kernels import PackedMatrix, pack_linears
-from pacer_core.sampling import logits_to_probs, sample
-from pacer_core.trees import TreeConfig, grow_level, node_budget
+from pacer_core.sampling import argmax_first, logits_to_probs, sample
+from pacer_core.trees import Candidate, TreeConfig, grow_level, node_budget
 
 from .model import MANIFEST, WEIGHTS, Eagle3Draft, KVCache, load_draft
 from .priors import CorpusSuccessors, SuccessorIndex, path_bonus
@@ -253,6 +263,8 @@ class EagleDrafter:
         self.vocab = self.subset  # target id of each draft logit: the subset, then context tokens outside it
         # the draft's logits are the target's vocabulary in order (a published EAGLE-1/2 head): no scatter
         self._whole_vocab = bool(torch.equal(self.vocab, torch.arange(self.vocab_size)))
+        # what the blocks' rows of probabilities cover (None: the whole vocabulary, in order)
+        self.draft_vocab = None if self._whole_vocab else DraftVocab(self.vocab, self.vocab_size)
         self.extra_head: Optional[torch.Tensor] = None  # [extra, hidden]: the target's rows of those tokens
         self._column = torch.full((self.vocab_size,), -1, dtype=torch.long)  # draft logit of each id, -1: none
         self._column[self.subset] = torch.arange(len(self.subset))
@@ -277,6 +289,7 @@ class EagleDrafter:
             self._column[ids] = torch.arange(len(self.vocab), len(self.vocab) + len(ids))
             self.vocab = torch.cat([self.vocab, ids])
             self._whole_vocab = False
+            self.draft_vocab = DraftVocab(self.vocab, self.vocab_size)  # a new one: earlier blocks keep theirs
             self.bias = torch.cat([self.bias, torch.zeros(len(ids))])
         if self.context_bias and new:
             columns = self._column[new]
@@ -361,25 +374,19 @@ class EagleDrafter:
     def _draft_distribution(self, features: torch.Tensor, suffixes: Optional[list[list[int]]]) -> torch.Tensor:
         """The draft's distribution after each feature over its own vocabulary ([k, len(self.vocab)];
         column j is token ``self.vocab[j]``; suffixes[i]: the path row i drafts after): sampling
-        parameters applied (softmax under greedy). ``_widen`` puts rows into the target's vocabulary."""
+        parameters applied (softmax under greedy). Blocks carry rows at this width with
+        ``self.draft_vocab``, widened into the target's vocabulary only when read."""
         logits = self._logits(features, suffixes)  # [k, draft vocabulary]
         return torch.softmax(logits, -1) if self.sampling.greedy else logits_to_probs(logits, self.sampling)
-
-    def _widen(self, probs: torch.Tensor) -> torch.Tensor:
-        """Rows over the draft's vocabulary → rows over the target's ([k, vocab]), 0 outside it."""
-        if self._whole_vocab:
-            return probs
-        # index_copy_: a plain copy, much cheaper than assigning through a fancy index on a large vocabulary
-        return torch.zeros(probs.shape[0], self.vocab_size).index_copy_(1, self.vocab, probs)
 
     def _choose(self, feature: torch.Tensor, generator, suffix: list[int]) -> tuple[int, torch.Tensor]:
         logits = self._logits(feature[None], [suffix])[0]  # [draft vocabulary]
         if self.sampling.greedy:
-            index, probs = int(logits.argmax()), torch.softmax(logits, -1)
+            index, probs = argmax_first(logits), torch.softmax(logits, -1)
         else:
             probs = logits_to_probs(logits, self.sampling)
             index = int(sample(probs, generator))
-        return int(self.vocab[index]), self._widen(probs[None])[0]  # outside the draft's vocabulary: 0
+        return int(self.vocab[index]), probs  # over the draft's vocabulary (self.draft_vocab)
 
     @hookimpl
     def pacer_propose(self, state, draft, num_tokens) -> Optional[DraftBlock]:
@@ -407,7 +414,7 @@ class EagleDrafter:
             feature = self._feed([token], feature[None])[-1]
             forwards += 1
         return DraftBlock(tokens=torch.tensor(tokens, dtype=torch.long), draft_probs=torch.stack(probs),
-                          hidden_states=torch.stack(hidden), forwards=forwards)
+                          hidden_states=torch.stack(hidden), forwards=forwards, draft_vocab=self.draft_vocab)
 
     # -- token trees (docs/trees.md) -------------------------------------------------------------
     @hookimpl
@@ -447,8 +454,8 @@ class EagleDrafter:
             rows, paths = level.rows, level.paths
         longest = self.suffix_length
         suffixes = [(state.tokens[-longest:] + list(path))[-longest:] for path in paths] if longest else None
-        # chosen over the draft's own vocabulary (top-k of f × its width, not the target's); only the
-        # chosen nodes' rows are widened to the target's vocabulary
+        # chosen over the draft's own vocabulary (top-k of f × its width, not the target's); the chosen
+        # nodes' rows stay at that width (self.draft_vocab), widened only if a verifier or stop reads them
         probs = self._draft_distribution(features, suffixes)  # [f, draft vocabulary]
         if self.level is not None:  # nothing grows past an end-of-sequence token
             ends = [i for i, t in enumerate(self.level.tokens) if t in state.eos_token_ids]
@@ -459,23 +466,26 @@ class EagleDrafter:
             return None
         if not self._whole_vocab:
             ids = self.vocab[torch.tensor([c.token for c in chosen])].tolist()
-            chosen = [attrs.evolve(c, token=token) for c, token in zip(chosen, ids)]
-        probs = self._widen(probs[[c.row for c in chosen]])  # [len(chosen), vocab]: row i is chosen[i]'s parent's
+            chosen = [Candidate(c.row, token, c.score) for c, token in zip(chosen, ids)]
+        parent_rows = torch.tensor([c.row for c in chosen])
+        probs = probs.index_select(0, parent_rows)  # [len(chosen), draft vocabulary]: row i is chosen[i]'s parent's
         # node numbering: the block's main token first (index draft.num_nodes), then its side nodes
         first = draft.num_nodes
         side = chosen[1:]
         side_nodes = SideNodes(torch.tensor([c.token for c in side], dtype=torch.long),
                                torch.tensor([nodes[c.row] for c in side], dtype=torch.long),
-                               probs[1:]) if side else None
+                               probs[1:], draft_vocab=self.draft_vocab) if side else None
         tip = chosen[0]
         depth = 1 if self.level is None or draft.num_nodes == 0 else self.level.depth + 1
         self.level = _Level(
             nodes=[first + i for i in range(len(chosen))], tokens=[c.token for c in chosen],
             scores=torch.tensor([c.score for c in chosen]), tip_row=0, depth=depth,
-            parent_rows=[rows[c.row] for c in chosen], parent_features=features[[c.row for c in chosen]],
+            parent_rows=[rows[c.row] for c in chosen], parent_features=features.index_select(0, parent_rows),
             blocks=len(draft.blocks) + 1, paths=[paths[c.row] + (c.token,) for c in chosen])
         return DraftBlock(tokens=torch.tensor([tip.token], dtype=torch.long), draft_probs=probs[:1],
-                          hidden_states=features[[tip.row]], side=side_nodes, forwards=forwards, sampled=False)
+                          hidden_states=features[tip.row: tip.row + 1], side=side_nodes, forwards=forwards,
+                          sampled=False,
+                          draft_vocab=self.draft_vocab)
 
     @torch.inference_mode()
     def _feed_level(self, level: "_Level") -> torch.Tensor:

@@ -228,15 +228,15 @@ class Hybrid:
             new_parents += added_parents
         if not new_tokens:
             return attrs.evolve(primary, forwards=forwards)
-        vocab = None if primary.draft_probs is None else primary.draft_probs.shape[1]
         old_tokens = side.tokens if side is not None else torch.empty(0, dtype=torch.long)
         old_parents = side.parents if side is not None else torch.empty(0, dtype=torch.long)
-        probs = None
-        if side is not None and side.draft_probs is not None:  # point masses: zero rows, never read
-            probs = torch.cat([side.draft_probs, torch.zeros(len(new_tokens), vocab)])
+        probs, vocab = None, None
+        if side is not None and side.draft_rows is not None:  # point masses: zero rows, never read
+            rows, vocab = side.draft_rows, side.draft_vocab  # at the width they were given
+            probs = torch.cat([rows, torch.zeros(len(new_tokens), rows.shape[1])])
         merged = SideNodes(torch.cat([old_tokens, torch.tensor(new_tokens, dtype=torch.long)]),
                            torch.cat([old_parents, torch.tensor(new_parents, dtype=torch.long)]),
-                           probs, sampled=False)
+                           probs, sampled=False, draft_vocab=vocab)
         return attrs.evolve(primary, side=merged, forwards=forwards)
 
 
