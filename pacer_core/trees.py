@@ -1,8 +1,10 @@
 """Growing a draft token tree level by level (EAGLE-2-style dynamic trees), as pure functions.
 
 A tree drafter (``eagle`` and ``draft_model`` with ``tree: {...}``) grows one level per draft
-forward. Level 1 takes the ``topk`` most likely tokens of the draft's distribution after the last
-committed token. Each later level feeds every node of the previous level in one tree-masked draft
+forward, and as many levels per ``pacer_propose`` call as the stop policies ask for (``num_tokens``:
+``fixed`` asks for the whole depth at once, a policy that judges every token for one). Level 1
+takes the ``topk`` most likely tokens of the draft's distribution after the last committed token.
+Each later level feeds every node of the previous level in one tree-masked draft
 forward and picks, among the ``topk`` most likely children of each, the main-path child (the most
 likely child of the current tip: the draft's greedy chain, what stop policies judge) plus the
 ``topk - 1`` other children with the highest cumulative draft log-probability (a beam over the
@@ -14,6 +16,7 @@ the sampling verifier treats them as point masses: exact for any temperature, to
 
 from __future__ import annotations
 
+import heapq
 from typing import Any, Callable, Optional, Sequence
 
 import attrs
@@ -101,24 +104,17 @@ def grow_level(scores: torch.Tensor, probs: torch.Tensor, tip_row: Optional[int]
         return []
     k = min(topk, int(probs.shape[1]))
     top_p, top_x = probs.topk(k, dim=-1)  # [f, k]
-    total = scores[:, None] + top_p.clamp_min(1e-38).log()  # [f, k]
-    total = torch.where(top_p > 0, total, torch.full_like(total, float("-inf")))
-    order = total.flatten().argsort(descending=True, stable=True).tolist()
-    # read once on the host: indexing tensors element by element costs more than the whole level
-    positive, tokens, totals = (top_p > 0).flatten().tolist(), top_x.flatten().tolist(), total.flatten().tolist()
+    # read once on the host (f · k values; small tensor ops cost more than the Python below):
+    # cumulative scores as float32 sums, each candidate's probability and token, in flat order
+    totals = (scores[:, None] + top_p.clamp_min(1e-38).log()).flatten().tolist()
+    p, tokens = top_p.flatten().tolist(), top_x.flatten().tolist()
     limit = min(topk, room)
-    chosen: list[Candidate] = []
-    tip = -1  # the flat index of the main-path child, taken first
-    if tip_row is not None and positive[tip_row * k]:
-        tip = tip_row * k
-        chosen.append(Candidate(tip_row, tokens[tip], totals[tip]))
-    for flat in order:
-        if len(chosen) >= limit:
-            break
-        if flat == tip or not positive[flat]:
-            continue
-        chosen.append(Candidate(flat // k, tokens[flat], totals[flat]))
-    return chosen[:limit]
+    tip = tip_row * k if tip_row is not None and p[tip_row * k] > 0 else -1  # the main-path child, first
+    chosen = [Candidate(tip_row, tokens[tip], totals[tip])] if tip >= 0 else []
+    # then the best others by cumulative score, ties in flat order (nlargest sorts stably)
+    others = heapq.nlargest(limit - len(chosen), (i for i in range(len(p)) if p[i] > 0 and i != tip),
+                            key=totals.__getitem__)
+    return chosen + [Candidate(i // k, tokens[i], totals[i]) for i in others]
 
 
 def merge_phrases(tokens: list[int], parents: list[int], phrases: list[list[int]], first: int,

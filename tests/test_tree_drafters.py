@@ -580,9 +580,10 @@ def test_top_k_children_claimed_as_sampled_fail_the_distribution_test(monkeypatc
     (``sampled=True``, so the verifier divides by q) is far from the target's distribution."""
     from pacer_core import SamplingParams
 
-    grow_level = DraftModel._propose_level
-    monkeypatch.setattr(DraftModel, "_propose_level", lambda self, state, draft: (
-        lambda block: None if block is None else attrs.evolve(block, sampled=True))(grow_level(self, state, draft)))
+    grow_levels = DraftModel._propose_levels
+    monkeypatch.setattr(DraftModel, "_propose_levels", lambda self, state, draft, num_tokens: (
+        lambda block: None if block is None else attrs.evolve(block, sampled=True))(
+            grow_levels(self, state, draft, num_tokens)))
     target, draft = scripted(TARGET_TABLE, audited=False), scripted(DRAFT_TABLE, seed=1, audited=False)
     engine = build_engine(target, draft, "draft_model, tree: {topk: 3, depth: 3, nodes: 8}",
                           "{name: fixed, gamma: 3}", {"temperature": 1.0})

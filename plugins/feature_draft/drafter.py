@@ -391,7 +391,7 @@ class EagleDrafter:
     @hookimpl
     def pacer_propose(self, state, draft, num_tokens) -> Optional[DraftBlock]:
         if self.tree is not None:
-            return self._propose_level(state, draft)
+            return self._propose_levels(state, draft, num_tokens)
         context = state.tokens + draft.tokens.tolist()
         if len(self.features) == 0:
             return None  # step 0 (the prefill): no target feature yet, it decodes plainly
@@ -423,10 +423,12 @@ class EagleDrafter:
         ``nodes: auto`` the nodes worth their verification cost (``pacer_core.trees.NodeBudget``)."""
         return None if self.budget is None else self.budget.select(draft.tree)
 
-    def _propose_level(self, state, draft) -> Optional[DraftBlock]:
-        """One level of an EAGLE-2-style tree (pacer_core.trees): the first call of a step reads
-        the draft's distribution after the context; each later one feeds every node of the latest
-        level in one tree-masked forward and keeps the best children."""
+    def _propose_levels(self, state, draft, num_tokens: int) -> Optional[DraftBlock]:
+        """Up to ``num_tokens`` levels of an EAGLE-2-style tree (pacer_core.trees) in one block: the
+        first level of a step reads the draft's distribution after the context; each later one feeds
+        every node of the latest level in one tree-masked forward and keeps the best children. The
+        block's main path is each level's main-path child; the others are its side nodes. A stop
+        policy that asks for one token at a time gets one level per call."""
         tree, forwards = self.tree, 0
         if draft.num_nodes == 0:  # a new step: drop the previous tree's rows, sync with the context
             self.level, self._tree_seen = None, None
@@ -439,53 +441,68 @@ class EagleDrafter:
             forwards = self._sync(context)
             if len(self.row_tokens) != len(context) - 1:
                 return None
-            features = self.row_out[-1][None]  # [1, hidden]: the root
-            scores, tip_row, nodes, rows = torch.zeros(1), 0, [-1], [None]
-            paths: list[tuple[int, ...]] = [()]
-        else:
+        elif self.level is None or self.level.blocks != len(draft.blocks):
+            return None  # another drafter's block came last: this tree stops growing
+        # this block's nodes until it is returned: ("main", i) is level i's main-path child, ("side", j)
+        # its j-th side node; they are numbered main path first, then side nodes (Draft.tree's order)
+        main: list = []  # per level: (token, its row of probabilities, the feature that chose it)
+        side: list = []  # (token, parent node, its row of probabilities)
+        for level_index in range(num_tokens):
             level = self.level
-            if level is None or level.blocks != len(draft.blocks) or level.depth >= tree.depth:
-                return None
-            if int(draft.tokens[-1]) in state.eos_token_ids:
-                return None  # nothing is drafted past an end-of-sequence token on the main path
-            features = self._feed_level(level)  # [f, hidden]: after each node of the latest level
-            forwards = 1
-            scores, tip_row, nodes = level.scores, level.tip_row, level.nodes
-            rows, paths = level.rows, level.paths
-        longest = self.suffix_length
-        suffixes = [(state.tokens[-longest:] + list(path))[-longest:] for path in paths] if longest else None
-        # chosen over the draft's own vocabulary (top-k of f × its width, not the target's); the chosen
-        # nodes' rows stay at that width (self.draft_vocab), widened only if a verifier or stop reads them
-        probs = self._draft_distribution(features, suffixes)  # [f, draft vocabulary]
-        if self.level is not None:  # nothing grows past an end-of-sequence token
-            ends = [i for i, t in enumerate(self.level.tokens) if t in state.eos_token_ids]
-            if ends:
-                probs[ends] = 0.0
-        chosen = grow_level(scores, probs, tip_row, tree.topk, tree.topk)
-        if not chosen or tip_row is None or chosen[0].row != tip_row:
+            if level is None:  # the root
+                features = self.row_out[-1][None]  # [1, hidden]
+                scores, tip_row, nodes, rows = torch.zeros(1), 0, [-1], [None]
+                paths: list[tuple[int, ...]] = [()]
+            else:
+                if level.depth >= tree.depth or level.tokens[level.tip_row] in state.eos_token_ids:
+                    break  # nothing is drafted past an end-of-sequence token on the main path
+                features = self._feed_level(level)  # [f, hidden]: after each node of the latest level
+                forwards += 1
+                scores, tip_row, nodes, rows, paths = level.scores, level.tip_row, level.nodes, level.rows, level.paths
+            longest = self.suffix_length
+            suffixes = [(state.tokens[-longest:] + list(path))[-longest:] for path in paths] if longest else None
+            # chosen over the draft's own vocabulary (top-k of f × its width, not the target's); the chosen
+            # nodes' rows stay at that width (self.draft_vocab), widened only if a verifier or stop reads them
+            probs = self._draft_distribution(features, suffixes)  # [f, draft vocabulary]
+            if level is not None:  # nothing grows past an end-of-sequence token
+                ends = [i for i, t in enumerate(level.tokens) if t in state.eos_token_ids]
+                if ends:
+                    probs[ends] = 0.0
+            chosen = grow_level(scores, probs, tip_row, tree.topk, tree.topk)
+            if not chosen or tip_row is None or chosen[0].row != tip_row:
+                break
+            if not self._whole_vocab:
+                ids = self.vocab[torch.tensor([c.token for c in chosen])].tolist()
+                chosen = [Candidate(c.row, token, c.score) for c, token in zip(chosen, ids)]
+            parent_rows = torch.tensor([c.row for c in chosen])
+            probs = probs.index_select(0, parent_rows)  # [len(chosen), draft vocabulary]: chosen[i]'s parent's
+            tip = chosen[0]
+            main.append((tip.token, probs[0], features[tip.row]))
+            new_nodes = [("main", level_index)] + [("side", len(side) + j) for j in range(len(chosen) - 1)]
+            side += [(c.token, nodes[c.row], probs[j]) for j, c in enumerate(chosen[1:], start=1)]
+            self.level = _Level(
+                nodes=new_nodes, tokens=[c.token for c in chosen], scores=torch.tensor([c.score for c in chosen]),
+                tip_row=0, depth=1 if level is None else level.depth + 1,
+                parent_rows=[rows[c.row] for c in chosen], parent_features=features.index_select(0, parent_rows),
+                blocks=len(draft.blocks) + 1, paths=[paths[c.row] + (c.token,) for c in chosen])
+        if not main:
             return None
-        if not self._whole_vocab:
-            ids = self.vocab[torch.tensor([c.token for c in chosen])].tolist()
-            chosen = [Candidate(c.row, token, c.score) for c, token in zip(chosen, ids)]
-        parent_rows = torch.tensor([c.row for c in chosen])
-        probs = probs.index_select(0, parent_rows)  # [len(chosen), draft vocabulary]: row i is chosen[i]'s parent's
-        # node numbering: the block's main token first (index draft.num_nodes), then its side nodes
-        first = draft.num_nodes
-        side = chosen[1:]
-        side_nodes = SideNodes(torch.tensor([c.token for c in side], dtype=torch.long),
-                               torch.tensor([nodes[c.row] for c in side], dtype=torch.long),
-                               probs[1:], draft_vocab=self.draft_vocab) if side else None
-        tip = chosen[0]
-        depth = 1 if self.level is None or draft.num_nodes == 0 else self.level.depth + 1
-        self.level = _Level(
-            nodes=[first + i for i in range(len(chosen))], tokens=[c.token for c in chosen],
-            scores=torch.tensor([c.score for c in chosen]), tip_row=0, depth=depth,
-            parent_rows=[rows[c.row] for c in chosen], parent_features=features.index_select(0, parent_rows),
-            blocks=len(draft.blocks) + 1, paths=[paths[c.row] + (c.token,) for c in chosen])
-        return DraftBlock(tokens=torch.tensor([tip.token], dtype=torch.long), draft_probs=probs[:1],
-                          hidden_states=features[tip.row: tip.row + 1], side=side_nodes, forwards=forwards,
-                          sampled=False,
-                          draft_vocab=self.draft_vocab)
+        first, length = draft.num_nodes, len(main)
+
+        def number(node) -> int:
+            if isinstance(node, int):
+                return node  # a node of an earlier block, or -1 (the root)
+            kind, index = node
+            return first + index if kind == "main" else first + length + index
+
+        self.level.nodes = [number(node) for node in self.level.nodes]
+        side_nodes = SideNodes(torch.tensor([t for t, _, _ in side], dtype=torch.long),
+                               torch.tensor([number(p) for _, p, _ in side], dtype=torch.long),
+                               torch.stack([r for _, _, r in side]), draft_vocab=self.draft_vocab) if side else None
+        return DraftBlock(tokens=torch.tensor([t for t, _, _ in main], dtype=torch.long),
+                          draft_probs=torch.stack([r for _, r, _ in main]),
+                          hidden_states=torch.stack([h for _, _, h in main]), side=side_nodes, forwards=forwards,
+                          sampled=False, draft_vocab=self.draft_vocab)
 
     @torch.inference_mode()
     def _feed_level(self, level: "_Level") -> torch.Tensor:

@@ -125,7 +125,7 @@ class DraftModel:
     @hookimpl
     def pacer_propose(self, state, draft, num_tokens) -> Optional[DraftBlock]:
         if self.tree is not None:
-            return self._propose_level(state, draft)
+            return self._propose_levels(state, draft, num_tokens)
         feed = sync_cache(self.model, state.tokens + draft.tokens.tolist())
         tokens, probs, hidden = [], [], []
         for _ in range(num_tokens):
@@ -146,61 +146,78 @@ class DraftModel:
             forwards=len(tokens),
         )
 
-    def _propose_level(self, state, draft) -> Optional[DraftBlock]:
-        """One level of the tree: level 1 from the draft's distribution after the context, each
-        later one from a forward over every node of the previous level (a tree mask over the
-        cached rows). None after ``tree.depth`` levels."""
+    def _propose_levels(self, state, draft, num_tokens: int) -> Optional[DraftBlock]:
+        """Up to ``num_tokens`` levels of the tree in one block: level 1 from the draft's
+        distribution after the context, each later one from a forward over every node of the
+        previous level (a tree mask over the cached rows). The block's main path is each level's
+        main-path child; the others are its side nodes. None after ``tree.depth`` levels."""
         tree, model = self.tree, self.model
-        if len(draft) >= tree.depth:
+        if len(draft) and (self._context is None or len(draft.blocks) != self._blocks):
+            raise RuntimeError("draft_model tree: the draft is not the one this drafter grew "
+                               "(one drafter per engine; drafts are not edited between levels)")
+        # this block's nodes until it is returned: ("main", i) is level i's main-path child, ("side", j)
+        # its j-th side node; they are numbered main path first, then side nodes (Draft.tree's order)
+        main: list = []  # per level: (token, its row of probabilities, its row of hidden states or None)
+        side: list = []  # (token, parent node, its row of probabilities)
+        forwards = 0
+        for level_index in range(min(num_tokens, tree.depth - len(draft))):
+            if len(draft) + level_index == 0:  # a new step: level 1
+                self._drop_tree_rows()  # normally done in pacer_observe_step already
+                feed = sync_cache(model, state.tokens)
+                out = model.forward(feed, logits_from=len(feed) - 1, hidden=self.hidden)
+                self._context = len(model.cached_tokens)
+                probs = self._probs(out.logits[-1:].cpu())  # [1, vocab]
+                hidden = out.hidden_states[-1:] if self.hidden else None  # [1, hidden]
+                nodes, scores = [-1], torch.zeros(1)  # the root is the one expanded node
+            else:
+                level = self._level  # the last level's (node, parent, token), main-path node first
+                if level[0][2] in state.eos_token_ids:
+                    break  # the main path ended: nothing after EOS is ever committed
+                cached = len(model.cached_tokens)
+                if cached + len(level) > model.max_length:
+                    break
+                ancestors = [self._seen[parent] if parent != -1 else [] for _, parent, _ in level]
+                positions, mask = level_layout(ancestors, self._context, cached, len(draft) + level_index)
+                out = model.forward([token for _, _, token in level], positions=positions, tree_mask=mask,
+                                    hidden=self.hidden)
+                for i, (node, _, _) in enumerate(level):
+                    self._seen[node] = ancestors[i] + [cached + i]
+                probs = self._probs(out.logits.cpu())  # [k, vocab]
+                ends = [i for i, (_, _, token) in enumerate(level) if token in state.eos_token_ids]
+                probs[ends] = 0.0  # nothing grows past an end-of-sequence side node
+                hidden = out.hidden_states if self.hidden else None  # [k, hidden]
+                nodes, scores = [node for node, _, _ in level], torch.tensor(self._scores)
+            forwards += 1
+            chosen = grow_level(scores, probs, 0, tree.topk, tree.topk)
+            if not chosen:
+                break
+            tip = chosen[0]
+            main.append((tip.token, probs[tip.row], None if hidden is None else hidden[tip.row].float()))
+            new_nodes = [("main", level_index)] + [("side", len(side) + j) for j in range(len(chosen) - 1)]
+            side += [(c.token, nodes[c.row], probs[c.row]) for c in chosen[1:]]
+            self._level = [(node, nodes[c.row], c.token) for node, c in zip(new_nodes, chosen)]
+            self._scores = [c.score for c in chosen]
+        if not main:
             return None
-        if len(draft) == 0:  # a new step: level 1
-            self._drop_tree_rows()  # normally done in pacer_observe_step already
-            feed = sync_cache(model, state.tokens)
-            out = model.forward(feed, logits_from=len(feed) - 1, hidden=self.hidden)
-            self._context = len(model.cached_tokens)
-            probs = self._probs(out.logits[-1:].cpu())  # [1, vocab]
-            hidden = out.hidden_states[-1:] if self.hidden else None  # [1, hidden]
-            nodes, scores = [-1], torch.zeros(1)  # the root is the one expanded node
-        else:
-            if self._context is None or len(draft.blocks) != self._blocks:
-                raise RuntimeError("draft_model tree: the draft is not the one this drafter grew "
-                                   "(one drafter per engine; drafts are not edited between levels)")
-            level = self._level  # the last level's (node, parent, token), main-path node first
-            if level[0][2] in state.eos_token_ids:
-                return None  # the main path ended: nothing after EOS is ever committed
-            cached = len(model.cached_tokens)
-            if cached + len(level) > model.max_length:
-                return None
-            ancestors = [self._seen[parent] if parent >= 0 else [] for _, parent, _ in level]
-            positions, mask = level_layout(ancestors, self._context, cached, len(draft))
-            out = model.forward([token for _, _, token in level], positions=positions, tree_mask=mask,
-                                hidden=self.hidden)
-            for i, (node, _, _) in enumerate(level):
-                self._seen[node] = ancestors[i] + [cached + i]
-            probs = self._probs(out.logits.cpu())  # [k, vocab]
-            ends = [i for i, (_, _, token) in enumerate(level) if token in state.eos_token_ids]
-            probs[ends] = 0.0  # nothing grows past an end-of-sequence side node
-            hidden = out.hidden_states if self.hidden else None  # [k, hidden]
-            nodes, scores = [node for node, _, _ in level], torch.tensor(self._scores)
-        chosen = grow_level(scores, probs, 0, tree.topk, tree.topk)
-        if not chosen:
-            return None
-        main, others = chosen[0], chosen[1:]
-        first = draft.num_nodes  # tree index of the block's main token; side nodes follow it
-        side = None
-        if others:
-            rows = torch.tensor([c.row for c in others], dtype=torch.long)
-            side = SideNodes(torch.tensor([c.token for c in others], dtype=torch.long),
-                             torch.tensor([nodes[c.row] for c in others], dtype=torch.long),
-                             probs[rows])
-        self._level = [(first + j, nodes[c.row], c.token) for j, c in enumerate(chosen)]
-        self._scores = [c.score for c in chosen]
+        first, length = draft.num_nodes, len(main)
+
+        def number(node) -> int:
+            if isinstance(node, int):
+                return node  # a node of an earlier block, or -1 (the root)
+            kind, index = node
+            return first + index if kind == "main" else first + length + index
+
+        self._seen = {number(node): rows for node, rows in self._seen.items()}
+        self._level = [(number(node), number(parent), token) for node, parent, token in self._level]
         self._blocks = len(draft.blocks) + 1
+        side_nodes = SideNodes(torch.tensor([t for t, _, _ in side], dtype=torch.long),
+                               torch.tensor([number(p) for _, p, _ in side], dtype=torch.long),
+                               torch.stack([r for _, _, r in side])) if side else None
         return DraftBlock(
-            tokens=torch.tensor([main.token], dtype=torch.long),
-            draft_probs=probs[main.row: main.row + 1],
-            hidden_states=hidden[main.row: main.row + 1].float() if hidden is not None else None,
-            side=side, forwards=1, sampled=False,
+            tokens=torch.tensor([t for t, _, _ in main], dtype=torch.long),
+            draft_probs=torch.stack([r for _, r, _ in main]),
+            hidden_states=torch.stack([h for _, _, h in main]) if self.hidden else None,
+            side=side_nodes, forwards=forwards, sampled=False,
         )
 
 
