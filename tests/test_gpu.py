@@ -139,12 +139,14 @@ def test_hf_models_on_the_device_decode_exactly_with_few_syncs(drafter):
     assert syncs <= bound, f"{syncs} host syncs for {steps} steps and {draft_forwards} draft forwards"
 
 
-def test_eagle_on_the_device_decodes_exactly(tmp_path):
-    """The feature draft lives on its target's device; greedy output equals the target's there."""
+@pytest.mark.parametrize("tree", ["", ", tree: {topk: 3, depth: 3, nodes: 6}"], ids=["chain", "tree"])
+def test_eagle_on_the_device_decodes_exactly(tmp_path, tree):
+    """The feature draft lives on its target's device; greedy output equals the target's there,
+    as a chain and as a tree (whose levels index the device's features with the chosen rows)."""
     target_model = tiny_llama(0, scale=6.0).to(DEVICE)
     folder = make_draft(target_model.cpu(), tmp_path / "draft")
     target = HFModel(target_model.to(DEVICE), eos_token_ids=[EOS])
-    cfg = load_config(overrides=[f"strategy.drafter={{name: eagle, path: '{folder}'}}",
+    cfg = load_config(overrides=[f"strategy.drafter={{name: eagle, path: '{folder}'{tree}}}",
                                  "strategy.stop=[{name: fixed, gamma: 3}]"], require_models=False)
     engine = Engine.build(target, cfg=cfg)
     result = engine.generate(PROMPT, max_new_tokens=24)

@@ -474,8 +474,8 @@ class EagleDrafter:
             if not self._whole_vocab:
                 ids = self.vocab[torch.tensor([c.token for c in chosen])].tolist()
                 chosen = [Candidate(c.row, token, c.score) for c, token in zip(chosen, ids)]
-            parent_rows = torch.tensor([c.row for c in chosen])
-            probs = probs.index_select(0, parent_rows)  # [len(chosen), draft vocabulary]: chosen[i]'s parent's
+            picked = torch.tensor([c.row for c in chosen])  # each chosen node's parent's row (of features, probs)
+            probs = probs.index_select(0, picked.to(probs.device))  # [len(chosen), draft vocabulary]
             tip = chosen[0]
             main.append((tip.token, probs[0], features[tip.row]))
             new_nodes = [("main", level_index)] + [("side", len(side) + j) for j in range(len(chosen) - 1)]
@@ -483,7 +483,8 @@ class EagleDrafter:
             self.level = _Level(
                 nodes=new_nodes, tokens=[c.token for c in chosen], scores=torch.tensor([c.score for c in chosen]),
                 tip_row=0, depth=1 if level is None else level.depth + 1,
-                parent_rows=[rows[c.row] for c in chosen], parent_features=features.index_select(0, parent_rows),
+                parent_rows=[rows[c.row] for c in chosen],
+                parent_features=features.index_select(0, picked.to(features.device)),
                 blocks=len(draft.blocks) + 1, paths=[paths[c.row] + (c.token,) for c in chosen])
         if not main:
             return None
