@@ -55,7 +55,6 @@ def _wide(rows: Optional[torch.Tensor], vocab: Optional[DraftVocab]) -> Optional
     return rows if rows is None or vocab is None else vocab.widen(rows)
 
 
-
 @attrs.frozen
 class SideNodes:
     """Alternative draft tokens a block hangs off the draft's tree: the target scores them in the
