@@ -313,13 +313,13 @@ class Engine:
             t1 = clock()
             # 3. score pending + the draft tree with the target in one forward, then verify
             cached, tree, n_pending = len(self.target.cached_tokens), draft.tree, len(pending)
-            layout = (None, None) if tree.is_chain else tree_layout(n_pending, tree)
-            out = self.target.forward(pending + tree.tokens.tolist(), positions=layout[0], tree_mask=layout[1],
+            layout, nodes = (None, None) if tree.is_chain else tree_layout(n_pending, tree), tree.tokens.tolist()
+            out = self.target.forward(pending + nodes, positions=layout[0], tree_mask=layout[1],
                                       logits_from=n_pending - 1, hidden=self.target_hidden)
             verdict = hook.pacer_verify(state=state, draft=draft, target_logits=out.logits)  # [N + 1, vocab]
             # 4. commit: emitted = accepted path + next; the cache keeps the path's rows, moved into place
             path = list(verdict.nodes(draft))
-            emitted, hit_eos = self._truncate([int(tree.tokens[i]) for i in path] + [verdict.next_token], state)
+            emitted, hit_eos = self._truncate([nodes[i] for i in path] + [verdict.next_token], state)
             before = len(state.tokens)
             state.tokens.extend(emitted)
             base = cached + n_pending

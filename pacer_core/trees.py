@@ -178,11 +178,12 @@ def best_nodes(tree: TokenTree, nodes: int) -> Optional[list[int]]:
     if n <= nodes or tree.token_probs is None:
         return None
     q = tree.token_probs.double()  # [N]: q(token | its parent's path)
-    parents = tree.parents.tolist()
+    parents = tree.parent_list
     score = [0.0] * n
     own = (q > 0).tolist()
+    log_q = q.log().tolist()  # read once: a tensor element at a time costs more than the whole tree
     for i, parent in enumerate(parents):
-        score[i] = (float(q[i].log()) if own[i] else 0.0) + (score[parent] if parent >= 0 else 0.0)
+        score[i] = (log_q[i] if own[i] else 0.0) + (score[parent] if parent >= 0 else 0.0)
     ranked = sorted((i for i in range(n) if own[i]), key=lambda i: (-score[i], i))
     keep = set(ranked[:nodes])
     for i in range(n):

@@ -412,8 +412,8 @@ def test_greedy_verify_tree_takes_the_longest_argmax_path(data):
 @given(st.lists(st.sampled_from([-1.0, 0.0, 2.0, float("inf"), float("-inf"), float("nan")]), min_size=1,
                 max_size=300))
 def test_argmax_first_is_argmax_ties_and_nan_included(values):
-    """``argmax_first`` (read through ``max(0)``) names the index ``argmax`` names: the first of tied
-    maxima, the first NaN; on rows wide enough for the vectorised kernel too."""
+    """``argmax_first`` names the index ``argmax`` names: the first of tied maxima, the first NaN; on
+    narrow rows and on rows wide enough to be read through ``max(0)``."""
     row = torch.tensor(values)
     assert argmax_first(row) == int(row.argmax())
     wide = torch.cat([torch.full((5000,), -3.0), row, torch.full((5000,), -3.0)])
@@ -431,13 +431,17 @@ def test_greedy_verify_reads_only_the_rows_its_walk_reaches_on_the_cpu():
     logits[0, 3] = logits[4, 4] = logits[7, 1] = 5.0  # argmax 3 after the root, 4 after node 3, 1 after node 6
     logits[[1, 2, 3, 5, 6]] = float("nan")  # rows the walk must not read (argmax of NaN rows is NaN's index)
     read = []
-    original = torch.Tensor.max  # argmax_first reads a row's argmax through max(0)
 
-    def counting(self, *args, **kwargs):
-        read.append(tuple(self.shape))
-        return original(self, *args, **kwargs)
+    def counting(name):  # argmax_first reads a row through argmax, or max(0) when it is wide
+        original = getattr(torch.Tensor, name)
 
-    with mock.patch.object(torch.Tensor, "max", counting):
+        def count(self, *args, **kwargs):
+            read.append(tuple(self.shape))
+            return original(self, *args, **kwargs)
+        return count
+
+    with mock.patch.object(torch.Tensor, "argmax", counting("argmax")), \
+            mock.patch.object(torch.Tensor, "max", counting("max")):
         verdict = greedy_verify(tokens, logits, parents)
     assert verdict == Verdict(accepted=2, next_token=1, next_kind="bonus", path=(3, 6))
     assert read == [(vocab,)] * 3  # rows 0, 4 and 7, one at a time
