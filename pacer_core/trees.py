@@ -27,7 +27,7 @@ from .calibration import FILE as CALIBRATION_FILE
 from .calibration import RAW, Calibration, check_draft
 from .calibration import apply as calibrated
 from .calibration import load as load_calibration
-from .drafts import Draft, DraftBlock, SideNodes, TokenTree
+from .drafts import Draft, DraftBlock, DraftVocab, SideNodes, TokenTree
 
 MAX_TOPK = 64  # children tried per node and nodes kept per level, at most
 MAX_DEPTH = 32  # levels per step, at most
@@ -146,6 +146,56 @@ def merge_phrases(tokens: list[int], parents: list[int], phrases: list[list[int]
             at = node
         paths.append(path)
     return new_tokens, new_parents, paths
+
+
+class GrownLevels:
+    """The levels one ``pacer_propose`` call of a tree drafter grows, gathered into one block: each
+    level's main-path child continues the block's main path, its other children are side nodes.
+    Until the block is made, level i's main-path child is the node ``("main", i)`` and the j-th side
+    node ``("side", j)``; ``block`` numbers them as ``Draft.tree`` numbers a block (its main path
+    first, then its side nodes) and returns the numbering, for the drafter's own records."""
+
+    def __init__(self) -> None:
+        self.main: list[tuple[int, torch.Tensor, Optional[torch.Tensor]]] = []  # (token, row, hidden row)
+        self.side: list[tuple[int, Any, torch.Tensor]] = []  # (token, parent node, row)
+
+    def __len__(self) -> int:
+        return len(self.main)
+
+    def add(self, chosen: Sequence[Candidate], parents: Sequence[Any], rows: Sequence[torch.Tensor],
+            hidden: Optional[torch.Tensor] = None) -> list[Any]:
+        """One level: ``chosen[0]`` continues the main path, the others are side nodes; ``parents[i]``
+        is chosen[i]'s parent node (a number, -1, or a node of this call), ``rows[i]`` the
+        distribution it was chosen from, ``hidden`` the main-path child's hidden state. Returns the
+        level's nodes (of this call)."""
+        level = len(self.main)
+        self.main.append((chosen[0].token, rows[0], hidden))
+        nodes: list[Any] = [("main", level)] + [("side", len(self.side) + j) for j in range(len(chosen) - 1)]
+        self.side += [(c.token, parents[j], rows[j]) for j, c in enumerate(chosen[1:], start=1)]
+        return nodes
+
+    def block(self, first: int, forwards: int, draft_vocab: Optional[DraftVocab] = None
+              ) -> tuple[DraftBlock, Callable[[Any], int]]:
+        """The block (its first node numbered ``first`` in the draft tree; its rows over
+        ``draft_vocab`` when given) and the numbering of this call's nodes (others pass through)."""
+        length = len(self.main)
+
+        def number(node: Any) -> int:
+            if isinstance(node, int):
+                return node  # a node of an earlier block, or -1 (the root)
+            kind, index = node
+            return first + index if kind == "main" else first + length + index
+
+        side = None if not self.side else SideNodes(
+            torch.tensor([t for t, _, _ in self.side], dtype=torch.long),
+            torch.tensor([number(p) for _, p, _ in self.side], dtype=torch.long),
+            torch.stack([r for _, _, r in self.side]), draft_vocab=draft_vocab)
+        hidden = [h for _, _, h in self.main]
+        block = DraftBlock(tokens=torch.tensor([t for t, _, _ in self.main], dtype=torch.long),
+                           draft_probs=torch.stack([r for _, r, _ in self.main]),
+                           hidden_states=None if any(h is None for h in hidden) else torch.stack(hidden),
+                           side=side, forwards=forwards, sampled=False, draft_vocab=draft_vocab)
+        return block, number
 
 
 def phrase_block(phrases: list[list[int]], draft: Draft) -> Optional[DraftBlock]:

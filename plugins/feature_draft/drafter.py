@@ -23,13 +23,12 @@ from pacer_core import (
     FeatureModel,
     InputError,
     Resources,
-    SideNodes,
     hookimpl,
 )
 from pacer_core.jsonfile import read_json
 from pacer_core.kernels import PackedMatrix, pack_linears
 from pacer_core.sampling import argmax_first, logits_to_probs, sample
-from pacer_core.trees import Candidate, TreeConfig, grow_level, node_budget
+from pacer_core.trees import Candidate, GrownLevels, TreeConfig, grow_level, node_budget
 
 from .model import MANIFEST, WEIGHTS, Eagle3Draft, KVCache, load_draft
 from .priors import CorpusSuccessors, SuccessorIndex, path_bonus
@@ -443,11 +442,8 @@ class EagleDrafter:
                 return None
         elif self.level is None or self.level.blocks != len(draft.blocks):
             return None  # another drafter's block came last: this tree stops growing
-        # this block's nodes until it is returned: ("main", i) is level i's main-path child, ("side", j)
-        # its j-th side node; they are numbered main path first, then side nodes (Draft.tree's order)
-        main: list = []  # per level: (token, its row of probabilities, the feature that chose it)
-        side: list = []  # (token, parent node, its row of probabilities)
-        for level_index in range(num_tokens):
+        grown = GrownLevels()  # this call's levels, one block
+        for _ in range(num_tokens):
             level = self.level
             if level is None:  # the root
                 features = self.row_out[-1][None]  # [1, hidden]
@@ -476,34 +472,18 @@ class EagleDrafter:
                 chosen = [Candidate(c.row, token, c.score) for c, token in zip(chosen, ids)]
             picked = torch.tensor([c.row for c in chosen])  # each chosen node's parent's row (of features, probs)
             probs = probs.index_select(0, picked.to(probs.device))  # [len(chosen), draft vocabulary]
-            tip = chosen[0]
-            main.append((tip.token, probs[0], features[tip.row]))
-            new_nodes = [("main", level_index)] + [("side", len(side) + j) for j in range(len(chosen) - 1)]
-            side += [(c.token, nodes[c.row], probs[j]) for j, c in enumerate(chosen[1:], start=1)]
+            new_nodes = grown.add(chosen, [nodes[c.row] for c in chosen], probs, features[chosen[0].row])
             self.level = _Level(
                 nodes=new_nodes, tokens=[c.token for c in chosen], scores=torch.tensor([c.score for c in chosen]),
                 tip_row=0, depth=1 if level is None else level.depth + 1,
                 parent_rows=[rows[c.row] for c in chosen],
                 parent_features=features.index_select(0, picked.to(features.device)),
                 blocks=len(draft.blocks) + 1, paths=[paths[c.row] + (c.token,) for c in chosen])
-        if not main:
+        if not grown:
             return None
-        first, length = draft.num_nodes, len(main)
-
-        def number(node) -> int:
-            if isinstance(node, int):
-                return node  # a node of an earlier block, or -1 (the root)
-            kind, index = node
-            return first + index if kind == "main" else first + length + index
-
+        block, number = grown.block(draft.num_nodes, forwards, self.draft_vocab)
         self.level.nodes = [number(node) for node in self.level.nodes]
-        side_nodes = SideNodes(torch.tensor([t for t, _, _ in side], dtype=torch.long),
-                               torch.tensor([number(p) for _, p, _ in side], dtype=torch.long),
-                               torch.stack([r for _, _, r in side]), draft_vocab=self.draft_vocab) if side else None
-        return DraftBlock(tokens=torch.tensor([t for t, _, _ in main], dtype=torch.long),
-                          draft_probs=torch.stack([r for _, r, _ in main]),
-                          hidden_states=torch.stack([h for _, _, h in main]), side=side_nodes, forwards=forwards,
-                          sampled=False, draft_vocab=self.draft_vocab)
+        return block
 
     @torch.inference_mode()
     def _feed_level(self, level: "_Level") -> torch.Tensor:

@@ -7,10 +7,10 @@ from typing import Optional
 import attrs
 import torch
 
-from pacer_core import Component, DraftBlock, Resources, SideNodes, hookimpl
+from pacer_core import Component, DraftBlock, Resources, hookimpl
 from pacer_core.drafting import shipped_draft, sync_cache
 from pacer_core.sampling import choose, logits_to_probs
-from pacer_core.trees import TreeConfig, grow_level, node_budget, phrase_block
+from pacer_core.trees import GrownLevels, TreeConfig, grow_level, node_budget, phrase_block
 
 # the token-level draft shipped for the embedded SmolLM2 target, in this package's default/ folder
 # (pacer_core.drafting, which ouroboros reads too): used when a config omits `draft`
@@ -155,11 +155,7 @@ class DraftModel:
         if len(draft) and (self._context is None or len(draft.blocks) != self._blocks):
             raise RuntimeError("draft_model tree: the draft is not the one this drafter grew "
                                "(one drafter per engine; drafts are not edited between levels)")
-        # this block's nodes until it is returned: ("main", i) is level i's main-path child, ("side", j)
-        # its j-th side node; they are numbered main path first, then side nodes (Draft.tree's order)
-        main: list = []  # per level: (token, its row of probabilities, its row of hidden states or None)
-        side: list = []  # (token, parent node, its row of probabilities)
-        forwards = 0
+        grown, forwards = GrownLevels(), 0  # this call's levels, one block
         for level_index in range(min(num_tokens, tree.depth - len(draft))):
             if len(draft) + level_index == 0:  # a new step: level 1
                 self._drop_tree_rows()  # normally done in pacer_observe_step already
@@ -191,34 +187,17 @@ class DraftModel:
             chosen = grow_level(scores, probs, 0, tree.topk, tree.topk)
             if not chosen:
                 break
-            tip = chosen[0]
-            main.append((tip.token, probs[tip.row], None if hidden is None else hidden[tip.row].float()))
-            new_nodes = [("main", level_index)] + [("side", len(side) + j) for j in range(len(chosen) - 1)]
-            side += [(c.token, nodes[c.row], probs[c.row]) for c in chosen[1:]]
+            new_nodes = grown.add(chosen, [nodes[c.row] for c in chosen], [probs[c.row] for c in chosen],
+                                  None if hidden is None else hidden[chosen[0].row].float())
             self._level = [(node, nodes[c.row], c.token) for node, c in zip(new_nodes, chosen)]
             self._scores = [c.score for c in chosen]
-        if not main:
+        if not grown:
             return None
-        first, length = draft.num_nodes, len(main)
-
-        def number(node) -> int:
-            if isinstance(node, int):
-                return node  # a node of an earlier block, or -1 (the root)
-            kind, index = node
-            return first + index if kind == "main" else first + length + index
-
+        block, number = grown.block(draft.num_nodes, forwards)
         self._seen = {number(node): rows for node, rows in self._seen.items()}
         self._level = [(number(node), number(parent), token) for node, parent, token in self._level]
         self._blocks = len(draft.blocks) + 1
-        side_nodes = SideNodes(torch.tensor([t for t, _, _ in side], dtype=torch.long),
-                               torch.tensor([number(p) for _, p, _ in side], dtype=torch.long),
-                               torch.stack([r for _, _, r in side])) if side else None
-        return DraftBlock(
-            tokens=torch.tensor([t for t, _, _ in main], dtype=torch.long),
-            draft_probs=torch.stack([r for _, r, _ in main]),
-            hidden_states=torch.stack([h for _, _, h in main]) if self.hidden else None,
-            side=side_nodes, forwards=forwards, sampled=False,
-        )
+        return block
 
 
 @attrs.define
