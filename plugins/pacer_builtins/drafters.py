@@ -67,10 +67,11 @@ class DraftModel:
     Tokens are chosen with the run's sampling parameters; ``draft_probs`` are the distributions they
     were sampled from (under greedy decoding, the draft's softmax, whose argmax was chosen).
 
-    With ``tree`` it grows an EAGLE-2-style dynamic token tree instead, one level per
-    ``pacer_propose`` call and one draft forward per level (``pacer_core.trees.grow_level``): the
-    block's token is the tip's most likely child (the main path: the draft's greedy chain), its
-    side nodes the level's other chosen children. Children are the top-k of the processed
+    With ``tree`` it grows an EAGLE-2-style dynamic token tree instead, one draft forward per level
+    and as many levels per ``pacer_propose`` call as the stop policies ask for
+    (``pacer_core.trees.grow_level``, ``GrownLevels``): each level's main-path token is the tip's
+    most likely child (the main path: the draft's greedy chain), its side nodes the level's other
+    chosen children. Children are the top-k of the processed
     distribution (``sampled=False``), so the verifier treats them as point masses.
     """
 
