@@ -4,7 +4,14 @@ Per prompt set and over all: A's tokens/s over B's on the (prompt, repeat, turn)
 ratio of totals; both share the baseline, so it is also the ratio of their speedups), with the 95%
 interval of a paired bootstrap over prompts and repeats (pacer_bench/stats.py); and each stack's τ
 with its interval. The verdict: A faster (the interval lies above 1), B faster (below 1), or no
-difference beyond the noise (it contains 1). Meaning and use: docs/benchmarks.md#confidence-intervals.
+difference beyond the noise (it contains 1) — or, on fewer than ``MIN_PROMPTS`` prompts, too few
+prompts to tell: a bootstrap over so few prompts understates how much the ratio varies from prompt
+to prompt (with 2 prompts it can only mix those two), so no verdict is drawn from it.
+Meaning and use: docs/benchmarks.md#confidence-intervals.
+
+Stacks are named as the report names them; a name copied with its backticks, or typed in the ASCII
+form of Spec-Bench's file names (``eagle_margin(0.3)`` for ``eagle·margin(0.3)``), is found too
+(``labels.resolve_name``).
 """
 
 from __future__ import annotations
@@ -17,16 +24,20 @@ import numpy as np
 from pacer_core.errors import InputError
 
 from .answers import load_run
+from .labels import resolve_name
 from .stats import SEED, format_interval, interval, rate_columns, ratio_of_rates, tau_interval
 
 ALL = "all"
+MIN_PROMPTS = 8  # fewer prompts in a cell: "too few prompts to tell", whatever its interval says
 
 
 def _key(r: dict) -> tuple:
     return (str(r["prompt_set"]), str(r["question_id"]), int(r.get("repeat", 0)), int(r.get("turn", 0)))
 
 
-def verdict(ci: Optional[Sequence[float]], a: str, b: str) -> str:
+def verdict(ci: Optional[Sequence[float]], a: str, b: str, prompts: Optional[int] = None) -> str:
+    if prompts is not None and prompts < MIN_PROMPTS:
+        return f"too few prompts to tell ({prompts} < {MIN_PROMPTS})"
     if ci is None:
         return "no interval (no paired records)"
     if ci[0] > 1.0:
@@ -60,7 +71,7 @@ def compare(records: Sequence[dict], a: str, b: str, sets: Sequence[str], seed: 
             tau_ci = tau_interval(chosen, seed)
             taus[name] = {"tau": emitted / steps if steps else None, "tau_ci": list(tau_ci) if tau_ci else None}
         out[set_name] = {"prompts": len(set(clusters)), "pairs": len(paired), "ratio": rate_ratio,
-                         "ci": list(ci) if ci else None, "verdict": verdict(ci, a, b), "tau": taus}
+                         "ci": list(ci) if ci else None, "verdict": verdict(ci, a, b, len(set(clusters))), "tau": taus}
     return out
 
 
@@ -68,10 +79,14 @@ def compare_run(out: Path, a: str, b: str) -> tuple[dict, str]:
     """The comparison of stacks ``a`` and ``b`` in bench folder ``out`` and its markdown table."""
     meta, records, _ = load_run(Path(out))
     names = list(dict.fromkeys(r["model_id"] for r in records))
+    found_names = []
     for name in (a, b):
-        if name not in names:
+        stack = resolve_name(name, names)
+        if stack is None:
             raise InputError(f"--compare: '{name}' has no record in '{out}'; stacks there: "
                              f"{', '.join(names) or 'none'}")
+        found_names.append(stack)
+    a, b = found_names
     if a == b:
         raise InputError(f"--compare names '{a}' twice: give two different stacks")
     sets = [s for s in meta["prompt_sets"] if any(r["prompt_set"] == s for r in records)]
@@ -91,4 +106,9 @@ def markdown(found: dict[str, dict], a: str, b: str) -> str:
                      f"{format_interval(c['ratio'], c['ci'], '.3f', '×')} | "
                      f"{format_interval(c['tau'][a]['tau'], c['tau'][a]['tau_ci'])} | "
                      f"{format_interval(c['tau'][b]['tau'], c['tau'][b]['tau_ci'])} | {c['verdict']} |")
+    few = [set_name for set_name, c in found.items() if c["prompts"] < MIN_PROMPTS]
+    if few:
+        lines += ["", f"Too few prompts to tell in {', '.join(few)}: on fewer than {MIN_PROMPTS} prompts a "
+                  "bootstrap interval understates how much the ratio varies from prompt to prompt; run more "
+                  "prompts (--limit) before reading a difference there."]
     return "\n".join(lines)

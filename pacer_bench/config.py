@@ -13,7 +13,6 @@ key by key, naming the keys valid where one failed.
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
 import typing
@@ -29,6 +28,7 @@ from pacer_core.errors import ConfigError
 from pacer_core.registry import components, new_plugin_manager
 from pacer_core.schema import check_finite, one_line, parse_value, read_yaml
 
+from .labels import check_name, grid_points
 from .prompts import PROMPT_SETS, SPECBENCH
 
 BASELINE = "autoregressive"
@@ -114,6 +114,8 @@ class AblateConfig:
     overrides: List[str] = attrs.field(factory=list)  # bench key=value applied to the base
     stack: StackConfig = attrs.field(factory=StackConfig)  # every grid point starts from this stack
     grid: Dict[str, List[Any]] = attrs.field(factory=dict)  # run-config key → values (all combinations)
+    # grid key → one short label per value, naming the points (else generated: pacer_bench/labels.py)
+    labels: Dict[str, List[Any]] = attrs.field(factory=dict)
 
 
 # -- validation --------------------------------------------------------------------------------
@@ -309,8 +311,7 @@ def check_bench(bench: BenchConfig, extra_plugins: Sequence[Any] = ()) -> dict[s
         stacks = {BASELINE: stacks.pop(BASELINE), **stacks}
     resolved, needs_draft = {}, {}
     for name, stack in stacks.items():
-        if not name.strip() or any(c in name for c in "\n\r\t"):
-            raise ConfigError(f"bench config: stack name {name!r} must be non-empty text on one line")
+        check_name(name, "bench config")
         resolved[name] = resolve_stack(name, stack, bench, extra_plugins)
         drafter = check(resolved[name], extra_plugins, require_models=False).drafter
         if "draft_model" in drafter.component.needs:
@@ -404,14 +405,10 @@ def read_ablate_config(path: str | Path, limit: Optional[int] = None,
     _anchor_paths({}, base_dir, bench)
     _anchor_paths({"stack": ablate.stack}, grid_dir)
     keys = list(ablate.grid)
-    short = [k.split(".")[-1] for k in keys]
-    labels = short if len(set(short)) == len(short) else keys
-    stacks, points = {}, {}
-    for values in itertools.product(*ablate.grid.values()):
-        label = " ".join(f"{lab}={json.dumps(v, separators=(',', ':'))}" for lab, v in zip(labels, values))
-        stacks[label] = attrs.evolve(ablate.stack, overrides=list(ablate.stack.overrides)
-                                     + [f"{k}={json.dumps(v)}" for k, v in zip(keys, values)])
-        points[label] = dict(zip(keys, values))
+    points = grid_points(ablate.grid, ablate.labels, f"ablate config '{path}'")
+    stacks = {name: attrs.evolve(ablate.stack, overrides=list(ablate.stack.overrides)
+                                 + [f"{k}={json.dumps(v)}" for k, v in point.items()])
+              for name, point in points.items()}
     bench = attrs.evolve(bench, stacks=stacks, baselines=[], oracle=OracleConfig())
     if limit is not None:
         bench.limit = limit

@@ -231,12 +231,15 @@ def verify_cost_markdown(results: dict) -> list[str]:
 
 
 def ablation_markdown(ablation: dict) -> str:
+    """One row per grid point: its stack name (as ``pacer report --compare`` takes it), its grid
+    values (compact JSON, as the grid file may write them) and its numbers."""
     keys = ablation["keys"]
-    head = "| " + " | ".join(keys) + " | prompts | speedup | τ | acceptance | mean draft | tree size | identical |"
-    lines = [head, "|" + "---|" * (len(keys) + 7)]
+    head = ("| stack | " + " | ".join(keys) +
+            " | prompts | speedup | τ | acceptance | mean draft | tree size | identical |")
+    lines = [head, "|" + "---|" * (len(keys) + 8)]
     for r in ablation["rows"]:
-        values = " | ".join(json.dumps(r[k]) for k in keys)
-        lines.append(f"| {values} | {r['records']} | "
+        values = " | ".join(json.dumps(r[k], separators=(",", ":"), ensure_ascii=False) for k in keys)
+        lines.append(f"| {r['stack']} | {values} | {r['records']} | "
                      f"{format_interval(r['speedup'], r.get('speedup_ci'), '.2f', '×')} | "
                      f"{format_interval(r['tau'], r.get('tau_ci'))} | "
                      f"{_fmt(r['acceptance_rate'], 'pct')} | {_fmt(r['mean_draft_length'])} | "
@@ -245,89 +248,132 @@ def ablation_markdown(ablation: dict) -> str:
 
 
 # -- plots -------------------------------------------------------------------------------------
-def make_plots(results: dict, out: Path) -> list[str]:
-    """speedup_per_set.png, draft_lengths.png, per_position_acceptance.png (acceptance per depth) and,
-    with an oracle, oracle.png."""
+# Each figure keeps its text off its data: legends stand outside the axes (to the right, the figure
+# growing to hold them: saved with bbox_inches="tight"), long stack names are wrapped, subplot titles
+# are wrapped to their column's width, and the layout is constrained so no two texts overlap.
+_WRAP = 32  # characters of a stack name per legend or title line
+
+
+def _wrapped(name: str, width: int = _WRAP) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.wrap(name, width, break_on_hyphens=False, break_long_words=True)) or name
+
+
+def _pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend (files only, no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
 
-    files = []
+    return plt
+
+
+def _legend_outside(ax: Any) -> None:
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(handles, [_wrapped(label) for label in labels], fontsize=7, loc="upper left",
+                  bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, frameon=False)
+
+
+def speedup_figure(results: dict) -> Any:
+    """Speedup per prompt set, one bar per stack, its 95% interval as an error bar."""
+    plt = _pyplot()
     baseline = results["baseline"]
     names = [u["name"] for u in results["units"] if u["name"] != baseline]
     sets = results["prompt_sets"] + [ALL]
     table = results["table"]
-
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(sets) * max(1, len(names)) / 2), 4))
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.45 * len(sets) * max(1, len(names)) + 1.5), 4),
+                           layout="constrained")
     width = 0.8 / max(1, len(names))
     for i, name in enumerate(names):
-        values = [(table[s].get(name) or {}).get("speedup") or 0.0 for s in sets]
-        ax.bar([j + i * width for j in range(len(sets))], values, width, label=name)
+        cells = [table[s].get(name) or {} for s in sets]
+        values = [c.get("speedup") or 0.0 for c in cells]
+        low = [v - c["speedup_ci"][0] if c.get("speedup_ci") else 0.0 for v, c in zip(values, cells)]
+        high = [c["speedup_ci"][1] - v if c.get("speedup_ci") else 0.0 for v, c in zip(values, cells)]
+        ax.bar([j + i * width for j in range(len(sets))], values, width, label=name,
+               yerr=[low, high], capsize=2, error_kw={"elinewidth": 0.8})
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(sets))], sets)
     ax.set_ylabel(f"speedup over {baseline} (tokens/s)")
-    ax.set_title("Speedup per prompt set")
-    if names:
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "speedup_per_set.png", dpi=110)
-    plt.close(fig)
-    files.append("speedup_per_set.png")
+    ax.set_title("Speedup per prompt set (bars: 95% interval)")
+    _legend_outside(ax)
+    return fig
 
-    drafting = [n for n in names if (table[ALL].get(n) or {}).get("drafted")]
+
+def _drafting(results: dict) -> list[str]:
+    baseline = results["baseline"]
+    return [u["name"] for u in results["units"] if u["name"] != baseline
+            and (results["table"][ALL].get(u["name"]) or {}).get("drafted")]
+
+
+def draft_lengths_figure(results: dict) -> Any:
+    """One histogram of draft lengths per drafting stack, titled with its (wrapped) name."""
+    from matplotlib.ticker import MaxNLocator
+
+    plt = _pyplot()
+    drafting = _drafting(results)
     cols = max(1, min(3, len(drafting)))
     rows = max(1, -(-len(drafting) // cols))
-    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 2.8 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.0 * rows), squeeze=False, layout="constrained")
     for ax, name in zip(axes.flat, drafting):
-        hist = table[ALL][name]["draft_length_histogram"]
+        hist = results["table"][ALL][name]["draft_length_histogram"]
         total = sum(hist.values()) or 1
         ax.bar([int(k) for k in hist], [v / total for v in hist.values()])
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_title(name, fontsize=8)
-        ax.set_xlabel("draft length (a tree: its depth)")
-        ax.set_ylabel("share of steps")
+        ax.set_title(_wrapped(name, 40), fontsize=8)
+        ax.set_xlabel("draft length (a tree: its depth)", fontsize=8)
+        ax.set_ylabel("share of steps", fontsize=8)
     for ax in list(axes.flat)[len(drafting):]:
         ax.axis("off")
-    fig.tight_layout()
-    fig.savefig(out / "draft_lengths.png", dpi=110)
-    plt.close(fig)
-    files.append("draft_lengths.png")
+    return fig
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name in drafting:
-        acc = table[ALL][name]["per_position_acceptance"]
+
+def acceptance_figure(results: dict) -> Any:
+    """Acceptance per depth, one line per drafting stack."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4), layout="constrained")
+    for name in _drafting(results):
+        acc = results["table"][ALL][name]["per_position_acceptance"]
         ax.plot(range(1, len(acc) + 1), acc, marker=".", label=name)
     ax.set_xlabel("depth (a chain: draft position)")
     ax.set_ylabel("acceptance (accepted / drafted at depth)")
     ax.set_ylim(0, 1.02)
     ax.set_title("Acceptance per depth (all prompt sets)")
-    if drafting:
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "per_position_acceptance.png", dpi=110)
-    plt.close(fig)
-    files.append("per_position_acceptance.png")
+    _legend_outside(ax)
+    return fig
 
+
+def oracle_figure(oracle_all: dict) -> Any:
+    plt = _pyplot()
+    r = oracle_all
+    fig, ax = plt.subplots(figsize=(6, 4), layout="constrained")
+    ax.plot([int(g) for g in r["fixed"]], list(r["fixed"].values()), marker="o", label="fixed γ (replayed)")
+    ax.axhline(r["oracle_speedup"], color="green", linestyle="--", label="oracle")
+    for i, (name, p) in enumerate(r["policies"].items()):
+        ax.axhline(p["simulated_speedup"], linestyle=":", linewidth=1.2, label=f"{name} (simulated)",
+                   color=f"C{(i + 2) % 10}")
+    ax.set_xlabel("γ")
+    ax.set_ylabel("simulated speedup")
+    ax.set_title("Oracle replay (all prompt sets)")
+    _legend_outside(ax)
+    return fig
+
+
+def make_plots(results: dict, out: Path) -> list[str]:
+    """speedup_per_set.png, draft_lengths.png, per_position_acceptance.png (acceptance per depth) and,
+    with an oracle, oracle.png."""
+    plt = _pyplot()
+    figures = {"speedup_per_set.png": speedup_figure(results), "draft_lengths.png": draft_lengths_figure(results),
+               "per_position_acceptance.png": acceptance_figure(results)}
     oracle = results.get("oracle")
     if oracle and ALL in oracle.get("sets", {}):
-        r = oracle["sets"][ALL]
-        fig, ax = plt.subplots(figsize=(6, 4))
-        ax.plot([int(g) for g in r["fixed"]], list(r["fixed"].values()), marker="o", label="fixed γ (replayed)")
-        ax.axhline(r["oracle_speedup"], color="green", linestyle="--", label="oracle")
-        for i, (name, p) in enumerate(r["policies"].items()):
-            ax.axhline(p["simulated_speedup"], linestyle=":", linewidth=1.2, label=f"{name} (simulated)",
-                       color=f"C{(i + 2) % 10}")
-        ax.set_xlabel("γ")
-        ax.set_ylabel("simulated speedup")
-        ax.set_title("Oracle replay (all prompt sets)")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out / "oracle.png", dpi=110)
+        figures["oracle.png"] = oracle_figure(oracle["sets"][ALL])
+    for name, fig in figures.items():
+        fig.savefig(out / name, dpi=110, bbox_inches="tight")
         plt.close(fig)
-        files.append("oracle.png")
-    return files
+    return list(figures)
 
 
 def write_report(out: Path, plots: bool = True) -> dict[str, Any]:
