@@ -13,12 +13,18 @@ User errors raised as ``PacerError`` print as one line, ``pacer: error: <message
 
 ``check_out_dir`` is for any command writing a results folder (the bench's ``--out``, a trainer's
 ``out=``): it refuses, in one line and before any model is loaded, a folder that is an existing file
-(``/dev/null`` included), lies under a file, or cannot be written, and creates it.
+(``/dev/null`` included), lies under a file, or cannot be written, and creates it. ``check_out_file``
+does the same for a file a command writes after measuring, before it measures.
+
+Every numeric option has a range: ``bounded_int(low, high)`` and ``bounded_float(low, high)`` are the
+argparse types that refuse a value outside it (or not a number) as a usage error in one line, before
+the command runs, and say the range in the message.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import stat
 import tempfile
@@ -43,6 +49,50 @@ def command(name: str, help: str):
         return setup
 
     return register
+
+
+def bounded_int(low: int, high: int) -> Callable[[str], int]:
+    """An argparse ``type``: a whole number from ``low`` to ``high``, else a usage error naming the range."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number from {low} to {high}, not {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be from {low} to {high}, not {value}")
+        return value
+
+    parse.__name__ = f"whole number from {low} to {high}"
+    return parse
+
+
+def bounded_float(low: float, high: float) -> Callable[[str], float]:
+    """An argparse ``type``: a finite number from ``low`` to ``high``, else a usage error naming the range."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number from {low:g} to {high:g}, not {text!r}") from None
+        if not (math.isfinite(value) and low <= value <= high):
+            raise argparse.ArgumentTypeError(f"must be from {low:g} to {high:g}, not {text}")
+        return value
+
+    parse.__name__ = f"number from {low:g} to {high:g}"
+    return parse
+
+
+def check_out_file(path: str | os.PathLike, option: str) -> Path:
+    """A file a command writes after measuring, checked before it measures: not a folder (or a device),
+    in a folder that can be written (``InputError`` in one line naming ``option``)."""
+    file = Path(path).expanduser()
+    if file.is_dir():
+        raise InputError(f"{option} '{file}' is a folder: give the path of a file to write")
+    if os.path.lexists(file) and _is_device(file):
+        raise InputError(f"{option} '{file}' is a device: give the path of a file to write")
+    check_out_dir(file.parent, option)
+    return file
 
 
 def check_out_dir(path: str | os.PathLike, option: str = "out", create: bool = True) -> Path:

