@@ -14,7 +14,7 @@ from pacer_core.commands import Runner, command
 
 from .compare import compare_run
 from .config import read_ablate_config, read_bench_config
-from .demo import DEMO_SETS, run_demo
+from .demo import DEMO_SETS, REPEATS, run_demo
 from .report import write_report
 from .run import run_bench
 
@@ -25,9 +25,11 @@ def _setup_demo(p: argparse.ArgumentParser) -> Runner:
                    help=f"how many prompts, in turn from {', '.join(DEMO_SETS)} (default 4)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--repeats", type=int, default=REPEATS,
+                   help=f"interleaved rounds per prompt; each speedup is a median of paired rounds (default {REPEATS})")
 
     def run(args: argparse.Namespace) -> int:
-        return run_demo(args.prompts, args.max_new_tokens, args.dtype)
+        return run_demo(args.prompts, args.max_new_tokens, args.dtype, args.repeats)
 
     return run
 
