@@ -10,6 +10,7 @@ Field meanings: docs/benchmarks.md.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any, Optional, Sequence
 
 import attrs
 
+from pacer_core.costs import MAX_TOKENS, is_seconds
 from pacer_core.errors import InputError
 
 ANSWERS = "answers.jsonl"
@@ -47,10 +49,16 @@ class Answers:
 
 _RECORD_FIELDS = {"prompt_set": str, "question_id": (str, int), "model_id": str, "tokens": list, "metrics": dict,
                   "choices": list}
-# the metrics the report adds up (numbers) and lists per step (lists of numbers), when a record has them
-_METRIC_NUMBERS = ("wall_s", "steps", "accepted", "drafted", "target_forwards", "draft_forwards", "draft_s",
-                   "verify_s", "stop_s", "pacer_mb_s")
-_METRIC_LISTS = ("accept_lengths", "drafted_per_step", "accepted_per_step", "nodes_per_step")
+# the metrics the report and the replay add up, when a record has them: counts (whole numbers from 0
+# to MAX_COUNT) and seconds (finite, from 0 to MAX_RECORD_SECONDS); and the per-step lists, whose
+# entries are counts of at most MAX_TOKENS (a step's draft, accepted path, nodes sent, draft forwards)
+MAX_COUNT = 10 ** 9
+MAX_RECORD_SECONDS = 1e7  # about four months for one generation
+_METRIC_COUNTS = ("steps", "accepted", "drafted", "emitted", "target_forwards", "draft_forwards", "pacer_checks",
+                  "new_tokens")
+_METRIC_SECONDS = ("wall_s", "forward_s", "draft_s", "verify_s", "stop_s", "pacer_mb_s")
+_STEP_LISTS = ("drafted_per_step", "accepted_per_step", "nodes_per_step", "draft_forwards_per_step")
+_METRIC_LISTS = ("accept_lengths", *_STEP_LISTS)
 _CHOICE_LISTS = {"turns": str, "decoding_steps": (int, float), "new_tokens": (int, float),
                  "wall_time": (int, float), "accept_lengths": (int, float)}
 
@@ -59,16 +67,89 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _count(value: Any, top: int = MAX_COUNT) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= top
+
+
+def _seconds(value: Any) -> bool:
+    return _number(value) and math.isfinite(value) and 0 <= value <= MAX_RECORD_SECONDS
+
+
+def _shown(value: Any) -> str:
+    return json.dumps(value)[:40]
+
+
+def _metric_problem(field: str, value: Any) -> Optional[str]:
+    """Why ``metrics.field`` cannot be read (a count, seconds, a per-step list), or None."""
+    if value is None:
+        return None
+    if field in _METRIC_COUNTS or field.startswith("hybrid_accepted_"):
+        if not _count(value):
+            return f"'metrics.{field}' is {_shown(value)}, not a count from 0 to {MAX_COUNT}"
+    elif field in _METRIC_SECONDS:
+        if not _seconds(value):
+            return f"'metrics.{field}' is {_shown(value)}, not a number of seconds from 0 to {MAX_RECORD_SECONDS:g}"
+    elif field in _METRIC_LISTS:
+        if not isinstance(value, list):
+            return f"'metrics.{field}' is {_shown(value)}, not a list of counts"
+        bad = next((i for i, x in enumerate(value) if not _count(x, MAX_TOKENS)), None)
+        if bad is not None:
+            return f"'metrics.{field}[{bad}]' is {_shown(value[bad])}, not a count from 0 to {MAX_TOKENS}"
+    return None
+
+
+def _steps_problem(metrics: dict) -> Optional[str]:
+    """Why the per-step lists of ``metrics`` do not describe one list of steps (lengths that differ,
+    more accepted than drafted), or None."""
+    lists = {f: metrics[f] for f in _STEP_LISTS if metrics.get(f) is not None}
+    lengths = {len(v) for v in lists.values()}
+    if len(lengths) > 1:
+        return "the per-step lists differ in length (" + ", ".join(f"{f} {len(v)}" for f, v in lists.items()) + ")"
+    for i, (d, a) in enumerate(zip(metrics.get("drafted_per_step") or (), metrics.get("accepted_per_step") or ())):
+        if a > d:
+            return f"'metrics.accepted_per_step[{i}]' is {a}, more than the {d} drafted at that step"
+    return None
+
+
+def _tree_step_problem(step: Any) -> Optional[str]:
+    """Why one ``tree_log`` step is not a tree (parents before their children, a draft probability
+    per node, main and accepted paths of existing nodes), or None."""
+    if not isinstance(step, dict):
+        return "is not an object"
+    parents, q = step.get("parents"), step.get("q")
+    if not isinstance(parents, list) or not 0 < len(parents) <= MAX_TOKENS:
+        return f"has parents {_shown(parents)}, not a list of 1 to {MAX_TOKENS} node indices"
+    if not all(isinstance(p, int) and not isinstance(p, bool) and -1 <= p < i for i, p in enumerate(parents)):
+        return "has a parent that is not -1 (the root) or an earlier node"
+    if not isinstance(q, list) or len(q) != len(parents) or not all(_number(x) and 0 <= x <= 1 for x in q):
+        return f"has q {_shown(q)}, not one probability from 0 to 1 per node"
+    for key in ("main", "path"):
+        nodes = step.get(key)
+        if not isinstance(nodes, list) or not all(_count(n, len(parents) - 1) for n in nodes):
+            return f"has {key} {_shown(nodes)}, not a list of its nodes"
+    if step.get("forwards") is not None and not _count(step["forwards"]):
+        return f"has forwards {_shown(step['forwards'])}, not a count"
+    return None
+
+
 def _nested_problem(record: dict) -> Optional[str]:
-    """Why the metrics or the first choice of ``record`` cannot be read by the report, or None."""
+    """Why the metrics or the first choice of ``record`` cannot be read by the report or the replay, or None."""
     metrics = record["metrics"]
     for field, value in metrics.items():
-        if (field in _METRIC_NUMBERS or field.startswith("hybrid_accepted_")) and value is not None \
-                and not _number(value):
-            return f"'metrics.{field}' is {json.dumps(value)[:40]}, not a number"
-        if field in _METRIC_LISTS and value is not None and not (
-                isinstance(value, list) and all(_number(x) for x in value)):
-            return f"'metrics.{field}' is {json.dumps(value)[:40]}, not a list of numbers"
+        problem = _metric_problem(field, value)
+        if problem:
+            return problem
+    problem = _steps_problem(metrics)
+    if problem:
+        return problem
+    steps = metrics.get("tree_steps")
+    if steps is not None:
+        if not isinstance(steps, list):
+            return f"'metrics.tree_steps' is {_shown(steps)}, not the tree_log observer's list of steps"
+        for i, step in enumerate(steps):
+            problem = _tree_step_problem(step)
+            if problem:
+                return f"'metrics.tree_steps[{i}]' {problem}"
     topk = metrics.get("draft_topk")
     if topk and not (isinstance(topk, dict) and isinstance(topk.get("k"), list) and isinstance(topk.get("counts"), list)
                      and all(isinstance(row, list) and all(_number(x) for x in row) for row in topk["counts"])):
@@ -100,8 +181,10 @@ def record_problem(record: Any) -> Optional[str]:
         return nested
     for field in ("repeat", "turn"):
         count = record.get(field, 0)
-        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-            return f"'{field}' is {json.dumps(count)}, not a count"
+        if not _count(count):
+            return f"'{field}' is {_shown(count)}, not a count"
+    if record.get("prompt_tokens") is not None and not _count(record["prompt_tokens"], MAX_TOKENS):
+        return f"'prompt_tokens' is {_shown(record['prompt_tokens'])}, not a count from 0 to {MAX_TOKENS}"
     return None
 
 
@@ -258,15 +341,14 @@ def read_cost_model(out: Path) -> Optional[dict]:
     fix = "delete it (the report then leaves out the verification cost) or restore it"
     cost = _read_json(path, "cost model", fix)
     verify = cost.get("verify_s") if isinstance(cost, dict) else None
-    if not (isinstance(verify, list) and verify
-            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in verify)):
+    if not (isinstance(verify, list) and 0 < len(verify) <= MAX_TOKENS and all(is_seconds(v) for v in verify)):
         raise InputError(f"cost model '{path}' has no list of seconds under 'verify_s': {fix}")
     if "tree_k" in cost or "tree_verify_s" in cost:  # written since token trees (older files lack them)
         tree_k, tree_s = cost.get("tree_k"), cost.get("tree_verify_s")
         if not (isinstance(tree_k, list) and isinstance(tree_s, list) and len(tree_k) == len(tree_s)
-                and all(isinstance(k, int) and not isinstance(k, bool) and k >= 2 for k in tree_k)
+                and all(isinstance(k, int) and not isinstance(k, bool) and 2 <= k <= MAX_TOKENS for k in tree_k)
                 and tree_k == sorted(set(tree_k))
-                and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in tree_s)):
+                and all(is_seconds(v) for v in tree_s)):
             raise InputError(f"cost model '{path}' has no matching lists of ascending token counts >= 2 under "
                              f"'tree_k' and seconds under 'tree_verify_s': {fix}")
     return cost

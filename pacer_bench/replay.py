@@ -26,6 +26,7 @@ stack logged with the ``tree_log`` observer (``replay_trees``). Pure: no models,
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -133,8 +134,8 @@ def predict(meta: dict, records: list[dict], profile: Profile, calibration: Opti
             rows[name] = {
                 "records": len(mine),
                 "tau": tokens / steps if steps else None,
-                "measured_speedup": (tokens / wall) / (ref_tokens / ref_wall) if wall > 0 and ref_wall > 0 else None,
-                "predicted_speedup": (tokens / predicted) / (ref_tokens / base) if predicted > 0 and base > 0 else None,
+                "measured_speedup": _speedup(tokens, wall, ref_tokens, ref_wall),
+                "predicted_speedup": _speedup(tokens, predicted, ref_tokens, base),
                 "tree": any(is_tree_log(steps_from_metrics(r["metrics"])) for r in mine),
             }
             m, p = rows[name]["measured_speedup"], rows[name]["predicted_speedup"]
@@ -148,6 +149,14 @@ def predict(meta: dict, records: list[dict], profile: Profile, calibration: Opti
             out["trees"][name] = replay_shapes(logged, profile, drafter_kind(unit) or "feature",
                                                calibration=calibration)
     return out
+
+
+def _speedup(tokens: int, seconds: float, ref_tokens: int, ref_seconds: float) -> Optional[float]:
+    """Tokens per second over the reference's, or None when either rate is not a positive number
+    (no tokens, no time): a table shows "—" rather than a division by zero or a silent 0."""
+    if not (tokens > 0 and ref_tokens > 0 and 0 < seconds < math.inf and 0 < ref_seconds < math.inf):
+        return None
+    return (tokens / seconds) / (ref_tokens / ref_seconds)
 
 
 def _oracle(meta: dict, records: list[dict], profile: Profile) -> Optional[dict]:
@@ -369,13 +378,23 @@ def profile_from_run(meta: dict, records: list[dict], cost_file: Optional[dict],
         tree_host = Curve(tree_host.ks, [max(t, 1e-6) for t in monotone(tree_host.seconds)])
     checks = sum(int(r["metrics"].get("pacer_checks", 0) or 0) for r in timed)
     mb = sum(float(r["metrics"].get("pacer_mb_s", 0.0) or 0.0) for r in timed)
-    return Profile(name=name, kind="measured", device=f"the machine that ran this bench ({meta.get('device', '?')})",
-                   verify=verify, tree_verify=tree, draft=draft, host_plain=host["plain"], host_chain=host["chain"],
-                   host_tree=tree_host, preverify_s=mb / checks if checks else 0.0, dtype=meta.get("dtype"),
-                   context=cost_file.get("context_tokens"),
-                   sources={"verify_s": "the bench's verification-cost probe (cost_model.json)",
-                            "draft_s": "the run's fixed-chain stacks: forward seconds less the probe's target forwards",
-                            "host_s": "the run's wall less forward seconds per step (forward_s)"})
+    device = f"the machine that ran this bench ({meta.get('device', '?')})"
+    sources = {"verify_s": "the bench's verification-cost probe (cost_model.json)",
+               "draft_s": "the run's fixed-chain stacks: forward seconds less the probe's target forwards",
+               "host_s": "the run's wall less forward seconds per step (forward_s)"}
+    return _checked(Profile(name=name, kind="measured", device=device, verify=verify, tree_verify=tree, draft=draft,
+                            host_plain=host["plain"], host_chain=host["chain"], host_tree=tree_host,
+                            preverify_s=mb / checks if checks else 0.0, dtype=meta.get("dtype"),
+                            context=cost_file.get("context_tokens"), sources=sources))
+
+
+def _checked(profile: Profile) -> Profile:
+    """``profile`` (made from a run's records) validated as a profile file is, so that its times are
+    in the range every replay can price (``pacer_core.costs``); ``InputError`` in one line."""
+    from pacer_core.costs import profile_from_dict, profile_to_dict
+
+    profile_from_dict(profile_to_dict(profile), f"measured from the run ({profile.name})")
+    return profile
 
 
 def with_host(profile: Profile, path: str) -> Profile:

@@ -12,8 +12,10 @@ token-level draft model), one consultation of PACER's pre-verification layer, th
 step, and where each number comes from. Profiles are YAML files (docs/costs.md): *measured* ones
 (``pacer costs --profile``, ``scripts/gpu_check.sh``) and *published* ones shipped in
 ``pacer_core/profiles/`` and named by their file name (``load_profile("a100-7b-bf16")``). Loading
-validates a profile (known fields, positive finite times, curves that never fall as k grows) and
-refuses a bad one in one line.
+validates a profile (known fields, times from ``MIN_SECONDS`` to ``MAX_SECONDS``, token counts up to
+``MAX_TOKENS``, curves that never fall as k grows) and refuses a bad one in one line. The bounds keep
+every sum a replay makes finite and every speedup it divides out non-zero (a time of 1e308 s would
+overflow to infinity and print as a silent "0.00×").
 
 Pure: no models, no clocks.
 """
@@ -28,11 +30,24 @@ import attrs
 
 from .errors import InputError
 
-__all__ = ["CostModel", "Curve", "Profile", "PROFILE_FIELDS", "cost_model", "load_profile", "monotone",
-           "profile_from_dict", "profile_names", "profile_to_dict"]
+__all__ = ["CostModel", "Curve", "MAX_SECONDS", "MAX_TOKENS", "MIN_SECONDS", "Profile", "PROFILE_FIELDS",
+           "cost_model", "is_seconds", "load_profile", "monotone", "profile_from_dict", "profile_names",
+           "profile_to_dict"]
 
 PROFILES = Path(__file__).with_name("profiles")
 DRAFTER_KINDS = ("feature", "token")  # a one-layer feature head (eagle), a token-level draft model
+# the range of one forward's, draft's or step's seconds (an hour is far beyond any real one, a
+# femtosecond far below), and of the token counts a curve names
+MIN_SECONDS, MAX_SECONDS = 1e-15, 3600.0
+MAX_TOKENS = 1 << 20
+
+
+def is_seconds(value: Any, zero: bool = False) -> bool:
+    """Whether ``value`` is a time a cost can be: a number (not a bool) from ``MIN_SECONDS`` (or 0
+    with ``zero``) to ``MAX_SECONDS``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return False
+    return (zero and value == 0) or MIN_SECONDS <= value <= MAX_SECONDS
 
 
 def monotone(values: Sequence[float]) -> tuple[float, ...]:
@@ -107,19 +122,19 @@ class CostModel:
     preverify_s: float = 0.0
 
     def __attrs_post_init__(self) -> None:
-        if not self.verify_s or not all(math.isfinite(v) and v > 0 for v in self.verify_s):
-            raise ValueError("verify_s needs positive finite times, from k = 1 on")
+        if not self.verify_s or not all(is_seconds(v) for v in self.verify_s):
+            raise ValueError(f"verify_s needs times from {MIN_SECONDS:g} to {MAX_SECONDS:g} s, from k = 1 on")
         if len(self.tree_k) != len(self.tree_verify_s):
             raise ValueError(f"tree_k ({len(self.tree_k)}) and tree_verify_s ({len(self.tree_verify_s)}) "
                              "differ in length")
         if list(self.tree_k) != sorted(set(self.tree_k)) or any(k < 2 for k in self.tree_k):
             raise ValueError(f"tree_k must be ascending token counts >= 2, got {list(self.tree_k)}")
-        if not all(math.isfinite(v) and v > 0 for v in self.tree_verify_s):
-            raise ValueError("tree_verify_s must be positive finite times")
+        if not all(is_seconds(v) for v in self.tree_verify_s):
+            raise ValueError(f"tree_verify_s must be times from {MIN_SECONDS:g} to {MAX_SECONDS:g} s")
         for name in ("draft_token_s", "step_s", "preverify_s"):
             value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name} must be a finite time >= 0, got {value}")
+            if not is_seconds(value, zero=True):
+                raise ValueError(f"{name} must be 0 or a time from {MIN_SECONDS:g} to {MAX_SECONDS:g} s, got {value}")
 
     def verify(self, k: int) -> float:
         """Cost of verifying k tokens; beyond the measured K, extrapolated linearly from the last two."""
@@ -230,8 +245,9 @@ def _where(path: str, key: str) -> str:
 
 
 def _seconds(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise InputError(f"{where} must be a positive number of seconds, got {value!r}: fix the profile")
+    if not is_seconds(value):
+        raise InputError(f"{where} must be a positive number of seconds ({MIN_SECONDS:g} to {MAX_SECONDS:g}), got "
+                         f"{value!r}: fix the profile")
     return float(value)
 
 
@@ -242,8 +258,8 @@ def _curve(value: Any, where: str, rising: bool = True) -> Curve:
         raise InputError(f"{where} must map token counts to seconds, e.g. {{1: 0.02, 8: 0.021}}: fix the profile")
     points: dict[int, float] = {}
     for k, t in value.items():
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise InputError(f"{where} has token count {k!r}: token counts are integers >= 1")
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_TOKENS:
+            raise InputError(f"{where} has token count {k!r}: token counts are integers from 1 to {MAX_TOKENS}")
         points[k] = _seconds(t, f"{where}.{k}")
     curve = Curve.of(points)
     if rising:
@@ -295,8 +311,10 @@ def profile_from_dict(data: Any, path: str = "<dict>") -> Profile:
     if not isinstance(target, Mapping) or set(map(str, target)) - set(TARGET_FIELDS):
         raise InputError(f"{_where(path, 'target')} must be a mapping of {', '.join(TARGET_FIELDS)}")
     context = data.get("context")
-    if context is not None and (isinstance(context, bool) or not isinstance(context, int) or context < 0):
-        raise InputError(f"{_where(path, 'context')} must be a whole number of cached tokens, got {context!r}")
+    if context is not None and (isinstance(context, bool) or not isinstance(context, int)
+                                or not 0 <= context <= MAX_TOKENS):
+        raise InputError(f"{_where(path, 'context')} must be a whole number of cached tokens (0 to {MAX_TOKENS}), "
+                         f"got {context!r}")
     sources = data["sources"]
     if not isinstance(sources, Mapping) or not all(isinstance(v, str) and v.strip() for v in sources.values()):
         raise InputError(f"{_where(path, 'sources')} must map fields to where their numbers come from (text)")

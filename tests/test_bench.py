@@ -333,7 +333,7 @@ CHOICES = ('"choices": [{"turns": ["t"], "decoding_steps": [1], "new_tokens": [0
     ('{"prompt_set": "s", "question_id": "x", "model_id": "m", "tokens": [], "metrics": {"wall_s": "slow"}, '
      + CHOICES + '}', "'metrics.wall_s' is \"slow\", not a number"),
     ('{"prompt_set": "s", "question_id": "x", "model_id": "m", "tokens": [], "metrics": {"accept_lengths": [1, "2"]}, '
-     + CHOICES + '}', "'metrics.accept_lengths' is [1, \"2\"], not a list of numbers"),
+     + CHOICES + '}', "'metrics.accept_lengths[1]' is \"2\", not a count"),
     ('{"prompt_set": "s", "question_id": "x", "model_id": "m", "tokens": [], "metrics": {}, "choices": [{}]}',
      "'choices[0].turns' is null, not a list of texts"),
     ('{"prompt_set": "s", "question_id": "x", "model_id": "m", "tokens": [], "metrics": {}, "choices": []}',

@@ -399,3 +399,102 @@ def test_the_runs_own_profile_recovers_the_costs_it_ran_under(run):
         assert rows[name]["predicted_speedup"] == pytest.approx(rows[name]["measured_speedup"], rel=1e-4), name
     with pytest.raises(Exception, match="verification-cost probe"):
         replay.profile_from_run(meta, timed, None)
+
+
+# -- damaged records and unbounded costs are refused in one line ---------------------------------------
+def _damaged(record: dict, field: str, value) -> dict:
+    """``record`` with ``field`` (``metrics.x``, ``metrics.x[0]``, or a top-level key) set to ``value``."""
+    record = json.loads(json.dumps(record))
+    where, _, key = field.rpartition(".")
+    target = record["metrics"] if where == "metrics" else record
+    if key.endswith("]"):
+        name, index = key[:-1].split("[")
+        target[name][int(index)] = value
+    else:
+        target[key] = value
+    return record
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("metrics.accepted_per_step[0]", float("nan"), "'metrics.accepted_per_step[0]' is NaN, not a count"),
+    ("metrics.drafted_per_step[1]", -2, "'metrics.drafted_per_step[1]' is -2, not a count"),
+    ("metrics.nodes_per_step[0]", 1e30, "'metrics.nodes_per_step[0]' is 1e+30, not a count from 0 to 1048576"),
+    ("metrics.nodes_per_step[0]", 10 ** 30, "not a count from 0 to 1048576"),
+    ("metrics.draft_forwards", -1, "'metrics.draft_forwards' is -1, not a count"),
+    ("metrics.steps", float("inf"), "'metrics.steps' is Infinity, not a count"),
+    ("metrics.wall_s", float("nan"), "'metrics.wall_s' is NaN, not a number of seconds"),
+    ("metrics.forward_s", "x", "'metrics.forward_s' is \"x\", not a number of seconds"),
+    ("prompt_tokens", "12", "'prompt_tokens' is \"12\", not a count"),
+    ("metrics.accepted_per_step[0]", 99, "more than the"),
+    ("metrics.tree_steps", [{"parents": [-1, 5], "q": [0.5, 0.5], "main": [0], "path": []}],
+     "'metrics.tree_steps[0]' has a parent that is not -1 (the root) or an earlier node"),
+    ("metrics.tree_steps", [{"parents": [-1], "q": [2.0], "main": [0], "path": []}], "not one probability"),
+    ("metrics.tree_steps", [{"parents": [-1], "q": [0.5], "main": [3], "path": []}], "has main [3]"),
+    ("metrics.tree_steps", "x", "not the tree_log observer's list of steps"),
+])
+def test_replay_refuses_a_record_field_it_cannot_price_naming_the_file_record_and_field(run, tmp_path, capsys, field,
+                                                                                       value, needle):
+    meta, records = run
+    at = next(i for i, r in enumerate(records) if r["model_id"] == "tree")
+    damaged = list(records)
+    damaged[at] = _damaged(records[at], field, value)
+    folder = write_run(tmp_path / "run", meta, damaged)
+    code, _, err = run_cli(["replay", str(folder), "--profile", "a100-7b-bf16"], capsys)
+    assert_one_line_error(code, err, f"answer log '{folder / 'answers.jsonl'}' line {at + 1}", needle)
+
+
+def test_a_per_step_list_of_another_length_is_refused(run, tmp_path, capsys):
+    meta, records = run
+    damaged = [dict(records[0], metrics=dict(records[0]["metrics"], nodes_per_step=[1]))] + list(records[1:])
+    folder = write_run(tmp_path / "run", meta, damaged)
+    code, _, err = run_cli(["replay", str(folder), "--profile", "a100-7b-bf16"], capsys)
+    assert_one_line_error(code, err, "line 1", "the per-step lists differ in length")
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"verify_s": {1: 1e308, 2: 1e308}}, "verify_s.1 must be a positive number of seconds (1e-15 to 3600)"),
+    ({"host_s": {"plain": 1e-12, "chain": 1e-12, "tree": {10: 1e308}}}, "host_s.tree.10 must be a positive number"),
+    ({"draft_s": {"token": {1: 5e-324}}}, "draft_s.token.1 must be a positive number"),
+    ({"verify_s": {1: 0.02, 2 ** 40: 0.03}}, "token counts are integers from 1 to 1048576"),
+    ({"context": 10 ** 12}, "context must be a whole number of cached tokens (0 to 1048576)"),
+])
+def test_a_profile_with_costs_no_replay_can_price_is_refused(run, tmp_path, capsys, change, needle):
+    import yaml
+
+    folder = write_run(tmp_path / "run", *run)
+    profile = tmp_path / "huge.yaml"
+    profile.write_text(yaml.safe_dump(dict(PROFILE, **change)))
+    code, _, err = run_cli(["replay", str(folder), "--profile", str(profile)], capsys)
+    assert_one_line_error(code, err, needle)
+    host = tmp_path / "host.json"  # the --host file is bounded the same way
+    host.write_text(json.dumps({"host_s": {"plain": 0.0002, "chain": 0.0004, "tree": {"10": 1e308}}}))
+    code, _, err = run_cli(["replay", str(folder), "--profile", "a100-7b-bf16", "--host", str(host)], capsys)
+    assert_one_line_error(code, err, "host_s.tree.10 must be a positive number of seconds")
+
+
+def test_cost_models_are_bounded_and_a_speedup_without_tokens_is_no_number(run, tmp_path, capsys):
+    from pacer_core.costs import CostModel
+
+    for bad in ([1e308], [0.01, float("inf")], [-1.0]):
+        with pytest.raises(ValueError, match="verify_s needs times from 1e-15 to 3600 s"):
+            CostModel(bad)
+    with pytest.raises(ValueError, match="step_s must be 0 or a time"):
+        CostModel([0.01], step_s=1e300)
+    meta, records = run
+    folder = write_run(tmp_path / "run", meta, records)
+    (folder / "cost_model.json").write_text(json.dumps({"verify_s": [0.01, 1e308]}))
+    code, _, err = run_cli(["replay", str(folder), "--profile", "run"], capsys)
+    assert_one_line_error(code, err, "cost model", "under 'verify_s'")
+    # plain decoding that emitted nothing: no rate to compare with, "—" rather than a ZeroDivisionError
+    empty = [dict(r, tokens=[]) if r["model_id"] == "autoregressive" else r for r in records]
+    rows = replay.predict(meta, empty, profile_from_dict(PROFILE))["sets"]["all"]
+    assert rows["chain"]["predicted_speedup"] is None and rows["chain"]["measured_speedup"] is None
+    assert "| set | chain | " in replay.markdown({"profile": "p", "kind": "k", "device": "d", "oracle": None,
+                                                  "sets": {"set": rows}, "trees": {}})
+
+
+def test_the_runs_own_profile_is_bounded_as_a_profile_file_is(run):
+    meta, records = run
+    timed = [dict(r, metrics=dict(r["metrics"], forward_s=0.0, wall_s=9e6)) for r in records]
+    with pytest.raises(Exception, match="measured from the run.*host_s.* must be a positive number of seconds"):
+        replay.profile_from_run(meta, timed, {"verify_s": [0.02, 0.021]})
