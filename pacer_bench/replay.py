@@ -231,6 +231,8 @@ def _setup_replay(p):
         profiles = [None if p == RUN_PROFILE else load_profile(p) for p in args.profile or ()]
         given = calibrations.load(args.calibration) if args.calibration else None
         meta, records, cost_file = load_run(Path(args.folder))
+        if given is not None:
+            check_calibration(meta, records, given, args.calibration)
         if args.save_calibration:
             fitted = run_calibration(meta, records, f"pacer replay {args.folder} --save-calibration "
                                                     f"{args.save_calibration}")
@@ -273,6 +275,31 @@ def run_calibration(meta: dict, records: list[dict], source: str) -> Calibration
         raise InputError(f"the run's trees come from several drafts ({', '.join(sorted(identities))}): a calibration "
                          "fits one; bench one draft's tree stacks")
     return fit_calibration([s for steps in logged.values() for s in steps], draft=identities.pop(), source=source)
+
+
+def check_calibration(meta: dict, records: list[dict], calibration: Calibration, where: str) -> None:
+    """Refuse ``calibration`` (``--calibration``) unless it was fitted on the draft every stack that
+    logged trees grew them with, as the engine refuses a ``tree.calibration`` fitted on another
+    draft (``pacer_core.calibration.check_draft``): priced through another draft's acceptance rates,
+    ``nodes: auto`` would predict what no run of this stack does. ``InputError`` in one line."""
+    from pacer_core.calibration import check_draft
+
+    units = {u["name"]: u for u in meta["units"]}
+    for name in units:
+        if not logged_trees(records, name):
+            continue
+        drafter = unit_drafter(units[name])
+        main = drafter.get("name") == "eagle" or (drafter.get("name") == "hybrid" and any(
+            isinstance(m, dict) and m.get("name") == "eagle" for m in drafter.get("members") or []))
+        identity = unit_draft_identity(units[name]) if main else None
+        try:
+            check_draft(calibration, identity, where)
+        except InputError:
+            mine = f"draft {identity}" if identity else f"a {drafter.get('name') or 'non-model'} drafter, which " \
+                                                      "names no draft"
+            raise InputError(f"--calibration '{where}' was fitted on the trees of draft {calibration.draft}, but "
+                             f"stack '{name}' logged its trees with {mine}: give a calibration fitted on this run's "
+                             "draft (`pacer replay RUN --save-calibration FILE`), or leave --calibration out") from None
 
 
 def unit_draft_identity(unit: dict) -> str:

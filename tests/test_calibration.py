@@ -319,3 +319,46 @@ def test_the_shipped_calibration_is_the_committed_runs_and_names_the_shipped_dra
     run = shipped.source.split()[2]  # pacer replay RUN --save-calibration FILE
     meta, records, _ = load_run(Path(__file__).resolve().parents[1] / run)
     assert run_calibration(meta, records, shipped.source) == shipped
+
+
+def test_replay_refuses_a_calibration_fitted_on_another_draft_as_the_engine_does(tmp_path, capsys):
+    """--calibration prices nodes: auto on the run's logged trees: a calibration fitted on another
+    draft's trees (or named for a drafter that names no draft) is refused in one line, as
+    tree.calibration is by the engine; the run's own draft's calibration is used."""
+    draft = make_draft(tiny_llama(0), tmp_path / "draft")
+    steps = tree_steps(60)
+    run = write_tree_run(tmp_path / "run", {"name": "eagle", "path": str(draft), "tree": {"topk": 3}}, steps)
+    other = tmp_path / "other.json"
+    calibrations.save(other, Calibration(SHALLOW.upper, SHALLOW.rate, draft="eagle:none:0123"))
+    code, _, err = run_cli(["replay", str(run), "--profile", "a100-7b-bf16", "--calibration", str(other)], capsys)
+    assert_one_line_error(code, err, f"--calibration '{other}' was fitted on the trees of draft eagle:none:0123",
+                          "stack 'tree' logged its trees with draft eagle:", "--save-calibration")
+    own = tmp_path / "own.json"
+    code, _, err = run_cli(["replay", str(run), "--save-calibration", str(own)], capsys)
+    assert code == 0, err
+    from pacer_bench.answers import load_run
+    from pacer_bench.replay import check_calibration
+
+    meta, records, _ = load_run(run)
+    check_calibration(meta, records, calibrations.load(own), str(own))  # the run's own draft: used
+    token = write_tree_run(tmp_path / "token", {"name": "draft_model", "tree": {"topk": 3}}, steps)
+    code, _, err = run_cli(["replay", str(token), "--profile", "a100-7b-bf16", "--calibration", str(own)], capsys)
+    assert_one_line_error(code, err, "a draft_model drafter, which names no draft")
+
+
+def test_a_calibration_that_cannot_be_saved_is_named_as_given(tmp_path, capsys):
+    """atomic writes name the path given, never the temporary file beside it."""
+    from pathlib import Path
+
+    from pacer_core.atomic import atomic_write
+
+    if not Path("/proc").is_dir():
+        pytest.skip("needs /proc, where no file can be made")
+    with pytest.raises(OSError) as info:
+        atomic_write(Path("/proc/pacer-calibration.json"), lambda f: f.write(b"{}"))
+    assert info.value.filename == "/proc/pacer-calibration.json"
+    draft = make_draft(tiny_llama(0), tmp_path / "draft")
+    run = write_tree_run(tmp_path / "run", {"name": "eagle", "path": str(draft), "tree": {"topk": 3}}, tree_steps(30))
+    code, _, err = run_cli(["replay", str(run), "--save-calibration", "/proc/pacer-calibration.json"], capsys)
+    assert_one_line_error(code, err, "/proc/pacer-calibration.json")
+    assert ".tmp" not in err
