@@ -37,7 +37,8 @@ DEMO_STACKS = {
     "prompt_lookup+fixed(4)": ["strategy.drafter={name: prompt_lookup}", "strategy.stop=[{name: fixed, gamma: 4}]"],
     # the shipped drafts: feature-level (plugins/feature_draft) and token-level (plugins/pacer_builtins)
     "draft(eagle)+fixed(2)": ["strategy.drafter={name: eagle}", "strategy.stop=[{name: fixed, gamma: 2}]"],
-    "draft(eagle)+pacer": ["strategy.drafter={name: eagle}", "strategy.stop=[{name: pacer}]"],
+    # PACER as configs/pacer.yaml runs it (b 1, t0 0.3; docs/pacer.md#which-settings-are-pacers)
+    "draft(eagle)+pacer": ["strategy.drafter={name: eagle}", "strategy.stop=[{name: pacer, b: 1, t0: 0.3}]"],
     "draft(token)+fixed(2)": ["strategy.drafter={name: draft_model}", "strategy.stop=[{name: fixed, gamma: 2}]"],
 }
 # real prompts, taken in turn from these sets: an edit that copies its input, then held-out tasks

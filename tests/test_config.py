@@ -3,10 +3,13 @@ bad input fails early with a one-line message naming the problem and the fix (no
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import attrs
 import pytest
+import yaml
 
 from pacer_bench.config import is_bench_config
 from pacer_core import Component, ConfigError, PacerConfig, hookimpl, load_config
@@ -288,3 +291,110 @@ def test_one_plugin_manager_per_engine_build(monkeypatch):
     monkeypatch.setattr("pacer_core.config.new_plugin_manager", lambda *a, **k: made.append(1) or real(*a, **k))
     Engine.build(ScriptedLM(vocab_size=8), cfg=cfg)
     assert len(made) == 1
+
+
+# -- PACER's settings: one documented default, every shipped difference explained ----------------------
+def _pacer_table() -> dict[str, tuple[str, str]]:
+    """docs/pacer.md's "Which settings are PACER's" table: each file named in its first cell → (b, t0)."""
+    text = (CONFIGS.parent / "docs" / "pacer.md").read_text()
+    start = text.index("### Which settings are PACER's")
+    section = text[start:text.index("\n## ", start)]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and len(cells) == 4 and not set(cells[1]) <= set("-"):
+            for name in re.findall(r"`(configs/[\w.*]+\.yaml|plugins/pacer_stop/policy\.py)`", cells[0]):
+                rows.setdefault(name, (cells[1], cells[2]))
+    return rows
+
+
+def _pacer_stops(path: Path) -> list[dict]:
+    cfg = load_config(path, require_models=False)
+    return [s for s in cfg.strategy.stop if s.get("name") == "pacer" and s.get("rule", "paper") == "paper"]
+
+
+def test_pacers_settings_are_one_default_and_each_shipped_difference_is_documented():
+    from pacer_bench.demo import DEMO_STACKS
+    from pacer_plugins.pacer_stop.policy import PacerStopConfig
+
+    table = _pacer_table()
+    default = PacerStopConfig()
+    assert table["plugins/pacer_stop/policy.py"] == (str(default.b), str(default.t0)) == ("2", "0.8")
+    config_md = (CONFIGS.parent / "docs" / "config.md").read_text()
+    assert f"| `b` | int | `{default.b}` |" in config_md and f"| `t0` | float | `{default.t0}` |" in config_md
+    named = 0
+    for path in SHIPPED:
+        for stop in _pacer_stops(path):
+            named += 1
+            key = f"configs/{path.name}"
+            assert key in table, f"{key} runs the pacer stop but docs/pacer.md's settings table does not list it"
+            b, t0 = stop.get("b", default.b), stop.get("t0", default.t0)
+            assert table[key] == (str(b), str(t0)), f"{key}: b {b}, t0 {t0}; docs/pacer.md says {table[key]}"
+            assert "docs/pacer.md#which-settings-are-pacers" in path.read_text(), f"{key} does not say why its settings"
+    assert named >= 3
+    shipped = load_config(CONFIGS / "pacer.yaml", require_models=False).strategy.stop[0]
+    demo = load_config(overrides=DEMO_STACKS["draft(eagle)+pacer"], require_models=False).strategy.stop[0]
+    assert (demo["b"], demo["t0"]) == (shipped["b"], shipped["t0"])  # the demo's PACER is the shipped stack's
+
+
+# -- commented examples in the shipped files run as written ---------------------------------------------
+_TOP = re.compile(r"^(stack|grid|labels|strategy|sampling|generation|target|draft|bench|overrides):")
+
+
+def commented_yaml_blocks(text: str) -> list[dict]:
+    """Mappings written in comments: from a comment line `# KEY:` (a config or grid section at the
+    comment's left margin) through the comment lines indented under it or starting another section;
+    prose that happens to start with such a word (`# target: distill a draft ...`) is no mapping."""
+    body = [line[2:] if line.startswith("# ") else None for line in text.splitlines()]
+    blocks, i = [], 0
+    while i < len(body):
+        if body[i] is not None and _TOP.match(body[i]):
+            j = i + 1
+            while j < len(body) and body[j] is not None and (body[j].startswith(" ") or _TOP.match(body[j])):
+                j += 1
+            blocks.append(yaml.safe_load("\n".join(body[i:j])))
+            i = j
+        else:
+            i += 1
+    return [b for b in blocks if isinstance(b, dict) and all(isinstance(v, (dict, list)) for v in b.values())]
+
+
+def test_the_commented_examples_in_shipped_configs_validate(tmp_path):
+    from pacer_bench.config import read_ablate_config
+
+    checked = 0
+    for path in sorted(CONFIGS.glob("*.yaml")):
+        text = path.read_text()
+        live = yaml.safe_load(text)
+        for block in commented_yaml_blocks(text):
+            if {"stack", "grid"} & set(block):  # a grid written in comments: in place of the file's own
+                data = {**live, **block}
+                data["bench"] = str(CONFIGS / data["bench"]) if data.get("bench") else None
+                config = (data.get("stack") or {}).get("config")
+                if config:
+                    data["stack"]["config"] = str(CONFIGS / config)
+                grid = tmp_path / f"{path.stem}-{checked}.yaml"
+                grid.write_text(yaml.safe_dump(data))
+                read_ablate_config(grid)
+            elif set(block) <= {f.name for f in attrs.fields(PacerConfig)} and not is_bench_config(path):
+                load_config(overrides=[f"{k}={json.dumps(v)}" for k, v in block.items()], require_models=False)
+            else:
+                continue
+            checked += 1
+        if not is_bench_config(path):  # `strategy.…=value` overrides in the comments of a run config
+            comments = "\n".join(line for line in text.splitlines() if line.startswith("#"))
+            for override in re.findall(r"\b(strategy\.[\w.]+=[^\s,()]+)", comments):
+                load_config(path, overrides=[override.strip("'\"")], require_models=False)
+                checked += 1
+    assert checked >= 4  # ablate.yaml's PACER grid, pacer.yaml's three ablation overrides
+
+
+def test_a_commented_grid_naming_an_option_that_does_not_exist_is_caught(tmp_path):
+    from pacer_bench.config import read_ablate_config
+
+    text = "# stack:\n#   config: pacer.yaml\n# grid:\n#   strategy.stop.0.block_size: [2, 4]\n"
+    (block,) = commented_yaml_blocks(text)
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(yaml.safe_dump({**block, "stack": {"config": str(CONFIGS / "pacer.yaml")}}))
+    with pytest.raises(ConfigError, match="block_size"):
+        read_ablate_config(grid)
