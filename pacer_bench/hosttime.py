@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import attrs
 import torch
 
-from pacer_core.commands import Runner, check_out_dir, command
+from pacer_core.commands import Runner, bounded_int, check_out_file, command
 from pacer_core.errors import InputError
 
 # stack name -> (config overrides, tree nodes sent or None); EAGLE and MB name the tiny models' folders;
@@ -53,6 +53,12 @@ DEFAULT_STACKS = ("plain", "chain", "tree10", "tree32", "tree64", "hybrid", "pac
 
 
 DEFAULT_VOCAB = 512
+# the ranges of `pacer bench-host`'s options: a vocabulary as large as the largest published ones,
+# threads as many as a large machine has, generations long enough to be timed, not to fill memory
+MAX_VOCAB = 262144
+MAX_THREADS = 256
+MAX_NEW_TOKENS = 4096
+MAX_REPEATS = 1000
 
 
 @attrs.frozen
@@ -237,7 +243,8 @@ def measure_host_time(stacks: Iterable[str] = DEFAULT_STACKS, *, shape: Shape = 
                       progress: Callable[[str], None] = lambda line: None) -> list[HostTime]:
     """Host time per step of each stack of ``STACKS`` on tiny models of ``shape`` (built in memory),
     greedy, ``new_tokens`` per generation, the fastest of ``repeats``. ``threads`` pins torch's
-    intra-op threads while measuring (tiny models only lose time to thread hand-offs). ``clock``:
+    intra-op threads while measuring (tiny models only lose time to thread hand-offs; 1 to
+    ``MAX_THREADS``, or None to keep torch's own count). ``clock``:
     "wall" (``time.perf_counter``), or "cpu" (this thread's CPU time, ``time.thread_time``: on one
     torch thread it leaves out the time other processes take the core, for a busy machine)."""
     stacks = list(stacks)
@@ -250,8 +257,10 @@ def measure_host_time(stacks: Iterable[str] = DEFAULT_STACKS, *, shape: Shape = 
         raise InputError("the cpu clock counts one thread's time: measure with threads=1")
     if new_tokens < 1 or repeats < 1:
         raise InputError(f"new_tokens ({new_tokens}) and repeats ({repeats}) must be at least 1")
+    if threads is not None and not 1 <= threads <= MAX_THREADS:
+        raise InputError(f"threads must be from 1 to {MAX_THREADS} (None: torch's own count), got {threads}")
     before = torch.get_num_threads()
-    if threads:
+    if threads is not None:
         torch.set_num_threads(threads)
     try:
         with tempfile.TemporaryDirectory() as folder:
@@ -295,25 +304,27 @@ TABLE_HEAD = ("| stack | steps | nodes/step | step ms | forward ms | host ms |\n
 def _setup(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("--stacks", default=",".join(DEFAULT_STACKS),
                    help=f"comma-separated, from {', '.join(STACKS)} (default: {','.join(DEFAULT_STACKS)})")
-    p.add_argument("--new-tokens", type=int, default=64, help="new tokens per generation (default 64)")
-    p.add_argument("--repeats", type=int, default=5, help="timed generations per stack; the fastest counts (default 5)")
-    p.add_argument("--vocab", type=int, default=DEFAULT_VOCAB,
-                   help=f"the tiny models' vocabulary (default {DEFAULT_VOCAB})")
-    p.add_argument("--subset", type=int, default=None,
-                   help="the eagle draft's output vocabulary, e.g. 8192 as the shipped draft's "
+    p.add_argument("--new-tokens", type=bounded_int(1, MAX_NEW_TOKENS), default=64,
+                   help=f"new tokens per generation, 1 to {MAX_NEW_TOKENS} (default 64)")
+    p.add_argument("--repeats", type=bounded_int(1, MAX_REPEATS), default=5,
+                   help=f"timed generations per stack, 1 to {MAX_REPEATS}; the fastest counts (default 5)")
+    p.add_argument("--vocab", type=bounded_int(8, MAX_VOCAB), default=DEFAULT_VOCAB,
+                   help=f"the tiny models' vocabulary, 8 to {MAX_VOCAB} (default {DEFAULT_VOCAB})")
+    p.add_argument("--subset", type=bounded_int(8, MAX_VOCAB), default=None,
+                   help="the eagle draft's output vocabulary, 8 to --vocab, e.g. 8192 as the shipped draft's "
                         "(default: the whole vocabulary)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads while measuring (default 1)")
+    p.add_argument("--threads", type=bounded_int(1, MAX_THREADS), default=1,
+                   help=f"torch threads while measuring, 1 to {MAX_THREADS} (default 1; there is no 0 for "
+                        "'torch's own count': give the count)")
     p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                    help="wall (default), or cpu: this thread's CPU time, for a machine other jobs share")
     p.add_argument("--json", metavar="FILE", help="also write the results and the profile's host_s entry here")
 
     def run(args: argparse.Namespace) -> int:
-        if args.vocab < 8:
-            raise InputError(f"--vocab must be at least 8, got {args.vocab}")
         if args.subset is not None and not 8 <= args.subset <= args.vocab:
             raise InputError(f"--subset must be between 8 and --vocab ({args.vocab}), got {args.subset}")
         if args.json:
-            check_out_dir(Path(args.json).expanduser().parent or ".", "--json")
+            check_out_file(args.json, "--json")  # a folder or an unwritable place, refused before measuring
         stacks = [s.strip() for s in args.stacks.split(",") if s.strip()]
         unknown = [s for s in stacks if s not in STACKS]
         if unknown or not stacks:

@@ -83,8 +83,36 @@ def test_bad_requests_are_refused_before_any_model_is_built(capsys):
     assert out == ""  # refused before the table's head is printed
     code, _, err = run_cli(["bench-host", "--vocab", "2"], capsys)
     assert_one_line_error(code, err, "--vocab")
+    with pytest.raises(InputError, match="threads must be from 1 to 256"):
+        measure_host_time(["plain"], threads=-2)
     code, _, err = run_cli(["bench-host", "--vocab", "64", "--subset", "128"], capsys)
     assert_one_line_error(code, err, "--subset must be between 8 and --vocab (64)")
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--threads", "-2"], "--threads: must be from 1 to 256, not -2"),
+    (["--threads", "0"], "--threads: must be from 1 to 256, not 0"),
+    (["--vocab", str(10 ** 9)], "--vocab: must be from 8 to 262144"),
+    (["--subset", str(10 ** 9)], "--subset: must be from 8 to 262144"),
+    (["--new-tokens", "0"], "--new-tokens: must be from 1 to 4096"),
+    (["--repeats", "1e9"], "--repeats: must be a whole number from 1 to 1000"),
+])
+def test_bench_host_numeric_options_have_ranges(capsys, monkeypatch, argv, needle):
+    from pacer_bench import hosttime
+
+    monkeypatch.setattr(hosttime, "measure_host_time", lambda *a, **k: pytest.fail("measured a bad option"))
+    code, out, err = run_cli(["bench-host", *argv], capsys)
+    assert_one_line_error(code, err, needle)
+    assert out == ""
+
+
+def test_bench_host_refuses_a_json_folder_before_measuring(tmp_path, capsys, monkeypatch):
+    from pacer_bench import hosttime
+
+    monkeypatch.setattr(hosttime, "measure_host_time", lambda *a, **k: pytest.fail("measured before checking --json"))
+    code, out, err = run_cli(["bench-host", "--json", str(tmp_path)], capsys)
+    assert_one_line_error(code, err, f"--json '{tmp_path}' is a folder")
+    assert out == ""
 
 
 def test_a_draft_over_a_vocabulary_subset_drafts_only_its_tokens():

@@ -271,7 +271,61 @@ def test_pacer_costs_measures_and_caches_a_tiny_pair(tmp_path, capsys, monkeypat
     cost = cost_files.read_costs(cost_files.cache_file(key), key)
     assert len(cost.verify_s) == 4 and min(cost.verify_s) > 0 and cost.draft_token_s > 0
     assert "tttt" in out and str(cost_files.cache_file(key)) in out
-    assert "--tokens must be >= 1" in one_line_error(capsys, ["costs", "--tokens", "0"])
+    assert "--tokens: must be from 1 to 4096, not 0" in one_line_error(capsys, ["costs", "--tokens", "0"])
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--profile-max-k", "0"], "--profile-max-k: must be from 1 to 512, not 0"),
+    (["--profile-max-k", "100000"], "--profile-max-k: must be from 1 to 512"),
+    (["--context", "-5"], "--context: must be from 1 to 1048576, not -5"),
+    (["--context", str(10 ** 12)], "--context: must be from 1 to 1048576"),
+    (["--context", "many"], "--context: must be a whole number from 1 to 1048576, not 'many'"),
+    (["--max-k", "0"], "--max-k: must be from 1 to 512"),
+    (["--repeats", "-1"], "--repeats: must be from 1 to 100"),
+    (["--gamma", "1000"], "--gamma: must be from 1 to 64"),
+])
+def test_pacer_costs_numeric_options_have_ranges(capsys, monkeypatch, argv, needle):
+    from pacer_core import cli
+
+    monkeypatch.setattr(cli, "build_engine", lambda cfg: pytest.fail("built before checking the options"))
+    assert needle in one_line_error(capsys, ["costs", *argv])
+
+
+def test_pacer_costs_refuses_forwards_beyond_the_targets_context_before_measuring(tmp_path, capsys, monkeypatch):
+    from pacer_core import cli
+
+    target, draft = adapter(tiny_llama(0)), adapter(tiny_llama(1))
+    monkeypatch.setattr(cli, "build_engine", lambda cfg: Engine.build(target, draft=draft, cfg=cfg))
+    monkeypatch.setattr(cost_files, "measure_costs", lambda *a: pytest.fail("measured before checking --context"))
+    error = one_line_error(capsys, ["costs", "--profile", str(tmp_path / "p.yaml"), "--context", str(target.max_length),
+                                    "--profile-max-k", "8", "strategy.drafter={name: draft_model}"])
+    assert f"--context plus --profile-max-k come to {target.max_length + 8} tokens" in error
+    assert f"the target's context of {target.max_length}" in error
+
+
+def test_pacer_costs_says_when_it_replaces_the_machine_wide_profile(tmp_path, capsys, monkeypatch):
+    """`pacer costs --profile` copies the profile to the cache every later `nodes: auto` tree on the
+    device reads: it says so (wrote / replaced), and --no-cache leaves the cache alone."""
+    from pacer_core import cli
+    from pacer_core.costs import measured_profile_path
+
+    target, draft = adapter(tiny_llama(0)), adapter(tiny_llama(1))
+    target.digest = "tttt"
+    monkeypatch.setattr(cli, "build_engine", lambda cfg: Engine.build(target, draft=draft, cfg=cfg))
+    monkeypatch.setenv("PACER_CACHE", str(tmp_path / "cache"))
+    argv = ["costs", "--max-k", "2", "--repeats", "1", "--tokens", "4", "--profile-max-k", "4", "--context", "16",
+            "--out", str(tmp_path / "costs.json"), "strategy.drafter={name: draft_model}"]
+    cached = measured_profile_path("cpu", "tttt")
+    with single_thread():
+        code, out, err = run_cli([*argv, "--profile", str(tmp_path / "a.yaml")], capsys)
+        assert code == 0, err
+        assert f"wrote the machine-wide profile {cached}" in out and "every later `nodes: auto` tree" in out
+        code, out, err = run_cli([*argv, "--profile", str(tmp_path / "b.yaml")], capsys)
+        assert code == 0 and f"replaced the machine-wide profile {cached}" in out, err
+        before = cached.read_bytes()
+        code, out, err = run_cli([*argv, "--profile", str(tmp_path / "c.yaml"), "--no-cache"], capsys)
+        assert code == 0 and "left as it was (--no-cache)" in out, err
+    assert cached.read_bytes() == before and (tmp_path / "c.yaml").is_file()
 
 
 def test_pacer_costs_refuses_an_out_file_it_cannot_write_before_measuring(tmp_path, capsys, monkeypatch):

@@ -24,10 +24,16 @@ from pathlib import Path
 from typing import Any, Optional
 
 from pacer_core import InputError, hookimpl
-from pacer_core.commands import command
+from pacer_core.commands import bounded_int, check_out_file, command
 from pacer_core.costs import CostModel, cost_model
 
 COST_MODEL_VERSION = 1
+# the ranges of `pacer costs`' options: forwards and generations a machine can time in minutes
+MAX_K = 512
+MAX_REPEATS = 100
+MAX_TOKENS_TIMED = 4096
+MAX_GAMMA = 64
+MAX_CONTEXT = 1 << 20
 MEASURE_HINT = "pacer costs"
 PAIR_FIELDS = ("target_digest", "draft_identity", "dtype", "device")
 MACHINE_FIELDS = ("processor", "cpus", "accelerator", "torch")
@@ -121,18 +127,6 @@ def read_costs(path: Path, key: dict[str, Any]) -> CostModel:
     return check_costs(data, path, key)
 
 
-def check_out_file(path: str, option: str) -> Path:
-    """A file a command writes after measuring, checked before it measures: not a folder, in a folder
-    that can be written (``InputError`` in one line)."""
-    from pacer_core.commands import check_out_dir
-
-    file = Path(path).expanduser()
-    if file.is_dir():
-        raise InputError(f"{option} '{file}' is a folder: give the path of a file to write")
-    check_out_dir(file.parent, option)
-    return file
-
-
 def write_costs(path: Path, key: dict[str, Any], measured: dict[str, Any]) -> Path:
     """Write a cost file atomically: ``measured`` (verify_s, draft_token_s, step_s, …) under ``key``."""
     from pacer_train import atomic_write_text
@@ -214,42 +208,58 @@ def _setup_costs(p):
     p.add_argument("--config", "-c", metavar="YAML", help="the run config whose target, draft and drafter to measure")
     p.add_argument("--out", metavar="FILE", help="write the cost file here (then give it as cost_file) instead of "
                                                  "the cache")
-    p.add_argument("--max-k", type=int, default=17, metavar="K", help="verification forwards of 1..K tokens (17)")
-    p.add_argument("--repeats", type=int, default=3, help="timings per k; the median is kept (3)")
-    p.add_argument("--tokens", type=int, default=32, help="new tokens of the generation timing the drafter (32)")
-    p.add_argument("--gamma", type=int, default=4, help="the fixed window of that generation (4)")
+    p.add_argument("--max-k", type=bounded_int(1, MAX_K), default=17, metavar="K",
+                   help=f"verification forwards of 1..K tokens, K from 1 to {MAX_K} (17)")
+    p.add_argument("--repeats", type=bounded_int(1, MAX_REPEATS), default=3,
+                   help=f"timings per k, 1 to {MAX_REPEATS}; the median is kept (3)")
+    p.add_argument("--tokens", type=bounded_int(1, MAX_TOKENS_TIMED), default=32,
+                   help=f"new tokens of the generation timing the drafter, 1 to {MAX_TOKENS_TIMED} (32)")
+    p.add_argument("--gamma", type=bounded_int(1, MAX_GAMMA), default=4,
+                   help=f"the fixed window of that generation, 1 to {MAX_GAMMA} (4)")
     p.add_argument("--profile", metavar="FILE", help="also write a measured cost profile (docs/costs.md): chain and "
                                                      "tree verification curves up to --profile-max-k tokens after "
-                                                     "--context cached tokens, the drafter's forward, the host time")
-    p.add_argument("--profile-max-k", type=int, default=512, metavar="K", help="the profile's longest forward (512)")
-    p.add_argument("--context", type=int, default=300, help="cached tokens before the profile's forwards (300)")
+                                                     "--context cached tokens, the drafter's forward, the host time; "
+                                                     "and copy it to the machine-wide cache that sizes every later "
+                                                     "`nodes: auto` tree on this device and target (unless --no-cache)")
+    p.add_argument("--profile-max-k", type=bounded_int(1, PROFILE_CHAIN_K[-1]), default=512, metavar="K",
+                   help=f"the profile's longest forward, 1 to {PROFILE_CHAIN_K[-1]} (512)")
+    p.add_argument("--context", type=bounded_int(1, MAX_CONTEXT), default=300,
+                   help=f"cached tokens before the profile's forwards, 1 to {MAX_CONTEXT} and, with --profile-max-k, "
+                        "within the target's context (300)")
+    p.add_argument("--no-cache", action="store_true",
+                   help="with --profile: write the profile file only, leaving the machine-wide cache (and so every "
+                        "later `nodes: auto` tree) as it is")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. target.dtype=bfloat16")
 
     def run(args) -> int:
         from pacer_core import cli
         from pacer_core.config import load_config
 
-        for name in ("max_k", "repeats", "tokens", "gamma"):
-            if getattr(args, name) < 1:
-                raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
         overrides = list(args.overrides) + [f"strategy.stop=[{{name: fixed, gamma: {args.gamma}}}]",
                                             "sampling.temperature=0"]
         cfg = load_config(args.config, overrides)  # validated before any model loads
         if args.profile:
-            from pacer_core.commands import check_out_dir
-
-            check_out_dir(Path(args.profile).expanduser().parent, "--profile")  # before measuring
+            check_out_file(args.profile, "--profile")  # before measuring
         if args.out:
             check_out_file(args.out, "--out")  # before measuring, which takes minutes
         engine = cli.build_engine(cfg)
         prompt = engine.encode(PROBE_PROMPT) if engine.tokenizer is not None else list(range(1, 17))
+        check_fits(engine, len(prompt) + args.max_k, "the probe prompt plus --max-k")
+        if args.profile:
+            check_fits(engine, args.context + args.profile_max_k, "--context plus --profile-max-k")
         measured = measure_costs(engine, prompt, args.max_k, args.repeats, args.tokens)
         key = full_key(engine_pair(engine))
         path = write_costs(Path(args.out) if args.out else cache_file(key), key, measured)
         if args.profile:
             written = write_measured_profile(Path(args.profile), engine, cfg, prompt, measured, args)
-            print(f"measured cost profile -> {written} (and {cache_profile(written, engine)}, which `tree: {{}}` "
-                  f"reads on this device)")
+            print(f"measured cost profile -> {written}")
+            if args.no_cache:
+                print("the machine-wide profile cache is left as it was (--no-cache)")
+            else:
+                cached, replaced = cache_profile(written, engine)
+                print(f"{'replaced' if replaced else 'wrote'} the machine-wide profile {cached}: every later "
+                      f"`nodes: auto` tree on {engine.target.device} with this target now sizes itself by this "
+                      f"measurement (delete that file to go back to the shipped profile)")
         v = measured["verify_s"]
         print(f"cost model for {_describe(key)}: verify {v[0] * 1e3:.2f} ms (k=1) .. {v[-1] * 1e3:.2f} ms "
               f"(k={len(v)}), draft {measured['draft_token_s'] * 1e3:.2f} ms/token, other "
@@ -286,10 +296,10 @@ def write_measured_profile(path: Path, engine, cfg, prompt: list[int], measured:
     from pacer_core.costs import Curve, Profile, monotone, write_profile
 
     clock = make_clock(device_of(engine.target))
-    top = max(1, args.profile_max_k)
+    top = args.profile_max_k
     chain_k = [k for k in PROFILE_CHAIN_K if k <= top]
     tree_k = [k for k in PROFILE_TREE_K if k <= top]
-    context = (prompt * (args.context // max(len(prompt), 1) + 1))[:max(1, args.context)]
+    context = (prompt * (args.context // max(len(prompt), 1) + 1))[:args.context]
     chain, tree = measure_verify_costs(engine.target, context, chain_k, args.repeats, clock, tree_k)
     key = full_key(engine_pair(engine))
     kind = drafter_kind(cfg)
@@ -310,15 +320,24 @@ def write_measured_profile(path: Path, engine, cfg, prompt: list[int], measured:
     return write_profile(path, profile, header="measured by `pacer costs --profile` (docs/costs.md)")
 
 
-def cache_profile(path: Path, engine) -> Path:
-    """A copy of the measured profile where cost-sized trees on this device and target find it."""
+def cache_profile(path: Path, engine) -> tuple[Path, bool]:
+    """A copy of the measured profile where cost-sized trees on this device and target find it, and
+    whether it replaced an earlier one."""
     import shutil
 
     from pacer_core.costs import measured_profile_path
 
     cached = measured_profile_path(str(engine.target.device), engine.target.digest)
+    replaced = cached.exists()
     cached.parent.mkdir(parents=True, exist_ok=True)
     tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
     shutil.copyfile(path, tmp)
     os.replace(tmp, cached)
-    return cached
+    return cached, replaced
+
+
+def check_fits(engine, tokens: int, what: str) -> None:
+    """Refuse, before measuring, forwards the target cannot hold: ``tokens`` (``what``) beyond its context."""
+    limit = getattr(engine.target, "max_length", None)
+    if isinstance(limit, int) and tokens > limit:
+        raise InputError(f"{what} come to {tokens} tokens, more than the target's context of {limit}: lower them")
