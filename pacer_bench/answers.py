@@ -20,6 +20,7 @@ import attrs
 
 from pacer_core.costs import MAX_TOKENS, is_seconds
 from pacer_core.errors import InputError
+from pacer_core.jsonfile import MAX_DATA_BYTES, TooDeep, loads, read_bytes
 
 ANSWERS = "answers.jsonl"
 META = "bench.json"
@@ -190,7 +191,9 @@ def record_problem(record: Any) -> Optional[str]:
 
 def _parse(line: bytes) -> tuple[Optional[dict], Optional[str]]:
     try:
-        record = json.loads(line)
+        record = loads(line)
+    except TooDeep as exc:
+        return None, str(exc)
     except UnicodeDecodeError:
         return None, "not UTF-8 text"
     except ValueError as exc:
@@ -208,11 +211,8 @@ def read_answers(path: Path, keep_unterminated: bool = False) -> Answers:
     damaged or edited: ``InputError`` naming the file, the line and the fix, rather than results
     silently lost or misreported.
     """
-    try:
-        lines = Path(path).read_bytes().split(b"\n")
-    except OSError as exc:
-        raise InputError(f"answer log '{path}' cannot be read ({exc.strerror or type(exc).__name__}): "
-                         "it must be the file `pacer bench` writes; move it away or choose another --out") from None
+    lines = read_bytes(path, "answer log", "it must be the file `pacer bench` writes; move it away or choose another "
+                       "--out", limit=MAX_DATA_BYTES).split(b"\n")
     found = Answers()
     complete, tail = lines[:-1], lines[-1]  # tail: after the last newline (empty if clean)
     seen: set = set()
@@ -286,10 +286,11 @@ class AnswerLog:
 
 
 def _read_json(path: Path, what: str, fix: str) -> Any:
+    data = read_bytes(path, what, fix)
     try:
-        return json.loads(path.read_bytes())
-    except OSError as exc:
-        problem = exc.strerror or type(exc).__name__
+        return loads(data)
+    except TooDeep as exc:
+        problem = str(exc)
     except UnicodeDecodeError:
         problem = "not UTF-8 text"
     except ValueError as exc:

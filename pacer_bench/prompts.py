@@ -9,7 +9,6 @@ Prompts are for evaluation only: never train drafts or pre-verification layers o
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import re
@@ -19,6 +18,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import attrs
 
 from pacer_core.errors import InputError
+from pacer_core.jsonfile import TooDeep, loads, read_lines, too_deep
 from pacer_core.paths import package_folder
 
 GSM8K_SHA256 = "752adc99f23132275139f1f7be57126b08735a55daf0c56859ee6df70abafbac"
@@ -66,29 +66,28 @@ _JSONL_FIX = "give one JSON object per line with 'prompt' or 'turns'"
 
 
 def _jsonl(path: Path) -> Iterator[tuple[int, dict]]:
-    """(line number, object) of each non-blank line; ``InputError`` in one line naming the file and
-    the line when the file cannot be read or a line is not a JSON object."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    try:
-        with opener(path, "rt", encoding="utf-8") as handle:
-            for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except ValueError as exc:
-                    raise InputError(f"prompt file '{path}' line {number} is not JSON ({str(exc).splitlines()[0]}): "
-                                     f"{_JSONL_FIX}") from None
-                if not isinstance(record, dict):
-                    raise InputError(f"prompt file '{path}' line {number} is a JSON {type(record).__name__}, "
-                                     f"not an object: {_JSONL_FIX}")
-                yield number, record
-    except UnicodeDecodeError as exc:
-        raise InputError(f"prompt file '{path}' is not UTF-8 text (byte 0x{exc.object[exc.start]:02x}): "
-                         "save it as UTF-8 (e.g. with iconv -f latin1 -t utf-8)") from None
-    except (OSError, EOFError) as exc:  # a folder, no permission, a damaged .gz
-        raise InputError(f"prompt file '{path}' cannot be read ({getattr(exc, 'strerror', None) or exc}): "
-                         "give a readable .jsonl file") from None
+    """(line number, object) of each non-blank line, read by ``pacer_core.jsonfile.read_lines`` (a
+    regular file, .gz decompressed, each line at most ``MAX_LINE_BYTES`` and the whole at most
+    ``MAX_DATA_BYTES`` decompressed, so an over-long line is refused here, before any model loads);
+    ``InputError`` in one line naming the file and the line when the file cannot be read or a line is
+    not a JSON object nested at most ``MAX_DEPTH`` deep."""
+    for number, line in read_lines(path, "prompt file", "give a .jsonl file with one JSON object per line"):
+        if not line.strip():
+            continue
+        try:
+            record = loads(line.decode("utf-8"))
+        except TooDeep:
+            raise InputError(too_deep(f"prompt file '{path}' line {number}", _JSONL_FIX)) from None
+        except UnicodeDecodeError as exc:
+            raise InputError(f"prompt file '{path}' is not UTF-8 text (byte 0x{exc.object[exc.start]:02x}): "
+                             "save it as UTF-8 (e.g. with iconv -f latin1 -t utf-8)") from None
+        except ValueError as exc:
+            raise InputError(f"prompt file '{path}' line {number} is not JSON ({str(exc).splitlines()[0]}): "
+                             f"{_JSONL_FIX}") from None
+        if not isinstance(record, dict):
+            raise InputError(f"prompt file '{path}' line {number} is a JSON {type(record).__name__}, "
+                             f"not an object: {_JSONL_FIX}")
+        yield number, record
 
 
 def humaneval() -> list[Prompt]:
@@ -208,7 +207,7 @@ def specbench_file(path: str) -> list[Prompt]:
     texts); other keys (``reference``) are ignored. A line that is not one is an ``InputError``
     naming the file and the line."""
     file = Path(path)
-    if not file.is_file():
+    if file.is_dir() or not file.exists():  # anything else but a regular file: refused by _jsonl
         what = "is a folder, not a file" if file.is_dir() else "does not exist"
         raise InputError(f"question file '{file}' {what}: give specbench:PATH the path of Spec-Bench's "
                          "data/spec_bench/question.jsonl (relative to the bench file or the working folder)")

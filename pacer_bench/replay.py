@@ -428,16 +428,13 @@ def with_host(profile: Profile, path: str) -> Profile:
     """``profile`` with the host time per step of ``path`` (a ``pacer bench-host --json`` file or a
     cost profile: its ``host_s``), named so that every table says so."""
     import attrs
-    import yaml
 
     from pacer_core.costs import profile_from_dict, profile_to_dict
+    from pacer_core.schema import load_yaml_file
 
     file = Path(path).expanduser()
-    try:
-        data = yaml.safe_load(file.read_text())  # JSON is YAML
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise InputError(f"--host '{path}' cannot be read ({type(exc).__name__}): give a `pacer bench-host --json` "
-                         "file or a cost profile") from None
+    data = load_yaml_file(file, "--host", "give a `pacer bench-host --json` file or a cost profile",
+                          InputError)  # JSON is YAML
     host = data.get("host_s") if isinstance(data, dict) else None
     if not isinstance(host, dict):
         raise InputError(f"--host '{path}' has no host_s: give a `pacer bench-host --json` file or a cost profile")

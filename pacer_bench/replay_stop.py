@@ -37,6 +37,7 @@ import torch
 from pacer_core import Draft, DraftBlock, InputError, Stop
 from pacer_core.commands import command
 from pacer_core.costs import CostModel, cost_model
+from pacer_core.jsonfile import read_json
 from pacer_plugins.entropy_stop import rules as entropy_rules
 from pacer_plugins.pacer_stop.metrics import position_report
 from pacer_plugins.pacer_stop.policy import DEFAULT_CHECKPOINT, PacerStop, PacerStopConfig, checkpoint_folder
@@ -202,11 +203,7 @@ def mb_predictions(checkpoint: Path, data, steps: list[int]) -> torch.Tensor:
 def read_cost_file(path: Path, draft_token_s: Optional[float], step_s: Optional[float]) -> CostModel:
     """A `pacer costs` file or a bench's cost_model.json (seconds); the options override its draft and
     step costs (a bench file has none)."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise InputError(f"cost file '{path}' cannot be read ({type(exc).__name__}): give a `pacer costs` file or a "
-                         "bench's cost_model.json") from None
+    data = read_json(Path(path), "cost file", "give a `pacer costs` file or a bench's cost_model.json", expect=None)
     if not isinstance(data, dict) or not isinstance(data.get("verify_s"), list):
         raise InputError(f"'{path}' has no 'verify_s' list: give a `pacer costs` file or a bench's cost_model.json")
     if draft_token_s is not None:

@@ -22,6 +22,7 @@ from .commands import COMMAND_GROUP, COMMANDS, EXIT_INTERRUPTED, EXIT_USAGE, Run
 from .config import PacerConfig, check, load_config, read_config
 from .errors import InputError, PacerError
 from .hookspecs import hookimpl
+from .jsonfile import MAX_LINE_BYTES, read_bytes, size_text
 from .registry import components, new_plugin_manager
 
 PROG = "pacer"
@@ -95,6 +96,7 @@ class StreamPrinter:
 
 
 _RECODE = "e.g. with iconv -f latin1 -t utf-8"
+MAX_PROMPT_BYTES = MAX_LINE_BYTES  # a prompt file or stdin: over a million tokens, more than any context
 
 
 def _not_utf8(source: str, data: bytes, exc: UnicodeDecodeError, fix: str) -> InputError:
@@ -123,7 +125,11 @@ def _read_prompt(args: argparse.Namespace) -> str:
         stream = sys.stdin
         if stream is None:
             raise InputError("--prompt-file - reads stdin, which is closed: pipe the prompt in, or give --prompt")
-        data = stream.buffer.read() if hasattr(stream, "buffer") else stream.read().encode("utf-8", "surrogateescape")
+        data = stream.buffer.read(MAX_PROMPT_BYTES + 1) if hasattr(stream, "buffer") \
+            else stream.read(MAX_PROMPT_BYTES + 1).encode("utf-8", "surrogateescape")
+        if len(data) > MAX_PROMPT_BYTES:
+            raise InputError(f"the prompt on stdin is longer than {size_text(MAX_PROMPT_BYTES)}, more than any "
+                             "model's context: pipe a shorter prompt")
         try:
             prompt = _text(data)
         except UnicodeDecodeError as exc:
@@ -135,11 +141,8 @@ def _read_prompt(args: argparse.Namespace) -> str:
             raise InputError(f"prompt file '{path}' does not exist: {fix}")
         if path.is_dir():
             raise InputError(f"prompt file '{path}' is a folder, not a file: {fix}")
-        try:
-            data = path.read_bytes()  # a regular file, a pipe (<(...)) or a device such as /dev/stdin
-        except OSError as exc:
-            raise InputError(f"prompt file '{path}' cannot be read ({exc.strerror or type(exc).__name__}): "
-                             f"{fix}") from None
+        # a regular file, a pipe (<(...)) or a device such as /dev/stdin, never read past the bound
+        data = read_bytes(path, "prompt file", fix, limit=MAX_PROMPT_BYTES, pipes=True)
         try:
             prompt = _text(data)
         except UnicodeDecodeError as exc:

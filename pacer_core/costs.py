@@ -380,8 +380,9 @@ def profile_names() -> list[str]:
 
 def load_profile(name_or_path: Union[str, Path]) -> Profile:
     """A shipped profile by name (``pacer_core/profiles/<name>.yaml``) or a profile file by path,
-    validated; ``InputError`` in one line naming the problem and the fix."""
-    import yaml
+    validated; ``InputError`` in one line naming the problem and the fix. A file is read as every
+    user-named file is (a regular file, bounded, nested at most ``MAX_DEPTH`` deep)."""
+    from .schema import load_yaml_file
 
     text = str(name_or_path)
     path = Path(text).expanduser()
@@ -391,14 +392,7 @@ def load_profile(name_or_path: Union[str, Path]) -> Profile:
             names = ", ".join(profile_names()) or "none"
             raise InputError(f"no cost profile '{text}': give a profile file or a shipped name ({names})")
         path = shipped
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cost profile '{path}' cannot be read ({type(exc).__name__}): check the path") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark is not None else ""
-        raise InputError(f"cost profile '{path}' is not valid YAML{at}: fix the file") from None
+    data = load_yaml_file(path, "cost profile", "give a profile file or a shipped name", InputError)
     return profile_from_dict(data, str(path))
 
 

@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .errors import ConfigError
+from .jsonfile import MAX_DEPTH, nesting_depth, read_bytes, too_deep
 
 
 def one_line(exc: BaseException) -> str:
@@ -80,9 +81,24 @@ def _expanded_size(root: yaml.Node, limit: int) -> int:
 
 
 class _ConfigLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses duplicate keys in a mapping and documents whose aliases
-    expand to more than ``MAX_YAML_NODES`` nodes (checked on the composed node graph, before any
-    expansion: the loaded tree is small, but turning it into an OmegaConf object expands it)."""
+    """``yaml.SafeLoader`` that refuses duplicate keys in a mapping, nodes nested deeper than
+    ``MAX_DEPTH`` and documents whose aliases expand to more than ``MAX_YAML_NODES`` nodes (checked
+    on the composed node graph, before any expansion: the loaded tree is small, but turning it into
+    an OmegaConf object expands it)."""
+
+    _depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        """Nodes nested deeper than ``MAX_DEPTH`` are refused while composing, before the composer's
+        recursion could end in a ``RecursionError``."""
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise _YAMLRefusal(f"it is nested more than {MAX_DEPTH} lists or mappings deep, deeper than a "
+                                   "config goes: flatten it", self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         if isinstance(node, yaml.MappingNode):
@@ -108,7 +124,11 @@ class _ConfigLoader(yaml.SafeLoader):
         if _expanded_size(node, MAX_YAML_NODES) > MAX_YAML_NODES:
             raise _YAMLRefusal(f"its aliases expand to more than {MAX_YAML_NODES} nodes (an alias bomb?); "
                                "a config is refused before it is expanded: write it without nested aliases")
-        return self.construct_document(node)
+        data = self.construct_document(node)
+        if nesting_depth(data) > MAX_DEPTH:  # aliases inside aliases nest without nesting in the text
+            raise _YAMLRefusal(f"its aliases nest more than {MAX_DEPTH} lists or mappings deep: write it without "
+                               "nested aliases")
+        return data
 
 
 def _load_yaml(text: str) -> Any:
@@ -137,32 +157,34 @@ def parse_value(text: str, where: Optional[str] = None) -> Any:
         raise ConfigError(f"{where or f'value {text!r}'}: {exc.problem}") from None
 
 
-def read_yaml(path: Path) -> DictConfig:
-    """A YAML file holding a mapping, as an OmegaConf node; raises ``ConfigError`` in one line.
-
-    Every YAML config is read here (run, bench and training configs): a duplicate key and a
-    document whose aliases expand past ``MAX_YAML_NODES`` nodes are refused with the line."""
-    if not path.exists():
-        raise ConfigError(f"config file '{path}' does not exist: give the path of a YAML file")
-    if path.is_dir():
-        raise ConfigError(f"config file '{path}' is a folder, not a file: give the path of a YAML file")
+def load_yaml_file(path: Path, what: str, fix: str, error: type[Exception] = ConfigError) -> Any:
+    """The data of the YAML (or JSON) file ``path``, read as every user-named file is
+    (``pacer_core.jsonfile.read_bytes``: a regular file, bounded) by the hardened loader: a
+    duplicate key, an alias bomb and nesting deeper than ``MAX_DEPTH`` are refused with the line.
+    Every problem is one ``error`` line naming the file (a ``what``) and ``fix``."""
+    data = read_bytes(path, what, fix, error=error)
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"config file '{path}' is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
-                          f"{exc.start}): save it as UTF-8") from None
-    except OSError as exc:
-        raise ConfigError(f"config file '{path}' cannot be read ({exc.strerror}): check its permissions") from None
+        raise error(f"{what} '{path}' is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+                    f"{exc.start}): save it as UTF-8") from None
     try:
-        loaded = _load_yaml(text)
+        return _load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         problem = getattr(exc, "problem", None) or one_line(exc)
-        raise ConfigError(f"malformed YAML in '{path}'{_at(mark)}: {problem}; fix the file's syntax") from None
+        raise error(f"malformed YAML in '{path}'{_at(mark)}: {problem}; fix the file's syntax") from None
     except _YAMLRefusal as exc:
-        raise ConfigError(f"'{path}'{_at(exc.mark)}: {exc.problem}") from None
-    except RecursionError:
-        raise ConfigError(f"'{path}' is nested too deeply to be a config: fix the file") from None
+        raise error(f"'{path}'{_at(exc.mark)}: {exc.problem}") from None
+    except RecursionError:  # a guard: compose_node refuses depth first
+        raise error(too_deep(f"{what} '{path}'", "fix the file")) from None
+
+
+def read_yaml(path: Path) -> DictConfig:
+    """A YAML file holding a mapping, as an OmegaConf node; raises ``ConfigError`` in one line.
+
+    Every YAML config is read here (run, bench and training configs), by ``load_yaml_file``."""
+    loaded = load_yaml_file(path, "config file", "give the path of a YAML file")
     if loaded is None:
         loaded = {}
     if not isinstance(loaded, dict):

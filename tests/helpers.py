@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import attrs
 import torch
 
 from pacer_core import Engine, hookimpl, load_config
@@ -494,3 +495,73 @@ def student(kind: str, target) -> torch.nn.Module:
     if kind == "eagle3":
         cfg.student.fused_layers = STUDENT_LAYERS
     return build_student(cfg, target, STUDENT_SUBSET, target.embedding_weights()[1].float()).eval()
+
+
+# -- block drafts (dflash) --------------------------------------------------------------------------
+def make_block_draft(target_model, folder, seed=0, digest=None, subset_size=8, block=3, layers=(0, 1),
+                     peak: float = 1.0):
+    """A random ``dflash`` block draft for the tiny ``target_model`` reading the inputs of its decoder
+    ``layers``, over tokens 0..subset_size-1, saved in ``folder``; ``peak`` scales its final norm
+    (larger = peakier draft distributions)."""
+    from pacer_plugins.block_draft.model import BlockArch, BlockDraft, save_block_draft
+
+    target = adapter(target_model)
+    shape = attrs.asdict(target.attention_shape())
+    arch = BlockArch(hidden_size=target.hidden_size, intermediate_size=64, vocab_size=target.vocab_size,
+                     subset_size=subset_size, target_layers=list(layers), num_layers=2, block=block, **shape)
+    torch.manual_seed(seed)
+    net = BlockDraft(arch)
+    with torch.no_grad():
+        net.mask_embedding.normal_(std=0.5)
+        net.norm.mul_(peak)
+    net.subset.copy_(torch.arange(subset_size))
+    save_block_draft(net, folder, {"target_digest": digest})
+    return folder
+
+
+def block_engine(target_model, folder, stop="{name: fixed, gamma: 3}", tree=None, extra=(), eos=True,
+                 digest=None, block=None):
+    """An engine of the ``dflash`` drafter (``tree``: its tree option) over the tiny ``target_model``."""
+    target = adapter(target_model, eos=eos)
+    target.digest = digest
+    drafter = f"{{name: dflash, path: '{folder}'" + (f", tree: {tree}" if tree else "") \
+        + (f", block: {block}" if block else "") + "}"
+    cfg = load_config(overrides=[f"strategy.drafter={drafter}", f"strategy.stop=[{stop}]", *extra],
+                      require_models=False)
+    return Engine.build(target, cfg=cfg)
+
+
+# -- inputs that must not hang or fill memory ----------------------------------------------------
+class StillRunning(BaseException):
+    """Raised into a block that ran past its time (``within``): a ``BaseException``, so no
+    ``except OSError`` or ``except Exception`` of the code under test turns it into a refusal."""
+
+
+@contextlib.contextmanager
+def within(seconds: int):
+    """The block must finish within ``seconds``: past them ``StillRunning`` interrupts it (SIGALRM,
+    which also breaks a blocking open() of a FIFO or a read), so a reader that would wait forever
+    fails its test instead of hanging the suite."""
+    import signal
+
+    def expire(signum, frame):
+        raise StillRunning(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def special_files(tmp_path) -> dict[str, Path]:
+    """Paths that are not regular files, each of which a reader must refuse at once rather than read
+    forever or wait on: a device that never ends, a FIFO without a writer, a folder."""
+    fifo = tmp_path / "fifo"
+    if not fifo.exists():
+        os.mkfifo(fifo)
+    folder = tmp_path / "folder.json"
+    folder.mkdir(exist_ok=True)
+    return {"/dev/zero": Path("/dev/zero"), "a FIFO": fifo, "a folder": folder}

@@ -409,7 +409,7 @@ def test_report_reads_a_run_in_progress(finished, tmp_path, capsys):
     ('{"settings": {}, "baseline": "autoregressive", "prompt_sets": [], "units": [{"kind": "stack"}]}',
      "a unit is not an object with a 'name' and a 'kind'"),
     ('{"settings": {}, "baseline": 3, "prompt_sets": [], "units": []}', "'baseline' is a int, not an str"),
-    (None, "Is a directory"),
+    (None, "is a folder, not a file"),
 ])
 def test_report_refuses_a_malformed_bench_json_in_one_line(finished, tmp_path, capsys, content, problem):
     out = copy_of(finished, tmp_path)

@@ -7,11 +7,11 @@ A corpus is ``shipped`` (the self-distillation corpus the embedded target wrote)
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Optional
 
 from pacer_core.errors import InputError
+from pacer_core.jsonfile import MAX_DATA_BYTES, loads, read_bytes
 from pacer_core.paths import PLUGINS, package_folder
 
 from .shards import CorpusStore, iter_corpus
@@ -34,12 +34,13 @@ def load_corpus(path: str, tokenizer: Any, vocab_size: int, target_digest: Optio
     if not file.is_file():
         raise InputError(f"datastore corpus '{file}' does not exist: give a text file, a .json of token ids, "
                          f"a folder `pacer corpus` wrote or '{SHIPPED_CORPUS}'")
+    data = read_bytes(file, "datastore corpus", "give a text file or a .json of token ids", limit=MAX_DATA_BYTES)
     if file.suffix == ".json":
         try:
-            data = json.loads(file.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise InputError(f"datastore corpus '{file}' is not readable JSON ({exc}); give a list "
-                             "of token ids") from None
+            data = loads(data)
+        except ValueError as exc:  # not JSON, not UTF-8, or nested deeper than MAX_DEPTH
+            raise InputError(f"datastore corpus '{file}' is not readable JSON ({str(exc).splitlines()[0]}); give a "
+                             "list of token ids") from None
         docs = data if isinstance(data, list) and data and all(isinstance(d, list) for d in data) else [data]
         for doc in docs:
             if not isinstance(doc, list) or not all(type(t) is int and 0 <= t < vocab_size for t in doc):
@@ -50,8 +51,8 @@ def load_corpus(path: str, tokenizer: Any, vocab_size: int, target_digest: Optio
         raise InputError(f"datastore corpus '{file}' is text but this engine has no tokenizer: "
                          "give token ids in a .json file")
     try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        text = data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")  # as text mode reads it
+    except UnicodeDecodeError as exc:
         raise InputError(f"datastore corpus '{file}' is not readable UTF-8 text ({exc}); give a text file") from None
     return [list(tokenizer.encode(text, chat_template=False))]
 

@@ -28,6 +28,7 @@ import numpy as np
 
 from pacer_core import InputError
 from pacer_core.atomic import atomic_write
+from pacer_core.jsonfile import loads, open_regular
 
 FORMAT = "pacer-datastore"
 VERSION = 1
@@ -109,13 +110,13 @@ def load_documents(path: Union[str, Path], identity: str, vocab_size: Optional[i
         return InputError(f"datastore '{shown}' {problem}; {FIX}")
 
     try:  # one open file for the check and the read: a concurrent save may rename another over the path
-        with open(shown, "rb") as handle:
+        with open_regular(shown, "datastore", FIX) as handle:
             _check_declared_sizes(handle)
             handle.seek(0)
             with np.load(handle, allow_pickle=False) as archive:
                 if not {"header", "tokens", "lengths"} <= set(archive.files):
                     raise refuse("is not a datastore file (it lacks header, tokens or lengths)")
-                header = json.loads(str(archive["header"]))
+                header = loads(str(archive["header"]))
                 tokens, lengths = archive["tokens"], archive["lengths"]
     except InputError:
         raise

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 
 from pacer_core import InputError
+from pacer_core.jsonfile import MAX_DATA_BYTES, loads, read_bytes
 
 __all__ = ["PhrasePool", "argmax_chains", "learn_from_step", "ngram_pairs", "open_pool"]
 
@@ -119,10 +120,12 @@ class PhrasePool:
 
     @classmethod
     def load(cls, path: Union[str, Path], capacity: int | None = None) -> "PhrasePool":
+        file = Path(path).expanduser()
+        data = read_bytes(file, "phrase pool", "delete it or set another pool_path", limit=MAX_DATA_BYTES)
         try:
-            data = json.loads(Path(path).expanduser().read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ValueError(f"cannot read phrase pool '{path}': {exc}") from None
+            data = loads(data)
+        except ValueError as exc:  # not JSON, or nested deeper than MAX_DEPTH
+            raise ValueError(f"cannot read phrase pool '{path}': {str(exc).splitlines()[0]}") from None
         if not isinstance(data, dict):
             raise ValueError(f"'{path}' is not a phrase pool file")
         try:

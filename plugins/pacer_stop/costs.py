@@ -26,6 +26,7 @@ from typing import Any, Optional
 from pacer_core import InputError, hookimpl
 from pacer_core.commands import bounded_int, check_out_file, command
 from pacer_core.costs import CostModel, cost_model
+from pacer_core.jsonfile import read_json
 
 COST_MODEL_VERSION = 1
 # the ranges of `pacer costs`' options: forwards and generations a machine can time in minutes
@@ -119,11 +120,7 @@ def read_costs(path: Path, key: dict[str, Any]) -> CostModel:
     if not path.is_file():
         raise InputError(f"no cost model at '{path}' for {_describe(key)}: measure one with `{MEASURE_HINT}` "
                          "(seconds), or give the stop `costs: {verify_s: [...], draft_token_s: ..., step_s: ...}`")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise InputError(f"cost file '{path}' cannot be read ({type(exc).__name__}): measure it again with "
-                         f"`{MEASURE_HINT}`") from None
+    data = read_json(path, "cost file", f"measure it again with `{MEASURE_HINT}`", expect=None)
     return check_costs(data, path, key)
 
 
