@@ -30,7 +30,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 import attrs
 
-from pacer_core import ConfigError, InputError
+from pacer_core import ConfigError, InputError, PacerError, hookcheck
 from pacer_core.commands import Runner, command
 
 from .conformance import (
@@ -42,14 +42,17 @@ from .conformance import (
     QUICK_SAMPLINGS,
     SAMPLINGS,
     Case,
+    Contract,
     Outcome,
     Pairs,
     Stack,
     expect_equal,
+    first_difference,
 )
 
-CHECKS = ("greedy", "distribution", "sample_match", "repeatability", "options")
-SAMPLED = ("distribution", "sample_match", "repeatability")  # not applicable to a greedy-only stack
+CHECKS = ("greedy", "distribution", "sample_match", "repeatability", "isolation", "options")
+SAMPLED = ("distribution", "sample_match", "repeatability", "isolation")  # not applicable to a greedy-only stack
+LOAD = "load"  # the row of loading the --plugin modules and building the stack (before the checks)
 
 
 # -- the cases -------------------------------------------------------------------------------------
@@ -144,6 +147,57 @@ def repeatability_cases(s: Stack, quick: bool) -> Iterator[Case]:
         yield Case(f"repeatability/{name}", run_case(name))
 
 
+def isolation_cases(s: Stack, quick: bool) -> Iterator[Case]:
+    generations = 3 if quick else 5
+
+    def run_case(name):
+        def run():
+            prompt, budget, seed = PROMPTS["plain"], 16, 3
+            extra = ["generation.ignore_eos=true"]
+            used = s.engine(*s.pairs.pair(), extra, sampling=SAMPLINGS[name])
+            watch = s.last_watch
+            logs = []
+            for _ in range(generations):
+                watch.log = []
+                used.generate(prompt, max_new_tokens=budget, seed=seed)
+                logs.append(watch.log)
+            fresh = s.engine(*s.pairs.pair(), extra, sampling=SAMPLINGS[name])
+            fresh_watch = s.last_watch
+            fresh_watch.log = []
+            fresh.generate(prompt, max_new_tokens=budget, seed=seed)
+            for g, log in enumerate(logs[1:] + [fresh_watch.log], start=2):
+                _same_decisions(logs[0], log, "a fresh engine's" if g > generations else f"generation {g}'s", watch)
+            for g in range(2, generations):  # generation 1 may fill caches; from 2 on, every start is the same
+                for plugin, state in watch.starts[1].items():
+                    diff = first_difference(state, watch.starts[g][plugin])
+                    if diff is not None:
+                        path, was, now = diff
+                        raise AssertionError(
+                            f"{plugin} starts generation {g + 1} with {path} = {now!r} where generation 2 started "
+                            f"with {was!r}: under sampling every generation must start from the same state "
+                            "(reset it in pacer_start)")
+        return run
+
+    for name in ("t0.7",) if quick else ("t0.7", "t1.0-topk4"):
+        yield Case(f"isolation/{name}", run_case(name))
+
+
+def _same_decisions(want: list, got: list, what: str, watch) -> None:
+    """Refuse a generation whose hooks decided otherwise than generation 1's on the same prompt and seed."""
+    for i, (a, b) in enumerate(zip(want, got)):
+        if a != b:
+            hook = a[0]
+            step = sum(1 for entry in want[:i] if entry[0] == "pacer_verify")
+            who = " or ".join(watch.names(hook)) or "?"
+            raise AssertionError(
+                f"{who}: {hook} decides {b[1]!r} at step {step} of {what} run where generation 1 decided {a[1]!r} "
+                "(same prompt and seed): under sampling every generation must start from the same state "
+                "(reset it in pacer_start)")
+    if len(want) != len(got):
+        raise AssertionError(f"{what} run makes {len(got)} hook decisions where generation 1 made {len(want)} "
+                             "(same prompt and seed): under sampling every generation must start from the same state")
+
+
 def _bad_values(field: attrs.Attribute) -> list[Any]:
     kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", str(field.type))
     kind = str(kind)
@@ -194,13 +248,11 @@ def _first_line(exc: BaseException) -> str:
 
 
 BUILDERS = {"greedy": greedy_cases, "distribution": distribution_cases, "sample_match": sample_match_cases,
-            "repeatability": repeatability_cases, "options": option_cases}
+            "repeatability": repeatability_cases, "isolation": isolation_cases, "options": option_cases}
 
 
 # -- running ---------------------------------------------------------------------------------------
 def run_checks(s: Stack, *, quick: bool, only: Optional[str] = None, progress=None) -> list[Outcome]:
-    from .conformance import Contract
-
     outcomes = []
     greedy_only = [part.component.name for top in s.stack if top is not s.stack.verifier for part in top.walk()
                    if "greedy" in part.component.needs]
@@ -220,12 +272,7 @@ def run_checks(s: Stack, *, quick: bool, only: Optional[str] = None, progress=No
             outcome.cases += 1
             if progress:
                 progress(case.id)
-            try:
-                case.run()
-            except (AssertionError, Contract, ConfigError, InputError) as exc:
-                outcome.failed, outcome.reason = case.id, _first_line(exc)
-            except Exception as exc:  # noqa: BLE001 - a component that crashes fails the case, named
-                outcome.failed, outcome.reason = case.id, f"{type(exc).__name__}: {_first_line(exc)}"
+            outcome.failed, outcome.reason = run_case(case)
             if outcome.failed:
                 break
         outcome.seconds = round(time.perf_counter() - start, 1)
@@ -234,29 +281,63 @@ def run_checks(s: Stack, *, quick: bool, only: Optional[str] = None, progress=No
     return outcomes
 
 
+def run_case(case: Case) -> tuple[Optional[str], str]:
+    """Run one case: (None, "") when it passes, else (its id, one line saying why). Whatever a plugin
+    raises, ``SystemExit`` included, fails the case; only an interrupt (Ctrl-C) stops the check."""
+    try:
+        case.run()
+    except (AssertionError, Contract, PacerError) as exc:
+        return case.id, _first_line(exc)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - a component that crashes (or exits) fails the case, named
+        where = hookcheck.origin(exc)
+        return case.id, hookcheck.describe(exc) + (f" at {where}" if where else "")
+    return None, ""
+
+
+class PluginFailure(Exception):
+    """A ``--plugin`` module that was found but is broken: it fails the load row (not a usage error)."""
+
+
 def load_plugin(spec: str) -> Any:
-    """A ``--plugin`` module: an importable name or a .py file; it must offer components."""
+    """A ``--plugin`` module: an importable name or a .py file; it must offer components. A module
+    that cannot be found is a usage error (``InputError``); one that raises (``SystemExit`` included)
+    on import or in ``pacer_components``, or offers a wrong list, is a ``PluginFailure``."""
+    if spec.endswith(".py") and not Path(spec).is_file():
+        raise InputError(f"--plugin '{spec}' is not a file: give a module name or a .py file")
     try:
         if spec.endswith(".py"):
             path = Path(spec)
-            if not path.is_file():
-                raise InputError(f"--plugin '{spec}' is not a file: give a module name or a .py file")
             module_spec = importlib.util.spec_from_file_location(path.stem, path)
             module = importlib.util.module_from_spec(module_spec)
             module_spec.loader.exec_module(module)
         else:
             module = importlib.import_module(spec)
-    except InputError:
+    except KeyboardInterrupt:
         raise
-    except Exception as exc:  # noqa: BLE001 - whatever the module raises on import
+    except ModuleNotFoundError as exc:
+        if exc.name != spec.split(".")[0] and exc.name != spec:
+            raise PluginFailure(f"--plugin '{spec}' does not import ({hookcheck.describe(exc)})") from None
         raise InputError(f"--plugin '{spec}' does not import ({type(exc).__name__}: {_first_line(exc)}): "
                          "fix the module or install it") from None
+    except BaseException as exc:  # noqa: BLE001 - whatever the module raises (or exits with) on import
+        where = hookcheck.origin(exc)
+        raise PluginFailure(f"--plugin '{spec}' raised {hookcheck.describe(exc)} on import"
+                            + (f" at {where}" if where else "")) from None
     offer = getattr(module, "pacer_components", None)
+    if not callable(offer):
+        raise InputError(f"--plugin '{spec}' offers no components: define a pacer_components() hook "
+                         "returning its Component list (docs/writing-plugins.md)")
     try:
-        offered = offer() if callable(offer) else None
-    except Exception as exc:  # noqa: BLE001
-        raise InputError(f"--plugin '{spec}': pacer_components() fails ({type(exc).__name__}: "
-                         f"{_first_line(exc)})") from None
+        offered = offer()
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001
+        raise PluginFailure(f"--plugin '{spec}': pacer_components raised {hookcheck.describe(exc)}") from None
+    problem = None if offered is None else hookcheck.result_problem("pacer_components", offered)
+    if problem is not None:
+        raise PluginFailure(f"--plugin '{spec}': pacer_components {problem}")
     if not offered:
         raise InputError(f"--plugin '{spec}' offers no components: define a pacer_components() hook "
                          "returning its Component list (docs/writing-plugins.md)")
@@ -296,26 +377,15 @@ def _setup_check(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. strategy.stop.0.gamma=3")
 
     def run(args: argparse.Namespace) -> int:
-        import torch
-
-        plugins = [load_plugin(spec) for spec in args.plugin]
-        if args.case is not None and args.case.split("/")[0] not in CHECKS:
-            raise InputError(f"--case '{args.case}' names no check: ids start with one of {', '.join(CHECKS)}")
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # tiny models lose time to thread synchronisation
         start = time.perf_counter()
         try:
-            with tempfile.TemporaryDirectory(prefix="pacer-check-") as folder:
-                pairs = Pairs(Path(folder))
-                stack = Stack(args.config, args.overrides, plugins, pairs)
-                _can_build(stack)
-                say = None if args.json else (lambda case: print(f"  {case}", file=sys.stderr, flush=True))
-                outcomes = run_checks(stack, quick=args.quick, only=args.case, progress=say)
-        finally:
-            torch.set_num_threads(threads)
-        if args.case is not None and not outcomes:
-            raise InputError(f"--case '{args.case}' is no case of this stack: run without --case to see the ids")
-        passed = all(o.passed for o in outcomes)
+            outcomes = check_all(args)
+        except PacerError as exc:  # a usage error: one line on stderr (exit 2); --json still prints its result
+            if args.json:
+                print(json.dumps({"passed": False, "seconds": round(time.perf_counter() - start, 1),
+                                  "error": str(exc), "checks": []}))
+            raise
+        passed = bool(outcomes) and all(o.passed for o in outcomes)
         if args.json:
             print(json.dumps({"passed": passed, "seconds": round(time.perf_counter() - start, 1),
                               "checks": [dict(attrs.asdict(o), passed=o.passed,
@@ -329,8 +399,54 @@ def _setup_check(p: argparse.ArgumentParser) -> Runner:
     return run
 
 
-def _can_build(s: Stack) -> None:
-    """Refuse, in one line, a stack the check cannot build on its tiny pair (say which and why)."""
+def check_all(args: argparse.Namespace) -> list[Outcome]:
+    """The load row (the --plugin modules, then the stack built on the tiny pair), then the checks.
+    A broken plugin fails the load row and no check runs; a usage error raises ``PacerError``."""
+    import torch
+
+    if args.case is not None and args.case.split("/")[0] not in (LOAD, *CHECKS):
+        raise InputError(f"--case '{args.case}' names no check: ids start with one of {', '.join((LOAD, *CHECKS))}")
+    load, plugins, begun = Outcome(LOAD), [], time.perf_counter()
+    for spec in args.plugin:
+        load.cases += 1
+        try:
+            plugins.append(load_plugin(spec))
+        except PluginFailure as exc:
+            load.failed, load.reason = f"{LOAD}/plugin={spec}", str(exc)
+            load.seconds = round(time.perf_counter() - begun, 1)
+            return [load]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models lose time to thread synchronisation
+    try:
+        with tempfile.TemporaryDirectory(prefix="pacer-check-") as folder:
+            load.cases += 1
+            built: list[Stack] = []
+            refused: list[PacerError] = []
+
+            def build():
+                try:
+                    built.append(_can_build(Stack(args.config, args.overrides, plugins, Pairs(Path(folder)))))
+                except (ConfigError, InputError) as exc:  # the user's stack or config: one line, exit 2
+                    refused.append(exc)
+
+            load.failed, load.reason = run_case(Case(f"{LOAD}/stack", build))
+            if refused:
+                raise refused[0]
+            load.seconds = round(time.perf_counter() - begun, 1)
+            if load.failed or (args.case or "").startswith(f"{LOAD}/"):
+                return [load]
+            say = None if args.json else (lambda case: print(f"  {case}", file=sys.stderr, flush=True))
+            outcomes = run_checks(built[0], quick=args.quick, only=args.case, progress=say)
+    finally:
+        torch.set_num_threads(threads)
+    if args.case is not None and not outcomes:
+        raise InputError(f"--case '{args.case}' is no case of this stack: run without --case to see the ids")
+    return [load, *outcomes]
+
+
+def _can_build(s: Stack) -> Stack:
+    """``s``, once built and run on the tiny pair; refused in one line when the check cannot build it
+    there (say which and why). A plugin failing otherwise is left to the cases, which name it."""
     try:
         target, draft = s.pairs.pair()
         engine = s.engine(target, draft, ["generation.ignore_eos=true"], watch=False)
@@ -338,3 +454,8 @@ def _can_build(s: Stack) -> None:
     except (ConfigError, InputError) as exc:
         raise InputError(f"pacer check cannot build a tiny pair for drafter '{s.stack.drafter.component.name}': "
                          f"{_first_line(exc)}") from None
+    except KeyboardInterrupt:
+        raise
+    except BaseException:  # noqa: BLE001 - a plugin's own failure: the checks' cases report it, named
+        pass
+    return s

@@ -11,15 +11,18 @@ any error other than a one-line refusal.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import types
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import attrs
 import torch
 
-from pacer_core import Engine, hookimpl, load_config
+from pacer_core import Engine, PacerError, hookcheck, hookimpl, load_config
 from pacer_core.config import check as check_stack
-from pacer_core.drafts import Draft, DraftBlock
+from pacer_core.drafts import DraftBlock
+from pacer_core.errors import PluginError
 from pacer_core.registry import new_plugin_manager
 from pacer_core.types import Stop, Verdict
 
@@ -98,45 +101,192 @@ class WatchedLM:
 
 class Truth:
     """A plugin of the check's: before every ``pacer_propose`` the engine asks the stops, so this
-    records the committed tokens and the draft's main path then (no opinion of its own)."""
+    records the committed tokens and the draft's main path then (no opinion of its own: a wrapper,
+    so it adds no result to the stops' list)."""
 
     def __init__(self):
         self.tokens: Optional[list[int]] = None
 
-    @hookimpl
+    @hookimpl(wrapper=True)
     def pacer_draft_more(self, state, draft):
         self.tokens = list(state.tokens) + draft.tokens.tolist()
-        return None
+        return (yield)
 
     @hookimpl
     def pacer_start(self, state):
         self.tokens = None
 
 
-def watch_contracts(pm) -> None:
-    """Refuse, through pluggy's call monitoring, results no component may return: a ``Stop`` keeping
-    more tokens than were drafted, a block longer than asked, a verdict accepting more than drafted."""
+CHECK_PREFIX = "check:"  # the names the check registers its own plugins under
+DECISIONS = ("pacer_draft_more", "pacer_propose", "pacer_select_nodes", "pacer_verify")
 
-    def after(outcome, hook_name, hook_impls, kwargs):
-        if outcome.exception is not None:
-            return
+
+class Watch:
+    """The check's eye on every hook call, through pluggy's call monitoring (nothing is wrapped):
+    a plugin's exception (``SystemExit`` included) becomes a ``PluginError`` naming the plugin and
+    the hook; a result the hook does not allow is refused by ``hookcheck.check_results`` (what the
+    engine refuses too); a hook that changed ``state`` or the draft in place is refused; a block
+    longer than asked is a ``Contract``. With ``log`` set it also records each decision (for the
+    isolation check) and every strategy object's state after ``pacer_start``."""
+
+    def __init__(self, pm):
+        self.pm = pm
+        self._before: list[Any] = []
+        self.log: Optional[list[tuple[str, Any]]] = None
+        self.starts: list[dict[str, dict[str, Any]]] = []  # per generation: plugin name -> its state
+
+    def install(self) -> "Watch":
+        self.pm.add_hookcall_monitoring(self.before, self.after)
+        return self
+
+    def names(self, hook: str) -> list[str]:
+        """The strategies implementing ``hook`` (the check's own plugins left out)."""
+        return [i.plugin_name for i in hookcheck.implementers(self.pm, hook)
+                if not i.plugin_name.startswith(CHECK_PREFIX)]
+
+    def before(self, hook_name, hook_impls, kwargs):
+        self._before.append(_inputs(kwargs))
+
+    def after(self, outcome, hook_name, hook_impls, kwargs):
+        inputs = self._before.pop()
+        theirs = [i for i in hook_impls if not i.plugin_name.startswith(CHECK_PREFIX)]
+        who = " or ".join(i.plugin_name for i in theirs if not (i.wrapper or i.hookwrapper)) or "?"
+        exc = outcome.exception
+        if exc is not None:
+            if isinstance(exc, (PacerError, Contract, KeyboardInterrupt)):
+                return  # a one-line refusal, or the check's own finding: as raised
+            impl = hookcheck.blame(exc, theirs)
+            where = hookcheck.origin(exc)
+            raise PluginError(f"{impl.plugin_name if impl else who}: {hook_name} raised {hookcheck.describe(exc)}"
+                              + (f" at {where}" if where else "")) from None
+        changed = _changed(inputs, _inputs(kwargs))
+        if changed:
+            raise PluginError(f"{who}: {hook_name} changed {changed} in place, which only the engine writes: "
+                              "copy it before changing it (docs/hooks.md)")
         result = outcome.get_result()
-        draft: Optional[Draft] = kwargs.get("draft")
-        if hook_name == "pacer_draft_more":
-            for impl, want in zip(reversed(hook_impls), result):  # results come last-registered first
-                if isinstance(want, Stop) and want.keep is not None and not 0 <= want.keep <= len(draft):
-                    raise Contract(f"stop '{impl.plugin_name}' returned Stop(keep={want.keep}) for a draft of "
-                                   f"{len(draft)} tokens: it may keep at most what was drafted")
-        elif hook_name == "pacer_propose" and isinstance(result, DraftBlock):
-            if len(result) > kwargs["num_tokens"]:
-                raise Contract(f"drafter '{hook_impls[0].plugin_name}' proposed {len(result)} tokens when asked "
-                               f"for {kwargs['num_tokens']}")
-        elif hook_name == "pacer_verify" and isinstance(result, Verdict):
-            if not 0 <= result.accepted <= len(draft.tree):
-                raise Contract(f"verifier '{hook_impls[0].plugin_name}' accepted {result.accepted} of "
-                               f"{len(draft.tree)} draft tokens")
+        hookcheck.check_results(self.pm, hook_name, result, **kwargs)
+        if hook_name == "pacer_propose" and isinstance(result, DraftBlock) and len(result) > kwargs["num_tokens"]:
+            raise Contract(f"drafter '{who}' proposed {len(result)} tokens when asked for {kwargs['num_tokens']}")
+        if self.log is not None:
+            if hook_name in DECISIONS:
+                self.log.append((hook_name, decision(result)))
+            elif hook_name == "pacer_start":
+                self.starts.append({name: state_of(plugin) for name, plugin in strategies(self.pm)})
 
-    pm.add_hookcall_monitoring(lambda *args: None, after)
+
+def _inputs(kwargs: dict) -> tuple:
+    """What a hook must leave as it found it: the state's tokens and counters, the draft's nodes."""
+    state, draft = kwargs.get("state"), kwargs.get("draft")
+    seen = []
+    if state is not None:
+        seen.append(("state.tokens", list(state.tokens)))
+        seen.append(("state.max_draft_tokens", state.max_draft_tokens))
+        seen.append(("state.step_index", state.step_index))
+    if draft is not None:
+        tree = draft.tree
+        seen.append(("the draft's tokens", draft.tokens.tolist()))
+        seen.append(("the draft tree's tokens", tree.tokens.tolist()))
+        seen.append(("the draft's parents", tree.parents.tolist()))
+        try:
+            probs = draft.draft_probs
+        except ValueError:  # blocks that disagree on carrying probabilities: the engine's error, later
+            probs = None
+        seen.append(("the draft's probabilities", None if probs is None else probs.clone()))
+    return tuple(seen)
+
+
+def _changed(before: tuple, after: tuple) -> Optional[str]:
+    for (name, old), (_, new) in zip(before, after):
+        same = (old is None) == (new is None) and (
+            old is None or (torch.equal(old, new) if isinstance(old, torch.Tensor) else old == new))
+        if not same:
+            return name
+    return None
+
+
+def decision(result: Any) -> Any:
+    """A hook's result as comparable data: a stop's ints and Stops, a block's tokens, a verdict."""
+    if isinstance(result, list):
+        return tuple(decision(r) for r in result)
+    if isinstance(result, Stop):
+        return ("Stop", result.keep)
+    if isinstance(result, DraftBlock):
+        return ("block", tuple(result.tokens.tolist()))
+    if isinstance(result, Verdict):
+        return ("verdict", result.accepted, result.next_token, result.path)
+    if isinstance(result, (set, frozenset, range)) or hasattr(result, "__iter__") and not isinstance(result, str):
+        return tuple(sorted(int(i) for i in result))
+    return result
+
+
+def strategies(pm) -> list[tuple[str, Any]]:
+    """The strategy objects an engine registered (``where:name`` -> object), not modules nor the check's."""
+    return [(name, plugin) for name, plugin in pm.list_name_plugin()
+            if not name.startswith(CHECK_PREFIX) and not isinstance(plugin, types.ModuleType)]
+
+
+MAX_STATE_LEAVES = 20_000  # values read from one strategy object's state; more are not compared
+
+
+def state_of(obj: Any, depth: int = 6) -> dict[str, Any]:
+    """An object's state as ``{attribute path: comparable value}``: numbers, strings, tensors (by
+    their bytes), generators (by their state), read through attributes, attrs fields, lists, dicts
+    and sets, ``depth`` levels deep. Models (anything with a ``forward``), modules, functions and
+    classes are left out: their weights and caches are not a strategy's state."""
+    leaves: dict[str, Any] = {}
+    seen: set[int] = set()
+
+    def visit(value: Any, path: str, left: int) -> None:
+        if len(leaves) >= MAX_STATE_LEAVES:
+            return
+        if value is None or isinstance(value, (bool, int, str, bytes)):
+            leaves[path] = value
+        elif isinstance(value, float):
+            leaves[path] = _Shown(repr(value))  # NaN equals NaN here
+        elif isinstance(value, torch.Tensor):
+            t = value.detach().cpu()
+            t = t.float() if t.dtype == torch.bfloat16 else t
+            digest = hashlib.sha1(t.contiguous().numpy().tobytes()).hexdigest()
+            leaves[path] = (tuple(t.shape), str(value.dtype), digest)
+        elif isinstance(value, torch.Generator):
+            leaves[path] = hashlib.sha1(value.get_state().numpy().tobytes()).hexdigest()
+        elif left <= 0 or id(value) in seen or callable(getattr(value, "forward", None)) or isinstance(
+                value, (types.ModuleType, types.FunctionType, types.MethodType, type, torch.nn.Module)):
+            return
+        else:
+            seen.add(id(value))
+            if isinstance(value, dict):
+                for key in sorted(value, key=repr):
+                    visit(value[key], f"{path}[{key!r}]", left - 1)
+            elif isinstance(value, (list, tuple)):
+                for i, item in enumerate(value):
+                    visit(item, f"{path}[{i}]", left - 1)
+            elif isinstance(value, (set, frozenset)):
+                leaves[path] = tuple(sorted(map(repr, value)))
+            else:
+                names = [f.name for f in attrs.fields(type(value))] if attrs.has(type(value)) else []
+                names += list(getattr(value, "__dict__", {}))
+                for name in dict.fromkeys(names):
+                    if hasattr(value, name):
+                        visit(getattr(value, name), f"{path}.{name}" if path else name, left - 1)
+
+    visit(obj, "", depth)
+    return leaves
+
+
+class _Shown(str):
+    """A float's repr, compared as text (so NaN equals NaN) and shown without quotes."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def first_difference(a: dict[str, Any], b: dict[str, Any]) -> Optional[tuple[str, Any, Any]]:
+    """The first attribute path whose value differs between two ``state_of`` results."""
+    for key in list(a) + [k for k in b if k not in a]:
+        if a.get(key, "<absent>") != b.get(key, "<absent>"):
+            return key, a.get(key, "<absent>"), b.get(key, "<absent>")
+    return None
 
 
 # -- tiny pairs and the stack's stand-in artifacts -----------------------------------------------------
@@ -223,6 +373,7 @@ class Stack:
 
     def __init__(self, config: Optional[str], overrides: Sequence[str], plugins: Sequence[Any], pairs: Pairs):
         self.config, self.overrides, self.plugins, self.pairs = config, list(overrides), list(plugins), pairs
+        self.last_watch: Optional[Watch] = None  # the latest watched engine's (the isolation check reads it)
         cfg = load_config(config, self.overrides, extra_plugins=self.plugins, require_models=False)
         self.stack = check_stack(cfg, extra_plugins=self.plugins, require_models=False)
         self.needs_draft = self.stack.needs("draft_model")
@@ -245,8 +396,8 @@ class Stack:
         pm = new_plugin_manager(self.plugins)
         truth = Truth()
         if watch:
-            pm.register(truth, name="check:truth")
-            watch_contracts(pm)
+            pm.register(truth, name=f"{CHECK_PREFIX}truth")
+            self.last_watch = Watch(pm).install()
         used = None
         if self.needs_draft:
             used = WatchedLM(draft, truth) if watch else draft

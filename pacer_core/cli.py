@@ -326,13 +326,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from yaml import YAMLError
 
     parser = make_parser()
+    args = None
     try:
         args = parser.parse_args(argv)
         if getattr(args, "run", None) is None:
             raise _UsageError(f"choose a command: {', '.join(COMMANDS)}; see `{PROG} --help`")
         return args.run(args)
-    except SystemExit as exc:  # --help
-        return exc.code if isinstance(exc.code, int) else 0
+    except SystemExit as exc:
+        if args is None:  # argparse: --help (0) or a usage error (2)
+            return exc.code if isinstance(exc.code, int) else 0
+        # raised while the command ran (a plugin's sys.exit): it did not finish, so never exit 0
+        _error(f"the command stopped early: something it ran (a plugin?) raised SystemExit({exc.code!r}); "
+               "its work is incomplete")
+        return exc.code if isinstance(exc.code, int) and exc.code != 0 else 1
     except (_UsageError, PacerError) as exc:
         _error(str(exc))
         return EXIT_USAGE

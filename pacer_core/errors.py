@@ -16,3 +16,8 @@ class ConfigError(PacerError):
 
 class InputError(PacerError):
     """A prompt, budget or model pairing cannot be decoded."""
+
+
+class PluginError(PacerError):
+    """A plugin broke a hook's contract (a wrong return, an exception of its own): the message names
+    the plugin, the hook and what it should do instead (``pacer_core.hookcheck``)."""

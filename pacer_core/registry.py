@@ -15,7 +15,7 @@ from typing import Any, Iterable, Iterator, Optional
 import attrs
 import pluggy
 
-from . import hookspecs
+from . import hookcheck, hookspecs
 from .errors import ConfigError
 from .types import Component
 
@@ -72,7 +72,7 @@ def check_hooks(pm: pluggy.PluginManager) -> None:
 def components(pm: pluggy.PluginManager) -> dict[str, dict[str, Component]]:
     """kind → name → Component, from every registered plugin module's ``pacer_components``."""
     table: dict[str, dict[str, Component]] = {kind: {} for kind in KINDS}
-    offered_all = [c for offered in pm.hook.pacer_components() for c in (offered or ())]
+    offered_all = [c for offered in offered_components(pm) for c in offered]
     supplied = RUN_CAPABILITIES | {cap for c in offered_all for cap in c.provides}
     for component in offered_all:
         if component.kind not in table:
@@ -89,6 +89,24 @@ def components(pm: pluggy.PluginManager) -> dict[str, dict[str, Component]]:
             )
         table[component.kind][component.name] = component
     return table
+
+
+def offered_components(pm: pluggy.PluginManager) -> list[list[Component]]:
+    """Each registered plugin's ``pacer_components()`` list, in pluggy's call order; a plugin whose
+    hook raises or returns anything but a list of ``Component`` is refused in one line, named."""
+    lists = []
+    for impl in hookcheck.implementers(pm, "pacer_components"):
+        try:
+            offered = impl.function()
+        except Exception as exc:  # noqa: BLE001 - a plugin's bug, reported as one line naming it
+            raise ConfigError(f"plugin {impl.plugin_name}: pacer_components raised {hookcheck.describe(exc)}") from None
+        if offered is None:
+            continue
+        problem = hookcheck.result_problem("pacer_components", offered)
+        if problem is not None:
+            raise ConfigError(f"plugin {impl.plugin_name}: pacer_components {problem}")
+        lists.append(list(offered))
+    return lists
 
 
 def lookup(table: dict[str, dict[str, Component]], kind: str, name: Optional[str], where: str) -> Component:

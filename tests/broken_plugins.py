@@ -99,6 +99,88 @@ class WrongParent:
         return DraftBlock(torch.tensor([a1]), q0[None], sampled=not self.sampling.greedy, side=side, forwards=3)
 
 
+@attrs.define
+class ReturnsConfig:
+    value: str = "class"  # which wrong value: a key of Returns.VALUES
+
+
+class Returns:
+    """WRONG: a stop returning what pacer_draft_more may not (the class Stop, a float, 0, -5, a list),
+    from the second token on, or raising (``raise``) or exiting (``exit``) there."""
+
+    VALUES = {"class": Stop, "float": 1.0, "zero": 0, "negative": -5, "list": [1, 2], "keep": Stop(keep=1.5)}
+
+    def __init__(self, config, resources):
+        self.value = config.value
+
+    @hookimpl
+    def pacer_draft_more(self, state, draft):
+        if len(draft) < 1:
+            return 1
+        if self.value == "raise":
+            raise ValueError("a bug in the stop")
+        if self.value == "exit":
+            raise SystemExit(0)
+        return self.VALUES[self.value]
+
+
+class ListProposer:
+    """WRONG: a drafter returning a list of token ids instead of a DraftBlock."""
+
+    def __init__(self, config, resources):
+        pass
+
+    @hookimpl
+    def pacer_propose(self, state, draft, num_tokens):
+        return [state.tokens[-1]] * num_tokens
+
+
+@attrs.define
+class DriftingConfig:
+    floor: float = 0.01
+    max_tokens: int = 4
+
+
+class Drifting:
+    """WRONG under sampling: a probability-floor stop whose floor creeps up by 1e-9 every generation,
+    too little to change one decision on any model within a check, but state carried across
+    generations all the same (a seed no longer reproduces its output once it has crept far enough)."""
+
+    def __init__(self, config, resources):
+        self.config, self.floor = config, config.floor
+
+    @hookimpl
+    def pacer_start(self, state):
+        self.floor += 1e-9
+
+    @hookimpl
+    def pacer_draft_more(self, state, draft):
+        n = len(draft)
+        if n >= self.config.max_tokens or n and draft.draft_probs[n - 1, draft.tokens[n - 1]] < self.floor:
+            return Stop()
+        return 1
+
+
+@attrs.define
+class ScribbleConfig:
+    target: str = "state"  # "state": overwrites a committed token; "draft": a draft token
+
+
+class Scribble:
+    """WRONG: a stop that writes into what only the engine writes: ``state.tokens`` or the draft."""
+
+    def __init__(self, config, resources):
+        self.target = config.target
+
+    @hookimpl
+    def pacer_draft_more(self, state, draft):
+        if self.target == "state":
+            state.tokens[-1] = 0
+        elif len(draft):
+            draft.tokens[-1] = 0
+        return 2
+
+
 @hookimpl
 def pacer_components():
     return [
@@ -108,4 +190,9 @@ def pacer_components():
         Component("stop", "one_more", NoOptions, OneMore, "WRONG: keeps one token more than drafted"),
         Component("drafter", "wrong_parent", NoOptions, WrongParent, "WRONG: files a node under the wrong parent",
                   needs={"draft_model"}, provides={"draft_probs"}),
+        Component("stop", "returns", ReturnsConfig, Returns, "WRONG: returns a value pacer_draft_more may not"),
+        Component("drafter", "list_proposer", NoOptions, ListProposer, "WRONG: proposes a list, not a DraftBlock"),
+        Component("stop", "drifting", DriftingConfig, Drifting, "WRONG: its floor drifts from one generation on",
+                  needs={"draft_probs"}),
+        Component("stop", "scribble", ScribbleConfig, Scribble, "WRONG: writes into state.tokens or the draft"),
     ]

@@ -8,6 +8,7 @@ The default suite runs cheap stacks and single cases (``--case``); every shipped
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,7 @@ def test_a_cheap_shipped_stack_passes(capsys):
     code, result = check(capsys, "-c", str(ROOT / "configs" / "sampling.yaml"))
     assert code == 0 and result["passed"], result
     assert {c["check"]: c["cases"] > 0 for c in result["checks"]} == dict.fromkeys(
-        ["greedy", "distribution", "sample_match", "repeatability", "options"], True)
+        ["load", "greedy", "distribution", "sample_match", "repeatability", "isolation", "options"], True)
 
 
 @pytest.mark.slow
@@ -82,6 +83,143 @@ def test_the_table_names_the_failing_case_and_its_rerun(capsys):
     assert code == 1
     row = next(line for line in out.splitlines() if line.startswith("greedy"))
     assert "FAIL" in row and "Stop(keep=" in row and "rerun: pacer check" in row
+
+
+# -- a plugin's bug is a failing row naming the plugin, the hook, the case and the rerun, never a traceback --
+def failing_row(capsys, *argv) -> dict:
+    """The one failing row of ``pacer check --quick --json argv`` (exit 1, no traceback)."""
+    code, out, err = run_cli(["check", "--quick", "--json", *argv], capsys)
+    assert code == 1 and "Traceback" not in out + err, err
+    result = json.loads(out)
+    rows = [c for c in result["checks"] if c["failed"]]
+    assert not result["passed"] and len(rows) == 1, rows
+    assert "--case" in rows[0]["rerun"] and rows[0]["failed"] in rows[0]["rerun"]
+    return rows[0]
+
+
+@pytest.mark.parametrize("value, needle", [
+    ("class", "returned the class Stop, not a Stop: return Stop()"),
+    ("float", "returned float 1.0: return a positive int"),
+    ("zero", "returned 0: return a positive int"),
+    ("negative", "returned -5: return a positive int"),
+    ("list", "returned list [1, 2]"),
+    ("keep", "returned Stop(keep=1.5): keep must be an int"),
+    ("raise", "raised ValueError: a bug in the stop at "),
+    ("exit", "raised SystemExit(0) at "),
+])
+def test_a_stop_returning_a_wrong_value_or_raising_is_a_named_failing_row(capsys, value, needle):
+    row = failing_row(capsys, "--plugin", BROKEN, f"strategy.stop=[{{name: returns, value: {value}}}]",
+                      "--case", "greedy/prompt=plain")
+    assert row["failed"] == "greedy/prompt=plain"
+    assert row["reason"].startswith("strategy.stop[0]:returns: pacer_draft_more ") and needle in row["reason"]
+
+
+def test_a_drafter_proposing_a_list_is_a_named_failing_row(capsys):
+    row = failing_row(capsys, "--plugin", BROKEN, "strategy.drafter={name: list_proposer}",
+                      "--case", "greedy/prompt=plain")
+    assert row["reason"].startswith("strategy.drafter:list_proposer: pacer_propose returned list [")
+    assert "return a pacer_core.DraftBlock" in row["reason"]
+
+
+@pytest.mark.parametrize("target, what", [("state", "state.tokens"), ("draft", "the draft's tokens")])
+def test_a_stop_writing_into_the_state_or_the_draft_is_a_named_failing_row(capsys, target, what):
+    row = failing_row(capsys, "--plugin", BROKEN, f"strategy.stop=[{{name: scribble, target: {target}}}]",
+                      "--case", "greedy/prompt=plain")
+    assert row["reason"].startswith(f"strategy.stop[0]:scribble: pacer_draft_more changed {what} in place")
+
+
+def test_a_stop_whose_floor_drifts_across_generations_fails_isolation(capsys):
+    """The floor creeps by 1e-9 a generation: no decision changes on the tiny models, the state does."""
+    row = failing_row(capsys, "--plugin", BROKEN, "strategy.drafter={name: draft_model}",
+                      "strategy.stop=[{name: drifting}]", "--case", "isolation/t0.7")
+    assert row["failed"] == "isolation/t0.7"
+    assert row["reason"].startswith("strategy.stop[0]:drifting starts generation 3 with floor = 0.01")
+    assert "reset it in pacer_start" in row["reason"]
+
+
+def test_isolation_compares_every_hook_decision_with_a_fresh_engine():
+    from pacer_bench.check import _same_decisions
+
+    class Watch:
+        def names(self, hook):
+            return ["strategy.stop[0]:s"]
+
+    want = [("pacer_draft_more", (3,)), ("pacer_propose", ("block", (1, 2, 3))), ("pacer_verify", ("v", 3))]
+    _same_decisions(want, list(want), "generation 2's", Watch())
+    with pytest.raises(AssertionError, match=r"strategy.stop\[0\]:s: pacer_draft_more decides \(2,\) at step 1"):
+        _same_decisions(want + [("pacer_draft_more", (3,))], want + [("pacer_draft_more", (2,))], "x", Watch())
+    with pytest.raises(AssertionError, match="makes 2 hook decisions where generation 1 made 3"):
+        _same_decisions(want, want[:2], "generation 3's", Watch())
+
+
+def plugin_file(tmp_path: Path, name: str, body: str) -> str:
+    path = tmp_path / f"{name}.py"
+    path.write_text("from pacer_core import hookimpl\n\n" + body)
+    return str(path)
+
+
+@pytest.mark.parametrize("body, needle", [
+    ("raise SystemExit(0)\n", "raised SystemExit(0) on import at "),
+    ("import sys\nsys.exit()\n", "raised SystemExit(None) on import"),
+    ("raise RuntimeError('boom')\n", "raised RuntimeError: boom on import"),
+    ("@hookimpl\ndef pacer_components():\n    return [1, 'x', None]\n",
+     "pacer_components returned a list whose item 0 is int 1: every item must be a pacer_core.Component"),
+    ("@hookimpl\ndef pacer_components():\n    return 'prob_floor'\n",
+     "pacer_components returned str 'prob_floor': return a list of pacer_core.Component"),
+    ("@hookimpl\ndef pacer_components():\n    raise SystemExit(3)\n", "pacer_components raised SystemExit(3)"),
+], ids=["exit-0", "exit-none", "raises", "list-of-junk", "a-string", "components-exit"])
+def test_a_broken_plugin_module_fails_the_load_row_and_json_still_prints(capsys, tmp_path, body, needle):
+    spec = plugin_file(tmp_path, "broken_module", body)
+    code, out, err = run_cli(["check", "--quick", "--json", "--plugin", spec], capsys)
+    assert code == 1 and "Traceback" not in out + err
+    result = json.loads(out)
+    assert not result["passed"] and [c["check"] for c in result["checks"]] == ["load"]
+    row = result["checks"][0]
+    assert row["failed"] == f"load/plugin={spec}" and needle in row["reason"] and "--case" in row["rerun"]
+    code, out, _ = run_cli(["check", "--quick", "--plugin", spec], capsys)  # the table says the same
+    assert code == 1 and "load" in out and "FAIL" in out and "rerun: pacer check" in out
+
+
+def test_an_installed_plugin_offering_a_wrong_list_is_refused_naming_it():
+    import types
+
+    from pacer_core import ConfigError, hookimpl, load_config
+
+    for offered, needle in (([1, "x", None], "item 0 is int 1"), ("prob_floor", "returned str 'prob_floor'")):
+        module = types.ModuleType("offers_junk")
+        module.pacer_components = hookimpl(lambda offered=offered: offered)
+        with pytest.raises(ConfigError, match="plugin offers_junk: pacer_components ") as caught:
+            load_config(extra_plugins=[module], require_models=False)
+        assert needle in str(caught.value)
+
+
+def test_a_component_list_given_as_a_string_is_refused_not_replaced_by_the_default(capsys):
+    for override in ("strategy.stop=fixed", "strategy.stop='[{name: fixed}]'", "strategy.observers=metrics"):
+        code, _, err = run_cli(["check", "--quick", override], capsys)
+        assert_one_line_error(code, err, "bad value for", "give a value of type List")
+
+
+def test_json_prints_a_result_for_a_usage_error_too(capsys):
+    code, out, err = run_cli(["check", "--quick", "--json", "strategy.drafter={name: nonesuch}"], capsys)
+    assert_one_line_error(code, err, "unknown drafter 'nonesuch'")
+    result = json.loads(out)
+    assert result["passed"] is False and "unknown drafter 'nonesuch'" in result["error"]
+
+
+def test_main_never_turns_a_command_s_system_exit_into_success(capsys, monkeypatch):
+    from pacer_core import cli
+    from pacer_core.commands import COMMANDS
+
+    def setup(parser):
+        parser.add_argument("--code", type=int)
+        return lambda args: sys.exit(args.code)
+
+    monkeypatch.setitem(COMMANDS, "exits-early", ("a command that calls sys.exit", setup))
+    for argv, want in ((["exits-early"], 1), (["exits-early", "--code", "0"], 1), (["exits-early", "--code", "4"], 4)):
+        assert cli.main(argv) == want
+        err = capsys.readouterr().err
+        assert err.startswith("pacer: error: the command stopped early") and len(err.splitlines()) == 1
+    assert cli.main(["exits-early", "--help"]) == 0  # argparse's own exits keep their codes
 
 
 @pytest.mark.parametrize("argv, needles", [
