@@ -63,6 +63,16 @@ _COLUMNS = ("| stack | prompts | tok/s | speedup | τ | acceptance | mean draft 
             "| first divergence (min / median) |")
 
 
+def _draft(c: dict) -> str:
+    """Mean draft: main-path tokens per step; where side nodes reach deeper than the main path's tip
+    (Ouroboros' candidate suffixes), the tree's depth follows in brackets, so suffixes are never read
+    as draft length."""
+    main, depth = c.get("mean_main_path"), c.get("mean_draft_length")
+    if main is None or depth is None or abs(depth - main) < 0.005:
+        return _fmt(depth)
+    return f"{_fmt(main)} (depth {_fmt(depth)})"
+
+
 def _stop(c: dict) -> str:
     """The stop time, with M_B's own share in brackets where a PACER stop ran."""
     stop = _fmt(c["stop_share"], "pct")
@@ -75,7 +85,7 @@ def _row(name: str, c: dict) -> str:
     return (f"| {name} | {c['records']} | {_fmt(c['tokens_per_s'], 'f1')} | "
             f"{format_interval(c['speedup'], c.get('speedup_ci'), '.2f', '×')} | "
             f"{format_interval(c['tau'], c.get('tau_ci'))} | {_fmt(c['acceptance_rate'], 'pct')} | "
-            f"{_fmt(c['mean_draft_length'])} | "
+            f"{_draft(c)} | "
             f"{_fmt(c.get('mean_nodes_per_step'))} | "
             f"{_fmt(c['target_forwards_per_token'])} | {_fmt(c['draft_forwards_per_token'])} | "
             f"{_fmt(c['draft_share'], 'pct')} | {_fmt(c['verify_share'], 'pct')} | {_stop(c)} | "
@@ -168,7 +178,9 @@ def render(results: dict, plots: list[str]) -> str:
              f"max_new_tokens {s.get('max_new_tokens')}, sampling {s.get('sampling')}, "
              f"ignore_eos {s.get('ignore_eos')}.",
              f"Baseline: `{results['baseline']}` (the same engine, no draft). Speedup = tokens/s ratio of totals "
-             "on the same prompts; identical = outputs equal to autoregressive token for token. [low, high]: "
+             "on the same prompts; identical = outputs equal to autoregressive token for token. τ = emitted tokens "
+             "÷ steps, every step counted (the first, which verified the prefill's token, included); mean draft = "
+             "main-path tokens per step (where side nodes reach deeper, the tree's depth in brackets). [low, high]: "
              "95% interval, paired bootstrap over prompts and repeats (docs/benchmarks.md#confidence-intervals).", ""]
     if results["skipped"]:
         lines += ["Skipped: " + "; ".join(f"`{k}` ({v})" for k, v in results["skipped"].items()), ""]
@@ -242,7 +254,7 @@ def ablation_markdown(ablation: dict) -> str:
         lines.append(f"| {r['stack']} | {values} | {r['records']} | "
                      f"{format_interval(r['speedup'], r.get('speedup_ci'), '.2f', '×')} | "
                      f"{format_interval(r['tau'], r.get('tau_ci'))} | "
-                     f"{_fmt(r['acceptance_rate'], 'pct')} | {_fmt(r['mean_draft_length'])} | "
+                     f"{_fmt(r['acceptance_rate'], 'pct')} | {_draft(r)} | "
                      f"{_fmt(r.get('mean_nodes_per_step'))} | {r['identical']}/{r['paired']} |")
     return "\n".join(lines)
 

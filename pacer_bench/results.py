@@ -96,6 +96,15 @@ def host_ms_per_step(records: list[dict]) -> Optional[float]:
     return None if ratio is None else 1000 * ratio
 
 
+def main_path(records: list[dict], steps: float) -> Optional[float]:
+    """Main-path tokens per step (what the stop policies asked for), or None where a record predates
+    ``main_path_per_step``. Below the depth (``mean_draft_length``) where side nodes reach deeper
+    than the main path's tip, as Ouroboros' candidate suffixes do."""
+    if not records or any("main_path_per_step" not in r["metrics"] for r in records):
+        return None
+    return _ratio(sum(sum(r["metrics"]["main_path_per_step"]) for r in records), steps)
+
+
 def cell(records: list[dict], reference: dict[tuple, dict]) -> dict[str, Any]:
     """One stack's numbers over ``records``; ``reference`` maps keys to autoregressive records."""
     new = float(sum(len(r["tokens"]) for r in records))
@@ -122,6 +131,7 @@ def cell(records: list[dict], reference: dict[tuple, dict]) -> dict[str, Any]:
         "tau": _ratio(emitted, steps),
         "acceptance_rate": _ratio(accepted, drafted),
         "mean_draft_length": _ratio(drafted, steps),
+        "mean_main_path": main_path(records, steps),
         "mean_nodes_per_step": _ratio(sum(_nodes(r) for r in records), steps),
         "target_forwards_per_token": _ratio(_sum(records, "target_forwards"), new),
         "draft_forwards_per_token": _ratio(_sum(records, "draft_forwards"), new),
@@ -309,6 +319,6 @@ def summarize(meta: dict, records: list[dict], cost_file: Optional[dict] = None)
             if numbers is not None:
                 rows.append({"stack": name, **point, **{k: numbers.get(k) for k in (
                     "records", "speedup", "speedup_ci", "tau", "tau_ci", "acceptance_rate", "mean_draft_length",
-                    "mean_nodes_per_step", "identical", "paired")}})
+                    "mean_main_path", "mean_nodes_per_step", "identical", "paired")}})
         results["ablation"] = {"keys": ablation["keys"], "rows": rows}
     return results

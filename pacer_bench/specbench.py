@@ -243,6 +243,11 @@ def speed_report(files: dict[str, list[dict]]) -> dict[str, dict[str, dict[str, 
     return report
 
 
+TAU_NOTE = ("Mean accepted tokens is Spec-Bench's count, not the report's τ: its runners count the prefill's token "
+            "with the first decoding step (one step fewer per answer), so for the same stack it reads higher than τ "
+            "in the tables above (τ × steps ÷ (steps − 1) for an answer of that many steps).")
+
+
 def speed_markdown(specbench: dict) -> list[str]:
     """The report's Spec-Bench section: where the files are, then one table per baseline."""
     def fmt(value: Optional[float], spec: str, unit: str = "") -> str:
@@ -254,7 +259,7 @@ def speed_markdown(specbench: dict) -> list[str]:
              "Computed as Spec-Bench's `evaluation/speed.py` does (choice 0; per question, new tokens ÷ wall "
              "time over its turns; the mean over questions; speedup = that mean ÷ the baseline's; mean accepted "
              "tokens over all steps, counted as its runners count them); [low, high]: 95% interval, bootstrap over "
-             "questions: see docs/benchmarks.md.", ""]
+             "questions: see docs/benchmarks.md.", "", TAU_NOTE, ""]
     for baseline, rows in specbench["speed"].items():
         lines += [f"Against `{baseline}`:", "",
                   "| stack | task | questions | tok/s | baseline tok/s | speedup | mean accepted tokens |",
@@ -298,7 +303,7 @@ def leaderboard_markdown(specbench: dict, prompt_sets: Sequence[str]) -> list[st
     lines = ["## Spec-Bench leaderboard", "",
              f"Speedup over `{baseline}` per Spec-Bench task, as its leaderboard lays it out (speed.py's figures: "
              "the mean of per-question speeds ÷ the baseline's; #Mean Accepted Tokens: per decoding step, counted as "
-             "its runners count them); [low, high]: 95% interval, bootstrap over questions.", ""]
+             "its runners count them); [low, high]: 95% interval, bootstrap over questions.", "", TAU_NOTE, ""]
     if missing:
         offline = FOLDER in prompt_sets
         lines += [f"Not in this run: {', '.join(missing)}" + (
@@ -311,7 +316,7 @@ def leaderboard_markdown(specbench: dict, prompt_sets: Sequence[str]) -> list[st
         cells = [speedup(figures.get(task)) for task, _ in LEADERBOARD]
         lines.append(f"| {model_id} | " + " | ".join(cells) + f" | {tau(figures.get(OVERALL))} | "
                      f"{speedup(figures.get(OVERALL))} |")
-    lines += ["", "Mean accepted tokens (τ) per task:", "",
+    lines += ["", "Mean accepted tokens per task (Spec-Bench's count, not the report's τ):", "",
               "| stack | " + " | ".join(titles) + " | Overall |", "|---|" + "---|" * (len(titles) + 1)]
     for model_id, figures in rows.items():
         cells = [tau(figures.get(task)) for task, _ in LEADERBOARD] + [tau(figures.get(OVERALL))]

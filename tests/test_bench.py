@@ -39,7 +39,7 @@ from pacer_bench.oracle import (
     steps_from_metrics,
 )
 from pacer_bench.run import run_bench
-from pacer_core import cli
+from pacer_core import cli, hookimpl
 from pacer_core.errors import InputError
 from pacer_core.hf import hf_generate_traced
 from pacer_core.metrics import step_metrics
@@ -969,3 +969,123 @@ def test_report_compare_says_whether_two_stacks_differ_beyond_the_noise(finished
     assert err.startswith("pacer: error: --compare: 'nope' has no record in") and "fixed2" in err
     code, _, err = run_cli(["report", str(finished), "--compare", "long", "long"], capsys)
     assert code == 2 and "names 'long' twice" in err
+
+
+# -- one bench per folder; SIGTERM ----------------------------------------------------------------------
+def test_a_second_bench_on_a_locked_folder_is_refused_in_one_line(tmp_path, tiny, capsys):
+    """Another process holding the folder's lock (a bench running there): `pacer bench` on the same
+    --out is refused before anything is read or run, naming the holder; once it is gone, it runs."""
+    import subprocess
+    import sys
+
+    config = write_bench(tmp_path, STACKS, n=1)
+    out = tmp_path / "out"
+    out.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time\n"
+        f"fd = os.open({str(out / '.bench.lock')!r}, os.O_RDWR | os.O_CREAT)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "os.write(fd, f'{os.getpid()}\\n'.encode())\n"
+        "print('locked', flush=True)\n"
+        "sys.stdin.read()\n")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        code, _, err = run_cli(["bench", "--config", str(config), "--out", str(out), "--no-progress"], capsys)
+        assert_one_line(code, err, f"--out '{out}' is being written by another pacer bench (pid {holder.pid})",
+                        "choose another --out")
+        assert not (out / "answers.jsonl").exists()
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    code, _, err = run_cli(["bench", "--config", str(config), "--out", str(out), "--no-progress"], capsys)
+    assert code == 0, err
+
+
+def test_the_lock_is_held_for_the_run_and_released_after(tmp_path, models):
+    from pacer_bench.run import folder_lock
+
+    config = write_bench(tmp_path, STACKS, n=1)
+    cfg, stacks = read_bench_config(config)
+    out = tmp_path / "out"
+    out.mkdir()
+    with folder_lock(out):  # a bench running there (flock conflicts across open files, in one process too)
+        with pytest.raises(InputError, match="is being written by another pacer bench"):
+            run_bench(cfg, stacks, out, models=models, progress=False, report=False)
+    assert run_bench(cfg, stacks, out, models=models, progress=False, report=False) == 0
+    with folder_lock(out):  # released when the run returned
+        pass
+
+
+class Terminate:
+    """Sends this process SIGTERM when the ``after``-th engine generation finishes."""
+
+    def __init__(self, after: int):
+        self.after, self.count = after, 0
+
+    @hookimpl
+    def pacer_finish(self, state, result):
+        import os
+        import signal
+
+        self.count += 1
+        if self.count == self.after:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_sigtermed_bench_says_so_keeps_its_records_and_exits_143(tmp_path, models, capsys):
+    import signal
+
+    config = write_bench(tmp_path, STACKS, n=2)
+    cfg, stacks = read_bench_config(config)
+    out = tmp_path / "out"
+    before = signal.getsignal(signal.SIGTERM)
+    code = run_bench(cfg, stacks, out, models=models, progress=False, extra_plugins=[Terminate(3)])
+    err = capsys.readouterr().err
+    assert code == 143 and "terminated (SIGTERM): 2/8 generations kept" in err and "rerun the same command" in err
+    assert len(read_answers(out)) == 2 and signal.getsignal(signal.SIGTERM) is before
+    assert run_bench(cfg, stacks, out, models=models, progress=False, report=False) == 0  # resumes
+    assert len(read_answers(out)) == 8
+
+
+def test_mean_draft_counts_the_main_path_and_shows_a_deeper_tree_apart():
+    """Ouroboros' candidate suffixes hang below the main path's tip: the depth (5.83 with fixed γ=3)
+    is not the draft length the stop asked for; the report gives the main path, the depth beside it."""
+    from types import SimpleNamespace
+
+    from pacer_bench.report import _draft
+    from pacer_bench.results import cell
+    from pacer_plugins.pacer_builtins.observers import Metrics, MetricsConfig
+
+    class Draft:  # a main path of `main` tokens, side nodes reaching `depth`
+        def __init__(self, main: int, depth: int):
+            self.main, self.depth, self.num_nodes = main, depth, depth + 2
+
+        def __len__(self) -> int:
+            return self.main
+
+    metrics = Metrics(MetricsConfig(), None)
+    for depth in (6, 5, 3):
+        step = SimpleNamespace(emitted=[1, 2], draft=Draft(3, depth), verdict=SimpleNamespace(accepted=1),
+                               draft_forwards=1, draft_s=0.0, verify_s=0.0, stop_s=0.0)
+        metrics.pacer_observe_step(state=None, step=step)
+    m = metrics.pacer_finish(state=None, result=None)
+    assert m["main_path_per_step"] == [3, 3, 3] and m["drafted_per_step"] == [6, 5, 3]
+    record = {"prompt_set": "s", "question_id": "q", "tokens": [0] * 6, "metrics": {**m, "wall_s": 1.0}}
+    c = cell([record], {})
+    assert c["mean_main_path"] == 3.0 and c["mean_draft_length"] == pytest.approx(14 / 3)
+    assert _draft(c) == "3.00 (depth 4.67)"
+    assert _draft({"mean_main_path": 2.0, "mean_draft_length": 2.0}) == "2.00"  # a chain: one figure
+    assert _draft({"mean_main_path": None, "mean_draft_length": 2.5}) == "2.50"  # an older record
+
+
+def test_spec_bench_mean_accepted_tokens_is_told_apart_from_tau():
+    from pacer_bench.specbench import TAU_NOTE, leaderboard_markdown, speed_markdown
+
+    figures = {"overall": {"questions": 2, "tokens_per_s": 10.0, "baseline_tokens_per_s": 5.0, "speedup": 2.0,
+                           "mean_accepted_tokens": 2.27}}
+    specbench = {"files": {"a": "specbench/a.jsonl"}, "speed": {"autoregressive": {"a": figures}}}
+    speed = "\n".join(speed_markdown(specbench))
+    assert TAU_NOTE in speed and speed.index(TAU_NOTE) < speed.index("| stack | task |")  # read before the table
+    assert "not the report's τ" in TAU_NOTE and "prefill" in TAU_NOTE
+    board = "\n".join(leaderboard_markdown(specbench, ["specbench"]))
+    assert TAU_NOTE in board and "Mean accepted tokens (τ)" not in board

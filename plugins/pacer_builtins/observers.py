@@ -20,7 +20,9 @@ class MetricsConfig:
 class Metrics:
     """steps, drafted/accepted/emitted counts, τ, acceptance per depth, tree nodes per step and the
     time split of one generation. On a tree, a step's drafted count is the tree's depth and its
-    accepted count the accepted path's length."""
+    accepted count the accepted path's length; ``main_path_per_step`` is the main path's length (the
+    tokens the stop policies asked for), shorter than the depth where side nodes hang below the main
+    path's tip (Ouroboros' candidate suffixes)."""
 
     def __init__(self, config: MetricsConfig, resources: Resources):
         self.reset()
@@ -29,6 +31,7 @@ class Metrics:
         self.draft_s = self.verify_s = self.stop_s = 0.0
         self.accept_lengths: list[int] = []  # emitted tokens per step
         self.drafted_per_step: list[int] = []
+        self.main_path_per_step: list[int] = []  # the main path's length (a chain: its length)
         self.accepted_per_step: list[int] = []
         self.nodes_per_step: list[int] = []  # tokens the target verified (tree nodes)
         self.draft_forwards_per_step: list[int] = []  # what a replay charges the drafter (pacer replay)
@@ -41,6 +44,7 @@ class Metrics:
     def pacer_observe_step(self, state, step) -> None:
         self.accept_lengths.append(len(step.emitted))
         self.drafted_per_step.append(step.draft.depth)
+        self.main_path_per_step.append(len(step.draft))
         self.accepted_per_step.append(step.verdict.accepted)
         self.nodes_per_step.append(step.draft.num_nodes)
         self.draft_forwards_per_step.append(step.draft_forwards)
@@ -54,6 +58,7 @@ class Metrics:
             **step_metrics(self.accept_lengths, self.drafted_per_step, self.accepted_per_step,
                            self.nodes_per_step),
             "draft_forwards_per_step": list(self.draft_forwards_per_step),
+            "main_path_per_step": list(self.main_path_per_step),
             "draft_s": self.draft_s,
             "verify_s": self.verify_s,
             "stop_s": self.stop_s,
