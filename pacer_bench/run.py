@@ -6,15 +6,25 @@ prompt, plain autoregressive decoding runs first, then each stack, then each ext
 Spec-Bench-style record to ``DIR/answers.jsonl`` (flushed and fsynced); a rerun skips the
 (prompt, stack, repeat) keys already there. The report (``pacer_bench.report``) is computed from that
 file alone. The bench YAML schema is documented in docs/benchmarks.md.
+
+One bench writes a folder at a time: ``folder_lock`` holds an advisory lock (``flock``) on
+``DIR/.bench.lock`` for the whole run, released when the process ends however it ends, and a second
+``pacer bench`` (or ``pacer ablate``) on the same folder is refused in one line naming the holder's
+pid; two writers would time their records under each other's load and could drop each other's
+records when one rewrites the log. Ctrl-C exits 130 and SIGTERM 143, each saying what was kept.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import signal
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import attrs
 
@@ -72,17 +82,82 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+LOCK = ".bench.lock"
+EXIT_TERMINATED = 128 + signal.SIGTERM  # 143, as a shell reports a process SIGTERM ended
+
+
+@contextmanager
+def folder_lock(out: Path) -> Iterator[None]:
+    """Hold the advisory lock of the bench folder ``out`` (``flock`` on ``out/.bench.lock``, holding
+    this process's pid) while the block runs; the kernel releases it when the file is closed or the
+    process ends, even by SIGKILL. Held by another process: ``InputError`` naming it."""
+    path = out / LOCK
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise InputError(f"--out '{out}': its lock file '{path}' cannot be opened "
+                         f"({exc.strerror or type(exc).__name__}): choose another --out") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            by = f" (pid {holder})" if holder.isdigit() else ""
+            raise InputError(f"--out '{out}' is being written by another pacer bench{by}: wait for it to finish, "
+                             "or choose another --out") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the bench was, so it stops as Ctrl-C does (finished records kept)."""
+
+
+@contextmanager
+def _sigterm_stops() -> Iterator[None]:
+    """While the block runs (in the main thread), SIGTERM raises ``Terminated``."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run_bench(bench: BenchConfig, stacks: dict[str, PacerConfig], out: Path, *, models: Optional[Models] = None,
               extra_plugins: Sequence[Any] = (), progress: bool = True, report: bool = True,
               ablation: Optional[dict] = None) -> int:
     """Run (or resume) the bench into ``out``; write the report at the end. Returns the exit code
-    (0, or 130 after Ctrl-C with the finished records kept)."""
+    (0, or 130 after Ctrl-C and 143 after SIGTERM with the finished records kept). The folder is
+    locked for the run (``folder_lock``)."""
     # before models load
     prompt_sets = {name: load_prompts(name, bench.limit, bench.skip) for name in bench.prompt_sets}
     if not any(prompt_sets.values()):
         skipped = f" after skipping {bench.skip} per set" if bench.skip else ""
         raise InputError(f"no prompt to run: the prompt sets are empty{skipped}; check skip, --limit and the files")
     out = check_out_dir(out, "--out")  # a file, /dev/null or a read-only place is refused before models load
+    try:
+        with folder_lock(out), _sigterm_stops():
+            return _run_locked(bench, stacks, out, prompt_sets, models=models, extra_plugins=extra_plugins,
+                               progress=progress, report=report, ablation=ablation)
+    except Terminated:  # before the generations (loading models) or after them (the report)
+        _log(f"terminated (SIGTERM): the generations in {out / ANSWERS} are kept; rerun the same command to resume")
+        return EXIT_TERMINATED
+
+
+def _run_locked(bench: BenchConfig, stacks: dict[str, PacerConfig], out: Path, prompt_sets: dict, *,
+                models: Optional[Models], extra_plugins: Sequence[Any], progress: bool, report: bool,
+                ablation: Optional[dict]) -> int:
+    """``run_bench`` once the folder is checked and locked."""
     from pacer_core.costs import load_profile
 
     for profile in bench.predict:  # a profile that cannot be read is refused before models load
@@ -144,7 +219,7 @@ def run_bench(bench: BenchConfig, stacks: dict[str, PacerConfig], out: Path, *, 
     planned = [(s, p.question_id, u.name, r, t) for s, p, _, turns in work for r in range(bench.repeats)
                for t in range(turns) for u in units]
     done = sum(key in log.keys for key in planned)
-    interrupted = False
+    interrupted: Optional[BaseException] = None
     try:
         if done < len(planned):
             # a prompt of no set: stacks that remember earlier generations (datastore, phrase pool)
@@ -164,13 +239,13 @@ def run_bench(bench: BenchConfig, stacks: dict[str, PacerConfig], out: Path, *, 
                 write_json(out / COST_MODEL, {**cost, "context_tokens": len(work[0][2]), "device": device,
                                               "dtype": bench.dtype})
         _run_all(units, work, bench, log, models, done, len(planned), progress)
-    except KeyboardInterrupt:
-        interrupted = True
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated)
+        interrupted = exc
     kept = sum(key in log.keys for key in planned)
-    if interrupted:
-        _log(f"interrupted: {kept}/{len(planned)} generations kept in {out / ANSWERS}; "
-             "rerun the same command to resume")
-        return EXIT_INTERRUPTED
+    if interrupted is not None:
+        word = "terminated (SIGTERM)" if isinstance(interrupted, Terminated) else "interrupted"
+        _log(f"{word}: {kept}/{len(planned)} generations kept in {out / ANSWERS}; rerun the same command to resume")
+        return EXIT_TERMINATED if isinstance(interrupted, Terminated) else EXIT_INTERRUPTED
     if report:
         results = write_report(out, plots=bench.plots)
         print(results["markdown_table"])
