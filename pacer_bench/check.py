@@ -11,8 +11,15 @@ The checks (``pacer_bench.conformance`` builds the tiny models and engines):
 - ``sample_match``: the stack with the ``sample_match`` verifier, sampled, is token for token plain
   sampling with the same seed;
 - ``repeatability``: the same seed gives the same sampled output on one engine and on two;
+- ``isolation``: under sampling a generation decides as a fresh engine's would (every hook's result,
+  step by step) and every strategy object starts generations 2 onwards in the same state;
 - ``options``: every option of the stack's components, given a value of the wrong type or out of
   range, is refused with one line or decodes; never a traceback.
+
+Before them the ``load`` row imports the ``--plugin`` modules and builds the stack: a module that
+raises (``SystemExit`` included) or offers a wrong component list fails it. Every failure of a
+plugin is a failing row naming the plugin, the hook, the case and its rerun command; the exit
+status is 0 only when every check ran and passed.
 """
 
 from __future__ import annotations

@@ -3,9 +3,11 @@ own decoding (greedy), its exact distribution (sampling), plain sampling with th
 (``sample_match``), itself (repeatability) and its own options' bad values.
 
 Every case has an id (``check/case``); ``pacer check ... --case ID`` reruns one. A case fails on a
-wrong output, a refused contract (``Contract``: a draft cache not rolled back, a stop keeping more
-tokens than were drafted, a block longer than asked, a verdict accepting more than was drafted) or
-any error other than a one-line refusal.
+wrong output, a refused contract (``Contract``: a draft cache not rolled back, a block longer than
+asked), a hook's result ``pacer_core.hookcheck`` refuses (a stop keeping more tokens than were
+drafted, a verdict accepting more than was drafted, a wrong type), a hook changing the state or the
+draft in place, a plugin's exception (``Watch`` names the plugin and the hook) or any error other
+than a one-line refusal.
 """
 
 from __future__ import annotations
