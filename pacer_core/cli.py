@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -230,13 +231,23 @@ def _setup_generate(p: argparse.ArgumentParser) -> Runner:
 
 
 # -- plugins -----------------------------------------------------------------------------------
+def type_name(hint: Any) -> str:
+    """An option's type as its config class writes it: ``float``, ``Optional[float]``, ``List[int]``
+    (a class by its name, not ``<class 'float'>``; a string annotation as written)."""
+    if isinstance(hint, str):
+        return hint
+    if isinstance(hint, type) and not getattr(hint, "__args__", None):
+        return hint.__name__
+    return str(hint).replace("typing.", "").replace("NoneType", "None")
+
+
 def _options(config_cls: type) -> list[dict[str, Any]]:
     options = []
     for field in attrs.fields(config_cls):
         default = field.default
         if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
             default = default.factory()
-        options.append({"name": field.name, "type": str(field.type), "default": default})
+        options.append({"name": field.name, "type": type_name(field.type), "default": default})
     return options
 
 
@@ -281,20 +292,38 @@ def _setup_plugins(p: argparse.ArgumentParser) -> Runner:
 
 
 # -- validate ----------------------------------------------------------------------------------
+def split_overrides(words: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(files, overrides) of ``validate``'s words: a ``key=value`` word whose key is a dotted config
+    key (``strategy.stop.0.gamma=6``) and that names no existing file is an override."""
+    files, overrides = [], []
+    for word in words:
+        key = word.split("=", 1)[0]
+        is_override = "=" in word and re.fullmatch(r"[A-Za-z_][\w.\[\]-]*", key) and not Path(word).exists()
+        (overrides if is_override else files).append(word)
+    return files, overrides
+
+
 @command("validate", "check config files (names, options, types) without loading any model")
 def _setup_validate(p: argparse.ArgumentParser) -> Runner:
-    p.add_argument("configs", nargs="+", metavar="CONFIG", help="YAML files to check")
+    p.add_argument("configs", nargs="*", metavar="CONFIG",
+                   help="YAML files to check, and key=value overrides applied to each (e.g. strategy.stop.0.gamma=6); "
+                        "overrides alone check the defaults with them")
 
     def run(args: argparse.Namespace) -> int:
+        files, overrides = split_overrides([*args.configs, *getattr(args, "overrides", [])])
+        if not files and not overrides:
+            raise InputError("validate needs a config file or key=value overrides, e.g. "
+                             "`pacer validate configs/pacer.yaml strategy.stop.0.b=2`")
         failed = 0
-        for path in args.configs:
+        for path in files or [None]:
+            where = path if path is not None else "the defaults"
             try:
-                load_config(path)
+                load_config(path, overrides)
             except PacerError as exc:
                 failed += 1
                 _error(str(exc))
             else:
-                print(f"ok: {path}")
+                print(f"ok: {where}" + (f" with {' '.join(overrides)}" if overrides else ""))
         return EXIT_USAGE if failed else 0
 
     return run

@@ -14,6 +14,7 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 from types import SimpleNamespace
+from typing import List, Optional
 
 import pytest
 
@@ -503,3 +504,31 @@ def test_demo_takes_its_prompts_in_turn_from_each_set():
     assert [p.question_id.split("/")[0] for p in prompts[:3]] == ["code_editing", "gsm8k", "mtbench"]
     assert prompts[-1].question_id.startswith("code_editing/") and prompts[-1] != prompts[0]
     assert len(demo_prompts(2)) == 2
+
+
+def test_plugins_prints_option_types_as_the_config_writes_them(capsys):
+    import attrs as _attrs
+
+    from pacer_core.cli import type_name
+
+    # as docs/writing-plugins.md writes a config (no `from __future__ import annotations`): the field
+    # types are classes and typing objects, not strings
+    Written = _attrs.make_class("Written", {"threshold": _attrs.field(default=0.3, type=float),
+                                            "limit": _attrs.field(default=None, type=Optional[int]),
+                                            "ks": _attrs.field(factory=list, type=List[int])})
+    assert [type_name(f.type) for f in _attrs.fields(Written)] == ["float", "Optional[int]", "List[int]"]
+    assert type_name("float") == "float"
+    code, out, _ = run(["plugins"], capsys)
+    assert code == 0 and "<class" not in out and "typing." not in out
+
+
+def test_validate_takes_key_value_overrides(capsys, tmp_path):
+    good = ROOT / "configs" / "pacer.yaml"
+    code, out, err = run(["validate", str(good), "strategy.stop.0.b=2"], capsys)
+    assert code == 0 and out == f"ok: {good} with strategy.stop.0.b=2\n" and err == ""
+    code, out, err = run(["validate", str(good), "strategy.stop.0.block_size=2"], capsys)
+    assert code == 2 and out == "" and "block_size" in err and "not found" not in err
+    code, out, err = run(["validate", "strategy.stop.0.gamma=6"], capsys)
+    assert code == 0 and out == "ok: the defaults with strategy.stop.0.gamma=6\n"
+    code, _, err = run(["validate"], capsys)
+    assert code == 2 and "validate needs a config file or key=value overrides" in err
