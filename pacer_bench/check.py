@@ -39,6 +39,7 @@ import attrs
 
 from pacer_core import ConfigError, InputError, PacerError, hookcheck
 from pacer_core.commands import Runner, command
+from pacer_core.errors import UnknownHookError
 
 from .conformance import (
     CONTEXT,
@@ -458,6 +459,8 @@ def _can_build(s: Stack) -> Stack:
         target, draft = s.pairs.pair()
         engine = s.engine(target, draft, ["generation.ignore_eos=true"], watch=False)
         engine.generate(PROMPTS["plain"], max_new_tokens=2)
+    except UnknownHookError as exc:  # the plugin's own mistake, named in full: no word about the tiny pair
+        raise InputError(_first_line(exc)) from None
     except (ConfigError, InputError) as exc:
         raise InputError(f"pacer check cannot build a tiny pair for drafter '{s.stack.drafter.component.name}': "
                          f"{_first_line(exc)}") from None

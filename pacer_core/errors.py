@@ -14,6 +14,11 @@ class ConfigError(PacerError):
     """The configuration (YAML, overrides, plugin names or options) is invalid."""
 
 
+class UnknownHookError(ConfigError):
+    """A plugin implements a ``pacer_*`` hook that does not exist (a misspelled name): the message
+    names the plugin, the hook and the closest real one; nothing else about the run is wrong."""
+
+
 class InputError(PacerError):
     """A prompt, budget or model pairing cannot be decoded."""
 

@@ -16,7 +16,7 @@ import attrs
 import pluggy
 
 from . import hookcheck, hookspecs
-from .errors import ConfigError
+from .errors import ConfigError, UnknownHookError
 from .types import Component
 
 KINDS = ("drafter", "stop", "verifier", "observer")
@@ -66,7 +66,7 @@ def check_hooks(pm: pluggy.PluginManager) -> None:
             owners = ", ".join(sorted(pm.get_name(impl.plugin) or "?" for impl in caller.get_hookimpls()))
             close = difflib.get_close_matches(name, known, n=1)
             hint = f"did you mean '{close[0]}'?" if close else f"the hooks are: {', '.join(known)}"
-            raise ConfigError(f"plugin {owners} implements unknown hook '{name}': {hint} (see docs/hooks.md)")
+            raise UnknownHookError(f"plugin {owners} implements unknown hook '{name}': {hint} (see docs/hooks.md)")
 
 
 def components(pm: pluggy.PluginManager) -> dict[str, dict[str, Component]]:

@@ -279,3 +279,16 @@ def test_the_sampling_bench_names_both_verifiers_for_every_stack():
         assert name.endswith(f"[{verifier}]")
     bases = {name.rsplit("[", 1)[0] for name in names}
     assert {f"{b}[{v}]" for b in bases for v in ("speculative_sampling", "sample_match")} == set(names)
+
+
+def test_a_misspelled_hook_is_named_without_blaming_the_tiny_pair(tmp_path, capsys):
+    plugin = tmp_path / "typo_stop.py"
+    plugin.write_text(
+        "import attrs\nfrom pacer_core import Component, hookimpl\n\n\n@attrs.define\nclass Config:\n    pass\n\n\n"
+        "class Typo:\n    def __init__(self, config, resources):\n        pass\n\n"
+        "    @hookimpl\n    def pacer_draft_mor(self, state, draft):\n        return 1\n\n\n"
+        "@hookimpl\ndef pacer_components():\n"
+        "    return [Component('stop', 'typo', Config, Typo, 'a misspelled hook')]\n")
+    code, _, err = run_cli(["check", "--plugin", str(plugin), "strategy.stop=[{name: typo}]", "--quick"], capsys)
+    assert_one_line_error(code, err, "implements unknown hook 'pacer_draft_mor'", "did you mean 'pacer_draft_more'?")
+    assert "cannot build a tiny pair" not in err
