@@ -619,7 +619,7 @@ def test_an_unreadable_file_is_refused(tmp_path):
     assert "cannot be read as safetensors" in refusal(target_model, folder)
     folder = write_eagle1(tmp_path / "json", target_model)
     (folder / "config.json").write_text("{not json")
-    assert "config.json' cannot be read as JSON" in refusal(target_model, folder)
+    assert "config.json' is not valid JSON" in refusal(target_model, folder)
     # a pickle that would run code is refused without running it (weights_only=True)
     marker = tmp_path / "planted"
     folder = write_eagle1(tmp_path / "planted-ckpt", target_model)
@@ -672,6 +672,40 @@ def test_a_config_value_of_the_wrong_type_is_refused_naming_the_key(tmp_path, ke
     (folder / "config.json").write_text(json.dumps({**config, key: value}))
     message = refusal(target_model, folder)
     assert needle in message and "config.json" in message
+
+
+def never_built(*args, **kwargs):
+    raise AssertionError("a draft network was built from a config its weights were not checked against")
+
+
+@pytest.mark.parametrize("layout,config,needle", [
+    ("eagle1", {"num_hidden_layers": 1_000_000}, "num_hidden_layers is 1000000, but"),
+    ("eagle1", {"num_hidden_layers": 2}, "holds 1 such layer(s) (layers.N.*)"),
+    ("eagle1", {"intermediate_size": 10 ** 12}, "intermediate_size is 1000000000000, but tensor "
+                                                "'layers.0.mlp.gate_proj.weight' has shape (48, 32)"),
+    ("eagle1", {"num_attention_heads": 10 ** 9, "head_dim": 8}, "num_attention_heads × head_dim is 8000000000"),
+    ("eagle1", {"head_dim": 2 ** 30}, "num_attention_heads × head_dim is 4294967296"),
+    ("eagle1", {"num_key_value_heads": 1, "head_dim": 8}, "num_key_value_heads × head_dim is 8, but tensor "
+                                                          "'layers.0.self_attn.k_proj.weight' has shape (16, 32)"),
+    ("eagle3", {"intermediate_size": 10 ** 12}, "intermediate_size is 1000000000000"),
+    ("eagle3", {"num_attention_heads": 2 ** 20, "head_dim": 2 ** 20}, "num_attention_heads × head_dim"),
+    ("eagle3", {"draft_vocab_size": 60}, "draft_vocab_size is 60, but tensor 'lm_head.weight' has shape (40, 32)"),
+])
+def test_a_config_size_its_weights_do_not_hold_is_refused_before_anything_is_built(tmp_path, monkeypatch, layout,
+                                                                                   config, needle):
+    """Every size in a downloaded config.json is compared with the tensors before a network is built
+    from it: a config asking for a million layers or a terabyte matrix is one line naming the key,
+    never an allocation (building anything here fails the test)."""
+    from pacer_plugins.feature_draft import published
+
+    target_model = eagle3_target() if layout == "eagle3" else tiny_llama(0)
+    write = write_eagle3 if layout == "eagle3" else write_eagle1
+    folder = write(tmp_path / "ckpt", target_model, **({"draft_vocab": 40} if layout == "eagle3" else {}))
+    (folder / "config.json").write_text(json.dumps({**json.loads((folder / "config.json").read_text()), **config}))
+    for network in ("FeatureDraft", "Eagle3Draft"):
+        monkeypatch.setattr(published, network, never_built)
+    message = refusal(target_model, folder)
+    assert needle in message and "config.json" in message and "do not belong together" in message
 
 
 @pytest.mark.parametrize("layout,config,needle", [

@@ -149,6 +149,48 @@ def test_eagle_refuses_a_draft_for_another_target(tmp_path):
         eagle_engine(target_model, tmp_path / "nowhere")
 
 
+def eagle3_folder(folder):
+    """A small EAGLE-3 draft folder as `pacer distill student.kind=eagle3` writes one."""
+    from pacer_plugins.feature_draft.model import Eagle3Arch, Eagle3Draft
+
+    arch = Eagle3Arch(hidden_size=32, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=48,
+                      rope_theta=10000.0, rms_eps=1e-6, draft_vocab_size=40, fused_size=96, vocab_size=64)
+    Eagle3Draft(arch).save(folder, {})
+    return folder
+
+
+@pytest.mark.parametrize("family,config,needle", [
+    ("feature_draft", {"extra_layers": 1_000_000}, "extra_layers is 1000000, but"),
+    ("feature_draft", {"intermediate_size": 10 ** 12}, "intermediate_size is 1000000000000, but tensor "
+                                                       "'gate_proj.weight' has shape (64, 32)"),
+    ("feature_draft", {"num_heads": 10 ** 9}, "num_heads × head_dim is 8000000000"),
+    ("feature_draft", {"head_dim": 2 ** 30}, "num_heads × head_dim is 4294967296"),
+    ("feature_draft", {"subset_size": 10 ** 12}, "subset_size is 1000000000000, but tensor 'subset'"),
+    ("feature_draft", {"hidden_size": 10 ** 6}, "hidden_size is 1000000, but tensor 'fc.weight'"),
+    ("feature_draft", {"intermediate_size": "big"}, "intermediate_size is 'big', not a whole number"),
+    ("eagle3", {"fused_size": 10 ** 12}, "fused_size is 1000000000000, but tensor 'fc.weight' has shape (32, 96)"),
+    ("eagle3", {"draft_vocab_size": 10 ** 12}, "draft_vocab_size is 1000000000000, but tensor 'lm_head.weight'"),
+    ("eagle3", {"num_kv_heads": 10 ** 9}, "num_kv_heads × head_dim is 8000000000"),
+])
+def test_a_draft_config_size_its_weights_do_not_hold_is_refused_before_anything_is_built(tmp_path, monkeypatch,
+                                                                                        family, config, needle):
+    """A `pacer distill` folder's config.json is checked against its weights' header before the
+    network is built: a size they do not hold is one line naming the key (building anything here
+    fails the test)."""
+    from pacer_plugins.feature_draft import model
+
+    def never_built(arch):
+        raise AssertionError("a draft network was built from a config its weights were not checked against")
+
+    folder = eagle3_folder(tmp_path / "d") if family == "eagle3" else make_draft(tiny_llama(0), tmp_path / "d")
+    (folder / "config.json").write_text(json.dumps({**json.loads((folder / "config.json").read_text()), **config}))
+    monkeypatch.setitem(model.FAMILIES, family, (never_built, model.FAMILIES[family][1]))
+    with pytest.raises(InputError) as info:
+        model.load_draft(folder)
+    message = str(info.value)
+    assert needle in message and "config.json" in message and "\n" not in message
+
+
 def test_frequent_tokens_keep_always_tokens():
     tokens = torch.tensor([[5, 5, 5, 6, 6, 7]])
     subset = frequent_tokens(tokens, 2, {EOS})

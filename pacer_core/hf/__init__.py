@@ -15,10 +15,13 @@ from .artifacts import (
     SHARED_FILE,
     SUBSET_FILE,
     cache_root,
+    check_sizes,
     check_weights,
     embedded_target_file,
+    layer_count,
     load_safetensors,
     materialize,
+    safetensors_shapes,
     weights_digest,
 )
 from .baselines import hf_generate, hf_generate_traced
@@ -28,7 +31,7 @@ from .loading import load_draft, load_model, load_section, model_from_config, re
 __all__ = [
     "DTYPES", "EMBEDDED_TARGET", "HFModel", "HFTokenizer", "SHARED_FILE", "SUBSET_FILE", "batch_generate",
     "greedy_batch",
-    "cache_root", "check_weights", "embedded_target_file", "hf_generate", "hf_generate_traced",
-    "load_draft", "load_model", "load_safetensors", "load_section", "materialize", "model_from_config",
-    "resolve_device", "weights_digest",
+    "cache_root", "check_sizes", "check_weights", "embedded_target_file", "hf_generate", "hf_generate_traced",
+    "layer_count", "load_draft", "load_model", "load_safetensors", "load_section", "materialize", "model_from_config",
+    "resolve_device", "safetensors_shapes", "weights_digest",
 ]

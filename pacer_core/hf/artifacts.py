@@ -14,12 +14,12 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
 from ..errors import InputError
-from ..jsonfile import read_json, require_keys
+from ..jsonfile import open_regular, read_json, require_keys
 from ..paths import cache_root, package_folder
 from .adapter import _quiet_transformers
 
@@ -46,19 +46,73 @@ def _file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _check_regular(path: Path, fix: str) -> None:
+    """Refuse a weights path that is missing or not a regular file (a FIFO would block the reader)."""
+    if not Path(path).exists():
+        raise InputError(f"'{path}' does not exist: {fix}")
+    with open_regular(path, "weights file", fix):
+        pass
+
+
 def load_safetensors(path: Path, fix: str) -> dict[str, torch.Tensor]:
-    """The tensors of a safetensors file; one that is missing, truncated or not safetensors at all is
-    refused with an ``InputError`` naming it and ``fix`` (what the user should do)."""
+    """The tensors of a safetensors file; one that is missing, not a regular file, truncated or not
+    safetensors at all is refused with an ``InputError`` naming it and ``fix`` (what the user should do)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    if not Path(path).is_file():
-        raise InputError(f"'{path}' does not exist: {fix}")
+    _check_regular(path, fix)
     try:
         return load_file(str(path))
     except (SafetensorError, OSError) as exc:
         raise InputError(f"'{path}' cannot be read as safetensors ({_first_line(exc)}): the file is "
                          f"truncated or corrupt; {fix}") from exc
+
+
+def safetensors_shapes(path: Path, fix: str) -> dict[str, tuple[int, ...]]:
+    """Tensor name → shape of a safetensors file, read from its header alone (no tensor is loaded);
+    refused as ``load_safetensors`` refuses."""
+    from safetensors import SafetensorError, safe_open
+
+    _check_regular(path, fix)
+    try:
+        with safe_open(str(path), "pt") as handle:
+            return {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}
+    except (SafetensorError, OSError) as exc:
+        raise InputError(f"'{path}' cannot be read as safetensors ({_first_line(exc)}): the file is "
+                         f"truncated or corrupt; {fix}") from exc
+
+
+def layer_count(shapes: Mapping[str, Sequence[int]], prefix: str) -> int:
+    """How many layers the weights hold under ``prefix`` (``layers.`` counts ``layers.0.*``,
+    ``layers.1.*``, ...): the distinct whole numbers that follow it."""
+    return len({name[len(prefix):].split(".", 1)[0] for name in shapes
+                if name.startswith(prefix) and name[len(prefix):].split(".", 1)[0].isdigit()})
+
+
+def check_sizes(config: Path, weights: Path, shapes: Mapping[str, Sequence[int]], fix: str,
+                sizes: Sequence[tuple[str, Any, str, int]] = (), layers: Sequence[tuple[str, Any, str]] = ()) -> None:
+    """The rule for a model's ``config.json``: every size it gives is checked against its weights
+    (``shapes``, from the header) before anything is built from it, so a config asking for a million
+    layers or a terabyte matrix is one ``InputError`` naming the key, never an allocation.
+
+    ``layers``: (key, its value, the prefix of those layers' tensors), the count the weights hold
+    (``layer_count``); ``sizes``: (key, or keys joined by " × ", its value, the tensor holding it, the
+    dimension), e.g. ``("intermediate_size", 1536, "gate_proj.weight", 0)``."""
+    def mismatch(key: str, value: Any, held: str) -> InputError:
+        return InputError(f"'{config}': {key} is {value!r}, but {held}: the config and the weights do not belong "
+                          f"together; {fix}")
+
+    for key, value, prefix in layers:
+        held = layer_count(shapes, prefix)
+        if isinstance(value, bool) or value != held:
+            raise mismatch(key, value, f"'{weights}' holds {held} such layer(s) ({prefix}N.*)")
+    for key, value, tensor, dim in sizes:
+        shape = shapes.get(tensor)
+        if shape is None:
+            raise InputError(f"'{weights}' has no tensor '{tensor}' (which holds the config's {key}): the file is "
+                             f"incomplete or not this layout; {fix}")
+        if isinstance(value, bool) or len(shape) <= dim or value != shape[dim]:
+            raise mismatch(key, value, f"tensor '{tensor}' has shape {tuple(shape)} in '{weights}'")
 
 
 def check_weights(folder: Path) -> None:

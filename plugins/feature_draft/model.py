@@ -21,6 +21,7 @@ train k draft steps of every row at once (the training-time test).
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import List, Optional, Union
 
@@ -366,6 +367,18 @@ class Eagle3Draft(nn.Module):
 
 
 FAMILIES = {"feature_draft": (FeatureDraft, ArchConfig), "eagle3": (Eagle3Draft, Eagle3Arch)}
+# each family's sizes (a config key, or keys whose product it is) and the tensor dimension of its
+# weights holding each, and its repeated layers (key, tensor prefix): compared with the weights'
+# header before a network is built from a config (load_draft)
+_ATTENTION = (("num_heads", "head_dim"), "q_proj.weight", 0), (("num_kv_heads", "head_dim"), "k_proj.weight", 0)
+SIZES = {
+    "feature_draft": ((("hidden_size",), "fc.weight", 0), (("intermediate_size",), "gate_proj.weight", 0),
+                      *_ATTENTION, (("subset_size",), "subset", 0)),
+    "eagle3": ((("hidden_size",), "fc.weight", 0), (("fused_size",), "fc.weight", 1),
+               (("intermediate_size",), "gate_proj.weight", 0), *_ATTENTION,
+               (("draft_vocab_size",), "lm_head.weight", 0), (("draft_vocab_size",), "subset", 0)),
+}
+LAYERS = {"feature_draft": (("extra_layers", "extra."),), "eagle3": ()}
 
 
 def save_draft(net: nn.Module, folder: Path, manifest: dict) -> None:
@@ -386,7 +399,7 @@ def save_draft(net: nn.Module, folder: Path, manifest: dict) -> None:
 def load_draft(folder: Path) -> nn.Module:
     """The network of a draft folder `pacer distill` wrote (``FeatureDraft`` or ``Eagle3Draft``, float32,
     eval mode); an unknown family or a damaged file is one ``InputError``."""
-    from pacer_core.hf import load_safetensors
+    from pacer_core.hf import load_safetensors, safetensors_shapes
 
     fix = "distill the draft again (`pacer distill`), or reinstall for the shipped one"
     config = read_json(folder / CONFIG, "draft config", fix)
@@ -395,6 +408,7 @@ def load_draft(folder: Path) -> nn.Module:
         raise InputError(f"'{folder / CONFIG}' names draft family {family!r}, which this version does not read "
                          f"({', '.join(FAMILIES)}): update pacer-sd or distill the draft again")
     cls, arch_cls = FAMILIES[family]
+    check_draft_sizes(folder, family, config, safetensors_shapes(folder / WEIGHTS, fix), fix)
     try:
         model = cls(arch_cls(**config))
     except (TypeError, ValueError, ZeroDivisionError, RuntimeError) as exc:  # missing, unknown or bad options
@@ -408,6 +422,24 @@ def load_draft(folder: Path) -> nn.Module:
         raise InputError(f"'{folder / WEIGHTS}' does not match its config.json ({str(exc).splitlines()[0][:120]}): "
                          f"{fix}") from None
     return model.eval()
+
+
+def check_draft_sizes(folder: Path, family: str, config: dict, shapes: dict[str, tuple[int, ...]], fix: str) -> None:
+    """Every size of a draft folder's ``config`` (``SIZES``, ``LAYERS``: the family's defaults for keys
+    it omits) checked against its weights' header ``shapes`` before the network is built."""
+    from pacer_core.hf import check_sizes
+
+    defaults = {f.name: f.default for f in attrs.fields(FAMILIES[family][1]) if f.default is not attrs.NOTHING}
+    value = {key: config.get(key, defaults.get(key)) for keys, _, _ in SIZES[family] for key in keys}
+    for key, found in value.items():
+        if key not in config and key not in defaults:
+            raise InputError(f"'{folder / CONFIG}' has no '{key}': the file is damaged; {fix}")
+        if isinstance(found, bool) or not isinstance(found, int) or found < 0:
+            raise InputError(f"'{folder / CONFIG}': {key} is {found!r}, not a whole number: the file is damaged; "
+                             f"{fix}")
+    sizes = [(" × ".join(keys), math.prod(value[k] for k in keys), tensor, dim) for keys, tensor, dim in SIZES[family]]
+    layers = [(key, config.get(key, defaults.get(key)), prefix) for key, prefix in LAYERS[family]]
+    check_sizes(folder / CONFIG, folder / WEIGHTS, shapes, fix, sizes, layers)
 
 
 def draft_logits(net: nn.Module, features: torch.Tensor, head_weight_subset: torch.Tensor) -> torch.Tensor:

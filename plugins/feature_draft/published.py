@@ -36,7 +36,7 @@ import torch
 from pacer_core import InputError
 
 from .model import ArchConfig, Eagle3Arch, Eagle3Draft, FeatureDraft
-from .published_config import check_config, read_config
+from .published_config import CONFIG, PublishedConfig, check_config, read_config
 from .published_files import FIX, digest, read_tensors, read_token_map, weights_file  # noqa: F401 (re-exported)
 
 # our module name → the EAGLE-1/2 tensor name (FeatureDraft)
@@ -123,7 +123,10 @@ def _fill(net: torch.nn.Module, state: dict[str, torch.Tensor], names: dict[str,
 
 def load_published(folder: Path, target: Any) -> Published:
     """Read the EAGLE checkpoint in ``folder`` for ``target`` (a ``FeatureModel``); a checkpoint that
-    does not fit the target or cannot be read is one ``InputError``."""
+    does not fit the target or cannot be read is one ``InputError``; every size of its config is
+    checked against the tensors before the network is built."""
+    from pacer_core.hf import check_sizes
+
     path = weights_file(folder)
     assert path is not None
     config = read_config(folder)
@@ -151,6 +154,8 @@ def load_published(folder: Path, target: Any) -> Published:
         raise InputError(f"{name} checkpoint '{folder}' has embeddings of shape {tuple(embed.shape)}, but the "
                          f"target's are {(target.vocab_size, target.hidden_size)}: use the checkpoint published "
                          "for this target")
+    check_sizes(folder / CONFIG, path, {name: tuple(t.shape) for name, t in state.items()}, FIX,
+                *published_sizes(c, layout))
     identity = f"{layout}:{digest(path)}"
     if layout == "eagle1":
         ids = None
@@ -170,6 +175,21 @@ def load_published(folder: Path, target: Any) -> Published:
     ids = draft_vocabulary(state, c.draft_vocab_size, c.vocab_size, path)
     net.subset.copy_(ids)
     return Published(layout, net.eval(), ids, layers, identity)
+
+
+def published_sizes(c: PublishedConfig, layout: str) -> tuple[list, list]:
+    """(sizes, layers) of ``pacer_core.hf.check_sizes`` for a checkpoint of ``layout``: every size of
+    its config.json that the network is built from, and the tensor dimension holding it."""
+    layer = "layers.0." if layout == "eagle1" else "midlayer."
+    sizes = [("hidden_size", c.hidden_size, "fc.weight", 0),
+             ("intermediate_size", c.intermediate_size, layer + "mlp.gate_proj.weight", 0),
+             ("num_attention_heads × head_dim", c.num_heads * c.head_dim, layer + "self_attn.q_proj.weight", 0),
+             ("num_key_value_heads × head_dim", c.num_kv_heads * c.head_dim, layer + "self_attn.k_proj.weight", 0)]
+    if layout == "eagle3":
+        sizes += [("3 × hidden_size", 3 * c.hidden_size, "fc.weight", 1),
+                  ("draft_vocab_size", c.draft_vocab_size, "lm_head.weight", 0)]
+        return sizes, []
+    return sizes, [("num_hidden_layers", c.num_layers, "layers.")]
 
 
 def eagle3_layers(num_layers: int) -> tuple[int, int, int]:

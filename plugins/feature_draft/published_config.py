@@ -9,7 +9,6 @@ silently computes something other than what its publisher's code computes.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Optional
@@ -17,6 +16,7 @@ from typing import Any, Optional
 import attrs
 
 from pacer_core import InputError
+from pacer_core.jsonfile import parse_json, read_bytes
 
 from .rotary import Rotary
 
@@ -55,11 +55,10 @@ class PublishedConfig:
 
 
 def read_config(folder: Path) -> dict[str, Any]:
-    """The JSON object of ``folder/config.json``; unreadable or not an object is one ``InputError``."""
-    try:
-        config = json.loads((folder / CONFIG).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise InputError(f"'{folder / CONFIG}' cannot be read as JSON ({type(exc).__name__}): {FIX}") from exc
+    """The JSON object of ``folder/config.json``, read as every user-named file is (a regular file,
+    bounded, nested at most ``MAX_DEPTH`` deep); anything else is one ``InputError``."""
+    path = folder / CONFIG
+    config = parse_json(read_bytes(path, "checkpoint config", FIX), f"checkpoint config '{path}'", FIX)
     if not isinstance(config, dict):
         raise InputError(f"'{folder / CONFIG}' is not a JSON object: {FIX}")
     return config

@@ -9,7 +9,6 @@ unpickled with ``weights_only=True`` only: a pickle holding more than tensors is
 from __future__ import annotations
 
 import hashlib
-import json
 import zipfile
 from pathlib import Path
 from typing import Optional
@@ -17,6 +16,7 @@ from typing import Optional
 import torch
 
 from pacer_core import InputError
+from pacer_core.jsonfile import parse_json, read_bytes
 
 CONFIG = "config.json"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -33,10 +33,7 @@ def weights_file(folder: Path) -> Optional[Path]:
 
 def shard_files(index: Path) -> dict[str, Path]:
     """Tensor name → shard file of a ``*.index.json``; shards must lie beside it and exist."""
-    try:
-        data = json.loads(index.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise InputError(f"'{index}' cannot be read as JSON ({type(exc).__name__}): {FIX}") from exc
+    data = parse_json(read_bytes(index, "shard index", FIX), f"shard index '{index}'", FIX)
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise InputError(f"'{index}' has no 'weight_map' object naming each tensor's shard: {FIX}")
