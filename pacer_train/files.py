@@ -20,6 +20,7 @@ from typing import Any, Callable
 from pacer_core.atomic import atomic_write
 from pacer_core.commands import check_out_dir
 from pacer_core.errors import InputError
+from pacer_core.jsonfile import loads, read_bytes
 
 __all__ = ["atomic_save", "atomic_write_bytes", "atomic_write_json", "atomic_write_text", "check_out_dir",
            "load_run_file", "read_json"]
@@ -64,9 +65,11 @@ def load_run_file(path: Path, what: str = "file") -> Any:
 
 
 def read_json(path: Path, what: str = "file") -> Any:
-    """A JSON file of a run folder or a model folder; ``InputError`` in one line when it is not JSON."""
+    """A JSON file of a run folder or a model folder, read as every user-named file is (a regular
+    file, bounded, nested at most ``MAX_DEPTH`` deep); ``InputError`` in one line when it is not JSON."""
+    data = read_bytes(Path(path), f"the {what}", "fix or delete it")
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return loads(data.decode("utf-8"))
+    except ValueError as exc:  # not UTF-8, not JSON, or nested too deep
         raise InputError(f"the {what} '{path}' cannot be read ({type(exc).__name__}: "
                          f"{str(exc).splitlines()[0][:160] if str(exc) else ''}): fix or delete it") from None

@@ -15,7 +15,9 @@ import pytest
 
 from pacer_bench import answers, prompts, replay, replay_stop
 from pacer_core import ConfigError, InputError, calibration, cli, costs, jsonfile, load_config, schema
+from pacer_core.hf import load_safetensors, materialize
 from pacer_core.jsonfile import MAX_DEPTH, MAX_LINE_BYTES
+from pacer_train import read_json as read_run_json
 
 from helpers import one_line_error, special_files, within
 
@@ -115,6 +117,9 @@ READERS = {  # name -> (suffix of the path it reads, reader)
     "specbench: file": (".jsonl", lambda p: prompts.load_prompts(f"specbench:{p}")),
     "answer log": ("", lambda p: answers.read_answers(p)),
     "--prompt-file": ("", lambda p: cli._read_prompt(type("Args", (), {"prompt": None, "prompt_file": str(p)}))),
+    "training run file": ("", lambda p: read_run_json(p, "run file")),
+    "GGUF target": (".gguf", lambda p: materialize(str(p))),
+    "safetensors weights": (".safetensors", lambda p: load_safetensors(p, "fix")),
 }
 
 
@@ -127,7 +132,7 @@ def test_every_reader_refuses_what_is_not_a_regular_file_in_one_line(tmp_path, r
 
 
 @pytest.mark.parametrize("reader", ["config", "cost profile", "tree calibration", "--host", "replay-stop cost file",
-                                    "prompt .jsonl", "specbench: file", "answer log"])
+                                    "prompt .jsonl", "specbench: file", "answer log", "training run file"])
 @pytest.mark.parametrize("text", [DEEP_JSON, SHALLOW_DEEP_JSON])
 def test_every_reader_of_nested_data_refuses_depth_in_one_line(tmp_path, reader, text):
     suffix, read = READERS[reader]

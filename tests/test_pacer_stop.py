@@ -313,6 +313,30 @@ def test_a_checkpoint_of_another_layout_is_refused_in_one_line(tmp_path):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("config,needle", [
+    ({"layers": 1_000_000}, "layers is 1000000, but"),
+    ({"width": 2 ** 30, "heads": 1}, "width is 1073741824, but tensor 'proj.weight' has shape (16, 8)"),
+    ({"ffn_size": 10 ** 12}, "ffn_size is 1000000000000, but tensor 'blocks.0.up.weight'"),
+    ({"max_positions": 10 ** 12}, "max_positions is 1000000000000, but tensor 'position.weight'"),
+    ({"input_size": 10 ** 9}, "input_size is 1000000000, but tensor 'proj.weight'"),
+])
+def test_a_checkpoint_config_size_its_weights_do_not_hold_is_refused_before_anything_is_built(tmp_path, monkeypatch,
+                                                                                             config, needle):
+    """An M_B checkpoint's config.json is compared with its weights' header before the network is
+    built from it (building one here fails the test)."""
+    from pacer_plugins.pacer_stop import model
+
+    def never_built(self, arch):
+        raise AssertionError("an M_B was built from a config its weights were not checked against")
+
+    folder = write_checkpoint(tmp_path / "mb", 8)
+    (folder / "config.json").write_text(json.dumps({**json.loads((folder / "config.json").read_text()), **config}))
+    monkeypatch.setattr(model.PreVerifier, "__init__", never_built)
+    with pytest.raises(InputError) as info:
+        PreVerifier.load(folder)
+    assert needle in str(info.value) and "config.json" in str(info.value) and "\n" not in str(info.value)
+
+
 def test_checkpoints_round_trip(tmp_path):
     folder = write_checkpoint(tmp_path / "mb", 8, seed=5, target_digest="t1", draft_identity="d1", layers=2)
     loaded = PreVerifier.load(folder)

@@ -39,8 +39,10 @@ def embedded_target_file() -> Path:
 
 
 def _file_digest(path: Path) -> str:
+    """SHA-256 of a regular file (a weights file, a GGUF file): a device or a FIFO named in its place
+    is refused rather than read forever."""
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    with open_regular(path, "model file", "give a model folder or a .gguf file") as handle:
         for chunk in iter(lambda: handle.read(1 << 22), b""):
             digest.update(chunk)
     return digest.hexdigest()

@@ -161,13 +161,17 @@ class PreVerifier(nn.Module):
 
     @classmethod
     def load(cls, folder: Path) -> "PreVerifier":
-        from pacer_core.hf import load_safetensors
+        from pacer_core.hf import check_sizes, load_safetensors, safetensors_shapes
 
         fix = "train the checkpoint again (`pacer train-preverify`)"
         config = read_json(Path(folder) / CONFIG, "M_B config", fix)
         config.pop("family", None)
         try:
-            model = cls(PreVerifierArch(**config))
+            arch = PreVerifierArch(**config)
+            # every size checked against the weights' header before the network is built from it
+            check_sizes(Path(folder) / CONFIG, Path(folder) / WEIGHTS, safetensors_shapes(Path(folder) / WEIGHTS, fix),
+                        fix, *arch_sizes(arch))
+            model = cls(arch)
         except (TypeError, ValueError, ZeroDivisionError, RuntimeError) as exc:  # missing, unknown or bad options
             raise InputError(f"M_B config '{Path(folder) / CONFIG}' does not describe an M_B "
                              f"({str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__}): the file is "
@@ -179,6 +183,17 @@ class PreVerifier(nn.Module):
             raise InputError(f"M_B '{folder}' does not match the layout its config.json describes ({detail}): "
                              f"{fix}") from None
         return model.eval()
+
+
+def arch_sizes(arch: PreVerifierArch) -> tuple[list, list]:
+    """(sizes, layers) of ``pacer_core.hf.check_sizes`` for an M_B checkpoint: each size ``arch``
+    allocates by and the tensor dimension of its weights holding it."""
+    sizes = [("input_size", arch.input_size, "proj.weight", 1), ("width", arch.width, "proj.weight", 0)]
+    if arch.positional:
+        sizes.append(("max_positions", arch.max_positions, "position.weight", 0))
+    if arch.layers and arch.ffn_size:
+        sizes.append(("ffn_size", arch.ffn_size, "blocks.0.up.weight", 0))
+    return sizes, [("layers", arch.layers, "blocks.")]
 
 
 PRIOR_MAX_LOG_Q = -1e-4  # Σ log q is kept below this (a certain draft) so logit(Π q) stays finite
