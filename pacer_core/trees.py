@@ -412,3 +412,81 @@ def tree_calibration(tree: TreeConfig, draft_folder: Any = None, draft_identity:
     calibration = load_calibration(path)
     check_draft(calibration, draft_identity, path)
     return calibration
+
+
+# -- trees over one block (a block drafter's rows read as independent positions) ---------------------
+def block_tree(rows: torch.Tensor, hidden: Optional[torch.Tensor], topk: int, nodes: int,
+               draft_vocab: Optional[DraftVocab] = None, eos: Any = frozenset(), first: int = 0
+               ) -> Optional[DraftBlock]:
+    """The ``nodes`` most likely nodes of a tree over one block, taken best-first (DDTree).
+
+    ``rows`` [D, w]: the draft's distribution of the token at depth d + 1 (over ``draft_vocab.ids``
+    when given, else the vocabulary), read as independent of the path above it, so a node's joint
+    probability is the product of its path's entries; each node tries the ``topk`` likeliest tokens
+    of its depth's row. The likeliest unexpanded candidate is taken next (a heap: a taken node offers
+    its first child and its next sibling), so every taken node's parent was taken before it and the
+    result is the ``nodes`` nodes of highest joint probability; nothing grows past a token in ``eos``.
+    The block's main path is the chain of first children from the root (the argmax of each row,
+    while taken); the other nodes are side nodes, numbered after it as ``Draft.tree`` numbers a block
+    whose first node is ``first`` (the draft's nodes so far; the block hangs off the root).
+    ``hidden`` [D, h]: the draft's hidden state at each depth (the main path's are the block's).
+    Children are chosen, not sampled (``sampled=False``). None when no token has probability > 0.
+
+    Example: rows [[.6 a, .3 b], [.5 c, .4 d]], topk 2, nodes 3 → a (.6), b (.3), a→c (.3): the
+    block's tokens [a, c], side node b under the root.
+    """
+    depth = int(rows.shape[0])
+    k = min(topk, int(rows.shape[1]))
+    if depth == 0 or nodes <= 0:
+        return None
+    top_p, top_x = rows.topk(k, dim=-1)  # [D, k]
+    log_p = top_p.double().clamp_min(1e-300).log().tolist()
+    p, columns = top_p.tolist(), top_x.tolist()
+    ids = columns if draft_vocab is None else [draft_vocab.ids[torch.tensor(c)].tolist() for c in columns]
+    taken: list[tuple[int, int, int]] = []  # (depth, rank, parent index in taken)
+    heap: list[tuple[float, int, int, int, int]] = []  # (-score, order, depth, rank, parent)
+    order = 0
+
+    def offer(d: int, r: int, parent: int, base: float) -> None:
+        nonlocal order
+        if d < depth and r < k and p[d][r] > 0:
+            heapq.heappush(heap, (-(base + log_p[d][r]), order, d, r, parent))
+            order += 1
+
+    offer(0, 0, -1, 0.0)
+    while heap and len(taken) < nodes:
+        score, _, d, r, parent = heapq.heappop(heap)
+        taken.append((d, r, parent))
+        me = len(taken) - 1
+        offer(d, r + 1, parent, -score - log_p[d][r])  # the next sibling: same parent's score
+        if ids[d][r] not in eos:
+            offer(d + 1, 0, me, -score)
+    if not taken:
+        return None
+    main = [0]  # the first children from the root, while taken
+    child_of = {(parent, r): i for i, (_, r, parent) in enumerate(taken)}
+    while (main[-1], 0) in child_of:
+        main.append(child_of[main[-1], 0])
+    on_main = set(main)
+    side = [i for i in range(len(taken)) if i not in on_main]
+    number = {node: first + i for i, node in enumerate(main + side)}  # the draft tree's numbering
+    return _block_of(taken, main, side, number, rows, hidden, ids, draft_vocab)
+
+
+def _block_of(taken, main, side, number, rows, hidden, ids, draft_vocab) -> DraftBlock:
+    """The ``DraftBlock`` of a best-first tree (``block_tree``), its nodes numbered by ``number``."""
+    def token(i: int) -> int:
+        d, r, _ = taken[i]
+        return int(ids[d][r])
+
+    main_depths = [taken[i][0] for i in main]
+    side_nodes = None
+    if side:
+        parents = [number[taken[i][2]] if taken[i][2] >= 0 else -1 for i in side]
+        side_nodes = SideNodes(torch.tensor([token(i) for i in side], dtype=torch.long),
+                               torch.tensor(parents, dtype=torch.long),
+                               rows[torch.tensor([taken[i][0] for i in side])], draft_vocab=draft_vocab)
+    return DraftBlock(tokens=torch.tensor([token(i) for i in main], dtype=torch.long),
+                      draft_probs=rows[torch.tensor(main_depths)],
+                      hidden_states=None if hidden is None else hidden[torch.tensor(main_depths)],
+                      side=side_nodes, forwards=1, sampled=False, draft_vocab=draft_vocab)

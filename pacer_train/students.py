@@ -7,8 +7,9 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
+import attrs
 import torch
 
 from pacer_core.hf import DTYPES, SHARED_FILE, SUBSET_FILE, HFModel, model_from_config
@@ -83,3 +84,37 @@ def layer_inputs(target: HFModel, input_ids: torch.Tensor, layers: Sequence[int]
     [B, L, len(layers) × d] (index i: transformers' ``hidden_states[i]``, as ``HFModel.forward(hidden=
     layers)`` returns them; what an EAGLE-3-style draft fuses), without touching its KV cache."""
     return target_states(target, input_ids, [layers])[0]
+
+
+STUDENTS_GROUP = "pacer_sd.students"  # entry points naming a plugin's StudentKind
+
+
+@attrs.frozen
+class StudentKind:
+    """A student kind a plugin adds to ``pacer distill`` (``student.kind=<name>``) through the
+    ``pacer_sd.students`` entry-point group, so the command trains it without importing the plugin.
+
+    ``train(cfg, out, tokens, features, target, subset, fused=, deadline=)`` returns (net, held-out
+    metrics, training record) as the built-in students do; ``describe(cfg, layers, subset)`` the
+    manifest's family line; ``save(net, folder, manifest)`` writes the draft folder; ``checkpoint``
+    names its checkpoint in the run folder; ``default_layers(target)`` the target layers whose inputs
+    it reads when ``student.fused_layers`` is unset (distill extracts them once)."""
+
+    name: str
+    train: Callable[..., Any]
+    describe: Callable[..., str]
+    save: Callable[..., None]
+    checkpoint: str
+    default_layers: Callable[[Any], Sequence[int]]
+
+
+def student_kinds() -> dict[str, StudentKind]:
+    """The student kinds installed plugins add (``pacer_sd.students`` entry points), by name."""
+    from importlib.metadata import entry_points
+
+    kinds = {}
+    for point in entry_points(group=STUDENTS_GROUP):
+        kind = point.load()
+        if isinstance(kind, StudentKind):
+            kinds[kind.name] = kind
+    return kinds

