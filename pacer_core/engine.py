@@ -20,6 +20,7 @@ import torch
 from .config import PacerConfig, check, check_seed, draft_model_config
 from .drafts import Draft, TokenTree
 from .errors import ConfigError, InputError
+from .hookcheck import check_results
 from .protocols import LanguageModel
 from .registry import ResolvedStack, check_hooks, new_plugin_manager
 from .types import DecodeState, DraftInfo, GenerationResult, Resources, SamplingParams, StepRecord, Stop
@@ -317,6 +318,7 @@ class Engine:
             out = self.target.forward(pending + nodes, positions=layout[0], tree_mask=layout[1],
                                       logits_from=n_pending - 1, hidden=self.target_hidden)
             verdict = hook.pacer_verify(state=state, draft=draft, target_logits=out.logits)  # [N + 1, vocab]
+            check_results(self.pm, "pacer_verify", verdict, draft=draft)
             # 4. commit: emitted = accepted path + next; the cache keeps the path's rows, moved into place
             path = list(verdict.nodes(draft))
             emitted, hit_eos = self._truncate([nodes[i] for i in path] + [verdict.next_token], state)
@@ -359,6 +361,7 @@ class Engine:
             t = clock()
             wants = hook.pacer_draft_more(state=state, draft=draft)
             stop_s += clock() - t
+            check_results(self.pm, "pacer_draft_more", wants, draft=draft)
             stops = [w for w in wants if isinstance(w, Stop)]
             if stops:  # Stop() keeps the whole tree (side nodes may hang deeper than the main path)
                 keep = min((s.keep for s in stops if s.keep is not None), default=None)
@@ -368,6 +371,7 @@ class Engine:
             room = state.max_draft_tokens - len(draft)
             asked = min((w for w in wants if w is not None), default=room)
             block = hook.pacer_propose(state=state, draft=draft, num_tokens=max(1, min(asked, room)))
+            check_results(self.pm, "pacer_propose", block)
             if block is None or len(block) == 0:
                 break
             draft = draft.extend(block)

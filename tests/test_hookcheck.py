@@ -102,3 +102,13 @@ def test_blame_finds_the_implementation_an_exception_came_from():
     assert hookcheck.origin(caught.value).endswith(f"test_hookcheck.py:{helper.__code__.co_firstlineno + 1}")
     assert hookcheck.blame(ValueError("elsewhere"), impls) is None
     assert hookcheck.describe(SystemExit(0)) == "SystemExit(0)"
+
+
+@pytest.mark.parametrize("value, message", [("class", "returned the class Stop"), ("float", "returned float 1.0"),
+                                            ("zero", "returned 0"), ("negative", "returned -5")])
+def test_the_engine_refuses_a_wrong_return_naming_the_plugin(value, message):
+    """The engine checks what the stop policies, the drafter and the verifier return (hookcheck),
+    so a plugin's bug is one line naming it, not a traceback deep in the loop."""
+    engine = engine_with(f"{{name: returns, value: {value}}}")
+    with pytest.raises(PluginError, match=rf"strategy\.stop\[0\]:returns: pacer_draft_more {message}"):
+        engine.generate([5, 9, 5, 9, 5, 9, 5], max_new_tokens=8)  # prompt lookup drafts from the repeats
