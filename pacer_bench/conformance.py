@@ -294,7 +294,8 @@ def first_difference(a: dict[str, Any], b: dict[str, Any]) -> Optional[tuple[str
 # -- tiny pairs and the stack's stand-in artifacts -----------------------------------------------------
 class Pairs:
     """The tiny models (built once) and the artifacts the stack's components read, made for them:
-    a random feature-level draft for ``eagle``, a random M_B for ``pacer``."""
+    a random feature-level draft for ``eagle``, a random block draft for ``dflash``, a random M_B for
+    ``pacer``."""
 
     def __init__(self, folder: Path):
         from pacer_core.hf.tiny import noisy_copy, tiny_llama
@@ -324,6 +325,8 @@ class Pairs:
                 key = part.where.replace("[", ".").replace("]", "")
                 if part.component.name == "eagle":
                     extra.append(f"{key}.path={self._eagle(target)}")
+                if part.component.name == "dflash":
+                    extra.append(f"{key}.path={self._dflash(target)}")
                 if part.component.name == "pacer" and getattr(part.config, "checkpoint", 0) is None:
                     extra.append(f"{key}.checkpoint={self._mb(target)}")
         return extra
@@ -341,6 +344,22 @@ class Pairs:
                 net = FeatureDraft(arch)
             net.subset.copy_(torch.arange(arch.subset_size))
             net.save(folder, {"target_digest": None})
+            self._made[key] = str(folder)
+        return self._made[key]
+
+    def _dflash(self, target) -> str:
+        from pacer_plugins.block_draft.model import BlockArch, BlockDraft, save_block_draft
+
+        key = ("dflash", target.vocab_size)
+        if key not in self._made:
+            folder = self.folder / f"dflash-{target.vocab_size}"
+            arch = BlockArch(hidden_size=target.hidden_size, intermediate_size=64, vocab_size=target.vocab_size,
+                             subset_size=min(48, target.vocab_size), target_layers=[0, 1], block=4,
+                             **attrs.asdict(target.attention_shape()))
+            with _seeded(0):
+                net = BlockDraft(arch)
+            net.subset.copy_(torch.arange(arch.subset_size))
+            save_block_draft(net, folder, {"target_digest": None})
             self._made[key] = str(folder)
         return self._made[key]
 

@@ -44,7 +44,7 @@ from .replay_trees import markdown as tree_markdown
 
 ALL = "all"
 RUN_PROFILE = "run"  # --profile run: the machine's profile measured by the run itself
-DRAFTER_KINDS = {"eagle": "feature", "draft_model": "token", "ouroboros": "token"}
+DRAFTER_KINDS = {"eagle": "feature", "draft_model": "token", "ouroboros": "token", "dflash": "block"}
 
 
 def unit_drafter(unit: dict) -> dict:

@@ -8,7 +8,8 @@ throughput rule and cost-sized trees (``tree: {nodes: auto}``) all read one.
 A **cost profile** (``Profile``) is the data a cost model is made from, for one device and target
 size: the chain and tree verification curves (seconds of one target forward over k tokens), one
 draft forward per drafter kind (``feature``: a one-layer feature head such as EAGLE's; ``token``: a
-token-level draft model), one consultation of PACER's pre-verification layer, the host time per
+token-level draft model; ``block``: a block draft such as ``dflash``, whose one forward drafts a
+whole block), one consultation of PACER's pre-verification layer, the host time per
 step, and where each number comes from. Profiles are YAML files (docs/costs.md): *measured* ones
 (``pacer costs --profile``, ``scripts/gpu_check.sh``) and *published* ones shipped in
 ``pacer_core/profiles/`` and named by their file name (``load_profile("a100-7b-bf16")``). Loading
@@ -35,7 +36,8 @@ __all__ = ["CostModel", "Curve", "MAX_SECONDS", "MAX_TOKENS", "MIN_SECONDS", "Pr
            "profile_to_dict"]
 
 PROFILES = Path(__file__).with_name("profiles")
-DRAFTER_KINDS = ("feature", "token")  # a one-layer feature head (eagle), a token-level draft model
+# a one-layer feature head (eagle), a token-level draft model, a block draft (dflash: one forward a block)
+DRAFTER_KINDS = ("feature", "token", "block")
 # the range of one forward's, draft's or step's seconds (an hour is far beyond any real one, a
 # femtosecond far below), and of the token counts a curve names
 MIN_SECONDS, MAX_SECONDS = 1e-15, 3600.0

@@ -322,8 +322,10 @@ class NodeBudget:
     verification cost is weighed against, so the choice settles at the budget that maximises the
     whole generation's rate, not one step's."""
 
-    def __init__(self, tree: TreeConfig, device: str, cost: Any = None, calibration: Optional[Calibration] = None):
+    def __init__(self, tree: TreeConfig, device: str, cost: Any = None, calibration: Optional[Calibration] = None,
+                 one_forward: bool = False):
         self.nodes = tree.budget(device)
+        self.one_forward = one_forward  # a block drafter's tree costs one draft forward, whatever its depth
         self.cost = cost
         if self.nodes == AUTO and cost is None:
             raise ValueError("tree nodes 'auto' needs a cost model")
@@ -353,7 +355,7 @@ class NodeBudget:
         depth = int(tree.depths.max()) if len(tree) else 0
         nodes, expected, sent_s = value_nodes(values, tree.parents.tolist(), self.sending_seconds, self.rate())
         self.emitted += 1.0 + expected
-        self.seconds += self.cost.draft(depth) + sent_s
+        self.seconds += self.cost.draft(1 if self.one_forward else depth) + sent_s
         return None if len(nodes) == len(tree) else nodes
 
     def sending_seconds(self, k: int) -> float:
@@ -375,9 +377,10 @@ GPU_PROFILE = "a100-7b-bf16"
 
 def node_budget(tree: TreeConfig, device: Any, drafter_kind: str, target_digest: Optional[str] = None,
                 draft_folder: Any = None, draft_identity: Optional[str] = None) -> NodeBudget:
-    """A tree drafter's ``NodeBudget`` on ``device`` (a ``drafter_kind`` drafter: ``feature`` or
-    ``token``) when the budget is ``auto``: its cost model from ``tree.profile``, else the profile
-    ``pacer costs`` measured and cached for this device type and target (``target_digest``), else
+    """A tree drafter's ``NodeBudget`` on ``device`` (a ``drafter_kind`` drafter: ``feature``,
+    ``token`` or ``block``, whose tree is one draft forward) when the budget is ``auto``: its cost
+    model from ``tree.profile``, else the profile ``pacer costs`` measured and cached for this
+    device type and target (``target_digest``), else
     the device's shipped one; its calibration from ``tree_calibration``. Raises ``InputError`` for
     a profile or calibration that cannot be read or used."""
     from .costs import device_profile, load_profile
@@ -390,7 +393,7 @@ def node_budget(tree: TreeConfig, device: Any, drafter_kind: str, target_digest:
     else:
         profile = device_profile(device, target_digest, default_profile(device), drafter_kind)
     calibration = tree_calibration(tree, draft_folder, draft_identity)
-    return NodeBudget(tree, device, profile.cost_model(drafter_kind), calibration)
+    return NodeBudget(tree, device, profile.cost_model(drafter_kind), calibration, one_forward=drafter_kind == "block")
 
 
 def tree_calibration(tree: TreeConfig, draft_folder: Any = None, draft_identity: Optional[str] = None

@@ -57,6 +57,7 @@ def test_block_layout_on_a_worked_example():
     layout = block_layout([3], 1, 2, 8)
     assert layout.tokens.tolist() == [3, 4, -1, -1] and layout.positions.tolist() == [3, 4, 5, 6]
     assert layout.predicts.tolist() == [[5, 6]] and layout.mask_rows.tolist() == [[2, 3]]
+    assert layout.latest.tolist() == [2, 2, 2, 2]  # every row joins the feature of position 2
     seen = layout.mask.int().tolist()
     assert all(row == [1, 1, 1, 0, 0, 0, 0, 0, 1, 1, 1, 1] for row in seen)
 
@@ -95,7 +96,7 @@ def test_training_blocks_compute_what_the_drafter_computes(pair, known):
     for k, a in enumerate(anchors):
         cache = ContextCache(2)
         net.extend_context(cache, states[:a])
-        x = net.block_inputs(embed[tokens[a:a + known + 1]][None], 3)
+        x = net.block_inputs(embed[tokens[a:a + known + 1]][None], 3, cache.latest[None])
         context = [(key[None], value[None]) for key, value in zip(cache.keys, cache.values)]
         alone = net(x, torch.arange(a, a + known + 4), context)[0, known + 1:]
         torch.testing.assert_close(packed[k], alone, rtol=1e-4, atol=1e-5)

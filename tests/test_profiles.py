@@ -58,7 +58,7 @@ def test_profile_follows_the_format(path):
         assert max(data["verify_s"]) >= 128, "a published profile covers k up to at least 128"
     if data.get("tree_verify_s") is not None:
         check_curve(data["tree_verify_s"], "tree_verify_s")
-    assert data["draft_s"] and set(data["draft_s"]) <= {"feature", "token"}
+    assert data["draft_s"] and set(data["draft_s"]) <= {"feature", "token", "block"}
     for kind, curve in data["draft_s"].items():
         check_curve(curve, f"draft_s.{kind}")
     if data.get("preverify_s") is not None:

@@ -108,7 +108,7 @@ class DFlashDrafter:
         self.sampling = resources.sampling
         self.tree = config.tree
         self.draft_folder = folder
-        self.budget = None if config.tree is None else node_budget(config.tree, target.device, "feature", digest,
+        self.budget = None if config.tree is None else node_budget(config.tree, target.device, "block", digest,
                                                                    folder, self.draft_info.identity)
         self.pacer_start(None)
 
@@ -133,7 +133,7 @@ class DFlashDrafter:
         sampling parameters applied) and their hidden states ([block, hidden])."""
         tokens = committed[-1:] + known
         start = len(committed) - 1
-        x = self.net.block_inputs(self.embed[tokens].to(self.dtype)[None], self.block)
+        x = self.net.block_inputs(self.embed[tokens].to(self.dtype)[None], self.block, self.context.latest[None])
         positions = torch.arange(start, start + x.shape[1])
         context = [(k[None], v[None]) for k, v in zip(self.context.keys, self.context.values)]
         hidden = self.net(x, positions, context)[0, len(tokens):]  # [block, hidden]
@@ -143,7 +143,7 @@ class DFlashDrafter:
 
     def _ready(self, committed: list[int]) -> bool:
         """Whether the context holds the target's states of every committed token but the last."""
-        return len(self.context) > 0 and len(self.context) == len(committed) - 1
+        return len(self.context) > 0 and len(self.context) == len(committed) - 1 and self.context.latest is not None
 
     @hookimpl
     def pacer_propose(self, state, draft, num_tokens) -> Optional[DraftBlock]:

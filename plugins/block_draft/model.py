@@ -12,7 +12,10 @@ One forward drafts a whole block. Its inputs:
 - **the block**: the last committed token (its feature is not known yet), then the tokens already
   drafted in this step on the main path (``known``: a further block is conditioned on them), then
   ``block`` mask rows (one learned embedding). Row j sits at position ``len(committed) - 1 + j``.
-  Every block row sees every context row and every block row (not causal).
+  Each row's input joins its embedding with the latest context feature (``inject``, as EAGLE's fc
+  joins a token with a feature): a direct path from the target's newest state, which a small draft
+  trained briefly learns far faster than through attention alone. Every block row sees every
+  context row and every block row (not causal).
 
 The mask rows' outputs, after the final norm, go through the target's output layer restricted to
 ``subset`` (the draft's vocabulary, the target's rows: not stored): mask row i predicts the token
@@ -125,6 +128,7 @@ class ContextCache:
     def __init__(self, layers: int):
         self.keys: list[Optional[torch.Tensor]] = [None] * layers
         self.values: list[Optional[torch.Tensor]] = [None] * layers
+        self.latest: Optional[torch.Tensor] = None  # [d]: the last context row's feature (the block reads it)
 
     def __len__(self) -> int:
         return 0 if self.keys[0] is None else int(self.keys[0].shape[1])
@@ -133,6 +137,7 @@ class ContextCache:
         if self.keys[0] is not None and length < len(self):
             self.keys = [k[:, :length] for k in self.keys]
             self.values = [v[:, :length] for v in self.values]
+            self.latest = None  # until rows are appended again
 
     def append(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
         old_k, old_v = self.keys[layer], self.values[layer]
@@ -152,6 +157,7 @@ class BlockDraft(nn.Module):
         self.fc = nn.Linear(arch.fused_size, d, bias=False)
         self.context_norm = nn.Parameter(torch.ones(d))
         self.mask_embedding = nn.Parameter(torch.zeros(d))
+        self.inject = nn.Linear(2 * d, d, bias=False)  # [a row's embedding; the latest context feature]
         self.layers = nn.ModuleList([BlockLayer(arch) for _ in range(arch.num_layers)])
         self.norm = nn.Parameter(torch.ones(d))
         self.register_buffer("subset", torch.zeros(arch.subset_size, dtype=torch.long))
@@ -185,12 +191,20 @@ class BlockDraft(nn.Module):
         for i, layer in enumerate(self.layers):
             k, v = self.context_kv(layer, features, positions)
             cache.append(i, k[0], v[0])
+        cache.latest = features[0, -1]
 
     # -- the block -----------------------------------------------------------------------------
-    def block_inputs(self, embeds: torch.Tensor, masks: int) -> torch.Tensor:
-        """[..., R, d] embeddings of the known tokens → [..., R + masks, d] with the mask rows after."""
+    def block_inputs(self, embeds: torch.Tensor, masks: int, latest: torch.Tensor) -> torch.Tensor:
+        """The block rows' inputs: [..., R, d] embeddings of the known tokens, then ``masks`` mask rows,
+        each joined with ``latest`` [..., d] (the context feature of the last position whose target
+        state is known: the one before the block) → [..., R + masks, d]."""
         mask = self.mask_embedding.to(embeds.dtype).expand(*embeds.shape[:-2], masks, embeds.shape[-1])
-        return torch.cat([embeds, mask], dim=-2)
+        rows = torch.cat([embeds, mask], dim=-2)
+        return self.join(rows, latest.unsqueeze(-2).expand(rows.shape))
+
+    def join(self, rows: torch.Tensor, latest: torch.Tensor) -> torch.Tensor:
+        """[..., R, d] row embeddings and [..., R, d] the latest context feature of each → inputs."""
+        return self.inject(torch.cat([rows, latest], dim=-1))
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, context: list[tuple[torch.Tensor, torch.Tensor]],
                 mask: Optional[torch.Tensor] = None) -> torch.Tensor:

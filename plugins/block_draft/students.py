@@ -41,6 +41,7 @@ class BlockLayout:
     mask: torch.Tensor  # [K · R, L + K · R] bool: the context rows and the block rows each row sees
     predicts: torch.Tensor  # [K, block] the position each mask row predicts (teacher state: predicts − 1)
     mask_rows: torch.Tensor  # [K, block] the row index of each mask row
+    latest: torch.Tensor  # [K · R] the context position whose feature each row joins (its anchor − 1)
 
 
 def block_layout(anchors: list[int], known: int, block: int, length: int) -> BlockLayout:
@@ -61,7 +62,8 @@ def block_layout(anchors: list[int], known: int, block: int, length: int) -> Blo
     first = torch.tensor(anchors)[:, None] + known + 1  # [K, 1]
     predicts = first + torch.arange(block)[None]
     mask_rows = torch.arange(len(anchors))[:, None] * rows + known + 1 + torch.arange(block)[None]
-    return BlockLayout(torch.tensor(tokens), torch.tensor(positions), mask, predicts, mask_rows)
+    latest = torch.tensor(anchors).repeat_interleave(rows) - 1
+    return BlockLayout(torch.tensor(tokens), torch.tensor(positions), mask, predicts, mask_rows, latest)
 
 
 def block_outputs(net: BlockDraft, embed: torch.Tensor, tokens: torch.Tensor, fused: torch.Tensor,
@@ -74,8 +76,9 @@ def block_outputs(net: BlockDraft, embed: torch.Tensor, tokens: torch.Tensor, fu
     context = [net.context_kv(layer, features, context_positions) for layer in net.layers]
     known = layout.tokens >= 0
     ids = tokens[:, layout.tokens.clamp_min(0).to(tokens.device)]  # [B, K·R]
-    x = torch.where(known.to(tokens.device)[None, :, None], embed[ids],
-                    net.mask_embedding.to(embed.dtype).expand(b, len(layout.tokens), -1))
+    rows = torch.where(known.to(tokens.device)[None, :, None], embed[ids],
+                       net.mask_embedding.to(embed.dtype).expand(b, len(layout.tokens), -1))
+    x = net.join(rows, features[:, layout.latest.to(features.device)])  # each row with its anchor's latest feature
     out = net(x, layout.positions, context, layout.mask)  # [B, K·R, d]
     return out[:, layout.mask_rows.to(out.device)]  # [B, K, block, d]
 

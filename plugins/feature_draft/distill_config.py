@@ -27,7 +27,7 @@ def check_kind(kind: str) -> None:
 
     if kind not in BUILT_IN_KINDS and kind not in student_kinds():
         known = ", ".join([*BUILT_IN_KINDS, *sorted(student_kinds())])
-        raise ValueError(f"student.kind must be one of {known}, got {kind!r}")
+        raise ValueError(f"student.kind must be one of {known} (got {kind!r})")
 
 
 @attrs.define
