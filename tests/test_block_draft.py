@@ -332,3 +332,16 @@ def test_weights_that_do_not_fit_their_config_are_refused_before_building(pair, 
     (copy / "config.json").write_text(json.dumps(config))
     with pytest.raises(InputError, match="does not match its config.json"):
         load_block_draft(copy)
+
+
+# -- in a hybrid ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("tree", [None, "{topk: 3, depth: 3, nodes: 6}"], ids=["chain", "tree"])
+def test_a_hybrid_of_the_block_draft_and_prompt_lookup_equals_plain_decoding(pair, tree):
+    """The block draft merges into ``hybrid`` like any member: its block (chain or tree) and the
+    lookup's phrases in one token tree, greedy output the target's own."""
+    target, folder = pair
+    member = f"{{name: dflash, path: '{folder}'" + (f", tree: {tree}" if tree else "") + "}"
+    engine = block_engine(target, folder, extra=[
+        f"strategy.drafter={{name: hybrid, members: [{member}, {{name: prompt_lookup}}]}}", "sampling.temperature=0"])
+    for prompt in PROMPTS:
+        assert engine.generate(prompt, max_new_tokens=BUDGET).tokens == reference_greedy(target, prompt, BUDGET)
