@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import functools
 from importlib import metadata
+from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
 
 import attrs
@@ -50,10 +51,38 @@ def new_plugin_manager(extra_plugins: Iterable[Any] = ()) -> pluggy.PluginManage
         if not pm.is_registered(module) and pm.get_plugin(name) is None:
             pm.register(module, name=name)
     for plugin in extra_plugins:
-        if not pm.is_registered(plugin):
+        if not pm.is_registered(plugin) and _registered_copy(pm, plugin) is None:
+            _refuse_taken_name(pm, plugin)
             pm.register(plugin)
     check_hooks(pm)
     return pm
+
+
+def _source(module: Any) -> Optional[Path]:
+    """The resolved file a plugin module was loaded from; None for one without a file."""
+    file = getattr(module, "__file__", None)
+    try:
+        return Path(file).resolve() if isinstance(file, str) else None
+    except (OSError, RuntimeError, ValueError):
+        return None
+
+
+def _registered_copy(pm: pluggy.PluginManager, plugin: Any) -> Optional[Any]:
+    """A registered module loaded from the same file as ``plugin`` (an installed plugin also named by
+    ``--plugin FILE.py``): that file's hooks are registered once, as installed."""
+    source = _source(plugin)
+    return None if source is None else next((p for p in pm.get_plugins() if _source(p) == source), None)
+
+
+def _refuse_taken_name(pm: pluggy.PluginManager, plugin: Any) -> None:
+    """One line, instead of pluggy's ValueError and its dump of every plugin, when another plugin is
+    registered under the name ``plugin`` would take."""
+    name = pm.get_canonical_name(plugin)
+    other = pm.get_plugin(name)
+    if other is not None:
+        raise ConfigError(f"plugin module '{name}' ({_source(plugin) or 'no file'}) has the name of an installed "
+                          f"plugin, a different module ({_source(other) or 'no file'}): rename one of them, or "
+                          "uninstall the installed one")
 
 
 def check_hooks(pm: pluggy.PluginManager) -> None:

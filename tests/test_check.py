@@ -292,3 +292,52 @@ def test_a_misspelled_hook_is_named_without_blaming_the_tiny_pair(tmp_path, caps
     code, _, err = run_cli(["check", "--plugin", str(plugin), "strategy.stop=[{name: typo}]", "--quick"], capsys)
     assert_one_line_error(code, err, "implements unknown hook 'pacer_draft_mor'", "did you mean 'pacer_draft_more'?")
     assert "cannot build a tiny pair" not in err
+
+
+
+def _installed(monkeypatch, folder: Path, name: str, body: str):
+    """A plugin module ``name`` written to ``folder`` and installed as an entry point of that name (as
+    ``pip install -e .`` of a package naming it would); its file."""
+    import importlib
+
+    from pacer_core import registry
+
+    folder.mkdir(exist_ok=True)
+    path = Path(plugin_file(folder, name, body))
+    monkeypatch.syspath_prepend(str(folder))
+    module = importlib.import_module(name)
+    installed = registry._entry_point_plugins() + ((name, module),)
+    monkeypatch.setattr(registry, "_entry_point_plugins", lambda: installed)
+    monkeypatch.delitem(sys.modules, name)
+    return path
+
+
+PROB_FLOOR = (
+    "import attrs\nfrom pacer_core import Component, Stop\n\n\n@attrs.define\nclass Config:\n"
+    "    floor: float = 0.3\n\n\nclass Floor:\n    def __init__(self, config, resources):\n"
+    "        self.floor = config.floor\n\n    @hookimpl\n    def pacer_draft_more(self, state, draft):\n"
+    "        return None if len(draft.tokens) < 3 else Stop()\n\n\n"
+    "@hookimpl\ndef pacer_components():\n    return [Component('stop', 'prob_floor', Config, Floor, 'a floor')]\n")
+
+
+def test_plugin_file_of_an_installed_plugin_is_registered_once(capsys, monkeypatch, tmp_path):
+    import importlib.util
+
+    from pacer_core.registry import new_plugin_manager
+
+    path = _installed(monkeypatch, tmp_path, "my_stop_plugin", PROB_FLOOR)
+    code, out, err = run_cli(["check", "--plugin", str(path), "strategy.stop=[{name: prob_floor}]",
+                              "--case", "load/stack"], capsys)
+    assert code == 0 and "already registered" not in out + err, out + err
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    again = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(again)
+    pm = new_plugin_manager([again])  # the installed file imported once more: the installed module stays, once
+    assert again not in pm.get_plugins() and pm.get_plugin("my_stop_plugin") is not None
+
+
+def test_plugin_file_named_as_another_installed_plugin_is_one_line(capsys, monkeypatch, tmp_path):
+    _installed(monkeypatch, tmp_path / "installed", "my_stop_plugin", PROB_FLOOR)
+    other = plugin_file(tmp_path, "my_stop_plugin", PROB_FLOOR.replace("prob_floor", "prob_floor2"))
+    code, _, err = run_cli(["check", "--plugin", other, "--case", "load/stack"], capsys)
+    assert_one_line_error(code, err, "'my_stop_plugin'", "installed", "rename")
