@@ -345,3 +345,78 @@ def test_a_hybrid_of_the_block_draft_and_prompt_lookup_equals_plain_decoding(pai
         f"strategy.drafter={{name: hybrid, members: [{member}, {{name: prompt_lookup}}]}}", "sampling.temperature=0"])
     for prompt in PROMPTS:
         assert engine.generate(prompt, max_new_tokens=BUDGET).tokens == reference_greedy(target, prompt, BUDGET)
+
+
+# -- a damaged draft folder: one line, never a traceback while drafting ----------------------------
+def _damaged_copy(folder, tmp_path, config=None, subset=None):
+    """A copy of the draft ``folder`` whose config.json takes ``config``'s values and whose weights'
+    subset buffer is ``subset``."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    copy = tmp_path / "damaged"
+    shutil.copytree(folder, copy)
+    if config is not None:
+        (copy / "config.json").write_text(json.dumps({**json.loads((copy / "config.json").read_text()), **config}))
+    if subset is not None:
+        state = load_file(str(copy / "draft.safetensors"))
+        state["subset"] = torch.tensor(subset, dtype=torch.long)
+        save_file(state, str(copy / "draft.safetensors"))
+    return copy
+
+
+@pytest.mark.parametrize("config, needle", [
+    ({"target_layers": ["a", "b"]}, "target_layers must be a list of layer numbers"),
+    ({"target_layers": "ab"}, "target_layers must be a list of layer numbers"),
+    ({"target_layers": [0, True]}, "target_layers must be a list of layer numbers"),
+    ({"rope_theta": "x"}, "rope_theta must be a finite number > 0"),
+    ({"rope_theta": 0}, "rope_theta must be a finite number > 0"),
+    ({"rope_theta": float("nan")}, "rope_theta must be a finite number > 0"),
+    ({"rms_eps": None}, "rms_eps must be a finite number > 0"),
+    ({"rms_eps": -1.0}, "rms_eps must be a finite number > 0"),
+], ids=["layer-names", "layers-string", "layer-bool", "theta-string", "theta-zero", "theta-nan", "eps-null",
+        "eps-negative"])
+def test_a_config_with_a_wrong_value_is_refused_before_drafting(pair, tmp_path, config, needle):
+    """Every value of config.json is checked, not only the sizes: a layer name, a string or a zero rope
+    base, a null norm epsilon were a TypeError or ValueError deep in the first draft forward."""
+    from pacer_core.errors import InputError
+
+    target, folder = pair
+    with pytest.raises(InputError, match="does not describe a block draft") as caught:
+        block_engine(target, _damaged_copy(folder, tmp_path, config=config)).generate(PROMPTS[0], max_new_tokens=4)
+    assert needle in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("last", [99, -1], ids=["past-the-vocabulary", "negative"])
+def test_a_subset_naming_tokens_the_vocabulary_lacks_is_refused(pair, tmp_path, last):
+    """The weights' subset buffer holds token ids: one outside the target's vocabulary was an
+    IndexError while building the drafter (or in the embedding lookup)."""
+    from pacer_core.errors import InputError
+
+    target, folder = pair
+    damaged = _damaged_copy(folder, tmp_path, subset=[0, 1, 2, 3, 4, 5, 6, last])
+    with pytest.raises(InputError, match="token ids outside 0..15"):
+        block_engine(target, damaged).generate(PROMPTS[0], max_new_tokens=4)
+
+
+@pytest.mark.parametrize("options, needle", [
+    (["student.block=0"], "'block' must be >= 1"),
+    (["student.block=33"], "'block' must be <= 32"),
+    (["train.anchors=-1"], "'anchors' must be >= 1"),
+    (["student.draft_layers=0"], "'draft_layers' must be >= 1"),
+    (["init=draft"], "init= continues a feature or eagle3 student, not student.kind=dflash"),
+], ids=["block-0", "block-33", "anchors-negative", "no-layers", "init"])
+def test_distill_refuses_a_dflash_option_in_one_line_before_any_model_loads(capsys, tmp_path, monkeypatch, options,
+                                                                            needle):
+    import pacer_core.hf
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded before the options were checked")
+
+    monkeypatch.setattr(pacer_core.hf, "load_section", no_model)
+    (tmp_path / "draft").mkdir()
+    monkeypatch.chdir(tmp_path)
+    message = one_line_error(capsys, ["distill", f"out={tmp_path / 'run'}", "student.kind=dflash", *options])
+    assert needle in message

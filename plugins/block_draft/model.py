@@ -77,6 +77,12 @@ class BlockArch:
                 raise ValueError(f"{name} must be a whole number in 1..{top}, got {value!r}")
         if self.num_heads % self.num_kv_heads or not self.target_layers:
             raise ValueError("num_heads must be a multiple of num_kv_heads, and target_layers non-empty")
+        if not isinstance(self.target_layers, list) or any(type(i) is not int for i in self.target_layers):
+            raise ValueError(f"target_layers must be a list of layer numbers, got {self.target_layers!r:.60}")
+        for name in ("rope_theta", "rms_eps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r:.30}")
 
     @property
     def fused_size(self) -> int:
@@ -278,4 +284,6 @@ def load_block_draft(folder: Path) -> BlockDraft:
     net = BlockDraft(arch)
     state = load_safetensors(folder / WEIGHTS, fix)
     net.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
+    if not bool(((net.subset >= 0) & (net.subset < arch.vocab_size)).all()):
+        raise InputError(f"'{folder / WEIGHTS}' holds a subset of token ids outside 0..{arch.vocab_size - 1}: {fix}")
     return net.eval()
