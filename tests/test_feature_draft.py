@@ -25,6 +25,7 @@ from helpers import (
     brute_successors,
     engine_for,
     make_draft,
+    one_line_error,
     reference_greedy,
     sample_outputs,
     single_thread,
@@ -632,3 +633,22 @@ def test_the_shipped_draft_recommends_the_thresholds_its_docs_report():
     thresholds = recommended_stop_thresholds(DEFAULT_DRAFT, manifest, EagleConfig())
     assert thresholds == {"confidence": 0.95, "entropy": 0.8, "svip": 0.25}
     assert recommended_stop_thresholds(DEFAULT_DRAFT, manifest, EagleConfig(corpus_bias=0.0)) == {}
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.batch_size=0", "'batch_size' must lie in [1, 4096]"), ("train.epochs=0", "'epochs' must lie in (0,"),
+    ("train.lr=-1", "'lr' must lie in (0, 10]"), ("train.warmup=-5", "'warmup' must lie in [0,"),
+    ("train.checkpoint_every=0", "'checkpoint_every' must lie in [1,"), ("train.threads=-1", "'threads'"),
+    ("train.noise=-1", "'noise' must lie in [0,"), ("train.weight_decay=-1", "'weight_decay'"),
+    ("corpus.chat_answers=-1", "'chat_answers' must be >= 0"), ("student.subset_size=-3", "'subset_size'"),
+    ("student.intermediate_size=0", "'intermediate_size' must be >= 1"),
+    ("student.fused_layers=[-5]", "'fused_layers' must name target decoder layers"),
+])
+def test_distill_refuses_an_option_out_of_range_before_any_model_loads(capsys, tmp_path, monkeypatch, override,
+                                                                       message):
+    """Every numeric distill option has a range: a value outside it is one line, before the target
+    loads (these built a corpus, or trained with a negative learning rate)."""
+    import pacer_core.hf
+
+    monkeypatch.setattr(pacer_core.hf, "load_section", lambda *a, **k: pytest.fail("the target was loaded"))
+    assert message in one_line_error(capsys, ["distill", f"out={tmp_path / 'run'}", override])

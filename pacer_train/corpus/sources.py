@@ -25,11 +25,14 @@ __all__ = ["STDLIB_SKIP", "CorpusConfig", "corpus_sources", "stdlib_files", "std
 
 @attrs.define
 class CorpusConfig:
-    stdlib_tokens: int = 100_000  # Python standard-library source (tests excluded)
-    docs_tokens: int = 30_000  # pydoc_data topics: the language reference's prose
-    chat_answers: int = 512  # instructions the target answers (chat template applied)
-    chat_max_new_tokens: int = 256
-    chat_batch_size: int = 32
+    # Python standard-library source (tests excluded)
+    stdlib_tokens: int = attrs.field(default=100_000, validator=[attrs.validators.ge(0), attrs.validators.le(1 << 30)])
+    # pydoc_data topics: the language reference's prose
+    docs_tokens: int = attrs.field(default=30_000, validator=[attrs.validators.ge(0), attrs.validators.le(1 << 30)])
+    # instructions the target answers (chat template applied)
+    chat_answers: int = attrs.field(default=512, validator=[attrs.validators.ge(0), attrs.validators.le(1 << 20)])
+    chat_max_new_tokens: int = attrs.field(default=256, validator=[attrs.validators.ge(1), attrs.validators.le(8192)])
+    chat_batch_size: int = attrs.field(default=32, validator=[attrs.validators.ge(1), attrs.validators.le(4096)])
     seq_len: int = 256
     heldout_sequences: int = 24
     extra_files: List[str] = attrs.field(factory=list)  # your own text files (never benchmark prompts)

@@ -37,11 +37,15 @@ class StudentConfig:
     # eagle3: the EAGLE-3-style `eagle` draft (fuses several target layers, own norm and head over the subset);
     # token: a small HF causal LM for `draft_model` / `ouroboros` / transformers' assisted generation;
     # or a kind a plugin adds (pacer_sd.students entry points): dflash, the `dflash` block draft
-    subset_size: int = 8192  # draft head vocabulary: the most frequent corpus tokens
-    intermediate_size: int = 1536  # feature and eagle3 kinds: the decoder layer's MLP width
+    # draft head vocabulary: the most frequent corpus tokens
+    subset_size: int = attrs.field(default=8192, validator=[attrs.validators.ge(1), attrs.validators.le(1 << 20)])
+    # feature, eagle3 and dflash kinds: the decoder layers' MLP width
+    intermediate_size: int = attrs.field(default=1536, validator=[attrs.validators.ge(1),
+                                                                  attrs.validators.le(1 << 20)])
     extra_layers: int = 0  # feature kind: decoder layers after the first (a deeper draft); with init= a
     # shallower draft, the layers it lacks start as the identity
-    fused_layers: Optional[List[int]] = None  # eagle3: target decoder layers whose inputs it fuses
+    fused_layers: Optional[List[int]] = attrs.field(default=None, validator=lambda _, __, v: _layers(v))
+    # eagle3, dflash: target decoder layers whose inputs it fuses
     # (None = EAGLE-3's low, middle and high: 2, L // 2, L - 3)
     layers: List[int] = attrs.field(factory=lambda: [0, -1])  # token kind: target layers it starts from
     block: int = attrs.field(default=8, validator=[attrs.validators.ge(1), attrs.validators.le(32)])
@@ -51,23 +55,38 @@ class StudentConfig:
     dtype: str = "bfloat16"  # token kind: storage dtype of its own tensors
 
 
+def _layers(value) -> None:
+    if value is not None and any(isinstance(i, bool) or not 0 <= i <= 4096 for i in value):
+        raise ValueError(f"'fused_layers' must name target decoder layers (whole numbers >= 0), got {value!r}")
+
+
+def _within(low: float, high: float, low_open: bool = False):
+    """A validator: a number in [low, high] ((low, high] with ``low_open``), refused in one line."""
+    def check(instance, attribute, value) -> None:
+        if isinstance(value, bool) or not (low < value if low_open else low <= value) or not value <= high:
+            bracket = "(" if low_open else "["
+            raise ValueError(f"'{attribute.name}' must lie in {bracket}{low}, {high}], got {value!r}")
+    return check
+
+
 @attrs.define
 class TrainConfig:
-    epochs: float = 6.0
-    batch_size: int = 8
-    lr: float = 1e-3
-    warmup: int = 100
-    weight_decay: float = 0.0
-    feature_weight: float = 1.0
-    ce_weight: float = 0.1
+    epochs: float = attrs.field(default=6.0, validator=_within(0, 1e4, low_open=True))
+    batch_size: int = attrs.field(default=8, validator=_within(1, 4096))
+    lr: float = attrs.field(default=1e-3, validator=_within(0, 10, low_open=True))
+    warmup: int = attrs.field(default=100, validator=_within(0, 1 << 30))
+    weight_decay: float = attrs.field(default=0.0, validator=_within(0, 10))
+    feature_weight: float = attrs.field(default=1.0, validator=_within(0, 1e6))
+    ce_weight: float = attrs.field(default=0.1, validator=_within(0, 1e6))
     teacher_temperature: float = 1.0  # the cross-entropy's target is softmax(target logits / this); < 1 sharpens it
-    noise: float = 0.1  # uniform noise on input features, ±noise
+    noise: float = attrs.field(default=0.1, validator=_within(0, 1e3))  # uniform noise on input features, ±noise
     unroll: int = 2  # training-time test: draft steps trained per row, steps >= 2 fed the network's own
     # predicted feature (1 = EAGLE-1's loss)
     unroll_decay: float = 1.0  # weight of draft step j: unroll_decay ** (j - 1)
-    checkpoint_every: int = 100  # also when the held-out agreement is measured (scaling.json)
+    # steps between checkpoints, also when the held-out agreement is measured (scaling.json)
+    checkpoint_every: int = attrs.field(default=100, validator=_within(1, 1 << 30))
     max_seconds: float = 0.0  # stop training (checkpoint, then export) once the command has run this long; 0 = no limit
-    threads: int = 0  # torch threads; 0 = torch's default
+    threads: int = attrs.field(default=0, validator=_within(0, 256))  # torch threads; 0 = torch's default
     anchors: int = attrs.field(default=48, validator=[attrs.validators.ge(1), attrs.validators.le(4096)])
     # dflash: blocks trained per sequence (random anchors, packed with one mask)
 
