@@ -418,9 +418,57 @@ def tree_calibration(tree: TreeConfig, draft_folder: Any = None, draft_identity:
 
 
 # -- trees over one block (a block drafter's rows read as independent positions) ---------------------
+@attrs.define
+class BlockTree:
+    """The likeliest nodes of a tree over one block (``block_tree``), handed out level by level.
+
+    ``nodes[i]`` = (depth 0.., token, parent index in ``nodes`` or -1), parents first; ``main``: the
+    main path's node indices (each row's argmax, while taken). ``given`` maps the nodes already in
+    the draft to their draft-tree numbers; ``depth`` is the deepest level given."""
+
+    nodes: list[tuple[int, int, int]]
+    main: list[int]
+    rows: torch.Tensor  # [D, w]: the block's rows (over draft_vocab.ids when given)
+    hidden: Optional[torch.Tensor]  # [D, h]
+    draft_vocab: Optional[DraftVocab] = None
+    given: dict[int, int] = attrs.field(factory=dict)
+    depth: int = 0
+
+    def next_levels(self, levels: int, first: int, forwards: int = 0) -> Optional[DraftBlock]:
+        """The nodes of the next ``levels`` levels as a block whose first node is numbered ``first``
+        in the draft tree (its main path first, then its side nodes, as ``Draft.tree`` numbers a
+        block); every deeper node too once the main path ends among them (a block continues the
+        main path, so none could follow). None when nothing is left."""
+        top = self.depth + levels
+        main = [i for i in self.main if self.depth <= self.nodes[i][0] < top]
+        if not main:
+            return None
+        if main[-1] == self.main[-1]:  # the main path ends here: the rest hangs off what is given
+            top = max(d for d, _, _ in self.nodes) + 1
+        on_main = set(main)
+        side = [i for i, (d, _, _) in enumerate(self.nodes) if self.depth <= d < top and i not in on_main]
+        for j, i in enumerate(main + side):
+            self.given[i] = first + j
+        self.depth = top
+
+        def depth_rows(indices):
+            return self.rows[torch.tensor([self.nodes[i][0] for i in indices])]
+
+        side_nodes = None
+        if side:
+            parents = [self.given[self.nodes[i][2]] if self.nodes[i][2] >= 0 else -1 for i in side]
+            side_nodes = SideNodes(torch.tensor([self.nodes[i][1] for i in side], dtype=torch.long),
+                                   torch.tensor(parents, dtype=torch.long), depth_rows(side),
+                                   draft_vocab=self.draft_vocab)
+        depths = torch.tensor([self.nodes[i][0] for i in main])
+        hidden = None if self.hidden is None else self.hidden[depths]
+        return DraftBlock(tokens=torch.tensor([self.nodes[i][1] for i in main], dtype=torch.long),
+                          draft_probs=self.rows[depths], hidden_states=hidden, side=side_nodes, forwards=forwards,
+                          sampled=False, draft_vocab=self.draft_vocab)
+
+
 def block_tree(rows: torch.Tensor, hidden: Optional[torch.Tensor], topk: int, nodes: int,
-               draft_vocab: Optional[DraftVocab] = None, eos: Any = frozenset(), first: int = 0
-               ) -> Optional[DraftBlock]:
+               draft_vocab: Optional[DraftVocab] = None, eos: Any = frozenset()) -> Optional[BlockTree]:
     """The ``nodes`` most likely nodes of a tree over one block, taken best-first (DDTree).
 
     ``rows`` [D, w]: the draft's distribution of the token at depth d + 1 (over ``draft_vocab.ids``
@@ -429,14 +477,13 @@ def block_tree(rows: torch.Tensor, hidden: Optional[torch.Tensor], topk: int, no
     of its depth's row. The likeliest unexpanded candidate is taken next (a heap: a taken node offers
     its first child and its next sibling), so every taken node's parent was taken before it and the
     result is the ``nodes`` nodes of highest joint probability; nothing grows past a token in ``eos``.
-    The block's main path is the chain of first children from the root (the argmax of each row,
-    while taken); the other nodes are side nodes, numbered after it as ``Draft.tree`` numbers a block
-    whose first node is ``first`` (the draft's nodes so far; the block hangs off the root).
-    ``hidden`` [D, h]: the draft's hidden state at each depth (the main path's are the block's).
-    Children are chosen, not sampled (``sampled=False``). None when no token has probability > 0.
+    The main path is the chain of first children from the root (the argmax of each row, while
+    taken). ``hidden`` [D, h]: the draft's hidden state at each depth (the main path's are the
+    blocks'). Children are chosen, not sampled (``sampled=False`` blocks). None when no token has
+    probability > 0.
 
-    Example: rows [[.6 a, .3 b], [.5 c, .4 d]], topk 2, nodes 3 → a (.6), b (.3), a→c (.3): the
-    block's tokens [a, c], side node b under the root.
+    Example: rows [[.6 a, .3 b], [.5 c, .4 d]], topk 2, nodes 3 → a (.6), b (.3), a→c (.3): handed
+    out whole, the block's tokens [a, c] and a side node b under the root.
     """
     depth = int(rows.shape[0])
     k = min(topk, int(rows.shape[1]))
@@ -470,26 +517,4 @@ def block_tree(rows: torch.Tensor, hidden: Optional[torch.Tensor], topk: int, no
     child_of = {(parent, r): i for i, (_, r, parent) in enumerate(taken)}
     while (main[-1], 0) in child_of:
         main.append(child_of[main[-1], 0])
-    on_main = set(main)
-    side = [i for i in range(len(taken)) if i not in on_main]
-    number = {node: first + i for i, node in enumerate(main + side)}  # the draft tree's numbering
-    return _block_of(taken, main, side, number, rows, hidden, ids, draft_vocab)
-
-
-def _block_of(taken, main, side, number, rows, hidden, ids, draft_vocab) -> DraftBlock:
-    """The ``DraftBlock`` of a best-first tree (``block_tree``), its nodes numbered by ``number``."""
-    def token(i: int) -> int:
-        d, r, _ = taken[i]
-        return int(ids[d][r])
-
-    main_depths = [taken[i][0] for i in main]
-    side_nodes = None
-    if side:
-        parents = [number[taken[i][2]] if taken[i][2] >= 0 else -1 for i in side]
-        side_nodes = SideNodes(torch.tensor([token(i) for i in side], dtype=torch.long),
-                               torch.tensor(parents, dtype=torch.long),
-                               rows[torch.tensor([taken[i][0] for i in side])], draft_vocab=draft_vocab)
-    return DraftBlock(tokens=torch.tensor([token(i) for i in main], dtype=torch.long),
-                      draft_probs=rows[torch.tensor(main_depths)],
-                      hidden_states=None if hidden is None else hidden[torch.tensor(main_depths)],
-                      side=side_nodes, forwards=1, sampled=False, draft_vocab=draft_vocab)
+    return BlockTree([(d, int(ids[d][r]), parent) for d, r, parent in taken], main, rows, hidden, draft_vocab)

@@ -13,9 +13,9 @@ import attrs
 import pytest
 import torch
 
-from pacer_core import DraftVocab, SamplingParams, hookimpl
+from pacer_core import Draft, DraftVocab, SamplingParams, hookimpl
 from pacer_core.testing import chisquare_pvalue, exact_continuation_probs
-from pacer_core.trees import block_tree
+from pacer_core.trees import BlockTree, block_tree
 from pacer_plugins.block_draft.drafter import DFlashDrafter
 from pacer_plugins.block_draft.model import ContextCache, load_block_draft
 from pacer_plugins.block_draft.students import block_layout, block_loss, block_outputs, evaluate_blocks
@@ -139,7 +139,7 @@ def brute_best(rows: torch.Tensor, topk: int, nodes: int) -> set[tuple[int, ...]
 @pytest.mark.parametrize("seed, topk, nodes", [(0, 2, 5), (1, 3, 8), (2, 3, 20), (3, 4, 12)])
 def test_the_block_tree_takes_the_likeliest_nodes(seed, topk, nodes):
     rows = torch.softmax(torch.randn(3, 10, generator=torch.Generator().manual_seed(seed)) * 2, -1)
-    block = block_tree(rows, None, topk, nodes)
+    block = block_tree(rows, None, topk, nodes).next_levels(3, 0)
     tokens = block.tokens.tolist() + (block.side.tokens.tolist() if block.side else [])
     parents = list(range(-1, len(block) - 1)) + (block.side.parents.tolist() if block.side else [])
     assert len(tokens) == min(nodes, sum(topk ** d for d in range(1, 4)))
@@ -162,7 +162,7 @@ def test_the_block_tree_takes_the_likeliest_nodes(seed, topk, nodes):
 
 def test_the_block_tree_on_its_worked_example():
     rows = torch.tensor([[0.6, 0.3, 0.1], [0.5, 0.4, 0.1]])
-    block = block_tree(rows, None, 2, 3)
+    block = block_tree(rows, None, 2, 3).next_levels(2, 0)
     assert block.tokens.tolist() == [0, 0] and block.side.tokens.tolist() == [1]
     assert block.side.parents.tolist() == [-1] and not block.sampled
 
@@ -170,7 +170,7 @@ def test_the_block_tree_on_its_worked_example():
 def test_the_block_tree_maps_columns_and_stops_at_eos():
     rows = torch.tensor([[0.7, 0.3], [0.9, 0.1]])
     vocab = DraftVocab(torch.tensor([5, 2]), 8)
-    block = block_tree(rows, None, 2, 6, vocab, eos={2})
+    block = block_tree(rows, None, 2, 6, vocab, eos={2}).next_levels(2, 0)
     assert block.tokens.tolist() == [5, 5] and block.side.tokens.tolist() == [2, 2]
     assert block.side.parents.tolist() == [-1, 0]  # nothing under the end-of-sequence token
     assert block.draft_probs.shape == (2, 8) and float(block.draft_probs[0, 5]) == pytest.approx(0.7)
@@ -294,10 +294,9 @@ def test_rows_read_through_a_wrong_column_map_fail_the_distribution_test(samplin
 
 
 def test_tree_children_claimed_as_sampled_fail_the_distribution_test(sampling_pair, monkeypatch):
-    import pacer_plugins.block_draft.drafter as drafter_module
-
-    build = drafter_module.block_tree
-    monkeypatch.setattr(drafter_module, "block_tree", lambda *a, **k: attrs.evolve(build(*a, **k), sampled=True))
+    levels = BlockTree.next_levels
+    monkeypatch.setattr(BlockTree, "next_levels", lambda *a, **k: (lambda block: block and attrs.evolve(
+        block, sampled=True))(levels(*a, **k)))
     target, folder = sampling_pair
     with single_thread():
         assert sampled_pvalue(folder, target, "{topk: 3, depth: 3, nodes: 6}", 600) < 1e-6
@@ -420,3 +419,19 @@ def test_distill_refuses_a_dflash_option_in_one_line_before_any_model_loads(caps
     monkeypatch.chdir(tmp_path)
     message = one_line_error(capsys, ["distill", f"out={tmp_path / 'run'}", "student.kind=dflash", *options])
     assert needle in message
+
+
+def test_a_block_tree_is_handed_out_level_by_level():
+    """A policy asking for one level at a time gets the same tree, a level a call: nodes numbered as
+    the draft tree numbers them, parents given before their children, the main path continued; once
+    the main path ends, every deeper node comes with its last block."""
+    rows = torch.softmax(torch.randn(3, 10, generator=torch.Generator().manual_seed(4)) * 2, -1)
+    whole = block_tree(rows, None, 3, 12).next_levels(3, 0)
+    plan, draft = block_tree(rows, None, 3, 12), Draft()
+    while (block := plan.next_levels(1, draft.num_nodes)) is not None:
+        assert all(int(p) < draft.num_nodes + len(block) for p in (block.side.parents if block.side else []))
+        draft = draft.extend(block)
+    tree, once = draft.tree, Draft().extend(whole).tree
+    assert draft.tokens.tolist() == whole.tokens.tolist() and len(tree) == len(once) == 12
+    assert sorted(zip(tree.depths.tolist(), tree.tokens.tolist())) == sorted(zip(once.depths.tolist(),
+                                                                               once.tokens.tolist()))

@@ -30,7 +30,7 @@ from pacer_core import Component, DraftBlock, DraftInfo, DraftVocab, FeatureMode
 from pacer_core.jsonfile import read_json
 from pacer_core.kernels import PackedMatrix, pack_linears
 from pacer_core.sampling import argmax_first, logits_to_probs, sample
-from pacer_core.trees import TreeConfig, block_tree, node_budget
+from pacer_core.trees import BlockTree, TreeConfig, block_tree, node_budget
 
 from .model import MANIFEST, WEIGHTS, BlockDraft, ContextCache, load_block_draft
 
@@ -115,7 +115,9 @@ class DFlashDrafter:
     @hookimpl
     def pacer_start(self, state) -> None:  # the prompt's states come with step 0's record
         self.context = ContextCache(len(self.net.layers))
-        self.latest: Optional[_Block] = None
+        self.latest: Optional[_Block] = None  # a chain's latest block
+        self.plan: Optional[BlockTree] = None  # a tree's nodes, handed out level by level
+        self.plan_for = (0, 0)  # (committed tokens, draft nodes) the plan's next levels continue
 
     @hookimpl
     @torch.inference_mode()
@@ -150,7 +152,7 @@ class DFlashDrafter:
         if not self._ready(state.tokens):
             return None  # step 0 (the prefill): no target state yet, it decodes plainly
         if self.tree is not None:
-            return self._propose_tree(state, draft) if draft.num_nodes == 0 else None
+            return self._propose_tree(state, draft, num_tokens)
         main = draft.tokens.tolist()
         latest, forwards = self.latest, 0
         if (latest is None or latest.committed != len(state.tokens) or latest.handed >= len(latest.tokens)
@@ -173,12 +175,27 @@ class DFlashDrafter:
                           draft_probs=latest.rows[first:last], hidden_states=latest.hidden[first:last],
                           forwards=forwards, sampled=not self.sampling.greedy, draft_vocab=self.draft_vocab)
 
-    def _propose_tree(self, state, draft) -> Optional[DraftBlock]:
-        rows, hidden = self._forward(state.tokens, [])
-        depth = min(self.tree.depth, len(rows))
-        cap = self.tree.nodes if isinstance(self.tree.nodes, int) else self.tree.topk * depth
-        return block_tree(rows[:depth], hidden[:depth], self.tree.topk, cap, self.draft_vocab, state.eos_token_ids,
-                          draft.num_nodes)
+    def _propose_tree(self, state, draft, num_tokens: int) -> Optional[DraftBlock]:
+        """The next ``num_tokens`` levels of this step's tree over one block: the first call runs the
+        forward and takes the tree's likeliest nodes (``block_tree``), later calls hand out deeper
+        levels of the same tree (no forward); a policy judging each token gets one level a call."""
+        plan = self.plan
+        if draft.num_nodes == 0:
+            rows, hidden = self._forward(state.tokens, [])
+            depth = min(self.tree.depth, len(rows))
+            cap = self.tree.nodes if isinstance(self.tree.nodes, int) else self.tree.topk * depth
+            plan = self.plan = block_tree(rows[:depth], hidden[:depth], self.tree.topk, cap, self.draft_vocab,
+                                          state.eos_token_ids)
+            self.plan_for = (len(state.tokens), 0)
+            forwards = 1
+        elif plan is None or self.plan_for != (len(state.tokens), draft.num_nodes):
+            return None  # another drafter's block came last: this tree stops growing
+        else:
+            forwards = 0
+        block = None if plan is None else plan.next_levels(num_tokens, draft.num_nodes, forwards)
+        if block is not None:
+            self.plan_for = (len(state.tokens), draft.num_nodes + len(block) + (len(block.side) if block.side else 0))
+        return block
 
     @hookimpl
     def pacer_select_nodes(self, draft) -> Optional[list[int]]:
