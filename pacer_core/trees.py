@@ -336,6 +336,11 @@ class NodeBudget:
         """Each node's acceptance estimate as this budget values it (``node_values``)."""
         return node_values(tree, point_mass, self.calibration)
 
+    def restart(self) -> None:
+        """Forget the throughput learned so far (a sampled generation must start from the same state
+        as every other: docs/hooks.md)."""
+        self.emitted = self.seconds = 0.0
+
     @property
     def auto(self) -> bool:
         return self.nodes == AUTO

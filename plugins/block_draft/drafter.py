@@ -114,6 +114,8 @@ class DFlashDrafter:
 
     @hookimpl
     def pacer_start(self, state) -> None:  # the prompt's states come with step 0's record
+        if self.budget is not None and state is not None and not state.sampling.greedy:
+            self.budget.restart()  # auto's learned rate carries across greedy generations only
         self.context = ContextCache(len(self.net.layers))
         self.latest: Optional[_Block] = None  # a chain's latest block
         self.plan: Optional[BlockTree] = None  # a tree's nodes, handed out level by level

@@ -327,6 +327,8 @@ class EagleDrafter:
     @hookimpl
     def pacer_start(self, state) -> None:  # the prompt's rows come with step 0's record
         self.reset(torch.empty(0, self.hidden_size, dtype=self.dtype, device=self.embed.device))
+        if self.budget is not None and state is not None and not state.sampling.greedy:
+            self.budget.restart()  # auto's learned rate carries across greedy generations only
 
     @hookimpl
     def pacer_observe_step(self, state, step) -> None:

@@ -101,6 +101,8 @@ class DraftModel:
     def pacer_start(self, state) -> None:
         self.model.reset()
         self._context = None
+        if self.budget is not None and state is not None and not state.sampling.greedy:
+            self.budget.restart()  # auto's learned rate carries across greedy generations only
 
     @hookimpl
     def pacer_observe_step(self, state, step) -> None:
