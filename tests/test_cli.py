@@ -23,7 +23,7 @@ from pacer_bench.config import is_bench_config
 from pacer_core import Engine, cli, load_config
 from pacer_core.registry import components, new_plugin_manager
 
-from helpers import VOCAB, adapter, assert_one_line_error, make_draft, tiny_llama, write_checkpoint
+from helpers import VOCAB, adapter, assert_one_line_error, make_block_draft, make_draft, tiny_llama, write_checkpoint
 from helpers import run_cli as run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -167,6 +167,8 @@ def test_every_shipped_config_generates(tiny, capsys, config, tmp_path):
         extra.append("draft.path=tiny-draft")  # tiny_engine supplies tiny model 1
     if resolved.drafter.component.name == "eagle":
         extra.append(f"strategy.drafter.path={make_draft(tiny_model(0), tmp_path / 'eagle')}")
+    if resolved.drafter.component.name == "dflash":  # the tiny target has 2 layers: a draft reading 0 and 1
+        extra.append(f"strategy.drafter.path={make_block_draft(tiny_model(0), tmp_path / 'dflash', block=4)}")
     members = resolved.drafter.config.members if resolved.drafter.component.name == "hybrid" else []
     for index, member in enumerate(members):  # a hybrid's eagle member
         if member["name"] == "eagle":

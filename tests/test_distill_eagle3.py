@@ -432,7 +432,7 @@ def test_distill_config_checks_the_new_options():
     from pacer_core import ConfigError
 
     for overrides, needle in ((["train.unroll=0"], "train.unroll must be >= 1"),
-                              (["student.fused_layers=[1, 2]"], "student.kind=eagle3"),
+                              (["student.fused_layers=[1, 2]"], "an eagle3 or dflash student fuses"),
                               (["init=/nonexistent/draft"], "init '/nonexistent/draft' does not exist"),
                               (["student.kind=token", "init=."], "token student"),
                               (["student.kind=eagle3", "student.extra_layers=1"], "deepens a feature student"),

@@ -137,8 +137,10 @@ def load_distill_config(path: Optional[str], overrides: list[str]) -> DistillCon
                           ">= 0 with student.kind=feature, or leave it 0")
     if cfg.init is not None:
         if cfg.student.kind not in ("feature", "eagle3"):
-            raise ConfigError(f"init= continues a feature or eagle3 student, not student.kind={cfg.student.kind}: a "
-                              "run of that kind resumes from its own checkpoint in out=")
+            start = ("the token student starts from target layers (student.layers)" if cfg.student.kind == "token"
+                     else "a run of that kind resumes from its own checkpoint in out=")
+            raise ConfigError(f"init= continues a feature or eagle3 student, not student.kind={cfg.student.kind}: "
+                              f"{start}")
         if not Path(cfg.init).expanduser().exists() and not (Path(cfg.out) / CHECKPOINT).exists():
             raise ConfigError(f"init '{cfg.init}' does not exist: give a draft folder `pacer distill` wrote or a "
                               "run folder's checkpoint.pt")
