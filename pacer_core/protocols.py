@@ -90,3 +90,15 @@ class FeatureModel(LanguageModel, Protocol):
         ...
 
     def attention_shape(self) -> AttentionShape: ...
+
+
+def feature_target(target: LanguageModel, drafter: str) -> FeatureModel:
+    """``target`` when it shows its weights (a ``FeatureModel``), as the drafters that read them
+    (``eagle``, ``dflash``) need; else one ``InputError`` naming ``drafter`` and the fix."""
+    from .errors import InputError
+
+    if not isinstance(target, FeatureModel):
+        raise InputError(f"the {drafter} drafter reads its target's weights, which this target "
+                         f"({type(target).__name__}) does not show: give it a pacer_core.protocols.FeatureModel "
+                         "such as pacer_core.hf.HFModel")
+    return target

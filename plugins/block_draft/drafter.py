@@ -26,9 +26,10 @@ from typing import Optional
 import attrs
 import torch
 
-from pacer_core import Component, DraftBlock, DraftInfo, DraftVocab, FeatureModel, InputError, Resources, hookimpl
+from pacer_core import Component, DraftBlock, DraftInfo, DraftVocab, InputError, Resources, hookimpl
 from pacer_core.jsonfile import read_json
 from pacer_core.kernels import PackedMatrix, pack_linears
+from pacer_core.protocols import feature_target
 from pacer_core.sampling import argmax_first, logits_to_probs, sample
 from pacer_core.trees import BlockTree, TreeConfig, block_tree, node_budget
 
@@ -75,11 +76,7 @@ class DFlashDrafter:
 
     def __init__(self, config: DFlashConfig, resources: Resources):
         folder = draft_folder(config.path)
-        target = resources.target
-        if not isinstance(target, FeatureModel):
-            raise InputError(f"the dflash drafter reads its target's weights, which this target "
-                             f"({type(target).__name__}) does not show: give it a pacer_core.protocols.FeatureModel "
-                             "such as pacer_core.hf.HFModel")
+        target = feature_target(resources.target, "dflash")
         manifest = read_json(folder / MANIFEST, "draft manifest", "distill the draft again")
         digest = target.digest
         if digest and manifest.get("target_digest") != digest and not config.allow_other_target:

@@ -20,13 +20,13 @@ from pacer_core import (
     DraftBlock,
     DraftInfo,
     DraftVocab,
-    FeatureModel,
     InputError,
     Resources,
     hookimpl,
 )
 from pacer_core.jsonfile import read_json
 from pacer_core.kernels import PackedMatrix, pack_linears
+from pacer_core.protocols import feature_target
 from pacer_core.sampling import argmax_first, logits_to_probs, sample
 from pacer_core.trees import Candidate, GrownLevels, TreeConfig, grow_level, node_budget
 
@@ -172,11 +172,7 @@ class EagleDrafter:
 
     def __init__(self, config: EagleConfig, resources: Resources):
         folder = draft_folder(config.path)
-        target = resources.target
-        if not isinstance(target, FeatureModel):
-            raise InputError(f"the eagle drafter reads its target's weights, which this target "
-                             f"({type(target).__name__}) does not show: give it a pacer_core.protocols.FeatureModel "
-                             "such as pacer_core.hf.HFModel")
+        target = feature_target(resources.target, "eagle")
         embed, head = target.embedding_weights()
         device = embed.device
         # float32 on the CPU (as the target's packed products); the target's dtype on an accelerator
