@@ -435,3 +435,15 @@ def test_a_block_tree_is_handed_out_level_by_level():
     assert draft.tokens.tolist() == whole.tokens.tolist() and len(tree) == len(once) == 12
     assert sorted(zip(tree.depths.tolist(), tree.tokens.tolist())) == sorted(zip(once.depths.tolist(),
                                                                                once.tokens.tolist()))
+
+
+def test_a_target_that_does_not_show_its_weights_is_refused(pair):
+    from pacer_core import Engine, load_config
+    from pacer_core.errors import InputError
+    from pacer_core.testing import ScriptedLM
+
+    _, folder = pair
+    cfg = load_config(overrides=[f"strategy.drafter={{name: dflash, path: '{folder}'}}"], require_models=False)
+    with pytest.raises(InputError, match=r"the dflash drafter reads its target's weights, which this target "
+                                         r"\(ScriptedLM\) does not show"):
+        Engine.build(ScriptedLM(16), cfg=cfg)
