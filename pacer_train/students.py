@@ -94,7 +94,8 @@ class StudentKind:
     """A student kind a plugin adds to ``pacer distill`` (``student.kind=<name>``) through the
     ``pacer_sd.students`` entry-point group, so the command trains it without importing the plugin.
 
-    ``train(cfg, out, tokens, features, target, subset, fused=, deadline=)`` returns (net, held-out
+    ``train(cfg, out, tokens, features, target, subset, fused=, layers=, deadline=)`` (``layers``: the
+    target layers whose inputs ``fused`` holds) returns (net, held-out
     metrics, training record) as the built-in students do; ``describe(cfg, layers, subset)`` the
     manifest's family line; ``save(net, folder, manifest)`` writes the draft folder; ``checkpoint``
     names its checkpoint in the run folder; ``default_layers(target)`` the target layers whose inputs

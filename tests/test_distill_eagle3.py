@@ -18,7 +18,7 @@ from pacer_plugins.feature_draft.model import Eagle3Draft, FeatureDraft, KVCache
 from pacer_plugins.feature_draft.students import build_student, draft_loss, train, unrolled_features
 from pacer_train.distillation import batch_ids
 
-from helpers import EOS, adapter, reference_greedy, tiny_llama
+from helpers import EOS, adapter, block_engine, reference_greedy, tiny_llama
 
 LAYERS = [0, 1, 2]  # the tiny target has 3 decoder layers: the inputs of each
 
@@ -534,3 +534,21 @@ def test_the_draft_fit_script_refuses_a_run_without_features_in_one_line(tmp_pat
     run = subprocess.run([sys.executable, "scripts/draft_fit.py", str(tmp_path), "shipped"], cwd=root,
                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "corpus.pt' is missing" in run.stderr and len(run.stderr.splitlines()) == 1
+
+
+def test_distill_dflash_end_to_end_the_dflash_drafter_keeps_greedy_output(tiny_distill, tmp_path):
+    """``student.kind=dflash`` through the same command: the plugin's student (found through the
+    pacer_sd.students entry points) trains on the layers distill extracted, and the draft it exports
+    is served by the dflash drafter, greedy output the target's own."""
+    model, distill = tiny_distill
+    export = distill("run", "student.kind=dflash", "student.block=3", "train.anchors=4", "train.epochs=2",
+                     "train.unroll=1")
+    assert export.name == "dflash-draft"
+    manifest = json.loads((export / "manifest.json").read_text())
+    assert json.loads((export / "config.json").read_text())["target_layers"] == LAYERS
+    assert manifest["family"].startswith("dflash") and manifest["training"]["finished"]
+    assert len(manifest["heldout"]["heldout_position_agreement"]) == 3
+    assert (tmp_path / "run" / "checkpoint-dflash.pt").is_file()
+    engine = block_engine(model, export)
+    for prompt in ([1, 7, 9, 7, 9, 7], list(range(3, 30))):
+        assert engine.generate(prompt, max_new_tokens=24).tokens == reference_greedy(model, prompt, 24)

@@ -17,7 +17,7 @@ Registered through the ``pacer_sd.students`` entry-point group (``STUDENT``), so
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import attrs
 import numpy as np
@@ -146,17 +146,17 @@ def build_block_student(cfg, target, subset: torch.Tensor, layers: list[int]) ->
 
 
 def train_block(cfg, out: Path, tokens: torch.Tensor, features: np.memmap, target, subset: torch.Tensor,
-                fused: Optional[np.memmap] = None, deadline: Optional[float] = None):
-    """Train a ``BlockDraft`` on the run's corpus (resuming from ``checkpoint-dflash.pt``)."""
+                fused: Optional[np.memmap] = None, layers: Sequence[int] = (), deadline: Optional[float] = None):
+    """Train a ``BlockDraft`` reading the inputs of target ``layers`` (those ``fused`` holds, as distill
+    chose and checked them) on the run's corpus (resuming from ``checkpoint-dflash.pt``)."""
     from pacer_core.errors import InputError
 
-    if fused is None:
+    if fused is None or not layers:
         raise InputError("the dflash student reads target layers' inputs: the run has none (a bug in distill)")
     t, s = cfg.train, cfg.student
     embed_w, head_w = target.embedding_weights()
     embed, head_full = embed_w.float(), head_w.float()
-    layers = list(s.fused_layers) if s.fused_layers else list(target_layers_default(target))
-    net = build_block_student(cfg, target, subset, layers).to(embed.device)
+    net = build_block_student(cfg, target, subset, list(layers)).to(embed.device)
     held = cfg.corpus.heldout_sequences
 
     def as_tensor(source) -> torch.Tensor:

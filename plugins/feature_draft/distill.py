@@ -195,7 +195,7 @@ def run_distill(cfg: DistillConfig, command_line: str) -> Path:
         net, metrics, training = train_token(cfg, out, tokens, features, target, subset, deadline=deadline)
     elif plugin_kind is not None:
         net, metrics, training = plugin_kind.train(cfg, out, tokens, features, target, subset, fused=fused,
-                                                   deadline=deadline)
+                                                   layers=layers, deadline=deadline)
         subset = net.subset.cpu()
     else:
         net, metrics, training = train(cfg, out, tokens, features, target, subset, fused=fused, deadline=deadline)
