@@ -253,13 +253,9 @@ def save_block_draft(net: BlockDraft, folder: Path, manifest: dict) -> None:
 
 def expected_shapes(arch: BlockArch) -> dict[str, tuple[int, ...]]:
     """Every tensor a ``BlockDraft`` of ``arch`` holds and its shape (checked against a weights file's
-    header before the network is built)."""
-    return {name: tuple(t.shape) for name, t in _meta_state(arch).items()}
-
-
-def _meta_state(arch: BlockArch) -> dict[str, torch.Tensor]:
+    header before the network is built): read from a network built on the meta device (no memory)."""
     with torch.device("meta"):
-        return BlockDraft(arch).state_dict()
+        return {name: tuple(t.shape) for name, t in BlockDraft(arch).state_dict().items()}
 
 
 def load_block_draft(folder: Path) -> BlockDraft:
