@@ -22,6 +22,12 @@ The mask rows' outputs, after the final norm, go through the target's output lay
 at its own position, so one forward gives ``block`` distributions. The target's embeddings are
 shared too; only fc, the layers, the norms and the mask embedding are stored.
 
+The published DFlash drafts (z-lab/dflash, speculators, vLLM's ``qwen3_dflash.py``) are this network
+with ``inject`` off (a row's input is its embedding alone), ``qk_norm`` on (Qwen3's RMS norm over each
+head of q and k, before the rotation, context keys included) and the mask rows' embedding that of a
+mask token; a speculators checkpoint may carry an output layer of its own (``own_head``). published.py
+reads them into this class.
+
 Example (committed ``a b c``, features of ``a b`` known, block 3, nothing drafted yet)::
 
     context rows:  f(a)@0  f(b)@1
@@ -65,6 +71,12 @@ class BlockArch:
     target_layers: List[int] = attrs.field(factory=list)  # target decoder layers whose inputs fc fuses
     num_layers: int = 2  # draft decoder layers
     block: int = 4  # mask rows it was trained to fill (a drafter may ask for fewer)
+    # the published DFlash architecture (z-lab/dflash, vLLM's and speculators' Qwen3 DFlash layers) is
+    # inject false, qk_norm true; a checkpoint with a head of its own (speculators) own_head true
+    inject: bool = True  # each block row joins its embedding with the newest context feature (ours)
+    qk_norm: bool = False  # an RMS norm over each head of q and k before the rotation
+    own_head: bool = False  # an output layer of its own over the subset (else the target's rows)
+    mask_token_id: Optional[int] = None  # the token whose embedding the mask rows take (published drafts)
 
     def __attrs_post_init__(self) -> None:
         sizes = {"hidden_size": self.hidden_size, "num_heads": self.num_heads, "num_kv_heads": self.num_kv_heads,
@@ -79,6 +91,12 @@ class BlockArch:
             raise ValueError("num_heads must be a multiple of num_kv_heads, and target_layers non-empty")
         if not isinstance(self.target_layers, list) or any(type(i) is not int for i in self.target_layers):
             raise ValueError(f"target_layers must be a list of layer numbers, got {self.target_layers!r:.60}")
+        for name in ("inject", "qk_norm", "own_head"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r:.30}")
+        if self.mask_token_id is not None and (type(self.mask_token_id) is not int
+                                               or not 0 <= self.mask_token_id < self.vocab_size):
+            raise ValueError(f"mask_token_id must be a token id of the vocabulary, got {self.mask_token_id!r:.30}")
         for name in ("rope_theta", "rms_eps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
@@ -121,6 +139,9 @@ class BlockLayer(nn.Module):
         self.k_proj = nn.Linear(d, kv * hd, bias=False)
         self.v_proj = nn.Linear(d, kv * hd, bias=False)
         self.o_proj = nn.Linear(h * hd, d, bias=False)
+        if arch.qk_norm:
+            self.q_norm = nn.Parameter(torch.ones(hd))
+            self.k_norm = nn.Parameter(torch.ones(hd))
         self.post_norm = nn.Parameter(torch.ones(d))
         self.gate_proj = nn.Linear(d, arch.intermediate_size, bias=False)
         self.up_proj = nn.Linear(d, arch.intermediate_size, bias=False)
@@ -163,9 +184,12 @@ class BlockDraft(nn.Module):
         self.fc = nn.Linear(arch.fused_size, d, bias=False)
         self.context_norm = nn.Parameter(torch.ones(d))
         self.mask_embedding = nn.Parameter(torch.zeros(d))
-        self.inject = nn.Linear(2 * d, d, bias=False)  # [a row's embedding; the latest context feature]
+        if arch.inject:
+            self.inject = nn.Linear(2 * d, d, bias=False)  # [a row's embedding; the latest context feature]
         self.layers = nn.ModuleList([BlockLayer(arch) for _ in range(arch.num_layers)])
         self.norm = nn.Parameter(torch.ones(d))
+        if arch.own_head:
+            self.lm_head = nn.Linear(d, arch.subset_size, bias=False)
         self.register_buffer("subset", torch.zeros(arch.subset_size, dtype=torch.long))
         for module in self.modules():
             if isinstance(module, nn.Linear):
@@ -185,9 +209,16 @@ class BlockDraft(nn.Module):
         ([B, kv_heads, T, head_dim] rotated keys, values)."""
         a = self.arch
         b, t, _ = features.shape
-        k = layer.k_proj(features).view(b, t, a.num_kv_heads, a.head_dim).transpose(1, 2)
+        k = self.head_norm(layer, "k", layer.k_proj(features).view(b, t, a.num_kv_heads, a.head_dim)).transpose(1, 2)
         v = layer.v_proj(features).view(b, t, a.num_kv_heads, a.head_dim).transpose(1, 2)
         return rotate(k, positions, a.rope_theta), v
+
+    def head_norm(self, layer: BlockLayer, which: str, x: torch.Tensor) -> torch.Tensor:
+        """``x`` [..., heads, head_dim] (q or k of ``layer``) with each head RMS-normed when the arch
+        has ``qk_norm`` (Qwen3's layers, the published DFlash drafts), else unchanged."""
+        if not self.arch.qk_norm:
+            return x
+        return rms_norm(x, getattr(layer, f"{which}_norm"), self.arch.rms_eps)
 
     def extend_context(self, cache: ContextCache, fused: torch.Tensor) -> None:
         """Append the context rows of ``fused`` [T, n·d] (the next positions after the cached ones)."""
@@ -209,7 +240,10 @@ class BlockDraft(nn.Module):
         return self.join(rows, latest.unsqueeze(-2).expand(rows.shape))
 
     def join(self, rows: torch.Tensor, latest: torch.Tensor) -> torch.Tensor:
-        """[..., R, d] row embeddings and [..., R, d] the latest context feature of each → inputs."""
+        """[..., R, d] row embeddings and [..., R, d] the latest context feature of each → inputs (the
+        embeddings themselves without ``inject``, as in the published DFlash drafts)."""
+        if not self.arch.inject:
+            return rows
         return self.inject(torch.cat([rows, latest], dim=-1))
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, context: list[tuple[torch.Tensor, torch.Tensor]],
@@ -224,9 +258,10 @@ class BlockDraft(nn.Module):
         groups = a.num_heads // a.num_kv_heads
         for layer, (ctx_k, ctx_v) in zip(self.layers, context):
             h = rms_norm(x, layer.input_norm, a.rms_eps)
-            q = rotate(layer.q_proj(h).view(b, r, a.num_heads, a.head_dim).transpose(1, 2), positions, a.rope_theta)
-            k = rotate(layer.k_proj(h).view(b, r, a.num_kv_heads, a.head_dim).transpose(1, 2), positions,
-                       a.rope_theta)
+            q = self.head_norm(layer, "q", layer.q_proj(h).view(b, r, a.num_heads, a.head_dim))
+            k = self.head_norm(layer, "k", layer.k_proj(h).view(b, r, a.num_kv_heads, a.head_dim))
+            q = rotate(q.transpose(1, 2), positions, a.rope_theta)
+            k = rotate(k.transpose(1, 2), positions, a.rope_theta)
             v = layer.v_proj(h).view(b, r, a.num_kv_heads, a.head_dim).transpose(1, 2)
             keys = torch.cat([ctx_k.expand(b, -1, -1, -1), k], dim=2).repeat_interleave(groups, dim=1)
             values = torch.cat([ctx_v.expand(b, -1, -1, -1), v], dim=2).repeat_interleave(groups, dim=1)
