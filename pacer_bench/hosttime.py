@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -29,8 +30,9 @@ import torch
 from pacer_core.commands import Runner, bounded_int, check_out_file, command
 from pacer_core.errors import InputError
 
-# stack name -> (config overrides, tree nodes sent or None); EAGLE and MB name the tiny models' folders;
-# trees grow topk nodes per level for depth levels (topk × depth >= nodes), then send the best `nodes`
+# stack name -> (config overrides, tree nodes sent or None); EAGLE, DFLASH and MB name the tiny models'
+# folders; eagle trees grow topk nodes per level for depth levels (topk × depth >= nodes), then send the
+# best `nodes`; a dflash tree takes the `nodes` likeliest of its one block's (block 4)
 STACKS: dict[str, tuple[list[str], Optional[int]]] = {
     "plain": (["strategy.drafter={name: autoregressive}", "strategy.stop=[]"], None),
     "chain": (["strategy.drafter={name: eagle, path: EAGLE}", "strategy.stop=[{name: fixed, gamma: 4}]"], None),
@@ -48,6 +50,10 @@ STACKS: dict[str, tuple[list[str], Optional[int]]] = {
     "draft_model_chain": (["strategy.drafter={name: draft_model}", "strategy.stop=[{name: fixed, gamma: 4}]"], None),
     "draft_model_tree64": (["strategy.drafter={name: draft_model, tree: {topk: 10, depth: 7, nodes: 64}}",
                             "strategy.stop=[{name: fixed, gamma: 7}]"], 64),
+    "block_chain": (["strategy.drafter={name: dflash, path: DFLASH}", "strategy.stop=[{name: fixed, gamma: 4}]"],
+                    None),
+    "block_tree64": (["strategy.drafter={name: dflash, path: DFLASH, tree: {topk: 10, depth: 4, nodes: 64}}",
+                      "strategy.stop=[{name: fixed, gamma: 4}]"], 64),
 }
 DEFAULT_STACKS = ("plain", "chain", "tree10", "tree32", "tree64", "hybrid", "pacer")
 
@@ -63,12 +69,13 @@ MAX_REPEATS = 1000
 
 @attrs.frozen
 class Shape:
-    """The tiny models' shape: a one-layer Llama target (its identical copy is the token-level draft)."""
+    """The tiny models' shape: a one-layer Llama target (its identical copy is the token-level draft);
+    ``subset``: the eagle and dflash drafts' output vocabulary."""
 
     vocab: int = DEFAULT_VOCAB
     hidden: int = 64
     layers: int = 1
-    subset: Optional[int] = None  # the eagle draft's output vocabulary (None: the whole vocabulary)
+    subset: Optional[int] = None  # the drafts' output vocabulary (None: the whole vocabulary)
 
 
 @attrs.frozen
@@ -171,10 +178,12 @@ class ForwardClock:
 def tiny_models(shape: Shape, folder: Path, seed: int = 0) -> tuple[Any, Any, dict[str, str]]:
     """(target, draft, paths): a one-layer random Llama target (``HFModel``), an identical copy as the
     token-level draft (everything it drafts is accepted), and in ``folder`` a random ``eagle`` feature
-    draft and a random PACER M_B for it (paths["EAGLE"], paths["MB"])."""
+    draft, a random ``dflash`` block draft (block 4, reading the inputs of the target's layers 0 and
+    1) and a random PACER M_B for the eagle draft (paths["EAGLE"], paths["DFLASH"], paths["MB"])."""
     import copy
 
     from pacer_core.hf.tiny import tiny_llama, tiny_model
+    from pacer_plugins.block_draft.model import BlockArch, BlockDraft, save_block_draft
     from pacer_plugins.feature_draft.model import ArchConfig, FeatureDraft
     from pacer_plugins.feature_draft.students import _attention_shape
     from pacer_plugins.pacer_stop.model import PreVerifier, PreVerifierArch
@@ -184,23 +193,30 @@ def tiny_models(shape: Shape, folder: Path, seed: int = 0) -> tuple[Any, Any, di
     subset = shape.vocab if shape.subset is None else shape.subset
     arch = ArchConfig(hidden_size=shape.hidden, vocab_size=shape.vocab, subset_size=subset,
                       intermediate_size=2 * shape.hidden, extra_layers=0, **_attention_shape(target))
+    block_arch = BlockArch(hidden_size=shape.hidden, intermediate_size=2 * shape.hidden, vocab_size=shape.vocab,
+                           subset_size=subset, target_layers=[0, shape.layers], block=4,
+                           **attrs.asdict(target.attention_shape()))
+    # the heads cover the whole vocabulary in order, or ``subset`` ids spread evenly over it
+    ids = torch.arange(shape.vocab) if subset == shape.vocab else \
+        torch.linspace(0, shape.vocab - 1, subset).round().long()
     with torch.random.fork_rng(devices=[]):  # seeded weights; the caller's random state is left alone
         torch.manual_seed(seed)
         net = FeatureDraft(arch)
-        # its head covers the whole vocabulary in order, or ``subset`` ids spread evenly over it
-        net.subset.copy_(torch.arange(shape.vocab) if subset == shape.vocab else
-                         torch.linspace(0, shape.vocab - 1, subset).round().long())
+        net.subset.copy_(ids)
         mb = PreVerifier(PreVerifierArch(input_size=shape.hidden, width=16, heads=2, ffn_size=32, max_positions=16))
+        block_net = BlockDraft(block_arch)
+        block_net.subset.copy_(ids)
     net.save(folder / "eagle", {"target_digest": None})
     mb.save(folder / "mb", {"target_digest": None, "draft_identity": None})
-    return target, draft, {"EAGLE": str(folder / "eagle"), "MB": str(folder / "mb")}
+    save_block_draft(block_net, folder / "dflash", {"target_digest": None})
+    return target, draft, {"EAGLE": str(folder / "eagle"), "DFLASH": str(folder / "dflash"), "MB": str(folder / "mb")}
 
 
 def stack_engine(name: str, target: Any, draft: Any, paths: dict[str, str]) -> Any:
     """The engine of stack ``name`` (``STACKS``) around the tiny models: greedy, EOS ignored."""
     from pacer_core import Engine, load_config
 
-    overrides = [o.replace("EAGLE", f"'{paths['EAGLE']}'").replace("MB", f"'{paths['MB']}'") for o in STACKS[name][0]]
+    overrides = [re.sub(r"\b(EAGLE|DFLASH|MB)\b", lambda m: f"'{paths[m.group(1)]}'", o) for o in STACKS[name][0]]
     overrides += ["strategy.verifier={name: greedy}", "strategy.observers=[{name: metrics}]",
                   "generation.ignore_eos=true", "sampling.temperature=0"]
     cfg = load_config(overrides=overrides, require_models=False)
@@ -311,8 +327,8 @@ def _setup(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("--vocab", type=bounded_int(8, MAX_VOCAB), default=DEFAULT_VOCAB,
                    help=f"the tiny models' vocabulary, 8 to {MAX_VOCAB} (default {DEFAULT_VOCAB})")
     p.add_argument("--subset", type=bounded_int(8, MAX_VOCAB), default=None,
-                   help="the eagle draft's output vocabulary, 8 to --vocab, e.g. 8192 as the shipped draft's "
-                        "(default: the whole vocabulary)")
+                   help="the eagle and dflash drafts' output vocabulary, 8 to --vocab, e.g. 8192 as the shipped "
+                        "drafts' (default: the whole vocabulary)")
     p.add_argument("--threads", type=bounded_int(1, MAX_THREADS), default=1,
                    help=f"torch threads while measuring, 1 to {MAX_THREADS} (default 1; there is no 0 for "
                         "'torch's own count': give the count)")

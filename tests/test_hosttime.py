@@ -65,6 +65,18 @@ def test_host_time_splits_each_step_into_forwards_and_the_rest():
     assert profile["tree"][10] == by["tree10"].host_s
 
 
+def test_block_draft_stacks_draft_chains_and_trees_over_one_block():
+    """The dflash stacks run on the tiny models: a chain of up to 4 tokens a step, a tree of up to 64
+    nodes over one block; the profile's entry leaves them out (its trees are the eagle stacks')."""
+    results = measure_host_time(["block_chain", "block_tree64"], shape=Shape(vocab=64, hidden=32, subset=48),
+                                new_tokens=8, repeats=1)
+    by = {r.stack: r for r in results}
+    assert 1.0 < by["block_chain"].nodes_per_step <= 4.0
+    assert by["block_chain"].nodes_per_step < by["block_tree64"].nodes_per_step <= 64.0
+    assert all(0.0 < r.forward_s <= r.step_s for r in results)
+    assert host_profile(results) == {}
+
+
 def test_the_profile_entry_has_the_cost_profile_layout():
     made = [HostTime(name, 4, 1.0, 0.003, 0.002, 0.001) for name in ("tree64", "plain", "tree10", "hybrid")]
     assert host_profile(made) == {"plain": 0.001, "tree": {10: 0.001, 64: 0.001}}
