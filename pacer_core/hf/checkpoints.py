@@ -1,9 +1,12 @@
-"""The weights files of a published EAGLE checkpoint: one file or shards named by an index.
+"""The files of a published draft checkpoint (EAGLE, DFlash): ``config.json`` and its weights, one
+file or shards named by an index, and the copy of its named tensors into a network.
 
 A checkpoint folder holds ``config.json`` and its weights as ``model.safetensors`` or
 ``pytorch_model.bin``, or sharded as ``model.safetensors.index.json`` / ``pytorch_model.bin.index.json``
 (transformers' ``weight_map`` from tensor name to shard file) beside the shards. ``.bin`` files are
 unpickled with ``weights_only=True`` only: a pickle holding more than tensors is refused, never run.
+``fill_tensors`` copies a checkpoint's tensors into a network by a name map (ours → theirs), each
+checked for presence, shape and kind, so a file missing a tensor is one line naming it.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from pacer_core import InputError
+from pacer_core.errors import InputError
 from pacer_core.jsonfile import parse_json, read_bytes
 
 CONFIG = "config.json"
@@ -25,7 +28,7 @@ FIX = "download the checkpoint again"
 
 
 def weights_file(folder: Path) -> Optional[Path]:
-    """The weights file (or shard index) of an EAGLE checkpoint folder, else None."""
+    """The weights file (or shard index) of a checkpoint folder, else None."""
     if not (folder / CONFIG).is_file():
         return None
     return next((folder / name for name in WEIGHT_FILES + INDEX_FILES if (folder / name).is_file()), None)
@@ -69,7 +72,7 @@ def read_tensors(path: Path) -> dict[str, torch.Tensor]:
 
 def _read_file(path: Path) -> dict[str, torch.Tensor]:
     if path.suffix == ".safetensors":
-        from pacer_core.hf import load_safetensors
+        from .artifacts import load_safetensors
 
         state = load_safetensors(path, FIX)
     else:
@@ -80,7 +83,7 @@ def _read_file(path: Path) -> dict[str, torch.Tensor]:
                              f"corrupt or holds more than tensors; {FIX}") from exc
     if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
                                               for k, v in state.items()):
-        raise InputError(f"'{path}' does not hold a dict of named tensors: it is not an EAGLE checkpoint")
+        raise InputError(f"'{path}' does not hold a dict of named tensors: it is not a draft checkpoint")
     return state
 
 
@@ -115,3 +118,24 @@ def digest(path: Path) -> str:
         for chunk in iter(lambda: handle.read(1 << 22), b""):
             sha.update(chunk)
     return sha.hexdigest()[:16]
+
+
+def fill_tensors(net: torch.nn.Module, state: dict[str, torch.Tensor], names: dict[str, str], path: Path,
+                 layout: str) -> None:
+    """Copy the checkpoint's tensors ``state`` into ``net`` (``names``: our name → theirs), each checked
+    for presence and shape; a missing or misshapen tensor is one ``InputError`` naming it (``layout``
+    names the checkpoint's kind in the message, e.g. "EAGLE")."""
+    own = net.state_dict()
+    loaded = {}
+    for ours, theirs in names.items():
+        if theirs not in state:
+            raise InputError(f"'{path}' has no tensor '{theirs}': the file is incomplete or not this {layout} "
+                             f"layout; {FIX}")
+        tensor = state[theirs]
+        if tuple(tensor.shape) != tuple(own[ours].shape):
+            raise InputError(f"'{path}': tensor '{theirs}' has shape {tuple(tensor.shape)}, but its config.json "
+                             f"implies {tuple(own[ours].shape)}: the config and weights do not belong together")
+        if not tensor.is_floating_point():
+            raise InputError(f"'{path}': tensor '{theirs}' holds {tensor.dtype} values, not weights; {FIX}")
+        loaded[ours] = tensor.float()
+    net.load_state_dict(loaded, strict=False)

@@ -1,7 +1,7 @@
 """Published EAGLE checkpoints (SafeAILab/EAGLE and the models trained with it), read as downloaded.
 
 Such a folder holds ``config.json`` (a Llama config of the draft) and its weights (one file or shards
-with an index, published_files.py), no manifest and no record of its target. The layout is
+with an index, pacer_core.hf.checkpoints), no manifest and no record of its target. The layout is
 recognised from the tensor names:
 
 - **EAGLE-1/2** (``eagle/model/cnets1.py``): ``fc`` (2d → d, bias unless the config says
@@ -34,10 +34,10 @@ import attrs
 import torch
 
 from pacer_core import InputError
+from pacer_core.hf.checkpoints import FIX, digest, fill_tensors, read_tensors, read_token_map, weights_file  # noqa: F401
 
 from .model import ArchConfig, Eagle3Arch, Eagle3Draft, FeatureDraft
 from .published_config import CONFIG, PublishedConfig, check_config, read_config
-from .published_files import FIX, digest, read_tensors, read_token_map, weights_file  # noqa: F401 (re-exported)
 
 # our module name → the EAGLE-1/2 tensor name (FeatureDraft)
 EAGLE1_NAMES = {
@@ -103,24 +103,6 @@ def eagle3_names(qkv_bias: bool = False) -> dict[str, str]:
     return names
 
 
-def _fill(net: torch.nn.Module, state: dict[str, torch.Tensor], names: dict[str, str], path: Path) -> None:
-    """Copy the checkpoint's tensors into ``net`` (our name → theirs), each checked for presence and shape."""
-    own = net.state_dict()
-    loaded = {}
-    for ours, theirs in names.items():
-        if theirs not in state:
-            raise InputError(f"'{path}' has no tensor '{theirs}': the file is incomplete or not this EAGLE "
-                             f"layout; {FIX}")
-        tensor = state[theirs]
-        if tuple(tensor.shape) != tuple(own[ours].shape):
-            raise InputError(f"'{path}': tensor '{theirs}' has shape {tuple(tensor.shape)}, but its config.json "
-                             f"implies {tuple(own[ours].shape)}: the config and weights do not belong together")
-        if not tensor.is_floating_point():
-            raise InputError(f"'{path}': tensor '{theirs}' holds {tensor.dtype} values, not weights; {FIX}")
-        loaded[ours] = tensor.float()
-    net.load_state_dict(loaded, strict=False)
-
-
 def load_published(folder: Path, target: Any) -> Published:
     """Read the EAGLE checkpoint in ``folder`` for ``target`` (a ``FeatureModel``); a checkpoint that
     does not fit the target or cannot be read is one ``InputError``; every size of its config is
@@ -165,13 +147,13 @@ def load_published(folder: Path, target: Any) -> Published:
         net = FeatureDraft(ArchConfig(vocab_size=c.vocab_size, subset_size=c.vocab_size if ids is None else len(ids),
                                       input_norm=False, fc_bias=c.fc_bias, extra_layers=c.num_layers - 1,
                                       **c.arch_fields()))
-        _fill(net, state, eagle1_names(c.num_layers, c.qkv_bias, c.fc_bias), path)
+        fill_tensors(net, state, eagle1_names(c.num_layers, c.qkv_bias, c.fc_bias), path, "EAGLE")
         net.subset.copy_(torch.arange(c.vocab_size) if ids is None else ids)
         return Published(layout, net.eval(), ids, None, identity)
     layers = eagle3_layers(target.num_layers)
     net = Eagle3Draft(Eagle3Arch(draft_vocab_size=c.draft_vocab_size, fused_size=3 * c.hidden_size,
                                  **c.arch_fields()))
-    _fill(net, state, eagle3_names(c.qkv_bias), path)
+    fill_tensors(net, state, eagle3_names(c.qkv_bias), path, "EAGLE")
     ids = draft_vocabulary(state, c.draft_vocab_size, c.vocab_size, path)
     net.subset.copy_(ids)
     return Published(layout, net.eval(), ids, layers, identity)
