@@ -12,9 +12,10 @@ checked for presence, shape and kind, so a file missing a tensor is one line nam
 from __future__ import annotations
 
 import hashlib
+import math
 import zipfile
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -25,6 +26,7 @@ CONFIG = "config.json"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 FIX = "download the checkpoint again"
+_MISSING = object()
 
 
 def weights_file(folder: Path) -> Optional[Path]:
@@ -139,3 +141,64 @@ def fill_tensors(net: torch.nn.Module, state: dict[str, torch.Tensor], names: di
             raise InputError(f"'{path}': tensor '{theirs}' holds {tensor.dtype} values, not weights; {FIX}")
         loaded[ours] = tensor.float()
     net.load_state_dict(loaded, strict=False)
+
+
+class ConfigReader:
+    """Typed reads of one checkpoint config (``kind``: whose, e.g. "EAGLE"; ``layout``: the layout a
+    refusal points to), each failing as one ``InputError`` naming the key and ``fix``."""
+
+    def __init__(self, config: dict, path: Path, kind: str, layout: str, fix: str = FIX):
+        self.config, self.path, self.kind, self.layout, self.fix = config, path, kind, layout, fix
+
+    def bad(self, message: str) -> InputError:
+        return InputError(f"'{self.path}': {message}; fix the value or {self.fix}")
+
+    def get(self, key: str, default: Any = _MISSING) -> Any:
+        value = self.config.get(key)
+        if value is None:
+            if default is _MISSING:
+                raise InputError(f"'{self.path}' has no '{key}': it is not the config of {self.kind} checkpoint")
+            return default
+        return value
+
+    def whole(self, key: str, default: Any = _MISSING, minimum: int = 1) -> int:
+        value = self.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or value != int(value) or value < minimum:
+            raise self.bad(f"{key} must be a whole number ≥ {minimum}, not {value!r}")
+        return int(value)
+
+    def positive(self, key: str, default: Any = _MISSING) -> float:
+        value = self.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise self.bad(f"{key} must be a number > 0, not {value!r}")
+        return float(value)
+
+    def flag(self, key: str, default: bool) -> bool:
+        value = self.get(key, default)
+        if not isinstance(value, bool):
+            raise self.bad(f"{key} must be true or false, not {value!r}")
+        return value
+
+    def refuse_true(self, key: str, why: str) -> None:
+        if self.config.get(key) not in (None, False):
+            raise InputError(f"'{self.path}': {key}: {self.config[key]!r} is not supported ({why}); use a checkpoint "
+                             f"in {self.layout}")
+
+    def rope(self, default_theta: float) -> tuple[float, Optional[dict]]:
+        """θ and the scaling: ``rope_theta`` / ``rope_scaling`` (transformers 4) or ``rope_parameters``
+        (transformers 5, θ inside); a default type is no scaling; θ is ``default_theta`` when absent."""
+        params = self.config.get("rope_parameters")
+        scaling = self.config.get("rope_scaling")
+        if params is not None and scaling is None:
+            if not isinstance(params, dict):
+                raise self.bad(f"rope_parameters must be an object, not {params!r}")
+            scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+            inner = ConfigReader(params, self.path, self.kind, self.layout, self.fix)
+            theta = inner.positive("rope_theta", self.config.get("rope_theta") or default_theta)
+        else:
+            theta = self.positive("rope_theta", default_theta)
+        if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type", "default")) == "default" \
+                and set(scaling) <= {"type", "rope_type"}:
+            scaling = None
+        return theta, scaling

@@ -9,20 +9,19 @@ silently computes something other than what its publisher's code computes.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Optional
 
 import attrs
 
 from pacer_core import InputError
+from pacer_core.hf.checkpoints import ConfigReader
 from pacer_core.jsonfile import parse_json, read_bytes
 
 from .rotary import Rotary
 
 CONFIG = "config.json"
 FIX = "download the checkpoint again"
-_MISSING = object()
 
 
 @attrs.frozen
@@ -64,51 +63,9 @@ def read_config(folder: Path) -> dict[str, Any]:
     return config
 
 
-class _Reader:
-    """Typed reads of one config, each failing as one line naming the key."""
-
-    def __init__(self, config: dict, path: Path):
-        self.config, self.path = config, path
-
-    def bad(self, message: str) -> InputError:
-        return InputError(f"'{self.path}': {message}; fix the value or {FIX}")
-
-    def get(self, key: str, default: Any) -> Any:
-        value = self.config.get(key)
-        if value is None:
-            if default is _MISSING:
-                raise InputError(f"'{self.path}' has no '{key}': it is not an EAGLE checkpoint config")
-            return default
-        return value
-
-    def whole(self, key: str, default: Any = _MISSING, minimum: int = 1) -> int:
-        value = self.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                or value != int(value) or value < minimum:
-            raise self.bad(f"{key} must be a whole number ≥ {minimum}, not {value!r}")
-        return int(value)
-
-    def positive(self, key: str, default: Any = _MISSING) -> float:
-        value = self.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise self.bad(f"{key} must be a number > 0, not {value!r}")
-        return float(value)
-
-    def flag(self, key: str, default: bool) -> bool:
-        value = self.get(key, default)
-        if not isinstance(value, bool):
-            raise self.bad(f"{key} must be true or false, not {value!r}")
-        return value
-
-    def refuse_true(self, key: str, why: str) -> None:
-        if self.config.get(key) not in (None, False):
-            raise InputError(f"'{self.path}': {key}: {self.config[key]!r} is not supported ({why}); use a checkpoint "
-                             "in the SafeAILab/EAGLE layout")
-
-
 def check_config(config: dict, folder: Path, layout: str) -> PublishedConfig:
     """``config`` (read from ``folder``) checked for a checkpoint of ``layout`` ("eagle1" or "eagle3")."""
-    r = _Reader(config, folder / CONFIG)
+    r = ConfigReader(config, folder / CONFIG, "an EAGLE", "the SafeAILab/EAGLE layout", FIX)
     hidden = r.whole("hidden_size")
     vocab = r.whole("vocab_size")
     heads = r.whole("num_attention_heads")
@@ -127,7 +84,7 @@ def check_config(config: dict, folder: Path, layout: str) -> PublishedConfig:
     act = config.get("hidden_act", "silu")
     if act != "silu":
         raise r.bad(f"hidden_act {act!r} is not supported (EAGLE drafts use 'silu')")
-    rope_theta, scaling = _rope(config, r)
+    rope_theta, scaling = r.rope(10000.0)  # EAGLE's default θ when absent
     Rotary.parse(rope_theta, scaling, max_positions, r.bad)  # checked here, built with the network
     r.refuse_true("norm_before_residual", "a variant of other trainers")
     r.refuse_true("attention_bias", "an o_proj bias, which EAGLE's code does not have")
@@ -157,25 +114,7 @@ def check_config(config: dict, folder: Path, layout: str) -> PublishedConfig:
         target_hidden_size=None if target_hidden is None else r.whole("target_hidden_size"), token_map=token_map)
 
 
-def _rope(config: dict, r: _Reader) -> tuple[float, Optional[dict]]:
-    """θ and the scaling: ``rope_theta`` / ``rope_scaling`` (transformers 4, EAGLE's code) or
-    ``rope_parameters`` (transformers 5, θ inside); a default type is no scaling."""
-    params = config.get("rope_parameters")
-    scaling = config.get("rope_scaling")
-    if params is not None and scaling is None:
-        if not isinstance(params, dict):
-            raise r.bad(f"rope_parameters must be an object, not {params!r}")
-        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
-        theta = _Reader(params, r.path).positive("rope_theta", r.config.get("rope_theta") or 10000.0)
-    else:
-        theta = r.positive("rope_theta", 10000.0)  # EAGLE's default when absent
-    if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type", "default")) == "default" \
-            and set(scaling) <= {"type", "rope_type"}:
-        scaling = None
-    return theta, scaling
-
-
-def _refuse_layer_ids(config: dict, r: _Reader) -> None:
+def _refuse_layer_ids(config: dict, r: ConfigReader) -> None:
     """Target layers named by the config (vLLM's and SGLang's ``eagle_aux_hidden_state_layer_ids``,
     top level or in ``eagle_config``) are refused: the engines number them differently (vLLM: the
     input of layer j; SGLang: the output of layer j), and this loader reads EAGLE's layers."""
