@@ -1,17 +1,7 @@
-"""The ``dflash`` drafter: a block draft (model.py) proposes a whole block in one forward.
-
-Chains: one forward fills ``block`` mask rows after the last committed token; their tokens are
-handed to the stop policies as they ask (``fixed(4)`` takes four at once, a policy judging each
-token takes one per call, with no new forward until the block is used up); once it is, a further
-block is one more forward, conditioned on the tokens drafted so far in the step (PACER's "draft
-more"). Under greedy decoding each token is its row's argmax; under sampling it is drawn from its
-row, rows independently (each row is a draft distribution like any other: the verifiers stay
-exact).
-
-Trees (``tree: {...}``): the block's rows are read as independent distributions of the tokens at
-depths 1..block, and the nodes of highest joint probability are taken best-first
-(``pacer_core.trees.block_tree``: DDTree's construction), then sent by ``tree.nodes`` (a number or
-``auto``). A tree is one forward: it does not grow past the block.
+"""The ``dflash`` drafter: a block draft (model.py) proposes a whole block in one forward, from the
+target's states at the committed context. Its blocks are handed out as chains or as a tree over one
+block by the base every block drafter shares (handout.py: ``BlockDrafter``); a further block is
+one more forward conditioned on the tokens drafted before it.
 
 The draft's context keys and values come from the target's states of committed tokens only, so
 nothing the drafter keeps is ever rolled back; a rejected block is simply dropped.
@@ -26,13 +16,14 @@ from typing import Optional
 import attrs
 import torch
 
-from pacer_core import Component, DraftBlock, DraftInfo, DraftVocab, InputError, Resources, hookimpl
+from pacer_core import Component, DraftInfo, DraftVocab, InputError, Resources, hookimpl
 from pacer_core.jsonfile import read_json
 from pacer_core.kernels import PackedMatrix, pack_linears
 from pacer_core.protocols import feature_target
-from pacer_core.sampling import argmax_first, logits_to_probs, sample
-from pacer_core.trees import BlockTree, TreeConfig, block_tree, node_budget
+from pacer_core.sampling import logits_to_probs
+from pacer_core.trees import TreeConfig, node_budget
 
+from .handout import BlockDrafter
 from .model import MANIFEST, WEIGHTS, BlockDraft, ContextCache, load_block_draft
 
 DEFAULT_DRAFT = Path(__file__).parent / "default"
@@ -57,21 +48,7 @@ def draft_folder(path: Optional[str]) -> Path:
     return folder
 
 
-@attrs.define
-class _Block:
-    """The latest block of the step's main path: where it starts (the committed length and the
-    drafted tokens it was conditioned on), its tokens, rows and hidden states, and how many were
-    handed out."""
-
-    committed: int
-    known: list[int]
-    tokens: list[int]
-    rows: torch.Tensor  # [block, draft vocabulary]
-    hidden: torch.Tensor  # [block, hidden]
-    handed: int = 0
-
-
-class DFlashDrafter:
+class DFlashDrafter(BlockDrafter):
     """Drafts a block of tokens per forward from the target's states at the committed context."""
 
     def __init__(self, config: DFlashConfig, resources: Resources):
@@ -109,14 +86,8 @@ class DFlashDrafter:
                                                                    folder, self.draft_info.identity)
         self.pacer_start(None)
 
-    @hookimpl
-    def pacer_start(self, state) -> None:  # the prompt's states come with step 0's record
-        if self.budget is not None and state is not None and not state.sampling.greedy:
-            self.budget.restart()  # auto's learned rate carries across greedy generations only
+    def _reset(self) -> None:  # the prompt's states come with step 0's record
         self.context = ContextCache(len(self.net.layers))
-        self.latest: Optional[_Block] = None  # a chain's latest block
-        self.plan: Optional[BlockTree] = None  # a tree's nodes, handed out level by level
-        self.plan_for = (0, 0)  # (committed tokens, draft nodes) the plan's next levels continue
 
     @hookimpl
     @torch.inference_mode()
@@ -143,64 +114,10 @@ class DFlashDrafter:
         return rows, hidden
 
     def _ready(self, committed: list[int]) -> bool:
-        """Whether the context holds the target's states of every committed token but the last."""
+        """Whether the context holds the target's states of every committed token but the last (at step 0,
+        the prefill, there are none yet: it decodes plainly)."""
         return len(self.context) > 0 and len(self.context) == len(committed) - 1 and self.context.latest is not None
 
-    @hookimpl
-    def pacer_propose(self, state, draft, num_tokens) -> Optional[DraftBlock]:
-        if not self._ready(state.tokens):
-            return None  # step 0 (the prefill): no target state yet, it decodes plainly
-        if self.tree is not None:
-            return self._propose_tree(state, draft, num_tokens)
-        main = draft.tokens.tolist()
-        latest, forwards = self.latest, 0
-        if (latest is None or latest.committed != len(state.tokens) or latest.handed >= len(latest.tokens)
-                or main != latest.known + latest.tokens[:latest.handed]):
-            rows, hidden = self._forward(state.tokens, main)
-            if self.sampling.greedy:
-                tokens = [int(self.draft_vocab.ids[argmax_first(row)]) for row in rows]
-            else:
-                tokens = self.draft_vocab.ids[sample(rows, state.generator)].tolist()
-            latest = self.latest = _Block(len(state.tokens), main, tokens, rows, hidden)
-            forwards = 1
-        first = latest.handed
-        last = min(len(latest.tokens), first + num_tokens)
-        for i in range(first, last):  # nothing is drafted past an end-of-sequence token
-            if latest.tokens[i] in state.eos_token_ids:
-                last = i + 1
-                break
-        latest.handed = last
-        return DraftBlock(tokens=torch.tensor(latest.tokens[first:last], dtype=torch.long),
-                          draft_probs=latest.rows[first:last], hidden_states=latest.hidden[first:last],
-                          forwards=forwards, sampled=not self.sampling.greedy, draft_vocab=self.draft_vocab)
-
-    def _propose_tree(self, state, draft, num_tokens: int) -> Optional[DraftBlock]:
-        """The next ``num_tokens`` levels of this step's tree over one block: the first call runs the
-        forward and takes the tree's likeliest nodes (``block_tree``), later calls hand out deeper
-        levels of the same tree (no forward); a policy judging each token gets one level a call."""
-        plan = self.plan
-        if draft.num_nodes == 0:
-            rows, hidden = self._forward(state.tokens, [])
-            depth = min(self.tree.depth, len(rows))
-            cap = self.tree.nodes if isinstance(self.tree.nodes, int) else self.tree.topk * depth
-            plan = self.plan = block_tree(rows[:depth], hidden[:depth], self.tree.topk, cap, self.draft_vocab,
-                                          state.eos_token_ids)
-            self.plan_for = (len(state.tokens), 0)
-            forwards = 1
-        elif plan is None or self.plan_for != (len(state.tokens), draft.num_nodes):
-            return None  # another drafter's block came last: this tree stops growing
-        else:
-            forwards = 0
-        block = None if plan is None else plan.next_levels(num_tokens, draft.num_nodes, forwards)
-        if block is not None:
-            self.plan_for = (len(state.tokens), draft.num_nodes + len(block) + (len(block.side) if block.side else 0))
-        return block
-
-    @hookimpl
-    def pacer_select_nodes(self, draft) -> Optional[list[int]]:
-        """A tree sends its best ``tree.nodes`` nodes, or with ``nodes: auto`` the nodes worth their
-        verification cost (``pacer_core.trees.NodeBudget``)."""
-        return None if self.budget is None else self.budget.select(draft.tree)
 
 
 @hookimpl

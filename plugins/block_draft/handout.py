@@ -1,0 +1,139 @@
+"""What every block drafter shares (``dflash``, ``pard``): one draft forward gives a block of rows, the
+draft distributions of the next ``block`` tokens, and this base hands them out.
+
+Chains: the block's tokens are handed to the stop policies as they ask (``fixed(4)`` takes four at
+once, a policy judging each token takes one per call, with no new forward until the block is used
+up); once it is, a further block is one more forward, conditioned on the tokens drafted so far in
+the step (PACER's "draft more"). Under greedy decoding each token is its row's argmax; under
+sampling it is drawn from its row, rows independently (each row is a draft distribution like any
+other: the verifiers stay exact). Nothing is drafted past an end-of-sequence token.
+
+Trees (``tree: {...}``): the block's rows are read as independent distributions of the tokens at
+depths 1..block, and the nodes of highest joint probability are taken best-first
+(``pacer_core.trees.block_tree``: DDTree's construction), then sent by ``tree.nodes`` (a number or
+``auto``). A tree is one forward: it does not grow past the block; it is handed out level by level
+as the stop policies ask.
+
+A subclass sets ``sampling``, ``tree``, ``budget`` (``pacer_core.trees.node_budget`` with cost kind
+``block``, None for a chain), ``draft_vocab`` (its rows' columns, None for the whole vocabulary) and
+``block``, and implements ``_forward`` (one forward: rows and hidden states), ``_ready`` (whether it
+can draft after these committed tokens) and ``_reset`` (its own state at the start of a generation).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import attrs
+import torch
+
+from pacer_core import DraftBlock, hookimpl
+from pacer_core.sampling import argmax_first, sample
+from pacer_core.trees import BlockTree, block_tree
+
+
+@attrs.define
+class Block:
+    """The latest block of the step's main path: where it starts (the committed length and the
+    drafted tokens it was conditioned on), its tokens, rows and hidden states, and how many were
+    handed out."""
+
+    committed: int
+    known: list[int]
+    tokens: list[int]
+    rows: torch.Tensor  # [block, draft vocabulary]
+    hidden: Optional[torch.Tensor]  # [block, hidden]
+    handed: int = 0
+
+
+class BlockDrafter:
+    """Hands out the blocks a subclass's forward drafts, as a chain or a tree over one block."""
+
+    def _forward(self, committed: list[int], known: list[int]) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+        """One draft forward after the ``committed`` tokens and the ``known`` tokens drafted before it in
+        this step: the distributions of the next ``block`` tokens over the draft's vocabulary
+        ([block, w], sampling parameters applied) and the draft's hidden states there ([block, h]);
+        None when it cannot draft (nothing is proposed)."""
+        raise NotImplementedError
+
+    def _ready(self, committed: list[int]) -> bool:
+        raise NotImplementedError
+
+    def _reset(self) -> None:
+        raise NotImplementedError
+
+    @hookimpl
+    def pacer_start(self, state) -> None:
+        if self.budget is not None and state is not None and not state.sampling.greedy:
+            self.budget.restart()  # auto's learned rate carries across greedy generations only
+        self._reset()
+        self.latest: Optional[Block] = None  # a chain's latest block
+        self.plan: Optional[BlockTree] = None  # a tree's nodes, handed out level by level
+        self.plan_for = (0, 0)  # (committed tokens, draft nodes) the plan's next levels continue
+
+    def _token_ids(self, columns: torch.Tensor) -> list[int]:
+        """Target token ids of the rows' ``columns``."""
+        return (columns if self.draft_vocab is None else self.draft_vocab.ids[columns]).tolist()
+
+    @hookimpl
+    def pacer_propose(self, state, draft, num_tokens) -> Optional[DraftBlock]:
+        if not self._ready(state.tokens):
+            return None
+        if self.tree is not None:
+            return self._propose_tree(state, draft, num_tokens)
+        main = draft.tokens.tolist()
+        latest, forwards = self.latest, 0
+        if (latest is None or latest.committed != len(state.tokens) or latest.handed >= len(latest.tokens)
+                or main != latest.known + latest.tokens[:latest.handed]):
+            drafted = self._forward(state.tokens, main)
+            if drafted is None:
+                return None
+            rows, hidden = drafted
+            if self.sampling.greedy:
+                columns = torch.tensor([argmax_first(row) for row in rows], dtype=torch.long)
+            else:
+                columns = sample(rows, state.generator)
+            latest = self.latest = Block(len(state.tokens), main, self._token_ids(columns), rows, hidden)
+            forwards = 1
+        first = latest.handed
+        last = min(len(latest.tokens), first + num_tokens)
+        for i in range(first, last):  # nothing is drafted past an end-of-sequence token
+            if latest.tokens[i] in state.eos_token_ids:
+                last = i + 1
+                break
+        latest.handed = last
+        return DraftBlock(tokens=torch.tensor(latest.tokens[first:last], dtype=torch.long),
+                          draft_probs=latest.rows[first:last],
+                          hidden_states=None if latest.hidden is None else latest.hidden[first:last],
+                          forwards=forwards, sampled=not self.sampling.greedy, draft_vocab=self.draft_vocab)
+
+    def _propose_tree(self, state, draft, num_tokens: int) -> Optional[DraftBlock]:
+        """The next ``num_tokens`` levels of this step's tree over one block: the first call runs the
+        forward and takes the tree's likeliest nodes (``block_tree``), later calls hand out deeper
+        levels of the same tree (no forward); a policy judging each token gets one level a call."""
+        plan = self.plan
+        if draft.num_nodes == 0:
+            drafted = self._forward(state.tokens, [])
+            if drafted is None:
+                return None
+            rows, hidden = drafted
+            depth = min(self.tree.depth, len(rows))
+            cap = self.tree.nodes if isinstance(self.tree.nodes, int) else self.tree.topk * depth
+            plan = self.plan = block_tree(rows[:depth], None if hidden is None else hidden[:depth], self.tree.topk,
+                                          cap, self.draft_vocab, state.eos_token_ids)
+            self.plan_for = (len(state.tokens), 0)
+            forwards = 1
+        elif plan is None or self.plan_for != (len(state.tokens), draft.num_nodes):
+            return None  # another drafter's block came last: this tree stops growing
+        else:
+            forwards = 0
+        block = None if plan is None else plan.next_levels(num_tokens, draft.num_nodes, forwards)
+        if block is not None:
+            self.plan_for = (len(state.tokens), draft.num_nodes + len(block) + (len(block.side) if block.side else 0))
+        return block
+
+    @hookimpl
+    def pacer_select_nodes(self, draft) -> Optional[list[int]]:
+        """A tree sends its best ``tree.nodes`` nodes, or with ``nodes: auto`` the nodes worth their
+        verification cost (``pacer_core.trees.NodeBudget``)."""
+        return None if self.budget is None else self.budget.select(draft.tree)
