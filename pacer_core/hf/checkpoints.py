@@ -202,3 +202,29 @@ class ConfigReader:
                 and set(scaling) <= {"type", "rope_type"}:
             scaling = None
         return theta, scaling
+
+
+def draft_vocabulary(state: dict[str, torch.Tensor], draft_vocab: int, vocab: int, path: Path) -> torch.Tensor:
+    """[draft vocab] target id of each row of a draft's own head: i + d2t[i] (every id when the vocabularies
+    are equal); checked to be distinct ids of the target and to agree with ``t2d`` when present."""
+    if draft_vocab == vocab and "d2t" not in state:
+        return torch.arange(vocab)
+    d2t = state.get("d2t")
+    if d2t is None:
+        raise InputError(f"'{path}' has no tensor 'd2t' (the draft→target token map of its {draft_vocab}-token "
+                         f"vocabulary): the file is incomplete; {FIX}")
+    if tuple(d2t.shape) != (draft_vocab,):
+        raise InputError(f"'{path}': d2t has shape {tuple(d2t.shape)}, but draft_vocab_size is {draft_vocab}")
+    ids = torch.arange(draft_vocab) + d2t.long()
+    if bool((ids < 0).any()) or bool((ids >= vocab).any()) or len(set(ids.tolist())) != draft_vocab:
+        raise InputError(f"'{path}': d2t maps the draft vocabulary outside the target's {vocab} tokens or onto "
+                         "one token twice: the checkpoint belongs to another target")
+    t2d = state.get("t2d")
+    if t2d is not None:
+        if tuple(t2d.shape) != (vocab,):
+            raise InputError(f"'{path}': t2d has {tuple(t2d.shape)} entries, but the target's vocabulary has {vocab}")
+        mask = torch.zeros(vocab, dtype=torch.bool)
+        mask[ids] = True
+        if not torch.equal(t2d.bool(), mask):
+            raise InputError(f"'{path}': t2d and d2t disagree on the draft vocabulary: {FIX}")
+    return ids

@@ -25,13 +25,15 @@ from pacer_core.trees import TreeConfig, node_budget
 
 from .handout import BlockDrafter
 from .model import MANIFEST, WEIGHTS, BlockDraft, ContextCache, load_block_draft
+from .published import is_published, load_published_block
 
 DEFAULT_DRAFT = Path(__file__).parent / "default"
 
 
 @attrs.define
 class DFlashConfig:
-    path: Optional[str] = None  # a folder `pacer distill student.kind=dflash` wrote; None = the shipped draft
+    path: Optional[str] = None  # a folder `pacer distill student.kind=dflash` wrote, or a published DFlash
+    # checkpoint (z-lab/dflash or speculators' dflash format, docs/block-checkpoints.md); None = the shipped draft
     allow_other_target: bool = False  # experts: use a draft distilled from another target
     # mask rows one forward fills (tokens drafted per forward); None = the block the draft was trained on
     block: Optional[int] = attrs.field(default=None, validator=attrs.validators.optional(
@@ -40,10 +42,15 @@ class DFlashConfig:
 
 
 def draft_folder(path: Optional[str]) -> Path:
+    """The draft folder ``path`` names: one `pacer distill` wrote, or a published DFlash checkpoint
+    (published.py); None = the shipped draft."""
     folder = DEFAULT_DRAFT if path is None else Path(path).expanduser()
+    if path is not None and is_published(folder):
+        return folder
     if not (folder / MANIFEST).is_file() or not (folder / WEIGHTS).is_file():
         hint = "the shipped draft is missing: reinstall" if path is None else \
-            "make one with `pacer distill student.kind=dflash`"
+            "make one with `pacer distill student.kind=dflash`, or give a published DFlash checkpoint " \
+            "(config.json and model.safetensors)"
         raise InputError(f"'{folder}' is not a dflash draft folder (no {MANIFEST} and {WEIGHTS}): {hint}")
     return folder
 
@@ -54,13 +61,19 @@ class DFlashDrafter(BlockDrafter):
     def __init__(self, config: DFlashConfig, resources: Resources):
         folder = draft_folder(config.path)
         target = feature_target(resources.target, "dflash")
-        manifest = read_json(folder / MANIFEST, "draft manifest", "distill the draft again")
         digest = target.digest
-        if digest and manifest.get("target_digest") != digest and not config.allow_other_target:
-            raise InputError(f"draft '{folder}' was distilled from target {manifest.get('target_digest')}, but this "
-                             f"target is {digest}: distill a draft for it (`pacer distill student.kind=dflash`) or "
-                             "set strategy.drafter.allow_other_target=true")
-        net = load_block_draft(folder)
+        if is_published(folder):  # z-lab/dflash or speculators: checked against the target as it is read
+            published = load_published_block(folder, target)
+            net, identity = published.net, published.identity
+        else:
+            manifest = read_json(folder / MANIFEST, "draft manifest", "distill the draft again")
+            if digest and manifest.get("target_digest") != digest and not config.allow_other_target:
+                raise InputError(f"draft '{folder}' was distilled from target {manifest.get('target_digest')}, but "
+                                 f"this target is {digest}: distill a draft for it (`pacer distill "
+                                 "student.kind=dflash`) or set strategy.drafter.allow_other_target=true")
+            net = load_block_draft(folder)
+            weights = hashlib.sha256((folder / WEIGHTS).read_bytes()).hexdigest()[:16]
+            identity = f"dflash:{manifest.get('target_digest')}:{weights}"
         arch = net.arch
         if arch.vocab_size != target.vocab_size or arch.hidden_size != target.hidden_size:
             raise InputError(f"draft '{folder}' does not fit this target (vocabulary or hidden size differ)")
@@ -68,17 +81,17 @@ class DFlashDrafter(BlockDrafter):
         device = embed.device
         self.dtype = torch.float32 if device.type == "cpu" else embed.dtype  # as the eagle drafter
         self.net: BlockDraft = net.to(device=device, dtype=self.dtype).requires_grad_(False)
+        subset = self.net.subset.cpu()
+        # x @ [subset, hidden].T: the draft's own output layer (a speculators checkpoint's), else the target's rows
+        rows = self.net.lm_head.weight.detach() if arch.own_head else head[subset.to(device)].to(self.dtype)
         packed = bool(target.packed_weights) and device.type == "cpu"
         if packed:
             pack_linears(self.net)
         self.embed = embed
-        subset = self.net.subset.cpu()
-        self.head = PackedMatrix(head[subset.to(device)].to(self.dtype), pack=packed)  # x @ [subset, hidden].T
+        self.head = PackedMatrix(rows, pack=packed)
         self.draft_vocab = DraftVocab(subset, target.vocab_size)
         self.block = arch.block if config.block is None else config.block
-        weights = hashlib.sha256((folder / WEIGHTS).read_bytes()).hexdigest()[:16]
-        self.draft_info = DraftInfo(identity=f"dflash:{manifest.get('target_digest')}:{weights}",
-                                    target_layers=tuple(arch.target_layers))
+        self.draft_info = DraftInfo(identity=identity, target_layers=tuple(arch.target_layers))
         self.sampling = resources.sampling
         self.tree = config.tree
         self.draft_folder = folder
