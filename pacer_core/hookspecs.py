@@ -5,7 +5,7 @@ strategy the YAML names and registers the object with a fresh ``pluggy.PluginMan
 engine, none global). Those objects implement some of the ``pacer_*`` hooks below as methods
 decorated with ``pacer_core.hookimpl``. Call order of one ``generate``:
 
-1. ``pacer_start`` (all) after the prompt is prefilled.
+1. ``pacer_start`` (all) before step 0, whose target forward prefills the prompt with its draft.
 2. Each step: the draft starts empty; repeat ``pacer_draft_more`` (all stop policies) → if none says
    stop, ``pacer_propose`` (the one drafter) for that many tokens; ``pacer_select_nodes`` (all) may
    leave some tree nodes out; then the target scores the draft tree (every node sent, with the
@@ -142,7 +142,7 @@ def pacer_observe_step(state: "DecodeState", step: "StepRecord") -> None:
 
     Called on every strategy. Drafters roll their caches back here; adaptive stop policies learn
     from ``step.verdict.accepted`` vs ``len(step.draft)``; observers aggregate. When a component
-    declared ``needs_target_hidden``, ``step.target_hidden`` holds the target's last-layer hidden
+    declares ``needs={"target_hidden"}``, ``step.target_hidden`` holds the target's last-layer hidden
     states (after the final norm) of the committed tokens this step's forward computed, row 0 being
     ``state.tokens[step.target_hidden_start]`` (feature-level drafters in the EAGLE family read them;
     the inputs of the layers the drafter's ``DraftInfo.target_layers`` names, concatenated, when it

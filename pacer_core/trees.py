@@ -64,7 +64,7 @@ class TreeConfig:
     # nodes sent for verification: a number (the best by cumulative draft probability), 'auto' (per
     # step, the nodes that maximise expected emitted tokens per second under the cost profile), or
     # None: by device (CPU_NODES on a CPU, where a tree-masked forward costs more per node; 'auto'
-    # elsewhere): docs/trees.md#cost-sized-trees
+    # elsewhere): docs/trees.md#cost-sized-trees-nodes-auto
     nodes: Any = attrs.field(default=None, validator=_nodes)
     # the cost profile 'auto' sizes trees with (a shipped name or a file, docs/costs.md); None: the
     # device's (a CPU: the shipped measured CPU profile; a GPU: the shipped published one)

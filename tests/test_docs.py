@@ -585,3 +585,44 @@ def test_documented_bench_errors_are_the_real_messages(tmp_path, capsys, monkeyp
     }
     _assert_documented_errors("benchmarks.md", "## Errors", scenarios, capsys)
     assert not (tmp_path / "out").exists()
+
+
+# -- cited paths ---------------------------------------------------------------------------------
+ROOT = DOCS.parent
+_CITED = re.compile(r"(?<![\w./-])((?:docs|pacer_core|pacer_bench|pacer_train|plugins|scripts|configs|tests|examples)"
+                    r"/[\w./*-]*[\w*])(#[\w-]+)?(?![\w<])")
+
+
+def _citing_files() -> list[Path]:
+    """What a reader follows citations from: the docs, the README, the set-up files and the code's
+    docstrings and comments (tests are left out: they hold paths as data, some deliberately wrong)."""
+    code = [p for folder in ("pacer_core", "pacer_bench", "pacer_train", "plugins", "scripts")
+            for p in (ROOT / folder).rglob("*") if p.suffix in (".py", ".sh")]
+    return [*DOCS.rglob("*.md"), ROOT / "README.md", ROOT / "constraints.txt", ROOT / "pyproject.toml",
+            ROOT / ".ci" / "run", *code]
+
+
+def test_every_cited_path_and_anchor_exists():
+    """A path a doc, comment or docstring names (`pacer_core/trees.py`, `docs/costs.md#anchor`,
+    `configs/*.yaml`) exists, and a cited anchor is a heading of that page."""
+    missing = []
+    for file in _citing_files():
+        for path, anchor in _CITED.findall(file.read_text(errors="replace")):
+            path = path.rstrip(".")
+            where = f"{file.relative_to(ROOT)}: {path}{anchor}"
+            found = list(ROOT.glob(path)) if "*" in path else [ROOT / path] if (ROOT / path).exists() else []
+            if not found:
+                missing.append(where)
+            elif anchor and path.endswith(".md"):
+                headings = re.findall(r"^#+ (.*)$", found[0].read_text(), flags=re.M)
+                if anchor[1:] not in {_slug(h) for h in headings}:
+                    missing.append(where)
+    assert not missing, "cited but missing: " + ", ".join(missing)
+
+
+def test_every_bench_module_is_in_the_code_map():
+    """docs/benchmarks.md's "Where the code lives" names every module of the bench package."""
+    table = section(read("benchmarks.md"), "## Where the code lives")
+    named = set(re.findall(r"(\w+)\.py", table))
+    modules = {p.stem for p in (ROOT / "pacer_bench").glob("*.py") if p.stem != "__init__"}
+    assert not modules - named, f"docs/benchmarks.md does not say what these hold: {sorted(modules - named)}"
