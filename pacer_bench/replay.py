@@ -337,7 +337,7 @@ def profile_from_run(meta: dict, records: list[dict], cost_file: Optional[dict],
     draft forward), M_B's seconds per consultation, and the host time per step outside the forwards
     (``forward_s``: plain decoding's, the fixed chains', a tree's by nodes sent). ``InputError``
     without a probe or forward timings."""
-    from pacer_core.costs import Curve, monotone
+    from pacer_core.costs import DRAFTER_KINDS, Curve, monotone
 
     if not cost_file or not cost_file.get("verify_s"):
         raise InputError("the run has no verification-cost probe (cost_model.json): bench it with verify_cost: true")
@@ -377,7 +377,7 @@ def profile_from_run(meta: dict, records: list[dict], cost_file: Optional[dict],
 
     draft: dict[str, Curve] = {}
     host: dict[str, float] = {}
-    for kind in ("feature", "token"):
+    for kind in DRAFTER_KINDS:  # a block drafter's chains give its one forward a block
         mine = [r for r in timed if units.get(r["model_id"]) and _is_fixed_chain(units[r["model_id"]])
                 and drafter_kind(units[r["model_id"]]) == kind]
         forwards = sum(int(r["metrics"].get("draft_forwards", 0)) for r in mine)

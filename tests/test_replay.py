@@ -379,21 +379,24 @@ def test_replay_can_take_this_engines_host_time(run, tmp_path, capsys):
     assert_one_line_error(code, err, "host_s.plain must be a positive number of seconds")
 
 
-def test_the_runs_own_profile_recovers_the_costs_it_ran_under(run):
+@pytest.mark.parametrize("drafter, kind", [("draft_model", "token"), ("dflash", "block")])
+def test_the_runs_own_profile_recovers_the_costs_it_ran_under(run, drafter, kind):
     """profile_from_run reads the probe's curves and fits the draft forward and host time from the
     fixed chains and plain decoding; on the fake-clock run (all time in forwards) it recovers the
-    draft's cost, and every stack's prediction is its measurement."""
+    draft's cost under the drafter's cost kind (a block drafter's one forward a block included),
+    and every stack's prediction is its measurement."""
     meta, records = run
     profile = profile_from_dict(PROFILE)
     timed = [dict(r, metrics=dict(r["metrics"], forward_s=r["metrics"]["wall_s"])) for r in records]
-    meta = {**meta, "units": [dict(u, config={"strategy": {"drafter": {"name": "draft_model"} if u["name"] != "lookup"
-                                                              else {"name": "prompt_lookup"},
-                                                              "stop": [{"name": "fixed", "gamma": 3}]}})
-                              if u["name"] == "chain" else u for u in meta["units"]]}
+    chain = {"strategy": {"drafter": {"name": drafter}, "stop": [{"name": "fixed", "gamma": 3}]}}
+    tree = {"strategy": {"drafter": {"name": drafter, "tree": {"topk": 3, "depth": 3, "nodes": 7}}}}
+    meta = {**meta, "units": [dict(u, config={"chain": chain, "tree": tree}[u["name"]])
+                              if u["name"] in ("chain", "tree") else u for u in meta["units"]]}
     cost_file = {"verify_s": [profile.verify(k) for k in range(1, 17)],
                  "tree_k": [4, 16, 32], "tree_verify_s": [profile.tree_verify(k) for k in (4, 16, 32)]}
     measured = replay.profile_from_run(meta, timed, cost_file)
-    assert measured.draft_forward("token") == pytest.approx(0.003, rel=1e-6)
+    assert measured.draft_forward(kind) == pytest.approx(0.003, rel=1e-6)
+    assert set(measured.draft) == {kind}
     rows = replay.predict(meta, timed, measured)["sets"]["all"]
     for name in ("chain", "tree"):
         assert rows[name]["predicted_speedup"] == pytest.approx(rows[name]["measured_speedup"], rel=1e-4), name
