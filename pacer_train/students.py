@@ -107,6 +107,9 @@ class StudentKind:
     save: Callable[..., None]
     checkpoint: str
     default_layers: Callable[[Any], Sequence[int]]
+    # export(draft, dtype=, speculators=, target=) -> pacer_train.export.Exported: its drafts in a published
+    # layout, for `pacer export` (None: the kind's drafts are not exported)
+    export: Optional[Callable[..., Any]] = None
 
 
 def student_kinds() -> dict[str, StudentKind]:

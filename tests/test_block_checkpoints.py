@@ -18,7 +18,7 @@ from pacer_core import Resources, SamplingParams
 from pacer_core.errors import InputError
 from pacer_plugins.block_draft.drafter import DFlashConfig, DFlashDrafter
 
-from helpers import adapter, block_engine, reference_greedy, tiny_llama
+from helpers import adapter, block_engine, make_block_draft, one_line_error, reference_greedy, tiny_llama
 
 TARGET_LAYERS = 3  # the tiny target's decoder layers
 ZLAB_IDS = [0, 1]  # z-lab's target_layer_ids: the outputs of layers 0 and 1 (inputs of 1 and 2)
@@ -283,3 +283,62 @@ def test_pickled_weights_and_other_embeddings_are_refused(tmp_path, target):
     state["embed_tokens.weight"] = state["embed_tokens.weight"] + 1
     save_file(state, str(folder / "model.safetensors"))
     assert "embeddings (embed_tokens.weight) other than the target's" in refusal(folder, target)
+
+
+# -- pacer export: speculators' dflash format, read back identical -----------------------------------
+def published_arch_draft(target_model, folder, subset):
+    """A random block draft in the published architecture (inject off, q/k norms) over ``subset``,
+    with a learned mask embedding, saved as `pacer distill` saves one."""
+    import attrs
+
+    from pacer_plugins.block_draft.model import BlockArch, BlockDraft, save_block_draft
+
+    shape = attrs.asdict(adapter(target_model).attention_shape())
+    arch = BlockArch(hidden_size=target_model.config.hidden_size, intermediate_size=FFN,
+                     vocab_size=target_model.config.vocab_size, subset_size=len(subset), target_layers=[1, 2],
+                     num_layers=DRAFT_LAYERS, block=BLOCK_SIZE - 1, inject=False, qk_norm=True, **shape)
+    torch.manual_seed(3)
+    net = BlockDraft(arch)
+    with torch.no_grad():
+        net.mask_embedding.normal_(std=0.5)
+        for layer in net.layers:
+            layer.q_norm.normal_(1, 0.3)
+            layer.k_norm.normal_(1, 0.3)
+        net.subset.copy_(torch.tensor(subset))
+    save_block_draft(net, folder, {"target_digest": None})
+    return folder
+
+
+@pytest.mark.parametrize("subset", [[0, 2, 3, 5, 7, 9, 11, 14], [15 - i for i in range(16)]])
+def test_an_exported_draft_loads_back_drafting_identically(tmp_path, target, subset):
+    """`pacer export --speculators` then the speculators loader: the same draft distributions over the
+    same token ids (float32 export: bit for bit; the target's head rows for a subset, reordered for a
+    permutation of the whole vocabulary, which needs no d2t)."""
+    from pacer_plugins.feature_draft.export import export_draft
+
+    draft = published_arch_draft(target, tmp_path / "draft", subset)
+    result = export_draft(draft, tmp_path / "out", torch.float32, speculators={"verifier": "tiny",
+                                                                                "speculative_tokens": None},
+                          target=adapter(target))
+    assert result["layout"] == "dflash" and result["files"] == ["mask_embedding.pt"]
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["speculators_model_type"] == "dflash" and config["block_size"] == BLOCK_SIZE
+    assert config["aux_hidden_state_layer_ids"] == [1, 2] and config["draft_vocab_size"] == len(subset)
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == BLOCK_SIZE - 1
+    assert config["mask_token_id"] not in subset or len(subset) == 16
+    original, rows = drafter_rows(draft, target, TOKENS)
+    loaded, back = drafter_rows(tmp_path / "out", target, TOKENS)
+    assert loaded.draft_info.identity.startswith("dflash-speculators:")
+    order = torch.argsort(original.draft_vocab.ids)  # the exported head lists a whole vocabulary in id order
+    ids = original.draft_vocab.ids if len(subset) < 16 else original.draft_vocab.ids[order]
+    assert loaded.draft_vocab.ids.tolist() == ids.tolist()
+    torch.testing.assert_close(back, rows if len(subset) < 16 else rows[:, order], rtol=0, atol=0)
+
+
+def test_drafts_outside_the_published_architecture_are_refused_in_one_line(tmp_path, target, capsys):
+    draft = make_block_draft(target, tmp_path / "ours")  # inject on, no q/k norms: the shipped kind
+    err = one_line_error(capsys, ["export", str(draft), str(tmp_path / "out"), "--speculators", "--verifier", "t"])
+    assert "inject" in err and "published architecture" in err
+    err = one_line_error(capsys, ["export", str(draft), str(tmp_path / "out")])
+    assert "add --speculators --verifier" in err
+    assert not (tmp_path / "out").exists()

@@ -155,7 +155,7 @@ def test_a_feature_student_exports_to_eagle1_and_drafts_the_same(tmp_path, extra
     original = feature_folder(target_model, tmp_path / "draft", extra_layers)
     result = export_draft(original, tmp_path / "out")
     exported = tmp_path / "out"
-    assert result["layout"] == "eagle1" and result["token_map"]
+    assert result["layout"] == "eagle1" and result["files"] == ["token_map.pt"]
     # the student's input norm before its first layer: an identity layer 0, then its layers
     layers = 2 + extra_layers
     tensors = load_file(str(exported / "model.safetensors"))

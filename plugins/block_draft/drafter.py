@@ -9,7 +9,6 @@ nothing the drafter keeps is ever rolled back; a rejected block is simply droppe
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Optional
 
@@ -24,7 +23,7 @@ from pacer_core.sampling import logits_to_probs
 from pacer_core.trees import TreeConfig, node_budget
 
 from .handout import BlockDrafter
-from .model import MANIFEST, WEIGHTS, BlockDraft, ContextCache, load_block_draft
+from .model import MANIFEST, WEIGHTS, BlockDraft, ContextCache, draft_identity, load_block_draft
 from .published import is_published, load_published_block
 
 DEFAULT_DRAFT = Path(__file__).parent / "default"
@@ -71,9 +70,7 @@ class DFlashDrafter(BlockDrafter):
                 raise InputError(f"draft '{folder}' was distilled from target {manifest.get('target_digest')}, but "
                                  f"this target is {digest}: distill a draft for it (`pacer distill "
                                  "student.kind=dflash`) or set strategy.drafter.allow_other_target=true")
-            net = load_block_draft(folder)
-            weights = hashlib.sha256((folder / WEIGHTS).read_bytes()).hexdigest()[:16]
-            identity = f"dflash:{manifest.get('target_digest')}:{weights}"
+            net, identity = load_block_draft(folder), draft_identity(folder, manifest)
         arch = net.arch
         if arch.vocab_size != target.vocab_size or arch.hidden_size != target.hidden_size:
             raise InputError(f"draft '{folder}' does not fit this target (vocabulary or hidden size differ)")

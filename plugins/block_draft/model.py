@@ -293,6 +293,15 @@ def expected_shapes(arch: BlockArch) -> dict[str, tuple[int, ...]]:
         return {name: tuple(t.shape) for name, t in BlockDraft(arch).state_dict().items()}
 
 
+def draft_identity(folder: Path, manifest: dict) -> str:
+    """Names a block draft folder for components trained on its drafts (PACER's M_B): the digest of
+    the target it was distilled from (``manifest``'s) and a hash of its weights file."""
+    import hashlib
+
+    weights = hashlib.sha256((folder / WEIGHTS).read_bytes()).hexdigest()[:16]
+    return f"dflash:{manifest.get('target_digest')}:{weights}"
+
+
 def load_block_draft(folder: Path) -> BlockDraft:
     """The network of a block draft folder (float32, eval mode). Its config is checked against the
     weights' shapes before anything is allocated; a damaged folder is one ``InputError``."""

@@ -26,6 +26,7 @@ import torch
 from pacer_train.distillation import fit
 from pacer_train.students import StudentKind
 
+from .export import export_block_draft
 from .model import BlockArch, BlockDraft, save_block_draft
 
 CHECKPOINT = "checkpoint-dflash.pt"  # beside the other students' checkpoints in one run folder
@@ -195,4 +196,4 @@ def describe(cfg, layers: list[int], subset: torch.Tensor) -> str:
 
 
 STUDENT = StudentKind(name="dflash", train=train_block, describe=describe, save=save_block_draft,
-                      checkpoint=CHECKPOINT, default_layers=target_layers_default)
+                      checkpoint=CHECKPOINT, default_layers=target_layers_default, export=export_block_draft)

@@ -50,6 +50,8 @@ from pacer_core.atomic import share
 from pacer_core.commands import Runner, bounded_int, check_out_dir, command
 from pacer_core.errors import InputError
 from pacer_core.jsonfile import read_json
+from pacer_train.export import speculators_section
+from pacer_train.students import StudentKind, student_kinds
 
 from .drafter import draft_identity
 from .model import CONFIG, MANIFEST, WEIGHTS, Eagle3Draft, FeatureDraft, load_draft
@@ -70,18 +72,30 @@ MAX_SPECULATIVE_TOKENS = 64
 
 def export_draft(draft: Path, out: Path, dtype: torch.dtype = torch.float16,
                  max_positions: Optional[int] = None, engine: str = "vllm",
-                 speculators: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+                 speculators: Optional[dict[str, Any]] = None, target: Any = None,
+                 target_path: Optional[str] = None) -> dict[str, Any]:
     """Write the draft folder ``draft`` (one ``pacer distill`` made) into ``out`` (absent or empty) in
     the published layout; returns {layout, out, tensors, token_map}. ``engine``: whose EAGLE-1
     architecture name the config gives (``ENGINES``); ``speculators``: an EAGLE-3 draft's config in
-    vLLM's speculators format too, ``{"verifier": NAME_OR_PATH, "speculative_tokens": K}``. Bad input
-    is one ``InputError``."""
+    vLLM's speculators format too, ``{"verifier": NAME_OR_PATH, "speculative_tokens": K or None}``; a
+    draft of a plugin's student kind (``dflash``) is written by the kind's ``export``, which may read
+    ``target`` (a ``FeatureModel``) or the target at ``target_path``. Bad input is one ``InputError``."""
     check_draft(draft)
     if engine not in EAGLE1_ARCHITECTURES:
         raise InputError(f"unknown engine {engine!r}: choose from {', '.join(ENGINES)}")
     if max_positions is not None:
         check_range(max_positions, 1, MAX_POSITIONS, "--max-position-embeddings")
     manifest = read_json(draft / MANIFEST, "draft manifest", "distill the draft again (`pacer distill`)")
+    kind = plugin_kind(draft)
+    if kind is not None:  # a student kind a plugin adds writes its own drafts' files (pacer_train.export)
+        exported = kind.export(draft, dtype=dtype, speculators=speculators, target=target, target_path=target_path)
+        config = {**exported.config, "pacer_export": {
+            "draft": draft.resolve().name, "draft_identity": exported.identity,
+            "target": portable(manifest.get("target")), "target_digest": manifest.get("target_digest")}}
+        tensors = {name: (t.to(dtype) if t.is_floating_point() else t).contiguous()
+                   for name, t in exported.tensors.items()}
+        _write(out, tensors, config, exported.files)
+        return {"layout": exported.layout, "out": str(out), "tensors": len(tensors), "files": sorted(exported.files)}
     net = load_draft(draft)
     if isinstance(net, Eagle3Draft):
         layout, tensors, config, token_map = "eagle3", *_eagle3(net, draft)
@@ -113,8 +127,9 @@ def export_draft(draft: Path, out: Path, dtype: torch.dtype = torch.float16,
                               "target": portable(manifest.get("target")),
                               "target_digest": manifest.get("target_digest")}
     tensors = {name: (t.to(dtype) if t.is_floating_point() else t).contiguous() for name, t in tensors.items()}
-    _write(out, tensors, config, token_map)
-    return {"layout": layout, "out": str(out), "tensors": len(tensors), "token_map": token_map is not None}
+    files = {} if token_map is None else {TOKEN_MAP: token_map.clone()}
+    _write(out, tensors, config, files)
+    return {"layout": layout, "out": str(out), "tensors": len(tensors), "files": sorted(files)}
 
 
 def _eagle1(net: FeatureDraft) -> tuple[dict, dict, Optional[torch.Tensor]]:
@@ -183,27 +198,21 @@ def _eagle3(net: Eagle3Draft, draft: Path) -> tuple[dict, dict, None]:
 
 
 def speculators_config(llama: dict[str, Any], config: dict[str, Any], verifier: str,
-                       speculative_tokens: int = 3) -> dict[str, Any]:
+                       speculative_tokens: Optional[int] = 3) -> dict[str, Any]:
     """The keys of vLLM's speculators format for an EAGLE-3 export (read by
     ``vllm/transformers_utils/configs/speculators/base.py`` and ``algos.py``): the model type, the
     decoder layer's Llama config, and ``speculators_config`` with one greedy proposal method of
     ``speculative_tokens`` tokens and the ``verifier`` (the target as the serving machine names it).
     The top-level keys stay too (vLLM's reader ignores them; this project's loader reads them)."""
+    speculative_tokens = 3 if speculative_tokens is None else speculative_tokens
     check_range(speculative_tokens, 1, MAX_SPECULATIVE_TOKENS, "--speculative-tokens")
     if not isinstance(verifier, str) or not verifier.strip():
         raise InputError("--speculators needs --verifier NAME_OR_PATH: the target as the serving machine names it "
                          "(a Hugging Face id or a path there)")
     return {
         "architectures": ["Eagle3Speculator"],
-        "speculators_model_type": "eagle3",
         "transformer_layer_config": {**llama, "num_hidden_layers": 1, "vocab_size": config["vocab_size"]},
-        "speculators_config": {
-            "algorithm": "eagle3",
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens,
-                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
-            "default_proposal_method": "greedy",
-            "verifier": {"name_or_path": verifier, "architectures": []},
-        },
+        **speculators_section("eagle3", verifier, speculative_tokens),
     }
 
 
@@ -221,9 +230,10 @@ def check_range(value: Any, low: int, high: int, option: str) -> int:
     return value
 
 
-def _write(out: Path, tensors: dict, config: dict, token_map: Optional[torch.Tensor]) -> None:
-    """The export's files, written into a temporary folder beside ``out`` that then replaces it (absent
-    or empty) in one rename: an interrupted export leaves no half-written checkpoint."""
+def _write(out: Path, tensors: dict, config: dict, files: dict[str, Any]) -> None:
+    """The export's files (``files``: name → what ``torch.save`` writes beside the weights), written
+    into a temporary folder beside ``out`` that then replaces it (absent or empty) in one rename: an
+    interrupted export leaves no half-written checkpoint."""
     import json
     import shutil
 
@@ -236,14 +246,25 @@ def _write(out: Path, tensors: dict, config: dict, token_map: Optional[torch.Ten
         save_file(tensors, str(partial / "model.safetensors"), metadata={"format": "pt"})
         share(partial / "model.safetensors")  # safetensors writes it owner-only (0600)
         (partial / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
-        if token_map is not None:
-            torch.save(token_map.clone(), partial / TOKEN_MAP)
+        for name, value in files.items():
+            torch.save(value, partial / name)
         os.replace(partial, out)  # onto an absent or empty folder
     except OSError as exc:
         raise InputError(f"out '{out}' cannot be written ({exc.strerror or type(exc).__name__}): give a new or "
                          "empty folder that can be written") from None
     finally:
         shutil.rmtree(partial, ignore_errors=True)
+
+
+def plugin_kind(draft: Path) -> Optional[StudentKind]:
+    """The student kind a plugin adds whose drafts ``draft`` is one of (its ``config.json`` names the
+    kind as its ``family``), when that kind exports them; else None (a feature-level or EAGLE-3 draft)."""
+    try:
+        family = read_json(draft / CONFIG, "draft config", "distill the draft again").get("family")
+    except InputError:
+        return None  # load_draft refuses the folder in its own words
+    kind = student_kinds().get(family) if isinstance(family, str) else None
+    return kind if kind is not None and kind.export is not None else None
 
 
 def check_draft(draft: Path) -> None:
@@ -271,7 +292,8 @@ def check_export_out(out: str) -> Path:
 
 
 @command("export", "write a draft `pacer distill` made (feature-level or EAGLE-3) in the published EAGLE layout "
-                   "that vLLM, SGLang and EAGLE's code load (docs/eagle-checkpoints.md)")
+                   "that vLLM, SGLang and EAGLE's code load (docs/eagle-checkpoints.md), or a dflash block draft "
+                   "in speculators' dflash format (docs/block-checkpoints.md)")
 def _setup(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("draft", help="a draft folder `pacer distill` wrote (manifest.json, draft.safetensors)")
     p.add_argument("out", help="the folder to write (new or empty)")
@@ -289,9 +311,12 @@ def _setup(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("--verifier", metavar="NAME_OR_PATH",
                    help="with --speculators: the target as the serving machine names it (a Hugging Face id or a "
                         "path there)")
-    p.add_argument("--speculative-tokens", type=bounded_int(1, MAX_SPECULATIVE_TOKENS), default=3, metavar="K",
+    p.add_argument("--speculative-tokens", type=bounded_int(1, MAX_SPECULATIVE_TOKENS), default=None, metavar="K",
                    help=f"with --speculators: the draft length vLLM uses by default, 1 to {MAX_SPECULATIVE_TOKENS} "
-                        "(default 3)")
+                        "(default 3; a dflash draft: its block)")
+    p.add_argument("--target", metavar="PATH",
+                   help="dflash drafts sharing the target's output layer: the target to read its rows from "
+                        "(default: the one the draft's recipe names)")
 
     def runner(args: argparse.Namespace) -> int:
         if args.verifier is not None and not args.speculators:
@@ -306,8 +331,8 @@ def _setup(p: argparse.ArgumentParser) -> Runner:
         check_draft(draft)
         out = check_export_out(args.out)
         result = export_draft(draft, out, DTYPES[args.dtype], args.max_position_embeddings, args.engine,
-                              speculators)
-        extra = f" and {TOKEN_MAP}" if result["token_map"] else ""
+                              speculators, target_path=args.target)
+        extra = "".join(f" and {name}" for name in result["files"])
         print(f"wrote {result['layout']} checkpoint {out} ({result['tensors']} tensors in model.safetensors, "
               f"config.json{extra})")
         return 0
