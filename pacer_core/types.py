@@ -191,6 +191,10 @@ class Component:
     provides: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
     default_draft: Optional[str] = None  # a drafter's shipped draft model folder, used when a config
     # that runs the embedded target omits ``draft`` (see ``pacer_core.config.draft_model_config``)
+    # a drafter reading its own draft weights (not a draft model): ``draft_folder(config)`` is the folder
+    # its config names (its shipped draft when it names none), found without loading any model; trainers
+    # read the draft's manifest there (``pacer train-preverify``: what the draft was distilled on)
+    draft_folder: Optional[Callable[[Any], Any]] = None
 
 
 @attrs.frozen

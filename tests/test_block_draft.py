@@ -302,6 +302,170 @@ def test_tree_children_claimed_as_sampled_fail_the_distribution_test(sampling_pa
         assert sampled_pvalue(folder, target, "{topk: 3, depth: 3, nodes: 6}", 600) < 1e-6
 
 
+# -- PACER on blocks: an M_B trained for the block draft -----------------------------------------
+PREVERIFY = ["verifier={name: speculative_sampling}", "sampling.temperature=1.0", "data.window=6",
+             "data.max_new_tokens=16", "data.heldout_every=3",
+             "model.width=16", "model.heads=2", "model.ffn_size=32", "model.max_positions=8",
+             "model.draft_confidence=true", "model.confidence_prior=true", "train.pack_len=24",
+             "train.batch_size=4", "train.epochs=3", "train.warmup=2", "train.threads=1"]
+MB_PROMPTS = [[3, 7, 11, 5], [1, 2, 3], [5, 9, 13, 5], [2, 4, 6, 8, 10], [9, 9, 9], [12, 1, 14, 3]]
+
+
+@pytest.fixture(scope="module")
+def block_mb(sampling_pair, tmp_path_factory):
+    """``pacer train-preverify`` run end to end for the sampling pair's block draft (the tiny target
+    stands in for the loader; the prompts are given): (run folder, the exported M_B, the command)."""
+    import json
+
+    import pacer_core.hf as hf
+    from pacer_core import cli
+
+    target, folder = sampling_pair
+    out = tmp_path_factory.mktemp("preverify") / "run"
+    out.mkdir()
+    (out / "items.json").write_text(json.dumps([{"source": "test", "prompt": p} for p in MB_PROMPTS]))
+    argv = ["train-preverify", f"out={out}", f"export={out / 'mb'}", f"drafter={{name: dflash, path: '{folder}'}}",
+            *PREVERIFY]
+    patch = pytest.MonkeyPatch()
+    patch.setattr(hf, "load_section", lambda section, role: (adapter(target, eos=False), None, None))
+    try:
+        with single_thread():
+            assert cli.main(argv) == 0
+    finally:
+        patch.undo()
+    return out, out / "mb", argv
+
+
+def test_train_preverify_trains_an_mb_on_the_block_drafts_hidden_states(block_mb, sampling_pair):
+    """The block drafter tells its draft folder (``Component.draft_folder``); M_B reads its hidden
+    states (the target's size) and is checked against its identity; a rerun resumes, simulating nothing."""
+    import json
+
+    from pacer_plugins.pacer_stop.model import PreVerifier
+    from pacer_plugins.pacer_stop.train import load_samples
+
+    out, export, argv = block_mb
+    _, folder = sampling_pair
+    manifest = json.loads((export / "manifest.json").read_text())
+    assert manifest["drafter"]["name"] == "dflash" and manifest["draft"] == str(folder)
+    assert manifest["draft_identity"].startswith("dflash:") and manifest["data"]["heldout_steps"] > 0
+    assert PreVerifier.load(export).arch.input_size == 32  # the block draft's hidden states: the target's size
+    samples = load_samples(out / "samples", len(MB_PROMPTS))
+    assert all(int(sample["lengths"][0]) == 6 for sample in samples)  # the 6-token window: two blocks of 3
+    assert 0.0 < manifest["data"]["accepted_rate"] < 1.0  # labels of both kinds
+    stamps = {p.name: p.stat().st_mtime_ns for p in (out / "samples").glob("*.pt")}
+    import pacer_core.hf as hf
+    from pacer_core import cli
+
+    target, _ = sampling_pair
+    patch = pytest.MonkeyPatch()
+    patch.setattr(hf, "load_section", lambda section, role: (adapter(target, eos=False), None, None))
+    try:
+        with single_thread():
+            assert cli.main(argv) == 0  # resumed: samples and the finished checkpoint are kept
+    finally:
+        patch.undo()
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "samples").glob("*.pt")} == stamps
+
+
+def test_the_block_drafters_draft_folder_is_found_without_a_model():
+    from pacer_core.config import check, load_config
+    from pacer_core.errors import InputError
+    from pacer_plugins.block_draft.drafter import DEFAULT_DRAFT
+    from pacer_plugins.pacer_stop.items import draft_folder, draft_manifest
+
+    for drafter, expected in [("{name: dflash}", DEFAULT_DRAFT), ("{name: dflash, path: /my/block}", "/my/block")]:
+        cfg = load_config(overrides=[f"strategy.drafter={drafter}"], require_models=False)
+        if expected == DEFAULT_DRAFT:
+            found = draft_folder(cfg, check(cfg, require_models=False).drafter)
+            assert found == DEFAULT_DRAFT and "corpus_sources" in draft_manifest(found)
+        else:
+            with pytest.raises(InputError, match="is not a dflash draft folder"):
+                draft_folder(cfg, check(cfg, require_models=False).drafter)
+
+
+@pytest.mark.parametrize("b", [3, 2])
+def test_greedy_block_drafting_with_its_mb_equals_plain_decoding(block_mb, sampling_pair, b):
+    target, folder = sampling_pair
+    _, export, _ = block_mb
+    engine = block_engine(target, folder, stop=f"{{name: pacer, b: {b}, t0: 0.3, max_draft: 9, "
+                          f"checkpoint: '{export}'}}", extra=["sampling.temperature=0"])
+    for prompt in PROMPTS:
+        result = engine.generate(prompt, max_new_tokens=BUDGET)
+        assert result.tokens == reference_greedy(target, prompt, BUDGET), prompt
+        assert result.metrics["pacer_checks"] > 0
+
+
+def test_pacer_with_b_equal_to_the_block_judges_between_blocks_and_draft_more_is_a_forward(block_mb,
+                                                                                          sampling_pair):
+    """b = the drafter's block (3): M_B is consulted once a block, and each block it passes is one
+    more dflash forward conditioned on the blocks before it (t₀ 0: every block passes, up to
+    max_draft); t₀ 1: the first block fails and the step sends it (one forward, one check)."""
+    target, folder = sampling_pair
+    _, export, _ = block_mb
+    for t0, blocks in ((0.0, 3), (1.0, 1)):
+        engine = block_engine(target, folder, stop=f"{{name: pacer, b: 3, t0: {t0}, rho: 1.0, t_max: 1.0, "
+                              f"max_draft: 9, send_failed_block: true, checkpoint: '{export}'}}",
+                              extra=["sampling.temperature=0"], eos=False)
+        stop = next(p for n, p in engine.pm.list_name_plugin() if n.startswith("strategy.stop"))
+        seen = []
+
+        class Probe:
+            @hookimpl
+            def pacer_observe_step(self, state, step):
+                if len(step.draft):
+                    judged = [(start, end) for start, end, _, _ in stop.blocks_judged]
+                    if step.committed_before + 10 <= len(PROMPTS[0]) + BUDGET:  # the budget left room for 9
+                        seen.append((len(step.draft), step.draft_forwards, judged))
+
+        engine.pm.register(Probe())
+        engine.generate(PROMPTS[0], max_new_tokens=BUDGET)
+        assert all(forwards == -(-n // 3) for n, forwards, _ in seen), seen  # one forward a block
+        full = [s for s in seen if s[0] == 3 * blocks]
+        assert full and all(n <= 3 * blocks for n, _, _ in seen), (t0, seen)
+        # a block M_B passes is followed by another; the last block (at max_draft, or the failed
+        # one a sending rule keeps) ends the step. A sending rule leaves the block reaching
+        # max_draft unjudged: it is sent either way
+        expected = [(0, 3), (3, 6)] if blocks == 3 else [(0, 3)]
+        assert all(judged == expected for _, _, judged in full), (t0, full)
+
+
+def test_sampled_block_drafting_under_pacer_matches_the_target_distribution(block_mb, sampling_pair):
+    target, folder = sampling_pair
+    _, export, _ = block_mb
+    engine = block_engine(target, folder, eos=False,
+                          stop=f"{{name: pacer, b: 3, t0: 0.3, max_draft: 9, checkpoint: '{export}'}}",
+                          extra=["sampling.temperature=1.0", "strategy.verifier={name: speculative_sampling}",
+                                 "generation.ignore_eos=true"])
+    with single_thread():
+        outputs, steps = sample_outputs(engine, SAMPLE_PROMPT, 600)
+    expected = exact_continuation_probs(adapter(target, eos=False), SAMPLE_PROMPT, LENGTH,
+                                        SamplingParams(temperature=1.0))
+    assert chisquare_pvalue(outputs, expected) > PASS_P
+
+
+def test_an_mb_of_another_drafter_is_refused_with_the_block_draft(sampling_pair, tmp_path):
+    """An M_B trained on the eagle drafter's hidden states (another draft identity), or reading
+    hidden states of another size, is refused in one line naming the fix."""
+    from pacer_core.errors import InputError
+    from pacer_plugins.pacer_stop.model import PreVerifier
+
+    from helpers import small_arch, write_checkpoint
+
+    target, folder = sampling_pair
+    eagle_mb = tmp_path / "eagle-mb"
+    PreVerifier(small_arch(32)).save(eagle_mb, {"target_digest": None, "drafter": {"name": "eagle"},
+                                                "draft_identity": "eagle:abcd:0123456789abcdef"})
+    with pytest.raises(InputError) as info:
+        block_engine(target, folder, stop=f"{{name: pacer, b: 3, checkpoint: '{eagle_mb}'}}")
+    message = str(info.value)
+    assert "\n" not in message and "reads the eagle drafter's hidden states" in message
+    assert "with draft dflash:" in message and "train-preverify" in message
+    with pytest.raises(InputError, match="reads hidden states of size 8, but this draft's have size 32"):
+        block_engine(target, folder, stop=f"{{name: pacer, b: 3, checkpoint: '{write_checkpoint(tmp_path / 's', 8)}', "
+                     "allow_other_pair: true}")
+
+
 # -- refusals ------------------------------------------------------------------------------------
 def test_a_folder_without_a_block_draft_is_refused_in_one_line(capsys, tmp_path):
     drafter = f"strategy.drafter={{name: dflash, path: '{tmp_path}'}}"

@@ -16,6 +16,7 @@ import attrs
 import torch
 
 from pacer_core import Component, DraftInfo, DraftVocab, InputError, Resources, hookimpl
+from pacer_core.costs import CostModel
 from pacer_core.jsonfile import read_json
 from pacer_core.kernels import PackedMatrix, pack_linears
 from pacer_core.protocols import feature_target
@@ -128,6 +129,11 @@ class DFlashDrafter(BlockDrafter):
         the prefill, there are none yet: it decodes plainly)."""
         return len(self.context) > 0 and len(self.context) == len(committed) - 1 and self.context.latest is not None
 
+    @hookimpl
+    def pacer_step_costs(self) -> Optional[CostModel]:
+        """``nodes: auto``'s cost model: the engine's draft gate prices steps with it (docs/costs.md)."""
+        return None if self.budget is None else self.budget.cost
+
 
 
 @hookimpl
@@ -137,4 +143,5 @@ def pacer_components() -> list[Component]:
         "block draft (DFlash-style): one forward drafts a whole block from the target's hidden states; a chain "
         "or a tree over the block",
         needs={"target_hidden"}, provides={"draft_probs", "draft_hidden"},
+        draft_folder=lambda config: draft_folder(config.path),
     )]

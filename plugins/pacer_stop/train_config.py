@@ -102,7 +102,7 @@ def load_train_config(path: Optional[str], overrides: list[str]) -> TrainPreveri
     drafter = check(simulation_config(cfg), require_models=False).drafter.component
     if "draft_hidden" not in drafter.provides:
         raise ConfigError(f"drafter '{drafter.name}' does not provide hidden states, which M_B reads: "
-                          "use draft_model or eagle")
+                          "use draft_model, eagle or dflash")
     if cfg.model.draft_confidence and "draft_probs" not in drafter.provides:
         raise ConfigError(f"model.draft_confidence needs the draft's probabilities; '{drafter.name}' has none")
     if "draft_model" in drafter.needs and draft_model_config(simulation_config(cfg), drafter) is None:
