@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 from .errors import ConfigError
 from .registry import ResolvedComponent, ResolvedStack, check_capabilities, components, lookup, new_plugin_manager
 from .schema import apply_override, check_finite, override_list, read_yaml, validate_typed
+from .skipping import SkipConfig
 from .types import Component
 
 
@@ -45,6 +46,8 @@ class GenerationConfig:
     chat_template: bool = True  # apply the tokenizer's chat template to string prompts
     ignore_eos: bool = False  # decode the full budget (benchmarks)
     max_draft_tokens: int = 64  # hard bound on one step's draft, whatever the stop policies say
+    # decode a step plainly when drafting is expected to be slower (cost-aware stacks): docs/costs.md
+    skip_drafting: SkipConfig = attrs.field(factory=SkipConfig)
 
 
 @attrs.define

@@ -113,7 +113,8 @@ class CostModel:
     drafter's cost per draft token (a chain's forward, a tree's level); ``step_s`` a step's fixed
     cost besides drafting and verifying (committing, cropping caches, the hooks; 0 = not measured);
     ``tree_step_s`` the same for a tree step by the nodes it sends (None: ``step_s``);
-    ``preverify_s`` one consultation of PACER's pre-verification layer."""
+    ``preverify_s`` one consultation of PACER's pre-verification layer; ``plain_host_s`` the host
+    time of a plain decoding step (None: ``step_s``)."""
 
     verify_s: tuple[float, ...] = attrs.field(converter=tuple)
     draft_token_s: float = 0.0
@@ -122,6 +123,7 @@ class CostModel:
     step_s: float = 0.0
     tree_step_s: Optional[Curve] = None
     preverify_s: float = 0.0
+    plain_host_s: Optional[float] = None
 
     def __attrs_post_init__(self) -> None:
         if not self.verify_s or not all(is_seconds(v) for v in self.verify_s):
@@ -137,6 +139,9 @@ class CostModel:
             value = getattr(self, name)
             if not is_seconds(value, zero=True):
                 raise ValueError(f"{name} must be 0 or a time from {MIN_SECONDS:g} to {MAX_SECONDS:g} s, got {value}")
+        if self.plain_host_s is not None and not is_seconds(self.plain_host_s, zero=True):
+            raise ValueError(f"plain_host_s must be None, 0 or a time from {MIN_SECONDS:g} to {MAX_SECONDS:g} s, "
+                             f"got {self.plain_host_s}")
 
     def verify(self, k: int) -> float:
         """Cost of verifying k tokens; beyond the measured K, extrapolated linearly from the last two."""
@@ -162,6 +167,10 @@ class CostModel:
         if nodes is None or self.tree_step_s is None:
             return self.step_s
         return self.tree_step_s(nodes)
+
+    def plain_step(self) -> float:
+        """A plain decoding step: one one-token forward and a plain step's host time."""
+        return self.verify(1) + (self.step_s if self.plain_host_s is None else self.plain_host_s)
 
     def step(self, drafted: int, nodes: Optional[int] = None, sent: Optional[int] = None) -> float:
         """A step drafting ``drafted`` tokens (a tree: levels) whose target forward verifies the
@@ -235,7 +244,7 @@ class Profile:
             tuple(k for k in self.tree_verify.ks if k >= 2),
             tuple(s for k, s in self.tree_verify.as_dict().items() if k >= 2))
         return CostModel(verify, self.draft_forward(drafter_kind), tree_k, tree_s, self.host_chain,
-                         self.host_tree, self.preverify_s)
+                         self.host_tree, self.preverify_s, self.host_plain)
 
     def plain_step(self) -> float:
         """Seconds per token of plain decoding: one one-token forward and the host's step."""

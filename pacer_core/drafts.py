@@ -43,16 +43,29 @@ class DraftVocab:
         wide = torch.zeros(rows.shape[0], self.size, dtype=rows.dtype, device=rows.device)
         return wide.index_copy_(1, self.ids.to(rows.device), rows)
 
-    def token_probs(self, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    def token_probs(self, rows: torch.Tensor, tokens: torch.Tensor, row_map: Optional[torch.Tensor] = None
+                    ) -> torch.Tensor:
         """[n] row i's probability of ``tokens[i]`` (0 outside the subset): ``widen(rows)`` gathered
-        at ``tokens`` without widening."""
+        at ``tokens`` without widening; with a ``row_map``, row i is ``rows[row_map[i]]``."""
         columns = self.columns[tokens.cpu()].to(rows.device)  # [n]
-        found = rows.gather(1, columns.clamp_min(0)[:, None])[:, 0]
+        found = _gather(rows, row_map, columns.clamp_min(0))
         return torch.where(columns >= 0, found, torch.zeros_like(found))
+
+
+def _gather(rows: torch.Tensor, row_map: Optional[torch.Tensor], columns: torch.Tensor) -> torch.Tensor:
+    """[n]: row i's (``rows[row_map[i]]``, or ``rows[i]`` without a map) value at ``columns[i]``."""
+    if row_map is None:
+        return rows.gather(1, columns[:, None])[:, 0]
+    return rows[row_map.to(rows.device), columns]
 
 
 def _wide(rows: Optional[torch.Tensor], vocab: Optional[DraftVocab]) -> Optional[torch.Tensor]:
     return rows if rows is None or vocab is None else vocab.widen(rows)
+
+
+def _mapped(rows: Optional[torch.Tensor], row_map: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """Each node's row: ``rows[row_map]``, or ``rows`` themselves without a map."""
+    return rows if rows is None or row_map is None else rows.index_select(0, row_map.to(rows.device))
 
 
 @attrs.frozen
@@ -66,26 +79,33 @@ class SideNodes:
     distribution the token was chosen from (None: no distribution, a point mass). ``sampled``: the
     tokens were drawn at random from their rows, siblings independently (None: as the block's
     main-path tokens); False: chosen deterministically (top-k, lookup), verified as point masses.
-    ``draft_vocab``: the rows were given over a subset of the vocabulary (see ``DraftBlock``).
+    ``draft_vocab``: the rows were given over a subset of the vocabulary, ``row_map``: shared by
+    several nodes (see ``DraftBlock``).
     """
 
     tokens: torch.Tensor = tensor_field()  # [s] int64
     parents: torch.Tensor = tensor_field()  # [s] int64
-    # [s, vocab], or [s, w] over draft_vocab.ids: read through ``draft_probs`` (widened) or ``draft_rows``
+    # [s, vocab], or [m, w]: over draft_vocab.ids, node i's row row_map[i]: read through ``draft_probs``
+    # (each node's row, widened), ``draft_rows`` (each node's row) or ``draft_table`` (as given)
     _draft_probs: Optional[torch.Tensor] = tensor_field(default=None, alias="draft_probs")
     sampled: Optional[bool] = None
     draft_vocab: Optional[DraftVocab] = None
+    row_map: Optional[torch.Tensor] = tensor_field(default=None)  # [s] int64: node i's row of draft_probs
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
 
     @property
-    def draft_rows(self) -> Optional[torch.Tensor]:  # [s, w]: the rows as given (over draft_vocab.ids)
+    def draft_table(self) -> Optional[torch.Tensor]:  # [m, w]: the rows as given (before row_map)
         return self._draft_probs
 
     @functools.cached_property
+    def draft_rows(self) -> Optional[torch.Tensor]:  # [s, w]: each node's row as given (over draft_vocab.ids)
+        return _mapped(self._draft_probs, self.row_map)
+
+    @functools.cached_property
     def draft_probs(self) -> Optional[torch.Tensor]:  # [s, vocab]
-        return _wide(self._draft_probs, self.draft_vocab)
+        return _wide(self.draft_rows, self.draft_vocab)
 
     @classmethod
     def trie(cls, phrases: Sequence[Sequence[int]], parent: int, first: int) -> Optional["SideNodes"]:
@@ -126,29 +146,39 @@ class DraftBlock:
     forward passes the block cost (0 for model-free drafters).
 
     A drafter whose distributions cover a subset of the vocabulary may give its rows at that width
-    with ``draft_vocab`` saying which token each column is: ``draft_probs`` is then widened into
-    the target's vocabulary on first read, and ``draft_rows`` are the rows as given.
+    with ``draft_vocab`` saying which token each column is (a column map): ``draft_probs`` is then
+    widened into the target's vocabulary on first read, and ``draft_rows`` are the rows as given.
+    Tokens drawn or chosen from one distribution may share its row with ``row_map`` (token i's row
+    is ``draft_probs[row_map[i]]``; a tree's siblings, a block's depths): the rows are then never
+    copied per token unless ``draft_rows`` or ``draft_probs`` is read. ``draft_table`` is the rows
+    as given.
     """
 
     tokens: torch.Tensor = tensor_field()  # [n] int64
-    # [n, vocab], or [n, w] over draft_vocab.ids: read through ``draft_probs`` (widened) or ``draft_rows``
+    # [n, vocab], or [m, w]: over draft_vocab.ids, token i's row row_map[i]: read through ``draft_probs``
+    # (each token's row, widened), ``draft_rows`` (each token's row) or ``draft_table`` (as given)
     _draft_probs: Optional[torch.Tensor] = tensor_field(default=None, alias="draft_probs")
     hidden_states: Optional[torch.Tensor] = tensor_field(default=None)  # [n, hidden]
     side: Optional[SideNodes] = None
     forwards: int = 0  # draft-model forwards spent on this block (reported in metrics)
     sampled: bool = True
     draft_vocab: Optional[DraftVocab] = None
+    row_map: Optional[torch.Tensor] = tensor_field(default=None)  # [n] int64: token i's row of draft_probs
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
 
     @property
-    def draft_rows(self) -> Optional[torch.Tensor]:  # [n, w]: the rows as given (over draft_vocab.ids)
+    def draft_table(self) -> Optional[torch.Tensor]:  # [m, w]: the rows as given (before row_map)
         return self._draft_probs
 
     @functools.cached_property
+    def draft_rows(self) -> Optional[torch.Tensor]:  # [n, w]: each token's row as given (over draft_vocab.ids)
+        return _mapped(self._draft_probs, self.row_map)
+
+    @functools.cached_property
     def draft_probs(self) -> Optional[torch.Tensor]:  # [n, vocab]
-        return _wide(self._draft_probs, self.draft_vocab)
+        return _wide(self.draft_rows, self.draft_vocab)
 
 
 def _cat(parts: Sequence[Optional[torch.Tensor]], what: str) -> Optional[torch.Tensor]:
@@ -172,10 +202,12 @@ class TokenTree:
 
     tokens: torch.Tensor = tensor_field()  # [N] int64
     parents: torch.Tensor = tensor_field()  # [N] int64, parents[i] < i
-    # [N, vocab] or None (point masses); or the row blocks that make it, in node order, each with the
-    # DraftVocab its rows cover (None: the whole vocabulary), widened and joined on first read of
-    # ``draft_probs`` (a greedy tree step reads only ``token_probs`` and never pays the copy)
-    _draft_probs: Union[None, torch.Tensor, tuple[tuple[torch.Tensor, Optional[DraftVocab]], ...]] = \
+    # [N, vocab] or None (point masses); or the row blocks that make it, in node order, each as
+    # (rows, row map or None, the DraftVocab its rows cover or None: the whole vocabulary), mapped,
+    # widened and joined on first read of ``draft_probs`` (a greedy tree step reads only
+    # ``token_probs`` and never pays the copy)
+    _draft_probs: Union[None, torch.Tensor,
+                        tuple[tuple[torch.Tensor, Optional[torch.Tensor], Optional[DraftVocab]], ...]] = \
         tensor_field(alias="draft_probs")
     sampled: torch.Tensor = tensor_field()  # [N] bool: drawn at random from its draft_probs row
     main_path: tuple[int, ...] = ()  # the main path's node indices, root first
@@ -188,7 +220,7 @@ class TokenTree:
         rows = self._draft_probs
         if rows is None or isinstance(rows, torch.Tensor):
             return rows
-        wide = [_wide(part, vocab) for part, vocab in rows]
+        wide = [_wide(_mapped(part, row_map), vocab) for part, row_map, vocab in rows]
         return wide[0] if len(wide) == 1 else torch.cat(wide, dim=0)
 
     @functools.cached_property
@@ -200,11 +232,12 @@ class TokenTree:
         if isinstance(rows, torch.Tensor):
             return rows.gather(1, self.tokens[:, None].to(rows.device))[:, 0]
         out, start = [], 0
-        for part, vocab in rows:
-            tokens = self.tokens[start: start + part.shape[0]]
-            out.append(part.gather(1, tokens[:, None].to(part.device))[:, 0] if vocab is None
-                       else vocab.token_probs(part, tokens))
-            start += part.shape[0]
+        for part, row_map, vocab in rows:
+            n = part.shape[0] if row_map is None else row_map.shape[0]
+            tokens = self.tokens[start: start + n]
+            out.append(_gather(part, row_map, tokens.to(part.device)) if vocab is None
+                       else vocab.token_probs(part, tokens, row_map))
+            start += n
         return torch.cat(out)
 
     @functools.cached_property
@@ -326,7 +359,7 @@ class Draft:
         parents: list[int] = []  # read and built as lists: a few small tensors per block cost more
         sampled: list[bool] = []
         tip, total = -1, 0
-        has_probs = [b.draft_rows is not None for b in self.blocks]
+        has_probs = [b.draft_table is not None for b in self.blocks]
         for block in self.blocks:
             n = len(block)
             tokens.append(block.tokens)
@@ -334,7 +367,7 @@ class Draft:
                 parents.append(tip)
                 parents.extend(range(total, total + n - 1))
                 tip = total + n - 1
-            probs.append((block.draft_rows, block.draft_vocab))
+            probs.append((block.draft_table, block.row_map, block.draft_vocab))
             side = block.side
             s = 0 if side is None else len(side)
             sampled.extend([bool(block.sampled)] * n)
@@ -343,17 +376,17 @@ class Draft:
                 if any(p >= total + n + j or p < -1 for j, p in enumerate(side_parents)):
                     raise ValueError("a side node's parent must be an earlier node of the draft tree, or -1")
                 side_sampled = block.sampled if side.sampled is None else side.sampled
-                side_probs, side_vocab = side.draft_rows, side.draft_vocab
-                if side_probs is None and block.draft_rows is not None:
+                side_probs, side_map, side_vocab = side.draft_table, side.row_map, side.draft_vocab
+                if side_probs is None and block.draft_table is not None:
                     if side_sampled:
                         raise ValueError("sampled side nodes must carry the draft_probs they were drawn from")
                     # point masses: never read
-                    side_probs, side_vocab = torch.zeros(s, block.draft_rows.shape[1]), block.draft_vocab
-                elif side_probs is not None and block.draft_rows is None:
+                    side_probs, side_vocab = torch.zeros(s, block.draft_table.shape[1]), block.draft_vocab
+                elif side_probs is not None and block.draft_table is None:
                     raise ValueError("a block's side nodes carry draft_probs but its tokens do not")
                 tokens.append(side.tokens)
                 parents.extend(side_parents)
-                probs.append((side_probs, side_vocab))
+                probs.append((side_probs, side_map, side_vocab))
                 sampled.extend([bool(side_sampled)] * s)
             total += n + s
         if not self.blocks:
@@ -443,23 +476,30 @@ class Draft:
                     kept_blocks.append(block)  # kept whole, numbered as before
                     total += n + len(side)
                     continue
-                if rows:
+                if rows:  # the kept nodes' rows are mapped, not copied
                     index = torch.tensor(rows, dtype=torch.long)
-                    new_side = SideNodes(side.tokens[index], torch.tensor(new_parents),
-                                         None if side.draft_rows is None else side.draft_rows[index],
-                                         side.sampled, side.draft_vocab)
+                    new_side = SideNodes(side.tokens[index], torch.tensor(new_parents), side.draft_table,
+                                         side.sampled, side.draft_vocab,
+                                         None if side.draft_table is None else _kept_rows(side.row_map, index))
             elif unshifted and take == n and side is None:
                 kept_blocks.append(block)
                 total += n
                 continue
             if take or new_side is not None or not kept_blocks:
+                rows, row_map = block.draft_table, block.row_map
                 kept_blocks.append(DraftBlock(
                     block.tokens[:take],
-                    None if block.draft_rows is None else block.draft_rows[:take],
+                    rows if rows is None or row_map is not None else rows[:take],
                     None if block.hidden_states is None else block.hidden_states[:take],
                     new_side, block.forwards, block.sampled, block.draft_vocab,
+                    None if row_map is None else row_map[:take],
                 ))
             total += n + (len(side) if side is not None else 0)
         cut = self.forwards - sum(b.forwards for b in kept_blocks)
         kept_blocks[-1] = attrs.evolve(kept_blocks[-1], forwards=kept_blocks[-1].forwards + cut)
         return Draft(tuple(kept_blocks))
+
+
+def _kept_rows(row_map: Optional[torch.Tensor], kept: torch.Tensor) -> torch.Tensor:
+    """The row map of the nodes ``kept`` (indices) of nodes whose rows ``row_map`` maps (None: row i)."""
+    return kept if row_map is None else row_map[kept]

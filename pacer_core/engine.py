@@ -23,6 +23,7 @@ from .errors import ConfigError, InputError
 from .hookcheck import check_results
 from .protocols import LanguageModel
 from .registry import ResolvedStack, check_hooks, new_plugin_manager
+from .skipping import SkipConfig, draft_gate
 from .types import DecodeState, DraftInfo, GenerationResult, Resources, SamplingParams, StepRecord, Stop
 
 
@@ -125,7 +126,8 @@ class Engine:
                  seed: int = 0, max_new_tokens: int = 128, max_draft_tokens: int = 64,
                  ignore_eos: bool = False, chat_template: bool = True, tokenizer: Any = None,
                  draft: Optional[LanguageModel] = None, needs_target_hidden: bool = False,
-                 target_layers: Optional[Sequence[int]] = None, clock: Callable[[], float] = time.perf_counter):
+                 target_layers: Optional[Sequence[int]] = None, clock: Callable[[], float] = time.perf_counter,
+                 skip_drafting: Optional[SkipConfig] = None):
         self.target, self.draft, self.pm, self.tokenizer = target, draft, pm, tokenizer
         self.sampling, self.seed, self.clock = sampling, seed, clock
         self.max_new_tokens, self.max_draft_tokens = max_new_tokens, max_draft_tokens
@@ -145,6 +147,10 @@ class Engine:
             if len(impls) != 1:
                 names = ", ".join(i.plugin_name for i in impls) or "none"
                 raise InputError(f"exactly one {role} must be registered, found {len(impls)}: {names}")
+        # the draft gate: a cost-aware stack decodes a step plainly when drafting does not pay
+        # (pacer_core.skipping); priced by the first component in the stack that declares a cost model
+        costs = check_results(pm, "pacer_step_costs", pm.hook.pacer_step_costs())
+        self.gate = draft_gate(skip_drafting or SkipConfig(), list(reversed(costs)))
 
     # -- building ----------------------------------------------------------------------------
     @classmethod
@@ -201,7 +207,8 @@ class Engine:
         kwargs = dict(sampling=sampling, seed=s.seed, max_new_tokens=g.max_new_tokens,
                       max_draft_tokens=g.max_draft_tokens, ignore_eos=g.ignore_eos,
                       chat_template=g.chat_template, tokenizer=tokenizer, draft=draft,
-                      needs_target_hidden=stack.needs("target_hidden"), target_layers=target_layers)
+                      needs_target_hidden=stack.needs("target_hidden"), target_layers=target_layers,
+                      skip_drafting=g.skip_drafting)
         kwargs.update(overrides)
         return cls(target, pm, **kwargs)
 
@@ -295,7 +302,7 @@ class Engine:
                 f"prompt ({len(tokens)} tokens) + max_new_tokens ({budget}) exceeds the target's "
                 f"context of {self.target.max_length} tokens: shorten the prompt or lower the budget"
             )
-        hook, clock = self.pm.hook, self.clock
+        hook, clock, gate = self.pm.hook, self.clock, self.gate
         generator = torch.Generator().manual_seed(self.seed if seed is None else seed)
         eos = frozenset() if self.ignore_eos else self.target.eos_token_ids
         state = DecodeState(list(tokens), len(tokens), budget, self.sampling, generator, eos)
@@ -305,12 +312,15 @@ class Engine:
         self.target.reset()
         pending = list(tokens)  # committed tokens not yet in the target's cache
         hook.pacer_start(state=state)
+        if gate is not None:
+            gate.restart()
         finish = "length"
         while state.budget_left > 0:
-            # 2. draft until a stop policy says stop
+            # 2. draft until a stop policy says stop, unless the gate decodes this step plainly
+            # (decided from earlier steps only, before any draft hook runs)
             t0 = clock()
             state.max_draft_tokens = min(self.max_draft_tokens, state.budget_left)
-            draft, stop_s = self._draft(state)
+            draft, stop_s = self._draft(state) if gate is None or gate.drafts() else (Draft(), 0.0)
             t1 = clock()
             # 3. score pending + the draft tree with the target in one forward, then verify
             cached, tree, n_pending = len(self.target.cached_tokens), draft.tree, len(pending)
@@ -335,6 +345,8 @@ class Engine:
                                 draft.forwards, stop_s,
                                 hidden, cached, target_logits=out.logits)
             hook.pacer_observe_step(state=state, step=record)
+            if gate is not None:
+                gate.observe(record)
             draft_forwards += draft.forwards
             state.step_index += 1
             if hit_eos:
@@ -346,6 +358,8 @@ class Engine:
         metrics = {"new_tokens": len(new), "wall_s": wall, "tokens_per_s": len(new) / wall if wall > 0 else 0.0,
                    "target_forwards": self.target.num_forwards - target_forwards,
                    "draft_forwards": draft_forwards}
+        if gate is not None:
+            metrics["skipped_steps"] = gate.skipped
         result = GenerationResult(tokens=new, text=text, metrics=metrics, finish_reason=finish)
         for extra in hook.pacer_finish(state=state, result=result):
             if extra:

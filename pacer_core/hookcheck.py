@@ -18,6 +18,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 import torch
 
+from .costs import CostModel
 from .drafts import DraftBlock
 from .errors import PluginError
 from .types import Component, Stop, Verdict
@@ -105,6 +106,12 @@ def _finish(value: Any, context: dict) -> Optional[str]:
     return None
 
 
+def _step_costs(value: Any, context: dict) -> Optional[str]:
+    if not isinstance(value, CostModel):
+        return f"returned {_shown(value)}: return a pacer_core.costs.CostModel, or None"
+    return None
+
+
 def _components(value: Any, context: dict) -> Optional[str]:
     if isinstance(value, (str, bytes, dict)) or not isinstance(value, (list, tuple)):
         return f"returned {_shown(value)}: return a list of pacer_core.Component"
@@ -115,7 +122,8 @@ def _components(value: Any, context: dict) -> Optional[str]:
 
 
 CHECKS = {"pacer_draft_more": _draft_more, "pacer_propose": _propose, "pacer_verify": _verify,
-          "pacer_select_nodes": _select_nodes, "pacer_finish": _finish, "pacer_components": _components}
+          "pacer_select_nodes": _select_nodes, "pacer_finish": _finish, "pacer_components": _components,
+          "pacer_step_costs": _step_costs}
 
 
 def result_problem(hook: str, value: Any, context: Optional[dict] = None) -> Optional[str]:

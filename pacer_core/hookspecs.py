@@ -5,12 +5,14 @@ strategy the YAML names and registers the object with a fresh ``pluggy.PluginMan
 engine, none global). Those objects implement some of the ``pacer_*`` hooks below as methods
 decorated with ``pacer_core.hookimpl``. Call order of one ``generate``:
 
+0. ``pacer_step_costs`` (all) once, when the engine is built.
 1. ``pacer_start`` (all) before step 0, whose target forward prefills the prompt with its draft.
-2. Each step: the draft starts empty; repeat ``pacer_draft_more`` (all stop policies) → if none says
-   stop, ``pacer_propose`` (the one drafter) for that many tokens; ``pacer_select_nodes`` (all) may
-   leave some tree nodes out; then the target scores the draft tree (every node sent, with the
-   ancestor mask) in one forward; ``pacer_verify`` (the one verifier)
-   picks the accepted path; the engine commits the emitted tokens and keeps only the accepted
+2. Each step: the engine's draft gate may decode the step plainly (an empty draft, no draft hook
+   called: ``pacer_core.skipping``); else the draft starts empty; repeat ``pacer_draft_more`` (all
+   stop policies) → if none says stop, ``pacer_propose`` (the one drafter) for that many tokens;
+   ``pacer_select_nodes`` (all) may leave some tree nodes out; then the target scores the draft
+   tree (every node sent, with the ancestor mask) in one forward; ``pacer_verify`` (the one
+   verifier) picks the accepted path; the engine commits the emitted tokens and keeps only the accepted
    path's rows in the target's KV cache; ``pacer_observe_step`` (all).
 3. ``pacer_finish`` (all) once EOS or the token budget is reached; returned dicts become metrics.
 
@@ -38,6 +40,7 @@ import pluggy
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
+    from .costs import CostModel
     from .drafts import Draft, DraftBlock
     from .types import Component, DecodeState, GenerationResult, StepRecord, Stop, Verdict
 
@@ -57,6 +60,22 @@ def pacer_components() -> "list[Component]":
     (``drafter``, ``stop``, ``verifier`` or ``observer``), its short name used in YAML, its attrs
     config class, and a factory ``factory(config, resources)`` building the object that implements
     the hooks. Names must be unique within a kind.
+    """
+
+
+@hookspec
+def pacer_step_costs() -> "Optional[CostModel]":
+    """The cost model this component prices steps with, or None.
+
+    Called once on every strategy when the engine is built. A cost-aware component (a tree drafter
+    with ``nodes: auto``, the ``pacer`` stop's throughput rule) returns its
+    ``pacer_core.costs.CostModel``; the engine's draft gate (``generation.skip_drafting``,
+    ``pacer_core.skipping``) then prices drafted and plain steps with it and decodes a step plainly,
+    deciding before any draft hook runs, when this generation's drafted steps have emitted fewer
+    tokens per second than plain decoding would (docs/costs.md#skipping-drafting). The first
+    component in the stack that returns one prices the gate (the drafter before the stops).
+    Components then see steps with an empty draft that no ``pacer_draft_more``, ``pacer_propose``
+    or ``pacer_select_nodes`` call preceded: ``pacer_observe_step`` is still called for them.
     """
 
 

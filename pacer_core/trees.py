@@ -156,22 +156,29 @@ class GrownLevels:
     first, then its side nodes) and returns the numbering, for the drafter's own records."""
 
     def __init__(self) -> None:
-        self.main: list[tuple[int, torch.Tensor, Optional[torch.Tensor]]] = []  # (token, row, hidden row)
-        self.side: list[tuple[int, Any, torch.Tensor]] = []  # (token, parent node, row)
+        self.main: list[tuple[int, int, Optional[torch.Tensor]]] = []  # (token, row of the tables, hidden row)
+        self.side: list[tuple[int, Any, int]] = []  # (token, parent node, row of the tables)
+        self.tables: list[torch.Tensor] = []  # each level's rows, joined by ``block``
+        self.rows = 0  # rows in the tables
 
     def __len__(self) -> int:
         return len(self.main)
 
-    def add(self, chosen: Sequence[Candidate], parents: Sequence[Any], rows: Sequence[torch.Tensor],
-            hidden: Optional[torch.Tensor] = None) -> list[Any]:
+    def add(self, chosen: Sequence[Candidate], parents: Sequence[Any], rows: Any,
+            hidden: Optional[torch.Tensor] = None, row_map: Optional[Sequence[int]] = None) -> list[Any]:
         """One level: ``chosen[0]`` continues the main path, the others are side nodes; ``parents[i]``
         is chosen[i]'s parent node (a number, -1, or a node of this call), ``rows[i]`` the
-        distribution it was chosen from, ``hidden`` the main-path child's hidden state. Returns the
-        level's nodes (of this call)."""
+        distribution it was chosen from ([len(chosen), w], or rows to stack), or ``rows[row_map[i]]``
+        with a ``row_map`` (siblings share their parent's row, never copied per node); ``hidden`` the
+        main-path child's hidden state. Returns the level's nodes (of this call)."""
         level = len(self.main)
-        self.main.append((chosen[0].token, rows[0], hidden))
+        table = rows if isinstance(rows, torch.Tensor) else torch.stack(list(rows))
+        at = [self.rows + (i if row_map is None else int(row_map[i])) for i in range(len(chosen))]
+        self.tables.append(table)
+        self.rows += int(table.shape[0])
+        self.main.append((chosen[0].token, at[0], hidden))
         nodes: list[Any] = [("main", level)] + [("side", len(self.side) + j) for j in range(len(chosen) - 1)]
-        self.side += [(c.token, parents[j], rows[j]) for j, c in enumerate(chosen[1:], start=1)]
+        self.side += [(c.token, parents[j], at[j]) for j, c in enumerate(chosen[1:], start=1)]
         return nodes
 
     def block(self, first: int, forwards: int, draft_vocab: Optional[DraftVocab] = None
@@ -186,15 +193,17 @@ class GrownLevels:
             kind, index = node
             return first + index if kind == "main" else first + length + index
 
+        # the levels' rows joined once; every node maps to its row (siblings share one)
+        table = self.tables[0] if len(self.tables) == 1 else torch.cat(self.tables)
         side = None if not self.side else SideNodes(
             torch.tensor([t for t, _, _ in self.side], dtype=torch.long),
             torch.tensor([number(p) for _, p, _ in self.side], dtype=torch.long),
-            torch.stack([r for _, _, r in self.side]), draft_vocab=draft_vocab)
+            table, draft_vocab=draft_vocab, row_map=torch.tensor([r for _, _, r in self.side], dtype=torch.long))
         hidden = [h for _, _, h in self.main]
-        block = DraftBlock(tokens=torch.tensor([t for t, _, _ in self.main], dtype=torch.long),
-                           draft_probs=torch.stack([r for _, r, _ in self.main]),
+        block = DraftBlock(tokens=torch.tensor([t for t, _, _ in self.main], dtype=torch.long), draft_probs=table,
                            hidden_states=None if any(h is None for h in hidden) else torch.stack(hidden),
-                           side=side, forwards=forwards, sampled=False, draft_vocab=draft_vocab)
+                           side=side, forwards=forwards, sampled=False, draft_vocab=draft_vocab,
+                           row_map=torch.tensor([r for _, r, _ in self.main], dtype=torch.long))
         return block, number
 
 
@@ -456,20 +465,18 @@ class BlockTree:
             self.given[i] = first + j
         self.depth = top
 
-        def depth_rows(indices):
-            return self.rows[torch.tensor([self.nodes[i][0] for i in indices])]
-
+        # every node's row is its depth's row of the block: mapped, never copied per node
         side_nodes = None
         if side:
             parents = [self.given[self.nodes[i][2]] if self.nodes[i][2] >= 0 else -1 for i in side]
             side_nodes = SideNodes(torch.tensor([self.nodes[i][1] for i in side], dtype=torch.long),
-                                   torch.tensor(parents, dtype=torch.long), depth_rows(side),
-                                   draft_vocab=self.draft_vocab)
-        depths = torch.tensor([self.nodes[i][0] for i in main])
+                                   torch.tensor(parents, dtype=torch.long), self.rows, draft_vocab=self.draft_vocab,
+                                   row_map=torch.tensor([self.nodes[i][0] for i in side], dtype=torch.long))
+        depths = torch.tensor([self.nodes[i][0] for i in main], dtype=torch.long)
         hidden = None if self.hidden is None else self.hidden[depths]
         return DraftBlock(tokens=torch.tensor([self.nodes[i][1] for i in main], dtype=torch.long),
-                          draft_probs=self.rows[depths], hidden_states=hidden, side=side_nodes, forwards=forwards,
-                          sampled=False, draft_vocab=self.draft_vocab)
+                          draft_probs=self.rows, hidden_states=hidden, side=side_nodes, forwards=forwards,
+                          sampled=False, draft_vocab=self.draft_vocab, row_map=depths)
 
 
 def block_tree(rows: torch.Tensor, hidden: Optional[torch.Tensor], topk: int, nodes: int,
@@ -497,7 +504,7 @@ def block_tree(rows: torch.Tensor, hidden: Optional[torch.Tensor], topk: int, no
     top_p, top_x = rows.topk(k, dim=-1)  # [D, k]
     log_p = top_p.double().clamp_min(1e-300).log().tolist()
     p, columns = top_p.tolist(), top_x.tolist()
-    ids = columns if draft_vocab is None else [draft_vocab.ids[torch.tensor(c)].tolist() for c in columns]
+    ids = columns if draft_vocab is None else draft_vocab.ids[top_x.cpu()].tolist()
     taken: list[tuple[int, int, int]] = []  # (depth, rank, parent index in taken)
     heap: list[tuple[float, int, int, int, int]] = []  # (-score, order, depth, rank, parent)
     order = 0

@@ -78,6 +78,8 @@ def render(value) -> str:
     """A default value as the docs write it: YAML scalars, flow-style containers."""
     if value is None:
         return "null"
+    if attrs.has(type(value)):  # a nested section: its options as a flow mapping
+        value = attrs.asdict(value)
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (dict, list)):
@@ -170,6 +172,13 @@ def test_capabilities_are_documented():
                                       ("generation", GenerationConfig), ("strategy", StrategyConfig)])
 def test_config_sections_are_documented(name, cls):
     assert_options_documented(section(read("config.md"), f"### `{name}`"), cls, name)
+
+
+def test_skip_drafting_options_are_documented():
+    from pacer_core.skipping import SkipConfig
+
+    options = section(section(read("costs.md"), "## Skipping drafting"), "### Options")
+    assert_options_documented(options, SkipConfig, "generation.skip_drafting")
 
 
 @pytest.mark.parametrize("heading,cls", [("#### `corpus`", "CorpusConfig"), ("#### `student`", "StudentConfig"),

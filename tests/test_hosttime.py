@@ -294,6 +294,49 @@ def test_draft_rows_at_the_drafts_width_read_as_the_wide_rows():
     assert torch.equal(draft.truncate(1).tree.draft_probs, wide[:3])
 
 
+@pytest.mark.parametrize("seed", range(30))
+def test_row_mapped_rows_read_as_rows_copied_per_node(seed):
+    """Blocks whose tokens and side nodes share rows through ``row_map`` (a tree's siblings, a block's
+    depths) read exactly as the same blocks with every node's row copied out: the tree's rows and
+    each node's probability, the main path's rows, and after any selection or truncation."""
+    import attrs
+    import torch
+
+    from pacer_core import Draft, DraftVocab
+
+    g = torch.Generator().manual_seed(seed)
+    vocab = DraftVocab(torch.randperm(50, generator=g)[:7], 50) if seed % 2 else None
+    width = 7 if vocab is not None else 50
+    mapped_blocks, copied_blocks = [], []
+    for block in random_draft(seed).blocks:
+        table = torch.softmax(torch.randn(3, width, generator=g), -1)  # [m, w]: shared by the block's nodes
+        side = block.side
+        row_map = torch.randint(3, (len(block),), generator=g)
+        side_map = None if side is None else torch.randint(3, (len(side),), generator=g)
+        mapped_blocks.append(attrs.evolve(block, draft_probs=table, row_map=row_map, draft_vocab=vocab, side=None
+                                          if side is None else attrs.evolve(side, draft_probs=table, row_map=side_map,
+                                                                            draft_vocab=vocab)))
+        copied_blocks.append(attrs.evolve(block, draft_probs=table[row_map], draft_vocab=vocab, side=None
+                                          if side is None else attrs.evolve(side, draft_probs=table[side_map],
+                                                                            draft_vocab=vocab)))
+    mapped, copied = Draft(tuple(mapped_blocks)), Draft(tuple(copied_blocks))
+    n = len(copied.tree)
+    wanted = torch.randperm(n, generator=g)[: n // 2 + 1].tolist()
+    for a, b in [(mapped, copied), (mapped.select(wanted), copied.select(wanted)),
+                 (mapped.truncate(2), copied.truncate(2))]:
+        assert torch.equal(a.tree.tokens, b.tree.tokens) and torch.equal(a.tree.parents, b.tree.parents)
+        assert torch.equal(a.tree.token_probs, b.tree.token_probs)
+        assert torch.equal(a.tree.draft_probs, b.tree.draft_probs)
+        assert torch.equal(a.draft_probs, b.draft_probs)
+        for x, y in zip(a.blocks, b.blocks):
+            assert torch.equal(x.draft_rows, y.draft_rows)
+            assert (x.side is None) == (y.side is None)
+            assert x.side is None or torch.equal(x.side.draft_rows, y.side.draft_rows)
+    # selecting maps the kept nodes' rows: the shared table is never copied
+    chosen = mapped.select(wanted)
+    assert all(any(x.draft_table is y.draft_table for y in mapped.blocks) for x in chosen.blocks)
+
+
 def test_a_sampled_verdict_is_the_same_on_narrow_and_wide_rows():
     """The verifier reads the same rows from a tree of narrow blocks as from the same blocks widened
     by hand, so a sampled verification is unchanged, draw for draw."""

@@ -472,8 +472,12 @@ def test_greedy_tree_drafting_equals_plain_decoding(tree, stop, verifier):
         result = engine.generate(prompt, max_new_tokens=BUDGET)
         assert result.tokens == references(tuple(prompt)), name
         assert result.metrics["draft_forwards"] == sum(f for _, f in audit.steps)
+        gated = 0
         for step, forwards in audit.steps:
             d = step.draft
+            if forwards == 0 and d.num_nodes == 0:  # decoded plainly by the draft gate ('auto' only)
+                gated += 1
+                continue
             # one draft forward per level grown; the best `nodes` of them are sent, so the main
             # path (len(d)) may end above the deepest node sent
             assert forwards == step.draft_forwards <= bounds.depth
@@ -488,6 +492,7 @@ def test_greedy_tree_drafting_equals_plain_decoding(tree, stop, verifier):
                     assert len(d) == forwards
             side += d.num_nodes - len(d)
             off_path += goes_off_the_main_path(step)
+        assert gated == result.metrics.get("skipped_steps", 0), name
     if fixed_budget and bounds.topk > 1 and bounds.nodes > 1 and stop != "fixed1":
         assert side > 0  # the tree has side nodes
         if bounds.nodes >= bounds.topk:

@@ -24,6 +24,7 @@ from pacer_core import (
     Resources,
     hookimpl,
 )
+from pacer_core.costs import CostModel
 from pacer_core.jsonfile import read_json
 from pacer_core.kernels import PackedMatrix, pack_linears
 from pacer_core.protocols import feature_target
@@ -415,6 +416,11 @@ class EagleDrafter:
 
     # -- token trees (docs/trees.md) -------------------------------------------------------------
     @hookimpl
+    def pacer_step_costs(self) -> Optional[CostModel]:
+        """``nodes: auto``'s cost model: the engine's draft gate prices steps with it (docs/costs.md)."""
+        return None if self.budget is None else self.budget.cost
+
+    @hookimpl
     def pacer_select_nodes(self, draft) -> Optional[list[int]]:
         """A tree sends its best ``tree.nodes`` nodes by cumulative draft probability, or with
         ``nodes: auto`` the nodes worth their verification cost (``pacer_core.trees.NodeBudget``)."""
@@ -468,14 +474,14 @@ class EagleDrafter:
             if not self._whole_vocab:
                 ids = self.vocab[torch.tensor([c.token for c in chosen])].tolist()
                 chosen = [Candidate(c.row, token, c.score) for c, token in zip(chosen, ids)]
-            picked = torch.tensor([c.row for c in chosen])  # each chosen node's parent's row (of features, probs)
-            probs = probs.index_select(0, picked.to(probs.device))  # [len(chosen), draft vocabulary]
-            new_nodes = grown.add(chosen, [nodes[c.row] for c in chosen], probs, features[chosen[0].row])
+            picked = [c.row for c in chosen]  # each chosen node's parent's row (of features, probs)
+            # the level's rows stay whole: a node maps to its parent's row (siblings share it)
+            new_nodes = grown.add(chosen, [nodes[row] for row in picked], probs, features[chosen[0].row], picked)
             self.level = _Level(
                 nodes=new_nodes, tokens=[c.token for c in chosen], scores=torch.tensor([c.score for c in chosen]),
                 tip_row=0, depth=1 if level is None else level.depth + 1,
                 parent_rows=[rows[c.row] for c in chosen],
-                parent_features=features.index_select(0, picked.to(features.device)),
+                parent_features=features.index_select(0, torch.tensor(picked, device=features.device)),
                 blocks=len(draft.blocks) + 1, paths=[paths[c.row] + (c.token,) for c in chosen])
         if not grown:
             return None

@@ -35,6 +35,7 @@ import attrs
 import torch
 
 from pacer_core import Component, Draft, DraftBlock, DraftInfo, InputError, Resources, SideNodes, hookimpl
+from pacer_core.costs import CostModel
 from pacer_core.trees import MAX_NODES, TreeConfig, merge_phrases, node_budget
 
 
@@ -146,6 +147,11 @@ class Hybrid:
             if extra:
                 metrics.update(extra)
         return metrics
+
+    @hookimpl
+    def pacer_step_costs(self) -> Optional[CostModel]:
+        """``nodes: auto``'s cost model: the engine's draft gate prices steps with it (docs/costs.md)."""
+        return None if self.budget is None else self.budget.cost
 
     @hookimpl
     def pacer_select_nodes(self, state, draft) -> Optional[list[int]]:

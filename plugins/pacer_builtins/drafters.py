@@ -8,6 +8,7 @@ import attrs
 import torch
 
 from pacer_core import Component, DraftBlock, Resources, hookimpl
+from pacer_core.costs import CostModel
 from pacer_core.drafting import shipped_draft, sync_cache
 from pacer_core.sampling import choose, logits_to_probs
 from pacer_core.trees import GrownLevels, TreeConfig, grow_level, node_budget, phrase_block
@@ -90,6 +91,11 @@ class DraftModel:
         self._level: list[tuple[int, int, int]] = []
         self._scores: list[float] = []
         self._blocks = 0
+
+    @hookimpl
+    def pacer_step_costs(self) -> Optional[CostModel]:
+        """``nodes: auto``'s cost model: the engine's draft gate prices steps with it (docs/costs.md)."""
+        return None if self.budget is None else self.budget.cost
 
     @hookimpl
     def pacer_select_nodes(self, draft) -> Optional[list[int]]:

@@ -352,6 +352,12 @@ class PacerStop:
         self.totals["accepted"] += min(accepted, len(judged))
         if self.rate is not None:
             self.rate.update(emitted, max(self.drafted, sent), sent)
+        self.drafted = 0  # a step the engine's draft gate decodes plainly never asks this policy
+
+    @hookimpl
+    def pacer_step_costs(self) -> Optional[CostModel]:
+        """The throughput rule's cost model: the engine's draft gate prices steps with it (docs/costs.md)."""
+        return self.cost
 
     @hookimpl
     def pacer_observe_step(self, state, step) -> None:
