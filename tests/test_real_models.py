@@ -147,6 +147,28 @@ def test_the_shipped_token_draft_loads_completed_and_keeps_greedy_output():
         assert result.metrics["acceptance_rate"] > 0.0, overrides
 
 
+def test_the_shipped_block_draft_with_its_shipped_mb_keeps_greedy_output():
+    """configs/dflash_pacer.yaml: the shipped dflash draft and the M_B shipped for it (checkpoint null
+    picks plugins/pacer_stop/default_dflash by the draft's identity: a retrained draft without a
+    retrained M_B fails here) judging whole blocks; fp32 greedy output equals plain decoding."""
+    from pathlib import Path
+
+    import pacer_plugins.pacer_stop.policy as policy
+
+    target, tokenizer, _ = load_model(None, "float32", "cpu", None, "target")
+    cfg = load_config(Path(__file__).parents[1] / "configs" / "dflash_pacer.yaml")
+    engine = Engine.build(target, tokenizer=tokenizer, cfg=cfg)
+    stop = next(p for n, p in engine.pm.list_name_plugin() if n.startswith("strategy.stop"))
+    drafter = next(p for n, p in engine.pm.list_name_plugin() if n.startswith("strategy.drafter"))
+    assert stop.config.b == drafter.block  # PACER's blocks are the drafter's: one forward each
+    chosen = policy.shipped_for_pair(drafter.draft_info.identity)
+    assert chosen is not None and Path(chosen).name == "default_dflash"
+    ids = tokenizer.encode("Write a Python function that adds two numbers.")
+    result = engine.generate(ids, max_new_tokens=32)
+    assert result.tokens == hf_generate(target, ids, 32)
+    assert result.metrics["pacer_checks"] > 0 and result.metrics["acceptance_rate"] > 0.0
+
+
 @pytest.mark.slow
 def test_the_main_command_shows_identical_output(capsys):
     from pacer_core import cli
