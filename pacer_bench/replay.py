@@ -44,8 +44,7 @@ from .replay_trees import markdown as tree_markdown
 
 ALL = "all"
 RUN_PROFILE = "run"  # --profile run: the machine's profile measured by the run itself
-DRAFTER_KINDS = {"eagle": "feature", "draft_model": "token", "ouroboros": "token", "dflash": "block",
-                 "pard": "block"}  # pard: one forward of its token draft drafts a block (docs/block-drafts.md)
+DRAFTER_KINDS = {"eagle": "feature", "draft_model": "token", "ouroboros": "token", "dflash": "block"}
 
 
 def unit_drafter(unit: dict) -> dict:
