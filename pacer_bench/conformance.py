@@ -77,7 +77,7 @@ class WatchedLM:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
 
-    def forward(self, tokens, *, positions=None, tree_mask=None, logits_from=0, hidden=False):
+    def forward(self, tokens, *, positions=None, tree_mask=None, logits_from=0, hidden=False, **options):
         cached = list(self._model.cached_tokens)
         truth = self._truth.tokens
         if truth is not None and positions is None and tree_mask is None:
@@ -88,7 +88,7 @@ class WatchedLM:
                                f"committed text and draft hold {truth[at]}: the drafter did not roll back its "
                                "draft cache")
         return self._model.forward(tokens, positions=positions, tree_mask=tree_mask, logits_from=logits_from,
-                                   hidden=hidden)
+                                   hidden=hidden, **options)
 
     def crop(self, length, rows=()):
         return self._model.crop(length, rows)
@@ -294,8 +294,8 @@ def first_difference(a: dict[str, Any], b: dict[str, Any]) -> Optional[tuple[str
 # -- tiny pairs and the stack's stand-in artifacts -----------------------------------------------------
 class Pairs:
     """The tiny models (built once) and the artifacts the stack's components read, made for them:
-    a random feature-level draft for ``eagle``, a random block draft for ``dflash``, a random M_B for
-    ``pacer``."""
+    a random feature-level draft for ``eagle``, a random block draft for ``dflash``, a random mask
+    embedding beside the tiny draft for ``pard``, a random M_B for ``pacer``."""
 
     def __init__(self, folder: Path):
         from pacer_core.hf.tiny import noisy_copy, tiny_llama
@@ -330,6 +330,24 @@ class Pairs:
                 if part.component.name == "pacer" and getattr(part.config, "checkpoint", 0) is None:
                     extra.append(f"{key}.checkpoint={self._mb(target)}")
         return extra
+
+    def stand_in_draft(self, stack, draft) -> None:
+        """Give the tiny ``draft`` what the stack's draft-reading components read beside a draft model:
+        for ``pard``, a folder with a random mask embedding (block 4) as the draft's folder."""
+        if any(part.component.name == "pard" for top in stack for part in top.walk()):
+            draft.folder = self._pard(draft.hidden_size)
+
+    def _pard(self, hidden_size: int) -> Path:
+        from pacer_plugins.block_draft.pard_files import save_pard_files
+
+        key = ("pard", hidden_size)
+        if key not in self._made:
+            folder = self.folder / f"pard-{hidden_size}"
+            folder.mkdir(parents=True, exist_ok=True)
+            with _seeded(0):
+                save_pard_files(folder, torch.randn(hidden_size), 4)
+            self._made[key] = str(folder)
+        return Path(self._made[key])
 
     def _eagle(self, target) -> str:
         from pacer_plugins.feature_draft.model import ArchConfig, FeatureDraft
@@ -421,6 +439,7 @@ class Stack:
             self.last_watch = Watch(pm).install()
         used = None
         if self.needs_draft:
+            self.pairs.stand_in_draft(self.stack, draft)
             used = WatchedLM(draft, truth) if watch else draft
         return Engine.build(target, draft=used, cfg=cfg, pm=pm, max_draft_tokens=16)
 

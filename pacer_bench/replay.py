@@ -44,7 +44,8 @@ from .replay_trees import markdown as tree_markdown
 
 ALL = "all"
 RUN_PROFILE = "run"  # --profile run: the machine's profile measured by the run itself
-DRAFTER_KINDS = {"eagle": "feature", "draft_model": "token", "ouroboros": "token", "dflash": "block"}
+DRAFTER_KINDS = {"eagle": "feature", "draft_model": "token", "ouroboros": "token", "dflash": "block",
+                 "pard": "block"}  # pard: one forward of its token draft drafts a block (docs/block-drafts.md)
 
 
 def unit_drafter(unit: dict) -> dict:

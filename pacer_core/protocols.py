@@ -11,7 +11,11 @@ import torch
 
 from .fields import tensor_field
 
-__all__ = ["AttentionShape", "FeatureModel", "LanguageModel", "ModelOutput"]
+__all__ = ["AttentionShape", "FeatureModel", "LanguageModel", "MASK_ROW", "ModelOutput"]
+
+# a row that ``hf.HFModel.forward(mask_embedding=)`` feeds a learned mask embedding instead of a token's
+# (a parallel draft's mask token, which its tokenizer lacks: the pard drafter)
+MASK_ROW = -1
 
 
 @attrs.frozen

@@ -99,7 +99,10 @@ class StudentKind:
     metrics, training record) as the built-in students do; ``describe(cfg, layers, subset)`` the
     manifest's family line; ``save(net, folder, manifest)`` writes the draft folder; ``checkpoint``
     names its checkpoint in the run folder; ``default_layers(target)`` the target layers whose inputs
-    it reads when ``student.fused_layers`` is unset (distill extracts them once)."""
+    it reads when ``student.fused_layers`` is unset (distill extracts them once); ``fuses``: whether it
+    reads target layers' inputs at all (False: ``fused`` is None, ``student.fused_layers`` is refused);
+    ``takes_init``: whether ``init=`` names the draft it starts from (``train`` reads ``cfg.init``);
+    ``check(cfg)``: refuses the kind's options (a ``ValueError`` in one line) before any model loads."""
 
     name: str
     train: Callable[..., Any]
@@ -110,6 +113,9 @@ class StudentKind:
     # export(draft, dtype=, speculators=, target=) -> pacer_train.export.Exported: its drafts in a published
     # layout, for `pacer export` (None: the kind's drafts are not exported)
     export: Optional[Callable[..., Any]] = None
+    fuses: bool = True
+    takes_init: bool = False
+    check: Optional[Callable[[Any], None]] = None
 
 
 def student_kinds() -> dict[str, StudentKind]:

@@ -12,7 +12,7 @@ import torch
 
 from ..errors import InputError
 from ..kernels import PackedLinear, PackedMatrix, pack_linears
-from ..protocols import AttentionShape, ModelOutput
+from ..protocols import MASK_ROW, AttentionShape, ModelOutput
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -140,6 +140,7 @@ class HFModel:
         self._window: Optional[int] = None
         self.num_forwards = 0
         self.digest: Optional[str] = None  # content hash of the weights, set by load_model
+        self.folder: Optional[Path] = None  # the folder the weights were read from, set by load_model
         self.vocab_subset: Optional[torch.Tensor] = None  # see use_vocab_subset
         self._subset_index: Optional[torch.Tensor] = None  # vocab_subset on the output layer's device
         self._head_subset: Optional[PackedMatrix] = None
@@ -332,6 +333,7 @@ class HFModel:
         tree_mask: Optional[torch.Tensor] = None,
         logits_from: int = 0,
         hidden: Union[bool, Sequence[int]] = False,
+        mask_embedding: Optional[torch.Tensor] = None,
     ) -> ModelOutput:
         """Run ``tokens`` after the cached ones and append them to the cache.
 
@@ -343,11 +345,23 @@ class HFModel:
         final norm, [k, hidden]); a sequence of decoder-layer indices gives the input of each of those
         layers (index i: the state entering layer i, 0 the embeddings, ``num_layers`` the last
         layer's output after the final norm), concatenated in that order ([k, len(layers) × hidden]).
+        ``mask_embedding`` ([hidden]): the input of every row whose token is ``MASK_ROW`` (a mask
+        token a parallel draft learned, which its vocabulary lacks); such rows are cached as
+        ``MASK_ROW`` and are the caller's to crop.
         """
         k = len(tokens)
         past = len(self._tokens)
-        input_ids = self._on_device(torch.tensor([list(tokens)], dtype=torch.long))
-        kwargs: dict[str, Any] = {"cache": self._cache, "use_cache": True}
+        ids = torch.tensor([list(tokens)], dtype=torch.long)
+        masked = ids == MASK_ROW
+        if bool(masked.any()) and mask_embedding is None:
+            raise ValueError("a MASK_ROW token needs mask_embedding")
+        if mask_embedding is None:
+            inputs: dict[str, Any] = {"input_ids": self._on_device(ids)}
+        else:
+            embeds = self.model.get_input_embeddings()(self._on_device(ids.clamp_min(0)))  # [1, k, hidden]
+            row = mask_embedding.to(embeds.device, embeds.dtype)
+            inputs = {"inputs_embeds": torch.where(self._on_device(masked)[..., None], row, embeds)}
+        kwargs: dict[str, Any] = {"cache": self._cache, "use_cache": True, **inputs}
         if tree_mask is not None:
             allowed = torch.ones(k, past + k, dtype=torch.bool)
             allowed[:, past + k - tree_mask.shape[1]:] = tree_mask
@@ -364,19 +378,19 @@ class HFModel:
             kwargs["output_hidden_states"] = True
         self.num_forwards += 1
         if self.vocab_subset is not None and logits_from < k:
-            base = self.model.base_model(input_ids=input_ids, **kwargs)
+            base = self.model.base_model(**kwargs)
             last = base.last_hidden_state[0]  # after the norm
             rows = self._head_subset(last[logits_from:]).float()
             out_logits = torch.full((k - logits_from, self.vocab_size), float("-inf"), device=rows.device)
             out_logits[:, self._subset_index] = rows
             out_hidden = _layer_inputs(base.hidden_states, layers) if layers else (last if hidden else None)
         elif logits_from >= k and not hidden:
-            self.model.base_model(input_ids=input_ids, **kwargs)
+            self.model.base_model(**kwargs)
             out_logits = torch.empty(0, self.vocab_size, device=self.device)
             out_hidden = None
         else:
             kwargs.setdefault("output_hidden_states", bool(hidden))
-            out = self.model(input_ids=input_ids, logits_to_keep=max(k - logits_from, 1), **kwargs)
+            out = self.model(logits_to_keep=max(k - logits_from, 1), **kwargs)
             out_logits = out.logits[0, -(k - logits_from):].float() if k > logits_from else \
                 torch.empty(0, self.vocab_size, device=out.logits.device)
             out_hidden = _layer_inputs(out.hidden_states, layers) if layers else \

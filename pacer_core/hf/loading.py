@@ -55,6 +55,7 @@ def load_model(path: Optional[str], dtype: str, device: str, device_map: Optiona
     if not device_map and should_pack(pack_weights, model.dtype, model.device, name):
         model.pack_weights()
     model.digest = weights_digest(folder)
+    model.folder = folder
     return model, tokenizer, model.digest
 
 

@@ -16,7 +16,6 @@ import attrs
 import torch
 
 from pacer_core import Component, DraftInfo, DraftVocab, InputError, Resources, hookimpl
-from pacer_core.costs import CostModel
 from pacer_core.jsonfile import read_json
 from pacer_core.kernels import PackedMatrix, pack_linears
 from pacer_core.protocols import feature_target
@@ -128,12 +127,6 @@ class DFlashDrafter(BlockDrafter):
         """Whether the context holds the target's states of every committed token but the last (at step 0,
         the prefill, there are none yet: it decodes plainly)."""
         return len(self.context) > 0 and len(self.context) == len(committed) - 1 and self.context.latest is not None
-
-    @hookimpl
-    def pacer_step_costs(self) -> Optional[CostModel]:
-        """``nodes: auto``'s cost model: the engine's draft gate prices steps with it (docs/costs.md)."""
-        return None if self.budget is None else self.budget.cost
-
 
 
 @hookimpl

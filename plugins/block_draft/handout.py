@@ -28,6 +28,7 @@ import attrs
 import torch
 
 from pacer_core import DraftBlock, hookimpl
+from pacer_core.costs import CostModel
 from pacer_core.sampling import argmax_first, sample
 from pacer_core.trees import BlockTree, block_tree
 
@@ -131,6 +132,11 @@ class BlockDrafter:
         if block is not None:
             self.plan_for = (len(state.tokens), draft.num_nodes + len(block) + (len(block.side) if block.side else 0))
         return block
+
+    @hookimpl
+    def pacer_step_costs(self) -> Optional[CostModel]:
+        """``nodes: auto``'s cost model: the engine's draft gate prices steps with it (docs/costs.md)."""
+        return None if self.budget is None else self.budget.cost
 
     @hookimpl
     def pacer_select_nodes(self, draft) -> Optional[list[int]]:

@@ -128,14 +128,26 @@ def load_distill_config(path: Optional[str], overrides: list[str]) -> DistillCon
     if not t.teacher_temperature > 0:
         raise ConfigError(f"train.teacher_temperature must be > 0 (got {t.teacher_temperature}): 1 trains towards "
                           "the target's distribution, below 1 towards a sharper one")
-    fuses = cfg.student.kind not in ("feature", "token")  # eagle3 and the kinds plugins add
+    from pacer_train.students import student_kinds
+
+    plugin_kind = student_kinds().get(cfg.student.kind)
+    if plugin_kind is not None and plugin_kind.check is not None:
+        try:
+            plugin_kind.check(cfg)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    fuses = cfg.student.kind == "eagle3" or (plugin_kind is not None and plugin_kind.fuses)
     if cfg.student.fused_layers is not None and (not fuses or not cfg.student.fused_layers):
         raise ConfigError("student.fused_layers names the target layers an eagle3 or dflash student fuses: give a "
                           "non-empty list with such a student.kind, or leave it null")
     if cfg.student.extra_layers and (cfg.student.kind != "feature" or cfg.student.extra_layers < 0):
         raise ConfigError(f"student.extra_layers={cfg.student.extra_layers} deepens a feature student: give a count "
                           ">= 0 with student.kind=feature, or leave it 0")
-    if cfg.init is not None:
+    if cfg.init is not None and plugin_kind is not None and plugin_kind.takes_init:
+        if not Path(cfg.init).expanduser().is_dir():
+            raise ConfigError(f"init '{cfg.init}' is not a folder: give the draft folder a "
+                              f"student.kind={cfg.student.kind} run starts from")
+    elif cfg.init is not None:
         if cfg.student.kind not in ("feature", "eagle3"):
             start = ("the token student starts from target layers (student.layers)" if cfg.student.kind == "token"
                      else "a run of that kind resumes from its own checkpoint in out=")

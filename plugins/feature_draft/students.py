@@ -129,7 +129,7 @@ def fused_layers(cfg: DistillConfig, target) -> Optional[list[int]]:
     from pacer_train.students import student_kinds
 
     kind = cfg.student.kind
-    if kind in ("feature", "token"):
+    if kind in ("feature", "token") or (kind != "eagle3" and not student_kinds()[kind].fuses):
         return None
     if cfg.student.fused_layers:
         layers = list(cfg.student.fused_layers)

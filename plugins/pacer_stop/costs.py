@@ -283,7 +283,8 @@ def drafter_kind(cfg) -> Optional[str]:
 
 
 def drafter_kind_of(name: Optional[str]) -> Optional[str]:
-    return {"eagle": "feature", "draft_model": "token", "ouroboros": "token", "dflash": "block"}.get(name or "")
+    return {"eagle": "feature", "draft_model": "token", "ouroboros": "token", "dflash": "block", "pard": "block"}.get(
+        name or "")
 
 
 def write_measured_profile(path: Path, engine, cfg, prompt: list[int], measured: dict[str, Any], args) -> Path:

@@ -1,0 +1,270 @@
+"""The ``pard`` parallel token drafter (plugins/block_draft/pard.py): its packed training forward against
+the drafter's own forward, greedy equivalence for chains and trees under every stop kind, the exact
+output distribution under sampling (with deliberately wrong variants the test rejects), the student of
+``pacer distill student.kind=pard``, and its refusals."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+import torch
+
+from pacer_core import SamplingParams, hookimpl
+from pacer_core.config import load_config
+from pacer_core.engine import Engine
+from pacer_core.errors import InputError
+from pacer_core.testing import chisquare_pvalue, exact_continuation_probs
+from pacer_core.trees import BlockTree
+from pacer_plugins.block_draft.pard import PardDrafter
+from pacer_plugins.block_draft.pard_files import save_pard_files
+from pacer_plugins.block_draft.pard_student import PardStudent, evaluate_pard, pard_hidden, pard_layout, pard_loss
+
+from helpers import LENGTH, PASS_P, adapter, one_line_error, reference_greedy, sample_outputs, single_thread, tiny_llama
+
+PROMPTS = [[3, 7, 11, 5], [1, 2, 3], [5], [9, 9, 9, 9, 9, 9]]
+BUDGET = 24
+BLOCK = 3
+
+
+def make_pard_draft(folder, vocab: int = 16, seed: int = 1, subset=None, block: int = BLOCK, peak: float = 3.0,
+                    eos: bool = True):
+    """A random tiny PARD draft (a 2-layer Llama of ``vocab`` tokens, peaky by ``peak``, its head over
+    ``subset`` when given) and its pard files in ``folder``: (the transformers model, its adapter)."""
+    lm = tiny_llama(seed, vocab=vocab, scale=peak)
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    save_pard_files(folder, torch.randn(lm.config.hidden_size), block)
+    draft = adapter(lm, eos=eos)
+    draft.folder = folder
+    if subset is not None:
+        draft.use_vocab_subset(subset)
+    return lm, draft
+
+
+def pard_engine(target_model, draft, stop="{name: fixed, gamma: 3}", tree=None, extra=(), eos=True):
+    drafter = "{name: pard" + (f", tree: {tree}" if tree else "") + "}"
+    cfg = load_config(overrides=[f"strategy.drafter={drafter}", f"strategy.stop=[{stop}]", *extra],
+                      require_models=False)
+    draft.reset()
+    return Engine.build(adapter(target_model, eos=eos), draft=draft, cfg=cfg)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """A peaky tiny target (vocabulary 16) and a random pard draft of block 3 over tokens 0..7."""
+    target = tiny_llama(0, vocab=16, scale=3.0)
+    lm, draft = make_pard_draft(tmp_path_factory.mktemp("pard") / "draft", subset=range(8))
+    return target, lm, draft
+
+
+# -- the packed training forward -----------------------------------------------------------------
+def test_pard_layout_on_a_worked_example():
+    layout = pard_layout([2], 3, 5)
+    assert layout.positions.tolist() == [0, 1, 2, 3, 4, 3, 4]
+    assert layout.block_rows.tolist() == [[2, 5, 6]] and layout.predicts.tolist() == [[3, 4, 5]]
+    seen = layout.mask.int().tolist()
+    assert seen[5] == [1, 1, 1, 0, 0, 1, 0] and seen[6] == [1, 1, 1, 0, 0, 1, 1]
+    assert seen[3] == [1, 1, 1, 1, 0, 0, 0]  # real rows are causal and never see a mask row
+
+
+@pytest.mark.parametrize("known", [0, 2])
+def test_the_packed_training_forward_computes_what_the_drafter_computes(pair, known):
+    """Every anchor's rows of one packed forward (several anchors, one mask) equal the drafter's own
+    forward after the same tokens (its KV cache, the mask rows fed the mask embedding): what is
+    trained is what is served. ``known``: the drafter's further block, the last tokens as drafted."""
+    target, lm, draft = pair
+    engine = pard_engine(target, draft)
+    drafter = next(p for p in engine.pm.get_plugins() if isinstance(p, PardDrafter))
+    student = PardStudent(lm, drafter.mask.float(), torch.arange(8), BLOCK).eval()
+    tokens = [3, 7, 11, 5, 2, 9, 4, 1, 6, 8, 12, 3]
+    anchors = [2, 5, 8]
+    layout = pard_layout(anchors, BLOCK, len(tokens))
+    with torch.no_grad():
+        packed = pard_hidden(student, torch.tensor([tokens]), layout)[0, layout.block_rows]  # [K, block, d]
+    drafter.pacer_start(None)
+    for k, a in enumerate(anchors):
+        context = tokens[:a + 1]
+        rows, hidden = drafter._forward(context[:len(context) - known], context[len(context) - known:])
+        torch.testing.assert_close(packed[k], hidden, rtol=1e-4, atol=1e-5)
+        assert rows.shape == (BLOCK, 8) and torch.allclose(rows.sum(-1), torch.ones(BLOCK))
+        assert list(draft.cached_tokens) == context  # the mask rows are cropped: the context alone stays
+
+
+def test_the_pard_loss_falls_and_is_measured_per_position():
+    target = tiny_llama(0, vocab=16, scale=15.0)  # peaky: the loss's floor (the target's entropy) is low
+    student = PardStudent(tiny_llama(1, vocab=16, scale=3.0).train(), torch.zeros(32), torch.arange(16), BLOCK)
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 16, (2, 12), generator=generator)
+    with torch.no_grad():
+        feats = target.model(input_ids=tokens).last_hidden_state
+    head = target.lm_head.weight.detach()
+    layout = pard_layout([0, 4, 7], BLOCK, 12)
+    optimizer = torch.optim.Adam(student.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(30):
+        loss, parts = pard_loss(student, head, tokens, feats, layout, decay=0.8)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    assert losses[-1] < 0.85 * losses[0] and 0.0 <= parts["top1"] <= 1.0
+    assert student.mask_embedding.abs().sum() > 0  # the mask embedding is trained
+    metrics = evaluate_pard(student, head, tokens, (feats @ head.T).argmax(-1), stride=2)
+    assert len(metrics["heldout_position_agreement"]) == BLOCK and 0 <= metrics["heldout_block_accepted"] <= BLOCK
+
+
+# -- greedy: the target's own tokens ---------------------------------------------------------------
+STOPS = {"fixed1": "{name: fixed, gamma: 1}", "fixed4": "{name: fixed, gamma: 4}",
+         "confidence": "{name: confidence, threshold: 0.3}", "pacer": "{name: pacer, b: 3, max_draft: 8}"}
+TREES = {"chain": None, "tree6": "{topk: 3, depth: 3, nodes: 6}",
+         "auto_cpu": "{topk: 3, depth: 3, nodes: auto, profile: cpu-2core-smollm2-fp32}"}
+FAST = {("fixed4", "chain"), ("confidence", "tree6"), ("pacer", "auto_cpu")}
+
+
+GRID = [pytest.param(stop, tree, id=f"{stop}-{tree}", marks=() if (stop, tree) in FAST else pytest.mark.slow)
+        for stop in STOPS for tree in TREES]
+
+
+@pytest.mark.parametrize("stop, tree", GRID)
+def test_greedy_pard_drafting_equals_plain_decoding(pair, tmp_path, stop, tree):
+    target, _, draft = pair
+    stop_spec = STOPS[stop]
+    if stop == "pacer":
+        from helpers import write_checkpoint
+
+        checkpoint = write_checkpoint(tmp_path / "mb", draft.hidden_size)
+        stop_spec = stop_spec.replace("}", f", checkpoint: '{checkpoint}', allow_other_pair: true}}")
+    engine = pard_engine(target, draft, stop=stop_spec, tree=TREES[tree], extra=["sampling.temperature=0"])
+    accepted = 0
+    for prompt in PROMPTS:  # one engine, several prompts: no state leaks from one to the next
+        result = engine.generate(prompt, max_new_tokens=BUDGET)
+        assert result.tokens == reference_greedy(target, prompt, BUDGET), prompt
+        accepted += result.metrics["accepted"]
+        for drafted, forwards in zip(result.metrics["drafted_per_step"], result.metrics["draft_forwards_per_step"]):
+            assert forwards <= (1 if TREES[tree] else -(-drafted // BLOCK) + 1)  # one forward a block
+    assert accepted > 0
+
+
+# -- sampling: exactly the target's distribution -------------------------------------------------
+SAMPLE_PROMPT = [3, 7, 11, 5]
+SAMPLES = 500
+
+
+@pytest.fixture(scope="module")
+def sampling_pair(tmp_path_factory):
+    """A peaky target (scale 15: few likely continuations) and a peaky random pard draft over its whole
+    vocabulary, so drafted tokens are accepted and rejected alike."""
+    target = tiny_llama(0, vocab=16, scale=15.0)
+    lm, draft = make_pard_draft(tmp_path_factory.mktemp("pard-s") / "draft", peak=15.0, eos=False)
+    return target, draft
+
+
+def sampled_pvalue(target_model, draft, tree, monkeypatch=None, wrong_columns=False):
+    """The chi-square p-value of SAMPLES sampled generations (T = 1, speculative sampling);
+    ``wrong_columns``: each token is drawn from its row but the row is reported with its columns
+    shifted by one (a column-map bug: q(x) read from the next token's column)."""
+    if wrong_columns:
+        forward = PardDrafter._forward
+
+        def misread(self, committed, known):
+            rows, hidden = forward(self, committed, known)
+            self.reported = rows.roll(1, -1)
+            return rows, hidden
+
+        propose = PardDrafter.pacer_propose
+
+        @hookimpl
+        def reporting(self, state, draft, num_tokens):
+            block = propose(self, state, draft, num_tokens)
+            if block is None:
+                return None
+            start = self.latest.handed - len(block)
+            return attrs.evolve(block, draft_probs=self.reported[start:self.latest.handed])
+
+        monkeypatch.setattr(PardDrafter, "_forward", misread)
+        monkeypatch.setattr(PardDrafter, "pacer_propose", reporting)
+    engine = pard_engine(target_model, draft, tree=tree, eos=False,
+                         extra=["sampling.temperature=1.0", "strategy.verifier={name: speculative_sampling}",
+                                "generation.ignore_eos=true"])
+    with single_thread():
+        outputs, _ = sample_outputs(engine, SAMPLE_PROMPT, SAMPLES)
+    expected = exact_continuation_probs(adapter(target_model, eos=False), SAMPLE_PROMPT, LENGTH,
+                                        SamplingParams(temperature=1.0))
+    return chisquare_pvalue(outputs, expected)
+
+
+@pytest.mark.slow  # 500 sampled generations
+@pytest.mark.parametrize("tree", [None, "{topk: 3, depth: 3, nodes: 6}"], ids=["chain", "tree"])
+def test_sampled_pard_drafting_matches_the_target_distribution(sampling_pair, tree):
+    assert sampled_pvalue(*sampling_pair, tree) > PASS_P
+
+
+@pytest.mark.slow  # 500 sampled generations
+def test_rows_read_through_a_wrong_column_map_fail_the_distribution_test(sampling_pair, monkeypatch):
+    assert sampled_pvalue(*sampling_pair, None, monkeypatch, wrong_columns=True) < 1e-6
+
+
+@pytest.mark.slow  # 500 sampled generations
+def test_tree_children_claimed_as_sampled_fail_the_distribution_test(sampling_pair, monkeypatch):
+    levels = BlockTree.next_levels
+    monkeypatch.setattr(BlockTree, "next_levels", lambda *a, **k: (lambda block: block and attrs.evolve(
+        block, sampled=True))(levels(*a, **k)))
+    assert sampled_pvalue(*sampling_pair, "{topk: 3, depth: 3, nodes: 6}") < 1e-6
+
+
+# -- refusals ------------------------------------------------------------------------------------
+def test_a_draft_without_pard_files_is_refused_in_one_line(pair, tmp_path):
+    target, lm, _ = pair
+    plain = adapter(lm)
+    for folder in (None, tmp_path):
+        plain.folder = folder
+        with pytest.raises(InputError) as info:
+            pard_engine(target, plain)
+        assert "\n" not in str(info.value) and "pard draft" in str(info.value)
+
+
+@pytest.mark.parametrize("config, weights, needle", [
+    ('{"family": "pard", "block": 1}', None, "block: a whole number in 2..32"),
+    ('{"family": "dflash", "block": 4}', None, "is not a pard config"),
+    ('{"family": "pard", "block": "4"}', None, "is not a pard config"),
+    (None, {"mask_embedding": torch.zeros(7)}, "hidden size 32"),
+    (None, {"mask_embedding": torch.full((32,), float("nan"))}, "no finite mask_embedding"),
+    (None, {"other": torch.zeros(32)}, "no finite mask_embedding"),
+])
+def test_damaged_pard_files_are_refused_in_one_line(pair, tmp_path, config, weights, needle):
+    from safetensors.torch import save_file
+
+    target, lm, _ = pair
+    _, draft = make_pard_draft(tmp_path / "draft")
+    if config is not None:
+        (tmp_path / "draft" / "pard.json").write_text(config)
+    if weights is not None:
+        save_file(weights, str(tmp_path / "draft" / "pard.safetensors"))
+    with pytest.raises(InputError) as info:
+        pard_engine(target, draft)
+    assert "\n" not in str(info.value) and needle in str(info.value)
+
+
+def test_a_draft_of_another_vocabulary_is_refused(pair, tmp_path):
+    target, _, _ = pair
+    _, draft = make_pard_draft(tmp_path / "draft", vocab=24)
+    with pytest.raises(InputError, match="sharing the target's tokenizer"):
+        pard_engine(target, draft)
+
+
+@pytest.mark.parametrize("options, needle", [
+    (["student.fused_layers=[1]"], "student.fused_layers"),
+    (["init=/nonexistent/pard-init"], "is not a folder"),
+    (["student.block=1"], "student.block"),
+])
+def test_distill_refuses_a_pard_option_in_one_line_before_any_model_loads(capsys, tmp_path, monkeypatch, options,
+                                                                          needle):
+    import pacer_core.hf as hf
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded before the options were checked")
+
+    monkeypatch.setattr(hf, "load_section", no_model)
+    monkeypatch.setattr(hf, "load_model", no_model)
+    message = one_line_error(capsys, ["distill", f"out={tmp_path / 'run'}", "student.kind=pard", *options])
+    assert needle in message
