@@ -336,16 +336,20 @@ def block_mb(sampling_pair, tmp_path_factory):
     return out, out / "mb", argv
 
 
-def test_train_preverify_trains_an_mb_on_the_block_drafts_hidden_states(block_mb, sampling_pair):
+def test_train_preverify_trains_an_mb_on_the_block_drafts_hidden_states(block_mb, sampling_pair, monkeypatch,
+                                                                        capsys):
     """The block drafter tells its draft folder (``Component.draft_folder``); M_B reads its hidden
-    states (the target's size) and is checked against its identity; a rerun resumes, simulating nothing."""
+    states (the target's size) and is checked against its identity; a rerun resumes, simulating
+    nothing, and a rerun whose draft weights changed under the same options is refused."""
     import json
 
+    import pacer_core.hf as hf
+    from pacer_core import cli
     from pacer_plugins.pacer_stop.model import PreVerifier
-    from pacer_plugins.pacer_stop.train import load_samples
+    from pacer_plugins.pacer_stop.train import DRAFT_IDENTITY_FILE, load_samples
 
     out, export, argv = block_mb
-    _, folder = sampling_pair
+    target, folder = sampling_pair
     manifest = json.loads((export / "manifest.json").read_text())
     assert manifest["drafter"]["name"] == "dflash" and manifest["draft"] == str(folder)
     assert manifest["draft_identity"].startswith("dflash:") and manifest["data"]["heldout_steps"] > 0
@@ -353,19 +357,19 @@ def test_train_preverify_trains_an_mb_on_the_block_drafts_hidden_states(block_mb
     samples = load_samples(out / "samples", len(MB_PROMPTS))
     assert all(int(sample["lengths"][0]) == 6 for sample in samples)  # the 6-token window: two blocks of 3
     assert 0.0 < manifest["data"]["accepted_rate"] < 1.0  # labels of both kinds
+    recorded = json.loads((out / DRAFT_IDENTITY_FILE).read_text())
+    assert recorded == {"draft_identity": manifest["draft_identity"]}
     stamps = {p.name: p.stat().st_mtime_ns for p in (out / "samples").glob("*.pt")}
-    import pacer_core.hf as hf
-    from pacer_core import cli
-
-    target, _ = sampling_pair
-    patch = pytest.MonkeyPatch()
-    patch.setattr(hf, "load_section", lambda section, role: (adapter(target, eos=False), None, None))
-    try:
-        with single_thread():
-            assert cli.main(argv) == 0  # resumed: samples and the finished checkpoint are kept
-    finally:
-        patch.undo()
+    monkeypatch.setattr(hf, "load_section", lambda section, role: (adapter(target, eos=False), None, None))
+    with single_thread():
+        assert cli.main(argv) == 0  # resumed: samples and the finished checkpoint are kept
     assert {p.name: p.stat().st_mtime_ns for p in (out / "samples").glob("*.pt")} == stamps
+    (out / DRAFT_IDENTITY_FILE).write_text(json.dumps({"draft_identity": "dflash:None:0123456789abcdef"}))
+    try:
+        message = one_line_error(capsys, argv)
+    finally:
+        (out / DRAFT_IDENTITY_FILE).write_text(json.dumps(recorded))
+    assert "was simulated with draft dflash:None:0123456789abcdef" in message and "new out= folder" in message
 
 
 def test_the_block_drafters_draft_folder_is_found_without_a_model():

@@ -335,6 +335,25 @@ def drafter_identity(engine: Engine, draft) -> Optional[str]:
     return identity or (draft.digest if draft is not None else None)
 
 
+DRAFT_IDENTITY_FILE = "draft_identity.json"
+
+
+def check_draft_identity(out: Path, identity: Optional[str]) -> None:
+    """The draft an ``out`` folder was simulated with stays its draft: its identity is recorded on the
+    first run, and a rerun whose draft weights differ is refused in one line (the same options can
+    name other weights: a draft shipped again, or a folder overwritten), since its prompts and
+    simulated steps belong to the old draft."""
+    path = out / DRAFT_IDENTITY_FILE
+    if path.exists():
+        recorded = read_json(path, "run folder's draft identity")
+        recorded = recorded.get("draft_identity") if isinstance(recorded, dict) else None
+        if recorded != identity:
+            raise InputError(f"'{out}' was simulated with draft {recorded}, but this run's draft is {identity}: "
+                             "give a new out= folder (its prompts and steps belong to the old draft)")
+    else:
+        atomic_write_text(path, json.dumps({"draft_identity": identity}))
+
+
 def shown_path(folder: Optional[Path]) -> Optional[str]:
     """A draft folder as the manifest records it: relative to the project's root when inside it."""
     if folder is None:
@@ -377,6 +396,7 @@ def run_train_preverify(cfg: TrainPreverifyConfig, command_line: str) -> Path:
     recorder = StepRecorder()
     engine = Engine.build(target, draft=draft, tokenizer=tokenizer, cfg=sim, extra_plugins=[recorder])
     identity = drafter_identity(engine, draft)
+    check_draft_identity(out, identity)
     if choose:
         log("choosing prompts (instructions, stdlib source and documentation prose the draft was not distilled on)")
         guard = CorpusGuard(corpora, tokenizer) if manifest else None
