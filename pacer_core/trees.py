@@ -158,8 +158,9 @@ class GrownLevels:
     def __init__(self) -> None:
         self.main: list[tuple[int, int, Optional[torch.Tensor]]] = []  # (token, row of the tables, hidden row)
         self.side: list[tuple[int, Any, int]] = []  # (token, parent node, row of the tables)
-        self.tables: list[torch.Tensor] = []  # each level's rows, joined by ``block``
-        self.rows = 0  # rows in the tables
+        self.tables: list[torch.Tensor] = []  # the levels' rows (distinct tensors), joined by ``block``
+        self.rows = 0  # rows in the tables before the latest
+        self.used = 0  # rows of the tables up to the last one a node maps to
 
     def __len__(self) -> int:
         return len(self.main)
@@ -169,13 +170,18 @@ class GrownLevels:
         """One level: ``chosen[0]`` continues the main path, the others are side nodes; ``parents[i]``
         is chosen[i]'s parent node (a number, -1, or a node of this call), ``rows[i]`` the
         distribution it was chosen from ([len(chosen), w], or rows to stack), or ``rows[row_map[i]]``
-        with a ``row_map`` (siblings share their parent's row, never copied per node); ``hidden`` the
-        main-path child's hidden state. Returns the level's nodes (of this call)."""
+        with a ``row_map`` (siblings share their parent's row, never copied per node); a level whose
+        ``rows`` are the tensor the previous level gave (a drafter writing every level into one
+        table) maps into it. ``hidden``: the main-path child's hidden state. Returns the level's
+        nodes (of this call)."""
         level = len(self.main)
         table = rows if isinstance(rows, torch.Tensor) else torch.stack(list(rows))
+        if not self.tables or table is not self.tables[-1]:
+            if self.tables:
+                self.rows += int(self.tables[-1].shape[0])
+            self.tables.append(table)
         at = [self.rows + (i if row_map is None else int(row_map[i])) for i in range(len(chosen))]
-        self.tables.append(table)
-        self.rows += int(table.shape[0])
+        self.used = max(self.used, max(at) + 1)
         self.main.append((chosen[0].token, at[0], hidden))
         nodes: list[Any] = [("main", level)] + [("side", len(self.side) + j) for j in range(len(chosen) - 1)]
         self.side += [(c.token, parents[j], at[j]) for j, c in enumerate(chosen[1:], start=1)]
@@ -193,8 +199,9 @@ class GrownLevels:
             kind, index = node
             return first + index if kind == "main" else first + length + index
 
-        # the levels' rows joined once; every node maps to its row (siblings share one)
-        table = self.tables[0] if len(self.tables) == 1 else torch.cat(self.tables)
+        # the levels' rows joined once (one table: as it is, up to its last mapped row); every node
+        # maps to its row (siblings share one)
+        table = self.tables[0][:self.used] if len(self.tables) == 1 else torch.cat(self.tables)
         side = None if not self.side else SideNodes(
             torch.tensor([t for t, _, _ in self.side], dtype=torch.long),
             torch.tensor([number(p) for _, p, _ in self.side], dtype=torch.long),

@@ -337,6 +337,33 @@ def test_row_mapped_rows_read_as_rows_copied_per_node(seed):
     assert all(any(x.draft_table is y.draft_table for y in mapped.blocks) for x in chosen.blocks)
 
 
+def test_levels_written_into_one_table_read_as_levels_given_row_by_row():
+    """A tree drafter may write every level's rows into one table and map each node to its parent's
+    row (the eagle tree); the block reads as the one built from each node's row given separately,
+    and keeps only the table's rows up to the last one a node maps to, without copying them."""
+    import torch
+
+    from pacer_core import Draft
+    from pacer_core.trees import Candidate, GrownLevels
+
+    table = torch.softmax(torch.randn(8, 5, generator=torch.Generator().manual_seed(0)), -1)
+    levels = [([Candidate(0, 1, -0.1), Candidate(0, 2, -0.5)], [-1, -1], 0, 1),  # the root's row 0
+              ([Candidate(0, 3, -0.2), Candidate(1, 4, -0.6), Candidate(1, 0, -0.7)], None, 1, 2),  # rows 1, 2
+              ([Candidate(2, 2, -0.9)], None, 3, 3)]  # rows 3..5 written, its node maps to row 5
+    shared, separate, nodes = GrownLevels(), GrownLevels(), None
+    for chosen, parents, first, width in levels:
+        parents = parents or [nodes[0], nodes[1], nodes[1]][:len(chosen)]
+        row_map = [first + c.row for c in chosen]
+        nodes = shared.add(chosen, parents, table, None, row_map)
+        separate.add(chosen, parents, [table[r] for r in row_map])
+    one, _ = shared.block(first=0, forwards=3)
+    each, _ = separate.block(first=0, forwards=3)
+    assert one.draft_table.shape == (6, 5) and one.draft_table.data_ptr() == table.data_ptr()
+    a, b = Draft((one,)).tree, Draft((each,)).tree
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents)
+    assert torch.equal(a.draft_probs, b.draft_probs) and torch.equal(a.token_probs, b.token_probs)
+
+
 def test_a_sampled_verdict_is_the_same_on_narrow_and_wide_rows():
     """The verifier reads the same rows from a tree of narrow blocks as from the same blocks widened
     by hand, so a sampled verification is unchanged, draw for draw."""

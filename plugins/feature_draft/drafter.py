@@ -255,8 +255,9 @@ class EagleDrafter:
         self.row_tokens: list[int] = []  # token x_{r+1} fed at row r
         self.row_out: list[torch.Tensor] = []  # predicted f_{r+1} from row r
         self.level: Optional[_Level] = None  # the latest level of this step's tree (tree mode)
-        self._tree_seen: Optional[torch.Tensor] = None  # [r, r] bool: the step's tree rows each tree row sees
+        self._tree_seen: list[list[int]] = []  # per tree row of the step: the tree rows it sees (its path)
         self.vocab = self.subset  # target id of each draft logit: the subset, then context tokens outside it
+        self.vocab_ids: list[int] = self.vocab.tolist()  # the same, read once
         # the draft's logits are the target's vocabulary in order (a published EAGLE-1/2 head): no scatter
         self._whole_vocab = bool(torch.equal(self.vocab, torch.arange(self.vocab_size)))
         # what the blocks' rows of probabilities cover (None: the whole vocabulary, in order)
@@ -277,13 +278,14 @@ class EagleDrafter:
             self._index.extend(context[self._scanned:])
         new = list(dict.fromkeys(context[self._scanned:]))
         self._scanned = len(context)
-        outside = [t for t in new if self._column[t] < 0] if self.context_vocab else []
+        outside = [t for t, c in zip(new, self._column[new].tolist()) if c < 0] if self.context_vocab and new else []
         if outside:
             ids = torch.tensor(outside, dtype=torch.long)
             rows = self.target_head[ids.to(self.target_head.device)].to(self.dtype)
             self.extra_head = rows if self.extra_head is None else torch.cat([self.extra_head, rows])
             self._column[ids] = torch.arange(len(self.vocab), len(self.vocab) + len(ids))
             self.vocab = torch.cat([self.vocab, ids])
+            self.vocab_ids += outside
             self._whole_vocab = False
             self.draft_vocab = DraftVocab(self.vocab, self.vocab_size)  # a new one: earlier blocks keep theirs
             self.bias = torch.cat([self.bias, torch.zeros(len(ids))])
@@ -309,10 +311,11 @@ class EagleDrafter:
                 tokens += bonus.keys()
                 bonuses += bonus.values()
             if tokens:  # one indexed add (no two entries share a cell: a row's tokens are distinct)
-                columns = self._column[torch.tensor(tokens)]  # [m]
-                said = columns >= 0
-                logits.index_put_((torch.tensor(rows)[said], columns[said]),
-                                  torch.tensor(bonuses, dtype=logits.dtype)[said], accumulate=True)
+                said = [(r, c, b) for r, c, b in zip(rows, self._column[tokens].tolist(), bonuses) if c >= 0]
+                if said:  # tokens the draft cannot say get nothing
+                    rows, columns, bonuses = zip(*said)
+                    logits.index_put_((torch.tensor(rows), torch.tensor(columns)),
+                                      torch.tensor(bonuses, dtype=logits.dtype), accumulate=True)
         return logits
 
     @torch.inference_mode()
@@ -369,13 +372,17 @@ class EagleDrafter:
             forwards += 1
         return forwards
 
-    def _draft_distribution(self, features: torch.Tensor, suffixes: Optional[list[list[int]]]) -> torch.Tensor:
+    def _draft_distribution(self, features: torch.Tensor, suffixes: Optional[list[list[int]]],
+                            out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The draft's distribution after each feature over its own vocabulary ([k, len(self.vocab)];
-        column j is token ``self.vocab[j]``; suffixes[i]: the path row i drafts after): sampling
-        parameters applied (softmax under greedy). Blocks carry rows at this width with
-        ``self.draft_vocab``, widened into the target's vocabulary only when read."""
+        column j is token ``self.vocab[j]``; suffixes[i]: the path row i drafts after), written into
+        ``out`` when given: sampling parameters applied (softmax under greedy). Blocks carry rows at
+        this width with ``self.draft_vocab``, widened into the target's vocabulary only when read."""
         logits = self._logits(features, suffixes)  # [k, draft vocabulary]
-        return torch.softmax(logits, -1) if self.sampling.greedy else logits_to_probs(logits, self.sampling)
+        if self.sampling.greedy:
+            return torch.softmax(logits, -1) if out is None else torch.softmax(logits, -1, out=out)
+        probs = logits_to_probs(logits, self.sampling)
+        return probs if out is None else out.copy_(probs)
 
     def _choose(self, feature: torch.Tensor, generator, suffix: list[int]) -> tuple[int, torch.Tensor]:
         logits = self._logits(feature[None], [suffix])[0]  # [draft vocabulary]
@@ -384,7 +391,7 @@ class EagleDrafter:
         else:
             probs = logits_to_probs(logits, self.sampling)
             index = int(sample(probs, generator))
-        return int(self.vocab[index]), probs  # over the draft's vocabulary (self.draft_vocab)
+        return self.vocab_ids[index], probs  # over the draft's vocabulary (self.draft_vocab)
 
     @hookimpl
     def pacer_propose(self, state, draft, num_tokens) -> Optional[DraftBlock]:
@@ -434,7 +441,7 @@ class EagleDrafter:
         policy that asks for one token at a time gets one level per call."""
         tree, forwards = self.tree, 0
         if draft.num_nodes == 0:  # a new step: drop the previous tree's rows, sync with the context
-            self.level, self._tree_seen = None, None
+            self.level, self._tree_seen = None, []
             context = state.tokens
             if len(self.features) == 0:
                 return None  # step 0 (the prefill): no target feature yet, it decodes plainly
@@ -447,6 +454,10 @@ class EagleDrafter:
         elif self.level is None or self.level.blocks != len(draft.blocks):
             return None  # another drafter's block came last: this tree stops growing
         grown = GrownLevels()  # this call's levels, one block
+        # every level's rows of draft probabilities, written one level after another into one table
+        # (f ≤ topk rows a level): the block maps each node to its parent's row, nothing is copied
+        levels = min(num_tokens, tree.depth - (0 if self.level is None else self.level.depth))
+        table, used = torch.empty(max(levels, 1) * tree.topk, len(self.vocab)), 0
         for _ in range(num_tokens):
             level = self.level
             if level is None:  # the root
@@ -463,7 +474,8 @@ class EagleDrafter:
             suffixes = [(state.tokens[-longest:] + list(path))[-longest:] for path in paths] if longest else None
             # chosen over the draft's own vocabulary (top-k of f × its width, not the target's); the chosen
             # nodes' rows stay at that width (self.draft_vocab), widened only if a verifier or stop reads them
-            probs = self._draft_distribution(features, suffixes)  # [f, draft vocabulary]
+            f = int(features.shape[0])
+            probs = self._draft_distribution(features, suffixes, table[used: used + f])  # [f, draft vocabulary]
             if level is not None:  # nothing grows past an end-of-sequence token
                 ends = [i for i, t in enumerate(level.tokens) if t in state.eos_token_ids]
                 if ends:
@@ -471,12 +483,13 @@ class EagleDrafter:
             chosen = grow_level(scores, probs, tip_row, tree.topk, tree.topk)
             if not chosen or tip_row is None or chosen[0].row != tip_row:
                 break
-            if not self._whole_vocab:
-                ids = self.vocab[torch.tensor([c.token for c in chosen])].tolist()
-                chosen = [Candidate(c.row, token, c.score) for c, token in zip(chosen, ids)]
+            if not self._whole_vocab:  # the draft's columns → token ids
+                chosen = [Candidate(c.row, self.vocab_ids[c.token], c.score) for c in chosen]
             picked = [c.row for c in chosen]  # each chosen node's parent's row (of features, probs)
             # the level's rows stay whole: a node maps to its parent's row (siblings share it)
-            new_nodes = grown.add(chosen, [nodes[row] for row in picked], probs, features[chosen[0].row], picked)
+            new_nodes = grown.add(chosen, [nodes[row] for row in picked], table, features[chosen[0].row],
+                                  [used + row for row in picked])
+            used += f
             self.level = _Level(
                 nodes=new_nodes, tokens=[c.token for c in chosen], scores=torch.tensor([c.score for c in chosen]),
                 tip_row=0, depth=1 if level is None else level.depth + 1,
@@ -495,16 +508,15 @@ class EagleDrafter:
         sees the context rows, its ancestors' rows and itself. Returns their predicted features."""
         start, base = len(self.cache), len(self.row_tokens)
         f, r = len(level.tokens), start - base  # r: the tree rows cached before this level
-        seen = torch.zeros(f, r + f, dtype=torch.bool)  # [f, r + f]: the tree rows each new row sees
-        children = [i for i, row in enumerate(level.parent_rows) if row is not None]
-        if children:  # a parent's row and what it sees
-            seen[children, :r] = self._tree_seen[[level.parent_rows[i] - base for i in children]]
-        seen[:, r:] = torch.eye(f, dtype=torch.bool)
-        mask = torch.cat([torch.ones(f, base, dtype=torch.bool), seen], 1)  # [f, start + f]
+        # each new row sees its parent's row and what that sees, and itself (tree rows, from 0)
+        seen = [(self._tree_seen[row - base] if row is not None else []) + [r + i]
+                for i, row in enumerate(level.parent_rows)]
+        self._tree_seen += seen
+        mask = torch.zeros(f, start + f, dtype=torch.bool)  # [f, start + f]: every context row, the tree's seen
+        mask[:, :base] = True
+        mask[[i for i, rows in enumerate(seen) for _ in rows], [base + j for rows in seen for j in rows]] = True
         positions = torch.full((f,), base + level.depth - 1)
         out = self.net(self.embed[level.tokens].to(self.dtype), level.parent_features, positions, self.cache, mask)
-        self._tree_seen = seen if not r else torch.cat(
-            [torch.nn.functional.pad(self._tree_seen, (0, f)), seen])
         level.rows = [start + i for i in range(f)]
         return out
 
