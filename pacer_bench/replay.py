@@ -25,6 +25,7 @@ stack logged with the ``tree_log`` observer (``replay_trees``). Pure: no models,
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
@@ -33,8 +34,8 @@ from typing import Any, Optional, Sequence
 
 from pacer_core.calibration import Calibration
 from pacer_core.commands import command
-from pacer_core.costs import Profile, load_profile
-from pacer_core.errors import InputError
+from pacer_core.costs import DRAFTER_KINDS, Profile, load_profile
+from pacer_core.errors import ConfigError, InputError
 
 from .answers import pair_key
 from .config import BASELINE
@@ -44,10 +45,6 @@ from .replay_trees import markdown as tree_markdown
 
 ALL = "all"
 RUN_PROFILE = "run"  # --profile run: the machine's profile measured by the run itself
-DRAFTER_KINDS = {"eagle": "feature", "draft_model": "token", "ouroboros": "token", "dflash": "block",
-                 "pard": "block"}  # pard: one forward of its token draft drafts a block (docs/block-drafts.md)
-
-
 def unit_drafter(unit: dict) -> dict:
     """A bench unit's drafter entry (``{}`` for a baseline or a unit without one)."""
     try:
@@ -58,14 +55,29 @@ def unit_drafter(unit: dict) -> dict:
 
 
 def drafter_kind(unit: dict) -> Optional[str]:
-    """The profile's drafter kind a bench unit's drafter is priced as: ``feature`` (eagle),
-    ``token`` (a draft model), None (no draft model: lookups, plain decoding); a hybrid's is its
-    model member's."""
-    drafter = unit_drafter(unit)
-    if drafter.get("name") == "hybrid":
-        kinds = [DRAFTER_KINDS.get(m.get("name")) for m in drafter.get("members") or [] if isinstance(m, dict)]
-        return next((k for k in kinds if k), None)
-    return DRAFTER_KINDS.get(drafter.get("name"))
+    """The profile's drafter kind a bench unit's drafter is priced as (``Component.cost_kind``:
+    ``feature``, ``token``, ``block``; None without a draft forward: lookups, plain decoding), as the
+    bench recorded it; a run recorded before the bench wrote it has its stack resolved again."""
+    if "cost_kind" in unit:
+        if unit["cost_kind"] is not None and unit["cost_kind"] not in DRAFTER_KINDS:
+            raise InputError(f"unit '{unit.get('name')}' of the run has cost_kind {unit['cost_kind']!r}, not one of "
+                             f"{', '.join(DRAFTER_KINDS)}: the run's bench.json is damaged, rerun the bench")
+        return unit["cost_kind"]
+    strategy = (unit.get("config") or {}).get("strategy")
+    if not unit_drafter(unit) or not isinstance(strategy, dict):
+        return None
+    return _resolved_cost_kind(json.dumps(strategy, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=None)
+def _resolved_cost_kind(strategy: str) -> Optional[str]:
+    from pacer_core.config import check, load_config
+
+    try:
+        cfg = load_config(None, [f"strategy={strategy}"], require_models=False)
+        return check(cfg, require_models=False).drafter.cost_kind
+    except ConfigError as exc:
+        raise InputError(f"a stack of the run no longer resolves ({exc}): rerun the bench with this version") from None
 
 
 def has_steps(record: dict) -> bool:
@@ -338,7 +350,7 @@ def profile_from_run(meta: dict, records: list[dict], cost_file: Optional[dict],
     draft forward), M_B's seconds per consultation, and the host time per step outside the forwards
     (``forward_s``: plain decoding's, the fixed chains', a tree's by nodes sent). ``InputError``
     without a probe or forward timings."""
-    from pacer_core.costs import DRAFTER_KINDS, Curve, monotone
+    from pacer_core.costs import Curve, monotone
 
     if not cost_file or not cost_file.get("verify_s"):
         raise InputError("the run has no verification-cost probe (cost_model.json): bench it with verify_cost: true")

@@ -193,7 +193,8 @@ def _run_locked(bench: BenchConfig, stacks: dict[str, PacerConfig], out: Path, p
 
     meta = {"version": 1, "settings": _settings(bench, device), "baseline": BASELINE,
             "prompt_sets": list(bench.prompt_sets),
-            "units": [{"name": u.name, "kind": u.kind, "config": u.description} for u in units],
+            "units": [{"name": u.name, "kind": u.kind, "config": u.description, "cost_kind": u.cost_kind}
+                      for u in units],
             "oracle": attrs.asdict(bench.oracle), "dtype": bench.dtype, "device": device, "skipped": skipped,
             "predict": list(bench.predict)}
     if ablation is not None:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import attrs
 
@@ -42,6 +42,7 @@ class Unit:
     kind: str  # "stack" | "baseline"
     run: Callable[[list[int], int, int], tuple[list[int], dict, str]]  # (ids, repeat, budget) → tokens, metrics, finish
     description: dict
+    cost_kind: Optional[str] = None  # how cost profiles price its draft forwards (Component.cost_kind)
 
 
 def engine_unit(name: str, cfg: PacerConfig, models: Models, bench: BenchConfig, clock, extra_plugins,
@@ -67,7 +68,7 @@ def engine_unit(name: str, cfg: PacerConfig, models: Models, bench: BenchConfig,
         return list(result.tokens), metrics, result.finish_reason
 
     description = {k: v for k, v in to_dict(cfg).items() if k in ("sampling", "generation", "strategy")}
-    return Unit(name, "stack", run, description)
+    return Unit(name, "stack", run, description, engine.draft_cost_kind)
 
 
 def hf_unit(name: str, models: Models, bench: BenchConfig, clock) -> Unit:

@@ -127,8 +127,9 @@ class Engine:
                  ignore_eos: bool = False, chat_template: bool = True, tokenizer: Any = None,
                  draft: Optional[LanguageModel] = None, needs_target_hidden: bool = False,
                  target_layers: Optional[Sequence[int]] = None, clock: Callable[[], float] = time.perf_counter,
-                 skip_drafting: Optional[SkipConfig] = None):
+                 skip_drafting: Optional[SkipConfig] = None, draft_cost_kind: Optional[str] = None):
         self.target, self.draft, self.pm, self.tokenizer = target, draft, pm, tokenizer
+        self.draft_cost_kind = draft_cost_kind  # how cost profiles price its draft forwards (Component.cost_kind)
         self.sampling, self.seed, self.clock = sampling, seed, clock
         self.max_new_tokens, self.max_draft_tokens = max_new_tokens, max_draft_tokens
         self.ignore_eos, self.chat_template = ignore_eos, chat_template
@@ -187,7 +188,8 @@ class Engine:
         s = cfg.sampling
         sampling = SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
         resources = Resources(target=target, draft=draft, sampling=sampling, tokenizer=tokenizer,
-                              draft_identity=None if draft is None else draft.digest)
+                              draft_identity=None if draft is None else draft.digest,
+                              draft_cost_kind=stack.drafter.cost_kind)
         target_layers = None
         for item in stack:
             for part in item.walk():
@@ -208,7 +210,7 @@ class Engine:
                       max_draft_tokens=g.max_draft_tokens, ignore_eos=g.ignore_eos,
                       chat_template=g.chat_template, tokenizer=tokenizer, draft=draft,
                       needs_target_hidden=stack.needs("target_hidden"), target_layers=target_layers,
-                      skip_drafting=g.skip_drafting)
+                      skip_drafting=g.skip_drafting, draft_cost_kind=stack.drafter.cost_kind)
         kwargs.update(overrides)
         return cls(target, pm, **kwargs)
 

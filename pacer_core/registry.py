@@ -176,6 +176,13 @@ class ResolvedComponent:
         return next((m for m in self.members if "draft_probs" in m.provides), self.members[0])
 
     @property
+    def cost_kind(self) -> Optional[str]:
+        """How cost profiles price its draft forwards: its component's ``cost_kind``, or a
+        composite's main member's."""
+        main = self.main_member
+        return self.component.cost_kind or (main.cost_kind if main is not None else None)
+
+    @property
     def provides(self) -> frozenset[str]:
         """What it supplies: its own capabilities, or a composite's main member's (its main path)."""
         main = self.main_member

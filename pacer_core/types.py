@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterable, Literal, Mapping, Optional, Protocol
 import attrs
 import torch
 
+from .costs import DRAFTER_KINDS
 from .drafts import Draft
 from .fields import tensor_field
 from .protocols import LanguageModel
@@ -119,6 +120,9 @@ class Resources:
     # stop name (the drafter's ``DraftInfo.stop_thresholds``: e.g. measured for a draft whose priors
     # make its probabilities run high); a stop whose own threshold is unset takes its entry
     stop_thresholds: Mapping[str, float] = attrs.field(factory=dict, hash=False)
+    # how cost profiles price the stack's draft forwards (the drafter's ``Component.cost_kind``, a
+    # composite's main member's); None: no draft forward
+    draft_cost_kind: Optional[str] = None
 
 
 def _layers(value: Optional[Iterable[int]]) -> Optional[tuple[int, ...]]:
@@ -195,6 +199,12 @@ class Component:
     # its config names (its shipped draft when it names none), found without loading any model; trainers
     # read the draft's manifest there (``pacer train-preverify``: what the draft was distilled on)
     draft_folder: Optional[Callable[[Any], Any]] = None
+    # how cost profiles price a drafter's forwards (pacer_core.costs.DRAFTER_KINDS): 'feature' (a head
+    # over the target's states, eagle), 'token' (a draft model), 'block' (one forward drafts a block);
+    # None: no draft forward (lookups), or for a drafter of members (hybrid) its main member's kind.
+    # Declared once here; the stops read it as ``Resources.draft_cost_kind``, the bench records it.
+    cost_kind: Optional[str] = attrs.field(default=None, validator=attrs.validators.optional(
+        attrs.validators.in_(DRAFTER_KINDS)))
 
 
 @attrs.frozen

@@ -215,3 +215,23 @@ def test_phrase_nodes_are_ranked_by_their_members_learned_rate():
     assert plugin.pacer_select_nodes(state=None, draft=Draft((block,))) == [0, 2]  # 1 (0.3) and 5 (~0.98)
     plugin.trials = {("prompt_lookup", 1): [0, 50]}
     assert plugin.pacer_select_nodes(state=None, draft=Draft((block,))) == [0, 1]  # the model's 1 -> 2
+
+
+def test_the_cost_kind_is_the_drafters_declaration_and_a_hybrids_is_its_main_members():
+    """How profiles price draft forwards is declared once, on the drafter's Component; a hybrid is
+    priced as its main member; a kind no profile knows is refused when the component is made."""
+    from pacer_core import Component, load_config
+    from pacer_core.config import check
+
+    def kind(strategy: str):
+        cfg = load_config(overrides=[f"strategy.drafter={strategy}"], require_models=False)
+        return check(cfg, require_models=False).drafter.cost_kind
+
+    assert kind("{name: eagle}") == "feature"
+    assert kind("{name: draft_model}") == "token"
+    assert kind("{name: dflash}") == kind("{name: pard}") == "block"
+    assert kind("{name: prompt_lookup}") is None
+    assert kind("{name: hybrid, members: [{name: prompt_lookup}, {name: dflash}]}") == "block"
+    assert kind("{name: hybrid, members: [{name: eagle}, {name: prompt_lookup}]}") == "feature"
+    with pytest.raises(ValueError, match="cost_kind"):
+        Component("drafter", "x", object, object, cost_kind="gpu")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import attrs
 import pytest
@@ -351,11 +352,16 @@ def test_a_measured_profile_cached_for_the_device_sizes_trees_there(tmp_path, mo
 
 def test_the_pacer_stops_throughput_rule_takes_a_profile():
     from pacer_core import load_config
+    from pacer_core.costs import load_profile
     from pacer_plugins.pacer_stop.policy import PacerStopConfig, load_costs
 
     config = PacerStopConfig(rule="throughput", profile="a100-7b-bf16")
-    cost = load_costs(config, resources=None)
-    assert cost.verify(1) == pytest.approx(0.024) and cost.draft_token_s > 0
+    profile = load_profile("a100-7b-bf16")
+    for kind in ("feature", "token", "block"):  # priced as the drafter's Component.cost_kind
+        cost = load_costs(config, resources=SimpleNamespace(draft_cost_kind=kind))
+        assert cost.verify(1) == pytest.approx(0.024)
+        assert cost.draft_token_s == pytest.approx(profile.draft_forward(kind)), kind
+    assert load_costs(config, resources=SimpleNamespace(draft_cost_kind=None)).draft_token_s == 0  # no draft forward
     with pytest.raises(ValueError, match="one cost source"):
         PacerStopConfig(rule="throughput", profile="a100-7b-bf16", cost_file="x.json")
     with pytest.raises(Exception, match="no cost profile 'nope'"):

@@ -27,6 +27,7 @@ from .model import MANIFEST, WEIGHTS, BlockDraft, ContextCache, draft_identity, 
 from .published import is_published, load_published_block
 
 DEFAULT_DRAFT = Path(__file__).parent / "default"
+COST_KIND = "block"  # one forward drafts a block (pacer_core.costs.DRAFTER_KINDS)
 
 
 @attrs.define
@@ -92,7 +93,7 @@ class DFlashDrafter(BlockDrafter):
         self.sampling = resources.sampling
         self.tree = config.tree
         self.draft_folder = folder
-        self.budget = None if config.tree is None else node_budget(config.tree, target.device, "block", digest,
+        self.budget = None if config.tree is None else node_budget(config.tree, target.device, COST_KIND, digest,
                                                                    folder, self.draft_info.identity)
         self.pacer_start(None)
 
@@ -136,5 +137,5 @@ def pacer_components() -> list[Component]:
         "block draft (DFlash-style): one forward drafts a whole block from the target's hidden states; a chain "
         "or a tree over the block",
         needs={"target_hidden"}, provides={"draft_probs", "draft_hidden"},
-        draft_folder=lambda config: draft_folder(config.path),
+        draft_folder=lambda config: draft_folder(config.path), cost_kind=COST_KIND,
     )]

@@ -31,6 +31,7 @@ from .handout import BlockDrafter
 from .pard_files import MAX_BLOCK, load_pard_files
 
 DEFAULT_DRAFT = Path(__file__).parent / "default_pard"  # made by the command in its manifest.json
+COST_KIND = "block"  # one forward of its draft model drafts a block (pacer_core.costs.DRAFTER_KINDS)
 
 
 @attrs.define
@@ -64,7 +65,7 @@ class PardDrafter(BlockDrafter):
         self.tree = config.tree
         self.draft_info = DraftInfo(identity=f"pard:{model.digest}")
         self.budget = None if config.tree is None else node_budget(
-            config.tree, resources.target.device, "block", resources.target.digest, folder, self.draft_info.identity)
+            config.tree, resources.target.device, COST_KIND, resources.target.digest, folder, self.draft_info.identity)
         self.pacer_start(None)
 
     def _reset(self) -> None:
@@ -100,5 +101,5 @@ def pacer_components() -> list[Component]:
         "parallel token draft (PARD): a small LM sharing the target's tokenizer drafts a whole block per forward "
         "from mask tokens; a chain or a tree over the block",
         needs={"draft_model"}, provides={"draft_probs", "draft_hidden"},
-        default_draft=str(DEFAULT_DRAFT) if (DEFAULT_DRAFT / "pard.json").is_file() else None,
+        default_draft=str(DEFAULT_DRAFT) if (DEFAULT_DRAFT / "pard.json").is_file() else None, cost_kind=COST_KIND,
     )]

@@ -1,5 +1,6 @@
 """``pacer draft-eval``: how often feature-level drafts agree with the target on the benchmark
-prompts, teacher-forced, in a minute instead of a bench run's hour (docs/draft.md#measuring-a-draft-in-a-minute-pacer-draft-eval).
+prompts, teacher-forced, in a minute instead of a bench run's hour
+(docs/draft.md#measuring-a-draft-in-a-minute-pacer-draft-eval).
 
     pacer draft-eval drafts=[shipped,runs/distill-v4/draft] limit=10
 

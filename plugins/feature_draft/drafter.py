@@ -36,6 +36,7 @@ from .priors import CorpusSuccessors, SuccessorIndex, path_bonus
 from .published import load_published, weights_file
 
 DEFAULT_DRAFT = Path(__file__).parent / "default"
+COST_KIND = "feature"  # a head over the target's states (pacer_core.costs.DRAFTER_KINDS)
 LOOKUP_BIAS = (2.0, 4.0, 4.0)  # chosen on the target's answers to the benchmark prompts (docs/draft.md)
 CORPUS_NGRAM = 4  # the longest n-gram the corpus prior matches
 CORPUS_BIAS = 3.0  # chosen on held-out open-chat items and MT-Bench questions 11-30 (docs/draft.md)
@@ -224,7 +225,7 @@ class EagleDrafter:
         self.vocab_size = target.vocab_size
         self.tree = config.tree
         self.draft_folder = folder  # its calibration.json values nodes: auto's nodes (a hybrid's too)
-        self.budget = None if config.tree is None else node_budget(config.tree, target.device, "feature",
+        self.budget = None if config.tree is None else node_budget(config.tree, target.device, COST_KIND,
                                                                    target.digest, folder, self.draft_info.identity)
         self.hidden_size = target.hidden_size
         self.pacer_start(None)
@@ -527,5 +528,5 @@ def pacer_components() -> list[Component]:
         "feature-level draft (EAGLE-style) distilled from the target, or a published EAGLE-1/2/3 checkpoint; "
         "reads the target's hidden states",
         needs={"target_hidden"}, provides={"draft_probs", "draft_hidden"},
-        draft_folder=lambda config: draft_folder(config.path),
+        draft_folder=lambda config: draft_folder(config.path), cost_kind=COST_KIND,
     )]

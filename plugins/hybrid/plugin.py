@@ -113,8 +113,7 @@ class Hybrid:
         tree = TreeConfig(nodes=config.nodes if config.nodes is not None else getattr(own_tree, "nodes", None),
                           profile=config.profile or getattr(own_tree, "profile", None),
                           calibration=getattr(own_tree, "calibration", None))
-        kind = "token" if "draft_model" in main.component.needs else "feature"
-        self.budget = node_budget(tree, resources.target.device, kind, resources.target.digest,
+        self.budget = node_budget(tree, resources.target.device, main.cost_kind, resources.target.digest,
                                   getattr(self.members[0], "draft_folder", None), main_info.identity)
         # per (member, depth): [accepted, tried] of its phrase nodes whose parent was accepted
         self.trials: dict[tuple[str, int], list[int]] = {}

@@ -245,5 +245,5 @@ def pacer_components() -> list[Component]:
                   "Ouroboros: the draft model drafts phrase by phrase from a phrase pool; candidate "
                   "suffixes are verified in the same target pass (greedy only)",
                   needs={"draft_model", "greedy"}, provides={"draft_probs", "draft_hidden"},
-                  default_draft=shipped_draft()),
+                  default_draft=shipped_draft(), cost_kind="token"),  # a draft model's forwards
     ]

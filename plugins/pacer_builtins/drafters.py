@@ -16,6 +16,7 @@ from pacer_core.trees import GrownLevels, TreeConfig, grow_level, node_budget, p
 # the token-level draft shipped for the embedded SmolLM2 target, in this package's default/ folder
 # (pacer_core.drafting, which ouroboros reads too): used when a config omits `draft`
 DEFAULT_DRAFT = shipped_draft()
+COST_KIND = "token"  # draft_model: a draft model's forwards (pacer_core.costs.DRAFTER_KINDS)
 
 
 @attrs.define
@@ -81,7 +82,7 @@ class DraftModel:
         self.sampling = resources.sampling
         self.hidden = config.hidden_states
         self.tree = config.tree
-        self.budget = None if config.tree is None else node_budget(config.tree, resources.target.device, "token",
+        self.budget = None if config.tree is None else node_budget(config.tree, resources.target.device, COST_KIND,
                                                                               resources.target.digest)
         # tree mode, the step being drafted: its context length (the tree's cache rows follow), the
         # cache rows each fed node sees after the context (its ancestors' and its own), the last
@@ -291,7 +292,7 @@ def pacer_components() -> list[Component]:
         Component("drafter", "draft_model", DraftModelConfig, DraftModel,
                   "a small LM sharing the target's tokenizer drafts token by token (or a token tree: tree)",
                   needs={"draft_model"}, provides={"draft_probs", "draft_hidden"},
-                  default_draft=DEFAULT_DRAFT),
+                  default_draft=DEFAULT_DRAFT, cost_kind=COST_KIND),
         Component("drafter", "prompt_lookup", PromptLookupConfig, PromptLookup,
                   "model-free n-gram drafting from the context (several matches as branches: branches)"),
     ]

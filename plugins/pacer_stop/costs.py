@@ -270,23 +270,6 @@ PROFILE_CHAIN_K = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64, 96, 128, 
 PROFILE_TREE_K = (2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 
 
-def drafter_kind(cfg) -> Optional[str]:
-    """The cost profile's drafter kind of a run config's drafter: ``feature`` (eagle), ``token``
-    (a draft model), or None (no draft model: lookups)."""
-    drafter = cfg.strategy.drafter
-    name = drafter.get("name") if isinstance(drafter, dict) else getattr(drafter, "name", None)
-    if name == "hybrid":
-        members = (drafter.get("members") if isinstance(drafter, dict) else None) or []
-        kinds = [drafter_kind_of(m.get("name")) for m in members if isinstance(m, dict)]
-        return next((k for k in kinds if k is not None), None)
-    return drafter_kind_of(name)
-
-
-def drafter_kind_of(name: Optional[str]) -> Optional[str]:
-    return {"eagle": "feature", "draft_model": "token", "ouroboros": "token", "dflash": "block", "pard": "block"}.get(
-        name or "")
-
-
 def write_measured_profile(path: Path, engine, cfg, prompt: list[int], measured: dict[str, Any], args) -> Path:
     """Measure the verification curves after ``args.context`` cached tokens and write a measured
     cost profile with this run's drafter and per-step costs (``measured``)."""
@@ -300,7 +283,7 @@ def write_measured_profile(path: Path, engine, cfg, prompt: list[int], measured:
     context = (prompt * (args.context // max(len(prompt), 1) + 1))[:args.context]
     chain, tree = measure_verify_costs(engine.target, context, chain_k, args.repeats, clock, tree_k)
     key = full_key(engine_pair(engine))
-    kind = drafter_kind(cfg)
+    kind = engine.draft_cost_kind  # the drafter's Component.cost_kind
     target = engine.target
     step = float(measured["step_s"]) or 1e-6
     profile = Profile(

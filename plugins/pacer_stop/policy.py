@@ -205,11 +205,11 @@ def load_costs(config: PacerStopConfig, resources: Resources) -> CostModel:
     """The throughput rule's cost model: inline, a given cost file, or the cache's for the run's pair."""
     if config.costs is not None:
         return config.costs.model()
-    if config.profile is not None:  # its eagle (feature) drafter's costs; a draft model's: token
+    if config.profile is not None:  # priced as the drafter's kind (Component.cost_kind)
         from pacer_core.costs import load_profile
 
         profile = load_profile(config.profile)
-        kind = "token" if getattr(resources, "draft", None) is not None else "feature"
+        kind = getattr(resources, "draft_cost_kind", None)
         return profile.cost_model(kind if kind in profile.draft else None)
     key = cost_files.full_key(cost_files.run_pair(resources))
     path = Path(config.cost_file) if config.cost_file else cost_files.cache_file(key)
