@@ -133,7 +133,6 @@ class Engine:
         self.sampling, self.seed, self.clock = sampling, seed, clock
         self.max_new_tokens, self.max_draft_tokens = max_new_tokens, max_draft_tokens
         self.ignore_eos, self.chat_template = ignore_eos, chat_template
-        self.needs_target_hidden = needs_target_hidden
         # what the target pass returns as hidden states: the last layer (True), or the inputs of the
         # decoder layers the drafter declared (``DraftInfo.target_layers``), concatenated; False: none
         self.target_hidden: Union[bool, tuple[int, ...]] = bool(needs_target_hidden)
@@ -343,9 +342,10 @@ class Engine:
             t2 = clock()
             # 5. observe: hidden states of the committed rows this forward computed (pending + path)
             hidden = None if out.hidden_states is None else committed_rows(out.hidden_states, n_pending, kept)
-            record = StepRecord(state.step_index, draft, verdict, tuple(emitted), before, t1 - t0, t2 - t1,
-                                draft.forwards, stop_s,
-                                hidden, cached, target_logits=out.logits)
+            record = StepRecord(index=state.step_index, draft=draft, verdict=verdict, emitted=tuple(emitted),
+                                committed_before=before, draft_s=t1 - t0, verify_s=t2 - t1,
+                                draft_forwards=draft.forwards, stop_s=stop_s, target_hidden=hidden,
+                                target_hidden_start=cached, target_logits=out.logits)
             hook.pacer_observe_step(state=state, step=record)
             if gate is not None:
                 gate.observe(record)

@@ -207,9 +207,10 @@ class Component:
         attrs.validators.in_(DRAFTER_KINDS)))
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class StepRecord:
-    """What happened in one step, given to every ``pacer_observe_step`` implementation."""
+    """What happened in one step, given to every ``pacer_observe_step`` implementation (its fields
+    are given by name)."""
 
     index: int
     draft: Draft

@@ -361,7 +361,7 @@ def test_a_model_free_drafter_is_refused_in_one_line(name):
         load_config(overrides=[f"strategy.stop=[{{name: {name}}}]"])  # default drafter: prompt_lookup
     assert str(caught.value) == (
         f"strategy.stop[0]: stop '{name}' reads the draft's probabilities, which drafter 'prompt_lookup' "
-        "does not provide; use a drafter that does (dflash, draft_model, eagle, ouroboros)")
+        "does not provide; use a drafter that does (dflash, draft_model, eagle, ouroboros, pard)")
 
 
 @pytest.mark.parametrize("entry, words", [

@@ -452,7 +452,8 @@ def test_the_pool_learns_the_suffixes_hanging_off_accepted_nodes():
     emitted = (3, 4, 5, 8, 9, 14)
     state = DecodeState([1, 2, *emitted], 2, 20, SamplingParams(), torch.Generator(), frozenset())
     drafter.pacer_start(state=DecodeState([1, 2], 2, 20, SamplingParams(), torch.Generator(), frozenset()))
-    step = StepRecord(0, draft, verdict, emitted, 2, 0.0, 0.0, 0, target_argmax=argmax)
+    step = StepRecord(index=0, draft=draft, verdict=verdict, emitted=emitted, committed_before=2, draft_s=0.0,
+                      verify_s=0.0, draft_forwards=0, target_argmax=argmax)
     drafter.pacer_observe_step(state=state, step=step)
     pool = drafter.pool
     assert drafter.stats["branch_tokens"] == 3  # nodes 2, 5, 6
