@@ -11,7 +11,7 @@ import difflib
 import functools
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import attrs
 import pluggy
@@ -147,6 +147,15 @@ def lookup(table: dict[str, dict[str, Component]], kind: str, name: Optional[str
     return table[kind][name]
 
 
+def main_member(members: Sequence["ResolvedComponent"]) -> Optional["ResolvedComponent"]:
+    """The member of a composite whose tokens form the main path: the first member that supplies
+    draft probabilities (a model drafter), else the first member; None without members. Member order
+    decides nothing else (``hybrid`` ranks every member's nodes by value)."""
+    if not members:
+        return None
+    return next((m for m in members if "draft_probs" in m.provides), members[0])
+
+
 @attrs.frozen
 class ResolvedComponent:
     """A strategy entry matched to its plugin component, with its validated config object.
@@ -168,12 +177,18 @@ class ResolvedComponent:
 
     @property
     def main_member(self) -> Optional["ResolvedComponent"]:
-        """A composite's member whose tokens form the main path: the first member that supplies draft
-        probabilities (a model drafter), else the first member; None for a plain component. Member
-        order decides nothing else (``hybrid`` ranks every member's nodes by value)."""
-        if not self.members:
-            return None
-        return next((m for m in self.members if "draft_probs" in m.provides), self.members[0])
+        """A composite's member whose tokens form the main path (``main_member``); None for a plain
+        component."""
+        return main_member(self.members)
+
+    @property
+    def draft_folder(self) -> Any:
+        """The folder of the draft weights it reads (``Component.draft_folder``), or a composite's main
+        member's; None when it declares none."""
+        main = self.main_member
+        if self.component.draft_folder is not None:
+            return self.component.draft_folder(self.config)
+        return None if main is None else main.draft_folder
 
     @property
     def cost_kind(self) -> Optional[str]:

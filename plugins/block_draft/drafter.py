@@ -92,7 +92,6 @@ class DFlashDrafter(BlockDrafter):
         self.draft_info = DraftInfo(identity=identity, target_layers=tuple(arch.target_layers))
         self.sampling = resources.sampling
         self.tree = config.tree
-        self.draft_folder = folder
         self.budget = None if config.tree is None else node_budget(config.tree, target.device, COST_KIND, digest,
                                                                    folder, self.draft_info.identity)
         self.pacer_start(None)

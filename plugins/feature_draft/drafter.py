@@ -224,7 +224,6 @@ class EagleDrafter:
         self.sampling = resources.sampling
         self.vocab_size = target.vocab_size
         self.tree = config.tree
-        self.draft_folder = folder  # its calibration.json values nodes: auto's nodes (a hybrid's too)
         self.budget = None if config.tree is None else node_budget(config.tree, target.device, COST_KIND,
                                                                    target.digest, folder, self.draft_info.identity)
         self.hidden_size = target.hidden_size

@@ -36,6 +36,7 @@ import torch
 
 from pacer_core import Component, Draft, DraftBlock, DraftInfo, InputError, Resources, SideNodes, hookimpl
 from pacer_core.costs import CostModel
+from pacer_core.registry import main_member
 from pacer_core.trees import MAX_NODES, TreeConfig, merge_phrases, node_budget
 
 
@@ -82,7 +83,7 @@ class Hybrid:
         self.members: list[Any] = []
         seen: Counter[str] = Counter()
         # the main member first (the first model drafter, else the first), the others in their order
-        main = next((m for m in config.members if "draft_probs" in m.provides), config.members[0])
+        main = main_member(config.members)
         ordered = [main] + [m for m in config.members if m is not main]
         for member in ordered:  # ResolvedComponents (the engine resolves a composite's members)
             self.members.append(member.component.factory(member.config, resources))
@@ -114,7 +115,7 @@ class Hybrid:
                           profile=config.profile or getattr(own_tree, "profile", None),
                           calibration=getattr(own_tree, "calibration", None))
         self.budget = node_budget(tree, resources.target.device, main.cost_kind, resources.target.digest,
-                                  getattr(self.members[0], "draft_folder", None), main_info.identity)
+                                  main.draft_folder, main_info.identity)
         # per (member, depth): [accepted, tried] of its phrase nodes whose parent was accepted
         self.trials: dict[tuple[str, int], list[int]] = {}
 

@@ -36,7 +36,8 @@ def draft_folder(sim: PacerConfig, drafter: ResolvedComponent) -> Optional[Path]
     if "draft_model" in component.needs:
         section = draft_model_config(sim, component)
         return Path(section.path).expanduser() if section is not None and section.path else None
-    return None if component.draft_folder is None else Path(component.draft_folder(drafter.config))
+    folder = drafter.draft_folder  # a hybrid's: its main member's
+    return None if folder is None else Path(folder)
 
 
 DRAFT_CORPUS_FIX = ("make the draft with the current `pacer distill`, or set data.skip_draft_corpus=false if it "
