@@ -172,7 +172,17 @@ def init_student(cfg, target, subset: torch.Tensor) -> tuple[PardStudent, str]:
         lm.get_output_embeddings().weight.requires_grad_(False)
     own = draft.vocab_subset if draft.vocab_subset is not None else subset
     own = own.to(embed.device)
-    return PardStudent(lm, embed[own].mean(0), own, cfg.student.block), str(folder)
+    return PardStudent(lm, embed[own].mean(0), own, cfg.student.block), _recorded(folder)
+
+
+def _recorded(folder) -> str:
+    """The init folder as the manifest records it: relative to the working folder when inside it (a
+    shipped draft's record then names no machine's paths), else as given."""
+    path = Path(folder)
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def train_pard(cfg, out: Path, tokens: torch.Tensor, features: np.memmap, target, subset: torch.Tensor,
