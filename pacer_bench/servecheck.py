@@ -331,8 +331,8 @@ def run_check(python: str, work: Path, prompt_count: int, max_new_tokens: int, r
             stack = [f"strategy.drafter={{name: eagle, path: '{served}', context_vocab: false, lookup_bias: [], "
                      "corpus_bias: 0.0}", f"strategy.stop=[{{name: fixed, gamma: {k}}}]"]
         else:
-            lines.append(f"{name}: not served: the check knows how to run ours beside vLLM's method "
-                         f"'{method}' only for eagle so far")
+            lines.append(f"{name}: not compared: the check runs ours beside vLLM's methods eagle and eagle3 "
+                         f"only, not '{method}'")
             print(lines[-1], flush=True)
             passed = False
             continue

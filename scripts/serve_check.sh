@@ -9,7 +9,7 @@
 #      prints one line per draft: outputs identical to plain decoding (vLLM's and ours), accepted draft
 #      tokens per position equal to ours, and tok/s of vLLM plain, vLLM SD, ours plain, ours SD.
 # Exit 0 when every draft served passes, 1 when one does not, 2 for bad options, 3 when vLLM cannot
-# run here. Not part of .ci/run: it downloads the engine (about 1 GB) and runs for minutes.
+# run here. Not part of .ci/run: it installs the engine (3.5 GB on disk) and runs for minutes.
 #
 #   bash scripts/serve_check.sh [--work DIR] [--prompts N] [--max-new-tokens N] [--rounds N] [--k K] [--threads N]
 #   --work DIR   exports, prompts, vLLM's logs and JSON results (default runs/serve_check; an earlier
@@ -59,7 +59,7 @@ if [ "$(realpath -m "$serve")" = "$(realpath -m "$project")" ]; then
 fi
 stamp="$serve/.pacer-serve-check"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$ENGINE $TORCH" ]; then
-  echo "serve_check: installing $ENGINE with $TORCH into $serve (first run: a few minutes, about 1 GB)" >&2
+  echo "serve_check: installing $ENGINE with $TORCH into $serve (first run: minutes; 3.5 GB on disk)" >&2
   "$py" -m venv --clear "$serve"
   # shellcheck disable=SC2086  # PACER_SERVE_PIP_ARGS is a list of pip arguments
   if ! "$serve/bin/python" -m pip install -q ${PACER_SERVE_PIP_ARGS:-} "$TORCH" "$ENGINE"; then
