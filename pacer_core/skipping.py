@@ -57,9 +57,10 @@ def _max_wait(instance, attribute, value) -> None:
 class SkipConfig:
     """``generation.skip_drafting``: when a step decodes plainly instead of drafting."""
 
-    # null: on for a cost-aware stack (some component declares a cost model), off otherwise;
-    # true: on, refused in one line when no component declares one; false: never skip
-    enabled: Optional[bool] = None
+    # false (the default: measured slower than drafting every step, docs/costs.md#skipping-drafting):
+    # never skip; null: on for a cost-aware stack (some component declares a cost model), off
+    # otherwise; true: on, refused in one line when no component declares one
+    enabled: Optional[bool] = False
     margin: float = attrs.field(default=1.0, validator=_margin)  # draft while its rate >= margin × plain's
     decay: float = attrs.field(default=0.25, validator=_decay)  # weight of the latest drafted step
     max_wait: int = attrs.field(default=32, validator=_max_wait)  # steps skipped between probes, at most

@@ -52,7 +52,8 @@ from helpers import (
 from helpers import SCRIPTED_VOCAB as VOCAB
 
 COST = CostModel([0.020, 0.021, 0.022, 0.023, 0.024], draft_token_s=0.002, step_s=0.001, plain_host_s=0.0005)
-FORCED = ["generation.skip_drafting.margin=100"]  # drafting never pays: skip whenever the back-off allows
+# the gate on, drafting never paying: skip whenever the back-off allows
+FORCED = ["generation.skip_drafting.enabled=true", "generation.skip_drafting.margin=100"]
 PACER = f"{{name: pacer, rule: throughput, b: 1, max_draft: 3, predictor: draft_confidence, {INLINE_COSTS}}}"
 
 
@@ -139,8 +140,9 @@ def test_steps_that_drafted_nothing_teach_the_gate_nothing():
 
 def test_the_first_cost_model_prices_the_gate_and_enabled_decides_when_there_is_none():
     other = CostModel([1.0])
-    assert draft_gate(SkipConfig(), [None, COST, other]).cost is COST
-    assert draft_gate(SkipConfig(), [None]) is None  # auto: a stack without a cost model never skips
+    assert draft_gate(SkipConfig(), [None, COST, other]) is None  # off unless asked for (measured slower)
+    assert draft_gate(SkipConfig(enabled=None), [None, COST, other]).cost is COST
+    assert draft_gate(SkipConfig(enabled=None), [None]) is None  # auto: a stack without a cost model never skips
     assert draft_gate(SkipConfig(enabled=False), [COST]) is None
     with pytest.raises(InputError, match="needs a cost-aware stack"):
         draft_gate(SkipConfig(enabled=True), [None])
@@ -192,13 +194,13 @@ def greedy_engines(llama, folder, skip):
     yield "dflash-tree(auto)", block_engine(llama, folder / "dflash", tree=AUTO, extra=skip, eos=False)
 
 
-@pytest.mark.parametrize("skip", [FORCED, []], ids=["forced", "default"])
+@pytest.mark.parametrize("skip", [FORCED, ["generation.skip_drafting.enabled=null"]], ids=["forced", "auto"])
 def test_cost_aware_stacks_skipping_drafting_equal_greedy_decoding(llama, tmp_path, skip):
     prompts = [[5, 9, 13, 7, 21], [3, 3, 40, 12]]
     references = [reference_greedy(llama, p, 24, eos=False) for p in prompts]
     skipped = 0
     for name, engine in greedy_engines(llama, tmp_path, skip):
-        assert engine.gate is not None, name  # on by default: the stack declares a cost model
+        assert engine.gate is not None, name  # enabled null: on, since the stack declares a cost model
         for prompt, reference in zip(prompts, references):  # one engine, several prompts
             result = engine.generate(prompt, max_new_tokens=24)
             assert result.tokens == reference, name
@@ -246,7 +248,7 @@ def sampled_engine(skip):
     target = ScriptedLM(VOCAB, table=TARGET_TABLE.clone())
     draft = ScriptedLM(VOCAB, seed=1, table=DRAFT_TABLE.clone())
     engine = build_engine(target, draft, "draft_model", PACER, {"temperature": 1.0})
-    cost = engine.gate.cost  # the throughput rule's, declared through pacer_step_costs
+    cost = engine.pm.hook.pacer_step_costs()[0]  # the throughput rule's, declared through pacer_step_costs
     engine.gate = DraftGate(cost, SkipConfig(margin=100.0)) if skip is FORCED else ScheduledGate(cost, skip)
     return target, engine
 
@@ -355,7 +357,7 @@ def test_the_engines_decisions_are_replayed_from_earlier_steps_and_skipped_steps
     make_draft(llama, tmp_path / "eagle")
     cfg = load_config(overrides=[f"strategy.drafter={{name: eagle, path: '{tmp_path / 'eagle'}', tree: {AUTO}}}",
                                  "strategy.stop=[{name: fixed, gamma: 3}]", "strategy.observers=[{name: call_log}]",
-                                 "generation.ignore_eos=true"],
+                                 "generation.ignore_eos=true", "generation.skip_drafting.enabled=null"],
                       extra_plugins=[plugin], require_models=False)
     engine = Engine.build(adapter(llama, eos=False), cfg=cfg, extra_plugins=[plugin])
     log = plugin.built[0]
@@ -391,11 +393,13 @@ def test_the_pacer_stop_prices_a_skipped_step_as_a_plain_one():
 
 def test_the_drafters_declare_their_auto_budgets_cost_model(llama, tmp_path):
     make_draft(llama, tmp_path / "eagle")
-    auto = engine_for(llama, tmp_path / "eagle", tree=AUTO)
-    fixed = engine_for(llama, tmp_path / "eagle", tree="{topk: 3, depth: 4, nodes: 8}")
+    on = ["generation.skip_drafting.enabled=null"]  # on where a component declares a cost model
+    assert engine_for(llama, tmp_path / "eagle", tree=AUTO).gate is None  # off by default
+    auto = engine_for(llama, tmp_path / "eagle", tree=AUTO, extra=on)
+    fixed = engine_for(llama, tmp_path / "eagle", tree="{topk: 3, depth: 4, nodes: 8}", extra=on)
     profile = load_profile("cpu-2core-smollm2-fp32")
     assert auto.gate is not None and auto.gate.cost == profile.cost_model("feature")
     assert auto.gate.plain_seconds == pytest.approx(profile.plain_step())
     assert fixed.gate is None  # a fixed budget prices nothing: speculative decoding as before
-    both = engine_for(llama, tmp_path / "eagle", tree=AUTO, extra=[f"strategy.stop=[{PACER}]"])
+    both = engine_for(llama, tmp_path / "eagle", tree=AUTO, extra=[*on, f"strategy.stop=[{PACER}]"])
     assert both.gate.cost == auto.gate.cost  # the drafter's, the first in the stack (not the stop's inline one)
