@@ -593,3 +593,30 @@ def special_files(tmp_path) -> dict[str, Path]:
     folder = tmp_path / "folder.json"
     folder.mkdir(exist_ok=True)
     return {"/dev/zero": Path("/dev/zero"), "a FIFO": fifo, "a folder": folder}
+
+
+def misreport_block_columns(monkeypatch, drafter_cls) -> None:
+    """A column-map bug in a block drafter (``dflash``, ``pard``): each token is drawn from its row,
+    but the row is reported with its columns shifted by one (q(x) read from the next token's
+    column). The exact-distribution tests must reject it."""
+    import attrs
+
+    from pacer_core import hookimpl
+
+    forward, propose = drafter_cls._forward, drafter_cls.pacer_propose
+
+    def misread(self, committed, known):
+        rows, hidden = forward(self, committed, known)
+        self.reported = rows.roll(1, -1)
+        return rows, hidden
+
+    @hookimpl
+    def reporting(self, state, draft, num_tokens):
+        block = propose(self, state, draft, num_tokens)
+        if block is None:
+            return None
+        start = self.latest.handed - len(block)
+        return attrs.evolve(block, draft_probs=self.reported[start:self.latest.handed])
+
+    monkeypatch.setattr(drafter_cls, "_forward", misread)
+    monkeypatch.setattr(drafter_cls, "pacer_propose", reporting)

@@ -26,6 +26,7 @@ from helpers import (
     adapter,
     block_engine,
     make_block_draft,
+    misreport_block_columns,
     one_line_error,
     reference_greedy,
     sample_outputs,
@@ -243,25 +244,7 @@ def sampled_pvalue(folder, target_model, tree, samples, monkeypatch=None, wrong_
     ``wrong_columns``: the drafter samples each token from its row but reports the row with its
     columns shifted by one (a column-map bug: q(x) read from the next token's column)."""
     if wrong_columns:
-        forward = DFlashDrafter._forward
-
-        def misread(self, committed, known):
-            rows, hidden = forward(self, committed, known)
-            self.reported = rows.roll(1, -1)
-            return rows, hidden
-
-        propose = DFlashDrafter.pacer_propose
-
-        @hookimpl
-        def reporting(self, state, draft, num_tokens):
-            block = propose(self, state, draft, num_tokens)
-            if block is None:
-                return None
-            start = self.latest.handed - len(block)
-            return attrs.evolve(block, draft_probs=self.reported[start:self.latest.handed])
-
-        monkeypatch.setattr(DFlashDrafter, "_forward", misread)
-        monkeypatch.setattr(DFlashDrafter, "pacer_propose", reporting)
+        misreport_block_columns(monkeypatch, DFlashDrafter)
     engine = block_engine(target_model, folder, stop="{name: fixed, gamma: 3}", tree=tree, eos=False,
                           extra=["sampling.temperature=1.0", "strategy.verifier={name: speculative_sampling}",
                                  "generation.ignore_eos=true"])

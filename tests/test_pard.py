@@ -9,7 +9,7 @@ import attrs
 import pytest
 import torch
 
-from pacer_core import SamplingParams, hookimpl
+from pacer_core import SamplingParams
 from pacer_core.config import load_config
 from pacer_core.engine import Engine
 from pacer_core.errors import InputError
@@ -19,7 +19,17 @@ from pacer_plugins.block_draft.pard import PardDrafter
 from pacer_plugins.block_draft.pard_files import save_pard_files
 from pacer_plugins.block_draft.pard_student import PardStudent, evaluate_pard, pard_hidden, pard_layout, pard_loss
 
-from helpers import LENGTH, PASS_P, adapter, one_line_error, reference_greedy, sample_outputs, single_thread, tiny_llama
+from helpers import (
+    LENGTH,
+    PASS_P,
+    adapter,
+    misreport_block_columns,
+    one_line_error,
+    reference_greedy,
+    sample_outputs,
+    single_thread,
+    tiny_llama,
+)
 
 PROMPTS = [[3, 7, 11, 5], [1, 2, 3], [5], [9, 9, 9, 9, 9, 9]]
 BUDGET = 24
@@ -164,25 +174,7 @@ def sampled_pvalue(target_model, draft, tree, monkeypatch=None, wrong_columns=Fa
     ``wrong_columns``: each token is drawn from its row but the row is reported with its columns
     shifted by one (a column-map bug: q(x) read from the next token's column)."""
     if wrong_columns:
-        forward = PardDrafter._forward
-
-        def misread(self, committed, known):
-            rows, hidden = forward(self, committed, known)
-            self.reported = rows.roll(1, -1)
-            return rows, hidden
-
-        propose = PardDrafter.pacer_propose
-
-        @hookimpl
-        def reporting(self, state, draft, num_tokens):
-            block = propose(self, state, draft, num_tokens)
-            if block is None:
-                return None
-            start = self.latest.handed - len(block)
-            return attrs.evolve(block, draft_probs=self.reported[start:self.latest.handed])
-
-        monkeypatch.setattr(PardDrafter, "_forward", misread)
-        monkeypatch.setattr(PardDrafter, "pacer_propose", reporting)
+        misreport_block_columns(monkeypatch, PardDrafter)
     engine = pard_engine(target_model, draft, tree=tree, eos=False,
                          extra=["sampling.temperature=1.0", "strategy.verifier={name: speculative_sampling}",
                                 "generation.ignore_eos=true"])

@@ -180,6 +180,21 @@ class ConfigReader:
             raise self.bad(f"{key} must be true or false, not {value!r}")
         return value
 
+    def attention(self) -> tuple[int, int, int, int]:
+        """(hidden_size, num_attention_heads, num_key_value_heads, head_dim): the heads divide evenly
+        and the head dimension is even (rotary embeddings), else one ``InputError``."""
+        hidden, heads = self.whole("hidden_size"), self.whole("num_attention_heads")
+        kv_heads = self.whole("num_key_value_heads", heads)
+        if heads % kv_heads:
+            raise self.bad(f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})")
+        if self.config.get("head_dim") is None and hidden % heads:
+            raise self.bad(f"hidden_size ({hidden}) is not a multiple of num_attention_heads ({heads}) and there is "
+                           "no head_dim")
+        head_dim = self.whole("head_dim", hidden // heads)
+        if head_dim % 2:
+            raise self.bad(f"head_dim must be even for rotary embeddings, not {head_dim}")
+        return hidden, heads, kv_heads, head_dim
+
     def refuse_true(self, key: str, why: str) -> None:
         if self.config.get(key) not in (None, False):
             raise InputError(f"'{self.path}': {key}: {self.config[key]!r} is not supported ({why}); use a checkpoint "

@@ -190,17 +190,8 @@ def read_arch(folder: Path, target: Any) -> tuple[str, BlockArch, dict]:
     r = ConfigReader(model, path, "a DFlash", LAYOUT)
     d = ConfigReader(draft, path, "a DFlash", LAYOUT)
     _refuse_variants(model, draft, r, d)
-    hidden, vocab = r.whole("hidden_size"), r.whole("vocab_size")
-    heads = r.whole("num_attention_heads")
-    kv_heads = r.whole("num_key_value_heads", heads)
-    if heads % kv_heads:
-        raise r.bad(f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})")
-    if model.get("head_dim") is None and hidden % heads:
-        raise r.bad(f"hidden_size ({hidden}) is not a multiple of num_attention_heads ({heads}) and there is no "
-                    "head_dim")
-    head_dim = r.whole("head_dim", hidden // heads)
-    if head_dim % 2:
-        raise r.bad(f"head_dim must be even for rotary embeddings, not {head_dim}")
+    hidden, heads, kv_heads, head_dim = r.attention()
+    vocab = r.whole("vocab_size")
     if model.get("rope_theta") is None and not isinstance(model.get("rope_parameters"), dict):
         raise r.bad("there is no rope_theta, and engines assume different ones when it is absent (10000 in "
                     "transformers' Qwen3Config, 1000000 in vLLM): add the value the draft was trained with")

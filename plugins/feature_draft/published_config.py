@@ -66,18 +66,8 @@ def read_config(folder: Path) -> dict[str, Any]:
 def check_config(config: dict, folder: Path, layout: str) -> PublishedConfig:
     """``config`` (read from ``folder``) checked for a checkpoint of ``layout`` ("eagle1" or "eagle3")."""
     r = ConfigReader(config, folder / CONFIG, "an EAGLE", "the SafeAILab/EAGLE layout", FIX)
-    hidden = r.whole("hidden_size")
+    hidden, heads, kv_heads, head_dim = r.attention()
     vocab = r.whole("vocab_size")
-    heads = r.whole("num_attention_heads")
-    kv_heads = r.whole("num_key_value_heads", heads)
-    if heads % kv_heads:
-        raise r.bad(f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})")
-    if config.get("head_dim") is None and hidden % heads:
-        raise r.bad(f"hidden_size ({hidden}) is not a multiple of num_attention_heads ({heads}) and there is "
-                    "no head_dim")
-    head_dim = r.whole("head_dim", hidden // heads)
-    if head_dim % 2:
-        raise r.bad(f"head_dim must be even for rotary embeddings, not {head_dim}")
     intermediate = r.whole("intermediate_size")
     rms_eps = r.positive("rms_norm_eps", 1e-6)
     max_positions = r.whole("max_position_embeddings", 2048)
