@@ -4,6 +4,7 @@ and, in tests, ``pacer_core.testing.ScriptedLM``; only the model adapter imports
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional, Protocol, Sequence, Union, runtime_checkable
 
 import attrs
@@ -94,6 +95,15 @@ class FeatureModel(LanguageModel, Protocol):
         ...
 
     def attention_shape(self) -> AttentionShape: ...
+
+
+@runtime_checkable
+class StoredModel(Protocol):
+    """A model read from a folder (``hf.HFModel`` as ``load_model`` returns it): ``folder`` holds its
+    weights and what was saved beside them (a ``pard`` draft's mask embedding); None for a model
+    built in memory."""
+
+    folder: Optional[Path]
 
 
 def feature_target(target: LanguageModel, drafter: str) -> FeatureModel:

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 from typing import List, Optional
 
 import pytest
+import torch
 
 import pacer_core.hf
 from pacer_bench.config import is_bench_config
@@ -62,6 +63,8 @@ def tiny_model(seed: int):
 def tiny_engine(cfg, pm=None, stack=None):
     """``cli.build_engine`` for tests: the target is tiny model 0, a draft (if any) model 1."""
     draft = adapter(tiny_model(1)) if cfg.draft is not None else None
+    if draft is not None and cfg.draft.path and Path(cfg.draft.path).is_dir():
+        draft.folder = Path(cfg.draft.path)  # what was saved beside its weights (a pard draft's files)
     return Engine.build(adapter(tiny_model(0)), draft=draft, tokenizer=ByteTokenizer(), cfg=cfg, pm=pm, stack=stack)
 
 
@@ -167,6 +170,12 @@ def test_every_shipped_config_generates(tiny, capsys, config, tmp_path):
         extra.append("draft.path=tiny-draft")  # tiny_engine supplies tiny model 1
     if resolved.drafter.component.name == "eagle":
         extra.append(f"strategy.drafter.path={make_draft(tiny_model(0), tmp_path / 'eagle')}")
+    if resolved.drafter.component.name == "pard":  # tiny model 1 as the draft, with pard files beside it
+        from pacer_plugins.block_draft.pard_files import save_pard_files
+
+        (tmp_path / "pard").mkdir()
+        save_pard_files(tmp_path / "pard", torch.randn(tiny_model(1).config.hidden_size), 4)
+        extra.append(f"draft.path={tmp_path / 'pard'}")
     if resolved.drafter.component.name == "dflash":  # the tiny target has 2 layers: a draft reading 0 and 1
         extra.append(f"strategy.drafter.path={make_block_draft(tiny_model(0), tmp_path / 'dflash', block=4)}")
     members = resolved.drafter.config.members if resolved.drafter.component.name == "hybrid" else []

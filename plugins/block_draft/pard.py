@@ -23,7 +23,7 @@ import torch
 
 from pacer_core import Component, DraftInfo, DraftVocab, InputError, Resources, hookimpl
 from pacer_core.drafting import sync_cache
-from pacer_core.protocols import MASK_ROW
+from pacer_core.protocols import MASK_ROW, FeatureModel, StoredModel
 from pacer_core.sampling import logits_to_probs
 from pacer_core.trees import TreeConfig, node_budget
 
@@ -48,8 +48,8 @@ class PardDrafter(BlockDrafter):
 
     def __init__(self, config: PardConfig, resources: Resources):
         model = resources.draft
-        folder = getattr(model, "folder", None)
-        if model is None or folder is None or not hasattr(model, "embedding_weights"):
+        folder = model.folder if isinstance(model, StoredModel) else None
+        if folder is None or not isinstance(model, FeatureModel):
             raise InputError("the pard drafter needs a pard draft folder loaded as the draft model: set draft.path "
                              "to one (`pacer distill student.kind=pard` makes it)")
         if model.vocab_size != resources.target.vocab_size:
