@@ -168,13 +168,22 @@ def quality_markdown(results: dict, positions: int = 4) -> list[str]:
     return lines + [""]
 
 
+def _shown(path) -> str:
+    """A model path as the report shows it: relative to the working folder when inside it (a shipped
+    draft's absolute path would name the machine that ran the bench), else as recorded."""
+    try:
+        return str(Path(str(path)).relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
 def render(results: dict, plots: list[str]) -> str:
     s = results["settings"]
     target = (s.get("target") or {})
     draft = s.get("draft")
     lines = ["# Benchmark report", "",
              f"Target `{target.get('path') or 'embedded SmolLM2-135M-Instruct'}` ({target.get('dtype')}), "
-             f"draft {('`' + str(draft.get('path')) + '`') if draft else 'none'}, device {s.get('device')}, "
+             f"draft {('`' + _shown(draft.get('path')) + '`') if draft else 'none'}, device {s.get('device')}, "
              f"max_new_tokens {s.get('max_new_tokens')}, sampling {s.get('sampling')}, "
              f"ignore_eos {s.get('ignore_eos')}.",
              f"Baseline: `{results['baseline']}` (the same engine, no draft). Speedup = tokens/s ratio of totals "

@@ -1089,3 +1089,12 @@ def test_spec_bench_mean_accepted_tokens_is_told_apart_from_tau():
     assert "not the report's τ" in TAU_NOTE and "prefill" in TAU_NOTE
     board = "\n".join(leaderboard_markdown(specbench, ["specbench"]))
     assert TAU_NOTE in board and "Mean accepted tokens (τ)" not in board
+
+
+def test_the_report_shows_a_draft_inside_the_working_folder_by_its_relative_path(tmp_path, monkeypatch):
+    from pacer_bench.report import _shown
+
+    monkeypatch.chdir(tmp_path)
+    assert _shown(tmp_path / "plugins" / "draft") == str(Path("plugins") / "draft")
+    assert _shown("/elsewhere/draft") == "/elsewhere/draft"
+    assert _shown("tiny-draft") == "tiny-draft"
