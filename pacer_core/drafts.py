@@ -12,6 +12,7 @@ import functools
 from typing import Iterable, Optional, Sequence, Union
 
 import attrs
+import numpy as np
 import torch
 
 from .fields import tensor_field
@@ -57,6 +58,21 @@ def _gather(rows: torch.Tensor, row_map: Optional[torch.Tensor], columns: torch.
     if row_map is None:
         return rows.gather(1, columns[:, None])[:, 0]
     return rows[row_map.to(rows.device), columns]
+
+
+def _shared_tables(parts: Sequence[tuple[torch.Tensor, Optional[torch.Tensor], Optional[DraftVocab]]]
+                   ) -> list[tuple[torch.Tensor, Optional[torch.Tensor], Optional[DraftVocab]]]:
+    """Row blocks (rows, row map, vocabulary) in node order, consecutive ones that map into the same
+    rows over the same vocabulary (a block's main path and side nodes) joined into one: their nodes
+    read as one gather."""
+    joined: list[tuple[torch.Tensor, Optional[torch.Tensor], Optional[DraftVocab]]] = []
+    for rows, row_map, vocab in parts:
+        if joined and row_map is not None and joined[-1][0] is rows and joined[-1][1] is not None \
+                and joined[-1][2] is vocab:
+            joined[-1] = (rows, torch.cat([joined[-1][1], row_map]), vocab)
+        else:
+            joined.append((rows, row_map, vocab))
+    return joined
 
 
 def _wide(rows: Optional[torch.Tensor], vocab: Optional[DraftVocab]) -> Optional[torch.Tensor]:
@@ -232,13 +248,13 @@ class TokenTree:
         if isinstance(rows, torch.Tensor):
             return rows.gather(1, self.tokens[:, None].to(rows.device))[:, 0]
         out, start = [], 0
-        for part, row_map, vocab in rows:
+        for part, row_map, vocab in _shared_tables(rows):
             n = part.shape[0] if row_map is None else row_map.shape[0]
             tokens = self.tokens[start: start + n]
             out.append(_gather(part, row_map, tokens.to(part.device)) if vocab is None
                        else vocab.token_probs(part, tokens, row_map))
             start += n
-        return torch.cat(out)
+        return out[0] if len(out) == 1 else torch.cat(out)
 
     @functools.cached_property
     def parent_list(self) -> list[int]:
@@ -270,7 +286,7 @@ class TokenTree:
     def is_chain(self) -> bool:
         """Every node is on the main path (side nodes continuing the main path's tip make a
         chain-shaped tree that is not a chain: a chain verifier's ``accepted`` counts main-path nodes)."""
-        return len(self.main_path) == len(self) and bool((self.parents == torch.arange(len(self)) - 1).all())
+        return len(self.main_path) == len(self) and self.parent_list == list(range(-1, len(self) - 1))
 
     def path_to(self, node: int) -> list[int]:
         """Node indices from the root's child down to ``node`` (empty for the root, -1)."""
@@ -282,16 +298,14 @@ class TokenTree:
 
     def ancestor_mask(self) -> torch.Tensor:
         """[N, N] bool: node i may attend to node j (j is i or one of its ancestors)."""
-        n = len(self)
-        eye = torch.eye(n, dtype=torch.bool)
-        if not n:
-            return eye
-        # every node at once, one level per pass: a node sees itself and what its parent sees
-        up, has = self.parents.clamp_min(0), (self.parents >= 0)[:, None]  # [N], [N, 1]
-        mask = eye
-        for _ in range(max(self.depth_list) - 1):
-            mask = eye | (mask[up] & has)
-        return mask
+        # each node's line (its ancestors and itself) from its parent's, written in one indexed write
+        # (numpy: a few small tensor operations per level cost more than the lists)
+        lines: list[list[int]] = []
+        for i, parent in enumerate(self.parent_list):  # parents precede children
+            lines.append((lines[parent] if parent >= 0 else []) + [i])
+        mask = np.zeros((len(self), len(self)), dtype=bool)
+        mask[[i for i, line in enumerate(lines) for _ in line], [j for line in lines for j in line]] = True
+        return torch.from_numpy(mask)
 
 
 @attrs.frozen

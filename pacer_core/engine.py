@@ -14,6 +14,7 @@ import weakref
 from typing import Any, Callable, Optional, Sequence, Union
 
 import attrs
+import numpy as np
 import pluggy
 import torch
 
@@ -34,15 +35,14 @@ def tree_layout(n_pending: int, tree: TokenTree) -> tuple[torch.Tensor, torch.Te
     the position of its depth after the last pending token. Returns (positions [k] offsets from the
     cache length, tree_mask [k, k] bool).
     """
-    n = len(tree)
-    k = n_pending + n
-    positions = torch.arange(k)
-    positions[n_pending:] = n_pending - 1 + tree.depths
-    mask = torch.zeros(k, k, dtype=torch.bool)
-    mask[:, :n_pending] = True
-    mask[:n_pending, :n_pending] = torch.tril(torch.ones(n_pending, n_pending, dtype=torch.bool))
-    mask[n_pending:, n_pending:] = tree.ancestor_mask()
-    return positions, mask
+    k = n_pending + len(tree)
+    positions = torch.tensor(list(range(n_pending)) + [n_pending - 1 + depth for depth in tree.depth_list],
+                             dtype=torch.long)
+    mask = np.zeros((k, k), dtype=bool)  # built in numpy: small tensor operations cost more
+    mask[:n_pending, :n_pending] = np.tri(n_pending, dtype=bool)
+    mask[n_pending:, :n_pending] = True
+    mask[n_pending:, n_pending:] = tree.ancestor_mask().numpy()
+    return positions, torch.from_numpy(mask)
 
 
 def committed_rows(rows: torch.Tensor, n_pending: int, path: Sequence[int]) -> torch.Tensor:

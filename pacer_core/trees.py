@@ -17,9 +17,10 @@ the sampling verifier treats them as point masses: exact for any temperature, to
 from __future__ import annotations
 
 import heapq
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import attrs
+import numpy as np
 import torch
 from attrs import validators as v
 
@@ -81,8 +82,7 @@ class TreeConfig:
         return CPU_NODES if str(device).startswith("cpu") else AUTO
 
 
-@attrs.frozen
-class Candidate:
+class Candidate(NamedTuple):
     """A chosen child: ``row`` of the expanded nodes it continues, its token, its cumulative score."""
 
     row: int
@@ -90,31 +90,37 @@ class Candidate:
     score: float
 
 
-def grow_level(scores: torch.Tensor, probs: torch.Tensor, tip_row: Optional[int], topk: int,
-               room: int) -> list[Candidate]:
+def grow_level(scores: Sequence[float], probs: torch.Tensor, tip_row: Optional[int], topk: int,
+               room: int, token_ids: Optional[Sequence[int]] = None) -> list[Candidate]:
     """The next level's nodes: the main-path child first (when ``tip_row`` is given), then side nodes.
 
-    ``scores``: [f] cumulative log-probabilities of the f expanded nodes (0 for the root);
-    ``probs``: [f, vocab] the draft's distribution after each (sampling parameters applied, so
-    filtered-out tokens have probability 0 and are never chosen); ``tip_row``: the row of the main
-    path's tip among them, or None when the main path has ended; ``room``: nodes left in the budget.
-    Returns at most ``min(topk, room)`` candidates, ranked by cumulative score after the main one.
+    ``scores``: [f] float32 cumulative log-probabilities of the f expanded nodes (0 for the root; a
+    list, array or CPU tensor); ``probs``: [f, vocab] float32, the draft's distribution after each
+    (sampling parameters applied, so filtered-out tokens have probability 0 and are never chosen);
+    ``tip_row``: the row of the main path's tip among them, or None when the main path has ended;
+    ``room``: nodes left in the budget; ``token_ids``: the token id of each column of ``probs`` (a
+    draft over a subset of the vocabulary), None when column j is token j. Returns at most
+    ``min(topk, room)`` candidates, ranked by cumulative score after the main one.
     """
     if room <= 0 or probs.shape[0] == 0:
         return []
     k = min(topk, int(probs.shape[1]))
     top_p, top_x = probs.topk(k, dim=-1)  # [f, k]
-    # read once on the host (f · k values; small tensor ops cost more than the Python below):
-    # cumulative scores as float32 sums, each candidate's probability and token, in flat order
-    totals = (scores[:, None] + top_p.clamp_min(1e-38).log()).flatten().tolist()
-    p, tokens = top_p.flatten().tolist(), top_x.flatten().tolist()
+    # read once on the host (f · k values; each small tensor operation costs more than the Python
+    # below): cumulative scores as float32 sums (numpy's float32 addition rounds as torch's), each
+    # candidate's probability and token, in flat order
+    top_p, top_x = top_p.float().cpu(), top_x.cpu()
+    log_p = top_p.clamp_min(1e-38).log_().numpy()
+    totals = (np.asarray(scores, dtype=np.float32)[:, None] + log_p).ravel().tolist()
+    p, tokens = top_p.numpy().ravel().tolist(), top_x.numpy().ravel().tolist()
+    if token_ids is not None:
+        tokens = [token_ids[column] for column in tokens]
     limit = min(topk, room)
     tip = tip_row * k if tip_row is not None and p[tip_row * k] > 0 else -1  # the main-path child, first
     chosen = [Candidate(tip_row, tokens[tip], totals[tip])] if tip >= 0 else []
-    # then the best others by cumulative score, ties in flat order (nlargest sorts stably)
-    others = heapq.nlargest(limit - len(chosen), (i for i in range(len(p)) if p[i] > 0 and i != tip),
-                            key=totals.__getitem__)
-    return chosen + [Candidate(i // k, tokens[i], totals[i]) for i in others]
+    # then the best others by cumulative score, ties in flat order (the sort is stable)
+    others = sorted((i for i in range(len(p)) if p[i] > 0 and i != tip), key=totals.__getitem__, reverse=True)
+    return chosen + [Candidate(i // k, tokens[i], totals[i]) for i in others[:limit - len(chosen)]]
 
 
 def merge_phrases(tokens: list[int], parents: list[int], phrases: list[list[int]], first: int,

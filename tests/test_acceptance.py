@@ -413,11 +413,12 @@ def test_greedy_verify_tree_takes_the_longest_argmax_path(data):
                 max_size=300))
 def test_argmax_first_is_argmax_ties_and_nan_included(values):
     """``argmax_first`` names the index ``argmax`` names: the first of tied maxima, the first NaN; on
-    narrow rows and on rows wide enough to be read through ``max(0)``."""
+    float32 and float64 rows (read through numpy), narrow and wide, and on the rows it leaves to
+    ``argmax`` (bfloat16)."""
     row = torch.tensor(values)
-    assert argmax_first(row) == int(row.argmax())
     wide = torch.cat([torch.full((5000,), -3.0), row, torch.full((5000,), -3.0)])
-    assert argmax_first(wide) == int(wide.argmax())
+    for each in (row, wide, row.double(), wide.double(), row.bfloat16()):
+        assert argmax_first(each) == int(each.argmax())
 
 
 def test_greedy_verify_reads_only_the_rows_its_walk_reaches_on_the_cpu():
@@ -432,16 +433,11 @@ def test_greedy_verify_reads_only_the_rows_its_walk_reaches_on_the_cpu():
     logits[[1, 2, 3, 5, 6]] = float("nan")  # rows the walk must not read (argmax of NaN rows is NaN's index)
     read = []
 
-    def counting(name):  # argmax_first reads a row through argmax, or max(0) when it is wide
-        original = getattr(torch.Tensor, name)
+    def counting(row):
+        read.append(tuple(row.shape))
+        return argmax_first(row)
 
-        def count(self, *args, **kwargs):
-            read.append(tuple(self.shape))
-            return original(self, *args, **kwargs)
-        return count
-
-    with mock.patch.object(torch.Tensor, "argmax", counting("argmax")), \
-            mock.patch.object(torch.Tensor, "max", counting("max")):
+    with mock.patch("pacer_core.acceptance.argmax_first", counting):
         verdict = greedy_verify(tokens, logits, parents)
     assert verdict == Verdict(accepted=2, next_token=1, next_kind="bonus", path=(3, 6))
     assert read == [(vocab,)] * 3  # rows 0, 4 and 7, one at a time

@@ -168,6 +168,7 @@ def test_a_draft_over_a_vocabulary_subset_drafts_only_its_tokens():
     by_column = grow_level(scores, narrow, 0, 6, 6)
     whole = grow_level(scores, drafter.draft_vocab.widen(narrow), 0, 6, 6)
     assert [(c.row, int(drafter.vocab[c.token])) for c in by_column] == [(c.row, c.token) for c in whole]
+    assert grow_level(scores, narrow, 0, 6, 6, drafter.vocab_ids) == whole
 
 
 def test_the_command_prints_a_table_and_writes_json(capsys, tmp_path):
@@ -206,6 +207,8 @@ def random_draft(seed: int):
 def test_tree_masks_depths_and_selections_match_brute_force(seed):
     import torch
 
+    from pacer_core.engine import tree_layout
+
     draft = random_draft(seed)
     tree = draft.tree
     parents = tree.parents.tolist()
@@ -223,6 +226,13 @@ def test_tree_masks_depths_and_selections_match_brute_force(seed):
         expected[i, ancestors(i)] = True
     assert torch.equal(tree.ancestor_mask(), expected)
     assert tree.depths.tolist() == [len(ancestors(i)) for i in range(n)]
+    assert tree.is_chain == (len(tree.main_path) == n and parents == list(range(-1, n - 1)))
+    for pending in (1, 3):  # the verification forward's layout: causal pending tokens, then the tree
+        positions, mask = tree_layout(pending, tree)
+        assert positions.tolist() == list(range(pending)) + [pending - 1 + len(ancestors(i)) for i in range(n)]
+        assert torch.equal(mask[:pending, :pending], torch.ones(pending, pending, dtype=torch.bool).tril())
+        assert not mask[:pending, pending:].any() and mask[pending:, :pending].all()
+        assert torch.equal(mask[pending:, pending:], expected)
     assert draft.num_nodes == n and len(draft) == sum(len(b) for b in draft.blocks)
 
     wanted = set(torch.randperm(n, generator=torch.Generator().manual_seed(seed))[: n // 2 + 1].tolist())
@@ -234,6 +244,44 @@ def test_tree_masks_depths_and_selections_match_brute_force(seed):
     assert chosen.forwards == draft.forwards
     everything = draft.select(range(n))
     assert everything is draft
+
+
+def reference_grow_level(scores, probs, tip_row, topk, room):
+    """``grow_level`` as tensor operations, to compare against: each row's top-k, cumulative float32
+    scores, the main-path child first, then the best others (ties in flat order)."""
+    import torch
+
+    k = min(topk, probs.shape[1])
+    top_p, top_x = probs.topk(k, dim=-1)
+    totals = (torch.tensor(scores, dtype=torch.float32)[:, None] + top_p.clamp_min(1e-38).log()).flatten()
+    p, tokens = top_p.flatten(), top_x.flatten()
+    tip = tip_row * k if tip_row is not None and float(p[tip_row * k]) > 0 else -1
+    chosen = [(tip_row, int(tokens[tip]), float(totals[tip]))] if tip >= 0 else []
+    others = sorted((i for i in range(len(p)) if float(p[i]) > 0 and i != tip), key=lambda i: (-float(totals[i]), i))
+    return chosen + [(i // k, int(tokens[i]), float(totals[i])) for i in others[:min(topk, room) - len(chosen)]]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_grow_level_matches_tensor_operations(seed):
+    """``grow_level`` reads the candidates on the host (numpy's float32 sums for the cumulative
+    scores): the same children, tokens and scores, bit for bit, as the tensor operations; filtered-out
+    (zero) tokens are never chosen; ``token_ids`` maps columns to token ids."""
+    import torch
+
+    from pacer_core.trees import grow_level
+
+    g = torch.Generator().manual_seed(seed)
+    f, width = 1 + seed % 5, 4 + seed % 40
+    probs = torch.softmax(3 * torch.randn(f, width, generator=g), -1)
+    probs[torch.rand(f, width, generator=g) < 0.3] = 0.0  # filtered out by top-k / top-p
+    scores = (-5 * torch.rand(f, generator=g)).tolist()
+    topk, room = 1 + seed % 7, 1 + (seed * 3) % 9
+    tip_row = None if seed % 4 == 3 else seed % f
+    got = grow_level(scores, probs, tip_row, topk, room)
+    assert [tuple(c) for c in got] == reference_grow_level(scores, probs, tip_row, topk, room)
+    ids = torch.randperm(1000, generator=g)[:width].tolist()
+    mapped = grow_level(scores, probs, tip_row, topk, room, token_ids=ids)
+    assert [tuple(c) for c in mapped] == [(c.row, ids[c.token], c.score) for c in got]
 
 
 def test_a_bench_unit_records_its_forward_seconds_and_the_report_the_host_time_per_step():

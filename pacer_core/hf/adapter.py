@@ -352,15 +352,14 @@ class HFModel:
         k = len(tokens)
         past = len(self._tokens)
         ids = torch.tensor([list(tokens)], dtype=torch.long)
-        masked = ids == MASK_ROW
-        if bool(masked.any()) and mask_embedding is None:
-            raise ValueError("a MASK_ROW token needs mask_embedding")
         if mask_embedding is None:
+            if MASK_ROW in tokens:
+                raise ValueError("a MASK_ROW token needs mask_embedding")
             inputs: dict[str, Any] = {"input_ids": self._on_device(ids)}
         else:
             embeds = self.model.get_input_embeddings()(self._on_device(ids.clamp_min(0)))  # [1, k, hidden]
             row = mask_embedding.to(embeds.device, embeds.dtype)
-            inputs = {"inputs_embeds": torch.where(self._on_device(masked)[..., None], row, embeds)}
+            inputs = {"inputs_embeds": torch.where(self._on_device(ids == MASK_ROW)[..., None], row, embeds)}
         kwargs: dict[str, Any] = {"cache": self._cache, "use_cache": True, **inputs}
         if tree_mask is not None:
             allowed = torch.ones(k, past + k, dtype=torch.bool)

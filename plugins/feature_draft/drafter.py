@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 import attrs
+import numpy as np
 import torch
 
 from pacer_core import (
@@ -29,7 +30,7 @@ from pacer_core.jsonfile import read_json
 from pacer_core.kernels import PackedMatrix, pack_linears
 from pacer_core.protocols import feature_target
 from pacer_core.sampling import argmax_first, logits_to_probs, sample
-from pacer_core.trees import Candidate, GrownLevels, TreeConfig, grow_level, node_budget
+from pacer_core.trees import GrownLevels, TreeConfig, grow_level, node_budget
 
 from .model import MANIFEST, WEIGHTS, Eagle3Draft, KVCache, load_draft
 from .priors import CorpusSuccessors, SuccessorIndex, path_bonus
@@ -154,7 +155,7 @@ class _Level:
 
     nodes: list[int]
     tokens: list[int]
-    scores: torch.Tensor  # [f]
+    scores: list[float]  # [f], float32 values
     tip_row: Optional[int]
     depth: int
     parent_rows: list[Optional[int]]  # cache row of each node's parent (None: the root)
@@ -223,6 +224,9 @@ class EagleDrafter:
         self.suffix_length = max(len(self.lookup_bias), self.corpus.longest if self.corpus else 0)
         self.sampling = resources.sampling
         self.vocab_size = target.vocab_size
+        self._subset_columns = [-1] * self.vocab_size  # the draft's column of each token id, -1: none
+        for column, token in enumerate(self.subset.tolist()):
+            self._subset_columns[token] = column
         self.tree = config.tree
         self.budget = None if config.tree is None else node_budget(config.tree, target.device, COST_KIND,
                                                                    target.digest, folder, self.draft_info.identity)
@@ -263,9 +267,9 @@ class EagleDrafter:
         # what the blocks' rows of probabilities cover (None: the whole vocabulary, in order)
         self.draft_vocab = None if self._whole_vocab else DraftVocab(self.vocab, self.vocab_size)
         self.extra_head: Optional[torch.Tensor] = None  # [extra, hidden]: the target's rows of those tokens
-        self._column = torch.full((self.vocab_size,), -1, dtype=torch.long)  # draft logit of each id, -1: none
-        self._column[self.subset] = torch.arange(len(self.subset))
-        self.bias = torch.zeros(len(self.subset))  # [len(vocab)]: context_bias at the context's tokens
+        self._column = list(self._subset_columns)  # draft logit of each token id, -1: none (a list: read per token)
+        # [len(vocab)]: context_bias at the context's tokens (None without a context_bias)
+        self.bias = torch.zeros(len(self.subset)) if self.context_bias else None
         self._index = SuccessorIndex(len(self.lookup_bias))  # the committed text's n-grams → successors
         self._scanned = 0  # context tokens already read
 
@@ -278,20 +282,23 @@ class EagleDrafter:
             self._index.extend(context[self._scanned:])
         new = list(dict.fromkeys(context[self._scanned:]))
         self._scanned = len(context)
-        outside = [t for t, c in zip(new, self._column[new].tolist()) if c < 0] if self.context_vocab and new else []
+        column = self._column
+        outside = [t for t in new if column[t] < 0] if self.context_vocab else []
         if outside:
             ids = torch.tensor(outside, dtype=torch.long)
             rows = self.target_head[ids.to(self.target_head.device)].to(self.dtype)
             self.extra_head = rows if self.extra_head is None else torch.cat([self.extra_head, rows])
-            self._column[ids] = torch.arange(len(self.vocab), len(self.vocab) + len(ids))
+            for j, token in enumerate(outside, start=len(self.vocab_ids)):
+                column[token] = j
             self.vocab = torch.cat([self.vocab, ids])
             self.vocab_ids += outside
             self._whole_vocab = False
             self.draft_vocab = DraftVocab(self.vocab, self.vocab_size)  # a new one: earlier blocks keep theirs
-            self.bias = torch.cat([self.bias, torch.zeros(len(ids))])
-        if self.context_bias and new:
-            columns = self._column[new]
-            self.bias[columns[columns >= 0]] = self.context_bias
+            if self.bias is not None:
+                self.bias = torch.cat([self.bias, torch.zeros(len(ids))])
+        said = [column[t] for t in new if column[t] >= 0] if self.context_bias else []
+        if said:
+            self.bias[said] = self.context_bias
 
     def _logits(self, features: torch.Tensor, suffixes: Optional[list[list[int]]] = None) -> torch.Tensor:
         """[k, hidden] → [k, len(self.vocab)] float32 on the CPU, with the context priors; suffixes[i]: the
@@ -304,18 +311,18 @@ class EagleDrafter:
         if self.context_bias:
             logits = logits + self.bias
         if self.suffix_length and suffixes is not None:
-            rows, tokens, bonuses = [], [], []
+            # the priors' bonuses in one indexed add into the flat logits (no two share a cell: a row's
+            # tokens are distinct); tokens the draft cannot say get nothing
+            column, width, cells, bonuses = self._column, int(logits.shape[1]), [], []
             for row, suffix in enumerate(suffixes):
-                bonus = path_bonus(self._index, self.lookup_bias, self.corpus, self.corpus_bias, suffix)
-                rows += [row] * len(bonus)
-                tokens += bonus.keys()
-                bonuses += bonus.values()
-            if tokens:  # one indexed add (no two entries share a cell: a row's tokens are distinct)
-                said = [(r, c, b) for r, c, b in zip(rows, self._column[tokens].tolist(), bonuses) if c >= 0]
-                if said:  # tokens the draft cannot say get nothing
-                    rows, columns, bonuses = zip(*said)
-                    logits.index_put_((torch.tensor(rows), torch.tensor(columns)),
-                                      torch.tensor(bonuses, dtype=logits.dtype), accumulate=True)
+                for token, bonus in path_bonus(self._index, self.lookup_bias, self.corpus, self.corpus_bias,
+                                               suffix).items():
+                    if column[token] >= 0:
+                        cells.append(row * width + column[token])
+                        bonuses.append(bonus)
+            if cells:
+                logits = logits.contiguous()
+                logits.view(-1).index_add_(0, torch.tensor(cells), torch.tensor(bonuses, dtype=logits.dtype))
         return logits
 
     @torch.inference_mode()
@@ -385,13 +392,14 @@ class EagleDrafter:
         return probs if out is None else out.copy_(probs)
 
     def _choose(self, feature: torch.Tensor, generator, suffix: list[int]) -> tuple[int, torch.Tensor]:
+        """The next token after ``feature`` and the row it was chosen from, over the draft's vocabulary
+        (``self.draft_vocab``): under greedy decoding the logits (a chain takes the softmax of its
+        rows at once, row by row the same values), else the probabilities it was drawn from."""
         logits = self._logits(feature[None], [suffix])[0]  # [draft vocabulary]
         if self.sampling.greedy:
-            index, probs = argmax_first(logits), torch.softmax(logits, -1)
-        else:
-            probs = logits_to_probs(logits, self.sampling)
-            index = int(sample(probs, generator))
-        return self.vocab_ids[index], probs  # over the draft's vocabulary (self.draft_vocab)
+            return self.vocab_ids[argmax_first(logits)], logits
+        probs = logits_to_probs(logits, self.sampling)
+        return self.vocab_ids[int(sample(probs, generator))], probs
 
     @hookimpl
     def pacer_propose(self, state, draft, num_tokens) -> Optional[DraftBlock]:
@@ -405,20 +413,20 @@ class EagleDrafter:
         forwards = self._sync(context)
         if len(self.row_tokens) != len(context) - 1:
             return None
-        tokens, probs, hidden = [], [], []
+        tokens, rows, hidden = [], [], []
         feature = self.row_out[-1]
         longest = self.suffix_length
         for i in range(num_tokens):
-            token, token_probs = self._choose(feature, state.generator,
-                                              (context + tokens)[-longest:] if longest else [])
+            token, row = self._choose(feature, state.generator, (context + tokens)[-longest:] if longest else [])
             tokens.append(token)
-            probs.append(token_probs)
+            rows.append(row)
             hidden.append(feature)
             if token in state.eos_token_ids or i == num_tokens - 1:
                 break
             feature = self._feed([token], feature[None])[-1]
             forwards += 1
-        return DraftBlock(tokens=torch.tensor(tokens, dtype=torch.long), draft_probs=torch.stack(probs),
+        probs = torch.softmax(torch.stack(rows), -1) if self.sampling.greedy else torch.stack(rows)
+        return DraftBlock(tokens=torch.tensor(tokens, dtype=torch.long), draft_probs=probs,
                           hidden_states=torch.stack(hidden), forwards=forwards, draft_vocab=self.draft_vocab)
 
     # -- token trees (docs/trees.md) -------------------------------------------------------------
@@ -462,7 +470,7 @@ class EagleDrafter:
             level = self.level
             if level is None:  # the root
                 features = self.row_out[-1][None]  # [1, hidden]
-                scores, tip_row, nodes, rows = torch.zeros(1), 0, [-1], [None]
+                scores, tip_row, nodes, rows = [0.0], 0, [-1], [None]
                 paths: list[tuple[int, ...]] = [()]
             else:
                 if level.depth >= tree.depth or level.tokens[level.tip_row] in state.eos_token_ids:
@@ -480,22 +488,21 @@ class EagleDrafter:
                 ends = [i for i, t in enumerate(level.tokens) if t in state.eos_token_ids]
                 if ends:
                     probs[ends] = 0.0
-            chosen = grow_level(scores, probs, tip_row, tree.topk, tree.topk)
+            chosen = grow_level(scores, probs, tip_row, tree.topk, tree.topk,
+                                None if self._whole_vocab else self.vocab_ids)  # the draft's columns → token ids
             if not chosen or tip_row is None or chosen[0].row != tip_row:
                 break
-            if not self._whole_vocab:  # the draft's columns → token ids
-                chosen = [Candidate(c.row, self.vocab_ids[c.token], c.score) for c in chosen]
             picked = [c.row for c in chosen]  # each chosen node's parent's row (of features, probs)
+            parent_features = features[picked]  # [len(chosen), hidden]: the feature that chose each node
             # the level's rows stay whole: a node maps to its parent's row (siblings share it)
-            new_nodes = grown.add(chosen, [nodes[row] for row in picked], table, features[chosen[0].row],
+            new_nodes = grown.add(chosen, [nodes[row] for row in picked], table, parent_features[0],
                                   [used + row for row in picked])
             used += f
             self.level = _Level(
-                nodes=new_nodes, tokens=[c.token for c in chosen], scores=torch.tensor([c.score for c in chosen]),
-                tip_row=0, depth=1 if level is None else level.depth + 1,
-                parent_rows=[rows[c.row] for c in chosen],
-                parent_features=features.index_select(0, torch.tensor(picked, device=features.device)),
-                blocks=len(draft.blocks) + 1, paths=[paths[c.row] + (c.token,) for c in chosen])
+                nodes=new_nodes, tokens=[c.token for c in chosen], scores=[c.score for c in chosen],
+                tip_row=0, depth=1 if level is None else level.depth + 1, parent_rows=[rows[row] for row in picked],
+                parent_features=parent_features, blocks=len(draft.blocks) + 1,
+                paths=[paths[c.row] + (c.token,) for c in chosen])
         if not grown:
             return None
         block, number = grown.block(draft.num_nodes, forwards, self.draft_vocab)
@@ -512,11 +519,14 @@ class EagleDrafter:
         seen = [(self._tree_seen[row - base] if row is not None else []) + [r + i]
                 for i, row in enumerate(level.parent_rows)]
         self._tree_seen += seen
-        mask = torch.zeros(f, start + f, dtype=torch.bool)  # [f, start + f]: every context row, the tree's seen
+        # [f, start + f]: every context row, the tree rows each sees (built in numpy: a few small
+        # tensor operations cost more than the whole mask)
+        mask = np.zeros((f, start + f), dtype=bool)
         mask[:, :base] = True
         mask[[i for i, rows in enumerate(seen) for _ in rows], [base + j for rows in seen for j in rows]] = True
         positions = torch.full((f,), base + level.depth - 1)
-        out = self.net(self.embed[level.tokens].to(self.dtype), level.parent_features, positions, self.cache, mask)
+        out = self.net(self.embed[level.tokens].to(self.dtype), level.parent_features, positions, self.cache,
+                       torch.from_numpy(mask))
         level.rows = [start + i for i in range(f)]
         return out
 

@@ -174,7 +174,7 @@ class DraftModel:
                 self._context = len(model.cached_tokens)
                 probs = self._probs(out.logits[-1:].cpu())  # [1, vocab]
                 hidden = out.hidden_states[-1:] if self.hidden else None  # [1, hidden]
-                nodes, scores = [-1], torch.zeros(1)  # the root is the one expanded node
+                nodes, scores = [-1], [0.0]  # the root is the one expanded node
             else:
                 level = self._level  # the last level's (node, parent, token), main-path node first
                 if level[0][2] in state.eos_token_ids:
@@ -192,7 +192,7 @@ class DraftModel:
                 ends = [i for i, (_, _, token) in enumerate(level) if token in state.eos_token_ids]
                 probs[ends] = 0.0  # nothing grows past an end-of-sequence side node
                 hidden = out.hidden_states if self.hidden else None  # [k, hidden]
-                nodes, scores = [node for node, _, _ in level], torch.tensor(self._scores)
+                nodes, scores = [node for node, _, _ in level], self._scores
             forwards += 1
             chosen = grow_level(scores, probs, 0, tree.topk, tree.topk)
             if not chosen:
