@@ -17,6 +17,7 @@ the sampling verifier treats them as point masses: exact for any temperature, to
 from __future__ import annotations
 
 import heapq
+import math
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import attrs
@@ -249,11 +250,12 @@ def best_nodes(tree: TokenTree, nodes: int) -> Optional[list[int]]:
     n = len(tree)
     if n <= nodes or tree.token_probs is None:
         return None
-    q = tree.token_probs.double()  # [N]: q(token | its parent's path)
+    # q(token | its parent's path), read once (a tensor element at a time costs more than the whole
+    # tree) as log q; a node has a draft probability where q > 0, that is log q > -inf (not NaN either)
+    log_q = tree.token_probs.double().log().tolist()
+    own = [value > -math.inf for value in log_q]
     parents = tree.parent_list
     score = [0.0] * n
-    own = (q > 0).tolist()
-    log_q = q.log().tolist()  # read once: a tensor element at a time costs more than the whole tree
     for i, parent in enumerate(parents):
         score[i] = (log_q[i] if own[i] else 0.0) + (score[parent] if parent >= 0 else 0.0)
     ranked = sorted((i for i in range(n) if own[i]), key=lambda i: (-score[i], i))

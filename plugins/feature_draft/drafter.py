@@ -395,7 +395,7 @@ class EagleDrafter:
         """The next token after ``feature`` and the row it was chosen from, over the draft's vocabulary
         (``self.draft_vocab``): under greedy decoding the logits (a chain takes the softmax of its
         rows at once, row by row the same values), else the probabilities it was drawn from."""
-        logits = self._logits(feature[None], [suffix])[0]  # [draft vocabulary]
+        logits = self._logits(feature, [suffix])[0]  # feature: [1, hidden] → [draft vocabulary]
         if self.sampling.greedy:
             return self.vocab_ids[argmax_first(logits)], logits
         probs = logits_to_probs(logits, self.sampling)
@@ -405,7 +405,7 @@ class EagleDrafter:
     def pacer_propose(self, state, draft, num_tokens) -> Optional[DraftBlock]:
         if self.tree is not None:
             return self._propose_levels(state, draft, num_tokens)
-        context = state.tokens + draft.tokens.tolist()
+        context = state.tokens + draft.tokens.tolist() if len(draft) else state.tokens
         if len(self.features) == 0:
             return None  # step 0 (the prefill): no target feature yet, it decodes plainly
         if self.reads_context:
@@ -414,7 +414,7 @@ class EagleDrafter:
         if len(self.row_tokens) != len(context) - 1:
             return None
         tokens, rows, hidden = [], [], []
-        feature = self.row_out[-1]
+        feature = self.row_out[-1][None]  # [1, hidden]
         longest = self.suffix_length
         for i in range(num_tokens):
             token, row = self._choose(feature, state.generator, (context + tokens)[-longest:] if longest else [])
@@ -423,11 +423,11 @@ class EagleDrafter:
             hidden.append(feature)
             if token in state.eos_token_ids or i == num_tokens - 1:
                 break
-            feature = self._feed([token], feature[None])[-1]
+            feature = self._feed([token], feature)[-1:]
             forwards += 1
         probs = torch.softmax(torch.stack(rows), -1) if self.sampling.greedy else torch.stack(rows)
         return DraftBlock(tokens=torch.tensor(tokens, dtype=torch.long), draft_probs=probs,
-                          hidden_states=torch.stack(hidden), forwards=forwards, draft_vocab=self.draft_vocab)
+                          hidden_states=torch.cat(hidden), forwards=forwards, draft_vocab=self.draft_vocab)
 
     # -- token trees (docs/trees.md) -------------------------------------------------------------
     @hookimpl
