@@ -23,6 +23,7 @@ from .commands import COMMAND_GROUP, COMMANDS, EXIT_INTERRUPTED, EXIT_USAGE, Run
 from .config import PacerConfig, check, load_config, read_config
 from .errors import InputError, PacerError
 from .hookspecs import hookimpl
+from .hostmemory import reuse_freed_memory
 from .jsonfile import MAX_LINE_BYTES, read_bytes, size_text
 from .registry import components, new_plugin_manager
 
@@ -360,6 +361,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args = parser.parse_args(argv)
         if getattr(args, "run", None) is None:
             raise _UsageError(f"choose a command: {', '.join(COMMANDS)}; see `{PROG} --help`")
+        reuse_freed_memory()  # before any model loads: a step's large buffers reuse memory (hostmemory.py)
         return args.run(args)
     except SystemExit as exc:
         if args is None:  # argparse: --help (0) or a usage error (2)

@@ -22,6 +22,7 @@ from .config import PacerConfig, check, check_seed, draft_model_config
 from .drafts import Draft, TokenTree
 from .errors import ConfigError, InputError
 from .hookcheck import check_results
+from .hostmemory import reuse_freed_memory
 from .protocols import LanguageModel
 from .registry import ResolvedStack, check_hooks, new_plugin_manager
 from .skipping import SkipConfig, draft_gate
@@ -151,6 +152,7 @@ class Engine:
         # (pacer_core.skipping); priced by the first component in the stack that declares a cost model
         costs = check_results(pm, "pacer_step_costs", pm.hook.pacer_step_costs())
         self.gate = draft_gate(skip_drafting or SkipConfig(), list(reversed(costs)))
+        reuse_freed_memory()  # a step's large buffers (the tree's logits, the draft's rows) reuse memory
 
     # -- building ----------------------------------------------------------------------------
     @classmethod

@@ -473,3 +473,56 @@ def test_a_greedy_tree_step_never_widens_the_drafts_rows(monkeypatch):
     assert again.tokens == plain.tokens
     assert widened and all(p.shape[1] == shape.vocab for p in reads.rows)
     assert all(torch.allclose(p.sum(-1), torch.ones(len(p))) for p in reads.rows)
+
+
+# -- a step's large buffers reuse freed memory (pacer_core.hostmemory) -----------------------------
+def test_the_environment_keeps_its_own_allocator_settings(monkeypatch):
+    from pacer_core import hostmemory
+
+    for name, value in [("MALLOC_TRIM_THRESHOLD_", "1000"), ("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=4096")]:
+        with monkeypatch.context() as env:
+            env.setenv(name, value)
+            hostmemory.reuse_freed_memory.cache_clear()
+            assert hostmemory.tuned_by_environment() and hostmemory.reuse_freed_memory() is False
+    hostmemory.reuse_freed_memory.cache_clear()
+
+
+def test_a_large_buffer_comes_from_the_heap_once_tuned():
+    """After ``reuse_freed_memory`` a buffer of megabytes (a tree step's logits) is served from glibc's
+    heap, not mapped afresh: the mapped bytes (mallinfo2's hblkhd) do not grow while it lives."""
+    import ctypes
+    import sys
+
+    import torch
+
+    from pacer_core import hostmemory
+
+    if not sys.platform.startswith("linux") or hostmemory.tuned_by_environment():
+        pytest.skip("glibc's allocator on Linux, not tuned by the environment")
+    try:
+        mallinfo2 = ctypes.CDLL(None).mallinfo2
+    except AttributeError:
+        pytest.skip("glibc >= 2.33 (mallinfo2)")
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in
+                    ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+                     "fordblks", "keepcost")]
+
+    mallinfo2.restype = MallInfo2
+    hostmemory.reuse_freed_memory.cache_clear()
+    assert hostmemory.reuse_freed_memory()
+    mapped = mallinfo2().hblkhd
+    logits = torch.empty(65, 49152)  # a 64-node tree's logits over the embedded target's vocabulary
+    assert mallinfo2().hblkhd == mapped
+    del logits
+
+
+def test_the_engine_tunes_the_allocator(monkeypatch):
+    import pacer_core.engine
+
+    calls = []
+    monkeypatch.setattr(pacer_core.engine, "reuse_freed_memory", lambda: calls.append(1))
+    build_engine(ScriptedLM(SCRIPTED_VOCAB, seed=0), None, "autoregressive", "{name: fixed, gamma: 1}",
+                 {"temperature": 0.0})
+    assert calls == [1]
