@@ -50,5 +50,8 @@ def reuse_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    # both, in this order: setting either turns off glibc's own raising of the other
-    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_BELOW)) and bool(mallopt(_M_TRIM_THRESHOLD, KEEP_FREE))
+    # both, in this order: setting either turns off glibc's own raising of the other; a glibc older
+    # than 2.35 refuses an mmap threshold above 32 MiB (its largest default one on 64-bit systems)
+    if not any(mallopt(_M_MMAP_THRESHOLD, size) for size in (MMAP_BELOW, 32 << 20)):
+        return False
+    return bool(mallopt(_M_TRIM_THRESHOLD, KEEP_FREE))
