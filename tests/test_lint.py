@@ -12,6 +12,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_the_tree_passes_ruff():
     pytest.importorskip("ruff", reason="ruff is not installed (it comes with the test extra: scripts/bootstrap.sh)")
-    done = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--quiet", "."], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--no-cache", "--quiet", "."],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, "ruff check . found problems (pyproject's [tool.ruff]):\n" + done.stdout + done.stderr

@@ -31,16 +31,19 @@ def test_an_avx512_machine_loads_vllms_fastest_x86_kernels():
     assert reason is None and kernels.startswith("_C_AVX2")
 
 
-@pytest.mark.parametrize("system, machine, flags, glibc, python, said", [
-    ("Linux", "x86_64", {"fpu", "sse2", "avx"}, (2, 36), (3, 11), "neither AVX-512 (avx512f) nor AVX2"),
-    ("Linux", "x86_64", None, (2, 36), (3, 11), "cannot read the CPU's flags"),
-    ("Darwin", "arm64", None, None, (3, 11), "Linux wheels only (manylinux_2_28); this is Darwin"),
-    ("Windows", "AMD64", None, None, (3, 11), "this is Windows"),
-    ("Linux", "riscv64", set(), (2, 36), (3, 11), "x86_64 and aarch64 only; this machine is riscv64"),
-    ("Linux", "x86_64", AVX512, (2, 17), (3, 11), "glibc 2.28 or newer); this machine has glibc 2.17"),
-    ("Linux", "x86_64", AVX512, None, (3, 11), "this machine has no glibc"),
-    ("Linux", "x86_64", AVX512, (2, 36), (3, 10), "CPython 3.11 to 3.14; this is 3.10"),
-])
+@pytest.mark.parametrize(
+    "system, machine, flags, glibc, python, said",
+    [
+        ("Linux", "x86_64", {"fpu", "sse2", "avx"}, (2, 36), (3, 11), "neither AVX-512 (avx512f) nor AVX2"),
+        ("Linux", "x86_64", None, (2, 36), (3, 11), "cannot read the CPU's flags"),
+        ("Darwin", "arm64", None, None, (3, 11), "Linux wheels only (manylinux_2_28); this is Darwin"),
+        ("Windows", "AMD64", None, None, (3, 11), "this is Windows"),
+        ("Linux", "riscv64", set(), (2, 36), (3, 11), "x86_64 and aarch64 only; this machine is riscv64"),
+        ("Linux", "x86_64", AVX512, (2, 17), (3, 11), "glibc 2.28 or newer); this machine has glibc 2.17"),
+        ("Linux", "x86_64", AVX512, None, (3, 11), "this machine has no glibc"),
+        ("Linux", "x86_64", AVX512, (2, 36), (3, 10), "CPython 3.11 to 3.14; this is 3.10"),
+    ],
+)
 def test_a_machine_vllm_cannot_run_on_is_refused_with_the_reason(system, machine, flags, glibc, python, said):
     reason, kernels = engine_support(system, machine, flags, glibc, python)
     assert reason is not None and said in reason and kernels == ""
@@ -57,27 +60,37 @@ def test_the_cpu_flags_come_from_cpuinfo_or_the_override(tmp_path, monkeypatch):
 
 
 def _script(*args, env=None, timeout=120):
-    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})}, cwd=ROOT)
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        cwd=ROOT,
+    )
 
 
 @pytest.mark.skipif((platform.system(), platform.machine()) != LINUX, reason="the flags decide only on x86_64 Linux")
 def test_the_script_refuses_a_cpu_without_avx_before_installing_anything(tmp_path):
     serve = tmp_path / "serve-venv"
-    done = _script("--work", str(tmp_path / "work"),
-                   env={"PACER_SERVE_CPU_FLAGS": "fpu sse2 avx", "PACER_SERVE_VENV": str(serve)})
+    done = _script(
+        "--work", str(tmp_path / "work"), env={"PACER_SERVE_CPU_FLAGS": "fpu sse2 avx", "PACER_SERVE_VENV": str(serve)}
+    )
     assert done.returncode == 3
     assert "vLLM cannot run here: the CPU has neither AVX-512 (avx512f) nor AVX2 (avx2)" in done.stderr
     assert not serve.exists() and not (tmp_path / "work").exists()
 
 
-@pytest.mark.parametrize("args, said", [
-    (["--k", "0"], "--k needs a whole number of at least 1"),
-    (["--rounds", "two"], "--rounds needs a whole number of at least 1"),
-    (["--prompts"], "--prompts needs a whole number of at least 1"),
-    (["--work"], "--work needs a folder"),
-    (["--serve"], "unknown option '--serve'"),
-])
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["--k", "0"], "--k needs a whole number of at least 1"),
+        (["--rounds", "two"], "--rounds needs a whole number of at least 1"),
+        (["--prompts"], "--prompts needs a whole number of at least 1"),
+        (["--work"], "--work needs a folder"),
+        (["--serve"], "unknown option '--serve'"),
+    ],
+)
 def test_the_script_refuses_bad_options_in_one_line(args, said):
     done = _script(*args)
     assert done.returncode == 2 and said in done.stderr and len(done.stderr.strip().splitlines()) == 1
@@ -116,15 +129,20 @@ def test_acceptance_is_counted_per_position_over_the_steps_that_give_the_first_t
 
 def _run(tokens, per_pos=None, drafts=0, method="eagle", rounds=1, seconds=1.0):
     spec = {"drafts": drafts, "accepted_tokens_per_pos": per_pos or []}
-    return {"tokens": tokens, "method": method, "spec": spec,
-            "rounds": [{"tokens": tokens, "seconds": [seconds] * len(tokens), "spec": spec}] * rounds}
+    return {
+        "tokens": tokens,
+        "method": method,
+        "spec": spec,
+        "rounds": [{"tokens": tokens, "seconds": [seconds] * len(tokens), "spec": spec}] * rounds,
+    }
 
 
 def test_a_draft_passes_only_with_identical_outputs_and_equal_counts():
     out = [[5, 6, 7], [8, 9]]
     plain = _run(out, seconds=0.5)
-    ok, line = draft_line("feature_draft/default", 4, plain, plain, _run(out, [3, 2, 1, 0], 4),
-                          _run(out, [3, 2, 1, 0], 4, rounds=2))
+    ok, line = draft_line(
+        "feature_draft/default", 4, plain, plain, _run(out, [3, 2, 1, 0], 4), _run(out, [3, 2, 1, 0], 4, rounds=2)
+    )
     assert ok and "outputs identical yes" in line and "ours 3 / 2 / 1 / 0 of 4 drafts" in line and ": equal;" in line
     assert "tok/s vLLM plain 5.0, vLLM SD 2.5" in line  # 5 tokens over 1 s, and over 2 s
     ok, line = draft_line("d", 4, plain, plain, _run(out, [3, 2, 1, 0], 4), _run([[5, 6, 7], [8, 1]], [3, 2, 1, 0], 4))
@@ -134,8 +152,9 @@ def test_a_draft_passes_only_with_identical_outputs_and_equal_counts():
     ok, _ = draft_line("d", 4, plain, plain, _run(out, [3, 2, 1, 0], 4), _run(out, [3, 2, 1, 0], 5))
     assert not ok  # the same positions over another number of drafts
     second_round_differs = _run(out, [3, 2, 1, 0], 4)
-    second_round_differs["rounds"] = second_round_differs["rounds"] + [{**second_round_differs["rounds"][0],
-                                                                        "tokens": [[5, 6, 7], [8, 0]]}]
+    second_round_differs["rounds"] = second_round_differs["rounds"] + [
+        {**second_round_differs["rounds"][0], "tokens": [[5, 6, 7], [8, 0]]}
+    ]
     ok, _ = draft_line("d", 4, plain, plain, _run(out, [3, 2, 1, 0], 4), second_round_differs)
     assert not ok
 
@@ -168,8 +187,10 @@ def test_the_served_copy_of_an_eagle_export_has_no_token_map(tmp_path):
 
 
 def test_only_the_runner_in_the_serving_environment_imports_vllm():
-    importers = [p.relative_to(ROOT).as_posix() for folder in ("pacer_core", "pacer_bench", "pacer_train", "plugins",
-                                                               "scripts")
-                 for p in (ROOT / folder).rglob("*.py")
-                 if any(line.lstrip().startswith(("import vllm", "from vllm")) for line in p.read_text().splitlines())]
+    importers = [
+        p.relative_to(ROOT).as_posix()
+        for folder in ("pacer_core", "pacer_bench", "pacer_train", "plugins", "scripts")
+        for p in (ROOT / folder).rglob("*.py")
+        if any(line.lstrip().startswith(("import vllm", "from vllm")) for line in p.read_text().splitlines())
+    ]
     assert importers == ["scripts/serve_check_vllm.py"]

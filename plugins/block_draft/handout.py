@@ -84,8 +84,12 @@ class BlockDrafter:
             return self._propose_tree(state, draft, num_tokens)
         main = draft.tokens.tolist()
         latest, forwards = self.latest, 0
-        if (latest is None or latest.committed != len(state.tokens) or latest.handed >= len(latest.tokens)
-                or main != latest.known + latest.tokens[:latest.handed]):
+        if (
+            latest is None
+            or latest.committed != len(state.tokens)
+            or latest.handed >= len(latest.tokens)
+            or main != latest.known + latest.tokens[: latest.handed]
+        ):
             drafted = self._forward(state.tokens, main)
             if drafted is None:
                 return None
@@ -103,10 +107,14 @@ class BlockDrafter:
                 last = i + 1
                 break
         latest.handed = last
-        return DraftBlock(tokens=torch.tensor(latest.tokens[first:last], dtype=torch.long),
-                          draft_probs=latest.rows[first:last],
-                          hidden_states=None if latest.hidden is None else latest.hidden[first:last],
-                          forwards=forwards, sampled=not self.sampling.greedy, draft_vocab=self.draft_vocab)
+        return DraftBlock(
+            tokens=torch.tensor(latest.tokens[first:last], dtype=torch.long),
+            draft_probs=latest.rows[first:last],
+            hidden_states=None if latest.hidden is None else latest.hidden[first:last],
+            forwards=forwards,
+            sampled=not self.sampling.greedy,
+            draft_vocab=self.draft_vocab,
+        )
 
     def _propose_tree(self, state, draft, num_tokens: int) -> Optional[DraftBlock]:
         """The next ``num_tokens`` levels of this step's tree over one block: the first call runs the
@@ -120,8 +128,14 @@ class BlockDrafter:
             rows, hidden = drafted
             depth = min(self.tree.depth, len(rows))
             cap = self.tree.nodes if isinstance(self.tree.nodes, int) else self.tree.topk * depth
-            plan = self.plan = block_tree(rows[:depth], None if hidden is None else hidden[:depth], self.tree.topk,
-                                          cap, self.draft_vocab, state.eos_token_ids)
+            plan = self.plan = block_tree(
+                rows[:depth],
+                None if hidden is None else hidden[:depth],
+                self.tree.topk,
+                cap,
+                self.draft_vocab,
+                state.eos_token_ids,
+            )
             self.plan_for = (len(state.tokens), 0)
             forwards = 1
         elif plan is None or self.plan_for != (len(state.tokens), draft.num_nodes):

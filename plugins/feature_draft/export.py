@@ -70,10 +70,16 @@ MAX_POSITIONS = 1 << 20  # the largest --max-position-embeddings: engines size r
 MAX_SPECULATIVE_TOKENS = 64
 
 
-def export_draft(draft: Path, out: Path, dtype: torch.dtype = torch.float16,
-                 max_positions: Optional[int] = None, engine: str = "vllm",
-                 speculators: Optional[dict[str, Any]] = None, target: Any = None,
-                 target_path: Optional[str] = None) -> dict[str, Any]:
+def export_draft(
+    draft: Path,
+    out: Path,
+    dtype: torch.dtype = torch.float16,
+    max_positions: Optional[int] = None,
+    engine: str = "vllm",
+    speculators: Optional[dict[str, Any]] = None,
+    target: Any = None,
+    target_path: Optional[str] = None,
+) -> dict[str, Any]:
     """Write the draft folder ``draft`` (one ``pacer distill`` made) into ``out`` (absent or empty) in
     the published layout; returns {layout, out, tensors, token_map}. ``engine``: whose EAGLE-1
     architecture name the config gives (``ENGINES``); ``speculators``: an EAGLE-3 draft's config in
@@ -89,11 +95,18 @@ def export_draft(draft: Path, out: Path, dtype: torch.dtype = torch.float16,
     kind = plugin_kind(draft)
     if kind is not None:  # a student kind a plugin adds writes its own drafts' files (pacer_train.export)
         exported = kind.export(draft, dtype=dtype, speculators=speculators, target=target, target_path=target_path)
-        config = {**exported.config, "pacer_export": {
-            "draft": draft.resolve().name, "draft_identity": exported.identity,
-            "target": portable(manifest.get("target")), "target_digest": manifest.get("target_digest")}}
-        tensors = {name: (t.to(dtype) if t.is_floating_point() else t).contiguous()
-                   for name, t in exported.tensors.items()}
+        config = {
+            **exported.config,
+            "pacer_export": {
+                "draft": draft.resolve().name,
+                "draft_identity": exported.identity,
+                "target": portable(manifest.get("target")),
+                "target_digest": manifest.get("target_digest"),
+            },
+        }
+        tensors = {
+            name: (t.to(dtype) if t.is_floating_point() else t).contiguous() for name, t in exported.tensors.items()
+        }
         _write(out, tensors, config, exported.files)
         return {"layout": exported.layout, "out": str(out), "tensors": len(tensors), "files": sorted(exported.files)}
     net = load_draft(draft)
@@ -106,16 +119,27 @@ def export_draft(draft: Path, out: Path, dtype: torch.dtype = torch.float16,
     else:  # pragma: no cover — load_draft knows no other family
         raise InputError(f"'{draft}' holds a {type(net).__name__}, which has no published EAGLE layout")
     if speculators is not None and layout != "eagle3":
-        raise InputError(f"'{draft}' is a feature-level (EAGLE-1) draft: --speculators writes vLLM's speculators "
-                         "format for EAGLE-3 drafts only; export without it (vLLM serves the EAGLE-1 layout with "
-                         "method eagle)")
+        raise InputError(
+            f"'{draft}' is a feature-level (EAGLE-1) draft: --speculators writes vLLM's speculators "
+            "format for EAGLE-3 drafts only; export without it (vLLM serves the EAGLE-1 layout with "
+            "method eagle)"
+        )
     arch = net.arch
     if max_positions is None:
         max_positions = arch.max_position_embeddings if arch.rope_scaling else 32768
-    llama = dict(model_type="llama", hidden_act="silu", hidden_size=arch.hidden_size,
-                 intermediate_size=arch.intermediate_size, num_attention_heads=arch.num_heads,
-                 num_key_value_heads=arch.num_kv_heads, head_dim=arch.head_dim, max_position_embeddings=max_positions,
-                 rms_norm_eps=arch.rms_eps, rope_theta=arch.rope_theta, tie_word_embeddings=False)
+    llama = dict(
+        model_type="llama",
+        hidden_act="silu",
+        hidden_size=arch.hidden_size,
+        intermediate_size=arch.intermediate_size,
+        num_attention_heads=arch.num_heads,
+        num_key_value_heads=arch.num_kv_heads,
+        head_dim=arch.head_dim,
+        max_position_embeddings=max_positions,
+        rms_norm_eps=arch.rms_eps,
+        rope_theta=arch.rope_theta,
+        tie_word_embeddings=False,
+    )
     if arch.rope_scaling:
         llama["rope_scaling"] = arch.rope_scaling
     if arch.qkv_bias:
@@ -123,9 +147,12 @@ def export_draft(draft: Path, out: Path, dtype: torch.dtype = torch.float16,
     config = {"architectures": architectures, **llama, **config, "torch_dtype": str(dtype).removeprefix("torch.")}
     if speculators is not None:
         config.update(speculators_config(llama, config, **speculators))
-    config["pacer_export"] = {"draft": draft.resolve().name, "draft_identity": draft_identity(draft),
-                              "target": portable(manifest.get("target")),
-                              "target_digest": manifest.get("target_digest")}
+    config["pacer_export"] = {
+        "draft": draft.resolve().name,
+        "draft_identity": draft_identity(draft),
+        "target": portable(manifest.get("target")),
+        "target_digest": manifest.get("target_digest"),
+    }
     tensors = {name: (t.to(dtype) if t.is_floating_point() else t).contiguous() for name, t in tensors.items()}
     files = {} if token_map is None else {TOKEN_MAP: token_map.clone()}
     _write(out, tensors, config, files)
@@ -149,8 +176,9 @@ def _eagle1(net: FeatureDraft) -> tuple[dict, dict, Optional[torch.Tensor]]:
         param = ours.split(".", 2)[2] if ours.startswith("extra.") else ours
         source = k - shift  # our layer feeding EAGLE layer k (−1: the identity layer)
         if source < 0:
-            tensors[theirs] = torch.ones_like(own[param]) if param.endswith("norm.weight") else \
-                torch.zeros_like(own[param])
+            tensors[theirs] = (
+                torch.ones_like(own[param]) if param.endswith("norm.weight") else torch.zeros_like(own[param])
+            )
         elif source == 0:
             tensors[theirs] = own[param]
         else:
@@ -172,16 +200,22 @@ def _eagle3(net: Eagle3Draft, draft: Path) -> tuple[dict, dict, None]:
     arch = net.arch
     layers = list(arch.target_layers)
     if len(layers) != 3 or arch.fused_size != 3 * arch.hidden_size:
-        raise InputError(f"'{draft}' fuses {len(layers)} target layers {layers}; the EAGLE-3 layout's fc reads "
-                         "exactly three (2, L // 2 and L − 3): distill with student.fused_layers unset")
+        raise InputError(
+            f"'{draft}' fuses {len(layers)} target layers {layers}; the EAGLE-3 layout's fc reads "
+            "exactly three (2, L // 2 and L − 3): distill with student.fused_layers unset"
+        )
     num_layers = layers[2] + 3
     if layers != [2, num_layers // 2, num_layers - 3]:
-        raise InputError(f"'{draft}' fuses target layers {layers}, but the EAGLE-3 layout (EAGLE's code, vLLM, "
-                         "SGLang) reads the inputs of layers 2, L // 2 and L − 3 of an L-layer target: the fc "
-                         "part cannot be expressed; distill with student.fused_layers unset")
+        raise InputError(
+            f"'{draft}' fuses target layers {layers}, but the EAGLE-3 layout (EAGLE's code, vLLM, "
+            "SGLang) reads the inputs of layers 2, L // 2 and L − 3 of an L-layer target: the fc "
+            "part cannot be expressed; distill with student.fused_layers unset"
+        )
     if arch.qkv_bias:
-        raise InputError(f"'{draft}' has q/k/v biases, which the EAGLE-3 layout (EAGLE's cnets.py, vLLM, SGLang) "
-                         "does not have: the attention part cannot be expressed")
+        raise InputError(
+            f"'{draft}' has q/k/v biases, which the EAGLE-3 layout (EAGLE's cnets.py, vLLM, SGLang) "
+            "does not have: the attention part cannot be expressed"
+        )
     if arch.vocab_size <= 0:
         raise InputError(f"'{draft}' does not record its target's vocabulary size, which t2d needs: distill it again")
     own = {k: v.detach().cpu() for k, v in net.state_dict().items()}
@@ -192,13 +226,18 @@ def _eagle3(net: Eagle3Draft, draft: Path) -> tuple[dict, dict, None]:
     t2d[subset] = True
     tensors["t2d"] = t2d
     # EAGLE's layer keeps the fused state un-normed as the residual; vLLM's speculators reader takes true when absent
-    config = {"num_hidden_layers": 1, "vocab_size": arch.vocab_size, "draft_vocab_size": arch.draft_vocab_size,
-              "norm_before_residual": False}
+    config = {
+        "num_hidden_layers": 1,
+        "vocab_size": arch.vocab_size,
+        "draft_vocab_size": arch.draft_vocab_size,
+        "norm_before_residual": False,
+    }
     return tensors, config, None
 
 
-def speculators_config(llama: dict[str, Any], config: dict[str, Any], verifier: str,
-                       speculative_tokens: Optional[int] = 3) -> dict[str, Any]:
+def speculators_config(
+    llama: dict[str, Any], config: dict[str, Any], verifier: str, speculative_tokens: Optional[int] = 3
+) -> dict[str, Any]:
     """The keys of vLLM's speculators format for an EAGLE-3 export (read by
     ``vllm/transformers_utils/configs/speculators/base.py`` and ``algos.py``): the model type, the
     decoder layer's Llama config, and ``speculators_config`` with one greedy proposal method of
@@ -207,8 +246,10 @@ def speculators_config(llama: dict[str, Any], config: dict[str, Any], verifier: 
     speculative_tokens = 3 if speculative_tokens is None else speculative_tokens
     check_range(speculative_tokens, 1, MAX_SPECULATIVE_TOKENS, "--speculative-tokens")
     if not isinstance(verifier, str) or not verifier.strip():
-        raise InputError("--speculators needs --verifier NAME_OR_PATH: the target as the serving machine names it "
-                         "(a Hugging Face id or a path there)")
+        raise InputError(
+            "--speculators needs --verifier NAME_OR_PATH: the target as the serving machine names it "
+            "(a Hugging Face id or a path there)"
+        )
     return {
         "architectures": ["Eagle3Speculator"],
         "transformer_layer_config": {**llama, "num_hidden_layers": 1, "vocab_size": config["vocab_size"]},
@@ -250,8 +291,10 @@ def _write(out: Path, tensors: dict, config: dict, files: dict[str, Any]) -> Non
             torch.save(value, partial / name)
         os.replace(partial, out)  # onto an absent or empty folder
     except OSError as exc:
-        raise InputError(f"out '{out}' cannot be written ({exc.strerror or type(exc).__name__}): give a new or "
-                         "empty folder that can be written") from None
+        raise InputError(
+            f"out '{out}' cannot be written ({exc.strerror or type(exc).__name__}): give a new or "
+            "empty folder that can be written"
+        ) from None
     finally:
         shutil.rmtree(partial, ignore_errors=True)
 
@@ -272,11 +315,14 @@ def check_draft(draft: Path) -> None:
     if not draft.is_dir():
         raise InputError(f"draft '{draft}' is not a folder: give a folder `pacer distill` wrote")
     if (draft / MANIFEST).is_file() and not (draft / WEIGHTS).is_file():
-        raise InputError(f"'{draft}' holds a token-level draft (a causal LM of its own, student.kind=token): the "
-                         "EAGLE layouts express feature-level networks only; export a feature or eagle3 student")
+        raise InputError(
+            f"'{draft}' holds a token-level draft (a causal LM of its own, student.kind=token): the "
+            "EAGLE layouts express feature-level networks only; export a feature or eagle3 student"
+        )
     if not (draft / MANIFEST).is_file() or not (draft / WEIGHTS).is_file():
-        published = (draft / CONFIG).is_file() and any((draft / n).exists() for n in
-                                                      ("model.safetensors", "pytorch_model.bin"))
+        published = (draft / CONFIG).is_file() and any(
+            (draft / n).exists() for n in ("model.safetensors", "pytorch_model.bin")
+        )
         hint = "it is already in the published layout" if published else "give a folder `pacer distill` wrote"
         raise InputError(f"'{draft}' is not a draft `pacer distill` wrote (no {MANIFEST} and {WEIGHTS}): {hint}")
 
@@ -286,37 +332,62 @@ def check_export_out(out: str) -> Path:
     can be written; else ``InputError``."""
     folder = check_out_dir(out, "out", create=False)
     if folder.is_dir() and any(folder.iterdir()):
-        raise InputError(f"out '{folder}' exists and is not empty: give a new or empty folder (an export never "
-                         "overwrites files)")
+        raise InputError(
+            f"out '{folder}' exists and is not empty: give a new or empty folder (an export never overwrites files)"
+        )
     return folder
 
 
-@command("export", "write a draft `pacer distill` made (feature-level or EAGLE-3) in the published EAGLE layout "
-                   "that vLLM, SGLang and EAGLE's code load (docs/eagle-checkpoints.md), or a dflash block draft "
-                   "in speculators' dflash format (docs/block-checkpoints.md)")
+@command(
+    "export",
+    "write a draft `pacer distill` made (feature-level or EAGLE-3) in the published EAGLE layout "
+    "that vLLM, SGLang and EAGLE's code load (docs/eagle-checkpoints.md), or a dflash block draft "
+    "in speculators' dflash format (docs/block-checkpoints.md)",
+)
 def _setup(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("draft", help="a draft folder `pacer distill` wrote (manifest.json, draft.safetensors)")
     p.add_argument("out", help="the folder to write (new or empty)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float16", help="weights' dtype (default float16)")
-    p.add_argument("--max-position-embeddings", type=bounded_int(1, MAX_POSITIONS), default=None, metavar="N",
-                   help=f"the config's max_position_embeddings: the target's context length, 1 to {MAX_POSITIONS} "
-                        "(default 32768, or the student's own with rope scaling)")
-    p.add_argument("--engine", choices=ENGINES, default="vllm",
-                   help="EAGLE-1: whose architecture name the config gives, vllm (EagleLlamaForCausalLM, the "
-                        "default), sglang (LlamaForCausalLMEagle) or eagle (LlamaForCausalLM, EAGLE's own code); "
-                        "EAGLE-3 drafts are LlamaForCausalLMEagle3 for every engine")
-    p.add_argument("--speculators", action="store_true",
-                   help="EAGLE-3: also write vLLM's speculators-format keys, so `vllm serve OUT` serves it "
-                        "(needs --verifier)")
-    p.add_argument("--verifier", metavar="NAME_OR_PATH",
-                   help="with --speculators: the target as the serving machine names it (a Hugging Face id or a "
-                        "path there)")
-    p.add_argument("--speculative-tokens", type=bounded_int(1, MAX_SPECULATIVE_TOKENS), default=None, metavar="K",
-                   help=f"with --speculators: the draft length vLLM uses by default, 1 to {MAX_SPECULATIVE_TOKENS} "
-                        "(default 3; a dflash draft: its block)")
-    p.add_argument("--target", metavar="PATH",
-                   help="dflash drafts sharing the target's output layer: the target to read its rows from "
-                        "(default: the one the draft's recipe names)")
+    p.add_argument(
+        "--max-position-embeddings",
+        type=bounded_int(1, MAX_POSITIONS),
+        default=None,
+        metavar="N",
+        help=f"the config's max_position_embeddings: the target's context length, 1 to {MAX_POSITIONS} "
+        "(default 32768, or the student's own with rope scaling)",
+    )
+    p.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="vllm",
+        help="EAGLE-1: whose architecture name the config gives, vllm (EagleLlamaForCausalLM, the "
+        "default), sglang (LlamaForCausalLMEagle) or eagle (LlamaForCausalLM, EAGLE's own code); "
+        "EAGLE-3 drafts are LlamaForCausalLMEagle3 for every engine",
+    )
+    p.add_argument(
+        "--speculators",
+        action="store_true",
+        help="EAGLE-3: also write vLLM's speculators-format keys, so `vllm serve OUT` serves it (needs --verifier)",
+    )
+    p.add_argument(
+        "--verifier",
+        metavar="NAME_OR_PATH",
+        help="with --speculators: the target as the serving machine names it (a Hugging Face id or a path there)",
+    )
+    p.add_argument(
+        "--speculative-tokens",
+        type=bounded_int(1, MAX_SPECULATIVE_TOKENS),
+        default=None,
+        metavar="K",
+        help=f"with --speculators: the draft length vLLM uses by default, 1 to {MAX_SPECULATIVE_TOKENS} "
+        "(default 3; a dflash draft: its block)",
+    )
+    p.add_argument(
+        "--target",
+        metavar="PATH",
+        help="dflash drafts sharing the target's output layer: the target to read its rows from "
+        "(default: the one the draft's recipe names)",
+    )
 
     def runner(args: argparse.Namespace) -> int:
         if args.verifier is not None and not args.speculators:
@@ -324,17 +395,28 @@ def _setup(p: argparse.ArgumentParser) -> Runner:
         speculators = None
         if args.speculators:
             if not args.verifier or not args.verifier.strip():
-                raise InputError("--speculators needs --verifier NAME_OR_PATH: the target as the serving machine "
-                                 "names it (a Hugging Face id or a path there)")
+                raise InputError(
+                    "--speculators needs --verifier NAME_OR_PATH: the target as the serving machine "
+                    "names it (a Hugging Face id or a path there)"
+                )
             speculators = {"verifier": args.verifier, "speculative_tokens": args.speculative_tokens}
         draft = Path(args.draft).expanduser()
         check_draft(draft)
         out = check_export_out(args.out)
-        result = export_draft(draft, out, DTYPES[args.dtype], args.max_position_embeddings, args.engine,
-                              speculators, target_path=args.target)
+        result = export_draft(
+            draft,
+            out,
+            DTYPES[args.dtype],
+            args.max_position_embeddings,
+            args.engine,
+            speculators,
+            target_path=args.target,
+        )
         extra = "".join(f" and {name}" for name in result["files"])
-        print(f"wrote {result['layout']} checkpoint {out} ({result['tensors']} tensors in model.safetensors, "
-              f"config.json{extra})")
+        print(
+            f"wrote {result['layout']} checkpoint {out} ({result['tensors']} tensors in model.safetensors, "
+            f"config.json{extra})"
+        )
         return 0
 
     return runner
