@@ -464,7 +464,7 @@ def engine_for(target_model, folder, stop="{name: fixed, gamma: 3}", tree=None, 
 
 def brute_successors(committed: list[int], suffix: list[int], biases) -> dict[int, float]:
     """token → Σ biases[n-1] over the n such that the token follows, somewhere in ``committed``, the
-    last n tokens of ``suffix``: a direct scan (what pacer_plugins.feature_draft.priors.lookup_bonus computes)."""
+    last n tokens of ``suffix``: a direct scan (what pacer_core.priors.lookup_bonus computes)."""
     bonus = {}
     for n, bias in enumerate(biases, start=1):
         if len(suffix) < n:
@@ -548,11 +548,12 @@ def trained_block_draft(target_model, folder, steps: int = 150, layers=(0, 1), b
 
 
 def block_engine(target_model, folder, stop="{name: fixed, gamma: 3}", tree=None, extra=(), eos=True,
-                 digest=None, block=None):
-    """An engine of the ``dflash`` drafter (``tree``: its tree option) over the tiny ``target_model``."""
+                 digest=None, block=None, lookup_bias="null"):
+    """An engine of the ``dflash`` drafter (``tree``: its tree option; ``lookup_bias``: its prior, null =
+    the default) over the tiny ``target_model``."""
     target = adapter(target_model, eos=eos)
     target.digest = digest
-    drafter = f"{{name: dflash, path: '{folder}'" + (f", tree: {tree}" if tree else "") \
+    drafter = f"{{name: dflash, path: '{folder}', lookup_bias: {lookup_bias}" + (f", tree: {tree}" if tree else "") \
         + (f", block: {block}" if block else "") + "}"
     cfg = load_config(overrides=[f"strategy.drafter={drafter}", f"strategy.stop=[{stop}]", *extra],
                       require_models=False)
@@ -595,20 +596,21 @@ def special_files(tmp_path) -> dict[str, Path]:
     return {"/dev/zero": Path("/dev/zero"), "a FIFO": fifo, "a folder": folder}
 
 
-def misreport_block_columns(monkeypatch, drafter_cls) -> None:
-    """A column-map bug in a block drafter (``dflash``, ``pard``): each token is drawn from its row,
-    but the row is reported with its columns shifted by one (q(x) read from the next token's
-    column). The exact-distribution tests must reject it."""
+def misreport_block_rows(monkeypatch, drafter_cls, wrong: str) -> None:
+    """A bug in what a block drafter (``dflash``, ``pard``) reports: each token is drawn from its row,
+    but the verifier is told another distribution. ``wrong``: "columns", the row with its columns
+    shifted by one (q(x) read from the next token's column); "prior", the row without the lookup
+    prior it was drawn with. The exact-distribution tests must reject both."""
     import attrs
 
     from pacer_core import hookimpl
 
-    forward, propose = drafter_cls._forward, drafter_cls.pacer_propose
+    rows_of, propose = drafter_cls._rows, drafter_cls.pacer_propose
 
-    def misread(self, committed, known):
-        rows, hidden = forward(self, committed, known)
-        self.reported = rows.roll(1, -1)
-        return rows, hidden
+    def misread(self, logits, committed, known, generator):
+        rows, columns = rows_of(self, logits, committed, known, generator)
+        self.reported = rows.roll(1, -1) if wrong == "columns" else self._probs(logits)
+        return rows, columns
 
     @hookimpl
     def reporting(self, state, draft, num_tokens):
@@ -618,5 +620,5 @@ def misreport_block_columns(monkeypatch, drafter_cls) -> None:
         start = self.latest.handed - len(block)
         return attrs.evolve(block, draft_probs=self.reported[start:self.latest.handed])
 
-    monkeypatch.setattr(drafter_cls, "_forward", misread)
+    monkeypatch.setattr(drafter_cls, "_rows", misread)
     monkeypatch.setattr(drafter_cls, "pacer_propose", reporting)

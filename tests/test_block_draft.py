@@ -26,7 +26,7 @@ from helpers import (
     adapter,
     block_engine,
     make_block_draft,
-    misreport_block_columns,
+    misreport_block_rows,
     one_line_error,
     reference_greedy,
     sample_outputs,
@@ -227,6 +227,25 @@ def test_one_forward_serves_a_whole_block_to_a_per_token_stop(pair):
     assert (6, 2) in seen  # six tokens, two forwards
 
 
+@pytest.mark.parametrize("lookup_bias, expected", [("null", [2, 1, 2]), ("[]", [0, 0, 0])], ids=["prior", "none"])
+def test_the_lookup_prior_raises_the_successors_of_each_rows_path(pair, lookup_bias, expected):
+    """Row i's logits get b_n for each token that followed the last n tokens of its path (the committed
+    text, then the rows chosen before it) in the committed text: over flat logits, the chain follows the
+    text's alternation, and each row's distribution is the one its token was chosen from."""
+    target, folder = pair
+    engine = block_engine(target, folder, lookup_bias=lookup_bias, extra=["sampling.temperature=0"])
+    drafter = next(p for p in engine.pm.get_plugins() if isinstance(p, DFlashDrafter))
+    drafter.pacer_start(None)
+    logits = torch.zeros(3, len(drafter.draft_vocab.ids))
+    rows, columns = drafter._rows(logits, [1, 2, 1, 2, 1], [], None)
+    assert drafter._token_ids(columns) == expected
+    if lookup_bias == "null":  # 1 → 2 (b_1 = 2), 2 1 → 2 (b_2 = 4), 1 2 1 → 2 (b_3 = 4): e^10 against 1 each
+        column = drafter.draft_vocab.columns[2]
+        assert rows[0, column].item() == pytest.approx(math.exp(10) / (math.exp(10) + rows.shape[1] - 1))
+    else:
+        assert torch.allclose(rows, torch.full_like(rows, 1 / rows.shape[1]))
+
+
 def test_the_drafter_keeps_only_committed_context(pair):
     target, folder = pair
     engine = block_engine(target, folder, extra=["sampling.temperature=0"])
@@ -236,16 +255,19 @@ def test_the_drafter_keeps_only_committed_context(pair):
 
 
 # -- sampling: exactly the target's distribution -------------------------------------------------
-SAMPLE_PROMPT = [3, 7, 11, 5]
+# every token once, then the first again: every token has a successor in the text, so the lookup prior
+# raises one token of every drafted row
+SAMPLE_PROMPT = [5, 9, 1, 14, 3, 12, 7, 0, 10, 6, 15, 2, 8, 13, 4, 11, 5]
 
 
-def sampled_pvalue(folder, target_model, tree, samples, monkeypatch=None, wrong_columns=False):
-    """The chi-square p-value of ``samples`` sampled generations (T = 1, speculative sampling);
-    ``wrong_columns``: the drafter samples each token from its row but reports the row with its
-    columns shifted by one (a column-map bug: q(x) read from the next token's column)."""
-    if wrong_columns:
-        misreport_block_columns(monkeypatch, DFlashDrafter)
+def sampled_pvalue(folder, target_model, tree, samples, monkeypatch=None, wrong=None, lookup_bias="null"):
+    """The chi-square p-value of ``samples`` sampled generations (T = 1, speculative sampling), with the
+    drafter's ``lookup_bias`` (null: the default prior); ``wrong``: the drafter reports another
+    distribution than each token was drawn from (``misreport_block_rows``)."""
+    if wrong:
+        misreport_block_rows(monkeypatch, DFlashDrafter, wrong)
     engine = block_engine(target_model, folder, stop="{name: fixed, gamma: 3}", tree=tree, eos=False,
+                          lookup_bias=lookup_bias,
                           extra=["sampling.temperature=1.0", "strategy.verifier={name: speculative_sampling}",
                                  "generation.ignore_eos=true"])
     outputs, _ = sample_outputs(engine, SAMPLE_PROMPT, samples)
@@ -263,17 +285,20 @@ def sampling_pair(tmp_path_factory):
                                     peak=3.0)
 
 
+@pytest.mark.parametrize("lookup_bias", ["null", "[6.0]", "[]"], ids=["prior", "strong-prior", "no-prior"])
 @pytest.mark.parametrize("tree", [None, "{topk: 3, depth: 3, nodes: 6}"], ids=["chain", "tree"])
-def test_sampled_block_drafting_matches_the_target_distribution(sampling_pair, tree):
+def test_sampled_block_drafting_matches_the_target_distribution(sampling_pair, tree, lookup_bias):
     target, folder = sampling_pair
     with single_thread():
-        assert sampled_pvalue(folder, target, tree, 600) > PASS_P
+        assert sampled_pvalue(folder, target, tree, 600, lookup_bias=lookup_bias) > PASS_P
 
 
-def test_rows_read_through_a_wrong_column_map_fail_the_distribution_test(sampling_pair, monkeypatch):
+@pytest.mark.parametrize("wrong", ["columns", "prior"])
+def test_rows_misreported_fail_the_distribution_test(sampling_pair, monkeypatch, wrong):
     target, folder = sampling_pair
     with single_thread():
-        assert sampled_pvalue(folder, target, None, 600, monkeypatch, wrong_columns=True) < 1e-6
+        # a strong one-token prior: the reported rows then differ from the drawn ones at every row
+        assert sampled_pvalue(folder, target, None, 600, monkeypatch, wrong=wrong, lookup_bias="[6.0]") < 1e-6
 
 
 def test_tree_children_claimed_as_sampled_fail_the_distribution_test(sampling_pair, monkeypatch):

@@ -23,7 +23,7 @@ from helpers import (
     LENGTH,
     PASS_P,
     adapter,
-    misreport_block_columns,
+    misreport_block_rows,
     one_line_error,
     reference_greedy,
     sample_outputs,
@@ -51,8 +51,9 @@ def make_pard_draft(folder, vocab: int = 16, seed: int = 1, subset=None, block: 
     return lm, draft
 
 
-def pard_engine(target_model, draft, stop="{name: fixed, gamma: 3}", tree=None, extra=(), eos=True):
-    drafter = "{name: pard" + (f", tree: {tree}" if tree else "") + "}"
+def pard_engine(target_model, draft, stop="{name: fixed, gamma: 3}", tree=None, extra=(), eos=True,
+                lookup_bias="null"):
+    drafter = f"{{name: pard, lookup_bias: {lookup_bias}" + (f", tree: {tree}" if tree else "") + "}"
     cfg = load_config(overrides=[f"strategy.drafter={drafter}", f"strategy.stop=[{stop}]", *extra],
                       require_models=False)
     draft.reset()
@@ -94,9 +95,9 @@ def test_the_packed_training_forward_computes_what_the_drafter_computes(pair, kn
     drafter.pacer_start(None)
     for k, a in enumerate(anchors):
         context = tokens[:a + 1]
-        rows, hidden = drafter._forward(context[:len(context) - known], context[len(context) - known:])
+        logits, hidden = drafter._forward(context[:len(context) - known], context[len(context) - known:])
         torch.testing.assert_close(packed[k], hidden, rtol=1e-4, atol=1e-5)
-        assert rows.shape == (BLOCK, 8) and torch.allclose(rows.sum(-1), torch.ones(BLOCK))
+        assert logits.shape == (BLOCK, 8) and bool(torch.isfinite(logits).all())
         assert list(draft.cached_tokens) == context  # the mask rows are cropped: the context alone stays
 
 
@@ -156,7 +157,9 @@ def test_greedy_pard_drafting_equals_plain_decoding(pair, tmp_path, stop, tree):
 
 
 # -- sampling: exactly the target's distribution -------------------------------------------------
-SAMPLE_PROMPT = [3, 7, 11, 5]
+# every token once, then the first again: every token has a successor in the text, so the lookup prior
+# raises one token of every drafted row
+SAMPLE_PROMPT = [5, 9, 1, 14, 3, 12, 7, 0, 10, 6, 15, 2, 8, 13, 4, 11, 5]
 SAMPLES = 500
 
 
@@ -169,13 +172,13 @@ def sampling_pair(tmp_path_factory):
     return target, draft
 
 
-def sampled_pvalue(target_model, draft, tree, monkeypatch=None, wrong_columns=False):
-    """The chi-square p-value of SAMPLES sampled generations (T = 1, speculative sampling);
-    ``wrong_columns``: each token is drawn from its row but the row is reported with its columns
-    shifted by one (a column-map bug: q(x) read from the next token's column)."""
-    if wrong_columns:
-        misreport_block_columns(monkeypatch, PardDrafter)
-    engine = pard_engine(target_model, draft, tree=tree, eos=False,
+def sampled_pvalue(target_model, draft, tree, monkeypatch=None, wrong=None, lookup_bias="null"):
+    """The chi-square p-value of SAMPLES sampled generations (T = 1, speculative sampling), with the
+    drafter's ``lookup_bias`` (null: the default prior); ``wrong``: the drafter reports another
+    distribution than each token was drawn from (``misreport_block_rows``)."""
+    if wrong:
+        misreport_block_rows(monkeypatch, PardDrafter, wrong)
+    engine = pard_engine(target_model, draft, tree=tree, eos=False, lookup_bias=lookup_bias,
                          extra=["sampling.temperature=1.0", "strategy.verifier={name: speculative_sampling}",
                                 "generation.ignore_eos=true"])
     with single_thread():
@@ -186,14 +189,17 @@ def sampled_pvalue(target_model, draft, tree, monkeypatch=None, wrong_columns=Fa
 
 
 @pytest.mark.slow  # 500 sampled generations
+@pytest.mark.parametrize("lookup_bias", ["null", "[6.0]", "[]"], ids=["prior", "strong-prior", "no-prior"])
 @pytest.mark.parametrize("tree", [None, "{topk: 3, depth: 3, nodes: 6}"], ids=["chain", "tree"])
-def test_sampled_pard_drafting_matches_the_target_distribution(sampling_pair, tree):
-    assert sampled_pvalue(*sampling_pair, tree) > PASS_P
+def test_sampled_pard_drafting_matches_the_target_distribution(sampling_pair, tree, lookup_bias):
+    assert sampled_pvalue(*sampling_pair, tree, lookup_bias=lookup_bias) > PASS_P
 
 
 @pytest.mark.slow  # 500 sampled generations
-def test_rows_read_through_a_wrong_column_map_fail_the_distribution_test(sampling_pair, monkeypatch):
-    assert sampled_pvalue(*sampling_pair, None, monkeypatch, wrong_columns=True) < 1e-6
+@pytest.mark.parametrize("wrong", ["columns", "prior"])
+def test_rows_misreported_fail_the_distribution_test(sampling_pair, monkeypatch, wrong):
+    # a strong one-token prior: the reported rows then differ from the drawn ones at every row
+    assert sampled_pvalue(*sampling_pair, None, monkeypatch, wrong=wrong, lookup_bias="[6.0]") < 1e-6
 
 
 @pytest.mark.slow  # 500 sampled generations
@@ -201,7 +207,7 @@ def test_tree_children_claimed_as_sampled_fail_the_distribution_test(sampling_pa
     levels = BlockTree.next_levels
     monkeypatch.setattr(BlockTree, "next_levels", lambda *a, **k: (lambda block: block and attrs.evolve(
         block, sampled=True))(levels(*a, **k)))
-    assert sampled_pvalue(*sampling_pair, "{topk: 3, depth: 3, nodes: 6}") < 1e-6
+    assert sampled_pvalue(*sampling_pair, "{topk: 3, depth: 3, nodes: 6}", lookup_bias="[]") < 1e-6
 
 
 # -- refusals ------------------------------------------------------------------------------------

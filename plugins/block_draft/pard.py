@@ -16,15 +16,15 @@ It reads nothing of the target but its tokens, so any target sharing its tokeniz
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import attrs
 import torch
 
 from pacer_core import Component, DraftInfo, DraftVocab, InputError, Resources, hookimpl
 from pacer_core.drafting import sync_cache
+from pacer_core.priors import lookup_bias_for
 from pacer_core.protocols import MASK_ROW, FeatureModel, StoredModel
-from pacer_core.sampling import logits_to_probs
 from pacer_core.trees import TreeConfig, node_budget
 
 from .handout import BlockDrafter
@@ -41,6 +41,9 @@ class PardConfig:
     block: Optional[int] = attrs.field(default=None, validator=attrs.validators.optional(
         [attrs.validators.ge(2), attrs.validators.le(MAX_BLOCK)]))
     tree: Optional[TreeConfig] = None  # a tree over one block ({topk, depth, nodes}); None = a chain
+    # [b_1, b_2, …]: b_n added to a row's logits of the tokens that followed an earlier occurrence, in the
+    # committed text, of the last n tokens of its path (pacer_core/priors.py); None = [2, 4, 4]; [] = none
+    lookup_bias: Optional[List[float]] = None
 
 
 class PardDrafter(BlockDrafter):
@@ -62,6 +65,7 @@ class PardDrafter(BlockDrafter):
         subset = model.vocab_subset
         self.draft_vocab = None if subset is None else DraftVocab(subset, model.vocab_size)
         self.sampling = resources.sampling
+        self.lookup_bias = lookup_bias_for(True, config.lookup_bias)  # every pard draft is made by `pacer distill`
         self.tree = config.tree
         self.draft_info = DraftInfo(identity=f"pard:{model.digest}")
         self.budget = None if config.tree is None else node_budget(
@@ -78,7 +82,7 @@ class PardDrafter(BlockDrafter):
     @torch.inference_mode()
     def _forward(self, committed: list[int], known: list[int]) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
         """One forward over the uncached tokens of ``committed + known`` and ``block − 1`` mask rows (then
-        cropped): the rows of the last real token and the masks ([block, w]) and their hidden states."""
+        cropped): the logits of the last real token's row and the masks' ([block, w]) and their hidden states."""
         context = committed + known
         if len(context) + self.block > self.model.max_length:
             return None
@@ -87,11 +91,10 @@ class PardDrafter(BlockDrafter):
         out = self.model.forward(feed + [MASK_ROW] * masks, mask_embedding=self.mask, logits_from=len(feed) - 1,
                                  hidden=True)
         self.model.crop(len(self.model.cached_tokens) - masks)
-        logits = out.logits.cpu()  # [block, vocab]
+        logits = out.logits.float().cpu()  # [block, vocab]
         if self.draft_vocab is not None:
             logits = logits[:, self.draft_vocab.ids]  # [block, w]: the draft's own columns
-        rows = torch.softmax(logits, -1) if self.sampling.greedy else logits_to_probs(logits, self.sampling)
-        return rows, out.hidden_states[len(feed) - 1:].float()
+        return logits, out.hidden_states[len(feed) - 1:].float()
 
 
 @hookimpl

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import List, Optional
 
 import attrs
 import torch
@@ -27,17 +27,16 @@ from pacer_core import (
 from pacer_core.costs import CostModel
 from pacer_core.jsonfile import read_json
 from pacer_core.kernels import PackedMatrix, pack_linears
+from pacer_core.priors import CorpusSuccessors, SuccessorIndex, lookup_bias_for, path_bonus
 from pacer_core.protocols import feature_target
 from pacer_core.sampling import argmax_first, logits_to_probs, sample
 from pacer_core.trees import Candidate, GrownLevels, TreeConfig, grow_level, node_budget
 
 from .model import MANIFEST, WEIGHTS, Eagle3Draft, KVCache, load_draft
-from .priors import CorpusSuccessors, SuccessorIndex, path_bonus
 from .published import load_published, weights_file
 
 DEFAULT_DRAFT = Path(__file__).parent / "default"
 COST_KIND = "feature"  # a head over the target's states (pacer_core.costs.DRAFTER_KINDS)
-LOOKUP_BIAS = (2.0, 4.0, 4.0)  # chosen on the target's answers to the benchmark prompts (docs/draft.md)
 CORPUS_NGRAM = 4  # the longest n-gram the corpus prior matches
 CORPUS_BIAS = 3.0  # chosen on held-out open-chat items and MT-Bench questions 11-30 (docs/draft.md)
 
@@ -85,12 +84,6 @@ def own_corpus(corpus: str, target_digest: Optional[str]) -> bool:
 
     writer = corpus_writer(corpus)
     return writer is None or (target_digest is not None and writer.get("digest") == target_digest)
-
-
-def lookup_bias_for(own_subset: bool, lookup_bias: Optional[Sequence[float]]) -> tuple[float, ...]:
-    """The ``lookup_bias`` a draft gets: as set, else LOOKUP_BIAS for a draft with its own head subset
-    (kind ``feature``, layout "pacer"), none for the others (eagle3, published checkpoints)."""
-    return tuple(float(b) for b in ((LOOKUP_BIAS if own_subset else ()) if lookup_bias is None else lookup_bias))
 
 
 def corpus_bias_for(own_subset: bool, corpus_bias: Optional[float], corpus: str,
