@@ -246,23 +246,43 @@ def measure(name: str, *, device: str, dtype: str, context: int = 512, seconds: 
         raise InputError(f"unknown target shape '{name}': choose from {', '.join(TARGETS)}")
     from pacer_core.hf import DTYPES
 
-    from .timing import make_clock
-
     if dtype not in DTYPES:
         raise InputError(f"unknown dtype '{dtype}': use one of {', '.join(DTYPES)}")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise InputError("device cuda: no GPU is visible; use --device cpu (with --small)")
     target = small(TARGETS[name]) if small_run else TARGETS[name]
-    shape, torch_dtype, clock = target.shape, DTYPES[dtype], make_clock(device)
     budget = Budget(seconds)
     phases: dict[str, float] = {}
-    raw: dict[str, Any] = {}
     date = datetime.date.today().isoformat()
 
     def phase(label: str, begun: float) -> None:
         phases[label] = round(time.perf_counter() - begun, 2)
         progress(f"{name}: {label} {phases[label]:.1f} s ({budget.left():.0f} s left)")
 
+    raw = _measure_forwards(target, device, dtype, context, budget, phase)
+    if host is None:
+        begun = time.perf_counter()
+        host, host_source = host_costs(small_run)
+        phase("host time", begun)
+    raw["host_s"] = host
+    data = _profile_data(target, device, dtype, context, raw, host, host_source, date)
+    profile = profile_from_dict(data, f"measured {name}")
+    raw.update(phases_s=phases, device=data["device"], torch=torch.__version__, date=date,
+               token_draft={"name": target.token_draft.name, **target.token_draft.describe()})
+    return profile, raw
+
+
+def _measure_forwards(target: Target, device: str, dtype: str, context: int, budget: Budget,
+                      phase: Callable[[str, float], None]) -> dict[str, Any]:
+    """The raw timings of every forward a profile prices, each phase reported to ``phase``: the
+    target's verification curves (causal and tree-masked), the feature head's and the token draft's
+    forwards per width, and M_B's consultation."""
+    from pacer_core.hf import DTYPES
+
+    from .timing import make_clock
+
+    shape, torch_dtype, clock = target.shape, DTYPES[dtype], make_clock(device)
+    raw: dict[str, Any] = {}
     begun = time.perf_counter()
     model = random_llama(shape, device, dtype, seed=0)
     ctx = context_ids(shape.vocab, context)
@@ -285,21 +305,21 @@ def measure(name: str, *, device: str, dtype: str, context: int = 512, seconds: 
     token_1, token_tree, raw["token_repeats"] = forward_curves(draft, ctx, [1], [w for w in DRAFT_WIDTHS if w > 1],
                                                                clock, budget, 0.3)
     del draft
-    token = {**token_1, **token_tree}
-    raw["draft_s_token"] = token
+    raw["draft_s_token"] = {**token_1, **token_tree}
     phase("token draft", begun)
     begun = time.perf_counter()
     raw["preverify_s"], raw["preverify_repeats"] = preverify_cost(shape.hidden, device, torch_dtype, clock, budget, 0.5)
     phase("M_B", begun)
-    if host is None:
-        begun = time.perf_counter()
-        host, host_source = host_costs(small_run)
-        phase("host time", begun)
-    raw["host_s"] = host
+    return raw
 
+
+def _profile_data(target: Target, device: str, dtype: str, context: int, raw: dict[str, Any],
+                  host: dict[str, Any], host_source: str, date: str) -> dict[str, Any]:
+    """The measured profile file's content, each number's source cited."""
+    shape = target.shape
     how = (f"scripts/gpu_check.sh (python -m pacer_bench.devicecosts) on {date}: random weights in the shape, "
            f"{dtype}, {context} cached tokens, median of")
-    data = {
+    return {
         "format": 1,
         "name": f"{slug(device_name(device))}-{shape.name}-{dtype}",
         "kind": "measured",
@@ -307,9 +327,9 @@ def measure(name: str, *, device: str, dtype: str, context: int = 512, seconds: 
         "dtype": dtype,
         "target": {"name": target.label, **shape.describe()},
         "context": context,
-        "verify_s": smooth(chain),
-        "tree_verify_s": smooth(tree),
-        "draft_s": {"feature": smooth(feature), "token": smooth(token)},
+        "verify_s": smooth(raw["verify_s"]),
+        "tree_verify_s": smooth(raw["tree_verify_s"]),
+        "draft_s": {"feature": smooth(raw["draft_s_feature"]), "token": smooth(raw["draft_s_token"])},
         "preverify_s": seconds4(raw["preverify_s"]),
         "host_s": {key: smooth(value) if isinstance(value, dict) else seconds4(value) for key, value in host.items()},
         "sources": {
@@ -323,10 +343,6 @@ def measure(name: str, *, device: str, dtype: str, context: int = 512, seconds: 
             "host_s": host_source or "given",
         },
     }
-    profile = profile_from_dict(data, f"measured {name}")
-    raw.update(phases_s=phases, device=data["device"], torch=torch.__version__, date=date,
-               token_draft={"name": target.token_draft.name, **target.token_draft.describe()})
-    return profile, raw
 
 
 def seconds4(value: float) -> float:

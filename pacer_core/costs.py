@@ -2,7 +2,7 @@
 
 A **cost model** (``CostModel``) prices one step in seconds: the drafter's work, one target forward
 over the pending token and the draft (a causal chain, or a tree-masked forward over its nodes) and
-a step's fixed host time. Replays (``pacer replay``, ``pacer_bench.oracle``), the ``pacer`` stop's
+a step's fixed host time. Replays (``pacer replay``, ``pacer_bench.replay.chains``), the ``pacer`` stop's
 throughput rule and cost-sized trees (``tree: {nodes: auto}``) all read one.
 
 A **cost profile** (``Profile``) is the data a cost model is made from, for one device and target
@@ -33,7 +33,7 @@ from .errors import InputError
 
 __all__ = ["CostModel", "Curve", "MAX_SECONDS", "MAX_TOKENS", "MIN_SECONDS", "Profile", "PROFILE_FIELDS",
            "cost_model", "is_seconds", "load_profile", "monotone", "profile_from_dict", "profile_names",
-           "profile_to_dict"]
+           "profile_to_dict", "read_host_s"]
 
 PROFILES = Path(__file__).with_name("profiles")
 # a one-layer feature head (eagle), a token-level draft model, a block draft (dflash: one forward a block)
@@ -281,6 +281,18 @@ def _curve(value: Any, where: str, rising: bool = True) -> Curve:
     return curve
 
 
+def read_host_s(host: Any, path: str = "<dict>") -> tuple[float, float, Optional[Curve]]:
+    """A profile's ``host_s`` section (also what ``pacer replay --host`` reads): the host seconds per
+    step of plain decoding and of a chain, and the tree's curve by nodes sent (None without it);
+    ``InputError`` in one line."""
+    if not isinstance(host, Mapping) or not {"plain", "chain"} <= set(host) or set(host) - {"plain", "chain", "tree"}:
+        raise InputError(f"{_where(path, 'host_s')} must give plain and chain (seconds) and optionally tree "
+                         "({nodes: seconds})")
+    tree = None if host.get("tree") is None else _curve(host["tree"], _where(path, "host_s.tree"))
+    plain, chain = (_seconds(host[k], _where(path, f"host_s.{k}")) for k in ("plain", "chain"))
+    return plain, chain, tree
+
+
 def profile_from_dict(data: Any, path: str = "<dict>") -> Profile:
     """A validated ``Profile`` from a profile file's parsed content; ``InputError`` in one line."""
     if not isinstance(data, Mapping):
@@ -312,11 +324,7 @@ def profile_from_dict(data: Any, path: str = "<dict>") -> Profile:
     if bad:
         raise InputError(f"{_where(path, 'draft_s')} has unknown drafter kind(s) {bad}: use {', '.join(DRAFTER_KINDS)}")
     draft = {kind: _curve(curve, _where(path, f"draft_s.{kind}")) for kind, curve in drafts.items()}
-    host = data["host_s"]
-    if not isinstance(host, Mapping) or not {"plain", "chain"} <= set(host) or set(host) - {"plain", "chain", "tree"}:
-        raise InputError(f"{_where(path, 'host_s')} must give plain and chain (seconds) and optionally tree "
-                         "({nodes: seconds})")
-    host_tree = None if host.get("tree") is None else _curve(host["tree"], _where(path, "host_s.tree"))
+    host_plain, host_chain, host_tree = read_host_s(data["host_s"], path)
     preverify = 0.0 if data.get("preverify_s") is None else _seconds(data["preverify_s"], _where(path, "preverify_s"))
     target = data.get("target") or {}
     if not isinstance(target, Mapping) or set(map(str, target)) - set(TARGET_FIELDS):
@@ -334,10 +342,9 @@ def profile_from_dict(data: Any, path: str = "<dict>") -> Profile:
         raise InputError(f"{_where(path, 'sources')} does not say where {uncited} come from: cite a source or the "
                          "command that measured them")
     return Profile(name=data["name"], kind=data["kind"], device=data["device"], verify=verify, draft=draft,
-                   host_plain=_seconds(host["plain"], _where(path, "host_s.plain")),
-                   host_chain=_seconds(host["chain"], _where(path, "host_s.chain")), host_tree=host_tree,
-                   tree_verify=tree, preverify_s=preverify, dtype=data.get("dtype"), target=dict(target),
-                   context=context, sources=dict(sources))
+                   host_plain=host_plain, host_chain=host_chain, host_tree=host_tree, tree_verify=tree,
+                   preverify_s=preverify, dtype=data.get("dtype"), target=dict(target), context=context,
+                   sources=dict(sources))
 
 
 def profile_to_dict(profile: Profile) -> dict[str, Any]:

@@ -25,21 +25,11 @@ from pacer_bench.config import (
     read_ablate_config,
     read_bench_config,
 )
-from pacer_bench.oracle import (
-    CostModel,
-    LoggedStep,
-    analyse,
-    captured_share,
-    cost_model,
-    monotone,
-    replay_best,
-    replay_fixed,
-    replay_logged,
-    replay_oracle,
-    steps_from_metrics,
-)
+from pacer_bench.replay.chains import analyse, captured_share, replay_best, replay_fixed, replay_logged, replay_oracle
+from pacer_bench.replay.steplog import LoggedStep, steps_from_metrics
 from pacer_bench.run import run_bench
 from pacer_core import cli, hookimpl
+from pacer_core.costs import CostModel, cost_model, monotone
 from pacer_core.errors import InputError
 from pacer_core.hf import hf_generate_traced
 from pacer_core.metrics import step_metrics

@@ -333,13 +333,13 @@ def test_the_placement_checks_catch_what_they_forbid(tmp_path):
     plugin, core = tmp_path / "plug", tmp_path / "core"
     plugin.mkdir()
     core.mkdir()
-    (plugin / "cmd.py").write_text("import pacer_bench.timing\nclass C:\n    from pacer_bench import oracle\n"
+    (plugin / "cmd.py").write_text("import pacer_bench.timing\nclass C:\n    from pacer_bench import replay\n"
                                    "def run():\n    from pacer_bench.prompts import PROMPT_SETS\n"
                                    "f = lambda: __import__('pacer_bench')\n")
     sources = {"plug.cmd": plugin / "cmd.py"}
     assert import_time_problems(sources, {"plug"}) == [
         "plug.cmd imports pacer_bench.timing at import time (line 1)",
-        "plug.cmd imports pacer_bench.oracle at import time (line 3)"]
+        "plug.cmd imports pacer_bench.replay at import time (line 3)"]
     assert import_time_problems(sources, set()) == []  # not a plugin: the bench itself, say
     (core / "train.py").write_text("import torch\nfrom torch.optim import AdamW\nimport torch.optim as optim\n"
                                    "def step(model, loss):\n    loss.backward()\n"

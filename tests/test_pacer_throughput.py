@@ -18,9 +18,9 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from pacer_bench.oracle import CostModel
-from pacer_bench.replay_stop import HeldOutStep, compare, drive, replay_entropy_stop, replay_policy
+from pacer_bench.replay.stop_rules import HeldOutStep, compare, drive, replay_entropy_stop, replay_policy
 from pacer_core import Engine, InputError, load_config
+from pacer_core.costs import CostModel
 from pacer_plugins.pacer_stop import costs as cost_files
 from pacer_plugins.pacer_stop import rules
 from pacer_plugins.pacer_stop.metrics import position_report, roc_auc
