@@ -1,4 +1,4 @@
-"""The EAGLE side of the EAGLE check (scripts/eagle_check.sh, docs/eagle-checkpoints.md#eagle-check):
+"""The EAGLE side of the EAGLE check (scripts/eagle_check.py, docs/eagle-checkpoints.md#eagle-check):
 SafeAILab/EAGLE's own code decodes the prompts greedily with an exported draft and target.
 
 Runs with the check's own environment's Python (transformers 4.53, the CPU build of torch), never the
