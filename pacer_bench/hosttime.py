@@ -214,13 +214,12 @@ def tiny_models(shape: Shape, folder: Path, seed: int = 0) -> tuple[Any, Any, di
 
 def stack_engine(name: str, target: Any, draft: Any, paths: dict[str, str]) -> Any:
     """The engine of stack ``name`` (``STACKS``) around the tiny models: greedy, EOS ignored."""
-    from pacer_core import Engine, load_config
+    from pacer_core import Engine, load_plan
 
     overrides = [re.sub(r"\b(EAGLE|DFLASH|MB)\b", lambda m: f"'{paths[m.group(1)]}'", o) for o in STACKS[name][0]]
     overrides += ["strategy.verifier={name: greedy}", "strategy.observers=[{name: metrics}]",
                   "generation.ignore_eos=true", "sampling.temperature=0"]
-    cfg = load_config(overrides=overrides, require_models=False)
-    return Engine.build(target, draft=draft, cfg=cfg)
+    return Engine.build(target, draft=draft, plan=load_plan(overrides=overrides, require_models=False))
 
 
 def prompt_ids(vocab: int, length: int = 48, seed: int = 0) -> list[int]:

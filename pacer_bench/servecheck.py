@@ -182,15 +182,15 @@ def ours(target: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], stacks: 
          max_new_tokens: int, rounds: int, k: int) -> dict[str, Any]:
     """Each stack decodes every prompt ``rounds`` times (timed) and once more with ``k`` more tokens of
     budget (counted, see ``accepted_by_position``)."""
-    from pacer_core.config import check, load_config
+    from pacer_core.config import load_plan
     from pacer_core.engine import Engine, load_stack_draft
 
     results = {}
     for name, overrides in stacks.items():
-        cfg = load_config(overrides=[f"generation.max_new_tokens={max_new_tokens}", "target.dtype=float32"]
-                          + overrides)
-        draft = load_stack_draft(cfg, check(cfg), tokenizer)
-        engine = Engine.build(target, draft=draft, tokenizer=tokenizer, cfg=cfg)
+        plan = load_plan(overrides=[f"generation.max_new_tokens={max_new_tokens}", "target.dtype=float32"]
+                         + overrides)
+        draft = load_stack_draft(plan, tokenizer)
+        engine = Engine.build(target, draft=draft, tokenizer=tokenizer, plan=plan)
         engine.generate(list(prompts[0][:8]), max_new_tokens=4)  # warm-up
         timed = []
         for _ in range(rounds):
@@ -285,7 +285,7 @@ def run_check(python: str, work: Path, prompt_count: int, max_new_tokens: int, r
     import torch
 
     from pacer_bench.demo import demo_prompts
-    from pacer_core.config import load_config
+    from pacer_core.config import load_plan
     from pacer_core.engine import Engine
     from pacer_core.hf import load_model
     from pacer_core.hf.artifacts import materialize
@@ -297,7 +297,7 @@ def run_check(python: str, work: Path, prompt_count: int, max_new_tokens: int, r
     target_folder = materialize(None)  # the embedded target as a Hugging Face folder (GGUF dequantized, cached)
     print(f"target: {target_folder}", flush=True)
     target, tokenizer, _ = load_model(None, "float32", "cpu", None, "target")
-    encoder = Engine.build(target, tokenizer=tokenizer, cfg=load_config())
+    encoder = Engine.build(target, tokenizer=tokenizer, plan=load_plan())
     prompts = [encoder.encode(p.text) for p in demo_prompts(prompt_count)]  # chat template, as `pacer demo`
     prompt_file = work / "prompts.json"
     prompt_file.write_text(json.dumps(prompts))

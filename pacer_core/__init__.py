@@ -1,6 +1,6 @@
 """PACER-SD: lossless speculative decoding with strategies as plugins."""
 
-from .config import PacerConfig, load_config
+from .config import PacerConfig, RunPlan, load_config, load_plan
 from .drafts import Draft, DraftBlock, DraftVocab, SideNodes, TokenTree
 from .engine import Engine
 from .errors import ConfigError, InputError, PacerError
@@ -21,5 +21,6 @@ from .types import (
 __all__ = [
     "Component", "ConfigError", "DecodeState", "Draft", "DraftBlock", "DraftInfo", "DraftVocab", "Engine",
     "FeatureModel", "GenerationResult", "InputError", "LanguageModel", "ModelOutput", "PacerConfig", "PacerError",
-    "Resources", "SamplingParams", "SideNodes", "StepRecord", "Stop", "TokenTree", "Verdict", "hookimpl", "load_config",
+    "Resources", "RunPlan", "SamplingParams", "SideNodes", "StepRecord", "Stop", "TokenTree", "Verdict", "hookimpl",
+    "load_config", "load_plan",
 ]

@@ -20,7 +20,7 @@ from typing import Any, Optional, Sequence
 import attrs
 
 from .commands import COMMAND_GROUP, COMMANDS, EXIT_INTERRUPTED, EXIT_USAGE, Runner, command
-from .config import PacerConfig, check, load_config, read_config
+from .config import RunPlan, load_config, load_plan
 from .errors import InputError, PacerError
 from .hookspecs import hookimpl
 from .jsonfile import MAX_LINE_BYTES, read_bytes, size_text
@@ -51,12 +51,12 @@ class _UsageError(Exception):
     pass
 
 
-def build_engine(cfg: PacerConfig, pm: Any = None, stack: Any = None):
-    """The engine for ``cfg``: loads its models, building on ``pm`` and ``stack`` (the run's plugin
-    manager and ``cfg``'s stack resolved against it). Tests replace this function to inject tiny models."""
+def build_engine(plan: RunPlan):
+    """The engine of ``plan``: loads its models and builds its stack on the plan's plugin manager.
+    Tests replace this function to inject tiny models."""
     from .engine import Engine
 
-    return Engine.from_config(cfg, pm=pm, stack=stack)
+    return Engine.from_plan(plan)
 
 
 # -- generate ----------------------------------------------------------------------------------
@@ -171,19 +171,6 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
-def _ensure_metrics_observer(cfg: PacerConfig, pm: Any) -> None:
-    """Add an installed observer (of ``pm``'s plugins) that provides ``metrics`` unless the stack has
-    one already."""
-    observers = components(pm)["observer"]
-    named = [entry.get("name") for entry in cfg.strategy.observers]
-    if any("metrics" in observers[n].provides for n in named if isinstance(n, str) and n in observers):
-        return
-    providers = sorted(n for n, c in observers.items() if "metrics" in c.provides)
-    if not providers:
-        raise InputError("no installed observer provides the step metrics: reinstall the project (pip install -e .)")
-    cfg.strategy.observers.append({"name": providers[0]})
-
-
 @command("generate", "generate text for one prompt with a strategy stack")
 def _setup_generate(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("--config", "-c", metavar="YAML", help="config file (defaults apply to keys it omits)")
@@ -206,12 +193,11 @@ def _setup_generate(p: argparse.ArgumentParser) -> Runner:
             overrides.append(f"sampling.seed={args.seed}")
         if args.no_chat_template:
             overrides.append("generation.chat_template=false")
-        cfg = read_config(args.config, overrides)
-        pm = new_plugin_manager()  # the run's one: the stack is resolved against it once, the engine built on it
-        _ensure_metrics_observer(cfg, pm)  # the summary and --json need the step metrics
-        stack = check(cfg, pm=pm)  # the whole config validated before any model loads
+        # the whole config validated, its stack resolved once, before any model loads; the summary
+        # and --json read the step metrics
+        plan = load_plan(args.config, overrides, step_metrics=True)
         prompt = _read_prompt(args)
-        engine = build_engine(cfg, pm=pm, stack=stack)
+        engine = build_engine(plan)
         printer = None
         if not args.json:
             printer = StreamPrinter(engine.tokenizer)

@@ -17,12 +17,12 @@ import attrs
 import pluggy
 import torch
 
-from .config import PacerConfig, check, check_seed, draft_model_config
+from .config import PacerConfig, RunPlan, check_seed, draft_model_config, plan_run
 from .drafts import Draft, TokenTree
 from .errors import ConfigError, InputError
 from .hookcheck import check_results
 from .protocols import LanguageModel
-from .registry import ResolvedStack, check_hooks, new_plugin_manager
+from .registry import check_hooks
 from .skipping import SkipConfig, draft_gate
 from .types import DecodeState, DraftInfo, GenerationResult, Resources, SamplingParams, StepRecord, Stop
 
@@ -66,18 +66,18 @@ def check_target_layers(target: LanguageModel, layers: Sequence[int]) -> tuple[i
     return layers
 
 
-def load_stack_draft(cfg: PacerConfig, stack: ResolvedStack, tokenizer: Any,
+def load_stack_draft(plan: RunPlan, tokenizer: Any,
                      loaded: Optional[dict[str, LanguageModel]] = None) -> Optional[LanguageModel]:
-    """The draft model ``stack`` needs (``draft.path``, else its drafter's shipped draft), or None.
+    """The draft model the plan's stack needs (``draft.path``, else its drafter's shipped draft), or None.
 
     ``loaded`` maps draft folders to models already loaded, so several stacks share one copy.
     """
-    if not stack.needs("draft_model"):
+    if not plan.stack.needs("draft_model"):
         return None
     from .hf import load_draft  # the model adapter; only it imports transformers
 
-    user = stack.draft_model_user()
-    section = draft_model_config(cfg, user)
+    user = plan.stack.draft_model_user()
+    section = draft_model_config(plan.config, user)
     if section is None:
         raise InputError(f"drafter '{user.name}' needs a draft model: set draft.path")
     if loaded is None:
@@ -154,36 +154,39 @@ class Engine:
 
     # -- building ----------------------------------------------------------------------------
     @classmethod
-    def from_config(cls, cfg: PacerConfig, extra_plugins: Sequence[Any] = (), *,
-                    pm: Optional[pluggy.PluginManager] = None, stack: Optional[ResolvedStack] = None) -> "Engine":
-        """Load the models the config names and build the strategy stack (config checked first).
-
-        ``pm`` and ``stack``: a plugin manager and ``cfg``'s stack already resolved against it
-        (``config.check``), as ``pacer generate`` hands them on; else both are made here. Either
-        way the stack is resolved once and the engine has one plugin manager.
-        """
+    def from_plan(cls, plan: RunPlan) -> "Engine":
+        """Load the models the plan's config names and build its strategy stack (``load_plan``
+        checked everything before any model loads)."""
         from .hf import load_section  # the model adapter; only it imports transformers
 
-        pm = pm if pm is not None else new_plugin_manager(extra_plugins)
-        stack = stack if stack is not None else check(cfg, pm=pm)
-        target, tokenizer, _ = load_section(cfg.target, "target")
-        draft = load_stack_draft(cfg, stack, tokenizer)
-        return cls.build(target, draft=draft, tokenizer=tokenizer, cfg=cfg, pm=pm, stack=stack)
+        target, tokenizer, _ = load_section(plan.config.target, "target")
+        draft = load_stack_draft(plan, tokenizer)
+        return cls.build(target, draft=draft, tokenizer=tokenizer, plan=plan)
+
+    @classmethod
+    def from_config(cls, cfg: PacerConfig, extra_plugins: Sequence[Any] = ()) -> "Engine":
+        """``from_plan`` of ``cfg``'s plan (``plan_run``: the stack resolved once, here)."""
+        return cls.from_plan(plan_run(cfg, extra_plugins))
 
     @classmethod
     def build(cls, target: LanguageModel, *, draft: Optional[LanguageModel] = None, tokenizer: Any = None,
-              cfg: Optional[PacerConfig] = None, extra_plugins: Sequence[Any] = (),
-              pm: Optional[pluggy.PluginManager] = None, stack: Optional[ResolvedStack] = None,
+              cfg: Optional[PacerConfig] = None, extra_plugins: Sequence[Any] = (), plan: Optional[RunPlan] = None,
               **overrides: Any) -> "Engine":
-        """An engine around already-loaded models; ``cfg`` (default config if None) gives the stack.
+        """An engine around already-loaded models, building the stack of ``plan`` (``load_plan``,
+        ``plan_run``), or else of ``cfg`` (default config if None) planned here with ``extra_plugins``.
 
-        ``pm`` is a fresh plugin manager to build on (``extra_plugins`` already registered), else
-        one is made; the strategy objects are registered into it and their hooks checked.
-        ``stack`` is ``cfg``'s stack already resolved against ``pm``; else it is resolved here.
+        The strategy objects are registered into the plan's plugin manager and their hooks checked,
+        so a plan builds one engine. ``overrides``: engine settings replacing the config's.
         """
-        cfg = cfg or PacerConfig()
-        pm = pm if pm is not None else new_plugin_manager(extra_plugins)
-        stack = stack if stack is not None else check(cfg, pm=pm, require_models=False)
+        if plan is None:
+            plan = plan_run(cfg or PacerConfig(), extra_plugins, require_models=False)
+        elif cfg is not None or extra_plugins:
+            raise InputError("Engine.build takes a plan, or a cfg with its extra_plugins, not both: the plan "
+                             "holds its config and plugins")
+        cfg, pm, stack = plan.config, plan.pm, plan.stack
+        if pm.has_plugin(f"{stack.drafter.where}:{stack.drafter.component.name}"):
+            raise InputError("this run plan has built an engine already; a plan builds one engine: plan the run "
+                             "again (load_plan, plan_run) for another")
         s = cfg.sampling
         sampling = SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
         resources = Resources(target=target, draft=draft, sampling=sampling, tokenizer=tokenizer,

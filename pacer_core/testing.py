@@ -6,14 +6,14 @@ context, read from a seeded random table. It is fast enough to run tens of thous
 generations through the engine in seconds, and its distributions are known exactly, so a strategy
 can be checked against the target it claims to reproduce::
 
-    from pacer_core import Engine, load_config
+    from pacer_core import Engine, load_plan
     from pacer_core.testing import ScriptedLM, exact_continuation_probs, chisquare_pvalue
 
     target = ScriptedLM(vocab_size=6, seed=0)
     draft = ScriptedLM(vocab_size=6, seed=1)            # differs from the target: rejections happen
-    cfg = load_config(overrides=["strategy.drafter={name: draft_model}", "sampling.temperature=1",
-                                 "generation.ignore_eos=true"], require_models=False)
-    engine = Engine.build(target, draft=draft, cfg=cfg)
+    plan = load_plan(overrides=["strategy.drafter={name: draft_model}", "sampling.temperature=1",
+                                "generation.ignore_eos=true"], require_models=False)
+    engine = Engine.build(target, draft=draft, plan=plan)
     prompt = [1, 2, 3]
     samples = [engine.generate(prompt, max_new_tokens=3, seed=i).tokens for i in range(20_000)]
     expected = exact_continuation_probs(target, prompt, 3, engine.sampling)  # [6, 6, 6]

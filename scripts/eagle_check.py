@@ -155,7 +155,7 @@ def run_check(args: argparse.Namespace) -> int:
     import torch
 
     from pacer_bench.demo import demo_prompts
-    from pacer_core.config import check, load_config
+    from pacer_core.config import load_plan
     from pacer_core.engine import Engine, load_stack_draft
     from pacer_core.hf import load_model
 
@@ -163,9 +163,9 @@ def run_check(args: argparse.Namespace) -> int:
     pacer("export", str(DRAFT), str(work / "draft"), "--engine", "eagle")
     pacer("export-target", str(work / "target"))
     target, tokenizer, _ = load_model(None, "float32", "cpu", None, "target")
-    cfg = load_config(overrides=["strategy.drafter={name: autoregressive}", "strategy.stop=[]", "target.dtype=float32",
-                                 f"generation.max_new_tokens={args.max_new_tokens}"])
-    engine = Engine.build(target, draft=load_stack_draft(cfg, check(cfg), tokenizer), tokenizer=tokenizer, cfg=cfg)
+    plan = load_plan(overrides=["strategy.drafter={name: autoregressive}", "strategy.stop=[]", "target.dtype=float32",
+                                f"generation.max_new_tokens={args.max_new_tokens}"])
+    engine = Engine.build(target, draft=load_stack_draft(plan, tokenizer), tokenizer=tokenizer, plan=plan)
     prompts = [engine.encode(prompt.text) for prompt in demo_prompts(args.prompts)]  # chat template, as `pacer demo`
     (work / "prompts.json").write_text(json.dumps(prompts))
     ours = [list(engine.generate(list(ids)).tokens) for ids in prompts]

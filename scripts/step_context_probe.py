@@ -49,7 +49,7 @@ def record(args) -> int:
     import attrs
 
     from pacer_bench.prompts import load_prompts
-    from pacer_core import Component, Engine, hookimpl, load_config
+    from pacer_core import Component, Engine, hookimpl, load_plan
     from pacer_plugins.entropy_stop.rules import entropy
 
     out = Path(args.out)
@@ -91,11 +91,11 @@ def record(args) -> int:
             return [Component("observer", "step_context_probe", ProbeConfig, lambda config, resources: probe)]
 
     plugin = Plugin()
-    cfg = load_config(None, overrides=[
+    plan = load_plan(None, overrides=[
         "target.dtype=float32", "sampling.temperature=0", "strategy.drafter={name: eagle}",
         f"strategy.stop=[{{name: fixed, gamma: {DEPTH}}}]", "strategy.verifier={name: greedy}",
         "strategy.observers=[{name: step_context_probe}]"], extra_plugins=[plugin])
-    engine = Engine.from_config(cfg, extra_plugins=[plugin])
+    engine = Engine.from_plan(plan)
     for name in SETS:
         prompts = load_prompts(name, limit=args.first + args.limit)[args.first:]
         for i, prompt in enumerate(prompts, start=args.first):

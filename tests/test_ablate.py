@@ -90,7 +90,7 @@ def test_a_grid_file_declares_labels(tmp_path):
                     "labels:\n  strategy.stop: [short, adaptive]\n")
     _, stacks, ablation = read_ablate_config(grid)
     assert list(stacks) == ["autoregressive", "short", "adaptive"]
-    assert stacks["adaptive"].strategy.stop == [{"name": "heuristic"}]
+    assert stacks["adaptive"].config.strategy.stop == [{"name": "heuristic"}]
     assert ablation["points"]["short"] == {"strategy.stop": [{"name": "fixed", "gamma": 2}]}
     grid.write_text(grid.read_text().replace("[short, adaptive]", "[short]"))
     with pytest.raises(ConfigError, match="labels.strategy.stop must list one label per value"):

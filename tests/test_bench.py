@@ -249,6 +249,12 @@ def test_a_log_stack_drafting_trees_is_not_replayed(finished, tmp_path, capsys):
 
 
 # -- resumption ---------------------------------------------------------------------------------
+def plans(config: Path, *plugins) -> dict:
+    """The stacks' run plans of ``config`` with ``plugins``, fresh: a plan builds one engine, so each
+    run of the bench reads its config again (as each ``pacer bench`` command does)."""
+    return read_bench_config(config, extra_plugins=list(plugins))[1]
+
+
 def test_resume_after_interruption_loses_nothing_and_duplicates_nothing(tmp_path, models, capsys):
     config = write_bench(tmp_path, STACKS + "baselines: [hf_generate]\n", n=4)
     cfg, stacks = read_bench_config(config)
@@ -261,24 +267,40 @@ def test_resume_after_interruption_loses_nothing_and_duplicates_nothing(tmp_path
 
     out = tmp_path / "out"
     # Ctrl-C in the 6th engine generation (prompt 2's fixed2): exit 130, the 6 finished records kept
-    code = run_bench(cfg, stacks, out, models=models, progress=False, extra_plugins=[Crash(6, KeyboardInterrupt)])
+    code = run_bench(cfg, plans(config, Crash(6, KeyboardInterrupt)), out, models=models, progress=False)
     assert code == 130 and "rerun the same command to resume" in capsys.readouterr().err
     assert len(read_answers(out)) == 6 and not (out / "report.md").exists()
     # a crash in prompt 3's first generation, then a kill in the middle of writing a line
     with pytest.raises(RuntimeError, match="simulated crash"):
-        run_bench(cfg, stacks, out, models=models, progress=False, extra_plugins=[Crash(4, RuntimeError)])
+        run_bench(cfg, plans(config, Crash(4, RuntimeError)), out, models=models, progress=False)
     assert len(read_answers(out)) == 10
     with open(out / "answers.jsonl", "a") as handle:
         handle.write('{"question_id": "q3", "category": "prom')
-    assert run_bench(cfg, stacks, out, models=models, progress=False) == 0
+    assert run_bench(cfg, plans(config), out, models=models, progress=False) == 0
     assert "dropped 1 incomplete line" in capsys.readouterr().err
     records = read_answers(out)
     keys = [(r["question_id"], r["model_id"]) for r in records]
     assert len(keys) == len(set(keys)) == total
     assert {k: r["tokens"] for k, r in zip(keys, records)} == expected
     # a finished run resumed again adds nothing
-    assert run_bench(cfg, stacks, out, models=models, progress=False, report=False) == 0
+    assert run_bench(cfg, plans(config), out, models=models, progress=False, report=False) == 0
     assert len(read_answers(out)) == total
+
+
+def test_the_bench_plans_each_stack_once_and_builds_its_engine_on_that_plan(tmp_path, models, resolutions):
+    config = write_bench(tmp_path, STACKS, n=1)
+    bench, stacks = read_bench_config(config)
+    assert list(stacks) == ["autoregressive", "fixed2", "heuristic", "long"]
+    assert resolutions == {"plugin_managers": 4, "resolutions": 4}
+    assert run_bench(bench, stacks, tmp_path / "out", models=models, progress=False, report=False) == 0
+    assert resolutions == {"plugin_managers": 4, "resolutions": 4}  # each engine built on its stack's plan
+    with pytest.raises(InputError, match="has built an engine already"):  # a plan builds one engine
+        run_bench(bench, stacks, tmp_path / "again", models=models, progress=False, report=False)
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(f"bench: {config.name}\nstack: {{strategy: {{stop: [{{name: fixed}}]}}}}\n"
+                    "grid: {strategy.stop.0.gamma: [1, 3]}\n")
+    _, points, _ = read_ablate_config(grid)
+    assert len(points) == 3 and resolutions == {"plugin_managers": 7, "resolutions": 7}
 
 
 def test_resume_refuses_other_settings(tmp_path, models):
@@ -616,6 +638,17 @@ def test_hf_trace_counts_steps_and_drafts_with_an_identical_assistant():
 
 
 # -- configs and errors -------------------------------------------------------------------------
+def shipped_bench(path: Path):
+    """A shipped bench config read: the bench and each stack's run config (of its run plan)."""
+    bench, plans = read_bench_config(path)
+    return bench, {name: plan.config for name, plan in plans.items()}
+
+
+def shipped_ablate(path: Path):
+    bench, plans, ablation = read_ablate_config(path)
+    return bench, {name: plan.config for name, plan in plans.items()}, ablation
+
+
 def _hybrids_beside_their_model_member(stacks) -> list[str]:
     """The config's hybrid stacks, after checking each has a stack of its model member (the first)
     under the same stop beside it."""
@@ -628,7 +661,7 @@ def _hybrids_beside_their_model_member(stacks) -> list[str]:
 
 
 def test_shipped_bench_and_ablate_configs_validate():
-    cfg, stacks = read_bench_config(ROOT / "configs" / "bench.yaml")
+    cfg, stacks = shipped_bench(ROOT / "configs" / "bench.yaml")
     assert list(stacks)[0] == "autoregressive" and len(stacks) >= 6
     log = stacks[cfg.oracle.log_stack].strategy.stop
     assert log == [{"name": "fixed", "gamma": 16}] and cfg.oracle.verify_max_k >= 17
@@ -645,17 +678,17 @@ def test_shipped_bench_and_ablate_configs_validate():
     # the hybrid rows: each beside its members (the model member's tree with the same stop, prompt lookup)
     assert _hybrids_beside_their_model_member(stacks) and "prompt_lookup+heuristic" in stacks
     # the tree-shape sweep (exact columns) and the timed shapes beside the best chains and generate
-    cfg, stacks = read_bench_config(ROOT / "configs" / "bench_tree_sweep.yaml")
+    cfg, stacks = shipped_bench(ROOT / "configs" / "bench_tree_sweep.yaml")
     shapes = {(d["tree"]["topk"], d["tree"]["depth"])
               for d in (c.strategy.drafter for c in stacks.values()) if d.get("tree")}
     assert len(shapes) >= 8 and any(c.strategy.drafter.get("tree") is None and c.strategy.drafter["name"] == "eagle"
                                     for c in stacks.values())
-    cfg, stacks = read_bench_config(ROOT / "configs" / "bench_tree_shapes.yaml")
+    cfg, stacks = shipped_bench(ROOT / "configs" / "bench_tree_shapes.yaml")
     assert cfg.dtype == "bfloat16" and cfg.baselines == ["hf_generate"] and list(stacks)[0] == "autoregressive"
     assert {"eagle+pacer", "eagle+confidence", "prompt_lookup+heuristic"} <= set(stacks)
     assert any(c.strategy.drafter["name"] == "hybrid" for c in stacks.values())
     # the goals' stacks in one run: the eagle chain at γ 1-4, each adaptive stop on it, trees, hybrids beside members
-    cfg, stacks = read_bench_config(ROOT / "configs" / "bench_goals.yaml")
+    cfg, stacks = shipped_bench(ROOT / "configs" / "bench_goals.yaml")
     assert cfg.dtype == "bfloat16" and cfg.baselines == ["hf_generate"] and list(stacks)[0] == "autoregressive"
     chains = [c for c in stacks.values() if c.strategy.drafter == {"name": "eagle"}]
     assert {s["gamma"] for c in chains for s in c.strategy.stop if s["name"] == "fixed"} == {1, 2, 3, 4}
@@ -664,11 +697,11 @@ def test_shipped_bench_and_ablate_configs_validate():
                                                if c.strategy.drafter.get("tree"))
     assert _hybrids_beside_their_model_member(stacks)
     # the quick tree-vs-chain bench: fp32 (outputs must be identical), chains and trees of both drafts
-    cfg, stacks = read_bench_config(ROOT / "configs" / "bench_trees.yaml")
+    cfg, stacks = shipped_bench(ROOT / "configs" / "bench_trees.yaml")
     assert cfg.dtype == "float32" and cfg.verify_cost and list(stacks)[0] == "autoregressive"
     kinds = {(c.strategy.drafter["name"], c.strategy.drafter.get("tree") is not None) for c in stacks.values()}
     assert {("eagle", False), ("eagle", True), ("draft_model", False), ("draft_model", True)} <= kinds
-    cfg, stacks, ablation = read_ablate_config(ROOT / "configs" / "ablate.yaml")
+    cfg, stacks, ablation = shipped_ablate(ROOT / "configs" / "ablate.yaml")
     assert len(stacks) == 1 + len(ablation["points"]) == 10 and cfg.baselines == []
     assert stacks["gamma=8·max_ngram_size=2"].strategy.stop[0]["gamma"] == 8
     assert stacks["gamma=8·max_ngram_size=2"].strategy.drafter["max_ngram_size"] == 2
@@ -680,9 +713,9 @@ def test_every_shipped_bench_config_validates_and_the_engine_and_gpu_benches_com
     for path in sorted((ROOT / "configs").glob("*.yaml")):
         if is_bench_config(path) and not path.name.startswith("ablate"):
             read_bench_config(path)  # raises ConfigError in one line if a shipped bench config broke
-    cfg, stacks = read_bench_config(ROOT / "configs" / "bench_engine.yaml")  # the engine's own overhead
+    cfg, stacks = shipped_bench(ROOT / "configs" / "bench_engine.yaml")  # the engine's own overhead
     assert list(stacks) == ["autoregressive"] and cfg.baselines == ["hf_generate"] and cfg.repeats >= 3
-    cfg, stacks = read_bench_config(ROOT / "configs" / "bench_gpu.yaml")  # scripts/gpu_check.sh
+    cfg, stacks = shipped_bench(ROOT / "configs" / "bench_gpu.yaml")  # scripts/gpu_check.sh
     assert cfg.device == "auto" and cfg.dtype == "bfloat16" and "hf_generate" in cfg.baselines
     assert list(stacks)[0] == "autoregressive" and any(c.strategy.drafter.get("tree") for c in stacks.values())
 
@@ -707,8 +740,9 @@ def test_ablate_runs_a_grid_into_one_table(tmp_path, tiny, capsys):
 
 
 @pytest.mark.parametrize("text, needles", [
-    ("stackz: {}\n", ["unknown key 'stackz'", "valid keys", "stacks"]),
-    ("stacks: {a: {strategyy: {}}}\n", ["unknown key 'stacks.a.strategyy'", "config, strategy, generation, overrides"]),
+    ("stackz: {}\n", ["unknown option 'stackz'", "valid options", "stacks"]),
+    ("stacks: {a: {strategyy: {}}}\n",
+     ["unknown option 'stacks.a.strategyy'; valid options: config, strategy, generation, overrides"]),
     ("stacks: {a: {strategy: {drafter: {name: nope}}}}\n", ["stacks.a", "unknown drafter 'nope'", "prompt_lookup"]),
     ("target: {path: /my/target}\nstacks: {a: {strategy: {drafter: {name: draft_model}}}}\n",
      ["stacks.a", "needs a draft model", "draft.path"]),
@@ -718,15 +752,20 @@ def test_ablate_runs_a_grid_into_one_table(tmp_path, tiny, capsys):
     ("max_new_tokens: 0\n", ["max_new_tokens must be >= 1"]),
     ("max_new_tokens: lots\n", ["bad value", "max_new_tokens"]),
     ("prompt_sets: [nope]\n", ["unknown prompt set 'nope'", "humaneval"]),
-    ("target: {pth: x}\n", ["unknown key 'target.pth'", "path"]),
+    ("target: {pth: x}\n", ["unknown option 'target.pth'; valid options: path, dtype"]),
+    ("baseline_options: {gamma: 3}\n", ["unknown option 'baseline_options.gamma'; valid options: assisted_gamma"]),
     ("dtype: float8\n", ["unknown dtype 'float8'"]),
     ("stacks: [1, 2\n", ["malformed YAML", "line"]),
     ("- humaneval\n", ["must hold a mapping"]),
-    ("target: 3\n", ["'target' must be a mapping with the keys path, dtype", "got int"]),
+    ("target: 3\n", ["'target' must be a mapping of options (path, dtype", "got int 3"]),
     ("stacks: [a, b]\n", ["'stacks' must be a mapping", "got list"]),
-    ("stacks: {mine: 3}\n", ["'stacks.mine' must be a mapping with the keys config, strategy", "got int"]),
+    ("stacks: {mine: 3}\n", ["'stacks.mine' must be a mapping of options (config, strategy", "got int 3"]),
+    ("stacks: {a: {strategy: 3}}\n", ["'stacks.a.strategy' must be a mapping, got int 3"]),
+    ("stacks: {a: {overrides: strategy.stop.0.gamma=3}}\n", ["'stacks.a.overrides' must be a list", "got str"]),
     ("prompt_sets: humaneval\n", ["'prompt_sets' must be a list", "got str"]),
-    ("oracle: 5\n", ["'oracle' must be a mapping with the keys log_stack", "got int"]),
+    ("oracle: 5\n", ["'oracle' must be a mapping of options (log_stack", "got int 5"]),
+    ("oracle: {verify_tree_k: 4}\n", ["'oracle.verify_tree_k' must be a list, got int 4"]),
+    ("sampling: {temperature: hot}\n", ["bad value for 'sampling.temperature'", "give a value of type float"]),
     ("draft: null\nrepeats: 0\n", ["repeats must be >= 1"]),
     ("oracle: {verify_tree_k: [1, 4]}\n", ["oracle.verify_tree_k must list token counts >= 2"]),
     ("oracle: {verify_tree_k: [4, 4]}\n", ["oracle.verify_tree_k names a token count twice"]),
@@ -743,6 +782,33 @@ def test_bad_bench_yaml_is_a_one_line_error(tmp_path, capsys, text, needles):
     for needle in needles:
         assert needle in err, (needle, err)
     assert not (tmp_path / "out").exists()  # failed before anything ran
+
+
+def test_the_bench_config_is_validated_as_every_config_is(tmp_path):
+    """One validator (``pacer_core.schema.validate_typed``) for the run, bench and ablation configs:
+    an unknown key at any depth is named with the options valid there, in one wording."""
+    from pacer_core import ConfigError, load_config
+
+    refusals = [(lambda: load_config(overrides=["target.pth=x"]), "target: unknown option 'pth'; valid options: path"),
+                (lambda: read_bench_config(None, ["target.pth=x"]),
+                 "bench config: unknown option 'target.pth'; valid options: path"),
+                (lambda: read_bench_config(None, ["stacks.a.confg=x"]),
+                 "bench config: unknown option 'stacks.a.confg'; valid options: config, strategy"),
+                (lambda: read_bench_config(None, ["max_new_tokens"]),
+                 "bench config: override 'max_new_tokens' is not key=value (e.g. max_new_tokens=32)")]
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("grid: {strategy.stop.0.gamma: [1]}\nstack: {overides: []}\n")
+    refusals.append((lambda: read_ablate_config(grid),
+                     f"ablate config '{grid}': unknown option 'stack.overides'; valid options: config, strategy"))
+    grid_value = tmp_path / "grid_value.yaml"
+    grid_value.write_text("grid: {strategy.stop.0.gamma: 3}\n")
+    refusals.append((lambda: read_ablate_config(grid_value),
+                     f"ablate config '{grid_value}': 'grid.strategy.stop.0.gamma' must be a list, got int 3"))
+    for read, start in refusals:
+        with pytest.raises(ConfigError) as refused:
+            read()
+        message = str(refused.value)
+        assert message.startswith(start) and "\n" not in message and "unknown key" not in message, message
 
 
 def test_other_command_errors_are_one_line(tmp_path, capsys):
@@ -1029,11 +1095,11 @@ def test_a_sigtermed_bench_says_so_keeps_its_records_and_exits_143(tmp_path, mod
     cfg, stacks = read_bench_config(config)
     out = tmp_path / "out"
     before = signal.getsignal(signal.SIGTERM)
-    code = run_bench(cfg, stacks, out, models=models, progress=False, extra_plugins=[Terminate(3)])
+    code = run_bench(cfg, plans(config, Terminate(3)), out, models=models, progress=False)
     err = capsys.readouterr().err
     assert code == 143 and "terminated (SIGTERM): 2/8 generations kept" in err and "rerun the same command" in err
     assert len(read_answers(out)) == 2 and signal.getsignal(signal.SIGTERM) is before
-    assert run_bench(cfg, stacks, out, models=models, progress=False, report=False) == 0  # resumes
+    assert run_bench(cfg, plans(config), out, models=models, progress=False, report=False) == 0  # resumes
     assert len(read_answers(out)) == 8
 
 

@@ -381,7 +381,7 @@ def test_train_preverify_trains_an_mb_on_the_block_drafts_hidden_states(block_mb
 
 
 def test_the_block_drafters_draft_folder_is_found_without_a_model():
-    from pacer_core.config import check, load_config
+    from pacer_core.config import load_config, plan_run
     from pacer_core.errors import InputError
     from pacer_plugins.block_draft.drafter import DEFAULT_DRAFT
     from pacer_plugins.pacer_stop.items import draft_folder, draft_manifest
@@ -389,11 +389,11 @@ def test_the_block_drafters_draft_folder_is_found_without_a_model():
     for drafter, expected in [("{name: dflash}", DEFAULT_DRAFT), ("{name: dflash, path: /my/block}", "/my/block")]:
         cfg = load_config(overrides=[f"strategy.drafter={drafter}"], require_models=False)
         if expected == DEFAULT_DRAFT:
-            found = draft_folder(cfg, check(cfg, require_models=False).drafter)
+            found = draft_folder(cfg, plan_run(cfg, require_models=False).stack.drafter)
             assert found == DEFAULT_DRAFT and "corpus_sources" in draft_manifest(found)
         else:
             with pytest.raises(InputError, match="is not a dflash draft folder"):
-                draft_folder(cfg, check(cfg, require_models=False).drafter)
+                draft_folder(cfg, plan_run(cfg, require_models=False).stack.drafter)
 
 
 @pytest.mark.parametrize("b", [3, 2])

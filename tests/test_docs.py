@@ -571,6 +571,7 @@ def test_documented_bench_errors_are_the_real_messages(tmp_path, capsys, monkeyp
         "`--out results.txt/run`": lambda: bench(out="results.txt/run"),
         "`--out` on a read-only file system": read_only,
         "`target: 3`": lambda: bench_yaml("target: 3\n"),
+        "`target: {pth: x}`": lambda: bench_yaml("target: {pth: x}\n"),
         "`stacks: [a, b]`": lambda: bench_yaml("stacks: [a, b]\n"),
         "a prompt file that does not exist": lambda: ["bench", f"prompt_sets=[{tmp_path / 'gone.jsonl'}]"],
         "a prompt file that is a folder": prompt_folder,

@@ -49,10 +49,11 @@ def test_the_forward_clock_counts_a_nested_network_once():
     assert clock.seconds == 1.0
 
 
-def test_host_time_splits_each_step_into_forwards_and_the_rest():
+def test_host_time_splits_each_step_into_forwards_and_the_rest(resolutions):
     results = measure_host_time(["plain", "chain", "tree10"], shape=Shape(vocab=64, hidden=32), new_tokens=8,
                                 repeats=1)
     assert [r.stack for r in results] == ["plain", "chain", "tree10"]
+    assert resolutions["resolutions"] == 3  # each stack planned once, its engine built on the plan
     for r in results:
         assert r.steps >= 1
         assert 0.0 < r.forward_s <= r.step_s
@@ -240,13 +241,13 @@ def test_a_bench_unit_records_its_forward_seconds_and_the_report_the_host_time_p
     from pacer_bench.config import BenchConfig
     from pacer_bench.results import host_ms_per_step
     from pacer_bench.units import Models, engine_unit
-    from pacer_core import load_config
+    from pacer_core import load_plan
 
     target, draft = ScriptedLM(SCRIPTED_VOCAB, seed=0), ScriptedLM(SCRIPTED_VOCAB, seed=1)
-    cfg = load_config(overrides=["strategy.drafter={name: draft_model}", "strategy.stop=[{name: fixed, gamma: 2}]",
-                                 "generation.ignore_eos=true"], require_models=False)
+    plan = load_plan(overrides=["strategy.drafter={name: draft_model}", "strategy.stop=[{name: fixed, gamma: 2}]",
+                                "generation.ignore_eos=true"], require_models=False)
     forwards = ForwardClock(TickClock())
-    unit = engine_unit("s", cfg, Models(target, draft), BenchConfig(), TickClock(), (), forwards)
+    unit = engine_unit("s", plan, Models(target, draft), BenchConfig(), TickClock(), forwards)
     before = target.num_forwards + draft.num_forwards
     _, metrics, _ = unit.run([1, 2, 3], 0, 6)
     assert metrics["forward_s"] == target.num_forwards + draft.num_forwards - before

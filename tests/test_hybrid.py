@@ -221,11 +221,11 @@ def test_the_cost_kind_is_the_drafters_declaration_and_a_hybrids_is_its_main_mem
     """How profiles price draft forwards is declared once, on the drafter's Component; a hybrid is
     priced as its main member; a kind no profile knows is refused when the component is made."""
     from pacer_core import Component, load_config
-    from pacer_core.config import check
+    from pacer_core.config import plan_run
 
     def kind(strategy: str):
         cfg = load_config(overrides=[f"strategy.drafter={strategy}"], require_models=False)
-        return check(cfg, require_models=False).drafter.cost_kind
+        return plan_run(cfg, require_models=False).stack.drafter.cost_kind
 
     assert kind("{name: eagle}") == "feature"
     assert kind("{name: draft_model}") == "token"

@@ -578,8 +578,7 @@ def test_simulated_labels_are_what_the_verifier_decided(tmp_path, greedy_models)
     cfg = tiny_train_config(tmp_path)
     recorder = trainer.StepRecorder()
     target = adapter(target_model)
-    engine = Engine.build(target, draft=adapter(draft_model), cfg=trainer.simulation_config(cfg),
-                          extra_plugins=[recorder])
+    engine = Engine.build(target, draft=adapter(draft_model), plan=trainer.simulation_plan(cfg, [recorder]))
     items = [{"source": "test", "prompt": p} for p in PROMPTS]
     with single_thread():
         trainer.simulate(engine, recorder, items, tmp_path / "samples", 24, seed=0)
@@ -665,15 +664,41 @@ def test_the_checkpoint_tag_changes_with_the_recipe_but_not_with_what_a_resumed_
     assert base not in others and len(set(others)) == len(others)
 
 
+def test_train_preverify_plans_its_simulation_once(tmp_path, monkeypatch, resolutions, capsys):
+    """``pacer train-preverify`` end to end on tiny models (the prompts given): the simulation's stack
+    is resolved once, and the draft, the drafter's folder and the engine all come from that plan."""
+    import pacer_core.hf as hf
+    from pacer_core import cli
+
+    target = tiny_llama(0, scale=6.0)
+    monkeypatch.setattr(hf, "load_section", lambda section, role: (adapter(target), None, None))
+    monkeypatch.setattr(hf, "load_draft", lambda section, tokenizer: adapter(tiny_llama(1)))
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "items.json").write_text(json.dumps([{"source": "test", "prompt": [5, 9, 13, 5, 9, 21, 7]}]))
+    argv = ["train-preverify", f"out={out}", f"draft.path={tmp_path / 'draft'}", "drafter={name: draft_model}",
+            "verifier={name: greedy}", "data.window=6", "data.max_new_tokens=12", "data.heldout_every=2",
+            "model.width=16", "model.heads=2", "model.ffn_size=32", "model.max_positions=8", "train.pack_len=24",
+            "train.batch_size=4", "train.epochs=1", "train.threads=1"]
+    with single_thread():
+        assert cli.main(argv) == 0, capsys.readouterr().err
+    assert resolutions == {"plugin_managers": 1, "resolutions": 1}
+
+
 def test_train_config_errors_are_one_line():
-    for overrides, words in [(["drafter={name: prompt_lookup}"], "does not provide hidden states"),
-                             (["drafter={name: draft_model}", "target.path=/my/target"], "needs a draft model"),
-                             (["model.max_positions=8"], "max_positions (8) must be >= data.window (16)"),
+    for overrides, words in [(["model.max_positions=8"], "max_positions (8) must be >= data.window (16)"),
                              (["model.width=30"], "multiple of heads"),
                              (["model.confidence_prior=true"], "set draft_confidence too"),
                              (["data.windw=3"], "unknown option 'data.windw'")]:
         with pytest.raises(ConfigError) as info:
             trainer.load_train_config(None, overrides)
+        assert words in str(info.value) and "\n" not in str(info.value)
+    # the simulation's stack, checked when the run plans it (before anything is written or loaded)
+    for overrides, words in [(["drafter={name: prompt_lookup}"], "does not provide hidden states"),
+                             (["drafter={name: draft_model}", "target.path=/my/target"], "needs a draft model"),
+                             (["drafter={name: nope}"], "unknown drafter 'nope'")]:
+        with pytest.raises(ConfigError) as info:
+            trainer.simulation_plan(trainer.load_train_config(None, overrides))
         assert words in str(info.value) and "\n" not in str(info.value)
     cfg = trainer.load_train_config(None, ["drafter.path=/my/draft", "model.positional=false"])
     assert cfg.drafter == {"name": "eagle", "path": "/my/draft"} and cfg.model.positional is False

@@ -256,9 +256,9 @@ def test_pacer_costs_measures_and_caches_a_tiny_pair(tmp_path, capsys, monkeypat
     target.digest, draft.digest = "tttt", "dddd"
     built = []
 
-    def build(cfg):
-        built.append(cfg)
-        return Engine.build(target, draft=draft, cfg=cfg)
+    def build(plan):
+        built.append(plan.config)
+        return Engine.build(target, draft=draft, plan=plan)
 
     monkeypatch.setattr(cli, "build_engine", build)
     monkeypatch.setenv("PACER_CACHE", str(tmp_path / "cache"))
@@ -267,7 +267,7 @@ def test_pacer_costs_measures_and_caches_a_tiny_pair(tmp_path, capsys, monkeypat
                                   "strategy.drafter={name: draft_model}"], capsys)
     assert code == 0, err
     assert [s["name"] for s in built[0].strategy.stop] == ["fixed"] and built[0].sampling.temperature == 0
-    key = cost_files.full_key(cost_files.engine_pair(build(built[0])))
+    key = cost_files.full_key(cost_files.engine_pair(Engine.build(target, draft=draft, cfg=built[0])))
     cost = cost_files.read_costs(cost_files.cache_file(key), key)
     assert len(cost.verify_s) == 4 and min(cost.verify_s) > 0 and cost.draft_token_s > 0
     assert "tttt" in out and str(cost_files.cache_file(key)) in out
@@ -287,7 +287,7 @@ def test_pacer_costs_measures_and_caches_a_tiny_pair(tmp_path, capsys, monkeypat
 def test_pacer_costs_numeric_options_have_ranges(capsys, monkeypatch, argv, needle):
     from pacer_core import cli
 
-    monkeypatch.setattr(cli, "build_engine", lambda cfg: pytest.fail("built before checking the options"))
+    monkeypatch.setattr(cli, "build_engine", lambda plan: pytest.fail("built before checking the options"))
     assert needle in one_line_error(capsys, ["costs", *argv])
 
 
@@ -295,7 +295,7 @@ def test_pacer_costs_refuses_forwards_beyond_the_targets_context_before_measurin
     from pacer_core import cli
 
     target, draft = adapter(tiny_llama(0)), adapter(tiny_llama(1))
-    monkeypatch.setattr(cli, "build_engine", lambda cfg: Engine.build(target, draft=draft, cfg=cfg))
+    monkeypatch.setattr(cli, "build_engine", lambda plan: Engine.build(target, draft=draft, plan=plan))
     monkeypatch.setattr(cost_files, "measure_costs", lambda *a: pytest.fail("measured before checking --context"))
     error = one_line_error(capsys, ["costs", "--profile", str(tmp_path / "p.yaml"), "--context", str(target.max_length),
                                     "--profile-max-k", "8", "strategy.drafter={name: draft_model}"])
@@ -311,7 +311,7 @@ def test_pacer_costs_says_when_it_replaces_the_machine_wide_profile(tmp_path, ca
 
     target, draft = adapter(tiny_llama(0)), adapter(tiny_llama(1))
     target.digest = "tttt"
-    monkeypatch.setattr(cli, "build_engine", lambda cfg: Engine.build(target, draft=draft, cfg=cfg))
+    monkeypatch.setattr(cli, "build_engine", lambda plan: Engine.build(target, draft=draft, plan=plan))
     monkeypatch.setenv("PACER_CACHE", str(tmp_path / "cache"))
     argv = ["costs", "--max-k", "2", "--repeats", "1", "--tokens", "4", "--profile-max-k", "4", "--context", "16",
             "--out", str(tmp_path / "costs.json"), "strategy.drafter={name: draft_model}"]
@@ -333,7 +333,7 @@ def test_pacer_costs_refuses_an_out_file_it_cannot_write_before_measuring(tmp_pa
 
     from helpers import bad_out_folders
 
-    monkeypatch.setattr(cli, "build_engine", lambda cfg: pytest.fail("measured before checking --out"))
+    monkeypatch.setattr(cli, "build_engine", lambda plan: pytest.fail("measured before checking --out"))
     a_folder = tmp_path / "a-folder"
     a_folder.mkdir()
     for out in [a_folder, *(place / "costs.json" for place in bad_out_folders(tmp_path) if place.name != "a-file")]:

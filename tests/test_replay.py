@@ -12,7 +12,7 @@ import attrs
 import pytest
 
 from pacer_bench.answers import make_record
-from pacer_bench.replay import predictions, profiles, steplog, trees
+from pacer_bench.replay import predictions, profiles, recorded, steplog, trees
 from pacer_bench.replay.recorded import RecordedRun
 from pacer_core.costs import profile_from_dict
 from pacer_core.testing import ScriptedLM
@@ -540,3 +540,12 @@ def test_the_runs_own_profile_is_bounded_as_a_profile_file_is(run):
     timed = [dict(r, metrics=dict(r["metrics"], forward_s=0.0, wall_s=9e6)) for r in records]
     with pytest.raises(Exception, match="measured from the run.*host_s.* must be a positive number of seconds"):
         profiles.profile_from_run(RecordedRun.parse(meta, timed, {"verify_s": [0.02, 0.021]}))
+
+
+def test_a_run_recorded_without_cost_kinds_has_each_stack_planned_once(resolutions):
+    """An older run's units carry no ``cost_kind``: each distinct stack is planned once to read it."""
+    eagle = {"name": "eagle-old", "config": {"strategy": {"drafter": {"name": "eagle", "path": "x"}}}}
+    token = {"name": "token-old", "config": {"strategy": {"drafter": {"name": "draft_model"}}}}
+    recorded._resolved_cost_kind.cache_clear()
+    assert [recorded.drafter_kind(u) for u in (eagle, token, eagle, token)] == ["feature", "token"] * 2
+    assert resolutions == {"plugin_managers": 2, "resolutions": 2}

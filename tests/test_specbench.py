@@ -255,20 +255,23 @@ def test_answer_file_names_are_safe_and_distinct():
 
 
 def test_a_single_turn_run_is_resumed_into_a_multi_turn_one_and_survives_interruption(tmp_path, models, capsys):
-    single, stacks = read_bench_config(write_bench(tmp_path, multi_turn=False))
+    def plans(*plugins):  # fresh for each run: a stack's plan builds one engine
+        return read_bench_config(write_bench(tmp_path, multi_turn=False), extra_plugins=list(plugins))[1]
+
+    single, _ = read_bench_config(write_bench(tmp_path, multi_turn=False))
     multi, _ = read_bench_config(write_bench(tmp_path, multi_turn=True))
     clean = tmp_path / "clean"
-    assert run_bench(multi, stacks, clean, models=models, progress=False, report=False) == 0
+    assert run_bench(multi, plans(), clean, models=models, progress=False, report=False) == 0
     expected = {(r["question_id"], r["model_id"], r["turn"]): r["tokens"] for r in read_answers(clean)}
     assert len(expected) == (2 + 2 + 1) * 3
 
     out = tmp_path / "out"
-    assert run_bench(single, stacks, out, models=models, progress=False, report=False) == 0
+    assert run_bench(single, plans(), out, models=models, progress=False, report=False) == 0
     assert {r["turn"] for r in read_answers(out)} == {0} and len(read_answers(out)) == 3 * 3  # the default
     # multi_turn over the same folder adds the second turns; Ctrl-C inside question 81's second turn
-    code = run_bench(multi, stacks, out, models=models, progress=False, extra_plugins=[Crash(2, KeyboardInterrupt)])
+    code = run_bench(multi, plans(Crash(2, KeyboardInterrupt)), out, models=models, progress=False)
     assert code == 130 and len(read_answers(out)) == 9 + 1  # autoregressive's second turn kept
-    assert run_bench(multi, stacks, out, models=models, progress=False, report=False) == 0
+    assert run_bench(multi, plans(), out, models=models, progress=False, report=False) == 0
     records = read_answers(out)
     assert {(r["question_id"], r["model_id"], r["turn"]): r["tokens"] for r in records} == expected
     assert len(records) == len(expected)

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from pacer_core import Component, Draft, Engine, hookimpl, load_config
-from pacer_core.config import check
+from pacer_core.config import plan_run
 from pacer_core.errors import ConfigError
 from pacer_core.schema import load_schema
 from pacer_core.testing import ScriptedLM, chisquare_pvalue, exact_continuation_probs
@@ -187,7 +187,7 @@ def goes_off_the_main_path(step) -> bool:
 # -- config -----------------------------------------------------------------------------------------
 def drafter_config(*overrides):
     cfg = load_config(overrides=list(overrides), require_models=False)
-    return check(cfg, require_models=False).drafter.config
+    return plan_run(cfg, require_models=False).stack.drafter.config
 
 
 def test_tree_option_loads_and_defaults():
@@ -462,7 +462,7 @@ def grid():
 def test_greedy_tree_drafting_equals_plain_decoding(tree, stop, verifier):
     spec = load_config(overrides=[f"strategy.drafter={{name: draft_model, tree: {TREES[tree]}}}"],
                        require_models=False)
-    bounds = check(spec, require_models=False).drafter.config.tree
+    bounds = plan_run(spec, require_models=False).stack.drafter.config.tree
     target, draft = scripted(TARGET_TABLE), scripted(DRAFT_TABLE, seed=1)
     engine, audit = tree_engine(target, draft, f"{{name: draft_model, tree: {TREES[tree]}}}", stop, verifier)
     side = off_path = 0
@@ -648,7 +648,7 @@ def test_embedded_pair_tree_drafting_equals_plain_decoding():
     target, tokenizer, _ = load_model(None, "float32", "cpu", None, "target")
     cfg = load_config(overrides=["strategy.drafter={name: draft_model, tree: {topk: 3, depth: 4, nodes: 10}}",
                                  "strategy.stop=[{name: fixed, gamma: 4}]", "strategy.verifier={name: greedy}"])
-    section = draft_model_config(cfg, check(cfg).drafter.component)
+    section = draft_model_config(cfg, plan_run(cfg).stack.drafter.component)
     draft, _, _ = load_model(section.path, "float32", "cpu", None, "draft")
     ids = tokenizer.encode("Write a Python function that adds two numbers.")
     reference = hf_generate(target, ids, 32)

@@ -80,11 +80,10 @@ def drafter_kind(unit: dict) -> Optional[str]:
 
 @functools.lru_cache(maxsize=None)
 def _resolved_cost_kind(strategy: str) -> Optional[str]:
-    from pacer_core.config import check, load_config
+    from pacer_core.config import load_plan
 
     try:
-        cfg = load_config(None, [f"strategy={strategy}"], require_models=False)
-        return check(cfg, require_models=False).drafter.cost_kind
+        return load_plan(None, [f"strategy={strategy}"], require_models=False).stack.drafter.cost_kind
     except ConfigError as exc:
         raise InputError(f"a stack of the run no longer resolves ({exc}): rerun the bench with this version") from None
 

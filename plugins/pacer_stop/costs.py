@@ -230,16 +230,16 @@ def _setup_costs(p):
 
     def run(args) -> int:
         from pacer_core import cli
-        from pacer_core.config import load_config
+        from pacer_core.config import load_plan
 
         overrides = list(args.overrides) + [f"strategy.stop=[{{name: fixed, gamma: {args.gamma}}}]",
                                             "sampling.temperature=0"]
-        cfg = load_config(args.config, overrides)  # validated before any model loads
+        plan = load_plan(args.config, overrides)  # validated before any model loads
         if args.profile:
             check_out_file(args.profile, "--profile")  # before measuring
         if args.out:
             check_out_file(args.out, "--out")  # before measuring, which takes minutes
-        engine = cli.build_engine(cfg)
+        engine = cli.build_engine(plan)
         prompt = engine.encode(PROBE_PROMPT) if engine.tokenizer is not None else list(range(1, 17))
         check_fits(engine, len(prompt) + args.max_k, "the probe prompt plus --max-k")
         if args.profile:
@@ -248,7 +248,7 @@ def _setup_costs(p):
         key = full_key(engine_pair(engine))
         path = write_costs(Path(args.out) if args.out else cache_file(key), key, measured)
         if args.profile:
-            written = write_measured_profile(Path(args.profile), engine, cfg, prompt, measured, args)
+            written = write_measured_profile(Path(args.profile), engine, plan.config, prompt, measured, args)
             print(f"measured cost profile -> {written}")
             if args.no_cache:
                 print("the machine-wide profile cache is left as it was (--no-cache)")
