@@ -77,6 +77,7 @@ def test_the_script_refuses_a_cpu_without_avx_before_installing_anything(tmp_pat
     (["--prompts"], "--prompts needs a whole number of at least 1"),
     (["--work"], "--work needs a folder"),
     (["--serve"], "unknown option '--serve'"),
+    (["--only", "eagle"], "--only needs 'exports' or 'stacks'"),
 ])
 def test_the_script_refuses_bad_options_in_one_line(args, said):
     done = _script(*args)
@@ -138,6 +139,34 @@ def test_a_draft_passes_only_with_identical_outputs_and_equal_counts():
                                                                         "tokens": [[5, 6, 7], [8, 0]]}]
     ok, _ = draft_line("d", 4, plain, plain, _run(out, [3, 2, 1, 0], 4), second_round_differs)
     assert not ok
+
+
+def _stack_run(tokens, drafts, draft_tokens, accepted, rounds=1):
+    spec = {"drafts": drafts, "draft_tokens": draft_tokens, "accepted_tokens": accepted}
+    return {"tokens": tokens, "k": servecheck.STACK_K,
+            "rounds": [{"tokens": tokens, "seconds": [1.0] * len(tokens), "spec": spec}] * rounds}
+
+
+def test_a_stack_passes_with_identical_outputs_and_drafts_verified(tmp_path):
+    out = [[5, 6, 7], [8, 9]]
+    plain = _run(out)
+    record = tmp_path / "record.jsonl"
+    record.write_text("".join(json.dumps({"drafted": n, "accepted": 0, "emitted": 1}) + "\n" for n in (2, 2, 5, 1)))
+    lengths = servecheck.draft_lengths(record)
+    assert lengths == {2: 2, 5: 1, 1: 1} and servecheck.draft_lengths(tmp_path / "absent.jsonl") == {}
+    ok, line = servecheck.stack_line("token+pacer", [], plain, plain, _stack_run(out, 4, 10, 6, rounds=2), lengths)
+    assert ok and "outputs identical yes (2 prompts" in line and "drafted 10 tokens in 4 drafts and accepted 6" in line
+    assert "1: 1, 2: 2, 5: 1 (variable)" in line and "configs/vllm.yaml)" in line
+    ok, line = servecheck.stack_line("s", ["strategy.stop=[]"], plain, plain, _stack_run([[5, 6, 7], [8, 1]], 4, 10, 6),
+                                     lengths)
+    assert not ok and "outputs identical NO" in line and "configs/vllm.yaml strategy.stop=[])" in line
+    ok, line = servecheck.stack_line("s", [], plain, plain, _stack_run(out, 0, 0, 0), {})
+    assert not ok and "none recorded" in line  # vLLM verified no draft: the proposer did not run
+
+
+def test_the_stacks_are_checked_before_vllm_starts():
+    for overrides in servecheck.STACKS.values():  # the shipped draft is completed into the cache here
+        servecheck.prepare_stack(overrides)
 
 
 # -- the drafts ----------------------------------------------------------------------------------
