@@ -113,6 +113,7 @@ class RequestStack:
     engine: Engine
     state: DecodeState
     sent: Draft = attrs.field(factory=Draft)
+    call: int = 0  # the ServingDrafter.propose call that sent it
     draft_s: float = 0.0
     stop_s: float = 0.0
 
@@ -125,7 +126,8 @@ class ServingDrafter:
     ``own_cache``). A draft is at most ``max_draft_tokens`` long (the engine's, e.g. vLLM's
     ``num_speculative_tokens``; also ``generation.max_draft_tokens``) and never past the target's
     context. ``record``: a file to which each verified step appends one JSON line (drafted, accepted,
-    emitted tokens); ``outcomes`` counts the same (drafted, accepted) pairs in memory.
+    emitted tokens, and the call that drafted it: the requests of one batch share it); ``outcomes``
+    counts the (drafted, accepted) pairs in memory.
     """
 
     def __init__(self, cfg: PacerConfig, target: LanguageModel, draft: Optional[LanguageModel] = None,
@@ -143,6 +145,7 @@ class ServingDrafter:
         self.record, self.clock = record, clock
         self.requests: dict[tuple[int, ...], list[RequestStack]] = {}  # by the tokens each has committed
         self.outcomes: collections.Counter[tuple[int, int]] = collections.Counter()  # (drafted, accepted) → steps
+        self.calls = 0  # propose calls so far
 
     @classmethod
     def from_folder(cls, folder: Union[str, Path], config: Optional[Union[str, Path]] = None,
@@ -186,6 +189,7 @@ class ServingDrafter:
                                                   the next draft starts after x (the draft model's cache
                                                   is cropped to p a b c before it feeds x)
         """
+        self.calls += 1
         kept: dict[tuple[int, ...], list[RequestStack]] = {}
         drafts = []
         for tokens, new in rows:
@@ -243,7 +247,8 @@ class ServingDrafter:
         self.outcomes[len(proposed), accepted] += 1
         if self.record is not None:
             with open(self.record, "a") as handle:
-                handle.write(json.dumps({"drafted": len(proposed), "accepted": accepted, "emitted": len(new)}) + "\n")
+                handle.write(json.dumps({"drafted": len(proposed), "accepted": accepted, "emitted": len(new),
+                                         "call": request.call}) + "\n")
         return True
 
     def _draft(self, request: RequestStack) -> list[int]:
@@ -254,7 +259,7 @@ class ServingDrafter:
         state.max_draft_tokens = max(0, min(self.max_draft_tokens, state.budget_left))
         start = self.clock()
         request.sent, request.stop_s = request.engine.draft_step(state)
-        request.draft_s = self.clock() - start
+        request.draft_s, request.call = self.clock() - start, self.calls
         return request.sent.tokens.tolist()
 
 

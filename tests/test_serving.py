@@ -98,6 +98,7 @@ def test_each_request_keeps_its_own_draft_cache_rolled_back_after_a_rejection():
     assert list(draft.cached_tokens) == []  # the loaded draft model only lends its weights
     rejected = sum(n for (drafted, accepted), n in drafter.outcomes.items() if accepted < drafted)
     assert rejected > 0 and all(drafted == 3 for drafted, _ in drafter.outcomes)
+    assert drafter.calls == len(calls)
 
 
 def test_a_finished_request_is_dropped_and_an_unknown_step_starts_afresh():
@@ -275,8 +276,11 @@ def test_the_shipped_stack_drafts_inside_a_serving_loop_on_the_real_models(real_
     prompt = tokenizer.encode("Write a Python function that returns the sum of a list.")
 
     def argmax_after(tokens, draft):  # the target's argmax after tokens, then after each draft prefix
-        target.reset()
-        return target.forward(tokens + draft, logits_from=len(tokens) - 1).logits.argmax(-1).tolist()
+        cached, keep = list(target.cached_tokens), 0
+        while keep < min(len(cached), len(tokens) - 1) and cached[keep] == tokens[keep]:
+            keep += 1
+        target.crop(keep)  # the rows of rejected draft tokens go
+        return target.forward((tokens + draft)[keep:], logits_from=len(tokens) - 1 - keep).logits.argmax(-1).tolist()
 
     plain = list(prompt)
     for _ in range(32):
