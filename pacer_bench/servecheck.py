@@ -283,30 +283,40 @@ def prepare_stack(overrides: Sequence[str]) -> None:
         materialize(draft_model_config(cfg, stack.draft_model_user()).path)
 
 
-def draft_lengths(record: Path) -> collections.Counter[int]:
-    """Steps by draft length, from a ``pacer_core.serving.ServingDrafter`` record (one JSON line per
-    step vLLM verified); empty when the proposer wrote none."""
-    if not record.is_file():
-        return collections.Counter()
-    return collections.Counter(int(json.loads(line)["drafted"]) for line in record.read_text().splitlines() if line)
+def read_record(record: Path) -> tuple[collections.Counter[int], int, int]:
+    """From a ``pacer_core.serving.ServingDrafter`` record (one JSON line per step vLLM verified; absent
+    when the proposer wrote none): steps by draft length, and of the proposer's calls that drafted for
+    several requests of a batch, how many gave them different lengths, out of how many."""
+    steps = [json.loads(line) for line in record.read_text().splitlines() if line] if record.is_file() else []
+    by_call: dict[int, list[int]] = collections.defaultdict(list)
+    for step in steps:
+        by_call[int(step["call"])].append(int(step["drafted"]))
+    shared = [lengths for lengths in by_call.values() if len(lengths) > 1]
+    return (collections.Counter(int(step["drafted"]) for step in steps),
+            sum(len(set(lengths)) > 1 for lengths in shared), len(shared))
 
 
 def stack_line(name: str, overrides: Sequence[str], plain_ours: Mapping, plain_vllm: Mapping, stack_vllm: Mapping,
-               lengths: Mapping[int, int]) -> tuple[bool, str]:
+               record: tuple[Mapping[int, int], int, int]) -> tuple[bool, str]:
     """(passed, the stack's line): outputs identical (every round of vLLM's) and vLLM verified drafts;
-    vLLM's counters of the first round, the draft lengths the stop chose, the two speeds."""
+    vLLM's counters of the first round, the draft lengths the stop chose (``read_record``), the two
+    speeds."""
+    lengths, differing, shared = record
     identical = same_tokens(plain_ours, plain_vllm, stack_vllm)
     spec = stack_vllm["rounds"][0]["spec"]
     drafted = [n for n in sorted(lengths) if n > 0]
     chosen = ", ".join(f"{n}: {lengths[n]}" for n in sorted(lengths)) or "none recorded"
     config = STACK_CONFIG.relative_to(ROOT).as_posix() + "".join(f" {o}" for o in overrides)
-    line = (f"{name}: {PROPOSER} in vLLM ({config}), num_speculative_tokens {stack_vllm['k']}: outputs identical "
-            f"{'yes' if identical else 'NO'} ({len(plain_ours['tokens'])} prompts; vLLM with the stack, vLLM plain, "
+    prompts = len(plain_ours["tokens"])
+    batch = f"the {prompts} prompts in one batch" if stack_vllm.get("batch") else "one prompt at a time"
+    line = (f"{name}: {PROPOSER} in vLLM ({config}), num_speculative_tokens {stack_vllm['k']}, {batch}: outputs "
+            f"identical {'yes' if identical else 'NO'} ({prompts} prompts; vLLM with the stack, vLLM plain, "
             f"ours plain); vLLM drafted {spec['draft_tokens']} tokens in {spec['drafts']} drafts and accepted "
             f"{spec['accepted_tokens']} (round 1); draft lengths the stop chose, steps by length (warm-up and every "
             f"round): "
-            f"{chosen} ({'variable' if len(drafted) > 1 else 'one length'}); tok/s vLLM plain {tok_s(plain_vllm):.1f}, "
-            f"vLLM with the stack {tok_s(stack_vllm):.1f}")
+            f"{chosen} ({'variable' if len(drafted) > 1 else 'one length'}; different lengths within one batch "
+            f"in {differing} of {shared} calls drafting for several requests); tok/s vLLM plain "
+            f"{tok_s(plain_vllm):.1f}, vLLM with the stack {tok_s(stack_vllm):.1f}")
     return identical and spec["drafts"] > 0, line
 
 
@@ -318,10 +328,11 @@ def affinity(threads: int) -> list[int]:
 
 def run_vllm(python: str, work: Path, name: str, target: Path, prompts: Path, max_new_tokens: int, rounds: int,
              threads: int, draft: Optional[Path | str] = None, method: str = "", k: int = 0,
-             additional: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
+             additional: Optional[Mapping[str, Any]] = None, batch: bool = False) -> dict[str, Any]:
     """One vLLM process (``nice -n 15``); its log in work/NAME.log. ``draft``: an export folder, or with
     ``method`` custom_class a proposer class, whose options go in ``additional`` (vLLM's
-    ``additional_config``). Raises RuntimeError naming the log's last error line when it fails."""
+    ``additional_config``); ``batch``: every prompt in one batch. Raises RuntimeError naming the log's
+    last error line when it fails."""
     out, log = work / f"vllm-{name}.json", work / f"vllm-{name}.log"
     command = ["nice", "-n", "15", python, str(RUNNER), "--target", str(target), "--prompts", str(prompts),
                "--out", str(out), "--max-new-tokens", str(max_new_tokens), "--rounds", str(rounds)]
@@ -329,6 +340,8 @@ def run_vllm(python: str, work: Path, name: str, target: Path, prompts: Path, ma
         command += ["--draft", str(draft), "--method", method, "--k", str(k)]
     if additional:
         command += ["--additional-config", json.dumps(additional)]
+    if batch:
+        command.append("--batch")
     env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=",".join(map(str, affinity(threads))),
                VLLM_CPU_NUM_OF_RESERVED_CPU="0", OMP_NUM_THREADS=str(threads), HF_HUB_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
@@ -427,9 +440,10 @@ def run_check(python: str, work: Path, prompt_count: int, max_new_tokens: int, r
         record = work / f"{slug}.jsonl"
         options = {"pacer_config": str(STACK_CONFIG), "pacer_overrides": overrides, "pacer_record": str(record)}
         passed &= served_line(name, lambda: run_vllm(python, work, slug, target_folder, prompt_file, max_new_tokens,
-                                                     rounds, threads, PROPOSER, "custom_class", STACK_K, options),
+                                                     rounds, threads, PROPOSER, "custom_class", STACK_K, options,
+                                                     batch=True),
                               lambda sd_vllm: stack_line(name, overrides, plain_ours, plain_vllm, sd_vllm,
-                                                         draft_lengths(record)))
+                                                         read_record(record)))
     (work / "lines.txt").write_text("\n".join(lines) + "\n")
     print(f"serving check {'passed' if passed else 'FAILED'}: {time.perf_counter() - started:.0f} s after the install, "
           f"vLLM's processes {sum(vllm_seconds):.0f} s of it (loading the engine {plain_vllm['load_seconds']:.0f} s "

@@ -150,18 +150,22 @@ def _stack_run(tokens, drafts, draft_tokens, accepted, rounds=1):
 def test_a_stack_passes_with_identical_outputs_and_drafts_verified(tmp_path):
     out = [[5, 6, 7], [8, 9]]
     plain = _run(out)
-    record = tmp_path / "record.jsonl"
-    record.write_text("".join(json.dumps({"drafted": n, "accepted": 0, "emitted": 1}) + "\n" for n in (2, 2, 5, 1)))
-    lengths = servecheck.draft_lengths(record)
-    assert lengths == {2: 2, 5: 1, 1: 1} and servecheck.draft_lengths(tmp_path / "absent.jsonl") == {}
-    ok, line = servecheck.stack_line("token+pacer", [], plain, plain, _stack_run(out, 4, 10, 6, rounds=2), lengths)
+    record = tmp_path / "record.jsonl"  # calls 1 and 2 drafted for two requests, call 3 for one
+    record.write_text("".join(json.dumps({"drafted": n, "accepted": 0, "emitted": 1, "call": call}) + "\n"
+                              for n, call in ((2, 1), (2, 1), (5, 2), (1, 2), (3, 3))))
+    summary = servecheck.read_record(record)
+    assert summary == ({2: 2, 5: 1, 1: 1, 3: 1}, 1, 2)
+    assert servecheck.read_record(tmp_path / "absent.jsonl") == ({}, 0, 0)
+    ok, line = servecheck.stack_line("token+pacer", [], plain, plain, _stack_run(out, 4, 10, 6, rounds=2), summary)
     assert ok and "outputs identical yes (2 prompts" in line and "drafted 10 tokens in 4 drafts and accepted 6" in line
-    assert "1: 1, 2: 2, 5: 1 (variable)" in line and "configs/vllm.yaml)" in line
+    assert "1: 1, 2: 2, 3: 1, 5: 1 (variable; different lengths within one batch in 1 of 2 calls" in line
+    assert "configs/vllm.yaml), num_speculative_tokens 8, one prompt at a time" in line
     ok, line = servecheck.stack_line("s", ["strategy.stop=[]"], plain, plain, _stack_run([[5, 6, 7], [8, 1]], 4, 10, 6),
-                                     lengths)
+                                     summary)
     assert not ok and "outputs identical NO" in line and "configs/vllm.yaml strategy.stop=[])" in line
-    ok, line = servecheck.stack_line("s", [], plain, plain, _stack_run(out, 0, 0, 0), {})
+    ok, line = servecheck.stack_line("s", [], plain, plain, {**_stack_run(out, 0, 0, 0), "batch": True}, ({}, 0, 0))
     assert not ok and "none recorded" in line  # vLLM verified no draft: the proposer did not run
+    assert "the 2 prompts in one batch" in line
 
 
 def test_the_stacks_are_checked_before_vllm_starts():
