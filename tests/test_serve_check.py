@@ -77,6 +77,7 @@ def test_the_script_refuses_a_cpu_without_avx_before_installing_anything(tmp_pat
     (["--prompts"], "--prompts needs a whole number of at least 1"),
     (["--work"], "--work needs a folder"),
     (["--serve"], "unknown option '--serve'"),
+    (["--only", "eagle"], "--only needs 'exports' or 'stacks'"),
 ])
 def test_the_script_refuses_bad_options_in_one_line(args, said):
     done = _script(*args)
@@ -138,6 +139,38 @@ def test_a_draft_passes_only_with_identical_outputs_and_equal_counts():
                                                                         "tokens": [[5, 6, 7], [8, 0]]}]
     ok, _ = draft_line("d", 4, plain, plain, _run(out, [3, 2, 1, 0], 4), second_round_differs)
     assert not ok
+
+
+def _stack_run(tokens, drafts, draft_tokens, accepted, rounds=1):
+    spec = {"drafts": drafts, "draft_tokens": draft_tokens, "accepted_tokens": accepted}
+    return {"tokens": tokens, "k": servecheck.STACK_K,
+            "rounds": [{"tokens": tokens, "seconds": [1.0] * len(tokens), "spec": spec}] * rounds}
+
+
+def test_a_stack_passes_with_identical_outputs_and_drafts_verified(tmp_path):
+    out = [[5, 6, 7], [8, 9]]
+    plain = _run(out)
+    record = tmp_path / "record.jsonl"  # calls 1 and 2 drafted for two requests, call 3 for one
+    record.write_text("".join(json.dumps({"drafted": n, "accepted": 0, "emitted": 1, "call": call}) + "\n"
+                              for n, call in ((2, 1), (2, 1), (5, 2), (1, 2), (3, 3))))
+    summary = servecheck.read_record(record)
+    assert summary == ({2: 2, 5: 1, 1: 1, 3: 1}, 1, 2)
+    assert servecheck.read_record(tmp_path / "absent.jsonl") == ({}, 0, 0)
+    ok, line = servecheck.stack_line("token+pacer", [], plain, plain, _stack_run(out, 4, 10, 6, rounds=2), summary)
+    assert ok and "outputs identical yes (2 prompts" in line and "drafted 10 tokens in 4 drafts and accepted 6" in line
+    assert "1: 1, 2: 2, 3: 1, 5: 1 (variable; different lengths within one batch in 1 of 2 calls" in line
+    assert "configs/vllm.yaml), num_speculative_tokens 8, one prompt at a time" in line
+    ok, line = servecheck.stack_line("s", ["strategy.stop=[]"], plain, plain, _stack_run([[5, 6, 7], [8, 1]], 4, 10, 6),
+                                     summary)
+    assert not ok and "outputs identical NO" in line and "configs/vllm.yaml strategy.stop=[])" in line
+    ok, line = servecheck.stack_line("s", [], plain, plain, {**_stack_run(out, 0, 0, 0), "batch": True}, ({}, 0, 0))
+    assert not ok and "none recorded" in line  # vLLM verified no draft: the proposer did not run
+    assert "the 2 prompts in one batch" in line
+
+
+def test_the_stacks_are_checked_before_vllm_starts():
+    for overrides in servecheck.STACKS.values():  # the shipped draft is completed into the cache here
+        servecheck.prepare_stack(overrides)
 
 
 # -- the drafts ----------------------------------------------------------------------------------

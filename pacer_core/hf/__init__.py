@@ -28,13 +28,22 @@ from .artifacts import (
 from .baselines import hf_generate, hf_generate_traced
 from .batched import batch_generate, greedy_batch
 from .checkpoints import fill_tensors, read_tensors, weights_file
-from .loading import load_draft, load_model, load_section, model_from_config, resolve_device
+from .loading import (
+    load_draft,
+    load_model,
+    load_section,
+    load_tokenizer,
+    model_facts,
+    model_from_config,
+    resolve_device,
+)
 
 __all__ = [
     "DTYPES", "EMBEDDED_TARGET", "HFModel", "HFTokenizer", "SHARED_FILE", "SUBSET_FILE", "batch_generate",
     "greedy_batch",
     "cache_root", "check_sizes", "check_weights", "embedded_target_file", "fill_tensors", "read_tensors",
     "hf_generate", "hf_generate_traced",
-    "layer_count", "load_draft", "load_model", "load_safetensors", "load_section", "materialize", "model_from_config",
+    "layer_count", "load_draft", "load_model", "load_safetensors", "load_section", "load_tokenizer", "materialize",
+    "model_facts", "model_from_config",
     "resolve_device", "safetensors_shapes", "weights_digest", "weights_file",
 ]

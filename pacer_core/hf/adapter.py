@@ -4,6 +4,7 @@ weights, ``FeatureModel``). ``HFTokenizer`` turns text into ids and back."""
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
@@ -115,6 +116,22 @@ class HFTokenizer:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
 
+def cache_keyword(model: Any) -> str:
+    """The keyword a transformers model's forward takes its KV cache by: ``cache`` since transformers
+    renamed it (5.24 here), ``past_key_values`` before (the 5.19 vLLM 0.32 pins; docs/serving.md).
+    An older forward swallows an unknown ``cache=`` in its ``**kwargs`` and runs without the cache."""
+    parameters = inspect.signature(model.forward).parameters
+    return "past_key_values" if "cache" not in parameters and "past_key_values" in parameters else "cache"
+
+
+def eos_token_ids(generation_config: Any, config: Any) -> list[int]:
+    """The end-of-sequence ids a model stops at: its generation config's, else its config's."""
+    eos = generation_config.eos_token_id if generation_config else None
+    if eos is None:
+        eos = config.eos_token_id
+    return [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+
+
 class HFModel:
     """One causal LM and its KV cache (``pacer_core.protocols.LanguageModel``), showing its weights and
     layout to plugins as ``pacer_core.protocols.FeatureModel``."""
@@ -133,6 +150,7 @@ class HFModel:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self._cache_cls = transformers.DynamicCache
+        self._cache_keyword = cache_keyword(model)
         # per decoder layer: "full_attention", "sliding_attention" or another kind of cache layer;
         # sliding-window layers keep every row like full ones and get the window from the attention
         # mask, by position, so tree rows and crops behind the window stay exact (see reset)
@@ -192,11 +210,7 @@ class HFModel:
         model = transformers.AutoModelForCausalLM.from_pretrained(folder, **kwargs)
         if not device_map:
             model = model.to(device)
-        eos = model.generation_config.eos_token_id if model.generation_config else None
-        if eos is None:
-            eos = model.config.eos_token_id
-        eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
-        return cls(model, eos_token_ids=eos, name=name)
+        return cls(model, eos_token_ids=eos_token_ids(model.generation_config, model.config), name=name)
 
     def embedding_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(input embeddings [vocab, hidden], output layer [vocab, hidden]) — feature-level drafts
@@ -361,7 +375,7 @@ class HFModel:
             embeds = self.model.get_input_embeddings()(self._on_device(ids.clamp_min(0)))  # [1, k, hidden]
             row = mask_embedding.to(embeds.device, embeds.dtype)
             inputs = {"inputs_embeds": torch.where(self._on_device(masked)[..., None], row, embeds)}
-        kwargs: dict[str, Any] = {"cache": self._cache, "use_cache": True, **inputs}
+        kwargs: dict[str, Any] = {self._cache_keyword: self._cache, "use_cache": True, **inputs}
         if tree_mask is not None:
             allowed = torch.ones(k, past + k, dtype=torch.bool)
             allowed[:, past + k - tree_mask.shape[1]:] = tree_mask

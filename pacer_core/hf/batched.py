@@ -9,7 +9,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from .adapter import HFModel
+from .adapter import HFModel, cache_keyword
 
 
 @torch.inference_mode()
@@ -96,14 +96,15 @@ class _Batch:
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=model.config)
         out = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
-                    cache=cache, use_cache=True, logits_to_keep=1)
+                    **{cache_keyword(model): cache}, use_cache=True, logits_to_keep=1)
         return cls(list(indices), cache, mask, mask.sum(-1), out.logits[:, -1].argmax(-1).cpu())
 
     def step(self, model: Any, device: Any) -> None:
         """One forward over every row's pending token; ``following`` becomes the next ones."""
         self.mask = torch.cat([self.mask, torch.ones((len(self.alive), 1), dtype=torch.long)], dim=1)
         out = model(input_ids=self.following[:, None].to(device), attention_mask=self.mask.to(device),
-                    position_ids=self.next_pos[:, None].to(device), cache=self.cache, use_cache=True)
+                    position_ids=self.next_pos[:, None].to(device), **{cache_keyword(model): self.cache},
+                    use_cache=True)
         self.next_pos = self.next_pos + 1
         self.following = out.logits[:, -1].argmax(-1).cpu()
 
