@@ -33,11 +33,13 @@ without ``draft_info`` declares nothing; other attributes are never read. A comp
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, Optional, Union
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional, Union
 
 import pluggy
 
 if TYPE_CHECKING:  # pragma: no cover
+    from pathlib import Path
+
     import torch
 
     from .costs import CostModel
@@ -60,6 +62,19 @@ def pacer_components() -> "list[Component]":
     (``drafter``, ``stop``, ``verifier`` or ``observer``), its short name used in YAML, its attrs
     config class, and a factory ``factory(config, resources)`` building the object that implements
     the hooks. Names must be unique within a kind.
+    """
+
+
+@hookspec
+def pacer_shipped() -> "Optional[Mapping[str, Path]]":
+    """Declare the data folders this plugin ships for other packages, by name.
+
+    Called on each module found through the ``pacer_sd`` entry-point group when a package asks for
+    shipped data (``pacer_core.registry.shipped_folder(name)``), never while a plugin is imported.
+    Return ``{name: folder}`` (the ``pacer_builtins`` drafters: ``token_draft``, the token-level draft
+    ``draft_model`` and ``ouroboros`` run; the ``eagle`` drafter's module: the self-distillation
+    corpora) or None. Another package reaches the folder by its name, never by a path into this
+    plugin's folder. Names must be unique across the installed plugins.
     """
 
 

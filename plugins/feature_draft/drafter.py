@@ -529,3 +529,12 @@ def pacer_components() -> list[Component]:
         needs={"target_hidden"}, provides={"draft_probs", "draft_hidden"},
         draft_folder=lambda config: draft_folder(config.path), cost_kind=COST_KIND,
     )]
+
+
+@hookimpl
+def pacer_shipped() -> dict[str, Path]:
+    """The self-distillation corpora, committed beside the draft distilled on them (docs/corpus.md)."""
+    from pacer_train.corpus.loaders import OPEN_CHAT_CORPUS, SELFDISTILL_CORPUS
+
+    here = Path(__file__).resolve().parent
+    return {SELFDISTILL_CORPUS: here / "corpus", OPEN_CHAT_CORPUS: here / "corpus-open"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import attrs
@@ -9,13 +10,13 @@ import torch
 
 from pacer_core import Component, DraftBlock, Resources, hookimpl
 from pacer_core.costs import CostModel
-from pacer_core.drafting import shipped_draft, sync_cache
+from pacer_core.drafting import TOKEN_DRAFT, sync_cache
 from pacer_core.sampling import choose, logits_to_probs
 from pacer_core.trees import GrownLevels, TreeConfig, grow_level, node_budget, phrase_block
 
-# the token-level draft shipped for the embedded SmolLM2 target, in this package's default/ folder
-# (pacer_core.drafting, which ouroboros reads too): used when a config omits `draft`
-DEFAULT_DRAFT = shipped_draft()
+# the token-level draft shipped for the embedded SmolLM2 target (used when a config omits `draft`), shipped
+# to other packages as TOKEN_DRAFT (pacer_shipped: ouroboros runs it too, pard starts from it)
+DEFAULT_DRAFT = str(Path(__file__).resolve().parent / "default")
 COST_KIND = "token"  # draft_model: a draft model's forwards (pacer_core.costs.DRAFTER_KINDS)
 
 
@@ -296,3 +297,8 @@ def pacer_components() -> list[Component]:
         Component("drafter", "prompt_lookup", PromptLookupConfig, PromptLookup,
                   "model-free n-gram drafting from the context (several matches as branches: branches)"),
     ]
+
+
+@hookimpl
+def pacer_shipped() -> dict[str, str]:
+    return {TOKEN_DRAFT: DEFAULT_DRAFT}
