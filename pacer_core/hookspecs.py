@@ -25,10 +25,15 @@ Besides the hooks, a drafter has one side channel, read once when the engine is 
 engine builds the drafter first and reads it with ``DraftInfo.of(drafter)``: ``identity`` names the
 draft weights (``Resources.draft_identity`` of the components built after it, else the draft
 model's ``digest``), ``stop_thresholds`` are the thresholds the draft recommends by stop name
-(``Resources.stop_thresholds``), and ``target_layers`` the target decoder layers whose inputs the
-target pass returns as ``StepRecord.target_hidden`` (None: the last layer's output). A drafter
-without ``draft_info`` declares nothing; other attributes are never read. A composite drafter
-(``hybrid``) reads its members with ``DraftInfo.of`` and declares the result the same way.
+(``Resources.stop_thresholds``), ``target_layers`` the target decoder layers whose inputs the
+target pass returns as ``StepRecord.target_hidden`` (None: the last layer's output), and ``tree`` the
+token tree it grows. A drafter without ``draft_info`` declares nothing; other attributes are never
+read. A composite drafter (``hybrid``) reads its members with ``DraftInfo.of`` and declares the result
+the same way, and calls its members' hooks through a plugin manager of their own
+(``registry.member_hooks``).
+
+A component keeping state per step tells a new step by ``state.step_index`` (``types.StepWatch``),
+never by an empty draft.
 """
 
 from __future__ import annotations

@@ -59,6 +59,18 @@ def new_plugin_manager(extra_plugins: Iterable[Any] = ()) -> pluggy.PluginManage
     return pm
 
 
+def member_hooks(member: Any) -> pluggy.HookRelay:
+    """The hooks of ``member``, a strategy object a composite component built (``hybrid``'s members),
+    called through a plugin manager of its own exactly as the engine calls a component's: each
+    implementation gets the arguments it declares, a hook it does not implement answers None
+    (``pacer_propose``, ``pacer_verify``) or ``[]``, and a misspelled hook is refused when it is built."""
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    pm.register(member)
+    check_hooks(pm)
+    return pm.hook
+
+
 def _source(module: Any) -> Optional[Path]:
     """The resolved file a plugin module was loaded from; None for one without a file."""
     file = getattr(module, "__file__", None)

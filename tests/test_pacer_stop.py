@@ -168,11 +168,15 @@ def test_m_b_reads_the_rows_drafted_since_the_last_check():
 
 
 def test_each_step_starts_at_t0_with_a_fresh_m_b_context():
+    """A step ends when its outcome is observed (as the engine's pacer_observe_step tells it): the next
+    draft is judged from t₀ with a fresh M_B context."""
     policy = scripted([0.95] * 8, b=1, t0=0.5, rho=1.5, t_max=0.9, max_draft=4)
-    drafted(policy, 8)
+    sent = drafted(policy, 8)
+    assert policy.threshold > 0.5 and policy.checked == 3  # grown within the step (the last token: sent unjudged)
     resets = policy.predictor.resets
+    policy.observe_outcome(sent, 2, 3)
+    assert policy.predictor.resets == resets + 1 and policy.threshold == 0.5 and policy.checked == 0
     drafted(policy, 8)
-    assert policy.predictor.resets == resets + 1
     assert policy.blocks_judged[0][3] == 0.5 and policy.blocks_judged[0][0] == 0
 
 
