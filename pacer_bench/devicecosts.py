@@ -184,10 +184,10 @@ def preverify_cost(hidden: int, device: str, dtype: torch.dtype, clock: Callable
                    share: float) -> tuple[float, int]:
     """Median seconds of one consultation of M_B (the shipped arch, random weights, read from a
     draft's hidden state on ``device``) at positions 0..PREVERIFY_TOKENS-1 of a draft."""
-    from pacer_plugins.pacer_stop import model as preverifier
     from pacer_plugins.pacer_stop.model import CONFIG, IncrementalPredictor, PreVerifier, PreVerifierArch
+    from pacer_plugins.pacer_stop.policy import DEFAULT_CHECKPOINT
 
-    shipped = json.loads((Path(preverifier.__file__).with_name("default") / CONFIG).read_text())
+    shipped = json.loads((DEFAULT_CHECKPOINT / CONFIG).read_text())
     fields = {f.name for f in attrs.fields(PreVerifierArch)}
     arch = PreVerifierArch(**{**{k: v for k, v in shipped.items() if k in fields}, "input_size": hidden,
                               "dropout": 0.0})

@@ -185,14 +185,13 @@ def tiny_models(shape: Shape, folder: Path, seed: int = 0) -> tuple[Any, Any, di
     from pacer_core.hf.tiny import tiny_llama, tiny_model
     from pacer_plugins.block_draft.model import BlockArch, BlockDraft, save_block_draft
     from pacer_plugins.feature_draft.model import ArchConfig, FeatureDraft
-    from pacer_plugins.feature_draft.students import _attention_shape
     from pacer_plugins.pacer_stop.model import PreVerifier, PreVerifierArch
 
     model = tiny_llama(seed, shape.vocab, layers=shape.layers, hidden=shape.hidden, max_positions=4096)
     target, draft = tiny_model(model, eos=False), tiny_model(copy.deepcopy(model), eos=False)
     subset = shape.vocab if shape.subset is None else shape.subset
     arch = ArchConfig(hidden_size=shape.hidden, vocab_size=shape.vocab, subset_size=subset,
-                      intermediate_size=2 * shape.hidden, extra_layers=0, **_attention_shape(target))
+                      intermediate_size=2 * shape.hidden, extra_layers=0, **attrs.asdict(target.attention_shape()))
     block_arch = BlockArch(hidden_size=shape.hidden, intermediate_size=2 * shape.hidden, vocab_size=shape.vocab,
                            subset_size=subset, target_layers=[0, shape.layers], block=4,
                            **attrs.asdict(target.attention_shape()))

@@ -57,11 +57,11 @@ def greedy_verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor,
 
 
 def _row_argmax(logits: torch.Tensor) -> Callable[[int], int]:
-    """``row -> argmax of logits[row]`` ([rows, vocab]). On the CPU each row is read when first asked
-    for (a greedy walk reads the rows along its path, about τ of a tree's rows); on a device every
-    row at once, in one kernel and one copy back (one wait for the device per verification). A
-    tensor subclass counts as a device tensor: ``pacer_core.testing.OnDevice`` plays one on the CPU."""
-    if logits.device.type != "cpu" or type(logits) is not torch.Tensor:
+    """``row -> argmax of logits[row]`` ([rows, vocab]). On the CPU (``logits.is_cpu``) each row is
+    read when first asked for (a greedy walk reads the rows along its path, about τ of a tree's rows);
+    on a device every row at once, in one kernel and one copy back (one wait for the device per
+    verification)."""
+    if not logits.is_cpu:
         rows = logits.argmax(-1).tolist()
         return rows.__getitem__
     seen: dict[int, int] = {}

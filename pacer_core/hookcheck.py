@@ -14,7 +14,8 @@ hook implementation's code), for the callers that turn a plugin's exception into
 from __future__ import annotations
 
 import operator
-from typing import Any, Iterable, Optional, Sequence
+import os
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import torch
 
@@ -121,9 +122,16 @@ def _components(value: Any, context: dict) -> Optional[str]:
     return None
 
 
+def _shipped(value: Any, context: dict) -> Optional[str]:
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) and isinstance(v, (str, os.PathLike))
+                                                 for k, v in value.items()):
+        return f"returned {_shown(value)}: return a dict of names to folders (str or Path), or None"
+    return None
+
+
 CHECKS = {"pacer_draft_more": _draft_more, "pacer_propose": _propose, "pacer_verify": _verify,
           "pacer_select_nodes": _select_nodes, "pacer_finish": _finish, "pacer_components": _components,
-          "pacer_step_costs": _step_costs}
+          "pacer_step_costs": _step_costs, "pacer_shipped": _shipped}
 
 
 def result_problem(hook: str, value: Any, context: Optional[dict] = None) -> Optional[str]:

@@ -25,19 +25,26 @@ Besides the hooks, a drafter has one side channel, read once when the engine is 
 engine builds the drafter first and reads it with ``DraftInfo.of(drafter)``: ``identity`` names the
 draft weights (``Resources.draft_identity`` of the components built after it, else the draft
 model's ``digest``), ``stop_thresholds`` are the thresholds the draft recommends by stop name
-(``Resources.stop_thresholds``), and ``target_layers`` the target decoder layers whose inputs the
-target pass returns as ``StepRecord.target_hidden`` (None: the last layer's output). A drafter
-without ``draft_info`` declares nothing; other attributes are never read. A composite drafter
-(``hybrid``) reads its members with ``DraftInfo.of`` and declares the result the same way.
+(``Resources.stop_thresholds``), ``target_layers`` the target decoder layers whose inputs the
+target pass returns as ``StepRecord.target_hidden`` (None: the last layer's output), and ``tree`` the
+token tree it grows. A drafter without ``draft_info`` declares nothing; other attributes are never
+read. A composite drafter (``hybrid``) reads its members with ``DraftInfo.of`` and declares the result
+the same way, and calls its members' hooks through a plugin manager of their own
+(``registry.member_hooks``).
+
+A component keeping state per step tells a new step by ``state.step_index`` (``types.StepWatch``),
+never by an empty draft.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, Optional, Union
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional, Union
 
 import pluggy
 
 if TYPE_CHECKING:  # pragma: no cover
+    from pathlib import Path
+
     import torch
 
     from .costs import CostModel
@@ -60,6 +67,19 @@ def pacer_components() -> "list[Component]":
     (``drafter``, ``stop``, ``verifier`` or ``observer``), its short name used in YAML, its attrs
     config class, and a factory ``factory(config, resources)`` building the object that implements
     the hooks. Names must be unique within a kind.
+    """
+
+
+@hookspec
+def pacer_shipped() -> "Optional[Mapping[str, Path]]":
+    """Declare the data folders this plugin ships for other packages, by name.
+
+    Called on each module found through the ``pacer_sd`` entry-point group when a package asks for
+    shipped data (``pacer_core.registry.shipped_folder(name)``), never while a plugin is imported.
+    Return ``{name: folder}`` (the ``pacer_builtins`` drafters: ``token_draft``, the token-level draft
+    ``draft_model`` and ``ouroboros`` run; the ``eagle`` drafter's module: the self-distillation
+    corpora) or None. Another package reaches the folder by its name, never by a path into this
+    plugin's folder. Names must be unique across the installed plugins.
     """
 
 

@@ -286,7 +286,13 @@ class OnDevice(torch.Tensor):
     reading its values on the host (``tolist``, ``int()``, ``.cpu()``, ``nonzero``, ...) returns plain
     tensors and is recorded while ``count_host_reads`` is active; mixing it with a plain tensor of
     one or more dimensions in an op raises, as CUDA does (indexing with host indices and copies
-    excepted), so code that would fail on a GPU fails here too."""
+    excepted), so code that would fail on a GPU fails here too. Code asking where a tensor lives
+    (``Tensor.is_cpu``) is told what a GPU's tensor tells: not on the CPU; its ``device`` stays the CPU,
+    where its data is."""
+
+    @property
+    def is_cpu(self) -> bool:
+        return False
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):

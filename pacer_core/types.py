@@ -18,6 +18,7 @@ from .costs import DRAFTER_KINDS
 from .drafts import Draft
 from .fields import tensor_field
 from .protocols import LanguageModel
+from .trees import TreeConfig
 
 __all__ = [
     "Component",
@@ -28,6 +29,7 @@ __all__ = [
     "Resources",
     "SamplingParams",
     "StepRecord",
+    "StepWatch",
     "Stop",
     "Verdict",
 ]
@@ -70,6 +72,30 @@ class DecodeState:
     @property
     def budget_left(self) -> int:
         return self.max_new_tokens - (len(self.tokens) - self.prompt_length)
+
+
+class StepWatch:
+    """How a component keeping per-step state tells that a step began: from ``state.step_index``,
+    never from an empty draft (a composite drafter asks its members with one, and the engine's
+    draft gate skips steps without asking). ``starts(state)`` is True at the first call it is asked
+    in each step and False at the later ones; ``restart()`` in ``pacer_start``, as every generation
+    counts its steps from 0.
+
+    Worked example: a tree drafter asked to grow levels at steps 0, 0, 0, 1, 1 gets True, False,
+    False, True, False, so it grows from the root at the first call of each step and continues its
+    tree at the others."""
+
+    def __init__(self) -> None:
+        self.step: Optional[int] = None  # the step the last call was in (None: none yet this generation)
+
+    def restart(self) -> None:
+        self.step = None
+
+    def starts(self, state: DecodeState) -> bool:
+        if state.step_index == self.step:
+            return False
+        self.step = state.step_index
+        return True
 
 
 @attrs.frozen
@@ -136,9 +162,10 @@ class DraftInfo:
     A drafter declares it as its ``draft_info`` attribute (``DeclaresDraftInfo``); the engine builds
     the drafter first and reads it once, with ``DraftInfo.of``: ``identity`` and ``stop_thresholds``
     become the later components' ``Resources.draft_identity`` and ``Resources.stop_thresholds``, and
-    ``target_layers`` what the target pass returns as hidden states. A drafter declaring nothing
-    tells nothing (every field at its default). A composite drafter (``hybrid``) declares what it
-    read of its members the same way.
+    ``target_layers`` what the target pass returns as hidden states; ``tree`` the token tree it grows
+    (read by a composite drafter, which sizes its own tree by its main member's). A drafter declaring
+    nothing tells nothing (every field at its default). A composite drafter (``hybrid``) declares what
+    it read of its members the same way.
     """
 
     identity: Optional[str] = None  # names the draft weights (PACER's M_B); None: the draft model's digest
@@ -147,6 +174,9 @@ class DraftInfo:
     # target decoder layers whose inputs the drafter reads (EAGLE-3), concatenated; None: the last layer's
     # output, when it needs ``target_hidden``
     target_layers: Optional[tuple[int, ...]] = attrs.field(default=None, converter=_layers)
+    # the token tree it grows (its config's ``tree``); None: a chain. A composite drafter (``hybrid``)
+    # sizes its merged tree by its main member's
+    tree: Optional[TreeConfig] = None
 
     @staticmethod
     def of(drafter: Any) -> "DraftInfo":

@@ -348,15 +348,14 @@ def test_levels_written_into_one_table_read_as_levels_given_row_by_row():
     from pacer_core.trees import Candidate, GrownLevels
 
     table = torch.softmax(torch.randn(8, 5, generator=torch.Generator().manual_seed(0)), -1)
-    levels = [([Candidate(0, 1, -0.1), Candidate(0, 2, -0.5)], [-1, -1], 0, 1),  # the root's row 0
-              ([Candidate(0, 3, -0.2), Candidate(1, 4, -0.6), Candidate(1, 0, -0.7)], None, 1, 2),  # rows 1, 2
-              ([Candidate(2, 2, -0.9)], None, 3, 3)]  # rows 3..5 written, its node maps to row 5
-    shared, separate, nodes = GrownLevels(), GrownLevels(), None
-    for chosen, parents, first, width in levels:
-        parents = parents or [nodes[0], nodes[1], nodes[1]][:len(chosen)]
+    levels = [([Candidate(0, 1, -0.1), Candidate(0, 2, -0.5)], 0),  # the root's row 0
+              ([Candidate(0, 3, -0.2), Candidate(1, 4, -0.6), Candidate(1, 0, -0.7)], 1),  # rows 1, 2
+              ([Candidate(2, 2, -0.9)], 3)]  # rows 3..5 written, its node maps to row 5
+    shared, separate = GrownLevels(), GrownLevels()
+    for chosen, first in levels:
         row_map = [first + c.row for c in chosen]
-        nodes = shared.add(chosen, parents, table, None, row_map)
-        separate.add(chosen, parents, [table[r] for r in row_map])
+        shared.add(chosen, table, None, row_map)
+        separate.add(chosen, [table[r] for r in row_map])
     one, _ = shared.block(first=0, forwards=3)
     each, _ = separate.block(first=0, forwards=3)
     assert one.draft_table.shape == (6, 5) and one.draft_table.data_ptr() == table.data_ptr()

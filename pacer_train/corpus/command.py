@@ -32,6 +32,7 @@ from pacer_core.schema import load_schema
 
 from .generate import Generator, answer_all, measure
 from .guard import BenchmarkGuard
+from .loaders import shipped_corpus
 from .shards import CorpusError, CorpusStore, corpus_stats
 from .stream import ALL_FAMILIES, STREAM_VERSION, Stream, valid_families
 
@@ -50,7 +51,7 @@ class MeasureConfig:
 
 @attrs.define
 class CorpusConfig:
-    out: str = "plugins/feature_draft/corpus"  # the corpus folder (committed)
+    out: Optional[str] = None  # the corpus folder; None = the shipped one (committed: loaders.shipped_corpus)
     tokens: int = 2_000_000  # stop once the corpus holds this many target-written (answer) tokens
     target: Optional[str] = None  # HF folder or .gguf; None = the embedded SmolLM2-135M-Instruct
     dtype: str = DEFAULT_DTYPE
@@ -69,6 +70,17 @@ class CorpusConfig:
 
 def log(message: str) -> None:
     print(f"corpus: {message}", file=sys.stderr, flush=True)
+
+
+def with_folder(cfg: CorpusConfig) -> CorpusConfig:
+    """``cfg`` with ``out`` set: as given, else the shipped corpus's folder (found by the name it is
+    shipped under, not by a path into the plugin that ships it)."""
+    if cfg.out is not None:
+        return cfg
+    folder = shipped_corpus()
+    if folder is None:
+        raise ConfigError("no installed plugin ships the self-distillation corpus: give out=FOLDER")
+    return attrs.evolve(cfg, out=str(folder))
 
 
 def check(cfg: CorpusConfig) -> None:
@@ -352,7 +364,7 @@ def _setup(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("overrides", nargs="*", metavar="key=value")
 
     def run(args: argparse.Namespace) -> int:
-        cfg = load_schema(CorpusConfig, args.config, args.overrides, "corpus config")
+        cfg = with_folder(load_schema(CorpusConfig, args.config, args.overrides, "corpus config"))
         check(cfg)
         if args.stats:
             print_stats(cfg.out)

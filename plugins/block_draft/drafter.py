@@ -94,7 +94,7 @@ class DFlashDrafter(BlockDrafter):
         self.head = PackedMatrix(rows, pack=packed)
         self.draft_vocab = DraftVocab(subset, target.vocab_size)
         self.block = arch.block if config.block is None else config.block
-        self.draft_info = DraftInfo(identity=identity, target_layers=tuple(arch.target_layers))
+        self.draft_info = DraftInfo(identity=identity, target_layers=tuple(arch.target_layers), tree=config.tree)
         self.sampling = resources.sampling
         self.lookup_bias = lookup_bias_for(not published_draft, config.lookup_bias)
         self.tree = config.tree

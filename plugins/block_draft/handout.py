@@ -39,15 +39,14 @@ from pacer_core.costs import CostModel
 from pacer_core.priors import SuccessorIndex, lookup_bonus
 from pacer_core.sampling import argmax_first, logits_to_probs, sample
 from pacer_core.trees import BlockTree, block_tree
+from pacer_core.types import StepWatch
 
 
 @attrs.define
 class Block:
-    """The latest block of the step's main path: where it starts (the committed length and the
-    drafted tokens it was conditioned on), its tokens, rows and hidden states, and how many were
-    handed out."""
+    """The latest block of the step's main path: the drafted tokens it was conditioned on, its tokens,
+    rows and hidden states, and how many were handed out."""
 
-    committed: int
     known: list[int]
     tokens: list[int]
     rows: torch.Tensor  # [block, draft vocabulary]
@@ -77,9 +76,10 @@ class BlockDrafter:
             self.budget.restart()  # auto's learned rate carries across greedy generations only
         self._reset()
         self.index = SuccessorIndex(len(self.lookup_bias))  # the committed text's n-grams → successors
+        self.step = StepWatch()  # a step's first call drafts a new block
         self.latest: Optional[Block] = None  # a chain's latest block
         self.plan: Optional[BlockTree] = None  # a tree's nodes, handed out level by level
-        self.plan_for = (0, 0)  # (committed tokens, draft nodes) the plan's next levels continue
+        self.plan_for = 0  # the draft's nodes the plan's next levels continue
 
     def _token_ids(self, columns: torch.Tensor) -> list[int]:
         """Target token ids of the rows' ``columns``."""
@@ -122,20 +122,23 @@ class BlockDrafter:
 
     @hookimpl
     def pacer_propose(self, state, draft, num_tokens) -> Optional[DraftBlock]:
+        new_step = self.step.starts(state)
+        if new_step:
+            self.latest = self.plan = None  # nothing drafted for this step yet
         if not self._ready(state.tokens):
             return None
         if self.tree is not None:
-            return self._propose_tree(state, draft, num_tokens)
+            return self._propose_tree(state, draft, num_tokens, new_step)
         main = draft.tokens.tolist()
         latest, forwards = self.latest, 0
-        if (latest is None or latest.committed != len(state.tokens) or latest.handed >= len(latest.tokens)
+        if (latest is None or latest.handed >= len(latest.tokens)
                 or main != latest.known + latest.tokens[:latest.handed]):
             drafted = self._forward(state.tokens, main)
             if drafted is None:
                 return None
             logits, hidden = drafted
             rows, columns = self._rows(logits, state.tokens, main, None if self.sampling.greedy else state.generator)
-            latest = self.latest = Block(len(state.tokens), main, self._token_ids(columns), rows, hidden)
+            latest = self.latest = Block(main, self._token_ids(columns), rows, hidden)
             forwards = 1
         first = latest.handed
         last = min(len(latest.tokens), first + num_tokens)
@@ -149,12 +152,12 @@ class BlockDrafter:
                           hidden_states=None if latest.hidden is None else latest.hidden[first:last],
                           forwards=forwards, sampled=not self.sampling.greedy, draft_vocab=self.draft_vocab)
 
-    def _propose_tree(self, state, draft, num_tokens: int) -> Optional[DraftBlock]:
+    def _propose_tree(self, state, draft, num_tokens: int, new_step: bool) -> Optional[DraftBlock]:
         """The next ``num_tokens`` levels of this step's tree over one block: the first call runs the
         forward and takes the tree's likeliest nodes (``block_tree``), later calls hand out deeper
         levels of the same tree (no forward); a policy judging each token gets one level a call."""
         plan = self.plan
-        if draft.num_nodes == 0:
+        if new_step:
             drafted = self._forward(state.tokens, [])
             if drafted is None:
                 return None
@@ -164,15 +167,15 @@ class BlockDrafter:
             cap = self.tree.nodes if isinstance(self.tree.nodes, int) else self.tree.topk * depth
             plan = self.plan = block_tree(rows[:depth], None if hidden is None else hidden[:depth], self.tree.topk,
                                           cap, self.draft_vocab, state.eos_token_ids)
-            self.plan_for = (len(state.tokens), 0)
+            self.plan_for = 0
             forwards = 1
-        elif plan is None or self.plan_for != (len(state.tokens), draft.num_nodes):
+        elif plan is None or self.plan_for != draft.num_nodes:
             return None  # another drafter's block came last: this tree stops growing
         else:
             forwards = 0
         block = None if plan is None else plan.next_levels(num_tokens, draft.num_nodes, forwards)
         if block is not None:
-            self.plan_for = (len(state.tokens), draft.num_nodes + len(block) + (len(block.side) if block.side else 0))
+            self.plan_for = draft.num_nodes + len(block) + (len(block.side) if block.side else 0)
         return block
 
     @hookimpl

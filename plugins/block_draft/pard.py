@@ -24,7 +24,7 @@ import torch
 from pacer_core import Component, DraftInfo, DraftVocab, InputError, Resources, hookimpl
 from pacer_core.drafting import sync_cache
 from pacer_core.priors import lookup_bias_for
-from pacer_core.protocols import MASK_ROW, FeatureModel, StoredModel
+from pacer_core.protocols import MASK_ROW, ParallelDraftModel, StoredModel
 from pacer_core.trees import TreeConfig, node_budget
 
 from .handout import BlockDrafter
@@ -52,7 +52,7 @@ class PardDrafter(BlockDrafter):
     def __init__(self, config: PardConfig, resources: Resources):
         model = resources.draft
         folder = model.folder if isinstance(model, StoredModel) else None
-        if folder is None or not isinstance(model, FeatureModel):
+        if folder is None or not isinstance(model, ParallelDraftModel):
             raise InputError("the pard drafter needs a pard draft folder loaded as the draft model: set draft.path "
                              "to one (`pacer distill student.kind=pard` makes it)")
         if model.vocab_size != resources.target.vocab_size:
@@ -67,7 +67,7 @@ class PardDrafter(BlockDrafter):
         self.sampling = resources.sampling
         self.lookup_bias = lookup_bias_for(True, config.lookup_bias)  # every pard draft is made by `pacer distill`
         self.tree = config.tree
-        self.draft_info = DraftInfo(identity=f"pard:{model.digest}")
+        self.draft_info = DraftInfo(identity=f"pard:{model.digest}", tree=config.tree)
         self.budget = None if config.tree is None else node_budget(
             config.tree, resources.target.device, COST_KIND, resources.target.digest, folder, self.draft_info.identity)
         self.pacer_start(None)

@@ -298,9 +298,7 @@ class PacerStop:
     @hookimpl
     def pacer_draft_more(self, state, draft):
         c = self.config
-        n = len(draft)
-        if n == 0 or n < self.checked:  # a new step
-            self._new_draft()
+        n = len(draft)  # this step's draft: its state was reset when the last step was observed
         self.drafted = max(self.drafted, n)
         at_max = n >= c.max_draft
         end = min(n, c.max_draft)  # a drafter may return more than asked: judge up to max_draft
@@ -345,14 +343,17 @@ class PacerStop:
 
     def observe_outcome(self, sent: int, accepted: int, emitted: int) -> None:
         """A step's outcome: ``sent`` draft tokens verified, ``accepted`` of them accepted (the
-        main path), ``emitted`` tokens committed. Tallies calibration and updates λ."""
+        main path), ``emitted`` tokens committed. Tallies calibration, updates λ and ends the step:
+        the next ``pacer_draft_more`` judges a new draft (from t₀, with a fresh M_B context). The
+        step's end is what the policy is told (``pacer_observe_step``, for a step the engine's draft
+        gate decodes plainly too), so it never guesses a new step from the draft."""
         judged = self.predictions[:sent]
         self.totals["judged"] += len(judged)
         self.totals["predicted"] += sum(judged)
         self.totals["accepted"] += min(accepted, len(judged))
         if self.rate is not None:
             self.rate.update(emitted, max(self.drafted, sent), sent)
-        self.drafted = 0  # a step the engine's draft gate decodes plainly never asks this policy
+        self._new_draft()
 
     @hookimpl
     def pacer_step_costs(self) -> Optional[CostModel]:
