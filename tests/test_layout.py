@@ -13,7 +13,10 @@ packages is read with ``ast`` — at module level and inside functions alike; on
   import it inside its function);
 - pacer_core holds no training code (no optimizer, no gradient computed);
 - no module outside tests/ is longer than ``MAX_LINES``, but those listed in ``OVER_MAX_LINES``, a
-  list that only shrinks.
+  list that only shrinks;
+- no module imports another package's private (underscore) names, and none reaches into another
+  package's folder through a string path or another package's module's ``__file__`` (shipped data is
+  found by name: docs/assets.md#shipped-data).
 
 And the tests themselves: no test module imports another test module (shared code is in
 tests/helpers.py and tests/strategies.py, shared fixtures in tests/conftest.py), nothing in tests/
