@@ -34,8 +34,13 @@ def pair_key(record: dict) -> tuple:
 
 def record_key(record: dict) -> tuple[str, str, str, int, int]:
     """(prompt set, question id, stack, repeat, turn); records written before multi-turn runs are turn 0."""
-    return (str(record["prompt_set"]), str(record["question_id"]), str(record["model_id"]),
-            int(record.get("repeat", 0)), int(record.get("turn", 0)))
+    return (
+        str(record["prompt_set"]),
+        str(record["question_id"]),
+        str(record["model_id"]),
+        int(record.get("repeat", 0)),
+        int(record.get("turn", 0)),
+    )
 
 
 @attrs.define
@@ -48,20 +53,39 @@ class Answers:
     duplicates: int = 0  # lines repeating an earlier record's key (the first is kept)
 
 
-_RECORD_FIELDS = {"prompt_set": str, "question_id": (str, int), "model_id": str, "tokens": list, "metrics": dict,
-                  "choices": list}
+_RECORD_FIELDS = {
+    "prompt_set": str,
+    "question_id": (str, int),
+    "model_id": str,
+    "tokens": list,
+    "metrics": dict,
+    "choices": list,
+}
 # the metrics the report and the replay add up, when a record has them: counts (whole numbers from 0
 # to MAX_COUNT) and seconds (finite, from 0 to MAX_RECORD_SECONDS); and the per-step lists, whose
 # entries are counts of at most MAX_TOKENS (a step's draft, accepted path, nodes sent, draft forwards)
-MAX_COUNT = 10 ** 9
+MAX_COUNT = 10**9
 MAX_RECORD_SECONDS = 1e7  # about four months for one generation
-_METRIC_COUNTS = ("steps", "accepted", "drafted", "emitted", "target_forwards", "draft_forwards", "pacer_checks",
-                  "new_tokens")
+_METRIC_COUNTS = (
+    "steps",
+    "accepted",
+    "drafted",
+    "emitted",
+    "target_forwards",
+    "draft_forwards",
+    "pacer_checks",
+    "new_tokens",
+)
 _METRIC_SECONDS = ("wall_s", "forward_s", "draft_s", "verify_s", "stop_s", "pacer_mb_s")
 _STEP_LISTS = ("drafted_per_step", "accepted_per_step", "nodes_per_step", "draft_forwards_per_step")
 _METRIC_LISTS = ("accept_lengths", *_STEP_LISTS)
-_CHOICE_LISTS = {"turns": str, "decoding_steps": (int, float), "new_tokens": (int, float),
-                 "wall_time": (int, float), "accept_lengths": (int, float)}
+_CHOICE_LISTS = {
+    "turns": str,
+    "decoding_steps": (int, float),
+    "new_tokens": (int, float),
+    "wall_time": (int, float),
+    "accept_lengths": (int, float),
+}
 
 
 def _number(value: Any) -> bool:
@@ -152,18 +176,27 @@ def _nested_problem(record: dict) -> Optional[str]:
             if problem:
                 return f"'metrics.tree_steps[{i}]' {problem}"
     topk = metrics.get("draft_topk")
-    if topk and not (isinstance(topk, dict) and isinstance(topk.get("k"), list) and isinstance(topk.get("counts"), list)
-                     and all(isinstance(row, list) and all(_number(x) for x in row) for row in topk["counts"])):
+    if topk and not (
+        isinstance(topk, dict)
+        and isinstance(topk.get("k"), list)
+        and isinstance(topk.get("counts"), list)
+        and all(isinstance(row, list) and all(_number(x) for x in row) for row in topk["counts"])
+    ):
         return "'metrics.draft_topk' is not the draft_quality observer's tallies ({k: [...], counts: [[...]]})"
     choice = record["choices"][0] if record["choices"] else None
     if not isinstance(choice, dict):
         return "'choices' holds no answer object"
     for field, kinds in _CHOICE_LISTS.items():
         value = choice.get(field)
-        if not isinstance(value, list) or not all(isinstance(x, kinds) and not isinstance(x, bool) for x in value) \
-                or (field in ("turns", "decoding_steps") and not value):
-            return (f"'choices[0].{field}' is {json.dumps(value)[:40]}, not a list of "
-                    f"{'texts' if kinds is str else 'numbers'}")
+        if (
+            not isinstance(value, list)
+            or not all(isinstance(x, kinds) and not isinstance(x, bool) for x in value)
+            or (field in ("turns", "decoding_steps") and not value)
+        ):
+            return (
+                f"'choices[0].{field}' is {json.dumps(value)[:40]}, not a list of "
+                f"{'texts' if kinds is str else 'numbers'}"
+            )
     return None
 
 
@@ -211,8 +244,12 @@ def read_answers(path: Path, keep_unterminated: bool = False) -> Answers:
     damaged or edited: ``InputError`` naming the file, the line and the fix, rather than results
     silently lost or misreported.
     """
-    lines = read_bytes(path, "answer log", "it must be the file `pacer bench` writes; move it away or choose another "
-                       "--out", limit=MAX_DATA_BYTES).split(b"\n")
+    lines = read_bytes(
+        path,
+        "answer log",
+        "it must be the file `pacer bench` writes; move it away or choose another --out",
+        limit=MAX_DATA_BYTES,
+    ).split(b"\n")
     found = Answers()
     complete, tail = lines[:-1], lines[-1]  # tail: after the last newline (empty if clean)
     seen: set = set()
@@ -231,9 +268,11 @@ def read_answers(path: Path, keep_unterminated: bool = False) -> Answers:
             continue
         record, problem = _parse(line)
         if problem is not None:
-            raise InputError(f"answer log '{path}' line {number} is not a bench record ({problem}): the file is "
-                             f"damaged (only a cut-short last line is an interrupted write); restore it, or delete "
-                             f"line {number} to run that generation again")
+            raise InputError(
+                f"answer log '{path}' line {number} is not a bench record ({problem}): the file is "
+                f"damaged (only a cut-short last line is an interrupted write); restore it, or delete "
+                f"line {number} to run that generation again"
+            )
         keep(line, record)
     if tail.strip():
         record, problem = _parse(tail) if keep_unterminated else (None, "cut short")
@@ -316,9 +355,12 @@ def meta_problem(meta: Any) -> Optional[str]:
         if meta.get(key) is not None and not isinstance(meta[key], dict):
             return f"'{key}' is a {type(meta[key]).__name__}, not an object"
     ablation = meta.get("ablation")
-    if ablation is not None and not (isinstance(ablation, dict) and isinstance(ablation.get("keys"), list)
-                                     and isinstance(ablation.get("points"), dict)
-                                     and all(isinstance(v, dict) for v in ablation["points"].values())):
+    if ablation is not None and not (
+        isinstance(ablation, dict)
+        and isinstance(ablation.get("keys"), list)
+        and isinstance(ablation.get("points"), dict)
+        and all(isinstance(v, dict) for v in ablation["points"].values())
+    ):
         return "'ablation' is not an object with 'keys' and 'points'"
     return None
 
@@ -346,12 +388,18 @@ def read_cost_model(out: Path) -> Optional[dict]:
         raise InputError(f"cost model '{path}' has no list of seconds under 'verify_s': {fix}")
     if "tree_k" in cost or "tree_verify_s" in cost:  # written since token trees (older files lack them)
         tree_k, tree_s = cost.get("tree_k"), cost.get("tree_verify_s")
-        if not (isinstance(tree_k, list) and isinstance(tree_s, list) and len(tree_k) == len(tree_s)
-                and all(isinstance(k, int) and not isinstance(k, bool) and 2 <= k <= MAX_TOKENS for k in tree_k)
-                and tree_k == sorted(set(tree_k))
-                and all(is_seconds(v) for v in tree_s)):
-            raise InputError(f"cost model '{path}' has no matching lists of ascending token counts >= 2 under "
-                             f"'tree_k' and seconds under 'tree_verify_s': {fix}")
+        if not (
+            isinstance(tree_k, list)
+            and isinstance(tree_s, list)
+            and len(tree_k) == len(tree_s)
+            and all(isinstance(k, int) and not isinstance(k, bool) and 2 <= k <= MAX_TOKENS for k in tree_k)
+            and tree_k == sorted(set(tree_k))
+            and all(is_seconds(v) for v in tree_s)
+        ):
+            raise InputError(
+                f"cost model '{path}' has no matching lists of ascending token counts >= 2 under "
+                f"'tree_k' and seconds under 'tree_verify_s': {fix}"
+            )
     return cost
 
 
@@ -374,9 +422,20 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> Optional[int]:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def make_record(set_name: str, prompt: Any, model_id: str, kind: str, repeat: int, ids: list[int],
-                tokens: list[int], text: str, metrics: dict, finish: str, reference: Optional[list[int]],
-                turn: int = 0) -> dict:
+def make_record(
+    set_name: str,
+    prompt: Any,
+    model_id: str,
+    kind: str,
+    repeat: int,
+    ids: list[int],
+    tokens: list[int],
+    text: str,
+    metrics: dict,
+    finish: str,
+    reference: Optional[list[int]],
+    turn: int = 0,
+) -> dict:
     """One generation's record (turn ``turn`` of the question); ``reference`` is autoregressive
     decoding's tokens for the same key (the same turn)."""
     divergence = first_divergence(tokens, reference) if reference is not None else None
@@ -388,9 +447,16 @@ def make_record(set_name: str, prompt: Any, model_id: str, kind: str, repeat: in
         "kind": kind,
         "repeat": repeat,
         "turn": turn,
-        "choices": [{"index": 0, "turns": [text], "decoding_steps": [int(metrics.get("steps", 0))],
-                     "new_tokens": [len(tokens)], "wall_time": [float(metrics.get("wall_s", 0.0))],
-                     "accept_lengths": list(metrics.get("accept_lengths", []))}],
+        "choices": [
+            {
+                "index": 0,
+                "turns": [text],
+                "decoding_steps": [int(metrics.get("steps", 0))],
+                "new_tokens": [len(tokens)],
+                "wall_time": [float(metrics.get("wall_s", 0.0))],
+                "accept_lengths": list(metrics.get("accept_lengths", [])),
+            }
+        ],
         "tstamp": time.time(),
         "prompt_tokens": len(ids),
         "tokens": tokens,
@@ -415,4 +481,3 @@ def write_json(path: Path, data: Any) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=2, default=json_default) + "\n")
     os.replace(tmp, path)
-

@@ -74,16 +74,23 @@ def greedy_cases(s: Stack, quick: bool) -> Iterator[Case]:
             target, draft = s.pairs.pair(kind, eos=eos)
             if context is not None:
                 target.max_length = context
-            got = s.engine(target, draft, [f"generation.ignore_eos={str(not eos).lower()}"]).generate(
-                prompt, max_new_tokens=n).tokens
-            expect_equal(got, s.plain(s.pairs.pair(kind, eos=eos)[0]).generate(prompt, max_new_tokens=n).tokens,
-                         "the stack against the engine's autoregressive decoding")
+            got = (
+                s.engine(target, draft, [f"generation.ignore_eos={str(not eos).lower()}"])
+                .generate(prompt, max_new_tokens=n)
+                .tokens
+            )
+            expect_equal(
+                got,
+                s.plain(s.pairs.pair(kind, eos=eos)[0]).generate(prompt, max_new_tokens=n).tokens,
+                "the stack against the engine's autoregressive decoding",
+            )
             expect_equal(got, hf_generate(target, prompt, n, ignore_eos=not eos), "the stack against generate")
+
         return run
 
     for name, prompt in PROMPTS.items():
         yield Case(f"greedy/prompt={name}", against_references(prompt, budget))
-    for n in ((1, 3, 7) if quick else (1, 2, 3, 5, 7, 11)):
+    for n in (1, 3, 7) if quick else (1, 2, 3, 5, 7, 11):
         yield Case(f"greedy/budget={n}", against_references(PROMPTS["repetitive"], n))
     for name in ("one_token", "repetitive"):
         yield Case(f"greedy/eos-prompt={name}", against_references(PROMPTS[name], 22, eos=True, kind="eos"))
@@ -102,13 +109,18 @@ def distribution_cases(s: Stack, quick: bool) -> Iterator[Case]:
         def run():
             target, draft = s.pairs.pair("dist")
             engine = s.engine(target, draft, ["generation.ignore_eos=true"], sampling=SAMPLINGS[name])
-            outputs = [tuple(engine.generate(DIST_PROMPT, max_new_tokens=DIST_LENGTH, seed=seed).tokens)
-                       for seed in range(samples)]
+            outputs = [
+                tuple(engine.generate(DIST_PROMPT, max_new_tokens=DIST_LENGTH, seed=seed).tokens)
+                for seed in range(samples)
+            ]
             expected = exact_continuation_probs(s.pairs.pair("dist")[0], DIST_PROMPT, DIST_LENGTH, engine.sampling)
             p_value = chisquare_pvalue(outputs, expected)
             if p_value < threshold:
-                raise AssertionError(f"{samples} sampled continuations are not the target's distribution: "
-                                     f"chi-square p = {p_value:.3g} < {threshold:.3g}")
+                raise AssertionError(
+                    f"{samples} sampled continuations are not the target's distribution: "
+                    f"chi-square p = {p_value:.3g} < {threshold:.3g}"
+                )
+
         return run
 
     for name in samplings:
@@ -122,18 +134,22 @@ def sample_match_cases(s: Stack, quick: bool) -> Iterator[Case]:
     def run_case(name, prompt_name):
         def run():
             target, draft = s.pairs.pair()
-            engine = s.engine(target, draft, ["generation.ignore_eos=true"], sampling=SAMPLINGS[name],
-                              verifier="sample_match")
+            engine = s.engine(
+                target, draft, ["generation.ignore_eos=true"], sampling=SAMPLINGS[name], verifier="sample_match"
+            )
             plain = s.plain(s.pairs.pair()[0], sampling=SAMPLINGS[name])
             for seed in seeds:
                 prompt = PROMPTS[prompt_name]
-                expect_equal(engine.generate(prompt, max_new_tokens=budget, seed=seed).tokens,
-                             plain.generate(prompt, max_new_tokens=budget, seed=seed).tokens,
-                             f"seed {seed}: the stack with sample_match against plain sampling")
+                expect_equal(
+                    engine.generate(prompt, max_new_tokens=budget, seed=seed).tokens,
+                    plain.generate(prompt, max_new_tokens=budget, seed=seed).tokens,
+                    f"seed {seed}: the stack with sample_match against plain sampling",
+                )
+
         return run
 
     for name in ("t0.7", "t1.0"):
-        for prompt_name in (("plain", "repetitive") if quick else tuple(PROMPTS)):
+        for prompt_name in ("plain", "repetitive") if quick else tuple(PROMPTS):
             yield Case(f"sample_match/{name}-prompt={prompt_name}", run_case(name, prompt_name))
 
 
@@ -145,10 +161,15 @@ def repeatability_cases(s: Stack, quick: bool) -> Iterator[Case]:
             second = s.engine(*s.pairs.pair(), ["generation.ignore_eos=true"], sampling=SAMPLINGS[name])
             for seed in range(2 if quick else 5):
                 a = first.generate(prompt, max_new_tokens=16, seed=seed).tokens
-                expect_equal(first.generate(prompt, max_new_tokens=16, seed=seed).tokens, a,
-                             f"seed {seed}: the same engine's second run")
-                expect_equal(second.generate(prompt, max_new_tokens=16, seed=seed).tokens, a,
-                             f"seed {seed}: a second engine")
+                expect_equal(
+                    first.generate(prompt, max_new_tokens=16, seed=seed).tokens,
+                    a,
+                    f"seed {seed}: the same engine's second run",
+                )
+                expect_equal(
+                    second.generate(prompt, max_new_tokens=16, seed=seed).tokens, a, f"seed {seed}: a second engine"
+                )
+
         return run
 
     for name in ("t0.7", "t1.0"):
@@ -183,7 +204,9 @@ def isolation_cases(s: Stack, quick: bool) -> Iterator[Case]:
                         raise AssertionError(
                             f"{plugin} starts generation {g + 1} with {path} = {now!r} where generation 2 started "
                             f"with {was!r}: under sampling every generation must start from the same state "
-                            "(reset it in pacer_start)")
+                            "(reset it in pacer_start)"
+                        )
+
         return run
 
     for name in ("t0.7",) if quick else ("t0.7", "t1.0-topk4"):
@@ -200,10 +223,13 @@ def _same_decisions(want: list, got: list, what: str, watch) -> None:
             raise AssertionError(
                 f"{who}: {hook} decides {b[1]!r} at step {step} of {what} run where generation 1 decided {a[1]!r} "
                 "(same prompt and seed): under sampling every generation must start from the same state "
-                "(reset it in pacer_start)")
+                "(reset it in pacer_start)"
+            )
     if len(want) != len(got):
-        raise AssertionError(f"{what} run makes {len(got)} hook decisions where generation 1 made {len(want)} "
-                             "(same prompt and seed): under sampling every generation must start from the same state")
+        raise AssertionError(
+            f"{what} run makes {len(got)} hook decisions where generation 1 made {len(want)} "
+            "(same prompt and seed): under sampling every generation must start from the same state"
+        )
 
 
 def _bad_values(field: attrs.Attribute) -> list[Any]:
@@ -242,11 +268,14 @@ def _option_case(s: Stack, key: str, part, field, values):
                     raise AssertionError(f"{override} is refused, but not in one line: {str(exc)!r}")
                 continue
             except Exception as exc:  # noqa: BLE001 - any other error is a traceback for the user
-                raise AssertionError(f"{override} fails with {type(exc).__name__}: {_first_line(exc)} "
-                                     "(refuse it with pacer_core.InputError, or check it in the config's "
-                                     "__attrs_post_init__)") from None
+                raise AssertionError(
+                    f"{override} fails with {type(exc).__name__}: {_first_line(exc)} "
+                    "(refuse it with pacer_core.InputError, or check it in the config's "
+                    "__attrs_post_init__)"
+                ) from None
             if isinstance(value, str):
                 raise AssertionError(f"{override} (a string for a {field.type} option) is accepted")
+
     return run
 
 
@@ -255,15 +284,26 @@ def _first_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-BUILDERS = {"greedy": greedy_cases, "distribution": distribution_cases, "sample_match": sample_match_cases,
-            "repeatability": repeatability_cases, "isolation": isolation_cases, "options": option_cases}
+BUILDERS = {
+    "greedy": greedy_cases,
+    "distribution": distribution_cases,
+    "sample_match": sample_match_cases,
+    "repeatability": repeatability_cases,
+    "isolation": isolation_cases,
+    "options": option_cases,
+}
 
 
 # -- running ---------------------------------------------------------------------------------------
 def run_checks(s: Stack, *, quick: bool, only: Optional[str] = None, progress=None) -> list[Outcome]:
     outcomes = []
-    greedy_only = [part.component.name for top in s.stack if top is not s.stack.verifier for part in top.walk()
-                   if "greedy" in part.component.needs]
+    greedy_only = [
+        part.component.name
+        for top in s.stack
+        if top is not s.stack.verifier
+        for part in top.walk()
+        if "greedy" in part.component.needs
+    ]
     for name in CHECKS:
         outcome = Outcome(name)
         if greedy_only and name in SAMPLED:
@@ -327,16 +367,21 @@ def load_plugin(spec: str) -> Any:
     except ModuleNotFoundError as exc:
         if exc.name != spec.split(".")[0] and exc.name != spec:
             raise PluginFailure(f"--plugin '{spec}' does not import ({hookcheck.describe(exc)})") from None
-        raise InputError(f"--plugin '{spec}' does not import ({type(exc).__name__}: {_first_line(exc)}): "
-                         "fix the module or install it") from None
+        raise InputError(
+            f"--plugin '{spec}' does not import ({type(exc).__name__}: {_first_line(exc)}): "
+            "fix the module or install it"
+        ) from None
     except BaseException as exc:  # noqa: BLE001 - whatever the module raises (or exits with) on import
         where = hookcheck.origin(exc)
-        raise PluginFailure(f"--plugin '{spec}' raised {hookcheck.describe(exc)} on import"
-                            + (f" at {where}" if where else "")) from None
+        raise PluginFailure(
+            f"--plugin '{spec}' raised {hookcheck.describe(exc)} on import" + (f" at {where}" if where else "")
+        ) from None
     offer = getattr(module, "pacer_components", None)
     if not callable(offer):
-        raise InputError(f"--plugin '{spec}' offers no components: define a pacer_components() hook "
-                         "returning its Component list (docs/writing-plugins.md)")
+        raise InputError(
+            f"--plugin '{spec}' offers no components: define a pacer_components() hook "
+            "returning its Component list (docs/writing-plugins.md)"
+        )
     try:
         offered = offer()
     except KeyboardInterrupt:
@@ -347,8 +392,10 @@ def load_plugin(spec: str) -> Any:
     if problem is not None:
         raise PluginFailure(f"--plugin '{spec}': pacer_components {problem}")
     if not offered:
-        raise InputError(f"--plugin '{spec}' offers no components: define a pacer_components() hook "
-                         "returning its Component list (docs/writing-plugins.md)")
+        raise InputError(
+            f"--plugin '{spec}' offers no components: define a pacer_components() hook "
+            "returning its Component list (docs/writing-plugins.md)"
+        )
     return module
 
 
@@ -375,10 +422,16 @@ def table(outcomes: Sequence[Outcome], args: argparse.Namespace) -> str:
 
 @command("check", "prove a strategy stack lossless on tiny models: greedy, exact distribution, options, seeds")
 def _setup_check(p: argparse.ArgumentParser) -> Runner:
-    p.add_argument("--config", "-c", metavar="YAML",
-                   help="run config naming the stack (defaults apply to keys it omits)")
-    p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
-                   help="a module (name or .py file) offering components; repeat for several")
+    p.add_argument(
+        "--config", "-c", metavar="YAML", help="run config naming the stack (defaults apply to keys it omits)"
+    )
+    p.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="a module (name or .py file) offering components; repeat for several",
+    )
     p.add_argument("--quick", action="store_true", help="fewer cases and samples (what CI runs)")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object")
     p.add_argument("--case", metavar="ID", help="run one case (its id as the table names it)")
@@ -390,15 +443,35 @@ def _setup_check(p: argparse.ArgumentParser) -> Runner:
             outcomes = check_all(args)
         except PacerError as exc:  # a usage error: one line on stderr (exit 2); --json still prints its result
             if args.json:
-                print(json.dumps({"passed": False, "seconds": round(time.perf_counter() - start, 1),
-                                  "error": str(exc), "checks": []}))
+                print(
+                    json.dumps(
+                        {
+                            "passed": False,
+                            "seconds": round(time.perf_counter() - start, 1),
+                            "error": str(exc),
+                            "checks": [],
+                        }
+                    )
+                )
             raise
         passed = bool(outcomes) and all(o.passed for o in outcomes)
         if args.json:
-            print(json.dumps({"passed": passed, "seconds": round(time.perf_counter() - start, 1),
-                              "checks": [dict(attrs.asdict(o), passed=o.passed,
-                                              rerun=repro_command(args, o.failed) if o.failed else None)
-                                         for o in outcomes]}))
+            print(
+                json.dumps(
+                    {
+                        "passed": passed,
+                        "seconds": round(time.perf_counter() - start, 1),
+                        "checks": [
+                            dict(
+                                attrs.asdict(o),
+                                passed=o.passed,
+                                rerun=repro_command(args, o.failed) if o.failed else None,
+                            )
+                            for o in outcomes
+                        ],
+                    }
+                )
+            )
         else:
             print(table(outcomes, args))
             print(f"\n{'all checks pass' if passed else 'FAILED'} ({time.perf_counter() - start:.0f} s)")
@@ -462,8 +535,9 @@ def _can_build(s: Stack) -> Stack:
     except UnknownHookError as exc:  # the plugin's own mistake, named in full: no word about the tiny pair
         raise InputError(_first_line(exc)) from None
     except (ConfigError, InputError) as exc:
-        raise InputError(f"pacer check cannot build a tiny pair for drafter '{s.stack.drafter.component.name}': "
-                         f"{_first_line(exc)}") from None
+        raise InputError(
+            f"pacer check cannot build a tiny pair for drafter '{s.stack.drafter.component.name}': {_first_line(exc)}"
+        ) from None
     except KeyboardInterrupt:
         raise
     except BaseException:  # noqa: BLE001 - a plugin's own failure: the checks' cases report it, named

@@ -21,12 +21,17 @@ from .run import run_bench
 
 @command("demo", "the main job: plain decoding vs speculative decoding on the embedded target, real prompts")
 def _setup_demo(p: argparse.ArgumentParser) -> Runner:
-    p.add_argument("--prompts", type=int, default=4,
-                   help=f"how many prompts, in turn from {', '.join(DEMO_SETS)} (default 4)")
+    p.add_argument(
+        "--prompts", type=int, default=4, help=f"how many prompts, in turn from {', '.join(DEMO_SETS)} (default 4)"
+    )
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--repeats", type=int, default=REPEATS,
-                   help=f"interleaved rounds per prompt; each speedup is a median of paired rounds (default {REPEATS})")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=REPEATS,
+        help=f"interleaved rounds per prompt; each speedup is a median of paired rounds (default {REPEATS})",
+    )
 
     def run(args: argparse.Namespace) -> int:
         return run_demo(args.prompts, args.max_new_tokens, args.dtype, args.repeats)
@@ -41,13 +46,18 @@ def _default_out(config: Optional[str], prefix: str) -> Path:
 
 @command("bench", "benchmark strategy stacks against autoregressive decoding (resumable; writes a report)")
 def _setup_bench(p: argparse.ArgumentParser) -> Runner:
-    p.add_argument("--config", "-c", metavar="YAML",
-                   help="bench config (see docs/benchmarks.md); defaults apply to keys it omits")
+    p.add_argument(
+        "--config", "-c", metavar="YAML", help="bench config (see docs/benchmarks.md); defaults apply to keys it omits"
+    )
     p.add_argument("--limit", type=int, metavar="N", help="first N prompts of each prompt set (overrides limit)")
     p.add_argument("--out", metavar="DIR", help="results folder (default runs/<config name>); rerun to resume")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("overrides", nargs="*", metavar="key=value",
-                   help="bench config overrides, e.g. max_new_tokens=32 dtype=bfloat16")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="bench config overrides, e.g. max_new_tokens=32 dtype=bfloat16",
+    )
 
     def run(args: argparse.Namespace) -> int:
         bench, stacks = read_bench_config(args.config, args.overrides, args.limit)
@@ -61,9 +71,13 @@ def _setup_bench(p: argparse.ArgumentParser) -> Runner:
 def _setup_report(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("dir", metavar="DIR", help="a folder written by `pacer bench` or `pacer ablate`")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    p.add_argument("--compare", nargs=2, metavar=("A", "B"),
-                   help="only compare two stacks of DIR: their tokens/s ratio with a 95%% interval, and whether "
-                        "they differ beyond the noise (writes nothing)")
+    p.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("A", "B"),
+        help="only compare two stacks of DIR: their tokens/s ratio with a 95%% interval, and whether "
+        "they differ beyond the noise (writes nothing)",
+    )
 
     def run(args: argparse.Namespace) -> int:
         if args.compare:

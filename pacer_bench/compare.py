@@ -53,14 +53,16 @@ def compare(records: Sequence[dict], a: str, b: str, sets: Sequence[str], seed: 
     out: dict[str, dict[str, Any]] = {}
     for set_name in [*sets, ALL]:
         mine = [r for r in records if r["model_id"] == a and (set_name == ALL or r["prompt_set"] == set_name)]
-        theirs = {_key(r): r for r in records
-                  if r["model_id"] == b and (set_name == ALL or r["prompt_set"] == set_name)}
+        theirs = {
+            _key(r): r for r in records if r["model_id"] == b and (set_name == ALL or r["prompt_set"] == set_name)
+        }
         columns, clusters = rate_columns(mine, theirs)
         if not len(clusters):
             continue
         totals = columns.sum(axis=0)
-        rate_ratio = ((totals[0] / totals[1]) / (totals[2] / totals[3])
-                      if totals[1] and totals[2] and totals[3] else None)
+        rate_ratio = (
+            (totals[0] / totals[1]) / (totals[2] / totals[3]) if totals[1] and totals[2] and totals[3] else None
+        )
         ci = interval(ratio_of_rates, columns, clusters, np.random.default_rng(seed))
         paired = [r for r in mine if _key(r) in theirs]
         partners = [theirs[_key(r)] for r in paired]
@@ -70,8 +72,14 @@ def compare(records: Sequence[dict], a: str, b: str, sets: Sequence[str], seed: 
             emitted = sum(sum(r["metrics"].get("accept_lengths", [])) for r in chosen)
             tau_ci = tau_interval(chosen, seed)
             taus[name] = {"tau": emitted / steps if steps else None, "tau_ci": list(tau_ci) if tau_ci else None}
-        out[set_name] = {"prompts": len(set(clusters)), "pairs": len(paired), "ratio": rate_ratio,
-                         "ci": list(ci) if ci else None, "verdict": verdict(ci, a, b, len(set(clusters))), "tau": taus}
+        out[set_name] = {
+            "prompts": len(set(clusters)),
+            "pairs": len(paired),
+            "ratio": rate_ratio,
+            "ci": list(ci) if ci else None,
+            "verdict": verdict(ci, a, b, len(set(clusters))),
+            "tau": taus,
+        }
     return out
 
 
@@ -83,8 +91,9 @@ def compare_run(out: Path, a: str, b: str) -> tuple[dict, str]:
     for name in (a, b):
         stack = resolve_name(name, names)
         if stack is None:
-            raise InputError(f"--compare: '{name}' has no record in '{out}'; stacks there: "
-                             f"{', '.join(names) or 'none'}")
+            raise InputError(
+                f"--compare: '{name}' has no record in '{out}'; stacks there: {', '.join(names) or 'none'}"
+            )
         found_names.append(stack)
     a, b = found_names
     if a == b:
@@ -97,18 +106,26 @@ def compare_run(out: Path, a: str, b: str) -> tuple[dict, str]:
 
 
 def markdown(found: dict[str, dict], a: str, b: str) -> str:
-    lines = [f"`{a}` vs `{b}`: tokens/s ratio on the generations both ran, 95% interval from a paired bootstrap "
-             "over prompts and repeats", "",
-             f"| prompt set | prompts | generations | {a} ÷ {b} | τ {a} | τ {b} | verdict |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"`{a}` vs `{b}`: tokens/s ratio on the generations both ran, 95% interval from a paired bootstrap "
+        "over prompts and repeats",
+        "",
+        f"| prompt set | prompts | generations | {a} ÷ {b} | τ {a} | τ {b} | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for set_name, c in found.items():
-        lines.append(f"| {set_name} | {c['prompts']} | {c['pairs']} | "
-                     f"{format_interval(c['ratio'], c['ci'], '.3f', '×')} | "
-                     f"{format_interval(c['tau'][a]['tau'], c['tau'][a]['tau_ci'])} | "
-                     f"{format_interval(c['tau'][b]['tau'], c['tau'][b]['tau_ci'])} | {c['verdict']} |")
+        lines.append(
+            f"| {set_name} | {c['prompts']} | {c['pairs']} | "
+            f"{format_interval(c['ratio'], c['ci'], '.3f', '×')} | "
+            f"{format_interval(c['tau'][a]['tau'], c['tau'][a]['tau_ci'])} | "
+            f"{format_interval(c['tau'][b]['tau'], c['tau'][b]['tau_ci'])} | {c['verdict']} |"
+        )
     few = [set_name for set_name, c in found.items() if c["prompts"] < MIN_PROMPTS]
     if few:
-        lines += ["", f"Too few prompts to tell in {', '.join(few)}: on fewer than {MIN_PROMPTS} prompts a "
-                  "bootstrap interval understates how much the ratio varies from prompt to prompt; run more "
-                  "prompts (--limit) before reading a difference there."]
+        lines += [
+            "",
+            f"Too few prompts to tell in {', '.join(few)}: on fewer than {MIN_PROMPTS} prompts a "
+            "bootstrap interval understates how much the ratio varies from prompt to prompt; run more "
+            "prompts (--limit) before reading a difference there.",
+        ]
     return "\n".join(lines)

@@ -139,14 +139,18 @@ def _anchor_paths(stacks: Dict[str, StackConfig], base_dir: Path, bench: Optiona
 def _anchor_prompt_set(name: str, base_dir: Path) -> str:
     """A .jsonl prompt set, or the question file of ``specbench:PATH``, relative to the bench file
     when it does not exist relative to the cwd."""
-    prefix, path = (SPECBENCH + ":", name[len(SPECBENCH) + 1:]) if name.startswith(SPECBENCH + ":") else ("", name)
+    prefix, path = (SPECBENCH + ":", name[len(SPECBENCH) + 1 :]) if name.startswith(SPECBENCH + ":") else ("", name)
     if (prefix or path.endswith(".jsonl")) and not Path(path).exists() and (base_dir / path).exists():
         return prefix + str(base_dir / path)
     return name
 
 
-def read_bench_config(path: Optional[str | Path], overrides: Sequence[str] = (), limit: Optional[int] = None,
-                      extra_plugins: Sequence[Any] = ()) -> tuple[BenchConfig, dict[str, RunPlan]]:
+def read_bench_config(
+    path: Optional[str | Path],
+    overrides: Sequence[str] = (),
+    limit: Optional[int] = None,
+    extra_plugins: Sequence[Any] = (),
+) -> tuple[BenchConfig, dict[str, RunPlan]]:
     """Read and validate a bench YAML (+ ``key=value`` overrides): the config and every stack's run
     plan (``plan_stack``; ``extra_plugins`` registered in each), autoregressive first. Raises
     ``ConfigError`` (one line) before any model loads."""
@@ -159,15 +163,21 @@ def read_bench_config(path: Optional[str | Path], overrides: Sequence[str] = (),
 
 def check_bench(bench: BenchConfig, extra_plugins: Sequence[Any] = ()) -> dict[str, RunPlan]:
     """Value checks, and each stack planned as a run (``plan_stack``; autoregressive first)."""
-    for name, value, low in (("max_new_tokens", bench.max_new_tokens, 1), ("repeats", bench.repeats, 1),
-                             ("warmup", bench.warmup, 0), ("oracle.verify_max_k", bench.oracle.verify_max_k, 1),
-                             ("oracle.verify_repeats", bench.oracle.verify_repeats, 1)):
+    for name, value, low in (
+        ("max_new_tokens", bench.max_new_tokens, 1),
+        ("repeats", bench.repeats, 1),
+        ("warmup", bench.warmup, 0),
+        ("oracle.verify_max_k", bench.oracle.verify_max_k, 1),
+        ("oracle.verify_repeats", bench.oracle.verify_repeats, 1),
+    ):
         if value < low:
             raise ConfigError(f"bench config: {name} must be >= {low}, got {value}")
     tree_k = bench.oracle.verify_tree_k
     if any(not isinstance(k, int) or isinstance(k, bool) or k < 2 for k in tree_k):
-        raise ConfigError(f"bench config: oracle.verify_tree_k must list token counts >= 2 (the pending token "
-                          f"and at least one tree node), got {tree_k}")
+        raise ConfigError(
+            f"bench config: oracle.verify_tree_k must list token counts >= 2 (the pending token "
+            f"and at least one tree node), got {tree_k}"
+        )
     if len(set(tree_k)) != len(tree_k):
         raise ConfigError(f"bench config: oracle.verify_tree_k names a token count twice: {tree_k}")
     if bench.threads is not None and bench.threads < 1:
@@ -177,16 +187,18 @@ def check_bench(bench: BenchConfig, extra_plugins: Sequence[Any] = ()) -> dict[s
     if bench.limit is not None and bench.limit < 1:
         raise ConfigError(f"bench config: limit must be a positive number of prompts per set, got {bench.limit}")
     for model in (bench.target, bench.draft):
-        dtype = (model.dtype if model is not None and model.dtype else bench.dtype)
+        dtype = model.dtype if model is not None and model.dtype else bench.dtype
         if dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"bench config: unknown dtype '{dtype}': use float32, bfloat16 or float16")
     if not bench.prompt_sets:
-        raise ConfigError("bench config: prompt_sets is empty; name at least one of "
-                          f"{', '.join(PROMPT_SET_NAMES)} or a .jsonl file")
+        raise ConfigError(
+            f"bench config: prompt_sets is empty; name at least one of {', '.join(PROMPT_SET_NAMES)} or a .jsonl file"
+        )
     for name in bench.prompt_sets:
         if name not in PROMPT_SET_NAMES and not name.endswith(".jsonl") and not name.startswith(SPECBENCH + ":"):
-            raise ConfigError(f"bench config: unknown prompt set '{name}'; available: "
-                              f"{', '.join(PROMPT_SET_NAMES)} or a .jsonl file")
+            raise ConfigError(
+                f"bench config: unknown prompt set '{name}'; available: {', '.join(PROMPT_SET_NAMES)} or a .jsonl file"
+            )
     if len(set(bench.prompt_sets)) != len(bench.prompt_sets):
         raise ConfigError("bench config: prompt_sets names a set twice")
     for name in bench.baselines:
@@ -195,8 +207,10 @@ def check_bench(bench: BenchConfig, extra_plugins: Sequence[Any] = ()) -> dict[s
         if name in bench.stacks:
             raise ConfigError(f"bench config: '{name}' is both a stack and a baseline; rename the stack")
     if bench.oracle.log_stack is not None and bench.oracle.log_stack not in bench.stacks:
-        raise ConfigError(f"bench config: oracle.log_stack '{bench.oracle.log_stack}' is not a stack; "
-                          f"stacks: {', '.join(bench.stacks) or 'none'}")
+        raise ConfigError(
+            f"bench config: oracle.log_stack '{bench.oracle.log_stack}' is not a stack; "
+            f"stacks: {', '.join(bench.stacks) or 'none'}"
+        )
     stacks = dict(bench.stacks)
     if BASELINE not in stacks:
         stacks = {BASELINE: StackConfig(strategy={"drafter": {"name": "autoregressive"}, "stop": []}), **stacks}
@@ -215,12 +229,16 @@ def check_bench(bench: BenchConfig, extra_plugins: Sequence[Any] = ()) -> dict[s
             bench.draft = BenchModelConfig(path=default)  # the shipped draft of the embedded target
     for name, drafter in needs_draft.items():
         if bench.draft is None:
-            raise ConfigError(f"stacks.{name}: {drafter.where} '{drafter.component.name}' needs a draft model; "
-                              "set the bench's draft.path (models are shared by all stacks)")
+            raise ConfigError(
+                f"stacks.{name}: {drafter.where} '{drafter.component.name}' needs a draft model; "
+                "set the bench's draft.path (models are shared by all stacks)"
+            )
     log = bench.oracle.log_stack
     if log is not None and plans[log].config.strategy.drafter.get("tree") is not None:
-        raise ConfigError(f"bench config: oracle.log_stack '{log}' drafts a token tree (strategy.drafter.tree); "
-                          "the oracle replays a chain: log a stack drafting a long fixed chain")
+        raise ConfigError(
+            f"bench config: oracle.log_stack '{log}' drafts a token tree (strategy.drafter.tree); "
+            "the oracle replays a chain: log a stack drafting a long fixed chain"
+        )
     drafter = plans[BASELINE].stack.drafter.component.name
     if drafter != "autoregressive":
         raise ConfigError(f"stacks.{BASELINE}: the baseline must use the autoregressive drafter, not '{drafter}'")
@@ -268,10 +286,12 @@ def plan_stack(name: str, stack: StackConfig, bench: BenchConfig, extra_plugins:
         inline = getattr(stack, section)
         if inline:
             data = _deep_merge(data, {section: inline})
-    forced = [f"sampling={json.dumps(attrs.asdict(bench.sampling))}",
-              f"generation.max_new_tokens={bench.max_new_tokens}",
-              f"generation.ignore_eos={json.dumps(bench.ignore_eos)}",
-              f"generation.chat_template={json.dumps(bench.chat_template)}"]
+    forced = [
+        f"sampling={json.dumps(attrs.asdict(bench.sampling))}",
+        f"generation.max_new_tokens={bench.max_new_tokens}",
+        f"generation.ignore_eos={json.dumps(bench.ignore_eos)}",
+        f"generation.chat_template={json.dumps(bench.chat_template)}",
+    ]
     overrides = [f"{key}={json.dumps(value)}" for key, value in data.items()] + list(stack.overrides) + forced
     try:
         return plan_run(read_config(None, overrides), extra_plugins, require_models=False, step_metrics=True)
@@ -279,8 +299,9 @@ def plan_stack(name: str, stack: StackConfig, bench: BenchConfig, extra_plugins:
         raise ConfigError(f"{where}: {exc}") from None
 
 
-def read_ablate_config(path: str | Path, limit: Optional[int] = None,
-                       extra_plugins: Sequence[Any] = ()) -> tuple[BenchConfig, dict[str, RunPlan], dict]:
+def read_ablate_config(
+    path: str | Path, limit: Optional[int] = None, extra_plugins: Sequence[Any] = ()
+) -> tuple[BenchConfig, dict[str, RunPlan], dict]:
     """A grid YAML → the bench it runs (one stack per grid point), the stacks' run plans, ablation meta."""
     ablate, grid_dir = _read(path, (), AblateConfig, "ablate config")
     if not ablate.grid:
@@ -299,9 +320,12 @@ def read_ablate_config(path: str | Path, limit: Optional[int] = None,
     _anchor_paths({"stack": ablate.stack}, grid_dir)
     keys = list(ablate.grid)
     points = grid_points(ablate.grid, ablate.labels, f"ablate config '{path}'")
-    stacks = {name: attrs.evolve(ablate.stack, overrides=list(ablate.stack.overrides)
-                                 + [f"{k}={json.dumps(v)}" for k, v in point.items()])
-              for name, point in points.items()}
+    stacks = {
+        name: attrs.evolve(
+            ablate.stack, overrides=list(ablate.stack.overrides) + [f"{k}={json.dumps(v)}" for k, v in point.items()]
+        )
+        for name, point in points.items()
+    }
     bench = attrs.evolve(bench, stacks=stacks, baselines=[], oracle=OracleConfig())
     if limit is not None:
         bench.limit = limit
@@ -315,6 +339,10 @@ def is_bench_config(path: str | Path) -> bool:
 
 def model_config(m: BenchModelConfig, bench: BenchConfig) -> ModelConfig:
     """A bench model section as a run's model section: a null dtype or device takes the bench's."""
-    return ModelConfig(path=m.path, dtype=m.dtype or bench.dtype, device=m.device or bench.device,
-                       device_map=m.device_map, pack_weights=m.pack_weights)
-
+    return ModelConfig(
+        path=m.path,
+        dtype=m.dtype or bench.dtype,
+        device=m.device or bench.device,
+        device_map=m.device_map,
+        pack_weights=m.pack_weights,
+    )

@@ -30,8 +30,12 @@ FALSE_ALARM = 1e-3  # the chance a correct stack fails the distribution check (a
 PROMPTS = {"plain": [5, 9, 13, 7, 22], "one_token": [17], "repetitive": [5, 9, 13, 5, 9, 13, 5, 9]}
 DIST_PROMPT = [3, 7, 11, 5]
 DIST_LENGTH = 3  # tokens per sampled continuation: 16**3 outcomes, enumerated exactly
-SAMPLINGS = {"t0.7": {"temperature": 0.7}, "t1.0": {"temperature": 1.0},
-             "t1.0-topk4": {"temperature": 1.0, "top_k": 4}, "t0.7-topp0.8": {"temperature": 0.7, "top_p": 0.8}}
+SAMPLINGS = {
+    "t0.7": {"temperature": 0.7},
+    "t1.0": {"temperature": 1.0},
+    "t1.0-topk4": {"temperature": 1.0, "top_k": 4},
+    "t0.7-topp0.8": {"temperature": 0.7, "top_p": 0.8},
+}
 QUICK_SAMPLINGS = ("t0.7", "t1.0-topk4")
 EOS_BIAS = 0.03  # added to the EOS logit of the EOS target: EOS becomes its argmax after a few tokens
 CONTEXT = 40  # the context-limit case's target context (prompt + budget fill it)
@@ -82,11 +86,14 @@ class WatchedLM:
             n = min(len(cached), len(truth))
             if cached[:n] != truth[:n]:
                 at = next(i for i in range(n) if cached[i] != truth[i])
-                raise Contract(f"the draft model's cache holds token {cached[at]} at position {at} where the "
-                               f"committed text and draft hold {truth[at]}: the drafter did not roll back its "
-                               "draft cache")
-        return self._model.forward(tokens, positions=positions, tree_mask=tree_mask, logits_from=logits_from,
-                                   hidden=hidden, **options)
+                raise Contract(
+                    f"the draft model's cache holds token {cached[at]} at position {at} where the "
+                    f"committed text and draft hold {truth[at]}: the drafter did not roll back its "
+                    "draft cache"
+                )
+        return self._model.forward(
+            tokens, positions=positions, tree_mask=tree_mask, logits_from=logits_from, hidden=hidden, **options
+        )
 
     def crop(self, length, rows=()):
         return self._model.crop(length, rows)
@@ -141,8 +148,9 @@ class Watch:
 
     def names(self, hook: str) -> list[str]:
         """The strategies implementing ``hook`` (the check's own plugins left out)."""
-        return [i.plugin_name for i in hookcheck.implementers(self.pm, hook)
-                if not i.plugin_name.startswith(CHECK_PREFIX)]
+        return [
+            i.plugin_name for i in hookcheck.implementers(self.pm, hook) if not i.plugin_name.startswith(CHECK_PREFIX)
+        ]
 
     def before(self, hook_name, hook_impls, kwargs):
         self._before.append(_inputs(kwargs))
@@ -157,12 +165,16 @@ class Watch:
                 return  # a one-line refusal, or the check's own finding: as raised
             impl = hookcheck.blame(exc, theirs)
             where = hookcheck.origin(exc)
-            raise PluginError(f"{impl.plugin_name if impl else who}: {hook_name} raised {hookcheck.describe(exc)}"
-                              + (f" at {where}" if where else "")) from None
+            raise PluginError(
+                f"{impl.plugin_name if impl else who}: {hook_name} raised {hookcheck.describe(exc)}"
+                + (f" at {where}" if where else "")
+            ) from None
         changed = _changed(inputs, _inputs(kwargs))
         if changed:
-            raise PluginError(f"{who}: {hook_name} changed {changed} in place, which only the engine writes: "
-                              "copy it before changing it (docs/hooks.md)")
+            raise PluginError(
+                f"{who}: {hook_name} changed {changed} in place, which only the engine writes: "
+                "copy it before changing it (docs/hooks.md)"
+            )
         result = outcome.get_result()
         hookcheck.check_results(self.pm, hook_name, result, **kwargs)
         if hook_name == "pacer_propose" and isinstance(result, DraftBlock) and len(result) > kwargs["num_tokens"]:
@@ -198,7 +210,8 @@ def _inputs(kwargs: dict) -> tuple:
 def _changed(before: tuple, after: tuple) -> Optional[str]:
     for (name, old), (_, new) in zip(before, after):
         same = (old is None) == (new is None) and (
-            old is None or (torch.equal(old, new) if isinstance(old, torch.Tensor) else old == new))
+            old is None or (torch.equal(old, new) if isinstance(old, torch.Tensor) else old == new)
+        )
         if not same:
             return name
     return None
@@ -221,8 +234,11 @@ def decision(result: Any) -> Any:
 
 def strategies(pm) -> list[tuple[str, Any]]:
     """The strategy objects an engine registered (``where:name`` -> object), not modules nor the check's."""
-    return [(name, plugin) for name, plugin in pm.list_name_plugin()
-            if not name.startswith(CHECK_PREFIX) and not isinstance(plugin, types.ModuleType)]
+    return [
+        (name, plugin)
+        for name, plugin in pm.list_name_plugin()
+        if not name.startswith(CHECK_PREFIX) and not isinstance(plugin, types.ModuleType)
+    ]
 
 
 MAX_STATE_LEAVES = 20_000  # values read from one strategy object's state; more are not compared
@@ -250,8 +266,12 @@ def state_of(obj: Any, depth: int = 6) -> dict[str, Any]:
             leaves[path] = (tuple(t.shape), str(value.dtype), digest)
         elif isinstance(value, torch.Generator):
             leaves[path] = hashlib.sha1(value.get_state().numpy().tobytes()).hexdigest()
-        elif left <= 0 or id(value) in seen or callable(getattr(value, "forward", None)) or isinstance(
-                value, (types.ModuleType, types.FunctionType, types.MethodType, type, torch.nn.Module)):
+        elif (
+            left <= 0
+            or id(value) in seen
+            or callable(getattr(value, "forward", None))
+            or isinstance(value, (types.ModuleType, types.FunctionType, types.MethodType, type, torch.nn.Module))
+        ):
             return
         else:
             seen.add(id(value))
@@ -300,7 +320,8 @@ class Pairs:
 
         self.folder = folder
         self.models = {
-            "target": tiny_llama(0), "eos_target": tiny_llama(0, eos_bias=EOS_BIAS),
+            "target": tiny_llama(0),
+            "eos_target": tiny_llama(0, eos_bias=EOS_BIAS),
             "dist_target": tiny_llama(0, vocab=16, scale=25.0),
         }
         self.models["draft"] = noisy_copy(self.models["target"], 0.1, seed=123)
@@ -353,9 +374,13 @@ class Pairs:
         key = ("eagle", target.vocab_size)
         if key not in self._made:
             folder = self.folder / f"eagle-{target.vocab_size}"
-            arch = ArchConfig(hidden_size=target.hidden_size, vocab_size=target.vocab_size,
-                              subset_size=min(48, target.vocab_size), intermediate_size=64,
-                              **attrs.asdict(target.attention_shape()))
+            arch = ArchConfig(
+                hidden_size=target.hidden_size,
+                vocab_size=target.vocab_size,
+                subset_size=min(48, target.vocab_size),
+                intermediate_size=64,
+                **attrs.asdict(target.attention_shape()),
+            )
             with _seeded(0):
                 net = FeatureDraft(arch)
             net.subset.copy_(torch.arange(arch.subset_size))
@@ -369,9 +394,15 @@ class Pairs:
         key = ("dflash", target.vocab_size)
         if key not in self._made:
             folder = self.folder / f"dflash-{target.vocab_size}"
-            arch = BlockArch(hidden_size=target.hidden_size, intermediate_size=64, vocab_size=target.vocab_size,
-                             subset_size=min(48, target.vocab_size), target_layers=[0, 1], block=4,
-                             **attrs.asdict(target.attention_shape()))
+            arch = BlockArch(
+                hidden_size=target.hidden_size,
+                intermediate_size=64,
+                vocab_size=target.vocab_size,
+                subset_size=min(48, target.vocab_size),
+                target_layers=[0, 1],
+                block=4,
+                **attrs.asdict(target.attention_shape()),
+            )
             with _seeded(0):
                 net = BlockDraft(arch)
             net.subset.copy_(torch.arange(arch.subset_size))
@@ -386,8 +417,9 @@ class Pairs:
         if key not in self._made:
             folder = self.folder / f"mb-{target.hidden_size}"
             with _seeded(0):
-                net = PreVerifier(PreVerifierArch(input_size=target.hidden_size, width=16, heads=2, ffn_size=32,
-                                                  max_positions=16))
+                net = PreVerifier(
+                    PreVerifierArch(input_size=target.hidden_size, width=16, heads=2, ffn_size=32, max_positions=16)
+                )
             net.save(folder, {"target_digest": None, "draft_identity": None})
             self._made[key] = str(folder)
         return self._made[key]
@@ -417,8 +449,16 @@ class Stack:
         # a greedy-only verifier (``needs greedy``) is replaced by speculative_sampling when sampling
         self.sampling_verifier = None if "greedy" not in verifier.needs else "speculative_sampling"
 
-    def engine(self, target, draft, extra: Sequence[str] = (), *, sampling: Optional[dict] = None,
-               verifier: Optional[str] = None, watch: bool = True) -> Engine:
+    def engine(
+        self,
+        target,
+        draft,
+        extra: Sequence[str] = (),
+        *,
+        sampling: Optional[dict] = None,
+        verifier: Optional[str] = None,
+        watch: bool = True,
+    ) -> Engine:
         extra = list(extra)
         if sampling is not None:
             extra += [f"sampling.{k}={v}" for k, v in {"top_k": 0, "top_p": 1.0, **sampling}.items()]
@@ -441,9 +481,14 @@ class Stack:
 
     def plain(self, target, *, sampling: Optional[dict] = None) -> Engine:
         """The target's own decoding through the engine: the autoregressive drafter, no stop."""
-        extra = ["strategy.drafter={name: autoregressive}", "strategy.stop=[]", "strategy.observers=[]",
-                 "strategy.verifier={name: greedy}" if sampling is None
-                 else "strategy.verifier={name: speculative_sampling}"]
+        extra = [
+            "strategy.drafter={name: autoregressive}",
+            "strategy.stop=[]",
+            "strategy.observers=[]",
+            "strategy.verifier={name: greedy}"
+            if sampling is None
+            else "strategy.verifier={name: speculative_sampling}",
+        ]
         settings = {"temperature": 0, "top_k": 0, "top_p": 1.0, **(sampling or {})}
         extra += [f"sampling.{k}={v}" for k, v in settings.items()]
         return Engine.build(target, plan=load_plan(None, extra, require_models=False))
@@ -452,5 +497,6 @@ class Stack:
 def expect_equal(got: Sequence[int], want: Sequence[int], what: str) -> None:
     if list(got) != list(want):
         at = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-        raise AssertionError(f"{what}: differs at new token {at} (got {list(got)[at:at + 4]}, "
-                             f"want {list(want)[at:at + 4]})")
+        raise AssertionError(
+            f"{what}: differs at new token {at} (got {list(got)[at : at + 4]}, want {list(want)[at : at + 4]})"
+        )

@@ -77,9 +77,13 @@ def round_order(names: Sequence[str], round_index: int) -> list[str]:
     return list(names[shift:]) + list(names[:shift])
 
 
-def measure(engines: dict[str, Any], prompts: Sequence[str], repeats: int,
-            clock: Callable[[], float] = time.perf_counter,
-            progress: Optional[Callable[[int, int], None]] = None) -> list[list[dict[str, Run]]]:
+def measure(
+    engines: dict[str, Any],
+    prompts: Sequence[str],
+    repeats: int,
+    clock: Callable[[], float] = time.perf_counter,
+    progress: Optional[Callable[[int, int], None]] = None,
+) -> list[list[dict[str, Run]]]:
     """runs[p][r][name]: prompt p, round r, each of ``engines`` (``PLAIN`` among them), timed on
     ``clock`` around ``engine.generate(prompt)``, in ``round_order``."""
     runs = []
@@ -99,8 +103,9 @@ def measure(engines: dict[str, Any], prompts: Sequence[str], repeats: int,
     return runs
 
 
-def median_interval(values: Sequence[float], seed: int = SEED, resamples: int = RESAMPLES,
-                    level: float = 0.95) -> Optional[tuple[float, float]]:
+def median_interval(
+    values: Sequence[float], seed: int = SEED, resamples: int = RESAMPLES, level: float = 0.95
+) -> Optional[tuple[float, float]]:
     """The percentile bootstrap interval of the median of ``values`` (None with fewer than two)."""
     values = np.asarray(values, dtype=float)
     if values.size < 2:
@@ -120,15 +125,25 @@ def summarize(runs: list[list[dict[str, Run]]], stacks: Sequence[str]) -> dict[s
         per_prompt, spreads, identical = [], [], 0
         for rounds in runs:
             ratios = [r[name].rate / r[PLAIN].rate for r in rounds]
-            per_prompt.append({"ratios": ratios, "median": statistics.median(ratios),
-                               "tau": statistics.median(r[name].tau for r in rounds)})
+            per_prompt.append(
+                {
+                    "ratios": ratios,
+                    "median": statistics.median(ratios),
+                    "tau": statistics.median(r[name].tau for r in rounds),
+                }
+            )
             spreads.append(max(ratios) / min(ratios))
             identical += all(r[name].tokens == r[PLAIN].tokens for r in rounds)
         medians = [p["median"] for p in per_prompt]
         worst = int(np.argmax(spreads))
-        out[name] = {"prompts": per_prompt, "speedup": statistics.median(medians),
-                     "interval": median_interval(medians), "spread": spreads[worst], "worst_prompt": worst,
-                     "identical": identical}
+        out[name] = {
+            "prompts": per_prompt,
+            "speedup": statistics.median(medians),
+            "interval": median_interval(medians),
+            "spread": spreads[worst],
+            "worst_prompt": worst,
+            "identical": identical,
+        }
     return out
 
 
@@ -139,21 +154,27 @@ def report_lines(summary: dict[str, dict[str, Any]], prompt_ids: Sequence[str], 
     for name, s in summary.items():
         ci = s["interval"]
         interval = f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
-        lines.append(f"{name}: speedup {s['speedup']:.2f}x{interval} over plain decoding (median over prompts of "
-                     f"each prompt's median of {repeats} paired rounds; 95% interval over prompts); "
-                     f"{s['identical']}/{len(prompt_ids)} outputs identical to plain decoding")
+        lines.append(
+            f"{name}: speedup {s['speedup']:.2f}x{interval} over plain decoding (median over prompts of "
+            f"each prompt's median of {repeats} paired rounds; 95% interval over prompts); "
+            f"{s['identical']}/{len(prompt_ids)} outputs identical to plain decoding"
+        )
     shaky = {name: s for name, s in summary.items() if s["spread"] > SPREAD}
     if shaky:
         name, s = max(shaky.items(), key=lambda item: item[1]["spread"])
         ratios = s["prompts"][s["worst_prompt"]]["ratios"]
-        lines.append(f"warning: timings unsteady: {len(shaky)} stack(s) saw a prompt's rounds disagree by more than "
-                     f"{SPREAD:.2f}x (worst: {name} on {prompt_ids[s['worst_prompt']]}, rounds "
-                     f"{', '.join(f'{r:.2f}x' for r in ratios)}); the machine's load changed during the run. The "
-                     "medians above ignore a disturbed round, but rerun on an idle machine (or with --repeats 5) "
-                     "before quoting them")
+        lines.append(
+            f"warning: timings unsteady: {len(shaky)} stack(s) saw a prompt's rounds disagree by more than "
+            f"{SPREAD:.2f}x (worst: {name} on {prompt_ids[s['worst_prompt']]}, rounds "
+            f"{', '.join(f'{r:.2f}x' for r in ratios)}); the machine's load changed during the run. The "
+            "medians above ignore a disturbed round, but rerun on an idle machine (or with --repeats 5) "
+            "before quoting them"
+        )
     elif repeats < 3:
-        lines.append(f"note: {repeats} round(s) per prompt: a burst of load during one run moves these figures; "
-                     "use --repeats 3 or more for figures to quote")
+        lines.append(
+            f"note: {repeats} round(s) per prompt: a burst of load during one run moves these figures; "
+            "use --repeats 3 or more for figures to quote"
+        )
     return lines
 
 
@@ -187,8 +208,13 @@ def demo_engines(target: Any, tokenizer: Any, max_new_tokens: int, dtype: str) -
     return engines
 
 
-def run_demo(count: int = 4, max_new_tokens: int = 128, dtype: str = "float32", repeats: int = REPEATS,
-             clock: Callable[[], float] = time.perf_counter) -> int:
+def run_demo(
+    count: int = 4,
+    max_new_tokens: int = 128,
+    dtype: str = "float32",
+    repeats: int = REPEATS,
+    clock: Callable[[], float] = time.perf_counter,
+) -> int:
     """Decode ``count`` real prompts with plain decoding and every demo stack, ``repeats`` interleaved
     rounds each; print per prompt and the totals. Exit code 1 when a float32 stack's output differs
     from plain decoding."""
@@ -205,8 +231,10 @@ def run_demo(count: int = 4, max_new_tokens: int = 128, dtype: str = "float32", 
     for engine in engines.values():  # warm-up: no engine's first (slower) call is timed
         engine.generate("Say hi.", max_new_tokens=4)
     stacks = [name for name in engines if name != PLAIN]
-    print(f"{len(prompts)} prompts ({', '.join(DEMO_SETS[:len(prompts)])}), greedy, {dtype}, up to {max_new_tokens} "
-          f"new tokens; {repeats} interleaved rounds per prompt, speedups paired within a round")
+    print(
+        f"{len(prompts)} prompts ({', '.join(DEMO_SETS[: len(prompts)])}), greedy, {dtype}, up to {max_new_tokens} "
+        f"new tokens; {repeats} interleaved rounds per prompt, speedups paired within a round"
+    )
 
     def progress(p: int, r: int) -> None:
         print(f"  {prompts[p].question_id}: round {r + 1}/{repeats}", file=sys.stderr, flush=True)

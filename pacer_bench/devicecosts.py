@@ -60,19 +60,56 @@ TARGETS = {
     # the embedded target (SmolLM2-135M-Instruct); its feature head reads the shipped drafts' 8192-token subset
     "smollm2-135m": Target(
         "SmolLM2-135M shape, random weights",
-        LlamaShape("smollm2-135m", layers=30, hidden=576, heads=9, kv_heads=3, intermediate=1536, vocab=49152,
-                   rope_theta=100000.0, tie_embeddings=True),
-        LlamaShape("smollm2-135m-3-layers", layers=3, hidden=576, heads=9, kv_heads=3, intermediate=1536,
-                   vocab=49152, rope_theta=100000.0, tie_embeddings=True),
-        8192),
+        LlamaShape(
+            "smollm2-135m",
+            layers=30,
+            hidden=576,
+            heads=9,
+            kv_heads=3,
+            intermediate=1536,
+            vocab=49152,
+            rope_theta=100000.0,
+            tie_embeddings=True,
+        ),
+        LlamaShape(
+            "smollm2-135m-3-layers",
+            layers=3,
+            hidden=576,
+            heads=9,
+            kv_heads=3,
+            intermediate=1536,
+            vocab=49152,
+            rope_theta=100000.0,
+            tie_embeddings=True,
+        ),
+        8192,
+    ),
     # Llama-3-8B; its feature head has the full output layer (as EAGLE-2's published Llama-3 heads)
     "llama3-8b": Target(
         "Llama-3-8B shape, random weights",
-        LlamaShape("llama3-8b", layers=32, hidden=4096, heads=32, kv_heads=8, intermediate=14336, vocab=128256,
-                   rope_theta=500000.0),
-        LlamaShape("llama3-0.8b", layers=12, hidden=2048, heads=32, kv_heads=8, intermediate=5632, vocab=128256,
-                   rope_theta=500000.0, tie_embeddings=True),
-        None),
+        LlamaShape(
+            "llama3-8b",
+            layers=32,
+            hidden=4096,
+            heads=32,
+            kv_heads=8,
+            intermediate=14336,
+            vocab=128256,
+            rope_theta=500000.0,
+        ),
+        LlamaShape(
+            "llama3-0.8b",
+            layers=12,
+            hidden=2048,
+            heads=32,
+            kv_heads=8,
+            intermediate=5632,
+            vocab=128256,
+            rope_theta=500000.0,
+            tie_embeddings=True,
+        ),
+        None,
+    ),
 }
 SMALL_VOCAB = 2048
 SMALL_WIDTH = 256  # the small shapes' width at most (heads kept, so the attention grouping is the same)
@@ -84,8 +121,12 @@ def small(target: Target) -> Target:
     head_dim = max(2, SMALL_WIDTH // target.shape.heads)
     shape = target.shape.scaled(f"{target.shape.name}-small", 2, head_dim, SMALL_VOCAB)
     draft = target.shape.scaled(f"{target.token_draft.name}-small", 1, head_dim, SMALL_VOCAB)
-    return Target(f"{target.label}, shrunk to {shape.layers} layers, width {shape.hidden}, vocab {shape.vocab}",
-                  shape, draft, None if target.feature_vocab is None else SMALL_VOCAB // 4)
+    return Target(
+        f"{target.label}, shrunk to {shape.layers} layers, width {shape.hidden}, vocab {shape.vocab}",
+        shape,
+        draft,
+        None if target.feature_vocab is None else SMALL_VOCAB // 4,
+    )
 
 
 # -- measuring -------------------------------------------------------------------------------------
@@ -108,8 +149,15 @@ def context_ids(vocab: int, length: int, seed: int = 0) -> list[int]:
     return torch.randint(3, vocab, (length,), generator=generator).tolist()
 
 
-def forward_curves(model: Any, context: Sequence[int], ks: Sequence[int], tree_ks: Sequence[int],
-                   clock: Callable[[], float], budget: Budget, share: float) -> tuple[dict, dict, int]:
+def forward_curves(
+    model: Any,
+    context: Sequence[int],
+    ks: Sequence[int],
+    tree_ks: Sequence[int],
+    clock: Callable[[], float],
+    budget: Budget,
+    share: float,
+) -> tuple[dict, dict, int]:
     """({k: median s} of causal forwards, {k: median s} of tree-masked ones, repeats) after ``context``."""
     from .timing import measure_verify_costs
 
@@ -120,16 +168,24 @@ def forward_curves(model: Any, context: Sequence[int], ks: Sequence[int], tree_k
     return dict(zip(ks, chain)), dict(zip(tree_ks, tree)), repeats
 
 
-def feature_head(target: Target, shape: LlamaShape, device: str,
-                 dtype: torch.dtype) -> tuple[Any, torch.Tensor, torch.Tensor]:
+def feature_head(
+    target: Target, shape: LlamaShape, device: str, dtype: torch.dtype
+) -> tuple[Any, torch.Tensor, torch.Tensor]:
     """(network, embedding table [vocab, d], output rows [subset, d]): a random one-layer feature
     draft of the target's width, built on the device."""
     from pacer_plugins.feature_draft.model import ArchConfig, FeatureDraft
 
     subset = target.feature_vocab or shape.vocab
-    arch = ArchConfig(hidden_size=shape.hidden, num_heads=shape.heads, num_kv_heads=shape.kv_heads,
-                      head_dim=shape.head_dim, intermediate_size=shape.intermediate, rope_theta=shape.rope_theta,
-                      vocab_size=shape.vocab, subset_size=subset)
+    arch = ArchConfig(
+        hidden_size=shape.hidden,
+        num_heads=shape.heads,
+        num_kv_heads=shape.kv_heads,
+        head_dim=shape.head_dim,
+        intermediate_size=shape.intermediate,
+        rope_theta=shape.rope_theta,
+        vocab_size=shape.vocab,
+        subset_size=subset,
+    )
     with torch.device(device):
         net = FeatureDraft(arch).to(dtype).eval()
         embed = torch.randn(shape.vocab, shape.hidden, dtype=dtype) * 0.02
@@ -138,9 +194,17 @@ def feature_head(target: Target, shape: LlamaShape, device: str,
 
 
 @torch.inference_mode()
-def feature_draft_curve(target: Target, shape: LlamaShape, device: str, dtype: torch.dtype, context: int,
-                        widths: Sequence[int], clock: Callable[[], float], budget: Budget,
-                        share: float) -> tuple[dict, int]:
+def feature_draft_curve(
+    target: Target,
+    shape: LlamaShape,
+    device: str,
+    dtype: torch.dtype,
+    context: int,
+    widths: Sequence[int],
+    clock: Callable[[], float],
+    budget: Budget,
+    share: float,
+) -> tuple[dict, int]:
     """{w: median s} of one feature-head forward over w rows after ``context`` cached rows, as the
     ``eagle`` drafter runs it: embeddings and features in, a tree level's mask (w > 1), the output
     layer over its rows and their distribution; the cache cropped back after each."""
@@ -180,8 +244,9 @@ def feature_draft_curve(target: Target, shape: LlamaShape, device: str, dtype: t
     return {w: sorted(r[i] for r in runs)[len(runs) // 2] for i, w in enumerate(widths)}, repeats
 
 
-def preverify_cost(hidden: int, device: str, dtype: torch.dtype, clock: Callable[[], float], budget: Budget,
-                   share: float) -> tuple[float, int]:
+def preverify_cost(
+    hidden: int, device: str, dtype: torch.dtype, clock: Callable[[], float], budget: Budget, share: float
+) -> tuple[float, int]:
     """Median seconds of one consultation of M_B (the shipped arch, random weights, read from a
     draft's hidden state on ``device``) at positions 0..PREVERIFY_TOKENS-1 of a draft."""
     from pacer_plugins.pacer_stop.model import CONFIG, IncrementalPredictor, PreVerifier, PreVerifierArch
@@ -189,8 +254,9 @@ def preverify_cost(hidden: int, device: str, dtype: torch.dtype, clock: Callable
 
     shipped = json.loads((DEFAULT_CHECKPOINT / CONFIG).read_text())
     fields = {f.name for f in attrs.fields(PreVerifierArch)}
-    arch = PreVerifierArch(**{**{k: v for k, v in shipped.items() if k in fields}, "input_size": hidden,
-                              "dropout": 0.0})
+    arch = PreVerifierArch(
+        **{**{k: v for k, v in shipped.items() if k in fields}, "input_size": hidden, "dropout": 0.0}
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(2)
         predictor = IncrementalPredictor(PreVerifier(arch))
@@ -222,8 +288,10 @@ def host_costs(small_run: bool) -> tuple[dict[str, Any], str]:
 
     new_tokens, repeats = (16, 1) if small_run else (64, 3)
     host = host_profile(measure_host_time(new_tokens=new_tokens, repeats=repeats))
-    return host, (f"pacer_bench.hosttime.measure_host_time (tiny models, forwards subtracted; {new_tokens} tokens, "
-                  f"fastest of {repeats})")
+    return host, (
+        f"pacer_bench.hosttime.measure_host_time (tiny models, forwards subtracted; {new_tokens} tokens, "
+        f"fastest of {repeats})"
+    )
 
 
 # -- the profile -----------------------------------------------------------------------------------
@@ -237,9 +305,18 @@ def slug(text: str) -> str:
     return "-".join("".join(c if c.isalnum() else " " for c in text.lower()).split())
 
 
-def measure(name: str, *, device: str, dtype: str, context: int = 512, seconds: float = 120.0,
-            small_run: bool = False, host: Optional[dict[str, Any]] = None, host_source: str = "",
-            progress: Callable[[str], None] = lambda line: None) -> tuple[Profile, dict[str, Any]]:
+def measure(
+    name: str,
+    *,
+    device: str,
+    dtype: str,
+    context: int = 512,
+    seconds: float = 120.0,
+    small_run: bool = False,
+    host: Optional[dict[str, Any]] = None,
+    host_source: str = "",
+    progress: Callable[[str], None] = lambda line: None,
+) -> tuple[Profile, dict[str, Any]]:
     """(profile, raw measurements) for target ``name`` of ``TARGETS`` on ``device``. ``host`` (a
     ``host_s`` entry, e.g. another profile's) is reused when given, else measured."""
     if name not in TARGETS:
@@ -267,13 +344,19 @@ def measure(name: str, *, device: str, dtype: str, context: int = 512, seconds: 
     raw["host_s"] = host
     data = _profile_data(target, device, dtype, context, raw, host, host_source, date)
     profile = profile_from_dict(data, f"measured {name}")
-    raw.update(phases_s=phases, device=data["device"], torch=torch.__version__, date=date,
-               token_draft={"name": target.token_draft.name, **target.token_draft.describe()})
+    raw.update(
+        phases_s=phases,
+        device=data["device"],
+        torch=torch.__version__,
+        date=date,
+        token_draft={"name": target.token_draft.name, **target.token_draft.describe()},
+    )
     return profile, raw
 
 
-def _measure_forwards(target: Target, device: str, dtype: str, context: int, budget: Budget,
-                      phase: Callable[[str, float], None]) -> dict[str, Any]:
+def _measure_forwards(
+    target: Target, device: str, dtype: str, context: int, budget: Budget, phase: Callable[[str, float], None]
+) -> dict[str, Any]:
     """The raw timings of every forward a profile prices, each phase reported to ``phase``: the
     target's verification curves (causal and tree-masked), the feature head's and the token draft's
     forwards per width, and M_B's consultation."""
@@ -296,14 +379,16 @@ def _measure_forwards(target: Target, device: str, dtype: str, context: int, bud
         torch.cuda.empty_cache()
 
     begun = time.perf_counter()
-    feature, raw["feature_repeats"] = feature_draft_curve(target, shape, device, torch_dtype, context, DRAFT_WIDTHS,
-                                                          clock, budget, 0.25)
+    feature, raw["feature_repeats"] = feature_draft_curve(
+        target, shape, device, torch_dtype, context, DRAFT_WIDTHS, clock, budget, 0.25
+    )
     raw["draft_s_feature"] = feature
     phase("feature head", begun)
     begun = time.perf_counter()
     draft = random_llama(target.token_draft, device, dtype, seed=1)
-    token_1, token_tree, raw["token_repeats"] = forward_curves(draft, ctx, [1], [w for w in DRAFT_WIDTHS if w > 1],
-                                                               clock, budget, 0.3)
+    token_1, token_tree, raw["token_repeats"] = forward_curves(
+        draft, ctx, [1], [w for w in DRAFT_WIDTHS if w > 1], clock, budget, 0.3
+    )
     del draft
     raw["draft_s_token"] = {**token_1, **token_tree}
     phase("token draft", begun)
@@ -313,12 +398,22 @@ def _measure_forwards(target: Target, device: str, dtype: str, context: int, bud
     return raw
 
 
-def _profile_data(target: Target, device: str, dtype: str, context: int, raw: dict[str, Any],
-                  host: dict[str, Any], host_source: str, date: str) -> dict[str, Any]:
+def _profile_data(
+    target: Target,
+    device: str,
+    dtype: str,
+    context: int,
+    raw: dict[str, Any],
+    host: dict[str, Any],
+    host_source: str,
+    date: str,
+) -> dict[str, Any]:
     """The measured profile file's content, each number's source cited."""
     shape = target.shape
-    how = (f"scripts/gpu_check.sh (python -m pacer_bench.devicecosts) on {date}: random weights in the shape, "
-           f"{dtype}, {context} cached tokens, median of")
+    how = (
+        f"scripts/gpu_check.sh (python -m pacer_bench.devicecosts) on {date}: random weights in the shape, "
+        f"{dtype}, {context} cached tokens, median of"
+    )
     return {
         "format": 1,
         "name": f"{slug(device_name(device))}-{shape.name}-{dtype}",
@@ -335,10 +430,12 @@ def _profile_data(target: Target, device: str, dtype: str, context: int, raw: di
         "sources": {
             "verify_s": f"{how} {raw['verify_repeats']} causal forwards per k",
             "tree_verify_s": f"{how} {raw['verify_repeats']} tree-masked forwards per k",
-            "draft_s": (f"{how} {raw['feature_repeats']} (feature: one decoder layer of the target's width and its "
-                        f"{target.feature_vocab or shape.vocab}-row output layer) and {raw['token_repeats']} "
-                        f"(token: {target.token_draft.name}, {target.token_draft.params() / 1e9:.3f}B parameters) "
-                        "forwards per width"),
+            "draft_s": (
+                f"{how} {raw['feature_repeats']} (feature: one decoder layer of the target's width and its "
+                f"{target.feature_vocab or shape.vocab}-row output layer) and {raw['token_repeats']} "
+                f"(token: {target.token_draft.name}, {target.token_draft.params() / 1e9:.3f}B parameters) "
+                "forwards per width"
+            ),
             "preverify_s": f"{how} {raw['preverify_repeats'] * PREVERIFY_TOKENS} consultations of the shipped M_B arch",
             "host_s": host_source or "given",
         },
@@ -359,8 +456,10 @@ def smooth(points: dict[int, float]) -> dict[int, float]:
 
 # -- command line ------------------------------------------------------------------------------------
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m pacer_bench.devicecosts",
-                                description="Measure a device cost profile on random weights in a target's real shape.")
+    p = argparse.ArgumentParser(
+        prog="python -m pacer_bench.devicecosts",
+        description="Measure a device cost profile on random weights in a target's real shape.",
+    )
     p.add_argument("--target", required=True, help=f"the target shape: {', '.join(TARGETS)}")
     p.add_argument("--out", required=True, metavar="YAML", help="the profile file to write")
     p.add_argument("--raw", metavar="JSON", help="also write the raw medians and the phases' seconds here")
@@ -368,8 +467,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default=None, help="bfloat16 (the default on CUDA) or float32 (the default on the CPU)")
     p.add_argument("--context", type=int, default=512, help="cached tokens before each timed forward (512)")
     p.add_argument("--seconds", type=float, default=120.0, help="time budget of the measurements (120)")
-    p.add_argument("--small", action="store_true",
-                   help="shrunk shapes (2 layers, small width and vocabulary): a CPU check")
+    p.add_argument(
+        "--small", action="store_true", help="shrunk shapes (2 layers, small width and vocabulary): a CPU check"
+    )
     p.add_argument("--host-from", metavar="YAML", help="reuse this profile's host_s instead of measuring it")
     return p
 
@@ -393,18 +493,30 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             given = load_profile(args.host_from)
             host = profile_to_dict(given)["host_s"]
             host_source = f"{given.sources.get('host_s', 'measured')} (from {Path(args.host_from).name})"
-        profile, raw = measure(args.target, device=device, dtype=dtype, context=args.context, seconds=args.seconds,
-                               small_run=args.small, host=host, host_source=host_source,
-                               progress=lambda line: print(line, flush=True))
-        header = (f"measured by python -m pacer_bench.devicecosts --target {args.target}"
-                  f"{' --small' if args.small else ''} (docs/gpu.md)")
+        profile, raw = measure(
+            args.target,
+            device=device,
+            dtype=dtype,
+            context=args.context,
+            seconds=args.seconds,
+            small_run=args.small,
+            host=host,
+            host_source=host_source,
+            progress=lambda line: print(line, flush=True),
+        )
+        header = (
+            f"measured by python -m pacer_bench.devicecosts --target {args.target}"
+            f"{' --small' if args.small else ''} (docs/gpu.md)"
+        )
         write_profile(args.out, profile, header)
         if args.raw:
             Path(args.raw).expanduser().write_text(json.dumps(raw, indent=1, default=str) + "\n")
         v = profile.verify
-        print(f"{profile.name}: verify {v(1) * 1e3:.2f} ms (k=1), {v(16) * 1e3:.2f} ms (16), {v(128) * 1e3:.2f} ms "
-              f"(128); feature draft {profile.draft['feature'](1) * 1e3:.2f} ms, token draft "
-              f"{profile.draft['token'](1) * 1e3:.2f} ms; M_B {profile.preverify_s * 1e3:.3f} ms -> {args.out}")
+        print(
+            f"{profile.name}: verify {v(1) * 1e3:.2f} ms (k=1), {v(16) * 1e3:.2f} ms (16), {v(128) * 1e3:.2f} ms "
+            f"(128); feature draft {profile.draft['feature'](1) * 1e3:.2f} ms, token draft "
+            f"{profile.draft['token'](1) * 1e3:.2f} ms; M_B {profile.preverify_s * 1e3:.3f} ms -> {args.out}"
+        )
         return 0
     except PacerError as exc:
         print(f"pacer: error: {' '.join(str(exc).split())}", file=sys.stderr)

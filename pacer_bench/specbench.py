@@ -47,9 +47,14 @@ MT_BENCH, OVERALL = "mt_bench", "overall"
 SPEED_BASELINES = ("autoregressive", "hf_generate")  # the files speedups are computed against, when present
 SPEC_BENCH_ID_SETS = ("mtbench",)  # named sets holding Spec-Bench's own rows, their ids prefixed by the set's name
 # Spec-Bench's six tasks in its leaderboard's order, with its column titles
-LEADERBOARD = ((MT_BENCH, "Multi-turn Conversation"), ("translation", "Translation"),
-               ("summarization", "Summarization"), ("qa", "Question Answering"),
-               ("math_reasoning", "Mathematical Reasoning"), ("rag", "Retrieval-aug. Generation"))
+LEADERBOARD = (
+    (MT_BENCH, "Multi-turn Conversation"),
+    ("translation", "Translation"),
+    ("summarization", "Summarization"),
+    ("qa", "Question Answering"),
+    ("math_reasoning", "Mathematical Reasoning"),
+    ("rag", "Retrieval-aug. Generation"),
+)
 
 
 def _question_id(set_name: str, value: Any) -> Any:
@@ -57,7 +62,7 @@ def _question_id(set_name: str, value: Any) -> Any:
     81 (the same question); an id that is the text of a whole number is written as a number."""
     value = str(value)
     if set_name in SPEC_BENCH_ID_SETS and value.startswith(set_name + "/"):
-        value = value[len(set_name) + 1:]
+        value = value[len(set_name) + 1 :]
     return int(value) if re.fullmatch(r"[0-9]+", value) else value
 
 
@@ -110,18 +115,26 @@ def answer_files(records: Sequence[dict]) -> dict[str, list[dict]]:
                 stamp = max([stamp] + [float(r.get("tstamp", 0.0)) for r in turns])
                 per_turn = [r["choices"][0] for r in turns]  # one turn per record
                 counted = [spec_bench_steps(r, model_id not in drafting) for r in turns]
-                choices.append({
-                    "index": repeat,
-                    "turns": [c["turns"][0] for c in per_turn],
-                    "decoding_steps": [steps for steps, _ in counted],
-                    "new_tokens": [int(c["new_tokens"][0]) for c in per_turn],
-                    "wall_time": [float(c["wall_time"][0]) for c in per_turn],
-                    "accept_lengths": [a for _, accepts in counted for a in accepts],
-                })
-            lines.append({"question_id": _question_id(set_name, question_id),
-                          "category": first.get("category", set_name),
-                          "answer_id": _answer_id(set_name, question_id, model_id), "model_id": model_id,
-                          "choices": choices, "tstamp": stamp})
+                choices.append(
+                    {
+                        "index": repeat,
+                        "turns": [c["turns"][0] for c in per_turn],
+                        "decoding_steps": [steps for steps, _ in counted],
+                        "new_tokens": [int(c["new_tokens"][0]) for c in per_turn],
+                        "wall_time": [float(c["wall_time"][0]) for c in per_turn],
+                        "accept_lengths": [a for _, accepts in counted for a in accepts],
+                    }
+                )
+            lines.append(
+                {
+                    "question_id": _question_id(set_name, question_id),
+                    "category": first.get("category", set_name),
+                    "answer_id": _answer_id(set_name, question_id, model_id),
+                    "model_id": model_id,
+                    "choices": choices,
+                    "tstamp": stamp,
+                }
+            )
         files[model_id] = lines
     return files
 
@@ -151,8 +164,9 @@ def write_answer_files(out: Path, files: dict[str, list[dict]]) -> dict[str, str
     for model_id, name in file_names(list(files)).items():
         path = folder / name
         tmp = path.with_name(name + ".tmp")
-        tmp.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in files[model_id]),
-                       encoding="utf-8")
+        tmp.write_text(
+            "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in files[model_id]), encoding="utf-8"
+        )
         os.replace(tmp, path)
         paths[model_id] = f"{FOLDER}/{name}"
     return paths
@@ -199,9 +213,14 @@ def speed(lines: Sequence[dict], base_lines: Sequence[dict], task: str) -> Optio
     if rate is None or base_rate is None:
         return None
     accepts = [a for line in mine for a in line["choices"][0]["accept_lengths"]]
-    return {"questions": len(mine), "tokens_per_s": rate, "baseline_tokens_per_s": base_rate,
-            "speedup": rate / base_rate if base_rate else None, "mean_accepted_tokens": _mean(accepts),
-            **speed_intervals(mine, base)}
+    return {
+        "questions": len(mine),
+        "tokens_per_s": rate,
+        "baseline_tokens_per_s": base_rate,
+        "speedup": rate / base_rate if base_rate else None,
+        "mean_accepted_tokens": _mean(accepts),
+        **speed_intervals(mine, base),
+    }
 
 
 def _speed(line: dict) -> Optional[float]:
@@ -219,13 +238,23 @@ def speed_intervals(mine: Sequence[dict], base: Sequence[dict], seed: int = SEED
     paired = [(line["question_id"], line["category"], _speed(line)) for line in mine]
     paired = [(q, c, v, base_speed.get((q, c))) for q, c, v in paired]
     paired = [p for p in paired if p[2] is not None and p[3] is not None]
-    speedup = interval(ratio, np.array([p[2:] for p in paired], dtype=float).reshape(-1, 2),
-                       [p[:2] for p in paired], np.random.default_rng(seed))
+    speedup = interval(
+        ratio,
+        np.array([p[2:] for p in paired], dtype=float).reshape(-1, 2),
+        [p[:2] for p in paired],
+        np.random.default_rng(seed),
+    )
     counts = [(sum(line["choices"][0]["accept_lengths"]), len(line["choices"][0]["accept_lengths"])) for line in mine]
-    accepted = interval(ratio, np.array(counts, dtype=float).reshape(-1, 2),
-                        [(line["question_id"], line["category"]) for line in mine], np.random.default_rng(seed))
-    return {"speedup_ci": list(speedup) if speedup else None,
-            "mean_accepted_tokens_ci": list(accepted) if accepted else None}
+    accepted = interval(
+        ratio,
+        np.array(counts, dtype=float).reshape(-1, 2),
+        [(line["question_id"], line["category"]) for line in mine],
+        np.random.default_rng(seed),
+    )
+    return {
+        "speedup_ci": list(speedup) if speedup else None,
+        "mean_accepted_tokens_ci": list(accepted) if accepted else None,
+    }
 
 
 def speed_report(files: dict[str, list[dict]]) -> dict[str, dict[str, dict[str, dict]]]:
@@ -243,33 +272,47 @@ def speed_report(files: dict[str, list[dict]]) -> dict[str, dict[str, dict[str, 
     return report
 
 
-TAU_NOTE = ("Mean accepted tokens is Spec-Bench's count, not the report's τ: its runners count the prefill's token "
-            "with the first decoding step (one step fewer per answer), so for the same stack it reads higher than τ "
-            "in the tables above (τ × steps ÷ (steps − 1) for an answer of that many steps).")
+TAU_NOTE = (
+    "Mean accepted tokens is Spec-Bench's count, not the report's τ: its runners count the prefill's token "
+    "with the first decoding step (one step fewer per answer), so for the same stack it reads higher than τ "
+    "in the tables above (τ × steps ÷ (steps − 1) for an answer of that many steps)."
+)
 
 
 def speed_markdown(specbench: dict) -> list[str]:
     """The report's Spec-Bench section: where the files are, then one table per baseline."""
+
     def fmt(value: Optional[float], spec: str, unit: str = "") -> str:
         return "—" if value is None else format(value, spec) + unit
 
-    lines = ["## Spec-Bench speed", "",
-             "Spec-Bench answer files (one per stack and baseline): "
-             f"{', '.join(f'`{p}`' for p in specbench['files'].values())}. "
-             "Computed as Spec-Bench's `evaluation/speed.py` does (choice 0; per question, new tokens ÷ wall "
-             "time over its turns; the mean over questions; speedup = that mean ÷ the baseline's; mean accepted "
-             "tokens over all steps, counted as its runners count them); [low, high]: 95% interval, bootstrap over "
-             "questions: see docs/benchmarks.md.", "", TAU_NOTE, ""]
+    lines = [
+        "## Spec-Bench speed",
+        "",
+        "Spec-Bench answer files (one per stack and baseline): "
+        f"{', '.join(f'`{p}`' for p in specbench['files'].values())}. "
+        "Computed as Spec-Bench's `evaluation/speed.py` does (choice 0; per question, new tokens ÷ wall "
+        "time over its turns; the mean over questions; speedup = that mean ÷ the baseline's; mean accepted "
+        "tokens over all steps, counted as its runners count them); [low, high]: 95% interval, bootstrap over "
+        "questions: see docs/benchmarks.md.",
+        "",
+        TAU_NOTE,
+        "",
+    ]
     for baseline, rows in specbench["speed"].items():
-        lines += [f"Against `{baseline}`:", "",
-                  "| stack | task | questions | tok/s | baseline tok/s | speedup | mean accepted tokens |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += [
+            f"Against `{baseline}`:",
+            "",
+            "| stack | task | questions | tok/s | baseline tok/s | speedup | mean accepted tokens |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for model_id, figures in rows.items():
             for task, f in figures.items():
-                lines.append(f"| {model_id} | {task} | {f['questions']} | {fmt(f['tokens_per_s'], '.1f')} | "
-                             f"{fmt(f['baseline_tokens_per_s'], '.1f')} | "
-                             f"{format_interval(f['speedup'], f.get('speedup_ci'), '.2f', '×')} | "
-                             f"{format_interval(f['mean_accepted_tokens'], f.get('mean_accepted_tokens_ci'))} |")
+                lines.append(
+                    f"| {model_id} | {task} | {f['questions']} | {fmt(f['tokens_per_s'], '.1f')} | "
+                    f"{fmt(f['baseline_tokens_per_s'], '.1f')} | "
+                    f"{format_interval(f['speedup'], f.get('speedup_ci'), '.2f', '×')} | "
+                    f"{format_interval(f['mean_accepted_tokens'], f.get('mean_accepted_tokens_ci'))} |"
+                )
         lines.append("")
     return lines
 
@@ -300,24 +343,46 @@ def leaderboard_markdown(specbench: dict, prompt_sets: Sequence[str]) -> list[st
         return "—" if f is None else format_interval(f["mean_accepted_tokens"], f.get("mean_accepted_tokens_ci"))
 
     titles = [title for _, title in LEADERBOARD]
-    lines = ["## Spec-Bench leaderboard", "",
-             f"Speedup over `{baseline}` per Spec-Bench task, as its leaderboard lays it out (speed.py's figures: "
-             "the mean of per-question speeds ÷ the baseline's; #Mean Accepted Tokens: per decoding step, counted as "
-             "its runners count them); [low, high]: 95% interval, bootstrap over questions.", "", TAU_NOTE, ""]
+    lines = [
+        "## Spec-Bench leaderboard",
+        "",
+        f"Speedup over `{baseline}` per Spec-Bench task, as its leaderboard lays it out (speed.py's figures: "
+        "the mean of per-question speeds ÷ the baseline's; #Mean Accepted Tokens: per decoding step, counted as "
+        "its runners count them); [low, high]: 95% interval, bootstrap over questions.",
+        "",
+        TAU_NOTE,
+        "",
+    ]
     if missing:
         offline = FOLDER in prompt_sets
-        lines += [f"Not in this run: {', '.join(missing)}" + (
-            " (the offline `specbench` set builds only Multi-turn Conversation, from the MT-Bench package, and "
-            "Mathematical Reasoning, from GSM8K test items; the other tasks need Spec-Bench's question.jsonl: "
-            "`specbench:PATH`)." if offline else "."), ""]
-    lines += ["| stack | " + " | ".join(titles) + " | #Mean Accepted Tokens | Overall |",
-              "|---|" + "---|" * (len(titles) + 2)]
+        lines += [
+            f"Not in this run: {', '.join(missing)}"
+            + (
+                " (the offline `specbench` set builds only Multi-turn Conversation, from the MT-Bench package, and "
+                "Mathematical Reasoning, from GSM8K test items; the other tasks need Spec-Bench's question.jsonl: "
+                "`specbench:PATH`)."
+                if offline
+                else "."
+            ),
+            "",
+        ]
+    lines += [
+        "| stack | " + " | ".join(titles) + " | #Mean Accepted Tokens | Overall |",
+        "|---|" + "---|" * (len(titles) + 2),
+    ]
     for model_id, figures in rows.items():
         cells = [speedup(figures.get(task)) for task, _ in LEADERBOARD]
-        lines.append(f"| {model_id} | " + " | ".join(cells) + f" | {tau(figures.get(OVERALL))} | "
-                     f"{speedup(figures.get(OVERALL))} |")
-    lines += ["", "Mean accepted tokens per task (Spec-Bench's count, not the report's τ):", "",
-              "| stack | " + " | ".join(titles) + " | Overall |", "|---|" + "---|" * (len(titles) + 1)]
+        lines.append(
+            f"| {model_id} | " + " | ".join(cells) + f" | {tau(figures.get(OVERALL))} | "
+            f"{speedup(figures.get(OVERALL))} |"
+        )
+    lines += [
+        "",
+        "Mean accepted tokens per task (Spec-Bench's count, not the report's τ):",
+        "",
+        "| stack | " + " | ".join(titles) + " | Overall |",
+        "|---|" + "---|" * (len(titles) + 1),
+    ]
     for model_id, figures in rows.items():
         cells = [tau(figures.get(task)) for task, _ in LEADERBOARD] + [tau(figures.get(OVERALL))]
         lines.append(f"| {model_id} | " + " | ".join(cells) + " |")

@@ -30,8 +30,7 @@ RESAMPLES = 2000
 LEVEL = 0.95
 
 
-def bootstrap_weights(clusters: Sequence[Hashable], rng: np.random.Generator,
-                      resamples: int = RESAMPLES) -> np.ndarray:
+def bootstrap_weights(clusters: Sequence[Hashable], rng: np.random.Generator, resamples: int = RESAMPLES) -> np.ndarray:
     """How often each unit is drawn in each resample, ``[resamples, units]`` (integers as floats).
 
     ``clusters[i]`` names unit i's cluster (its prompt). Level 1 draws n clusters of n with
@@ -70,9 +69,14 @@ def percentile_interval(values: np.ndarray, level: float = LEVEL) -> Optional[tu
     return float(low), float(high)
 
 
-def interval(statistic: Callable[[np.ndarray], np.ndarray], columns: np.ndarray, clusters: Sequence[Hashable],
-             rng: np.random.Generator, resamples: int = RESAMPLES,
-             level: float = LEVEL) -> Optional[tuple[float, float]]:
+def interval(
+    statistic: Callable[[np.ndarray], np.ndarray],
+    columns: np.ndarray,
+    clusters: Sequence[Hashable],
+    rng: np.random.Generator,
+    resamples: int = RESAMPLES,
+    level: float = LEVEL,
+) -> Optional[tuple[float, float]]:
     """The bootstrap interval of ``statistic``: ``columns`` ``[units, k]`` holds each unit's sums,
     ``statistic`` maps weighted column sums ``[resamples, k]`` to ``[resamples]`` values (a zero
     denominator may give nan or inf: that resample is dropped). None with fewer than two clusters:
@@ -112,8 +116,10 @@ def _key(record: dict) -> tuple[str, str, int, int]:
 
 
 def _rate_sums(records: Sequence[dict]) -> tuple[float, float]:
-    return (float(sum(len(r["tokens"]) for r in records)),
-            float(sum(r["metrics"].get("wall_s", 0) or 0 for r in records)))
+    return (
+        float(sum(len(r["tokens"]) for r in records)),
+        float(sum(r["metrics"].get("wall_s", 0) or 0 for r in records)),
+    )
 
 
 def rate_columns(records: Sequence[dict], other: dict[tuple, dict]) -> tuple[np.ndarray, list]:
@@ -145,29 +151,31 @@ def _seeded(seed: int) -> np.random.Generator:
     return np.random.default_rng(seed)
 
 
-def speedup_interval(records: Sequence[dict], reference: dict[tuple, dict], seed: int = SEED,
-                     resamples: int = RESAMPLES) -> Optional[tuple[float, float]]:
+def speedup_interval(
+    records: Sequence[dict], reference: dict[tuple, dict], seed: int = SEED, resamples: int = RESAMPLES
+) -> Optional[tuple[float, float]]:
     """The report's speedup (a ratio of totals over the keys autoregressive decoding also ran)."""
     columns, clusters = rate_columns(records, reference)
     return interval(ratio_of_rates, columns, clusters, _seeded(seed), resamples)
 
 
-def tau_interval(records: Sequence[dict], seed: int = SEED,
-                 resamples: int = RESAMPLES) -> Optional[tuple[float, float]]:
+def tau_interval(
+    records: Sequence[dict], seed: int = SEED, resamples: int = RESAMPLES
+) -> Optional[tuple[float, float]]:
     columns, clusters = tau_columns(records)
     return interval(ratio, columns, clusters, _seeded(seed), resamples)
 
 
-def cell_intervals(records: Sequence[dict], reference: dict[tuple, dict], seed: int = SEED,
-                   resamples: int = RESAMPLES) -> dict[str, Optional[list[float]]]:
+def cell_intervals(
+    records: Sequence[dict], reference: dict[tuple, dict], seed: int = SEED, resamples: int = RESAMPLES
+) -> dict[str, Optional[list[float]]]:
     """``speedup_ci`` and ``tau_ci`` of one report cell (lists [low, high], or None)."""
     speedup = speedup_interval(records, reference, seed, resamples)
     tau = tau_interval(records, seed, resamples)
     return {"speedup_ci": list(speedup) if speedup else None, "tau_ci": list(tau) if tau else None}
 
 
-def format_interval(value: Optional[float], ci: Optional[Sequence[float]], spec: str = ".2f",
-                    unit: str = "") -> str:
+def format_interval(value: Optional[float], ci: Optional[Sequence[float]], spec: str = ".2f", unit: str = "") -> str:
     """``1.23× [1.10, 1.37]``; the value alone without an interval; — without a value."""
     if value is None:
         return "—"

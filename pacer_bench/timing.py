@@ -45,8 +45,14 @@ def probe_tree_layout(k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return tree_layout(1, tree)
 
 
-def measure_verify_costs(target: Any, context: Sequence[int], ks: Sequence[int], repeats: int,
-                         clock: Callable[[], float], tree_ks: Sequence[int] = ()) -> tuple[list[float], list[float]]:
+def measure_verify_costs(
+    target: Any,
+    context: Sequence[int],
+    ks: Sequence[int],
+    repeats: int,
+    clock: Callable[[], float],
+    tree_ks: Sequence[int] = (),
+) -> tuple[list[float], list[float]]:
     """Median seconds of one target forward over k new tokens after ``context`` (cached), as a
     verification step feeds them: causal for each k of ``ks`` (a chain), and with the positions and
     ancestor mask of a token tree (``probe_tree_layout``; k >= 2) for each k of ``tree_ks``.
@@ -77,4 +83,4 @@ def measure_verify_costs(target: Any, context: Sequence[int], ks: Sequence[int],
             target.crop(base)
     target.reset()
     medians = [sorted(t)[len(t) // 2] for t in times]
-    return medians[: len(ks)], medians[len(ks):]
+    return medians[: len(ks)], medians[len(ks) :]

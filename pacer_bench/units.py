@@ -52,8 +52,9 @@ def engine_unit(name: str, plan: RunPlan, models: Models, bench: BenchConfig, cl
     sync of its own (each phase ends in a host read of its result anyway: docs/gpu.md). ``forwards``
     (a ``hosttime.ForwardClock`` shared by the units, on a CPU) times the model forwards, so the
     record's ``forward_s`` leaves the host time per step (docs/host-time.md)."""
-    engine = Engine.build(models.target, draft=models.draft, tokenizer=models.tokenizer, plan=plan,
-                          clock=time.perf_counter)
+    engine = Engine.build(
+        models.target, draft=models.draft, tokenizer=models.tokenizer, plan=plan, clock=time.perf_counter
+    )
     if forwards is not None:
         forwards.watch_engine(engine)
 
@@ -80,17 +81,28 @@ def hf_unit(name: str, models: Models, bench: BenchConfig, clock) -> Unit:
     kwargs: dict[str, Any] = {}
     settings: dict[str, Any] = {}
     if name == "hf_prompt_lookup":
-        kwargs = {"prompt_lookup_num_tokens": o.prompt_lookup_num_tokens,
-                  "max_matching_ngram_size": o.max_matching_ngram_size}
+        kwargs = {
+            "prompt_lookup_num_tokens": o.prompt_lookup_num_tokens,
+            "max_matching_ngram_size": o.max_matching_ngram_size,
+        }
     elif name == "hf_assisted_constant":
-        settings = {"num_assistant_tokens": o.assisted_gamma, "num_assistant_tokens_schedule": "constant",
-                    "assistant_confidence_threshold": 0.0}
+        settings = {
+            "num_assistant_tokens": o.assisted_gamma,
+            "num_assistant_tokens_schedule": "constant",
+            "assistant_confidence_threshold": 0.0,
+        }
     elif name == "hf_assisted_heuristic":
-        settings = {"num_assistant_tokens": o.assisted_gamma, "num_assistant_tokens_schedule": "heuristic",
-                    "assistant_confidence_threshold": 0.0}
+        settings = {
+            "num_assistant_tokens": o.assisted_gamma,
+            "num_assistant_tokens_schedule": "heuristic",
+            "assistant_confidence_threshold": 0.0,
+        }
     elif name == "hf_assisted_confidence":
-        settings = {"num_assistant_tokens": o.confidence_max_tokens, "num_assistant_tokens_schedule": "constant",
-                    "assistant_confidence_threshold": o.confidence_threshold}
+        settings = {
+            "num_assistant_tokens": o.confidence_max_tokens,
+            "num_assistant_tokens_schedule": "constant",
+            "assistant_confidence_threshold": o.confidence_threshold,
+        }
     if s.temperature > 0:
         kwargs.update(do_sample=True, temperature=s.temperature, top_k=s.top_k or None, top_p=s.top_p)
     eos = set() if bench.ignore_eos else set(models.target.eos_token_ids)
@@ -101,18 +113,28 @@ def hf_unit(name: str, models: Models, bench: BenchConfig, clock) -> Unit:
             import torch
 
             torch.manual_seed(s.seed + repeat)
-        tokens, trace, after = hf_generate_traced(models.target, ids, budget,
-                                                  ignore_eos=bench.ignore_eos, assistant=assistant,
-                                                  assistant_settings=settings or None, clock=clock, **kwargs)
+        tokens, trace, after = hf_generate_traced(
+            models.target,
+            ids,
+            budget,
+            ignore_eos=bench.ignore_eos,
+            assistant=assistant,
+            assistant_settings=settings or None,
+            clock=clock,
+            **kwargs,
+        )
         settings.update(after)  # transformers' heuristic schedule carries over to the next prompt
         accepted = [max(0, min(e - 1, d)) for e, d in zip(trace["accept_lengths"], trace["drafted_per_step"])]
-        metrics = {"new_tokens": len(tokens), "wall_s": trace["wall_s"],
-                   "tokens_per_s": len(tokens) / trace["wall_s"] if trace["wall_s"] > 0 else 0.0,
-                   "target_forwards": trace["target_forwards"], "draft_forwards": trace["draft_forwards"]}
+        metrics = {
+            "new_tokens": len(tokens),
+            "wall_s": trace["wall_s"],
+            "tokens_per_s": len(tokens) / trace["wall_s"] if trace["wall_s"] > 0 else 0.0,
+            "target_forwards": trace["target_forwards"],
+            "draft_forwards": trace["draft_forwards"],
+        }
         metrics.update(step_metrics(trace["accept_lengths"], trace["drafted_per_step"], accepted))
         metrics.update(verify_s=trace["verify_s"], draft_s=max(0.0, trace["wall_s"] - trace["verify_s"]), stop_s=0.0)
         finish = "eos" if tokens and tokens[-1] in eos else "length"
         return tokens, metrics, finish
 
     return Unit(name, "baseline", run, description)
-

@@ -24,8 +24,9 @@ def _children(parents: Optional[torch.Tensor], n: int) -> dict[int, list[int]]:
     return children
 
 
-def greedy_verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor,
-                  parents: Optional[torch.Tensor] = None) -> Verdict:
+def greedy_verify(
+    draft_tokens: torch.Tensor, target_logits: torch.Tensor, parents: Optional[torch.Tensor] = None
+) -> Verdict:
     """Accept the longest root path that follows the target's argmax, then its argmax after it.
 
     ``draft_tokens``: [n] tree nodes; ``parents``: [n], each node's parent (-1: the root, the last
@@ -52,8 +53,9 @@ def greedy_verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor,
     path = longest(-1)
     last = path[-1] if path else -1
     kind = "recovered" if children[last] else "bonus"
-    return Verdict(accepted=len(path), next_token=argmax(last + 1), next_kind=kind,
-                   path=None if parents is None else tuple(path))
+    return Verdict(
+        accepted=len(path), next_token=argmax(last + 1), next_kind=kind, path=None if parents is None else tuple(path)
+    )
 
 
 def _row_argmax(logits: torch.Tensor) -> Callable[[int], int]:
@@ -124,8 +126,9 @@ def speculative_verify(
 
     def verdict(kind: str, p: torch.Tensor) -> Verdict:  # a chain's path is its first accepted nodes
         token = sample(p, generator) if next_noise is None else sample_with_noise(p, next_noise(len(path)))
-        return Verdict(accepted=len(path), next_token=int(token), next_kind=kind,
-                       path=None if parents is None else tuple(path))
+        return Verdict(
+            accepted=len(path), next_token=int(token), next_kind=kind, path=None if parents is None else tuple(path)
+        )
 
     while True:
         p = target_probs[node + 1]  # [vocab]
@@ -152,8 +155,9 @@ def speculative_verify(
             return verdict("recovered", p)
 
 
-def sample_match_verify(draft_tokens: torch.Tensor, target_probs: torch.Tensor, noise: torch.Tensor,
-                        parents: Optional[torch.Tensor] = None) -> Verdict:
+def sample_match_verify(
+    draft_tokens: torch.Tensor, target_probs: torch.Tensor, noise: torch.Tensor, parents: Optional[torch.Tensor] = None
+) -> Verdict:
     """Keep draft tokens while they equal the token the target's own sampling draws there.
 
     ``draft_tokens``: [n] tree nodes; ``parents``: [n] (-1: the root), or None for a chain;
@@ -174,8 +178,11 @@ def sample_match_verify(draft_tokens: torch.Tensor, target_probs: torch.Tensor, 
         drawn = int(sample_with_noise(target_probs[node + 1], noise[len(path)]))
         child = next((c for c in children[node] if tokens[c] == drawn), None)
         if child is None:
-            return Verdict(accepted=len(path), next_token=drawn,
-                           next_kind="recovered" if children[node] else "bonus",
-                           path=None if parents is None else tuple(path))
+            return Verdict(
+                accepted=len(path),
+                next_token=drawn,
+                next_kind="recovered" if children[node] else "bonus",
+                path=None if parents is None else tuple(path),
+            )
         path.append(child)
         node = child

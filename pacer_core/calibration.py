@@ -58,8 +58,13 @@ def apply(calibration: Calibration, depth: int, cumulative: float) -> float:
     return calibration.rate[d][min(bisect.bisect_left(upper, cumulative), len(upper) - 1)]
 
 
-def fit(samples: Iterable[tuple[int, float, bool]], bins: int = 12, max_depth: int = 6,
-        draft: Optional[str] = None, source: str = "") -> Calibration:
+def fit(
+    samples: Iterable[tuple[int, float, bool]],
+    bins: int = 12,
+    max_depth: int = 6,
+    draft: Optional[str] = None,
+    source: str = "",
+) -> Calibration:
     """A calibration from ``(depth, cumulative draft probability, accepted)`` of logged nodes: per
     depth (``max_depth`` and deeper together) the nodes sorted by probability, cut in groups of
     ``len // bins`` (the remainder a last, smaller group), each group's acceptance rate made
@@ -76,13 +81,18 @@ def fit(samples: Iterable[tuple[int, float, bool]], bins: int = 12, max_depth: i
     for d, xs in by.items():
         xs.sort()
         size = max(1, len(xs) // bins)
-        chunks = [xs[b:b + size] for b in range(0, len(xs), size)]
+        chunks = [xs[b : b + size] for b in range(0, len(xs), size)]
         rates = monotone([sum(y for _, y in chunk) / len(chunk) for chunk in chunks])
         rows[d] = (tuple(chunk[-1][0] for chunk in chunks), tuple(rates), tuple(len(chunk) for chunk in chunks))
     top = max(rows)
     table = [rows.get(d, rows[top]) for d in range(1, top + 1)]
-    return Calibration(upper=tuple(r[0] for r in table), rate=tuple(r[1] for r in table),
-                       nodes=tuple(r[2] for r in table), draft=draft, source=source)
+    return Calibration(
+        upper=tuple(r[0] for r in table),
+        rate=tuple(r[1] for r in table),
+        nodes=tuple(r[2] for r in table),
+        draft=draft,
+        source=source,
+    )
 
 
 def to_dict(calibration: Calibration) -> dict[str, Any]:
@@ -92,16 +102,27 @@ def to_dict(calibration: Calibration) -> dict[str, Any]:
         if calibration.nodes:
             entry["nodes"] = list(calibration.nodes[i])
         depths.append(entry)
-    return {"kind": KIND, "version": VERSION, "draft": calibration.draft, "source": calibration.source,
-            "depths": depths}
+    return {
+        "kind": KIND,
+        "version": VERSION,
+        "draft": calibration.draft,
+        "source": calibration.source,
+        "depths": depths,
+    }
 
 
 def _numbers(value: Any, where: str, name: str, low: float = 0.0, high: float = 1.0) -> tuple[float, ...]:
-    if not isinstance(value, list) or not value or not all(
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(
             isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and low <= x <= high
-            for x in value):
-        raise InputError(f"tree calibration {where}: {name} must be a non-empty list of numbers in "
-                         f"[{low:g}, {high:g}]: {FIT_HINT}")
+            for x in value
+        )
+    ):
+        raise InputError(
+            f"tree calibration {where}: {name} must be a non-empty list of numbers in [{low:g}, {high:g}]: {FIT_HINT}"
+        )
     return tuple(float(x) for x in value)
 
 
@@ -111,11 +132,14 @@ def from_dict(data: Any, where: str = "") -> Calibration:
     name = f"'{where}'" if where else "file"
     if not isinstance(data, dict) or data.get("kind") != KIND:
         kind = data.get("kind") if isinstance(data, dict) else type(data).__name__
-        raise InputError(f"tree calibration {name} is not a tree calibration (kind {kind!r}, expected {KIND!r}): "
-                         f"{FIT_HINT}")
+        raise InputError(
+            f"tree calibration {name} is not a tree calibration (kind {kind!r}, expected {KIND!r}): {FIT_HINT}"
+        )
     if data.get("version") != VERSION:
-        raise InputError(f"tree calibration {name} has version {data.get('version')!r}; this pacer-sd reads "
-                         f"version {VERSION}: {FIT_HINT}")
+        raise InputError(
+            f"tree calibration {name} has version {data.get('version')!r}; this pacer-sd reads "
+            f"version {VERSION}: {FIT_HINT}"
+        )
     missing = [key for key in ("draft", "depths") if key not in data]
     if missing:
         raise InputError(f"tree calibration {name} lacks {', '.join(missing)}: {FIT_HINT}")
@@ -136,17 +160,23 @@ def from_dict(data: Any, where: str = "") -> Calibration:
         for values, label in ((u, "upper"), (r, "rate")):
             falls = next((j for j in range(1, len(values)) if values[j] < values[j - 1]), None)
             if falls is not None:
-                raise InputError(f"tree calibration {at}: {label} falls from {values[falls - 1]:g} to "
-                                 f"{values[falls]:g} (it must not decrease as the probability rises): {FIT_HINT}")
+                raise InputError(
+                    f"tree calibration {at}: {label} falls from {values[falls - 1]:g} to "
+                    f"{values[falls]:g} (it must not decrease as the probability rises): {FIT_HINT}"
+                )
         n = entry.get("nodes")
-        if n is not None and (not isinstance(n, list) or len(n) != len(u) or not all(
-                isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in n)):
+        if n is not None and (
+            not isinstance(n, list)
+            or len(n) != len(u)
+            or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in n)
+        ):
             raise InputError(f"tree calibration {at}: nodes must list a count per group: {FIT_HINT}")
         upper.append(u)
         rate.append(r)
         nodes.append(tuple(n) if n is not None else ())
-    return Calibration(upper=tuple(upper), rate=tuple(rate),
-                       nodes=tuple(nodes) if all(nodes) else (), draft=draft, source=source)
+    return Calibration(
+        upper=tuple(upper), rate=tuple(rate), nodes=tuple(nodes) if all(nodes) else (), draft=draft, source=source
+    )
 
 
 def load(path: Union[str, Path]) -> Calibration:
@@ -169,8 +199,13 @@ def save(path: Union[str, Path], calibration: Calibration) -> Path:
 def check_draft(calibration: Calibration, draft: Optional[str], where: Union[str, Path]) -> None:
     """Refuse a calibration fitted on another draft's trees (or one whose drafter cannot name its draft)."""
     if calibration.draft is None or calibration.draft != draft:
-        mine = "a drafter that does not name its draft (only eagle and a hybrid led by eagle do)" if draft is None \
+        mine = (
+            "a drafter that does not name its draft (only eagle and a hybrid led by eagle do)"
+            if draft is None
             else f"draft {draft}"
-        raise InputError(f"tree calibration '{where}' was fitted on the trees of draft {calibration.draft}, but this "
-                         f"run uses {mine}: refit it for this draft (`pacer replay RUN --save-calibration FILE`), "
-                         f"remove it, or set tree.calibration: {RAW}")
+        )
+        raise InputError(
+            f"tree calibration '{where}' was fitted on the trees of draft {calibration.draft}, but this "
+            f"run uses {mine}: refit it for this draft (`pacer replay RUN --save-calibration FILE`), "
+            f"remove it, or set tree.calibration: {RAW}"
+        )

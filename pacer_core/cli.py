@@ -74,7 +74,7 @@ class StreamPrinter:
 
     def _write(self, text: str) -> None:
         if text.startswith(self.printed) and len(text) > len(self.printed):
-            self.out.write(text[len(self.printed):])
+            self.out.write(text[len(self.printed) :])
             self.out.flush()
             self.printed = text
 
@@ -91,7 +91,7 @@ class StreamPrinter:
         if text.startswith(self.printed):
             self._write(text)
         else:  # decoding was not prefix-stable: never lose text, even if some repeats
-            self.out.write(text[len(os.path.commonprefix([text, self.printed])):])
+            self.out.write(text[len(os.path.commonprefix([text, self.printed])) :])
         self.out.write("\n")
         self.out.flush()
 
@@ -120,17 +120,24 @@ def _read_prompt(args: argparse.Namespace) -> str:
         except UnicodeEncodeError as exc:  # undecodable argv bytes arrive as lone surrogates
             code = ord(prompt[exc.start])
             what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"U+{code:04X}"
-            raise InputError(f"the --prompt text is not UTF-8 ({what} at character {exc.start}): give UTF-8 text, "
-                             f"or convert it into a file ({_RECODE}) and pass --prompt-file") from None
+            raise InputError(
+                f"the --prompt text is not UTF-8 ({what} at character {exc.start}): give UTF-8 text, "
+                f"or convert it into a file ({_RECODE}) and pass --prompt-file"
+            ) from None
     elif args.prompt_file == "-":
         stream = sys.stdin
         if stream is None:
             raise InputError("--prompt-file - reads stdin, which is closed: pipe the prompt in, or give --prompt")
-        data = stream.buffer.read(MAX_PROMPT_BYTES + 1) if hasattr(stream, "buffer") \
+        data = (
+            stream.buffer.read(MAX_PROMPT_BYTES + 1)
+            if hasattr(stream, "buffer")
             else stream.read(MAX_PROMPT_BYTES + 1).encode("utf-8", "surrogateescape")
+        )
         if len(data) > MAX_PROMPT_BYTES:
-            raise InputError(f"the prompt on stdin is longer than {size_text(MAX_PROMPT_BYTES)}, more than any "
-                             "model's context: pipe a shorter prompt")
+            raise InputError(
+                f"the prompt on stdin is longer than {size_text(MAX_PROMPT_BYTES)}, more than any "
+                "model's context: pipe a shorter prompt"
+            )
         try:
             prompt = _text(data)
         except UnicodeDecodeError as exc:
@@ -179,11 +186,18 @@ def _setup_generate(p: argparse.ArgumentParser) -> Runner:
     source.add_argument("--prompt-file", metavar="PATH", help="read the prompt from a file (- for stdin)")
     p.add_argument("--max-new-tokens", "-n", type=int, metavar="N", help="token budget (generation.max_new_tokens)")
     p.add_argument("--seed", type=int, metavar="S", help="random seed (sampling.seed)")
-    p.add_argument("--no-chat-template", action="store_true",
-                   help="encode the prompt as plain text (generation.chat_template=false)")
+    p.add_argument(
+        "--no-chat-template",
+        action="store_true",
+        help="encode the prompt as plain text (generation.chat_template=false)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object: text, tokens, metrics")
-    p.add_argument("overrides", nargs="*", metavar="key=value",
-                   help="config overrides, e.g. strategy.stop.0.gamma=6 sampling.temperature=0.7")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="config overrides, e.g. strategy.stop.0.gamma=6 sampling.temperature=0.7",
+    )
 
     def run(args: argparse.Namespace) -> int:
         overrides = list(args.overrides)  # explicit flags below win over the dotlist
@@ -205,8 +219,12 @@ def _setup_generate(p: argparse.ArgumentParser) -> Runner:
         result = engine.generate(prompt)
         text = result.text if result.text is not None else ""
         if args.json:
-            payload = {"text": text, "tokens": list(result.tokens), "finish_reason": result.finish_reason,
-                       "metrics": result.metrics}
+            payload = {
+                "text": text,
+                "tokens": list(result.tokens),
+                "finish_reason": result.finish_reason,
+                "metrics": result.metrics,
+            }
             print(json.dumps(payload, default=_json_default))
         else:
             printer.finish(text)
@@ -237,8 +255,12 @@ def _options(config_cls: type) -> list[dict[str, Any]]:
     return options
 
 
-_SECTIONS = {"drafter": "strategy.drafter", "stop": "strategy.stop (a list)",
-             "verifier": "strategy.verifier", "observer": "strategy.observers (a list)"}
+_SECTIONS = {
+    "drafter": "strategy.drafter",
+    "stop": "strategy.stop (a list)",
+    "verifier": "strategy.verifier",
+    "observer": "strategy.observers (a list)",
+}
 
 
 @command("plugins", "list the installed strategies by kind, with their options and defaults")
@@ -251,8 +273,13 @@ def _setup_plugins(p: argparse.ArgumentParser) -> Runner:
         table = components(new_plugin_manager())
         listing = {
             kind: [
-                {"name": c.name, "description": c.description, "options": _options(c.config),
-                 "needs": sorted(c.needs), "provides": sorted(c.provides)}
+                {
+                    "name": c.name,
+                    "description": c.description,
+                    "options": _options(c.config),
+                    "needs": sorted(c.needs),
+                    "provides": sorted(c.provides),
+                }
                 for c in sorted(table[kind].values(), key=lambda c: c.name)
             ]
             for kind in KINDS
@@ -263,8 +290,9 @@ def _setup_plugins(p: argparse.ArgumentParser) -> Runner:
         lines = []
         for kind in KINDS:
             lines.append(f"{kind}s ({_SECTIONS[kind]}):")
-            for item in listing[kind] or [{"name": "(none installed)", "description": "", "options": [],
-                                           "needs": [], "provides": []}]:
+            for item in listing[kind] or [
+                {"name": "(none installed)", "description": "", "options": [], "needs": [], "provides": []}
+            ]:
                 caps = [f"{word}: {', '.join(item[word])}" for word in ("needs", "provides") if item[word]]
                 caps_text = f" [{'; '.join(caps)}]" if caps else ""
                 lines.append(f"  {item['name']}: {item['description']}{caps_text}")
@@ -291,15 +319,21 @@ def split_overrides(words: Sequence[str]) -> tuple[list[str], list[str]]:
 
 @command("validate", "check config files (names, options, types) without loading any model")
 def _setup_validate(p: argparse.ArgumentParser) -> Runner:
-    p.add_argument("configs", nargs="*", metavar="CONFIG",
-                   help="YAML files to check, and key=value overrides applied to each (e.g. strategy.stop.0.gamma=6); "
-                        "overrides alone check the defaults with them")
+    p.add_argument(
+        "configs",
+        nargs="*",
+        metavar="CONFIG",
+        help="YAML files to check, and key=value overrides applied to each (e.g. strategy.stop.0.gamma=6); "
+        "overrides alone check the defaults with them",
+    )
 
     def run(args: argparse.Namespace) -> int:
         files, overrides = split_overrides([*args.configs, *getattr(args, "overrides", [])])
         if not files and not overrides:
-            raise InputError("validate needs a config file or key=value overrides, e.g. "
-                             "`pacer validate configs/pacer.yaml strategy.stop.0.b=2`")
+            raise InputError(
+                "validate needs a config file or key=value overrides, e.g. "
+                "`pacer validate configs/pacer.yaml strategy.stop.0.b=2`"
+            )
         failed = 0
         for path in files or [None]:
             where = path if path is not None else "the defaults"
@@ -351,8 +385,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args is None:  # argparse: --help (0) or a usage error (2)
             return exc.code if isinstance(exc.code, int) else 0
         # raised while the command ran (a plugin's sys.exit): it did not finish, so never exit 0
-        _error(f"the command stopped early: something it ran (a plugin?) raised SystemExit({exc.code!r}); "
-               "its work is incomplete")
+        _error(
+            f"the command stopped early: something it ran (a plugin?) raised SystemExit({exc.code!r}); "
+            "its work is incomplete"
+        )
         return exc.code if isinstance(exc.code, int) and exc.code != 0 else 1
     except (_UsageError, PacerError) as exc:
         _error(str(exc))

@@ -84,8 +84,12 @@ def check_seed(seed: int, name: str = "sampling.seed") -> None:
         raise ConfigError(f"{name} must lie in [-2**63, 2**64 - 1] (a 64-bit seed), got {seed}")
 
 
-def load_config(path: Optional[str | Path] = None, overrides: Sequence[str] = (),
-                extra_plugins: Sequence[Any] = (), require_models: bool = True) -> PacerConfig:
+def load_config(
+    path: Optional[str | Path] = None,
+    overrides: Sequence[str] = (),
+    extra_plugins: Sequence[Any] = (),
+    require_models: bool = True,
+) -> PacerConfig:
     """Read a YAML file (optional), apply ``key=value`` overrides and validate everything.
 
     Keys the file omits keep their defaults. Strategy names and options are checked against the
@@ -163,8 +167,9 @@ def resolve_stack(cfg: PacerConfig, pm: pluggy.PluginManager, require_models: bo
         if not any(f.name == "members" for f in attrs.fields(component.config)):
             return ResolvedComponent(where, component, config)
         if ".members[" in where:  # a composite's factory builds plain members only
-            raise ConfigError(f"{where}: a '{component.name}' cannot be a member of another: list its members in "
-                              "the outer one")
+            raise ConfigError(
+                f"{where}: a '{component.name}' cannot be a member of another: list its members in the outer one"
+            )
         entries = config.members  # a composite: its members are entries of the same kind
         if not isinstance(entries, (list, tuple)) or not entries:
             raise ConfigError(f"{where}.members must be a non-empty list of {kind} entries like {{name: ...}}")
@@ -193,8 +198,9 @@ class RunPlan:
     stack: ResolvedStack
 
 
-def plan_run(cfg: PacerConfig, extra_plugins: Sequence[Any] = (), require_models: bool = True,
-             step_metrics: bool = False) -> RunPlan:
+def plan_run(
+    cfg: PacerConfig, extra_plugins: Sequence[Any] = (), require_models: bool = True, step_metrics: bool = False
+) -> RunPlan:
     """``cfg``'s run plan: a new plugin manager (the entry-point plugins and ``extra_plugins``) and
     the stack resolved against it (``resolve_stack``). ``step_metrics``: the run reads the step
     metrics (a command's summary, the bench's records), so an observer providing them is added
@@ -205,8 +211,13 @@ def plan_run(cfg: PacerConfig, extra_plugins: Sequence[Any] = (), require_models
     return RunPlan(cfg, pm, resolve_stack(cfg, pm, require_models))
 
 
-def load_plan(path: Optional[str | Path] = None, overrides: Sequence[str] = (), extra_plugins: Sequence[Any] = (),
-              require_models: bool = True, step_metrics: bool = False) -> RunPlan:
+def load_plan(
+    path: Optional[str | Path] = None,
+    overrides: Sequence[str] = (),
+    extra_plugins: Sequence[Any] = (),
+    require_models: bool = True,
+    step_metrics: bool = False,
+) -> RunPlan:
     """The run plan of a YAML file (optional) with ``key=value`` overrides: ``read_config``, then
     ``plan_run``. Everything is validated before any model loads (``ConfigError``, one line)."""
     return plan_run(read_config(path, overrides), extra_plugins, require_models, step_metrics)
@@ -231,8 +242,12 @@ def draft_model_config(cfg: PacerConfig, drafter: Component) -> Optional[ModelCo
     if cfg.draft is not None and cfg.draft.path:
         return cfg.draft
     if cfg.target.path is None and drafter.default_draft:
-        base = cfg.draft or ModelConfig(dtype=cfg.target.dtype, device=cfg.target.device,
-                                        device_map=cfg.target.device_map, pack_weights=cfg.target.pack_weights)
+        base = cfg.draft or ModelConfig(
+            dtype=cfg.target.dtype,
+            device=cfg.target.device,
+            device_map=cfg.target.device_map,
+            pack_weights=cfg.target.pack_weights,
+        )
         return attrs.evolve(base, path=drafter.default_draft)
     return None
 

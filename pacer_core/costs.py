@@ -31,9 +31,23 @@ import attrs
 
 from .errors import InputError
 
-__all__ = ["CostModel", "Curve", "MAX_SECONDS", "MAX_TOKENS", "MIN_SECONDS", "Profile", "PROFILE_FIELDS",
-           "cost_model", "is_seconds", "load_profile", "monotone", "profile_from_dict", "profile_names",
-           "profile_to_dict", "read_host_s"]
+__all__ = [
+    "CostModel",
+    "Curve",
+    "MAX_SECONDS",
+    "MAX_TOKENS",
+    "MIN_SECONDS",
+    "Profile",
+    "PROFILE_FIELDS",
+    "cost_model",
+    "is_seconds",
+    "load_profile",
+    "monotone",
+    "profile_from_dict",
+    "profile_names",
+    "profile_to_dict",
+    "read_host_s",
+]
 
 PROFILES = Path(__file__).with_name("profiles")
 # a one-layer feature head (eagle), a token-level draft model, a block draft (dflash: one forward a block)
@@ -129,8 +143,9 @@ class CostModel:
         if not self.verify_s or not all(is_seconds(v) for v in self.verify_s):
             raise ValueError(f"verify_s needs times from {MIN_SECONDS:g} to {MAX_SECONDS:g} s, from k = 1 on")
         if len(self.tree_k) != len(self.tree_verify_s):
-            raise ValueError(f"tree_k ({len(self.tree_k)}) and tree_verify_s ({len(self.tree_verify_s)}) "
-                             "differ in length")
+            raise ValueError(
+                f"tree_k ({len(self.tree_k)}) and tree_verify_s ({len(self.tree_verify_s)}) differ in length"
+            )
         if list(self.tree_k) != sorted(set(self.tree_k)) or any(k < 2 for k in self.tree_k):
             raise ValueError(f"tree_k must be ascending token counts >= 2, got {list(self.tree_k)}")
         if not all(is_seconds(v) for v in self.tree_verify_s):
@@ -140,8 +155,10 @@ class CostModel:
             if not is_seconds(value, zero=True):
                 raise ValueError(f"{name} must be 0 or a time from {MIN_SECONDS:g} to {MAX_SECONDS:g} s, got {value}")
         if self.plain_host_s is not None and not is_seconds(self.plain_host_s, zero=True):
-            raise ValueError(f"plain_host_s must be None, 0 or a time from {MIN_SECONDS:g} to {MAX_SECONDS:g} s, "
-                             f"got {self.plain_host_s}")
+            raise ValueError(
+                f"plain_host_s must be None, 0 or a time from {MIN_SECONDS:g} to {MAX_SECONDS:g} s, "
+                f"got {self.plain_host_s}"
+            )
 
     def verify(self, k: int) -> float:
         """Cost of verifying k tokens; beyond the measured K, extrapolated linearly from the last two."""
@@ -191,18 +208,31 @@ def cost_model(cost_file: dict, draft_token_s: Optional[float] = None) -> CostMo
     tree_s = monotone(cost_file.get("tree_verify_s") or ()) if tree_k else ()
     if draft_token_s is None:
         draft_token_s = float(cost_file.get("draft_token_s") or 0.0)
-    return CostModel(monotone(cost_file["verify_s"]), draft_token_s, tree_k, tree_s,
-                     float(cost_file.get("step_s") or 0.0))
+    return CostModel(
+        monotone(cost_file["verify_s"]), draft_token_s, tree_k, tree_s, float(cost_file.get("step_s") or 0.0)
+    )
 
 
 # -- profiles -------------------------------------------------------------------------------------
 PROFILE_FORMAT = 1
-PROFILE_FIELDS = ("format", "name", "kind", "device", "dtype", "target", "context", "verify_s", "tree_verify_s",
-                  "draft_s", "preverify_s", "host_s", "sources")
+PROFILE_FIELDS = (
+    "format",
+    "name",
+    "kind",
+    "device",
+    "dtype",
+    "target",
+    "context",
+    "verify_s",
+    "tree_verify_s",
+    "draft_s",
+    "preverify_s",
+    "host_s",
+    "sources",
+)
 REQUIRED = ("format", "name", "kind", "device", "verify_s", "draft_s", "host_s", "sources")
 KINDS = ("measured", "published")
-TARGET_FIELDS = ("name", "params_b", "layers", "hidden", "vocab", "heads", "kv_heads", "intermediate",
-                 "digest")
+TARGET_FIELDS = ("name", "params_b", "layers", "hidden", "vocab", "heads", "kv_heads", "intermediate", "digest")
 
 
 @attrs.frozen
@@ -240,11 +270,24 @@ class Profile:
         curve sampled at k = 1..``up_to``, by default the profile's largest measured k)."""
         top = max(self.verify.ks[-1], 2) if up_to is None else up_to
         verify = tuple(self.verify(k) for k in range(1, top + 1))
-        tree_k, tree_s = ((), ()) if self.tree_verify is None else (
-            tuple(k for k in self.tree_verify.ks if k >= 2),
-            tuple(s for k, s in self.tree_verify.as_dict().items() if k >= 2))
-        return CostModel(verify, self.draft_forward(drafter_kind), tree_k, tree_s, self.host_chain,
-                         self.host_tree, self.preverify_s, self.host_plain)
+        tree_k, tree_s = (
+            ((), ())
+            if self.tree_verify is None
+            else (
+                tuple(k for k in self.tree_verify.ks if k >= 2),
+                tuple(s for k, s in self.tree_verify.as_dict().items() if k >= 2),
+            )
+        )
+        return CostModel(
+            verify,
+            self.draft_forward(drafter_kind),
+            tree_k,
+            tree_s,
+            self.host_chain,
+            self.host_tree,
+            self.preverify_s,
+            self.host_plain,
+        )
 
     def plain_step(self) -> float:
         """Seconds per token of plain decoding: one one-token forward and the host's step."""
@@ -257,8 +300,10 @@ def _where(path: str, key: str) -> str:
 
 def _seconds(value: Any, where: str) -> float:
     if not is_seconds(value):
-        raise InputError(f"{where} must be a positive number of seconds ({MIN_SECONDS:g} to {MAX_SECONDS:g}), got "
-                         f"{value!r}: fix the profile")
+        raise InputError(
+            f"{where} must be a positive number of seconds ({MIN_SECONDS:g} to {MAX_SECONDS:g}), got "
+            f"{value!r}: fix the profile"
+        )
     return float(value)
 
 
@@ -276,8 +321,10 @@ def _curve(value: Any, where: str, rising: bool = True) -> Curve:
     if rising:
         for (k0, t0), (k1, t1) in zip(zip(curve.ks, curve.seconds), zip(curve.ks[1:], curve.seconds[1:])):
             if t1 < t0:
-                raise InputError(f"{where} falls from {t0:g} s at k={k0} to {t1:g} s at k={k1}: a forward over more "
-                                 "tokens never costs less; smooth the measurement (e.g. monotone()) or fix the profile")
+                raise InputError(
+                    f"{where} falls from {t0:g} s at k={k0} to {t1:g} s at k={k1}: a forward over more "
+                    "tokens never costs less; smooth the measurement (e.g. monotone()) or fix the profile"
+                )
     return curve
 
 
@@ -286,8 +333,9 @@ def read_host_s(host: Any, path: str = "<dict>") -> tuple[float, float, Optional
     step of plain decoding and of a chain, and the tree's curve by nodes sent (None without it);
     ``InputError`` in one line."""
     if not isinstance(host, Mapping) or not {"plain", "chain"} <= set(host) or set(host) - {"plain", "chain", "tree"}:
-        raise InputError(f"{_where(path, 'host_s')} must give plain and chain (seconds) and optionally tree "
-                         "({nodes: seconds})")
+        raise InputError(
+            f"{_where(path, 'host_s')} must give plain and chain (seconds) and optionally tree ({{nodes: seconds}})"
+        )
     tree = None if host.get("tree") is None else _curve(host["tree"], _where(path, "host_s.tree"))
     plain, chain = (_seconds(host[k], _where(path, f"host_s.{k}")) for k in ("plain", "chain"))
     return plain, chain, tree
@@ -299,14 +347,17 @@ def profile_from_dict(data: Any, path: str = "<dict>") -> Profile:
         raise InputError(f"cost profile '{path}' is not a mapping of profile fields: see docs/costs.md")
     unknown = sorted(set(map(str, data)) - set(PROFILE_FIELDS))
     if unknown:
-        raise InputError(f"cost profile '{path}' has unknown field(s) {unknown}: the fields are "
-                         f"{', '.join(PROFILE_FIELDS)}")
+        raise InputError(
+            f"cost profile '{path}' has unknown field(s) {unknown}: the fields are {', '.join(PROFILE_FIELDS)}"
+        )
     missing = [f for f in REQUIRED if f not in data]
     if missing:
         raise InputError(f"cost profile '{path}' lacks {missing}: see docs/costs.md for the format")
     if data["format"] != PROFILE_FORMAT:
-        raise InputError(f"cost profile '{path}' has format {data['format']!r}; this version reads format "
-                         f"{PROFILE_FORMAT}: convert or re-measure it")
+        raise InputError(
+            f"cost profile '{path}' has format {data['format']!r}; this version reads format "
+            f"{PROFILE_FORMAT}: convert or re-measure it"
+        )
     if data["kind"] not in KINDS:
         raise InputError(f"{_where(path, 'kind')} is {data['kind']!r}: use one of {', '.join(KINDS)}")
     for field in ("name", "device"):
@@ -318,8 +369,10 @@ def profile_from_dict(data: Any, path: str = "<dict>") -> Profile:
     tree = None if data.get("tree_verify_s") is None else _curve(data["tree_verify_s"], _where(path, "tree_verify_s"))
     drafts = data["draft_s"]
     if not isinstance(drafts, Mapping):
-        raise InputError(f"{_where(path, 'draft_s')} must map drafter kinds ({', '.join(DRAFTER_KINDS)}) to curves "
-                         "({} for a profile of drafters without a draft model)")
+        raise InputError(
+            f"{_where(path, 'draft_s')} must map drafter kinds ({', '.join(DRAFTER_KINDS)}) to curves "
+            "({} for a profile of drafters without a draft model)"
+        )
     bad = sorted(set(map(str, drafts)) - set(DRAFTER_KINDS))
     if bad:
         raise InputError(f"{_where(path, 'draft_s')} has unknown drafter kind(s) {bad}: use {', '.join(DRAFTER_KINDS)}")
@@ -330,27 +383,47 @@ def profile_from_dict(data: Any, path: str = "<dict>") -> Profile:
     if not isinstance(target, Mapping) or set(map(str, target)) - set(TARGET_FIELDS):
         raise InputError(f"{_where(path, 'target')} must be a mapping of {', '.join(TARGET_FIELDS)}")
     context = data.get("context")
-    if context is not None and (isinstance(context, bool) or not isinstance(context, int)
-                                or not 0 <= context <= MAX_TOKENS):
-        raise InputError(f"{_where(path, 'context')} must be a whole number of cached tokens (0 to {MAX_TOKENS}), "
-                         f"got {context!r}")
+    if context is not None and (
+        isinstance(context, bool) or not isinstance(context, int) or not 0 <= context <= MAX_TOKENS
+    ):
+        raise InputError(
+            f"{_where(path, 'context')} must be a whole number of cached tokens (0 to {MAX_TOKENS}), got {context!r}"
+        )
     sources = data["sources"]
     if not isinstance(sources, Mapping) or not all(isinstance(v, str) and v.strip() for v in sources.values()):
         raise InputError(f"{_where(path, 'sources')} must map fields to where their numbers come from (text)")
     uncited = [f for f in ("verify_s", "draft_s", "host_s") if f not in sources]
     if uncited:
-        raise InputError(f"{_where(path, 'sources')} does not say where {uncited} come from: cite a source or the "
-                         "command that measured them")
-    return Profile(name=data["name"], kind=data["kind"], device=data["device"], verify=verify, draft=draft,
-                   host_plain=host_plain, host_chain=host_chain, host_tree=host_tree, tree_verify=tree,
-                   preverify_s=preverify, dtype=data.get("dtype"), target=dict(target), context=context,
-                   sources=dict(sources))
+        raise InputError(
+            f"{_where(path, 'sources')} does not say where {uncited} come from: cite a source or the "
+            "command that measured them"
+        )
+    return Profile(
+        name=data["name"],
+        kind=data["kind"],
+        device=data["device"],
+        verify=verify,
+        draft=draft,
+        host_plain=host_plain,
+        host_chain=host_chain,
+        host_tree=host_tree,
+        tree_verify=tree,
+        preverify_s=preverify,
+        dtype=data.get("dtype"),
+        target=dict(target),
+        context=context,
+        sources=dict(sources),
+    )
 
 
 def profile_to_dict(profile: Profile) -> dict[str, Any]:
     """The file form of a profile (``profile_from_dict`` reads it back to an equal profile)."""
-    out: dict[str, Any] = {"format": PROFILE_FORMAT, "name": profile.name, "kind": profile.kind,
-                           "device": profile.device}
+    out: dict[str, Any] = {
+        "format": PROFILE_FORMAT,
+        "name": profile.name,
+        "kind": profile.kind,
+        "device": profile.device,
+    }
     if profile.dtype is not None:
         out["dtype"] = profile.dtype
     if profile.target:
@@ -423,5 +496,6 @@ def write_profile(path: Union[str, Path], profile: Profile, header: str = "") ->
     path = Path(path).expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
     text = "".join(f"# {line}\n" for line in header.splitlines()) + yaml.safe_dump(
-        profile_to_dict(profile), sort_keys=False, default_flow_style=None, width=110)
+        profile_to_dict(profile), sort_keys=False, default_flow_style=None, width=110
+    )
     return atomic_write(path, lambda f: f.write(text.encode()), shared=True)

@@ -43,8 +43,9 @@ class DraftVocab:
         wide = torch.zeros(rows.shape[0], self.size, dtype=rows.dtype, device=rows.device)
         return wide.index_copy_(1, self.ids.to(rows.device), rows)
 
-    def token_probs(self, rows: torch.Tensor, tokens: torch.Tensor, row_map: Optional[torch.Tensor] = None
-                    ) -> torch.Tensor:
+    def token_probs(
+        self, rows: torch.Tensor, tokens: torch.Tensor, row_map: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         """[n] row i's probability of ``tokens[i]`` (0 outside the subset): ``widen(rows)`` gathered
         at ``tokens`` without widening; with a ``row_map``, row i is ``rows[row_map[i]]``."""
         columns = self.columns[tokens.cpu()].to(rows.device)  # [n]
@@ -206,9 +207,9 @@ class TokenTree:
     # (rows, row map or None, the DraftVocab its rows cover or None: the whole vocabulary), mapped,
     # widened and joined on first read of ``draft_probs`` (a greedy tree step reads only
     # ``token_probs`` and never pays the copy)
-    _draft_probs: Union[None, torch.Tensor,
-                        tuple[tuple[torch.Tensor, Optional[torch.Tensor], Optional[DraftVocab]], ...]] = \
-        tensor_field(alias="draft_probs")
+    _draft_probs: Union[
+        None, torch.Tensor, tuple[tuple[torch.Tensor, Optional[torch.Tensor], Optional[DraftVocab]], ...]
+    ] = tensor_field(alias="draft_probs")
     sampled: torch.Tensor = tensor_field()  # [N] bool: drawn at random from its draft_probs row
     main_path: tuple[int, ...] = ()  # the main path's node indices, root first
 
@@ -234,9 +235,12 @@ class TokenTree:
         out, start = [], 0
         for part, row_map, vocab in rows:
             n = part.shape[0] if row_map is None else row_map.shape[0]
-            tokens = self.tokens[start: start + n]
-            out.append(_gather(part, row_map, tokens.to(part.device)) if vocab is None
-                       else vocab.token_probs(part, tokens, row_map))
+            tokens = self.tokens[start : start + n]
+            out.append(
+                _gather(part, row_map, tokens.to(part.device))
+                if vocab is None
+                else vocab.token_probs(part, tokens, row_map)
+            )
             start += n
         return torch.cat(out)
 
@@ -395,9 +399,13 @@ class Draft:
         if any(has_probs) and not all(has_probs):
             raise ValueError("draft blocks disagree on whether they carry draft_probs")
         # the rows are joined on first read of ``TokenTree.draft_probs`` (checked above: all present or none)
-        return TokenTree(torch.cat(tokens), torch.tensor(parents, dtype=torch.long),
-                         tuple(probs) if has_probs[0] else None, torch.tensor(sampled, dtype=torch.bool),
-                         self.path_nodes)
+        return TokenTree(
+            torch.cat(tokens),
+            torch.tensor(parents, dtype=torch.long),
+            tuple(probs) if has_probs[0] else None,
+            torch.tensor(sampled, dtype=torch.bool),
+            self.path_nodes,
+        )
 
     @property
     def block_starts(self) -> tuple[int, ...]:
@@ -449,8 +457,10 @@ class Draft:
                 sampled_kept.setdefault(parent, set()).add(keep[i])
         split = next((parent for parent, kept in sampled_kept.items() if len(kept) > 1), None)
         if split is not None:
-            raise ValueError(f"a selection keeps some of node {split}'s sampled children and drops others: "
-                             "candidates drawn from one distribution must be kept or dropped together")
+            raise ValueError(
+                f"a selection keeps some of node {split}'s sampled children and drops others: "
+                "candidates drawn from one distribution must be kept or dropped together"
+            )
         old_to_new, kept_blocks, total, next_index = {-1: -1}, [], 0, 0
         for block in self.blocks:
             n = len(block)
@@ -478,22 +488,32 @@ class Draft:
                     continue
                 if rows:  # the kept nodes' rows are mapped, not copied
                     index = torch.tensor(rows, dtype=torch.long)
-                    new_side = SideNodes(side.tokens[index], torch.tensor(new_parents), side.draft_table,
-                                         side.sampled, side.draft_vocab,
-                                         None if side.draft_table is None else _kept_rows(side.row_map, index))
+                    new_side = SideNodes(
+                        side.tokens[index],
+                        torch.tensor(new_parents),
+                        side.draft_table,
+                        side.sampled,
+                        side.draft_vocab,
+                        None if side.draft_table is None else _kept_rows(side.row_map, index),
+                    )
             elif unshifted and take == n and side is None:
                 kept_blocks.append(block)
                 total += n
                 continue
             if take or new_side is not None or not kept_blocks:
                 rows, row_map = block.draft_table, block.row_map
-                kept_blocks.append(DraftBlock(
-                    block.tokens[:take],
-                    rows if rows is None or row_map is not None else rows[:take],
-                    None if block.hidden_states is None else block.hidden_states[:take],
-                    new_side, block.forwards, block.sampled, block.draft_vocab,
-                    None if row_map is None else row_map[:take],
-                ))
+                kept_blocks.append(
+                    DraftBlock(
+                        block.tokens[:take],
+                        rows if rows is None or row_map is not None else rows[:take],
+                        None if block.hidden_states is None else block.hidden_states[:take],
+                        new_side,
+                        block.forwards,
+                        block.sampled,
+                        block.draft_vocab,
+                        None if row_map is None else row_map[:take],
+                    )
+                )
             total += n + (len(side) if side is not None else 0)
         cut = self.forwards - sum(b.forwards for b in kept_blocks)
         kept_blocks[-1] = attrs.evolve(kept_blocks[-1], forwards=kept_blocks[-1].forwards + cut)

@@ -61,13 +61,16 @@ def check_target_layers(target: LanguageModel, layers: Sequence[int]) -> tuple[i
     layers = tuple(int(i) for i in layers)
     count = getattr(target, "num_layers", None)
     if count is not None and any(not 0 <= i <= count for i in layers):
-        raise InputError(f"the drafter reads the inputs of target layers {list(layers)}, but the target has "
-                         f"{count} decoder layers (0..{count}): use a draft made for this target")
+        raise InputError(
+            f"the drafter reads the inputs of target layers {list(layers)}, but the target has "
+            f"{count} decoder layers (0..{count}): use a draft made for this target"
+        )
     return layers
 
 
-def load_stack_draft(plan: RunPlan, tokenizer: Any,
-                     loaded: Optional[dict[str, LanguageModel]] = None) -> Optional[LanguageModel]:
+def load_stack_draft(
+    plan: RunPlan, tokenizer: Any, loaded: Optional[dict[str, LanguageModel]] = None
+) -> Optional[LanguageModel]:
     """The draft model the plan's stack needs (``draft.path``, else its drafter's shipped draft), or None.
 
     ``loaded`` maps draft folders to models already loaded, so several stacks share one copy.
@@ -122,12 +125,25 @@ class Engine:
     thread, each with its own models.
     """
 
-    def __init__(self, target: LanguageModel, pm: pluggy.PluginManager, *, sampling: SamplingParams,
-                 seed: int = 0, max_new_tokens: int = 128, max_draft_tokens: int = 64,
-                 ignore_eos: bool = False, chat_template: bool = True, tokenizer: Any = None,
-                 draft: Optional[LanguageModel] = None, needs_target_hidden: bool = False,
-                 target_layers: Optional[Sequence[int]] = None, clock: Callable[[], float] = time.perf_counter,
-                 skip_drafting: Optional[SkipConfig] = None, draft_cost_kind: Optional[str] = None):
+    def __init__(
+        self,
+        target: LanguageModel,
+        pm: pluggy.PluginManager,
+        *,
+        sampling: SamplingParams,
+        seed: int = 0,
+        max_new_tokens: int = 128,
+        max_draft_tokens: int = 64,
+        ignore_eos: bool = False,
+        chat_template: bool = True,
+        tokenizer: Any = None,
+        draft: Optional[LanguageModel] = None,
+        needs_target_hidden: bool = False,
+        target_layers: Optional[Sequence[int]] = None,
+        clock: Callable[[], float] = time.perf_counter,
+        skip_drafting: Optional[SkipConfig] = None,
+        draft_cost_kind: Optional[str] = None,
+    ):
         self.target, self.draft, self.pm, self.tokenizer = target, draft, pm, tokenizer
         self.draft_cost_kind = draft_cost_kind  # how cost profiles price its draft forwards (Component.cost_kind)
         self.sampling, self.seed, self.clock = sampling, seed, clock
@@ -169,9 +185,17 @@ class Engine:
         return cls.from_plan(plan_run(cfg, extra_plugins))
 
     @classmethod
-    def build(cls, target: LanguageModel, *, draft: Optional[LanguageModel] = None, tokenizer: Any = None,
-              cfg: Optional[PacerConfig] = None, extra_plugins: Sequence[Any] = (), plan: Optional[RunPlan] = None,
-              **overrides: Any) -> "Engine":
+    def build(
+        cls,
+        target: LanguageModel,
+        *,
+        draft: Optional[LanguageModel] = None,
+        tokenizer: Any = None,
+        cfg: Optional[PacerConfig] = None,
+        extra_plugins: Sequence[Any] = (),
+        plan: Optional[RunPlan] = None,
+        **overrides: Any,
+    ) -> "Engine":
         """An engine around already-loaded models, building the stack of ``plan`` (``load_plan``,
         ``plan_run``), or else of ``cfg`` (default config if None) planned here with ``extra_plugins``.
 
@@ -181,17 +205,26 @@ class Engine:
         if plan is None:
             plan = plan_run(cfg or PacerConfig(), extra_plugins, require_models=False)
         elif cfg is not None or extra_plugins:
-            raise InputError("Engine.build takes a plan, or a cfg with its extra_plugins, not both: the plan "
-                             "holds its config and plugins")
+            raise InputError(
+                "Engine.build takes a plan, or a cfg with its extra_plugins, not both: the plan "
+                "holds its config and plugins"
+            )
         cfg, pm, stack = plan.config, plan.pm, plan.stack
         if pm.has_plugin(f"{stack.drafter.where}:{stack.drafter.component.name}"):
-            raise InputError("this run plan has built an engine already; a plan builds one engine: plan the run "
-                             "again (load_plan, plan_run) for another")
+            raise InputError(
+                "this run plan has built an engine already; a plan builds one engine: plan the run "
+                "again (load_plan, plan_run) for another"
+            )
         s = cfg.sampling
         sampling = SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
-        resources = Resources(target=target, draft=draft, sampling=sampling, tokenizer=tokenizer,
-                              draft_identity=None if draft is None else draft.digest,
-                              draft_cost_kind=stack.drafter.cost_kind)
+        resources = Resources(
+            target=target,
+            draft=draft,
+            sampling=sampling,
+            tokenizer=tokenizer,
+            draft_identity=None if draft is None else draft.digest,
+            draft_cost_kind=stack.drafter.cost_kind,
+        )
         target_layers = None
         for item in stack:
             for part in item.walk():
@@ -202,17 +235,29 @@ class Engine:
             plugin = item.component.factory(config, resources)
             if item is stack.drafter:  # built first: what it declares reaches the components after it
                 info = DraftInfo.of(plugin)
-                resources = attrs.evolve(resources, draft_identity=info.identity or resources.draft_identity,
-                                         stop_thresholds=dict(info.stop_thresholds))
+                resources = attrs.evolve(
+                    resources,
+                    draft_identity=info.identity or resources.draft_identity,
+                    stop_thresholds=dict(info.stop_thresholds),
+                )
                 target_layers = info.target_layers  # e.g. EAGLE-3: three layers' inputs
             pm.register(plugin, name=f"{item.where}:{item.component.name}")
         check_hooks(pm)  # a misspelled hook on a strategy object is an error, not a silent no-op
         g = cfg.generation
-        kwargs = dict(sampling=sampling, seed=s.seed, max_new_tokens=g.max_new_tokens,
-                      max_draft_tokens=g.max_draft_tokens, ignore_eos=g.ignore_eos,
-                      chat_template=g.chat_template, tokenizer=tokenizer, draft=draft,
-                      needs_target_hidden=stack.needs("target_hidden"), target_layers=target_layers,
-                      skip_drafting=g.skip_drafting, draft_cost_kind=stack.drafter.cost_kind)
+        kwargs = dict(
+            sampling=sampling,
+            seed=s.seed,
+            max_new_tokens=g.max_new_tokens,
+            max_draft_tokens=g.max_draft_tokens,
+            ignore_eos=g.ignore_eos,
+            chat_template=g.chat_template,
+            tokenizer=tokenizer,
+            draft=draft,
+            needs_target_hidden=stack.needs("target_hidden"),
+            target_layers=target_layers,
+            skip_drafting=g.skip_drafting,
+            draft_cost_kind=stack.drafter.cost_kind,
+        )
         kwargs.update(overrides)
         return cls(target, pm, **kwargs)
 
@@ -230,12 +275,15 @@ class Engine:
             try:
                 prompt.encode("utf-8")
             except UnicodeEncodeError as exc:  # a lone surrogate: no tokenizer can encode it
-                raise InputError(f"the prompt is not valid Unicode text (U+{ord(prompt[exc.start]):04X}, a lone "
-                                 f"surrogate, at character {exc.start}): give UTF-8 text") from None
+                raise InputError(
+                    f"the prompt is not valid Unicode text (U+{ord(prompt[exc.start]):04X}, a lone "
+                    f"surrogate, at character {exc.start}): give UTF-8 text"
+                ) from None
             return self.tokenizer.encode(prompt, chat_template=self.chat_template)
         if isinstance(prompt, (bytes, bytearray, memoryview)):
-            raise InputError(f"the prompt must be {self._PROMPT_TYPES}, got {type(prompt).__name__}: "
-                             "decode the bytes to str first")
+            raise InputError(
+                f"the prompt must be {self._PROMPT_TYPES}, got {type(prompt).__name__}: decode the bytes to str first"
+            )
         if prompt is None or isinstance(prompt, (dict, set, frozenset)) or not hasattr(prompt, "__iter__"):
             hint = f": put a single token id in a list, [{prompt}]" if isinstance(prompt, int) else ""
             raise InputError(f"the prompt must be {self._PROMPT_TYPES}, got {type(prompt).__name__}{hint}")
@@ -246,8 +294,10 @@ class Engine:
                     raise TypeError
                 tokens.append(operator.index(token))  # int, numpy and 0-d torch integers; not floats
             except TypeError:
-                raise InputError(f"the prompt must be {self._PROMPT_TYPES}: item {i} is "
-                                 f"{type(token).__name__} {token!r}; convert the ids to int") from None
+                raise InputError(
+                    f"the prompt must be {self._PROMPT_TYPES}: item {i} is "
+                    f"{type(token).__name__} {token!r}; convert the ids to int"
+                ) from None
         if not tokens:
             raise InputError("the prompt is empty: give at least one token")
         if not all(0 <= t < self.target.vocab_size for t in tokens):
@@ -265,16 +315,20 @@ class Engine:
             raise InputError(f"{name} must be {fix}, got {type(value).__name__} {value!r}") from None
 
     # -- the loop ----------------------------------------------------------------------------
-    def generate(self, prompt: Union[str, Sequence[int]], max_new_tokens: Optional[int] = None,
-                 seed: Optional[int] = None) -> GenerationResult:
+    def generate(
+        self, prompt: Union[str, Sequence[int]], max_new_tokens: Optional[int] = None, seed: Optional[int] = None
+    ) -> GenerationResult:
         """Decode up to ``max_new_tokens`` (default: the config's) new tokens after ``prompt``.
 
         ``seed`` (default: ``sampling.seed``) seeds the generation's random numbers: the same seed
         gives the same output on the same engine. Calls from several threads run one at a time.
         Raises ``InputError`` for a prompt or budget that cannot be decoded.
         """
-        budget = self.max_new_tokens if max_new_tokens is None else self._whole(
-            max_new_tokens, "max_new_tokens", "a positive int")
+        budget = (
+            self.max_new_tokens
+            if max_new_tokens is None
+            else self._whole(max_new_tokens, "max_new_tokens", "a positive int")
+        )
         if budget <= 0:
             raise InputError(f"max_new_tokens must be positive, got {budget}")
         seed = self.seed if seed is None else self._whole(seed, "seed", "an int")
@@ -283,11 +337,15 @@ class Engine:
         except ConfigError as exc:
             raise InputError(str(exc)) from None
         if self._generating == threading.get_ident():
-            raise InputError("generate was called from inside a hook of the same engine's generation: "
-                             "build a second engine for nested decoding")
+            raise InputError(
+                "generate was called from inside a hook of the same engine's generation: "
+                "build a second engine for nested decoding"
+            )
         if any(lock.owner == threading.get_ident() for lock in self._cache_locks):
-            raise InputError("generate was called during another engine's generation on the same model (from one "
-                             "of its hooks): build the nested engine on its own copy of the model")
+            raise InputError(
+                "generate was called during another engine's generation on the same model (from one "
+                "of its hooks): build the nested engine on its own copy of the model"
+            )
         with self._lock, contextlib.ExitStack() as held:
             self._generating = threading.get_ident()
             for lock in self._cache_locks:
@@ -327,8 +385,13 @@ class Engine:
             # 3. score pending + the draft tree with the target in one forward, then verify
             cached, tree, n_pending = len(self.target.cached_tokens), draft.tree, len(pending)
             layout, nodes = (None, None) if tree.is_chain else tree_layout(n_pending, tree), tree.tokens.tolist()
-            out = self.target.forward(pending + nodes, positions=layout[0], tree_mask=layout[1],
-                                      logits_from=n_pending - 1, hidden=self.target_hidden)
+            out = self.target.forward(
+                pending + nodes,
+                positions=layout[0],
+                tree_mask=layout[1],
+                logits_from=n_pending - 1,
+                hidden=self.target_hidden,
+            )
             verdict = hook.pacer_verify(state=state, draft=draft, target_logits=out.logits)  # [N + 1, vocab]
             check_results(self.pm, "pacer_verify", verdict, draft=draft)
             # 4. commit: emitted = accepted path + next; the cache keeps the path's rows, moved into place
@@ -339,14 +402,24 @@ class Engine:
             base = cached + n_pending
             kept = path[: len(emitted)]  # EOS or the budget may cut the path
             self.target.crop(base, [base + i for i in kept])
-            pending = state.tokens[len(self.target.cached_tokens):]
+            pending = state.tokens[len(self.target.cached_tokens) :]
             t2 = clock()
             # 5. observe: hidden states of the committed rows this forward computed (pending + path)
             hidden = None if out.hidden_states is None else committed_rows(out.hidden_states, n_pending, kept)
-            record = StepRecord(index=state.step_index, draft=draft, verdict=verdict, emitted=tuple(emitted),
-                                committed_before=before, draft_s=t1 - t0, verify_s=t2 - t1,
-                                draft_forwards=draft.forwards, stop_s=stop_s, target_hidden=hidden,
-                                target_hidden_start=cached, target_logits=out.logits)
+            record = StepRecord(
+                index=state.step_index,
+                draft=draft,
+                verdict=verdict,
+                emitted=tuple(emitted),
+                committed_before=before,
+                draft_s=t1 - t0,
+                verify_s=t2 - t1,
+                draft_forwards=draft.forwards,
+                stop_s=stop_s,
+                target_hidden=hidden,
+                target_hidden_start=cached,
+                target_logits=out.logits,
+            )
             self.observe_step(state, record)
             draft_forwards += draft.forwards
             state.step_index += 1
@@ -356,9 +429,13 @@ class Engine:
         wall = clock() - start
         new = state.new_tokens
         text = self.tokenizer.decode(new) if self.tokenizer is not None else None
-        metrics = {"new_tokens": len(new), "wall_s": wall, "tokens_per_s": len(new) / wall if wall > 0 else 0.0,
-                   "target_forwards": self.target.num_forwards - target_forwards,
-                   "draft_forwards": draft_forwards}
+        metrics = {
+            "new_tokens": len(new),
+            "wall_s": wall,
+            "tokens_per_s": len(new) / wall if wall > 0 else 0.0,
+            "target_forwards": self.target.num_forwards - target_forwards,
+            "draft_forwards": draft_forwards,
+        }
         if gate is not None:
             metrics["skipped_steps"] = gate.skipped
         result = GenerationResult(tokens=new, text=text, metrics=metrics, finish_reason=finish)

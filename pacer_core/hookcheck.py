@@ -52,13 +52,17 @@ def _draft_more(value: Any, context: dict) -> Optional[str]:
         if whole(keep) is None:
             return f"returned Stop(keep={keep!r}): keep must be an int (or None: keep the whole draft)"
         if keep < 0 or (length is not None and keep > length):
-            return (f"returned Stop(keep={keep}) for a draft of {length} tokens: it may keep at most what was "
-                    "drafted (0 to len(draft))")
+            return (
+                f"returned Stop(keep={keep}) for a draft of {length} tokens: it may keep at most what was "
+                "drafted (0 to len(draft))"
+            )
         return None
     n = whole(value)
     if n is None:
-        return (f"returned {_shown(value)}: return a positive int (tokens to draft), Stop() to stop drafting, "
-                "or None for no opinion")
+        return (
+            f"returned {_shown(value)}: return a positive int (tokens to draft), Stop() to stop drafting, "
+            "or None for no opinion"
+        )
     if n < 1:
         return f"returned {n}: return a positive int (tokens to draft), Stop() to stop drafting, or None"
     return None
@@ -69,8 +73,9 @@ def _propose(value: Any, context: dict) -> Optional[str]:
         return f"returned {_shown(value)}: return a pacer_core.DraftBlock, or None when it has nothing to propose"
     tokens = value.tokens
     if not isinstance(tokens, torch.Tensor) or tokens.dim() != 1 or tokens.is_floating_point():
-        return (f"returned a DraftBlock whose tokens are {_shown(tokens)}: give a 1-D integer tensor "
-                "(torch.tensor([...]))")
+        return (
+            f"returned a DraftBlock whose tokens are {_shown(tokens)}: give a 1-D integer tensor (torch.tensor([...]))"
+        )
     return None
 
 
@@ -81,8 +86,7 @@ def _verify(value: Any, context: dict) -> Optional[str]:
     draft = context.get("draft")
     size = None if draft is None else len(draft.tree)
     if accepted is None or accepted < 0 or (size is not None and accepted > size):
-        return (f"accepted {value.accepted!r} of {size} draft tokens: accepted must be an int from 0 to the "
-                "draft's size")
+        return f"accepted {value.accepted!r} of {size} draft tokens: accepted must be an int from 0 to the draft's size"
     if token is None or token < 0:
         return f"returned next_token {value.next_token!r}: give a token id (an int >= 0)"
     return None
@@ -96,8 +100,10 @@ def _select_nodes(value: Any, context: dict) -> Optional[str]:
     for node in list(value):
         index = whole(node)
         if index is None or index < 0 or (size is not None and index >= size):
-            return (f"returned node {node!r} for a tree of {size} nodes: give indices of draft.tree "
-                    "(ints from 0 to its size - 1)")
+            return (
+                f"returned node {node!r} for a tree of {size} nodes: give indices of draft.tree "
+                "(ints from 0 to its size - 1)"
+            )
     return None
 
 
@@ -123,15 +129,23 @@ def _components(value: Any, context: dict) -> Optional[str]:
 
 
 def _shipped(value: Any, context: dict) -> Optional[str]:
-    if not isinstance(value, Mapping) or not all(isinstance(k, str) and isinstance(v, (str, os.PathLike))
-                                                 for k, v in value.items()):
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, (str, os.PathLike)) for k, v in value.items()
+    ):
         return f"returned {_shown(value)}: return a dict of names to folders (str or Path), or None"
     return None
 
 
-CHECKS = {"pacer_draft_more": _draft_more, "pacer_propose": _propose, "pacer_verify": _verify,
-          "pacer_select_nodes": _select_nodes, "pacer_finish": _finish, "pacer_components": _components,
-          "pacer_step_costs": _step_costs, "pacer_shipped": _shipped}
+CHECKS = {
+    "pacer_draft_more": _draft_more,
+    "pacer_propose": _propose,
+    "pacer_verify": _verify,
+    "pacer_select_nodes": _select_nodes,
+    "pacer_finish": _finish,
+    "pacer_components": _components,
+    "pacer_step_costs": _step_costs,
+    "pacer_shipped": _shipped,
+}
 
 
 def result_problem(hook: str, value: Any, context: Optional[dict] = None) -> Optional[str]:
@@ -153,7 +167,7 @@ def suspects(impls: Sequence[Any], results: Sequence[Any], index: int) -> list[s
     results, so with k fewer results than implementations, result i came from implementation i..i+k
     (exactly one when every implementation answered)."""
     missing = max(0, len(impls) - len(results))
-    return [impl.plugin_name for impl in impls[index:index + missing + 1]] or ["?"]
+    return [impl.plugin_name for impl in impls[index : index + missing + 1]] or ["?"]
 
 
 def check_results(pm: Any, hook: str, results: Any, **context: Any) -> Any:

@@ -35,8 +35,13 @@ MAX_LINE_BYTES = 4 << 20  # one line of a .jsonl file: over a million tokens, mo
 MAX_DEPTH = 64  # lists or objects inside one another; real files nest fewer than 10
 
 _KINDS = {dict: "a JSON object", list: "a JSON list"}
-_NOT_REGULAR = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a pipe (FIFO)"), (stat.S_ISCHR, "a device"),
-                (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"))
+_NOT_REGULAR = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a pipe (FIFO)"),
+    (stat.S_ISCHR, "a device"),
+    (stat.S_ISBLK, "a device"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 
 def size_text(size: int) -> str:
@@ -47,8 +52,9 @@ def size_text(size: int) -> str:
     return f"{size} bytes"
 
 
-def open_regular(path: Path | str, what: str, fix: str, error: type[Exception] = InputError,
-                 pipes: bool = False) -> BinaryIO:
+def open_regular(
+    path: Path | str, what: str, fix: str, error: type[Exception] = InputError, pipes: bool = False
+) -> BinaryIO:
     """``path`` open for binary reading, once it is known to be a regular file (with ``pipes``, a
     pipe or a device too). Opening never blocks: a FIFO without a writer is refused, not waited on."""
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -74,8 +80,14 @@ def open_regular(path: Path | str, what: str, fix: str, error: type[Exception] =
         raise
 
 
-def read_bytes(path: Path | str, what: str, fix: str, limit: int = MAX_FILE_BYTES, error: type[Exception] = InputError,
-               pipes: bool = False) -> bytes:
+def read_bytes(
+    path: Path | str,
+    what: str,
+    fix: str,
+    limit: int = MAX_FILE_BYTES,
+    error: type[Exception] = InputError,
+    pipes: bool = False,
+) -> bytes:
     """The bytes of the regular file ``path`` (``open_regular``), refused when there are more than ``limit``."""
     with open_regular(path, what, fix, error, pipes) as handle:
         try:
@@ -87,8 +99,14 @@ def read_bytes(path: Path | str, what: str, fix: str, limit: int = MAX_FILE_BYTE
     return data
 
 
-def read_lines(path: Path | str, what: str, fix: str, limit: int = MAX_DATA_BYTES,
-               max_line: int = MAX_LINE_BYTES, error: type[Exception] = InputError) -> Iterator[tuple[int, bytes]]:
+def read_lines(
+    path: Path | str,
+    what: str,
+    fix: str,
+    limit: int = MAX_DATA_BYTES,
+    max_line: int = MAX_LINE_BYTES,
+    error: type[Exception] = InputError,
+) -> Iterator[tuple[int, bytes]]:
     """(line number, bytes without the line end) of each line of the regular file ``path``,
     decompressed when its name ends in ``.gz``: a line longer than ``max_line`` bytes, or more than
     ``limit`` bytes in all, is refused before it is read whole (a small .gz can hold gigabytes)."""
@@ -105,8 +123,10 @@ def read_lines(path: Path | str, what: str, fix: str, limit: int = MAX_DATA_BYTE
                 if len(body) > max_line:
                     raise error(f"{what} '{path}' line {number} is longer than {size_text(max_line)}: {fix}")
                 if total > limit:
-                    raise error(f"{what} '{path}' holds more than {size_text(limit)}"
-                                f"{' once decompressed' if handle is not raw else ''}: {fix}")
+                    raise error(
+                        f"{what} '{path}' holds more than {size_text(limit)}"
+                        f"{' once decompressed' if handle is not raw else ''}: {fix}"
+                    )
                 yield number, body
         except (OSError, EOFError, zlib.error) as exc:  # a damaged .gz
             raise error(f"{what} '{path}' cannot be read ({getattr(exc, 'strerror', None) or exc}): {fix}") from None
@@ -171,15 +191,15 @@ def parse_json(data: bytes | str, where: str, fix: str, error: type[Exception] =
     except TooDeep:
         raise error(too_deep(where, fix)) from None
     except UnicodeDecodeError as exc:
-        raise error(f"{where} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}): "
-                    f"{fix}") from None
+        raise error(
+            f"{where} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}): {fix}"
+        ) from None
     except ValueError as exc:  # JSONDecodeError
         detail = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else type(exc).__name__
         raise error(f"{where} is not valid JSON ({detail}): {fix}") from None
 
 
-def read_json(path: Path | str, what: str, fix: str, expect: Optional[type] = dict,
-              limit: int = MAX_FILE_BYTES) -> Any:
+def read_json(path: Path | str, what: str, fix: str, expect: Optional[type] = dict, limit: int = MAX_FILE_BYTES) -> Any:
     """The value of the JSON file ``path`` (a ``what``, e.g. "draft config"), read as every user-named
     file is (``read_bytes``, ``parse_json``). A file that is missing, unreadable, not a regular file,
     too large, not JSON, too deeply nested or (with ``expect``) not of that type is an ``InputError``
@@ -187,8 +207,10 @@ def read_json(path: Path | str, what: str, fix: str, expect: Optional[type] = di
     data = read_bytes(path, what, fix, limit)
     value = parse_json(data, f"{what} '{path}'", f"the file is damaged; {fix}")
     if expect is not None and not isinstance(value, expect):
-        raise InputError(f"{what} '{path}' holds a {type(value).__name__}, not {_KINDS.get(expect, expect.__name__)}: "
-                         f"the file is damaged; {fix}")
+        raise InputError(
+            f"{what} '{path}' holds a {type(value).__name__}, not {_KINDS.get(expect, expect.__name__)}: "
+            f"the file is damaged; {fix}"
+        )
     return value
 
 

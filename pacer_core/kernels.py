@@ -46,8 +46,9 @@ def packing_supported(dtype: torch.dtype) -> bool:
     except (RuntimeError, AttributeError, NotImplementedError):
         return False
     tolerance = 1e-4 if dtype == torch.float32 else 5e-2
-    return out.shape == (3, 24) and torch.allclose(out.float(), F.linear(x, weight).float(), atol=tolerance,
-                                                   rtol=tolerance)
+    return out.shape == (3, 24) and torch.allclose(
+        out.float(), F.linear(x, weight).float(), atol=tolerance, rtol=tolerance
+    )
 
 
 @functools.lru_cache(maxsize=None)
@@ -79,8 +80,10 @@ def batched_dtype_hint(dtype: torch.dtype, device: torch.device, option: str) ->
     if slowdown < 3:
         return None
     name = str(dtype).removeprefix("torch.")
-    return (f"{name} matrix products of many rows take {slowdown:.0f}× as long as float32 ones on this CPU (no fast "
-            f"{name} kernels): set {option}=float32 for this batched work")
+    return (
+        f"{name} matrix products of many rows take {slowdown:.0f}× as long as float32 ones on this CPU (no fast "
+        f"{name} kernels): set {option}=float32 for this batched work"
+    )
 
 
 def _pack(weight: torch.Tensor) -> torch.Tensor:
@@ -108,8 +111,7 @@ class PackedLinear(nn.Module):
         return _packed_product(x, self._packed, self._packed_bias)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, " \
-               f"bias={self.bias is not None}, packed"
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, packed"
 
 
 class PackedMatrix:
@@ -142,7 +144,10 @@ def should_pack(requested: Optional[bool], dtype: torch.dtype, device: torch.dev
     supports their dtype; ``True`` insists (one-line error otherwise); ``False`` never packs."""
     possible = device.type == "cpu" and packing_supported(dtype)
     if requested and not possible:
-        reason = "the weights are not on the CPU" if device.type != "cpu" else \
-            f"this torch build cannot pack {str(dtype).removeprefix('torch.')} weights (oneDNN)"
+        reason = (
+            "the weights are not on the CPU"
+            if device.type != "cpu"
+            else f"this torch build cannot pack {str(dtype).removeprefix('torch.')} weights (oneDNN)"
+        )
         raise InputError(f"{what}: pack_weights=true but {reason}; set pack_weights to null or false")
     return possible if requested is None else bool(requested)

@@ -11,8 +11,12 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 
-def step_metrics(accept_lengths: Sequence[int], drafted_per_step: Sequence[int],
-                 accepted_per_step: Sequence[int], nodes_per_step: Optional[Sequence[int]] = None) -> dict[str, Any]:
+def step_metrics(
+    accept_lengths: Sequence[int],
+    drafted_per_step: Sequence[int],
+    accepted_per_step: Sequence[int],
+    nodes_per_step: Optional[Sequence[int]] = None,
+) -> dict[str, Any]:
     """Steps, drafted/accepted/emitted counts, τ, acceptance rates, draft lengths and tree sizes.
 
     ``accept_lengths[i]`` is the number of tokens step i emitted, ``drafted_per_step[i]`` the draft's
@@ -22,8 +26,12 @@ def step_metrics(accept_lengths: Sequence[int], drafted_per_step: Sequence[int],
     per depth); the histogram counts steps by draft length. ``nodes_per_step[i]`` is the number of
     tokens the target verified (tree nodes; the draft length for a chain, the default).
     """
-    steps, drafted, accepted, emitted = (len(accept_lengths), sum(drafted_per_step), sum(accepted_per_step),
-                                         sum(accept_lengths))
+    steps, drafted, accepted, emitted = (
+        len(accept_lengths),
+        sum(drafted_per_step),
+        sum(accepted_per_step),
+        sum(accept_lengths),
+    )
     drafted_at: list[int] = []
     accepted_at: list[int] = []
     histogram: dict[int, int] = {}

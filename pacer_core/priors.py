@@ -44,14 +44,16 @@ class SuccessorIndex:
         for token in tokens:
             p = len(self.text)
             for n in range(1, min(self.longest, p) + 1):
-                self.table.setdefault(tuple(self.text[p - n:p]), set()).add(int(token))
+                self.table.setdefault(tuple(self.text[p - n : p]), set()).add(int(token))
             self.text.append(int(token))
 
     def successors(self, suffix: Sequence[int]) -> list[set[int]]:
         """[n-1] → the tokens that followed the last n tokens of ``suffix`` in the text read, for n =
         1..min(longest, len(suffix))."""
-        return [self.table.get(tuple(suffix[len(suffix) - n:]), set())
-                for n in range(1, min(self.longest, len(suffix)) + 1)]
+        return [
+            self.table.get(tuple(suffix[len(suffix) - n :]), set())
+            for n in range(1, min(self.longest, len(suffix)) + 1)
+        ]
 
 
 def lookup_bonus(index: SuccessorIndex, suffix: Sequence[int], biases: Sequence[float]) -> dict[int, float]:
@@ -73,10 +75,11 @@ class CorpusSuccessors:
     integer (base ``vocab_size``), so n is capped where vocab_size^n would pass 2^63.
     """
 
-    def __init__(self, documents: Iterable[Sequence[int]], vocab_size: int, longest: int = 4, keep: int = 32,
-                 min_count: int = 5):
+    def __init__(
+        self, documents: Iterable[Sequence[int]], vocab_size: int, longest: int = 4, keep: int = 32, min_count: int = 5
+    ):
         self.base = int(vocab_size)
-        self.longest = max(n for n in range(1, longest + 1) if self.base ** n < 2 ** 63)
+        self.longest = max(n for n in range(1, longest + 1) if self.base**n < 2**63)
         self.min_count = min_count
         docs = [np.asarray(d, dtype=np.int64) for d in documents if len(d) > 1]
         self.tables = [self._table(docs, n, keep) for n in range(1, self.longest + 1)]
@@ -96,7 +99,7 @@ class CorpusSuccessors:
                 continue
             key = np.zeros(len(d) - n, dtype=np.int64)  # [P]: the n-gram before positions n..len-1
             for i in range(n):
-                key = key * self.base + d[i: len(d) - n + i]
+                key = key * self.base + d[i : len(d) - n + i]
             keys.append(key)
             nexts.append(d[n:])
         if not keys:
@@ -119,15 +122,20 @@ class CorpusSuccessors:
         totals = np.add.reduceat(pair_count, group_start)
         kept = np.arange(len(pair_key)) - group_start[group] < keep
         counts_kept = np.bincount(group[kept], minlength=len(group_start))
-        return (pair_key[group_start], totals, np.concatenate([[0], np.cumsum(counts_kept)]),
-                pair_next[kept], pair_count[kept])
+        return (
+            pair_key[group_start],
+            totals,
+            np.concatenate([[0], np.cumsum(counts_kept)]),
+            pair_next[kept],
+            pair_count[kept],
+        )
 
     def lookup(self, suffix: Sequence[int]) -> tuple[list[int], list[float]]:
         """The successors of the longest n-gram ending ``suffix`` seen ``min_count`` times or more,
         with their shares of its occurrences; ([], []) when none."""
         for n in range(min(self.longest, len(suffix)), 0, -1):
             keys, totals, starts, tokens, counts = self.tables[n - 1]
-            key = self._key(suffix[len(suffix) - n:])
+            key = self._key(suffix[len(suffix) - n :])
             c = int(np.searchsorted(keys, key))
             if c < len(keys) and keys[c] == key and totals[c] >= self.min_count:
                 a, b = starts[c], starts[c + 1]
@@ -141,8 +149,13 @@ def corpus_bonus(corpus: CorpusSuccessors, suffix: Sequence[int], bias: float) -
     return {token: bias * share for token, share in zip(tokens, shares)}
 
 
-def path_bonus(index: SuccessorIndex, lookup_bias: Sequence[float], corpus: Optional[CorpusSuccessors],
-               corpus_bias: float, suffix: Sequence[int]) -> dict[int, float]:
+def path_bonus(
+    index: SuccessorIndex,
+    lookup_bias: Sequence[float],
+    corpus: Optional[CorpusSuccessors],
+    corpus_bias: float,
+    suffix: Sequence[int],
+) -> dict[int, float]:
     """token → the lookup bonus plus, with a ``corpus``, the corpus bonus of the path ending ``suffix``."""
     bonus = lookup_bonus(index, suffix, lookup_bias)
     if corpus is not None and corpus_bias:

@@ -12,8 +12,15 @@ import torch
 
 from .fields import tensor_field
 
-__all__ = ["AttentionShape", "FeatureModel", "LanguageModel", "MASK_ROW", "ModelOutput", "ParallelDraftModel",
-           "StoredModel"]
+__all__ = [
+    "AttentionShape",
+    "FeatureModel",
+    "LanguageModel",
+    "MASK_ROW",
+    "ModelOutput",
+    "ParallelDraftModel",
+    "StoredModel",
+]
 
 # a row that ``ParallelDraftModel.forward(mask_embedding=)`` feeds a learned mask embedding instead of a
 # token's (a parallel draft's mask token, which its tokenizer lacks: the pard drafter)
@@ -139,7 +146,9 @@ def feature_target(target: LanguageModel, drafter: str) -> FeatureModel:
     from .errors import InputError
 
     if not isinstance(target, FeatureModel):
-        raise InputError(f"the {drafter} drafter reads its target's weights, which this target "
-                         f"({type(target).__name__}) does not show: give it a pacer_core.protocols.FeatureModel "
-                         "such as pacer_core.hf.HFModel")
+        raise InputError(
+            f"the {drafter} drafter reads its target's weights, which this target "
+            f"({type(target).__name__}) does not show: give it a pacer_core.protocols.FeatureModel "
+            "such as pacer_core.hf.HFModel"
+        )
     return target

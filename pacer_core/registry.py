@@ -93,9 +93,11 @@ def _refuse_taken_name(pm: pluggy.PluginManager, plugin: Any) -> None:
     name = pm.get_canonical_name(plugin)
     other = pm.get_plugin(name)
     if other is not None:
-        raise ConfigError(f"plugin module '{name}' ({_source(plugin) or 'no file'}) has the name of an installed "
-                          f"plugin, a different module ({_source(other) or 'no file'}): rename one of them, or "
-                          "uninstall the installed one")
+        raise ConfigError(
+            f"plugin module '{name}' ({_source(plugin) or 'no file'}) has the name of an installed "
+            f"plugin, a different module ({_source(other) or 'no file'}): rename one of them, or "
+            "uninstall the installed one"
+        )
 
 
 def check_hooks(pm: pluggy.PluginManager) -> None:
@@ -120,9 +122,7 @@ def components(pm: pluggy.PluginManager) -> dict[str, dict[str, Component]]:
         if component.kind not in table:
             raise ConfigError(f"plugin offers component '{component.name}' of unknown kind '{component.kind}'")
         if component.name in table[component.kind]:
-            raise ConfigError(
-                f"two plugins offer a {component.kind} named '{component.name}': uninstall one of them"
-            )
+            raise ConfigError(f"two plugins offer a {component.kind} named '{component.name}': uninstall one of them")
         unknown = sorted(component.needs - supplied)
         if unknown:
             raise ConfigError(
@@ -281,8 +281,9 @@ class ResolvedStack:
         return users[0] if users else self.drafter.component
 
 
-def check_capabilities(stack: ResolvedStack, table: dict[str, dict[str, Component]], *,
-                       greedy: bool, draft_model: bool) -> None:
+def check_capabilities(
+    stack: ResolvedStack, table: dict[str, dict[str, Component]], *, greedy: bool, draft_model: bool
+) -> None:
     """Refuse a stack in which a component needs a capability nobody supplies (one line, with the fix)."""
     supplied = set(stack.provided()) | {"target_hidden"}
     if greedy:
@@ -295,21 +296,29 @@ def check_capabilities(stack: ResolvedStack, table: dict[str, dict[str, Componen
                 raise ConfigError(_missing_message(item, cap, stack, table))
 
 
-def _missing_message(item: ResolvedComponent, cap: str, stack: ResolvedStack,
-                     table: dict[str, dict[str, Component]]) -> str:
+def _missing_message(
+    item: ResolvedComponent, cap: str, stack: ResolvedStack, table: dict[str, dict[str, Component]]
+) -> str:
     c = item.component
     if cap == "greedy":
-        return (f"{item.where}: '{c.name}' supports greedy decoding only; set sampling.temperature=0 "
-                f"or choose a component that supports sampling")
+        return (
+            f"{item.where}: '{c.name}' supports greedy decoding only; set sampling.temperature=0 "
+            f"or choose a component that supports sampling"
+        )
     if cap == "draft_model":
-        free = ", ".join(sorted(n for n, o in table[c.kind].items()
-                                if "draft_model" not in o.needs)) or "none installed"
-        return (f"{c.kind} '{c.name}' needs a draft model: set draft.path to an HF folder sharing the "
-                f"target's tokenizer, or choose a {c.kind} without one ({free})")
+        free = (
+            ", ".join(sorted(n for n, o in table[c.kind].items() if "draft_model" not in o.needs)) or "none installed"
+        )
+        return (
+            f"{c.kind} '{c.name}' needs a draft model: set draft.path to an HF folder sharing the "
+            f"target's tokenizer, or choose a {c.kind} without one ({free})"
+        )
     what = CAPABILITIES.get(cap, repr(cap))
     offering = {kind: sorted(n for n, o in named.items() if cap in o.provides) for kind, named in table.items()}
     kind = next((k for k, names in offering.items() if names), "drafter")
     current = {"drafter": stack.drafter, "verifier": stack.verifier}.get(kind)
     who = f"{kind} '{current.component.name}'" if current else "this stack"
-    return (f"{item.where}: {c.kind} '{c.name}' reads {what}, which {who} does not provide; "
-            f"use a {kind} that does ({', '.join(offering[kind]) or 'none installed'})")
+    return (
+        f"{item.where}: {c.kind} '{c.name}' reads {what}, which {who} does not provide; "
+        f"use a {kind} that does ({', '.join(offering[kind]) or 'none installed'})"
+    )

@@ -74,8 +74,9 @@ def _expanded_size(root: yaml.Node, limit: int) -> int:
         if key in sizes:
             continue
         if key in on_path:
-            raise _YAMLRefusal("an alias refers to a node that contains it (a recursive alias): remove the alias",
-                               node.start_mark)
+            raise _YAMLRefusal(
+                "an alias refers to a node that contains it (a recursive alias): remove the alias", node.start_mark
+            )
         on_path.add(key)
         stack.append((node, True))
         stack.extend((child, False) for child in children(node) if id(child) not in sizes)
@@ -96,8 +97,10 @@ class _ConfigLoader(yaml.SafeLoader):
         self._depth += 1
         try:
             if self._depth > MAX_DEPTH:
-                raise _YAMLRefusal(f"it is nested more than {MAX_DEPTH} lists or mappings deep, deeper than a "
-                                   "config goes: flatten it", self.peek_event().start_mark)
+                raise _YAMLRefusal(
+                    f"it is nested more than {MAX_DEPTH} lists or mappings deep, deeper than a config goes: flatten it",
+                    self.peek_event().start_mark,
+                )
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
@@ -114,8 +117,10 @@ class _ConfigLoader(yaml.SafeLoader):
                 except TypeError:  # unhashable: the base class reports it
                     continue
                 if duplicate:
-                    raise _YAMLRefusal(f"duplicate key '{key}' (a later value would silently replace the "
-                                       "earlier one): keep one", key_node.start_mark)
+                    raise _YAMLRefusal(
+                        f"duplicate key '{key}' (a later value would silently replace the earlier one): keep one",
+                        key_node.start_mark,
+                    )
                 seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
@@ -124,12 +129,15 @@ class _ConfigLoader(yaml.SafeLoader):
         if node is None:
             return None
         if _expanded_size(node, MAX_YAML_NODES) > MAX_YAML_NODES:
-            raise _YAMLRefusal(f"its aliases expand to more than {MAX_YAML_NODES} nodes (an alias bomb?); "
-                               "a config is refused before it is expanded: write it without nested aliases")
+            raise _YAMLRefusal(
+                f"its aliases expand to more than {MAX_YAML_NODES} nodes (an alias bomb?); "
+                "a config is refused before it is expanded: write it without nested aliases"
+            )
         data = self.construct_document(node)
         if nesting_depth(data) > MAX_DEPTH:  # aliases inside aliases nest without nesting in the text
-            raise _YAMLRefusal(f"its aliases nest more than {MAX_DEPTH} lists or mappings deep: write it without "
-                               "nested aliases")
+            raise _YAMLRefusal(
+                f"its aliases nest more than {MAX_DEPTH} lists or mappings deep: write it without nested aliases"
+            )
         return data
 
 
@@ -168,8 +176,10 @@ def load_yaml_file(path: Path, what: str, fix: str, error: type[Exception] = Con
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise error(f"{what} '{path}' is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
-                    f"{exc.start}): save it as UTF-8") from None
+        raise error(
+            f"{what} '{path}' is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+            f"{exc.start}): save it as UTF-8"
+        ) from None
     try:
         return _load_yaml(text)
     except yaml.YAMLError as exc:
@@ -223,8 +233,9 @@ def _seed_defaults(cfg: DictConfig, parts: list[str], defaults: Mapping[str, Any
 RUN_EXAMPLE = "strategy.stop.0.gamma=3"  # an override of the run config, shown in messages
 
 
-def apply_override(cfg: DictConfig, override: str, defaults: Optional[Mapping[str, Any]] = None,
-                   example: str = RUN_EXAMPLE) -> None:
+def apply_override(
+    cfg: DictConfig, override: str, defaults: Optional[Mapping[str, Any]] = None, example: str = RUN_EXAMPLE
+) -> None:
     """Apply one ``key=value`` override to ``cfg`` in place (``ConfigError`` in one line). With
     ``defaults`` (the schema's defaults as plain data), a list or mapping the override reaches but
     ``cfg`` lacks is first copied from them, so an index or key into a default is edited.
@@ -236,8 +247,10 @@ def apply_override(cfg: DictConfig, override: str, defaults: Optional[Mapping[st
     negative = next((part for part in key.split(".") if re.fullmatch(r"-\d+", part)), None)
     if negative is not None:  # OmegaConf would count it from the end and silently edit another item
         first = ".".join("0" if part == negative else part for part in key.split("."))
-        raise ConfigError(f"override '{override}': list index {negative} is negative; indices count from 0 "
-                          f"({first}={value} is the first item)")
+        raise ConfigError(
+            f"override '{override}': list index {negative} is negative; indices count from 0 "
+            f"({first}={value} is the first item)"
+        )
     if defaults is not None:
         _seed_defaults(cfg, key.split("."), defaults)
     parsed = parse_value(value, where=f"override '{override}'")
@@ -377,8 +390,9 @@ def validate_typed(schema_cls: type, data: Any, where: str, finite: bool = True,
     (``prefix``: the dotted path of the option being validated, in messages)."""
     if not isinstance(data, dict):
         fields = ", ".join(f.name for f in attrs.fields(schema_cls))
-        raise ConfigError(f"{where}: {f'{prefix[:-1]!r} ' if prefix else ''}must be a mapping of options ({fields}), "
-                          f"{_got(data)}")
+        raise ConfigError(
+            f"{where}: {f'{prefix[:-1]!r} ' if prefix else ''}must be a mapping of options ({fields}), {_got(data)}"
+        )
     if finite:  # before the merge, so a validator's range message does not hide it
         check_finite(data, where)
     # each nested config, list and mapping first, so an error names the option and what it must be
@@ -409,13 +423,14 @@ def validate_typed(schema_cls: type, data: Any, where: str, finite: bool = True,
     return typed
 
 
-
 def override_list(overrides: Any) -> list[str]:
     """``overrides`` as a list of ``key=value`` strings; a lone string (which would be read one
     character at a time) or an item that is not a string is refused in one line."""
     if isinstance(overrides, (str, bytes)):
-        raise ConfigError(f"overrides must be a list of key=value strings, got a single {type(overrides).__name__} "
-                          f"{overrides!r}: pass [{overrides!r}]")
+        raise ConfigError(
+            f"overrides must be a list of key=value strings, got a single {type(overrides).__name__} "
+            f"{overrides!r}: pass [{overrides!r}]"
+        )
     try:
         items = list(overrides)
     except TypeError:
@@ -426,9 +441,9 @@ def override_list(overrides: Any) -> list[str]:
     return items
 
 
-
-def load_schema(schema_cls: type, path: Optional[str | Path], overrides: Sequence[str], where: str,
-                example: str = RUN_EXAMPLE) -> Any:
+def load_schema(
+    schema_cls: type, path: Optional[str | Path], overrides: Sequence[str], where: str, example: str = RUN_EXAMPLE
+) -> Any:
     """Any attrs config class (a training command's, the bench's) from a YAML file and ``key=value``
     overrides, validated in struct mode like the run config; raises ``ConfigError`` in one line,
     starting with ``where``. ``example``: an override of this config, shown in messages."""

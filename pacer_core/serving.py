@@ -61,19 +61,31 @@ class ServedTarget:
         from .hf import model_facts  # the model adapter; only it imports transformers
 
         facts = model_facts(folder, "target")
-        return cls(vocab_size=facts["vocab_size"], hidden_size=facts["hidden_size"],
-                   max_length=max_length or facts["max_positions"], eos_token_ids=facts["eos_token_ids"],
-                   digest=facts["digest"])
+        return cls(
+            vocab_size=facts["vocab_size"],
+            hidden_size=facts["hidden_size"],
+            max_length=max_length or facts["max_positions"],
+            eos_token_ids=facts["eos_token_ids"],
+            digest=facts["digest"],
+        )
 
     @property
     def cached_tokens(self) -> Sequence[int]:
         return ()
 
-    def forward(self, tokens: Sequence[int], *, positions: Optional[torch.Tensor] = None,
-                tree_mask: Optional[torch.Tensor] = None, logits_from: int = 0,
-                hidden: Union[bool, Sequence[int]] = False) -> ModelOutput:
-        raise InputError("a component of the stack ran the target, which the serving engine runs: use components "
-                         "that draft from the draft model or the context only")
+    def forward(
+        self,
+        tokens: Sequence[int],
+        *,
+        positions: Optional[torch.Tensor] = None,
+        tree_mask: Optional[torch.Tensor] = None,
+        logits_from: int = 0,
+        hidden: Union[bool, Sequence[int]] = False,
+    ) -> ModelOutput:
+        raise InputError(
+            "a component of the stack ran the target, which the serving engine runs: use components "
+            "that draft from the draft model or the context only"
+        )
 
     def crop(self, length: int, rows: Sequence[int] = ()) -> None:
         pass
@@ -94,15 +106,20 @@ def own_cache(model: LanguageModel) -> LanguageModel:
 def check_servable(cfg: PacerConfig, stack: ResolvedStack) -> None:
     """Refuse, before any model loads, a stack that cannot draft for an engine verifying itself."""
     if cfg.sampling.temperature != 0:
-        raise InputError("a stack drafting for a serving engine drafts greedily (the engine verifies the draft "
-                         "tokens as point masses, without their probabilities, whatever the request samples with): "
-                         "set sampling.temperature: 0 in its config")
+        raise InputError(
+            "a stack drafting for a serving engine drafts greedily (the engine verifies the draft "
+            "tokens as point masses, without their probabilities, whatever the request samples with): "
+            "set sampling.temperature: 0 in its config"
+        )
     if stack.needs("target_hidden"):
-        users = sorted({item.component.name for top in stack for item in top.walk()
-                        if "target_hidden" in item.component.needs})
-        raise InputError(f"{', '.join(users)} reads the target's hidden states, which the serving engine does not "
-                         "hand its proposer: use a drafter of its own model or of the context (draft_model, "
-                         "prompt_lookup, ...)")
+        users = sorted(
+            {item.component.name for top in stack for item in top.walk() if "target_hidden" in item.component.needs}
+        )
+        raise InputError(
+            f"{', '.join(users)} reads the target's hidden states, which the serving engine does not "
+            "hand its proposer: use a drafter of its own model or of the context (draft_model, "
+            "prompt_lookup, ...)"
+        )
 
 
 @attrs.define(eq=False)
@@ -130,10 +147,19 @@ class ServingDrafter:
     counts the (drafted, accepted) pairs in memory.
     """
 
-    def __init__(self, cfg: PacerConfig, target: LanguageModel, draft: Optional[LanguageModel] = None,
-                 tokenizer: Any = None, *, max_draft_tokens: int, stack: Optional[ResolvedStack] = None,
-                 extra_plugins: Sequence[Any] = (), record: Optional[Path] = None,
-                 clock: Callable[[], float] = time.perf_counter):
+    def __init__(
+        self,
+        cfg: PacerConfig,
+        target: LanguageModel,
+        draft: Optional[LanguageModel] = None,
+        tokenizer: Any = None,
+        *,
+        max_draft_tokens: int,
+        stack: Optional[ResolvedStack] = None,
+        extra_plugins: Sequence[Any] = (),
+        record: Optional[Path] = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
         if isinstance(max_draft_tokens, bool) or not isinstance(max_draft_tokens, int) or max_draft_tokens < 1:
             raise InputError(f"the engine's draft length bound must be a positive int, got {max_draft_tokens!r}")
         self.extra_plugins = tuple(extra_plugins)
@@ -147,9 +173,16 @@ class ServingDrafter:
         self.calls = 0  # propose calls so far
 
     @classmethod
-    def from_folder(cls, folder: Union[str, Path], config: Optional[Union[str, Path]] = None,
-                    overrides: Sequence[str] = (), *, max_length: Optional[int] = None, max_draft_tokens: int,
-                    record: Optional[Union[str, Path]] = None) -> "ServingDrafter":
+    def from_folder(
+        cls,
+        folder: Union[str, Path],
+        config: Optional[Union[str, Path]] = None,
+        overrides: Sequence[str] = (),
+        *,
+        max_length: Optional[int] = None,
+        max_draft_tokens: int,
+        record: Optional[Union[str, Path]] = None,
+    ) -> "ServingDrafter":
         """The drafter of the stack ``config`` + ``overrides`` names (default: the default config) for the
         target in the Hugging Face folder ``folder``; the config is checked before any model loads, then
         the target's tokenizer and the stack's draft model (``draft.path``, or its drafter's shipped
@@ -161,13 +194,22 @@ class ServingDrafter:
         check_servable(cfg, stack)
         folder = Path(folder).expanduser()
         if not (folder / "config.json").is_file():
-            raise InputError(f"the served target '{folder}' is not a model folder (no config.json): serve a local "
-                             "Hugging Face folder")
+            raise InputError(
+                f"the served target '{folder}' is not a model folder (no config.json): serve a local "
+                "Hugging Face folder"
+            )
         target = ServedTarget.from_folder(folder, max_length)
         tokenizer = load_tokenizer(folder, "target")
         draft = load_stack_draft(plan, tokenizer)
-        return cls(cfg, target, draft, tokenizer, max_draft_tokens=max_draft_tokens, stack=stack,
-                   record=None if record is None else Path(record))
+        return cls(
+            cfg,
+            target,
+            draft,
+            tokenizer,
+            max_draft_tokens=max_draft_tokens,
+            stack=stack,
+            record=None if record is None else Path(record),
+        )
 
     # -- one call: commit what was verified, then draft ------------------------------------------
     def propose(self, rows: Sequence[Row]) -> list[list[int]]:
@@ -221,8 +263,15 @@ class ServingDrafter:
         plan = RunPlan(self.cfg, new_plugin_manager(self.extra_plugins), self.stack)
         engine = Engine.build(self.target, draft=draft, tokenizer=self.tokenizer, plan=plan)
         eos = frozenset() if self.cfg.generation.ignore_eos else self.target.eos_token_ids
-        state = DecodeState(list(tokens), prompt_length, self.target.max_length - prompt_length, engine.sampling,
-                            torch.Generator().manual_seed(engine.seed), eos, step_index=1)
+        state = DecodeState(
+            list(tokens),
+            prompt_length,
+            self.target.max_length - prompt_length,
+            engine.sampling,
+            torch.Generator().manual_seed(engine.seed),
+            eos,
+            step_index=1,
+        )
         engine.start_generation(state)
         return RequestStack(engine, state)
 
@@ -235,19 +284,32 @@ class ServingDrafter:
         accepted = len(new) - 1
         if accepted > len(proposed) or new[:accepted] != proposed[:accepted]:
             return False
-        verdict = Verdict(accepted=accepted, next_token=new[-1],
-                          next_kind="bonus" if accepted == len(proposed) else "recovered")
-        record = StepRecord(index=state.step_index, draft=sent, verdict=verdict, emitted=tuple(new),
-                            committed_before=len(state.tokens), draft_s=request.draft_s, verify_s=0.0,
-                            draft_forwards=sent.forwards, stop_s=request.stop_s)
+        verdict = Verdict(
+            accepted=accepted, next_token=new[-1], next_kind="bonus" if accepted == len(proposed) else "recovered"
+        )
+        record = StepRecord(
+            index=state.step_index,
+            draft=sent,
+            verdict=verdict,
+            emitted=tuple(new),
+            committed_before=len(state.tokens),
+            draft_s=request.draft_s,
+            verify_s=0.0,
+            draft_forwards=sent.forwards,
+            stop_s=request.stop_s,
+        )
         state.tokens.extend(new)
         request.engine.observe_step(state, record)
         state.step_index += 1
         self.outcomes[len(proposed), accepted] += 1
         if self.record is not None:
             with open(self.record, "a") as handle:
-                handle.write(json.dumps({"drafted": len(proposed), "accepted": accepted, "emitted": len(new),
-                                         "call": request.call}) + "\n")
+                handle.write(
+                    json.dumps(
+                        {"drafted": len(proposed), "accepted": accepted, "emitted": len(new), "call": request.call}
+                    )
+                    + "\n"
+                )
         return True
 
     def _draft(self, request: RequestStack) -> list[int]:
@@ -270,8 +332,10 @@ def vllm_rows(sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: An
     empty for a prefill chunk) and the batch's token table (``token_ids_cpu`` [max_num_reqs,
     max_model_len], of which the first ``num_tokens_no_spec[i]`` of row i are committed, this step's
     tokens included)."""
-    return [(token_ids_cpu[i, : int(num_tokens_no_spec[i])].tolist(), [int(t) for t in sampled])
-            for i, sampled in enumerate(sampled_token_ids)]
+    return [
+        (token_ids_cpu[i, : int(num_tokens_no_spec[i])].tolist(), [int(t) for t in sampled])
+        for i, sampled in enumerate(sampled_token_ids)
+    ]
 
 
 def stack_options(additional_config: Optional[Mapping[str, Any]]) -> dict[str, Any]:
@@ -303,13 +367,23 @@ class VllmProposer:
         options = stack_options(getattr(vllm_config, "additional_config", None))
         model_config = vllm_config.model_config
         self.drafter = ServingDrafter.from_folder(
-            model_config.model, options["config"], options["overrides"], max_length=model_config.max_model_len,
-            max_draft_tokens=vllm_config.speculative_config.num_speculative_tokens, record=options["record"])
+            model_config.model,
+            options["config"],
+            options["overrides"],
+            max_length=model_config.max_model_len,
+            max_draft_tokens=vllm_config.speculative_config.num_speculative_tokens,
+            record=options["record"],
+        )
 
     def load_model(self, target_model: Any = None) -> None:
         """Nothing to load: the stack's models were loaded when it was built. vLLM's CPU model runner
         calls every drafter's ``load_model`` with its target network (``CPUModelRunner.load_model``)."""
 
-    def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: Any, token_ids_cpu: Any,
-                slot_mappings: Any = None) -> list[list[int]]:
+    def propose(
+        self,
+        sampled_token_ids: Sequence[Sequence[int]],
+        num_tokens_no_spec: Any,
+        token_ids_cpu: Any,
+        slot_mappings: Any = None,
+    ) -> list[list[int]]:
         return self.drafter.propose(vllm_rows(sampled_token_ids, num_tokens_no_spec, token_ids_cpu))

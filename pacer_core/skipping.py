@@ -37,20 +37,26 @@ MAX_WAIT = 1 << 16  # steps skipped between probes, at most (far beyond any gene
 
 def _margin(instance, attribute, value) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value <= 100.0:
-        raise ValueError(f"skip_drafting.margin must be a number in (0, 100] (1: skip when drafting is expected to "
-                         f"be slower than plain decoding; 1.05: unless 5% faster), got {value!r}")
+        raise ValueError(
+            f"skip_drafting.margin must be a number in (0, 100] (1: skip when drafting is expected to "
+            f"be slower than plain decoding; 1.05: unless 5% faster), got {value!r}"
+        )
 
 
 def _decay(instance, attribute, value) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value <= 1.0:
-        raise ValueError(f"skip_drafting.decay must be a number in (0, 1] (the weight of each drafted step in the "
-                         f"running estimate), got {value!r}")
+        raise ValueError(
+            f"skip_drafting.decay must be a number in (0, 1] (the weight of each drafted step in the "
+            f"running estimate), got {value!r}"
+        )
 
 
 def _max_wait(instance, attribute, value) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_WAIT:
-        raise ValueError(f"skip_drafting.max_wait must be a whole number of steps in 1..{MAX_WAIT} (the most steps "
-                         f"skipped before drafting is tried again), got {value!r}")
+        raise ValueError(
+            f"skip_drafting.max_wait must be a whole number of steps in 1..{MAX_WAIT} (the most steps "
+            f"skipped before drafting is tried again), got {value!r}"
+        )
 
 
 @attrs.define
@@ -144,6 +150,8 @@ def draft_gate(config: SkipConfig, costs: Sequence[Optional[CostModel]]) -> Opti
     if config.enabled is False or (config.enabled is None and not given):
         return None
     if not given:
-        raise InputError("generation.skip_drafting.enabled=true needs a cost-aware stack (a tree drafter with "
-                         "nodes: auto, or the pacer stop with rule: throughput): use one, or leave it null")
+        raise InputError(
+            "generation.skip_drafting.enabled=true needs a cost-aware stack (a tree drafter with "
+            "nodes: auto, or the pacer stop with rule: throughput): use one, or leave it null"
+        )
     return DraftGate(given[0], config)

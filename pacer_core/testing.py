@@ -38,8 +38,17 @@ from .protocols import ModelOutput
 from .sampling import logits_to_probs
 from .types import SamplingParams
 
-__all__ = ["DeviceLM", "OnDevice", "ScriptedLM", "chisquare_pvalue", "count_host_reads", "count_host_syncs",
-           "exact_continuation_probs", "on_device", "random_table"]
+__all__ = [
+    "DeviceLM",
+    "OnDevice",
+    "ScriptedLM",
+    "chisquare_pvalue",
+    "count_host_reads",
+    "count_host_syncs",
+    "exact_continuation_probs",
+    "on_device",
+    "random_table",
+]
 
 MAX_BUCKETS = 1 << 16
 
@@ -70,9 +79,18 @@ class ScriptedLM:
     generations always use the whole budget.
     """
 
-    def __init__(self, vocab_size: int = 8, seed: int = 0, *, order: int = 2, scale: float = 2.0,
-                 table: Optional[torch.Tensor] = None, hidden_size: int = 16, max_length: int = 1024,
-                 eos_token_ids: Iterable[int] = ()):
+    def __init__(
+        self,
+        vocab_size: int = 8,
+        seed: int = 0,
+        *,
+        order: int = 2,
+        scale: float = 2.0,
+        table: Optional[torch.Tensor] = None,
+        hidden_size: int = 16,
+        max_length: int = 1024,
+        eos_token_ids: Iterable[int] = (),
+    ):
         if order < 1:
             raise ValueError("order must be at least 1")
         self.vocab_size = int(vocab_size)
@@ -153,7 +171,7 @@ class ScriptedLM:
         else:
             past = len(self._tokens)
             full = torch.ones(k, past + k, dtype=torch.bool)
-            full[:, past + k - tree_mask.shape[1]:] = tree_mask
+            full[:, past + k - tree_mask.shape[1] :] = tree_mask
             allowed = full.tolist()
             context = self._tokens + tokens
             keys = [self.key([t for t, ok in zip(context, allowed[i]) if ok]) for i in range(first, k)]
@@ -171,7 +189,7 @@ class ScriptedLM:
         base = self.vocab_size + 1
         span = base ** (self.order - 1)
         number = 0
-        for t in ([self.vocab_size] * self.order + self._tokens[-self.order:])[-self.order:]:
+        for t in ([self.vocab_size] * self.order + self._tokens[-self.order :])[-self.order :]:
             number = number * base + t
         keys = []
         for t in tokens:
@@ -188,7 +206,7 @@ class ScriptedLM:
         for key in keys:
             row = views.get(key)
             if row is None:
-                row = views[key] = table[key: key + 1]
+                row = views[key] = table[key : key + 1]
             parts.append(row)
         return torch.cat(parts)
 
@@ -257,9 +275,24 @@ def chisquare_pvalue(samples: Sequence[Sequence[int]], expected: torch.Tensor, m
 # Reading a GPU tensor's values on the host (or an op whose output size depends on them) makes the
 # host wait for the GPU: a sync. ``OnDevice`` plays a GPU tensor on the CPU so the same code can be
 # checked for them without a GPU; ``count_host_syncs`` counts the real ones on CUDA.
-_HOST_READS = frozenset({"tolist", "item", "__int__", "__float__", "__bool__", "__index__", "numpy",
-                         "__array__", "cpu", "nonzero", "masked_select", "unique", "unique_consecutive",
-                         "argwhere"})
+_HOST_READS = frozenset(
+    {
+        "tolist",
+        "item",
+        "__int__",
+        "__float__",
+        "__bool__",
+        "__index__",
+        "numpy",
+        "__array__",
+        "cpu",
+        "nonzero",
+        "masked_select",
+        "unique",
+        "unique_consecutive",
+        "argwhere",
+    }
+)
 _MIXING_ALLOWED = frozenset({"__getitem__", "__setitem__", "to", "copy_", "__repr__", "__format__"})
 _reads: Optional[list[str]] = None  # the host reads recorded while ``count_host_reads`` is active
 
@@ -302,8 +335,10 @@ class OnDevice(torch.Tensor):
         if not to_host and name not in _MIXING_ALLOWED:
             mixed = [t for t in _plain_tensors(list(args) + list(kwargs.values())) if t.dim() > 0]
             if mixed:
-                raise RuntimeError(f"{name}: a device tensor mixed with a host tensor of shape "
-                                   f"{tuple(mixed[0].shape)} (move one of them first)")
+                raise RuntimeError(
+                    f"{name}: a device tensor mixed with a host tensor of shape "
+                    f"{tuple(mixed[0].shape)} (move one of them first)"
+                )
         if to_host and _reads is not None:
             _reads.append(name)
         with torch._C.DisableTorchFunctionSubclass():

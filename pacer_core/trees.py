@@ -90,8 +90,9 @@ class Candidate:
     score: float
 
 
-def grow_level(scores: torch.Tensor, probs: torch.Tensor, tip_row: Optional[int], topk: int,
-               room: int) -> list[Candidate]:
+def grow_level(
+    scores: torch.Tensor, probs: torch.Tensor, tip_row: Optional[int], topk: int, room: int
+) -> list[Candidate]:
     """The next level's nodes: the main-path child first (when ``tip_row`` is given), then side nodes.
 
     ``scores``: [f] cumulative log-probabilities of the f expanded nodes (0 for the root);
@@ -112,13 +113,15 @@ def grow_level(scores: torch.Tensor, probs: torch.Tensor, tip_row: Optional[int]
     tip = tip_row * k if tip_row is not None and p[tip_row * k] > 0 else -1  # the main-path child, first
     chosen = [Candidate(tip_row, tokens[tip], totals[tip])] if tip >= 0 else []
     # then the best others by cumulative score, ties in flat order (nlargest sorts stably)
-    others = heapq.nlargest(limit - len(chosen), (i for i in range(len(p)) if p[i] > 0 and i != tip),
-                            key=totals.__getitem__)
+    others = heapq.nlargest(
+        limit - len(chosen), (i for i in range(len(p)) if p[i] > 0 and i != tip), key=totals.__getitem__
+    )
     return chosen + [Candidate(i // k, tokens[i], totals[i]) for i in others]
 
 
-def merge_phrases(tokens: list[int], parents: list[int], phrases: list[list[int]], first: int,
-                  budget: int, parent: int = -1) -> tuple[list[int], list[int], list[list[int]]]:
+def merge_phrases(
+    tokens: list[int], parents: list[int], phrases: list[list[int]], first: int, budget: int, parent: int = -1
+) -> tuple[list[int], list[int], list[list[int]]]:
     """Phrases continuing node ``parent`` merged into an existing tree (shared prefixes reuse nodes).
 
     ``tokens``/``parents``: the tree so far (node i's token and parent, -1 the root); each phrase
@@ -173,8 +176,13 @@ class GrownLevels:
     def __len__(self) -> int:
         return len(self.levels)
 
-    def add(self, chosen: Sequence[Candidate], rows: Any, hidden: Optional[torch.Tensor] = None,
-            row_map: Optional[Sequence[int]] = None) -> None:
+    def add(
+        self,
+        chosen: Sequence[Candidate],
+        rows: Any,
+        hidden: Optional[torch.Tensor] = None,
+        row_map: Optional[Sequence[int]] = None,
+    ) -> None:
         """One level: ``chosen[0]`` continues the main path (a child of the tip), the others are side
         nodes, each under the node its ``row`` indexes in the level before; ``rows[i]`` is the
         distribution chosen[i] was chosen from ([len(chosen), w], or rows to stack), or
@@ -191,8 +199,9 @@ class GrownLevels:
         self.levels.append(([c.token for c in chosen], [c.row for c in chosen], at))
         self.hidden.append(hidden)
 
-    def block(self, first: int, forwards: int, draft_vocab: Optional[DraftVocab] = None
-              ) -> tuple[DraftBlock, list[int]]:
+    def block(
+        self, first: int, forwards: int, draft_vocab: Optional[DraftVocab] = None
+    ) -> tuple[DraftBlock, list[int]]:
         """The block (its first node numbered ``first`` in the draft tree; its rows over ``draft_vocab``
         when given) and the draft-tree numbers of the last level's nodes (main-path node first)."""
         side_tokens: list[int] = []
@@ -208,15 +217,28 @@ class GrownLevels:
             above = numbers
         # the levels' rows joined once (one table: as it is, up to its last mapped row); every node
         # maps to its row (siblings share one)
-        table = self.tables[0][:self.used] if len(self.tables) == 1 else torch.cat(self.tables)
-        side = None if not side_tokens else SideNodes(
-            torch.tensor(side_tokens, dtype=torch.long), torch.tensor(side_parents, dtype=torch.long),
-            table, draft_vocab=draft_vocab, row_map=torch.tensor(side_rows, dtype=torch.long))
-        block = DraftBlock(tokens=torch.tensor([tokens[0] for tokens, _, _ in self.levels], dtype=torch.long),
-                           draft_probs=table,
-                           hidden_states=None if any(h is None for h in self.hidden) else torch.stack(self.hidden),
-                           side=side, forwards=forwards, sampled=False, draft_vocab=draft_vocab,
-                           row_map=torch.tensor([at[0] for _, _, at in self.levels], dtype=torch.long))
+        table = self.tables[0][: self.used] if len(self.tables) == 1 else torch.cat(self.tables)
+        side = (
+            None
+            if not side_tokens
+            else SideNodes(
+                torch.tensor(side_tokens, dtype=torch.long),
+                torch.tensor(side_parents, dtype=torch.long),
+                table,
+                draft_vocab=draft_vocab,
+                row_map=torch.tensor(side_rows, dtype=torch.long),
+            )
+        )
+        block = DraftBlock(
+            tokens=torch.tensor([tokens[0] for tokens, _, _ in self.levels], dtype=torch.long),
+            draft_probs=table,
+            hidden_states=None if any(h is None for h in self.hidden) else torch.stack(self.hidden),
+            side=side,
+            forwards=forwards,
+            sampled=False,
+            draft_vocab=draft_vocab,
+            row_map=torch.tensor([at[0] for _, _, at in self.levels], dtype=torch.long),
+        )
         return block, above
 
 
@@ -235,7 +257,7 @@ def phrase_block(phrases: list[list[int]], draft: Draft) -> Optional[DraftBlock]
     trie = SideNodes.trie([main] + [list(p) for p in phrases[1:]], parent=parent, first=draft.num_nodes)
     side = None
     if len(trie) > len(main):
-        side = SideNodes(trie.tokens[len(main):], trie.parents[len(main):])
+        side = SideNodes(trie.tokens[len(main) :], trie.parents[len(main) :])
     return DraftBlock(tokens=torch.tensor(main, dtype=torch.long), side=side, sampled=False)
 
 
@@ -269,8 +291,9 @@ def best_nodes(tree: TokenTree, nodes: int) -> Optional[list[int]]:
 
 
 # -- cost-sized trees: the nodes worth sending ------------------------------------------------------
-def node_values(tree: TokenTree, point_mass: Optional[Callable[[int], float]] = None,
-                calibration: Optional[Calibration] = None) -> list[float]:
+def node_values(
+    tree: TokenTree, point_mass: Optional[Callable[[int], float]] = None, calibration: Optional[Calibration] = None
+) -> list[float]:
     """Each node's estimated probability of being accepted: a node the draft model chose, its
     cumulative draft probability (the product of ``q(token | parent)`` down its root path), or with a
     ``calibration`` the acceptance rate it gives at the node's depth and cumulative probability
@@ -310,8 +333,9 @@ def _ranked(values: Sequence[float], parents: Sequence[int]) -> list[int]:
     return ranked
 
 
-def value_nodes(values: Sequence[float], parents: Sequence[int], verify: Callable[[int], float],
-                rate: float) -> tuple[list[int], float, float]:
+def value_nodes(
+    values: Sequence[float], parents: Sequence[int], verify: Callable[[int], float], rate: float
+) -> tuple[list[int], float, float]:
     """The nodes to send: ranked by value (``_ranked``), the first n for the n maximising
     ``Σ values − rate · verify(n + 1)`` (Dinkelbach's step for the ratio expected emitted tokens ÷
     seconds, ``rate`` being the throughput reached so far; ``verify(k)``: a tree-masked target
@@ -344,8 +368,14 @@ class NodeBudget:
     verification cost is weighed against, so the choice settles at the budget that maximises the
     whole generation's rate, not one step's."""
 
-    def __init__(self, tree: TreeConfig, device: str, cost: Any = None, calibration: Optional[Calibration] = None,
-                 one_forward: bool = False):
+    def __init__(
+        self,
+        tree: TreeConfig,
+        device: str,
+        cost: Any = None,
+        calibration: Optional[Calibration] = None,
+        one_forward: bool = False,
+    ):
         self.nodes = tree.budget(device)
         self.one_forward = one_forward  # a block drafter's tree costs one draft forward, whatever its depth
         self.cost = cost
@@ -402,8 +432,14 @@ CPU_PROFILE = "cpu-2core-smollm2-fp32"
 GPU_PROFILE = "a100-7b-bf16"
 
 
-def node_budget(tree: TreeConfig, device: Any, drafter_kind: str, target_digest: Optional[str] = None,
-                draft_folder: Any = None, draft_identity: Optional[str] = None) -> NodeBudget:
+def node_budget(
+    tree: TreeConfig,
+    device: Any,
+    drafter_kind: str,
+    target_digest: Optional[str] = None,
+    draft_folder: Any = None,
+    draft_identity: Optional[str] = None,
+) -> NodeBudget:
     """A tree drafter's ``NodeBudget`` on ``device`` (a ``drafter_kind`` drafter: ``feature``,
     ``token`` or ``block``, whose tree is one draft forward) when the budget is ``auto``: its cost
     model from ``tree.profile``, else the profile ``pacer costs`` measured and cached for this
@@ -423,8 +459,9 @@ def node_budget(tree: TreeConfig, device: Any, drafter_kind: str, target_digest:
     return NodeBudget(tree, device, profile.cost_model(drafter_kind), calibration, one_forward=drafter_kind == "block")
 
 
-def tree_calibration(tree: TreeConfig, draft_folder: Any = None, draft_identity: Optional[str] = None
-                     ) -> Optional[Calibration]:
+def tree_calibration(
+    tree: TreeConfig, draft_folder: Any = None, draft_identity: Optional[str] = None
+) -> Optional[Calibration]:
     """The calibration ``nodes: auto`` values nodes by: the file ``tree.calibration`` names, else the
     draft folder's own ``calibration.json`` (``draft_folder``: the drafter's, None when it has
     none), else None (raw values; ``tree.calibration: raw`` asks for them). A calibration fitted on
@@ -482,18 +519,35 @@ class BlockTree:
         side_nodes = None
         if side:
             parents = [self.given[self.nodes[i][2]] if self.nodes[i][2] >= 0 else -1 for i in side]
-            side_nodes = SideNodes(torch.tensor([self.nodes[i][1] for i in side], dtype=torch.long),
-                                   torch.tensor(parents, dtype=torch.long), self.rows, draft_vocab=self.draft_vocab,
-                                   row_map=torch.tensor([self.nodes[i][0] for i in side], dtype=torch.long))
+            side_nodes = SideNodes(
+                torch.tensor([self.nodes[i][1] for i in side], dtype=torch.long),
+                torch.tensor(parents, dtype=torch.long),
+                self.rows,
+                draft_vocab=self.draft_vocab,
+                row_map=torch.tensor([self.nodes[i][0] for i in side], dtype=torch.long),
+            )
         depths = torch.tensor([self.nodes[i][0] for i in main], dtype=torch.long)
         hidden = None if self.hidden is None else self.hidden[depths]
-        return DraftBlock(tokens=torch.tensor([self.nodes[i][1] for i in main], dtype=torch.long),
-                          draft_probs=self.rows, hidden_states=hidden, side=side_nodes, forwards=forwards,
-                          sampled=False, draft_vocab=self.draft_vocab, row_map=depths)
+        return DraftBlock(
+            tokens=torch.tensor([self.nodes[i][1] for i in main], dtype=torch.long),
+            draft_probs=self.rows,
+            hidden_states=hidden,
+            side=side_nodes,
+            forwards=forwards,
+            sampled=False,
+            draft_vocab=self.draft_vocab,
+            row_map=depths,
+        )
 
 
-def block_tree(rows: torch.Tensor, hidden: Optional[torch.Tensor], topk: int, nodes: int,
-               draft_vocab: Optional[DraftVocab] = None, eos: Any = frozenset()) -> Optional[BlockTree]:
+def block_tree(
+    rows: torch.Tensor,
+    hidden: Optional[torch.Tensor],
+    topk: int,
+    nodes: int,
+    draft_vocab: Optional[DraftVocab] = None,
+    eos: Any = frozenset(),
+) -> Optional[BlockTree]:
     """The ``nodes`` most likely nodes of a tree over one block, taken best-first (DDTree).
 
     ``rows`` [D, w]: the draft's distribution of the token at depth d + 1 (over ``draft_vocab.ids``

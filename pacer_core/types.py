@@ -67,7 +67,7 @@ class DecodeState:
 
     @property
     def new_tokens(self) -> list[int]:
-        return self.tokens[self.prompt_length:]
+        return self.tokens[self.prompt_length :]
 
     @property
     def budget_left(self) -> int:
@@ -185,8 +185,10 @@ class DraftInfo:
         if not isinstance(drafter, DeclaresDraftInfo):
             return DraftInfo()
         if not isinstance(drafter.draft_info, DraftInfo):
-            raise TypeError(f"{type(drafter).__name__}.draft_info must be a pacer_core.DraftInfo, "
-                            f"got {type(drafter.draft_info).__name__}")
+            raise TypeError(
+                f"{type(drafter).__name__}.draft_info must be a pacer_core.DraftInfo, "
+                f"got {type(drafter.draft_info).__name__}"
+            )
         return drafter.draft_info
 
 
@@ -233,8 +235,9 @@ class Component:
     # over the target's states, eagle), 'token' (a draft model), 'block' (one forward drafts a block);
     # None: no draft forward (lookups), or for a drafter of members (hybrid) its main member's kind.
     # Declared once here; the stops read it as ``Resources.draft_cost_kind``, the bench records it.
-    cost_kind: Optional[str] = attrs.field(default=None, validator=attrs.validators.optional(
-        attrs.validators.in_(DRAFTER_KINDS)))
+    cost_kind: Optional[str] = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.in_(DRAFTER_KINDS))
+    )
 
 
 @attrs.frozen(kw_only=True)

@@ -38,7 +38,24 @@ from .recipe import RECIPE, guard_recipe, recipe_difference
 from .run import RunFolder, open_run
 
 __all__ = [
-    "RECIPE", "RunFolder", "TrainingRun", "atomic_save", "atomic_write_bytes", "atomic_write_json", "atomic_write_text",
-    "check_out_dir", "cosine_lr", "count_parameters", "guard_recipe", "interruptible", "load_checkpoint",
-    "load_run_file", "open_run", "progress", "read_json", "recipe_difference", "set_threads", "training_command",
+    "RECIPE",
+    "RunFolder",
+    "TrainingRun",
+    "atomic_save",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "atomic_write_text",
+    "check_out_dir",
+    "cosine_lr",
+    "count_parameters",
+    "guard_recipe",
+    "interruptible",
+    "load_checkpoint",
+    "load_run_file",
+    "open_run",
+    "progress",
+    "read_json",
+    "recipe_difference",
+    "set_threads",
+    "training_command",
 ]

@@ -11,8 +11,9 @@ from typing import Any, Callable, Optional
 from pacer_core.commands import Runner, command
 
 
-def training_command(name: str, help: str, load: Callable[[Optional[str], list[str]], Any],
-                     run: Callable[[Any, str], Path]) -> Callable[[argparse.ArgumentParser], Runner]:
+def training_command(
+    name: str, help: str, load: Callable[[Optional[str], list[str]], Any], run: Callable[[Any, str], Path]
+) -> Callable[[argparse.ArgumentParser], Runner]:
     """Register ``pacer <name>``: ``load(config_path, overrides)`` validates the recipe (raising
     ``ConfigError`` in one line), ``run(cfg, command_line)`` does the work."""
 

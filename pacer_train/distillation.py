@@ -46,12 +46,22 @@ def batch_ids(cfg, step: int, train_ids: np.ndarray) -> np.ndarray:
     steps_per_epoch = max(1, len(train_ids) // t.batch_size)
     epoch, offset = divmod(step, steps_per_epoch)
     order = np.random.RandomState(cfg.seed + epoch).permutation(train_ids)
-    return np.sort(order[offset * t.batch_size:(offset + 1) * t.batch_size])
+    return np.sort(order[offset * t.batch_size : (offset + 1) * t.batch_size])
 
 
-def fit(cfg, out: Path, net: torch.nn.Module, tokens: torch.Tensor, features: np.memmap,
-        loss_fn, checkpoint: str = CHECKPOINT, fused: Optional[np.memmap] = None,
-        evaluate_fn=None, start: Optional[dict[str, Any]] = None, deadline: Optional[float] = None) -> dict[str, Any]:
+def fit(
+    cfg,
+    out: Path,
+    net: torch.nn.Module,
+    tokens: torch.Tensor,
+    features: np.memmap,
+    loss_fn,
+    checkpoint: str = CHECKPOINT,
+    fused: Optional[np.memmap] = None,
+    evaluate_fn=None,
+    start: Optional[dict[str, Any]] = None,
+    deadline: Optional[float] = None,
+) -> dict[str, Any]:
     """The training loop every student kind shares: AdamW over ``net``'s trainable parameters with
     warm-up and cosine decay, ``loss_fn(tokens [B, L], features [B, L, d], fused [B, L, n·d] or None,
     generator)`` per batch on the net's device, on pacer_train's ``TrainingRun`` (progress bar with ETA,
@@ -67,8 +77,14 @@ def fit(cfg, out: Path, net: torch.nn.Module, tokens: torch.Tensor, features: np
     params = [p for p in net.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
     total = int(t.epochs * max(1, len(train_ids) // t.batch_size))
-    run = TrainingRun(out / checkpoint, net, optimizer, total, log,
-                      extra={"start": start or {"init": None, "tokens_before": 0, "points": []}})
+    run = TrainingRun(
+        out / checkpoint,
+        net,
+        optimizer,
+        total,
+        log,
+        extra={"start": start or {"init": None, "tokens_before": 0, "points": []}},
+    )
     start = run.extra["start"]  # a resumed run keeps what it started from
     per_step = t.batch_size * tokens.shape[1]
     curve = scaling_name(checkpoint)
@@ -84,29 +100,54 @@ def fit(cfg, out: Path, net: torch.nn.Module, tokens: torch.Tensor, features: np
         return loss_fn(batch_tokens, batch_feats, batch_fused, generator)
 
     def record(step: int, loss, parts) -> dict[str, Any]:
-        entry = {"step": step, "loss": float(loss.detach()), **parts,
-                 "tokens": start["tokens_before"] + step * per_step}
+        entry = {
+            "step": step,
+            "loss": float(loss.detach()),
+            **parts,
+            "tokens": start["tokens_before"] + step * per_step,
+        }
         if evaluate_fn is not None:
             entry.update(evaluate_fn())
-            latest[0] = f"{entry['heldout_top1_first']:.3f}/{entry['heldout_top1_second']:.3f}" \
-                if "heldout_top1_second" in entry else f"{entry['heldout_top1_first']:.3f}"
+            latest[0] = (
+                f"{entry['heldout_top1_first']:.3f}/{entry['heldout_top1_second']:.3f}"
+                if "heldout_top1_second" in entry
+                else f"{entry['heldout_top1_first']:.3f}"
+            )
             eta = (time.time() - started) / max(1, step - first_step) * (total - step)
-            log(f"step {step}/{total}: {entry['tokens']:,} tokens seen, held-out top-1 agreement "
-                f"{latest[0]} (draft position 1/2), about {eta / 60:.1f} min left")
+            log(
+                f"step {step}/{total}: {entry['tokens']:,} tokens seen, held-out top-1 agreement "
+                f"{latest[0]} (draft position 1/2), about {eta / 60:.1f} min left"
+            )
         write_scaling(out / curve, start, run.history + [entry])
         return entry
 
     def postfix(step: int, loss, parts) -> dict[str, str]:
-        shown = {"loss": f"{float(loss.detach()):.3f}", "top1": f"{parts['top1']:.2f}",
-                 "tok_s": f"{seen[0] / (time.time() - started):.0f}"}
+        shown = {
+            "loss": f"{float(loss.detach()):.3f}",
+            "top1": f"{parts['top1']:.2f}",
+            "tok_s": f"{seen[0] / (time.time() - started):.0f}",
+        }
         return {**shown, "held": latest[0]} if latest[0] else shown
 
-    finished = run.fit(step_loss, lambda step: cosine_lr(step, total, t.warmup, t.lr, LR_FLOOR), t.checkpoint_every,
-                       record=record, after_step=postfix, deadline=deadline)
+    finished = run.fit(
+        step_loss,
+        lambda step: cosine_lr(step, total, t.warmup, t.lr, LR_FLOOR),
+        t.checkpoint_every,
+        record=record,
+        after_step=postfix,
+        deadline=deadline,
+    )
     write_scaling(out / curve, start, run.history)
-    return {"steps": run.step, "total_steps": total, "finished": finished, "tokens_seen": run.step * per_step,
-            "tokens_total": start["tokens_before"] + run.step * per_step, "init": start.get("init"),
-            "init_corpus_sources": init_sources(start), "history": run.history}
+    return {
+        "steps": run.step,
+        "total_steps": total,
+        "finished": finished,
+        "tokens_seen": run.step * per_step,
+        "tokens_total": start["tokens_before"] + run.step * per_step,
+        "init": start.get("init"),
+        "init_corpus_sources": init_sources(start),
+        "history": run.history,
+    }
 
 
 def init_sources(start: dict[str, Any]) -> Optional[dict[str, Any]]:
@@ -140,8 +181,11 @@ def scaling_name(checkpoint: str) -> str:
 
 def scaling_points(start: dict[str, Any], history: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """(tokens seen → held-out agreement) points: the init's curve, then this run's checkpoints."""
-    own = [{"tokens": h["tokens"], "step": h["step"], **{k: h[k] for k in HELDOUT_KEYS if k in h}}
-           for h in history if "heldout_top1_first" in h and "tokens" in h]
+    own = [
+        {"tokens": h["tokens"], "step": h["step"], **{k: h[k] for k in HELDOUT_KEYS if k in h}}
+        for h in history
+        if "heldout_top1_first" in h and "tokens" in h
+    ]
     return list(start.get("points", [])) + own
 
 
@@ -149,8 +193,9 @@ def write_scaling(path: Path, start: dict[str, Any], history: list[dict[str, Any
     """The curve ``path`` ({init, tokens_before, points}) and, when matplotlib is installed, its plot
     beside it (the same name, ``.png``)."""
     points = scaling_points(start, history)
-    atomic_write_json(path, {"init": start.get("init"), "tokens_before": start.get("tokens_before", 0),
-                                         "points": points})
+    atomic_write_json(
+        path, {"init": start.get("init"), "tokens_before": start.get("tokens_before", 0), "points": points}
+    )
     try:
         import matplotlib
     except ImportError:
@@ -162,8 +207,11 @@ def write_scaling(path: Path, start: dict[str, Any], history: list[dict[str, Any
         return
     fig, ax = plt.subplots(figsize=(6, 4))
     tokens = [p["tokens"] for p in points]
-    for key, label in (("heldout_top1_first", "draft position 1"), ("heldout_top1_second", "draft position 2"),
-                       ("heldout_top1_first_two", "positions 1 and 2")):
+    for key, label in (
+        ("heldout_top1_first", "draft position 1"),
+        ("heldout_top1_second", "draft position 2"),
+        ("heldout_top1_first_two", "positions 1 and 2"),
+    ):
         if any(key in p for p in points):
             ax.plot(tokens, [p.get(key, float("nan")) for p in points], marker="o", label=label)
     if start.get("tokens_before"):

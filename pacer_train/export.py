@@ -38,8 +38,14 @@ def speculators_section(algorithm: str, verifier: str, speculative_tokens: int) 
         "speculators_model_type": algorithm,
         "speculators_config": {
             "algorithm": algorithm,
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens,
-                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+            "proposal_methods": [
+                {
+                    "proposal_type": "greedy",
+                    "speculative_tokens": speculative_tokens,
+                    "verifier_accept_k": 1,
+                    "accept_tolerance": 0.0,
+                }
+            ],
             "default_proposal_method": "greedy",
             "verifier": {"name_or_path": verifier, "architectures": []},
         },

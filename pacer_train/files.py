@@ -22,8 +22,15 @@ from pacer_core.commands import check_out_dir
 from pacer_core.errors import InputError
 from pacer_core.jsonfile import loads, read_bytes
 
-__all__ = ["atomic_save", "atomic_write_bytes", "atomic_write_json", "atomic_write_text", "check_out_dir",
-           "load_run_file", "read_json"]
+__all__ = [
+    "atomic_save",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "atomic_write_text",
+    "check_out_dir",
+    "load_run_file",
+    "read_json",
+]
 
 
 def _atomic(path: Path, write: Callable[[Any], None]) -> None:
@@ -59,9 +66,11 @@ def load_run_file(path: Path, what: str = "file") -> Any:
     try:
         return torch.load(path, weights_only=True, map_location="cpu")
     except Exception as exc:  # torch raises several kinds (UnpicklingError, RuntimeError, EOFError, ...)
-        raise InputError(f"the {what} '{path}' cannot be read safely ({type(exc).__name__}): it is truncated, "
-                         "damaged, or holds more than plain tensors and numbers (this project never writes "
-                         "such a file); delete it and run the same command again to redo that part") from None
+        raise InputError(
+            f"the {what} '{path}' cannot be read safely ({type(exc).__name__}): it is truncated, "
+            "damaged, or holds more than plain tensors and numbers (this project never writes "
+            "such a file); delete it and run the same command again to redo that part"
+        ) from None
 
 
 def read_json(path: Path, what: str = "file") -> Any:
@@ -71,5 +80,7 @@ def read_json(path: Path, what: str = "file") -> Any:
     try:
         return loads(data.decode("utf-8"))
     except ValueError as exc:  # not UTF-8, not JSON, or nested too deep
-        raise InputError(f"the {what} '{path}' cannot be read ({type(exc).__name__}: "
-                         f"{str(exc).splitlines()[0][:160] if str(exc) else ''}): fix or delete it") from None
+        raise InputError(
+            f"the {what} '{path}' cannot be read ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0][:160] if str(exc) else ''}): fix or delete it"
+        ) from None

@@ -101,15 +101,19 @@ def load_checkpoint(path: Path, net: torch.nn.Module, optimizer: torch.optim.Opt
     """Restore ``net`` and ``optimizer`` from a checkpoint ``TrainingRun`` wrote; returns it."""
     state = load_run_file(path, "checkpoint")
     if not isinstance(state, dict) or any(key not in state for key in CHECKPOINT_KEYS):
-        raise InputError(f"the checkpoint '{path}' is not one this project wrote (it lacks "
-                         f"{', '.join(CHECKPOINT_KEYS)}): delete it to train from the start")
+        raise InputError(
+            f"the checkpoint '{path}' is not one this project wrote (it lacks "
+            f"{', '.join(CHECKPOINT_KEYS)}): delete it to train from the start"
+        )
     try:
         net.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
     except (RuntimeError, ValueError, KeyError) as exc:
-        raise InputError(f"the checkpoint '{path}' holds another model shape than this run's "
-                         f"({type(exc).__name__}): delete it to train this shape from the start, or choose "
-                         "another out= folder") from None
+        raise InputError(
+            f"the checkpoint '{path}' holds another model shape than this run's "
+            f"({type(exc).__name__}): delete it to train this shape from the start, or choose "
+            "another out= folder"
+        ) from None
     return state
 
 
@@ -118,8 +122,15 @@ class TrainingRun:
     ``checkpoint`` (``extra`` items are stored with every checkpoint; resuming, the checkpoint's own
     extra items replace the given ones, so what a run recorded at its start stays)."""
 
-    def __init__(self, checkpoint: Path, net: torch.nn.Module, optimizer: torch.optim.Optimizer, total: int,
-                 log: Callable[[str], None], extra: Optional[dict[str, Any]] = None):
+    def __init__(
+        self,
+        checkpoint: Path,
+        net: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        total: int,
+        log: Callable[[str], None],
+        extra: Optional[dict[str, Any]] = None,
+    ):
         self.checkpoint, self.net, self.optimizer, self.total, self.log = Path(checkpoint), net, optimizer, total, log
         self.extra = dict(extra or {})
         self.step, self.history = 0, []
@@ -130,13 +141,28 @@ class TrainingRun:
             log(f"resuming at step {self.step}/{total}")
 
     def save(self) -> None:
-        atomic_save(self.checkpoint, {"model": self.net.state_dict(), "optimizer": self.optimizer.state_dict(),
-                                      "step": self.step, "history": self.history, **self.extra})
+        atomic_save(
+            self.checkpoint,
+            {
+                "model": self.net.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "step": self.step,
+                "history": self.history,
+                **self.extra,
+            },
+        )
 
-    def fit(self, step_loss: Callable[[int], tuple[torch.Tensor, dict[str, Any]]], lr: Callable[[int], float],
-            checkpoint_every: int, record: Callable[[int, torch.Tensor, dict[str, Any]], dict[str, Any]],
-            after_step: Callable[[int, torch.Tensor, dict[str, Any]], dict[str, str]] = lambda *a: {},
-            clip: float = 1.0, desc: str = "train", deadline: Optional[float] = None) -> bool:
+    def fit(
+        self,
+        step_loss: Callable[[int], tuple[torch.Tensor, dict[str, Any]]],
+        lr: Callable[[int], float],
+        checkpoint_every: int,
+        record: Callable[[int, torch.Tensor, dict[str, Any]], dict[str, Any]],
+        after_step: Callable[[int, torch.Tensor, dict[str, Any]], dict[str, str]] = lambda *a: {},
+        clip: float = 1.0,
+        desc: str = "train",
+        deadline: Optional[float] = None,
+    ) -> bool:
         """Train from ``self.step`` to ``self.total``. Per step: learning rate ``lr(step)``, then
         ``step_loss(step) -> (loss, parts)``, backward, gradient-norm clipping at ``clip``, optimizer step;
         then ``after_step(step, loss, parts)`` gives the progress bar's postfix, and at checkpoints
@@ -164,12 +190,15 @@ class TrainingRun:
                     self.history.append(record(self.step, loss, parts))
                     self.save()
                 if out_of_time:
-                    self.log(f"time budget reached: checkpoint kept at step {self.step}/{self.total}; "
-                             "run the same command to continue")
+                    self.log(
+                        f"time budget reached: checkpoint kept at step {self.step}/{self.total}; "
+                        "run the same command to continue"
+                    )
                     return False
             if stop:
                 self.save()
-                self.log(f"interrupted: checkpoint kept at step {self.step}/{self.total}; "
-                         "run the same command to resume")
+                self.log(
+                    f"interrupted: checkpoint kept at step {self.step}/{self.total}; run the same command to resume"
+                )
                 raise KeyboardInterrupt
         return True

@@ -46,8 +46,9 @@ def _default(field: attrs.Attribute) -> Any:
     return None if default is attrs.NOTHING else default
 
 
-def recipe_difference(before: dict[str, Any], now: Any, keys: Optional[Iterable[str]] = None,
-                      prefix: str = "") -> Optional[tuple[str, Any, Any, bool]]:
+def recipe_difference(
+    before: dict[str, Any], now: Any, keys: Optional[Iterable[str]] = None, prefix: str = ""
+) -> Optional[tuple[str, Any, Any, bool]]:
     """The first option of ``now`` (an attrs config) that the rule above refuses, limited to the
     top-level ``keys`` (all when None): (dotted name, the value it must have, its current value,
     whether that value was recorded or is the option's default); None when ``now`` agrees."""
@@ -80,10 +81,15 @@ def guard_recipe(folder: Path, cfg: Any, data_keys: Iterable[str], free: str) ->
         found = recipe_difference(before if isinstance(before, dict) else {}, cfg, data_keys)
         if found:
             name, old, new, recorded = found
-            shown = json.dumps(old) + ("" if recorded else " (not recorded: the option is newer than the run, "
-                                                           "which therefore used its default)")
-            raise InputError(f"'{folder}' holds a run made with {name}={shown}, and this run has {name}="
-                             f"{json.dumps(new)}: choose a new out= folder, or rerun with the folder's "
-                             f"value ({free} may change between runs on one folder)")
+            shown = json.dumps(old) + (
+                ""
+                if recorded
+                else " (not recorded: the option is newer than the run, which therefore used its default)"
+            )
+            raise InputError(
+                f"'{folder}' holds a run made with {name}={shown}, and this run has {name}="
+                f"{json.dumps(new)}: choose a new out= folder, or rerun with the folder's "
+                f"value ({free} may change between runs on one folder)"
+            )
     atomic_write_json(path, recipe)
     return recipe

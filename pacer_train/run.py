@@ -37,8 +37,9 @@ class RunFolder:
         return self.export if self.export is not None else self.out / default
 
 
-def open_run(out: Union[str, Path], cfg: Any, data_keys: Iterable[str], free: str,
-             export: Optional[Union[str, Path]] = None) -> RunFolder:
+def open_run(
+    out: Union[str, Path], cfg: Any, data_keys: Iterable[str], free: str, export: Optional[Union[str, Path]] = None
+) -> RunFolder:
     """Check and create the run folder ``out`` (and check ``export``), refuse ``cfg`` if the folder
     holds a run whose recipe differs under ``data_keys`` (``free`` names, for the message, what may
     change between runs), store ``cfg`` as its recipe. One-line errors, before any model loads."""

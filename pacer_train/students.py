@@ -35,8 +35,15 @@ def student_from_target(target: HFModel, layers: Sequence[int]) -> Any:
     return student
 
 
-def save_student(student: Any, folder: Path, *, target_path: Optional[str], target_digest: str,
-                 dtype: str = "bfloat16", vocab_subset: Optional[Sequence[int]] = None) -> int:
+def save_student(
+    student: Any,
+    folder: Path,
+    *,
+    target_path: Optional[str],
+    target_digest: str,
+    dtype: str = "bfloat16",
+    vocab_subset: Optional[Sequence[int]] = None,
+) -> int:
     """Write ``student`` as an HF folder without the tensors it shares with its target (the input
     embeddings, and the tied output layer): ``pacer-shared.json`` says where to get them, and
     ``materialize`` completes the folder on first load. Returns the bytes written for the weights."""
@@ -44,17 +51,22 @@ def save_student(student: Any, folder: Path, *, target_path: Optional[str], targ
 
     folder.mkdir(parents=True, exist_ok=True)
     embed_name = "model.embed_tokens.weight"
-    state = {k: v.detach().to(DTYPES[dtype]).contiguous() for k, v in student.state_dict().items()
-             if k != embed_name and not (k == "lm_head.weight" and student.config.tie_word_embeddings)}
+    state = {
+        k: v.detach().to(DTYPES[dtype]).contiguous()
+        for k, v in student.state_dict().items()
+        if k != embed_name and not (k == "lm_head.weight" and student.config.tie_word_embeddings)
+    }
     save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
     config = copy.deepcopy(student.config)
     config.dtype = dtype
     config.save_pretrained(folder)
     if student.generation_config is not None:
         student.generation_config.save_pretrained(folder)
-    (folder / SHARED_FILE).write_text(json.dumps(
-        {"target_path": target_path, "target_digest": target_digest,
-         "tensors": {embed_name: embed_name}}, indent=2))
+    (folder / SHARED_FILE).write_text(
+        json.dumps(
+            {"target_path": target_path, "target_digest": target_digest, "tensors": {embed_name: embed_name}}, indent=2
+        )
+    )
     if vocab_subset is not None:
         (folder / SUBSET_FILE).write_text(json.dumps(sorted(int(t) for t in vocab_subset)))
     return (folder / "model.safetensors").stat().st_size
@@ -67,16 +79,18 @@ def last_hidden_states(target: HFModel, input_ids: torch.Tensor) -> torch.Tensor
 
 
 @torch.inference_mode()
-def target_states(target: HFModel, input_ids: torch.Tensor, groups: Sequence[Optional[Sequence[int]]]
-                  ) -> list[torch.Tensor]:
+def target_states(
+    target: HFModel, input_ids: torch.Tensor, groups: Sequence[Optional[Sequence[int]]]
+) -> list[torch.Tensor]:
     """Several kinds of target states from one forward over a batch [B, L]: per group, None = the
     last-layer states after the final norm ([B, L, d], ``last_hidden_states``), else the inputs of
     those decoder layers concatenated ([B, L, len × d], ``layer_inputs``)."""
     fused = any(group is not None for group in groups)
-    out = target.model.base_model(input_ids=input_ids.to(target.device), use_cache=False,
-                                  output_hidden_states=fused)
-    return [out.last_hidden_state if group is None else torch.cat([out.hidden_states[i] for i in group], dim=-1)
-            for group in groups]
+    out = target.model.base_model(input_ids=input_ids.to(target.device), use_cache=False, output_hidden_states=fused)
+    return [
+        out.last_hidden_state if group is None else torch.cat([out.hidden_states[i] for i in group], dim=-1)
+        for group in groups
+    ]
 
 
 def layer_inputs(target: HFModel, input_ids: torch.Tensor, layers: Sequence[int]) -> torch.Tensor:

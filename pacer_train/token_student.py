@@ -24,8 +24,9 @@ from .loop import count_parameters
 TOKEN_CHECKPOINT = "checkpoint-token.pt"  # beside the feature-level students' checkpoint.pt in one run folder
 
 
-def token_loss(student, head_sub: torch.Tensor, tokens: torch.Tensor, feats: torch.Tensor,
-               temperature: float = 1.0) -> tuple[torch.Tensor, dict[str, float]]:
+def token_loss(
+    student, head_sub: torch.Tensor, tokens: torch.Tensor, feats: torch.Tensor, temperature: float = 1.0
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Soft cross-entropy (KL up to a constant) from the student's next-token distribution at every
     position to the target's (its logits divided by ``temperature``), both over the draft's vocabulary
     subset; the target's logits come from its cached last hidden states (``feats``), so no target
@@ -39,8 +40,9 @@ def token_loss(student, head_sub: torch.Tensor, tokens: torch.Tensor, feats: tor
 
 
 @torch.no_grad()
-def evaluate_token(student, head_full: torch.Tensor, subset: torch.Tensor, tokens: torch.Tensor,
-                   feats: torch.Tensor) -> dict[str, float]:
+def evaluate_token(
+    student, head_full: torch.Tensor, subset: torch.Tensor, tokens: torch.Tensor, feats: torch.Tensor
+) -> dict[str, float]:
     """Held-out agreement with the target's greedy next token (full vocabulary): the student's
     argmax over its subset at each position (its first draft token), and for two tokens in a row."""
     student.eval()
@@ -49,12 +51,21 @@ def evaluate_token(student, head_full: torch.Tensor, subset: torch.Tensor, token
     target_next = (feats @ head_full.T).argmax(-1)
     hit = draft_next == target_next
     student.train()
-    return {"heldout_top1_first": float(hit.float().mean()),
-            "heldout_top1_first_two": float((hit[:, :-1] & hit[:, 1:]).float().mean())}
+    return {
+        "heldout_top1_first": float(hit.float().mean()),
+        "heldout_top1_first_two": float((hit[:, :-1] & hit[:, 1:]).float().mean()),
+    }
 
 
-def train_token(cfg, out: Path, tokens: torch.Tensor, features: np.memmap, target,
-                subset: torch.Tensor, deadline: Optional[float] = None):
+def train_token(
+    cfg,
+    out: Path,
+    tokens: torch.Tensor,
+    features: np.memmap,
+    target,
+    subset: torch.Tensor,
+    deadline: Optional[float] = None,
+):
     from pacer_train.students import student_from_target
 
     layers = [i % target.num_layers for i in cfg.student.layers]
@@ -72,22 +83,40 @@ def train_token(cfg, out: Path, tokens: torch.Tensor, features: np.memmap, targe
     def measure() -> dict[str, float]:
         return evaluate_token(student, head_full, subset.to(device), tokens[:held].to(device), held_feats)
 
-    training = fit(cfg, out, student, tokens, features,
-                   lambda batch_tokens, batch_feats, batch_fused, generator: token_loss(
-                       student, head_sub, batch_tokens, batch_feats, cfg.train.teacher_temperature),
-                   checkpoint=TOKEN_CHECKPOINT, evaluate_fn=measure, deadline=deadline)
+    training = fit(
+        cfg,
+        out,
+        student,
+        tokens,
+        features,
+        lambda batch_tokens, batch_feats, batch_fused, generator: token_loss(
+            student, head_sub, batch_tokens, batch_feats, cfg.train.teacher_temperature
+        ),
+        checkpoint=TOKEN_CHECKPOINT,
+        evaluate_fn=measure,
+        deadline=deadline,
+    )
     return student, measure(), training
 
 
-def save_token_draft(student, folder: Path, manifest: dict[str, Any], *, target_path: Optional[str],
-                     target_digest: str, dtype: str, subset: torch.Tensor) -> None:
+def save_token_draft(
+    student,
+    folder: Path,
+    manifest: dict[str, Any],
+    *,
+    target_path: Optional[str],
+    target_digest: str,
+    dtype: str,
+    subset: torch.Tensor,
+) -> None:
     """The draft folder (replacing one there): the student's own tensors in ``dtype``, the vocabulary
     subset, and ``manifest`` completed with the bytes stored and the trainable parameters."""
     from pacer_train.students import save_student
 
     if folder.exists():
         shutil.rmtree(folder)
-    manifest["stored_bytes"] = save_student(student, folder, target_path=target_path, target_digest=target_digest,
-                                            dtype=dtype, vocab_subset=subset.tolist())
+    manifest["stored_bytes"] = save_student(
+        student, folder, target_path=target_path, target_digest=target_digest, dtype=dtype, vocab_subset=subset.tolist()
+    )
     manifest["parameters"] = count_parameters(student, trainable_only=True)
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str))

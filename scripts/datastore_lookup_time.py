@@ -24,7 +24,7 @@ def build(size: int, rng: np.random.Generator, vocab: int = 49152, doc: int = 25
     ids = np.minimum(rng.zipf(1.2, size), vocab) - 1  # [size] frequent ids small, as in text
     for start in range(0, size, doc):
         begin = time.perf_counter()
-        index.add(ids[start:start + doc])
+        index.add(ids[start : start + doc])
         added += time.perf_counter() - begin
     return index, added / max(1, size // doc)
 
@@ -32,8 +32,8 @@ def build(size: int, rng: np.random.Generator, vocab: int = 49152, doc: int = 25
 def lookup(index: TokenIndex, context: np.ndarray, num_tokens: int = 8) -> list[list[int]]:
     """What ``Datastore.phrases`` does for one store (max_ngram 4, min_ngram 2, 64 matches, 4 branches)."""
     for n in range(4, 1, -1):
-        found = [context[p + n: p + n + num_tokens].tolist() for p in context_matches(context, n)[:64]]
-        suffix = context[len(context) - n:].tolist()
+        found = [context[p + n : p + n + num_tokens].tolist() for p in context_matches(context, n)[:64]]
+        suffix = context[len(context) - n :].tolist()
         found += [index.continuation(p + n, num_tokens) for p in index.find(suffix)[: 64 - len(found)]]
         found = [f for f in found if f]
         if found:
@@ -52,7 +52,7 @@ def main() -> None:
         rng = np.random.default_rng(0)
         index, add_s = build(size, rng)
         starts = rng.integers(0, len(index.tokens) - args.context, args.lookups)
-        contexts = [index.tokens[s:s + args.context] for s in starts]
+        contexts = [index.tokens[s : s + args.context] for s in starts]
         contexts = [c[c >= 0] for c in contexts]  # separators out: a context is plain tokens
         hits, begin = 0, time.perf_counter()
         for context in contexts:

@@ -26,21 +26,26 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("run", help="a `pacer distill` run folder (out=) whose features stage finished")
     p.add_argument("drafts", nargs="+", help="feature-level draft folders `pacer distill` wrote")
-    p.add_argument("--heldout", type=int, default=24,
-                   help="the run's held-out sequences (its corpus.heldout_sequences)")
+    p.add_argument(
+        "--heldout", type=int, default=24, help="the run's held-out sequences (its corpus.heldout_sequences)"
+    )
     p.add_argument("--train", type=int, default=96, help="training sequences to measure the fit on")
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
     run = Path(args.run)
     for needed in ("corpus.pt", "features.f16", "features.done"):
         if not (run / needed).is_file():
-            print(f"draft_fit: '{run / needed}' is missing: give a `pacer distill` run folder whose features stage "
-                  "finished", file=sys.stderr)
+            print(
+                f"draft_fit: '{run / needed}' is missing: give a `pacer distill` run folder whose features stage "
+                "finished",
+                file=sys.stderr,
+            )
             return 2
     for name in args.drafts:
         if not (Path(name) / "manifest.json").is_file():
-            print(f"draft_fit: '{name}' is not a draft folder `pacer distill` wrote (no manifest.json)",
-                  file=sys.stderr)
+            print(
+                f"draft_fit: '{name}' is not a draft folder `pacer distill` wrote (no manifest.json)", file=sys.stderr
+            )
             return 2
     from pacer_core.config import ModelConfig
     from pacer_core.hf import load_section
@@ -51,15 +56,19 @@ def main() -> int:
     tokens = torch.load(run / "corpus.pt", weights_only=True)["tokens"]
     count, length = tokens.shape
     if int((run / "features.done").read_text().strip() or 0) < count or count < args.heldout + args.train:
-        print(f"draft_fit: '{run}' has not finished its features, or holds fewer than --heldout + --train "
-              f"({args.heldout + args.train}) sequences", file=sys.stderr)
+        print(
+            f"draft_fit: '{run}' has not finished its features, or holds fewer than --heldout + --train "
+            f"({args.heldout + args.train}) sequences",
+            file=sys.stderr,
+        )
         return 2
     target, _, _ = load_section(ModelConfig(dtype="float32"), "target")
     embed, head = (w.float() for w in target.embedding_weights())
     features = np.memmap(run / "features.f16", dtype=np.float16, mode="r", shape=(count, length, target.hidden_size))
-    rows = {"heldout": np.arange(args.heldout),
-            "train": np.sort(np.random.default_rng(0).choice(np.arange(args.heldout, count), args.train,
-                                                             replace=False))}
+    rows = {
+        "heldout": np.arange(args.heldout),
+        "train": np.sort(np.random.default_rng(0).choice(np.arange(args.heldout, count), args.train, replace=False)),
+    }
     results = {}
     for name in args.drafts:
         net = load_draft(Path(name))
@@ -68,8 +77,10 @@ def main() -> int:
             feats = torch.from_numpy(np.asarray(features[ids], dtype=np.float32))
             with torch.no_grad():
                 results[name][label] = evaluate(net, embed, head, net.subset, tokens[ids], feats)
-        shown = "; ".join(f"{label}: first {r['heldout_top1_first']:.4f}, second {r['heldout_top1_second']:.4f}"
-                          for label, r in results[name].items())
+        shown = "; ".join(
+            f"{label}: first {r['heldout_top1_first']:.4f}, second {r['heldout_top1_second']:.4f}"
+            for label, r in results[name].items()
+        )
         print(f"{name}: {shown}", flush=True)
     (run / "draft_fit.json").write_text(json.dumps(results, indent=1))
     return 0

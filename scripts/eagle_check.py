@@ -61,27 +61,39 @@ def eagle_checkout(folder: str | None) -> Path:
         raise Stop(3, f"no SafeAILab/EAGLE checkout given: {clone}, then --eagle DIR (or PACER_EAGLE_SRC=DIR)")
     path = Path(folder).expanduser()
     if not all((path / "eagle" / "model" / name).is_file() for name in ("ea_model.py", "cnets1.py")):
-        raise Stop(3, f"'{path}' is not a SafeAILab/EAGLE checkout (no eagle/model/ea_model.py and cnets1.py): "
-                      f"{clone} and give that folder")
+        raise Stop(
+            3,
+            f"'{path}' is not a SafeAILab/EAGLE checkout (no eagle/model/ea_model.py and cnets1.py): "
+            f"{clone} and give that folder",
+        )
     return path.resolve()
 
 
 def check_environment(venv: Path) -> Path:
     """The check's environment with ``PACKAGES``, installed once (a stamp records what is in it); its Python."""
     if venv.resolve() == Path(sys.prefix).resolve():
-        raise Stop(2, f"PACER_EAGLE_VENV is the project's environment ({venv}): EAGLE's code needs transformers 4; "
-                      "give another folder")
+        raise Stop(
+            2,
+            f"PACER_EAGLE_VENV is the project's environment ({venv}): EAGLE's code needs transformers 4; "
+            "give another folder",
+        )
     stamp, python = venv / ".pacer-eagle-check", venv / "bin" / "python"
     if stamp.is_file() and stamp.read_text().split() == list(PACKAGES):
         return python
-    print(f"eagle_check: installing {' with '.join(reversed(PACKAGES))} into {venv} (first run: a minute)",
-          file=sys.stderr, flush=True)
+    print(
+        f"eagle_check: installing {' with '.join(reversed(PACKAGES))} into {venv} (first run: a minute)",
+        file=sys.stderr,
+        flush=True,
+    )
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
     extra = shlex.split(os.environ.get("PACER_EAGLE_PIP_ARGS", ""))
     if subprocess.run([str(python), "-m", "pip", "install", "-q", *extra, *PACKAGES]).returncode != 0:
-        raise Stop(1, f"pip could not install {' and '.join(PACKAGES)} (PyPI's torch 2.13.0 is a CUDA build): give "
-                      "pip an index or a folder holding the +cpu build in PACER_EAGLE_PIP_ARGS (--extra-index-url "
-                      "URL or --find-links DIR)")
+        raise Stop(
+            1,
+            f"pip could not install {' and '.join(PACKAGES)} (PyPI's torch 2.13.0 is a CUDA build): give "
+            "pip an index or a folder holding the +cpu build in PACER_EAGLE_PIP_ARGS (--extra-index-url "
+            "URL or --find-links DIR)",
+        )
     stamp.write_text(" ".join(PACKAGES) + "\n")
     return python
 
@@ -125,10 +137,16 @@ class Parser(argparse.ArgumentParser):
 
 def main(argv: list[str] | None = None) -> int:
     p = Parser(prog="eagle_check.py", description=__doc__.splitlines()[0])
-    p.add_argument("--eagle", default=os.environ.get("PACER_EAGLE_SRC"),
-                   help="a SafeAILab/EAGLE checkout (default $PACER_EAGLE_SRC)")
-    p.add_argument("--work", default=str(ROOT / "runs" / "eagle_check"),
-                   help="the exports, prompts, EAGLE's log and the results (default runs/eagle_check)")
+    p.add_argument(
+        "--eagle",
+        default=os.environ.get("PACER_EAGLE_SRC"),
+        help="a SafeAILab/EAGLE checkout (default $PACER_EAGLE_SRC)",
+    )
+    p.add_argument(
+        "--work",
+        default=str(ROOT / "runs" / "eagle_check"),
+        help="the exports, prompts, EAGLE's log and the results (default runs/eagle_check)",
+    )
     p.add_argument("--prompts", type=whole, default=2, help="demo prompts (default 2)")
     p.add_argument("--max-new-tokens", type=whole, default=32, help="tokens compared per prompt (default 32)")
     p.add_argument("--threads", type=whole, default=1, help="torch threads on both sides (default 1)")
@@ -145,8 +163,11 @@ def run_check(args: argparse.Namespace) -> int:
     try:
         import pacer_bench  # noqa: F401  (the project's environment)
     except ImportError:
-        raise Stop(2, "run it with the project's Python: .venv/bin/python scripts/eagle_check.py (bash "
-                      "scripts/bootstrap.sh makes .venv)") from None
+        raise Stop(
+            2,
+            "run it with the project's Python: .venv/bin/python scripts/eagle_check.py (bash "
+            "scripts/bootstrap.sh makes .venv)",
+        ) from None
     os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     cache = Path(os.environ.get("PACER_CACHE", "~/.cache/pacer-sd")).expanduser()
     work = fresh_work(Path(args.work).expanduser())
@@ -163,43 +184,73 @@ def run_check(args: argparse.Namespace) -> int:
     pacer("export", str(DRAFT), str(work / "draft"), "--engine", "eagle")
     pacer("export-target", str(work / "target"))
     target, tokenizer, _ = load_model(None, "float32", "cpu", None, "target")
-    plan = load_plan(overrides=["strategy.drafter={name: autoregressive}", "strategy.stop=[]", "target.dtype=float32",
-                                f"generation.max_new_tokens={args.max_new_tokens}"])
+    plan = load_plan(
+        overrides=[
+            "strategy.drafter={name: autoregressive}",
+            "strategy.stop=[]",
+            "target.dtype=float32",
+            f"generation.max_new_tokens={args.max_new_tokens}",
+        ]
+    )
     engine = Engine.build(target, draft=load_stack_draft(plan, tokenizer), tokenizer=tokenizer, plan=plan)
     prompts = [engine.encode(prompt.text) for prompt in demo_prompts(args.prompts)]  # chat template, as `pacer demo`
     (work / "prompts.json").write_text(json.dumps(prompts))
     ours = [list(engine.generate(list(ids)).tokens) for ids in prompts]
     (work / "ours.json").write_text(json.dumps(ours))
 
-    command = [str(python), str(RUNNER), "--eagle", str(eagle), "--target", str(work / "target"),
-               "--draft", str(work / "draft"), "--prompts", str(work / "prompts.json"),
-               "--max-new-tokens", str(args.max_new_tokens), "--threads", str(args.threads),
-               "--out", str(work / "eagle.json")]
+    command = [
+        str(python),
+        str(RUNNER),
+        "--eagle",
+        str(eagle),
+        "--target",
+        str(work / "target"),
+        "--draft",
+        str(work / "draft"),
+        "--prompts",
+        str(work / "prompts.json"),
+        "--max-new-tokens",
+        str(args.max_new_tokens),
+        "--threads",
+        str(args.threads),
+        "--out",
+        str(work / "eagle.json"),
+    ]
     with open(work / "eagle.log", "w") as log:
         if subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode != 0:
             tail = (work / "eagle.log").read_text().strip().splitlines()[-1:]
-            raise Stop(1, f"EAGLE's code failed ({tail[0] if tail else 'no output'}; its whole log: "
-                          f"{work / 'eagle.log'})")
+            raise Stop(
+                1, f"EAGLE's code failed ({tail[0] if tail else 'no output'}; its whole log: {work / 'eagle.log'})"
+            )
     theirs = json.loads((work / "eagle.json").read_text())
     commit = "commit unknown (not a git checkout)"
     if (eagle / ".git").exists():  # its own repository, not one it lies inside
         head = subprocess.run(["git", "-C", str(eagle), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
         commit = head.stdout.strip() or commit
     tree = theirs["tree"]
-    print(f"SafeAILab/EAGLE {commit}, transformers {theirs['transformers']}, torch {theirs['torch']}; the target "
-          f"as EAGLE's code read it: rope_theta {theirs['rope_theta']:g}; EAGLE-2 tree total_token "
-          f"{tree['total_token']}, depth {tree['depth']}, top_k {tree['top_k']}; greedy, float32", flush=True)
+    print(
+        f"SafeAILab/EAGLE {commit}, transformers {theirs['transformers']}, torch {theirs['torch']}; the target "
+        f"as EAGLE's code read it: rope_theta {theirs['rope_theta']:g}; EAGLE-2 tree total_token "
+        f"{tree['total_token']}, depth {tree['depth']}, top_k {tree['top_k']}; greedy, float32",
+        flush=True,
+    )
     passed = True
-    for n, (ids, mine, spec, naive, steps, made) in enumerate(zip(
-            prompts, ours, theirs["eagle"], theirs["naive"], theirs["steps"], theirs["eagle_new_tokens"]), 1):
+    for n, (ids, mine, spec, naive, steps, made) in enumerate(
+        zip(prompts, ours, theirs["eagle"], theirs["naive"], theirs["steps"], theirs["eagle_new_tokens"]), 1
+    ):
         spec_at, naive_at = first_difference(mine, spec), first_difference(mine, naive)
         passed = passed and spec_at < 0 and naive_at < 0
 
-        print(f"prompt {n} ({len(ids)} tokens), {len(mine)} new tokens: EaModel.eagenerate {verdict(spec_at)} "
-              f"({made} tokens in {steps} target forwards), naivegenerate {verdict(naive_at)} to ours plain",
-              flush=True)
-    print(f"eagle check: {'passed' if passed else 'FAILED'} ({theirs['cpu_seconds']:.0f} s of CPU time in EAGLE's "
-          "process)", flush=True)
+        print(
+            f"prompt {n} ({len(ids)} tokens), {len(mine)} new tokens: EaModel.eagenerate {verdict(spec_at)} "
+            f"({made} tokens in {steps} target forwards), naivegenerate {verdict(naive_at)} to ours plain",
+            flush=True,
+        )
+    print(
+        f"eagle check: {'passed' if passed else 'FAILED'} ({theirs['cpu_seconds']:.0f} s of CPU time in EAGLE's "
+        "process)",
+        flush=True,
+    )
     return 0 if passed else 1
 
 

@@ -40,23 +40,36 @@ def main() -> int:
 
     torch.set_num_threads(args.threads)
     start = time.process_time()
-    model = EaModel.from_pretrained(use_eagle3=False, base_model_path=args.target, ea_model_path=args.draft,
-                                    total_token=args.total_token, depth=args.depth, top_k=args.top_k,
-                                    torch_dtype=torch.float32)
+    model = EaModel.from_pretrained(
+        use_eagle3=False,
+        base_model_path=args.target,
+        ea_model_path=args.draft,
+        total_token=args.total_token,
+        depth=args.depth,
+        top_k=args.top_k,
+        torch_dtype=torch.float32,
+    )
     model.eval()
-    result = {"transformers": transformers.__version__, "torch": torch.__version__,
-              "rope_theta": getattr(model.base_model.config, "rope_theta", None),
-              "tree": {"total_token": args.total_token, "depth": args.depth, "top_k": args.top_k},
-              "eagle": [], "naive": [], "steps": [], "eagle_new_tokens": []}
+    result = {
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "rope_theta": getattr(model.base_model.config, "rope_theta", None),
+        "tree": {"total_token": args.total_token, "depth": args.depth, "top_k": args.top_k},
+        "eagle": [],
+        "naive": [],
+        "steps": [],
+        "eagle_new_tokens": [],
+    }
     for ids in json.loads(Path(args.prompts).read_text()):
         prompt = torch.tensor([ids], dtype=torch.long)
-        output, new_tokens, steps = model.eagenerate(prompt, temperature=0.0, max_new_tokens=args.max_new_tokens,
-                                                     log=True)
-        result["eagle"].append(output[0, len(ids):len(ids) + args.max_new_tokens].tolist())
+        output, new_tokens, steps = model.eagenerate(
+            prompt, temperature=0.0, max_new_tokens=args.max_new_tokens, log=True
+        )
+        result["eagle"].append(output[0, len(ids) : len(ids) + args.max_new_tokens].tolist())
         result["eagle_new_tokens"].append(int(new_tokens))
         result["steps"].append(int(steps) + 1)  # target forwards after the prefill
         output = model.naivegenerate(prompt, temperature=0.0, max_new_tokens=args.max_new_tokens)
-        result["naive"].append(output[0, len(ids):len(ids) + args.max_new_tokens].tolist())
+        result["naive"].append(output[0, len(ids) : len(ids) + args.max_new_tokens].tolist())
     result["cpu_seconds"] = time.process_time() - start
     Path(args.out).write_text(json.dumps(result))
     return 0

@@ -34,9 +34,17 @@ CORPORA = ("plugins/feature_draft/corpus", "plugins/feature_draft/corpus-open")
 
 
 @torch.no_grad()
-def score_sequence(net, embed, head_full, tokens, feats, first: int, heads: dict[str, Optional[torch.Tensor]],
-                   biases: Sequence[float], lookups: Sequence[tuple[float, ...]] = ((),)
-                   ) -> dict[tuple[str, float, tuple[float, ...]], tuple[torch.Tensor, torch.Tensor]]:
+def score_sequence(
+    net,
+    embed,
+    head_full,
+    tokens,
+    feats,
+    first: int,
+    heads: dict[str, Optional[torch.Tensor]],
+    biases: Sequence[float],
+    lookups: Sequence[tuple[float, ...]] = ((),),
+) -> dict[tuple[str, float, tuple[float, ...]], tuple[torch.Tensor, torch.Tensor]]:
     """For each (head, bias, lookup): (chain_hits [rows, DEPTH] of the answer rows, Σ min(p, q) at
     position 1 [rows]). ``heads``: name → [vocab] bool of the ids the head holds, None for ``context``
     (the draft's subset and the tokens seen; the only head the priors apply to). feats [L, d]: the
@@ -54,18 +62,18 @@ def score_sequence(net, embed, head_full, tokens, feats, first: int, heads: dict
     own = torch.zeros(vocab, dtype=torch.bool)
     own[net.subset] = True
     rows = len(tokens) - 1
-    target_p = torch.softmax(feats[first + 1: rows] @ head_full.T, -1)  # the target's p for rows first..rows-2
+    target_p = torch.softmax(feats[first + 1 : rows] @ head_full.T, -1)  # the target's p for rows first..rows-2
     out = {}
     for name, holds in heads.items():
         allowed = own[None] | seen if holds is None else holds[None].expand(rows, vocab)
-        for bias in (biases if holds is None else [0.0]):
-            for lookup in (lookups if holds is None else [()]):
+        for bias in biases if holds is None else [0.0]:
+            for lookup in lookups if holds is None else [()]:
                 biased = [step + bias * seen for step in logits]
                 if lookup:
                     add_lookup_bonus(biased, torch.arange(vocab), tokens.tolist(), first, lookup)
                 masked = [step.masked_fill(~allowed, float("-inf")) for step in biased]
                 hits = chain_hits(masked, torch.arange(vocab), target_next, first, (1,))
-                q = torch.softmax(masked[0][first: rows - 1], -1)
+                q = torch.softmax(masked[0][first : rows - 1], -1)
                 out[(name, bias, tuple(lookup))] = (hits[hits[:, 0] >= 0], torch.minimum(target_p, q).sum(-1))
     return out
 
@@ -84,14 +92,18 @@ def corpus_frequent(size: int, vocab: int) -> torch.Tensor:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("answers", help="answers.json that `pacer draft-eval` cached, or a `pacer train-preverify` "
-                                        "run folder (its simulated items' prompts and answers)")
+    parser.add_argument(
+        "answers",
+        help="answers.json that `pacer draft-eval` cached, or a `pacer train-preverify` "
+        "run folder (its simulated items' prompts and answers)",
+    )
     parser.add_argument("--every", type=int, default=1, help="of a run folder's items, every N-th")
     parser.add_argument("--draft", default="shipped", help="a `feature` draft folder; shipped = the default")
     parser.add_argument("--heads", default="subset,context,full")
     parser.add_argument("--bias", default="0", help="comma-separated copy biases for the context head")
-    parser.add_argument("--lookup", default="0",
-                        help="comma-separated lookup priors b_1:b_2:... for the context head; 0 = none")
+    parser.add_argument(
+        "--lookup", default="0", help="comma-separated lookup priors b_1:b_2:... for the context head; 0 = none"
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=None, help="write the table as JSON here too")
     args = parser.parse_args(argv)
@@ -103,14 +115,20 @@ def main(argv=None) -> int:
 
     answers = Path(args.answers)
     if answers.is_dir() and (answers / "samples").is_dir():
-        records = [{"set": item["source"], "prompt": list(item["prompt"]), "answer": list(item["generated"])}
-                   for item in (torch.load(f, weights_only=True)
-                                for f in sorted((answers / "samples").glob("item_*.pt"))[::args.every])]
+        records = [
+            {"set": item["source"], "prompt": list(item["prompt"]), "answer": list(item["generated"])}
+            for item in (
+                torch.load(f, weights_only=True) for f in sorted((answers / "samples").glob("item_*.pt"))[:: args.every]
+            )
+        ]
     elif answers.is_file():
         records = json.loads(answers.read_text())["records"]
     else:
-        print(f"error: {answers} is neither answers.json (run `pacer draft-eval` first, it caches one) nor a "
-              "`pacer train-preverify` run folder", file=sys.stderr)
+        print(
+            f"error: {answers} is neither answers.json (run `pacer draft-eval` first, it caches one) nor a "
+            "`pacer train-preverify` run folder",
+            file=sys.stderr,
+        )
         return 2
     torch.set_num_threads(args.threads)
     target, _, _ = load_section(DraftEvalConfig().target, "target")
@@ -136,14 +154,16 @@ def main(argv=None) -> int:
             print(f"error: unknown head '{name}': use subset, context, corpus:N or full", file=sys.stderr)
             return 2
     biases = [float(b) for b in args.bias.split(",")]
-    lookups = [() if item.strip() == "0" else tuple(float(b) for b in item.split(":"))
-               for item in args.lookup.split(",")]
+    lookups = [
+        () if item.strip() == "0" else tuple(float(b) for b in item.split(":")) for item in args.lookup.split(",")
+    ]
     tallies: dict[tuple, list] = {}
     for number, r in enumerate(records, start=1):
         tokens = torch.tensor(r["prompt"] + r["answer"], dtype=torch.long)
         feats = target_states(target, tokens[None], [None])[0][0].float()
-        for key, (hits, accept) in score_sequence(net, embed, head_full, tokens, feats, len(r["prompt"]) - 1,
-                                                  heads, biases, lookups).items():
+        for key, (hits, accept) in score_sequence(
+            net, embed, head_full, tokens, feats, len(r["prompt"]) - 1, heads, biases, lookups
+        ).items():
             tallies.setdefault((*key, r["set"]), []).append((hits, accept))
         print(f"\rsequences: {number}/{len(records)}", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
@@ -154,16 +174,23 @@ def main(argv=None) -> int:
         for s in sets + [SETS_ALL]:
             parts = [x for ss in (sets if s == SETS_ALL else [s]) for x in tallies[(name, bias, lookup, ss)]]
             summary = summarize(torch.cat([h for h, _ in parts]), (1,))
-            row[s] = {"top1": summary["positions"][0]["top1"], "tau": summary["tau"],
-                      "accept_t1": float(torch.cat([a for _, a in parts]).mean())}
+            row[s] = {
+                "top1": summary["positions"][0]["top1"],
+                "tau": summary["tau"],
+                "accept_t1": float(torch.cat([a for _, a in parts]).mean()),
+            }
         table.append(row)
     print("| head | bias | lookup | " + " | ".join(sets + [SETS_ALL]) + " |")
     print("|---|---|---|" + "---|" * (len(sets) + 1))
     for row in table:
         lookup = ":".join(f"{b:g}" for b in row["lookup"]) or "0"
-        print(f"| {row['head']} | {row['bias']:g} | {lookup} | " + " | ".join(
-            f"{row[s]['top1']:.3f} / {row[s]['tau']:.3f} / {row[s]['accept_t1']:.3f}"
-            for s in sets + [SETS_ALL]) + " |")
+        print(
+            f"| {row['head']} | {row['bias']:g} | {lookup} | "
+            + " | ".join(
+                f"{row[s]['top1']:.3f} / {row[s]['tau']:.3f} / {row[s]['accept_t1']:.3f}" for s in sets + [SETS_ALL]
+            )
+            + " |"
+        )
     print("(position 1 top-1 / τ at γ = 4 / Σ min(p, q) at position 1, temperature 1)")
     if args.out:
         Path(args.out).write_text(json.dumps({"answers": str(answers), "draft": args.draft, "table": table}, indent=1))

@@ -78,7 +78,7 @@ def main() -> int:
         got = {s: [] for s in sources}
         for prompt, answer in answers[name]:
             for t in range(len(answer)):
-                context, truth = prompt + answer[:t], answer[t:t + a.max_phrase]
+                context, truth = prompt + answer[:t], answer[t : t + a.max_phrase]
                 lookup = lookup_continuation(torch.tensor(context), 3, 1, a.max_phrase).tolist()
                 got["prompt lookup"].append(matched([lookup], truth))
                 for b in a.branches:

@@ -34,8 +34,13 @@ def main() -> None:
     rows = []
     for temperature in args.temperatures:
         sampled = [f"sampling.temperature={temperature}", "sampling.top_k=0", "sampling.top_p=1.0"]
-        plain = Engine.build(target, tokenizer=tokenizer, plan=load_plan(None, sampled + [
-            "strategy.drafter={name: autoregressive}", "strategy.stop=[]", "strategy.observers=[]"]))
+        plain = Engine.build(
+            target,
+            tokenizer=tokenizer,
+            plan=load_plan(
+                None, sampled + ["strategy.drafter={name: autoregressive}", "strategy.stop=[]", "strategy.observers=[]"]
+            ),
+        )
         references = [plain.generate(text, args.max_new_tokens, seed=args.seed).tokens for text in prompts]
         for verifier in ("speculative_sampling", "sample_match"):
             plan = load_plan(args.config, args.overrides + sampled + [f"strategy.verifier={{name: {verifier}}}"])
@@ -47,15 +52,22 @@ def main() -> None:
                 drafted, accepted = drafted + m["drafted"], accepted + m["accepted"]  # the metrics observer's
                 emitted, steps = emitted + len(result.tokens), steps + m["steps"]
                 identical += result.tokens == reference
-            row = {"temperature": temperature, "verifier": verifier, "prompts": len(prompts),
-                   "tau": round(emitted / steps, 3), "acceptance": round(accepted / max(drafted, 1), 3),
-                   "identical_to_plain": f"{identical}/{len(prompts)}"}
+            row = {
+                "temperature": temperature,
+                "verifier": verifier,
+                "prompts": len(prompts),
+                "tau": round(emitted / steps, 3),
+                "acceptance": round(accepted / max(drafted, 1), 3),
+                "identical_to_plain": f"{identical}/{len(prompts)}",
+            }
             rows.append(row)
             print(json.dumps(row), flush=True)
     print("\n| T | verifier | prompts | τ | acceptance | identical to plain sampling |\n|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['temperature']} | {r['verifier']} | {r['prompts']} | {r['tau']:.2f} | {r['acceptance']:.1%} "
-              f"| {r['identical_to_plain']} |")
+        print(
+            f"| {r['temperature']} | {r['verifier']} | {r['prompts']} | {r['tau']:.2f} | {r['acceptance']:.1%} "
+            f"| {r['identical_to_plain']} |"
+        )
 
 
 if __name__ == "__main__":

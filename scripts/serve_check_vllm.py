@@ -36,7 +36,7 @@ def spec_counters(llm) -> dict:
     for metric in llm.get_metrics():
         if not metric.name.startswith(SPEC):
             continue
-        key = metric.name[len(SPEC):]
+        key = metric.name[len(SPEC) :]
         if key == "accepted_tokens_per_pos":
             counters[key] = [int(v) for v in metric.values]
         elif key in counters:
@@ -46,10 +46,12 @@ def spec_counters(llm) -> dict:
 
 def difference(after: dict, before: dict) -> dict:
     per_pos_before = before["accepted_tokens_per_pos"] or [0] * len(after["accepted_tokens_per_pos"])
-    return {"drafts": after["drafts"] - before["drafts"],
-            "draft_tokens": after["draft_tokens"] - before["draft_tokens"],
-            "accepted_tokens": after["accepted_tokens"] - before["accepted_tokens"],
-            "accepted_tokens_per_pos": [a - b for a, b in zip(after["accepted_tokens_per_pos"], per_pos_before)]}
+    return {
+        "drafts": after["drafts"] - before["drafts"],
+        "draft_tokens": after["draft_tokens"] - before["draft_tokens"],
+        "accepted_tokens": after["accepted_tokens"] - before["accepted_tokens"],
+        "accepted_tokens_per_pos": [a - b for a, b in zip(after["accepted_tokens_per_pos"], per_pos_before)],
+    }
 
 
 def kernels() -> str:
@@ -68,14 +70,22 @@ def main() -> int:
     parser.add_argument("--draft", help="an exported draft folder (pacer export); absent: plain decoding")
     parser.add_argument("--method", default="eagle", help="speculative_config's method (default eagle)")
     parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens (default 4)")
-    parser.add_argument("--additional-config", type=json.loads, default=None,
-                        help="VllmConfig.additional_config as JSON (a custom proposer's options)")
-    parser.add_argument("--batch", action="store_true",
-                        help="decode all prompts in one batch (each prompt's seconds: the batch's, shared out)")
+    parser.add_argument(
+        "--additional-config",
+        type=json.loads,
+        default=None,
+        help="VllmConfig.additional_config as JSON (a custom proposer's options)",
+    )
+    parser.add_argument(
+        "--batch",
+        action="store_true",
+        help="decode all prompts in one batch (each prompt's seconds: the batch's, shared out)",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=2, help="times each prompt is decoded (default 2)")
-    parser.add_argument("--compile", action="store_true",
-                        help="let vLLM compile the model (its default; slow to start on a few cores)")
+    parser.add_argument(
+        "--compile", action="store_true", help="let vLLM compile the model (its default; slow to start on a few cores)"
+    )
     args = parser.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache: a few short prompts at batch 1
 
@@ -84,20 +94,29 @@ def main() -> int:
 
     with open(args.prompts) as handle:
         prompts = json.load(handle)
-    options = dict(model=args.target, tokenizer=args.target, dtype="float32", seed=0, max_model_len=2048,
-                   max_num_seqs=len(prompts) if args.batch else 1, disable_log_stats=False,
-                   enforce_eager=not args.compile)
+    options = dict(
+        model=args.target,
+        tokenizer=args.target,
+        dtype="float32",
+        seed=0,
+        max_model_len=2048,
+        max_num_seqs=len(prompts) if args.batch else 1,
+        disable_log_stats=False,
+        enforce_eager=not args.compile,
+    )
     if args.additional_config:
         options["additional_config"] = args.additional_config
     if args.draft:
-        options["speculative_config"] = {"method": args.method, "model": args.draft,
-                                         "num_speculative_tokens": args.k}
+        options["speculative_config"] = {"method": args.method, "model": args.draft, "num_speculative_tokens": args.k}
     started = time.perf_counter()
     llm = LLM(**options)
     load_seconds = time.perf_counter() - started
     greedy = SamplingParams(temperature=0.0, max_tokens=args.max_new_tokens, detokenize=False)
-    llm.generate([TokensPrompt(prompt_token_ids=prompts[0][:8])],
-                 SamplingParams(temperature=0.0, max_tokens=4, detokenize=False), use_tqdm=False)  # warm-up
+    llm.generate(
+        [TokensPrompt(prompt_token_ids=prompts[0][:8])],
+        SamplingParams(temperature=0.0, max_tokens=4, detokenize=False),
+        use_tqdm=False,
+    )  # warm-up
     rounds = []
     for _ in range(args.rounds):
         before = spec_counters(llm)
@@ -110,10 +129,18 @@ def main() -> int:
         rounds.append({"tokens": tokens, "seconds": seconds, "spec": difference(spec_counters(llm), before)})
     import vllm
 
-    result = {"vllm": vllm.__version__, "kernels": kernels(), "draft": args.draft, "method": args.method,
-              "k": args.k if args.draft else 0, "batch": args.batch, "load_seconds": load_seconds,
-              "compiled": args.compile,
-              "tokens": rounds[0]["tokens"], "rounds": rounds}
+    result = {
+        "vllm": vllm.__version__,
+        "kernels": kernels(),
+        "draft": args.draft,
+        "method": args.method,
+        "k": args.k if args.draft else 0,
+        "batch": args.batch,
+        "load_seconds": load_seconds,
+        "compiled": args.compile,
+        "tokens": rounds[0]["tokens"],
+        "rounds": rounds,
+    }
     with open(args.out, "w") as handle:
         json.dump(result, handle)
     return 0

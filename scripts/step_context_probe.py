@@ -74,14 +74,25 @@ def record(args) -> int:
             if len(draft) and draft.draft_probs is not None and self.previous is not None:
                 q = draft.draft_probs.float()  # [n, vocab]
                 chosen = q.gather(1, draft.tokens[:, None])[:, 0].clamp_min(1e-12)
-                rows.append({"prompt": self.prompt, "n": len(draft), "accepted": step.verdict.accepted,
-                             "log_q": chosen.log().tolist(), "entropy": entropy(q).tolist(),
-                             "log_top": q.max(-1).values.clamp_min(1e-12).log().tolist(),
-                             "context": self.previous})
+                rows.append(
+                    {
+                        "prompt": self.prompt,
+                        "n": len(draft),
+                        "accepted": step.verdict.accepted,
+                        "log_q": chosen.log().tolist(),
+                        "entropy": entropy(q).tolist(),
+                        "log_top": q.max(-1).values.clamp_min(1e-12).log().tolist(),
+                        "context": self.previous,
+                    }
+                )
             p = torch.softmax(step.target_logits[step.verdict.accepted].float(), -1)
-            self.previous = {"target_top": float(p.max()), "target_entropy": float(entropy(p)),
-                             "accepted": step.verdict.accepted, "drafted": len(draft),
-                             "bonus": step.verdict.next_kind == "bonus"}
+            self.previous = {
+                "target_top": float(p.max()),
+                "target_entropy": float(entropy(p)),
+                "accepted": step.verdict.accepted,
+                "drafted": len(draft),
+                "bonus": step.verdict.next_kind == "bonus",
+            }
 
     probe = Probe(None, None)
 
@@ -91,13 +102,21 @@ def record(args) -> int:
             return [Component("observer", "step_context_probe", ProbeConfig, lambda config, resources: probe)]
 
     plugin = Plugin()
-    plan = load_plan(None, overrides=[
-        "target.dtype=float32", "sampling.temperature=0", "strategy.drafter={name: eagle}",
-        f"strategy.stop=[{{name: fixed, gamma: {DEPTH}}}]", "strategy.verifier={name: greedy}",
-        "strategy.observers=[{name: step_context_probe}]"], extra_plugins=[plugin])
+    plan = load_plan(
+        None,
+        overrides=[
+            "target.dtype=float32",
+            "sampling.temperature=0",
+            "strategy.drafter={name: eagle}",
+            f"strategy.stop=[{{name: fixed, gamma: {DEPTH}}}]",
+            "strategy.verifier={name: greedy}",
+            "strategy.observers=[{name: step_context_probe}]",
+        ],
+        extra_plugins=[plugin],
+    )
     engine = Engine.from_plan(plan)
     for name in SETS:
-        prompts = load_prompts(name, limit=args.first + args.limit)[args.first:]
+        prompts = load_prompts(name, limit=args.first + args.limit)[args.first :]
         for i, prompt in enumerate(prompts, start=args.first):
             probe.prompt = f"{name}/{i}"
             if probe.prompt in done:
@@ -109,12 +128,17 @@ def record(args) -> int:
 
 
 def features(row, i: int, context: bool) -> list[float]:
-    f = [sum(row["log_q"][:i + 1]), row["log_q"][i], row["entropy"][i], row["log_top"][i], 1.0]
+    f = [sum(row["log_q"][: i + 1]), row["log_q"][i], row["entropy"][i], row["log_top"][i], 1.0]
     f += [1.0 if j == i else 0.0 for j in range(DEPTH)]
     if context:
         c = row["context"]
-        f += [math.log(max(c["target_top"], 1e-12)), c["target_entropy"], min(c["accepted"], DEPTH) / DEPTH,
-              float(c["accepted"] == c["drafted"]), float(c["bonus"])]
+        f += [
+            math.log(max(c["target_top"], 1e-12)),
+            c["target_entropy"],
+            min(c["accepted"], DEPTH) / DEPTH,
+            float(c["accepted"] == c["drafted"]),
+            float(c["bonus"]),
+        ]
     return f
 
 
@@ -127,7 +151,7 @@ def fit_logistic(x: torch.Tensor, y: torch.Tensor, l2: float = 1e-2):
 
     def closure():
         optimizer.zero_grad()
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(z @ w + b, y) + l2 * (w ** 2).sum()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(z @ w + b, y) + l2 * (w**2).sum()
         loss.backward()
         return loss
 
@@ -152,8 +176,9 @@ def cross_validated(rows, context: bool, folds: int = 4) -> list[list[float]]:
         model = fit_logistic(torch.tensor(x), torch.tensor(y))
         for s, r in enumerate(rows):
             if r["prompt"] in held:
-                predictions[s] = model(torch.tensor([features(r, i, context)
-                                                     for i in range(min(r["n"], DEPTH))])).tolist()
+                predictions[s] = model(
+                    torch.tensor([features(r, i, context) for i in range(min(r["n"], DEPTH))])
+                ).tolist()
     return predictions
 
 
@@ -163,9 +188,9 @@ def hindsight_calibrated(rows, bins: int = 20) -> list[list[float]]:
     rate, measured on these very steps."""
     out = [[0.0] * min(r["n"], DEPTH) for r in rows]
     for i in range(DEPTH):
-        ids = sorted((s for s, r in enumerate(rows) if r["n"] > i), key=lambda s: sum(rows[s]["log_q"][:i + 1]))
+        ids = sorted((s for s, r in enumerate(rows) if r["n"] > i), key=lambda s: sum(rows[s]["log_q"][: i + 1]))
         for b in range(bins):
-            chunk = ids[b * len(ids) // bins:(b + 1) * len(ids) // bins]
+            chunk = ids[b * len(ids) // bins : (b + 1) * len(ids) // bins]
             rate = sum(rows[s]["accepted"] > i for s in chunk) / max(1, len(chunk))
             for s in chunk:
                 out[s][i] = rate
@@ -200,24 +225,33 @@ def analyse(args) -> int:
     for i in range(4):
         ids = [s for s, r in enumerate(rows) if r["n"] > i]
         y = torch.tensor([float(rows[s]["accepted"] > i) for s in ids])
-        confidence = torch.tensor([sum(rows[s]["log_q"][:i + 1]) for s in ids])
+        confidence = torch.tensor([sum(rows[s]["log_q"][: i + 1]) for s in ids])
         first, second = torch.tensor([base[s][i] for s in ids]), torch.tensor([with_context[s][i] for s in ids])
-        print(f"| {i + 1} | {len(ids)} | {float(y.mean()):.3f} | {roc_auc(confidence, y):.3f} | "
-              f"{roc_auc(first, y):.3f} | {roc_auc(second, y):.3f} |")
+        print(
+            f"| {i + 1} | {len(ids)} | {float(y.mean()):.3f} | {roc_auc(confidence, y):.3f} | "
+            f"{roc_auc(first, y):.3f} | {roc_auc(second, y):.3f} |"
+        )
 
     y = torch.tensor([float(r["accepted"] > 0) for r in rows])
-    alone = {"target's top probability": lambda c: c["target_top"],
-             "target's entropy (negated)": lambda c: -c["target_entropy"],
-             "previous step's accepted count": lambda c: c["accepted"]}
-    print("\nAUC at draft position 1 of each step-context signal alone: " + ", ".join(
-        f"{name} {roc_auc(torch.tensor([float(signal(r['context'])) for r in rows]), y):.3f}"
-        for name, signal in alone.items()))
+    alone = {
+        "target's top probability": lambda c: c["target_top"],
+        "target's entropy (negated)": lambda c: -c["target_entropy"],
+        "previous step's accepted count": lambda c: c["accepted"],
+    }
+    print(
+        "\nAUC at draft position 1 of each step-context signal alone: "
+        + ", ".join(
+            f"{name} {roc_auc(torch.tensor([float(signal(r['context'])) for r in rows]), y):.3f}"
+            for name, signal in alone.items()
+        )
+    )
 
     def rule(probabilities):
         def choose(s, r, rate):
             p = probabilities(s, r)
             values = [1 + sum(p[:n]) - rate * cost(n) for n in range(len(p) + 1)]
             return max(range(len(values)), key=values.__getitem__)
+
         return choose
 
     plain = verify[0]
@@ -225,14 +259,18 @@ def analyse(args) -> int:
     oracle = throughput(rows, lambda s, r, rate: min(r["accepted"], DEPTH), cost, plain)
     print(f"\nbest fixed window {fixed[1]}: {fixed[0]:.3f}x; oracle {oracle:.3f}x")
     hindsight = hindsight_calibrated(rows)
-    rules = {"cumulative confidence":
-             lambda s, r: [math.exp(sum(r["log_q"][:i + 1])) for i in range(min(r["n"], DEPTH))],
-             "cumulative confidence, calibrated with hindsight": lambda s, r: hindsight[s],
-             "draft features": lambda s, r: base[s], "+ step context": lambda s, r: with_context[s]}
+    rules = {
+        "cumulative confidence": lambda s, r: [math.exp(sum(r["log_q"][: i + 1])) for i in range(min(r["n"], DEPTH))],
+        "cumulative confidence, calibrated with hindsight": lambda s, r: hindsight[s],
+        "draft features": lambda s, r: base[s],
+        "+ step context": lambda s, r: with_context[s],
+    }
     for name, probabilities in rules.items():
         speedup = throughput(rows, rule(probabilities), cost, plain)
-        print(f"throughput rule over {name}: {speedup:.3f}x, {(speedup - fixed[0]) / (oracle - fixed[0]):.0%} of the "
-              "oracle's gain")
+        print(
+            f"throughput rule over {name}: {speedup:.3f}x, {(speedup - fixed[0]) / (oracle - fixed[0]):.0%} of the "
+            "oracle's gain"
+        )
     return 0
 
 

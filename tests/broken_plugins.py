@@ -49,7 +49,7 @@ class NoRollback:
     @hookimpl
     def pacer_propose(self, state, draft, num_tokens):
         context = state.tokens + draft.tokens.tolist()
-        feed = context[len(self.model.cached_tokens):] or context[-1:]
+        feed = context[len(self.model.cached_tokens) :] or context[-1:]
         tokens, probs = [], []
         for _ in range(num_tokens):
             logits = self.model.forward(feed, logits_from=len(feed) - 1).logits[-1]
@@ -185,14 +185,34 @@ class Scribble:
 def pacer_components():
     return [
         Component("verifier", "accept_on_q", NoOptions, AcceptOnQ, "WRONG: accepts with q(x)"),
-        Component("drafter", "no_rollback", NoOptions, NoRollback, "WRONG: never crops its draft cache",
-                  needs={"draft_model"}, provides={"draft_probs"}),
+        Component(
+            "drafter",
+            "no_rollback",
+            NoOptions,
+            NoRollback,
+            "WRONG: never crops its draft cache",
+            needs={"draft_model"},
+            provides={"draft_probs"},
+        ),
         Component("stop", "one_more", NoOptions, OneMore, "WRONG: keeps one token more than drafted"),
-        Component("drafter", "wrong_parent", NoOptions, WrongParent, "WRONG: files a node under the wrong parent",
-                  needs={"draft_model"}, provides={"draft_probs"}),
+        Component(
+            "drafter",
+            "wrong_parent",
+            NoOptions,
+            WrongParent,
+            "WRONG: files a node under the wrong parent",
+            needs={"draft_model"},
+            provides={"draft_probs"},
+        ),
         Component("stop", "returns", ReturnsConfig, Returns, "WRONG: returns a value pacer_draft_more may not"),
         Component("drafter", "list_proposer", NoOptions, ListProposer, "WRONG: proposes a list, not a DraftBlock"),
-        Component("stop", "drifting", DriftingConfig, Drifting, "WRONG: its floor drifts from one generation on",
-                  needs={"draft_probs"}),
+        Component(
+            "stop",
+            "drifting",
+            DriftingConfig,
+            Drifting,
+            "WRONG: its floor drifts from one generation on",
+            needs={"draft_probs"},
+        ),
         Component("stop", "scribble", ScribbleConfig, Scribble, "WRONG: writes into state.tokens or the draft"),
     ]

@@ -65,16 +65,25 @@ VOCAB = 64
 EOS = 2
 
 
-def tiny_llama(seed: int, vocab: int = VOCAB, layers: int = 2, hidden: int = 32, scale: float = 1.0,
-               max_positions: int = 256) -> LlamaForCausalLM:
+def tiny_llama(
+    seed: int, vocab: int = VOCAB, layers: int = 2, hidden: int = 32, scale: float = 1.0, max_positions: int = 256
+) -> LlamaForCausalLM:
     """A random Llama; ``scale`` multiplies the output layer (larger = peakier distributions)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
-        eos_token_id=EOS, bos_token_id=1, pad_token_id=0, tie_word_embeddings=False,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        eos_token_id=EOS,
+        bos_token_id=1,
+        pad_token_id=0,
+        tie_word_embeddings=False,
     )
     model = LlamaForCausalLM(config).eval()
     with torch.no_grad():
@@ -89,10 +98,14 @@ def adapter(model: LlamaForCausalLM, eos: bool = True) -> HFModel:
 def reference_greedy(model: LlamaForCausalLM, prompt: list[int], max_new_tokens: int, eos: bool = True) -> list[int]:
     """The target's own greedy decoding, by transformers' ``generate``."""
     out = model.generate(
-        torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
-        eos_token_id=EOS if eos else None, pad_token_id=0, attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        torch.tensor([prompt]),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=EOS if eos else None,
+        pad_token_id=0,
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
     )
-    return out[0, len(prompt):].tolist()
+    return out[0, len(prompt) :].tolist()
 
 
 def plain_greedy(model, prompt: list[int], budget: int) -> list[int]:
@@ -100,7 +113,7 @@ def plain_greedy(model, prompt: list[int], budget: int) -> list[int]:
     tokens = list(prompt)
     for _ in range(budget):
         tokens.append(int(model.next_logits(tokens).argmax()))
-    return tokens[len(prompt):]
+    return tokens[len(prompt) :]
 
 
 def perturbed(model, std: float, seed: int):
@@ -152,8 +165,14 @@ def make_draft(target_model, folder, seed=0, digest=None, extra_layers=0, subset
     from pacer_plugins.feature_draft.students import _attention_shape
 
     target = adapter(target_model)
-    arch = ArchConfig(hidden_size=target.hidden_size, vocab_size=target.vocab_size, subset_size=subset_size,
-                      intermediate_size=64, extra_layers=extra_layers, **_attention_shape(target))
+    arch = ArchConfig(
+        hidden_size=target.hidden_size,
+        vocab_size=target.vocab_size,
+        subset_size=subset_size,
+        intermediate_size=64,
+        extra_layers=extra_layers,
+        **_attention_shape(target),
+    )
     torch.manual_seed(seed)
     net = FeatureDraft(arch)
     net.subset.copy_(torch.arange(subset_size))  # 48: tokens 48..63 lie outside the draft's vocabulary
@@ -170,14 +189,16 @@ def small_arch(input_size: int, **options):
     return PreVerifierArch(**shape)
 
 
-def write_checkpoint(folder: Path, input_size: int, seed: int = 0, target_digest=None, draft_identity=None,
-                     **options) -> Path:
+def write_checkpoint(
+    folder: Path, input_size: int, seed: int = 0, target_digest=None, draft_identity=None, **options
+) -> Path:
     """An untrained M_B (``small_arch``) saved as a PACER checkpoint folder."""
     from pacer_plugins.pacer_stop.model import PreVerifier
 
     torch.manual_seed(seed)
     PreVerifier(small_arch(input_size, **options)).save(
-        folder, {"target_digest": target_digest, "draft_identity": draft_identity})
+        folder, {"target_digest": target_digest, "draft_identity": draft_identity}
+    )
     return folder
 
 
@@ -215,12 +236,17 @@ TARGET_TABLE = random_table(SCRIPTED_VOCAB, seed=0, scale=1.5) + cycle_bias(1.5)
 DRAFT_TABLE = 0.5 * TARGET_TABLE + 0.5 * random_table(SCRIPTED_VOCAB, seed=1, scale=2.0)
 
 
-def build_engine(target, draft, drafter: str, stop: str, sampling: dict,
-                 verifier: str = "speculative_sampling", plugins=()) -> Engine:
+def build_engine(
+    target, draft, drafter: str, stop: str, sampling: dict, verifier: str = "speculative_sampling", plugins=()
+) -> Engine:
     """An engine of ``drafter`` × ``stop`` × ``verifier`` that ignores EOS; ``plugins`` may offer them."""
-    overrides = [f"strategy.drafter={{name: {drafter}}}", f"strategy.stop=[{stop}]",
-                 f"strategy.verifier={{name: {verifier}}}", "strategy.observers=[]",
-                 "generation.ignore_eos=true"]
+    overrides = [
+        f"strategy.drafter={{name: {drafter}}}",
+        f"strategy.stop=[{stop}]",
+        f"strategy.verifier={{name: {verifier}}}",
+        "strategy.observers=[]",
+        "generation.ignore_eos=true",
+    ]
     overrides += [f"sampling.{key}={value}" for key, value in sampling.items()]
     cfg = load_config(overrides=overrides, extra_plugins=plugins, require_models=False)
     return Engine.build(target, draft=draft, cfg=cfg, extra_plugins=plugins)
@@ -244,9 +270,13 @@ WORKERS = PROCESS_CORES  # one spawned process per core this test process has; 1
 
 def module_cases(request) -> list:
     """The ``case`` parameters of the requesting module's selected tests, unique, in test order."""
-    cases = [item.callspec.params["case"] for item in request.session.items
-             if getattr(item, "module", None) is request.module and hasattr(item, "callspec")
-             and "case" in item.callspec.params]
+    cases = [
+        item.callspec.params["case"]
+        for item in request.session.items
+        if getattr(item, "module", None) is request.module
+        and hasattr(item, "callspec")
+        and "case" in item.callspec.params
+    ]
     return list(dict.fromkeys(cases))
 
 
@@ -260,8 +290,12 @@ def _importable_in_workers(function) -> bool:
     except (ImportError, ValueError):
         return False
     origin = inspect.getsourcefile(function)
-    return (spec is not None and spec.origin is not None and origin is not None
-            and Path(spec.origin).resolve() == Path(origin).resolve())
+    return (
+        spec is not None
+        and spec.origin is not None
+        and origin is not None
+        and Path(spec.origin).resolve() == Path(origin).resolve()
+    )
 
 
 @contextlib.contextmanager
@@ -376,8 +410,14 @@ def lie_about_merged_nodes(engine) -> None:
         if side is None or primary.draft_probs is None:
             return block
         q = primary.draft_probs[0].expand(len(side), -1).clone()
-        return type(block)(block.tokens, block.draft_probs, block.hidden_states,
-                           SideNodes(side.tokens, side.parents, q, sampled=True), block.forwards, block.sampled)
+        return type(block)(
+            block.tokens,
+            block.draft_probs,
+            block.hidden_states,
+            SideNodes(side.tokens, side.parents, q, sampled=True),
+            block.forwards,
+            block.sampled,
+        )
 
     plugin._merge = lying_merge
 
@@ -416,8 +456,10 @@ def write_bench_config(folder: Path, prompt_set: Path, max_new_tokens: int, body
     """A tiny bench config in ``folder``: one prompt set, on the CPU, no warm-up, EOS ignored, then
     ``body`` (stacks and any other keys)."""
     path = folder / "bench.yaml"
-    path.write_text(f"prompt_sets: [{prompt_set}]\nmax_new_tokens: {max_new_tokens}\nwarmup: 0\ndevice: cpu\n"
-                    f"ignore_eos: true\n{body}")
+    path.write_text(
+        f"prompt_sets: [{prompt_set}]\nmax_new_tokens: {max_new_tokens}\nwarmup: 0\ndevice: cpu\n"
+        f"ignore_eos: true\n{body}"
+    )
     return path
 
 
@@ -429,7 +471,6 @@ def read_answers(out: Path) -> list[dict]:
 # -- the pacer stop's throughput rule ----------------------------------------------------------------
 # a cost model given inline (seconds), for stacks with `rule: throughput` on tiny models
 INLINE_COSTS = "costs: {verify_s: [0.010, 0.011, 0.012, 0.013], draft_token_s: 0.004}"
-
 
 
 def load_script(name: str):
@@ -457,8 +498,9 @@ def engine_for(target_model, folder, stop="{name: fixed, gamma: 3}", tree=None, 
     target = adapter(target_model, eos=eos)
     target.digest = digest
     drafter = f"{{name: eagle, path: '{folder}'" + (f", tree: {tree}" if tree else "") + "}"
-    cfg = load_config(overrides=[f"strategy.drafter={drafter}", f"strategy.stop=[{stop}]", *extra],
-                      require_models=False)
+    cfg = load_config(
+        overrides=[f"strategy.drafter={drafter}", f"strategy.stop=[{stop}]", *extra], require_models=False
+    )
     return Engine.build(target, cfg=cfg)
 
 
@@ -469,7 +511,7 @@ def brute_successors(committed: list[int], suffix: list[int], biases) -> dict[in
     for n, bias in enumerate(biases, start=1):
         if len(suffix) < n:
             break
-        followers = {committed[i] for i in range(n, len(committed)) if committed[i - n:i] == suffix[-n:]}
+        followers = {committed[i] for i in range(n, len(committed)) if committed[i - n : i] == suffix[-n:]}
         for token in followers:
             bonus[token] = bonus.get(token, 0.0) + bias
     return bonus
@@ -498,8 +540,9 @@ def student(kind: str, target) -> torch.nn.Module:
 
 
 # -- block drafts (dflash) --------------------------------------------------------------------------
-def make_block_draft(target_model, folder, seed=0, digest=None, subset_size=8, block=3, layers=(0, 1),
-                     peak: float = 1.0):
+def make_block_draft(
+    target_model, folder, seed=0, digest=None, subset_size=8, block=3, layers=(0, 1), peak: float = 1.0
+):
     """A random ``dflash`` block draft for the tiny ``target_model`` reading the inputs of its decoder
     ``layers``, over tokens 0..subset_size-1, saved in ``folder``; ``peak`` scales its final norm
     (larger = peakier draft distributions)."""
@@ -507,8 +550,16 @@ def make_block_draft(target_model, folder, seed=0, digest=None, subset_size=8, b
 
     target = adapter(target_model)
     shape = attrs.asdict(target.attention_shape())
-    arch = BlockArch(hidden_size=target.hidden_size, intermediate_size=64, vocab_size=target.vocab_size,
-                     subset_size=subset_size, target_layers=list(layers), num_layers=2, block=block, **shape)
+    arch = BlockArch(
+        hidden_size=target.hidden_size,
+        intermediate_size=64,
+        vocab_size=target.vocab_size,
+        subset_size=subset_size,
+        target_layers=list(layers),
+        num_layers=2,
+        block=block,
+        **shape,
+    )
     torch.manual_seed(seed)
     net = BlockDraft(arch)
     with torch.no_grad():
@@ -547,16 +598,30 @@ def trained_block_draft(target_model, folder, steps: int = 150, layers=(0, 1), b
     return folder
 
 
-def block_engine(target_model, folder, stop="{name: fixed, gamma: 3}", tree=None, extra=(), eos=True,
-                 digest=None, block=None, lookup_bias="null"):
+def block_engine(
+    target_model,
+    folder,
+    stop="{name: fixed, gamma: 3}",
+    tree=None,
+    extra=(),
+    eos=True,
+    digest=None,
+    block=None,
+    lookup_bias="null",
+):
     """An engine of the ``dflash`` drafter (``tree``: its tree option; ``lookup_bias``: its prior, null =
     the default) over the tiny ``target_model``."""
     target = adapter(target_model, eos=eos)
     target.digest = digest
-    drafter = f"{{name: dflash, path: '{folder}', lookup_bias: {lookup_bias}" + (f", tree: {tree}" if tree else "") \
-        + (f", block: {block}" if block else "") + "}"
-    cfg = load_config(overrides=[f"strategy.drafter={drafter}", f"strategy.stop=[{stop}]", *extra],
-                      require_models=False)
+    drafter = (
+        f"{{name: dflash, path: '{folder}', lookup_bias: {lookup_bias}"
+        + (f", tree: {tree}" if tree else "")
+        + (f", block: {block}" if block else "")
+        + "}"
+    )
+    cfg = load_config(
+        overrides=[f"strategy.drafter={drafter}", f"strategy.stop=[{stop}]", *extra], require_models=False
+    )
     return Engine.build(target, cfg=cfg)
 
 
@@ -618,7 +683,7 @@ def misreport_block_rows(monkeypatch, drafter_cls, wrong: str) -> None:
         if block is None:
             return None
         start = self.latest.handed - len(block)
-        return attrs.evolve(block, draft_probs=self.reported[start:self.latest.handed])
+        return attrs.evolve(block, draft_probs=self.reported[start : self.latest.handed])
 
     monkeypatch.setattr(drafter_cls, "_rows", misread)
     monkeypatch.setattr(drafter_cls, "pacer_propose", reporting)

@@ -62,8 +62,11 @@ def distribution_pair(draw, vocab: int | None = None) -> tuple[torch.Tensor, tor
     """
     vocab = draw(vocab_sizes) if vocab is None else vocab
     p = draw(distribution(vocab))
-    relation = draw(st.sampled_from(["independent", "equal", "q_one_hot", "perturbed",
-                                     "q_zeros_on_p_support", "p_zeros_on_q_support"]))
+    relation = draw(
+        st.sampled_from(
+            ["independent", "equal", "q_one_hot", "perturbed", "q_zeros_on_p_support", "p_zeros_on_q_support"]
+        )
+    )
     if relation == "equal":
         return p, p.clone()
     if relation == "q_one_hot":

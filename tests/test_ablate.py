@@ -40,21 +40,38 @@ def tiny(monkeypatch, models):
 # -- names ---------------------------------------------------------------------------------------
 def test_grid_points_get_short_names_from_their_values():
     hybrid = {"name": "hybrid", "members": [{"name": "eagle"}, {"name": "prompt_lookup"}]}
-    points = grid_points({"strategy.drafter": [{"name": "eagle"}, hybrid],
-                          "strategy.stop": [[{"name": "margin", "threshold": 0.3}],
-                                            [{"name": "fixed", "gamma": 2}, {"name": "confidence"}]]})
-    assert list(points) == ["eagle·margin(0.3)", "eagle·fixed(2)+confidence", "hybrid(eagle+prompt_lookup)·margin(0.3)",
-                            "hybrid(eagle+prompt_lookup)·fixed(2)+confidence"]
+    points = grid_points(
+        {
+            "strategy.drafter": [{"name": "eagle"}, hybrid],
+            "strategy.stop": [
+                [{"name": "margin", "threshold": 0.3}],
+                [{"name": "fixed", "gamma": 2}, {"name": "confidence"}],
+            ],
+        }
+    )
+    assert list(points) == [
+        "eagle·margin(0.3)",
+        "eagle·fixed(2)+confidence",
+        "hybrid(eagle+prompt_lookup)·margin(0.3)",
+        "hybrid(eagle+prompt_lookup)·fixed(2)+confidence",
+    ]
     assert points["hybrid(eagle+prompt_lookup)·margin(0.3)"] == {
-        "strategy.drafter": hybrid, "strategy.stop": [{"name": "margin", "threshold": 0.3}]}
+        "strategy.drafter": hybrid,
+        "strategy.stop": [{"name": "margin", "threshold": 0.3}],
+    }
     # scalars carry their key's last part; the whole key where two keys share it
     assert list(grid_points({"strategy.stop.0.gamma": [2], "strategy.drafter.max_ngram_size": [3, 4]})) == [
-        "gamma=2·max_ngram_size=3", "gamma=2·max_ngram_size=4"]
+        "gamma=2·max_ngram_size=3",
+        "gamma=2·max_ngram_size=4",
+    ]
     assert list(grid_points({"strategy.stop.0.gamma": [2], "strategy.stop.1.gamma": [True]})) == [
-        "strategy.stop.0.gamma=2·strategy.stop.1.gamma=true"]
+        "strategy.stop.0.gamma=2·strategy.stop.1.gamma=true"
+    ]
     # where the short form would name two points alike, the options are spelled out
     assert list(grid_points({"strategy.stop": [[{"name": "m", "a": 1}], [{"name": "m", "b": 1}]]})) == [
-        "m(a=1)", "m(b=1)"]
+        "m(a=1)",
+        "m(b=1)",
+    ]
 
 
 def test_declared_labels_name_the_points_and_bad_ones_are_refused():
@@ -62,10 +79,12 @@ def test_declared_labels_name_the_points_and_bad_ones_are_refused():
     points = grid_points(grid, {"strategy.drafter": ["feature", "token"]})
     assert list(points) == ["feature·gamma=2", "feature·gamma=4", "token·gamma=2", "token·gamma=4"]
     assert list(grid_points({"strategy.stop.0.gamma": [2, 4]}, {"strategy.stop.0.gamma": [2, 4]})) == ["2", "4"]
-    for labels, needle in [({"strategy.drafter": ["one"]}, "one label per value"),
-                           ({"strategy.nope": ["a", "b"]}, "labels.strategy.nope names no grid key"),
-                           ({"strategy.drafter": ["a", "a"]}, "the same label"),
-                           ({"strategy.drafter": ["a|b", "c"]}, "is not a label")]:
+    for labels, needle in [
+        ({"strategy.drafter": ["one"]}, "one label per value"),
+        ({"strategy.nope": ["a", "b"]}, "labels.strategy.nope names no grid key"),
+        ({"strategy.drafter": ["a", "a"]}, "the same label"),
+        ({"strategy.drafter": ["a|b", "c"]}, "is not a label"),
+    ]:
         with pytest.raises(ConfigError, match=needle):
             grid_points(grid, labels)
     with pytest.raises(ConfigError, match="would both be named 'x'.*declare labels"):
@@ -85,9 +104,11 @@ def test_names_typed_back_are_found_in_their_ascii_form():
 
 def test_a_grid_file_declares_labels(tmp_path):
     grid = tmp_path / "grid.yaml"
-    grid.write_text("stack: {strategy: {drafter: {name: prompt_lookup}, verifier: {name: greedy}}}\n"
-                    "grid:\n  strategy.stop: [[{name: fixed, gamma: 2}], [{name: heuristic}]]\n"
-                    "labels:\n  strategy.stop: [short, adaptive]\n")
+    grid.write_text(
+        "stack: {strategy: {drafter: {name: prompt_lookup}, verifier: {name: greedy}}}\n"
+        "grid:\n  strategy.stop: [[{name: fixed, gamma: 2}], [{name: heuristic}]]\n"
+        "labels:\n  strategy.stop: [short, adaptive]\n"
+    )
     _, stacks, ablation = read_ablate_config(grid)
     assert list(stacks) == ["autoregressive", "short", "adaptive"]
     assert stacks["adaptive"].config.strategy.stop == [{"name": "heuristic"}]
@@ -103,10 +124,12 @@ def test_an_ablation_names_its_points_alike_in_every_output(tmp_path, tiny, caps
     prompts.write_text("".join(json.dumps({"question_id": f"q{i}", "prompt": p}) + "\n" for i, p in enumerate(PROMPTS)))
     base = write_bench_config(tmp_path, prompts, 8, "")
     grid = tmp_path / "grid.yaml"
-    grid.write_text(f"bench: {base.name}\n"
-                    "stack: {strategy: {drafter: {name: prompt_lookup}, verifier: {name: greedy}}}\n"
-                    "grid:\n  strategy.stop: [[{name: fixed, gamma: 1}], [{name: heuristic, gamma: 3}]]\n"
-                    "  strategy.drafter.max_ngram_size: [2]\n")
+    grid.write_text(
+        f"bench: {base.name}\n"
+        "stack: {strategy: {drafter: {name: prompt_lookup}, verifier: {name: greedy}}}\n"
+        "grid:\n  strategy.stop: [[{name: fixed, gamma: 1}], [{name: heuristic, gamma: 3}]]\n"
+        "  strategy.drafter.max_ngram_size: [2]\n"
+    )
     out = tmp_path / "out"
     code, _, err = run_cli(["ablate", "--config", str(grid), "--out", str(out), "--no-progress"], capsys)
     assert code == 0, err
@@ -132,9 +155,17 @@ def test_an_ablation_names_its_points_alike_in_every_output(tmp_path, tiny, caps
 # -- --compare on few prompts -----------------------------------------------------------------------
 def _records(prompts: int, rates: dict[str, list[float]], set_name: str = "s") -> list[dict]:
     """Records of stacks with the given tokens/s per prompt (100 tokens each)."""
-    return [{"model_id": name, "prompt_set": set_name, "question_id": f"q{i}", "tokens": [0] * 100,
-             "metrics": {"wall_s": 100 / rate, "steps": 10, "accept_lengths": [10] * 10}}
-            for name, per_prompt in rates.items() for i, rate in zip(range(prompts), per_prompt)]
+    return [
+        {
+            "model_id": name,
+            "prompt_set": set_name,
+            "question_id": f"q{i}",
+            "tokens": [0] * 100,
+            "metrics": {"wall_s": 100 / rate, "steps": 10, "accept_lengths": [10] * 10},
+        }
+        for name, per_prompt in rates.items()
+        for i, rate in zip(range(prompts), per_prompt)
+    ]
 
 
 def test_compare_draws_no_verdict_from_too_few_prompts():
@@ -153,17 +184,32 @@ def test_compare_draws_no_verdict_from_too_few_prompts():
 
 # -- plots: intervals on speedups, legends off the data, titles apart ----------------------------------
 def _results(names: list[str]) -> dict:
-    cell = {"speedup": 1.4, "speedup_ci": [1.2, 1.6], "drafted": 10, "per_position_acceptance": [0.8, 0.6, 0.4],
-            "draft_length_histogram": {"1": 3, "2": 5, "4": 2}}
-    table = {s: {"autoregressive": {"speedup": 1.0, "speedup_ci": [1.0, 1.0]}, **{n: dict(cell) for n in names}}
-             for s in ("humaneval", "gsm8k", "all")}
-    return {"baseline": "autoregressive", "prompt_sets": ["humaneval", "gsm8k"], "table": table,
-            "units": [{"name": "autoregressive"}] + [{"name": n} for n in names]}
+    cell = {
+        "speedup": 1.4,
+        "speedup_ci": [1.2, 1.6],
+        "drafted": 10,
+        "per_position_acceptance": [0.8, 0.6, 0.4],
+        "draft_length_histogram": {"1": 3, "2": 5, "4": 2},
+    }
+    table = {
+        s: {"autoregressive": {"speedup": 1.0, "speedup_ci": [1.0, 1.0]}, **{n: dict(cell) for n in names}}
+        for s in ("humaneval", "gsm8k", "all")
+    }
+    return {
+        "baseline": "autoregressive",
+        "prompt_sets": ["humaneval", "gsm8k"],
+        "table": table,
+        "units": [{"name": "autoregressive"}] + [{"name": n} for n in names],
+    }
 
 
-LONG = ['drafter={"name":"hybrid","members":[{"name":"eagle"},{"name":"prompt_lookup"}]} '
-        'stop=[{"name":"margin","threshold":0.3}]', 'drafter={"name":"eagle"} stop=[{"name":"margin","threshold":0.5}]',
-        "eagle·margin(0.3)", "hybrid(eagle+prompt_lookup)·fixed(2)+confidence"]
+LONG = [
+    'drafter={"name":"hybrid","members":[{"name":"eagle"},{"name":"prompt_lookup"}]} '
+    'stop=[{"name":"margin","threshold":0.3}]',
+    'drafter={"name":"eagle"} stop=[{"name":"margin","threshold":0.5}]',
+    "eagle·margin(0.3)",
+    "hybrid(eagle+prompt_lookup)·fixed(2)+confidence",
+]
 
 
 def _boxes(fig, artists):

@@ -132,8 +132,9 @@ def acceptance_threshold(token: int, draft_probs, target_probs) -> float:
 def next_token_distribution(token: int, u: float, draft_probs, target_probs) -> tuple[Verdict, torch.Tensor]:
     sampler = CapturingSampler()
     with mock.patch.object(acceptance, "sample", sampler):
-        verdict = speculative_verify(torch.tensor([token]), draft_probs, target_probs,
-                                     torch.tensor([u], dtype=torch.float64), None)
+        verdict = speculative_verify(
+            torch.tensor([token]), draft_probs, target_probs, torch.tensor([u], dtype=torch.float64), None
+        )
     assert len(sampler.drawn_from) == 1  # exactly one token is drawn per step
     return verdict, sampler.drawn_from[0]
 
@@ -240,8 +241,7 @@ def test_speculative_verify_stops_at_first_rejection(data):
     point_mass = data.draw(st.booleans())
     draft_probs = None if point_mass else data.draw(distribution_rows(n, vocab)) if n else None
     tokens = torch.tensor(data.draw(st.lists(st.integers(0, vocab - 1), min_size=n, max_size=n)), dtype=torch.long)
-    uniforms = torch.tensor(data.draw(st.lists(st.floats(0.0, BELOW_ONE), min_size=n, max_size=n)),
-                            dtype=torch.float64)
+    uniforms = torch.tensor(data.draw(st.lists(st.floats(0.0, BELOW_ONE), min_size=n, max_size=n)), dtype=torch.float64)
     expected = n
     for i in range(n):
         q_x = 1.0 if draft_probs is None else draft_probs[i, tokens[i]].item()
@@ -272,8 +272,9 @@ def test_point_mass_is_one_hot_draft_probs(data):
     n = data.draw(st.integers(1, 4))
     target_probs = data.draw(distribution_rows(n + 1, vocab)).float()
     tokens = torch.tensor(data.draw(st.lists(st.integers(0, vocab - 1), min_size=n, max_size=n)))
-    uniforms = torch.tensor(data.draw(st.lists(st.floats(0.0, 1.0, width=32, exclude_max=True), min_size=n,
-                                               max_size=n)))
+    uniforms = torch.tensor(
+        data.draw(st.lists(st.floats(0.0, 1.0, width=32, exclude_max=True), min_size=n, max_size=n))
+    )
     seed = data.draw(st.integers(0, 2**31))
     as_none = speculative_verify(tokens, None, target_probs, uniforms, torch.Generator().manual_seed(seed))
     one_hots = torch.nn.functional.one_hot(tokens, vocab).float()  # [n, vocab]
@@ -292,8 +293,9 @@ def test_zero_target_probability_is_never_accepted(data):
     generator = torch.Generator().manual_seed(0)
     for draft_probs in (None, q[None], torch.zeros(1, vocab, dtype=torch.float64)):
         for u in (0.0, 1e-12, 0.5, BELOW_ONE):
-            verdict = speculative_verify(torch.tensor([x]), draft_probs, torch.stack([p, p]),
-                                         torch.tensor([u], dtype=torch.float64), generator)
+            verdict = speculative_verify(
+                torch.tensor([x]), draft_probs, torch.stack([p, p]), torch.tensor([u], dtype=torch.float64), generator
+            )
             assert verdict.accepted == 0
             assert p[verdict.next_token] > 0
 
@@ -311,8 +313,9 @@ def test_zeros_in_draft_probs_give_no_nan(data):
     target_probs = torch.stack([p, p])
     for x in range(vocab):
         for u in (0.0, 0.5, BELOW_ONE):
-            verdict = speculative_verify(torch.tensor([x]), q[None], target_probs,
-                                         torch.tensor([u], dtype=torch.float64), generator)
+            verdict = speculative_verify(
+                torch.tensor([x]), q[None], target_probs, torch.tensor([u], dtype=torch.float64), generator
+            )
             assert 0 <= verdict.next_token < vocab
             assert p[verdict.next_token] > 0
             if x == x_zero and p[x] > 0:
@@ -329,8 +332,10 @@ def test_empty_draft_draws_the_bonus_from_the_first_row():
 def test_speculative_verify_is_reproducible_with_a_seeded_generator():
     p = torch.full((2, 6), 1 / 6)
     q = torch.tensor([[0.9, 0.02, 0.02, 0.02, 0.02, 0.02]])
-    runs = [[speculative_verify(torch.tensor([0]), q, p, torch.tensor([0.5]), g).next_token for _ in range(20)]
-            for g in (torch.Generator().manual_seed(7), torch.Generator().manual_seed(7))]
+    runs = [
+        [speculative_verify(torch.tensor([0]), q, p, torch.tensor([0.5]), g).next_token for _ in range(20)]
+        for g in (torch.Generator().manual_seed(7), torch.Generator().manual_seed(7))
+    ]
     assert runs[0] == runs[1]
     assert len(set(runs[0])) > 1  # really drawn at random, not a constant
 
@@ -383,6 +388,7 @@ def root_paths(parents: list[int]) -> list[list[int]]:
         for child in (c for c, p in enumerate(parents) if p == node):
             paths.append(prefix + [child])
             below(child, prefix + [child])
+
     below(-1, [])
     return paths
 
@@ -399,8 +405,11 @@ def test_greedy_verify_tree_takes_the_longest_argmax_path(data):
     logits = data.draw(logits_rows(n + 1, vocab))
     target_argmax = [argmax(row) for row in logits.tolist()]
     plist, tlist = parents.tolist(), tokens.tolist()
-    valid = [p for p in root_paths(plist)
-             if all(tlist[node] == target_argmax[(p[i - 1] if i else -1) + 1] for i, node in enumerate(p))]
+    valid = [
+        p
+        for p in root_paths(plist)
+        if all(tlist[node] == target_argmax[(p[i - 1] if i else -1) + 1] for i, node in enumerate(p))
+    ]
     best = max(valid, key=len)  # max keeps the first of equal lengths
     verdict = greedy_verify(tokens, logits, parents)
     assert verdict.path == tuple(best) and verdict.accepted == len(best)
@@ -409,8 +418,7 @@ def test_greedy_verify_tree_takes_the_longest_argmax_path(data):
     assert verdict.next_kind == ("recovered" if last in plist else "bonus")
 
 
-@given(st.lists(st.sampled_from([-1.0, 0.0, 2.0, float("inf"), float("-inf"), float("nan")]), min_size=1,
-                max_size=300))
+@given(st.lists(st.sampled_from([-1.0, 0.0, 2.0, float("inf"), float("-inf"), float("nan")]), min_size=1, max_size=300))
 def test_argmax_first_is_argmax_ties_and_nan_included(values):
     """``argmax_first`` names the index ``argmax`` names: the first of tied maxima, the first NaN; on
     narrow rows and on rows wide enough to be read through ``max(0)``."""
@@ -438,10 +446,13 @@ def test_greedy_verify_reads_only_the_rows_its_walk_reaches_on_the_cpu():
         def count(self, *args, **kwargs):
             read.append(tuple(self.shape))
             return original(self, *args, **kwargs)
+
         return count
 
-    with mock.patch.object(torch.Tensor, "argmax", counting("argmax")), \
-            mock.patch.object(torch.Tensor, "max", counting("max")):
+    with (
+        mock.patch.object(torch.Tensor, "argmax", counting("argmax")),
+        mock.patch.object(torch.Tensor, "max", counting("max")),
+    ):
         verdict = greedy_verify(tokens, logits, parents)
     assert verdict == Verdict(accepted=2, next_token=1, next_kind="bonus", path=(3, 6))
     assert read == [(vocab,)] * 3  # rows 0, 4 and 7, one at a time
@@ -545,8 +556,11 @@ def test_top_k_then_top_p():
 def test_rows_are_processed_independently(data):
     vocab, rows = data.draw(vocab_sizes), data.draw(st.integers(2, 4))
     logits = data.draw(logits_rows(rows, vocab))
-    params = SamplingParams(temperature=data.draw(st.floats(0.1, 2.0)), top_k=data.draw(st.integers(0, vocab)),
-                            top_p=data.draw(st.floats(0.1, 1.0)))
+    params = SamplingParams(
+        temperature=data.draw(st.floats(0.1, 2.0)),
+        top_k=data.draw(st.integers(0, vocab)),
+        top_p=data.draw(st.floats(0.1, 1.0)),
+    )
     batched = logits_to_probs(logits, params)
     assert torch.allclose(batched, torch.stack([logits_to_probs(r, params) for r in logits]), atol=1e-7)
 
@@ -575,8 +589,9 @@ def test_equal_subnormal_probabilities_are_always_accepted():
     probs = torch.tensor([0.0, 1.0, 4.9407e-324], dtype=torch.float64)
     target_probs = torch.stack([probs, torch.full((3,), 1 / 3, dtype=torch.float64)])
     for u in (0.1, 0.5, BELOW_ONE):
-        verdict = speculative_verify(torch.tensor([2]), probs[None], target_probs,
-                                     torch.tensor([u], dtype=torch.float64), None)
+        verdict = speculative_verify(
+            torch.tensor([2]), probs[None], target_probs, torch.tensor([u], dtype=torch.float64), None
+        )
         assert verdict.accepted == 1
 
 

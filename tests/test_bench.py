@@ -47,8 +47,12 @@ from helpers import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-PROMPTS = ["the cat sat on the mat. the cat sat on the", "abc abc abc abc abc", "to be or not to be, to be",
-           "one two three one two three one"]
+PROMPTS = [
+    "the cat sat on the mat. the cat sat on the",
+    "abc abc abc abc abc",
+    "to be or not to be, to be",
+    "one two three one two three one",
+]
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +68,9 @@ def tiny(monkeypatch, models):
 
 def prompt_file(folder: Path, n: int = 3) -> Path:
     path = folder / "prompts.jsonl"
-    path.write_text("".join(json.dumps({"question_id": f"q{i}", "prompt": p}) + "\n"
-                            for i, p in enumerate(PROMPTS[:n])))
+    path.write_text(
+        "".join(json.dumps({"question_id": f"q{i}", "prompt": p}) + "\n" for i, p in enumerate(PROMPTS[:n]))
+    )
     return path
 
 
@@ -85,8 +90,11 @@ def write_bench(folder: Path, body: str, n: int = 3) -> Path:
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory, models):
     folder = tmp_path_factory.mktemp("bench")
-    config = write_bench(folder, STACKS + "baselines: [hf_generate, hf_prompt_lookup, hf_assisted_constant]\n"
-                                          "oracle: {log_stack: long, verify_max_k: 4, verify_repeats: 1}\n")
+    config = write_bench(
+        folder,
+        STACKS + "baselines: [hf_generate, hf_prompt_lookup, hf_assisted_constant]\n"
+        "oracle: {log_stack: long, verify_max_k: 4, verify_repeats: 1}\n",
+    )
     mp = pytest.MonkeyPatch()
     mp.setattr(units, "load_models", lambda cfg: models)
     try:
@@ -98,8 +106,17 @@ def finished(tmp_path_factory, models):
 
 
 def test_tiny_bench_runs_end_to_end(finished):
-    for name in ("answers.jsonl", "bench.json", "results.json", "report.md", "cost_model.json",
-                 "speedup_per_set.png", "draft_lengths.png", "per_position_acceptance.png", "oracle.png"):
+    for name in (
+        "answers.jsonl",
+        "bench.json",
+        "results.json",
+        "report.md",
+        "cost_model.json",
+        "speedup_per_set.png",
+        "draft_lengths.png",
+        "per_position_acceptance.png",
+        "oracle.png",
+    ):
         assert (finished / name).stat().st_size > 0, name
     records = read_answers(finished)
     units = ["autoregressive", "fixed2", "heuristic", "long", "hf_generate", "hf_prompt_lookup"]
@@ -128,8 +145,9 @@ def test_report_numbers_match_a_recomputation_from_the_jsonl(finished, capsys):
     for name in ("fixed2", "heuristic", "long", "hf_generate", "hf_prompt_lookup"):
         mine = [by_key[(r["prompt_set"], r["question_id"], name)] for r in ar]
         rate = sum(r["choices"][0]["new_tokens"][0] for r in mine) / sum(r["choices"][0]["wall_time"][0] for r in mine)
-        tau = (sum(sum(r["choices"][0]["accept_lengths"]) for r in mine)
-               / sum(r["choices"][0]["decoding_steps"][0] for r in mine))
+        tau = sum(sum(r["choices"][0]["accept_lengths"]) for r in mine) / sum(
+            r["choices"][0]["decoding_steps"][0] for r in mine
+        )
         drafted = sum(sum(r["metrics"]["drafted_per_step"]) for r in mine)
         accepted = sum(sum(r["metrics"]["accepted_per_step"]) for r in mine)
         cell = results["table"]["all"][name]
@@ -145,11 +163,17 @@ def test_report_numbers_match_a_recomputation_from_the_jsonl(finished, capsys):
             assert cell["per_position_acceptance"][0] == pytest.approx(accepted_at0 / drafted_at0)
     # the oracle section replays the long stack's log with the stored cost model
     cost_file = json.loads((finished / "cost_model.json").read_text())
-    log = [LoggedStep(d, a) for r in records if r["model_id"] == "long"
-           for d, a in zip(r["metrics"]["drafted_per_step"], r["metrics"]["accepted_per_step"])]
+    log = [
+        LoggedStep(d, a)
+        for r in records
+        if r["model_id"] == "long"
+        for d, a in zip(r["metrics"]["drafted_per_step"], r["metrics"]["accepted_per_step"])
+    ]
     long = [r for r in records if r["model_id"] == "long"]
-    cost = CostModel(monotone(cost_file["verify_s"]),
-                     sum(r["metrics"]["draft_s"] for r in long) / sum(r["metrics"]["drafted"] for r in long))
+    cost = CostModel(
+        monotone(cost_file["verify_s"]),
+        sum(r["metrics"]["draft_s"] for r in long) / sum(r["metrics"]["drafted"] for r in long),
+    )
     oracle = results["oracle"]["sets"]["all"]
     assert oracle["oracle_speedup"] == pytest.approx(replay_oracle(log, cost).speedup(cost))
     assert oracle["fixed"]["2"] == pytest.approx(replay_fixed(log, 2, cost).speedup(cost))
@@ -165,15 +189,19 @@ def test_tree_stacks_report_their_size_and_stay_out_of_the_chain_oracle(tmp_path
     monkeypatch.setattr(units, "load_models", lambda cfg: models)
     draft = make_draft(tiny_llama(0), tmp_path / "eagle")
     eagle = f"{{name: eagle, path: {draft}"
-    config = write_bench(tmp_path, "stacks:\n"
-                         f"  chain: {{strategy: {{drafter: {eagle}}}, stop: [{{name: fixed, gamma: 4}}], "
-                         "verifier: {name: greedy}}}\n"
-                         f"  tree: {{strategy: {{drafter: {eagle}, tree: {{topk: 3, depth: 3, nodes: 7}}}}, "
-                         "stop: [{name: fixed, gamma: 3}], verifier: {name: greedy}}}\n"
-                         "oracle: {log_stack: chain, verify_max_k: 5, verify_repeats: 1, verify_tree_k: [2, 4, 8]}\n",
-                         n=2)
-    code, out, err = run_cli(["bench", "--config", str(config), "--out", str(tmp_path / "out"), "--no-progress"],
-                             capsys)
+    config = write_bench(
+        tmp_path,
+        "stacks:\n"
+        f"  chain: {{strategy: {{drafter: {eagle}}}, stop: [{{name: fixed, gamma: 4}}], "
+        "verifier: {name: greedy}}}\n"
+        f"  tree: {{strategy: {{drafter: {eagle}, tree: {{topk: 3, depth: 3, nodes: 7}}}}, "
+        "stop: [{name: fixed, gamma: 3}], verifier: {name: greedy}}}\n"
+        "oracle: {log_stack: chain, verify_max_k: 5, verify_repeats: 1, verify_tree_k: [2, 4, 8]}\n",
+        n=2,
+    )
+    code, out, err = run_cli(
+        ["bench", "--config", str(config), "--out", str(tmp_path / "out"), "--no-progress"], capsys
+    )
     assert code == 0, err
     records = read_answers(tmp_path / "out")
     tree = [r for r in records if r["model_id"] == "tree"]
@@ -197,8 +225,13 @@ def test_tree_stacks_report_their_size_and_stay_out_of_the_chain_oracle(tmp_path
     assert bound["tree"] and not results["verify_bound"]["chain"]["tree"]
     assert bound["verified_tokens_per_step"] == pytest.approx(sum(n + 1 for n in nodes) / len(nodes))
     assert bound["verify_cost_ratio"] == pytest.approx(
-        sum(model.verify_tree(s.nodes + 1) if s.nodes != s.drafted else model.verify(s.drafted + 1)  # step 0: plain
-            for s in steps) / len(steps) / model.verify(1))
+        sum(
+            model.verify_tree(s.nodes + 1) if s.nodes != s.drafted else model.verify(s.drafted + 1)  # step 0: plain
+            for s in steps
+        )
+        / len(steps)
+        / model.verify(1)
+    )
     # the chain oracle replays the chain log; the tree stack is named, not replayed as a policy
     oracle = results["oracle"]
     assert oracle["tree_stacks"] == ["tree"] and set(oracle["sets"]["all"]["policies"]) == {"chain"}
@@ -297,8 +330,10 @@ def test_the_bench_plans_each_stack_once_and_builds_its_engine_on_that_plan(tmp_
     with pytest.raises(InputError, match="has built an engine already"):  # a plan builds one engine
         run_bench(bench, stacks, tmp_path / "again", models=models, progress=False, report=False)
     grid = tmp_path / "grid.yaml"
-    grid.write_text(f"bench: {config.name}\nstack: {{strategy: {{stop: [{{name: fixed}}]}}}}\n"
-                    "grid: {strategy.stop.0.gamma: [1, 3]}\n")
+    grid.write_text(
+        f"bench: {config.name}\nstack: {{strategy: {{stop: [{{name: fixed}}]}}}}\n"
+        "grid: {strategy.stop.0.gamma: [1, 3]}\n"
+    )
     _, points, _ = read_ablate_config(grid)
     assert len(points) == 3 and resolutions == {"plugin_managers": 7, "resolutions": 7}
 
@@ -314,9 +349,17 @@ def test_resume_refuses_other_settings(tmp_path, models):
 
 def test_answer_log_drops_only_a_cut_short_last_line_and_duplicates(tmp_path):
     path = tmp_path / "answers.jsonl"
-    good = {"prompt_set": "s", "question_id": "a", "model_id": "m", "repeat": 0, "tokens": [], "metrics": {},
-            "choices": [{"turns": ["t"], "decoding_steps": [1], "new_tokens": [0], "wall_time": [0.0],
-                         "accept_lengths": []}]}
+    good = {
+        "prompt_set": "s",
+        "question_id": "a",
+        "model_id": "m",
+        "repeat": 0,
+        "tokens": [],
+        "metrics": {},
+        "choices": [
+            {"turns": ["t"], "decoding_steps": [1], "new_tokens": [0], "wall_time": [0.0], "accept_lengths": []}
+        ],
+    }
     path.write_text(json.dumps(good) + "\n" + json.dumps(good) + "\n" + '{"prompt_set": "s", "quest')
     log = AnswerLog(path)
     assert (log.dropped, log.duplicates, len(log.records)) == (1, 1, 1)  # a truncated tail, a duplicate
@@ -327,35 +370,60 @@ def test_answer_log_drops_only_a_cut_short_last_line_and_duplicates(tmp_path):
     assert len(path.read_text().splitlines()) == 2
 
 
-CHOICES = ('"choices": [{"turns": ["t"], "decoding_steps": [1], "new_tokens": [0], "wall_time": [0.0], '
-           '"accept_lengths": []}]')
+CHOICES = (
+    '"choices": [{"turns": ["t"], "decoding_steps": [1], "new_tokens": [0], "wall_time": [0.0], "accept_lengths": []}]'
+)
 
 
-@pytest.mark.parametrize("line, problem", [
-    ("not json", "not JSON"),
-    ('{"prompt_set": "s", "quest', "not JSON"),  # a cut-short line is an interrupted write only when last
-    ("[1, 2]", "a JSON list, not an object"),
-    ('{"prompt_set": "s", "question_id": "x", "model_id": "m", "tokens": []}', "no 'metrics'"),
-    ('{"prompt_set": "s", "question_id": "x", "model_id": "m", "tokens": 5, "metrics": {}}', "'tokens' is a int"),
-    ('{"prompt_set": "s", "question_id": "x", "model_id": "m", "tokens": [], "metrics": {}, '
-     '"repeat": "1", ' + CHOICES + '}',
-     "'repeat'"),
-    # nested fields the report reads (a TypeError or KeyError in the report before)
-    ('{"prompt_set": "s", "question_id": "x", "model_id": "m", "tokens": [], "metrics": {}}', "no 'choices'"),
-    ('{"prompt_set": "s", "question_id": "x", "model_id": "m", "tokens": [], "metrics": {"wall_s": "slow"}, '
-     + CHOICES + '}', "'metrics.wall_s' is \"slow\", not a number"),
-    ('{"prompt_set": "s", "question_id": "x", "model_id": "m", "tokens": [], "metrics": {"accept_lengths": [1, "2"]}, '
-     + CHOICES + '}', "'metrics.accept_lengths[1]' is \"2\", not a count"),
-    ('{"prompt_set": "s", "question_id": "x", "model_id": "m", "tokens": [], "metrics": {}, "choices": [{}]}',
-     "'choices[0].turns' is null, not a list of texts"),
-    ('{"prompt_set": "s", "question_id": "x", "model_id": "m", "tokens": [], "metrics": {}, "choices": []}',
-     "'choices' holds no answer object"),
-])
+@pytest.mark.parametrize(
+    "line, problem",
+    [
+        ("not json", "not JSON"),
+        ('{"prompt_set": "s", "quest', "not JSON"),  # a cut-short line is an interrupted write only when last
+        ("[1, 2]", "a JSON list, not an object"),
+        ('{"prompt_set": "s", "question_id": "x", "model_id": "m", "tokens": []}', "no 'metrics'"),
+        ('{"prompt_set": "s", "question_id": "x", "model_id": "m", "tokens": 5, "metrics": {}}', "'tokens' is a int"),
+        (
+            '{"prompt_set": "s", "question_id": "x", "model_id": "m", "tokens": [], "metrics": {}, '
+            '"repeat": "1", ' + CHOICES + "}",
+            "'repeat'",
+        ),
+        # nested fields the report reads (a TypeError or KeyError in the report before)
+        ('{"prompt_set": "s", "question_id": "x", "model_id": "m", "tokens": [], "metrics": {}}', "no 'choices'"),
+        (
+            '{"prompt_set": "s", "question_id": "x", "model_id": "m", "tokens": [], "metrics": {"wall_s": "slow"}, '
+            + CHOICES
+            + "}",
+            "'metrics.wall_s' is \"slow\", not a number",
+        ),
+        (
+            '{"prompt_set": "s", "question_id": "x", "model_id": "m", "tokens": [], '
+            '"metrics": {"accept_lengths": [1, "2"]}, ' + CHOICES + "}",
+            "'metrics.accept_lengths[1]' is \"2\", not a count",
+        ),
+        (
+            '{"prompt_set": "s", "question_id": "x", "model_id": "m", "tokens": [], "metrics": {}, "choices": [{}]}',
+            "'choices[0].turns' is null, not a list of texts",
+        ),
+        (
+            '{"prompt_set": "s", "question_id": "x", "model_id": "m", "tokens": [], "metrics": {}, "choices": []}',
+            "'choices' holds no answer object",
+        ),
+    ],
+)
 def test_answer_log_with_a_damaged_middle_line_is_refused_naming_the_line(tmp_path, line, problem):
     path = tmp_path / "answers.jsonl"
-    good = {"prompt_set": "s", "question_id": "a", "model_id": "m", "repeat": 0, "tokens": [], "metrics": {},
-            "choices": [{"turns": ["t"], "decoding_steps": [1], "new_tokens": [0], "wall_time": [0.0],
-                         "accept_lengths": []}]}
+    good = {
+        "prompt_set": "s",
+        "question_id": "a",
+        "model_id": "m",
+        "repeat": 0,
+        "tokens": [],
+        "metrics": {},
+        "choices": [
+            {"turns": ["t"], "decoding_steps": [1], "new_tokens": [0], "wall_time": [0.0], "accept_lengths": []}
+        ],
+    }
     text = json.dumps(good) + "\n" + line + "\n" + json.dumps({**good, "question_id": "b"}) + "\n"
     path.write_text(text)
     with pytest.raises(InputError) as info:
@@ -389,10 +457,13 @@ def test_report_refuses_a_damaged_middle_line_of_the_answer_log(finished, tmp_pa
     assert out_text == ""
 
 
-@pytest.mark.parametrize("edit, problem", [
-    (lambda r: r["metrics"].update(wall_s="slow"), "'metrics.wall_s' is \"slow\", not a number"),
-    (lambda r: r.pop("choices"), "no 'choices'"),
-])
+@pytest.mark.parametrize(
+    "edit, problem",
+    [
+        (lambda r: r["metrics"].update(wall_s="slow"), "'metrics.wall_s' is \"slow\", not a number"),
+        (lambda r: r.pop("choices"), "no 'choices'"),
+    ],
+)
 def test_report_refuses_a_record_with_a_bad_nested_field(finished, tmp_path, capsys, edit, problem):
     out = copy_of(finished, tmp_path)
     lines = (out / "answers.jsonl").read_text().splitlines()
@@ -412,17 +483,24 @@ def test_report_reads_a_run_in_progress(finished, tmp_path, capsys):
     assert code == 0, err
 
 
-@pytest.mark.parametrize("content, problem", [
-    ("{not json", "not JSON"),
-    ("[]", "a JSON list, not an object"),
-    ('{"settings": {}, "baseline": "autoregressive", "prompt_sets": []}', "no 'units'"),
-    ('{"settings": {}, "baseline": "autoregressive", "prompt_sets": "humaneval", "units": []}',
-     "'prompt_sets' is a str, not a list"),
-    ('{"settings": {}, "baseline": "autoregressive", "prompt_sets": [], "units": [{"kind": "stack"}]}',
-     "a unit is not an object with a 'name' and a 'kind'"),
-    ('{"settings": {}, "baseline": 3, "prompt_sets": [], "units": []}', "'baseline' is a int, not an str"),
-    (None, "is a folder, not a file"),
-])
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        ("{not json", "not JSON"),
+        ("[]", "a JSON list, not an object"),
+        ('{"settings": {}, "baseline": "autoregressive", "prompt_sets": []}', "no 'units'"),
+        (
+            '{"settings": {}, "baseline": "autoregressive", "prompt_sets": "humaneval", "units": []}',
+            "'prompt_sets' is a str, not a list",
+        ),
+        (
+            '{"settings": {}, "baseline": "autoregressive", "prompt_sets": [], "units": [{"kind": "stack"}]}',
+            "a unit is not an object with a 'name' and a 'kind'",
+        ),
+        ('{"settings": {}, "baseline": 3, "prompt_sets": [], "units": []}', "'baseline' is a int, not an str"),
+        (None, "is a folder, not a file"),
+    ],
+)
 def test_report_refuses_a_malformed_bench_json_in_one_line(finished, tmp_path, capsys, content, problem):
     out = copy_of(finished, tmp_path)
     (out / "bench.json").unlink()
@@ -434,10 +512,18 @@ def test_report_refuses_a_malformed_bench_json_in_one_line(finished, tmp_path, c
     assert_one_line(code, err, f"'{out / 'bench.json'}'", problem, "restore it, or delete it and rerun")
 
 
-@pytest.mark.parametrize("content", ["{", '{"verify_s": "fast"}', '{"verify_s": []}', "[0.1]",
-                                     '{"verify_s": [0.1], "tree_k": [4, 2], "tree_verify_s": [0.1, 0.2]}',
-                                     '{"verify_s": [0.1], "tree_k": [2, 4], "tree_verify_s": [0.1]}',
-                                     '{"verify_s": [0.1], "tree_k": [1], "tree_verify_s": [0.1]}'])
+@pytest.mark.parametrize(
+    "content",
+    [
+        "{",
+        '{"verify_s": "fast"}',
+        '{"verify_s": []}',
+        "[0.1]",
+        '{"verify_s": [0.1], "tree_k": [4, 2], "tree_verify_s": [0.1, 0.2]}',
+        '{"verify_s": [0.1], "tree_k": [2, 4], "tree_verify_s": [0.1]}',
+        '{"verify_s": [0.1], "tree_k": [1], "tree_verify_s": [0.1]}',
+    ],
+)
 def test_report_refuses_a_malformed_cost_model_in_one_line(finished, tmp_path, capsys, content):
     out = copy_of(finished, tmp_path)
     (out / "cost_model.json").write_text(content)
@@ -464,8 +550,9 @@ def test_resume_refuses_damaged_files_before_models_load(finished, tmp_path, cap
     assert_one_line(code, err, "answers.jsonl' line 1", "delete line 1")
 
 
-@pytest.mark.parametrize("setting, needle", [("", "the prompt sets are empty;"),
-                                             ("skip=5", "empty after skipping 5 per set")])
+@pytest.mark.parametrize(
+    "setting, needle", [("", "the prompt sets are empty;"), ("skip=5", "empty after skipping 5 per set")]
+)
 def test_no_prompt_to_run_is_refused_before_models_load(tmp_path, capsys, monkeypatch, setting, needle):
     monkeypatch.setattr(units, "load_models", never_load)
     config = write_bench(tmp_path, "", n=2)
@@ -480,8 +567,11 @@ def test_no_prompt_to_run_is_refused_before_models_load(tmp_path, capsys, monkey
 def out_places_that_cannot_hold_results(tmp_path: Path) -> list[tuple[Path, str]]:
     a_file = tmp_path / "a-file"
     a_file.write_text("x")
-    places = [(a_file, "is a file, not a folder"), (a_file / "out", "lies under"),
-              (Path(os.devnull), "is a device, not a folder")]
+    places = [
+        (a_file, "is a file, not a folder"),
+        (a_file / "out", "lies under"),
+        (Path(os.devnull), "is a device, not a folder"),
+    ]
     if os.geteuid() != 0:  # root writes anywhere: a read-only file system below stands in
         locked = tmp_path / "locked"
         locked.mkdir()
@@ -499,8 +589,10 @@ def test_an_out_that_cannot_hold_results_is_refused_before_models_load(tmp_path,
     config = write_bench(tmp_path, "", n=1)
     if command == "ablate":
         grid = tmp_path / "grid.yaml"
-        grid.write_text(f"bench: {config}\nstack: {{strategy: {{drafter: {{name: prompt_lookup}}}}}}\n"
-                        "grid: {strategy.drafter.max_ngram_size: [2]}\n")
+        grid.write_text(
+            f"bench: {config}\nstack: {{strategy: {{drafter: {{name: prompt_lookup}}}}}}\n"
+            "grid: {strategy.drafter.max_ngram_size: [2]}\n"
+        )
         config = grid
     places = out_places_that_cannot_hold_results(tmp_path)
     assert len(places) >= 4
@@ -510,20 +602,28 @@ def test_an_out_that_cannot_hold_results_is_refused_before_models_load(tmp_path,
     assert (tmp_path / "a-file").read_text() == "x"
 
 
-@pytest.mark.parametrize("content, problem", [
-    (b'{"prompt": "caf\xe9"}\n', "is not UTF-8 text (byte 0xe9)"),
-    (b'{"prompt": "a"}\nnot json\n', "line 2 is not JSON"),
-    (b'["a"]\n', "line 1 is a JSON list, not an object"),
-    (b'{"prompt": "a"}\n\n{"turns": "b"}\n', "line 3 has 'turns' that is not a list of texts"),
-    (b'{"question_id": 81, "turns": ["a", 5]}\n', "line 1 has 'turns' that is not a list of texts"),
-    (b'{"turns": []}\n', "line 1 has 'turns' that is not a list of texts"),
-    (b'{"question_id": "q"}\n', "line 1 has no text under 'prompt' or 'turns'"),
-    (b'{"prompt": 5}\n', "line 1 has no text"),
-    (b'{"question_id": [1], "prompt": "a"}\n', "line 1 has a question_id that is a list: give text or a whole number"),
-    (b'{"question_id": 81, "turns": ["a"]}\n{"question_id": "81", "turns": ["b"]}\n',
-     "line 2 repeats question_id 81 of line 1: give each question its own id"),
-    (None, "is a folder, not a file"),
-])
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        (b'{"prompt": "caf\xe9"}\n', "is not UTF-8 text (byte 0xe9)"),
+        (b'{"prompt": "a"}\nnot json\n', "line 2 is not JSON"),
+        (b'["a"]\n', "line 1 is a JSON list, not an object"),
+        (b'{"prompt": "a"}\n\n{"turns": "b"}\n', "line 3 has 'turns' that is not a list of texts"),
+        (b'{"question_id": 81, "turns": ["a", 5]}\n', "line 1 has 'turns' that is not a list of texts"),
+        (b'{"turns": []}\n', "line 1 has 'turns' that is not a list of texts"),
+        (b'{"question_id": "q"}\n', "line 1 has no text under 'prompt' or 'turns'"),
+        (b'{"prompt": 5}\n', "line 1 has no text"),
+        (
+            b'{"question_id": [1], "prompt": "a"}\n',
+            "line 1 has a question_id that is a list: give text or a whole number",
+        ),
+        (
+            b'{"question_id": 81, "turns": ["a"]}\n{"question_id": "81", "turns": ["b"]}\n',
+            "line 2 repeats question_id 81 of line 1: give each question its own id",
+        ),
+        (None, "is a folder, not a file"),
+    ],
+)
 def test_a_bad_prompt_file_is_one_line_before_models_load(tmp_path, capsys, monkeypatch, content, problem):
     monkeypatch.setattr(units, "load_models", never_load)
     prompts = tmp_path / "mine.jsonl"
@@ -534,8 +634,9 @@ def test_a_bad_prompt_file_is_one_line_before_models_load(tmp_path, capsys, monk
     code, _, err = run_cli(["bench", f"prompt_sets=[{prompts}]", "--out", str(tmp_path / "out")], capsys)
     assert_one_line(code, err, f"prompt file '{prompts}'", problem)
     assert not (tmp_path / "out").exists()
-    code, _, err = run_cli(["bench", f"prompt_sets=[{tmp_path / 'gone.jsonl'}]", "--out", str(tmp_path / "out")],
-                           capsys)
+    code, _, err = run_cli(
+        ["bench", f"prompt_sets=[{tmp_path / 'gone.jsonl'}]", "--out", str(tmp_path / "out")], capsys
+    )
     assert_one_line(code, err, "gone.jsonl' does not exist", "give the path of a .jsonl file")
 
 
@@ -557,9 +658,15 @@ def test_oracle_replay_matches_the_hand_computation():
     # oracle: draft 4, 1, 0, 2 → emitted 5 + 2 + 1 + 3 = 11 in 2.2 + 1.3 + 1.0 + 1.6 = 6.1 s
     assert replay_oracle(LOG, COST).speedup(COST) == pytest.approx(11 / 6.1)
     assert replay_best(LOG, COST).speedup(COST) == pytest.approx(11 / 6.1)  # extending always pays here
-    result = analyse(LOG, COST, [1, 2, 3, 4], {"policy": [LoggedStep(1, 1), LoggedStep(4, 1), LoggedStep(0, 0),
-                                                          LoggedStep(2, 2)], "oracle-like": [LoggedStep(4, 4),
-                                                          LoggedStep(1, 1), LoggedStep(0, 0), LoggedStep(2, 2)]})
+    result = analyse(
+        LOG,
+        COST,
+        [1, 2, 3, 4],
+        {
+            "policy": [LoggedStep(1, 1), LoggedStep(4, 1), LoggedStep(0, 0), LoggedStep(2, 2)],
+            "oracle-like": [LoggedStep(4, 4), LoggedStep(1, 1), LoggedStep(0, 0), LoggedStep(2, 2)],
+        },
+    )
     assert result["fixed"][3] == pytest.approx(10 / 7.3)  # 4 + 2 + 1 + 3 in 1.9 × 3 + 1.6
     assert result["best_fixed_gamma"] == 2 and result["best_fixed_speedup"] == pytest.approx(9 / 6.4)
     assert result["oracle_over_best_fixed"] == pytest.approx((11 / 6.1) / (9 / 6.4))
@@ -582,8 +689,11 @@ def test_tree_steps_are_charged_their_nodes_and_refused_by_chain_replays():
     assert cost.step(2, 5) == pytest.approx(0.2 + 2.5)
     tree_log = [LoggedStep(2, 2, 5), LoggedStep(3, 1, 3)]  # the second step is a chain (nodes = depth)
     assert replay_logged(tree_log, cost).speedup(cost) == pytest.approx((3 + 2) / (2.7 + 0.3 + 1.6))
-    for replay in (lambda log: replay_fixed(log, 2, cost), lambda log: replay_oracle(log, cost),
-                   lambda log: replay_best(log, cost)):
+    for replay in (
+        lambda log: replay_fixed(log, 2, cost),
+        lambda log: replay_oracle(log, cost),
+        lambda log: replay_best(log, cost),
+    ):
         with pytest.raises(ValueError, match="chain log, but a step verified 5 tree nodes for depth 2"):
             replay(tree_log)
     result = analyse(LOG, COST, [1, 2], {"tree": [LoggedStep(4, 4, 12)] * 4, "chain": LOG})
@@ -593,9 +703,12 @@ def test_tree_steps_are_charged_their_nodes_and_refused_by_chain_replays():
         CostModel((1.0,), 0.0, (4, 2), (1.0, 2.0))
     # logs: nodes_per_step where recorded (older logs lack it: chains)
     assert steps_from_metrics({"drafted_per_step": [2, 0], "accepted_per_step": [1, 0]}) == [
-        LoggedStep(2, 1), LoggedStep(0, 0)]
+        LoggedStep(2, 1),
+        LoggedStep(0, 0),
+    ]
     assert steps_from_metrics({"drafted_per_step": [2], "accepted_per_step": [1], "nodes_per_step": [6]}) == [
-        LoggedStep(2, 1, 6)]
+        LoggedStep(2, 1, 6)
+    ]
     # the report's cost model: each measured curve made non-decreasing
     model = cost_model({"verify_s": [1.0, 0.8, 1.2], "tree_k": [2, 4, 8], "tree_verify_s": [1.5, 1.3, 3.0]})
     assert model.verify_s == pytest.approx((0.9, 0.9, 1.2)) and model.tree_verify_s == pytest.approx((1.4, 1.4, 3.0))
@@ -623,17 +736,27 @@ def test_hf_trace_counts_steps_and_drafts_with_an_identical_assistant():
     target, assistant = adapter(tiny_llama(0)), adapter(tiny_llama(0))
     prompt = [1, 5, 6, 7, 8, 5, 6, 7]
     before = assistant.model.generation_config.num_assistant_tokens
-    settings = {"num_assistant_tokens": 3, "num_assistant_tokens_schedule": "constant",
-                "assistant_confidence_threshold": 0.0}
-    tokens, trace, after = hf_generate_traced(target, prompt, 12, ignore_eos=True, assistant=assistant,
-                                              assistant_settings=settings)
+    settings = {
+        "num_assistant_tokens": 3,
+        "num_assistant_tokens_schedule": "constant",
+        "assistant_confidence_threshold": 0.0,
+    }
+    tokens, trace, after = hf_generate_traced(
+        target, prompt, 12, ignore_eos=True, assistant=assistant, assistant_settings=settings
+    )
     assert tokens == reference_greedy(target.model, prompt, 12, eos=False)
     assert trace["accept_lengths"] == [4, 4, 4]  # 3 accepted + the bonus, every step
     assert trace["drafted_per_step"] == [3, 3, 3]
     assert trace["target_forwards"] == 3 and trace["draft_forwards"] >= 9
     assert assistant.model.generation_config.num_assistant_tokens == before  # restored after the call
-    _, trace, after = hf_generate_traced(target, prompt, 12, ignore_eos=True, assistant=assistant,
-                                         assistant_settings={**settings, "num_assistant_tokens_schedule": "heuristic"})
+    _, trace, after = hf_generate_traced(
+        target,
+        prompt,
+        12,
+        ignore_eos=True,
+        assistant=assistant,
+        assistant_settings={**settings, "num_assistant_tokens_schedule": "heuristic"},
+    )
     assert after["num_assistant_tokens"] > 3  # all accepted: transformers' schedule grew γ; carried over
 
 
@@ -679,10 +802,12 @@ def test_shipped_bench_and_ablate_configs_validate():
     assert _hybrids_beside_their_model_member(stacks) and "prompt_lookup+heuristic" in stacks
     # the tree-shape sweep (exact columns) and the timed shapes beside the best chains and generate
     cfg, stacks = shipped_bench(ROOT / "configs" / "bench_tree_sweep.yaml")
-    shapes = {(d["tree"]["topk"], d["tree"]["depth"])
-              for d in (c.strategy.drafter for c in stacks.values()) if d.get("tree")}
-    assert len(shapes) >= 8 and any(c.strategy.drafter.get("tree") is None and c.strategy.drafter["name"] == "eagle"
-                                    for c in stacks.values())
+    shapes = {
+        (d["tree"]["topk"], d["tree"]["depth"]) for d in (c.strategy.drafter for c in stacks.values()) if d.get("tree")
+    }
+    assert len(shapes) >= 8 and any(
+        c.strategy.drafter.get("tree") is None and c.strategy.drafter["name"] == "eagle" for c in stacks.values()
+    )
     cfg, stacks = shipped_bench(ROOT / "configs" / "bench_tree_shapes.yaml")
     assert cfg.dtype == "bfloat16" and cfg.baselines == ["hf_generate"] and list(stacks)[0] == "autoregressive"
     assert {"eagle+pacer", "eagle+confidence", "prompt_lookup+heuristic"} <= set(stacks)
@@ -693,8 +818,9 @@ def test_shipped_bench_and_ablate_configs_validate():
     chains = [c for c in stacks.values() if c.strategy.drafter == {"name": "eagle"}]
     assert {s["gamma"] for c in chains for s in c.strategy.stop if s["name"] == "fixed"} == {1, 2, 3, 4}
     assert {s["name"] for c in chains for s in c.strategy.stop} == {"fixed", "confidence", "entropy", "pacer"}
-    assert max(cfg.oracle.verify_tree_k) >= max(c.strategy.drafter["tree"]["nodes"] for c in stacks.values()
-                                               if c.strategy.drafter.get("tree"))
+    assert max(cfg.oracle.verify_tree_k) >= max(
+        c.strategy.drafter["tree"]["nodes"] for c in stacks.values() if c.strategy.drafter.get("tree")
+    )
     assert _hybrids_beside_their_model_member(stacks)
     # the quick tree-vs-chain bench: fp32 (outputs must be identical), chains and trees of both drafts
     cfg, stacks = shipped_bench(ROOT / "configs" / "bench_trees.yaml")
@@ -723,10 +849,12 @@ def test_every_shipped_bench_config_validates_and_the_engine_and_gpu_benches_com
 def test_ablate_runs_a_grid_into_one_table(tmp_path, tiny, capsys):
     base = write_bench(tmp_path, "", n=2)
     grid = tmp_path / "grid.yaml"
-    grid.write_text(f"bench: {base.name}\noverrides: [max_new_tokens=8]\n"
-                    "stack: {strategy: {drafter: {name: prompt_lookup}, stop: [{name: fixed}], "
-                    "verifier: {name: greedy}}}\n"
-                    "grid: {strategy.stop.0.gamma: [1, 3]}\n")
+    grid.write_text(
+        f"bench: {base.name}\noverrides: [max_new_tokens=8]\n"
+        "stack: {strategy: {drafter: {name: prompt_lookup}, stop: [{name: fixed}], "
+        "verifier: {name: greedy}}}\n"
+        "grid: {strategy.stop.0.gamma: [1, 3]}\n"
+    )
     code, out, err = run_cli(["ablate", "--config", str(grid), "--out", str(tmp_path / "out"), "--no-progress"], capsys)
     assert code == 0, err
     results = json.loads((tmp_path / "out" / "results.json").read_text())
@@ -739,40 +867,49 @@ def test_ablate_runs_a_grid_into_one_table(tmp_path, tiny, capsys):
     assert max(d for r in records if r["model_id"] == "gamma=1" for d in r["metrics"]["drafted_per_step"]) <= 1
 
 
-@pytest.mark.parametrize("text, needles", [
-    ("stackz: {}\n", ["unknown option 'stackz'", "valid options", "stacks"]),
-    ("stacks: {a: {strategyy: {}}}\n",
-     ["unknown option 'stacks.a.strategyy'; valid options: config, strategy, generation, overrides"]),
-    ("stacks: {a: {strategy: {drafter: {name: nope}}}}\n", ["stacks.a", "unknown drafter 'nope'", "prompt_lookup"]),
-    ("target: {path: /my/target}\nstacks: {a: {strategy: {drafter: {name: draft_model}}}}\n",
-     ["stacks.a", "needs a draft model", "draft.path"]),
-    ("stacks: {a: {overrides: [strategy.stop.0.gama=3]}}\n", ["stacks.a", "gama"]),
-    ("baselines: [hf_nope]\n", ["unknown baseline 'hf_nope'", "hf_generate"]),
-    ("oracle: {log_stack: missing}\n", ["oracle.log_stack 'missing'"]),
-    ("max_new_tokens: 0\n", ["max_new_tokens must be >= 1"]),
-    ("max_new_tokens: lots\n", ["bad value", "max_new_tokens"]),
-    ("prompt_sets: [nope]\n", ["unknown prompt set 'nope'", "humaneval"]),
-    ("target: {pth: x}\n", ["unknown option 'target.pth'; valid options: path, dtype"]),
-    ("baseline_options: {gamma: 3}\n", ["unknown option 'baseline_options.gamma'; valid options: assisted_gamma"]),
-    ("dtype: float8\n", ["unknown dtype 'float8'"]),
-    ("stacks: [1, 2\n", ["malformed YAML", "line"]),
-    ("- humaneval\n", ["must hold a mapping"]),
-    ("target: 3\n", ["'target' must be a mapping of options (path, dtype", "got int 3"]),
-    ("stacks: [a, b]\n", ["'stacks' must be a mapping", "got list"]),
-    ("stacks: {mine: 3}\n", ["'stacks.mine' must be a mapping of options (config, strategy", "got int 3"]),
-    ("stacks: {a: {strategy: 3}}\n", ["'stacks.a.strategy' must be a mapping, got int 3"]),
-    ("stacks: {a: {overrides: strategy.stop.0.gamma=3}}\n", ["'stacks.a.overrides' must be a list", "got str"]),
-    ("prompt_sets: humaneval\n", ["'prompt_sets' must be a list", "got str"]),
-    ("oracle: 5\n", ["'oracle' must be a mapping of options (log_stack", "got int 5"]),
-    ("oracle: {verify_tree_k: 4}\n", ["'oracle.verify_tree_k' must be a list, got int 4"]),
-    ("sampling: {temperature: hot}\n", ["bad value for 'sampling.temperature'", "give a value of type float"]),
-    ("draft: null\nrepeats: 0\n", ["repeats must be >= 1"]),
-    ("oracle: {verify_tree_k: [1, 4]}\n", ["oracle.verify_tree_k must list token counts >= 2"]),
-    ("oracle: {verify_tree_k: [4, 4]}\n", ["oracle.verify_tree_k names a token count twice"]),
-    ("stacks: {t: {strategy: {drafter: {name: eagle, tree: {topk: 2}}, stop: [{name: fixed, gamma: 8}]}}}\n"
-     "oracle: {log_stack: t}\n", ["oracle.log_stack 't' drafts a token tree",
-                                  "log a stack drafting a long fixed chain"]),
-])
+@pytest.mark.parametrize(
+    "text, needles",
+    [
+        ("stackz: {}\n", ["unknown option 'stackz'", "valid options", "stacks"]),
+        (
+            "stacks: {a: {strategyy: {}}}\n",
+            ["unknown option 'stacks.a.strategyy'; valid options: config, strategy, generation, overrides"],
+        ),
+        ("stacks: {a: {strategy: {drafter: {name: nope}}}}\n", ["stacks.a", "unknown drafter 'nope'", "prompt_lookup"]),
+        (
+            "target: {path: /my/target}\nstacks: {a: {strategy: {drafter: {name: draft_model}}}}\n",
+            ["stacks.a", "needs a draft model", "draft.path"],
+        ),
+        ("stacks: {a: {overrides: [strategy.stop.0.gama=3]}}\n", ["stacks.a", "gama"]),
+        ("baselines: [hf_nope]\n", ["unknown baseline 'hf_nope'", "hf_generate"]),
+        ("oracle: {log_stack: missing}\n", ["oracle.log_stack 'missing'"]),
+        ("max_new_tokens: 0\n", ["max_new_tokens must be >= 1"]),
+        ("max_new_tokens: lots\n", ["bad value", "max_new_tokens"]),
+        ("prompt_sets: [nope]\n", ["unknown prompt set 'nope'", "humaneval"]),
+        ("target: {pth: x}\n", ["unknown option 'target.pth'; valid options: path, dtype"]),
+        ("baseline_options: {gamma: 3}\n", ["unknown option 'baseline_options.gamma'; valid options: assisted_gamma"]),
+        ("dtype: float8\n", ["unknown dtype 'float8'"]),
+        ("stacks: [1, 2\n", ["malformed YAML", "line"]),
+        ("- humaneval\n", ["must hold a mapping"]),
+        ("target: 3\n", ["'target' must be a mapping of options (path, dtype", "got int 3"]),
+        ("stacks: [a, b]\n", ["'stacks' must be a mapping", "got list"]),
+        ("stacks: {mine: 3}\n", ["'stacks.mine' must be a mapping of options (config, strategy", "got int 3"]),
+        ("stacks: {a: {strategy: 3}}\n", ["'stacks.a.strategy' must be a mapping, got int 3"]),
+        ("stacks: {a: {overrides: strategy.stop.0.gamma=3}}\n", ["'stacks.a.overrides' must be a list", "got str"]),
+        ("prompt_sets: humaneval\n", ["'prompt_sets' must be a list", "got str"]),
+        ("oracle: 5\n", ["'oracle' must be a mapping of options (log_stack", "got int 5"]),
+        ("oracle: {verify_tree_k: 4}\n", ["'oracle.verify_tree_k' must be a list, got int 4"]),
+        ("sampling: {temperature: hot}\n", ["bad value for 'sampling.temperature'", "give a value of type float"]),
+        ("draft: null\nrepeats: 0\n", ["repeats must be >= 1"]),
+        ("oracle: {verify_tree_k: [1, 4]}\n", ["oracle.verify_tree_k must list token counts >= 2"]),
+        ("oracle: {verify_tree_k: [4, 4]}\n", ["oracle.verify_tree_k names a token count twice"]),
+        (
+            "stacks: {t: {strategy: {drafter: {name: eagle, tree: {topk: 2}}, stop: [{name: fixed, gamma: 8}]}}}\n"
+            "oracle: {log_stack: t}\n",
+            ["oracle.log_stack 't' drafts a token tree", "log a stack drafting a long fixed chain"],
+        ),
+    ],
+)
 def test_bad_bench_yaml_is_a_one_line_error(tmp_path, capsys, text, needles):
     path = tmp_path / "bad.yaml"
     path.write_text(text)
@@ -789,21 +926,37 @@ def test_the_bench_config_is_validated_as_every_config_is(tmp_path):
     an unknown key at any depth is named with the options valid there, in one wording."""
     from pacer_core import ConfigError, load_config
 
-    refusals = [(lambda: load_config(overrides=["target.pth=x"]), "target: unknown option 'pth'; valid options: path"),
-                (lambda: read_bench_config(None, ["target.pth=x"]),
-                 "bench config: unknown option 'target.pth'; valid options: path"),
-                (lambda: read_bench_config(None, ["stacks.a.confg=x"]),
-                 "bench config: unknown option 'stacks.a.confg'; valid options: config, strategy"),
-                (lambda: read_bench_config(None, ["max_new_tokens"]),
-                 "bench config: override 'max_new_tokens' is not key=value (e.g. max_new_tokens=32)")]
+    refusals = [
+        (lambda: load_config(overrides=["target.pth=x"]), "target: unknown option 'pth'; valid options: path"),
+        (
+            lambda: read_bench_config(None, ["target.pth=x"]),
+            "bench config: unknown option 'target.pth'; valid options: path",
+        ),
+        (
+            lambda: read_bench_config(None, ["stacks.a.confg=x"]),
+            "bench config: unknown option 'stacks.a.confg'; valid options: config, strategy",
+        ),
+        (
+            lambda: read_bench_config(None, ["max_new_tokens"]),
+            "bench config: override 'max_new_tokens' is not key=value (e.g. max_new_tokens=32)",
+        ),
+    ]
     grid = tmp_path / "grid.yaml"
     grid.write_text("grid: {strategy.stop.0.gamma: [1]}\nstack: {overides: []}\n")
-    refusals.append((lambda: read_ablate_config(grid),
-                     f"ablate config '{grid}': unknown option 'stack.overides'; valid options: config, strategy"))
+    refusals.append(
+        (
+            lambda: read_ablate_config(grid),
+            f"ablate config '{grid}': unknown option 'stack.overides'; valid options: config, strategy",
+        )
+    )
     grid_value = tmp_path / "grid_value.yaml"
     grid_value.write_text("grid: {strategy.stop.0.gamma: 3}\n")
-    refusals.append((lambda: read_ablate_config(grid_value),
-                     f"ablate config '{grid_value}': 'grid.strategy.stop.0.gamma' must be a list, got int 3"))
+    refusals.append(
+        (
+            lambda: read_ablate_config(grid_value),
+            f"ablate config '{grid_value}': 'grid.strategy.stop.0.gamma' must be a list, got int 3",
+        )
+    )
     for read, start in refusals:
         with pytest.raises(ConfigError) as refused:
             read()
@@ -842,11 +995,13 @@ def test_the_embedded_target_gets_its_shipped_draft_when_a_stack_or_baseline_nee
     assert cfg.draft.path == DEFAULT_DRAFT and cfg.draft.dtype is None  # the bench's dtype
     assisted = write_bench(tmp_path / "b", "baselines: [hf_assisted_constant]\n")
     assert read_bench_config(assisted)[0].draft.path == DEFAULT_DRAFT
-    free = write_bench(tmp_path / "c", "stacks: {p: {strategy: {drafter: {name: prompt_lookup}}}}\n"
-                                       "baselines: [hf_generate]\n")
+    free = write_bench(
+        tmp_path / "c", "stacks: {p: {strategy: {drafter: {name: prompt_lookup}}}}\nbaselines: [hf_generate]\n"
+    )
     assert read_bench_config(free)[0].draft is None  # nothing needs a draft: none is loaded
-    mine = write_bench(tmp_path / "d",
-                       "draft: {path: /my/draft}\nstacks: {d: {strategy: {drafter: {name: draft_model}}}}\n")
+    mine = write_bench(
+        tmp_path / "d", "draft: {path: /my/draft}\nstacks: {d: {strategy: {drafter: {name: draft_model}}}}\n"
+    )
     assert read_bench_config(mine)[0].draft.path == "/my/draft"
 
 
@@ -923,18 +1078,42 @@ def test_the_report_compares_each_tree_with_its_chains_and_each_hybrid_with_its_
         return {"name": name, "kind": "stack", "config": {"strategy": {"drafter": drafter, "stop": []}}}
 
     tree = {"topk": 4, "depth": 8, "nodes": 24}
-    units = [unit("plain", {"name": "autoregressive"}), unit("chain2", {"name": "eagle"}),
-             unit("chain4", {"name": "eagle"}), unit("tree", {"name": "eagle", "tree": tree}),
-             unit("tree-other", {"name": "eagle", "tree": {"topk": 6}}), unit("lookup", {"name": "prompt_lookup"}),
-             unit("hybrid", {"name": "hybrid", "members": [{"name": "eagle", "tree": tree},
-                                                           {"name": "prompt_lookup"}]}),
-             unit("orphan", {"name": "hybrid", "members": [{"name": "datastore"}]}),
-             unit("draft-chain", {"name": "draft_model"}), {"name": "hf_generate", "kind": "baseline"}]
-    speed = {"code": {"plain": 1.0, "chain2": 1.2, "chain4": 1.3, "tree": 1.5, "tree-other": 1.4, "lookup": 1.8,
-                      "hybrid": 2.16, "orphan": 3.0, "draft-chain": 1.1, "hf_generate": 1.0},
-             "chat": {"plain": 1.0, "chain2": 1.25, "chain4": 1.2, "tree": 1.3, "tree-other": 1.5, "lookup": 1.0,
-                      "hybrid": 1.4},
-             "all": {"plain": 1.0, "chain2": 1.2}}
+    units = [
+        unit("plain", {"name": "autoregressive"}),
+        unit("chain2", {"name": "eagle"}),
+        unit("chain4", {"name": "eagle"}),
+        unit("tree", {"name": "eagle", "tree": tree}),
+        unit("tree-other", {"name": "eagle", "tree": {"topk": 6}}),
+        unit("lookup", {"name": "prompt_lookup"}),
+        unit("hybrid", {"name": "hybrid", "members": [{"name": "eagle", "tree": tree}, {"name": "prompt_lookup"}]}),
+        unit("orphan", {"name": "hybrid", "members": [{"name": "datastore"}]}),
+        unit("draft-chain", {"name": "draft_model"}),
+        {"name": "hf_generate", "kind": "baseline"},
+    ]
+    speed = {
+        "code": {
+            "plain": 1.0,
+            "chain2": 1.2,
+            "chain4": 1.3,
+            "tree": 1.5,
+            "tree-other": 1.4,
+            "lookup": 1.8,
+            "hybrid": 2.16,
+            "orphan": 3.0,
+            "draft-chain": 1.1,
+            "hf_generate": 1.0,
+        },
+        "chat": {
+            "plain": 1.0,
+            "chain2": 1.25,
+            "chain4": 1.2,
+            "tree": 1.3,
+            "tree-other": 1.5,
+            "lookup": 1.0,
+            "hybrid": 1.4,
+        },
+        "all": {"plain": 1.0, "chain2": 1.2},
+    }
     table = {s: {n: {"speedup": v} for n, v in row.items()} for s, row in speed.items()}
     found = comparisons(units, table)
     assert set(found["trees"]) == {"eagle"}  # the token draft has no tree stack here
@@ -965,20 +1144,25 @@ def test_the_report_gives_each_hybrid_members_share_of_the_accepted_tokens():
     from pacer_bench.report import sources_markdown
     from pacer_bench.results import source_shares
 
-    records = [{"metrics": {"hybrid_accepted_eagle": 6, "hybrid_accepted_prompt_lookup": 2, "accepted": 8}},
-               {"metrics": {"hybrid_accepted_eagle": 0, "hybrid_accepted_prompt_lookup": 2, "accepted": 2}}]
+    records = [
+        {"metrics": {"hybrid_accepted_eagle": 6, "hybrid_accepted_prompt_lookup": 2, "accepted": 8}},
+        {"metrics": {"hybrid_accepted_eagle": 0, "hybrid_accepted_prompt_lookup": 2, "accepted": 2}},
+    ]
     assert source_shares(records) == {"eagle": 0.6, "prompt_lookup": 0.4}
     assert source_shares([{"metrics": {"accepted": 3}}]) == {}  # a stack without members
     assert source_shares([{"metrics": {"hybrid_accepted_eagle": 0}}]) == {"eagle": 0.0}
-    results = {"prompt_sets": ["gsm8k"], "table": {
-        "gsm8k": {"plain": {"source_shares": {}}, "hybrid": {"source_shares": {"eagle": 0.6, "datastore": 0.4}}},
-        "all": {"hybrid": {"source_shares": {"eagle": 0.5, "datastore": 0.5}}}}}
+    results = {
+        "prompt_sets": ["gsm8k"],
+        "table": {
+            "gsm8k": {"plain": {"source_shares": {}}, "hybrid": {"source_shares": {"eagle": 0.6, "datastore": 0.4}}},
+            "all": {"hybrid": {"source_shares": {"eagle": 0.5, "datastore": 0.5}}},
+        },
+    }
     lines = sources_markdown(results)
     assert "| gsm8k | hybrid | eagle 60%, datastore 40% |" in lines
     assert "| all | hybrid | eagle 50%, datastore 50% |" in lines
     assert not any("plain" in line for line in lines)
     assert sources_markdown({"prompt_sets": ["gsm8k"], "table": {"gsm8k": {"plain": {"source_shares": {}}}}}) == []
-
 
 
 def test_the_report_gives_m_bs_own_share_of_the_wall_time_beside_the_stop_time():
@@ -1003,9 +1187,11 @@ def test_every_speedup_and_tau_of_the_report_carries_its_interval(finished):
             assert c["tau_ci"][0] <= c["tau"] + 1e-9 <= c["tau_ci"][1] + 2e-9, (set_name, name)
     assert results["table"]["all"]["autoregressive"]["speedup_ci"] == [1.0, 1.0]
     c = results["table"]["all"]["fixed2"]
-    assert (f"| fixed2 | {c['records']} | {c['tokens_per_s']:.1f} | {c['speedup']:.2f}× "
-            f"[{c['speedup_ci'][0]:.2f}, {c['speedup_ci'][1]:.2f}] | {c['tau']:.2f} [{c['tau_ci'][0]:.2f}, "
-            f"{c['tau_ci'][1]:.2f}] |") in text
+    assert (
+        f"| fixed2 | {c['records']} | {c['tokens_per_s']:.1f} | {c['speedup']:.2f}× "
+        f"[{c['speedup_ci'][0]:.2f}, {c['speedup_ci'][1]:.2f}] | {c['tau']:.2f} [{c['tau_ci'][0]:.2f}, "
+        f"{c['tau_ci'][1]:.2f}] |"
+    ) in text
     # rebuilt from the same log: the same intervals (the generators are seeded)
     again = finished.parent / "again"
     shutil.copytree(finished, again, dirs_exist_ok=True)
@@ -1037,18 +1223,32 @@ def test_a_second_bench_on_a_locked_folder_is_refused_in_one_line(tmp_path, tiny
     config = write_bench(tmp_path, STACKS, n=1)
     out = tmp_path / "out"
     out.mkdir()
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import fcntl, os, sys, time\n"
-        f"fd = os.open({str(out / '.bench.lock')!r}, os.O_RDWR | os.O_CREAT)\n"
-        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
-        "os.write(fd, f'{os.getpid()}\\n'.encode())\n"
-        "print('locked', flush=True)\n"
-        "sys.stdin.read()\n")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import fcntl, os, sys, time\n"
+                f"fd = os.open({str(out / '.bench.lock')!r}, os.O_RDWR | os.O_CREAT)\n"
+                "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+                "os.write(fd, f'{os.getpid()}\\n'.encode())\n"
+                "print('locked', flush=True)\n"
+                "sys.stdin.read()\n"
+            ),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         code, _, err = run_cli(["bench", "--config", str(config), "--out", str(out), "--no-progress"], capsys)
-        assert_one_line(code, err, f"--out '{out}' is being written by another pacer bench (pid {holder.pid})",
-                        "choose another --out")
+        assert_one_line(
+            code,
+            err,
+            f"--out '{out}' is being written by another pacer bench (pid {holder.pid})",
+            "choose another --out",
+        )
         assert not (out / "answers.jsonl").exists()
     finally:
         holder.stdin.close()
@@ -1121,8 +1321,15 @@ def test_mean_draft_counts_the_main_path_and_shows_a_deeper_tree_apart():
 
     metrics = Metrics(MetricsConfig(), None)
     for depth in (6, 5, 3):
-        step = SimpleNamespace(emitted=[1, 2], draft=Draft(3, depth), verdict=SimpleNamespace(accepted=1),
-                               draft_forwards=1, draft_s=0.0, verify_s=0.0, stop_s=0.0)
+        step = SimpleNamespace(
+            emitted=[1, 2],
+            draft=Draft(3, depth),
+            verdict=SimpleNamespace(accepted=1),
+            draft_forwards=1,
+            draft_s=0.0,
+            verify_s=0.0,
+            stop_s=0.0,
+        )
         metrics.pacer_observe_step(state=None, step=step)
     m = metrics.pacer_finish(state=None, result=None)
     assert m["main_path_per_step"] == [3, 3, 3] and m["drafted_per_step"] == [6, 5, 3]
@@ -1137,8 +1344,15 @@ def test_mean_draft_counts_the_main_path_and_shows_a_deeper_tree_apart():
 def test_spec_bench_mean_accepted_tokens_is_told_apart_from_tau():
     from pacer_bench.specbench import TAU_NOTE, leaderboard_markdown, speed_markdown
 
-    figures = {"overall": {"questions": 2, "tokens_per_s": 10.0, "baseline_tokens_per_s": 5.0, "speedup": 2.0,
-                           "mean_accepted_tokens": 2.27}}
+    figures = {
+        "overall": {
+            "questions": 2,
+            "tokens_per_s": 10.0,
+            "baseline_tokens_per_s": 5.0,
+            "speedup": 2.0,
+            "mean_accepted_tokens": 2.27,
+        }
+    }
     specbench = {"files": {"a": "specbench/a.jsonl"}, "speed": {"autoregressive": {"a": figures}}}
     speed = "\n".join(speed_markdown(specbench))
     assert TAU_NOTE in speed and speed.index(TAU_NOTE) < speed.index("| stack | task |")  # read before the table

@@ -46,15 +46,21 @@ def published_tensors(hidden: int, vocab: int, fused: int, seed: int, draft_voca
     state = {"fc.weight": w(hidden, fused), "hidden_norm.weight": norm(hidden), "norm.weight": norm(hidden)}
     for i in range(DRAFT_LAYERS):
         p = f"layers.{i}."
-        state.update({
-            p + "input_layernorm.weight": norm(hidden), p + "post_attention_layernorm.weight": norm(hidden),
-            p + "self_attn.q_proj.weight": w(HEADS * HEAD_DIM, hidden),
-            p + "self_attn.k_proj.weight": w(KV_HEADS * HEAD_DIM, hidden),
-            p + "self_attn.v_proj.weight": w(KV_HEADS * HEAD_DIM, hidden),
-            p + "self_attn.o_proj.weight": w(hidden, HEADS * HEAD_DIM),
-            p + "self_attn.q_norm.weight": norm(HEAD_DIM), p + "self_attn.k_norm.weight": norm(HEAD_DIM),
-            p + "mlp.gate_proj.weight": w(FFN, hidden), p + "mlp.up_proj.weight": w(FFN, hidden),
-            p + "mlp.down_proj.weight": w(hidden, FFN)})
+        state.update(
+            {
+                p + "input_layernorm.weight": norm(hidden),
+                p + "post_attention_layernorm.weight": norm(hidden),
+                p + "self_attn.q_proj.weight": w(HEADS * HEAD_DIM, hidden),
+                p + "self_attn.k_proj.weight": w(KV_HEADS * HEAD_DIM, hidden),
+                p + "self_attn.v_proj.weight": w(KV_HEADS * HEAD_DIM, hidden),
+                p + "self_attn.o_proj.weight": w(hidden, HEADS * HEAD_DIM),
+                p + "self_attn.q_norm.weight": norm(HEAD_DIM),
+                p + "self_attn.k_norm.weight": norm(HEAD_DIM),
+                p + "mlp.gate_proj.weight": w(FFN, hidden),
+                p + "mlp.up_proj.weight": w(FFN, hidden),
+                p + "mlp.down_proj.weight": w(hidden, FFN),
+            }
+        )
     if draft_vocab:
         state["lm_head.weight"] = w(draft_vocab, hidden, std=1.0)
     return state
@@ -62,21 +68,41 @@ def published_tensors(hidden: int, vocab: int, fused: int, seed: int, draft_voca
 
 def qwen3_keys(hidden: int, vocab: int) -> dict:
     """The Qwen3 config keys of the draft's layers, as z-lab's config.json gives them."""
-    return {"model_type": "qwen3", "hidden_size": hidden, "num_hidden_layers": DRAFT_LAYERS, "vocab_size": vocab,
-            "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "head_dim": HEAD_DIM,
-            "intermediate_size": FFN, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "rope_scaling": None,
-            "hidden_act": "silu", "attention_bias": False, "max_position_embeddings": 4096,
-            "layer_types": ["full_attention"] * DRAFT_LAYERS, "use_sliding_window": False, "sliding_window": None,
-            "tie_word_embeddings": False}
+    return {
+        "model_type": "qwen3",
+        "hidden_size": hidden,
+        "num_hidden_layers": DRAFT_LAYERS,
+        "vocab_size": vocab,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": KV_HEADS,
+        "head_dim": HEAD_DIM,
+        "intermediate_size": FFN,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "rope_scaling": None,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "max_position_embeddings": 4096,
+        "layer_types": ["full_attention"] * DRAFT_LAYERS,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+    }
 
 
 def zlab_checkpoint(folder, target_model, seed=1, **changes):
     """A z-lab/dflash checkpoint folder for the tiny target (``changes``: config keys replaced)."""
     hidden, vocab = target_model.config.hidden_size, target_model.config.vocab_size
     folder.mkdir(parents=True, exist_ok=True)
-    config = {"architectures": ["DFlashDraftModel"], "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
-              **qwen3_keys(hidden, vocab), "block_size": BLOCK_SIZE, "num_target_layers": TARGET_LAYERS,
-              "dflash_config": {"mask_token_id": MASK_ID, "target_layer_ids": ZLAB_IDS}, **changes}
+    config = {
+        "architectures": ["DFlashDraftModel"],
+        "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
+        **qwen3_keys(hidden, vocab),
+        "block_size": BLOCK_SIZE,
+        "num_target_layers": TARGET_LAYERS,
+        "dflash_config": {"mask_token_id": MASK_ID, "target_layer_ids": ZLAB_IDS},
+        **changes,
+    }
     (folder / "config.json").write_text(json.dumps(config))
     save_file(published_tensors(hidden, vocab, len(ZLAB_IDS) * hidden, seed), str(folder / "model.safetensors"))
     return folder
@@ -87,14 +113,22 @@ def speculators_checkpoint(folder, target_model, draft_ids, seed=2):
     embed_tokens copied from the target, aux_hidden_state_layer_ids numbering layer inputs."""
     hidden, vocab = target_model.config.hidden_size, target_model.config.vocab_size
     folder.mkdir(parents=True, exist_ok=True)
-    config = {"architectures": ["DFlashSpeculator"], "speculators_model_type": "dflash",
-              "transformer_layer_config": qwen3_keys(hidden, vocab), "draft_vocab_size": len(draft_ids),
-              "block_size": BLOCK_SIZE, "aux_hidden_state_layer_ids": [i + 1 for i in ZLAB_IDS],
-              "mask_token_id": MASK_ID, "sample_from_anchor": False,
-              "speculators_config": {"algorithm": "dflash", "default_proposal_method": "greedy",
-                                     "proposal_methods": [{"proposal_type": "greedy",
-                                                           "speculative_tokens": BLOCK_SIZE - 1}],
-                                     "verifier": {"name_or_path": "tiny", "architectures": []}}}
+    config = {
+        "architectures": ["DFlashSpeculator"],
+        "speculators_model_type": "dflash",
+        "transformer_layer_config": qwen3_keys(hidden, vocab),
+        "draft_vocab_size": len(draft_ids),
+        "block_size": BLOCK_SIZE,
+        "aux_hidden_state_layer_ids": [i + 1 for i in ZLAB_IDS],
+        "mask_token_id": MASK_ID,
+        "sample_from_anchor": False,
+        "speculators_config": {
+            "algorithm": "dflash",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": BLOCK_SIZE - 1}],
+            "verifier": {"name_or_path": "tiny", "architectures": []},
+        },
+    }
     (folder / "config.json").write_text(json.dumps(config))
     state = published_tensors(hidden, vocab, len(ZLAB_IDS) * hidden, seed, draft_vocab=len(draft_ids))
     ids = torch.tensor(draft_ids)
@@ -164,8 +198,10 @@ def drafter_rows(folder, target_model, tokens):
     """The ``dflash`` drafter's draft distributions of one block after ``tokens`` (greedy sampling:
     plain softmax; no lookup prior: the network's own rows), its context fed the target's layer inputs
     it asked for."""
-    drafter = DFlashDrafter(DFlashConfig(path=str(folder), lookup_bias=[]),
-                            Resources(target=adapter(target_model), draft=None, sampling=SamplingParams()))
+    drafter = DFlashDrafter(
+        DFlashConfig(path=str(folder), lookup_bias=[]),
+        Resources(target=adapter(target_model), draft=None, sampling=SamplingParams()),
+    )
     with torch.no_grad():
         hs = target_model.model(input_ids=torch.tensor([tokens]), output_hidden_states=True).hidden_states
     fused = torch.cat([hs[j][0] for j in drafter.draft_info.target_layers], -1)[:-1]
@@ -209,8 +245,9 @@ def test_a_mask_embedding_file_replaces_the_mask_tokens_row(tmp_path, target):
     torch.save({"mask_token_id": MASK_ID, "embedding": mask}, folder / "mask_embedding.pt")
     _, rows = drafter_rows(folder, target, TOKENS)
     state = load_file(folder / "model.safetensors")
-    torch.testing.assert_close(rows, torch.softmax(reference_logits(state, target, TOKENS, mask_embedding=mask), -1),
-                               rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(
+        rows, torch.softmax(reference_logits(state, target, TOKENS, mask_embedding=mask), -1), rtol=1e-4, atol=1e-6
+    )
     assert not torch.allclose(rows, torch.softmax(reference_logits(state, target, TOKENS), -1), atol=1e-3)
 
 
@@ -227,8 +264,11 @@ def test_a_wrong_reference_detail_is_caught(tmp_path, target):
 
 @pytest.mark.parametrize("layout", ["zlab", "speculators"])
 def test_greedy_decoding_with_a_published_draft_equals_the_targets(tmp_path, target, layout):
-    folder = zlab_checkpoint(tmp_path / "d", target) if layout == "zlab" else \
-        speculators_checkpoint(tmp_path / "d", target, [0, 2, 3, 5, 7, 9, 11, 14])
+    folder = (
+        zlab_checkpoint(tmp_path / "d", target)
+        if layout == "zlab"
+        else speculators_checkpoint(tmp_path / "d", target, [0, 2, 3, 5, 7, 9, 11, 14])
+    )
     engine = block_engine(target, folder, stop="{name: fixed, gamma: 5}")
     for prompt in ([3, 7, 11, 5], [1, 2, 3], [9, 9, 9, 9]):
         assert engine.generate(prompt, max_new_tokens=20).tokens == reference_greedy(target, prompt, 20)
@@ -243,19 +283,22 @@ def refusal(folder, target_model) -> str:
     return message
 
 
-@pytest.mark.parametrize("changes, expected", [
-    ({"layer_types": ["sliding_attention", "full_attention"]}, "only full_attention"),
-    ({"architectures": ["DFlash2DraftModel"]}, "DFlash2"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope scaling"),
-    ({"rope_theta": None}, "no rope_theta"),
-    ({"attention_bias": True}, "attention_bias"),
-    ({"num_hidden_layers": 3}, "num_hidden_layers is 3"),
-    ({"num_attention_heads": 8}, "num_attention_heads × head_dim"),
-    ({"hidden_size": 64}, "hidden size 64"),
-    ({"dflash_config": {"mask_token_id": MASK_ID, "target_layer_ids": [0, 2]}}, "input of target layer 3"),
-    ({"dflash_config": {"mask_token_id": 99, "target_layer_ids": ZLAB_IDS}}, "mask_token_id 99"),
-    ({"is_causal": True}, "causal attention"),
-])
+@pytest.mark.parametrize(
+    "changes, expected",
+    [
+        ({"layer_types": ["sliding_attention", "full_attention"]}, "only full_attention"),
+        ({"architectures": ["DFlash2DraftModel"]}, "DFlash2"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope scaling"),
+        ({"rope_theta": None}, "no rope_theta"),
+        ({"attention_bias": True}, "attention_bias"),
+        ({"num_hidden_layers": 3}, "num_hidden_layers is 3"),
+        ({"num_attention_heads": 8}, "num_attention_heads × head_dim"),
+        ({"hidden_size": 64}, "hidden size 64"),
+        ({"dflash_config": {"mask_token_id": MASK_ID, "target_layer_ids": [0, 2]}}, "input of target layer 3"),
+        ({"dflash_config": {"mask_token_id": 99, "target_layer_ids": ZLAB_IDS}}, "mask_token_id 99"),
+        ({"is_causal": True}, "causal attention"),
+    ],
+)
 def test_a_checkpoint_the_drafter_cannot_compute_is_refused_by_name(tmp_path, target, changes, expected):
     assert expected in refusal(zlab_checkpoint(tmp_path / "zlab", target, **changes), target)
 
@@ -296,9 +339,18 @@ def published_arch_draft(target_model, folder, subset):
     from pacer_plugins.block_draft.model import BlockArch, BlockDraft, save_block_draft
 
     shape = attrs.asdict(adapter(target_model).attention_shape())
-    arch = BlockArch(hidden_size=target_model.config.hidden_size, intermediate_size=FFN,
-                     vocab_size=target_model.config.vocab_size, subset_size=len(subset), target_layers=[1, 2],
-                     num_layers=DRAFT_LAYERS, block=BLOCK_SIZE - 1, inject=False, qk_norm=True, **shape)
+    arch = BlockArch(
+        hidden_size=target_model.config.hidden_size,
+        intermediate_size=FFN,
+        vocab_size=target_model.config.vocab_size,
+        subset_size=len(subset),
+        target_layers=[1, 2],
+        num_layers=DRAFT_LAYERS,
+        block=BLOCK_SIZE - 1,
+        inject=False,
+        qk_norm=True,
+        **shape,
+    )
     torch.manual_seed(3)
     net = BlockDraft(arch)
     with torch.no_grad():
@@ -319,9 +371,13 @@ def test_an_exported_draft_loads_back_drafting_identically(tmp_path, target, sub
     from pacer_plugins.feature_draft.export import export_draft
 
     draft = published_arch_draft(target, tmp_path / "draft", subset)
-    result = export_draft(draft, tmp_path / "out", torch.float32, speculators={"verifier": "tiny",
-                                                                                "speculative_tokens": None},
-                          target=adapter(target))
+    result = export_draft(
+        draft,
+        tmp_path / "out",
+        torch.float32,
+        speculators={"verifier": "tiny", "speculative_tokens": None},
+        target=adapter(target),
+    )
     assert result["layout"] == "dflash" and result["files"] == ["mask_embedding.pt"]
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert config["speculators_model_type"] == "dflash" and config["block_size"] == BLOCK_SIZE

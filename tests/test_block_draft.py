@@ -66,7 +66,7 @@ def test_block_layout_on_a_worked_example():
 def test_two_packed_blocks_never_see_each_other():
     layout = block_layout([2, 5], 0, 2, 10)
     rows = 3
-    assert not layout.mask[:rows, 10 + rows:].any() and not layout.mask[rows:, 10:10 + rows].any()
+    assert not layout.mask[:rows, 10 + rows :].any() and not layout.mask[rows:, 10 : 10 + rows].any()
     assert layout.mask[rows:, :5].all() and not layout.mask[rows:, 5:10].any()
 
 
@@ -97,9 +97,9 @@ def test_training_blocks_compute_what_the_drafter_computes(pair, known):
     for k, a in enumerate(anchors):
         cache = ContextCache(2)
         net.extend_context(cache, states[:a])
-        x = net.block_inputs(embed[tokens[a:a + known + 1]][None], 3, cache.latest[None])
+        x = net.block_inputs(embed[tokens[a : a + known + 1]][None], 3, cache.latest[None])
         context = [(key[None], value[None]) for key, value in zip(cache.keys, cache.values)]
-        alone = net(x, torch.arange(a, a + known + 4), context)[0, known + 1:]
+        alone = net(x, torch.arange(a, a + known + 4), context)[0, known + 1 :]
         torch.testing.assert_close(packed[k], alone, rtol=1e-4, atol=1e-5)
 
 
@@ -116,15 +116,17 @@ def test_the_block_loss_falls_when_trained(pair):
     optimizer = torch.optim.Adam(net.parameters(), lr=3e-3)
     losses = []
     for _ in range(30):
-        loss, parts = block_loss(net, target.model.embed_tokens.weight.detach(), head[net.subset], tokens, feats,
-                                 fused, layout, decay=0.8)
+        loss, parts = block_loss(
+            net, target.model.embed_tokens.weight.detach(), head[net.subset], tokens, feats, fused, layout, decay=0.8
+        )
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         losses.append(float(loss.detach()))
     assert losses[-1] < 0.85 * losses[0] and 0.0 <= parts["top1"] <= 1.0
-    metrics = evaluate_blocks(net, target.model.embed_tokens.weight.detach(), head, tokens, fused,
-                              (feats @ head.T).argmax(-1), stride=2)
+    metrics = evaluate_blocks(
+        net, target.model.embed_tokens.weight.detach(), head, tokens, fused, (feats @ head.T).argmax(-1), stride=2
+    )
     assert len(metrics["heldout_position_agreement"]) == 3 and 0 <= metrics["heldout_block_accepted"] <= 3
 
 
@@ -143,7 +145,7 @@ def test_the_block_tree_takes_the_likeliest_nodes(seed, topk, nodes):
     block = block_tree(rows, None, topk, nodes).next_levels(3, 0)
     tokens = block.tokens.tolist() + (block.side.tokens.tolist() if block.side else [])
     parents = list(range(-1, len(block) - 1)) + (block.side.parents.tolist() if block.side else [])
-    assert len(tokens) == min(nodes, sum(topk ** d for d in range(1, 4)))
+    assert len(tokens) == min(nodes, sum(topk**d for d in range(1, 4)))
     order = rows.argsort(dim=-1, descending=True, stable=True).tolist()
 
     def depth(i):
@@ -158,7 +160,7 @@ def test_the_block_tree_takes_the_likeliest_nodes(seed, topk, nodes):
 
     assert {path(i) for i in range(len(tokens))} == brute_best(rows, topk, nodes)
     assert all(p < i for i, p in enumerate(parents))  # parents first
-    assert block.tokens.tolist() == rows.argmax(-1)[:len(block)].tolist()  # the main path: each row's argmax
+    assert block.tokens.tolist() == rows.argmax(-1)[: len(block)].tolist()  # the main path: each row's argmax
 
 
 def test_the_block_tree_on_its_worked_example():
@@ -178,12 +180,20 @@ def test_the_block_tree_maps_columns_and_stops_at_eos():
 
 
 # -- greedy: equal to the target's own decoding --------------------------------------------------
-STOPS = {"fixed1": "{name: fixed, gamma: 1}", "fixed4": "{name: fixed, gamma: 4}",
-         "fixed7": "{name: fixed, gamma: 7}", "heuristic": "{name: heuristic, gamma: 2}",
-         "confidence": "{name: confidence, threshold: 0.3}", "pacer": "{name: pacer, b: 3, max_draft: 8}"}
-TREES = {"chain": None, "tree6": "{topk: 3, depth: 3, nodes: 6}",
-         "auto_cpu": "{topk: 3, depth: 3, nodes: auto, profile: cpu-2core-smollm2-fp32}",
-         "auto_gpu": "{topk: 4, depth: 3, nodes: auto, profile: a100-7b-bf16}"}
+STOPS = {
+    "fixed1": "{name: fixed, gamma: 1}",
+    "fixed4": "{name: fixed, gamma: 4}",
+    "fixed7": "{name: fixed, gamma: 7}",
+    "heuristic": "{name: heuristic, gamma: 2}",
+    "confidence": "{name: confidence, threshold: 0.3}",
+    "pacer": "{name: pacer, b: 3, max_draft: 8}",
+}
+TREES = {
+    "chain": None,
+    "tree6": "{topk: 3, depth: 3, nodes: 6}",
+    "auto_cpu": "{topk: 3, depth: 3, nodes: auto, profile: cpu-2core-smollm2-fp32}",
+    "auto_gpu": "{topk: 4, depth: 3, nodes: auto, profile: a100-7b-bf16}",
+}
 
 
 @pytest.mark.parametrize("tree", TREES)
@@ -266,13 +276,23 @@ def sampled_pvalue(folder, target_model, tree, samples, monkeypatch=None, wrong=
     distribution than each token was drawn from (``misreport_block_rows``)."""
     if wrong:
         misreport_block_rows(monkeypatch, DFlashDrafter, wrong)
-    engine = block_engine(target_model, folder, stop="{name: fixed, gamma: 3}", tree=tree, eos=False,
-                          lookup_bias=lookup_bias,
-                          extra=["sampling.temperature=1.0", "strategy.verifier={name: speculative_sampling}",
-                                 "generation.ignore_eos=true"])
+    engine = block_engine(
+        target_model,
+        folder,
+        stop="{name: fixed, gamma: 3}",
+        tree=tree,
+        eos=False,
+        lookup_bias=lookup_bias,
+        extra=[
+            "sampling.temperature=1.0",
+            "strategy.verifier={name: speculative_sampling}",
+            "generation.ignore_eos=true",
+        ],
+    )
     outputs, _ = sample_outputs(engine, SAMPLE_PROMPT, samples)
-    expected = exact_continuation_probs(adapter(target_model, eos=False), SAMPLE_PROMPT, LENGTH,
-                                        SamplingParams(temperature=1.0))
+    expected = exact_continuation_probs(
+        adapter(target_model, eos=False), SAMPLE_PROMPT, LENGTH, SamplingParams(temperature=1.0)
+    )
     return chisquare_pvalue(outputs, expected)
 
 
@@ -281,8 +301,7 @@ def sampling_pair(tmp_path_factory):
     """A peaky target (scale 15: few likely continuations) and a random block draft over its whole
     vocabulary, so drafted tokens are accepted and rejected alike."""
     target = tiny_llama(0, vocab=16, scale=15.0)
-    return target, make_block_draft(target, tmp_path_factory.mktemp("dflash-s") / "draft", subset_size=16,
-                                    peak=3.0)
+    return target, make_block_draft(target, tmp_path_factory.mktemp("dflash-s") / "draft", subset_size=16, peak=3.0)
 
 
 @pytest.mark.parametrize("lookup_bias", ["null", "[6.0]", "[]"], ids=["prior", "strong-prior", "no-prior"])
@@ -303,19 +322,35 @@ def test_rows_misreported_fail_the_distribution_test(sampling_pair, monkeypatch,
 
 def test_tree_children_claimed_as_sampled_fail_the_distribution_test(sampling_pair, monkeypatch):
     levels = BlockTree.next_levels
-    monkeypatch.setattr(BlockTree, "next_levels", lambda *a, **k: (lambda block: block and attrs.evolve(
-        block, sampled=True))(levels(*a, **k)))
+    monkeypatch.setattr(
+        BlockTree,
+        "next_levels",
+        lambda *a, **k: (lambda block: block and attrs.evolve(block, sampled=True))(levels(*a, **k)),
+    )
     target, folder = sampling_pair
     with single_thread():
         assert sampled_pvalue(folder, target, "{topk: 3, depth: 3, nodes: 6}", 600) < 1e-6
 
 
 # -- PACER on blocks: an M_B trained for the block draft -----------------------------------------
-PREVERIFY = ["verifier={name: speculative_sampling}", "sampling.temperature=1.0", "data.window=6",
-             "data.max_new_tokens=16", "data.heldout_every=3",
-             "model.width=16", "model.heads=2", "model.ffn_size=32", "model.max_positions=8",
-             "model.draft_confidence=true", "model.confidence_prior=true", "train.pack_len=24",
-             "train.batch_size=4", "train.epochs=3", "train.warmup=2", "train.threads=1"]
+PREVERIFY = [
+    "verifier={name: speculative_sampling}",
+    "sampling.temperature=1.0",
+    "data.window=6",
+    "data.max_new_tokens=16",
+    "data.heldout_every=3",
+    "model.width=16",
+    "model.heads=2",
+    "model.ffn_size=32",
+    "model.max_positions=8",
+    "model.draft_confidence=true",
+    "model.confidence_prior=true",
+    "train.pack_len=24",
+    "train.batch_size=4",
+    "train.epochs=3",
+    "train.warmup=2",
+    "train.threads=1",
+]
 MB_PROMPTS = [[3, 7, 11, 5], [1, 2, 3], [5, 9, 13, 5], [2, 4, 6, 8, 10], [9, 9, 9], [12, 1, 14, 3]]
 
 
@@ -332,8 +367,13 @@ def block_mb(sampling_pair, tmp_path_factory):
     out = tmp_path_factory.mktemp("preverify") / "run"
     out.mkdir()
     (out / "items.json").write_text(json.dumps([{"source": "test", "prompt": p} for p in MB_PROMPTS]))
-    argv = ["train-preverify", f"out={out}", f"export={out / 'mb'}", f"drafter={{name: dflash, path: '{folder}'}}",
-            *PREVERIFY]
+    argv = [
+        "train-preverify",
+        f"out={out}",
+        f"export={out / 'mb'}",
+        f"drafter={{name: dflash, path: '{folder}'}}",
+        *PREVERIFY,
+    ]
     patch = pytest.MonkeyPatch()
     patch.setattr(hf, "load_section", lambda section, role: (adapter(target, eos=False), None, None))
     try:
@@ -344,8 +384,7 @@ def block_mb(sampling_pair, tmp_path_factory):
     return out, out / "mb", argv
 
 
-def test_train_preverify_trains_an_mb_on_the_block_drafts_hidden_states(block_mb, sampling_pair, monkeypatch,
-                                                                        capsys):
+def test_train_preverify_trains_an_mb_on_the_block_drafts_hidden_states(block_mb, sampling_pair, monkeypatch, capsys):
     """The block drafter tells its draft folder (``Component.draft_folder``); M_B reads its hidden
     states (the target's size) and is checked against its identity; a rerun resumes, simulating
     nothing, and a rerun whose draft weights changed under the same options is refused."""
@@ -400,25 +439,33 @@ def test_the_block_drafters_draft_folder_is_found_without_a_model():
 def test_greedy_block_drafting_with_its_mb_equals_plain_decoding(block_mb, sampling_pair, b):
     target, folder = sampling_pair
     _, export, _ = block_mb
-    engine = block_engine(target, folder, stop=f"{{name: pacer, b: {b}, t0: 0.3, max_draft: 9, "
-                          f"checkpoint: '{export}'}}", extra=["sampling.temperature=0"])
+    engine = block_engine(
+        target,
+        folder,
+        stop=f"{{name: pacer, b: {b}, t0: 0.3, max_draft: 9, checkpoint: '{export}'}}",
+        extra=["sampling.temperature=0"],
+    )
     for prompt in PROMPTS:
         result = engine.generate(prompt, max_new_tokens=BUDGET)
         assert result.tokens == reference_greedy(target, prompt, BUDGET), prompt
         assert result.metrics["pacer_checks"] > 0
 
 
-def test_pacer_with_b_equal_to_the_block_judges_between_blocks_and_draft_more_is_a_forward(block_mb,
-                                                                                          sampling_pair):
+def test_pacer_with_b_equal_to_the_block_judges_between_blocks_and_draft_more_is_a_forward(block_mb, sampling_pair):
     """b = the drafter's block (3): M_B is consulted once a block, and each block it passes is one
     more dflash forward conditioned on the blocks before it (t₀ 0: every block passes, up to
     max_draft); t₀ 1: the first block fails and the step sends it (one forward, one check)."""
     target, folder = sampling_pair
     _, export, _ = block_mb
     for t0, blocks in ((0.0, 3), (1.0, 1)):
-        engine = block_engine(target, folder, stop=f"{{name: pacer, b: 3, t0: {t0}, rho: 1.0, t_max: 1.0, "
-                              f"max_draft: 9, send_failed_block: true, checkpoint: '{export}'}}",
-                              extra=["sampling.temperature=0"], eos=False)
+        engine = block_engine(
+            target,
+            folder,
+            stop=f"{{name: pacer, b: 3, t0: {t0}, rho: 1.0, t_max: 1.0, "
+            f"max_draft: 9, send_failed_block: true, checkpoint: '{export}'}}",
+            extra=["sampling.temperature=0"],
+            eos=False,
+        )
         stop = next(p for n, p in engine.pm.list_name_plugin() if n.startswith("strategy.stop"))
         seen = []
 
@@ -445,14 +492,22 @@ def test_pacer_with_b_equal_to_the_block_judges_between_blocks_and_draft_more_is
 def test_sampled_block_drafting_under_pacer_matches_the_target_distribution(block_mb, sampling_pair):
     target, folder = sampling_pair
     _, export, _ = block_mb
-    engine = block_engine(target, folder, eos=False,
-                          stop=f"{{name: pacer, b: 3, t0: 0.3, max_draft: 9, checkpoint: '{export}'}}",
-                          extra=["sampling.temperature=1.0", "strategy.verifier={name: speculative_sampling}",
-                                 "generation.ignore_eos=true"])
+    engine = block_engine(
+        target,
+        folder,
+        eos=False,
+        stop=f"{{name: pacer, b: 3, t0: 0.3, max_draft: 9, checkpoint: '{export}'}}",
+        extra=[
+            "sampling.temperature=1.0",
+            "strategy.verifier={name: speculative_sampling}",
+            "generation.ignore_eos=true",
+        ],
+    )
     with single_thread():
         outputs, steps = sample_outputs(engine, SAMPLE_PROMPT, 600)
-    expected = exact_continuation_probs(adapter(target, eos=False), SAMPLE_PROMPT, LENGTH,
-                                        SamplingParams(temperature=1.0))
+    expected = exact_continuation_probs(
+        adapter(target, eos=False), SAMPLE_PROMPT, LENGTH, SamplingParams(temperature=1.0)
+    )
     assert chisquare_pvalue(outputs, expected) > PASS_P
 
 
@@ -466,16 +521,20 @@ def test_an_mb_of_another_drafter_is_refused_with_the_block_draft(sampling_pair,
 
     target, folder = sampling_pair
     eagle_mb = tmp_path / "eagle-mb"
-    PreVerifier(small_arch(32)).save(eagle_mb, {"target_digest": None, "drafter": {"name": "eagle"},
-                                                "draft_identity": "eagle:abcd:0123456789abcdef"})
+    PreVerifier(small_arch(32)).save(
+        eagle_mb, {"target_digest": None, "drafter": {"name": "eagle"}, "draft_identity": "eagle:abcd:0123456789abcdef"}
+    )
     with pytest.raises(InputError) as info:
         block_engine(target, folder, stop=f"{{name: pacer, b: 3, checkpoint: '{eagle_mb}'}}")
     message = str(info.value)
     assert "\n" not in message and "reads the eagle drafter's hidden states" in message
     assert "with draft dflash:" in message and "train-preverify" in message
     with pytest.raises(InputError, match="reads hidden states of size 8, but this draft's have size 32"):
-        block_engine(target, folder, stop=f"{{name: pacer, b: 3, checkpoint: '{write_checkpoint(tmp_path / 's', 8)}', "
-                     "allow_other_pair: true}")
+        block_engine(
+            target,
+            folder,
+            stop=f"{{name: pacer, b: 3, checkpoint: '{write_checkpoint(tmp_path / 's', 8)}', allow_other_pair: true}}",
+        )
 
 
 # -- refusals ------------------------------------------------------------------------------------
@@ -516,8 +575,14 @@ def test_a_hybrid_of_the_block_draft_and_prompt_lookup_equals_plain_decoding(pai
     lookup's phrases in one token tree, greedy output the target's own."""
     target, folder = pair
     member = f"{{name: dflash, path: '{folder}'" + (f", tree: {tree}" if tree else "") + "}"
-    engine = block_engine(target, folder, extra=[
-        f"strategy.drafter={{name: hybrid, members: [{member}, {{name: prompt_lookup}}]}}", "sampling.temperature=0"])
+    engine = block_engine(
+        target,
+        folder,
+        extra=[
+            f"strategy.drafter={{name: hybrid, members: [{member}, {{name: prompt_lookup}}]}}",
+            "sampling.temperature=0",
+        ],
+    )
     for prompt in PROMPTS:
         assert engine.generate(prompt, max_new_tokens=BUDGET).tokens == reference_greedy(target, prompt, BUDGET)
 
@@ -542,17 +607,29 @@ def _damaged_copy(folder, tmp_path, config=None, subset=None):
     return copy
 
 
-@pytest.mark.parametrize("config, needle", [
-    ({"target_layers": ["a", "b"]}, "target_layers must be a list of layer numbers"),
-    ({"target_layers": "ab"}, "target_layers must be a list of layer numbers"),
-    ({"target_layers": [0, True]}, "target_layers must be a list of layer numbers"),
-    ({"rope_theta": "x"}, "rope_theta must be a finite number > 0"),
-    ({"rope_theta": 0}, "rope_theta must be a finite number > 0"),
-    ({"rope_theta": float("nan")}, "rope_theta must be a finite number > 0"),
-    ({"rms_eps": None}, "rms_eps must be a finite number > 0"),
-    ({"rms_eps": -1.0}, "rms_eps must be a finite number > 0"),
-], ids=["layer-names", "layers-string", "layer-bool", "theta-string", "theta-zero", "theta-nan", "eps-null",
-        "eps-negative"])
+@pytest.mark.parametrize(
+    "config, needle",
+    [
+        ({"target_layers": ["a", "b"]}, "target_layers must be a list of layer numbers"),
+        ({"target_layers": "ab"}, "target_layers must be a list of layer numbers"),
+        ({"target_layers": [0, True]}, "target_layers must be a list of layer numbers"),
+        ({"rope_theta": "x"}, "rope_theta must be a finite number > 0"),
+        ({"rope_theta": 0}, "rope_theta must be a finite number > 0"),
+        ({"rope_theta": float("nan")}, "rope_theta must be a finite number > 0"),
+        ({"rms_eps": None}, "rms_eps must be a finite number > 0"),
+        ({"rms_eps": -1.0}, "rms_eps must be a finite number > 0"),
+    ],
+    ids=[
+        "layer-names",
+        "layers-string",
+        "layer-bool",
+        "theta-string",
+        "theta-zero",
+        "theta-nan",
+        "eps-null",
+        "eps-negative",
+    ],
+)
 def test_a_config_with_a_wrong_value_is_refused_before_drafting(pair, tmp_path, config, needle):
     """Every value of config.json is checked, not only the sizes: a layer name, a string or a zero rope
     base, a null norm epsilon were a TypeError or ValueError deep in the first draft forward."""
@@ -576,15 +653,20 @@ def test_a_subset_naming_tokens_the_vocabulary_lacks_is_refused(pair, tmp_path, 
         block_engine(target, damaged).generate(PROMPTS[0], max_new_tokens=4)
 
 
-@pytest.mark.parametrize("options, needle", [
-    (["student.block=0"], "'block' must be >= 1"),
-    (["student.block=33"], "'block' must be <= 32"),
-    (["train.anchors=-1"], "'anchors' must be >= 1"),
-    (["student.draft_layers=0"], "'draft_layers' must be >= 1"),
-    (["init=draft"], "init= continues a feature or eagle3 student, not student.kind=dflash"),
-], ids=["block-0", "block-33", "anchors-negative", "no-layers", "init"])
-def test_distill_refuses_a_dflash_option_in_one_line_before_any_model_loads(capsys, tmp_path, monkeypatch, options,
-                                                                            needle):
+@pytest.mark.parametrize(
+    "options, needle",
+    [
+        (["student.block=0"], "'block' must be >= 1"),
+        (["student.block=33"], "'block' must be <= 32"),
+        (["train.anchors=-1"], "'anchors' must be >= 1"),
+        (["student.draft_layers=0"], "'draft_layers' must be >= 1"),
+        (["init=draft"], "init= continues a feature or eagle3 student, not student.kind=dflash"),
+    ],
+    ids=["block-0", "block-33", "anchors-negative", "no-layers", "init"],
+)
+def test_distill_refuses_a_dflash_option_in_one_line_before_any_model_loads(
+    capsys, tmp_path, monkeypatch, options, needle
+):
     import pacer_core.hf
 
     def no_model(*args, **kwargs):
@@ -609,8 +691,9 @@ def test_a_block_tree_is_handed_out_level_by_level():
         draft = draft.extend(block)
     tree, once = draft.tree, Draft().extend(whole).tree
     assert draft.tokens.tolist() == whole.tokens.tolist() and len(tree) == len(once) == 12
-    assert sorted(zip(tree.depths.tolist(), tree.tokens.tolist())) == sorted(zip(once.depths.tolist(),
-                                                                               once.tokens.tolist()))
+    assert sorted(zip(tree.depths.tolist(), tree.tokens.tolist())) == sorted(
+        zip(once.depths.tolist(), once.tokens.tolist())
+    )
 
 
 def test_a_target_that_does_not_show_its_weights_is_refused(pair):
@@ -620,6 +703,9 @@ def test_a_target_that_does_not_show_its_weights_is_refused(pair):
 
     _, folder = pair
     cfg = load_config(overrides=[f"strategy.drafter={{name: dflash, path: '{folder}'}}"], require_models=False)
-    with pytest.raises(InputError, match=r"the dflash drafter reads its target's weights, which this target "
-                                         r"\(ScriptedLM\) does not show"):
+    with pytest.raises(
+        InputError,
+        match=r"the dflash drafter reads its target's weights, which this target "
+        r"\(ScriptedLM\) does not show",
+    ):
         Engine.build(ScriptedLM(16), cfg=cfg)

@@ -37,7 +37,7 @@ def samples(seed: int = 0, count: int = 3000) -> list[tuple[int, float, bool]]:
     out = []
     for _ in range(count):
         depth, c = rng.randint(1, 8), rng.random()
-        out.append((depth, c, rng.random() < c ** depth))
+        out.append((depth, c, rng.random() < c**depth))
     return out
 
 
@@ -83,18 +83,21 @@ def good() -> dict:
     return calibrations.to_dict(Calibration(upper=((0.1, 1.0),), rate=((0.2, 0.9),), draft="d"))
 
 
-@pytest.mark.parametrize("change, needle", [
-    (lambda d: d.update(kind="pacer-cost-profile"), "is not a tree calibration (kind 'pacer-cost-profile'"),
-    (lambda d: d.update(version=2), "has version 2"),
-    (lambda d: d.pop("depths"), "lacks depths"),
-    (lambda d: d.pop("draft"), "lacks draft"),
-    (lambda d: d["depths"][0].pop("rate"), "depth 1 lacks rate"),
-    (lambda d: d["depths"][0].update(rate=[0.9, 0.2]), "rate falls from 0.9 to 0.2"),
-    (lambda d: d["depths"][0].update(upper=[0.5, 0.1]), "upper falls from 0.5 to 0.1"),
-    (lambda d: d["depths"][0].update(rate=[0.2, 1.5]), "rate must be a non-empty list of numbers in [0, 1]"),
-    (lambda d: d["depths"][0].update(rate=[0.2]), "upper and rate differ in length"),
-    (lambda d: d.update(depths=[]), "depths must be a non-empty list"),
-])
+@pytest.mark.parametrize(
+    "change, needle",
+    [
+        (lambda d: d.update(kind="pacer-cost-profile"), "is not a tree calibration (kind 'pacer-cost-profile'"),
+        (lambda d: d.update(version=2), "has version 2"),
+        (lambda d: d.pop("depths"), "lacks depths"),
+        (lambda d: d.pop("draft"), "lacks draft"),
+        (lambda d: d["depths"][0].pop("rate"), "depth 1 lacks rate"),
+        (lambda d: d["depths"][0].update(rate=[0.9, 0.2]), "rate falls from 0.9 to 0.2"),
+        (lambda d: d["depths"][0].update(upper=[0.5, 0.1]), "upper falls from 0.5 to 0.1"),
+        (lambda d: d["depths"][0].update(rate=[0.2, 1.5]), "rate must be a non-empty list of numbers in [0, 1]"),
+        (lambda d: d["depths"][0].update(rate=[0.2]), "upper and rate differ in length"),
+        (lambda d: d.update(depths=[]), "depths must be a non-empty list"),
+    ],
+)
 def test_a_bad_calibration_is_refused_in_one_line(tmp_path, change, needle):
     data = good()
     change(data)
@@ -118,8 +121,12 @@ def test_a_config_naming_a_bad_calibration_is_refused_when_checked(tmp_path):
     data["kind"] = "other"
     (tmp_path / "c.json").write_text(json.dumps(data))
     with pytest.raises(InputError, match="is not a tree calibration"):
-        load_config(overrides=[f"strategy.drafter={{name: draft_model, tree: {{nodes: auto, calibration: "
-                               f"'{tmp_path / 'c.json'}'}}}}"], require_models=False)
+        load_config(
+            overrides=[
+                f"strategy.drafter={{name: draft_model, tree: {{nodes: auto, calibration: '{tmp_path / 'c.json'}'}}}}"
+            ],
+            require_models=False,
+        )
     with pytest.raises(Exception, match="tree.calibration must be a calibration file or 'raw'"):
         TreeConfig(calibration=3)
     assert TreeConfig(calibration="raw").calibration == "raw"
@@ -137,8 +144,12 @@ def chain_tree(depth: int, q: float = 0.9, point_mass: int = -1) -> TokenTree:
     if point_mass >= 0:
         probs[point_mass] = 0.0
     n = len(parents)
-    return TokenTree(torch.zeros(n, dtype=torch.long), torch.tensor(parents, dtype=torch.long),
-                     torch.tensor(probs, dtype=torch.float64)[:, None], torch.zeros(n, dtype=torch.bool))
+    return TokenTree(
+        torch.zeros(n, dtype=torch.long),
+        torch.tensor(parents, dtype=torch.long),
+        torch.tensor(probs, dtype=torch.float64)[:, None],
+        torch.zeros(n, dtype=torch.bool),
+    )
 
 
 # acceptance as the raw probability says up to depth 2, nearly nothing below
@@ -196,8 +207,9 @@ def eagle_engine(target_model, folder, tree: str, drafter: str = "eagle"):
     entry = f"{{name: eagle, path: '{folder}', tree: {tree}}}"
     if drafter == "hybrid":
         entry = f"{{name: hybrid, members: [{entry}, {{name: prompt_lookup}}]}}"
-    cfg = load_config(overrides=[f"strategy.drafter={entry}", "strategy.stop=[{name: fixed, gamma: 4}]"],
-                      require_models=False)
+    cfg = load_config(
+        overrides=[f"strategy.drafter={entry}", "strategy.stop=[{name: fixed, gamma: 4}]"], require_models=False
+    )
     return Engine.build(target, cfg=cfg)
 
 
@@ -268,13 +280,32 @@ def write_tree_run(folder, drafter: dict, steps: list[dict]):
     from pacer_bench.answers import ANSWERS, META
 
     folder.mkdir(parents=True, exist_ok=True)
-    meta = {"version": 1, "baseline": "autoregressive", "settings": {}, "prompt_sets": ["set"],
-            "units": [{"name": "tree", "kind": "stack", "config": {"strategy": {"drafter": drafter}}}]}
+    meta = {
+        "version": 1,
+        "baseline": "autoregressive",
+        "settings": {},
+        "prompt_sets": ["set"],
+        "units": [{"name": "tree", "kind": "stack", "config": {"strategy": {"drafter": drafter}}}],
+    }
     (folder / META).write_text(json.dumps(meta))
     from pacer_bench.answers import make_record
 
-    records = [make_record("set", type("P", (), {"question_id": str(i), "category": None})(), "tree", "stack", 0,
-                           [1], [2], "", {"tree_steps": steps[i::3]}, "length", None) for i in range(3)]
+    records = [
+        make_record(
+            "set",
+            type("P", (), {"question_id": str(i), "category": None})(),
+            "tree",
+            "stack",
+            0,
+            [1],
+            [2],
+            "",
+            {"tree_steps": steps[i::3]},
+            "length",
+            None,
+        )
+        for i in range(3)
+    ]
     (folder / ANSWERS).write_text("".join(json.dumps(r) + "\n" for r in records))
     return folder
 
@@ -331,8 +362,13 @@ def test_replay_refuses_a_calibration_fitted_on_another_draft_as_the_engine_does
     other = tmp_path / "other.json"
     calibrations.save(other, Calibration(SHALLOW.upper, SHALLOW.rate, draft="eagle:none:0123"))
     code, _, err = run_cli(["replay", str(run), "--profile", "a100-7b-bf16", "--calibration", str(other)], capsys)
-    assert_one_line_error(code, err, f"--calibration '{other}' was fitted on the trees of draft eagle:none:0123",
-                          "stack 'tree' logged its trees with draft eagle:", "--save-calibration")
+    assert_one_line_error(
+        code,
+        err,
+        f"--calibration '{other}' was fitted on the trees of draft eagle:none:0123",
+        "stack 'tree' logged its trees with draft eagle:",
+        "--save-calibration",
+    )
     own = tmp_path / "own.json"
     code, _, err = run_cli(["replay", str(run), "--save-calibration", str(own)], capsys)
     assert code == 0, err

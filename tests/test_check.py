@@ -39,7 +39,8 @@ def test_a_cheap_shipped_stack_passes(capsys):
     code, result = check(capsys, "-c", str(ROOT / "configs" / "sampling.yaml"))
     assert code == 0 and result["passed"], result
     assert {c["check"]: c["cases"] > 0 for c in result["checks"]} == dict.fromkeys(
-        ["load", "greedy", "distribution", "sample_match", "repeatability", "isolation", "options"], True)
+        ["load", "greedy", "distribution", "sample_match", "repeatability", "isolation", "options"], True
+    )
 
 
 @pytest.mark.slow
@@ -49,12 +50,21 @@ def test_every_shipped_config_passes(capsys, config):
     assert code == 0, failing(result)
 
 
-@pytest.mark.parametrize("stack, expected", [
-    (["strategy.drafter={name: no_rollback}", "strategy.stop=[{name: fixed, gamma: 3}]"],
-     {"greedy": "greedy/prompt=plain", "distribution": "distribution/t0.7"}),
-    pytest.param(["strategy.drafter={name: draft_model}", "strategy.stop=[{name: fixed, gamma: 3}, {name: one_more}]"],
-                 {"greedy": "greedy/prompt=plain"}, marks=pytest.mark.slow),  # fast: the table test below
-], ids=["drafter-without-rollback", "stop-keeping-one-more"])
+@pytest.mark.parametrize(
+    "stack, expected",
+    [
+        (
+            ["strategy.drafter={name: no_rollback}", "strategy.stop=[{name: fixed, gamma: 3}]"],
+            {"greedy": "greedy/prompt=plain", "distribution": "distribution/t0.7"},
+        ),
+        pytest.param(
+            ["strategy.drafter={name: draft_model}", "strategy.stop=[{name: fixed, gamma: 3}, {name: one_more}]"],
+            {"greedy": "greedy/prompt=plain"},
+            marks=pytest.mark.slow,
+        ),  # fast: the table test below
+    ],
+    ids=["drafter-without-rollback", "stop-keeping-one-more"],
+)
 def test_broken_components_fail_naming_the_case(capsys, stack, expected):
     code, result = check(capsys, "--plugin", BROKEN, *stack)
     assert code == 1 and not result["passed"]
@@ -65,21 +75,39 @@ def test_broken_components_fail_naming_the_case(capsys, stack, expected):
     assert "--case" in rerun and "--plugin" in rerun
 
 
-@pytest.mark.parametrize("stack", [
-    ["strategy.drafter={name: draft_model}", "strategy.stop=[{name: fixed, gamma: 3}]",
-     "strategy.verifier={name: accept_on_q}"],
-    pytest.param(["strategy.drafter={name: wrong_parent}", "strategy.stop=[{name: fixed, gamma: 3}]"],
-                 marks=pytest.mark.slow),
-], ids=["verifier-accepting-on-q", "tree-drafter-with-a-wrong-parent"])
+@pytest.mark.parametrize(
+    "stack",
+    [
+        [
+            "strategy.drafter={name: draft_model}",
+            "strategy.stop=[{name: fixed, gamma: 3}]",
+            "strategy.verifier={name: accept_on_q}",
+        ],
+        pytest.param(
+            ["strategy.drafter={name: wrong_parent}", "strategy.stop=[{name: fixed, gamma: 3}]"], marks=pytest.mark.slow
+        ),
+    ],
+    ids=["verifier-accepting-on-q", "tree-drafter-with-a-wrong-parent"],
+)
 def test_broken_sampling_fails_the_distribution_case(capsys, stack):
     code, result = check(capsys, "--plugin", BROKEN, *stack, "--case", "distribution/t0.7")
     assert code == 1 and failing(result) == {"distribution": "distribution/t0.7"}
 
 
 def test_the_table_names_the_failing_case_and_its_rerun(capsys):
-    code, out, err = run_cli(["check", "--quick", "--plugin", BROKEN, "strategy.drafter={name: draft_model}",
-                              "strategy.stop=[{name: fixed, gamma: 3}, {name: one_more}]",
-                              "--case", "greedy/prompt=plain"], capsys)
+    code, out, err = run_cli(
+        [
+            "check",
+            "--quick",
+            "--plugin",
+            BROKEN,
+            "strategy.drafter={name: draft_model}",
+            "strategy.stop=[{name: fixed, gamma: 3}, {name: one_more}]",
+            "--case",
+            "greedy/prompt=plain",
+        ],
+        capsys,
+    )
     assert code == 1
     row = next(line for line in out.splitlines() if line.startswith("greedy"))
     assert "FAIL" in row and "Stop(keep=" in row and "rerun: pacer check" in row
@@ -97,41 +125,64 @@ def failing_row(capsys, *argv) -> dict:
     return rows[0]
 
 
-@pytest.mark.parametrize("value, needle", [
-    ("class", "returned the class Stop, not a Stop: return Stop()"),
-    ("float", "returned float 1.0: return a positive int"),
-    ("zero", "returned 0: return a positive int"),
-    ("negative", "returned -5: return a positive int"),
-    ("list", "returned list [1, 2]"),
-    ("keep", "returned Stop(keep=1.5): keep must be an int"),
-    ("raise", "raised ValueError: a bug in the stop at "),
-    ("exit", "raised SystemExit(0) at "),
-])
+@pytest.mark.parametrize(
+    "value, needle",
+    [
+        ("class", "returned the class Stop, not a Stop: return Stop()"),
+        ("float", "returned float 1.0: return a positive int"),
+        ("zero", "returned 0: return a positive int"),
+        ("negative", "returned -5: return a positive int"),
+        ("list", "returned list [1, 2]"),
+        ("keep", "returned Stop(keep=1.5): keep must be an int"),
+        ("raise", "raised ValueError: a bug in the stop at "),
+        ("exit", "raised SystemExit(0) at "),
+    ],
+)
 def test_a_stop_returning_a_wrong_value_or_raising_is_a_named_failing_row(capsys, value, needle):
-    row = failing_row(capsys, "--plugin", BROKEN, f"strategy.stop=[{{name: returns, value: {value}}}]",
-                      "--case", "greedy/prompt=plain")
+    row = failing_row(
+        capsys,
+        "--plugin",
+        BROKEN,
+        f"strategy.stop=[{{name: returns, value: {value}}}]",
+        "--case",
+        "greedy/prompt=plain",
+    )
     assert row["failed"] == "greedy/prompt=plain"
     assert row["reason"].startswith("strategy.stop[0]:returns: pacer_draft_more ") and needle in row["reason"]
 
 
 def test_a_drafter_proposing_a_list_is_a_named_failing_row(capsys):
-    row = failing_row(capsys, "--plugin", BROKEN, "strategy.drafter={name: list_proposer}",
-                      "--case", "greedy/prompt=plain")
+    row = failing_row(
+        capsys, "--plugin", BROKEN, "strategy.drafter={name: list_proposer}", "--case", "greedy/prompt=plain"
+    )
     assert row["reason"].startswith("strategy.drafter:list_proposer: pacer_propose returned list [")
     assert "return a pacer_core.DraftBlock" in row["reason"]
 
 
 @pytest.mark.parametrize("target, what", [("state", "state.tokens"), ("draft", "the draft's tokens")])
 def test_a_stop_writing_into_the_state_or_the_draft_is_a_named_failing_row(capsys, target, what):
-    row = failing_row(capsys, "--plugin", BROKEN, f"strategy.stop=[{{name: scribble, target: {target}}}]",
-                      "--case", "greedy/prompt=plain")
+    row = failing_row(
+        capsys,
+        "--plugin",
+        BROKEN,
+        f"strategy.stop=[{{name: scribble, target: {target}}}]",
+        "--case",
+        "greedy/prompt=plain",
+    )
     assert row["reason"].startswith(f"strategy.stop[0]:scribble: pacer_draft_more changed {what} in place")
 
 
 def test_a_stop_whose_floor_drifts_across_generations_fails_isolation(capsys):
     """The floor creeps by 1e-9 a generation: no decision changes on the tiny models, the state does."""
-    row = failing_row(capsys, "--plugin", BROKEN, "strategy.drafter={name: draft_model}",
-                      "strategy.stop=[{name: drifting}]", "--case", "isolation/t0.7")
+    row = failing_row(
+        capsys,
+        "--plugin",
+        BROKEN,
+        "strategy.drafter={name: draft_model}",
+        "strategy.stop=[{name: drifting}]",
+        "--case",
+        "isolation/t0.7",
+    )
     assert row["failed"] == "isolation/t0.7"
     assert row["reason"].startswith("strategy.stop[0]:drifting starts generation 3 with floor = 0.01")
     assert "reset it in pacer_start" in row["reason"]
@@ -158,16 +209,24 @@ def plugin_file(tmp_path: Path, name: str, body: str) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("body, needle", [
-    ("raise SystemExit(0)\n", "raised SystemExit(0) on import at "),
-    ("import sys\nsys.exit()\n", "raised SystemExit(None) on import"),
-    ("raise RuntimeError('boom')\n", "raised RuntimeError: boom on import"),
-    ("@hookimpl\ndef pacer_components():\n    return [1, 'x', None]\n",
-     "pacer_components returned a list whose item 0 is int 1: every item must be a pacer_core.Component"),
-    ("@hookimpl\ndef pacer_components():\n    return 'prob_floor'\n",
-     "pacer_components returned str 'prob_floor': return a list of pacer_core.Component"),
-    ("@hookimpl\ndef pacer_components():\n    raise SystemExit(3)\n", "pacer_components raised SystemExit(3)"),
-], ids=["exit-0", "exit-none", "raises", "list-of-junk", "a-string", "components-exit"])
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        ("raise SystemExit(0)\n", "raised SystemExit(0) on import at "),
+        ("import sys\nsys.exit()\n", "raised SystemExit(None) on import"),
+        ("raise RuntimeError('boom')\n", "raised RuntimeError: boom on import"),
+        (
+            "@hookimpl\ndef pacer_components():\n    return [1, 'x', None]\n",
+            "pacer_components returned a list whose item 0 is int 1: every item must be a pacer_core.Component",
+        ),
+        (
+            "@hookimpl\ndef pacer_components():\n    return 'prob_floor'\n",
+            "pacer_components returned str 'prob_floor': return a list of pacer_core.Component",
+        ),
+        ("@hookimpl\ndef pacer_components():\n    raise SystemExit(3)\n", "pacer_components raised SystemExit(3)"),
+    ],
+    ids=["exit-0", "exit-none", "raises", "list-of-junk", "a-string", "components-exit"],
+)
 def test_a_broken_plugin_module_fails_the_load_row_and_json_still_prints(capsys, tmp_path, body, needle):
     spec = plugin_file(tmp_path, "broken_module", body)
     code, out, err = run_cli(["check", "--quick", "--json", "--plugin", spec], capsys)
@@ -222,13 +281,16 @@ def test_main_never_turns_a_command_s_system_exit_into_success(capsys, monkeypat
     assert cli.main(["exits-early", "--help"]) == 0  # argparse's own exits keep their codes
 
 
-@pytest.mark.parametrize("argv, needles", [
-    (["strategy.drafter={name: nonesuch}"], ["unknown drafter 'nonesuch'"]),
-    (["--plugin", "no_such_module_anywhere"], ["--plugin 'no_such_module_anywhere' does not import"]),
-    (["--plugin", "json"], ["--plugin 'json' offers no components"]),
-    (["strategy.drafter={name: datastore, corpus: shipped}"], ["cannot build a tiny pair for drafter 'datastore'"]),
-    (["--case", "nonesuch/x"], ["--case 'nonesuch/x' names no check"]),
-])
+@pytest.mark.parametrize(
+    "argv, needles",
+    [
+        (["strategy.drafter={name: nonesuch}"], ["unknown drafter 'nonesuch'"]),
+        (["--plugin", "no_such_module_anywhere"], ["--plugin 'no_such_module_anywhere' does not import"]),
+        (["--plugin", "json"], ["--plugin 'json' offers no components"]),
+        (["strategy.drafter={name: datastore, corpus: shipped}"], ["cannot build a tiny pair for drafter 'datastore'"]),
+        (["--case", "nonesuch/x"], ["--case 'nonesuch/x' names no check"]),
+    ],
+)
 def test_bad_input_is_one_line(capsys, argv, needles):
     code, _, err = run_cli(["check", "--quick", *argv], capsys)
     assert_one_line_error(code, err, *needles)
@@ -287,11 +349,11 @@ def test_a_misspelled_hook_is_named_without_blaming_the_tiny_pair(tmp_path, caps
         "class Typo:\n    def __init__(self, config, resources):\n        pass\n\n"
         "    @hookimpl\n    def pacer_draft_mor(self, state, draft):\n        return 1\n\n\n"
         "@hookimpl\ndef pacer_components():\n"
-        "    return [Component('stop', 'typo', Config, Typo, 'a misspelled hook')]\n")
+        "    return [Component('stop', 'typo', Config, Typo, 'a misspelled hook')]\n"
+    )
     code, _, err = run_cli(["check", "--plugin", str(plugin), "strategy.stop=[{name: typo}]", "--quick"], capsys)
     assert_one_line_error(code, err, "implements unknown hook 'pacer_draft_mor'", "did you mean 'pacer_draft_more'?")
     assert "cannot build a tiny pair" not in err
-
 
 
 def _installed(monkeypatch, folder: Path, name: str, body: str):
@@ -316,7 +378,8 @@ PROB_FLOOR = (
     "    floor: float = 0.3\n\n\nclass Floor:\n    def __init__(self, config, resources):\n"
     "        self.floor = config.floor\n\n    @hookimpl\n    def pacer_draft_more(self, state, draft):\n"
     "        return None if len(draft.tokens) < 3 else Stop()\n\n\n"
-    "@hookimpl\ndef pacer_components():\n    return [Component('stop', 'prob_floor', Config, Floor, 'a floor')]\n")
+    "@hookimpl\ndef pacer_components():\n    return [Component('stop', 'prob_floor', Config, Floor, 'a floor')]\n"
+)
 
 
 def test_plugin_file_of_an_installed_plugin_is_registered_once(capsys, monkeypatch, tmp_path):
@@ -325,8 +388,9 @@ def test_plugin_file_of_an_installed_plugin_is_registered_once(capsys, monkeypat
     from pacer_core.registry import new_plugin_manager
 
     path = _installed(monkeypatch, tmp_path, "my_stop_plugin", PROB_FLOOR)
-    code, out, err = run_cli(["check", "--plugin", str(path), "strategy.stop=[{name: prob_floor}]",
-                              "--case", "load/stack"], capsys)
+    code, out, err = run_cli(
+        ["check", "--plugin", str(path), "strategy.stop=[{name: prob_floor}]", "--case", "load/stack"], capsys
+    )
     assert code == 0 and "already registered" not in out + err, out + err
     spec = importlib.util.spec_from_file_location(path.stem, path)
     again = importlib.util.module_from_spec(spec)

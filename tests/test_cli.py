@@ -79,16 +79,29 @@ PROMPT = "abc abc abc ab"  # repeats, so prompt lookup finds n-grams to draft
 
 # -- generate ----------------------------------------------------------------------------------
 def test_json_output_has_text_tokens_and_metrics(tiny, capsys):
-    code, out, err = run(["generate", "--prompt", PROMPT, "--max-new-tokens", "20", "--json",
-                          "generation.ignore_eos=true"], capsys)
+    code, out, err = run(
+        ["generate", "--prompt", PROMPT, "--max-new-tokens", "20", "--json", "generation.ignore_eos=true"], capsys
+    )
     assert code == 0, err
     payload = json.loads(out)
     assert len(payload["tokens"]) == 20
     assert payload["text"] == ByteTokenizer().decode(payload["tokens"])
     m = payload["metrics"]
-    for key in ("steps", "drafted", "accepted", "emitted", "mean_accepted_length", "acceptance_rate",
-                "per_position_acceptance", "target_forwards", "draft_forwards", "draft_s", "verify_s",
-                "wall_s", "tokens_per_s"):
+    for key in (
+        "steps",
+        "drafted",
+        "accepted",
+        "emitted",
+        "mean_accepted_length",
+        "acceptance_rate",
+        "per_position_acceptance",
+        "target_forwards",
+        "draft_forwards",
+        "draft_s",
+        "verify_s",
+        "wall_s",
+        "tokens_per_s",
+    ):
         assert key in m, key
     assert m["emitted"] == 20 and m["mean_accepted_length"] == pytest.approx(20 / m["steps"])
     assert m["drafted"] > 0  # prompt lookup drafted something on this repetitive prompt
@@ -128,8 +141,12 @@ def test_streamed_text_equals_the_final_text(tiny, capsys, monkeypatch):
 
 def test_stream_printer_holds_back_split_multibyte_characters():
     tok = ByteTokenizer()
-    ids = tok.encode("ab") [1:] + [_BYTES.index(b"\xc3") + 3, _BYTES.index(b"\xa9") + 3] + \
-        [_BYTES.index(b"\xe2") + 3, _BYTES.index(b"\x82") + 3, _BYTES.index(b"\xac") + 3] + tok.encode(" x")[1:]
+    ids = (
+        tok.encode("ab")[1:]
+        + [_BYTES.index(b"\xc3") + 3, _BYTES.index(b"\xa9") + 3]
+        + [_BYTES.index(b"\xe2") + 3, _BYTES.index(b"\x82") + 3, _BYTES.index(b"\xac") + 3]
+        + tok.encode(" x")[1:]
+    )
     assert tok.decode(ids) == "abé€ x"
     out = _Recorder()
     printer = cli.StreamPrinter(tok, out=out)
@@ -145,21 +162,44 @@ def test_stream_printer_holds_back_split_multibyte_characters():
 def test_prompt_file_and_seed_and_chat_template_flags(tiny, capsys, tmp_path):
     prompt = tmp_path / "prompt.txt"
     prompt.write_text(PROMPT)
-    code, out, err = run(["generate", "--prompt-file", str(prompt), "-n", "8", "--seed", "3",
-                          "--no-chat-template", "--json", "sampling.temperature=0.9"], capsys)
+    code, out, err = run(
+        [
+            "generate",
+            "--prompt-file",
+            str(prompt),
+            "-n",
+            "8",
+            "--seed",
+            "3",
+            "--no-chat-template",
+            "--json",
+            "sampling.temperature=0.9",
+        ],
+        capsys,
+    )
     assert code == 0, err
     assert len(json.loads(out)["tokens"]) <= 8
 
 
 def test_sampling_is_seeded(tiny, capsys):
-    argv = ["generate", "-p", PROMPT, "-n", "16", "--json", "-c", str(ROOT / "configs" / "sampling.yaml"),
-            "generation.ignore_eos=true"]
+    argv = [
+        "generate",
+        "-p",
+        PROMPT,
+        "-n",
+        "16",
+        "--json",
+        "-c",
+        str(ROOT / "configs" / "sampling.yaml"),
+        "generation.ignore_eos=true",
+    ]
     outs = [json.loads(run(argv + ["--seed", str(s)], capsys)[1])["tokens"] for s in (1, 1, 2)]
     assert outs[0] == outs[1] and outs[0] != outs[2]
 
 
-@pytest.mark.parametrize("config", sorted(p for p in (ROOT / "configs").glob("*.yaml") if not is_bench_config(p)),
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "config", sorted(p for p in (ROOT / "configs").glob("*.yaml") if not is_bench_config(p)), ids=lambda p: p.name
+)
 def test_every_shipped_config_generates(tiny, capsys, config, tmp_path):
     from pacer_core.config import load_plan
 
@@ -184,7 +224,7 @@ def test_every_shipped_config_generates(tiny, capsys, config, tmp_path):
             extra.append(f"strategy.drafter.members.{index}.path={make_draft(tiny_model(0), tmp_path / 'eagle')}")
     for item in resolved:
         if item.component.name == "pacer" and item.config.checkpoint is None:  # a random M_B
-            index = item.where[len("strategy.stop["):-1]
+            index = item.where[len("strategy.stop[") : -1]
             folder = write_checkpoint(tmp_path / f"mb{index}", tiny_model(0).config.hidden_size)
             extra.append(f"strategy.stop.{index}.checkpoint={folder}")
     code, out, err = run(["generate", "-c", str(config), "-p", PROMPT, "-n", "6", "--json", *extra], capsys)
@@ -200,15 +240,23 @@ def test_malformed_yaml(tiny, capsys, tmp_path):
     assert_one_line_error(code, err, "malformed YAML", "bad.yaml", "line 4", "fix")
 
 
-@pytest.mark.parametrize("text, needles", [
-    ("strategies: {}\n", ["unknown config section 'strategies'", "valid sections"]),
-    ("strategy:\n  drafter: {name: ngram}\n", ["unknown drafter 'ngram'", "available drafters", "prompt_lookup"]),
-    ("strategy:\n  stop: [{name: fixed, gama: 3}]\n", ["unknown option 'gama'", "valid options: gamma"]),
-    ("strategy:\n  stop: [{name: fixed, gamma: abc}]\n", ["'gamma'", "abc", "type int"]),
-    ("sampling: {temperature: 0.5}\nstrategy:\n  verifier: {name: greedy}\n",
-     ["greedy decoding only", "sampling.temperature=0"]),
-    ("target: {path: /my/target}\nstrategy:\n  drafter: {name: draft_model}\n", ["needs a draft model", "draft.path"]),
-])
+@pytest.mark.parametrize(
+    "text, needles",
+    [
+        ("strategies: {}\n", ["unknown config section 'strategies'", "valid sections"]),
+        ("strategy:\n  drafter: {name: ngram}\n", ["unknown drafter 'ngram'", "available drafters", "prompt_lookup"]),
+        ("strategy:\n  stop: [{name: fixed, gama: 3}]\n", ["unknown option 'gama'", "valid options: gamma"]),
+        ("strategy:\n  stop: [{name: fixed, gamma: abc}]\n", ["'gamma'", "abc", "type int"]),
+        (
+            "sampling: {temperature: 0.5}\nstrategy:\n  verifier: {name: greedy}\n",
+            ["greedy decoding only", "sampling.temperature=0"],
+        ),
+        (
+            "target: {path: /my/target}\nstrategy:\n  drafter: {name: draft_model}\n",
+            ["needs a draft model", "draft.path"],
+        ),
+    ],
+)
 def test_bad_config_files(tiny, capsys, tmp_path, text, needles):
     path = tmp_path / "run.yaml"
     path.write_text(text)
@@ -217,12 +265,15 @@ def test_bad_config_files(tiny, capsys, tmp_path, text, needles):
     assert out == ""
 
 
-@pytest.mark.parametrize("overrides, needles", [
-    (["strategy.stop.0.gamma=abc"], ["'gamma'", "type int"]),
-    (["strategy.verifier.name=greedy", "sampling.temperature=0.8"], ["greedy decoding only"]),
-    (["nonsense"], ["not key=value"]),
-    (["strategy.stop[4].gamma=2"], ["strategy.stop[4].gamma=2"]),
-])
+@pytest.mark.parametrize(
+    "overrides, needles",
+    [
+        (["strategy.stop.0.gamma=abc"], ["'gamma'", "type int"]),
+        (["strategy.verifier.name=greedy", "sampling.temperature=0.8"], ["greedy decoding only"]),
+        (["nonsense"], ["not key=value"]),
+        (["strategy.stop[4].gamma=2"], ["strategy.stop[4].gamma=2"]),
+    ],
+)
 def test_bad_overrides(tiny, capsys, overrides, needles):
     code, _, err = run(["generate", "-p", PROMPT] + overrides, capsys)
     assert_one_line_error(code, err, *needles)
@@ -230,8 +281,9 @@ def test_bad_overrides(tiny, capsys, overrides, needles):
 
 def test_overrides_split_around_options_generate_as_one_list(tiny, capsys):
     # argparse gave the overrides positional one run of words: "a=b" after --json was unrecognized
-    code, out, err = run(["generate", "generation.ignore_eos=true", "--prompt", PROMPT, "--json",
-                          "generation.max_new_tokens=7"], capsys)
+    code, out, err = run(
+        ["generate", "generation.ignore_eos=true", "--prompt", PROMPT, "--json", "generation.max_new_tokens=7"], capsys
+    )
     assert code == 0, err
     assert len(json.loads(out)["tokens"]) == 7
     code, _, err = run(["generate", "generation.ignore_eos=true", "--prompt", PROMPT, "--bogus", "x=1"], capsys)
@@ -254,8 +306,11 @@ def _words(option) -> list[str]:
     return [option.option_strings[0]] + value
 
 
-@pytest.mark.parametrize("name, option, required", list(_commands_with_overrides()),
-                         ids=lambda v: getattr(v, "dest", v) if not isinstance(v, list) else "")
+@pytest.mark.parametrize(
+    "name, option, required",
+    list(_commands_with_overrides()),
+    ids=lambda v: getattr(v, "dest", v) if not isinstance(v, list) else "",
+)
 def test_every_command_takes_overrides_anywhere(name, option, required):
     needed = [word for action in required for word in _words(action)]
     args = cli.make_parser().parse_args([name, "a.b=1", *_words(option), "c.d=2", *needed, "e=3"])
@@ -304,8 +359,12 @@ def test_prompt_argument_that_is_not_utf8(tiny, capsys):
 def test_prompt_argument_bytes_through_the_real_command_line(tmp_path):
     config = tmp_path / "never-read.yaml"
     config.write_text("generation: {max_new_tokens: 4}\n")
-    proc = subprocess.run([sys.executable, "-m", "pacer_core", "generate", "-c", str(config), "--prompt", NOT_UTF8],
-                          cwd=ROOT, capture_output=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pacer_core", "generate", "-c", str(config), "--prompt", NOT_UTF8],
+        cwd=ROOT,
+        capture_output=True,
+        timeout=120,
+    )
     err = proc.stderr.decode("utf-8", "replace")
     assert proc.returncode == 2 and "Traceback" not in err and proc.stdout == b""
     assert err.startswith("pacer: error: the --prompt text is not UTF-8") and len(err.splitlines()) == 1, err
@@ -333,10 +392,17 @@ def test_prompt_file_that_is_a_folder(tiny, capsys, tmp_path):
     assert_one_line_error(code, err, str(tmp_path), "is a folder, not a file", "give the path of a text file")
 
 
-@pytest.mark.parametrize("command", [
-    ["generate", "-p", PROMPT, "--config"], ["bench", "--config"], ["ablate", "--config"], ["validate"],
-    ["distill", "--config"], ["train-preverify", "--config"],
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["generate", "-p", PROMPT, "--config"],
+        ["bench", "--config"],
+        ["ablate", "--config"],
+        ["validate"],
+        ["distill", "--config"],
+        ["train-preverify", "--config"],
+    ],
+)
 def test_config_that_is_a_folder(tiny, capsys, tmp_path, command):
     folder = tmp_path / "configs"
     folder.mkdir()
@@ -353,6 +419,7 @@ def test_a_stack_config_that_is_a_folder(tiny, capsys, tmp_path):
 
 def test_an_unreadable_path_is_one_line_not_a_traceback(capsys, monkeypatch):
     """The last resort for an operating-system error no check foresaw: one line with the path."""
+
     def broken(plan):
         raise PermissionError(13, "Permission denied", "/some/weights.safetensors")
 
@@ -397,12 +464,21 @@ def _fake_load_model(shift_for: dict):
     def load_model(path, dtype, device, device_map, name, pack_weights=None):
         seed = 0 if name == "target" else 1
         return adapter(tiny_model(seed)), ByteTokenizer(shift=shift_for.get(name, 0)), f"digest-{name}"
+
     return load_model
 
 
 def test_draft_and_target_vocabulary_mismatch(capsys, monkeypatch):
-    argv = ["generate", "-p", PROMPT, "-n", "4", "--json", "strategy.drafter.name=draft_model",
-            "draft.path=/models/draft"]
+    argv = [
+        "generate",
+        "-p",
+        PROMPT,
+        "-n",
+        "4",
+        "--json",
+        "strategy.drafter.name=draft_model",
+        "draft.path=/models/draft",
+    ]
     monkeypatch.setattr(pacer_core.hf.loading, "load_model", _fake_load_model({"draft": 1}))
     code, _, err = run(argv, capsys)
     assert_one_line_error(code, err, "/models/draft", "different tokenizers", "target's tokenizer")
@@ -417,8 +493,10 @@ def test_a_stop_needing_draft_probabilities_with_a_model_free_drafter(tiny, caps
     stops = [c.name for c in components(new_plugin_manager())["stop"].values() if "draft_probs" in c.needs]
     if not stops:
         pytest.skip("no installed stop reads draft probabilities (tests/test_config.py covers the rule)")
-    code, _, err = run(["generate", "-p", PROMPT, f"strategy.stop=[{{name: {stops[0]}}}]",
-                        "strategy.drafter.name=prompt_lookup"], capsys)
+    code, _, err = run(
+        ["generate", "-p", PROMPT, f"strategy.stop=[{{name: {stops[0]}}}]", "strategy.drafter.name=prompt_lookup"],
+        capsys,
+    )
     assert_one_line_error(code, err, stops[0], "prompt_lookup")
 
 
@@ -484,8 +562,13 @@ def test_validate_reports_each_file(capsys, tmp_path):
 
 
 def test_python_dash_m_runs_the_cli(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "pacer_core", "validate", "configs/default.yaml",
-                           str(tmp_path / "gone.yaml")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pacer_core", "validate", "configs/default.yaml", str(tmp_path / "gone.yaml")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert proc.stdout == "ok: configs/default.yaml\n"
     assert proc.stderr.startswith("pacer: error: ") and len(proc.stderr.splitlines()) == 1
@@ -524,9 +607,14 @@ def test_plugins_prints_option_types_as_the_config_writes_them(capsys):
 
     # as docs/writing-plugins.md writes a config (no `from __future__ import annotations`): the field
     # types are classes and typing objects, not strings
-    Written = _attrs.make_class("Written", {"threshold": _attrs.field(default=0.3, type=float),
-                                            "limit": _attrs.field(default=None, type=Optional[int]),
-                                            "ks": _attrs.field(factory=list, type=List[int])})
+    Written = _attrs.make_class(
+        "Written",
+        {
+            "threshold": _attrs.field(default=0.3, type=float),
+            "limit": _attrs.field(default=None, type=Optional[int]),
+            "ks": _attrs.field(factory=list, type=List[int]),
+        },
+    )
     assert [type_name(f.type) for f in _attrs.fields(Written)] == ["float", "Optional[int]", "List[int]"]
     assert type_name("float") == "float"
     code, out, _ = run(["plugins"], capsys)

@@ -31,8 +31,11 @@ def llama_pair():
     return target, noisy_copy(target, std=0.03)
 
 
-STACKS = (("draft_model", "{name: fixed, gamma: 3}"), ("prompt_lookup", "{name: fixed, gamma: 2}"),
-          ("draft_model, tree: {topk: 2, depth: 3, nodes: 6}", "{name: heuristic}"))
+STACKS = (
+    ("draft_model", "{name: fixed, gamma: 3}"),
+    ("prompt_lookup", "{name: fixed, gamma: 2}"),
+    ("draft_model, tree: {topk: 2, depth: 3, nodes: 6}", "{name: heuristic}"),
+)
 
 
 @pytest.mark.parametrize("shared", ["target and draft", "target only"])
@@ -41,8 +44,10 @@ def test_two_engines_on_one_target_one_thread_each(llama_pair, shared):
     target = adapter(target_model, eos=False)
     drafts = [adapter(draft_model, eos=False)]
     drafts.append(drafts[0] if shared == "target and draft" else adapter(draft_model, eos=False))
-    engines = [build_engine(target, drafts[i], drafter, stop, {"temperature": 0.0}, "greedy")
-               for i, (drafter, stop) in enumerate(STACKS[:2])]
+    engines = [
+        build_engine(target, drafts[i], drafter, stop, {"temperature": 0.0}, "greedy")
+        for i, (drafter, stop) in enumerate(STACKS[:2])
+    ]
     expected = {tuple(p): reference_greedy(target_model, p, BUDGET, eos=False) for p in PROMPTS}
     errors: list[BaseException] = []
     start = threading.Barrier(2)
@@ -75,16 +80,18 @@ def test_a_hook_decoding_with_another_engine_on_the_same_target_is_refused(llama
             other.generate([5, 9], max_new_tokens=2)
 
     probe = Nested()
-    outer = build_engine(target, None, "prompt_lookup", "{name: fixed, gamma: 2}", {"temperature": 0.0},
-                         plugins=[probe])
+    outer = build_engine(
+        target, None, "prompt_lookup", "{name: fixed, gamma: 2}", {"temperature": 0.0}, plugins=[probe]
+    )
     with pytest.raises(InputError, match="another engine's generation on the same model"):
         outer.generate([5, 9, 13], max_new_tokens=4)
     outer.pm.unregister(probe)
     assert len(outer.generate([5, 9, 13], max_new_tokens=4).tokens) == 4  # the locks were released
     assert len(other.generate([5, 9, 13], max_new_tokens=4).tokens) == 4
     # a model of its own: nesting is fine
-    own = build_engine(adapter(target_model, eos=False), None, "prompt_lookup", "{name: fixed, gamma: 2}",
-                       {"temperature": 0.0})
+    own = build_engine(
+        adapter(target_model, eos=False), None, "prompt_lookup", "{name: fixed, gamma: 2}", {"temperature": 0.0}
+    )
 
     class NestedOwn:
         tokens = None
@@ -136,9 +143,10 @@ def test_two_processes_completing_one_draft_folder_both_load_it(tmp_path, monkey
     expected = load_safetensors(materialize(str(draft)) / "model.safetensors", "")
     context = multiprocessing.get_context("spawn")
     barrier, results = context.Barrier(2), context.Queue()
-    workers = [context.Process(target=complete_in_rounds,
-                               args=(str(draft), str(tmp_path / "cache"), ROUNDS, barrier, results))
-               for _ in range(2)]
+    workers = [
+        context.Process(target=complete_in_rounds, args=(str(draft), str(tmp_path / "cache"), ROUNDS, barrier, results))
+        for _ in range(2)
+    ]
     for worker in workers:
         worker.start()
     outcomes = [results.get(timeout=600) for _ in range(2 * ROUNDS)]

@@ -35,8 +35,13 @@ def resolved(cfg: PacerConfig) -> list[tuple[str, str, object]]:
 # -- shipped configs ---------------------------------------------------------------------------
 def test_the_shipped_configs_are_there():
     names = {p.name for p in SHIPPED}
-    assert {"default.yaml", "autoregressive.yaml", "prompt_lookup_fixed.yaml",
-            "prompt_lookup_heuristic.yaml", "sampling.yaml"} <= names
+    assert {
+        "default.yaml",
+        "autoregressive.yaml",
+        "prompt_lookup_fixed.yaml",
+        "prompt_lookup_heuristic.yaml",
+        "sampling.yaml",
+    } <= names
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
@@ -73,7 +78,11 @@ def test_keys_a_yaml_omits_keep_their_defaults(tmp_path):
     assert cfg.strategy.verifier == default.strategy.verifier
     assert cfg.strategy.observers == default.strategy.observers
     assert (cfg.target, cfg.draft, cfg.sampling, cfg.generation) == (
-        default.target, default.draft, default.sampling, default.generation)
+        default.target,
+        default.draft,
+        default.sampling,
+        default.generation,
+    )
 
 
 def test_an_empty_yaml_is_the_default(tmp_path):
@@ -94,9 +103,15 @@ def test_overrides_reach_list_items_of_the_yaml(tmp_path, key):
 
 
 def test_overrides_of_scalars_lists_and_new_sections():
-    cfg = load_config(overrides=["sampling.temperature=0.8", "generation.ignore_eos=true",
-                                 "strategy.stop=[{name: fixed, gamma: 3}]",
-                                 "strategy.drafter.max_ngram_size=5", "draft.path=/some/draft"])
+    cfg = load_config(
+        overrides=[
+            "sampling.temperature=0.8",
+            "generation.ignore_eos=true",
+            "strategy.stop=[{name: fixed, gamma: 3}]",
+            "strategy.drafter.max_ngram_size=5",
+            "draft.path=/some/draft",
+        ]
+    )
     assert cfg.sampling.temperature == 0.8 and cfg.generation.ignore_eos is True
     assert cfg.strategy.stop == [{"name": "fixed", "gamma": 3}]
     assert cfg.strategy.drafter == {"name": "prompt_lookup", "max_ngram_size": 5}
@@ -146,10 +161,13 @@ def test_unknown_section_option_lists_the_valid_options():
     assert "'temp'" in message and "temperature" in message and "top_p" in message
 
 
-@pytest.mark.parametrize("text, key, value, expected", [
-    ("strategy:\n  stop:\n    - {name: fixed, gamma: abc}\n", "gamma", "abc", "int"),
-    ("sampling: {temperature: hot}\n", "temperature", "hot", "float"),
-])
+@pytest.mark.parametrize(
+    "text, key, value, expected",
+    [
+        ("strategy:\n  stop:\n    - {name: fixed, gamma: abc}\n", "gamma", "abc", "int"),
+        ("sampling: {temperature: hot}\n", "temperature", "hot", "float"),
+    ],
+)
 def test_wrong_type_names_the_key_and_the_expected_type(tmp_path, text, key, value, expected):
     message = error_of(write(tmp_path, text))
     assert f"'{key}'" in message and value in message and f"type {expected}" in message
@@ -217,8 +235,11 @@ class _ProbsStopPlugin:
 
     @hookimpl
     def pacer_components(self):
-        return [Component("stop", "needs_probs_stop", _ProbsStopConfig, lambda c, r: object(),
-                          "test stop", needs={"draft_probs"})]
+        return [
+            Component(
+                "stop", "needs_probs_stop", _ProbsStopConfig, lambda c, r: object(), "test stop", needs={"draft_probs"}
+            )
+        ]
 
 
 def test_a_stop_needing_draft_probabilities_refuses_a_model_free_drafter():
@@ -227,8 +248,7 @@ def test_a_stop_needing_draft_probabilities_refuses_a_model_free_drafter():
     message = error_of(overrides=stop, extra_plugins=[plugin])
     assert "needs_probs_stop" in message and "prompt_lookup" in message and "draft_model" in message
     # with a model drafter it is fine
-    assert load_config(overrides=stop + ["strategy.drafter.name=draft_model", "draft.path=/d"],
-                       extra_plugins=[plugin])
+    assert load_config(overrides=stop + ["strategy.drafter.name=draft_model", "draft.path=/d"], extra_plugins=[plugin])
 
 
 # -- the resolved stack and capabilities ---------------------------------------------------------
@@ -236,8 +256,13 @@ def test_the_plan_holds_a_typed_stack_in_registration_order():
     stack = load_plan(overrides=["strategy.stop=[{name: fixed}, {name: heuristic}]"]).stack
     assert stack.drafter.component.name == "prompt_lookup" and stack.verifier.where == "strategy.verifier"
     assert [s.component.name for s in stack.stops] == ["fixed", "heuristic"]
-    assert [r.where for r in stack] == ["strategy.drafter", "strategy.verifier", "strategy.stop[0]",
-                                        "strategy.stop[1]", "strategy.observers[0]"]
+    assert [r.where for r in stack] == [
+        "strategy.drafter",
+        "strategy.verifier",
+        "strategy.stop[0]",
+        "strategy.stop[1]",
+        "strategy.observers[0]",
+    ]
     assert not stack.needs("draft_model") and stack.needs("draft_model") is False
 
 
@@ -271,8 +296,9 @@ def test_a_misspelled_hook_on_a_strategy_object_is_a_one_line_error():
     from pacer_core import Engine
     from pacer_core.testing import ScriptedLM
 
-    cfg = load_config(overrides=["strategy.stop=[{name: misspelled}]"], extra_plugins=[_MisspelledPlugin()],
-                      require_models=False)
+    cfg = load_config(
+        overrides=["strategy.stop=[{name: misspelled}]"], extra_plugins=[_MisspelledPlugin()], require_models=False
+    )
     with pytest.raises(ConfigError) as caught:
         Engine.build(ScriptedLM(vocab_size=8), cfg=cfg, extra_plugins=[_MisspelledPlugin()])
     message = str(caught.value)
@@ -297,7 +323,7 @@ def _pacer_table() -> dict[str, tuple[str, str]]:
     """docs/pacer.md's "Which settings are PACER's" table: each file named in its first cell → (b, t0)."""
     text = (CONFIGS.parent / "docs" / "pacer.md").read_text()
     start = text.index("### Which settings are PACER's")
-    section = text[start:text.index("\n## ", start)]
+    section = text[start : text.index("\n## ", start)]
     rows = {}
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]

@@ -58,8 +58,10 @@ def test_an_alias_bomb_is_refused_before_it_is_expanded(tmp_path):
 
 
 def test_shared_aliases_within_the_bound_still_load(tmp_path):
-    text = ("base: &stop {name: fixed, gamma: 3}\n"  # a real use: one entry reused
-            "strategy:\n  stop: [*stop]\n")
+    text = (
+        "base: &stop {name: fixed, gamma: 3}\n"  # a real use: one entry reused
+        "strategy:\n  stop: [*stop]\n"
+    )
     message = error_of(write(tmp_path, text))
     assert "unknown config section 'base'" in message  # read fine; only the extra section is wrong
     path = write(tmp_path, "sampling: &s {temperature: 0.5}\n", "ok.yaml")
@@ -74,8 +76,11 @@ def test_a_recursive_alias_is_refused(tmp_path):
 
 
 def test_an_alias_bomb_in_an_override_value_is_refused():
-    value = "{a: &a [x, x, x, x, x, x, x, x, x, x], " + ", ".join(
-        f"b{i}: &b{i} [" + ", ".join([f"*{'a' if i == 0 else f'b{i - 1}'}"] * 10) + "]" for i in range(6)) + "}"
+    value = (
+        "{a: &a [x, x, x, x, x, x, x, x, x, x], "
+        + ", ".join(f"b{i}: &b{i} [" + ", ".join([f"*{'a' if i == 0 else f'b{i - 1}'}"] * 10) + "]" for i in range(6))
+        + "}"
+    )
     message = error_of(overrides=[f"strategy.stop={value}"])
     assert "override 'strategy.stop=" in message and "more than" in message
 
@@ -95,19 +100,25 @@ def test_every_yaml_reader_refuses_an_alias_bomb(tmp_path):
 @pytest.mark.parametrize("command", ["validate", "generate", "bench"])
 def test_the_commands_refuse_an_alias_bomb_in_one_line(tmp_path, capsys, monkeypatch, command):
     bomb = str(write(tmp_path, alias_bomb()))
-    argv = {"validate": ["validate", bomb], "generate": ["generate", "-c", bomb, "-p", "hello"],
-            "bench": ["bench", "--config", bomb, "--out", str(tmp_path / "out")]}[command]
+    argv = {
+        "validate": ["validate", bomb],
+        "generate": ["generate", "-c", bomb, "-p", "hello"],
+        "bench": ["bench", "--config", bomb, "--out", str(tmp_path / "out")],
+    }[command]
     line = cli_error(argv, capsys, monkeypatch)
     assert "more than" in line and "run.yaml" in line
     assert not (tmp_path / "out").exists()
 
 
 # -- duplicate keys ----------------------------------------------------------------------------
-@pytest.mark.parametrize("text, key, line", [
-    ("sampling:\n  temperature: 0.5\n  temperature: 0.7\n", "temperature", 3),
-    ("sampling: {seed: 1}\ngeneration: {}\nsampling: {seed: 2}\n", "sampling", 3),
-    ("strategy:\n  stop:\n    - {name: fixed, gamma: 3, gamma: 5}\n", "gamma", 3),
-])
+@pytest.mark.parametrize(
+    "text, key, line",
+    [
+        ("sampling:\n  temperature: 0.5\n  temperature: 0.7\n", "temperature", 3),
+        ("sampling: {seed: 1}\ngeneration: {}\nsampling: {seed: 2}\n", "sampling", 3),
+        ("strategy:\n  stop:\n    - {name: fixed, gamma: 3, gamma: 5}\n", "gamma", 3),
+    ],
+)
 def test_a_duplicate_key_is_refused_naming_the_key_and_line(tmp_path, text, key, line):
     message = error_of(write(tmp_path, text))
     assert f"duplicate key '{key}'" in message and f"line {line}," in message and "run.yaml" in message
@@ -134,8 +145,9 @@ def test_the_commands_refuse_a_duplicate_key_in_one_line(tmp_path, capsys, monke
 
 
 # -- negative override indices -----------------------------------------------------------------
-@pytest.mark.parametrize("override", ["strategy.stop.-1.gamma=3", "strategy.stop[-1].gamma=3",
-                                      "strategy.observers.-2={name: metrics}"])
+@pytest.mark.parametrize(
+    "override", ["strategy.stop.-1.gamma=3", "strategy.stop[-1].gamma=3", "strategy.observers.-2={name: metrics}"]
+)
 def test_a_negative_override_index_is_refused(override):
     message = error_of(overrides=["strategy.stop=[{name: fixed}, {name: heuristic}]", override])
     assert f"override '{override}'" in message and "negative" in message and "from 0" in message
@@ -147,28 +159,35 @@ def test_the_command_refuses_a_negative_override_index(capsys, monkeypatch):
 
 
 # -- NaN and infinity --------------------------------------------------------------------------
-@pytest.mark.parametrize("override, where, key", [
-    ("sampling.temperature=.nan", "sampling", "temperature"),
-    ("sampling.temperature=.inf", "sampling", "temperature"),
-    ("sampling.temperature=nan", "sampling", "temperature"),  # text OmegaConf reads as a float
-    ("sampling.top_p=.nan", "sampling", "top_p"),
-    ("sampling.temperature=-.inf", "sampling", "temperature"),
-])
+@pytest.mark.parametrize(
+    "override, where, key",
+    [
+        ("sampling.temperature=.nan", "sampling", "temperature"),
+        ("sampling.temperature=.inf", "sampling", "temperature"),
+        ("sampling.temperature=nan", "sampling", "temperature"),  # text OmegaConf reads as a float
+        ("sampling.top_p=.nan", "sampling", "top_p"),
+        ("sampling.temperature=-.inf", "sampling", "temperature"),
+    ],
+)
 def test_non_finite_run_config_numbers_are_refused(override, where, key):
     message = error_of(overrides=[override])
     assert message.startswith(f"{where}: '{key}' must be a finite number")
 
 
-@pytest.mark.parametrize("entry, where, key", [
-    ("{name: entropy, gamma: .inf}", "strategy.stop[0] (entropy)", "gamma"),
-    ("{name: entropy, threshold: .nan}", "strategy.stop[0] (entropy)", "threshold"),
-    ("{name: confidence, fn_cost: .inf}", "strategy.stop[0] (confidence)", "fn_cost"),
-    ("{name: svip, threshold: .inf}", "strategy.stop[0] (svip)", "threshold"),
-    ("{name: pacer, rho: .inf}", "strategy.stop[0] (pacer)", "rho"),
-])
+@pytest.mark.parametrize(
+    "entry, where, key",
+    [
+        ("{name: entropy, gamma: .inf}", "strategy.stop[0] (entropy)", "gamma"),
+        ("{name: entropy, threshold: .nan}", "strategy.stop[0] (entropy)", "threshold"),
+        ("{name: confidence, fn_cost: .inf}", "strategy.stop[0] (confidence)", "fn_cost"),
+        ("{name: svip, threshold: .inf}", "strategy.stop[0] (svip)", "threshold"),
+        ("{name: pacer, rho: .inf}", "strategy.stop[0] (pacer)", "rho"),
+    ],
+)
 def test_non_finite_plugin_options_are_refused(entry, where, key):
-    message = error_of(overrides=["strategy.drafter={name: draft_model}", f"strategy.stop=[{entry}]"],
-                       require_models=False)
+    message = error_of(
+        overrides=["strategy.drafter={name: draft_model}", f"strategy.stop=[{entry}]"], require_models=False
+    )
     assert message.startswith(f"{where}: '{key}' must be a finite number"), message
 
 
@@ -186,8 +205,11 @@ class Outer:  # a training-like config with nested options
 
 def test_non_finite_numbers_are_found_in_nested_options():
     assert load_schema(Outer, None, [], "toy").inner.rate == 0.1
-    for override, key in [("inner.rate=.inf", "inner.rate"), ("weights=[1.0, .nan]", "weights.1"),
-                          ("table={a: {b: .inf}}", "table.a.b")]:
+    for override, key in [
+        ("inner.rate=.inf", "inner.rate"),
+        ("weights=[1.0, .nan]", "weights.1"),
+        ("table={a: {b: .inf}}", "table.a.b"),
+    ]:
         with pytest.raises(ConfigError, match=rf"^toy: '{key}' must be a finite number"):
             load_schema(Outer, None, [override], "toy")
 
@@ -206,8 +228,11 @@ def test_a_config_built_in_python_is_checked_too():
 @pytest.mark.parametrize("command", ["validate", "generate", "bench"])
 def test_the_commands_refuse_non_finite_numbers_in_one_line(tmp_path, capsys, monkeypatch, command):
     path = str(write(tmp_path, "sampling:\n  temperature: .nan\n"))
-    argv = {"validate": ["validate", path], "generate": ["generate", "-c", path, "-p", "hi"],
-            "bench": ["bench", "--config", path, "--out", str(tmp_path / "out")]}[command]
+    argv = {
+        "validate": ["validate", path],
+        "generate": ["generate", "-c", path, "-p", "hi"],
+        "bench": ["bench", "--config", path, "--out", str(tmp_path / "out")],
+    }[command]
     line = cli_error(argv, capsys, monkeypatch)
     assert "temperature' must be a finite number, got nan" in line
     line = cli_error(["generate", "-p", "hi", "sampling.temperature=.inf"], capsys, monkeypatch)

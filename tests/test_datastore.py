@@ -39,7 +39,7 @@ from helpers import SCRIPTED_VOCAB as VOCAB
 def brute_find(documents: list[list[int]], ngram: list[int]) -> list[tuple[int, int]]:
     """(document, offset) of every occurrence of ``ngram`` inside one document."""
     n = len(ngram)
-    return [(d, i) for d, doc in enumerate(documents) for i in range(len(doc) - n + 1) if doc[i:i + n] == ngram]
+    return [(d, i) for d, doc in enumerate(documents) for i in range(len(doc) - n + 1) if doc[i : i + n] == ngram]
 
 
 def located(index: TokenIndex, positions) -> list[tuple[int, int]]:
@@ -88,7 +88,7 @@ def test_eviction_drops_the_oldest_documents_and_keeps_the_index_exact():
         bounded.add(doc, max_tokens=60)
         assert bounded.size <= 60
     kept = [d for d in bounded.documents()]
-    assert kept == [d for d in docs if d][-len(kept):]  # the newest, in order
+    assert kept == [d for d in docs if d][-len(kept) :]  # the newest, in order
     assert sum(map(len, kept)) + len([d for d in docs if d][-len(kept) - 1]) > 60  # the next older one did not fit
     rebuilt = TokenIndex(2)
     rebuilt.extend(docs, max_tokens=60)
@@ -131,8 +131,14 @@ def test_the_longest_match_wins_over_a_more_frequent_shorter_one(tmp_path):
     corpus = tmp_path / "corpus.json"
     corpus.write_text(json.dumps([[4, 5, 6, 7], [1, 2, 3, 6], [0, 5, 6, 1], [0, 5, 6, 1]]))
     target = ScriptedLM(VOCAB, table=TARGET_TABLE)
-    engine = build_engine(target, None, f"datastore, corpus: '{corpus}', max_ngram: 3, min_ngram: 1",
-                          "{name: fixed, gamma: 3}", {"temperature": 0.0}, verifier="greedy")
+    engine = build_engine(
+        target,
+        None,
+        f"datastore, corpus: '{corpus}', max_ngram: 3, min_ngram: 1",
+        "{name: fixed, gamma: 3}",
+        {"temperature": 0.0},
+        verifier="greedy",
+    )
     plugin = datastore_plugin(engine)
     assert plugin.phrases([3, 4, 5, 6], 3)[0] == [7]  # [4, 5, 6] once beats [5, 6] three times
     assert plugin.phrases([2, 5, 6], 3) == [[1], [7]]  # [5, 6]: twice followed by 1, once by 7
@@ -151,8 +157,14 @@ def scripted_pair():
 
 def datastore_engine(options: str = "", sampling=None, target=None):
     target = target or ScriptedLM(VOCAB, table=TARGET_TABLE)
-    return build_engine(target, None, f"datastore{options}", "{name: fixed, gamma: 3}",
-                        sampling or {"temperature": 0.0}, verifier="greedy" if not sampling else "speculative_sampling")
+    return build_engine(
+        target,
+        None,
+        f"datastore{options}",
+        "{name: fixed, gamma: 3}",
+        sampling or {"temperature": 0.0},
+        verifier="greedy" if not sampling else "speculative_sampling",
+    )
 
 
 def test_generations_persist_across_runs(tmp_path):
@@ -181,12 +193,21 @@ def test_the_size_bound_evicts_the_oldest_generations(tmp_path):
 
 
 def _write_store(path, header_changes=None, tokens=(1, 2, 3), lengths=(3,), header=None):
-    header = header or {"format": FORMAT, "version": VERSION, "tokenizer": f"ids:{VOCAB}",
-                        "tokens": len(tokens), "documents": len(lengths)}
+    header = header or {
+        "format": FORMAT,
+        "version": VERSION,
+        "tokenizer": f"ids:{VOCAB}",
+        "tokens": len(tokens),
+        "documents": len(lengths),
+    }
     header.update(header_changes or {})
     with open(path, "wb") as f:
-        np.savez(f, header=np.array(json.dumps(header)), tokens=np.array(tokens, dtype=np.int32),
-                 lengths=np.array(lengths, dtype=np.int64))
+        np.savez(
+            f,
+            header=np.array(json.dumps(header)),
+            tokens=np.array(tokens, dtype=np.int32),
+            lengths=np.array(lengths, dtype=np.int64),
+        )
 
 
 def bad_stores(tmp_path):
@@ -199,13 +220,20 @@ def bad_stores(tmp_path):
     cases["not a zip"].write_text("hello")
     cases["empty"] = tmp_path / "empty.npz"
     cases["empty"].write_bytes(b"")
-    for name, changes in {"version": {"version": 2}, "format": {"format": "other"},
-                          "tokenizer": {"tokenizer": "vocab-sha256:0123456789abcdef"}, "count": {"tokens": 4}}.items():
+    for name, changes in {
+        "version": {"version": 2},
+        "format": {"format": "other"},
+        "tokenizer": {"tokenizer": "vocab-sha256:0123456789abcdef"},
+        "count": {"tokens": 4},
+    }.items():
         cases[name] = tmp_path / f"{name}.npz"
         _write_store(cases[name], changes)
     cases["lengths"] = tmp_path / "lengths.npz"
-    _write_store(cases["lengths"], lengths=(2,), header={"format": FORMAT, "version": VERSION,
-                                                        "tokenizer": f"ids:{VOCAB}", "tokens": 3, "documents": 1})
+    _write_store(
+        cases["lengths"],
+        lengths=(2,),
+        header={"format": FORMAT, "version": VERSION, "tokenizer": f"ids:{VOCAB}", "tokens": 3, "documents": 1},
+    )
     cases["ids"] = tmp_path / "ids.npz"
     _write_store(cases["ids"], tokens=(1, 2, 99))
     cases["pickle"] = tmp_path / "pickle.npz"
@@ -237,11 +265,19 @@ def _write_claiming(path, count: int) -> None:
         archive.writestr("lengths.npy", npy(np.array([count], dtype=np.int64)))
 
 
-NEEDLES = {"huge": "declares 200000000000 bytes, more than the file's", "truncated": "not a readable",
-           "not a zip": "not a readable", "empty": "not a readable",
-           "version": "format version 2", "format": "not a datastore file", "tokenizer": "another tokenizer",
-           "count": "inconsistent", "lengths": "inconsistent", "ids": "outside this target's vocabulary",
-           "pickle": "not a readable"}
+NEEDLES = {
+    "huge": "declares 200000000000 bytes, more than the file's",
+    "truncated": "not a readable",
+    "not a zip": "not a readable",
+    "empty": "not a readable",
+    "version": "format version 2",
+    "format": "not a datastore file",
+    "tokenizer": "another tokenizer",
+    "count": "inconsistent",
+    "lengths": "inconsistent",
+    "ids": "outside this target's vocabulary",
+    "pickle": "not a readable",
+}
 
 
 def test_bad_store_files_are_refused_in_one_line(tmp_path):
@@ -284,8 +320,10 @@ def test_two_processes_saving_and_loading_one_store(tmp_path):
     import sys
 
     path = tmp_path / "store.npz"
-    runs = [subprocess.Popen([sys.executable, "-c", _WRITER, str(path), str(seed)], stderr=subprocess.PIPE, text=True)
-            for seed in (1, 2)]
+    runs = [
+        subprocess.Popen([sys.executable, "-c", _WRITER, str(path), str(seed)], stderr=subprocess.PIPE, text=True)
+        for seed in (1, 2)
+    ]
     errors = [run.communicate(timeout=300)[1] for run in runs]
     assert [run.returncode for run in runs] == [0, 0], errors  # was FileNotFoundError, "not a zip file", bad CRC
     assert load_documents(path, "ids:8", 8) and [p.name for p in tmp_path.iterdir()] == ["store.npz"]
@@ -327,8 +365,18 @@ def _corpus_folder(folder, digest="f00d"):
 
     store = CorpusStore(folder)
     store.set_header({"seed": 0}, {"path": "scripted", "digest": digest}, {})
-    records = [{"id": f"chat/{i}", "family": "chat", "position": i, "sha": str(i), "prompt_tokens": 3,
-                "answer_tokens": 3, "finished": True} for i in range(2)]
+    records = [
+        {
+            "id": f"chat/{i}",
+            "family": "chat",
+            "position": i,
+            "sha": str(i),
+            "prompt_tokens": 3,
+            "answer_tokens": 3,
+            "finished": True,
+        }
+        for i in range(2)
+    ]
     store.append(records, [[7, 7, 1, 2, 3, 4], [7, 7, 2, 5, 6, 0]], [], 2, VOCAB, {})
     return folder
 
@@ -389,7 +437,7 @@ DRAFTERS = {
     "phrase_pool": "phrase_pool",
     "hybrid(draft+datastore)": "hybrid, members: [{name: draft_model}, {name: datastore}]",
     "hybrid(draft-tree+datastore+pool)": "hybrid, members: [{name: draft_model, tree: {topk: 2, depth: 3, nodes: 6}}, "
-                                         "{name: datastore}, {name: phrase_pool, level: 4}]",
+    "{name: datastore}, {name: phrase_pool, level: 4}]",
     "hybrid(lookup+pool)": "hybrid, members: [{name: prompt_lookup}, {name: phrase_pool, level: 3}]",
 }
 
@@ -403,8 +451,9 @@ def greedy_reference(target, prompt, budget):
 @pytest.mark.parametrize("verifier", ["greedy", "speculative_sampling"])
 def test_greedy_output_equals_plain_decoding(drafter, verifier):
     target, draft = scripted_pair()
-    engine = build_engine(target, draft, DRAFTERS[drafter], "{name: fixed, gamma: 3}", {"temperature": 0.0},
-                          verifier=verifier)
+    engine = build_engine(
+        target, draft, DRAFTERS[drafter], "{name: fixed, gamma: 3}", {"temperature": 0.0}, verifier=verifier
+    )
     accepted = {}
     for _ in range(2):  # the second round drafts from the first round's stored generations and pool
         for prompt in PROMPTS:
@@ -440,18 +489,26 @@ def warm_store(tmp_path) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("drafter, sampling", [
-    (HYBRID, "t1"),
-    pytest.param("datastore, min_ngram: 1", "topk3", marks=pytest.mark.slow),
-    pytest.param(HYBRID, "topp0.8", marks=pytest.mark.slow),
-    pytest.param("phrase_pool, level: 3", "t0.6", marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize(
+    "drafter, sampling",
+    [
+        (HYBRID, "t1"),
+        pytest.param("datastore, min_ngram: 1", "topk3", marks=pytest.mark.slow),
+        pytest.param(HYBRID, "topp0.8", marks=pytest.mark.slow),
+        pytest.param("phrase_pool, level: 3", "t0.6", marks=pytest.mark.slow),
+    ],
+)
 def test_sampling_has_the_target_distribution(request, tmp_path, drafter, sampling):
     target, draft = scripted_pair()
-    engine = build_engine(target, draft, f"{drafter}, path: '{warm_store(tmp_path)}'" if drafter.startswith("datastore")
-                          else drafter.replace("{name: datastore",
-                                               f"{{name: datastore, path: '{warm_store(tmp_path)}'"),
-                          "{name: fixed, gamma: 2}", SAMPLINGS[sampling])
+    engine = build_engine(
+        target,
+        draft,
+        f"{drafter}, path: '{warm_store(tmp_path)}'"
+        if drafter.startswith("datastore")
+        else drafter.replace("{name: datastore", f"{{name: datastore, path: '{warm_store(tmp_path)}'"),
+        "{name: fixed, gamma: 2}",
+        SAMPLINGS[sampling],
+    )
     slow = request.node.get_closest_marker("slow") is not None
     assert _pvalue(engine, 6000 if slow else 2000) > PASS_P
 
@@ -481,10 +538,14 @@ def test_tiny_llama_greedy_output_equals_transformers_generate():
 
     prompts = [[5, 9, 13, 5, 9, 13, 5], [17, 4, 17, 4]]
     target, draft, references = greedy_pair(8.0, prompts, 20)
-    engine = build_engine(adapter(target, eos=False), adapter(draft, eos=False),
-                          "hybrid, members: [{name: draft_model}, {name: datastore, min_ngram: 1}, "
-                          "{name: phrase_pool, level: 3}]",
-                          "{name: fixed, gamma: 3}", {"temperature": 0.0}, verifier="greedy")
+    engine = build_engine(
+        adapter(target, eos=False),
+        adapter(draft, eos=False),
+        "hybrid, members: [{name: draft_model}, {name: datastore, min_ngram: 1}, {name: phrase_pool, level: 3}]",
+        "{name: fixed, gamma: 3}",
+        {"temperature": 0.0},
+        verifier="greedy",
+    )
     for _ in range(2):  # the second round retrieves from the first one's generations
         for prompt, reference in zip(prompts, references):
             assert engine.generate(prompt, max_new_tokens=20).tokens == reference

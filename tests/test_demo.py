@@ -106,12 +106,20 @@ def test_the_demo_plans_each_engine_once(monkeypatch, resolutions):
 
     from helpers import CharTokenizer, adapter, tiny_llama
 
-    monkeypatch.setattr(demo, "DEMO_STACKS", {
-        "lookup": ["strategy.drafter={name: prompt_lookup}", "strategy.stop=[{name: fixed, gamma: 4}]"],
-        "token": ["strategy.drafter={name: draft_model}", "strategy.stop=[{name: fixed, gamma: 2}]"]})
+    monkeypatch.setattr(
+        demo,
+        "DEMO_STACKS",
+        {
+            "lookup": ["strategy.drafter={name: prompt_lookup}", "strategy.stop=[{name: fixed, gamma: 4}]"],
+            "token": ["strategy.drafter={name: draft_model}", "strategy.stop=[{name: fixed, gamma: 2}]"],
+        },
+    )
     draft, loaded = adapter(tiny_llama(1)), []
-    monkeypatch.setattr(demo, "load_stack_draft", lambda plan, tokenizer, drafts: loaded.append(plan) or (
-        draft if plan.stack.needs("draft_model") else None))
+    monkeypatch.setattr(
+        demo,
+        "load_stack_draft",
+        lambda plan, tokenizer, drafts: loaded.append(plan) or (draft if plan.stack.needs("draft_model") else None),
+    )
     engines = demo.demo_engines(adapter(tiny_llama(0)), CharTokenizer(), 8, "float32")
     assert list(engines) == [PLAIN, "lookup", "token"] and engines["token"].draft is draft
     assert resolutions == {"plugin_managers": 3, "resolutions": 3}

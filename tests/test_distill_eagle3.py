@@ -61,7 +61,7 @@ def test_unrolled_steps_equal_what_the_drafter_computes_step_by_step(kind):
         steps = unrolled_features(net, embed, tokens, inputs, 3)
         for t in range(tokens.shape[1] - 3):
             cache = KVCache()
-            out = net(embed[tokens[0, 1:t + 2]], inputs[0, :t + 1], torch.arange(t + 1), cache)[-1]
+            out = net(embed[tokens[0, 1 : t + 2]], inputs[0, : t + 1], torch.arange(t + 1), cache)[-1]
             for j in range(3):
                 if j:
                     out = net(embed[tokens[0, t + j + 1]][None], out[None], torch.tensor([t + j]), cache)[-1]
@@ -82,7 +82,7 @@ def test_later_steps_are_trained_through_the_fed_back_features(kind):
         for t in (0, 3):
             grad = torch.autograd.grad(steps[j][0, t].sum(), steps[j - 1], retain_graph=True, allow_unused=True)[0]
             assert grad is not None and grad[0, t].abs().sum() > 0
-            others = torch.cat([grad[0, :t], grad[0, t + 1:]])
+            others = torch.cat([grad[0, :t], grad[0, t + 1 :]])
             assert torch.count_nonzero(others) == 0
 
 
@@ -155,8 +155,10 @@ def test_one_forward_extracts_both_feature_files_as_two_passes_would_and_resumes
     tokens = torch.randint(3, 64, (5, 8), generator=torch.Generator().manual_seed(3))
     alone = tmp_path / "alone"
     alone.mkdir()
-    separate = [np.array(extract_features(alone, tokens, target, batch_size=2)),
-                np.array(extract_features(alone, tokens, target, batch_size=2, layers=LAYERS))]
+    separate = [
+        np.array(extract_features(alone, tokens, target, batch_size=2)),
+        np.array(extract_features(alone, tokens, target, batch_size=2, layers=LAYERS)),
+    ]
     together = tmp_path / "together"
     together.mkdir()
     both = extract_feature_sets(together, tokens, target, [None, LAYERS], batch_size=2)
@@ -206,20 +208,37 @@ def tiny_distill(tmp_path, monkeypatch):
     text.write_text("def add(a, b):\n    return a + b\n" * 14)
 
     def distill(out: str, *overrides: str) -> Path:
-        cfg = load_distill_config(None, [
-            f"out={tmp_path / out}", "corpus.stdlib_tokens=0", "corpus.docs_tokens=0", "corpus.chat_answers=0",
-            f"corpus.extra_files=[{text}]", "corpus.seq_len=12", "corpus.heldout_sequences=2",
-            "student.kind=eagle3", f"student.fused_layers={LAYERS}", "student.intermediate_size=64",
-            "train.batch_size=4", "train.checkpoint_every=2", "train.warmup=2", "train.lr=0.003",
-            "train.unroll=3", *overrides])
+        cfg = load_distill_config(
+            None,
+            [
+                f"out={tmp_path / out}",
+                "corpus.stdlib_tokens=0",
+                "corpus.docs_tokens=0",
+                "corpus.chat_answers=0",
+                f"corpus.extra_files=[{text}]",
+                "corpus.seq_len=12",
+                "corpus.heldout_sequences=2",
+                "student.kind=eagle3",
+                f"student.fused_layers={LAYERS}",
+                "student.intermediate_size=64",
+                "train.batch_size=4",
+                "train.checkpoint_every=2",
+                "train.warmup=2",
+                "train.lr=0.003",
+                "train.unroll=3",
+                *overrides,
+            ],
+        )
         return run_distill(cfg, "pacer distill (test)")
 
     return model, distill
 
 
 def eagle_engine(target_model, folder):
-    cfg = load_config(overrides=[f"strategy.drafter={{name: eagle, path: '{folder}'}}",
-                                 "strategy.stop=[{name: fixed, gamma: 3}]"], require_models=False)
+    cfg = load_config(
+        overrides=[f"strategy.drafter={{name: eagle, path: '{folder}'}}", "strategy.stop=[{name: fixed, gamma: 3}]"],
+        require_models=False,
+    )
     return Engine.build(adapter(target_model), cfg=cfg)
 
 
@@ -230,8 +249,10 @@ def test_distill_eagle3_end_to_end_the_eagle_drafter_keeps_greedy_output(tiny_di
     assert json.loads((export / "config.json").read_text())["target_layers"] == LAYERS
     assert manifest["family"].startswith("eagle3") and manifest["training"]["finished"]
     assert set(manifest["vocab_coverage"]) == {"8192", "16384", "32768"}
-    assert all(0 < c["corpus_tokens"] <= 1 and 0 <= c["heldout_target_greedy"] <= 1
-               for c in manifest["vocab_coverage"].values())
+    assert all(
+        0 < c["corpus_tokens"] <= 1 and 0 <= c["heldout_target_greedy"] <= 1
+        for c in manifest["vocab_coverage"].values()
+    )
     run_curve = json.loads((tmp_path / "run" / "scaling.json").read_text())
     assert json.loads((export / "scaling.json").read_text()) == run_curve and len(run_curve["points"]) >= 2
     engine = eagle_engine(model, export)
@@ -269,14 +290,26 @@ def test_continuing_from_a_draft_starts_from_its_weights_and_its_curve(tiny_dist
     fused = extract_features(run, tokens, target, layers=LAYERS)
     ids = batch_ids(cfg, 0, np.arange(2, tokens.shape[0]))
     embed, head = (w.float() for w in target.embedding_weights())
-    loss, _ = draft_loss(loaded, embed, head[loaded.subset], tokens[ids],
-                         torch.from_numpy(features[ids].astype(np.float32)),
-                         0.0, 1.0, 0.1, None, 3, torch.from_numpy(fused[ids].astype(np.float32)))
+    loss, _ = draft_loss(
+        loaded,
+        embed,
+        head[loaded.subset],
+        tokens[ids],
+        torch.from_numpy(features[ids].astype(np.float32)),
+        0.0,
+        1.0,
+        0.1,
+        None,
+        3,
+        torch.from_numpy(fused[ids].astype(np.float32)),
+    )
     assert training["history"][0]["loss"] == pytest.approx(float(loss.detach()), rel=1e-5)
     curve = json.loads((second / "scaling.json").read_text())
     tokens_seen = [p["tokens"] for p in curve["points"]]
-    assert curve["points"][:len(json.loads((first / "scaling.json").read_text())["points"])] == \
-        json.loads((first / "scaling.json").read_text())["points"]
+    assert (
+        curve["points"][: len(json.loads((first / "scaling.json").read_text())["points"])]
+        == json.loads((first / "scaling.json").read_text())["points"]
+    )
     assert tokens_seen == sorted(tokens_seen) and tokens_seen[-1] == training["tokens_total"]
 
 
@@ -331,9 +364,11 @@ def test_distill_warns_in_one_line_where_the_targets_dtype_is_slow_for_batches(t
     import pacer_plugins.feature_draft.distill as distill_module
 
     asked = []
-    monkeypatch.setattr(distill_module, "batched_dtype_hint",
-                        lambda dtype, device, option: asked.append(option)
-                        or "bfloat16 is slow here: set target.dtype=float32")
+    monkeypatch.setattr(
+        distill_module,
+        "batched_dtype_hint",
+        lambda dtype, device, option: asked.append(option) or "bfloat16 is slow here: set target.dtype=float32",
+    )
     _, distill = tiny_distill
     distill("run", "train.epochs=1")
     assert asked == ["target.dtype"]
@@ -358,8 +393,18 @@ def test_selfdistill_from_reads_the_corpus_from_that_shard_on_and_records_it(tmp
     store = CorpusStore(tmp_path / "corpus")
     store.set_header({"seed": 0}, {"path": "scripted", "digest": "f00d"}, {})
     for shard, answers in enumerate(([[7, 1, 2], [7, 3, 4]], [[7, 5, 6]])):
-        records = [{"id": f"chat/{shard}-{i}", "family": "chat", "position": 2 * shard + i, "sha": f"{shard}{i}",
-                    "prompt_tokens": 1, "answer_tokens": 2, "finished": True} for i in range(len(answers))]
+        records = [
+            {
+                "id": f"chat/{shard}-{i}",
+                "family": "chat",
+                "position": 2 * shard + i,
+                "sha": f"{shard}{i}",
+                "prompt_tokens": 1,
+                "answer_tokens": 2,
+                "finished": True,
+            }
+            for i in range(len(answers))
+        ]
         store.append(records, answers, [], 2 * shard + len(answers), 64, {})
 
     class Target:
@@ -375,7 +420,6 @@ def test_selfdistill_from_reads_the_corpus_from_that_shard_on_and_records_it(tmp
     assert "selfdistill_from=2" in str(info.value) and "shards 0..1" in str(info.value) and "\n" not in str(info.value)
 
 
-
 def test_selfdistill_extra_adds_whole_corpus_folders_and_records_each(tmp_path):
     """``corpus.selfdistill_extra``: more corpus folders (e.g. one of open-ended chat only) join the
     training text beside ``corpus.selfdistill``; each is recorded, and M_B's trainer keeps its
@@ -388,8 +432,18 @@ def test_selfdistill_extra_adds_whole_corpus_folders_and_records_each(tmp_path):
     def corpus(folder, answers, family):
         store = CorpusStore(folder)
         store.set_header({"seed": 0}, {"path": "scripted", "digest": "f00d"}, {})
-        records = [{"id": f"{family}/{i}", "family": family, "position": i, "sha": f"{family}{i}", "prompt_tokens": 1,
-                    "answer_tokens": len(a) - 1, "finished": True} for i, a in enumerate(answers)]
+        records = [
+            {
+                "id": f"{family}/{i}",
+                "family": family,
+                "position": i,
+                "sha": f"{family}{i}",
+                "prompt_tokens": 1,
+                "answer_tokens": len(a) - 1,
+                "finished": True,
+            }
+            for i, a in enumerate(answers)
+        ]
         store.append(records, answers, [], len(answers), 64, {})
         return folder
 
@@ -399,8 +453,16 @@ def test_selfdistill_extra_adds_whole_corpus_folders_and_records_each(tmp_path):
     class Target:
         digest, eos_token_ids = "f00d", frozenset({EOS})
 
-    cfg = DistillConfig(corpus=CorpusConfig(stdlib_tokens=0, docs_tokens=0, chat_answers=0, seq_len=4,
-                                            selfdistill=str(main), selfdistill_extra=[str(extra)]))
+    cfg = DistillConfig(
+        corpus=CorpusConfig(
+            stdlib_tokens=0,
+            docs_tokens=0,
+            chat_answers=0,
+            seq_len=4,
+            selfdistill=str(main),
+            selfdistill_extra=[str(extra)],
+        )
+    )
     built = build_corpus(cfg, Target(), tokenizer=None)
     assert built["sources"]["selfdistill"] == 8 and built["sources"]["selfdistill_extra"] == 8
     assert sorted(map(tuple, built["tokens"].tolist())) == [(7, 1, 2, 3), (7, 4, 5, 6), (8, 9, 10, 11), (8, 12, 13, 14)]
@@ -414,8 +476,15 @@ def test_selfdistill_extra_adds_whole_corpus_folders_and_records_each(tmp_path):
         digest, eos_token_ids = "beef", frozenset({EOS})
 
     with pytest.raises(InputError) as info:
-        build_corpus(DistillConfig(corpus=CorpusConfig(stdlib_tokens=0, docs_tokens=0, chat_answers=0, seq_len=4,
-                                                       selfdistill_extra=[str(extra)])), Other(), tokenizer=None)
+        build_corpus(
+            DistillConfig(
+                corpus=CorpusConfig(
+                    stdlib_tokens=0, docs_tokens=0, chat_answers=0, seq_len=4, selfdistill_extra=[str(extra)]
+                )
+            ),
+            Other(),
+            tokenizer=None,
+        )
     assert str(info.value).startswith("corpus.selfdistill_extra ") and "\n" not in str(info.value)
 
 
@@ -431,16 +500,22 @@ def test_vocab_coverage_counts_the_corpus_and_the_targets_greedy_tokens():
 def test_distill_config_checks_the_new_options():
     from pacer_core import ConfigError
 
-    for overrides, needle in ((["train.unroll=0"], "train.unroll must be >= 1"),
-                              (["student.fused_layers=[1, 2]"], "an eagle3 or dflash student fuses"),
-                              (["init=/nonexistent/draft"], "init '/nonexistent/draft' does not exist"),
-                              (["student.kind=token", "init=."], "token student"),
-                              (["student.kind=eagle3", "student.extra_layers=1"], "deepens a feature student"),
-                              (["student.extra_layers=-1"], "deepens a feature student"),
-                              (["corpus.selfdistill_extra=[/nonexistent/corpus]"], "holds no `pacer corpus` corpus"),
-                              (["corpus.selfdistill=plugins/feature_draft/corpus",
-                                "corpus.selfdistill_extra=[plugins/feature_draft/corpus]"],
-                               "names a corpus folder twice")):
+    for overrides, needle in (
+        (["train.unroll=0"], "train.unroll must be >= 1"),
+        (["student.fused_layers=[1, 2]"], "an eagle3 or dflash student fuses"),
+        (["init=/nonexistent/draft"], "init '/nonexistent/draft' does not exist"),
+        (["student.kind=token", "init=."], "token student"),
+        (["student.kind=eagle3", "student.extra_layers=1"], "deepens a feature student"),
+        (["student.extra_layers=-1"], "deepens a feature student"),
+        (["corpus.selfdistill_extra=[/nonexistent/corpus]"], "holds no `pacer corpus` corpus"),
+        (
+            [
+                "corpus.selfdistill=plugins/feature_draft/corpus",
+                "corpus.selfdistill_extra=[plugins/feature_draft/corpus]",
+            ],
+            "names a corpus folder twice",
+        ),
+    ):
         with pytest.raises(ConfigError) as info:
             load_distill_config(None, overrides)
         assert needle in str(info.value) and "\n" not in str(info.value)
@@ -455,10 +530,14 @@ def test_the_gpu_script_runs_end_to_end_with_its_smoke_settings(tmp_path):
     import subprocess
 
     root = Path(__file__).resolve().parents[1]
-    run = subprocess.run(["bash", "scripts/gpu_distill.sh", "--smoke", "--kind", "eagle3", "--minutes", "10",
-                          "--out", str(tmp_path)],
-                         cwd=root, env={**os.environ, "PACER_SKIP_BOOTSTRAP": "1"}, capture_output=True, text=True,
-                         timeout=1800)
+    run = subprocess.run(
+        ["bash", "scripts/gpu_distill.sh", "--smoke", "--kind", "eagle3", "--minutes", "10", "--out", str(tmp_path)],
+        cwd=root,
+        env={**os.environ, "PACER_SKIP_BOOTSTRAP": "1"},
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert "held-out top-1 agreement with the target" in run.stdout
     manifest = json.loads((tmp_path / "draft" / "manifest.json").read_text())
@@ -467,11 +546,29 @@ def test_the_gpu_script_runs_end_to_end_with_its_smoke_settings(tmp_path):
     assert json.loads((tmp_path / "draft" / "scaling.json").read_text())["points"]
     # no corpus stage, and distill options after -- replace the script's: a deeper feature draft
     deep = tmp_path / "deep"
-    run = subprocess.run(["bash", "scripts/gpu_distill.sh", "--smoke", "--minutes", "5", "--corpus-share", "0",
-                          "--out", str(deep), "--", "student.kind=feature", "student.fused_layers=null",
-                          "student.extra_layers=1", "train.unroll=2"],
-                         cwd=root, env={**os.environ, "PACER_SKIP_BOOTSTRAP": "1"}, capture_output=True, text=True,
-                         timeout=1800)
+    run = subprocess.run(
+        [
+            "bash",
+            "scripts/gpu_distill.sh",
+            "--smoke",
+            "--minutes",
+            "5",
+            "--corpus-share",
+            "0",
+            "--out",
+            str(deep),
+            "--",
+            "student.kind=feature",
+            "student.fused_layers=null",
+            "student.extra_layers=1",
+            "train.unroll=2",
+        ],
+        cwd=root,
+        env={**os.environ, "PACER_SKIP_BOOTSTRAP": "1"},
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     manifest = json.loads((deep / "draft" / "manifest.json").read_text())
     assert "fc + 2 decoder layers" in manifest["family"] and manifest["recipe"]["train"]["unroll"] == 2
@@ -484,9 +581,14 @@ def test_the_gpu_script_refuses_a_bad_corpus_share_in_one_line(share):
     import subprocess
 
     root = Path(__file__).resolve().parents[1]
-    run = subprocess.run(["bash", "scripts/gpu_distill.sh", "--smoke", "--corpus-share", share],
-                         cwd=root, env={**os.environ, "PACER_SKIP_BOOTSTRAP": "1"}, capture_output=True, text=True,
-                         timeout=120)
+    run = subprocess.run(
+        ["bash", "scripts/gpu_distill.sh", "--smoke", "--corpus-share", share],
+        cwd=root,
+        env={**os.environ, "PACER_SKIP_BOOTSTRAP": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 2 and run.stdout == ""
     assert run.stderr.strip().startswith("gpu_distill.sh: --corpus-share must be") and len(run.stderr.splitlines()) == 1
 
@@ -517,8 +619,9 @@ def test_the_shipped_draft_can_be_continued():
     embeds = torch.randn(6, config["hidden_size"], generator=g)
     feats = torch.randn(6, config["hidden_size"], generator=g)
     with torch.no_grad():
-        assert torch.equal(deeper(embeds, feats, torch.arange(6), KVCache()),
-                           shipped(embeds, feats, torch.arange(6), KVCache()))
+        assert torch.equal(
+            deeper(embeds, feats, torch.arange(6), KVCache()), shipped(embeds, feats, torch.arange(6), KVCache())
+        )
     config["intermediate_size"] = 1024
     with pytest.raises(InputError) as info:
         load_init(str(DEFAULT_DRAFT), FeatureDraft(ArchConfig(**config)))
@@ -531,8 +634,14 @@ def test_the_draft_fit_script_refuses_a_run_without_features_in_one_line(tmp_pat
     import sys
 
     root = Path(__file__).resolve().parents[1]
-    run = subprocess.run([sys.executable, "scripts/draft_fit.py", str(tmp_path), "shipped"], cwd=root,
-                         env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "scripts/draft_fit.py", str(tmp_path), "shipped"],
+        cwd=root,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 2 and "corpus.pt' is missing" in run.stderr and len(run.stderr.splitlines()) == 1
 
 
@@ -541,8 +650,9 @@ def test_distill_dflash_end_to_end_the_dflash_drafter_keeps_greedy_output(tiny_d
     pacer_sd.students entry points) trains on the layers distill extracted, and the draft it exports
     is served by the dflash drafter, greedy output the target's own."""
     model, distill = tiny_distill
-    export = distill("run", "student.kind=dflash", "student.block=3", "train.anchors=4", "train.epochs=2",
-                     "train.unroll=1")
+    export = distill(
+        "run", "student.kind=dflash", "student.block=3", "train.anchors=4", "train.epochs=2", "train.unroll=1"
+    )
     assert export.name == "dflash-draft"
     manifest = json.loads((export / "manifest.json").read_text())
     assert json.loads((export / "config.json").read_text())["target_layers"] == LAYERS

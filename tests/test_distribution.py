@@ -54,8 +54,11 @@ FAST_SAMPLES = 6_000  # the default suite's cases
 FAIL_P = 1e-6  # a wrong verifier must fall below this one
 
 DRAFTERS = ("autoregressive", "draft_model", "prompt_lookup")
-STOPS = {"fixed2": "{name: fixed, gamma: 2}", "fixed3": "{name: fixed, gamma: 3}",
-         "heuristic": "{name: heuristic, gamma: 2}"}
+STOPS = {
+    "fixed2": "{name: fixed, gamma: 2}",
+    "fixed3": "{name: fixed, gamma: 3}",
+    "heuristic": "{name: heuristic, gamma: 2}",
+}
 BASE_SAMPLING = "t1"
 VARIANT_COMBINATION = ("draft_model", "fixed3")
 ONE_STOP = {("autoregressive", "fixed2"), ("prompt_lookup", "heuristic")}  # the default suite's other drafters
@@ -132,12 +135,27 @@ class TestVerifiers:
     @hookimpl
     def pacer_components(self) -> list[Component]:
         return [
-            Component("verifier", "test_recover_from_target", WrongConfig, RecoverFromTarget,
-                      "WRONG: recovered token drawn from p, not the residual"),
-            Component("verifier", "test_accept_ignoring_q", WrongConfig, AcceptIgnoringDraftProbs,
-                      "WRONG: accepts with p(x), ignoring q"),
-            Component("verifier", "test_point_mass", WrongConfig, PointMassVerifier,
-                      "point-mass verification (lossless for any drafter)"),
+            Component(
+                "verifier",
+                "test_recover_from_target",
+                WrongConfig,
+                RecoverFromTarget,
+                "WRONG: recovered token drawn from p, not the residual",
+            ),
+            Component(
+                "verifier",
+                "test_accept_ignoring_q",
+                WrongConfig,
+                AcceptIgnoringDraftProbs,
+                "WRONG: accepts with p(x), ignoring q",
+            ),
+            Component(
+                "verifier",
+                "test_point_mass",
+                WrongConfig,
+                PointMassVerifier,
+                "point-mass verification (lossless for any drafter)",
+            ),
         ]
 
 
@@ -182,8 +200,9 @@ def measure(case: Case) -> tuple[float, float, float]:
             draft_table = TARGET_TABLE if case.draft == "target" else DRAFT_TABLE
             target = ScriptedLM(VOCAB, table=TARGET_TABLE.clone())
             draft, prompt = ScriptedLM(VOCAB, seed=1, table=draft_table.clone()), PROMPT
-        engine = build_engine(target, draft, case.drafter, STOPS[case.stop], SAMPLINGS[case.sampling],
-                              case.verifier, plugins=TEST_PLUGINS)
+        engine = build_engine(
+            target, draft, case.drafter, STOPS[case.stop], SAMPLINGS[case.sampling], case.verifier, plugins=TEST_PLUGINS
+        )
         outputs, steps = run(engine, prompt, case.samples)
         expected = exact_continuation_probs(target, prompt, LENGTH, engine.sampling)
         p_value = chisquare_pvalue(outputs, expected)
@@ -232,7 +251,7 @@ def test_exact_probs_sum_to_one_and_follow_the_chain_rule():
     second = logits_to_probs(target.next_logits(PROMPT + [2]), params).double()
     third = logits_to_probs(target.next_logits(PROMPT + [2, 3]), params).double()
     assert torch.allclose(probs[2, 3, 0], first[2] * second[3] * third[0], rtol=1e-5)
-    assert int((probs > 0).sum()) == 4 ** 3  # top-k 4 at each of the three positions
+    assert int((probs > 0).sum()) == 4**3  # top-k 4 at each of the three positions
 
 
 def test_chisquare_accepts_exact_samples_and_rejects_biased_ones():
@@ -264,11 +283,15 @@ def grid():
     for sampling in SAMPLINGS:
         for drafter in DRAFTERS:
             for stop in STOPS:
-                fast = (sampling == BASE_SAMPLING and (drafter == "draft_model" or (drafter, stop) in ONE_STOP)) \
-                    or (drafter, stop) == VARIANT_COMBINATION
-                yield pytest.param(Case(drafter, stop, sampling, samples=FAST_SAMPLES if fast else SAMPLES),
-                                   marks=() if fast else (pytest.mark.slow,),
-                                   id=f"{drafter}-{stop}-{sampling}")
+                fast = (sampling == BASE_SAMPLING and (drafter == "draft_model" or (drafter, stop) in ONE_STOP)) or (
+                    drafter,
+                    stop,
+                ) == VARIANT_COMBINATION
+                yield pytest.param(
+                    Case(drafter, stop, sampling, samples=FAST_SAMPLES if fast else SAMPLES),
+                    marks=() if fast else (pytest.mark.slow,),
+                    id=f"{drafter}-{stop}-{sampling}",
+                )
 
 
 @pytest.mark.parametrize("case", list(grid()))
@@ -283,10 +306,14 @@ def test_speculative_sampling_matches_target_distribution(case, measured):
         assert 1.2 < steps < LENGTH - 0.2
 
 
-@pytest.mark.parametrize("case", [
-    Case("draft_model", "fixed2", draft="target", samples=5_000),
-    pytest.param(Case("draft_model", "heuristic", draft="target"), marks=pytest.mark.slow),
-], ids=str)
+@pytest.mark.parametrize(
+    "case",
+    [
+        Case("draft_model", "fixed2", draft="target", samples=5_000),
+        pytest.param(Case("draft_model", "heuristic", draft="target"), marks=pytest.mark.slow),
+    ],
+    ids=str,
+)
 def test_draft_equal_to_target_matches_target_distribution(case, measured):
     """p == q: every draft token is accepted (no 0/0 in the residual), bonus tokens only."""
     p_value, steps, seconds = measured(case)
@@ -295,11 +322,15 @@ def test_draft_equal_to_target_matches_target_distribution(case, measured):
     assert steps < 1.01  # γ ≥ 2 accepted + the bonus: the whole budget in (almost always) one step
 
 
-@pytest.mark.parametrize("case", [
-    Case("draft_model", "fixed3", verifier="test_recover_from_target", samples=FAST_SAMPLES),
-    pytest.param(Case("prompt_lookup", "fixed3", verifier="test_recover_from_target"), marks=pytest.mark.slow),
-    pytest.param(Case("draft_model", "fixed3", verifier="test_accept_ignoring_q"), marks=pytest.mark.slow),
-], ids=str)
+@pytest.mark.parametrize(
+    "case",
+    [
+        Case("draft_model", "fixed3", verifier="test_recover_from_target", samples=FAST_SAMPLES),
+        pytest.param(Case("prompt_lookup", "fixed3", verifier="test_recover_from_target"), marks=pytest.mark.slow),
+        pytest.param(Case("draft_model", "fixed3", verifier="test_accept_ignoring_q"), marks=pytest.mark.slow),
+    ],
+    ids=str,
+)
 def test_wrong_verifier_fails_the_distribution_test(case, measured):
     p_value, _, seconds = measured(case)
     print(f"{case}: p = {p_value:.4g}, {seconds:.1f} s CPU")
@@ -316,10 +347,14 @@ def test_point_mass_verification_ignoring_q_is_still_lossless(case, measured):
 
 
 # -- tiny real Llamas through the HF adapter -----------------------------------------------------
-@pytest.mark.parametrize("case", [
-    Case("draft_model", "fixed2", draft="hf", samples=HF_SAMPLES),
-    pytest.param(Case("draft_model", "heuristic", draft="hf", samples=SAMPLES), marks=pytest.mark.slow),
-], ids=str)
+@pytest.mark.parametrize(
+    "case",
+    [
+        Case("draft_model", "fixed2", draft="hf", samples=HF_SAMPLES),
+        pytest.param(Case("draft_model", "heuristic", draft="hf", samples=SAMPLES), marks=pytest.mark.slow),
+    ],
+    ids=str,
+)
 def test_hf_draft_model_matches_target_distribution(case, measured):
     p_value, steps, seconds = measured(case)
     print(f"{case}: p = {p_value:.4g}, steps/generation = {steps:.2f}, {seconds:.1f} s CPU")

@@ -144,18 +144,34 @@ def test_no_documented_hook_is_missing_from_hookspecs():
     assert sorted(documented) == HOOKS
 
 
-@pytest.mark.parametrize("cls", [
-    pacer_core.DraftBlock, pacer_core.Draft, pacer_core.Stop, pacer_core.Verdict, pacer_core.StepRecord,
-    pacer_core.DecodeState, pacer_core.SamplingParams, pacer_core.GenerationResult, pacer_core.Component,
-    pacer_core.Resources, pacer_core.DraftInfo,
-], ids=lambda c: c.__name__)
+@pytest.mark.parametrize(
+    "cls",
+    [
+        pacer_core.DraftBlock,
+        pacer_core.Draft,
+        pacer_core.Stop,
+        pacer_core.Verdict,
+        pacer_core.StepRecord,
+        pacer_core.DecodeState,
+        pacer_core.SamplingParams,
+        pacer_core.GenerationResult,
+        pacer_core.Component,
+        pacer_core.Resources,
+        pacer_core.DraftInfo,
+    ],
+    ids=lambda c: c.__name__,
+)
 def test_value_object_fields_are_documented(cls):
     body = section(read("hooks.md"), f"### `{cls.__name__}`")
     rows = {spans(r[0])[0] for r in table_rows(body) if spans(r[0])}
     fields = {f.alias for f in attrs.fields(cls)}  # a private field is documented by its init name
     # public derived views (properties; attrs turns cached properties into slots), e.g. Draft.tokens
-    derived = {name for name, value in vars(cls).items() if not name.startswith("_")
-               and isinstance(value, (property, functools.cached_property, types.MemberDescriptorType))}
+    derived = {
+        name
+        for name, value in vars(cls).items()
+        if not name.startswith("_")
+        and isinstance(value, (property, functools.cached_property, types.MemberDescriptorType))
+    }
     assert fields - rows == set(), f"{cls.__name__}: undocumented fields"
     assert rows - fields - derived == set(), f"{cls.__name__}: documented fields that do not exist"
 
@@ -168,8 +184,15 @@ def test_capabilities_are_documented():
 
 
 # -- config.md ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("name,cls", [("target", ModelConfig), ("sampling", SamplingConfig),
-                                      ("generation", GenerationConfig), ("strategy", StrategyConfig)])
+@pytest.mark.parametrize(
+    "name,cls",
+    [
+        ("target", ModelConfig),
+        ("sampling", SamplingConfig),
+        ("generation", GenerationConfig),
+        ("strategy", StrategyConfig),
+    ],
+)
 def test_config_sections_are_documented(name, cls):
     assert_options_documented(section(read("config.md"), f"### `{name}`"), cls, name)
 
@@ -181,8 +204,10 @@ def test_skip_drafting_options_are_documented():
     assert_options_documented(options, SkipConfig, "generation.skip_drafting")
 
 
-@pytest.mark.parametrize("heading,cls", [("#### `corpus`", "CorpusConfig"), ("#### `student`", "StudentConfig"),
-                                         ("#### `train`", "TrainConfig")])
+@pytest.mark.parametrize(
+    "heading,cls",
+    [("#### `corpus`", "CorpusConfig"), ("#### `student`", "StudentConfig"), ("#### `train`", "TrainConfig")],
+)
 def test_distill_options_are_documented(heading, cls):
     from pacer_plugins.feature_draft import distill_config
     from pacer_train.corpus import sources
@@ -221,12 +246,15 @@ def test_draft_eval_options_are_documented():
 def test_tree_options_and_their_defaults_are_documented():
     from pacer_core.trees import TreeConfig
 
-    assert_table_shows_defaults(section(read("trees.md"), "## Tree drafters: `tree: {topk, depth, nodes}`"),
-                                TreeConfig, "tree")
+    assert_table_shows_defaults(
+        section(read("trees.md"), "## Tree drafters: `tree: {topk, depth, nodes}`"), TreeConfig, "tree"
+    )
     d = TreeConfig()
     assert (d.nodes, d.budget("cpu"), d.budget("cuda")) == (None, 10, "auto")
-    assert read("config.md").count(f"`{{}}` = {d.topk}, {d.depth} and the device's budget: 10 on a CPU, "
-                                   "`auto` elsewhere") == 2  # both drafters
+    assert (
+        read("config.md").count(f"`{{}}` = {d.topk}, {d.depth} and the device's budget: 10 on a CPU, `auto` elsewhere")
+        == 2
+    )  # both drafters
 
 
 def test_corpus_totals_in_the_docs_are_the_committed_corpus():
@@ -235,9 +263,13 @@ def test_corpus_totals_in_the_docs_are_the_committed_corpus():
 
     stats = corpus_stats(DOCS.parent / "plugins" / "feature_draft" / "corpus")
     line = next(p for p in read("corpus.md").split("\n\n") if p.startswith("**Committed so far:**"))
-    for figure in (f"{stats['shards']} shards", f"{stats['records']:,} answers",
-                   f"{stats['answer_tokens']:,} answer tokens",
-                   f"{stats['tokens']:,} with their prompts", f"{stats['generation_hours']} hours"):
+    for figure in (
+        f"{stats['shards']} shards",
+        f"{stats['records']:,} answers",
+        f"{stats['answer_tokens']:,} answer tokens",
+        f"{stats['tokens']:,} with their prompts",
+        f"{stats['generation_hours']} hours",
+    ):
         assert figure in " ".join(line.split()), f"corpus.md should say {figure!r}: update its 'Committed so far' line"
 
 
@@ -250,13 +282,15 @@ def test_the_shipped_drafts_figures_in_the_docs_are_its_manifests():
 
     manifest = json.loads((DEFAULT_DRAFT / "manifest.json").read_text())
     held, tokens = manifest["heldout"], manifest["training"]["tokens_total"]
-    first, second, both = (f"{held[k]:.3f}" for k in ("heldout_top1_first", "heldout_top1_second",
-                                                      "heldout_top1_first_two"))
+    first, second, both = (
+        f"{held[k]:.3f}" for k in ("heldout_top1_first", "heldout_top1_second", "heldout_top1_first_two")
+    )
     shipped = [row for row in table_rows(read("results.md")) if row[0] == "**v6 (shipped, `eagle`)**"]
     assert shipped and shipped[0][1:3] == [f"**{first}**", f"**{both}**"], "results.md: update the shipped draft's row"
     curve = [row for row in table_rows(read("draft.md")) if row[0].startswith("**v6")]
-    assert curve and curve[0][1:] == [f"**{tokens:,}**", f"**{first}**", f"**{second}**", f"**{both}**"], \
+    assert curve and curve[0][1:] == [f"**{tokens:,}**", f"**{first}**", f"**{second}**", f"**{both}**"], (
         "draft.md: update the shipped draft's row of the continuing runs' table"
+    )
 
 
 def test_every_section_is_documented():
@@ -278,8 +312,16 @@ def test_every_installed_component_is_documented(kind, name, component):
 
 def test_builtins_are_among_the_documented_components():
     names = {name for _, name, _ in _installed()}
-    assert {"autoregressive", "draft_model", "prompt_lookup", "fixed", "heuristic", "greedy",
-            "speculative_sampling", "metrics"} <= names
+    assert {
+        "autoregressive",
+        "draft_model",
+        "prompt_lookup",
+        "fixed",
+        "heuristic",
+        "greedy",
+        "speculative_sampling",
+        "metrics",
+    } <= names
 
 
 def test_the_written_out_defaults_are_the_defaults(tmp_path):
@@ -298,7 +340,9 @@ def test_documented_overrides_apply():
     assert load_config(overrides=["strategy.stop.0.gamma=3"]).strategy.stop == [{"name": "heuristic", "gamma": 3}]
     assert load_config(overrides=["strategy.stop[0].gamma=3"]).strategy.stop == [{"name": "heuristic", "gamma": 3}]
     assert load_config(overrides=["strategy.drafter.max_ngram_size=4"]).strategy.drafter == {
-        "name": "prompt_lookup", "max_ngram_size": 4}
+        "name": "prompt_lookup",
+        "max_ngram_size": 4,
+    }
 
 
 def test_documented_validation_errors_are_the_real_messages():
@@ -389,12 +433,15 @@ def test_the_example_pyproject_registers_the_module():
 def test_the_example_plugin_validates_its_options(example_plugin):
     plugins = [example_plugin]
     drafter = "strategy.drafter={name: draft_model}"
-    cfg = load_config(overrides=[drafter, "strategy.stop=[{name: prob_floor}]"], extra_plugins=plugins,
-                      require_models=False)
+    cfg = load_config(
+        overrides=[drafter, "strategy.stop=[{name: prob_floor}]"], extra_plugins=plugins, require_models=False
+    )
     assert cfg.strategy.stop == [{"name": "prob_floor"}]
-    for bad, words in [("{name: prob_floor, floor: high}", "floor"),
-                       ("{name: prob_floor, max_tokens: 0}", "max_tokens"),
-                       ("{name: prob_floor, flor: 0.3}", "unknown option 'flor'")]:
+    for bad, words in [
+        ("{name: prob_floor, floor: high}", "floor"),
+        ("{name: prob_floor, max_tokens: 0}", "max_tokens"),
+        ("{name: prob_floor, flor: 0.3}", "unknown option 'flor'"),
+    ]:
         with pytest.raises(ConfigError, match=words):
             load_config(overrides=[drafter, f"strategy.stop=[{bad}]"], extra_plugins=plugins, require_models=False)
     with pytest.raises(ConfigError, match="probabilities"):  # prompt_lookup has none
@@ -422,13 +469,19 @@ def test_the_example_plugin_shapes_drafts_and_keeps_greedy_output(example_plugin
         for param in draft.parameters():
             param.add_(0.02 * torch.randn(param.shape, generator=gen))
     prompt, budget, floor, max_tokens = [5, 9, 13, 5, 9, 21, 7], 40, 0.3, 6
-    cfg = load_config(overrides=[
-        "strategy.drafter={name: draft_model}", "strategy.verifier={name: greedy}",
-        f"strategy.stop=[{{name: prob_floor, floor: {floor}, max_tokens: {max_tokens}}}]",
-    ], extra_plugins=[example_plugin], require_models=False)
+    cfg = load_config(
+        overrides=[
+            "strategy.drafter={name: draft_model}",
+            "strategy.verifier={name: greedy}",
+            f"strategy.stop=[{{name: prob_floor, floor: {floor}, max_tokens: {max_tokens}}}]",
+        ],
+        extra_plugins=[example_plugin],
+        require_models=False,
+    )
     log = StepLog()
-    engine = Engine.build(adapter(target, eos=False), draft=adapter(draft, eos=False), cfg=cfg,
-                          extra_plugins=[example_plugin, log])
+    engine = Engine.build(
+        adapter(target, eos=False), draft=adapter(draft, eos=False), cfg=cfg, extra_plugins=[example_plugin, log]
+    )
     result = engine.generate(prompt, max_new_tokens=budget)
 
     assert result.tokens == reference_greedy(target, prompt, budget, eos=False)
@@ -464,7 +517,7 @@ def _cli_error(argv: list[str], capsys) -> str:
     err = capsys.readouterr().err
     lines = err.splitlines()
     assert code == 2 and len(lines) == 1 and lines[0].startswith("pacer: error: "), (argv, code, err)
-    return lines[0][len("pacer: error: "):]
+    return lines[0][len("pacer: error: ") :]
 
 
 def _assert_documented_errors(doc: str, heading: str, scenarios: dict, capsys) -> None:
@@ -547,11 +600,23 @@ def test_documented_bench_errors_are_the_real_messages(tmp_path, capsys, monkeyp
             place.parent.chmod(0o555)
         return None if place is None else bench(out=str(place))
 
-    meta = {"version": 1, "settings": {}, "baseline": "autoregressive", "prompt_sets": ["s"],
-            "units": [{"name": "autoregressive", "kind": "stack", "config": {}}]}
-    record = {"prompt_set": "s", "model_id": "autoregressive", "repeat": 0, "tokens": [5], "metrics": {},
-              "choices": [{"turns": ["x"], "decoding_steps": [1], "new_tokens": [1], "wall_time": [0.1],
-                           "accept_lengths": [1]}]}
+    meta = {
+        "version": 1,
+        "settings": {},
+        "baseline": "autoregressive",
+        "prompt_sets": ["s"],
+        "units": [{"name": "autoregressive", "kind": "stack", "config": {}}],
+    }
+    record = {
+        "prompt_set": "s",
+        "model_id": "autoregressive",
+        "repeat": 0,
+        "tokens": [5],
+        "metrics": {},
+        "choices": [
+            {"turns": ["x"], "decoding_steps": [1], "new_tokens": [1], "wall_time": [0.1], "accept_lengths": [1]}
+        ],
+    }
 
     def run_folder(meta_text: str, answers: list[str] = (), cost: str = None) -> list[str]:
         folder = tmp_path / f"run{len(list(tmp_path.glob('run*')))}"
@@ -579,17 +644,21 @@ def test_documented_bench_errors_are_the_real_messages(tmp_path, capsys, monkeyp
         "a prompt file line that is not JSON": lambda: bench(lines=good_prompts + "not json\n"),
         "a prompt file line without text": lambda: bench(lines='{"question_id": "q"}\n'),
         'a question file line with `"turns": ["a", 5]`': lambda: bench(
-            lines='{"question_id": 81, "turns": ["a", 5]}\n'),
+            lines='{"question_id": 81, "turns": ["a", 5]}\n'
+        ),
         'a question file repeating `"question_id": 81` on line 2': lambda: bench(
-            lines='{"question_id": 81, "turns": ["a", "b"]}\n{"question_id": 81, "turns": ["c"]}\n'),
+            lines='{"question_id": 81, "turns": ["a", "b"]}\n{"question_id": 81, "turns": ["c"]}\n'
+        ),
         "an empty prompt file": lambda: bench(lines=""),
         "`bench.json` that is not JSON": lambda: run_folder("{oops"),
-        "`bench.json` without its `units`":
-            lambda: run_folder(json.dumps({k: v for k, v in meta.items() if k != "units"})),
+        "`bench.json` without its `units`": lambda: run_folder(
+            json.dumps({k: v for k, v in meta.items() if k != "units"})
+        ),
         "a damaged line 5 of `answers.jsonl`": lambda: run_folder(json.dumps(meta), damaged),
         "an `oracle.log_stack` drafting a token tree": lambda: bench_yaml(
             "stacks: {t: {strategy: {drafter: {name: eagle, tree: {topk: 2}}, stop: [{name: fixed, gamma: 8}]}}}\n"
-            "oracle: {log_stack: t}\n"),
+            "oracle: {log_stack: t}\n"
+        ),
         "`oracle: {verify_tree_k: [1, 4]}`": lambda: bench_yaml("oracle: {verify_tree_k: [1, 4]}\n"),
         "`cost_model.json` without `verify_s`": lambda: run_folder(json.dumps(meta), cost="{}"),
     }
@@ -599,17 +668,29 @@ def test_documented_bench_errors_are_the_real_messages(tmp_path, capsys, monkeyp
 
 # -- cited paths ---------------------------------------------------------------------------------
 ROOT = DOCS.parent
-_CITED = re.compile(r"(?<![\w./-])((?:docs|pacer_core|pacer_bench|pacer_train|plugins|scripts|configs|tests|examples)"
-                    r"/[\w./*-]*[\w*])(#[\w-]+)?(?![\w<])")
+_CITED = re.compile(
+    r"(?<![\w./-])((?:docs|pacer_core|pacer_bench|pacer_train|plugins|scripts|configs|tests|examples)"
+    r"/[\w./*-]*[\w*])(#[\w-]+)?(?![\w<])"
+)
 
 
 def _citing_files() -> list[Path]:
     """What a reader follows citations from: the docs, the README, the set-up files and the code's
     docstrings and comments (tests are left out: they hold paths as data, some deliberately wrong)."""
-    code = [p for folder in ("pacer_core", "pacer_bench", "pacer_train", "plugins", "scripts")
-            for p in (ROOT / folder).rglob("*") if p.suffix in (".py", ".sh")]
-    return [*DOCS.rglob("*.md"), ROOT / "README.md", ROOT / "constraints.txt", ROOT / "pyproject.toml",
-            ROOT / ".ci" / "run", *code]
+    code = [
+        p
+        for folder in ("pacer_core", "pacer_bench", "pacer_train", "plugins", "scripts")
+        for p in (ROOT / folder).rglob("*")
+        if p.suffix in (".py", ".sh")
+    ]
+    return [
+        *DOCS.rglob("*.md"),
+        ROOT / "README.md",
+        ROOT / "constraints.txt",
+        ROOT / "pyproject.toml",
+        ROOT / ".ci" / "run",
+        *code,
+    ]
 
 
 def test_every_cited_path_and_anchor_exists():

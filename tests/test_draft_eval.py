@@ -31,12 +31,22 @@ from helpers import adapter, brute_successors, reference_greedy, student
 from helpers import student_target as tiny_target
 
 
-@pytest.mark.parametrize("kind,context_vocab,bias,lookup,corpus_bias", [
-    ("feature", False, 0.0, (), 0.0), ("feature", True, 0.0, (), 0.0), ("feature", True, 1.5, (), 0.0),
-    ("feature", False, 1.5, (), 0.0), ("feature", True, 1.0, (2.0, 3.0, 4.0), 0.0),
-    ("feature", False, 0.0, (5.0,), 0.0),
-    ("feature", True, 0.0, (), 6.0), ("feature", True, 0.0, (2.0, 4.0), 3.0),
-    ("feature-deep", False, 0.0, (), 0.0), ("eagle3", False, 0.0, (), 0.0), ("eagle3", True, 1.5, (2.0, 3.0), 0.0)])
+@pytest.mark.parametrize(
+    "kind,context_vocab,bias,lookup,corpus_bias",
+    [
+        ("feature", False, 0.0, (), 0.0),
+        ("feature", True, 0.0, (), 0.0),
+        ("feature", True, 1.5, (), 0.0),
+        ("feature", False, 1.5, (), 0.0),
+        ("feature", True, 1.0, (2.0, 3.0, 4.0), 0.0),
+        ("feature", False, 0.0, (5.0,), 0.0),
+        ("feature", True, 0.0, (), 6.0),
+        ("feature", True, 0.0, (2.0, 4.0), 3.0),
+        ("feature-deep", False, 0.0, (), 0.0),
+        ("eagle3", False, 0.0, (), 0.0),
+        ("eagle3", True, 1.5, (2.0, 3.0), 0.0),
+    ],
+)
 def test_hits_equal_a_step_by_step_recount_with_the_drafters_cache(kind, context_vocab, bias, lookup, corpus_bias):
     """Row t, position j: the rank class of the target's greedy token after t + j (from the target's
     own logits) among the draft's top-k, the draft fed its own features through its KV cache. With
@@ -59,10 +69,33 @@ def test_hits_equal_a_step_by_step_recount_with_the_drafters_cache(kind, context
     fused = layer_inputs(target, tokens[None], LAYERS)[0].float() if kind == "eagle3" else None
     depth, ks, first = 3, (1, 2, 4, 8), 4
     rng = torch.Generator().manual_seed(2)
-    corpus = CorpusSuccessors([torch.randint(3, 64, (40,), generator=rng).tolist() for _ in range(30)]
-                              + [tokens.tolist()] * 5, 64, 3, min_count=2) if corpus_bias else None
-    hits = draft_hits(net, embed, head, tokens, feats, fused, target_greedy(feats[None], head)[0], first, depth, ks,
-                      context_vocab, bias, lookup, corpus, corpus_bias)
+    corpus = (
+        CorpusSuccessors(
+            [torch.randint(3, 64, (40,), generator=rng).tolist() for _ in range(30)] + [tokens.tolist()] * 5,
+            64,
+            3,
+            min_count=2,
+        )
+        if corpus_bias
+        else None
+    )
+    hits = draft_hits(
+        net,
+        embed,
+        head,
+        tokens,
+        feats,
+        fused,
+        target_greedy(feats[None], head)[0],
+        first,
+        depth,
+        ks,
+        context_vocab,
+        bias,
+        lookup,
+        corpus,
+        corpus_bias,
+    )
     if context_vocab and kind == "feature":
         assert set(tokens.tolist()) - set(SUBSET.tolist())  # the sequence has tokens outside the subset
     with torch.no_grad():
@@ -76,7 +109,7 @@ def test_hits_equal_a_step_by_step_recount_with_the_drafters_cache(kind, context
             head_sub = head[ids]
             read = torch.tensor([x in tokens[: t + 2].tolist() for x in ids.tolist()])
             cache = KVCache()
-            out = net(embed[tokens[1:t + 2]], inputs[:t + 1], torch.arange(t + 1), cache)[-1]
+            out = net(embed[tokens[1 : t + 2]], inputs[: t + 1], torch.arange(t + 1), cache)[-1]
             for j in range(1, depth + 1):
                 if t < first or t + j + 1 > len(tokens) - 1:  # a prompt row, or drafts past the last token
                     assert hits[t, j - 1] == -1, (t, j)
@@ -101,14 +134,22 @@ def test_chain_hits_tells_the_rank_class_and_leaves_out_prompt_and_end_rows():
     subset = torch.tensor([10, 11, 12, 13])
     # a sequence of 5 tokens: rows 0..3 (row t reads position t), target_next after positions 0..4
     target_next = torch.tensor([0, 12, 10, 13, 11])
-    logits1 = torch.tensor([[4., 3., 2., 1.],   # row 0 (a prompt row): left out
-                            [4., 3., 2., 1.],   # row 1: wants 10 (after position 2): rank 0 → top-1
-                            [4., 1., 2., 3.],   # row 2: wants 13 (after 3): rank 1 → the top-2 class
-                            [0., 0., 0., 0.]])  # row 3: drafts after position 4, the last: left out
-    logits2 = torch.tensor([[1., 2., 3., 4.],   # row 0: a prompt row
-                            [1., 4., 3., 2.],   # row 1: wants 13 (after 3), rank 2 → the top-4 class
-                            [0., 0., 0., 0.],   # row 2: drafts after position 4: left out
-                            [0., 0., 0., 0.]])
+    logits1 = torch.tensor(
+        [
+            [4.0, 3.0, 2.0, 1.0],  # row 0 (a prompt row): left out
+            [4.0, 3.0, 2.0, 1.0],  # row 1: wants 10 (after position 2): rank 0 → top-1
+            [4.0, 1.0, 2.0, 3.0],  # row 2: wants 13 (after 3): rank 1 → the top-2 class
+            [0.0, 0.0, 0.0, 0.0],
+        ]
+    )  # row 3: drafts after position 4, the last: left out
+    logits2 = torch.tensor(
+        [
+            [1.0, 2.0, 3.0, 4.0],  # row 0: a prompt row
+            [1.0, 4.0, 3.0, 2.0],  # row 1: wants 13 (after 3), rank 2 → the top-4 class
+            [0.0, 0.0, 0.0, 0.0],  # row 2: drafts after position 4: left out
+            [0.0, 0.0, 0.0, 0.0],
+        ]
+    )
     hits = chain_hits([logits1, logits2], subset, target_next, first=1, ks=(1, 2, 4))
     assert hits.tolist() == [[-1, -1], [1, 4], [2, -1], [-1, -1]]
     # a token outside the top-k (here outside the draft's vocabulary) is 0
@@ -116,11 +157,7 @@ def test_chain_hits_tells_the_rank_class_and_leaves_out_prompt_and_end_rows():
 
 
 def test_summarize_counts_each_position_given_the_earlier_hits_and_tau():
-    hits = torch.tensor([[1, 1, 2],
-                         [1, 2, 1],
-                         [2, 1, 1],
-                         [0, 1, -1],
-                         [1, 1, -1]])
+    hits = torch.tensor([[1, 1, 2], [1, 2, 1], [2, 1, 1], [0, 1, -1], [1, 1, -1]])
     s = summarize(hits, (1, 2))
     p1, p2, p3 = s["positions"]
     assert p1 == {"rows": 5, "top1": pytest.approx(3 / 5), "top2": pytest.approx(4 / 5)}
@@ -132,8 +169,16 @@ def test_summarize_counts_each_position_given_the_earlier_hits_and_tau():
 
 def test_token_kinds_from_the_decoded_text():
     assert [token_kind(t) for t in ("", "\n\n", "  ", " 42", "**", "\ufffd", " Hello", "ing", " (x")] == [
-        "special", "newline", "space", "digits", "punctuation", "punctuation", "word start", "word piece",
-        "word start"]
+        "special",
+        "newline",
+        "space",
+        "digits",
+        "punctuation",
+        "punctuation",
+        "word start",
+        "word piece",
+        "word start",
+    ]
 
 
 def test_summarize_kinds_splits_position_one_by_kind():
@@ -142,7 +187,8 @@ def test_summarize_kinds_splits_position_one_by_kind():
     assert summarize_kinds(first, kinds) == {
         "word start": {"rows": 2, "share": 0.4, "top1": 0.5},
         "punctuation": {"rows": 2, "share": 0.4, "top1": 0.5},
-        "newline": {"rows": 1, "share": 0.2, "top1": 1.0}}
+        "newline": {"rows": 1, "share": 0.2, "top1": 1.0},
+    }
 
 
 @pytest.fixture
@@ -158,16 +204,36 @@ def tiny_eval(tmp_path, monkeypatch):
             return [3 + ord(c) % 61 for c in text[:40]]
 
         def decode(self, ids):
-            return "".join(" " if i % 7 == 0 else "\n" if i % 7 == 1 else "." if i % 7 == 2 else
-                           "5" if i % 7 == 3 else chr(97 + i % 26) for i in ids)
+            return "".join(
+                " "
+                if i % 7 == 0
+                else "\n"
+                if i % 7 == 1
+                else "."
+                if i % 7 == 2
+                else "5"
+                if i % 7 == 3
+                else chr(97 + i % 26)
+                for i in ids
+            )
 
     monkeypatch.setattr(hf, "load_section", lambda section, name: (target, Tokenizer(), "tinydigest"))
     folder = tmp_path / "draft"
     student("eagle3", target).save(folder, {"family": "eagle3", "target_digest": "tinydigest"})
 
     def run(*overrides: str):
-        cfg = load_config(None, [f"drafts=[{folder}]", f"out={tmp_path / 'eval'}", "limit=2",
-                                 "prompt_sets=[humaneval,gsm8k]", "max_new_tokens=12", "depth=3", *overrides])
+        cfg = load_config(
+            None,
+            [
+                f"drafts=[{folder}]",
+                f"out={tmp_path / 'eval'}",
+                "limit=2",
+                "prompt_sets=[humaneval,gsm8k]",
+                "max_new_tokens=12",
+                "depth=3",
+                *overrides,
+            ],
+        )
         return run_draft_eval(cfg, "pacer draft-eval (test)")
 
     return run, folder, tmp_path
@@ -192,6 +258,7 @@ def test_the_command_reports_per_set_caches_the_answers_and_refuses_bad_input(ti
     assert "by the kind of the target's token" in (tmp_path / "eval" / "report.md").read_text()
     # the answers are reused: generating again would fail
     import pacer_core.hf.batched as batched
+
     monkeypatch.setattr(batched, "greedy_batch", lambda *a, **k: pytest.fail("answers generated again"))
     assert run()["drafts"] == results["drafts"]
     with pytest.raises(ConfigError, match="drafts is empty"):

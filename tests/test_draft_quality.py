@@ -51,8 +51,7 @@ class Recorder:
 
     @hookimpl
     def pacer_components(self):
-        return [Component("observer", "recorder", NoOptions, lambda config, resources: self.steps,
-                          "test: keeps steps")]
+        return [Component("observer", "recorder", NoOptions, lambda config, resources: self.steps, "test: keeps steps")]
 
 
 def test_topk_hits_ranks_the_targets_token_and_ties_go_to_it():
@@ -62,15 +61,25 @@ def test_topk_hits_ranks_the_targets_token_and_ties_go_to_it():
     assert topk_hits(probs, torch.tensor([2, 0, 2]), torch.tensor([1, 3])).tolist() == [[False, True]] * 3
 
 
-@pytest.mark.parametrize("drafter", ["{name: draft_model}", "{name: draft_model, tree: {topk: 3, depth: 4, nodes: 8}}"],
-                         ids=["chain", "tree"])
+@pytest.mark.parametrize(
+    "drafter",
+    ["{name: draft_model}", "{name: draft_model, tree: {topk: 3, depth: 4, nodes: 8}}"],
+    ids=["chain", "tree"],
+)
 def test_the_tallies_are_the_rank_of_the_committed_token_at_each_accepted_prefix(drafter):
     target, draft = scripted(TARGET_TABLE), scripted(DRAFT_TABLE, seed=1)
     recorder = Recorder()
-    cfg = load_config(overrides=[f"strategy.drafter={drafter}", "strategy.stop=[{name: fixed, gamma: 3}]",
-                                 "strategy.verifier={name: greedy}", "strategy.observers=[{name: metrics}, "
-                                 f"{{name: recorder}}, {{name: draft_quality, ks: {list(KS)}, depth: 3}}]"],
-                      extra_plugins=[recorder], require_models=False)
+    cfg = load_config(
+        overrides=[
+            f"strategy.drafter={drafter}",
+            "strategy.stop=[{name: fixed, gamma: 3}]",
+            "strategy.verifier={name: greedy}",
+            "strategy.observers=[{name: metrics}, "
+            f"{{name: recorder}}, {{name: draft_quality, ks: {list(KS)}, depth: 3}}]",
+        ],
+        extra_plugins=[recorder],
+        require_models=False,
+    )
     engine = Engine.build(target, draft=draft, cfg=cfg, extra_plugins=[recorder])
     prompt = PROMPT
     result = engine.generate(prompt, max_new_tokens=BUDGET)
@@ -99,22 +108,31 @@ def test_the_tallies_are_the_rank_of_the_committed_token_at_each_accepted_prefix
 
 def test_a_drafter_without_draft_probs_and_bad_ks_are_refused():
     assert "which drafter 'prompt_lookup' does not provide" in error_of(
-        overrides=["strategy.drafter={name: prompt_lookup}", "strategy.observers=[{name: draft_quality}]"])
+        overrides=["strategy.drafter={name: prompt_lookup}", "strategy.observers=[{name: draft_quality}]"]
+    )
     with pytest.raises(ValueError, match="increasing positive integers"):
         DraftQualityConfig(ks=[4, 2])
 
 
 def test_the_report_sums_the_tallies_and_shows_the_first_positions():
-    records = [{"metrics": {"draft_topk": {"k": [1, 4], "counts": [[10, 4, 8], [4, 1, 3]]}}},
-               {"metrics": {"draft_topk": {"k": [1, 4], "counts": [[10, 6, 9], [6, 2, 5], [2, 1, 2]]}}},
-               {"metrics": {"accepted": 3}}]  # a record of a stack without the observer
+    records = [
+        {"metrics": {"draft_topk": {"k": [1, 4], "counts": [[10, 4, 8], [4, 1, 3]]}}},
+        {"metrics": {"draft_topk": {"k": [1, 4], "counts": [[10, 6, 9], [6, 2, 5], [2, 1, 2]]}}},
+        {"metrics": {"accepted": 3}},
+    ]  # a record of a stack without the observer
     quality = draft_topk(records)
     assert quality == {"k": [1, 4], "judged": [20, 10, 2], "agreement": [[0.5, 0.85], [0.3, 0.8], [0.5, 1.0]]}
     assert draft_topk([{"metrics": {}}]) is None
     with pytest.raises(ValueError, match="different ks"):
         draft_topk([records[0], {"metrics": {"draft_topk": {"k": [1, 2], "counts": [[1, 1, 1]]}}}])
-    lines = quality_markdown({"prompt_sets": ["gsm8k"], "table": {"gsm8k": {"plain": {"draft_topk": None},
-                                                                            "eagle": {"draft_topk": quality}},
-                                                                  "all": {"eagle": {"draft_topk": quality}}}})
+    lines = quality_markdown(
+        {
+            "prompt_sets": ["gsm8k"],
+            "table": {
+                "gsm8k": {"plain": {"draft_topk": None}, "eagle": {"draft_topk": quality}},
+                "all": {"eagle": {"draft_topk": quality}},
+            },
+        }
+    )
     assert "| gsm8k | eagle | 0.50 / 0.85 (20) | 0.30 / 0.80 (10) | 0.50 / 1.00 (2) |" in lines
     assert lines[0] == "## Draft quality" and not any("plain" in line for line in lines)

@@ -65,18 +65,31 @@ def _save(folder: Path, config: dict, tensors: dict[str, torch.Tensor], fmt: str
     shards = {f"{base}-0000{i + 1}-of-00002{ext}": names[i::2] for i in range(2)}
     for shard, keys in shards.items():
         write({k: tensors[k] for k in keys}, shard)
-    index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in tensors.values())},
-             "weight_map": {k: shard for shard, keys in shards.items() for k in keys}}
+    index = {
+        "metadata": {"total_size": sum(t.numel() * t.element_size() for t in tensors.values())},
+        "weight_map": {k: shard for shard, keys in shards.items() for k in keys},
+    }
     (folder / f"{base}{ext}.index.json").write_text(json.dumps(index, indent=2))
     return folder
 
 
 def _llama_config(vocab: int, **extra) -> dict:
     """The one-layer Llama config.json an EAGLE checkpoint ships."""
-    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
-            "hidden_size": HIDDEN, "intermediate_size": FFN, "num_attention_heads": HEADS,
-            "num_key_value_heads": KV_HEADS, "num_hidden_layers": 1, "max_position_embeddings": 256,
-            "rms_norm_eps": 1e-6, "vocab_size": vocab, "torch_dtype": "float32", **extra}
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_act": "silu",
+        "hidden_size": HIDDEN,
+        "intermediate_size": FFN,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": KV_HEADS,
+        "num_hidden_layers": 1,
+        "max_position_embeddings": 256,
+        "rms_norm_eps": 1e-6,
+        "vocab_size": vocab,
+        "torch_dtype": "float32",
+        **extra,
+    }
 
 
 def _randn(generator, *shape, std=0.2):
@@ -96,14 +109,28 @@ def _attention(g, prefix: str, width: int, head_dim: int, qkv_bias: bool, small:
         prefix + "o_proj.weight": _randn(g, HIDDEN, HEADS * head_dim, std=small),
     }
     if qkv_bias:  # cnets1.py: nn.Linear(..., bias=config.qkv_bias) for q, k and v
-        tensors.update({prefix + f"{p}_proj.bias": _randn(g, n * head_dim, std=0.5)
-                        for p, n in (("q", HEADS), ("k", KV_HEADS), ("v", KV_HEADS))})
+        tensors.update(
+            {
+                prefix + f"{p}_proj.bias": _randn(g, n * head_dim, std=0.5)
+                for p, n in (("q", HEADS), ("k", KV_HEADS), ("v", KV_HEADS))
+            }
+        )
     return tensors
 
 
-def write_eagle1(folder: Path, target_model, fmt: str = "bin", bias: bool = True, seed: int = 0,
-                 passthrough: bool = False, drop: str = "", head_dim: int = 8, qkv_bias: bool = False,
-                 layers: int = 1, **config) -> Path:
+def write_eagle1(
+    folder: Path,
+    target_model,
+    fmt: str = "bin",
+    bias: bool = True,
+    seed: int = 0,
+    passthrough: bool = False,
+    drop: str = "",
+    head_dim: int = 8,
+    qkv_bias: bool = False,
+    layers: int = 1,
+    **config,
+) -> Path:
     """An EAGLE-1/2 checkpoint for ``target_model``. ``passthrough`` (for a ``bigram`` target): fc
     scales embed(x_{t+1}) to the size the final norm gives it (HF initialises embeddings with std 0.02)
     and the layer adds little, so the draft predicts roughly the target's next distribution.
@@ -113,19 +140,22 @@ def write_eagle1(folder: Path, target_model, fmt: str = "bin", bias: bool = True
     fc = _randn(g, HIDDEN, 2 * HIDDEN)
     small = 0.2
     if passthrough:
-        fc = torch.cat([50.0 * torch.eye(HIDDEN) + _randn(g, HIDDEN, HIDDEN, std=5.0),
-                        _randn(g, HIDDEN, HIDDEN, std=0.05)], 1)
+        fc = torch.cat(
+            [50.0 * torch.eye(HIDDEN) + _randn(g, HIDDEN, HIDDEN, std=5.0), _randn(g, HIDDEN, HIDDEN, std=0.05)], 1
+        )
         small = 0.01
     tensors = {"fc.weight": fc}
     for i in range(layers):
         prefix = f"layers.{i}."
         tensors.update(_attention(g, prefix + "self_attn.", HIDDEN, head_dim, qkv_bias, small))
-        tensors.update({
-            prefix + "post_attention_layernorm.weight": _norm_weight(g),
-            prefix + "mlp.gate_proj.weight": _randn(g, FFN, HIDDEN),
-            prefix + "mlp.up_proj.weight": _randn(g, FFN, HIDDEN),
-            prefix + "mlp.down_proj.weight": _randn(g, HIDDEN, FFN, std=small),
-        })
+        tensors.update(
+            {
+                prefix + "post_attention_layernorm.weight": _norm_weight(g),
+                prefix + "mlp.gate_proj.weight": _randn(g, FFN, HIDDEN),
+                prefix + "mlp.up_proj.weight": _randn(g, FFN, HIDDEN),
+                prefix + "mlp.down_proj.weight": _randn(g, HIDDEN, FFN, std=small),
+            }
+        )
         if i:
             tensors[prefix + "input_layernorm.weight"] = _norm_weight(g)
     # EAGLE-1 checkpoints carry a copy of the target's embeddings: ignored
@@ -140,12 +170,22 @@ def write_eagle1(folder: Path, target_model, fmt: str = "bin", bias: bool = True
 
 
 def _shape_keys(head_dim: int, qkv_bias: bool) -> dict:
-    return {**({"head_dim": head_dim} if head_dim != HIDDEN // HEADS else {}),
-            **({"qkv_bias": True} if qkv_bias else {})}
+    return {
+        **({"head_dim": head_dim} if head_dim != HIDDEN // HEADS else {}),
+        **({"qkv_bias": True} if qkv_bias else {}),
+    }
 
 
-def write_eagle3(folder: Path, target_model, draft_vocab: int, fmt: str = "safetensors", seed: int = 0,
-                 drop: str = "", head_dim: int = 8, **config) -> Path:
+def write_eagle3(
+    folder: Path,
+    target_model,
+    draft_vocab: int,
+    fmt: str = "safetensors",
+    seed: int = 0,
+    drop: str = "",
+    head_dim: int = 8,
+    **config,
+) -> Path:
     """An EAGLE-3 checkpoint for ``target_model``: its head covers ``draft_vocab`` target tokens (every
     other one first, then the lowest ids left), mapped by d2t/t2d. Its config has no rope_theta, like
     EAGLE's own training config (EAGLE then uses 10000)."""
@@ -262,8 +302,10 @@ def test_an_eagle3_member_of_a_hybrid_gets_its_layers(tmp_path):
     target_model = eagle3_target()
     folder = write_eagle3(tmp_path / "ckpt", target_model, draft_vocab=40)
     members = f"[{{name: eagle, path: '{folder}', tree: {TREE}}}, {{name: prompt_lookup}}]"
-    cfg = load_config(overrides=[f"strategy.drafter={{name: hybrid, members: {members}}}",
-                                 "strategy.stop=[{name: fixed, gamma: 4}]"], require_models=False)
+    cfg = load_config(
+        overrides=[f"strategy.drafter={{name: hybrid, members: {members}}}", "strategy.stop=[{name: fixed, gamma: 4}]"],
+        require_models=False,
+    )
     engine = Engine.build(adapter(target_model), cfg=cfg)
     assert engine.target_hidden == (2, 4, 5)
     prompt = [1, 7, 9, 7, 9, 7, 9, 7]
@@ -271,8 +313,11 @@ def test_an_eagle3_member_of_a_hybrid_gets_its_layers(tmp_path):
     own = make_draft(target_model, tmp_path / "own")  # reads the last layer: the two cannot share a pass
     members = f"[{{name: eagle, path: '{folder}'}}, {{name: eagle, path: '{own}'}}]"
     cfg = load_config(overrides=[f"strategy.drafter={{name: hybrid, members: {members}}}"], require_models=False)
-    with pytest.raises(InputError, match=r"members read different target hidden states \(eagle: \[2, 4, 5\], "
-                                         r"eagle: last"):
+    with pytest.raises(
+        InputError,
+        match=r"members read different target hidden states \(eagle: \[2, 4, 5\], "
+        r"eagle: last",
+    ):
         Engine.build(adapter(target_model), cfg=cfg)
 
 
@@ -282,7 +327,7 @@ def _rms(x, weight, eps=1e-6):
 
 
 def _rotate_half(x):
-    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
     return torch.cat((-x2, x1), dim=-1)
 
 
@@ -297,9 +342,15 @@ def _reference_rope(config: dict, lengths: list[int]) -> tuple[torch.Tensor, tor
     head_dim = config.get("head_dim") or HIDDEN // HEADS
     theta = config.get("rope_theta", 10000.0)  # EAGLE's default
     scaling = config.get("rope_scaling")
-    hf = LlamaConfig(hidden_size=HIDDEN, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=head_dim,
-                     max_position_embeddings=config["max_position_embeddings"], rope_theta=theta,
-                     rope_scaling=dict(scaling) if scaling else None)
+    hf = LlamaConfig(
+        hidden_size=HIDDEN,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        head_dim=head_dim,
+        max_position_embeddings=config["max_position_embeddings"],
+        rope_theta=theta,
+        rope_scaling=dict(scaling) if scaling else None,
+    )
     cos, sin, start = [], [], 0
     for length in lengths:
         end = start + length
@@ -335,8 +386,9 @@ def _reference_attention(x, t, prefix, rope, head_dim=HIDDEN // HEADS):
 
 
 def _reference_mlp(x, t, prefix):
-    return (F.silu(x @ t[prefix + "gate_proj.weight"].T) * (x @ t[prefix + "up_proj.weight"].T)) @ \
-        t[prefix + "down_proj.weight"].T
+    return (F.silu(x @ t[prefix + "gate_proj.weight"].T) * (x @ t[prefix + "up_proj.weight"].T)) @ t[
+        prefix + "down_proj.weight"
+    ].T
 
 
 def reference_eagle1(t, config, embeds, features, lengths):
@@ -356,15 +408,22 @@ def reference_eagle3(t, config, embeds, hidden, lengths):
     """cnets.Model.forward + LlamaDecoderLayeremb: hidden rows are fc'd when 3H wide (true target
     states), else used as they are (the draft's own predictions)."""
     hidden = torch.stack([h @ t["fc.weight"].T if h.shape[-1] == 3 * HIDDEN else h for h in hidden])
-    x = torch.cat((_rms(embeds, t["midlayer.input_layernorm.weight"]),
-                   _rms(hidden, t["midlayer.hidden_norm.weight"])), dim=-1)
-    x = hidden + _reference_attention(x, t, "midlayer.self_attn.", _reference_rope(config, lengths),
-                                      config.get("head_dim") or HIDDEN // HEADS)
+    x = torch.cat(
+        (_rms(embeds, t["midlayer.input_layernorm.weight"]), _rms(hidden, t["midlayer.hidden_norm.weight"])), dim=-1
+    )
+    x = hidden + _reference_attention(
+        x, t, "midlayer.self_attn.", _reference_rope(config, lengths), config.get("head_dim") or HIDDEN // HEADS
+    )
     return x + _reference_mlp(_rms(x, t["midlayer.post_attention_layernorm.weight"]), t, "midlayer.mlp.")
 
 
-LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-          "original_max_position_embeddings": 64}  # head_dim 8: wavelengths 6.3 (kept), 63 (blended), 630+ (÷ 8)
+LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}  # head_dim 8: wavelengths 6.3 (kept), 63 (blended), 630+ (÷ 8)
 VARIANTS = {  # published layouts: (eagle1|eagle3, writer options); each drafts what the reference computes
     "eagle1": ("eagle1", {}),
     "eagle3": ("eagle3", {}),
@@ -372,15 +431,28 @@ VARIANTS = {  # published layouts: (eagle1|eagle3, writer options); each drafts 
     "eagle1-two-layers": ("eagle1", {"layers": 2}),
     "eagle1-head-dim": ("eagle1", {"head_dim": 16}),
     "eagle3-head-dim": ("eagle3", {"head_dim": 16}),  # Qwen3-style: heads × head_dim ≠ hidden size
-    "eagle3-llama3-rope": ("eagle3", {"rope_scaling": LLAMA3, "rope_theta": 500000.0, "attention_bias": False,
-                                      "mlp_bias": False, "pretraining_tp": 1, "bos_token_id": 128000,
-                                      "tie_word_embeddings": False}),  # the keys of the Llama-3.1 EAGLE-3 configs
+    "eagle3-llama3-rope": (
+        "eagle3",
+        {
+            "rope_scaling": LLAMA3,
+            "rope_theta": 500000.0,
+            "attention_bias": False,
+            "mlp_bias": False,
+            "pretraining_tp": 1,
+            "bos_token_id": 128000,
+            "tie_word_embeddings": False,
+        },
+    ),  # the keys of the Llama-3.1 EAGLE-3 configs
     "eagle1-llama3-rope": ("eagle1", {"rope_scaling": LLAMA3}),
-    "eagle3-yarn-rope": ("eagle3", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0,
-                                                     "original_max_position_embeddings": 16}}),
+    "eagle3-yarn-rope": (
+        "eagle3",
+        {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}},
+    ),
     "eagle1-linear-rope": ("eagle1", {"rope_scaling": {"type": "linear", "factor": 2.0}}),
-    "eagle1-dynamic-rope": ("eagle1", {"rope_scaling": {"type": "dynamic", "factor": 2.0},
-                                       "max_position_embeddings": 4}),  # the prompt passes 4 positions
+    "eagle1-dynamic-rope": (
+        "eagle1",
+        {"rope_scaling": {"type": "dynamic", "factor": 2.0}, "max_position_embeddings": 4},
+    ),  # the prompt passes 4 positions
     "eagle1-sharded-safetensors": ("eagle1", {"fmt": "safetensors-sharded"}),
     "eagle3-sharded-bin": ("eagle3", {"fmt": "bin-sharded"}),
 }
@@ -459,8 +531,9 @@ def test_two_draft_steps_equal_the_published_math(tmp_path, variant):
     assert torch.allclose(block.hidden_states, torch.stack([out[-1], out2[-1]]), atol=1e-5)
 
 
-@pytest.mark.parametrize("variant", ["eagle1-qkv-bias", "eagle3-llama3-rope", "eagle1-dynamic-rope",
-                                     "eagle3-yarn-rope"])
+@pytest.mark.parametrize(
+    "variant", ["eagle1-qkv-bias", "eagle3-llama3-rope", "eagle1-dynamic-rope", "eagle3-yarn-rope"]
+)
 def test_each_variant_changes_the_draft(tmp_path, variant):
     """The variants matter: the same weights drafted without the bias or the scaling differ (so the
     equality above could not hold by ignoring them)."""
@@ -499,11 +572,15 @@ def test_the_target_pass_returns_the_declared_layers_inputs():
 HF_VOCAB, HF_PROMPT = 16, [3, 7, 11, 5]
 
 
-@pytest.mark.parametrize("layout,tree,samples", [
-    pytest.param("eagle1", None, 800, marks=pytest.mark.slow),  # sampled chains: q from the target's head
-    ("eagle1", "{topk: 2, depth: 3, nodes: 3}", 600),  # top-k children: point masses; 3 of 4 sent
-    ("eagle3", None, 300),  # the draft's own head: q = 0 outside its 12-token vocabulary
-], ids=["eagle1-chain", "eagle1-tree", "eagle3-chain"])
+@pytest.mark.parametrize(
+    "layout,tree,samples",
+    [
+        pytest.param("eagle1", None, 800, marks=pytest.mark.slow),  # sampled chains: q from the target's head
+        ("eagle1", "{topk: 2, depth: 3, nodes: 3}", 600),  # top-k children: point masses; 3 of 4 sent
+        ("eagle3", None, 300),  # the draft's own head: q = 0 outside its 12-token vocabulary
+    ],
+    ids=["eagle1-chain", "eagle1-tree", "eagle3-chain"],
+)
 def test_sampling_matches_the_target_distribution(tmp_path, layout, tree, samples):
     with single_thread():
         if layout == "eagle1":
@@ -512,9 +589,18 @@ def test_sampling_matches_the_target_distribution(tmp_path, layout, tree, sample
         else:  # seven layers, the fewest EAGLE-3 reads three distinct layers of
             target_model = tiny_llama(0, vocab=HF_VOCAB, layers=7, scale=25.0)
             folder = write_eagle3(tmp_path / "ckpt", target_model, draft_vocab=12)
-        engine = engine_for(target_model, folder, stop="{name: fixed, gamma: 2}", tree=tree, eos=False,
-                            extra=["sampling.temperature=1.0", "strategy.verifier={name: speculative_sampling}",
-                                   "generation.ignore_eos=true"])
+        engine = engine_for(
+            target_model,
+            folder,
+            stop="{name: fixed, gamma: 2}",
+            tree=tree,
+            eos=False,
+            extra=[
+                "sampling.temperature=1.0",
+                "strategy.verifier={name: speculative_sampling}",
+                "generation.ignore_eos=true",
+            ],
+        )
         outputs, steps = sample_outputs(engine, HF_PROMPT, samples)
         expected = exact_continuation_probs(adapter(target_model, eos=False), HF_PROMPT, LENGTH, engine.sampling)
         p_value = chisquare_pvalue(outputs, expected)
@@ -543,8 +629,13 @@ def test_pacer_runs_with_a_pre_verifier_trained_for_the_pair(tmp_path, layout):
     mb = write_checkpoint(tmp_path / "mb", HIDDEN, target_digest="aaaa", draft_identity=identity)
     prompt = [1, 7, 9, 7, 9, 7, 3, 4]
     for tree in (None, TREE):
-        engine = engine_for(target_model, folder, stop=f"{{name: pacer, checkpoint: '{mb}', t0: 0.0, t_max: 0.0}}",
-                            tree=tree, digest="aaaa")
+        engine = engine_for(
+            target_model,
+            folder,
+            stop=f"{{name: pacer, checkpoint: '{mb}', t0: 0.0, t_max: 0.0}}",
+            tree=tree,
+            digest="aaaa",
+        )
         result = engine.generate(prompt, max_new_tokens=16)
         assert result.tokens == reference_greedy(target_model, prompt, 16)
         assert result.metrics["drafted"] > 0
@@ -582,8 +673,15 @@ def test_a_checkpoint_for_another_hidden_size_or_vocabulary_is_refused(tmp_path)
     assert "at least 7 decoder layers" in refusal(tiny_llama(0, layers=4), write_eagle3(tmp_path / "short", small, 40))
 
 
-@pytest.mark.parametrize("layout,drop", [("eagle1", "layers.0.mlp.up_proj.weight"), ("eagle1", "fc.bias"),
-                                         ("eagle3", "midlayer.hidden_norm.weight"), ("eagle3", "d2t")])
+@pytest.mark.parametrize(
+    "layout,drop",
+    [
+        ("eagle1", "layers.0.mlp.up_proj.weight"),
+        ("eagle1", "fc.bias"),
+        ("eagle3", "midlayer.hidden_norm.weight"),
+        ("eagle3", "d2t"),
+    ],
+)
 def test_a_missing_tensor_is_refused(tmp_path, layout, drop):
     if layout == "eagle1":
         target_model = tiny_llama(0)
@@ -637,8 +735,9 @@ def test_an_unreadable_file_is_refused(tmp_path):
 def test_context_vocab_is_refused_for_a_head_of_the_whole_vocabulary(tmp_path):
     target_model = tiny_llama(0)
     folder = write_eagle1(tmp_path / "ckpt", target_model)
-    with pytest.raises(InputError, match="context_vocab=true needs a draft whose head is a subset.*leave "
-                                         "context_vocab unset"):
+    with pytest.raises(
+        InputError, match="context_vocab=true needs a draft whose head is a subset.*leave context_vocab unset"
+    ):
         engine_for(target_model, folder, extra=["strategy.drafter.context_vocab=true"])
     engine_for(target_model, folder, extra=["strategy.drafter.context_vocab=false"])
     # the priors apply to any head when set, and are off by default for published checkpoints
@@ -651,20 +750,23 @@ def test_context_vocab_is_refused_for_a_head_of_the_whole_vocabulary(tmp_path):
     assert set(drafter.vocab[drafter.bias == 1.0].tolist()) >= {1, 7, 9}
 
 
-@pytest.mark.parametrize("key,value,needle", [
-    ("num_attention_heads", 0, "num_attention_heads must be a whole number ≥ 1, not 0"),
-    ("hidden_size", "abc", "hidden_size must be a whole number ≥ 1, not 'abc'"),
-    ("hidden_size", [576], "hidden_size must be a whole number ≥ 1, not [576]"),
-    ("intermediate_size", -5, "intermediate_size must be a whole number ≥ 1, not -5"),
-    ("rope_theta", "fast", "rope_theta must be a number > 0, not 'fast'"),
-    ("num_key_value_heads", 3, "num_attention_heads (4) must be a multiple of num_key_value_heads (3)"),
-    ("head_dim", 7, "head_dim must be even"),
-    ("rms_norm_eps", float("nan"), "rms_norm_eps must be a number > 0"),
-    ("bias", "yes", "bias must be true or false, not 'yes'"),
-    ("qkv_bias", 1, "qkv_bias must be true or false, not 1"),
-    ("num_hidden_layers", 1.5, "num_hidden_layers must be a whole number ≥ 1, not 1.5"),
-    ("vocab_size", True, "vocab_size must be a whole number ≥ 1, not True"),
-])
+@pytest.mark.parametrize(
+    "key,value,needle",
+    [
+        ("num_attention_heads", 0, "num_attention_heads must be a whole number ≥ 1, not 0"),
+        ("hidden_size", "abc", "hidden_size must be a whole number ≥ 1, not 'abc'"),
+        ("hidden_size", [576], "hidden_size must be a whole number ≥ 1, not [576]"),
+        ("intermediate_size", -5, "intermediate_size must be a whole number ≥ 1, not -5"),
+        ("rope_theta", "fast", "rope_theta must be a number > 0, not 'fast'"),
+        ("num_key_value_heads", 3, "num_attention_heads (4) must be a multiple of num_key_value_heads (3)"),
+        ("head_dim", 7, "head_dim must be even"),
+        ("rms_norm_eps", float("nan"), "rms_norm_eps must be a number > 0"),
+        ("bias", "yes", "bias must be true or false, not 'yes'"),
+        ("qkv_bias", 1, "qkv_bias must be true or false, not 1"),
+        ("num_hidden_layers", 1.5, "num_hidden_layers must be a whole number ≥ 1, not 1.5"),
+        ("vocab_size", True, "vocab_size must be a whole number ≥ 1, not True"),
+    ],
+)
 def test_a_config_value_of_the_wrong_type_is_refused_naming_the_key(tmp_path, key, value, needle):
     target_model = tiny_llama(0)
     folder = write_eagle1(tmp_path / "ckpt", target_model)
@@ -678,21 +780,31 @@ def never_built(*args, **kwargs):
     raise AssertionError("a draft network was built from a config its weights were not checked against")
 
 
-@pytest.mark.parametrize("layout,config,needle", [
-    ("eagle1", {"num_hidden_layers": 1_000_000}, "num_hidden_layers is 1000000, but"),
-    ("eagle1", {"num_hidden_layers": 2}, "holds 1 such layer(s) (layers.N.*)"),
-    ("eagle1", {"intermediate_size": 10 ** 12}, "intermediate_size is 1000000000000, but tensor "
-                                                "'layers.0.mlp.gate_proj.weight' has shape (48, 32)"),
-    ("eagle1", {"num_attention_heads": 10 ** 9, "head_dim": 8}, "num_attention_heads × head_dim is 8000000000"),
-    ("eagle1", {"head_dim": 2 ** 30}, "num_attention_heads × head_dim is 4294967296"),
-    ("eagle1", {"num_key_value_heads": 1, "head_dim": 8}, "num_key_value_heads × head_dim is 8, but tensor "
-                                                          "'layers.0.self_attn.k_proj.weight' has shape (16, 32)"),
-    ("eagle3", {"intermediate_size": 10 ** 12}, "intermediate_size is 1000000000000"),
-    ("eagle3", {"num_attention_heads": 2 ** 20, "head_dim": 2 ** 20}, "num_attention_heads × head_dim"),
-    ("eagle3", {"draft_vocab_size": 60}, "draft_vocab_size is 60, but tensor 'lm_head.weight' has shape (40, 32)"),
-])
-def test_a_config_size_its_weights_do_not_hold_is_refused_before_anything_is_built(tmp_path, monkeypatch, layout,
-                                                                                   config, needle):
+@pytest.mark.parametrize(
+    "layout,config,needle",
+    [
+        ("eagle1", {"num_hidden_layers": 1_000_000}, "num_hidden_layers is 1000000, but"),
+        ("eagle1", {"num_hidden_layers": 2}, "holds 1 such layer(s) (layers.N.*)"),
+        (
+            "eagle1",
+            {"intermediate_size": 10**12},
+            "intermediate_size is 1000000000000, but tensor 'layers.0.mlp.gate_proj.weight' has shape (48, 32)",
+        ),
+        ("eagle1", {"num_attention_heads": 10**9, "head_dim": 8}, "num_attention_heads × head_dim is 8000000000"),
+        ("eagle1", {"head_dim": 2**30}, "num_attention_heads × head_dim is 4294967296"),
+        (
+            "eagle1",
+            {"num_key_value_heads": 1, "head_dim": 8},
+            "num_key_value_heads × head_dim is 8, but tensor 'layers.0.self_attn.k_proj.weight' has shape (16, 32)",
+        ),
+        ("eagle3", {"intermediate_size": 10**12}, "intermediate_size is 1000000000000"),
+        ("eagle3", {"num_attention_heads": 2**20, "head_dim": 2**20}, "num_attention_heads × head_dim"),
+        ("eagle3", {"draft_vocab_size": 60}, "draft_vocab_size is 60, but tensor 'lm_head.weight' has shape (40, 32)"),
+    ],
+)
+def test_a_config_size_its_weights_do_not_hold_is_refused_before_anything_is_built(
+    tmp_path, monkeypatch, layout, config, needle
+):
     """Every size in a downloaded config.json is compared with the tensors before a network is built
     from it: a config asking for a million layers or a terabyte matrix is one line naming the key,
     never an allocation (building anything here fails the test)."""
@@ -708,27 +820,36 @@ def test_a_config_size_its_weights_do_not_hold_is_refused_before_anything_is_bui
     assert needle in message and "config.json" in message and "do not belong together" in message
 
 
-@pytest.mark.parametrize("layout,config,needle", [
-    ("eagle3", {"rope_scaling": {"rope_type": "longrope", "factor": 2.0}},
-     "rope_scaling type 'longrope' is not supported"),
-    ("eagle1", {"rope_scaling": {"type": "linear"}}, "rope_scaling has no 'factor'"),
-    ("eagle1", {"rope_scaling": {"type": "linear", "factor": "x"}}, "rope_scaling factor must be a number > 0"),
-    ("eagle3", {"rope_scaling": {**LLAMA3, "beta_fast": 2}}, "rope_scaling key 'beta_fast' is not supported"),
-    ("eagle3", {"rope_scaling": "llama3"}, "rope_scaling must be an object"),
-    ("eagle1", {"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported"),
-    ("eagle1", {"attention_bias": True}, "attention_bias: True is not supported"),
-    ("eagle1", {"mlp_bias": True}, "mlp_bias: True is not supported"),
-    ("eagle1", {"partial_rotary_factor": 0.5}, "partial_rotary_factor 0.5 is not supported"),
-    ("eagle3", {"qkv_bias": True}, "qkv_bias: True is not supported"),
-    ("eagle3", {"num_hidden_layers": 2}, "only one-layer EAGLE-3 drafts"),
-    ("eagle3", {"draft_vocab_size": 80}, "draft_vocab_size (80) exceeds vocab_size (64)"),
-    ("eagle3", {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 4]}},
-     "eagle_config.eagle_aux_hidden_state_layer_ids [1, 3, 4] is not supported"),
-    ("eagle3", {"eagle_aux_hidden_state_layer_ids": [2, 4, 5]}, "remove the key if the draft was trained on those"),
-    ("eagle3", {"eagle_config": {"use_aux_hidden_state": False}}, "use_aux_hidden_state: false"),
-    ("eagle1", {"speculative_token_map": "../map.pt"}, "speculative_token_map must name a file beside"),
-    ("eagle1", {"speculative_token_map": "map.pt"}, "map.pt' (the config's speculative_token_map) is missing"),
-])
+@pytest.mark.parametrize(
+    "layout,config,needle",
+    [
+        (
+            "eagle3",
+            {"rope_scaling": {"rope_type": "longrope", "factor": 2.0}},
+            "rope_scaling type 'longrope' is not supported",
+        ),
+        ("eagle1", {"rope_scaling": {"type": "linear"}}, "rope_scaling has no 'factor'"),
+        ("eagle1", {"rope_scaling": {"type": "linear", "factor": "x"}}, "rope_scaling factor must be a number > 0"),
+        ("eagle3", {"rope_scaling": {**LLAMA3, "beta_fast": 2}}, "rope_scaling key 'beta_fast' is not supported"),
+        ("eagle3", {"rope_scaling": "llama3"}, "rope_scaling must be an object"),
+        ("eagle1", {"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported"),
+        ("eagle1", {"attention_bias": True}, "attention_bias: True is not supported"),
+        ("eagle1", {"mlp_bias": True}, "mlp_bias: True is not supported"),
+        ("eagle1", {"partial_rotary_factor": 0.5}, "partial_rotary_factor 0.5 is not supported"),
+        ("eagle3", {"qkv_bias": True}, "qkv_bias: True is not supported"),
+        ("eagle3", {"num_hidden_layers": 2}, "only one-layer EAGLE-3 drafts"),
+        ("eagle3", {"draft_vocab_size": 80}, "draft_vocab_size (80) exceeds vocab_size (64)"),
+        (
+            "eagle3",
+            {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 4]}},
+            "eagle_config.eagle_aux_hidden_state_layer_ids [1, 3, 4] is not supported",
+        ),
+        ("eagle3", {"eagle_aux_hidden_state_layer_ids": [2, 4, 5]}, "remove the key if the draft was trained on those"),
+        ("eagle3", {"eagle_config": {"use_aux_hidden_state": False}}, "use_aux_hidden_state: false"),
+        ("eagle1", {"speculative_token_map": "../map.pt"}, "speculative_token_map must name a file beside"),
+        ("eagle1", {"speculative_token_map": "map.pt"}, "map.pt' (the config's speculative_token_map) is missing"),
+    ],
+)
 def test_an_unsupported_key_is_refused_by_name(tmp_path, layout, config, needle):
     if layout == "eagle3":
         target_model = eagle3_target()
@@ -747,8 +868,11 @@ def test_a_damaged_shard_index_is_refused(tmp_path):
     (folder / "model-00002-of-00002.safetensors").unlink()
     assert "names shard 'model-00002-of-00002.safetensors', which is missing" in refusal(target_model, folder)
     folder = write_eagle1(tmp_path / "moved", target_model, fmt="safetensors-sharded")
-    data["weight_map"]["fc.weight"] = "model-00002-of-00002.safetensors" \
-        if data["weight_map"]["fc.weight"].startswith("model-00001") else "model-00001-of-00002.safetensors"
+    data["weight_map"]["fc.weight"] = (
+        "model-00002-of-00002.safetensors"
+        if data["weight_map"]["fc.weight"].startswith("model-00001")
+        else "model-00001-of-00002.safetensors"
+    )
     (folder / "model.safetensors.index.json").write_text(json.dumps(data))
     assert "places tensor 'fc.weight' in" in refusal(target_model, folder)
     data["weight_map"]["fc.weight"] = "../elsewhere.safetensors"
@@ -775,17 +899,27 @@ def test_the_command_line_refuses_a_bad_config_value_in_one_line_exit_2(tmp_path
     target_model.save_pretrained(tmp_path / "target")
     words = Tokenizer(models.WordLevel({f"w{i}": i for i in range(VOCAB)}, unk_token="w0"))
     words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=words, unk_token="w0", pad_token="w0", bos_token="w1",
-                            eos_token="w2").save_pretrained(tmp_path / "target")
+    PreTrainedTokenizerFast(
+        tokenizer_object=words, unk_token="w0", pad_token="w0", bos_token="w1", eos_token="w2"
+    ).save_pretrained(tmp_path / "target")
     folder = write_eagle1(tmp_path / "ckpt", target_model)
-    argv = ["generate", "-p", "w5 w7 w9 w7", "-n", "4", f"target.path={tmp_path / 'target'}",
-            f"strategy.drafter={{name: eagle, path: '{folder}'}}"]
+    argv = [
+        "generate",
+        "-p",
+        "w5 w7 w9 w7",
+        "-n",
+        "4",
+        f"target.path={tmp_path / 'target'}",
+        f"strategy.drafter={{name: eagle, path: '{folder}'}}",
+    ]
     code, _, err = run_cli(argv, capsys)
     assert code == 0, err
     config = json.loads((folder / "config.json").read_text())
-    for key, value, needle in (("num_attention_heads", 0, "num_attention_heads must be a whole number ≥ 1, not 0"),
-                               ("rope_theta", "fast", "rope_theta must be a number > 0, not 'fast'"),
-                               ("rope_scaling", {"rope_type": "longrope"}, "rope_scaling type 'longrope'")):
+    for key, value, needle in (
+        ("num_attention_heads", 0, "num_attention_heads must be a whole number ≥ 1, not 0"),
+        ("rope_theta", "fast", "rope_theta must be a number > 0, not 'fast'"),
+        ("rope_scaling", {"rope_type": "longrope"}, "rope_scaling type 'longrope'"),
+    ):
         (folder / "config.json").write_text(json.dumps({**config, key: value}))
         code, _, err = run_cli(argv, capsys)
         assert_one_line_error(code, err, needle, "config.json")
@@ -798,11 +932,15 @@ def test_an_eagle1_token_map_restricts_the_draft_and_a_bad_one_is_refused(tmp_pa
     drafter = drafter_of(engine_for(target_model, folder))
     assert drafter.subset.tolist() == [5, 3, 9, 7, 1] and drafter.draft_info.identity.startswith("eagle1:")
     prompt = [1, 7, 9, 7, 9, 7]
-    assert engine_for(target_model, folder).generate(prompt, max_new_tokens=12).tokens == \
-        reference_greedy(target_model, prompt, 12)
-    for content, needle in (([5, 5], "one id twice"), ([70], "outside the target's 64 tokens"),
-                            (torch.rand(4), "does not hold a list of token ids"),
-                            ({"ids": [1]}, "does not hold a list of token ids")):
+    assert engine_for(target_model, folder).generate(prompt, max_new_tokens=12).tokens == reference_greedy(
+        target_model, prompt, 12
+    )
+    for content, needle in (
+        ([5, 5], "one id twice"),
+        ([70], "outside the target's 64 tokens"),
+        (torch.rand(4), "does not hold a list of token ids"),
+        ({"ids": [1]}, "does not hold a list of token ids"),
+    ):
         torch.save(content, folder / "map.pt")
         assert needle in refusal(target_model, folder)
     marker = tmp_path / "planted"

@@ -34,7 +34,10 @@ class ProbeDrafter:
             self.draft_info = info
         else:  # what drafters used to hand on through getattr
             self.draft_identity, self.stop_thresholds, self.target_layers = (
-                info.identity, dict(info.stop_thresholds), info.target_layers)
+                info.identity,
+                dict(info.stop_thresholds),
+                info.target_layers,
+            )
 
     @hookimpl
     def pacer_propose(self, state, draft, num_tokens):
@@ -60,9 +63,12 @@ class Recorder:
 class ProbePlugin:
     @hookimpl
     def pacer_components(self):
-        return [Component("drafter", "probe", ProbeDrafterConfig, ProbeDrafter, needs={"target_hidden"},
-                          provides={"draft_probs"}),
-                Component("stop", "recorder", RecorderConfig, Recorder)]
+        return [
+            Component(
+                "drafter", "probe", ProbeDrafterConfig, ProbeDrafter, needs={"target_hidden"}, provides={"draft_probs"}
+            ),
+            Component("stop", "recorder", RecorderConfig, Recorder),
+        ]
 
 
 PROBE = ProbePlugin()
@@ -71,8 +77,11 @@ PROBE = ProbePlugin()
 def probe_engine(drafter: str, target=None, draft=None) -> tuple[Engine, object]:
     """An engine of ``drafter`` with the recorder stop; returns it and the recorder's Resources."""
     Recorder.built.clear()
-    plan = load_plan(overrides=[f"strategy.drafter={drafter}", "strategy.stop=[{name: recorder}]"],
-                     extra_plugins=[PROBE], require_models=False)
+    plan = load_plan(
+        overrides=[f"strategy.drafter={drafter}", "strategy.stop=[{name: recorder}]"],
+        extra_plugins=[PROBE],
+        require_models=False,
+    )
     engine = Engine.build(target or ScriptedLM(16), draft=draft, plan=plan)
     (resources,) = Recorder.built
     return engine, resources
@@ -91,7 +100,8 @@ def test_undeclared_attributes_are_not_read():
     draft = ScriptedLM(16, seed=1)
     draft.digest = "draft-digest"
     engine, resources = probe_engine(
-        "{name: probe, identity: mine, thresholds: {entropy: 0.7}, layers: [0, 1], declared: false}", draft=draft)
+        "{name: probe, identity: mine, thresholds: {entropy: 0.7}, layers: [0, 1], declared: false}", draft=draft
+    )
     assert resources.draft_identity == "draft-digest" and resources.stop_thresholds == {}
     assert engine.target_hidden is True
 
@@ -106,8 +116,7 @@ def test_a_draft_info_of_the_wrong_type_is_refused():
 
 
 def test_hybrid_declares_its_main_members_draft_info():
-    members = ("[{name: probe, identity: mine, thresholds: {entropy: 0.7}, layers: [1]}, "
-               "{name: prompt_lookup}]")
+    members = "[{name: probe, identity: mine, thresholds: {entropy: 0.7}, layers: [1]}, {name: prompt_lookup}]"
     engine, resources = probe_engine(f"{{name: hybrid, members: {members}}}")
     assert resources.draft_identity == "mine" and resources.stop_thresholds == {"entropy": 0.7}
     assert engine.target_hidden == (1,)

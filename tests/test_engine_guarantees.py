@@ -41,8 +41,11 @@ def model(kind: str):
 
 
 def engine(drafter: str, stop: str, overrides=(), draft_kind="partial", extra_plugins=()) -> Engine:
-    cfg = load_config(overrides=[f"strategy.drafter={{name: {drafter}}}", f"strategy.stop=[{stop}]", *overrides],
-                      extra_plugins=extra_plugins, require_models=False)
+    cfg = load_config(
+        overrides=[f"strategy.drafter={{name: {drafter}}}", f"strategy.stop=[{stop}]", *overrides],
+        extra_plugins=extra_plugins,
+        require_models=False,
+    )
     draft = adapter(model(draft_kind)) if drafter == "draft_model" else None
     return Engine.build(adapter(model("target")), draft=draft, cfg=cfg, extra_plugins=extra_plugins)
 
@@ -53,20 +56,23 @@ def plain():
     return engine("prompt_lookup", "{name: fixed, gamma: 2}")
 
 
-@pytest.mark.parametrize("prompt, needles", [
-    ([5.0, 9], ["sequence of int token ids", "item 0 is float 5.0", "convert the ids to int"]),
-    ([5, 9.5], ["item 1 is float 9.5"]),
-    ([True, 9], ["item 0 is bool True"]),
-    (torch.tensor([5.0, 9.0]), ["item 0 is Tensor"]),
-    (b"abc", ["got bytes", "decode the bytes to str"]),
-    (bytearray(b"abc"), ["got bytearray"]),
-    (None, ["must be a str or a sequence of int token ids, got NoneType"]),
-    (7, ["got int", "[7]"]),
-    ({5, 9}, ["got set"]),
-    ("hello", ["no tokenizer", "list of token ids"]),
-    ([], ["prompt is empty"]),
-    ([5, 999], ["must lie in [0, 64)"]),
-])
+@pytest.mark.parametrize(
+    "prompt, needles",
+    [
+        ([5.0, 9], ["sequence of int token ids", "item 0 is float 5.0", "convert the ids to int"]),
+        ([5, 9.5], ["item 1 is float 9.5"]),
+        ([True, 9], ["item 0 is bool True"]),
+        (torch.tensor([5.0, 9.0]), ["item 0 is Tensor"]),
+        (b"abc", ["got bytes", "decode the bytes to str"]),
+        (bytearray(b"abc"), ["got bytearray"]),
+        (None, ["must be a str or a sequence of int token ids, got NoneType"]),
+        (7, ["got int", "[7]"]),
+        ({5, 9}, ["got set"]),
+        ("hello", ["no tokenizer", "list of token ids"]),
+        ([], ["prompt is empty"]),
+        ([5, 999], ["must lie in [0, 64)"]),
+    ],
+)
 def test_bad_prompts_are_input_errors_naming_the_fix(plain, prompt, needles):
     for call in (lambda: plain.generate(prompt, max_new_tokens=4), lambda: plain.encode(prompt)):
         with pytest.raises(InputError) as info:
@@ -77,14 +83,17 @@ def test_bad_prompts_are_input_errors_naming_the_fix(plain, prompt, needles):
             assert needle in message, (needle, message)
 
 
-@pytest.mark.parametrize("budget, needles", [
-    (4.0, ["max_new_tokens must be a positive int, got float 4.0"]),
-    (2.5, ["got float 2.5"]),
-    (True, ["got bool True"]),
-    ("8", ["got str '8'"]),
-    (0, ["max_new_tokens must be positive, got 0"]),
-    (-2, ["must be positive, got -2"]),
-])
+@pytest.mark.parametrize(
+    "budget, needles",
+    [
+        (4.0, ["max_new_tokens must be a positive int, got float 4.0"]),
+        (2.5, ["got float 2.5"]),
+        (True, ["got bool True"]),
+        ("8", ["got str '8'"]),
+        (0, ["max_new_tokens must be positive, got 0"]),
+        (-2, ["must be positive, got -2"]),
+    ],
+)
 def test_bad_budgets_are_input_errors(plain, budget, needles):
     with pytest.raises(InputError) as info:
         plain.generate([5, 9, 13], max_new_tokens=budget)
@@ -123,10 +132,13 @@ def test_integer_ids_of_any_integer_type_are_accepted(plain):
 
 
 # -- threads -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("drafter, stop, overrides", [
-    pytest.param("draft_model", "{name: fixed, gamma: 3}", (), id="greedy-draft_model"),
-    pytest.param("prompt_lookup", "{name: heuristic}", SAMPLING, id="sampling-default-stack"),
-])
+@pytest.mark.parametrize(
+    "drafter, stop, overrides",
+    [
+        pytest.param("draft_model", "{name: fixed, gamma: 3}", (), id="greedy-draft_model"),
+        pytest.param("prompt_lookup", "{name: heuristic}", SAMPLING, id="sampling-default-stack"),
+    ],
+)
 def test_two_threads_sharing_an_engine_get_the_sequential_outputs(drafter, stop, overrides):
     shared = engine(drafter, stop, overrides)
     calls = [(prompt, seed) for seed in (1, 2) for prompt in PROMPTS]
@@ -138,7 +150,7 @@ def test_two_threads_sharing_an_engine_get_the_sequential_outputs(drafter, stop,
     def work(worker: int) -> None:
         try:
             start.wait()
-            for call in calls[worker::2] + calls[1 - worker::2]:  # both threads, overlapping
+            for call in calls[worker::2] + calls[1 - worker :: 2]:  # both threads, overlapping
                 results[worker].append((call, shared.generate(call[0], max_new_tokens=BUDGET, seed=call[1]).tokens))
         except BaseException as exc:  # reported below, with the thread's exception
             errors.append(exc)

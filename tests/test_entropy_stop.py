@@ -67,8 +67,9 @@ def drafted_length(policy, rows: torch.Tensor, tokens: torch.Tensor, block: int 
             return len(draft) if answer.keep is None else min(answer.keep, len(draft))
         if offered >= len(tokens):
             return len(draft)  # the drafter ran out
-        draft = draft.extend(DraftBlock(tokens=tokens[offered:offered + block],
-                                        draft_probs=rows[offered:offered + block]))
+        draft = draft.extend(
+            DraftBlock(tokens=tokens[offered : offered + block], draft_probs=rows[offered : offered + block])
+        )
         offered += block
 
 
@@ -76,8 +77,16 @@ def step(rows: torch.Tensor, tokens: torch.Tensor, accepted: int) -> StepRecord:
     """A scripted step: the draft ``tokens`` (from ``rows``) of which the first ``accepted`` were kept."""
     draft = make_draft(rows, tokens)
     kind = "bonus" if accepted == len(tokens) else "recovered"
-    return StepRecord(index=0, draft=draft, verdict=Verdict(accepted, 0, kind), emitted=(0,),
-                      committed_before=0, draft_s=0.0, verify_s=0.0, draft_forwards=len(tokens))
+    return StepRecord(
+        index=0,
+        draft=draft,
+        verdict=Verdict(accepted, 0, kind),
+        emitted=(0,),
+        committed_before=0,
+        draft_s=0.0,
+        verify_s=0.0,
+        draft_forwards=len(tokens),
+    )
 
 
 def row_with_top(p: float, vocab: int = 8) -> torch.Tensor:
@@ -145,9 +154,12 @@ def brute_force_threshold(probs, accepted, fp_cost, fn_cost):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from([0.05, 0.1, 0.3, 0.35, 0.5, 0.8, 0.9, 1.0]), st.booleans()),
-                min_size=2, max_size=40),
-       st.sampled_from([(1.0, 3.0), (1.0, 1.0), (3.0, 1.0), (0.0, 1.0)]))
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([0.05, 0.1, 0.3, 0.35, 0.5, 0.8, 0.9, 1.0]), st.booleans()), min_size=2, max_size=40
+    ),
+    st.sampled_from([(1.0, 3.0), (1.0, 1.0), (3.0, 1.0), (0.0, 1.0)]),
+)
 def test_confidence_threshold_fit_matches_brute_force(pairs, costs):
     probs, accepted = [p for p, _ in pairs], [int(y) for _, y in pairs]
     fitted = rules.best_confidence_threshold(probs, accepted, *costs)
@@ -170,12 +182,15 @@ def test_confidence_threshold_fit_separates_a_clean_split():
 def test_a_stricter_entropy_threshold_never_drafts_longer(draft, a, b, gamma, max_tokens):
     rows, tokens = draft
     lax, strict = sorted((a, b))
-    lengths = [drafted_length(entropy_policy(threshold=t, gamma=gamma, max_tokens=max_tokens), rows, tokens)
-               for t in (lax, strict)]
+    lengths = [
+        drafted_length(entropy_policy(threshold=t, gamma=gamma, max_tokens=max_tokens), rows, tokens)
+        for t in (lax, strict)
+    ]
     assert lengths[1] <= lengths[0] <= max_tokens
     # a larger γ is stricter too (the bound 1 − sqrt(γ·H) only falls)
-    larger_gamma = drafted_length(entropy_policy(threshold=strict, gamma=gamma * 2, max_tokens=max_tokens),
-                                  rows, tokens)
+    larger_gamma = drafted_length(
+        entropy_policy(threshold=strict, gamma=gamma * 2, max_tokens=max_tokens), rows, tokens
+    )
     assert larger_gamma <= lengths[1]
 
 
@@ -193,8 +208,9 @@ def test_a_stricter_svip_threshold_never_drafts_longer(draft, a, b, max_tokens):
 def test_a_stricter_confidence_threshold_never_drafts_longer(draft, a, b, max_tokens):
     rows, tokens = draft
     lax, strict = sorted((a, b))
-    lengths = [drafted_length(confidence_policy(threshold=t, max_tokens=max_tokens), rows, tokens)
-               for t in (lax, strict)]
+    lengths = [
+        drafted_length(confidence_policy(threshold=t, max_tokens=max_tokens), rows, tokens) for t in (lax, strict)
+    ]
     assert lengths[1] <= lengths[0] <= max_tokens
 
 
@@ -203,8 +219,10 @@ def test_a_stricter_confidence_threshold_never_drafts_longer(draft, a, b, max_to
 def test_blocks_of_several_tokens_are_judged_like_single_tokens(draft, threshold, block, max_tokens):
     """A drafter returning several tokens per call is trimmed after the first flagged token."""
     rows, tokens = draft
-    for make in (lambda: entropy_policy(threshold=threshold, max_tokens=max_tokens),
-                 lambda: confidence_policy(threshold=threshold, max_tokens=max_tokens)):
+    for make in (
+        lambda: entropy_policy(threshold=threshold, max_tokens=max_tokens),
+        lambda: confidence_policy(threshold=threshold, max_tokens=max_tokens),
+    ):
         assert drafted_length(make(), rows, tokens, block) == drafted_length(make(), rows, tokens, 1)
 
 
@@ -286,8 +304,9 @@ def confidence_after(pairs, **options) -> Confidence:
     """A confidence policy that observed one-token steps with the given (p, accepted) pairs."""
     policy = confidence_policy(**options)
     for p, accepted in pairs:
-        policy.pacer_observe_step(state=None, step=step(row_with_top(p)[None], torch.zeros(1, dtype=torch.long),
-                                                        accepted=int(accepted)))
+        policy.pacer_observe_step(
+            state=None, step=step(row_with_top(p)[None], torch.zeros(1, dtype=torch.long), accepted=int(accepted))
+        )
     return policy
 
 
@@ -348,8 +367,9 @@ def test_confidence_keeps_its_threshold_but_not_its_pairs_across_prompts():
     assert sampled.threshold == 0.4 and sampled.probs == []
     # a new prompt's pairs alone decide the next fit (the old ones are gone)
     for p, accepted in [(0.3, 1), (0.2, 1), (0.1, 0), (0.6, 1), (0.5, 1), (0.4, 1)]:
-        kept.pacer_observe_step(state=None, step=step(row_with_top(p)[None], torch.zeros(1, dtype=torch.long),
-                                                      accepted=accepted))
+        kept.pacer_observe_step(
+            state=None, step=step(row_with_top(p)[None], torch.zeros(1, dtype=torch.long), accepted=accepted)
+        )
     assert kept.threshold == pytest.approx(0.2)
 
 
@@ -360,21 +380,26 @@ def test_a_model_free_drafter_is_refused_in_one_line(name):
         load_config(overrides=[f"strategy.stop=[{{name: {name}}}]"])  # default drafter: prompt_lookup
     assert str(caught.value) == (
         f"strategy.stop[0]: stop '{name}' reads the draft's probabilities, which drafter 'prompt_lookup' "
-        "does not provide; use a drafter that does (dflash, draft_model, eagle, ouroboros, pard)")
+        "does not provide; use a drafter that does (dflash, draft_model, eagle, ouroboros, pard)"
+    )
 
 
-@pytest.mark.parametrize("entry, words", [
-    ("{name: entropy, threshold: 1.5}", "threshold"),
-    ("{name: entropy, gamma: 0}", "gamma"),
-    ("{name: svip, threshold: -0.1}", "threshold"),
-    ("{name: confidence, max_tokens: 0}", "max_tokens"),
-    ("{name: confidence, min_pairs: 1}", "min_pairs"),
-    ("{name: entropy, lambda: 0.3}", "unknown option 'lambda'"),
-])
+@pytest.mark.parametrize(
+    "entry, words",
+    [
+        ("{name: entropy, threshold: 1.5}", "threshold"),
+        ("{name: entropy, gamma: 0}", "gamma"),
+        ("{name: svip, threshold: -0.1}", "threshold"),
+        ("{name: confidence, max_tokens: 0}", "max_tokens"),
+        ("{name: confidence, min_pairs: 1}", "min_pairs"),
+        ("{name: entropy, lambda: 0.3}", "unknown option 'lambda'"),
+    ],
+)
 def test_bad_options_fail_in_load_config(entry, words):
     with pytest.raises(ConfigError, match=words):
-        load_config(overrides=["strategy.drafter={name: draft_model}", f"strategy.stop=[{entry}]"],
-                    require_models=False)
+        load_config(
+            overrides=["strategy.drafter={name: draft_model}", f"strategy.stop=[{entry}]"], require_models=False
+        )
 
 
 @pytest.mark.parametrize("name", POLICIES)
@@ -395,8 +420,11 @@ BUDGET = 40
 GREEDY_SCALE = 32.0  # the target is peaky: draft entropies and probabilities spread out (greedy_models)
 CAP = 3
 # thresholds pinned for the tiny pair (the shipped defaults are tuned for the embedded one)
-ENTROPY, SVIP, CONFIDENCE = "{name: entropy, threshold: 0.4}", "{name: svip, threshold: 0.6}", \
-    "{name: confidence, threshold: 0.4, adapt: true}"
+ENTROPY, SVIP, CONFIDENCE = (
+    "{name: entropy, threshold: 0.4}",
+    "{name: svip, threshold: 0.6}",
+    "{name: confidence, threshold: 0.4, adapt: true}",
+)
 STACKS = {
     "entropy": ENTROPY,
     "svip": SVIP,
@@ -430,8 +458,14 @@ class DraftLog:
 @pytest.mark.parametrize("stack", list(STACKS), ids=str)
 def test_greedy_output_is_the_targets_greedy_decoding(stack, greedy_models):
     target, draft, references = greedy_models
-    cfg = load_config(overrides=["strategy.drafter={name: draft_model}", "strategy.verifier={name: greedy}",
-                                 f"strategy.stop=[{STACKS[stack]}]"], require_models=False)
+    cfg = load_config(
+        overrides=[
+            "strategy.drafter={name: draft_model}",
+            "strategy.verifier={name: greedy}",
+            f"strategy.stop=[{STACKS[stack]}]",
+        ],
+        require_models=False,
+    )
     log = DraftLog()
     engine = Engine.build(adapter(target, eos=False), draft=adapter(draft, eos=False), cfg=cfg, extra_plugins=[log])
     with single_thread():
@@ -455,9 +489,14 @@ def test_greedy_output_is_the_targets_greedy_decoding(stack, greedy_models):
 
 def test_greedy_with_the_sampling_verifier_at_temperature_zero(greedy_models):
     target, draft, references = greedy_models
-    cfg = load_config(overrides=["strategy.drafter={name: draft_model}",
-                                 "strategy.verifier={name: speculative_sampling}",
-                                 f"strategy.stop=[{ENTROPY}, {CONFIDENCE}]"], require_models=False)
+    cfg = load_config(
+        overrides=[
+            "strategy.drafter={name: draft_model}",
+            "strategy.verifier={name: speculative_sampling}",
+            f"strategy.stop=[{ENTROPY}, {CONFIDENCE}]",
+        ],
+        require_models=False,
+    )
     engine = Engine.build(adapter(target, eos=False), draft=adapter(draft, eos=False), cfg=cfg)
     with single_thread():
         result = engine.generate(PROMPTS[0], max_new_tokens=BUDGET)
@@ -472,10 +511,10 @@ DISTRIBUTION_CASES = [
     pytest.param("{name: entropy, threshold: 0.43}", 5_000, id="entropy"),
     pytest.param("{name: confidence}", 5_000, id="confidence"),
     pytest.param("{name: svip, threshold: 0.57}", 20_000, id="svip", marks=pytest.mark.slow),
-    pytest.param("{name: entropy, threshold: 0.43}, {name: fixed, gamma: 2}", 20_000, id="entropy+fixed2",
-                 marks=pytest.mark.slow),
-    pytest.param("{name: confidence, adapt: false}", 20_000, id="confidence-fixed-threshold",
-                 marks=pytest.mark.slow),
+    pytest.param(
+        "{name: entropy, threshold: 0.43}, {name: fixed, gamma: 2}", 20_000, id="entropy+fixed2", marks=pytest.mark.slow
+    ),
+    pytest.param("{name: confidence, adapt: false}", 20_000, id="confidence-fixed-threshold", marks=pytest.mark.slow),
 ]
 
 

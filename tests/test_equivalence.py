@@ -104,7 +104,7 @@ class CacheInvariants:
         if not last_step:
             assert len(state.tokens) - len(cached) == 1
         assert step.verdict.nodes(step.draft) == step.draft.path_nodes[: step.verdict.accepted]
-        assert list(step.emitted) == state.tokens[step.committed_before:]
+        assert list(step.emitted) == state.tokens[step.committed_before :]
         kept = min(step.verdict.accepted, len(step.emitted))
         assert list(step.emitted[:kept]) == step.draft.tokens[:kept].tolist()
         budget_before = state.max_new_tokens - (step.committed_before - state.prompt_length)
@@ -134,17 +134,22 @@ class InvariantsPlugin:
         return checker
 
 
-def build(drafter: str, draft_kind, stop: str, verifier: str, *, target_kind: str = "target",
-          overrides=()) -> tuple[Engine, CacheInvariants]:
+def build(
+    drafter: str, draft_kind, stop: str, verifier: str, *, target_kind: str = "target", overrides=()
+) -> tuple[Engine, CacheInvariants]:
     """An engine on the tiny models with the invariant checker; ``stop`` names an entry of STOPS."""
     plugin = InvariantsPlugin()
-    cfg = load_config(overrides=[
-        f"strategy.drafter={{name: {drafter}}}",
-        f"strategy.stop=[{STOPS[stop]}]",
-        f"strategy.verifier={{name: {verifier}}}",
-        "strategy.observers=[{name: metrics}, {name: cache_invariants}]",
-        *overrides,
-    ], extra_plugins=[plugin], require_models=False)
+    cfg = load_config(
+        overrides=[
+            f"strategy.drafter={{name: {drafter}}}",
+            f"strategy.stop=[{STOPS[stop]}]",
+            f"strategy.verifier={{name: {verifier}}}",
+            "strategy.observers=[{name: metrics}, {name: cache_invariants}]",
+            *overrides,
+        ],
+        extra_plugins=[plugin],
+        require_models=False,
+    )
     draft = adapter(model(draft_kind)) if draft_kind else None
     engine = Engine.build(adapter(model(target_kind)), draft=draft, cfg=cfg, extra_plugins=[plugin])
     (checker,) = plugin.built
@@ -162,8 +167,9 @@ def check_metrics(result, prompt: list[int], records) -> None:
     assert (m["drafted"], m["accepted"]) == (drafted, accepted)
     assert m["acceptance_rate"] == pytest.approx(accepted / drafted if drafted else 0.0)
     longest = max((r.drafted for r in records), default=0)
-    per_position = [sum(r.verdict.accepted > i for r in records) / sum(r.drafted > i for r in records)
-                    for i in range(longest)]
+    per_position = [
+        sum(r.verdict.accepted > i for r in records) / sum(r.drafted > i for r in records) for i in range(longest)
+    ]
     assert m["per_position_acceptance"] == pytest.approx(per_position)
     assert m["mean_accepted_length"] == pytest.approx(len(result.tokens) / m["steps"])
     assert m["target_forwards"] == m["steps"]  # one per step: step 0's also prefills the prompt
@@ -203,11 +209,14 @@ def test_greedy_sd_equals_generate(drafter, draft_kind, stop, verifier):
 
 
 @pytest.mark.parametrize("budget", [1, 2, 4, 7, 11])
-@pytest.mark.parametrize("drafter, draft_kind", [
-    pytest.param("draft_model", "same", id="draft_model-same"),
-    pytest.param("draft_model", "partial", id="draft_model-partial"),
-    pytest.param("prompt_lookup", None, id="prompt_lookup"),
-])
+@pytest.mark.parametrize(
+    "drafter, draft_kind",
+    [
+        pytest.param("draft_model", "same", id="draft_model-same"),
+        pytest.param("draft_model", "partial", id="draft_model-partial"),
+        pytest.param("prompt_lookup", None, id="prompt_lookup"),
+    ],
+)
 def test_budget_ending_inside_the_draft(drafter, draft_kind, budget):
     """γ = 4 drafts emit up to 5 tokens; budgets that are not multiples of 5 end inside a step."""
     engine, checker = build(drafter, draft_kind, "fixed4", "speculative_sampling")
@@ -265,8 +274,14 @@ def test_eos_inside_the_draft_stops_like_generate(drafter, draft_kind, stop, ver
 
 
 def test_ignore_eos_decodes_the_whole_budget():
-    engine, checker = build("draft_model", "eos_same", "fixed3", "greedy", target_kind="eos_target",
-                            overrides=["generation.ignore_eos=true"])
+    engine, checker = build(
+        "draft_model",
+        "eos_same",
+        "fixed3",
+        "greedy",
+        target_kind="eos_target",
+        overrides=["generation.ignore_eos=true"],
+    )
     prompt = EOS_PROMPTS["repetitive"]
     result = engine.generate(prompt, max_new_tokens=BUDGET)
     assert result.tokens == list(reference("eos_target", tuple(prompt), BUDGET, eos=False))
@@ -279,19 +294,21 @@ def test_ignore_eos_decodes_the_whole_budget():
 SAMPLING = ["sampling.temperature=0.8", "sampling.top_k=20", "sampling.top_p=0.9"]
 
 
-@pytest.mark.parametrize("drafter, draft_kind", [
-    pytest.param("autoregressive", None, id="autoregressive"),
-    pytest.param("prompt_lookup", None, id="prompt_lookup"),
-    pytest.param("draft_model", "partial", id="draft_model-partial"),
-])
+@pytest.mark.parametrize(
+    "drafter, draft_kind",
+    [
+        pytest.param("autoregressive", None, id="autoregressive"),
+        pytest.param("prompt_lookup", None, id="prompt_lookup"),
+        pytest.param("draft_model", "partial", id="draft_model-partial"),
+    ],
+)
 def test_seeded_sampling_is_deterministic(drafter, draft_kind):
     prompt = PROMPTS["repetitive"]
     engine, checker = build(drafter, draft_kind, "fixed3", "speculative_sampling", overrides=SAMPLING)
     first = engine.generate(prompt, max_new_tokens=BUDGET, seed=5)
     check_metrics(first, prompt, checker.records)
     assert engine.generate(prompt, max_new_tokens=BUDGET, seed=5).tokens == first.tokens
-    fresh, _ = build(drafter, draft_kind, "fixed3", "speculative_sampling",
-                     overrides=SAMPLING + ["sampling.seed=5"])
+    fresh, _ = build(drafter, draft_kind, "fixed3", "speculative_sampling", overrides=SAMPLING + ["sampling.seed=5"])
     assert fresh.generate(prompt, max_new_tokens=BUDGET).tokens == first.tokens  # the config's seed
     others = {tuple(engine.generate(prompt, max_new_tokens=BUDGET, seed=s).tokens) for s in (6, 7)}
     assert tuple(first.tokens) not in others

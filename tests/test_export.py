@@ -34,8 +34,11 @@ from helpers import (
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM = 32, 4, 2, 8  # tiny_llama's attention layout
 FFN = 64  # the tiny students' intermediate size
 SHIPPED = Path(__file__).resolve().parents[1] / "plugins" / "feature_draft" / "default"
-NO_PRIORS = ["strategy.drafter.context_vocab=false", "strategy.drafter.lookup_bias=[]",
-             "strategy.drafter.corpus_bias=0.0"]  # PACER-side priors: not part of the network, not exported
+NO_PRIORS = [
+    "strategy.drafter.context_vocab=false",
+    "strategy.drafter.lookup_bias=[]",
+    "strategy.drafter.corpus_bias=0.0",
+]  # PACER-side priors: not part of the network, not exported
 
 
 def eagle1_keys(layers: int) -> dict[str, tuple[int, ...]]:
@@ -46,12 +49,18 @@ def eagle1_keys(layers: int) -> dict[str, tuple[int, ...]]:
     keys = {"fc.weight": (HIDDEN, 2 * HIDDEN), "fc.bias": (HIDDEN,)}
     for i in range(layers):
         p = f"layers.{i}."
-        keys.update({p + "self_attn.q_proj.weight": (HEADS * HEAD_DIM, HIDDEN),
-                     p + "self_attn.k_proj.weight": (KV_HEADS * HEAD_DIM, HIDDEN),
-                     p + "self_attn.v_proj.weight": (KV_HEADS * HEAD_DIM, HIDDEN),
-                     p + "self_attn.o_proj.weight": (HIDDEN, HEADS * HEAD_DIM),
-                     p + "mlp.gate_proj.weight": (FFN, HIDDEN), p + "mlp.up_proj.weight": (FFN, HIDDEN),
-                     p + "mlp.down_proj.weight": (HIDDEN, FFN), p + "post_attention_layernorm.weight": (HIDDEN,)})
+        keys.update(
+            {
+                p + "self_attn.q_proj.weight": (HEADS * HEAD_DIM, HIDDEN),
+                p + "self_attn.k_proj.weight": (KV_HEADS * HEAD_DIM, HIDDEN),
+                p + "self_attn.v_proj.weight": (KV_HEADS * HEAD_DIM, HIDDEN),
+                p + "self_attn.o_proj.weight": (HIDDEN, HEADS * HEAD_DIM),
+                p + "mlp.gate_proj.weight": (FFN, HIDDEN),
+                p + "mlp.up_proj.weight": (FFN, HIDDEN),
+                p + "mlp.down_proj.weight": (HIDDEN, FFN),
+                p + "post_attention_layernorm.weight": (HIDDEN,),
+            }
+        )
         if i:
             keys[p + "input_layernorm.weight"] = (HIDDEN,)
     return keys
@@ -62,20 +71,43 @@ def eagle3_keys(draft_vocab: int, vocab: int) -> dict[str, tuple[int, ...]]:
     target layers, ``midlayer`` (``LlamaDecoderLayeremb``: attention over 2d inputs), ``norm``,
     ``lm_head`` over the draft vocabulary and the ``d2t`` / ``t2d`` buffers."""
     m = "midlayer."
-    return {"fc.weight": (HIDDEN, 3 * HIDDEN), m + "hidden_norm.weight": (HIDDEN,),
-            m + "input_layernorm.weight": (HIDDEN,), m + "post_attention_layernorm.weight": (HIDDEN,),
-            m + "self_attn.q_proj.weight": (HEADS * HEAD_DIM, 2 * HIDDEN),
-            m + "self_attn.k_proj.weight": (KV_HEADS * HEAD_DIM, 2 * HIDDEN),
-            m + "self_attn.v_proj.weight": (KV_HEADS * HEAD_DIM, 2 * HIDDEN),
-            m + "self_attn.o_proj.weight": (HIDDEN, HEADS * HEAD_DIM),
-            m + "mlp.gate_proj.weight": (FFN, HIDDEN), m + "mlp.up_proj.weight": (FFN, HIDDEN),
-            m + "mlp.down_proj.weight": (HIDDEN, FFN), "norm.weight": (HIDDEN,),
-            "lm_head.weight": (draft_vocab, HIDDEN), "d2t": (draft_vocab,), "t2d": (vocab,)}
+    return {
+        "fc.weight": (HIDDEN, 3 * HIDDEN),
+        m + "hidden_norm.weight": (HIDDEN,),
+        m + "input_layernorm.weight": (HIDDEN,),
+        m + "post_attention_layernorm.weight": (HIDDEN,),
+        m + "self_attn.q_proj.weight": (HEADS * HEAD_DIM, 2 * HIDDEN),
+        m + "self_attn.k_proj.weight": (KV_HEADS * HEAD_DIM, 2 * HIDDEN),
+        m + "self_attn.v_proj.weight": (KV_HEADS * HEAD_DIM, 2 * HIDDEN),
+        m + "self_attn.o_proj.weight": (HIDDEN, HEADS * HEAD_DIM),
+        m + "mlp.gate_proj.weight": (FFN, HIDDEN),
+        m + "mlp.up_proj.weight": (FFN, HIDDEN),
+        m + "mlp.down_proj.weight": (HIDDEN, FFN),
+        "norm.weight": (HIDDEN,),
+        "lm_head.weight": (draft_vocab, HIDDEN),
+        "d2t": (draft_vocab,),
+        "t2d": (vocab,),
+    }
 
 
-LLAMA_KEYS = {"architectures", "model_type", "hidden_act", "hidden_size", "intermediate_size", "num_attention_heads",
-              "num_key_value_heads", "head_dim", "num_hidden_layers", "max_position_embeddings", "rms_norm_eps",
-              "rope_theta", "vocab_size", "tie_word_embeddings", "torch_dtype", "pacer_export"}
+LLAMA_KEYS = {
+    "architectures",
+    "model_type",
+    "hidden_act",
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "num_hidden_layers",
+    "max_position_embeddings",
+    "rms_norm_eps",
+    "rope_theta",
+    "vocab_size",
+    "tie_word_embeddings",
+    "torch_dtype",
+    "pacer_export",
+}
 
 
 def feature_folder(target_model, folder: Path, extra_layers: int = 0) -> Path:
@@ -128,8 +160,9 @@ def proposals(target_model, folder, tree, extra):
     engine = engine_for(target_model, folder, tree=tree, extra=[*NO_PRIORS, *extra])
     probe = Proposals()
     engine.pm.register(probe)
-    outputs = [engine.generate(prompt, max_new_tokens=20, seed=7).tokens
-               for prompt in ([1, 7, 9, 7, 9, 7], list(range(3, 24)))]
+    outputs = [
+        engine.generate(prompt, max_new_tokens=20, seed=7).tokens for prompt in ([1, 7, 9, 7, 9, 7], list(range(3, 24)))
+    ]
     return outputs, probe.steps
 
 
@@ -218,8 +251,14 @@ def test_the_shipped_draft_drafts_the_same_once_exported_on_the_embedded_target(
     ids = tokenizer.encode("List three fruits and say why each is healthy.")
     runs = []
     for folder in (SHIPPED, tmp_path / "out"):
-        cfg = load_config(overrides=[f"strategy.drafter={{name: eagle, path: '{folder}'}}",
-                                     "strategy.stop=[{name: fixed, gamma: 4}]", *NO_PRIORS], require_models=False)
+        cfg = load_config(
+            overrides=[
+                f"strategy.drafter={{name: eagle, path: '{folder}'}}",
+                "strategy.stop=[{name: fixed, gamma: 4}]",
+                *NO_PRIORS,
+            ],
+            require_models=False,
+        )
         engine = Engine.build(target, tokenizer=tokenizer, cfg=cfg)
         probe = Proposals()
         engine.pm.register(probe)
@@ -243,8 +282,9 @@ def test_the_command_writes_an_export_and_refuses_bad_input_in_one_line(tmp_path
     code, _, err = run_cli(["export", str(tmp_path / "missing"), str(tmp_path / "again")], capsys)
     assert_one_line_error(code, err, "is not a folder")
     for bad in ("0", "-3", str((1 << 20) + 1), "1e30", "x"):
-        code, _, err = run_cli(["export", str(draft), str(tmp_path / "again"), "--max-position-embeddings", bad],
-                               capsys)
+        code, _, err = run_cli(
+            ["export", str(draft), str(tmp_path / "again"), "--max-position-embeddings", bad], capsys
+        )
         assert_one_line_error(code, err, "--max-position-embeddings", "from 1 to 1048576")
     code, _, err = run_cli(["export", str(draft), str(tmp_path / "again"), "--speculators", "--verifier", "t"], capsys)
     assert_one_line_error(code, err, "feature-level (EAGLE-1) draft", "EAGLE-3 drafts only")
@@ -259,8 +299,10 @@ def test_the_command_writes_an_export_and_refuses_bad_input_in_one_line(tmp_path
     assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".partial")]  # written in one rename
 
 
-@pytest.mark.parametrize("engine, name", [("vllm", "EagleLlamaForCausalLM"), ("sglang", "LlamaForCausalLMEagle"),
-                                          ("eagle", "LlamaForCausalLM")])
+@pytest.mark.parametrize(
+    "engine, name",
+    [("vllm", "EagleLlamaForCausalLM"), ("sglang", "LlamaForCausalLMEagle"), ("eagle", "LlamaForCausalLM")],
+)
 def test_the_eagle1_config_names_the_architecture_of_the_engine_asked_for(tmp_path, capsys, engine, name):
     draft = feature_folder(tiny_llama(0), tmp_path / "draft")
     code, _, err = run_cli(["export", str(draft), str(tmp_path / "out"), "--engine", engine], capsys)
@@ -310,11 +352,33 @@ def test_an_eagle3_export_in_the_speculators_format_is_what_vllm_reads_and_draft
     original = eagle3_folder(target_model, tmp_path / "draft")
     code, _, err = run_cli(["export", str(original), str(tmp_path / "out"), "--speculators"], capsys)
     assert_one_line_error(code, err, "--speculators needs --verifier")
-    code, _, err = run_cli(["export", str(original), str(tmp_path / "out"), "--speculators", "--verifier",
-                            "HuggingFaceTB/SmolLM2-135M-Instruct", "--speculative-tokens", "65"], capsys)
+    code, _, err = run_cli(
+        [
+            "export",
+            str(original),
+            str(tmp_path / "out"),
+            "--speculators",
+            "--verifier",
+            "HuggingFaceTB/SmolLM2-135M-Instruct",
+            "--speculative-tokens",
+            "65",
+        ],
+        capsys,
+    )
     assert_one_line_error(code, err, "--speculative-tokens", "from 1 to 64")
-    code, _, err = run_cli(["export", str(original), str(tmp_path / "out"), "--speculators", "--verifier",
-                            "HuggingFaceTB/SmolLM2-135M-Instruct", "--speculative-tokens", "4"], capsys)
+    code, _, err = run_cli(
+        [
+            "export",
+            str(original),
+            str(tmp_path / "out"),
+            "--speculators",
+            "--verifier",
+            "HuggingFaceTB/SmolLM2-135M-Instruct",
+            "--speculative-tokens",
+            "4",
+        ],
+        capsys,
+    )
     assert code == 0, err
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert config["speculators_model_type"] == "eagle3" and config["norm_before_residual"] is False

@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from pacer_plugins.feature_draft.export import INDEX, export_target
+from pacer_plugins.feature_draft.export_target import INDEX, export_target
 
 from helpers import VOCAB, assert_one_line_error, run_cli, tiny_llama
 
@@ -38,8 +38,9 @@ def tiny_target(folder: Path, rope: dict | None = None, shard: str | None = None
     model.save_pretrained(folder, **({"max_shard_size": shard} if shard else {}))
     words = Tokenizer(models.WordLevel({f"w{i}": i for i in range(VOCAB)}, unk_token="w0"))
     words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=words, unk_token="w0", pad_token="w0", bos_token="w1",
-                            eos_token="w2").save_pretrained(folder)
+    PreTrainedTokenizerFast(
+        tokenizer_object=words, unk_token="w0", pad_token="w0", bos_token="w1", eos_token="w2"
+    ).save_pretrained(folder)
     return folder
 
 
@@ -70,9 +71,9 @@ def test_a_target_is_written_for_transformers_4_and_stays_the_same_model(tmp_pat
     source = tiny_target(tmp_path / "target", rope={"rope_type": "default", "rope_theta": 500.0})
     result = export_target(tmp_path / "out", str(source))
     out = tmp_path / "out"
-    assert sorted(p.name for p in out.iterdir()) == sorted(["config.json", "generation_config.json", INDEX,
-                                                            "model.safetensors", "tokenizer.json",
-                                                            "tokenizer_config.json"])
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["config.json", "generation_config.json", INDEX, "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+    )
     config = json.loads((out / "config.json").read_text())
     assert config["rope_theta"] == config["rope_parameters"]["rope_theta"] == result["rope_theta"] == 500.0
     assert "rope_scaling" not in config and config["torch_dtype"] == config["dtype"] == "float32"
@@ -118,8 +119,10 @@ def test_the_embedded_target_is_written_with_its_rope_base_and_gives_its_logits(
     config = json.loads((out / "config.json").read_text())
     embedded = json.loads((materialize(None) / "config.json").read_text())
     assert config["rope_theta"] == embedded["rope_parameters"]["rope_theta"] == 100000.0
-    assert json.loads((out / "tokenizer_config.json").read_text())["chat_template"] == \
-        (out / "chat_template.jinja").read_text()
+    assert (
+        json.loads((out / "tokenizer_config.json").read_text())["chat_template"]
+        == (out / "chat_template.jinja").read_text()
+    )
     assert "/" not in json.loads((out / "pacer-source.json").read_text())["gguf"]  # no path of this machine
     assert_index_matches_shards(out)
     mine, digest = logits(str(out))
@@ -150,8 +153,10 @@ def test_the_command_writes_the_folder_and_refuses_bad_input_in_one_line(tmp_pat
 
     def per_layer_type(folder: Path) -> None:
         config = json.loads((folder / "config.json").read_text())
-        config["rope_parameters"] = {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
-                                     "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
+        config["rope_parameters"] = {
+            "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        }
         (folder / "config.json").write_text(json.dumps(config))
 
     def bin_weights(folder: Path) -> None:
@@ -160,9 +165,11 @@ def test_the_command_writes_the_folder_and_refuses_bad_input_in_one_line(tmp_pat
         torch.save(load_file(str(folder / "model.safetensors")), folder / "pytorch_model.bin")
         (folder / "model.safetensors").unlink()
 
-    cases = [(damaged("layer-types", per_layer_type), ("rope_parameters", "transformers 4")),
-             (damaged("bin", bin_weights), ("no safetensors weights", "convert")),
-             (damaged("no-tokenizer-json", lambda f: (f / "tokenizer.json").unlink()), ("no tokenizer.json",))]
+    cases = [
+        (damaged("layer-types", per_layer_type), ("rope_parameters", "transformers 4")),
+        (damaged("bin", bin_weights), ("no safetensors weights", "convert")),
+        (damaged("no-tokenizer-json", lambda f: (f / "tokenizer.json").unlink()), ("no tokenizer.json",)),
+    ]
     for folder, needles in cases:
         code, _, err = run_cli(["export-target", str(tmp_path / "again"), "--target", str(folder)], capsys)
         assert_one_line_error(code, err, *needles)
@@ -170,14 +177,17 @@ def test_the_command_writes_the_folder_and_refuses_bad_input_in_one_line(tmp_pat
     assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".partial")]  # written in one rename
 
 
-@pytest.mark.parametrize("argv, code, needle", [
-    ([], 3, "no SafeAILab/EAGLE checkout given"),
-    (["--eagle", "{tmp}"], 3, "is not a SafeAILab/EAGLE checkout"),
-    (["--eagle", "{checkout}", "--prompts", "0"], 2, "--prompts: needs a whole number from 1 to 1000"),
-    (["--eagle", "{checkout}", "--frobnicate"], 2, "unrecognized arguments: --frobnicate"),
-    (["--eagle", "{checkout}", "--work", "{foreign}"], 2, "holds files of something else"),
-    (["--eagle", "{checkout}", "--work", "{tmp}/work"], 2, "is the project's environment"),
-])
+@pytest.mark.parametrize(
+    "argv, code, needle",
+    [
+        ([], 3, "no SafeAILab/EAGLE checkout given"),
+        (["--eagle", "{tmp}"], 3, "is not a SafeAILab/EAGLE checkout"),
+        (["--eagle", "{checkout}", "--prompts", "0"], 2, "--prompts: needs a whole number from 1 to 1000"),
+        (["--eagle", "{checkout}", "--frobnicate"], 2, "unrecognized arguments: --frobnicate"),
+        (["--eagle", "{checkout}", "--work", "{foreign}"], 2, "holds files of something else"),
+        (["--eagle", "{checkout}", "--work", "{tmp}/work"], 2, "is the project's environment"),
+    ],
+)
 def test_the_eagle_check_stops_with_the_reason_before_installing_anything(tmp_path, argv, code, needle):
     """scripts/eagle_check.py: one line and the exit code, before anything is installed or written."""
     import sys
@@ -195,8 +205,13 @@ def test_the_eagle_check_stops_with_the_reason_before_installing_anything(tmp_pa
     places = {"{tmp}": str(tmp_path), "{checkout}": str(checkout), "{foreign}": str(foreign)}
     for key, value in places.items():
         argv = [a.replace(key, value) for a in argv]
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "eagle_check.py"), *argv], capture_output=True,
-                          text=True, env=env, timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "eagle_check.py"), *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert done.returncode == code, done.stderr
     assert needle in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert not (tmp_path / "venv").exists() and (foreign / "mine.txt").exists()

@@ -36,14 +36,20 @@ from helpers import (
 def eagle_engine(target_model, folder, stop="{name: fixed, gamma: 3}", extra=(), plugins=(), digest=None):
     target = adapter(target_model)
     target.digest = digest
-    cfg = load_config(overrides=[f"strategy.drafter={{name: eagle, path: '{folder}'}}", f"strategy.stop=[{stop}]",
-                                 *extra], require_models=False, extra_plugins=plugins)
+    cfg = load_config(
+        overrides=[f"strategy.drafter={{name: eagle, path: '{folder}'}}", f"strategy.stop=[{stop}]", *extra],
+        require_models=False,
+        extra_plugins=plugins,
+    )
     return Engine.build(target, cfg=cfg, extra_plugins=plugins)
 
 
 @pytest.mark.parametrize("stop", ["{name: fixed, gamma: 1}", "{name: fixed, gamma: 4}", "{name: heuristic}"])
-@pytest.mark.parametrize("prompt", [[1, 7, 9, 7, 9, 7], [5], list(range(3, 40)), [50, 7, 61, 9, 50, 61, 7]],
-                         ids=["repeat", "one-token", "long", "outside-subset"])
+@pytest.mark.parametrize(
+    "prompt",
+    [[1, 7, 9, 7, 9, 7], [5], list(range(3, 40)), [50, 7, 61, 9, 50, 61, 7]],
+    ids=["repeat", "one-token", "long", "outside-subset"],
+)
 def test_eagle_greedy_equals_target(tmp_path, stop, prompt):
     target_model = tiny_llama(0, scale=6.0)
     folder = make_draft(target_model, tmp_path / "draft")
@@ -54,13 +60,16 @@ def test_eagle_greedy_equals_target(tmp_path, stop, prompt):
     # the features the drafter holds are the target's own, for every token whose forward ran
     committed = prompt + result.tokens
     assert drafter.features.shape[0] == len(engine.target.cached_tokens) <= len(committed)
-    assert drafter.row_tokens[: drafter.true_rows] == committed[1: drafter.true_rows + 1]
+    assert drafter.row_tokens[: drafter.true_rows] == committed[1 : drafter.true_rows + 1]
     if len(prompt) > 1:
         assert result.metrics["drafted"] > 0 and result.metrics["draft_forwards"] > 0
 
 
-@pytest.mark.parametrize("tree", [None, "{topk: 3, depth: 4, nodes: 10}", "{topk: 3, depth: 4, nodes: 4}"],
-                         ids=["chain", "tree", "tree-best-4"])
+@pytest.mark.parametrize(
+    "tree",
+    [None, "{topk: 3, depth: 4, nodes: 10}", "{topk: 3, depth: 4, nodes: 4}"],
+    ids=["chain", "tree", "tree-best-4"],
+)
 def test_a_deeper_draft_keeps_greedy_output_and_every_layers_cache_in_step(tmp_path, tree):
     """``extra_layers``: each later layer keeps its own cache rows, cropped with the first layer's, and
     sees the tree's mask and positions; output stays the target's."""
@@ -91,8 +100,9 @@ def test_eagle_sampling_q_covers_the_subset_and_the_context(tmp_path, context_vo
     default for a subset head), the committed tokens outside it; every other token has q = 0."""
     target_model = tiny_llama(0, scale=2.0)
     folder = make_draft(target_model, tmp_path / "draft")
-    extra = ["sampling.temperature=0.9"] + ([f"strategy.drafter.context_vocab={str(context_vocab).lower()}"]
-                                            if context_vocab is not None else [])
+    extra = ["sampling.temperature=0.9"] + (
+        [f"strategy.drafter.context_vocab={str(context_vocab).lower()}"] if context_vocab is not None else []
+    )
     engine = eagle_engine(target_model, folder, extra=extra)
     seen = []
 
@@ -154,27 +164,44 @@ def eagle3_folder(folder):
     """A small EAGLE-3 draft folder as `pacer distill student.kind=eagle3` writes one."""
     from pacer_plugins.feature_draft.model import Eagle3Arch, Eagle3Draft
 
-    arch = Eagle3Arch(hidden_size=32, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=48,
-                      rope_theta=10000.0, rms_eps=1e-6, draft_vocab_size=40, fused_size=96, vocab_size=64)
+    arch = Eagle3Arch(
+        hidden_size=32,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        intermediate_size=48,
+        rope_theta=10000.0,
+        rms_eps=1e-6,
+        draft_vocab_size=40,
+        fused_size=96,
+        vocab_size=64,
+    )
     Eagle3Draft(arch).save(folder, {})
     return folder
 
 
-@pytest.mark.parametrize("family,config,needle", [
-    ("feature_draft", {"extra_layers": 1_000_000}, "extra_layers is 1000000, but"),
-    ("feature_draft", {"intermediate_size": 10 ** 12}, "intermediate_size is 1000000000000, but tensor "
-                                                       "'gate_proj.weight' has shape (64, 32)"),
-    ("feature_draft", {"num_heads": 10 ** 9}, "num_heads × head_dim is 8000000000"),
-    ("feature_draft", {"head_dim": 2 ** 30}, "num_heads × head_dim is 4294967296"),
-    ("feature_draft", {"subset_size": 10 ** 12}, "subset_size is 1000000000000, but tensor 'subset'"),
-    ("feature_draft", {"hidden_size": 10 ** 6}, "hidden_size is 1000000, but tensor 'fc.weight'"),
-    ("feature_draft", {"intermediate_size": "big"}, "intermediate_size is 'big', not a whole number"),
-    ("eagle3", {"fused_size": 10 ** 12}, "fused_size is 1000000000000, but tensor 'fc.weight' has shape (32, 96)"),
-    ("eagle3", {"draft_vocab_size": 10 ** 12}, "draft_vocab_size is 1000000000000, but tensor 'lm_head.weight'"),
-    ("eagle3", {"num_kv_heads": 10 ** 9}, "num_kv_heads × head_dim is 8000000000"),
-])
-def test_a_draft_config_size_its_weights_do_not_hold_is_refused_before_anything_is_built(tmp_path, monkeypatch,
-                                                                                        family, config, needle):
+@pytest.mark.parametrize(
+    "family,config,needle",
+    [
+        ("feature_draft", {"extra_layers": 1_000_000}, "extra_layers is 1000000, but"),
+        (
+            "feature_draft",
+            {"intermediate_size": 10**12},
+            "intermediate_size is 1000000000000, but tensor 'gate_proj.weight' has shape (64, 32)",
+        ),
+        ("feature_draft", {"num_heads": 10**9}, "num_heads × head_dim is 8000000000"),
+        ("feature_draft", {"head_dim": 2**30}, "num_heads × head_dim is 4294967296"),
+        ("feature_draft", {"subset_size": 10**12}, "subset_size is 1000000000000, but tensor 'subset'"),
+        ("feature_draft", {"hidden_size": 10**6}, "hidden_size is 1000000, but tensor 'fc.weight'"),
+        ("feature_draft", {"intermediate_size": "big"}, "intermediate_size is 'big', not a whole number"),
+        ("eagle3", {"fused_size": 10**12}, "fused_size is 1000000000000, but tensor 'fc.weight' has shape (32, 96)"),
+        ("eagle3", {"draft_vocab_size": 10**12}, "draft_vocab_size is 1000000000000, but tensor 'lm_head.weight'"),
+        ("eagle3", {"num_kv_heads": 10**9}, "num_kv_heads × head_dim is 8000000000"),
+    ],
+)
+def test_a_draft_config_size_its_weights_do_not_hold_is_refused_before_anything_is_built(
+    tmp_path, monkeypatch, family, config, needle
+):
     """A `pacer distill` folder's config.json is checked against its weights' header before the
     network is built: a size they do not hold is one line naming the key (building anything here
     fails the test)."""
@@ -332,8 +359,10 @@ def test_eagle_packs_its_network_when_the_target_is_packed(tmp_path):
     reference = reference_greedy(target_model, prompt, 30)
     target = adapter(target_model)
     target.pack_weights()
-    cfg = load_config(overrides=[f"strategy.drafter={{name: eagle, path: '{folder}'}}",
-                                 "strategy.stop=[{name: fixed, gamma: 3}]"], require_models=False)
+    cfg = load_config(
+        overrides=[f"strategy.drafter={{name: eagle, path: '{folder}'}}", "strategy.stop=[{name: fixed, gamma: 3}]"],
+        require_models=False,
+    )
     engine = Engine.build(target, cfg=cfg)
     drafter = next(p for p in engine.pm.get_plugins() if type(p).__name__ == "EagleDrafter")
     assert isinstance(drafter.net.fc, PackedLinear) and drafter.head._packed is not None
@@ -359,16 +388,24 @@ def context_vocab_samples(tmp_path, samples, wrong=False, monkeypatch=None, bias
         def claims_subset_only(self, *args):
             token, probs = choose(self, *args)  # over self.vocab: the subset, then the context's tokens
             probs = probs.clone()
-            probs[len(self.subset):] = 0.0
+            probs[len(self.subset) :] = 0.0
             return token, probs / probs.sum()
 
         monkeypatch.setattr(EagleDrafter, "_choose", claims_subset_only)
     target_model = bigram(tiny_llama(0, vocab=16, scale=25.0))
     folder = make_draft(target_model, tmp_path / "draft", subset_size=8)
-    engine = engine_for(target_model, folder, stop="{name: fixed, gamma: 2}", eos=False,
-                        extra=["sampling.temperature=1.0", "strategy.verifier={name: speculative_sampling}",
-                               "generation.ignore_eos=true"]
-                        + ([] if bias is None else [f"strategy.drafter.context_bias={bias}"]))
+    engine = engine_for(
+        target_model,
+        folder,
+        stop="{name: fixed, gamma: 2}",
+        eos=False,
+        extra=[
+            "sampling.temperature=1.0",
+            "strategy.verifier={name: speculative_sampling}",
+            "generation.ignore_eos=true",
+        ]
+        + ([] if bias is None else [f"strategy.drafter.context_bias={bias}"]),
+    )
     drafted = []
 
     class Probe:
@@ -428,11 +465,23 @@ def lookup_samples(tmp_path, samples, monkeypatch=None, corpus=False):
     extra = []
     if corpus:
         (tmp_path / "corpus.json").write_text(json.dumps(CORPUS_DOCS))
-        extra = ["strategy.drafter.lookup_bias=[]", "strategy.drafter.corpus_bias=30.0",
-                 f"strategy.drafter.corpus={tmp_path / 'corpus.json'}"]
-    engine = engine_for(target_model, folder, stop="{name: fixed, gamma: 2}", eos=False,
-                        extra=["sampling.temperature=1.0", "strategy.verifier={name: speculative_sampling}",
-                               "generation.ignore_eos=true"] + extra)
+        extra = [
+            "strategy.drafter.lookup_bias=[]",
+            "strategy.drafter.corpus_bias=30.0",
+            f"strategy.drafter.corpus={tmp_path / 'corpus.json'}",
+        ]
+    engine = engine_for(
+        target_model,
+        folder,
+        stop="{name: fixed, gamma: 2}",
+        eos=False,
+        extra=[
+            "sampling.temperature=1.0",
+            "strategy.verifier={name: speculative_sampling}",
+            "generation.ignore_eos=true",
+        ]
+        + extra,
+    )
     outputs, _ = sample_outputs(engine, LOOKUP_PROMPT, samples)
     expected = exact_continuation_probs(adapter(target_model, eos=False), LOOKUP_PROMPT, LENGTH, engine.sampling)
     return chisquare_pvalue(outputs, expected)
@@ -458,8 +507,11 @@ def test_a_corpus_bias_left_out_of_the_reported_q_fails_the_distribution_test(tm
         assert lookup_samples(tmp_path, 300, monkeypatch, corpus=True) < 1e-6
 
 
-@pytest.mark.parametrize("tree", [None, "{topk: 3, depth: 4, nodes: 10}", "{topk: 3, depth: 4, nodes: 4}"],
-                         ids=["chain", "tree", "tree-best-4"])
+@pytest.mark.parametrize(
+    "tree",
+    [None, "{topk: 3, depth: 4, nodes: 10}", "{topk: 3, depth: 4, nodes: 4}"],
+    ids=["chain", "tree", "tree-best-4"],
+)
 def test_corpus_bias_adds_the_share_of_the_paths_corpus_successors(tmp_path, tree):
     """Greedy output stays the target's; the bonus is corpus_bias × the share of each successor of the
     longest frequent n-gram ending the path, in the corpus (read from a .json of token ids)."""
@@ -498,8 +550,12 @@ def test_a_missing_corpus_is_refused_in_one_line(tmp_path):
     target_model = tiny_llama(0, scale=6.0)
     folder = make_draft(target_model, tmp_path / "draft")
     with pytest.raises(InputError, match="does not exist"):
-        eagle_engine(target_model, folder, "{name: fixed, gamma: 2}",
-                     extra=["strategy.drafter.corpus_bias=1.0", f"strategy.drafter.corpus={tmp_path / 'none.json'}"])
+        eagle_engine(
+            target_model,
+            folder,
+            "{name: fixed, gamma: 2}",
+            extra=["strategy.drafter.corpus_bias=1.0", f"strategy.drafter.corpus={tmp_path / 'none.json'}"],
+        )
 
 
 def test_lookup_bias_follows_the_draft_path_over_the_committed_text(tmp_path, monkeypatch):
@@ -527,8 +583,12 @@ def test_lookup_bias_follows_the_draft_path_over_the_committed_text(tmp_path, mo
         return block
 
     monkeypatch.setattr(EagleDrafter, "pacer_propose", hookimpl(record))
-    engine = eagle_engine(target_model, folder, "{name: fixed, gamma: 4}",
-                          extra=["strategy.drafter.context_bias=0", "strategy.drafter.lookup_bias=[2.0, 3.0]"])
+    engine = eagle_engine(
+        target_model,
+        folder,
+        "{name: fixed, gamma: 4}",
+        extra=["strategy.drafter.context_bias=0", "strategy.drafter.lookup_bias=[2.0, 3.0]"],
+    )
     prompt = [1, 7, 9, 7, 9, 7, 9, 7]
     assert engine.generate(prompt, max_new_tokens=24).tokens == reference_greedy(target_model, prompt, 24)
     drafter = next(p for p in engine.pm.get_plugins() if type(p).__name__ == "EagleDrafter")
@@ -600,13 +660,18 @@ def test_a_drafts_recommended_stop_thresholds_reach_stops_whose_threshold_is_uns
     assert 0.0 <= metrics["entropy_threshold"] <= 1.0  # λ₀ 0.7, then calibrated
     explicit = _stops(engine_for(target_model, folder, "{name: confidence, threshold: 0.3}"))
     assert explicit["Confidence:confidence"].threshold == 0.3
-    no_lookup = _stops(engine_for(target_model, folder, "{name: confidence}",
-                                  extra=["strategy.drafter.lookup_bias=[]"]))
+    no_lookup = _stops(
+        engine_for(target_model, folder, "{name: confidence}", extra=["strategy.drafter.lookup_bias=[]"])
+    )
     assert no_lookup["Confidence:confidence"].threshold == 0.4  # measured with the priors: not offered
     target = adapter(target_model)
-    cfg = load_config(overrides=[f"strategy.drafter={{name: hybrid, members: [{{name: eagle, path: '{folder}'}}, "
-                                 "{name: prompt_lookup}]}", "strategy.stop=[{name: confidence}]"],
-                      require_models=False)
+    cfg = load_config(
+        overrides=[
+            f"strategy.drafter={{name: hybrid, members: [{{name: eagle, path: '{folder}'}}, {{name: prompt_lookup}}]}}",
+            "strategy.stop=[{name: confidence}]",
+        ],
+        require_models=False,
+    )
     assert _stops(Engine.build(target, cfg=cfg))["Confidence:confidence"].threshold == 0.9
 
 
@@ -635,17 +700,26 @@ def test_the_shipped_draft_recommends_the_thresholds_its_docs_report():
     assert recommended_stop_thresholds(DEFAULT_DRAFT, manifest, EagleConfig(corpus_bias=0.0)) == {}
 
 
-@pytest.mark.parametrize("override, message", [
-    ("train.batch_size=0", "'batch_size' must lie in [1, 4096]"), ("train.epochs=0", "'epochs' must lie in (0,"),
-    ("train.lr=-1", "'lr' must lie in (0, 10]"), ("train.warmup=-5", "'warmup' must lie in [0,"),
-    ("train.checkpoint_every=0", "'checkpoint_every' must lie in [1,"), ("train.threads=-1", "'threads'"),
-    ("train.noise=-1", "'noise' must lie in [0,"), ("train.weight_decay=-1", "'weight_decay'"),
-    ("corpus.chat_answers=-1", "'chat_answers' must be >= 0"), ("student.subset_size=-3", "'subset_size'"),
-    ("student.intermediate_size=0", "'intermediate_size' must be >= 1"),
-    ("student.fused_layers=[-5]", "'fused_layers' must name target decoder layers"),
-])
-def test_distill_refuses_an_option_out_of_range_before_any_model_loads(capsys, tmp_path, monkeypatch, override,
-                                                                       message):
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train.batch_size=0", "'batch_size' must lie in [1, 4096]"),
+        ("train.epochs=0", "'epochs' must lie in (0,"),
+        ("train.lr=-1", "'lr' must lie in (0, 10]"),
+        ("train.warmup=-5", "'warmup' must lie in [0,"),
+        ("train.checkpoint_every=0", "'checkpoint_every' must lie in [1,"),
+        ("train.threads=-1", "'threads'"),
+        ("train.noise=-1", "'noise' must lie in [0,"),
+        ("train.weight_decay=-1", "'weight_decay'"),
+        ("corpus.chat_answers=-1", "'chat_answers' must be >= 0"),
+        ("student.subset_size=-3", "'subset_size'"),
+        ("student.intermediate_size=0", "'intermediate_size' must be >= 1"),
+        ("student.fused_layers=[-5]", "'fused_layers' must name target decoder layers"),
+    ],
+)
+def test_distill_refuses_an_option_out_of_range_before_any_model_loads(
+    capsys, tmp_path, monkeypatch, override, message
+):
     """Every numeric distill option has a range: a value outside it is one line, before the target
     loads (these built a corpus, or trained with a negative learning rate)."""
     import pacer_core.hf

@@ -32,8 +32,9 @@ def test_layout_and_shared_weights_come_from_the_model():
     raw = tiny_llama(0, layers=3)
     model = adapter(raw)
     assert model.num_layers == len(raw.model.layers) == 3
-    assert model.attention_shape() == AttentionShape(num_heads=4, num_kv_heads=2, head_dim=8, rope_theta=10000.0,
-                                                     rms_eps=1e-6)
+    assert model.attention_shape() == AttentionShape(
+        num_heads=4, num_kv_heads=2, head_dim=8, rope_theta=10000.0, rms_eps=1e-6
+    )
     embed, head = model.embedding_weights()
     assert embed.data_ptr() == raw.model.embed_tokens.weight.data_ptr()  # shared, not copied
     assert head.data_ptr() == raw.lm_head.weight.data_ptr() and not head.requires_grad
@@ -45,8 +46,13 @@ def test_the_distill_arch_reads_the_declared_attention_shape():
 
     model = adapter(tiny_llama(0))
     assert _attention_shape(model) == attrs.asdict(model.attention_shape())
-    assert _attention_shape(model) == {"num_heads": 4, "num_kv_heads": 2, "head_dim": 8,
-                                       "rope_theta": 10000.0, "rms_eps": 1e-6}
+    assert _attention_shape(model) == {
+        "num_heads": 4,
+        "num_kv_heads": 2,
+        "head_dim": 8,
+        "rope_theta": 10000.0,
+        "rms_eps": 1e-6,
+    }
 
 
 def test_eagle_refuses_a_target_that_does_not_show_its_weights(tmp_path):
@@ -76,7 +82,11 @@ def test_plugins_use_only_declared_model_capabilities(path):
 
 
 def test_the_reach_patterns_catch_the_old_forms():
-    old = ["count = len(target.model.base_model.layers)", "config = target.config",
-           'getattr(resources.target, "digest", None)', 'getattr(model, "hidden_size", None)']
+    old = [
+        "count = len(target.model.base_model.layers)",
+        "config = target.config",
+        'getattr(resources.target, "digest", None)',
+        'getattr(model, "hidden_size", None)',
+    ]
     for line in old:
         assert any(re.search(pattern, line) for pattern in REACHES), line

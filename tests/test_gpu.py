@@ -46,12 +46,20 @@ STACKS = {
     "prompt_lookup tree": (["strategy.drafter={name: prompt_lookup, branches: 3}", "strategy.stop=[]"], False),
     "draft_model": (["strategy.drafter={name: draft_model}", "strategy.stop=[{name: fixed, gamma: 3}]"], True),
     "draft_model entropy": (["strategy.drafter={name: draft_model}", "strategy.stop=[{name: entropy}]"], True),
-    "draft_model tree": (["strategy.drafter={name: draft_model, tree: {topk: 2, depth: 3, nodes: 6}}",
-                          "strategy.stop=[]"], True),
+    "draft_model tree": (
+        ["strategy.drafter={name: draft_model, tree: {topk: 2, depth: 3, nodes: 6}}", "strategy.stop=[]"],
+        True,
+    ),
     "datastore": (["strategy.drafter={name: datastore}", "strategy.stop=[{name: fixed, gamma: 3}]"], False),
     "phrase_pool": (["strategy.drafter={name: phrase_pool}", "strategy.stop=[{name: fixed, gamma: 3}]"], False),
-    "hybrid": (["strategy.drafter={name: hybrid, members: [{name: draft_model, tree: {topk: 2, depth: 3, nodes: 6}}, "
-                "{name: prompt_lookup}, {name: datastore}]}", "strategy.stop=[]"], True),
+    "hybrid": (
+        [
+            "strategy.drafter={name: hybrid, members: [{name: draft_model, tree: {topk: 2, depth: 3, nodes: 6}}, "
+            "{name: prompt_lookup}, {name: datastore}]}",
+            "strategy.stop=[]",
+        ],
+        True,
+    ),
 }
 
 
@@ -66,8 +74,10 @@ class ReadsTargetArgmax:
 def scripted_engine(overrides, with_draft, temperature, plugins=()):
     target = DeviceLM(ScriptedLM(vocab_size=8, seed=0))
     draft = DeviceLM(ScriptedLM(vocab_size=8, seed=1)) if with_draft else None
-    cfg = load_config(overrides=[*overrides, f"sampling.temperature={temperature}", "generation.ignore_eos=true"],
-                      require_models=False)
+    cfg = load_config(
+        overrides=[*overrides, f"sampling.temperature={temperature}", "generation.ignore_eos=true"],
+        require_models=False,
+    )
     return Engine.build(target, draft=draft, cfg=cfg, extra_plugins=plugins)
 
 
@@ -105,9 +115,15 @@ def device_model(model, dtype=torch.float32):
 def reference(model, prompt, budget):
     """transformers' greedy ``generate`` on the same model and device: what the engine must equal."""
     ids = torch.tensor([prompt], device=model.device)
-    out = model.generate(ids, max_new_tokens=budget, do_sample=False, eos_token_id=EOS, pad_token_id=0,
-                         attention_mask=torch.ones_like(ids))
-    return out[0, len(prompt):].tolist()
+    out = model.generate(
+        ids,
+        max_new_tokens=budget,
+        do_sample=False,
+        eos_token_id=EOS,
+        pad_token_id=0,
+        attention_mask=torch.ones_like(ids),
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 def counted_generate(engine, prompt, budget):
@@ -126,10 +142,14 @@ def test_hf_models_on_the_device_decode_exactly_with_few_syncs(drafter):
             param.add_(0.02 * torch.randn(param.shape, generator=torch.Generator().manual_seed(1)))
     target = device_model(target_model)
     draft = device_model(draft_model) if drafter != "autoregressive" else None
-    overrides = {"autoregressive": ["strategy.drafter={name: autoregressive}", "strategy.stop=[]"],
-                 "draft_model": ["strategy.drafter={name: draft_model}", "strategy.stop=[{name: fixed, gamma: 3}]"],
-                 "draft_model tree": ["strategy.drafter={name: draft_model, tree: {topk: 2, depth: 3, nodes: 6}}",
-                                      "strategy.stop=[]"]}[drafter]
+    overrides = {
+        "autoregressive": ["strategy.drafter={name: autoregressive}", "strategy.stop=[]"],
+        "draft_model": ["strategy.drafter={name: draft_model}", "strategy.stop=[{name: fixed, gamma: 3}]"],
+        "draft_model tree": [
+            "strategy.drafter={name: draft_model, tree: {topk: 2, depth: 3, nodes: 6}}",
+            "strategy.stop=[]",
+        ],
+    }[drafter]
     engine = Engine.build(target, draft=draft, cfg=load_config(overrides=overrides, require_models=False))
     engine.generate(PROMPT, max_new_tokens=4)  # warm-up: first calls may allocate and sync
     result, syncs = counted_generate(engine, PROMPT, 24)
@@ -147,8 +167,13 @@ def test_eagle_on_the_device_decodes_exactly(tmp_path, tree):
     target_model = tiny_llama(0, scale=6.0).to(DEVICE)
     folder = make_draft(target_model.cpu(), tmp_path / "draft")
     target = HFModel(target_model.to(DEVICE), eos_token_ids=[EOS])
-    cfg = load_config(overrides=[f"strategy.drafter={{name: eagle, path: '{folder}'{tree}}}",
-                                 "strategy.stop=[{name: fixed, gamma: 3}]"], require_models=False)
+    cfg = load_config(
+        overrides=[
+            f"strategy.drafter={{name: eagle, path: '{folder}'{tree}}}",
+            "strategy.stop=[{name: fixed, gamma: 3}]",
+        ],
+        require_models=False,
+    )
     engine = Engine.build(target, cfg=cfg)
     result = engine.generate(PROMPT, max_new_tokens=24)
     assert result.tokens == reference(target_model, PROMPT, 24)
@@ -157,9 +182,12 @@ def test_eagle_on_the_device_decodes_exactly(tmp_path, tree):
 @pytest.mark.skipif(not CUDA, reason="bfloat16 kernels differ by device: checked where the GPU is")
 def test_bfloat16_on_the_gpu_equals_generate():
     target_model = tiny_llama(0, scale=6.0).to(DEVICE, torch.bfloat16)
-    engine = Engine.build(HFModel(target_model, eos_token_ids=[EOS]),
-                          cfg=load_config(overrides=["strategy.drafter={name: autoregressive}", "strategy.stop=[]"],
-                                          require_models=False))
+    engine = Engine.build(
+        HFModel(target_model, eos_token_ids=[EOS]),
+        cfg=load_config(
+            overrides=["strategy.drafter={name: autoregressive}", "strategy.stop=[]"], require_models=False
+        ),
+    )
     result, syncs = counted_generate(engine, PROMPT, 24)
     assert result.tokens == reference(target_model, PROMPT, 24)
     assert syncs <= 2 * len(result.tokens)

@@ -40,8 +40,16 @@ def test_the_real_shapes_have_their_models_parameter_counts():
 @pytest.mark.parametrize("tied", [True, False])
 def test_a_random_model_is_built_seeded_in_its_shape_and_dtype(tied):
     shape = small(TARGETS["smollm2-135m"]).shape
-    shape = LlamaShape("t", layers=1, hidden=shape.hidden, heads=shape.heads, kv_heads=shape.kv_heads,
-                       intermediate=shape.intermediate, vocab=256, tie_embeddings=tied)
+    shape = LlamaShape(
+        "t",
+        layers=1,
+        hidden=shape.hidden,
+        heads=shape.heads,
+        kv_heads=shape.kv_heads,
+        intermediate=shape.intermediate,
+        vocab=256,
+        tie_embeddings=tied,
+    )
     state = torch.random.get_rng_state()
     model = random_llama(shape, "cpu", "bfloat16", seed=3)
     assert torch.equal(torch.random.get_rng_state(), state)  # the global random state is left alone
@@ -75,11 +83,14 @@ def test_curves_are_made_non_decreasing():
     assert smooth({4: 0.003, 1: 0.001, 2: 0.0025, 3: 0.0015}) == {1: 0.001, 2: 0.002, 3: 0.002, 4: 0.003}
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--target", "gpt-9"], "unknown target shape 'gpt-9': choose from smollm2-135m, llama3-8b"),
-    (["--target", "llama3-8b", "--dtype", "float8"], "unknown dtype 'float8'"),
-    (["--target", "llama3-8b", "--seconds", "0"], "must be positive"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--target", "gpt-9"], "unknown target shape 'gpt-9': choose from smollm2-135m, llama3-8b"),
+        (["--target", "llama3-8b", "--dtype", "float8"], "unknown dtype 'float8'"),
+        (["--target", "llama3-8b", "--seconds", "0"], "must be positive"),
+    ],
+)
 def test_bad_input_is_one_line(args, needle, tmp_path, capsys):
     assert devicecosts.main([*args, "--small", "--device", "cpu", "--out", str(tmp_path / "p.yaml")]) == 2
     err = capsys.readouterr().err
@@ -96,8 +107,18 @@ def test_cuda_without_a_gpu_is_refused(tmp_path, capsys):
 def register(folder: Path, python_path: str = "") -> dict[str, dict[str, str]]:
     """Run scripts/system_python.sh's register_checkout into ``folder``; its entry points by group."""
     env = {**os.environ, "PYTHONPATH": python_path}
-    subprocess.run(["bash", "-c", f'set -euo pipefail; source scripts/system_python.sh; PY=("{sys.executable}"); '
-                                  f'register_checkout "{folder}"'], cwd=ROOT, env=env, check=True, timeout=60)
+    subprocess.run(
+        [
+            "bash",
+            "-c",
+            f'set -euo pipefail; source scripts/system_python.sh; PY=("{sys.executable}"); '
+            f'register_checkout "{folder}"',
+        ],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        timeout=60,
+    )
     from importlib import metadata
 
     (dist,) = list(metadata.distributions(path=[str(folder)]))
@@ -125,16 +146,33 @@ def test_a_system_python_without_the_dependencies_is_refused_in_one_line(tmp_pat
     python.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')  # no site-packages: no torch
     python.chmod(0o755)
     env = {**os.environ, "PACER_PYTHON": str(python), "PYTHONPATH": ""}
-    run = subprocess.run(["bash", "scripts/gpu_check.sh", "--system-python", str(tmp_path / "out")], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        ["bash", "scripts/gpu_check.sh", "--system-python", str(tmp_path / "out")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1
     assert "lacks torch transformers pluggy attrs omegaconf" in run.stderr and "scripts/gpu_deps.sh" in run.stderr
 
 
 # -- the scripts end to end on the CPU ---------------------------------------------------------------------
 # what a machine with torch and transformers may lack: gpu_deps.sh copies them (and this project's install)
-NOT_ON_A_BARE_MACHINE = ("pacer_sd", "__editable__", "pluggy", "attr", "omegaconf", "pytest", "_pytest", "py.py",
-                         "iniconfig", "pygments", "hypothesis")
+NOT_ON_A_BARE_MACHINE = (
+    "pacer_sd",
+    "__editable__",
+    "pluggy",
+    "attr",
+    "omegaconf",
+    "pytest",
+    "_pytest",
+    "py.py",
+    "iniconfig",
+    "pygments",
+    "hypothesis",
+)
 
 
 def bare_python(tmp_path: Path) -> tuple[Path, str]:
@@ -159,8 +197,13 @@ def bare_python(tmp_path: Path) -> tuple[Path, str]:
 
 def checkout_copy(tmp_path: Path) -> Path:
     """The repository's files (tracked and new, not the ignored ones: no egg-info, no venv) in a new folder."""
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True,
-                           check=True).stdout.decode().split("\0")
+    files = (
+        subprocess.run(
+            ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True, check=True
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     copy = tmp_path / "checkout"
     for name in filter(None, files):
         source = ROOT / name
@@ -180,16 +223,33 @@ def test_the_gpu_check_runs_offline_without_an_install(tmp_path):
     python, libraries = bare_python(tmp_path)
     copy = checkout_copy(tmp_path)
     out, deps = tmp_path / "out", tmp_path / "deps"
-    subprocess.run(["bash", "scripts/gpu_deps.sh", str(deps)], cwd=ROOT,
-                   env={**os.environ, "PACER_PYTHON": sys.executable},
-                   check=True, timeout=120)
+    subprocess.run(
+        ["bash", "scripts/gpu_deps.sh", str(deps)],
+        cwd=ROOT,
+        env={**os.environ, "PACER_PYTHON": sys.executable},
+        check=True,
+        timeout=120,
+    )
     env = {**os.environ, "PACER_PYTHON": str(python), "PYTHONPATH": libraries, "PACER_DEPS": str(deps)}
-    run = subprocess.run(["bash", "scripts/gpu_check.sh", "--system-python", str(out)], cwd=copy, env=env,
-                         capture_output=True, text=True, timeout=1200)
+    run = subprocess.run(
+        ["bash", "scripts/gpu_check.sh", "--system-python", str(out)],
+        cwd=copy,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
     files = sorted(p.name for p in out.iterdir())
-    assert files == ["check.log", "profile-llama3-8b.yaml", "profile-smollm2-135m.yaml", "raw-llama3-8b.json",
-                     "raw-smollm2-135m.json", "replay.md", "tests.log"]
+    assert files == [
+        "check.log",
+        "profile-llama3-8b.yaml",
+        "profile-smollm2-135m.yaml",
+        "raw-llama3-8b.json",
+        "raw-smollm2-135m.json",
+        "replay.md",
+        "tests.log",
+    ]
     assert all((out / name).stat().st_size < MB16 for name in files)
     assert f"packages from {copy}" in (out / "check.log").read_text()
     assert " passed" in (out / "tests.log").read_text() and " failed" not in (out / "tests.log").read_text()
@@ -198,7 +258,10 @@ def test_the_gpu_check_runs_offline_without_an_install(tmp_path):
         shrunk = small(target).shape
         assert profile.kind == "measured" and profile.context == 512
         assert (profile.target["layers"], profile.target["hidden"], profile.target["vocab"]) == (
-            shrunk.layers, shrunk.hidden, shrunk.vocab)
+            shrunk.layers,
+            shrunk.hidden,
+            shrunk.vocab,
+        )
         assert profile.verify.ks[0] == 1 and profile.verify.ks[-1] == 128 and profile.tree_verify.ks[-1] == 128
         assert set(profile.draft) == {"feature", "token"} and profile.preverify_s > 0
         assert profile.host_tree is not None and profile.host_plain > 0
@@ -210,9 +273,24 @@ def test_the_gpu_check_runs_offline_without_an_install(tmp_path):
 
 def distill(out: Path, minutes: float) -> tuple[subprocess.CompletedProcess, float]:
     start = time.monotonic()
-    run = subprocess.run(["bash", "scripts/gpu_distill.sh", "--smoke", "--minutes", str(minutes), "--corpus-share",
-                          "0", "--out", str(out)], cwd=ROOT, env={**os.environ, "PACER_SKIP_BOOTSTRAP": "1"},
-                         capture_output=True, text=True, timeout=900)
+    run = subprocess.run(
+        [
+            "bash",
+            "scripts/gpu_distill.sh",
+            "--smoke",
+            "--minutes",
+            str(minutes),
+            "--corpus-share",
+            "0",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PACER_SKIP_BOOTSTRAP": "1"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     return run, time.monotonic() - start
 
 
@@ -242,11 +320,22 @@ def test_gpu_distill_stops_at_its_time_box_and_resumes(tmp_path):
         assert progress(tmp_path) > first
 
 
-@pytest.mark.parametrize("args, needle", [(["--minutes", "0"], "--minutes must be a positive number"),
-                                          (["--minutes", "soon"], "--minutes must be a positive number"),
-                                          (["--kind", "token"], "--kind must be feature or eagle3")])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--minutes", "0"], "--minutes must be a positive number"),
+        (["--minutes", "soon"], "--minutes must be a positive number"),
+        (["--kind", "token"], "--kind must be feature or eagle3"),
+    ],
+)
 def test_gpu_distill_refuses_bad_options_in_one_line(args, needle):
-    run = subprocess.run(["bash", "scripts/gpu_distill.sh", "--smoke", *args], cwd=ROOT, capture_output=True, text=True,
-                         env={**os.environ, "PACER_SKIP_BOOTSTRAP": "1"}, timeout=60)
+    run = subprocess.run(
+        ["bash", "scripts/gpu_distill.sh", "--smoke", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PACER_SKIP_BOOTSTRAP": "1"},
+        timeout=60,
+    )
     assert run.returncode == 2 and run.stdout == ""
     assert run.stderr.startswith(f"gpu_distill.sh: {needle}") and len(run.stderr.strip().splitlines()) == 1

@@ -17,9 +17,11 @@ def probe():
 
 def test_seen_is_causal():
     seen = context_columns(torch.arange(5), torch.tensor([2, 0, 3, 0]), False)[2]
-    assert seen.tolist() == [[True, False, True, False, False],   # row 0 drafts after x_1: knows x_0, x_1
-                             [True, False, True, True, False],
-                             [True, False, True, True, False]]
+    assert seen.tolist() == [
+        [True, False, True, False, False],  # row 0 drafts after x_1: knows x_0, x_1
+        [True, False, True, True, False],
+        [True, False, True, True, False],
+    ]
 
 
 def test_heads_match_draft_eval_and_acceptance_is_the_overlap():
@@ -35,9 +37,17 @@ def test_heads_match_draft_eval_and_acceptance_is_the_overlap():
     first, vocab = 5, head.shape[0]
     subset = torch.zeros(vocab, dtype=torch.bool)
     subset[SUBSET] = True
-    out = probe().score_sequence(net, embed, head, tokens, feats, first,
-                                 {"subset": subset, "context": None, "full": torch.ones(vocab, dtype=torch.bool)},
-                                 [0.0, 1.0], [(), (2.0, 3.0)])
+    out = probe().score_sequence(
+        net,
+        embed,
+        head,
+        tokens,
+        feats,
+        first,
+        {"subset": subset, "context": None, "full": torch.ones(vocab, dtype=torch.bool)},
+        [0.0, 1.0],
+        [(), (2.0, 3.0)],
+    )
     target_next = target_greedy(feats[None], head)[0]
     for name, context_vocab in (("subset", False), ("context", True)):
         expected = draft_hits(net, embed, head, tokens, feats, None, target_next, first, 4, (1,), context_vocab)
@@ -49,6 +59,7 @@ def test_heads_match_draft_eval_and_acceptance_is_the_overlap():
     # Σ min(p, q) at position 1 under the full head, row `first`: p the target's, q the draft's
     with torch.no_grad():
         from pacer_plugins.feature_draft.students import unrolled_features
+
         q = torch.softmax(unrolled_features(net, embed, tokens[None], feats[None, :-1], 1)[0][0, first] @ head.T, -1)
     p = torch.softmax(feats[first + 1] @ head.T, -1)
     accept = out[("full", 0.0, ())][1]

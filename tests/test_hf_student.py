@@ -41,9 +41,16 @@ def test_saved_student_omits_shared_tensors_and_loads_complete(tmp_path, monkeyp
     with torch.no_grad():
         student.base_model.layers[0].mlp.up_proj.weight.add_(0.5)  # "trained"
     folder = tmp_path / "draft"
-    save_student(student, folder, target_path=str(target_folder), target_digest=weights_digest(target_folder),
-                 dtype="float32", vocab_subset=[5, 3, 9])
+    save_student(
+        student,
+        folder,
+        target_path=str(target_folder),
+        target_digest=weights_digest(target_folder),
+        dtype="float32",
+        vocab_subset=[5, 3, 9],
+    )
     from safetensors.torch import load_file
+
     stored = load_file(folder / "model.safetensors")
     assert "model.embed_tokens.weight" not in stored and "lm_head.weight" not in stored
     assert json.loads((folder / SUBSET_FILE).read_text()) == [3, 5, 9]
@@ -61,8 +68,13 @@ def test_shared_draft_refuses_another_target(tmp_path, monkeypatch):
     monkeypatch.setenv("PACER_CACHE", str(tmp_path / "cache"))
     target, target_folder = _tied_target(tmp_path)
     folder = tmp_path / "draft"
-    save_student(student_from_target(target, [0]), folder, target_path=str(target_folder),
-                 target_digest="0" * 16, dtype="float32")
+    save_student(
+        student_from_target(target, [0]),
+        folder,
+        target_path=str(target_folder),
+        target_digest="0" * 16,
+        dtype="float32",
+    )
     with pytest.raises(InputError, match="digest"):
         materialize(str(folder))
     assert (folder / SHARED_FILE).exists()

@@ -16,46 +16,63 @@ import broken_plugins
 DRAFT = Draft().extend(DraftBlock(torch.tensor([4, 5])))  # two main-path tokens
 
 
-@pytest.mark.parametrize("hook, value, problem", [
-    ("pacer_draft_more", Stop, "returned the class Stop, not a Stop: return Stop()"),
-    ("pacer_draft_more", 1.0, "returned float 1.0: return a positive int"),
-    ("pacer_draft_more", 0, "returned 0: return a positive int"),
-    ("pacer_draft_more", -5, "returned -5"),
-    ("pacer_draft_more", True, "returned bool True"),
-    ("pacer_draft_more", [1, 2], "returned list [1, 2]"),
-    ("pacer_draft_more", Stop(keep=3), "returned Stop(keep=3) for a draft of 2 tokens"),
-    ("pacer_draft_more", Stop(keep=-1), "returned Stop(keep=-1)"),
-    ("pacer_draft_more", Stop(keep=1.0), "returned Stop(keep=1.0): keep must be an int"),
-    ("pacer_propose", [1, 2], "returned list [1, 2]: return a pacer_core.DraftBlock"),
-    ("pacer_propose", DraftBlock(torch.tensor([1.0, 2.0])), "whose tokens are Tensor"),
-    ("pacer_verify", (1, 2), "returned tuple (1, 2): return a pacer_core.Verdict"),
-    ("pacer_verify", Verdict(3, 1, "bonus"), "accepted 3 of 2 draft tokens"),
-    ("pacer_verify", Verdict(1, -1, "recovered"), "returned next_token -1"),
-    ("pacer_select_nodes", "01", "returned str '01'"),
-    ("pacer_select_nodes", [0, 2], "returned node 2 for a tree of 2 nodes"),
-    ("pacer_finish", [("k", 1)], "returned list"),
-    ("pacer_components", [1, "x", None], "returned a list whose item 0 is int 1"),
-    ("pacer_components", "prob_floor", "returned str 'prob_floor': return a list of pacer_core.Component"),
-])
+@pytest.mark.parametrize(
+    "hook, value, problem",
+    [
+        ("pacer_draft_more", Stop, "returned the class Stop, not a Stop: return Stop()"),
+        ("pacer_draft_more", 1.0, "returned float 1.0: return a positive int"),
+        ("pacer_draft_more", 0, "returned 0: return a positive int"),
+        ("pacer_draft_more", -5, "returned -5"),
+        ("pacer_draft_more", True, "returned bool True"),
+        ("pacer_draft_more", [1, 2], "returned list [1, 2]"),
+        ("pacer_draft_more", Stop(keep=3), "returned Stop(keep=3) for a draft of 2 tokens"),
+        ("pacer_draft_more", Stop(keep=-1), "returned Stop(keep=-1)"),
+        ("pacer_draft_more", Stop(keep=1.0), "returned Stop(keep=1.0): keep must be an int"),
+        ("pacer_propose", [1, 2], "returned list [1, 2]: return a pacer_core.DraftBlock"),
+        ("pacer_propose", DraftBlock(torch.tensor([1.0, 2.0])), "whose tokens are Tensor"),
+        ("pacer_verify", (1, 2), "returned tuple (1, 2): return a pacer_core.Verdict"),
+        ("pacer_verify", Verdict(3, 1, "bonus"), "accepted 3 of 2 draft tokens"),
+        ("pacer_verify", Verdict(1, -1, "recovered"), "returned next_token -1"),
+        ("pacer_select_nodes", "01", "returned str '01'"),
+        ("pacer_select_nodes", [0, 2], "returned node 2 for a tree of 2 nodes"),
+        ("pacer_finish", [("k", 1)], "returned list"),
+        ("pacer_components", [1, "x", None], "returned a list whose item 0 is int 1"),
+        ("pacer_components", "prob_floor", "returned str 'prob_floor': return a list of pacer_core.Component"),
+    ],
+)
 def test_a_wrong_result_is_named_with_its_fix(hook, value, problem):
     found = hookcheck.result_problem(hook, value, {"draft": DRAFT})
     assert found is not None and problem in found
 
 
-@pytest.mark.parametrize("hook, value", [
-    ("pacer_draft_more", 1), ("pacer_draft_more", 64), ("pacer_draft_more", Stop()), ("pacer_draft_more", Stop(keep=0)),
-    ("pacer_draft_more", Stop(keep=2)), ("pacer_draft_more", torch.tensor(3)),
-    ("pacer_propose", DraftBlock(torch.tensor([1, 2]))), ("pacer_verify", Verdict(2, 7, "bonus")),
-    ("pacer_select_nodes", {0, 1}), ("pacer_select_nodes", range(2)), ("pacer_finish", {"k": 1}),
-    ("pacer_components", [Component("stop", "s", object, object)]), ("pacer_observe_step", "anything"),
-])
+@pytest.mark.parametrize(
+    "hook, value",
+    [
+        ("pacer_draft_more", 1),
+        ("pacer_draft_more", 64),
+        ("pacer_draft_more", Stop()),
+        ("pacer_draft_more", Stop(keep=0)),
+        ("pacer_draft_more", Stop(keep=2)),
+        ("pacer_draft_more", torch.tensor(3)),
+        ("pacer_propose", DraftBlock(torch.tensor([1, 2]))),
+        ("pacer_verify", Verdict(2, 7, "bonus")),
+        ("pacer_select_nodes", {0, 1}),
+        ("pacer_select_nodes", range(2)),
+        ("pacer_finish", {"k": 1}),
+        ("pacer_components", [Component("stop", "s", object, object)]),
+        ("pacer_observe_step", "anything"),
+    ],
+)
 def test_what_hooks_md_asks_for_passes(hook, value):
     assert hookcheck.result_problem(hook, value, {"draft": DRAFT}) is None
 
 
 def engine_with(stops: str) -> Engine:
-    cfg = load_config(overrides=[f"strategy.stop=[{stops}]", "sampling.temperature=0"],
-                      extra_plugins=[broken_plugins], require_models=False)
+    cfg = load_config(
+        overrides=[f"strategy.stop=[{stops}]", "sampling.temperature=0"],
+        extra_plugins=[broken_plugins],
+        require_models=False,
+    )
     return Engine.build(tiny_model(tiny_llama(0)), cfg=cfg, extra_plugins=[broken_plugins])
 
 
@@ -104,8 +121,15 @@ def test_blame_finds_the_implementation_an_exception_came_from():
     assert hookcheck.describe(SystemExit(0)) == "SystemExit(0)"
 
 
-@pytest.mark.parametrize("value, message", [("class", "returned the class Stop"), ("float", "returned float 1.0"),
-                                            ("zero", "returned 0"), ("negative", "returned -5")])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("class", "returned the class Stop"),
+        ("float", "returned float 1.0"),
+        ("zero", "returned 0"),
+        ("negative", "returned -5"),
+    ],
+)
 def test_the_engine_refuses_a_wrong_return_naming_the_plugin(value, message):
     """The engine checks what the stop policies, the drafter and the verifier return (hookcheck),
     so a plugin's bug is one line naming it, not a traceback deep in the loop."""

@@ -50,8 +50,7 @@ def test_the_forward_clock_counts_a_nested_network_once():
 
 
 def test_host_time_splits_each_step_into_forwards_and_the_rest(resolutions):
-    results = measure_host_time(["plain", "chain", "tree10"], shape=Shape(vocab=64, hidden=32), new_tokens=8,
-                                repeats=1)
+    results = measure_host_time(["plain", "chain", "tree10"], shape=Shape(vocab=64, hidden=32), new_tokens=8, repeats=1)
     assert [r.stack for r in results] == ["plain", "chain", "tree10"]
     assert resolutions["resolutions"] == 3  # each stack planned once, its engine built on the plan
     for r in results:
@@ -69,8 +68,9 @@ def test_host_time_splits_each_step_into_forwards_and_the_rest(resolutions):
 def test_block_draft_stacks_draft_chains_and_trees_over_one_block():
     """The dflash stacks run on the tiny models: a chain of up to 4 tokens a step, a tree of up to 64
     nodes over one block; the profile's entry leaves them out (its trees are the eagle stacks')."""
-    results = measure_host_time(["block_chain", "block_tree64"], shape=Shape(vocab=64, hidden=32, subset=48),
-                                new_tokens=8, repeats=1)
+    results = measure_host_time(
+        ["block_chain", "block_tree64"], shape=Shape(vocab=64, hidden=32, subset=48), new_tokens=8, repeats=1
+    )
     by = {r.stack: r for r in results}
     assert 1.0 < by["block_chain"].nodes_per_step <= 4.0
     assert by["block_chain"].nodes_per_step < by["block_tree64"].nodes_per_step <= 64.0
@@ -102,14 +102,17 @@ def test_bad_requests_are_refused_before_any_model_is_built(capsys):
     assert_one_line_error(code, err, "--subset must be between 8 and --vocab (64)")
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--threads", "-2"], "--threads: must be from 1 to 256, not -2"),
-    (["--threads", "0"], "--threads: must be from 1 to 256, not 0"),
-    (["--vocab", str(10 ** 9)], "--vocab: must be from 8 to 262144"),
-    (["--subset", str(10 ** 9)], "--subset: must be from 8 to 262144"),
-    (["--new-tokens", "0"], "--new-tokens: must be from 1 to 4096"),
-    (["--repeats", "1e9"], "--repeats: must be a whole number from 1 to 1000"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--threads", "-2"], "--threads: must be from 1 to 256, not -2"),
+        (["--threads", "0"], "--threads: must be from 1 to 256, not 0"),
+        (["--vocab", str(10**9)], "--vocab: must be from 8 to 262144"),
+        (["--subset", str(10**9)], "--subset: must be from 8 to 262144"),
+        (["--new-tokens", "0"], "--new-tokens: must be from 1 to 4096"),
+        (["--repeats", "1e9"], "--repeats: must be a whole number from 1 to 1000"),
+    ],
+)
 def test_bench_host_numeric_options_have_ranges(capsys, monkeypatch, argv, needle):
     from pacer_bench import hosttime
 
@@ -173,8 +176,24 @@ def test_a_draft_over_a_vocabulary_subset_drafts_only_its_tokens():
 
 def test_the_command_prints_a_table_and_writes_json(capsys, tmp_path):
     out = tmp_path / "host.json"
-    code, text, _ = run_cli(["bench-host", "--stacks", "plain", "--new-tokens", "4", "--repeats", "1", "--clock", "cpu",
-                             "--vocab", "64", "--json", str(out)], capsys)
+    code, text, _ = run_cli(
+        [
+            "bench-host",
+            "--stacks",
+            "plain",
+            "--new-tokens",
+            "4",
+            "--repeats",
+            "1",
+            "--clock",
+            "cpu",
+            "--vocab",
+            "64",
+            "--json",
+            str(out),
+        ],
+        capsys,
+    )
     assert code == 0
     assert "| plain |" in text and "host_s:" in text
     written = json.loads(out.read_text())
@@ -244,16 +263,24 @@ def test_a_bench_unit_records_its_forward_seconds_and_the_report_the_host_time_p
     from pacer_core import load_plan
 
     target, draft = ScriptedLM(SCRIPTED_VOCAB, seed=0), ScriptedLM(SCRIPTED_VOCAB, seed=1)
-    plan = load_plan(overrides=["strategy.drafter={name: draft_model}", "strategy.stop=[{name: fixed, gamma: 2}]",
-                                "generation.ignore_eos=true"], require_models=False)
+    plan = load_plan(
+        overrides=[
+            "strategy.drafter={name: draft_model}",
+            "strategy.stop=[{name: fixed, gamma: 2}]",
+            "generation.ignore_eos=true",
+        ],
+        require_models=False,
+    )
     forwards = ForwardClock(TickClock())
     unit = engine_unit("s", plan, Models(target, draft), BenchConfig(), TickClock(), forwards)
     before = target.num_forwards + draft.num_forwards
     _, metrics, _ = unit.run([1, 2, 3], 0, 6)
     assert metrics["forward_s"] == target.num_forwards + draft.num_forwards - before
-    records = [{"metrics": {"wall_s": 10.0, "forward_s": 4.0, "steps": 3}},
-               {"metrics": {"wall_s": 5.0, "forward_s": 1.0, "steps": 1}},
-               {"metrics": {"wall_s": 7.0, "steps": 2}}]  # a GPU run: no forward_s, left out
+    records = [
+        {"metrics": {"wall_s": 10.0, "forward_s": 4.0, "steps": 3}},
+        {"metrics": {"wall_s": 5.0, "forward_s": 1.0, "steps": 1}},
+        {"metrics": {"wall_s": 7.0, "steps": 2}},
+    ]  # a GPU run: no forward_s, left out
     assert host_ms_per_step(records) == pytest.approx(1000 * (15.0 - 5.0) / 4)
     assert host_ms_per_step(records[2:]) is None
 
@@ -267,12 +294,20 @@ def _narrow_draft():
 
     vocab = DraftVocab(torch.tensor([2, 5, 7]), 9)
     rows = torch.softmax(torch.randn(5, 3, generator=torch.Generator().manual_seed(0)), -1)  # [5, 3]
-    first = DraftBlock(torch.tensor([5]), rows[:1], side=SideNodes(torch.tensor([2, 4]), torch.tensor([-1, -1]),
-                                                                   rows[1:3], draft_vocab=vocab),
-                       sampled=False, draft_vocab=vocab)
-    second = DraftBlock(torch.tensor([7]), rows[3:4], side=SideNodes(torch.tensor([2]), torch.tensor([0]), rows[4:],
-                                                                     draft_vocab=vocab),
-                        sampled=False, draft_vocab=vocab)
+    first = DraftBlock(
+        torch.tensor([5]),
+        rows[:1],
+        side=SideNodes(torch.tensor([2, 4]), torch.tensor([-1, -1]), rows[1:3], draft_vocab=vocab),
+        sampled=False,
+        draft_vocab=vocab,
+    )
+    second = DraftBlock(
+        torch.tensor([7]),
+        rows[3:4],
+        side=SideNodes(torch.tensor([2]), torch.tensor([0]), rows[4:], draft_vocab=vocab),
+        sampled=False,
+        draft_vocab=vocab,
+    )
     return Draft((first, second)), vocab, rows
 
 
@@ -314,17 +349,33 @@ def test_row_mapped_rows_read_as_rows_copied_per_node(seed):
         side = block.side
         row_map = torch.randint(3, (len(block),), generator=g)
         side_map = None if side is None else torch.randint(3, (len(side),), generator=g)
-        mapped_blocks.append(attrs.evolve(block, draft_probs=table, row_map=row_map, draft_vocab=vocab, side=None
-                                          if side is None else attrs.evolve(side, draft_probs=table, row_map=side_map,
-                                                                            draft_vocab=vocab)))
-        copied_blocks.append(attrs.evolve(block, draft_probs=table[row_map], draft_vocab=vocab, side=None
-                                          if side is None else attrs.evolve(side, draft_probs=table[side_map],
-                                                                            draft_vocab=vocab)))
+        mapped_blocks.append(
+            attrs.evolve(
+                block,
+                draft_probs=table,
+                row_map=row_map,
+                draft_vocab=vocab,
+                side=None
+                if side is None
+                else attrs.evolve(side, draft_probs=table, row_map=side_map, draft_vocab=vocab),
+            )
+        )
+        copied_blocks.append(
+            attrs.evolve(
+                block,
+                draft_probs=table[row_map],
+                draft_vocab=vocab,
+                side=None if side is None else attrs.evolve(side, draft_probs=table[side_map], draft_vocab=vocab),
+            )
+        )
     mapped, copied = Draft(tuple(mapped_blocks)), Draft(tuple(copied_blocks))
     n = len(copied.tree)
     wanted = torch.randperm(n, generator=g)[: n // 2 + 1].tolist()
-    for a, b in [(mapped, copied), (mapped.select(wanted), copied.select(wanted)),
-                 (mapped.truncate(2), copied.truncate(2))]:
+    for a, b in [
+        (mapped, copied),
+        (mapped.select(wanted), copied.select(wanted)),
+        (mapped.truncate(2), copied.truncate(2)),
+    ]:
         assert torch.equal(a.tree.tokens, b.tree.tokens) and torch.equal(a.tree.parents, b.tree.parents)
         assert torch.equal(a.tree.token_probs, b.tree.token_probs)
         assert torch.equal(a.tree.draft_probs, b.tree.draft_probs)
@@ -348,9 +399,11 @@ def test_levels_written_into_one_table_read_as_levels_given_row_by_row():
     from pacer_core.trees import Candidate, GrownLevels
 
     table = torch.softmax(torch.randn(8, 5, generator=torch.Generator().manual_seed(0)), -1)
-    levels = [([Candidate(0, 1, -0.1), Candidate(0, 2, -0.5)], 0),  # the root's row 0
-              ([Candidate(0, 3, -0.2), Candidate(1, 4, -0.6), Candidate(1, 0, -0.7)], 1),  # rows 1, 2
-              ([Candidate(2, 2, -0.9)], 3)]  # rows 3..5 written, its node maps to row 5
+    levels = [
+        ([Candidate(0, 1, -0.1), Candidate(0, 2, -0.5)], 0),  # the root's row 0
+        ([Candidate(0, 3, -0.2), Candidate(1, 4, -0.6), Candidate(1, 0, -0.7)], 1),  # rows 1, 2
+        ([Candidate(2, 2, -0.9)], 3),
+    ]  # rows 3..5 written, its node maps to row 5
     shared, separate = GrownLevels(), GrownLevels()
     for chosen, first in levels:
         row_map = [first + c.row for c in chosen]
@@ -375,16 +428,33 @@ def test_a_sampled_verdict_is_the_same_on_narrow_and_wide_rows():
 
     narrow, _, _ = _narrow_draft()
     narrow = Draft(tuple(attrs.evolve(b, sampled=True) for b in narrow.blocks))  # the rows are read
-    wide = Draft(tuple(attrs.evolve(b, draft_probs=b.draft_probs, draft_vocab=None,
-                                    side=attrs.evolve(b.side, draft_probs=b.side.draft_probs, draft_vocab=None))
-                       for b in narrow.blocks))
+    wide = Draft(
+        tuple(
+            attrs.evolve(
+                b,
+                draft_probs=b.draft_probs,
+                draft_vocab=None,
+                side=attrs.evolve(b.side, draft_probs=b.side.draft_probs, draft_vocab=None),
+            )
+            for b in narrow.blocks
+        )
+    )
     verdicts = []
     for draft in (narrow, wide):
         tree = draft.tree
         target = torch.softmax(torch.randn(len(tree) + 1, 9, generator=torch.Generator().manual_seed(1)), -1)
         uniforms = torch.rand(len(tree), generator=torch.Generator().manual_seed(2))
-        verdicts.append(speculative_verify(tree.tokens, tree.draft_probs, target, uniforms,
-                                           torch.Generator().manual_seed(3), tree.parents, tree.sampled))
+        verdicts.append(
+            speculative_verify(
+                tree.tokens,
+                tree.draft_probs,
+                target,
+                uniforms,
+                torch.Generator().manual_seed(3),
+                tree.parents,
+                tree.sampled,
+            )
+        )
     assert verdicts[0] == verdicts[1]
     assert torch.equal(narrow.tree.token_probs, wide.tree.token_probs)
 

@@ -97,9 +97,15 @@ def test_hybrid_greedy_equals_plain_decoding(members, stop, verifier):  # temper
 
 def test_lookup_tokens_are_accepted_through_the_tree_and_counted():
     target, draft = scripted_pair()
-    cfg = load_config(overrides=[f"strategy.drafter={{name: {hybrid(MEMBERS['chain'])}}}",
-                                 "strategy.stop=[{name: fixed, gamma: 1}]", "strategy.verifier={name: greedy}",
-                                 "generation.ignore_eos=true"], require_models=False)
+    cfg = load_config(
+        overrides=[
+            f"strategy.drafter={{name: {hybrid(MEMBERS['chain'])}}}",
+            "strategy.stop=[{name: fixed, gamma: 1}]",
+            "strategy.verifier={name: greedy}",
+            "generation.ignore_eos=true",
+        ],
+        require_models=False,
+    )
     engine = Engine.build(target, draft=draft, cfg=cfg)  # with the metrics observer
     result = engine.generate(PROMPT, max_new_tokens=40)
     assert result.tokens == greedy_reference(target, PROMPT, 40)
@@ -119,11 +125,17 @@ def _pvalue(engine, samples: int = SAMPLES) -> float:
     return chisquare_pvalue(samples, exact_continuation_probs(target, PROMPT, LENGTH, engine.sampling))
 
 
-@pytest.mark.parametrize("members, sampling", [
-    ("chain", "t1"), ("tree", "topk3"),
-    pytest.param("chain", "topk3", marks=pytest.mark.slow), pytest.param("tree", "t1", marks=pytest.mark.slow),
-    pytest.param("branches", "t0.6", marks=pytest.mark.slow), pytest.param("tree", "topp0.8", marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize(
+    "members, sampling",
+    [
+        ("chain", "t1"),
+        ("tree", "topk3"),
+        pytest.param("chain", "topk3", marks=pytest.mark.slow),
+        pytest.param("tree", "t1", marks=pytest.mark.slow),
+        pytest.param("branches", "t0.6", marks=pytest.mark.slow),
+        pytest.param("tree", "topp0.8", marks=pytest.mark.slow),
+    ],
+)
 def test_hybrid_sampling_has_the_target_distribution(request, members, sampling):
     target, draft = scripted_pair()
     engine = build_engine(target, draft, hybrid(MEMBERS[members]), "{name: fixed, gamma: 2}", SAMPLINGS[sampling])
@@ -154,24 +166,33 @@ def _error(overrides) -> str:
 def test_config_refusals_name_the_problem():
     assert "members must be a non-empty list" in _error(["strategy.drafter={name: hybrid}"])
     assert "strategy.drafter.members[1]: unknown drafter 'nope'" in _error(
-        ["strategy.drafter={name: hybrid, members: [{name: prompt_lookup}, {name: nope}]}"])
-    assert "unknown option" in _error(
-        ["strategy.drafter={name: hybrid, members: [{name: prompt_lookup, gama: 2}]}"])
+        ["strategy.drafter={name: hybrid, members: [{name: prompt_lookup}, {name: nope}]}"]
+    )
+    assert "unknown option" in _error(["strategy.drafter={name: hybrid, members: [{name: prompt_lookup, gama: 2}]}"])
     assert "at most one member may use the draft model" in _error(
-        ["strategy.drafter={name: hybrid, members: [{name: draft_model}, {name: draft_model}]}"])
+        ["strategy.drafter={name: hybrid, members: [{name: draft_model}, {name: draft_model}]}"]
+    )
 
 
 def test_a_nested_hybrid_is_refused_before_models_load():
-    message = _error(["strategy.drafter={name: hybrid, members: [{name: draft_model}, "
-                      "{name: hybrid, members: [{name: prompt_lookup}]}]}"])
-    assert message == ("strategy.drafter.members[1]: a 'hybrid' cannot be a member of another: list its members "
-                       "in the outer one")
+    message = _error(
+        [
+            "strategy.drafter={name: hybrid, members: [{name: draft_model}, "
+            "{name: hybrid, members: [{name: prompt_lookup}]}]}"
+        ]
+    )
+    assert message == (
+        "strategy.drafter.members[1]: a 'hybrid' cannot be a member of another: list its members in the outer one"
+    )
 
 
 def test_a_stop_policy_reading_draft_probs_needs_a_model_member():
-    message = _error(["strategy.drafter={name: hybrid, members: "
-                      "[{name: prompt_lookup}, {name: prompt_lookup, branches: 2}]}",
-                      "strategy.stop=[{name: entropy}]"])
+    message = _error(
+        [
+            "strategy.drafter={name: hybrid, members: [{name: prompt_lookup}, {name: prompt_lookup, branches: 2}]}",
+            "strategy.stop=[{name: entropy}]",
+        ]
+    )
     assert "strategy.stop[0]" in message and "draft" in message
 
 
@@ -180,18 +201,30 @@ def test_member_order_changes_nothing(stop):
     """The model member gives the main path wherever it stands, and nodes are sent by value, so the
     two orders decode the same steps (the stop reading draft probabilities works in either)."""
     runs = []
-    for members in (f"[{{name: draft_model, tree: {{topk: 2, depth: 3}}}}, {LOOKUP}]",
-                    f"[{LOOKUP}, {{name: draft_model, tree: {{topk: 2, depth: 3}}}}]"):
+    for members in (
+        f"[{{name: draft_model, tree: {{topk: 2, depth: 3}}}}, {LOOKUP}]",
+        f"[{LOOKUP}, {{name: draft_model, tree: {{topk: 2, depth: 3}}}}]",
+    ):
         target, draft = scripted_pair()
-        cfg = load_config(overrides=[f"strategy.drafter={{name: {hybrid(members, nodes=6)}}}",
-                                     f"strategy.stop=[{stop}]", "strategy.verifier={name: greedy}",
-                                     "generation.ignore_eos=true"], require_models=False)
+        cfg = load_config(
+            overrides=[
+                f"strategy.drafter={{name: {hybrid(members, nodes=6)}}}",
+                f"strategy.stop=[{stop}]",
+                "strategy.verifier={name: greedy}",
+                "generation.ignore_eos=true",
+            ],
+            require_models=False,
+        )
         engine = Engine.build(target, draft=draft, cfg=cfg)
         results = [engine.generate(prompt, max_new_tokens=24) for prompt in PROMPTS]
         for prompt, result in zip(PROMPTS, results):
             assert result.tokens == greedy_reference(target, prompt, 24)
-        runs.append([(r.metrics["accept_lengths"], r.metrics["nodes_per_step"],
-                      r.metrics["hybrid_accepted_prompt_lookup"]) for r in results])
+        runs.append(
+            [
+                (r.metrics["accept_lengths"], r.metrics["nodes_per_step"], r.metrics["hybrid_accepted_prompt_lookup"])
+                for r in results
+            ]
+        )
     assert runs[0] == runs[1]
 
 
@@ -201,15 +234,23 @@ def test_phrase_nodes_are_ranked_by_their_members_learned_rate():
     from pacer_core import Draft, DraftBlock, SideNodes
 
     target, draft = scripted_pair()
-    cfg = load_config(overrides=[f"strategy.drafter={{name: {hybrid(MEMBERS['chain'], nodes=2)}}}",
-                                 "strategy.stop=[{name: fixed, gamma: 2}]", "strategy.verifier={name: greedy}"],
-                      require_models=False)
+    cfg = load_config(
+        overrides=[
+            f"strategy.drafter={{name: {hybrid(MEMBERS['chain'], nodes=2)}}}",
+            "strategy.stop=[{name: fixed, gamma: 2}]",
+            "strategy.verifier={name: greedy}",
+        ],
+        require_models=False,
+    )
     engine = Engine.build(target, draft=draft, cfg=cfg)
     plugin = next(p for p in engine.pm.get_plugins() if type(p).__name__ == "Hybrid")
     probs = torch.zeros(2, VOCAB)
     probs[0, 1], probs[1, 2] = 0.3, 0.3  # the model's chain 1 -> 2, cumulative 0.3 and 0.09
-    block = DraftBlock(tokens=torch.tensor([1, 2]), draft_probs=probs,
-                       side=SideNodes(torch.tensor([5]), torch.tensor([-1]), torch.zeros(1, VOCAB), sampled=False))
+    block = DraftBlock(
+        tokens=torch.tensor([1, 2]),
+        draft_probs=probs,
+        side=SideNodes(torch.tensor([5]), torch.tensor([-1]), torch.zeros(1, VOCAB), sampled=False),
+    )
     plugin._sources = {(5,): "prompt_lookup"}
     plugin.trials = {("prompt_lookup", 1): [50, 50]}  # lookup's first tokens: always accepted so far
     assert plugin.pacer_select_nodes(state=None, draft=Draft((block,))) == [0, 2]  # 1 (0.3) and 5 (~0.98)
@@ -272,5 +313,11 @@ def test_members_are_read_only_through_what_they_declare():
     module = types.ModuleType("misspelled_member")
     module.pacer_components = hookimpl(lambda: [Component("drafter", "misspelled", NoOptions, Misspelled)])
     with pytest.raises(UnknownHookError, match="pacer_propse.*did you mean 'pacer_propose'"):
-        build_engine(target, draft, hybrid("[{name: draft_model}, {name: misspelled}]"), "{name: fixed, gamma: 2}",
-                     {"temperature": 0.0}, plugins=[module])
+        build_engine(
+            target,
+            draft,
+            hybrid("[{name: draft_model}, {name: misspelled}]"),
+            "{name: fixed, gamma: 2}",
+            {"temperature": 0.0},
+            plugins=[module],
+        )

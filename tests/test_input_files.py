@@ -56,9 +56,14 @@ def refused(call, *needles, error=(InputError, ConfigError)) -> str:
 
 
 # -- the shared reader ------------------------------------------------------------------------------
-@pytest.mark.parametrize("kind,problem", [("/dev/zero", "is a device, not a regular file"),
-                                          ("a FIFO", "is a pipe (FIFO), not a regular file"),
-                                          ("a folder", "is a folder, not a file")])
+@pytest.mark.parametrize(
+    "kind,problem",
+    [
+        ("/dev/zero", "is a device, not a regular file"),
+        ("a FIFO", "is a pipe (FIFO), not a regular file"),
+        ("a folder", "is a folder, not a file"),
+    ],
+)
 def test_what_is_not_a_regular_file_is_refused_at_once(tmp_path, kind, problem):
     path = special_files(tmp_path)[kind]
     refused(lambda: jsonfile.read_bytes(path, "thing", "give a file"), f"thing '{path}' {problem}: give a file")
@@ -88,8 +93,10 @@ def test_a_small_gzip_file_is_not_expanded_without_bound(tmp_path):
     refused(lambda: prompts.load_prompts(f"specbench:{path}"), f"question file '{path}' line 1 is longer than 4 MiB")
     with gzip.open(path, "wb") as handle:
         handle.write(b'{"prompt": "a"}\n' * 1000)
-    refused(lambda: list(jsonfile.read_lines(path, "prompt file", "fix", limit=10_000)),
-            "holds more than 9.76562 KiB once decompressed")
+    refused(
+        lambda: list(jsonfile.read_lines(path, "prompt file", "fix", limit=10_000)),
+        "holds more than 9.76562 KiB once decompressed",
+    )
 
 
 def test_an_over_long_plain_prompt_line_is_refused_when_read(tmp_path):
@@ -133,8 +140,20 @@ def test_every_reader_refuses_what_is_not_a_regular_file_in_one_line(tmp_path, r
     refused(lambda: read(path))
 
 
-@pytest.mark.parametrize("reader", ["config", "cost profile", "tree calibration", "--host", "replay-stop cost file",
-                                    "prompt .jsonl", "specbench: file", "answer log", "training run file"])
+@pytest.mark.parametrize(
+    "reader",
+    [
+        "config",
+        "cost profile",
+        "tree calibration",
+        "--host",
+        "replay-stop cost file",
+        "prompt .jsonl",
+        "specbench: file",
+        "answer log",
+        "training run file",
+    ],
+)
 @pytest.mark.parametrize("text", [DEEP_JSON, SHALLOW_DEEP_JSON])
 def test_every_reader_of_nested_data_refuses_depth_in_one_line(tmp_path, reader, text):
     suffix, read = READERS[reader]
@@ -193,8 +212,7 @@ def test_report_and_replay_refuse_a_deep_or_special_answer_log_in_one_line(tmp_p
     assert "bench file" in one_line_error(capsys, ["report", str(run)])
 
 
-def test_a_prompt_file_that_is_special_deep_or_too_long_is_refused_before_models_load(tmp_path, capsys,
-                                                                                      monkeypatch):
+def test_a_prompt_file_that_is_special_deep_or_too_long_is_refused_before_models_load(tmp_path, capsys, monkeypatch):
     from pacer_bench import units
 
     def never_load(cfg):
@@ -208,8 +226,11 @@ def test_a_prompt_file_that_is_special_deep_or_too_long_is_refused_before_models
     gz = tmp_path / "q.jsonl.gz"
     with gzip.open(gz, "wb") as handle:
         handle.write(b'{"question_id": 1, "category": "x", "turns": ["' + b"a" * (MAX_LINE_BYTES + 1) + b'"]}\n')
-    cases = [(str(long), "line 1 is longer than 4 MiB"), (str(deep), "line 1 is nested more than"),
-             (f"specbench:{gz}", "line 1 is longer than 4 MiB")]
+    cases = [
+        (str(long), "line 1 is longer than 4 MiB"),
+        (str(deep), "line 1 is nested more than"),
+        (f"specbench:{gz}", "line 1 is longer than 4 MiB"),
+    ]
     cases += [(str(path), str(path)) for path in specials(tmp_path, ".jsonl").values()]
     for name, needle in cases:
         with within(60):

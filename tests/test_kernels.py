@@ -90,12 +90,15 @@ def test_packed_vocabulary_subset_head():
 
 
 @needs_packing
-@pytest.mark.parametrize("drafter, stop", [
-    ("{name: draft_model}", "{name: fixed, gamma: 3}"),
-    ("{name: draft_model}", "{name: heuristic}"),
-    ("{name: prompt_lookup}", "{name: fixed, gamma: 4}"),
-    ("{name: ouroboros, window_size: 3, guess_set_size: 3, level: 3, topk: 2}", "{name: fixed, gamma: 2}"),
-])
+@pytest.mark.parametrize(
+    "drafter, stop",
+    [
+        ("{name: draft_model}", "{name: fixed, gamma: 3}"),
+        ("{name: draft_model}", "{name: heuristic}"),
+        ("{name: prompt_lookup}", "{name: fixed, gamma: 4}"),
+        ("{name: ouroboros, window_size: 3, guess_set_size: 3, level: 3, topk: 2}", "{name: fixed, gamma: 2}"),
+    ],
+)
 def test_greedy_sd_with_packed_models_equals_the_unpacked_target(drafter, stop):
     target_model = tiny_llama(0, scale=6.0)
     draft_model = tiny_llama(0, scale=6.0)
@@ -107,8 +110,10 @@ def test_greedy_sd_with_packed_models_equals_the_unpacked_target(drafter, stop):
     target, draft = adapter(target_model), adapter(draft_model)
     target.pack_weights()
     draft.pack_weights()
-    cfg = load_config(overrides=[f"strategy.drafter={drafter}", f"strategy.stop=[{stop}]",
-                                 "strategy.verifier={name: greedy}"], require_models=False)
+    cfg = load_config(
+        overrides=[f"strategy.drafter={drafter}", f"strategy.stop=[{stop}]", "strategy.verifier={name: greedy}"],
+        require_models=False,
+    )
     result = Engine.build(target, draft=draft, cfg=cfg).generate(prompt, max_new_tokens=24)
     assert result.tokens == reference
     assert result.metrics["drafted"] > 0

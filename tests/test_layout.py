@@ -58,15 +58,19 @@ def _module_name(package: str, folder: Path, path: Path) -> str:
 
 def _sources() -> dict[str, Path]:
     """Module name → file, for every module of the scanned packages."""
-    return {_module_name(package, folder, path): path
-            for package, folder in _packages().items() for path in sorted(folder.rglob("*.py"))}
+    return {
+        _module_name(package, folder, path): path
+        for package, folder in _packages().items()
+        for path in sorted(folder.rglob("*.py"))
+    }
 
 
 def _is_type_checking(node: ast.AST) -> bool:
     test = getattr(node, "test", None)
     return isinstance(node, ast.If) and (
         (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
-        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
+        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    )
 
 
 FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)  # bodies that run when called, not on import
@@ -200,8 +204,10 @@ def test_no_import_cycle(graph):
     annotations alone read (``if TYPE_CHECKING:``) too: the tree reads in one direction."""
     modules, lines = import_graph(type_only=True)
     cycles = find_cycles(modules)
-    described = ["; ".join(f"{a} imports {b} (line {lines[a, b]})" for a in cycle for b in sorted(modules[a])
-                           if b in cycle) for cycle in cycles]
+    described = [
+        "; ".join(f"{a} imports {b} (line {lines[a, b]})" for a in cycle for b in sorted(modules[a]) if b in cycle)
+        for cycle in cycles
+    ]
     assert not cycles, "import cycles: " + " | ".join(described)
 
 
@@ -212,8 +218,10 @@ def test_no_import_cycle_in_the_engine_even_for_annotations():
     modules, lines = import_graph(type_only=True)
     core = {m: {t for t in targets if _top(t) == CORE} for m, targets in modules.items() if _top(m) == CORE}
     cycles = find_cycles(core)
-    described = ["; ".join(f"{a} imports {b} (line {lines[a, b]})" for a in cycle for b in sorted(core[a])
-                           if b in cycle) for cycle in cycles]
+    described = [
+        "; ".join(f"{a} imports {b} (line {lines[a, b]})" for a in cycle for b in sorted(core[a]) if b in cycle)
+        for cycle in cycles
+    ]
     assert not cycles, "import cycles in pacer_core (type-only imports included): " + " | ".join(described)
 
 
@@ -221,8 +229,13 @@ def test_the_engine_imports_no_harness_and_no_plugin(graph):
     modules, lines = graph
     packages = _packages()
     forbidden = {name for name in packages if name != CORE} | set(HARNESS)
-    bad = [f"{m} imports {t} (line {lines[m, t]})" for m, targets in sorted(modules.items()) if _top(m) == CORE
-           for t in sorted(targets) if _top(t) in forbidden]
+    bad = [
+        f"{m} imports {t} (line {lines[m, t]})"
+        for m, targets in sorted(modules.items())
+        if _top(m) == CORE
+        for t in sorted(targets)
+        if _top(t) in forbidden
+    ]
     assert not bad, "pacer_core must import only itself and libraries: " + "; ".join(bad)
 
 
@@ -231,7 +244,8 @@ def test_only_the_model_adapter_imports_transformers(graph):
     importers = {m for m, targets in modules.items() if any(_top(t) == MODEL_LIBRARY for t in targets)}
     bad = sorted(m for m in importers if m != ADAPTER and not m.startswith(ADAPTER + "."))
     assert not bad, "transformers is imported outside pacer_core.hf: " + "; ".join(
-        f"{m} (line {min(lines[m, t] for t in modules[m] if _top(t) == MODEL_LIBRARY)})" for m in bad)
+        f"{m} (line {min(lines[m, t] for t in modules[m] if _top(t) == MODEL_LIBRARY)})" for m in bad
+    )
     assert importers, "the adapter imports transformers; the scan should see it"
 
 
@@ -246,8 +260,10 @@ def test_the_rules_catch_what_they_forbid():
 
 def test_imports_inside_functions_count_and_type_checking_blocks_do_not(tmp_path):
     path = tmp_path / "mod.py"
-    path.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import a.only_typing\nelse:\n"
-                    "    import a.fallback\n\ndef f():\n    from .sibling import g\n    import transformers\n")
+    path.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import a.only_typing\nelse:\n"
+        "    import a.fallback\n\ndef f():\n    from .sibling import g\n    import transformers\n"
+    )
     names = {name for name, _ in _imports("pkg.mod", path)}
     assert {"pkg.sibling.g", "transformers", "a.fallback", "typing.TYPE_CHECKING"} == names
     assert {name for name, _ in _imports("pkg.mod", path, type_only=True)} == names | {"a.only_typing"}
@@ -265,10 +281,13 @@ SKIPPED_FOLDERS = {"tests", "runs", "build", "dist", "node_modules", "__pycache_
 def import_time_problems(sources: dict[str, Path], plugins: set[str]) -> list[str]:
     """Plugin modules importing the bench when imported (module or class bodies): the bench may
     import plugins, and a plugin's command may use the bench inside the function that runs it."""
-    return [f"{module} imports {name} at import time (line {line})" for module, path in sorted(sources.items())
-            if _top(module) in plugins for name, line in sorted(_imports(module, path, import_time=True),
-                                                                key=lambda x: x[1])
-            if _top(name) == BENCH]
+    return [
+        f"{module} imports {name} at import time (line {line})"
+        for module, path in sorted(sources.items())
+        if _top(module) in plugins
+        for name, line in sorted(_imports(module, path, import_time=True), key=lambda x: x[1])
+        if _top(name) == BENCH
+    ]
 
 
 def training_code(path: Path) -> list[str]:
@@ -277,17 +296,30 @@ def training_code(path: Path) -> list[str]:
     found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            found += [f"line {node.lineno}: imports {a.name}" for a in node.names
-                      if a.name.split(".")[:2] in (["torch", "optim"], ["torch", "autograd"])]
+            found += [
+                f"line {node.lineno}: imports {a.name}"
+                for a in node.names
+                if a.name.split(".")[:2] in (["torch", "optim"], ["torch", "autograd"])
+            ]
         elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
             names = [f"{node.module}.{a.name}" for a in node.names]
-            found += [f"line {node.lineno}: imports {n}" for n in names
-                      if n.split(".")[:2] in (["torch", "optim"], ["torch", "autograd"])]
-        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "torch" \
-                and node.attr in ("optim", "autograd"):
+            found += [
+                f"line {node.lineno}: imports {n}"
+                for n in names
+                if n.split(".")[:2] in (["torch", "optim"], ["torch", "autograd"])
+            ]
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "torch"
+            and node.attr in ("optim", "autograd")
+        ):
             found.append(f"line {node.lineno}: uses torch.{node.attr}")
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                and node.func.attr in ("backward", "zero_grad"):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("backward", "zero_grad")
+        ):
             found.append(f"line {node.lineno}: calls .{node.func.attr}()")
     return found
 
@@ -297,8 +329,9 @@ def long_modules(root: Path, limit: int = MAX_LINES) -> dict[str, int]:
     ``limit`` lines: its path relative to ``root`` → its line count."""
     found = {}
     for folder, subfolders, files in os.walk(root):
-        subfolders[:] = sorted(d for d in subfolders if not d.startswith(".") and d not in SKIPPED_FOLDERS
-                               and not d.endswith(".egg-info"))
+        subfolders[:] = sorted(
+            d for d in subfolders if not d.startswith(".") and d not in SKIPPED_FOLDERS and not d.endswith(".egg-info")
+        )
         for name in sorted(files):
             if name.endswith(".py"):
                 path = Path(folder, name)
@@ -311,47 +344,70 @@ def long_modules(root: Path, limit: int = MAX_LINES) -> dict[str, int]:
 def test_no_plugin_imports_the_bench_at_import_time():
     plugins = {name for name, folder in _packages().items() if folder.parent == PLUGINS}
     problems = import_time_problems(_sources(), plugins)
-    assert not problems, ("a plugin depends on the engine and the training package, not on the bench (a command may "
-                          "import it inside its function; a bench tool lives in pacer_bench): " + "; ".join(problems))
+    assert not problems, (
+        "a plugin depends on the engine and the training package, not on the bench (a command may "
+        "import it inside its function; a bench tool lives in pacer_bench): " + "; ".join(problems)
+    )
 
 
 def test_the_engine_holds_no_training_code():
-    problems = [f"{module} {where}" for module, path in sorted(_sources().items()) if _top(module) == CORE
-                for where in training_code(path)]
+    problems = [
+        f"{module} {where}"
+        for module, path in sorted(_sources().items())
+        if _top(module) == CORE
+        for where in training_code(path)
+    ]
     assert not problems, "training code lives in pacer_train (or a plugin's trainer), not pacer_core: " + "; ".join(
-        problems)
+        problems
+    )
 
 
 def test_no_module_passes_the_line_limit_but_the_listed_ones_and_the_list_only_shrinks():
     long = long_modules(ROOT)
     unlisted = {path: n for path, n in long.items() if path not in OVER_MAX_LINES}
-    assert not unlisted, (f"modules over {MAX_LINES} lines: "
-                          + ", ".join(f"{p} ({n})" for p, n in sorted(unlisted.items()))
-                          + ": split each along a seam")
+    assert not unlisted, (
+        f"modules over {MAX_LINES} lines: "
+        + ", ".join(f"{p} ({n})" for p, n in sorted(unlisted.items()))
+        + ": split each along a seam"
+    )
     fixed = sorted(OVER_MAX_LINES - set(long))
-    assert not fixed, (f"{', '.join(fixed)} no longer exceed {MAX_LINES} lines (or are gone): remove them from "
-                       "OVER_MAX_LINES in tests/test_layout.py")
+    assert not fixed, (
+        f"{', '.join(fixed)} no longer exceed {MAX_LINES} lines (or are gone): remove them from "
+        "OVER_MAX_LINES in tests/test_layout.py"
+    )
 
 
 def test_the_placement_checks_catch_what_they_forbid(tmp_path):
     plugin, core = tmp_path / "plug", tmp_path / "core"
     plugin.mkdir()
     core.mkdir()
-    (plugin / "cmd.py").write_text("import pacer_bench.timing\nclass C:\n    from pacer_bench import replay\n"
-                                   "def run():\n    from pacer_bench.prompts import PROMPT_SETS\n"
-                                   "f = lambda: __import__('pacer_bench')\n")
+    (plugin / "cmd.py").write_text(
+        "import pacer_bench.timing\nclass C:\n    from pacer_bench import replay\n"
+        "def run():\n    from pacer_bench.prompts import PROMPT_SETS\n"
+        "f = lambda: __import__('pacer_bench')\n"
+    )
     sources = {"plug.cmd": plugin / "cmd.py"}
     assert import_time_problems(sources, {"plug"}) == [
         "plug.cmd imports pacer_bench.timing at import time (line 1)",
-        "plug.cmd imports pacer_bench.replay at import time (line 3)"]
+        "plug.cmd imports pacer_bench.replay at import time (line 3)",
+    ]
     assert import_time_problems(sources, set()) == []  # not a plugin: the bench itself, say
-    (core / "train.py").write_text("import torch\nfrom torch.optim import AdamW\nimport torch.optim as optim\n"
-                                   "def step(model, loss):\n    loss.backward()\n"
-                                   "    torch.optim.SGD(model.parameters())\n"
-                                   "    model.zero_grad()\n    torch.autograd.grad(loss, [])\n")
-    assert sorted(training_code(core / "train.py")) == sorted([
-        "line 2: imports torch.optim.AdamW", "line 3: imports torch.optim", "line 5: calls .backward()",
-        "line 6: uses torch.optim", "line 7: calls .zero_grad()", "line 8: uses torch.autograd"])
+    (core / "train.py").write_text(
+        "import torch\nfrom torch.optim import AdamW\nimport torch.optim as optim\n"
+        "def step(model, loss):\n    loss.backward()\n"
+        "    torch.optim.SGD(model.parameters())\n"
+        "    model.zero_grad()\n    torch.autograd.grad(loss, [])\n"
+    )
+    assert sorted(training_code(core / "train.py")) == sorted(
+        [
+            "line 2: imports torch.optim.AdamW",
+            "line 3: imports torch.optim",
+            "line 5: calls .backward()",
+            "line 6: uses torch.optim",
+            "line 7: calls .zero_grad()",
+            "line 8: uses torch.autograd",
+        ]
+    )
     (core / "infer.py").write_text("import torch\n@torch.inference_mode()\ndef f(x):\n    return x.softmax(-1)\n")
     assert training_code(core / "infer.py") == []
     tree = tmp_path / "tree"
@@ -367,8 +423,12 @@ def test_the_placement_checks_catch_what_they_forbid(tmp_path):
 
 # -- the tests' own layout ---------------------------------------------------------------------------
 def _is_sys_path(node: ast.AST) -> bool:
-    return (isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name)
-            and node.value.id == "sys")
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr == "path"
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "sys"
+    )
 
 
 def _changes_sys_path(node: ast.AST) -> bool:
@@ -388,13 +448,19 @@ def test_folder_problems(folder: Path) -> list[str]:
     problems = []
     for path in sorted(folder.glob("*.py")):
         where = path.relative_to(folder)
-        problems += [f"{where}:{line} imports the test module {name}" for name, line in _imports(path.stem, path)
-                     if set(name.split(".")) & (test_modules - {path.stem})]
+        problems += [
+            f"{where}:{line} imports the test module {name}"
+            for name, line in _imports(path.stem, path)
+            if set(name.split(".")) & (test_modules - {path.stem})
+        ]
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if _changes_sys_path(node):
                 problems.append(f"{where}:{node.lineno} changes sys.path")
-            if (path.name != THREADS_HELPER and isinstance(node, ast.Call)
-                    and getattr(node.func, "attr", getattr(node.func, "id", None)) == "set_num_threads"):
+            if (
+                path.name != THREADS_HELPER
+                and isinstance(node, ast.Call)
+                and getattr(node.func, "attr", getattr(node.func, "id", None)) == "set_num_threads"
+            ):
                 problems.append(f"{where}:{node.lineno} sets torch's thread count")
     return problems
 
@@ -404,22 +470,31 @@ test_folder_problems.__test__ = False  # a helper of the tests below, not a test
 
 def test_test_modules_share_code_through_helpers_and_conftest_only():
     problems = test_folder_problems(TESTS)
-    assert not problems, ("tests/: " + "; ".join(problems) + " (shared builders go in tests/helpers.py, shared "
-                          "fixtures in tests/conftest.py; thread counts through helpers.torch_threads or "
-                          "conftest's real_model_threads fixture)")
+    assert not problems, (
+        "tests/: " + "; ".join(problems) + " (shared builders go in tests/helpers.py, shared "
+        "fixtures in tests/conftest.py; thread counts through helpers.torch_threads or "
+        "conftest's real_model_threads fixture)"
+    )
 
 
 def test_the_test_folder_check_catches_what_it_forbids(tmp_path):
     (tmp_path / "conftest.py").write_text("from helpers import pin_threads\n")
     (tmp_path / "helpers.py").write_text("import torch\ntorch.set_num_threads(1)\n")
-    (tmp_path / "test_a.py").write_text("import sys\nsys.path.insert(0, 'x')\nfrom test_b import f\n"
-                                        "import helpers, strategies\nprint(sys.path)\n")
-    (tmp_path / "test_b.py").write_text("import sys\ndef f():\n    from . import test_a\n    import tests.conftest\n"
-                                        "    sys.path[:] = []\n    torch.set_num_threads(2)\n")
+    (tmp_path / "test_a.py").write_text(
+        "import sys\nsys.path.insert(0, 'x')\nfrom test_b import f\nimport helpers, strategies\nprint(sys.path)\n"
+    )
+    (tmp_path / "test_b.py").write_text(
+        "import sys\ndef f():\n    from . import test_a\n    import tests.conftest\n"
+        "    sys.path[:] = []\n    torch.set_num_threads(2)\n"
+    )
     assert sorted(test_folder_problems(tmp_path)) == [
-        "test_a.py:2 changes sys.path", "test_a.py:3 imports the test module test_b.f",
-        "test_b.py:3 imports the test module .test_a", "test_b.py:4 imports the test module tests.conftest",
-        "test_b.py:5 changes sys.path", "test_b.py:6 sets torch's thread count"]
+        "test_a.py:2 changes sys.path",
+        "test_a.py:3 imports the test module test_b.f",
+        "test_b.py:3 imports the test module .test_a",
+        "test_b.py:4 imports the test module tests.conftest",
+        "test_b.py:5 changes sys.path",
+        "test_b.py:6 sets torch's thread count",
+    ]
 
 
 def test_the_training_package_imports_no_plugin(graph):
@@ -428,17 +503,28 @@ def test_the_training_package_imports_no_plugin(graph):
     so it never reaches back into a plugin."""
     modules, lines = graph
     plugins = {name for name, folder in _packages().items() if folder.parent == PLUGINS}
-    bad = [f"{m} imports {t} (line {lines[m, t]})" for m, targets in sorted(modules.items()) if _top(m) == "pacer_train"
-           for t in sorted(targets) if _top(t) in plugins]
+    bad = [
+        f"{m} imports {t} (line {lines[m, t]})"
+        for m, targets in sorted(modules.items())
+        if _top(m) == "pacer_train"
+        for t in sorted(targets)
+        if _top(t) in plugins
+    ]
     assert not bad, "pacer_train must import only pacer_core and libraries: " + "; ".join(bad)
     assert any(_top(m) == "pacer_train" for m in modules), "the scan should see pacer_train"
 
 
-def cross_plugin_imports(modules: dict[str, set[str]], lines: dict[tuple[str, str], int],
-                         plugins: set[str]) -> list[str]:
+def cross_plugin_imports(
+    modules: dict[str, set[str]], lines: dict[tuple[str, str], int], plugins: set[str]
+) -> list[str]:
     """Imports of one plugin package by another (``import_graph``'s edges, functions' bodies included)."""
-    return [f"{m} imports {t} (line {lines[m, t]})" for m, targets in sorted(modules.items()) if _top(m) in plugins
-            for t in sorted(targets) if _top(t) in plugins and _top(t) != _top(m)]
+    return [
+        f"{m} imports {t} (line {lines[m, t]})"
+        for m, targets in sorted(modules.items())
+        if _top(m) in plugins
+        for t in sorted(targets)
+        if _top(t) in plugins and _top(t) != _top(m)
+    ]
 
 
 def test_no_plugin_imports_another_plugin(graph):
@@ -448,8 +534,9 @@ def test_no_plugin_imports_another_plugin(graph):
     modules, lines = graph
     plugins = {name for name, folder in _packages().items() if folder.parent == PLUGINS}
     bad = cross_plugin_imports(modules, lines, plugins)
-    assert not bad, ("a plugin imports another plugin; move what they share to pacer_train or pacer_core: "
-                     + "; ".join(bad))
+    assert not bad, "a plugin imports another plugin; move what they share to pacer_train or pacer_core: " + "; ".join(
+        bad
+    )
     assert len(plugins) >= 2, "the scan should see the plugin packages"
     made_up = {"a.cmd": {"b.store", "a.util", "pacer_train.corpus"}, "b.store": {"numpy"}}
     assert cross_plugin_imports(made_up, {("a.cmd", "b.store"): 7}, {"a", "b"}) == ["a.cmd imports b.store (line 7)"]
@@ -462,8 +549,11 @@ def test_every_package_is_installed():
 
     setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     assert setup["package-dir"] == {PLUGIN_PACKAGE: "plugins"}
-    folders = {init.parent.relative_to(ROOT) for root in (CORE, *HARNESS, "plugins")
-               for init in (ROOT / root).rglob("__init__.py")}
+    folders = {
+        init.parent.relative_to(ROOT)
+        for root in (CORE, *HARNESS, "plugins")
+        for init in (ROOT / root).rglob("__init__.py")
+    }
     names = {".".join((PLUGIN_PACKAGE, *f.parts[1:]) if f.parts[0] == "plugins" else f.parts) for f in folders}
     assert sorted(setup["packages"]) == sorted(names)
 
@@ -492,8 +582,11 @@ def _docstrings(tree: ast.AST) -> set[int]:
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, *FUNCTIONS[:2])) and node.body:
             first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value,
-                                                                                                   str):
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
                 found.add(id(first.value))
     return found
 
@@ -505,11 +598,16 @@ def _string_parts(tree: ast.AST) -> list[tuple[str, int]]:
     inside_fstrings = {id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for v in node.values}
     for node in ast.walk(tree):
         if isinstance(node, ast.JoinedStr):
-            text = "".join(v.value if isinstance(v, ast.Constant) else "{" + ast.unparse(v.value) + "}"
-                           for v in node.values)
+            text = "".join(
+                v.value if isinstance(v, ast.Constant) else "{" + ast.unparse(v.value) + "}" for v in node.values
+            )
             parts.append((text, node.lineno))
-        elif (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip
-              and id(node) not in inside_fstrings):
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in skip
+            and id(node) not in inside_fstrings
+        ):
             parts.append((node.value, node.lineno))
     return parts
 
@@ -538,18 +636,29 @@ def string_paths(sources: dict[str, Path], packages: set[str]) -> list[str]:
     for module, path in sorted(sources.items()):
         own, tree = _top(module), ast.parse(path.read_text(), str(path))
         for text, line in _string_parts(tree):
-            problems += [f"{module} names a path into {package} in a string (line {line}): {text!r}"
-                         for package, pattern in sorted(patterns.items()) if package != own and pattern.search(text)]
+            problems += [
+                f"{module} names a path into {package} in a string (line {line}): {text!r}"
+                for package, pattern in sorted(patterns.items())
+                if package != own and pattern.search(text)
+            ]
         aliases = {}  # a name an import binds → the module it names
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 aliases.update({(a.asname or a.name): f"{node.module}.{a.name}" for a in node.names})
             elif isinstance(node, ast.Import):
-                aliases.update({(a.asname or a.name.split(".")[0]): a.asname and a.name or a.name.split(".")[0]
-                                for a in node.names})
+                aliases.update(
+                    {
+                        (a.asname or a.name.split(".")[0]): a.asname and a.name or a.name.split(".")[0]
+                        for a in node.names
+                    }
+                )
         for node in ast.walk(tree):
-            if (isinstance(node, ast.Attribute) and node.attr == "__file__" and isinstance(node.value, ast.Name)
-                    and _top(aliases.get(node.value.id, own)) in packages - {own}):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr == "__file__"
+                and isinstance(node.value, ast.Name)
+                and _top(aliases.get(node.value.id, own)) in packages - {own}
+            ):
                 problems.append(f"{module} reads the folder of {aliases[node.value.id]} (line {node.lineno})")
     return problems
 
@@ -563,8 +672,10 @@ def test_no_module_imports_another_packages_private_names():
 def test_no_string_path_into_another_packages_folder():
     packages = set(_packages())
     problems = string_paths(_sources(), packages)
-    assert not problems, ("reach another package's data through what it declares (a shipped folder's name, "
-                          "docs/assets.md#shipped-data; a public constant): " + "; ".join(problems))
+    assert not problems, (
+        "reach another package's data through what it declares (a shipped folder's name, "
+        "docs/assets.md#shipped-data; a public constant): " + "; ".join(problems)
+    )
 
 
 def test_the_dependency_rules_catch_what_they_forbid(tmp_path):
@@ -582,7 +693,8 @@ def test_the_dependency_rules_catch_what_they_forbid(tmp_path):
         "CORPUS = 'plugins/other/corpus'\n"
         "MODULE = 'pacer_plugins.other.shipped'\n"
         "CHECKPOINT = Path(other_model.__file__).with_name('default')\n"
-        "TRAIN = 'pacer_train/corpus/words'\n")
+        "TRAIN = 'pacer_train/corpus/words'\n"
+    )
     (plugin / "good.py").write_text(
         "from pacer_plugins.plug import _own\n"  # its own package's private name
         "from pacer_core.registry import shipped_folder\n"
@@ -591,16 +703,21 @@ def test_the_dependency_rules_catch_what_they_forbid(tmp_path):
         "HERE = Path(__file__).parent / 'default'\n"
         "CONFIG = 'configs/hybrid.yaml'\n"
         "NAME = 'strategy.drafter.other'\n"
-        "def f():\n    '''Never plugins/other/default.'''\n    return bad.__file__\n")
+        "def f():\n    '''Never plugins/other/default.'''\n    return bad.__file__\n"
+    )
     sources = {"pacer_plugins.plug.bad": plugin / "bad.py", "pacer_plugins.plug.good": plugin / "good.py"}
     packages = {"pacer_plugins.plug", "pacer_plugins.other", "pacer_core", "pacer_train"}
     assert private_imports(sources, packages) == [
         "pacer_plugins.plug.bad imports the private pacer_plugins.other.students._shape (line 2)",
-        "pacer_plugins.plug.bad imports the private pacer_core._hidden (line 3)"]
-    assert sorted(string_paths(sources, packages)) == sorted([
-        "pacer_plugins.plug.bad names a path into pacer_plugins.other in a string (line 6): '{PLUGINS}.other'",
-        "pacer_plugins.plug.bad names a path into pacer_plugins.other in a string (line 7): 'plugins/other/corpus'",
-        "pacer_plugins.plug.bad names a path into pacer_plugins.other in a string (line 8): "
-        "'pacer_plugins.other.shipped'",
-        "pacer_plugins.plug.bad reads the folder of pacer_plugins.other.model (line 9)",
-        "pacer_plugins.plug.bad names a path into pacer_train in a string (line 10): 'pacer_train/corpus/words'"])
+        "pacer_plugins.plug.bad imports the private pacer_core._hidden (line 3)",
+    ]
+    assert sorted(string_paths(sources, packages)) == sorted(
+        [
+            "pacer_plugins.plug.bad names a path into pacer_plugins.other in a string (line 6): '{PLUGINS}.other'",
+            "pacer_plugins.plug.bad names a path into pacer_plugins.other in a string (line 7): 'plugins/other/corpus'",
+            "pacer_plugins.plug.bad names a path into pacer_plugins.other in a string (line 8): "
+            "'pacer_plugins.other.shipped'",
+            "pacer_plugins.plug.bad reads the folder of pacer_plugins.other.model (line 9)",
+            "pacer_plugins.plug.bad names a path into pacer_train in a string (line 10): 'pacer_train/corpus/words'",
+        ]
+    )

@@ -1,5 +1,6 @@
 """The tree passes the linter configured in pyproject.toml (``[tool.ruff]``: line length, pyflakes,
-import order), so a lint error fails the suite as it fails CI (.ci/run runs ``ruff check .`` first)."""
+import order, blank lines) and is formatted as ``ruff format .`` writes it, so a lint or format error
+fails the suite as it fails CI (.ci/run runs ``ruff check .`` and ``ruff format --check .`` first)."""
 
 import subprocess
 import sys
@@ -12,6 +13,23 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_the_tree_passes_ruff():
     pytest.importorskip("ruff", reason="ruff is not installed (it comes with the test extra: scripts/bootstrap.sh)")
-    done = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--quiet", "."], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--no-cache", "--quiet", "."],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, "ruff check . found problems (pyproject's [tool.ruff]):\n" + done.stdout + done.stderr
+
+
+def test_the_tree_is_formatted():
+    pytest.importorskip("ruff", reason="ruff is not installed (it comes with the test extra: scripts/bootstrap.sh)")
+    done = subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--check", "--no-cache", "--quiet", "."],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, "files `ruff format .` would change (run it):\n" + done.stdout + done.stderr

@@ -29,8 +29,9 @@ def save_tokenizer(folder):
 
     words = Tokenizer(models.WordLevel({f"w{i}": i for i in range(VOCAB)}, unk_token="w0"))
     words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=words, unk_token="w0", pad_token="w0", bos_token="w1",
-                            eos_token="w2").save_pretrained(folder)
+    PreTrainedTokenizerFast(
+        tokenizer_object=words, unk_token="w0", pad_token="w0", bos_token="w1", eos_token="w2"
+    ).save_pretrained(folder)
 
 
 def save_model(folder, seed):
@@ -59,8 +60,9 @@ def generate(capsys, target, *overrides):
 def shared_draft(target_folder, folder):
     """A token-level draft stored without the embeddings it shares with ``target_folder``."""
     student = student_from_target(HFModel(tiny_llama(0)), [1])
-    save_student(student, folder, target_path=str(target_folder), target_digest=weights_digest(target_folder),
-                 dtype="float32")
+    save_student(
+        student, folder, target_path=str(target_folder), target_digest=weights_digest(target_folder), dtype="float32"
+    )
     save_tokenizer(folder)
     return folder
 
@@ -130,14 +132,17 @@ def test_a_truncated_pacer_checkpoint(target_folder, tmp_path, capsys):
 
     eagle = eagle_draft(target_folder, tmp_path / "eagle")
     checkpoint = write_checkpoint(tmp_path / "mb", 32)
-    stack = [f"strategy.drafter={{name: eagle, path: '{eagle}'}}",
-             f"strategy.stop=[{{name: pacer, checkpoint: '{checkpoint}'}}]"]
+    stack = [
+        f"strategy.drafter={{name: eagle, path: '{eagle}'}}",
+        f"strategy.stop=[{{name: pacer, checkpoint: '{checkpoint}'}}]",
+    ]
     code, _, err = generate(capsys, target_folder, *stack)
     assert code == 0, err
     truncate(checkpoint / "preverify.safetensors")
     code, _, err = generate(capsys, target_folder, *stack)
-    assert_one_line_error(code, err, str(checkpoint / "preverify.safetensors"), "truncated or corrupt",
-                          "pacer train-preverify")
+    assert_one_line_error(
+        code, err, str(checkpoint / "preverify.safetensors"), "truncated or corrupt", "pacer train-preverify"
+    )
 
 
 # -- pytorch_model.bin ---------------------------------------------------------------------------
@@ -177,9 +182,11 @@ def test_the_completed_draft_is_remade_when_any_file_of_the_draft_changes(target
     folder = shared_draft(target_folder, tmp_path / "draft")
     first = materialize(str(folder))
     assert materialize(str(folder)) == first  # completed once
-    for name, edit in (("config.json", lambda c: {**c, "pacer_note": 1}),
-                       ("tokenizer_config.json", lambda c: {**c, "model_max_length": 77}),
-                       ("pacer-vocab-subset.json", lambda c: [3, 4, 5])):
+    for name, edit in (
+        ("config.json", lambda c: {**c, "pacer_note": 1}),
+        ("tokenizer_config.json", lambda c: {**c, "model_max_length": 77}),
+        ("pacer-vocab-subset.json", lambda c: [3, 4, 5]),
+    ):
         path = folder / name
         before = json.loads(path.read_text()) if path.exists() else None
         path.write_text(json.dumps(edit(before) if before is not None else edit({})))
@@ -207,8 +214,9 @@ def test_a_model_type_that_needs_remote_code(target_folder, capsys):
     config.update(model_type="fancy_custom", auto_map={"AutoModelForCausalLM": "modeling_fancy.FancyForCausalLM"})
     (target_folder / "config.json").write_text(json.dumps(config))
     code, _, err = generate(capsys, target_folder)
-    assert_one_line_error(code, err, "'fancy_custom'", "auto_map", "never runs a model's own code",
-                          "convert the weights")
+    assert_one_line_error(
+        code, err, "'fancy_custom'", "auto_map", "never runs a model's own code", "convert the weights"
+    )
     del config["auto_map"]
     (target_folder / "config.json").write_text(json.dumps(config))
     code, _, err = generate(capsys, target_folder)
@@ -219,21 +227,30 @@ def test_an_encoder_decoder_target(tmp_path, capsys):
     from transformers import T5Config, T5ForConditionalGeneration
 
     folder = tmp_path / "t5"
-    T5ForConditionalGeneration(T5Config(vocab_size=VOCAB, d_model=16, d_kv=8, d_ff=32, num_layers=1,
-                                        num_heads=2)).save_pretrained(folder)
+    T5ForConditionalGeneration(
+        T5Config(vocab_size=VOCAB, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2)
+    ).save_pretrained(folder)
     save_tokenizer(folder)
     capsys.readouterr()  # the save's progress bar
     code, _, err = generate(capsys, folder)
-    assert_one_line_error(code, err, "a t5 model, an encoder-decoder model",
-                          "causal (decoder-only) language models only")
+    assert_one_line_error(
+        code, err, "a t5 model, an encoder-decoder model", "causal (decoder-only) language models only"
+    )
 
 
 DAMAGES = {"truncated": lambda text: text[: len(text) // 2], "a list": lambda text: "[1, 2]"}
 
 
 @pytest.mark.parametrize("damage", DAMAGES)
-@pytest.mark.parametrize("kind, name", [("plain", "config.json"), ("shared", "config.json"),
-                                        ("shared", "pacer-shared.json"), ("shared", "pacer-vocab-subset.json")])
+@pytest.mark.parametrize(
+    "kind, name",
+    [
+        ("plain", "config.json"),
+        ("shared", "config.json"),
+        ("shared", "pacer-shared.json"),
+        ("shared", "pacer-vocab-subset.json"),
+    ],
+)
 def test_damaged_json_of_a_token_draft(target_folder, tmp_path, capsys, kind, name, damage):
     folder = tmp_path / "draft"
     if kind == "shared":
@@ -242,8 +259,11 @@ def test_damaged_json_of_a_token_draft(target_folder, tmp_path, capsys, kind, na
     else:
         save_model(folder, 1)
     path = folder / name
-    path.write_text(DAMAGES[damage](path.read_text()) if not (damage == "a list" and name.endswith("subset.json"))
-                    else '{"ids": [1]}')
+    path.write_text(
+        DAMAGES[damage](path.read_text())
+        if not (damage == "a list" and name.endswith("subset.json"))
+        else '{"ids": [1]}'
+    )
     code, _, err = generate(capsys, target_folder, "strategy.drafter.name=draft_model", f"draft.path={folder}")
     assert_one_line_error(code, err, f"'{path}'", "damaged")
 
@@ -275,10 +295,13 @@ def test_damaged_json_of_a_pacer_checkpoint(target_folder, tmp_path, capsys, nam
     checkpoint = write_checkpoint(tmp_path / "mb", 32)
     path = checkpoint / name
     path.write_text(DAMAGES[damage](path.read_text()))
-    code, _, err = generate(capsys, target_folder, f"strategy.drafter={{name: eagle, path: '{eagle}'}}",
-                            f"strategy.stop=[{{name: pacer, checkpoint: '{checkpoint}'}}]")
+    code, _, err = generate(
+        capsys,
+        target_folder,
+        f"strategy.drafter={{name: eagle, path: '{eagle}'}}",
+        f"strategy.stop=[{{name: pacer, checkpoint: '{checkpoint}'}}]",
+    )
     assert_one_line_error(code, err, f"'{path}'", "damaged", "pacer train-preverify")
-
 
 
 def _documented_model_errors() -> dict[str, str]:
@@ -299,16 +322,22 @@ def test_the_documented_model_folder_errors_are_the_real_messages(target_folder,
     from transformers import T5Config, T5ForConditionalGeneration
 
     t5 = tmp_path / "t5"
-    T5ForConditionalGeneration(T5Config(vocab_size=VOCAB, d_model=16, d_kv=8, d_ff=32, num_layers=1,
-                                        num_heads=2)).save_pretrained(t5)
+    T5ForConditionalGeneration(
+        T5Config(vocab_size=VOCAB, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2)
+    ).save_pretrained(t5)
     save_tokenizer(t5)
     draft = save_model(tmp_path / "draft", 1)
     (draft / "config.json").write_text("{")
-    scenarios = {"a folder with a config and weights but no tokenizer files": [bare],
-                 "a `model_type` transformers does not know, with `auto_map` (custom code)": [remote],
-                 "an encoder-decoder model such as T5": [t5],
-                 "a damaged `config.json` of a model or token draft":
-                     [target_folder, "strategy.drafter.name=draft_model", f"draft.path={draft}"]}
+    scenarios = {
+        "a folder with a config and weights but no tokenizer files": [bare],
+        "a `model_type` transformers does not know, with `auto_map` (custom code)": [remote],
+        "an encoder-decoder model such as T5": [t5],
+        "a damaged `config.json` of a model or token draft": [
+            target_folder,
+            "strategy.drafter.name=draft_model",
+            f"draft.path={draft}",
+        ],
+    }
     documented = _documented_model_errors()
     assert set(documented) == set(scenarios)
     capsys.readouterr()  # progress bars of the saves
@@ -316,4 +345,4 @@ def test_the_documented_model_folder_errors_are_the_real_messages(target_folder,
         code, _, err = generate(capsys, target, *overrides)
         assert_one_line_error(code, err)
         pattern = ".*".join(re.escape(part) for part in documented[name].split("…"))
-        assert re.fullmatch(pattern, err.strip()[len("pacer: error: "):]), (name, err)
+        assert re.fullmatch(pattern, err.strip()[len("pacer: error: ") :]), (name, err)

@@ -147,11 +147,14 @@ def last_rows(model, context: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     return out.logits[0, -1].float(), out.hidden_states[-1][0, -1].float()
 
 
-@pytest.mark.parametrize("prefix, main", [
-    pytest.param([], [17], id="empty-cache"),
-    pytest.param([5, 9, 13, 7], [22], id="one-main"),
-    pytest.param([5, 9], [13, 7, 22], id="three-main"),
-])
+@pytest.mark.parametrize(
+    "prefix, main",
+    [
+        pytest.param([], [17], id="empty-cache"),
+        pytest.param([5, 9, 13, 7], [22], id="one-main"),
+        pytest.param([5, 9], [13, 7, 22], id="three-main"),
+    ],
+)
 def test_lookahead_layout_matches_separate_forwards(prefix, main):
     model = tiny_llama(0)
     window = [[30, 31, 32], [40, 41, 42], [50, 51, 52]]  # rows × columns
@@ -187,8 +190,10 @@ def test_lookahead_layout_matches_separate_forwards(prefix, main):
 def test_the_draft_cache_keeps_only_the_main_chain_after_a_tree_forward():
     """The window and guess tokens are scored beside the main chain but must leave the draft
     model's cache: it holds exactly the context once a proposal returns."""
-    drafter = Ouroboros(OuroborosConfig(window_size=4, level=4, guess_set_size=6),
-                        Resources(target=None, draft=adapter(model("partial"), eos=False), sampling=SamplingParams()))
+    drafter = Ouroboros(
+        OuroborosConfig(window_size=4, level=4, guess_set_size=6),
+        Resources(target=None, draft=adapter(model("partial"), eos=False), sampling=SamplingParams()),
+    )
     prompt = PROMPTS["repetitive"]
     state = DecodeState(list(prompt), len(prompt), 20, SamplingParams(), torch.Generator(), frozenset())
     drafter.pacer_start(state=state)
@@ -353,21 +358,30 @@ class ChecksPlugin:
 
     @hookimpl
     def pacer_components(self):
-        return [Component("observer", "step_checks", NoOptions, self._checks),
-                Component("stop", "blocks", NoOptions, lambda config, resources: BlockStop(self.block, self.limit))]
+        return [
+            Component("observer", "step_checks", NoOptions, self._checks),
+            Component("stop", "blocks", NoOptions, lambda config, resources: BlockStop(self.block, self.limit)),
+        ]
 
     def _checks(self, config, resources):
         self.checks = StepChecks(resources, self.draft_model)
         return self.checks
 
 
-def ouroboros_engine(draft_kind: str, stop: str, drafter: str = DRAFTER, plugin=None, target=None,
-                     draft=None, eos: bool = False):
+def ouroboros_engine(
+    draft_kind: str, stop: str, drafter: str = DRAFTER, plugin=None, target=None, draft=None, eos: bool = False
+):
     plugin = plugin or ChecksPlugin()
-    cfg = load_config(overrides=[
-        f"strategy.drafter={drafter}", f"strategy.stop=[{stop}]", "strategy.verifier={name: greedy}",
-        "strategy.observers=[{name: metrics}, {name: step_checks}]",
-    ], extra_plugins=[plugin], require_models=False)
+    cfg = load_config(
+        overrides=[
+            f"strategy.drafter={drafter}",
+            f"strategy.stop=[{stop}]",
+            "strategy.verifier={name: greedy}",
+            "strategy.observers=[{name: metrics}, {name: step_checks}]",
+        ],
+        extra_plugins=[plugin],
+        require_models=False,
+    )
     target = adapter(target or model("target"), eos=eos)
     draft = adapter(draft or model(draft_kind), eos=eos)
     engine = Engine.build(target, draft=draft, cfg=cfg, extra_plugins=[plugin])
@@ -436,8 +450,10 @@ def test_the_pool_learns_the_suffixes_hanging_off_accepted_nodes():
     """``pacer_observe_step`` on a crafted tree: the suffix hanging off an accepted node is
     replaced by the target's correction, a suffix off a rejected main-path node is not learned, and
     the target's argmax chains along the main and the accepted paths are added."""
-    drafter = Ouroboros(OuroborosConfig(window_size=0, level=4, guess_set_size=6, topk=3),
-                        Resources(target=None, draft=ScriptedLM(16), sampling=SamplingParams()))
+    drafter = Ouroboros(
+        OuroborosConfig(window_size=0, level=4, guess_set_size=6, topk=3),
+        Resources(target=None, draft=ScriptedLM(16), sampling=SamplingParams()),
+    )
     drafter.pool.add(4, (5, 6, 7))
     drafter.pool.add(4, (5, 8, 9))
     # main path 3 4 | 10; a trie off 4 (nodes 2-6: 5 6 7, 5 8 9) and a suffix off 10 (nodes 8-10)
@@ -452,8 +468,17 @@ def test_the_pool_learns_the_suffixes_hanging_off_accepted_nodes():
     emitted = (3, 4, 5, 8, 9, 14)
     state = DecodeState([1, 2, *emitted], 2, 20, SamplingParams(), torch.Generator(), frozenset())
     drafter.pacer_start(state=DecodeState([1, 2], 2, 20, SamplingParams(), torch.Generator(), frozenset()))
-    step = StepRecord(index=0, draft=draft, verdict=verdict, emitted=emitted, committed_before=2, draft_s=0.0,
-                      verify_s=0.0, draft_forwards=0, target_argmax=argmax)
+    step = StepRecord(
+        index=0,
+        draft=draft,
+        verdict=verdict,
+        emitted=emitted,
+        committed_before=2,
+        draft_s=0.0,
+        verify_s=0.0,
+        draft_forwards=0,
+        target_argmax=argmax,
+    )
     drafter.pacer_observe_step(state=state, step=step)
     pool = drafter.pool
     assert drafter.stats["branch_tokens"] == 3  # nodes 2, 5, 6
@@ -493,8 +518,9 @@ def test_blocks_have_exactly_the_tokens_asked_and_the_surplus_is_served_next():
 
 
 def test_gamma_caps_the_draft_whatever_the_stop_asks():
-    engine, plugin = ouroboros_engine("same", "{name: fixed, gamma: 5}",
-                                      drafter="{name: ouroboros, gamma: 2, window_size: 4, level: 4}")
+    engine, plugin = ouroboros_engine(
+        "same", "{name: fixed, gamma: 5}", drafter="{name: ouroboros, gamma: 2, window_size: 4, level: 4}"
+    )
     result = engine.generate(PROMPTS["plain"], max_new_tokens=BUDGET)
     assert result.tokens == reference(tuple(PROMPTS["plain"]), BUDGET)
     lengths = [len(r.draft) for r in plugin.checks.records]
@@ -506,8 +532,9 @@ def test_eos_inside_the_draft_ends_the_generation():
     prompt = PROMPTS["one_token"]
     expected = reference_greedy(target, prompt, BUDGET, eos=True)
     assert expected[-1] == EOS and len(expected) < BUDGET  # the bias makes EOS come early
-    engine, plugin = ouroboros_engine("same", "{name: fixed, gamma: 6}", target=target,
-                                      draft=copy.deepcopy(target), eos=True)
+    engine, plugin = ouroboros_engine(
+        "same", "{name: fixed, gamma: 6}", target=target, draft=copy.deepcopy(target), eos=True
+    )
     result = engine.generate(prompt, max_new_tokens=BUDGET)
     assert result.tokens == expected and result.finish_reason == "eos"
     last = plugin.checks.records[-1].draft.tokens.tolist()
@@ -568,15 +595,17 @@ def test_prompt_phrases_seed_the_pool_from_the_prompt():
 # -- configuration -----------------------------------------------------------------------------
 def test_sampling_is_refused_with_a_clear_error():
     with pytest.raises(ConfigError, match="'ouroboros' supports greedy decoding only"):
-        load_config(overrides=["strategy.drafter={name: ouroboros}", "sampling.temperature=0.7"],
-                    require_models=False)
+        load_config(overrides=["strategy.drafter={name: ouroboros}", "sampling.temperature=0.7"], require_models=False)
 
 
-@pytest.mark.parametrize("options, words", [
-    ("topk: 5, guess_set_size: 4", "topk \\(5\\) must not exceed guess_set_size \\(4\\)"),
-    ("level: 1", "'level' must be >= 2"),
-    ("window: 3", "unknown option 'window'"),
-])
+@pytest.mark.parametrize(
+    "options, words",
+    [
+        ("topk: 5, guess_set_size: 4", "topk \\(5\\) must not exceed guess_set_size \\(4\\)"),
+        ("level: 1", "'level' must be >= 2"),
+        ("window: 3", "unknown option 'window'"),
+    ],
+)
 def test_bad_options_fail_early(options, words):
     with pytest.raises(ConfigError, match=words):
         load_config(overrides=[f"strategy.drafter={{name: ouroboros, {options}}}"], require_models=False)
@@ -601,7 +630,7 @@ def scripted_greedy(lm: ScriptedLM, prompt: list[int], budget: int) -> list[int]
     context = list(prompt)
     for _ in range(budget):
         context.append(int(lm.next_logits(context).argmax()))
-    return context[len(prompt):]
+    return context[len(prompt) :]
 
 
 @pytest.mark.parametrize("stop", ["{name: fixed, gamma: 5}", "{name: heuristic, gamma: 2}"])
@@ -616,8 +645,10 @@ def test_many_scripted_runs_equal_greedy(stop):
         target, draft = ScriptedLM(6, seed, table=target_table), ScriptedLM(6, seed, table=draft_table)
         prompt = [seed % 6, (seed + 1) % 6, (seed * 7) % 6]
         drafter = "{name: ouroboros, window_size: 3, level: 3, guess_set_size: 4, topk: 2}"
-        cfg = load_config(overrides=[f"strategy.drafter={drafter}", f"strategy.stop=[{stop}]",
-                                     "strategy.verifier={name: greedy}"], require_models=False)
+        cfg = load_config(
+            overrides=[f"strategy.drafter={drafter}", f"strategy.stop=[{stop}]", "strategy.verifier={name: greedy}"],
+            require_models=False,
+        )
         result = Engine.build(target, draft=draft, cfg=cfg).generate(prompt, max_new_tokens=40)
         assert result.tokens == scripted_greedy(target, prompt, 40), seed
         totals["multi"] += result.metrics["ouroboros_multi_token_forwards"]

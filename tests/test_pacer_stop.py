@@ -66,7 +66,7 @@ class ScriptedPredictor:
 
     def __call__(self, hidden, start, confidence=None):
         self.calls.append((start, hidden.clone()))
-        return torch.tensor(self.probs[start:start + len(hidden)], dtype=torch.float64)
+        return torch.tensor(self.probs[start : start + len(hidden)], dtype=torch.float64)
 
 
 def drafted(policy: PacerStop, available: int, chunk=None, hidden_size: int = 3) -> int:
@@ -181,13 +181,20 @@ def test_each_step_starts_at_t0_with_a_fresh_m_b_context():
 
 
 @settings(max_examples=150, deadline=None)
-@given(probs=st.lists(st.sampled_from([0.05, 0.3, 0.5, 0.6, 0.75, 0.9, 1.0]), min_size=12, max_size=12),
-       b=st.integers(1, 4), t0=st.sampled_from([0.0, 0.3, 0.5, 0.7]), rho=st.sampled_from([1.0, 1.1, 1.5]),
-       t_max=st.sampled_from([0.7, 0.95, 1.0]), min_draft=st.integers(0, 4), max_draft=st.integers(4, 12),
-       send=st.booleans())
+@given(
+    probs=st.lists(st.sampled_from([0.05, 0.3, 0.5, 0.6, 0.75, 0.9, 1.0]), min_size=12, max_size=12),
+    b=st.integers(1, 4),
+    t0=st.sampled_from([0.0, 0.3, 0.5, 0.7]),
+    rho=st.sampled_from([1.0, 1.1, 1.5]),
+    t_max=st.sampled_from([0.7, 0.95, 1.0]),
+    min_draft=st.integers(0, 4),
+    max_draft=st.integers(4, 12),
+    send=st.booleans(),
+)
 def test_the_rule_matches_its_statement(probs, b, t0, rho, t_max, min_draft, max_draft, send):
-    options = dict(b=b, t0=t0, rho=rho, t_max=max(t_max, t0), min_draft=min_draft, max_draft=max_draft,
-                   send_failed_block=send)
+    options = dict(
+        b=b, t0=t0, rho=rho, t_max=max(t_max, t0), min_draft=min_draft, max_draft=max_draft, send_failed_block=send
+    )
     assert drafted(scripted(probs, **options), 12) == reference_length(probs, **options)
 
 
@@ -196,8 +203,16 @@ def test_the_policy_reports_its_work_and_calibration():
     policy.pacer_start(state=None)
     length = drafted(policy, 6)
     draft = Draft().extend(DraftBlock(tokens=torch.zeros(length, dtype=torch.long)))
-    record = StepRecord(index=0, draft=draft, verdict=Verdict(1, 0, "recovered"), emitted=(0, 0),
-                        committed_before=5, draft_s=0.0, verify_s=0.0, draft_forwards=length)
+    record = StepRecord(
+        index=0,
+        draft=draft,
+        verdict=Verdict(1, 0, "recovered"),
+        emitted=(0, 0),
+        committed_before=5,
+        draft_s=0.0,
+        verify_s=0.0,
+        draft_forwards=length,
+    )
     policy.pacer_observe_step(state=None, step=record)
     metrics = policy.pacer_finish(state=None, result=None)
     assert metrics["pacer_checks"] == 2 and metrics["pacer_early_stops"] == 1
@@ -219,9 +234,11 @@ def with_a_correction(net: PreVerifier) -> PreVerifier:
     return net
 
 
-@pytest.mark.parametrize("options", [{}, {"positional": False}, {"layers": 2, "ffn_size": 0},
-                                     {"draft_confidence": True}, PRIOR], ids=["default", "no-pos", "2-layers", "conf",
-                                                                              "prior"])
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"positional": False}, {"layers": 2, "ffn_size": 0}, {"draft_confidence": True}, PRIOR],
+    ids=["default", "no-pos", "2-layers", "conf", "prior"],
+)
 def test_a_packed_forward_equals_separate_forwards(options):
     torch.manual_seed(3)
     net = with_a_correction(PreVerifier(small_arch(8, **options))).eval()
@@ -238,8 +255,8 @@ def test_a_packed_forward_equals_separate_forwards(options):
         at = 0
         for segment, s in enumerate(seq):
             n = lengths[s]
-            hidden[row, at:at + n], conf[row, at:at + n] = steps[s], confs[s]
-            positions[row, at:at + n], segments[row, at:at + n] = torch.arange(n), segment
+            hidden[row, at : at + n], conf[row, at : at + n] = steps[s], confs[s]
+            positions[row, at : at + n], segments[row, at : at + n] = torch.arange(n), segment
             at += n
     hidden[1, 6:] = 100.0  # padding must not leak into real rows
     conf[1, 6:] = -50.0
@@ -247,7 +264,7 @@ def test_a_packed_forward_equals_separate_forwards(options):
     for row, seq in enumerate(sequences):
         at = 0
         for s in seq:
-            assert torch.allclose(packed[row, at:at + lengths[s]], separate[s], atol=1e-5)
+            assert torch.allclose(packed[row, at : at + lengths[s]], separate[s], atol=1e-5)
             at += lengths[s]
     if options.get("layers", 1):  # a plain causal mask over the packed rows lets steps see each other
         wrong = net(hidden, positions, torch.ones(9, 9, dtype=torch.bool).tril().expand(2, 9, 9), conf)
@@ -256,8 +273,14 @@ def test_a_packed_forward_equals_separate_forwards(options):
 
 def test_the_packing_mask_is_block_diagonal_and_causal():
     mask = packing_mask(torch.tensor([[0, 0, 1, 1, 1, -1]]))[0].int()
-    assert mask.tolist() == [[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [0, 0, 1, 0, 0, 0],
-                             [0, 0, 1, 1, 0, 0], [0, 0, 1, 1, 1, 0], [0, 0, 0, 0, 0, 1]]
+    assert mask.tolist() == [
+        [1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0],
+        [0, 0, 1, 0, 0, 0],
+        [0, 0, 1, 1, 0, 0],
+        [0, 0, 1, 1, 1, 0],
+        [0, 0, 0, 0, 0, 1],
+    ]
 
 
 def test_pack_fills_sequences_in_order():
@@ -265,9 +288,11 @@ def test_pack_fills_sequences_in_order():
     assert pack([3, 5, 1], [2, 1, 0], 6) == [[2, 1], [0]]
 
 
-@pytest.mark.parametrize("options", [{}, {"positional": False}, {"layers": 2}, {"draft_confidence": True},
-                                     {"max_positions": 4}, PRIOR], ids=["default", "no-pos", "2-layers", "conf",
-                                                                        "few-pos", "prior"])
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"positional": False}, {"layers": 2}, {"draft_confidence": True}, {"max_positions": 4}, PRIOR],
+    ids=["default", "no-pos", "2-layers", "conf", "few-pos", "prior"],
+)
 @pytest.mark.parametrize("blocks", [[1] * 7, [2, 2, 3], [3, 4], [7]], ids=str)
 def test_incremental_decoding_equals_a_full_forward(options, blocks):
     torch.manual_seed(4)
@@ -281,7 +306,7 @@ def test_incremental_decoding_equals_a_full_forward(options, blocks):
         predictor.reset()
         start, parts = 0, []
         for k in blocks:
-            parts.append(predictor(hidden[start:start + k], start, conf[start:start + k]))
+            parts.append(predictor(hidden[start : start + k], start, conf[start : start + k]))
             start += k
         assert torch.allclose(torch.cat(parts), full, atol=1e-5)
     # re-judging from token 2 with other tokens 2.. forgets the old ones, their confidence included
@@ -302,8 +327,9 @@ def test_an_untrained_confidence_prior_predicts_the_drafts_cumulative_confidence
     with torch.no_grad():
         p = torch.sigmoid(net(torch.randn(6, 8), torch.arange(6), confidence=conf))
     assert torch.allclose(p.double(), cumulative_confidence(log_q), atol=1e-5)
-    assert torch.allclose(IncrementalPredictor(net)(torch.randn(6, 8), 0, conf).double(),
-                          cumulative_confidence(log_q), atol=1e-5)
+    assert torch.allclose(
+        IncrementalPredictor(net)(torch.randn(6, 8), 0, conf).double(), cumulative_confidence(log_q), atol=1e-5
+    )
     with pytest.raises(ValueError, match="confidence_prior starts from the draft's confidence: set draft_confidence"):
         small_arch(8, confidence_prior=True)
 
@@ -317,15 +343,19 @@ def test_a_checkpoint_of_another_layout_is_refused_in_one_line(tmp_path):
     assert "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize("config,needle", [
-    ({"layers": 1_000_000}, "layers is 1000000, but"),
-    ({"width": 2 ** 30, "heads": 1}, "width is 1073741824, but tensor 'proj.weight' has shape (16, 8)"),
-    ({"ffn_size": 10 ** 12}, "ffn_size is 1000000000000, but tensor 'blocks.0.up.weight'"),
-    ({"max_positions": 10 ** 12}, "max_positions is 1000000000000, but tensor 'position.weight'"),
-    ({"input_size": 10 ** 9}, "input_size is 1000000000, but tensor 'proj.weight'"),
-])
-def test_a_checkpoint_config_size_its_weights_do_not_hold_is_refused_before_anything_is_built(tmp_path, monkeypatch,
-                                                                                             config, needle):
+@pytest.mark.parametrize(
+    "config,needle",
+    [
+        ({"layers": 1_000_000}, "layers is 1000000, but"),
+        ({"width": 2**30, "heads": 1}, "width is 1073741824, but tensor 'proj.weight' has shape (16, 8)"),
+        ({"ffn_size": 10**12}, "ffn_size is 1000000000000, but tensor 'blocks.0.up.weight'"),
+        ({"max_positions": 10**12}, "max_positions is 1000000000000, but tensor 'position.weight'"),
+        ({"input_size": 10**9}, "input_size is 1000000000, but tensor 'proj.weight'"),
+    ],
+)
+def test_a_checkpoint_config_size_its_weights_do_not_hold_is_refused_before_anything_is_built(
+    tmp_path, monkeypatch, config, needle
+):
     """An M_B checkpoint's config.json is compared with its weights' header before the network is
     built from it (building one here fails the test)."""
     from pacer_plugins.pacer_stop import model
@@ -363,8 +393,11 @@ def brute_force_auc(scores, labels):
 
 
 @settings(max_examples=60, deadline=None)
-@given(pairs=st.lists(st.tuples(st.sampled_from([0.0, 0.1, 0.25, 0.5, 0.7, 0.9, 1.0]), st.booleans()),
-                      min_size=2, max_size=30))
+@given(
+    pairs=st.lists(
+        st.tuples(st.sampled_from([0.0, 0.1, 0.25, 0.5, 0.7, 0.9, 1.0]), st.booleans()), min_size=2, max_size=30
+    )
+)
 def test_auc_matches_brute_force(pairs):
     scores, labels = zip(*pairs)
     auc = roc_auc(torch.tensor(scores), torch.tensor(labels))
@@ -394,14 +427,17 @@ def error_of(overrides) -> str:
     return str(info.value)
 
 
-@pytest.mark.parametrize("entry, words", [
-    ("{name: pacer, b: 0}", "'b' must be >= 1"),
-    ("{name: pacer, t0: 1.5}", "'t0' must be in [0, 1]"),
-    ("{name: pacer, rho: 0.9}", "'rho' must be >= 1.0"),
-    ("{name: pacer, t0: 0.8, t_max: 0.7}", "t_max (0.7) must not be below t0 (0.8)"),
-    ("{name: pacer, min_draft: 5, max_draft: 4}", "min_draft (5) must not exceed max_draft (4)"),
-    ("{name: pacer, block: 4}", "unknown option 'block'"),
-])
+@pytest.mark.parametrize(
+    "entry, words",
+    [
+        ("{name: pacer, b: 0}", "'b' must be >= 1"),
+        ("{name: pacer, t0: 1.5}", "'t0' must be in [0, 1]"),
+        ("{name: pacer, rho: 0.9}", "'rho' must be >= 1.0"),
+        ("{name: pacer, t0: 0.8, t_max: 0.7}", "t_max (0.7) must not be below t0 (0.8)"),
+        ("{name: pacer, min_draft: 5, max_draft: 4}", "min_draft (5) must not exceed max_draft (4)"),
+        ("{name: pacer, block: 4}", "unknown option 'block'"),
+    ],
+)
 def test_bad_options_fail_in_load_config(entry, words):
     assert words in error_of(["strategy.drafter={name: draft_model}", f"strategy.stop=[{entry}]"])
 
@@ -420,9 +456,13 @@ def test_the_shipped_config_validates_without_its_checkpoint():
 def pair_engine(folder, target_digest="aaaa", draft_digest="dddd", extra=""):
     target, draft = adapter(tiny_llama(0)), adapter(tiny_llama(1))
     target.digest, draft.digest = target_digest, draft_digest
-    cfg = load_config(overrides=["strategy.drafter={name: draft_model}",
-                                 f"strategy.stop=[{{name: pacer, checkpoint: '{folder}'{extra}}}]"],
-                      require_models=False)
+    cfg = load_config(
+        overrides=[
+            "strategy.drafter={name: draft_model}",
+            f"strategy.stop=[{{name: pacer, checkpoint: '{folder}'{extra}}}]",
+        ],
+        require_models=False,
+    )
     return Engine.build(target, draft=draft, cfg=cfg)
 
 
@@ -449,12 +489,18 @@ def test_the_eagle_drafters_identity_reaches_the_stop(tmp_path):
     assert identity.startswith("eagle:aaaa:")
 
     def build(trained_for):
-        folder = write_checkpoint(tmp_path / trained_for.replace(":", "_"), 32, target_digest="aaaa",
-                                  draft_identity=trained_for)
+        folder = write_checkpoint(
+            tmp_path / trained_for.replace(":", "_"), 32, target_digest="aaaa", draft_identity=trained_for
+        )
         target = adapter(target_model)
         target.digest = "aaaa"
-        cfg = load_config(overrides=[f"strategy.drafter={{name: eagle, path: '{eagle}'}}",
-                                     f"strategy.stop=[{{name: pacer, checkpoint: '{folder}'}}]"], require_models=False)
+        cfg = load_config(
+            overrides=[
+                f"strategy.drafter={{name: eagle, path: '{eagle}'}}",
+                f"strategy.stop=[{{name: pacer, checkpoint: '{folder}'}}]",
+            ],
+            require_models=False,
+        )
         return Engine.build(target, cfg=cfg)
 
     build(identity).generate([1, 7, 9, 7], max_new_tokens=8)
@@ -465,8 +511,9 @@ def test_the_eagle_drafters_identity_reaches_the_stop(tmp_path):
 def test_missing_or_mismatched_checkpoints_are_explained(tmp_path, monkeypatch):
     import pacer_plugins.pacer_stop.policy
 
-    pair_engine_default = load_config(overrides=["strategy.drafter={name: draft_model}",
-                                                 "strategy.stop=[{name: pacer}]"], require_models=False)
+    pair_engine_default = load_config(
+        overrides=["strategy.drafter={name: draft_model}", "strategy.stop=[{name: pacer}]"], require_models=False
+    )
     # the shipped checkpoint is trained for the embedded pair: a tiny pair's hidden size differs
     with pytest.raises(InputError, match="size 576, but this draft's have size 32.*train-preverify"):
         Engine.build(adapter(tiny_llama(0)), draft=adapter(tiny_llama(1)), cfg=pair_engine_default)
@@ -490,8 +537,9 @@ def test_the_shipped_checkpoint_for_the_run_pair_is_chosen(tmp_path, monkeypatch
     assert policy.shipped_for_pair("draft-c") is None and policy.shipped_for_pair(None) is None
     draft = adapter(tiny_llama(1))
     draft.digest = "draft-b"
-    cfg = load_config(overrides=["strategy.drafter={name: draft_model}", "strategy.stop=[{name: pacer}]"],
-                      require_models=False)
+    cfg = load_config(
+        overrides=["strategy.drafter={name: draft_model}", "strategy.stop=[{name: pacer}]"], require_models=False
+    )
     engine = Engine.build(adapter(tiny_llama(0)), draft=draft, cfg=cfg)
     stop = next(p for n, p in engine.pm.list_name_plugin() if n.startswith("strategy.stop"))
     assert torch.equal(stop.predictor.w["head.weight"], PreVerifier.load(second).head.weight.float())
@@ -506,23 +554,40 @@ PROMPTS = [[5, 9, 13, 5, 9, 21, 7], [1, 2, 3, 4, 5, 6, 7, 8], [30, 31, 30, 31, 3
 GREEDY_SCALE = 6.0  # the tiny target of greedy_models
 
 
-@pytest.mark.parametrize("stack", [
-    "{name: pacer, b: 1, t0: 0.55, rho: 1.05, t_max: 0.7}",
-    "{name: pacer, b: 2, t0: 0.55, rho: 1.1, t_max: 0.7, send_failed_block: false}",
-    "{name: pacer, b: 1, t0: 0.55, rho: 1.05, t_max: 0.7, min_draft: 0, send_failed_block: false}",
-    "{name: pacer, b: 2, t0: 0.5}, {name: fixed, gamma: 3}",
-    f"{{name: pacer, rule: throughput, b: 1, {COSTS}}}",
-    f"{{name: pacer, rule: throughput, b: 2, predictor: draft_confidence, {COSTS}}}",
-    f"{{name: pacer, rule: throughput, b: 1, margin: 0.003, predictor: draft_confidence, {COSTS}}}",
-], ids=["send", "trim", "trim-to-zero", "with-fixed", "throughput", "throughput-confidence-b2",
-        "throughput-confidence-long"])
+@pytest.mark.parametrize(
+    "stack",
+    [
+        "{name: pacer, b: 1, t0: 0.55, rho: 1.05, t_max: 0.7}",
+        "{name: pacer, b: 2, t0: 0.55, rho: 1.1, t_max: 0.7, send_failed_block: false}",
+        "{name: pacer, b: 1, t0: 0.55, rho: 1.05, t_max: 0.7, min_draft: 0, send_failed_block: false}",
+        "{name: pacer, b: 2, t0: 0.5}, {name: fixed, gamma: 3}",
+        f"{{name: pacer, rule: throughput, b: 1, {COSTS}}}",
+        f"{{name: pacer, rule: throughput, b: 2, predictor: draft_confidence, {COSTS}}}",
+        f"{{name: pacer, rule: throughput, b: 1, margin: 0.003, predictor: draft_confidence, {COSTS}}}",
+    ],
+    ids=[
+        "send",
+        "trim",
+        "trim-to-zero",
+        "with-fixed",
+        "throughput",
+        "throughput-confidence-b2",
+        "throughput-confidence-long",
+    ],
+)
 @pytest.mark.parametrize("verifier", ["greedy", "speculative_sampling"])
 def test_greedy_output_is_the_targets_greedy_decoding(tmp_path, greedy_models, stack, verifier):
     target, draft, references = greedy_models
     folder = write_checkpoint(tmp_path / "mb", 32)
     stops = stack if "draft_confidence" in stack else stack.replace("pacer,", f"pacer, checkpoint: '{folder}',")
-    cfg = load_config(overrides=["strategy.drafter={name: draft_model}", f"strategy.verifier={{name: {verifier}}}",
-                                 f"strategy.stop=[{stops}]"], require_models=False)
+    cfg = load_config(
+        overrides=[
+            "strategy.drafter={name: draft_model}",
+            f"strategy.verifier={{name: {verifier}}}",
+            f"strategy.stop=[{stops}]",
+        ],
+        require_models=False,
+    )
     engine = Engine.build(adapter(target, eos=False), draft=adapter(draft, eos=False), cfg=cfg)
     with single_thread():
         results = [engine.generate(prompt, max_new_tokens=BUDGET) for prompt in PROMPTS]
@@ -540,12 +605,9 @@ def test_greedy_output_is_the_targets_greedy_decoding(tmp_path, greedy_models, s
 # A random M_B's predictions on the scripted draft's hidden states lie around 0.45-0.65, so t0 = 0.55
 # cuts the 3-token generations' drafts at varying lengths.
 DISTRIBUTION_CASES = [
-    pytest.param("b: 1, t0: 0.55, rho: 1.05, t_max: 0.7, max_draft: 3, send_failed_block: false", 5_000,
-                 id="trim"),
-    pytest.param("b: 1, t0: 0.55, rho: 1.05, t_max: 0.7, max_draft: 3", 20_000, id="send",
-                 marks=pytest.mark.slow),
-    pytest.param("b: 2, t0: 0.55, rho: 1.0, t_max: 0.7, max_draft: 3", 20_000, id="block2",
-                 marks=pytest.mark.slow),
+    pytest.param("b: 1, t0: 0.55, rho: 1.05, t_max: 0.7, max_draft: 3, send_failed_block: false", 5_000, id="trim"),
+    pytest.param("b: 1, t0: 0.55, rho: 1.05, t_max: 0.7, max_draft: 3", 20_000, id="send", marks=pytest.mark.slow),
+    pytest.param("b: 2, t0: 0.55, rho: 1.0, t_max: 0.7, max_draft: 3", 20_000, id="block2", marks=pytest.mark.slow),
 ]
 
 
@@ -555,8 +617,9 @@ def test_speculative_sampling_with_pacer_matches_the_target_distribution(tmp_pat
     with single_thread():
         target = ScriptedLM(VOCAB, table=TARGET_TABLE.clone())
         draft = ScriptedLM(VOCAB, seed=1, table=DRAFT_TABLE.clone())
-        engine = build_engine(target, draft, "draft_model", f"{{name: pacer, checkpoint: '{folder}', {options}}}",
-                              SAMPLINGS["t1"])
+        engine = build_engine(
+            target, draft, "draft_model", f"{{name: pacer, checkpoint: '{folder}', {options}}}", SAMPLINGS["t1"]
+        )
         outputs, steps = run(engine, PROMPT, samples)
         expected = exact_continuation_probs(target, PROMPT, LENGTH, engine.sampling)
         p_value = chisquare_pvalue(outputs, expected)
@@ -567,8 +630,7 @@ def test_speculative_sampling_with_pacer_matches_the_target_distribution(tmp_pat
 
 # -- train-preverify ---------------------------------------------------------------------------------
 def tiny_train_config(tmp_path, **data) -> trainer.TrainPreverifyConfig:
-    cfg = trainer.TrainPreverifyConfig(out=str(tmp_path), drafter={"name": "draft_model"},
-                                       verifier={"name": "greedy"})
+    cfg = trainer.TrainPreverifyConfig(out=str(tmp_path), drafter={"name": "draft_model"}, verifier={"name": "greedy"})
     cfg.data.window, cfg.data.max_new_tokens = 6, 24
     for key, value in data.items():
         setattr(cfg.data, key, value)
@@ -594,12 +656,12 @@ def test_simulated_labels_are_what_the_verifier_decided(tmp_path, greedy_models)
         offsets = [0] + sample["lengths"].cumsum(0).tolist()
         assert sample["hidden"].shape == (offsets[-1], 32) and max(sample["lengths"]) <= 6
         for s, before in enumerate(sample["committed_before"].tolist()):
-            tokens = sample["tokens"][offsets[s]:offsets[s + 1]]
-            labels = sample["labels"][offsets[s]:offsets[s + 1]]
+            tokens = sample["tokens"][offsets[s] : offsets[s + 1]]
+            labels = sample["labels"][offsets[s] : offsets[s + 1]]
             # independently: the target's greedy choices after the committed context + draft prefix
             with torch.no_grad():
                 logits = target_model(torch.tensor([sequence[:before] + tokens.tolist()])).logits[0]
-            greedy = logits[before - 1:before - 1 + len(tokens)].argmax(-1)
+            greedy = logits[before - 1 : before - 1 + len(tokens)].argmax(-1)
             expected = torch.cumprod((greedy == tokens).long(), 0).bool()  # accepted prefix, then rejected
             assert torch.equal(labels, expected)
             checked += 1
@@ -627,10 +689,17 @@ def synthetic_steps(count: int, seed: int) -> trainer.StepData:
         hidden = torch.randn(int(lengths.sum()), 8, generator=generator) + 0.8
         labels, at = [], 0
         for n in lengths.tolist():
-            labels.append(torch.cumprod((hidden[at:at + n, 0] > 0).long(), 0).bool())
+            labels.append(torch.cumprod((hidden[at : at + n, 0] > 0).long(), 0).bool())
             at += n
-        samples.append({"item": item, "lengths": lengths, "hidden": hidden.half(), "labels": torch.cat(labels),
-                        "confidence": torch.zeros(len(hidden), 2).half()})
+        samples.append(
+            {
+                "item": item,
+                "lengths": lengths,
+                "hidden": hidden.half(),
+                "labels": torch.cat(labels),
+                "confidence": torch.zeros(len(hidden), 2).half(),
+            }
+        )
     return trainer.StepData.from_samples(samples)
 
 
@@ -663,8 +732,17 @@ def test_the_checkpoint_tag_changes_with_the_recipe_but_not_with_what_a_resumed_
     base = tag()
     for same in (["train.epochs=60"], ["train.threads=1"], ["train.checkpoint_every=7"], ["export=runs/x"]):
         assert tag(*same) == base, same  # continuing, or only how the work is run
-    others = [tag(*o) for o in (["train.lr=0.0005"], ["train.weight_decay=0.1"], ["model.width=32"],
-                                ["model.draft_confidence=true"], ["seed=1"], ["train.batch_size=8"])]
+    others = [
+        tag(*o)
+        for o in (
+            ["train.lr=0.0005"],
+            ["train.weight_decay=0.1"],
+            ["model.width=32"],
+            ["model.draft_confidence=true"],
+            ["seed=1"],
+            ["train.batch_size=8"],
+        )
+    ]
     assert base not in others and len(set(others)) == len(others)
 
 
@@ -680,27 +758,45 @@ def test_train_preverify_plans_its_simulation_once(tmp_path, monkeypatch, resolu
     out = tmp_path / "run"
     out.mkdir()
     (out / "items.json").write_text(json.dumps([{"source": "test", "prompt": [5, 9, 13, 5, 9, 21, 7]}]))
-    argv = ["train-preverify", f"out={out}", f"draft.path={tmp_path / 'draft'}", "drafter={name: draft_model}",
-            "verifier={name: greedy}", "data.window=6", "data.max_new_tokens=12", "data.heldout_every=2",
-            "model.width=16", "model.heads=2", "model.ffn_size=32", "model.max_positions=8", "train.pack_len=24",
-            "train.batch_size=4", "train.epochs=1", "train.threads=1"]
+    argv = [
+        "train-preverify",
+        f"out={out}",
+        f"draft.path={tmp_path / 'draft'}",
+        "drafter={name: draft_model}",
+        "verifier={name: greedy}",
+        "data.window=6",
+        "data.max_new_tokens=12",
+        "data.heldout_every=2",
+        "model.width=16",
+        "model.heads=2",
+        "model.ffn_size=32",
+        "model.max_positions=8",
+        "train.pack_len=24",
+        "train.batch_size=4",
+        "train.epochs=1",
+        "train.threads=1",
+    ]
     with single_thread():
         assert cli.main(argv) == 0, capsys.readouterr().err
     assert resolutions == {"plugin_managers": 1, "resolutions": 1}
 
 
 def test_train_config_errors_are_one_line():
-    for overrides, words in [(["model.max_positions=8"], "max_positions (8) must be >= data.window (16)"),
-                             (["model.width=30"], "multiple of heads"),
-                             (["model.confidence_prior=true"], "set draft_confidence too"),
-                             (["data.windw=3"], "unknown option 'data.windw'")]:
+    for overrides, words in [
+        (["model.max_positions=8"], "max_positions (8) must be >= data.window (16)"),
+        (["model.width=30"], "multiple of heads"),
+        (["model.confidence_prior=true"], "set draft_confidence too"),
+        (["data.windw=3"], "unknown option 'data.windw'"),
+    ]:
         with pytest.raises(ConfigError) as info:
             trainer.load_train_config(None, overrides)
         assert words in str(info.value) and "\n" not in str(info.value)
     # the simulation's stack, checked when the run plans it (before anything is written or loaded)
-    for overrides, words in [(["drafter={name: prompt_lookup}"], "does not provide hidden states"),
-                             (["drafter={name: draft_model}", "target.path=/my/target"], "needs a draft model"),
-                             (["drafter={name: nope}"], "unknown drafter 'nope'")]:
+    for overrides, words in [
+        (["drafter={name: prompt_lookup}"], "does not provide hidden states"),
+        (["drafter={name: draft_model}", "target.path=/my/target"], "needs a draft model"),
+        (["drafter={name: nope}"], "unknown drafter 'nope'"),
+    ]:
         with pytest.raises(ConfigError) as info:
             trainer.simulation_plan(trainer.load_train_config(None, overrides))
         assert words in str(info.value) and "\n" not in str(info.value)
@@ -802,9 +898,13 @@ def test_a_draft_made_before_the_record_is_re_derived_from_its_recipe(tmp_path):
     with pytest.raises(InputError) as info:
         trainer.draft_corpus(wrong, trainer.draft_manifest(wrong), tokenizer)
     assert "other token counts" in str(info.value) and "\n" not in str(info.value)
-    for folder, words in [(tmp_path / "none", "has no manifest.json"),
-                          (write_draft_manifest(tmp_path / "foreign", family="someone's draft"),
-                           "neither corpus_sources nor a distill recipe")]:
+    for folder, words in [
+        (tmp_path / "none", "has no manifest.json"),
+        (
+            write_draft_manifest(tmp_path / "foreign", family="someone's draft"),
+            "neither corpus_sources nor a distill recipe",
+        ),
+    ]:
         folder.mkdir(exist_ok=True)
         with pytest.raises(InputError) as info:
             trainer.draft_manifest(folder)
@@ -827,10 +927,20 @@ def corpus_answering_with(folder: Path, texts: list[str]) -> Path:
                 on_answer(index, answer)
         return answers
 
-    backend = Backend(encode=lambda text: list(text.encode()[:200]), generate=generate, vocab_size=256,
-                      target={"path": "fake", "digest": "f00d", "dtype": "float32", "device": "cpu"}, eos=[0])
-    run_corpus(CorpusConfig(out=str(folder), tokens=10, shard_size=4, batch_size=4), "pacer corpus test",
-               backend=backend, stream=Stream(0), guard=BenchmarkGuard([]))
+    backend = Backend(
+        encode=lambda text: list(text.encode()[:200]),
+        generate=generate,
+        vocab_size=256,
+        target={"path": "fake", "digest": "f00d", "dtype": "float32", "device": "cpu"},
+        eos=[0],
+    )
+    run_corpus(
+        CorpusConfig(out=str(folder), tokens=10, shard_size=4, batch_size=4),
+        "pacer corpus test",
+        backend=backend,
+        stream=Stream(0),
+        guard=BenchmarkGuard([]),
+    )
     return folder
 
 
@@ -844,8 +954,11 @@ def test_prompts_the_draft_saw_in_its_self_distillation_corpus_or_its_inits_are_
     plain = trainer.build_items(cfg, tokenizer, used)
     taken = [next(i for i in plain if i["source"] == source) for source in ("stdlib", "docs")]
     corpus = corpus_answering_with(tmp_path / "corpus", [tokenizer.decode(i["prompt"]) for i in taken])
-    record = {**distill_record(answers=0)[1], "selfdistill": {"path": str(corpus), "records": 1},
-              "init": used}  # its own corpus (no chat answers) continued from a draft that saw `used`
+    record = {
+        **distill_record(answers=0)[1],
+        "selfdistill": {"path": str(corpus), "records": 1},
+        "init": used,
+    }  # its own corpus (no chat answers) continued from a draft that saw `used`
     assert trainer.seen_sources(record)["instructions"] == used["instructions"]
     guard = trainer.CorpusGuard(trainer.selfdistill_folders(trainer.seen_sources(record)), tokenizer)
     items = trainer.build_items(cfg, tokenizer, record, guard)
@@ -888,7 +1001,7 @@ def test_the_shipped_drafts_record_their_corpus():
         for corpus in seen[folder]["selfdistill"]:
             first = corpus.get("first_shard", 0)  # corpus.selfdistill_from
             found = recorded_corpus(corpus)
-            read = CorpusStore(found, create=False).shards[first:first + len(corpus["shards"])]
+            read = CorpusStore(found, create=False).shards[first : first + len(corpus["shards"])]
             assert corpus["shards"] == [{"name": e["name"], "sha256": e["sha256"][:16]} for e in read]
             shard_json = [json.loads((found / f"{e['name']}.json").read_text()) for e in read]
             assert corpus["records"] == sum(len(shard["records"]) for shard in shard_json)
@@ -913,8 +1026,10 @@ def test_a_recorded_corpus_is_found_where_recorded_else_shipped_by_its_shards(tm
     assert recorded_corpus(record) == shipped
     open_chat = shipped_folder(OPEN_CHAT_CORPUS)
     first = CorpusStore(open_chat, create=False).shards[0]
-    assert recorded_corpus({"path": "gone", "shards": [{"name": first["name"], "sha256": first["sha256"][:16]}]}) \
+    assert (
+        recorded_corpus({"path": "gone", "shards": [{"name": first["name"], "sha256": first["sha256"][:16]}]})
         == open_chat
+    )
     assert recorded_corpus({**record, "shards": [{**shards[0], "sha256": "0" * 16}]}) is None
     assert recorded_corpus({"path": "gone", "shards": []}) is None  # nothing recorded to match
     local = tmp_path / "plugins" / "feature_draft" / "corpus"

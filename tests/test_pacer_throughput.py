@@ -43,7 +43,7 @@ class Scripted:
         pass
 
     def __call__(self, hidden, start, confidence=None):
-        return self.values[start:start + len(hidden)]
+        return self.values[start : start + len(hidden)]
 
 
 def throughput(probs, cost, **options) -> PacerStop:
@@ -62,7 +62,8 @@ def test_marginal_costs_are_drafting_plus_the_added_verification_row():
 
 @pytest.mark.parametrize("cost, drafted, sent", [(FLAT, 3, 3), (RISING, 3, 2)], ids=["flat", "rising"])
 def test_drafting_stops_where_the_next_tokens_gain_falls_below_its_cost_and_sends_what_pays_verification(
-        cost, drafted, sent):
+    cost, drafted, sent
+):
     # λ starts at plain decoding's rate, 1 / verify(1) = 100 tokens/s. Going on: the forecast
     # p̂_{e+1} = p_e² / p_{e−1} must pay drafting and its verification row, 100 · 0.002 (flat) or
     # 100 · 0.004 (rising): after token 3 the forecast is 0.15 · 0.18 = 0.026, below both. Sending:
@@ -98,10 +99,15 @@ def test_blocks_are_drafted_whole_and_the_send_skips_their_unpaid_tail():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(0, 1000), min_size=1, max_size=12), st.sampled_from([FLAT, RISING]),
-       st.integers(1, 4), st.floats(0.5, 2.0))
+@given(
+    st.lists(st.integers(0, 1000), min_size=1, max_size=12),
+    st.sampled_from([FLAT, RISING]),
+    st.integers(1, 4),
+    st.floats(0.5, 2.0),
+)
 def test_with_falling_predictions_the_rule_drafts_while_the_forecast_pays_and_sends_what_pays_its_row(
-        raw, cost, b, margin):
+    raw, cost, b, margin
+):
     probs = sorted((x / 1000 for x in raw), reverse=True)
     rate = rules.plain_rate(cost) * margin
     drafted, sent = drive(throughput(probs, cost, b=b, margin=margin), len(probs))
@@ -188,13 +194,18 @@ def test_a_cost_file_round_trips_for_its_machine_and_pair(tmp_path):
     assert cost_files.cache_file({**key, "draft_identity": "eeee"}, tmp_path) != path
 
 
-@pytest.mark.parametrize("change, words", [
-    ({"draft_identity": "eeee"}, "measured for target tttt with draft dddd (float32, cpu), but this run pairs target "
-                                 "tttt with draft eeee"),
-    ({"dtype": "bfloat16"}, "but this run pairs"),
-    ({"torch": "0.0"}, "is stale: measured with torch"),
-    ({"processor": "another CPU"}, "is stale: measured with processor"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (
+            {"draft_identity": "eeee"},
+            "measured for target tttt with draft dddd (float32, cpu), but this run pairs target tttt with draft eeee",
+        ),
+        ({"dtype": "bfloat16"}, "but this run pairs"),
+        ({"torch": "0.0"}, "is stale: measured with torch"),
+        ({"processor": "another CPU"}, "is stale: measured with processor"),
+    ],
+)
 def test_a_cost_file_for_another_pair_or_machine_is_refused_in_one_line(tmp_path, change, words):
     key = cost_files.full_key(PAIR)
     path = cost_files.write_costs(tmp_path / "costs.json", key, MEASURED)
@@ -225,9 +236,13 @@ def pacer_engine(tmp_path, extra: str, digest="tttt"):
     target, draft = adapter(tiny_llama(0)), adapter(tiny_llama(1))
     target.digest, draft.digest = digest, "dddd"
     folder = write_checkpoint(tmp_path / "mb", 32)
-    cfg = load_config(overrides=["strategy.drafter={name: draft_model}",
-                                 f"strategy.stop=[{{name: pacer, rule: throughput, checkpoint: '{folder}'{extra}}}]"],
-                      require_models=False)
+    cfg = load_config(
+        overrides=[
+            "strategy.drafter={name: draft_model}",
+            f"strategy.stop=[{{name: pacer, rule: throughput, checkpoint: '{folder}'{extra}}}]",
+        ],
+        require_models=False,
+    )
     return Engine.build(target, draft=draft, cfg=cfg)
 
 
@@ -263,8 +278,9 @@ def test_pacer_costs_measures_and_caches_a_tiny_pair(tmp_path, capsys, monkeypat
     monkeypatch.setattr(cli, "build_engine", build)
     monkeypatch.setenv("PACER_CACHE", str(tmp_path / "cache"))
     with single_thread():
-        code, out, err = run_cli(["costs", "--max-k", "4", "--repeats", "1", "--tokens", "8",
-                                  "strategy.drafter={name: draft_model}"], capsys)
+        code, out, err = run_cli(
+            ["costs", "--max-k", "4", "--repeats", "1", "--tokens", "8", "strategy.drafter={name: draft_model}"], capsys
+        )
     assert code == 0, err
     assert [s["name"] for s in built[0].strategy.stop] == ["fixed"] and built[0].sampling.temperature == 0
     key = cost_files.full_key(cost_files.engine_pair(Engine.build(target, draft=draft, cfg=built[0])))
@@ -274,16 +290,19 @@ def test_pacer_costs_measures_and_caches_a_tiny_pair(tmp_path, capsys, monkeypat
     assert "--tokens: must be from 1 to 4096, not 0" in one_line_error(capsys, ["costs", "--tokens", "0"])
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--profile-max-k", "0"], "--profile-max-k: must be from 1 to 512, not 0"),
-    (["--profile-max-k", "100000"], "--profile-max-k: must be from 1 to 512"),
-    (["--context", "-5"], "--context: must be from 1 to 1048576, not -5"),
-    (["--context", str(10 ** 12)], "--context: must be from 1 to 1048576"),
-    (["--context", "many"], "--context: must be a whole number from 1 to 1048576, not 'many'"),
-    (["--max-k", "0"], "--max-k: must be from 1 to 512"),
-    (["--repeats", "-1"], "--repeats: must be from 1 to 100"),
-    (["--gamma", "1000"], "--gamma: must be from 1 to 64"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--profile-max-k", "0"], "--profile-max-k: must be from 1 to 512, not 0"),
+        (["--profile-max-k", "100000"], "--profile-max-k: must be from 1 to 512"),
+        (["--context", "-5"], "--context: must be from 1 to 1048576, not -5"),
+        (["--context", str(10**12)], "--context: must be from 1 to 1048576"),
+        (["--context", "many"], "--context: must be a whole number from 1 to 1048576, not 'many'"),
+        (["--max-k", "0"], "--max-k: must be from 1 to 512"),
+        (["--repeats", "-1"], "--repeats: must be from 1 to 100"),
+        (["--gamma", "1000"], "--gamma: must be from 1 to 64"),
+    ],
+)
 def test_pacer_costs_numeric_options_have_ranges(capsys, monkeypatch, argv, needle):
     from pacer_core import cli
 
@@ -297,8 +316,19 @@ def test_pacer_costs_refuses_forwards_beyond_the_targets_context_before_measurin
     target, draft = adapter(tiny_llama(0)), adapter(tiny_llama(1))
     monkeypatch.setattr(cli, "build_engine", lambda plan: Engine.build(target, draft=draft, plan=plan))
     monkeypatch.setattr(cost_files, "measure_costs", lambda *a: pytest.fail("measured before checking --context"))
-    error = one_line_error(capsys, ["costs", "--profile", str(tmp_path / "p.yaml"), "--context", str(target.max_length),
-                                    "--profile-max-k", "8", "strategy.drafter={name: draft_model}"])
+    error = one_line_error(
+        capsys,
+        [
+            "costs",
+            "--profile",
+            str(tmp_path / "p.yaml"),
+            "--context",
+            str(target.max_length),
+            "--profile-max-k",
+            "8",
+            "strategy.drafter={name: draft_model}",
+        ],
+    )
     assert f"--context plus --profile-max-k come to {target.max_length + 8} tokens" in error
     assert f"the target's context of {target.max_length}" in error
 
@@ -313,8 +343,22 @@ def test_pacer_costs_says_when_it_replaces_the_machine_wide_profile(tmp_path, ca
     target.digest = "tttt"
     monkeypatch.setattr(cli, "build_engine", lambda plan: Engine.build(target, draft=draft, plan=plan))
     monkeypatch.setenv("PACER_CACHE", str(tmp_path / "cache"))
-    argv = ["costs", "--max-k", "2", "--repeats", "1", "--tokens", "4", "--profile-max-k", "4", "--context", "16",
-            "--out", str(tmp_path / "costs.json"), "strategy.drafter={name: draft_model}"]
+    argv = [
+        "costs",
+        "--max-k",
+        "2",
+        "--repeats",
+        "1",
+        "--tokens",
+        "4",
+        "--profile-max-k",
+        "4",
+        "--context",
+        "16",
+        "--out",
+        str(tmp_path / "costs.json"),
+        "strategy.drafter={name: draft_model}",
+    ]
     cached = measured_profile_path("cpu", "tttt")
     with single_thread():
         code, out, err = run_cli([*argv, "--profile", str(tmp_path / "a.yaml")], capsys)
@@ -355,8 +399,14 @@ def synthetic_steps(count=300, window=8, seed=0):
 
 
 def test_replaying_a_policy_charges_what_it_drafted_and_sent():
-    steps = [HeldOutStep(mb=torch.tensor([0.9, 0.9, 0.1, 0.1], dtype=torch.float64),
-                         confidence=torch.ones(4, dtype=torch.float64), accepted=3, item=0)]
+    steps = [
+        HeldOutStep(
+            mb=torch.tensor([0.9, 0.9, 0.1, 0.1], dtype=torch.float64),
+            confidence=torch.ones(4, dtype=torch.float64),
+            accepted=3,
+            item=0,
+        )
+    ]
     config = PacerStopConfig(rule="throughput", b=1, max_draft=4, min_draft=0)
     replay = replay_policy(steps, config, RISING)
     assert (replay.emitted, replay.steps) == (3, 1)  # 3 drafted, 2 sent, both accepted, + 1
@@ -366,8 +416,16 @@ def test_replaying_a_policy_charges_what_it_drafted_and_sent():
 def test_the_entropy_replay_stops_after_the_first_low_bound_and_calibrates_between_steps():
     # γ 1: bounds 1 − sqrt(H) = 0.9, 0.9, then negative; the draft is sure but the target rejects
     sure = torch.tensor([0.01, 0.01, 2.0, 2.0], dtype=torch.float64)
-    steps = [HeldOutStep(mb=torch.zeros(4, dtype=torch.float64), confidence=torch.ones(4, dtype=torch.float64),
-                         accepted=0, item=0, entropy=sure) for _ in range(2)]
+    steps = [
+        HeldOutStep(
+            mb=torch.zeros(4, dtype=torch.float64),
+            confidence=torch.ones(4, dtype=torch.float64),
+            accepted=0,
+            item=0,
+            entropy=sure,
+        )
+        for _ in range(2)
+    ]
     fixed = replay_entropy_stop(steps, gamma=1.0, threshold=0.5, adapt=False, cost=RISING)
     assert (fixed.emitted, fixed.steps) == (2, 2)  # each step sends 3 tokens (the low bound's one included)
     assert fixed.seconds == pytest.approx(2 * RISING.step(3))
@@ -375,23 +433,26 @@ def test_the_entropy_replay_stops_after_the_first_low_bound_and_calibrates_betwe
     # 0.545; a rate of 1 makes δ = −0.9 and λ = 1 after one step, and the second step sends 1 token
     adapted = replay_entropy_stop(steps, gamma=1.0, threshold=0.5, adapt=True, cost=RISING, adapt_rate=1.0)
     assert adapted.seconds == pytest.approx(RISING.step(3) + RISING.step(1))
-    assert replay_entropy_stop(steps, gamma=1.0, threshold=0.5, adapt=True, cost=RISING).seconds == \
-        pytest.approx(fixed.seconds)
+    assert replay_entropy_stop(steps, gamma=1.0, threshold=0.5, adapt=True, cost=RISING).seconds == pytest.approx(
+        fixed.seconds
+    )
     with pytest.raises(InputError, match="no draft entropies"):
         replay_entropy_stop([HeldOutStep(mb=sure, confidence=sure, accepted=0, item=0)], 1.0, 0.5, False, RISING)
 
 
 def test_a_perfect_predictor_reaches_the_cost_optimal_oracle_and_beats_fixed_windows():
     steps = synthetic_steps()
-    result = compare(steps, RISING, gammas=range(1, 9), blocks=[1], margins=[1.0], t0s=[0.5], confidences=[0.5],
-                     max_draft=8)
+    result = compare(
+        steps, RISING, gammas=range(1, 9), blocks=[1], margins=[1.0], t0s=[0.5], confidences=[0.5], max_draft=8
+    )
     mb = next(r for r in result["rows"] if r["family"] == "throughput / mb")
     # with p exact the first rejected token is the only waste: near the oracle, far above fixed γ
     assert mb["speedup"] > result["best_fixed_speedup"] and mb["captured"] > 0.5
     assert result["oracle_speedup"] >= mb["speedup"]
     # the same replay twice gives the same numbers (no clock)
-    again = compare(steps, RISING, gammas=range(1, 9), blocks=[1], margins=[1.0], t0s=[0.5], confidences=[0.5],
-                    max_draft=8)
+    again = compare(
+        steps, RISING, gammas=range(1, 9), blocks=[1], margins=[1.0], t0s=[0.5], confidences=[0.5], max_draft=8
+    )
     assert again["rows"] == result["rows"]
 
 
@@ -404,30 +465,89 @@ def test_replay_stop_reads_a_run_folder(tmp_path, capsys):
         lengths = torch.tensor([6, 6, 4])
         n = int(lengths.sum())
         labels = torch.cat([torch.arange(int(k)) < torch.randint(0, int(k) + 1, (1,), generator=g) for k in lengths])
-        atomic_save(tmp_path / "run" / "samples" / f"item_{item:05d}.pt", {
-            "hidden": torch.randn(n, 32, generator=g).half(), "labels": labels,
-            "confidence": torch.stack([torch.rand(n, generator=g).clamp_min(0.05).log(), torch.rand(n)], -1).half(),
-            "lengths": lengths, "item": item})
+        atomic_save(
+            tmp_path / "run" / "samples" / f"item_{item:05d}.pt",
+            {
+                "hidden": torch.randn(n, 32, generator=g).half(),
+                "labels": labels,
+                "confidence": torch.stack([torch.rand(n, generator=g).clamp_min(0.05).log(), torch.rand(n)], -1).half(),
+                "lengths": lengths,
+                "item": item,
+            },
+        )
     cost = tmp_path / "cost.json"
     cost.write_text(json.dumps({"verify_s": [0.01, 0.011, 0.012]}))
     checkpoint = write_checkpoint(tmp_path / "mb", 32)
-    code, out, err = run_cli(["replay-stop", str(tmp_path / "run"), "--costs", str(cost), "--checkpoint",
-                              str(checkpoint), "--heldout-every", "0", "--max-draft", "6", "--draft-token-s", "0.002",
-                              "--gammas", "1,2,6", "--b", "1,2", "--margins", "1", "--t0", "0.5", "--confidence",
-                              "0.5", "--json", str(tmp_path / "out.json")], capsys)
+    code, out, err = run_cli(
+        [
+            "replay-stop",
+            str(tmp_path / "run"),
+            "--costs",
+            str(cost),
+            "--checkpoint",
+            str(checkpoint),
+            "--heldout-every",
+            "0",
+            "--max-draft",
+            "6",
+            "--draft-token-s",
+            "0.002",
+            "--gammas",
+            "1,2,6",
+            "--b",
+            "1,2",
+            "--margins",
+            "1",
+            "--t0",
+            "0.5",
+            "--confidence",
+            "0.5",
+            "--json",
+            str(tmp_path / "out.json"),
+        ],
+        capsys,
+    )
     assert code == 0, err
     saved = json.loads((tmp_path / "out.json").read_text())
     assert saved["steps"] == 9 and set(saved["fixed"]) == {"1", "2", "6"}
-    assert {r["family"] for r in saved["rows"]} == {"confidence stop", "throughput / mb",
-                                                     "throughput / draft_confidence", "paper / mb", "entropy stop",
-                                                     "entropy stop, no calibration (svip)"}
+    assert {r["family"] for r in saved["rows"]} == {
+        "confidence stop",
+        "throughput / mb",
+        "throughput / draft_confidence",
+        "paper / mb",
+        "entropy stop",
+        "entropy stop, no calibration (svip)",
+    }
     assert len(saved["by_position"]["mb"]) == 6 and "| throughput / mb | b 1, margin 1.0 |" in out
-    message = one_line_error(capsys, ["replay-stop", str(tmp_path / "run"), "--costs", str(cost), "--checkpoint",
-                                      str(checkpoint), "--max-draft", "6"])
+    message = one_line_error(
+        capsys,
+        [
+            "replay-stop",
+            str(tmp_path / "run"),
+            "--costs",
+            str(cost),
+            "--checkpoint",
+            str(checkpoint),
+            "--max-draft",
+            "6",
+        ],
+    )
     assert "no held-out item" in message  # items 1..3: none divisible by the default 10
     assert "exceeds the simulated window" in one_line_error(
-        capsys, ["replay-stop", str(tmp_path / "run"), "--costs", str(cost), "--checkpoint", str(checkpoint),
-                 "--heldout-every", "0", "--max-draft", "7"])
+        capsys,
+        [
+            "replay-stop",
+            str(tmp_path / "run"),
+            "--costs",
+            str(cost),
+            "--checkpoint",
+            str(checkpoint),
+            "--heldout-every",
+            "0",
+            "--max-draft",
+            "7",
+        ],
+    )
 
 
 # -- per-position AUC and calibration --------------------------------------------------------------

@@ -36,8 +36,9 @@ BUDGET = 24
 BLOCK = 3
 
 
-def make_pard_draft(folder, vocab: int = 16, seed: int = 1, subset=None, block: int = BLOCK, peak: float = 3.0,
-                    eos: bool = True):
+def make_pard_draft(
+    folder, vocab: int = 16, seed: int = 1, subset=None, block: int = BLOCK, peak: float = 3.0, eos: bool = True
+):
     """A random tiny PARD draft (a 2-layer Llama of ``vocab`` tokens, peaky by ``peak``, its head over
     ``subset`` when given) and its pard files in ``folder``: (the transformers model, its adapter)."""
     lm = tiny_llama(seed, vocab=vocab, scale=peak)
@@ -51,11 +52,11 @@ def make_pard_draft(folder, vocab: int = 16, seed: int = 1, subset=None, block: 
     return lm, draft
 
 
-def pard_engine(target_model, draft, stop="{name: fixed, gamma: 3}", tree=None, extra=(), eos=True,
-                lookup_bias="null"):
+def pard_engine(target_model, draft, stop="{name: fixed, gamma: 3}", tree=None, extra=(), eos=True, lookup_bias="null"):
     drafter = f"{{name: pard, lookup_bias: {lookup_bias}" + (f", tree: {tree}" if tree else "") + "}"
-    cfg = load_config(overrides=[f"strategy.drafter={drafter}", f"strategy.stop=[{stop}]", *extra],
-                      require_models=False)
+    cfg = load_config(
+        overrides=[f"strategy.drafter={drafter}", f"strategy.stop=[{stop}]", *extra], require_models=False
+    )
     draft.reset()
     return Engine.build(adapter(target_model, eos=eos), draft=draft, cfg=cfg)
 
@@ -94,8 +95,8 @@ def test_the_packed_training_forward_computes_what_the_drafter_computes(pair, kn
         packed = pard_hidden(student, torch.tensor([tokens]), layout)[0, layout.block_rows]  # [K, block, d]
     drafter.pacer_start(None)
     for k, a in enumerate(anchors):
-        context = tokens[:a + 1]
-        logits, hidden = drafter._forward(context[:len(context) - known], context[len(context) - known:])
+        context = tokens[: a + 1]
+        logits, hidden = drafter._forward(context[: len(context) - known], context[len(context) - known :])
         torch.testing.assert_close(packed[k], hidden, rtol=1e-4, atol=1e-5)
         assert logits.shape == (BLOCK, 8) and bool(torch.isfinite(logits).all())
         assert list(draft.cached_tokens) == context  # the mask rows are cropped: the context alone stays
@@ -125,15 +126,25 @@ def test_the_pard_loss_falls_and_is_measured_per_position():
 
 
 # -- greedy: the target's own tokens ---------------------------------------------------------------
-STOPS = {"fixed1": "{name: fixed, gamma: 1}", "fixed4": "{name: fixed, gamma: 4}",
-         "confidence": "{name: confidence, threshold: 0.3}", "pacer": "{name: pacer, b: 3, max_draft: 8}"}
-TREES = {"chain": None, "tree6": "{topk: 3, depth: 3, nodes: 6}",
-         "auto_cpu": "{topk: 3, depth: 3, nodes: auto, profile: cpu-2core-smollm2-fp32}"}
+STOPS = {
+    "fixed1": "{name: fixed, gamma: 1}",
+    "fixed4": "{name: fixed, gamma: 4}",
+    "confidence": "{name: confidence, threshold: 0.3}",
+    "pacer": "{name: pacer, b: 3, max_draft: 8}",
+}
+TREES = {
+    "chain": None,
+    "tree6": "{topk: 3, depth: 3, nodes: 6}",
+    "auto_cpu": "{topk: 3, depth: 3, nodes: auto, profile: cpu-2core-smollm2-fp32}",
+}
 FAST = {("fixed4", "chain"), ("confidence", "tree6"), ("pacer", "auto_cpu")}
 
 
-GRID = [pytest.param(stop, tree, id=f"{stop}-{tree}", marks=() if (stop, tree) in FAST else pytest.mark.slow)
-        for stop in STOPS for tree in TREES]
+GRID = [
+    pytest.param(stop, tree, id=f"{stop}-{tree}", marks=() if (stop, tree) in FAST else pytest.mark.slow)
+    for stop in STOPS
+    for tree in TREES
+]
 
 
 @pytest.mark.parametrize("stop, tree", GRID)
@@ -178,13 +189,23 @@ def sampled_pvalue(target_model, draft, tree, monkeypatch=None, wrong=None, look
     distribution than each token was drawn from (``misreport_block_rows``)."""
     if wrong:
         misreport_block_rows(monkeypatch, PardDrafter, wrong)
-    engine = pard_engine(target_model, draft, tree=tree, eos=False, lookup_bias=lookup_bias,
-                         extra=["sampling.temperature=1.0", "strategy.verifier={name: speculative_sampling}",
-                                "generation.ignore_eos=true"])
+    engine = pard_engine(
+        target_model,
+        draft,
+        tree=tree,
+        eos=False,
+        lookup_bias=lookup_bias,
+        extra=[
+            "sampling.temperature=1.0",
+            "strategy.verifier={name: speculative_sampling}",
+            "generation.ignore_eos=true",
+        ],
+    )
     with single_thread():
         outputs, _ = sample_outputs(engine, SAMPLE_PROMPT, SAMPLES)
-    expected = exact_continuation_probs(adapter(target_model, eos=False), SAMPLE_PROMPT, LENGTH,
-                                        SamplingParams(temperature=1.0))
+    expected = exact_continuation_probs(
+        adapter(target_model, eos=False), SAMPLE_PROMPT, LENGTH, SamplingParams(temperature=1.0)
+    )
     return chisquare_pvalue(outputs, expected)
 
 
@@ -205,8 +226,11 @@ def test_rows_misreported_fail_the_distribution_test(sampling_pair, monkeypatch,
 @pytest.mark.slow  # 500 sampled generations
 def test_tree_children_claimed_as_sampled_fail_the_distribution_test(sampling_pair, monkeypatch):
     levels = BlockTree.next_levels
-    monkeypatch.setattr(BlockTree, "next_levels", lambda *a, **k: (lambda block: block and attrs.evolve(
-        block, sampled=True))(levels(*a, **k)))
+    monkeypatch.setattr(
+        BlockTree,
+        "next_levels",
+        lambda *a, **k: (lambda block: block and attrs.evolve(block, sampled=True))(levels(*a, **k)),
+    )
     assert sampled_pvalue(*sampling_pair, "{topk: 3, depth: 3, nodes: 6}", lookup_bias="[]") < 1e-6
 
 
@@ -221,14 +245,17 @@ def test_a_draft_without_pard_files_is_refused_in_one_line(pair, tmp_path):
         assert "\n" not in str(info.value) and "pard draft" in str(info.value)
 
 
-@pytest.mark.parametrize("config, weights, needle", [
-    ('{"family": "pard", "block": 1}', None, "block: a whole number in 2..32"),
-    ('{"family": "dflash", "block": 4}', None, "is not a pard config"),
-    ('{"family": "pard", "block": "4"}', None, "is not a pard config"),
-    (None, {"mask_embedding": torch.zeros(7)}, "hidden size 32"),
-    (None, {"mask_embedding": torch.full((32,), float("nan"))}, "no finite mask_embedding"),
-    (None, {"other": torch.zeros(32)}, "no finite mask_embedding"),
-])
+@pytest.mark.parametrize(
+    "config, weights, needle",
+    [
+        ('{"family": "pard", "block": 1}', None, "block: a whole number in 2..32"),
+        ('{"family": "dflash", "block": 4}', None, "is not a pard config"),
+        ('{"family": "pard", "block": "4"}', None, "is not a pard config"),
+        (None, {"mask_embedding": torch.zeros(7)}, "hidden size 32"),
+        (None, {"mask_embedding": torch.full((32,), float("nan"))}, "no finite mask_embedding"),
+        (None, {"other": torch.zeros(32)}, "no finite mask_embedding"),
+    ],
+)
 def test_damaged_pard_files_are_refused_in_one_line(pair, tmp_path, config, weights, needle):
     from safetensors.torch import save_file
 
@@ -250,13 +277,17 @@ def test_a_draft_of_another_vocabulary_is_refused(pair, tmp_path):
         pard_engine(target, draft)
 
 
-@pytest.mark.parametrize("options, needle", [
-    (["student.fused_layers=[1]"], "student.fused_layers"),
-    (["init=/nonexistent/pard-init"], "is not a folder"),
-    (["student.block=1"], "student.block"),
-])
-def test_distill_refuses_a_pard_option_in_one_line_before_any_model_loads(capsys, tmp_path, monkeypatch, options,
-                                                                          needle):
+@pytest.mark.parametrize(
+    "options, needle",
+    [
+        (["student.fused_layers=[1]"], "student.fused_layers"),
+        (["init=/nonexistent/pard-init"], "is not a folder"),
+        (["student.block=1"], "student.block"),
+    ],
+)
+def test_distill_refuses_a_pard_option_in_one_line_before_any_model_loads(
+    capsys, tmp_path, monkeypatch, options, needle
+):
     import pacer_core.hf as hf
 
     def no_model(*args, **kwargs):

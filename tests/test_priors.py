@@ -29,19 +29,20 @@ def test_reading_in_pieces_equals_a_direct_scan():
     read = 0
     while read < len(text):
         piece = rng.randint(1, 7)
-        index.extend(text[read:read + piece])
+        index.extend(text[read : read + piece])
         read += piece
         for _ in range(5):
             suffix = [rng.randrange(6) for _ in range(rng.randint(1, 4))]
-            assert lookup_bonus(index, suffix, [1.0, 2.5, 4.0]) == brute_successors(text[:read], suffix,
-                                                                                    [1.0, 2.5, 4.0])
+            assert lookup_bonus(index, suffix, [1.0, 2.5, 4.0]) == brute_successors(
+                text[:read], suffix, [1.0, 2.5, 4.0]
+            )
 
 
 def brute_corpus(docs, suffix, longest, keep, min_count):
     """The successors of the longest n-gram ending ``suffix`` seen ``min_count`` times in ``docs``, by a
     scan: the ``keep`` most frequent (ties: lower id) and their shares."""
     for n in range(min(longest, len(suffix)), 0, -1):
-        counts = Counter(d[p] for d in docs for p in range(n, len(d)) if d[p - n:p] == suffix[len(suffix) - n:])
+        counts = Counter(d[p] for d in docs for p in range(n, len(d)) if d[p - n : p] == suffix[len(suffix) - n :])
         total = sum(counts.values())
         if total >= min_count:
             top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:keep]

@@ -18,8 +18,21 @@ from pacer_core.costs import load_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILES = sorted((ROOT / "pacer_core" / "profiles").glob("*.yaml"))
-FIELDS = {"format", "name", "kind", "device", "dtype", "target", "context", "verify_s", "tree_verify_s",
-          "draft_s", "preverify_s", "host_s", "sources"}
+FIELDS = {
+    "format",
+    "name",
+    "kind",
+    "device",
+    "dtype",
+    "target",
+    "context",
+    "verify_s",
+    "tree_verify_s",
+    "draft_s",
+    "preverify_s",
+    "host_s",
+    "sources",
+}
 NUMBER_FIELDS = ("context", "verify_s", "tree_verify_s", "draft_s", "preverify_s", "host_s")
 TARGET_FIELDS = {"name", "params_b", "layers", "hidden", "vocab", "heads", "kv_heads", "intermediate", "digest"}
 

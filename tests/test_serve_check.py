@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pacer_bench import servecheck
+from pacer_bench import servecheck, serveexports
 from pacer_bench.servecheck import accepted_by_position, draft_line, engine_support
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,16 +31,19 @@ def test_an_avx512_machine_loads_vllms_fastest_x86_kernels():
     assert reason is None and kernels.startswith("_C_AVX2")
 
 
-@pytest.mark.parametrize("system, machine, flags, glibc, python, said", [
-    ("Linux", "x86_64", {"fpu", "sse2", "avx"}, (2, 36), (3, 11), "neither AVX-512 (avx512f) nor AVX2"),
-    ("Linux", "x86_64", None, (2, 36), (3, 11), "cannot read the CPU's flags"),
-    ("Darwin", "arm64", None, None, (3, 11), "Linux wheels only (manylinux_2_28); this is Darwin"),
-    ("Windows", "AMD64", None, None, (3, 11), "this is Windows"),
-    ("Linux", "riscv64", set(), (2, 36), (3, 11), "x86_64 and aarch64 only; this machine is riscv64"),
-    ("Linux", "x86_64", AVX512, (2, 17), (3, 11), "glibc 2.28 or newer); this machine has glibc 2.17"),
-    ("Linux", "x86_64", AVX512, None, (3, 11), "this machine has no glibc"),
-    ("Linux", "x86_64", AVX512, (2, 36), (3, 10), "CPython 3.11 to 3.14; this is 3.10"),
-])
+@pytest.mark.parametrize(
+    "system, machine, flags, glibc, python, said",
+    [
+        ("Linux", "x86_64", {"fpu", "sse2", "avx"}, (2, 36), (3, 11), "neither AVX-512 (avx512f) nor AVX2"),
+        ("Linux", "x86_64", None, (2, 36), (3, 11), "cannot read the CPU's flags"),
+        ("Darwin", "arm64", None, None, (3, 11), "Linux wheels only (manylinux_2_28); this is Darwin"),
+        ("Windows", "AMD64", None, None, (3, 11), "this is Windows"),
+        ("Linux", "riscv64", set(), (2, 36), (3, 11), "x86_64 and aarch64 only; this machine is riscv64"),
+        ("Linux", "x86_64", AVX512, (2, 17), (3, 11), "glibc 2.28 or newer); this machine has glibc 2.17"),
+        ("Linux", "x86_64", AVX512, None, (3, 11), "this machine has no glibc"),
+        ("Linux", "x86_64", AVX512, (2, 36), (3, 10), "CPython 3.11 to 3.14; this is 3.10"),
+    ],
+)
 def test_a_machine_vllm_cannot_run_on_is_refused_with_the_reason(system, machine, flags, glibc, python, said):
     reason, kernels = engine_support(system, machine, flags, glibc, python)
     assert reason is not None and said in reason and kernels == ""
@@ -57,28 +60,38 @@ def test_the_cpu_flags_come_from_cpuinfo_or_the_override(tmp_path, monkeypatch):
 
 
 def _script(*args, env=None, timeout=120):
-    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})}, cwd=ROOT)
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        cwd=ROOT,
+    )
 
 
 @pytest.mark.skipif((platform.system(), platform.machine()) != LINUX, reason="the flags decide only on x86_64 Linux")
 def test_the_script_refuses_a_cpu_without_avx_before_installing_anything(tmp_path):
     serve = tmp_path / "serve-venv"
-    done = _script("--work", str(tmp_path / "work"),
-                   env={"PACER_SERVE_CPU_FLAGS": "fpu sse2 avx", "PACER_SERVE_VENV": str(serve)})
+    done = _script(
+        "--work", str(tmp_path / "work"), env={"PACER_SERVE_CPU_FLAGS": "fpu sse2 avx", "PACER_SERVE_VENV": str(serve)}
+    )
     assert done.returncode == 3
     assert "vLLM cannot run here: the CPU has neither AVX-512 (avx512f) nor AVX2 (avx2)" in done.stderr
     assert not serve.exists() and not (tmp_path / "work").exists()
 
 
-@pytest.mark.parametrize("args, said", [
-    (["--k", "0"], "--k needs a whole number of at least 1"),
-    (["--rounds", "two"], "--rounds needs a whole number of at least 1"),
-    (["--prompts"], "--prompts needs a whole number of at least 1"),
-    (["--work"], "--work needs a folder"),
-    (["--serve"], "unknown option '--serve'"),
-    (["--only", "eagle"], "--only needs 'exports' or 'stacks'"),
-])
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["--k", "0"], "--k needs a whole number of at least 1"),
+        (["--rounds", "two"], "--rounds needs a whole number of at least 1"),
+        (["--prompts"], "--prompts needs a whole number of at least 1"),
+        (["--work"], "--work needs a folder"),
+        (["--serve"], "unknown option '--serve'"),
+        (["--only", "eagle"], "--only needs 'exports' or 'stacks'"),
+    ],
+)
 def test_the_script_refuses_bad_options_in_one_line(args, said):
     done = _script(*args)
     assert done.returncode == 2 and said in done.stderr and len(done.stderr.strip().splitlines()) == 1
@@ -117,15 +130,20 @@ def test_acceptance_is_counted_per_position_over_the_steps_that_give_the_first_t
 
 def _run(tokens, per_pos=None, drafts=0, method="eagle", rounds=1, seconds=1.0):
     spec = {"drafts": drafts, "accepted_tokens_per_pos": per_pos or []}
-    return {"tokens": tokens, "method": method, "spec": spec,
-            "rounds": [{"tokens": tokens, "seconds": [seconds] * len(tokens), "spec": spec}] * rounds}
+    return {
+        "tokens": tokens,
+        "method": method,
+        "spec": spec,
+        "rounds": [{"tokens": tokens, "seconds": [seconds] * len(tokens), "spec": spec}] * rounds,
+    }
 
 
 def test_a_draft_passes_only_with_identical_outputs_and_equal_counts():
     out = [[5, 6, 7], [8, 9]]
     plain = _run(out, seconds=0.5)
-    ok, line = draft_line("feature_draft/default", 4, plain, plain, _run(out, [3, 2, 1, 0], 4),
-                          _run(out, [3, 2, 1, 0], 4, rounds=2))
+    ok, line = draft_line(
+        "feature_draft/default", 4, plain, plain, _run(out, [3, 2, 1, 0], 4), _run(out, [3, 2, 1, 0], 4, rounds=2)
+    )
     assert ok and "outputs identical yes" in line and "ours 3 / 2 / 1 / 0 of 4 drafts" in line and ": equal;" in line
     assert "tok/s vLLM plain 5.0, vLLM SD 2.5" in line  # 5 tokens over 1 s, and over 2 s
     ok, line = draft_line("d", 4, plain, plain, _run(out, [3, 2, 1, 0], 4), _run([[5, 6, 7], [8, 1]], [3, 2, 1, 0], 4))
@@ -135,24 +153,32 @@ def test_a_draft_passes_only_with_identical_outputs_and_equal_counts():
     ok, _ = draft_line("d", 4, plain, plain, _run(out, [3, 2, 1, 0], 4), _run(out, [3, 2, 1, 0], 5))
     assert not ok  # the same positions over another number of drafts
     second_round_differs = _run(out, [3, 2, 1, 0], 4)
-    second_round_differs["rounds"] = second_round_differs["rounds"] + [{**second_round_differs["rounds"][0],
-                                                                        "tokens": [[5, 6, 7], [8, 0]]}]
+    second_round_differs["rounds"] = second_round_differs["rounds"] + [
+        {**second_round_differs["rounds"][0], "tokens": [[5, 6, 7], [8, 0]]}
+    ]
     ok, _ = draft_line("d", 4, plain, plain, _run(out, [3, 2, 1, 0], 4), second_round_differs)
     assert not ok
 
 
 def _stack_run(tokens, drafts, draft_tokens, accepted, rounds=1):
     spec = {"drafts": drafts, "draft_tokens": draft_tokens, "accepted_tokens": accepted}
-    return {"tokens": tokens, "k": servecheck.STACK_K,
-            "rounds": [{"tokens": tokens, "seconds": [1.0] * len(tokens), "spec": spec}] * rounds}
+    return {
+        "tokens": tokens,
+        "k": servecheck.STACK_K,
+        "rounds": [{"tokens": tokens, "seconds": [1.0] * len(tokens), "spec": spec}] * rounds,
+    }
 
 
 def test_a_stack_passes_with_identical_outputs_and_drafts_verified(tmp_path):
     out = [[5, 6, 7], [8, 9]]
     plain = _run(out)
     record = tmp_path / "record.jsonl"  # calls 1 and 2 drafted for two requests, call 3 for one
-    record.write_text("".join(json.dumps({"drafted": n, "accepted": 0, "emitted": 1, "call": call}) + "\n"
-                              for n, call in ((2, 1), (2, 1), (5, 2), (1, 2), (3, 3))))
+    record.write_text(
+        "".join(
+            json.dumps({"drafted": n, "accepted": 0, "emitted": 1, "call": call}) + "\n"
+            for n, call in ((2, 1), (2, 1), (5, 2), (1, 2), (3, 3))
+        )
+    )
     summary = servecheck.read_record(record)
     assert summary == ({2: 2, 5: 1, 1: 1, 3: 1}, 1, 2)
     assert servecheck.read_record(tmp_path / "absent.jsonl") == ({}, 0, 0)
@@ -160,8 +186,9 @@ def test_a_stack_passes_with_identical_outputs_and_drafts_verified(tmp_path):
     assert ok and "outputs identical yes (2 prompts" in line and "drafted 10 tokens in 4 drafts and accepted 6" in line
     assert "1: 1, 2: 2, 3: 1, 5: 1 (variable; different lengths within one batch in 1 of 2 calls" in line
     assert "configs/vllm.yaml), num_speculative_tokens 8, one prompt at a time" in line
-    ok, line = servecheck.stack_line("s", ["strategy.stop=[]"], plain, plain, _stack_run([[5, 6, 7], [8, 1]], 4, 10, 6),
-                                     summary)
+    ok, line = servecheck.stack_line(
+        "s", ["strategy.stop=[]"], plain, plain, _stack_run([[5, 6, 7], [8, 1]], 4, 10, 6), summary
+    )
     assert not ok and "outputs identical NO" in line and "configs/vllm.yaml strategy.stop=[])" in line
     ok, line = servecheck.stack_line("s", [], plain, plain, {**_stack_run(out, 0, 0, 0), "batch": True}, ({}, 0, 0))
     assert not ok and "none recorded" in line  # vLLM verified no draft: the proposer did not run
@@ -175,19 +202,19 @@ def test_the_stacks_are_checked_before_vllm_starts():
 
 # -- the drafts ----------------------------------------------------------------------------------
 def test_the_shipped_drafts_are_the_folders_pacer_export_reads():
-    found = [p.relative_to(ROOT / "plugins").as_posix() for p in servecheck.shipped_drafts(ROOT / "plugins")]
+    found = [p.relative_to(ROOT / "plugins").as_posix() for p in serveexports.shipped_drafts(ROOT / "plugins")]
     assert "feature_draft/default" in found and "block_draft/default" in found
     assert "pacer_builtins/default" not in found  # token-level: a causal LM of its own
     assert not any(p.startswith("pacer_stop/") for p in found)  # M_B checkpoints, not drafts
 
 
 def test_the_method_comes_from_the_exports_config():
-    assert servecheck.vllm_method({"architectures": ["EagleLlamaForCausalLM"]}) == "eagle"
-    assert servecheck.vllm_method({"architectures": ["LlamaForCausalLMEagle3"]}) == "eagle3"
+    assert serveexports.vllm_method({"architectures": ["EagleLlamaForCausalLM"]}) == "eagle"
+    assert serveexports.vllm_method({"architectures": ["LlamaForCausalLMEagle3"]}) == "eagle3"
     speculators = {"speculators_model_type": "dflash", "architectures": ["DFlashSpeculator"]}
-    assert servecheck.vllm_method(speculators) == "dflash"
+    assert serveexports.vllm_method(speculators) == "dflash"
     with pytest.raises(ValueError, match="no vLLM method"):
-        servecheck.vllm_method({"architectures": ["LlamaForCausalLM"]})
+        serveexports.vllm_method({"architectures": ["LlamaForCausalLM"]})
 
 
 def test_the_served_copy_of_an_eagle_export_has_no_token_map(tmp_path):
@@ -195,14 +222,16 @@ def test_the_served_copy_of_an_eagle_export_has_no_token_map(tmp_path):
     export.mkdir()
     (export / "config.json").write_text(json.dumps({"hidden_size": 8, "speculative_token_map": "token_map.pt"}))
     (export / "model.safetensors").write_bytes(b"weights")
-    served = servecheck.as_vllm_reads(export, tmp_path / "served")
+    served = serveexports.as_vllm_reads(export, tmp_path / "served")
     assert json.loads((served / "config.json").read_text()) == {"hidden_size": 8}
     assert (served / "model.safetensors").read_bytes() == b"weights" and not (served / "token_map.pt").exists()
 
 
 def test_only_the_runner_in_the_serving_environment_imports_vllm():
-    importers = [p.relative_to(ROOT).as_posix() for folder in ("pacer_core", "pacer_bench", "pacer_train", "plugins",
-                                                               "scripts")
-                 for p in (ROOT / folder).rglob("*.py")
-                 if any(line.lstrip().startswith(("import vllm", "from vllm")) for line in p.read_text().splitlines())]
+    importers = [
+        p.relative_to(ROOT).as_posix()
+        for folder in ("pacer_core", "pacer_bench", "pacer_train", "plugins", "scripts")
+        for p in (ROOT / folder).rglob("*.py")
+        if any(line.lstrip().startswith(("import vllm", "from vllm")) for line in p.read_text().splitlines())
+    ]
     assert importers == ["scripts/serve_check_vllm.py"]

@@ -33,10 +33,14 @@ def models():
     return ScriptedLM(SCRIPTED_VOCAB, table=TARGET_TABLE), ScriptedLM(SCRIPTED_VOCAB, table=DRAFT_TABLE)
 
 
-def drafter_for(stop: str, draft, k: int = K, plugins=(), drafter: str = "{name: draft_model}",
-                sampling: float = 0.0) -> ServingDrafter:
-    cfg = load_config(overrides=[f"strategy.drafter={drafter}", f"strategy.stop=[{stop}]",
-                                 f"sampling.temperature={sampling}"], extra_plugins=plugins, require_models=False)
+def drafter_for(
+    stop: str, draft, k: int = K, plugins=(), drafter: str = "{name: draft_model}", sampling: float = 0.0
+) -> ServingDrafter:
+    cfg = load_config(
+        overrides=[f"strategy.drafter={drafter}", f"strategy.stop=[{stop}]", f"sampling.temperature={sampling}"],
+        extra_plugins=plugins,
+        require_models=False,
+    )
     target = ServedTarget(vocab_size=SCRIPTED_VOCAB, hidden_size=16, max_length=1024, eos_token_ids=(), digest=None)
     return ServingDrafter(cfg, target, draft, max_draft_tokens=k, extra_plugins=plugins)
 
@@ -54,7 +58,7 @@ def serve(drafter: ServingDrafter, target, prompts, budget: int = BUDGET, on_cal
     calls, accepted_per_call = [], []
     while min(len(t) - len(p) for t, p in zip(tokens, prompts)) < budget:
         order = list(range(len(prompts)))
-        order = order[len(calls) % len(order):] + order[: len(calls) % len(order)]
+        order = order[len(calls) % len(order) :] + order[: len(calls) % len(order)]
         drafts = drafter.propose([(list(tokens[i]), new[i]) for i in order])
         by_request = dict(zip(order, drafts))
         calls.append(by_request)
@@ -69,7 +73,7 @@ def serve(drafter: ServingDrafter, target, prompts, budget: int = BUDGET, on_cal
             new[i] = draft[:accepted] + [greedy_next(target, tokens[i] + draft[:accepted])]
             tokens[i] += new[i]
             accepted_per_call[-1][i] = accepted
-    return [t[len(p):][:budget] for t, p in zip(tokens, prompts)], calls, accepted_per_call
+    return [t[len(p) :][:budget] for t, p in zip(tokens, prompts)], calls, accepted_per_call
 
 
 def stack_of(drafter: ServingDrafter, tokens: list[int]):
@@ -181,8 +185,10 @@ def test_the_stops_learn_from_the_engines_verdicts():
 STOPS = {
     "confidence": "{name: confidence, threshold: 0.5}",
     "pacer": "{name: pacer, b: 1, t0: 0.5, checkpoint: CHECKPOINT, allow_other_pair: true}",
-    "pacer(throughput)": ("{name: pacer, b: 1, rule: throughput, checkpoint: CHECKPOINT, allow_other_pair: true, "
-                          "costs: {verify_s: [0.02, 0.021, 0.022, 0.023], draft_token_s: 0.004}}"),
+    "pacer(throughput)": (
+        "{name: pacer, b: 1, rule: throughput, checkpoint: CHECKPOINT, allow_other_pair: true, "
+        "costs: {verify_s: [0.02, 0.021, 0.022, 0.023], draft_token_s: 0.004}}"
+    ),
 }
 
 
@@ -222,16 +228,21 @@ def test_vllms_arguments_become_rows():
 def test_the_stack_options_come_from_additional_config():
     assert stack_options(None) == {"config": None, "overrides": [], "record": None}
     given = {"pacer_config": "configs/vllm.yaml", "pacer_overrides": ["strategy.stop=[]"], "pacer_record": "r.jsonl"}
-    assert stack_options(given) == {"config": "configs/vllm.yaml", "overrides": ["strategy.stop=[]"],
-                                    "record": "r.jsonl"}
+    assert stack_options(given) == {
+        "config": "configs/vllm.yaml",
+        "overrides": ["strategy.stop=[]"],
+        "record": "r.jsonl",
+    }
     with pytest.raises(InputError, match="pacer_overrides must be a list of key=value strings"):
         stack_options({"pacer_overrides": "strategy.stop=[]"})
 
 
 def test_the_vllm_proposer_refuses_a_target_that_is_not_a_folder(tmp_path):
-    config = SimpleNamespace(additional_config={"pacer_overrides": ["strategy.drafter={name: prompt_lookup}"]},
-                             model_config=SimpleNamespace(model=str(tmp_path), max_model_len=64),
-                             speculative_config=SimpleNamespace(num_speculative_tokens=K))
+    config = SimpleNamespace(
+        additional_config={"pacer_overrides": ["strategy.drafter={name: prompt_lookup}"]},
+        model_config=SimpleNamespace(model=str(tmp_path), max_model_len=64),
+        speculative_config=SimpleNamespace(num_speculative_tokens=K),
+    )
     with pytest.raises(InputError, match="is not a model folder .* serve a local Hugging Face folder"):
         VllmProposer(config)
 
@@ -242,7 +253,10 @@ def test_a_served_target_reads_what_loading_the_model_would(tmp_path):
     loaded = HFModel.load(tmp_path)
     served = ServedTarget.from_folder(tmp_path, max_length=96)
     assert (served.vocab_size, served.hidden_size, served.eos_token_ids) == (
-        loaded.vocab_size, loaded.hidden_size, loaded.eos_token_ids)
+        loaded.vocab_size,
+        loaded.hidden_size,
+        loaded.eos_token_ids,
+    )
     assert served.digest == weights_digest(tmp_path) and served.max_length == 96
     assert ServedTarget.from_folder(tmp_path).max_length == loaded.max_length
 
@@ -250,6 +264,7 @@ def test_a_served_target_reads_what_loading_the_model_would(tmp_path):
 def test_the_adapter_hands_the_cache_by_the_name_the_forward_takes():
     """transformers renamed the forward's ``past_key_values`` to ``cache`` (vLLM 0.32 pins a version from
     before); an older forward swallows ``cache=`` in its ``**kwargs`` and would run without the cache."""
+
     class Old:
         def forward(self, input_ids=None, past_key_values=None, use_cache=None, **kwargs):
             pass
@@ -269,9 +284,11 @@ def test_the_shipped_stack_drafts_inside_a_serving_loop_on_the_real_models(real_
 
     folder = materialize(None)
     target, tokenizer, _ = load_model(str(folder), "float32", "cpu", None, "target")
-    config = SimpleNamespace(additional_config={"pacer_config": "configs/vllm.yaml"},
-                             model_config=SimpleNamespace(model=str(folder), max_model_len=2048),
-                             speculative_config=SimpleNamespace(num_speculative_tokens=8))
+    config = SimpleNamespace(
+        additional_config={"pacer_config": "configs/vllm.yaml"},
+        model_config=SimpleNamespace(model=str(folder), max_model_len=2048),
+        speculative_config=SimpleNamespace(num_speculative_tokens=8),
+    )
     proposer = VllmProposer(config)
     prompt = tokenizer.encode("Write a Python function that returns the sum of a list.")
 
@@ -298,5 +315,5 @@ def test_the_shipped_stack_drafts_inside_a_serving_loop_on_the_real_models(real_
             accepted += 1
         new = draft[:accepted] + [best[accepted]]
         tokens += new
-    assert tokens[len(prompt):][:32] == plain[len(prompt):]
+    assert tokens[len(prompt) :][:32] == plain[len(prompt) :]
     assert 0 < max(lengths) <= 8 and any(accepted for _, accepted in proposer.drafter.outcomes)

@@ -60,8 +60,12 @@ PACER = f"{{name: pacer, rule: throughput, b: 1, max_draft: 3, predictor: draft_
 def step(index: int, emitted: int, forwards: int = 2, nodes: int = 2, chain: bool = True):
     """A committed step as the gate reads it (``StepRecord``'s fields it uses)."""
     tree = types.SimpleNamespace(is_chain=chain)
-    return types.SimpleNamespace(index=index, emitted=(0,) * emitted, draft_forwards=forwards,
-                                 draft=types.SimpleNamespace(num_nodes=nodes, tree=tree))
+    return types.SimpleNamespace(
+        index=index,
+        emitted=(0,) * emitted,
+        draft_forwards=forwards,
+        draft=types.SimpleNamespace(num_nodes=nodes, tree=tree),
+    )
 
 
 # -- the rules -------------------------------------------------------------------------------------
@@ -149,15 +153,18 @@ def test_the_first_cost_model_prices_the_gate_and_enabled_decides_when_there_is_
 
 
 # -- configuration ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("override, message", [
-    ("margin=0", "skip_drafting.margin must be a number in (0, 100]"),
-    ("margin=-1.5", "skip_drafting.margin must be a number in (0, 100]"),
-    ("decay=0", "skip_drafting.decay must be a number in (0, 1]"),
-    ("decay=1.5", "skip_drafting.decay must be a number in (0, 1]"),
-    ("max_wait=0", "skip_drafting.max_wait must be a whole number of steps"),
-    ("enabled=maybe", "enabled"),
-    ("wait=3", "unknown option"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("margin=0", "skip_drafting.margin must be a number in (0, 100]"),
+        ("margin=-1.5", "skip_drafting.margin must be a number in (0, 100]"),
+        ("decay=0", "skip_drafting.decay must be a number in (0, 1]"),
+        ("decay=1.5", "skip_drafting.decay must be a number in (0, 1]"),
+        ("max_wait=0", "skip_drafting.max_wait must be a whole number of steps"),
+        ("enabled=maybe", "enabled"),
+        ("wait=3", "unknown option"),
+    ],
+)
 def test_bad_skip_options_are_refused_in_one_line(override, message):
     with pytest.raises(ConfigError) as caught:
         load_config(overrides=[f"generation.skip_drafting.{override}"], require_models=False)
@@ -168,8 +175,14 @@ def test_bad_skip_options_are_refused_in_one_line(override, message):
 def test_forcing_the_gate_on_a_stack_without_costs_is_refused_in_one_line():
     target = ScriptedLM(VOCAB, table=TARGET_TABLE.clone())
     draft = ScriptedLM(VOCAB, seed=1, table=DRAFT_TABLE.clone())
-    cfg = load_config(overrides=["strategy.drafter={name: draft_model}", "strategy.stop=[{name: fixed, gamma: 3}]",
-                                 "generation.skip_drafting.enabled=true"], require_models=False)
+    cfg = load_config(
+        overrides=[
+            "strategy.drafter={name: draft_model}",
+            "strategy.stop=[{name: fixed, gamma: 3}]",
+            "generation.skip_drafting.enabled=true",
+        ],
+        require_models=False,
+    )
     with pytest.raises(InputError, match="enabled=true needs a cost-aware stack") as caught:
         Engine.build(target, draft=draft, cfg=cfg)
     assert "\n" not in str(caught.value)
@@ -189,8 +202,16 @@ def greedy_engines(llama, folder, skip):
     make_draft(llama, folder / "eagle")
     make_block_draft(llama, folder / "dflash")
     yield "eagle-tree(auto)", engine_for(llama, folder / "eagle", tree=AUTO, extra=skip, eos=False)
-    yield "eagle-tree(auto)+pacer", engine_for(llama, folder / "eagle", tree=AUTO, eos=False, extra=[
-        *skip, f"strategy.stop=[{PACER.replace('max_draft: 3', 'max_draft: 4')}]"])
+    yield (
+        "eagle-tree(auto)+pacer",
+        engine_for(
+            llama,
+            folder / "eagle",
+            tree=AUTO,
+            eos=False,
+            extra=[*skip, f"strategy.stop=[{PACER.replace('max_draft: 3', 'max_draft: 4')}]"],
+        ),
+    )
     yield "dflash-tree(auto)", block_engine(llama, folder / "dflash", tree=AUTO, extra=skip, eos=False)
 
 
@@ -215,8 +236,15 @@ def test_scripted_draft_model_trees_and_the_throughput_rule_skipping_equal_greed
     reference = plain_greedy(ScriptedLM(VOCAB, table=TARGET_TABLE.clone()), prompt, 30)
     for drafter, stop in ((f"draft_model, tree: {AUTO}", "{name: fixed, gamma: 3}"), ("draft_model", PACER)):
         for skip in (FORCED, ["generation.skip_drafting.enabled=false"]):
-            cfg = load_config(overrides=[f"strategy.drafter={{name: {drafter}}}", f"strategy.stop=[{stop}]",
-                                         "sampling.temperature=0", *skip], require_models=False)
+            cfg = load_config(
+                overrides=[
+                    f"strategy.drafter={{name: {drafter}}}",
+                    f"strategy.stop=[{stop}]",
+                    "sampling.temperature=0",
+                    *skip,
+                ],
+                require_models=False,
+            )
             result = Engine.build(target, draft=draft, cfg=cfg).generate(prompt, max_new_tokens=30)
             assert result.tokens == reference, (drafter, skip)
             assert (result.metrics.get("skipped_steps", 0) > 0) == (skip is FORCED)
@@ -301,8 +329,9 @@ def test_deciding_from_the_current_steps_draft_fails_the_distribution_test():
     with single_thread():
         target = ScriptedLM(VOCAB, table=TARGET_TABLE.clone())
         draft = ScriptedLM(VOCAB, seed=1, table=DRAFT_TABLE.clone())
-        engine = build_engine(target, draft, "draft_model", "{name: peek}", {"temperature": 1.0},
-                              plugins=[PeekPlugin()])
+        engine = build_engine(
+            target, draft, "draft_model", "{name: peek}", {"temperature": 1.0}, plugins=[PeekPlugin()]
+        )
         outputs, _ = sample_outputs(engine, PROMPT, 2_000)
         p_value = chisquare_pvalue(outputs, exact_continuation_probs(target, PROMPT, LENGTH, engine.sampling))
     assert p_value < 1e-6
@@ -348,17 +377,24 @@ class LogPlugin:
         def build(config, resources):
             self.built.append(CallLog(config, resources))
             return self.built[-1]
+
         return [Component("observer", "call_log", LogConfig, build)]
 
 
-def test_the_engines_decisions_are_replayed_from_earlier_steps_and_skipped_steps_call_no_draft_hook(
-        llama, tmp_path):
+def test_the_engines_decisions_are_replayed_from_earlier_steps_and_skipped_steps_call_no_draft_hook(llama, tmp_path):
     plugin = LogPlugin()
     make_draft(llama, tmp_path / "eagle")
-    cfg = load_config(overrides=[f"strategy.drafter={{name: eagle, path: '{tmp_path / 'eagle'}', tree: {AUTO}}}",
-                                 "strategy.stop=[{name: fixed, gamma: 3}]", "strategy.observers=[{name: call_log}]",
-                                 "generation.ignore_eos=true", "generation.skip_drafting.enabled=null"],
-                      extra_plugins=[plugin], require_models=False)
+    cfg = load_config(
+        overrides=[
+            f"strategy.drafter={{name: eagle, path: '{tmp_path / 'eagle'}', tree: {AUTO}}}",
+            "strategy.stop=[{name: fixed, gamma: 3}]",
+            "strategy.observers=[{name: call_log}]",
+            "generation.ignore_eos=true",
+            "generation.skip_drafting.enabled=null",
+        ],
+        extra_plugins=[plugin],
+        require_models=False,
+    )
     engine = Engine.build(adapter(llama, eos=False), cfg=cfg, extra_plugins=[plugin])
     log = plugin.built[0]
     result = engine.generate([5, 9, 13, 7, 21], max_new_tokens=40)

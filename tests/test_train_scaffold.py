@@ -52,10 +52,16 @@ def test_cosine_lr_equals_the_trainers_former_schedules():
     """distill decayed to 0.1 (math.cos), train-preverify to 0.05: the shared one gives the same floats."""
     for step in range(0, 400, 7):
         progress = (step - 20) / max(1, 300 - 20)
-        distill = 1e-3 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))) if step >= 20 \
+        distill = (
+            1e-3 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+            if step >= 20
             else 1e-3 * (step + 1) / 20
-        preverify = 2e-3 * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))) if step >= 20 \
+        )
+        preverify = (
+            2e-3 * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+            if step >= 20
             else 2e-3 * (step + 1) / 20
+        )
         assert cosine_lr(step, 300, 20, 1e-3, 0.1) == distill
         assert cosine_lr(step, 300, 20, 2e-3, 0.05) == preverify
 
@@ -101,9 +107,12 @@ def test_recorded_options_must_match_and_free_options_may_change(tmp_path):
     guard_recipe(tmp_path, Recipe(), KEYS, "lr")
     guard_recipe(tmp_path, Recipe(lr=5.0), KEYS, "lr")  # not a data key
     assert json.loads((tmp_path / "recipe.json").read_text())["lr"] == 5.0  # the latest recipe is stored
-    for changed, name in [(Recipe(seed=1), "seed"), (Recipe(data=Data(size=11)), "data.size"),
-                          (Recipe(drafter={"name": "eagle", "path": "x"}), "drafter"),
-                          (Recipe(draft=Data()), "draft")]:
+    for changed, name in [
+        (Recipe(seed=1), "seed"),
+        (Recipe(data=Data(size=11)), "data.size"),
+        (Recipe(drafter={"name": "eagle", "path": "x"}), "drafter"),
+        (Recipe(draft=Data()), "draft"),
+    ]:
         with pytest.raises(InputError) as info:
             guard_recipe(tmp_path, changed, KEYS, "lr")
         message = str(info.value)
@@ -215,8 +224,14 @@ def test_open_run_checks_the_folders_then_guards_the_recipe_and_names_the_export
 
 
 # -- the training loop ------------------------------------------------------------------------------
-def linear_run(checkpoint: Path, total: int, interrupt_at: Optional[int] = None, signum=signal.SIGINT,
-               deadline: Optional[float] = None, extra: Optional[dict] = None):
+def linear_run(
+    checkpoint: Path,
+    total: int,
+    interrupt_at: Optional[int] = None,
+    signum=signal.SIGINT,
+    deadline: Optional[float] = None,
+    extra: Optional[dict] = None,
+):
     """A tiny deterministic run: the batch of step s is a function of s alone."""
     torch.manual_seed(0)
     net = torch.nn.Linear(4, 1)
@@ -233,9 +248,13 @@ def linear_run(checkpoint: Path, total: int, interrupt_at: Optional[int] = None,
         inputs = torch.randn(8, 4, generator=x)
         return ((net(inputs).squeeze(-1) - inputs.sum(-1)) ** 2).mean(), {}
 
-    run.finished = run.fit(step_loss, lambda step: cosine_lr(step, total, 3, 0.1, 0.1), checkpoint_every=4,
-                           record=lambda step, loss, parts: {"step": step, "loss": float(loss.detach())},
-                           deadline=deadline)
+    run.finished = run.fit(
+        step_loss,
+        lambda step: cosine_lr(step, total, 3, 0.1, 0.1),
+        checkpoint_every=4,
+        record=lambda step, loss, parts: {"step": step, "loss": float(loss.detach())},
+        deadline=deadline,
+    )
     return run, lrs, logs
 
 

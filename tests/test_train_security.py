@@ -37,9 +37,20 @@ def test_unusable_out_folders_are_refused_before_models_load(command, tmp_path, 
 
 
 # -- train-preverify ----------------------------------------------------------------------------------
-PREVERIFY = ["drafter={name: draft_model}", "verifier={name: greedy}", "data.window=6", "data.max_new_tokens=12",
-             "model.width=16", "model.heads=2", "model.ffn_size=32", "model.max_positions=8", "train.pack_len=24",
-             "train.batch_size=4", "train.epochs=1", "train.threads=1"]
+PREVERIFY = [
+    "drafter={name: draft_model}",
+    "verifier={name: greedy}",
+    "data.window=6",
+    "data.max_new_tokens=12",
+    "model.width=16",
+    "model.heads=2",
+    "model.ffn_size=32",
+    "model.max_positions=8",
+    "train.pack_len=24",
+    "train.batch_size=4",
+    "train.epochs=1",
+    "train.threads=1",
+]
 
 
 @pytest.fixture
@@ -55,16 +66,24 @@ def preverify_folder(tmp_path) -> tuple[Path, list[str]]:
 
     out = tmp_path / "run"
     (out / "samples").mkdir(parents=True)
-    (out / "items.json").write_text(json.dumps([{"source": "test", "prompt": [5, 9, 13, 5, 9, 21, 7]},
-                                                {"source": "test", "prompt": [1, 2, 3, 4, 5, 6, 7, 8]}]))
+    (out / "items.json").write_text(
+        json.dumps(
+            [
+                {"source": "test", "prompt": [5, 9, 13, 5, 9, 21, 7]},
+                {"source": "test", "prompt": [1, 2, 3, 4, 5, 6, 7, 8]},
+            ]
+        )
+    )
     return out, ["train-preverify", f"out={out}", f"draft.path={tmp_path / 'draft'}", *PREVERIFY]
 
 
 def test_train_preverify_refuses_a_crafted_sample_item(tmp_path, capsys, tiny_pair):
     out, argv = preverify_folder(tmp_path)
     marker = tmp_path / "marker"
-    torch.save({"hidden": Planted(str(marker)), "labels": [], "confidence": [], "lengths": [], "item": 0},
-               out / "samples" / "item_00000.pt")
+    torch.save(
+        {"hidden": Planted(str(marker)), "labels": [], "confidence": [], "lengths": [], "item": 0},
+        out / "samples" / "item_00000.pt",
+    )
     err = one_line_error(capsys, argv)
     assert not marker.exists()
     assert "item_00000.pt" in err and "cannot be read safely" in err
@@ -91,8 +110,13 @@ def test_train_preverify_refuses_a_crafted_or_truncated_checkpoint(tmp_path, cap
 
 
 # -- distill ------------------------------------------------------------------------------------------
-DISTILL = ["corpus.heldout_sequences=2", "student.intermediate_size=64", "train.epochs=1", "train.batch_size=4",
-           "train.threads=1"]
+DISTILL = [
+    "corpus.heldout_sequences=2",
+    "student.intermediate_size=64",
+    "train.epochs=1",
+    "train.batch_size=4",
+    "train.threads=1",
+]
 
 
 @pytest.fixture
@@ -107,9 +131,15 @@ def distill_folder(tmp_path) -> tuple[Path, list[str]]:
     out = tmp_path / "run"
     out.mkdir()
     torch.manual_seed(0)
-    torch.save({"tokens": torch.randint(3, 64, (18, 16)), "sources": {"stdlib": 0, "docs": 0, "chat": 0, "extra": 0},
-                "instructions": 0, "sources_used": {"seed": 0, "stdlib": [], "docs": [], "instructions": [],
-                                                    "extra": []}}, out / "corpus.pt")
+    torch.save(
+        {
+            "tokens": torch.randint(3, 64, (18, 16)),
+            "sources": {"stdlib": 0, "docs": 0, "chat": 0, "extra": 0},
+            "instructions": 0,
+            "sources_used": {"seed": 0, "stdlib": [], "docs": [], "instructions": [], "extra": []},
+        },
+        out / "corpus.pt",
+    )
     return out, ["distill", f"out={out}", *DISTILL]
 
 

@@ -90,7 +90,7 @@ class AuditedLM(ScriptedLM):
             allowed[:, past:] = torch.tril(torch.ones(k, k, dtype=torch.bool))
             at = list(range(past, past + k))
         else:
-            allowed[:, past + k - tree_mask.shape[1]:] = tree_mask
+            allowed[:, past + k - tree_mask.shape[1] :] = tree_mask
             at = (positions + past).tolist() if positions is not None else list(range(past, past + k))
         context, table = self._tokens + tokens, allowed.tolist()
         new_rows = []
@@ -101,12 +101,12 @@ class AuditedLM(ScriptedLM):
             for j, c in enumerate(visible[:-1]):
                 row_sequence, row_position = self.rows[c] if c < past else new_rows[c - past]
                 assert row_sequence == sequence[: j + 1], (
-                    f"cache row {c} encodes {row_sequence}, but query {i} sees it as {sequence[: j + 1]}")
+                    f"cache row {c} encodes {row_sequence}, but query {i} sees it as {sequence[: j + 1]}"
+                )
                 assert row_position == j, f"cache row {c} sits at position {row_position}, seen at {j}"
             assert at[i] == len(visible) - 1, f"query {i} at position {at[i]}, after {len(visible) - 1} tokens"
             new_rows.append((sequence, at[i]))
-        out = super().forward(tokens, positions=positions, tree_mask=tree_mask, logits_from=logits_from,
-                              hidden=hidden)
+        out = super().forward(tokens, positions=positions, tree_mask=tree_mask, logits_from=logits_from, hidden=hidden)
         self.rows.extend(new_rows)
         return out
 
@@ -165,17 +165,35 @@ class AuditPlugin:
         return [Component("observer", "tree_audit", NoOptions, build, "test: records tree steps")]
 
 
-STOPS = {"fixed1": "{name: fixed, gamma: 1}", "fixed3": "{name: fixed, gamma: 3}",
-         "fixed6": "{name: fixed, gamma: 6}", "heuristic": "{name: heuristic, gamma: 2}"}
+STOPS = {
+    "fixed1": "{name: fixed, gamma: 1}",
+    "fixed3": "{name: fixed, gamma: 3}",
+    "fixed6": "{name: fixed, gamma: 6}",
+    "heuristic": "{name: heuristic, gamma: 2}",
+}
 
 
-def tree_engine(target, draft, drafter: str, stop: str, verifier: str, overrides=(),
-                observers: str = "[{name: metrics}, {name: tree_audit}]") -> tuple[Engine, Optional[TreeAudit]]:
+def tree_engine(
+    target,
+    draft,
+    drafter: str,
+    stop: str,
+    verifier: str,
+    overrides=(),
+    observers: str = "[{name: metrics}, {name: tree_audit}]",
+) -> tuple[Engine, Optional[TreeAudit]]:
     plugin = AuditPlugin()
-    cfg = load_config(overrides=[f"strategy.drafter={drafter}", f"strategy.stop=[{STOPS[stop]}]",
-                                 f"strategy.verifier={{name: {verifier}}}", f"strategy.observers={observers}",
-                                 *overrides],
-                      extra_plugins=[plugin], require_models=False)
+    cfg = load_config(
+        overrides=[
+            f"strategy.drafter={drafter}",
+            f"strategy.stop=[{STOPS[stop]}]",
+            f"strategy.verifier={{name: {verifier}}}",
+            f"strategy.observers={observers}",
+            *overrides,
+        ],
+        extra_plugins=[plugin],
+        require_models=False,
+    )
     engine = Engine.build(target, draft=draft, cfg=cfg, extra_plugins=[plugin])
     return engine, plugin.built[0] if plugin.built else None
 
@@ -197,8 +215,9 @@ def test_tree_option_loads_and_defaults():
     config = drafter_config("strategy.drafter={name: draft_model, tree: {topk: 3}}")
     assert config.tree == TreeConfig(topk=3, depth=8, nodes=None) and isinstance(config, DraftModelConfig)
     assert config.tree.budget("cpu") == 10 and config.tree.budget("cuda:0") == "auto"
-    config = drafter_config("strategy.drafter={name: draft_model}", "strategy.drafter.tree.depth=2",
-                            "strategy.drafter.tree.nodes=5")
+    config = drafter_config(
+        "strategy.drafter={name: draft_model}", "strategy.drafter.tree.depth=2", "strategy.drafter.tree.nodes=5"
+    )
     assert config.tree == TreeConfig(topk=6, depth=2, nodes=5)
     assert drafter_config("strategy.drafter={name: prompt_lookup, branches: 3}").branches == 3
     assert drafter_config("strategy.drafter={name: prompt_lookup}").branches == 1
@@ -206,8 +225,10 @@ def test_tree_option_loads_and_defaults():
 
 def test_pacer_validate_accepts_a_tree_drafter(tmp_path, capsys):
     path = tmp_path / "tree.yaml"
-    path.write_text("strategy:\n  drafter: {name: draft_model, tree: {topk: 3}}\n"
-                    "  stop: [{name: fixed, gamma: 4}]\n  verifier: {name: greedy}\n")
+    path.write_text(
+        "strategy:\n  drafter: {name: draft_model, tree: {topk: 3}}\n"
+        "  stop: [{name: fixed, gamma: 4}]\n  verifier: {name: greedy}\n"
+    )
     lookup = tmp_path / "lookup.yaml"
     lookup.write_text("strategy:\n  drafter: {name: prompt_lookup, branches: 4}\n")
     code, out, err = run_cli(["validate", str(path), str(lookup)], capsys)
@@ -215,30 +236,50 @@ def test_pacer_validate_accepts_a_tree_drafter(tmp_path, capsys):
     assert out.splitlines() == [f"ok: {path}", f"ok: {lookup}"]
 
 
-@pytest.mark.parametrize("override, message", [
-    ("{name: draft_model, tree: {topk: 0}}", "strategy.drafter (draft_model): tree: 'topk' must be >= 1: 0"),
-    ("{name: draft_model, tree: {depth: 0}}", "strategy.drafter (draft_model): tree: 'depth' must be >= 1: 0"),
-    ("{name: draft_model, tree: {nodes: -2}}",
-     "strategy.drafter (draft_model): tree: tree.nodes must be 'auto' or a whole number in 1..512, got -2"),
-    ("{name: draft_model, tree: {nodes: many}}",
-     "strategy.drafter (draft_model): tree: tree.nodes must be 'auto' or a whole number in 1..512, got 'many'"),
-    ("{name: draft_model, tree: {nodes: 100000}}",
-     "strategy.drafter (draft_model): tree: tree.nodes must be 'auto' or a whole number in 1..512, got 100000"),
-    ("{name: draft_model, tree: {topk: 100000}}", "strategy.drafter (draft_model): tree: 'topk' must be <= 64: 100000"),
-    ("{name: draft_model, tree: {depth: 999}}", "strategy.drafter (draft_model): tree: 'depth' must be <= 32: 999"),
-    ("{name: draft_model, tree: {tpk: 3}}",
-     "strategy.drafter (draft_model): unknown option 'tree.tpk'; valid options: topk, depth, nodes, profile, "
-     "calibration"),
-    ("{name: draft_model, tree: 3}",
-     "strategy.drafter (draft_model): 'tree' must be a mapping of options (topk, depth, nodes, profile, "
-     "calibration), got int 3"),
-    ("{name: draft_model, tree: {topk: x}}",
-     "strategy.drafter (draft_model): bad value for 'tree.topk': Value 'x' of type 'str' could not be "
-     "converted to Integer; give a value of type int"),
-    ("{name: draft_model, tree: {topk: .inf}}", "strategy.drafter (draft_model): 'tree.topk' must be a finite "
-                                                "number, got inf"),
-    ("{name: prompt_lookup, branches: 0}", "strategy.drafter (prompt_lookup): 'branches' must be >= 1: 0"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("{name: draft_model, tree: {topk: 0}}", "strategy.drafter (draft_model): tree: 'topk' must be >= 1: 0"),
+        ("{name: draft_model, tree: {depth: 0}}", "strategy.drafter (draft_model): tree: 'depth' must be >= 1: 0"),
+        (
+            "{name: draft_model, tree: {nodes: -2}}",
+            "strategy.drafter (draft_model): tree: tree.nodes must be 'auto' or a whole number in 1..512, got -2",
+        ),
+        (
+            "{name: draft_model, tree: {nodes: many}}",
+            "strategy.drafter (draft_model): tree: tree.nodes must be 'auto' or a whole number in 1..512, got 'many'",
+        ),
+        (
+            "{name: draft_model, tree: {nodes: 100000}}",
+            "strategy.drafter (draft_model): tree: tree.nodes must be 'auto' or a whole number in 1..512, got 100000",
+        ),
+        (
+            "{name: draft_model, tree: {topk: 100000}}",
+            "strategy.drafter (draft_model): tree: 'topk' must be <= 64: 100000",
+        ),
+        ("{name: draft_model, tree: {depth: 999}}", "strategy.drafter (draft_model): tree: 'depth' must be <= 32: 999"),
+        (
+            "{name: draft_model, tree: {tpk: 3}}",
+            "strategy.drafter (draft_model): unknown option 'tree.tpk'; valid options: topk, depth, nodes, profile, "
+            "calibration",
+        ),
+        (
+            "{name: draft_model, tree: 3}",
+            "strategy.drafter (draft_model): 'tree' must be a mapping of options (topk, depth, nodes, profile, "
+            "calibration), got int 3",
+        ),
+        (
+            "{name: draft_model, tree: {topk: x}}",
+            "strategy.drafter (draft_model): bad value for 'tree.topk': Value 'x' of type 'str' could not be "
+            "converted to Integer; give a value of type int",
+        ),
+        (
+            "{name: draft_model, tree: {topk: .inf}}",
+            "strategy.drafter (draft_model): 'tree.topk' must be a finite number, got inf",
+        ),
+        ("{name: prompt_lookup, branches: 0}", "strategy.drafter (prompt_lookup): 'branches' must be >= 1: 0"),
+    ],
+)
 def test_bad_tree_options_are_refused_in_one_line(override, message):
     assert error_of(overrides=[f"strategy.drafter={override}"], require_models=False) == message
 
@@ -412,8 +453,10 @@ def test_tree_nodes_follow_the_cumulative_beam():
             top = probs.topk(3)
             for pr, tok in zip(top.values.tolist(), top.indices.tolist()):
                 candidates.append(((score[p] + torch.tensor(pr).log()).item(), p, tok))
-        others = sorted((c for c in candidates if (c[1], c[2]) != (tree.parents[main].item(), int(tree.tokens[main]))),
-                        key=lambda c: -c[0])[:2]
+        others = sorted(
+            (c for c in candidates if (c[1], c[2]) != (tree.parents[main].item(), int(tree.tokens[main]))),
+            key=lambda c: -c[0],
+        )[:2]
         got = [(int(tree.parents[n]), int(tree.tokens[n])) for n in chosen if n != main]
         assert got == [(p, tok) for _, p, tok in others]
 
@@ -462,12 +505,16 @@ def test_chain_is_unchanged_without_tree():
 
 
 # -- draft_model trees through the engine ----------------------------------------------------------
-TREES = {"k1": "{topk: 1, depth: 4, nodes: 4}", "k2": "{topk: 2, depth: 3, nodes: 5}",
-         "k3": "{topk: 3, depth: 6, nodes: 12}", "k4": "{topk: 4, depth: 4, nodes: 24}",
-         "few_nodes": "{topk: 4, depth: 6, nodes: 3}",
-         # cost-sized: the CPU profile sends few nodes, the GPU one many
-         "auto_cpu": "{topk: 3, depth: 4, nodes: auto, profile: cpu-2core-smollm2-fp32}",
-         "auto_gpu": "{topk: 4, depth: 4, nodes: auto, profile: a100-7b-bf16}"}
+TREES = {
+    "k1": "{topk: 1, depth: 4, nodes: 4}",
+    "k2": "{topk: 2, depth: 3, nodes: 5}",
+    "k3": "{topk: 3, depth: 6, nodes: 12}",
+    "k4": "{topk: 4, depth: 4, nodes: 24}",
+    "few_nodes": "{topk: 4, depth: 6, nodes: 3}",
+    # cost-sized: the CPU profile sends few nodes, the GPU one many
+    "auto_cpu": "{topk: 3, depth: 4, nodes: auto, profile: cpu-2core-smollm2-fp32}",
+    "auto_gpu": "{topk: 4, depth: 4, nodes: auto, profile: a100-7b-bf16}",
+}
 
 
 @functools.cache
@@ -486,8 +533,7 @@ def grid():
 
 @pytest.mark.parametrize("tree, stop, verifier", grid())
 def test_greedy_tree_drafting_equals_plain_decoding(tree, stop, verifier):
-    spec = load_config(overrides=[f"strategy.drafter={{name: draft_model, tree: {TREES[tree]}}}"],
-                       require_models=False)
+    spec = load_config(overrides=[f"strategy.drafter={{name: draft_model, tree: {TREES[tree]}}}"], require_models=False)
     bounds = plan_run(spec, require_models=False).stack.drafter.config.tree
     target, draft = scripted(TARGET_TABLE), scripted(DRAFT_TABLE, seed=1)
     engine, audit = tree_engine(target, draft, f"{{name: draft_model, tree: {TREES[tree]}}}", stop, verifier)
@@ -545,57 +591,90 @@ def test_side_node_rows_never_pass_for_context():
     the wrong position, without its real predecessor) as context; the audited draft refuses it."""
     target_table, draft_table = aligned_tables()
     target, draft = scripted(target_table, order=1), scripted(draft_table, order=1)
-    engine, audit = tree_engine(target, draft, "{name: draft_model, tree: {topk: 2, depth: 3, nodes: 6}}",
-                                "fixed3", "greedy")
+    engine, audit = tree_engine(
+        target, draft, "{name: draft_model, tree: {topk: 2, depth: 3, nodes: 6}}", "fixed3", "greedy"
+    )
     prompt = [0, 1, 2]
     result = engine.generate(prompt, max_new_tokens=BUDGET)
     assert result.tokens == plain_greedy(scripted(target_table, order=1, audited=False), prompt, BUDGET)
     hits = 0
     for step, _ in audit.steps[:-1]:
         tree = step.draft.tree
-        level1_side = [int(tree.tokens[i]) for i in range(len(tree))
-                       if int(tree.parents[i]) == -1 and i not in step.draft.path_nodes]
+        level1_side = [
+            int(tree.tokens[i])
+            for i in range(len(tree))
+            if int(tree.parents[i]) == -1 and i not in step.draft.path_nodes
+        ]
         hits += len(step.emitted) > 1 and step.emitted[1] in level1_side
     assert hits >= 3  # the situation arises at (almost) every step
     assert result.metrics["acceptance_rate"] == 1.0
 
 
-@pytest.mark.parametrize("observers, caught", [
-    ("[]", "cache row 4 encodes \\(0, 1, 2, 4\\), but query 0 sees it as \\(0, 1, 2, 3, 4\\)"),
-    ("[{name: tree_audit}]", "the draft cache holds more than committed tokens"),
-])
+@pytest.mark.parametrize(
+    "observers, caught",
+    [
+        ("[]", "cache row 4 encodes \\(0, 1, 2, 4\\), but query 0 sees it as \\(0, 1, 2, 3, 4\\)"),
+        ("[{name: tree_audit}]", "the draft cache holds more than committed tokens"),
+    ],
+)
 def test_the_audit_catches_tree_rows_left_in_the_draft_cache(monkeypatch, observers, caught):
     """The checks above can fail: with the crop disabled, the stale side-node row (token 4 at
     position 3, right after the context 0 1 2) is caught by the audited draft when ``sync_cache``
     keeps it as context, and, earlier, by the observer's check of the draft cache."""
+
     def forget_rows(self):  # the bug: bookkeeping reset, cache not cropped
         self._context, self._seen, self._level, self._scores, self._nodes = None, {}, [], [], 0
 
     monkeypatch.setattr(DraftModel, "_drop_tree_rows", forget_rows)
     target_table, draft_table = aligned_tables()
     target, draft = scripted(target_table, order=1), scripted(draft_table, order=1)
-    engine, _ = tree_engine(target, draft, "{name: draft_model, tree: {topk: 2, depth: 3, nodes: 6}}",
-                            "fixed3", "greedy", observers=observers)
+    engine, _ = tree_engine(
+        target,
+        draft,
+        "{name: draft_model, tree: {topk: 2, depth: 3, nodes: 6}}",
+        "fixed3",
+        "greedy",
+        observers=observers,
+    )
     with pytest.raises(AssertionError, match=caught):
         engine.generate([0, 1, 2], max_new_tokens=BUDGET)
 
 
 def test_sampled_tree_decoding_is_seeded():
     target, draft = scripted(TARGET_TABLE), scripted(DRAFT_TABLE, seed=1)
-    engine, _ = tree_engine(target, draft, "{name: draft_model, tree: {topk: 3, depth: 4}}", "fixed3",
-                            "speculative_sampling", ["sampling.temperature=0.8", "sampling.top_p=0.9"])
+    engine, _ = tree_engine(
+        target,
+        draft,
+        "{name: draft_model, tree: {topk: 3, depth: 4}}",
+        "fixed3",
+        "speculative_sampling",
+        ["sampling.temperature=0.8", "sampling.top_p=0.9"],
+    )
     first = engine.generate(PROMPT, max_new_tokens=BUDGET, seed=5).tokens
     assert engine.generate(PROMPT, max_new_tokens=BUDGET, seed=5).tokens == first
     assert len({tuple(engine.generate(PROMPT, max_new_tokens=BUDGET, seed=s).tokens) for s in (6, 7, 8)}) > 1
 
 
-@pytest.mark.parametrize("drafter, stop, sampling, samples", [
-    ("draft_model, tree: {topk: 3, depth: 3, nodes: 8}", "{name: fixed, gamma: 3}", {"temperature": 1.0}, 700),
-    pytest.param("draft_model, tree: {topk: 4, depth: 2}", "{name: heuristic, gamma: 2}",
-                 {"temperature": 0.6, "top_k": 3}, 20_000, marks=pytest.mark.slow),
-    pytest.param("prompt_lookup, branches: 3", "{name: fixed, gamma: 3}", {"temperature": 1.0, "top_p": 0.8},
-                 20_000, marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize(
+    "drafter, stop, sampling, samples",
+    [
+        ("draft_model, tree: {topk: 3, depth: 3, nodes: 8}", "{name: fixed, gamma: 3}", {"temperature": 1.0}, 700),
+        pytest.param(
+            "draft_model, tree: {topk: 4, depth: 2}",
+            "{name: heuristic, gamma: 2}",
+            {"temperature": 0.6, "top_k": 3},
+            20_000,
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            "prompt_lookup, branches: 3",
+            "{name: fixed, gamma: 3}",
+            {"temperature": 1.0, "top_p": 0.8},
+            20_000,
+            marks=pytest.mark.slow,
+        ),
+    ],
+)
 def test_sampled_trees_follow_the_target_distribution(drafter, stop, sampling, samples):
     from pacer_core import SamplingParams
 
@@ -612,12 +691,21 @@ def test_top_k_children_claimed_as_sampled_fail_the_distribution_test(monkeypatc
     from pacer_core import SamplingParams
 
     grow_levels = DraftModel._propose_levels
-    monkeypatch.setattr(DraftModel, "_propose_levels", lambda self, state, draft, num_tokens: (
-        lambda block: None if block is None else attrs.evolve(block, sampled=True))(
-            grow_levels(self, state, draft, num_tokens)))
+    monkeypatch.setattr(
+        DraftModel,
+        "_propose_levels",
+        lambda self, state, draft, num_tokens: (
+            lambda block: None if block is None else attrs.evolve(block, sampled=True)
+        )(grow_levels(self, state, draft, num_tokens)),
+    )
     target, draft = scripted(TARGET_TABLE, audited=False), scripted(DRAFT_TABLE, seed=1, audited=False)
-    engine = build_engine(target, draft, "draft_model, tree: {topk: 3, depth: 3, nodes: 8}",
-                          "{name: fixed, gamma: 3}", {"temperature": 1.0})
+    engine = build_engine(
+        target,
+        draft,
+        "draft_model, tree: {topk: 3, depth: 3, nodes: 8}",
+        "{name: fixed, gamma: 3}",
+        {"temperature": 1.0},
+    )
     samples, _ = sample_outputs(engine, PROMPT, 500)
     expected = exact_continuation_probs(target, PROMPT, LENGTH, SamplingParams(temperature=1.0))
     assert chisquare_pvalue(samples, expected) < 1e-6
@@ -651,8 +739,9 @@ def test_tree_levels_match_plain_forwards_on_a_real_model(llama_pair):
 def test_greedy_tree_drafting_on_tiny_llamas(llama_pair, verifier):
     target_model, draft_model = llama_pair
     target, draft = adapter(target_model, eos=False), adapter(draft_model, eos=False)
-    engine, audit = tree_engine(target, draft, "{name: draft_model, tree: {topk: 3, depth: 4, nodes: 10}}",
-                                "heuristic", verifier)
+    engine, audit = tree_engine(
+        target, draft, "{name: draft_model, tree: {topk: 3, depth: 4, nodes: 10}}", "heuristic", verifier
+    )
     off_path = 0
     for prompt in ([5, 9, 13, 7, 22], [17], [5, 9, 13, 5, 9, 13, 5, 9]):
         result = engine.generate(prompt, max_new_tokens=24)
@@ -672,16 +761,27 @@ def test_embedded_pair_tree_drafting_equals_plain_decoding():
     from pacer_core.hf import hf_generate, load_model
 
     target, tokenizer, _ = load_model(None, "float32", "cpu", None, "target")
-    cfg = load_config(overrides=["strategy.drafter={name: draft_model, tree: {topk: 3, depth: 4, nodes: 10}}",
-                                 "strategy.stop=[{name: fixed, gamma: 4}]", "strategy.verifier={name: greedy}"])
+    cfg = load_config(
+        overrides=[
+            "strategy.drafter={name: draft_model, tree: {topk: 3, depth: 4, nodes: 10}}",
+            "strategy.stop=[{name: fixed, gamma: 4}]",
+            "strategy.verifier={name: greedy}",
+        ]
+    )
     section = draft_model_config(cfg, plan_run(cfg).stack.drafter.component)
     draft, _, _ = load_model(section.path, "float32", "cpu", None, "draft")
     ids = tokenizer.encode("Write a Python function that adds two numbers.")
     reference = hf_generate(target, ids, 32)
     plugin = AuditPlugin()
-    cfg = load_config(overrides=["strategy.drafter={name: draft_model, tree: {topk: 3, depth: 4, nodes: 10}}",
-                                 "strategy.stop=[{name: fixed, gamma: 4}]", "strategy.verifier={name: greedy}",
-                                 "strategy.observers=[{name: metrics}, {name: tree_audit}]"], extra_plugins=[plugin])
+    cfg = load_config(
+        overrides=[
+            "strategy.drafter={name: draft_model, tree: {topk: 3, depth: 4, nodes: 10}}",
+            "strategy.stop=[{name: fixed, gamma: 4}]",
+            "strategy.verifier={name: greedy}",
+            "strategy.observers=[{name: metrics}, {name: tree_audit}]",
+        ],
+        extra_plugins=[plugin],
+    )
     engine = Engine.build(target, draft=draft, tokenizer=tokenizer, cfg=cfg, extra_plugins=[plugin])
     result = engine.generate(ids, max_new_tokens=32)
     assert result.tokens == reference
@@ -697,10 +797,10 @@ def brute_force_continuations(context: list[int], max_n: int, min_n: int, num_to
     found = []
     L = len(context)
     for n in range(min(max_n, L - 1), min_n - 1, -1):
-        suffix = context[L - n:]
+        suffix = context[L - n :]
         for start in range(L - 1 - n, -1, -1):  # occurrences ending before the last token, latest first
-            if context[start: start + n] == suffix:
-                candidate = context[start + n: start + n + num_tokens]
+            if context[start : start + n] == suffix:
+                candidate = context[start + n : start + n + num_tokens]
                 if not any(t[: len(candidate)] == candidate for t in found):
                     found.append(candidate)
     return found[:limit]
@@ -759,8 +859,11 @@ def test_one_branch_is_the_plain_lookup():
     assert block.tokens.tolist() == [6, 1, 1] and block.side is None and block.sampled
 
 
-BRANCH_PROMPTS = {"alternating": [0, 1, 2, 3, 0, 1, 5, 6, 0, 1, 2, 3, 0, 1, 5, 7, 0, 1],
-                  "repetitive": PROMPT, "one_token": [3]}
+BRANCH_PROMPTS = {
+    "alternating": [0, 1, 2, 3, 0, 1, 5, 6, 0, 1, 2, 3, 0, 1, 5, 7, 0, 1],
+    "repetitive": PROMPT,
+    "one_token": [3],
+}
 
 
 @pytest.mark.parametrize("verifier", ["greedy", "speculative_sampling"])

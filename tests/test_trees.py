@@ -75,16 +75,20 @@ def llama(kind: str):
 
 # -- the draft tree ------------------------------------------------------------------------------
 def block(tokens, side=None, parents=None):
-    return DraftBlock(torch.tensor(tokens, dtype=torch.long),
-                      side=None if side is None else SideNodes(torch.tensor(side, dtype=torch.long),
-                                                               torch.tensor(parents, dtype=torch.long)))
+    return DraftBlock(
+        torch.tensor(tokens, dtype=torch.long),
+        side=None
+        if side is None
+        else SideNodes(torch.tensor(side, dtype=torch.long), torch.tensor(parents, dtype=torch.long)),
+    )
 
 
 # node: 0  1  2   3   4   5 | 6  7  8   9   10 11  12
 # tok:  3  4  10  11  20  4 | 5  6  12  30  7  13  14
 # par: -1  0  -1  2   0   0 | 1  6  3   2   6  8   11
-TREE_DRAFT = Draft((block([3, 4], [10, 11, 20, 4], [-1, 2, 0, 0]),
-                    block([5, 6], [12, 30, 7, 13, 14], [3, 2, 6, 8, 11])))
+TREE_DRAFT = Draft(
+    (block([3, 4], [10, 11, 20, 4], [-1, 2, 0, 0]), block([5, 6], [12, 30, 7, 13, 14], [3, 2, 6, 8, 11]))
+)
 
 
 def test_draft_tree_numbers_blocks_main_path_then_side_nodes():
@@ -161,10 +165,12 @@ def test_best_nodes_ranks_by_cumulative_draft_probability():
     probs = torch.zeros(5, 8)
     for node, (token, p) in q.items():
         probs[node, token] = p
-    main = DraftBlock(torch.tensor([1]), probs[:1], side=SideNodes(torch.tensor([2]), torch.tensor([-1]), probs[1:2]),
-                      sampled=False)
-    second = DraftBlock(torch.tensor([3]), probs[2:3], side=SideNodes(torch.tensor([4]), torch.tensor([0]), probs[3:4]),
-                        sampled=False)
+    main = DraftBlock(
+        torch.tensor([1]), probs[:1], side=SideNodes(torch.tensor([2]), torch.tensor([-1]), probs[1:2]), sampled=False
+    )
+    second = DraftBlock(
+        torch.tensor([3]), probs[2:3], side=SideNodes(torch.tensor([4]), torch.tensor([0]), probs[3:4]), sampled=False
+    )
     third = DraftBlock(torch.tensor([5]), probs[4:5], sampled=False)
     draft = Draft((main, second, third))  # cumulative: 0 .6, 1 .3, 2 .3, 3 .24, 4 .27
     assert best_nodes(draft.tree, 5) is None
@@ -172,9 +178,21 @@ def test_best_nodes_ranks_by_cumulative_draft_probability():
     assert best_nodes(draft.tree, 3) == [0, 1, 2]  # a tie goes to the earlier node
     assert best_nodes(draft.tree, 4) == [0, 1, 2, 4]
     # a node without a draft probability (another source's phrase) is kept, with its ancestors
-    merged = Draft((main, attrs.evolve(second, side=SideNodes(torch.tensor([4, 7]), torch.tensor([0, 3]),
-                                                              torch.cat([probs[3:4], torch.zeros(1, 8)]),
-                                                              sampled=False)), third))
+    merged = Draft(
+        (
+            main,
+            attrs.evolve(
+                second,
+                side=SideNodes(
+                    torch.tensor([4, 7]),
+                    torch.tensor([0, 3]),
+                    torch.cat([probs[3:4], torch.zeros(1, 8)]),
+                    sampled=False,
+                ),
+            ),
+            third,
+        )
+    )
     assert merged.tree.tokens.tolist() == [1, 2, 3, 4, 7, 5]
     assert best_nodes(merged.tree, 1) == [0, 3, 4]  # node 4 (the phrase) needs node 3 above it
     assert draft.select(best_nodes(draft.tree, 2)).tree.tokens.tolist() == [1, 2]
@@ -204,13 +222,20 @@ def test_every_strategys_selection_applies_and_a_tree_drafter_sends_its_best_nod
             return [Component("observer", "picky", NoConfig, lambda config, resources: Picky())]
 
     target, draft = adapter(llama("target"), eos=False), adapter(tiny_llama(1), eos=False)
-    cfg = load_config(overrides=["strategy.drafter={name: draft_model, tree: {topk: 3, depth: 4, nodes: 5}}",
-                                 "strategy.stop=[{name: fixed, gamma: 4}]", "strategy.observers=[{name: picky}]"],
-                      require_models=False, extra_plugins=[Plugin()])
+    cfg = load_config(
+        overrides=[
+            "strategy.drafter={name: draft_model, tree: {topk: 3, depth: 4, nodes: 5}}",
+            "strategy.stop=[{name: fixed, gamma: 4}]",
+            "strategy.observers=[{name: picky}]",
+        ],
+        require_models=False,
+        extra_plugins=[Plugin()],
+    )
     engine = Engine.build(target, draft=draft, cfg=cfg, extra_plugins=[Plugin()])
     for prompt in PROMPTS.values():
         assert engine.generate(prompt, max_new_tokens=BUDGET).tokens == reference_greedy(
-            llama("target"), prompt, BUDGET, eos=False)
+            llama("target"), prompt, BUDGET, eos=False
+        )
     grown = [d for d in sent if d.forwards == 4]
     assert grown and all(d.num_nodes <= 5 and d.depth <= 2 for d in sent)
     assert any(d.num_nodes == 5 for d in grown)
@@ -219,8 +244,9 @@ def test_every_strategys_selection_applies_and_a_tree_drafter_sends_its_best_nod
 def test_sampled_flag_and_side_probabilities_follow_the_blocks():
     probs = torch.full((2, 8), 1 / 8)
     side = SideNodes(torch.tensor([1]), torch.tensor([-1]), torch.full((1, 8), 1 / 8))
-    draft = Draft((DraftBlock(torch.tensor([2, 3]), probs, side=side, sampled=False),
-                   DraftBlock(torch.tensor([4]), probs[:1])))
+    draft = Draft(
+        (DraftBlock(torch.tensor([2, 3]), probs, side=side, sampled=False), DraftBlock(torch.tensor([4]), probs[:1]))
+    )
     tree = draft.tree
     assert tree.sampled.tolist() == [False, False, False, True] and tree.draft_probs.shape == (4, 8)
     bad = Draft((DraftBlock(torch.tensor([2]), probs[:1], side=SideNodes(torch.tensor([1]), torch.tensor([-1]))),))
@@ -292,8 +318,15 @@ def test_tree_forward_matches_separate_forwards(kind, prefix, pending):
 
 
 # accepted paths of TREE_DRAFT, by node: contiguous (a plain crop), through side nodes, empty
-PATHS = {"main": [0, 1], "main-deep": [0, 1, 6, 7], "side-deep": [2, 3, 8, 11, 12], "mixed": [0, 1, 6, 10],
-         "duplicate": [0, 5], "one-side": [2], "empty": []}
+PATHS = {
+    "main": [0, 1],
+    "main-deep": [0, 1, 6, 7],
+    "side-deep": [2, 3, 8, 11, 12],
+    "mixed": [0, 1, 6, 10],
+    "duplicate": [0, 5],
+    "one-side": [2],
+    "empty": [],
+}
 
 
 def layer_tensors(lm) -> list[torch.Tensor]:
@@ -312,7 +345,7 @@ def test_crop_keeps_the_accepted_path_as_plain_decoding_would(kind, path_name, p
     plain = make_lm(kind)
     if prefix:
         plain.forward(prefix, logits_from=len(prefix))
-    plain.forward(committed[len(prefix):], logits_from=len(committed))
+    plain.forward(committed[len(prefix) :], logits_from=len(committed))
     assert list(lm.cached_tokens) == list(plain.cached_tokens) == committed
     if kind == "hf":
         mine, theirs = layer_tensors(lm), layer_tensors(plain)
@@ -365,26 +398,44 @@ SIDE_CHAIN_DEPTH = 7  # of the side chain off the root drafted near EOS and the 
 
 # scenario → (nodes, the accepted path of the whole tree)
 SCENARIOS = {
-    "main_right": (main_path("c", "c", "c", "c", "c") + chain("x", None, 1, "1") + chain("y", "m2", 3, "1")
-                   + chain("z", "m3", 4, "2c"), "m1 m2 m3 m4 m5"),
+    "main_right": (
+        main_path("c", "c", "c", "c", "c")
+        + chain("x", None, 1, "1")
+        + chain("y", "m2", 3, "1")
+        + chain("z", "m3", 4, "2c"),
+        "m1 m2 m3 m4 m5",
+    ),
     # a deep branch accepted through a side node: the main path is wrong at depth 2
-    "deep_side": (main_path("c", "w1", "c", "c", "c") + chain("b", "m1", 2, "2") + chain("a", "m1", 2, "cccc"),
-                  "m1 a2 a3 a4 a5"),
+    "deep_side": (
+        main_path("c", "w1", "c", "c", "c") + chain("b", "m1", 2, "2") + chain("a", "m1", 2, "cccc"),
+        "m1 a2 a3 a4 a5",
+    ),
     # duplicate siblings: d1 repeats m1 and carries the longer right path; e2 repeats m2
-    "duplicates": (main_path("c", "c", "w1", "c", "c") + chain("d", None, 1, "cccc") + chain("e", "m1", 2, "c2"),
-                   "d1 d2 d3 d4"),
+    "duplicates": (
+        main_path("c", "c", "w1", "c", "c") + chain("d", None, 1, "cccc") + chain("e", "m1", 2, "c2"),
+        "d1 d2 d3 d4",
+    ),
     # duplicates with equally long right paths: the first (in node order) wins
-    "tie_first": (main_path("w1", "c", "c", "c", "c") + chain("s", None, 1, "cc1") + chain("t", None, 1, "cc2"),
-                  "s1 s2"),
+    "tie_first": (
+        main_path("w1", "c", "c", "c", "c") + chain("s", None, 1, "cc1") + chain("t", None, 1, "cc2"),
+        "s1 s2",
+    ),
     "all_wrong": (main_path("w1", "c", "c", "c", "c") + chain("u", None, 1, "2c") + chain("v", None, 1, "3"), ""),
     # a side chain continuing the tip, drafted with it and deeper than the main path (chain-shaped)
     "tip_chain": (main_path("c", "c", "c") + chain("q", "m3", 4, "ccc", level=3), "m1 m2 m3 q4 q5 q6"),
     # Ouroboros-like: suffixes hanging off the blocks, deeper than the block; the main path fails at 4
-    "suffixes": (main_path("c", "c", "c", "w1", "c") + chain("r", "m1", 2, "1c", level=1)
-                 + chain("p", "m3", 4, "cc", level=3) + chain("o", "m4", 5, "c", level=4), "m1 m2 m3 p4 p5"),
+    "suffixes": (
+        main_path("c", "c", "c", "w1", "c")
+        + chain("r", "m1", 2, "1c", level=1)
+        + chain("p", "m3", 4, "cc", level=3)
+        + chain("o", "m4", 5, "c", level=4),
+        "m1 m2 m3 p4 p5",
+    ),
     # near EOS and the end of the budget: the right path is a side chain off the root
-    "side_chain": (main_path("w1", "c", "c", "c", "c") + chain("k", None, 1, "c" * SIDE_CHAIN_DEPTH, level=1),
-                   " ".join(f"k{d}" for d in range(1, SIDE_CHAIN_DEPTH + 1))),
+    "side_chain": (
+        main_path("w1", "c", "c", "c", "c") + chain("k", None, 1, "c" * SIDE_CHAIN_DEPTH, level=1),
+        " ".join(f"k{d}" for d in range(1, SIDE_CHAIN_DEPTH + 1)),
+    ),
 }
 ROTATION = [name for name in SCENARIOS if name != "side_chain"]
 
@@ -412,7 +463,7 @@ class TreeScript:
 
     def choose_scenario(self, state) -> str:
         committed = len(state.tokens)
-        ahead = self.sequence[committed: committed + SIDE_CHAIN_DEPTH]
+        ahead = self.sequence[committed : committed + SIDE_CHAIN_DEPTH]
         if state.budget_left <= SIDE_CHAIN_DEPTH or set(ahead) & self.eos:
             return "side_chain"
         return ROTATION[(state.step_index + self.offset) % len(ROTATION)]
@@ -494,7 +545,7 @@ class TreeChecks:
         draft, verdict, tree = step.draft, step.verdict, step.draft.tree
         sequence, before = self.drafter.sequence, step.committed_before
         deepest = int(tree.depths.max()) if len(tree) else 0
-        path = expected_path(tree, sequence[before: before + deepest + 1])
+        path = expected_path(tree, sequence[before : before + deepest + 1])
         assert verdict.nodes(draft) == path, (step.index, self.drafter.scenario[step.index])
         assert verdict.accepted == len(path) and verdict.next_token == sequence[before + len(path)]
         last = path[-1] if path else -1
@@ -525,17 +576,25 @@ class NoOptions:
 class TreePlugin:
     """An extra plugin offering the ``tree_script`` drafter and the ``tree_checks`` observer."""
 
-    def __init__(self, sequence: list[int], vocab: int, hidden_size: int, eos=frozenset(), torch_model=None,
-                 offset: int = 0):
+    def __init__(
+        self, sequence: list[int], vocab: int, hidden_size: int, eos=frozenset(), torch_model=None, offset: int = 0
+    ):
         self.drafter = TreeScript(sequence, vocab, hidden_size, frozenset(eos), offset)
         self.torch_model = torch_model
         self.checks: Optional[TreeChecks] = None
 
     @hookimpl
     def pacer_components(self):
-        return [Component("drafter", "tree_script", NoOptions, lambda config, resources: self.drafter,
-                          provides={"draft_probs", "draft_hidden"}),
-                Component("observer", "tree_checks", NoOptions, self._checks)]
+        return [
+            Component(
+                "drafter",
+                "tree_script",
+                NoOptions,
+                lambda config, resources: self.drafter,
+                provides={"draft_probs", "draft_hidden"},
+            ),
+            Component("observer", "tree_checks", NoOptions, self._checks),
+        ]
 
     def _checks(self, config, resources):
         self.checks = TreeChecks(resources, self.drafter, self.torch_model)
@@ -543,8 +602,11 @@ class TreePlugin:
 
 
 VERIFIERS = ("greedy", "speculative_sampling")
-BASE_STOPS = {"fixed3": "{name: fixed, gamma: 3}", "fixed5": "{name: fixed, gamma: 5}",
-              "heuristic": "{name: heuristic, gamma: 2}"}
+BASE_STOPS = {
+    "fixed3": "{name: fixed, gamma: 3}",
+    "fixed5": "{name: fixed, gamma: 5}",
+    "heuristic": "{name: heuristic, gamma: 2}",
+}
 OPTIONAL_STOPS = [name for name in ("entropy", "pacer") if name in components(new_plugin_manager())["stop"]]
 STOP_NAMES = list(BASE_STOPS) + OPTIONAL_STOPS
 
@@ -560,10 +622,16 @@ def stop_specs(tmp_path_factory) -> dict[str, str]:
 
 
 def tree_engine(plugin: TreePlugin, target, stop: str, verifier: str, observers=("tree_checks",)) -> Engine:
-    cfg = load_config(overrides=[
-        "strategy.drafter={name: tree_script}", f"strategy.stop=[{stop}]", f"strategy.verifier={{name: {verifier}}}",
-        f"strategy.observers=[{{name: metrics}}, {', '.join(f'{{name: {o}}}' for o in observers)}]",
-    ], extra_plugins=[plugin], require_models=False)
+    cfg = load_config(
+        overrides=[
+            "strategy.drafter={name: tree_script}",
+            f"strategy.stop=[{stop}]",
+            f"strategy.verifier={{name: {verifier}}}",
+            f"strategy.observers=[{{name: metrics}}, {', '.join(f'{{name: {o}}}' for o in observers)}]",
+        ],
+        extra_plugins=[plugin],
+        require_models=False,
+    )
     return Engine.build(target, cfg=cfg, extra_plugins=[plugin])
 
 
@@ -592,7 +660,7 @@ def test_tree_engine_equals_greedy(stop, verifier, stop_specs):
         plugin = TreePlugin(sequence, VOCAB, model.config.hidden_size, torch_model=model, offset=3 * number)
         engine = tree_engine(plugin, adapter(model, eos=False), stop_specs[stop], verifier)
         result = engine.generate(prompt, max_new_tokens=BUDGET)
-        assert result.tokens == sequence[len(prompt): len(prompt) + BUDGET], name
+        assert result.tokens == sequence[len(prompt) : len(prompt) + BUDGET], name
         assert result.finish_reason == "length"
         records = plugin.checks.records
         check_metrics(result, prompt, records)
@@ -619,7 +687,7 @@ def test_the_budget_ends_inside_a_side_branch():
         plugin = TreePlugin(sequence, VOCAB, model.config.hidden_size, torch_model=model)
         engine = tree_engine(plugin, adapter(model, eos=False), BASE_STOPS["fixed3"], "greedy")
         result = engine.generate(prompt, max_new_tokens=budget)
-        assert result.tokens == sequence[len(prompt): len(prompt) + budget]
+        assert result.tokens == sequence[len(prompt) : len(prompt) + budget]
         (step,) = plugin.checks.records
         nodes = step.verdict.nodes(step.draft)
         assert len(nodes) == len(step.emitted) == budget and not set(nodes) & set(step.draft.path_nodes)
@@ -667,7 +735,7 @@ def test_side_nodes_deeper_than_the_main_path_survive_a_stop():
     plugin = TreePlugin(sequence, VOCAB, model.config.hidden_size)
     engine = tree_engine(plugin, adapter(model, eos=False), BASE_STOPS["fixed3"], "greedy")
     result = engine.generate(prompt, max_new_tokens=BUDGET)
-    assert result.tokens == sequence[len(prompt): len(prompt) + BUDGET]
+    assert result.tokens == sequence[len(prompt) : len(prompt) + BUDGET]
     scenarios, full = plugin.drafter.scenario, plugin.checks.full_trees
     tip = [s for s in full if scenarios[s] == "tip_chain"]
     assert tip and all(full[s] == SCENARIOS["tip_chain"][1] for s in tip)
@@ -688,7 +756,7 @@ class HiddenRows:
         assert rows.shape[0] == cached - step.target_hidden_start  # the committed tokens just computed
         with torch.no_grad():
             out = self.model(torch.tensor([state.tokens[:cached]]), output_hidden_states=True)
-        expected = out.hidden_states[-1][0, step.target_hidden_start: cached]
+        expected = out.hidden_states[-1][0, step.target_hidden_start : cached]
         assert torch.allclose(rows.float(), expected, atol=1e-5)
         self.checked += 1
 
@@ -706,16 +774,23 @@ def test_target_hidden_rows_follow_the_accepted_path():
             def factory(config, resources):
                 built.append(HiddenRows(resources, model))
                 return built[-1]
+
             return [Component("observer", "hidden_rows", NoOptions, factory, needs={"target_hidden"})]
 
     extra = [plugin, HiddenPlugin()]
-    cfg = load_config(overrides=[
-        "strategy.drafter={name: tree_script}", f"strategy.stop=[{BASE_STOPS['fixed5']}]",
-        "strategy.verifier={name: greedy}", "strategy.observers=[{name: tree_checks}, {name: hidden_rows}]",
-    ], extra_plugins=extra, require_models=False)
+    cfg = load_config(
+        overrides=[
+            "strategy.drafter={name: tree_script}",
+            f"strategy.stop=[{BASE_STOPS['fixed5']}]",
+            "strategy.verifier={name: greedy}",
+            "strategy.observers=[{name: tree_checks}, {name: hidden_rows}]",
+        ],
+        extra_plugins=extra,
+        require_models=False,
+    )
     engine = Engine.build(adapter(model, eos=False), cfg=cfg, extra_plugins=extra)
     result = engine.generate(prompt, max_new_tokens=BUDGET)
-    assert result.tokens == sequence[len(prompt): len(prompt) + BUDGET]
+    assert result.tokens == sequence[len(prompt) : len(prompt) + BUDGET]
     assert built[0].checked == len(plugin.checks.records) > 1
 
 
@@ -736,7 +811,7 @@ def test_many_scripted_tree_runs_equal_greedy(stop):
         plugin = TreePlugin(sequence, VOCAB, target.hidden_size)
         engine = tree_engine(plugin, target, BASE_STOPS[stop], VERIFIERS[seed % 2])
         result = engine.generate(prompt, max_new_tokens=40)
-        assert result.tokens == sequence[len(prompt): len(prompt) + 40], seed
+        assert result.tokens == sequence[len(prompt) : len(prompt) + 40], seed
 
 
 # -- exact distribution of sampled trees -----------------------------------------------------------
@@ -838,11 +913,22 @@ class TreeSamplingPlugins:
     @hookimpl
     def pacer_components(self) -> list[Component]:
         return [
-            Component("drafter", "sampled_tree", SampledTreeConfig, SampledTree,
-                      "test: a full tree of sampled or top-k children", needs={"draft_model"},
-                      provides={"draft_probs"}),
-            Component("verifier", "test_fresh_row_per_sibling", NoOptions, FreshRowPerSibling,
-                      "WRONG: siblings tested against the fresh target row"),
+            Component(
+                "drafter",
+                "sampled_tree",
+                SampledTreeConfig,
+                SampledTree,
+                "test: a full tree of sampled or top-k children",
+                needs={"draft_model"},
+                provides={"draft_probs"},
+            ),
+            Component(
+                "verifier",
+                "test_fresh_row_per_sibling",
+                NoOptions,
+                FreshRowPerSibling,
+                "WRONG: siblings tested against the fresh target row",
+            ),
         ]
 
 
@@ -868,10 +954,19 @@ def measure_tree(case: TreeCase) -> tuple[float, float, float]:
     with single_thread():
         target = ScriptedLM(SCRIPTED_VOCAB, table=TARGET_TABLE.clone())
         draft = ScriptedLM(SCRIPTED_VOCAB, seed=1, table=DRAFT_TABLE.clone())
-        drafter = (f"sampled_tree, width: {case.width}, depth: {case.depth}, "
-                   f"sampled: {str(case.children == 'sampled').lower()}")
-        engine = build_engine(target, draft, drafter, f"{{name: fixed, gamma: {case.depth}}}",
-                              SAMPLINGS[case.sampling], case.verifier, plugins=TREE_PLUGINS)
+        drafter = (
+            f"sampled_tree, width: {case.width}, depth: {case.depth}, "
+            f"sampled: {str(case.children == 'sampled').lower()}"
+        )
+        engine = build_engine(
+            target,
+            draft,
+            drafter,
+            f"{{name: fixed, gamma: {case.depth}}}",
+            SAMPLINGS[case.sampling],
+            case.verifier,
+            plugins=TREE_PLUGINS,
+        )
         outputs, steps = sample_outputs(engine, PROMPT, case.samples)
         expected = exact_continuation_probs(target, PROMPT, LENGTH, engine.sampling)
         p_value = chisquare_pvalue(outputs, expected)
@@ -897,10 +992,16 @@ def tree_grid():
     for children in ("sampled", "topk"):
         for sampling in SAMPLINGS:
             fast = (children, sampling) in (("sampled", "t1"), ("topk", "topp0.8"))  # the rest: slow, 20,000
-            yield pytest.param(TreeCase(children, sampling, samples=TREE_SAMPLES if fast else 20_000),
-                               marks=() if fast else (pytest.mark.slow,), id=f"{children}-{sampling}")
-        yield pytest.param(TreeCase(children, "t1", width=3, depth=3, samples=20_000), marks=pytest.mark.slow,
-                           id=f"{children}-w3-d3-t1")
+            yield pytest.param(
+                TreeCase(children, sampling, samples=TREE_SAMPLES if fast else 20_000),
+                marks=() if fast else (pytest.mark.slow,),
+                id=f"{children}-{sampling}",
+            )
+        yield pytest.param(
+            TreeCase(children, "t1", width=3, depth=3, samples=20_000),
+            marks=pytest.mark.slow,
+            id=f"{children}-w3-d3-t1",
+        )
 
 
 @pytest.mark.parametrize("case", list(tree_grid()))
@@ -911,12 +1012,17 @@ def test_tree_sampling_matches_target_distribution(case, measured):
     assert 1.1 < steps < LENGTH - 0.2  # the trees were drafted, and both accepted and rejected
 
 
-@pytest.mark.parametrize("case", [
-    TreeCase("sampled", verifier="test_fresh_row_per_sibling", samples=1_500),
-    pytest.param(TreeCase("topk", verifier="test_fresh_row_per_sibling", samples=2_000), marks=pytest.mark.slow),
-    pytest.param(TreeCase("sampled", "topk3", verifier="test_fresh_row_per_sibling", samples=2_000),
-                 marks=pytest.mark.slow),
-], ids=str)
+@pytest.mark.parametrize(
+    "case",
+    [
+        TreeCase("sampled", verifier="test_fresh_row_per_sibling", samples=1_500),
+        pytest.param(TreeCase("topk", verifier="test_fresh_row_per_sibling", samples=2_000), marks=pytest.mark.slow),
+        pytest.param(
+            TreeCase("sampled", "topk3", verifier="test_fresh_row_per_sibling", samples=2_000), marks=pytest.mark.slow
+        ),
+    ],
+    ids=str,
+)
 def test_siblings_without_residual_update_fail_the_distribution_test(case, measured):
     p_value, _, seconds = measured(case)
     print(f"{case}: p = {p_value:.4g}, {seconds:.1f} s CPU")

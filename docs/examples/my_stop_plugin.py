@@ -31,6 +31,13 @@ class ProbFloor:
 
 @hookimpl
 def pacer_components():
-    return [Component("stop", "prob_floor", ProbFloorConfig, ProbFloor,
-                      "stop after a draft token with probability below floor",
-                      needs={"draft_probs"})]
+    return [
+        Component(
+            "stop",
+            "prob_floor",
+            ProbFloorConfig,
+            ProbFloor,
+            "stop after a draft token with probability below floor",
+            needs={"draft_probs"},
+        )
+    ]

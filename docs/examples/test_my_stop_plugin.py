@@ -10,8 +10,14 @@ from pacer_core.hf import HFModel
 
 def tiny_llama(seed: int) -> HFModel:
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     model = LlamaForCausalLM(config)
     with torch.no_grad():
         model.lm_head.weight.mul_(32.0)  # peaky distributions, so draft probabilities vary

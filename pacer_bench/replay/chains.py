@@ -47,8 +47,10 @@ __all__ = ["Replay", "analyse", "captured_share", "replay_best", "replay_fixed",
 def _chain_only(log: Sequence[LoggedStep], what: str) -> None:
     tree = next((s for s in log if s.is_tree), None)
     if tree is not None:
-        raise ValueError(f"{what} replays a chain log, but a step verified {tree.nodes} tree nodes for depth "
-                         f"{tree.drafted}: log a stack drafting a chain")
+        raise ValueError(
+            f"{what} replays a chain log, but a step verified {tree.nodes} tree nodes for depth "
+            f"{tree.drafted}: log a stack drafting a chain"
+        )
 
 
 @attrs.frozen
@@ -120,8 +122,12 @@ def captured_share(policy: float, best_fixed: float, oracle: float, min_gap: flo
     return (policy - best_fixed) / gap
 
 
-def analyse(log: Sequence[LoggedStep], cost: CostModel, gammas: Sequence[int],
-            policies: Optional[dict[str, Sequence[LoggedStep]]] = None) -> dict:
+def analyse(
+    log: Sequence[LoggedStep],
+    cost: CostModel,
+    gammas: Sequence[int],
+    policies: Optional[dict[str, Sequence[LoggedStep]]] = None,
+) -> dict:
     """Simulated speedups of each fixed γ and the oracle on ``log`` (a chain log), and of each policy
     on its own log, with the share of the oracle's gain over the best fixed γ that each chain policy
     captures (None for a tree policy: the chain oracle does not bound a tree)."""
@@ -143,6 +149,10 @@ def analyse(log: Sequence[LoggedStep], cost: CostModel, gammas: Sequence[int],
     for name, steps in (policies or {}).items():
         simulated = replay_logged(steps, cost).speedup(cost) if steps else 0.0
         tree = is_tree_log(steps)  # a tree may beat the chain oracle: no share of its gain to capture
-        out["policies"][name] = {"steps": len(steps), "simulated_speedup": simulated, "tree": tree,
-                                 "captured": None if tree else captured_share(simulated, best, oracle)}
+        out["policies"][name] = {
+            "steps": len(steps),
+            "simulated_speedup": simulated,
+            "tree": tree,
+            "captured": None if tree else captured_share(simulated, best, oracle),
+        }
     return out

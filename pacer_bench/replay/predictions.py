@@ -75,8 +75,9 @@ def predict(run: RecordedRun, profile: Profile, calibration: Optional[Calibratio
     if not baseline:
         raise InputError(f"the run has no '{BASELINE}' records to compare with: bench plain decoding too")
     if not any(g.has_steps for g in run.generations if g.stack != BASELINE):
-        raise InputError("the run's records hold no recorded steps (accepted_per_step): rerun the bench with "
-                         "this version")
+        raise InputError(
+            "the run's records hold no recorded steps (accepted_per_step): rerun the bench with this version"
+        )
     reference = {pair_key(g.record): g for g in baseline}
     base_seconds = {k: generation_seconds(g, profile, None) for k, g in reference.items()}
     sets = list(run.meta.get("prompt_sets") or sorted({g.prompt_set for g in run.generations})) + [ALL]
@@ -84,8 +85,11 @@ def predict(run: RecordedRun, profile: Profile, calibration: Optional[Calibratio
     for set_name in sets:
         rows = {}
         for name, unit in run.units.items():
-            mine = [g for g in run.of(name)
-                    if (set_name == ALL or g.prompt_set == set_name) and pair_key(g.record) in reference]
+            mine = [
+                g
+                for g in run.of(name)
+                if (set_name == ALL or g.prompt_set == set_name) and pair_key(g.record) in reference
+            ]
             if not mine or unit.get("kind", "stack") != "stack" or not all(g.has_steps for g in mine):
                 continue  # baselines other than plain decoding (transformers' generate) are not the engine's
             rows[name] = _stack_row(mine, reference, base_seconds, profile, drafter_kind(unit))
@@ -95,13 +99,19 @@ def predict(run: RecordedRun, profile: Profile, calibration: Optional[Calibratio
     for name, unit in run.units.items():  # stacks that logged their trees (the tree_log observer)
         logged = run.logged_trees(name)
         if logged:
-            out["trees"][name] = replay_shapes(logged, profile, drafter_kind(unit) or "feature",
-                                               calibration=calibration)
+            out["trees"][name] = replay_shapes(
+                logged, profile, drafter_kind(unit) or "feature", calibration=calibration
+            )
     return out
 
 
-def _stack_row(mine: Sequence[Generation], reference: dict[tuple, Generation], base_seconds: dict[tuple, float],
-               profile: Profile, kind: Optional[str]) -> dict[str, Any]:
+def _stack_row(
+    mine: Sequence[Generation],
+    reference: dict[tuple, Generation],
+    base_seconds: dict[tuple, float],
+    profile: Profile,
+    kind: Optional[str],
+) -> dict[str, Any]:
     """One stack's row over its generations ``mine``, paired with plain decoding's (``reference``)."""
     ref = [reference[pair_key(g.record)] for g in mine]
     tokens, ref_tokens = sum(len(g.record["tokens"]) for g in mine), sum(len(g.record["tokens"]) for g in ref)
@@ -141,8 +151,12 @@ def _oracle(run: RecordedRun, profile: Profile) -> Optional[dict]:
     cost = profile.cost_model(drafter_kind(run.units[log_stack]))
     longest = max(s.drafted for s in log)
     result = analyse(log, cost, range(1, longest + 1))
-    return {"log_stack": log_stack, "best_fixed_gamma": result["best_fixed_gamma"],
-            "best_fixed_speedup": result["best_fixed_speedup"], "oracle_speedup": result["oracle_speedup"]}
+    return {
+        "log_stack": log_stack,
+        "best_fixed_gamma": result["best_fixed_gamma"],
+        "best_fixed_speedup": result["best_fixed_speedup"],
+        "oracle_speedup": result["oracle_speedup"],
+    }
 
 
 def predicted_columns(run: RecordedRun, names: Sequence[str]) -> list[dict]:
@@ -157,19 +171,28 @@ def _fmt(value: Optional[float], unit: str = "×") -> str:
 def markdown(prediction: dict) -> str:
     """The prediction as a table, labelled with its profile."""
     label = f"*predicted under {prediction['kind']} profile '{prediction['profile']}' ({prediction['device']})*"
-    lines = [label, "", "| prompt set | stack | τ | measured here | predicted | predicted ÷ measured |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        label,
+        "",
+        "| prompt set | stack | τ | measured here | predicted | predicted ÷ measured |",
+        "|---|---|---|---|---|---|",
+    ]
     for set_name, rows in prediction["sets"].items():
         for name, row in rows.items():
             if name == BASELINE:
                 continue
-            lines.append(f"| {set_name} | {name}{' (tree)' if row['tree'] else ''} | {_fmt(row['tau'], '')} | "
-                         f"{_fmt(row['measured_speedup'])} | {_fmt(row['predicted_speedup'])} | "
-                         f"{_fmt(row['predicted_over_measured'], '')} |")
+            lines.append(
+                f"| {set_name} | {name}{' (tree)' if row['tree'] else ''} | {_fmt(row['tau'], '')} | "
+                f"{_fmt(row['measured_speedup'])} | {_fmt(row['predicted_speedup'])} | "
+                f"{_fmt(row['predicted_over_measured'], '')} |"
+            )
     oracle = prediction.get("oracle")
     if oracle:
-        lines += ["", f"On the long-window log of {oracle['log_stack']}: best fixed γ = {oracle['best_fixed_gamma']} "
-                      f"{_fmt(oracle['best_fixed_speedup'])}, oracle {_fmt(oracle['oracle_speedup'])} ({label})."]
+        lines += [
+            "",
+            f"On the long-window log of {oracle['log_stack']}: best fixed γ = {oracle['best_fixed_gamma']} "
+            f"{_fmt(oracle['best_fixed_speedup'])}, oracle {_fmt(oracle['oracle_speedup'])} ({label}).",
+        ]
     for name, result in prediction.get("trees", {}).items():
         lines += ["", f"Tree shapes on the trees {name} logged:", "", tree_markdown(result).rstrip()]
     return "\n".join(lines) + "\n"

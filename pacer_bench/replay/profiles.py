@@ -16,9 +16,11 @@ from ..config import BASELINE
 from .recorded import RecordedRun, drafter_kind, is_fixed_chain
 from .steplog import Generation
 
-SOURCES = {"verify_s": "the bench's verification-cost probe (cost_model.json)",
-           "draft_s": "the run's fixed-chain stacks: forward seconds less the probe's target forwards",
-           "host_s": "the run's wall less forward seconds per step (forward_s)"}
+SOURCES = {
+    "verify_s": "the bench's verification-cost probe (cost_model.json)",
+    "draft_s": "the run's fixed-chain stacks: forward seconds less the probe's target forwards",
+    "host_s": "the run's wall less forward seconds per step (forward_s)",
+}
 
 
 def profile_from_run(run: RecordedRun, name: str = "run") -> Profile:
@@ -44,11 +46,23 @@ def profile_from_run(run: RecordedRun, name: str = "run") -> Profile:
     checks = sum(int(g.metrics.get("pacer_checks", 0) or 0) for g in timed)
     mb = sum(float(g.metrics.get("pacer_mb_s", 0.0) or 0.0) for g in timed)
     device = f"the machine that ran this bench ({run.meta.get('device', '?')})"
-    return _checked(Profile(name=name, kind="measured", device=device, verify=verify, tree_verify=tree,
-                            draft=draft, host_plain=host_plain,
-                            host_chain=host_chain, host_tree=_tree_host(timed),
-                            preverify_s=mb / checks if checks else 0.0, dtype=run.meta.get("dtype"),
-                            context=cost_file.get("context_tokens"), sources=dict(SOURCES)))
+    return _checked(
+        Profile(
+            name=name,
+            kind="measured",
+            device=device,
+            verify=verify,
+            tree_verify=tree,
+            draft=draft,
+            host_plain=host_plain,
+            host_chain=host_chain,
+            host_tree=_tree_host(timed),
+            preverify_s=mb / checks if checks else 0.0,
+            dtype=run.meta.get("dtype"),
+            context=cost_file.get("context_tokens"),
+            sources=dict(SOURCES),
+        )
+    )
 
 
 def _probe_curves(cost_file: dict) -> tuple[Curve, Optional[Curve]]:
@@ -64,8 +78,9 @@ def _probe_curves(cost_file: dict) -> tuple[Curve, Optional[Curve]]:
     return Curve.of(points), Curve.of(dict(zip(tree_k, tree_s))) if tree_k else None
 
 
-def _scaled_to_plain(verify: Curve, tree: Optional[Curve], plain: Sequence[Generation]
-                     ) -> tuple[Curve, Optional[Curve]]:
+def _scaled_to_plain(
+    verify: Curve, tree: Optional[Curve], plain: Sequence[Generation]
+) -> tuple[Curve, Optional[Curve]]:
     """The probe's level rests on a few forwards at one context; plain decoding's own forwards (one a
     token, at every context the run reached) set it: the curves are scaled so that verify(1) is
     their mean, the probe keeping the shape (the prompts' forwards priced on the probe's curve)."""
@@ -76,8 +91,10 @@ def _scaled_to_plain(verify: Curve, tree: Optional[Curve], plain: Sequence[Gener
     scale = (sum(g.metrics["forward_s"] for g in plain) - prefill) / (tokens * verify(1))
     if scale <= 0:
         return verify, tree
-    return (Curve(verify.ks, [t * scale for t in verify.seconds]),
-            None if tree is None else Curve(tree.ks, [t * scale for t in tree.seconds]))
+    return (
+        Curve(verify.ks, [t * scale for t in verify.seconds]),
+        None if tree is None else Curve(tree.ks, [t * scale for t in tree.seconds]),
+    )
 
 
 def _target_seconds(g: Generation, verify: Curve, tree: Optional[Curve]) -> float:
@@ -90,8 +107,9 @@ def _target_seconds(g: Generation, verify: Curve, tree: Optional[Curve]) -> floa
     return out
 
 
-def _draft_forwards(run: RecordedRun, chains: Sequence[Generation], verify: Curve, tree: Optional[Curve]
-                    ) -> dict[str, Curve]:
+def _draft_forwards(
+    run: RecordedRun, chains: Sequence[Generation], verify: Curve, tree: Optional[Curve]
+) -> dict[str, Curve]:
     """One draft forward per drafter kind, from the fixed chains of that kind: their forward
     seconds less the target's, per draft forward (a block drafter's chains give its one forward a
     block)."""
@@ -150,8 +168,9 @@ def with_host(profile: Profile, path: str) -> Profile:
     from pacer_core.schema import load_yaml_file
 
     file = Path(path).expanduser()
-    data = load_yaml_file(file, "--host", "give a `pacer bench-host --json` file or a cost profile",
-                          InputError)  # JSON is YAML
+    data = load_yaml_file(
+        file, "--host", "give a `pacer bench-host --json` file or a cost profile", InputError
+    )  # JSON is YAML
     host = data.get("host_s") if isinstance(data, dict) else None
     if not isinstance(host, dict):
         raise InputError(f"--host '{path}' has no host_s: give a `pacer bench-host --json` file or a cost profile")
@@ -159,6 +178,11 @@ def with_host(profile: Profile, path: str) -> Profile:
     if isinstance(tree, dict):  # JSON keys are strings
         host = {**host, "tree": {int(k) if isinstance(k, str) and k.isdigit() else k: v for k, v in tree.items()}}
     plain, chain, host_tree = read_host_s(host, f"{profile.name} with --host {path}")
-    return attrs.evolve(profile, name=f"{profile.name} + host time of {file.name}", host_plain=plain,
-                        host_chain=chain, host_tree=host_tree,
-                        sources={**profile.sources, "host_s": f"this engine's host time per step from {path}"})
+    return attrs.evolve(
+        profile,
+        name=f"{profile.name} + host time of {file.name}",
+        host_plain=plain,
+        host_chain=chain,
+        host_tree=host_tree,
+        sources={**profile.sources, "host_s": f"this engine's host time per step from {path}"},
+    )

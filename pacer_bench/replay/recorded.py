@@ -69,8 +69,10 @@ def drafter_kind(unit: dict) -> Optional[str]:
     bench recorded it; a run recorded before the bench wrote it has its stack resolved again."""
     if "cost_kind" in unit:
         if unit["cost_kind"] is not None and unit["cost_kind"] not in DRAFTER_KINDS:
-            raise InputError(f"unit '{unit.get('name')}' of the run has cost_kind {unit['cost_kind']!r}, not one of "
-                             f"{', '.join(DRAFTER_KINDS)}: the run's bench.json is damaged, rerun the bench")
+            raise InputError(
+                f"unit '{unit.get('name')}' of the run has cost_kind {unit['cost_kind']!r}, not one of "
+                f"{', '.join(DRAFTER_KINDS)}: the run's bench.json is damaged, rerun the bench"
+            )
         return unit["cost_kind"]
     strategy = (unit.get("config") or {}).get("strategy")
     if not unit_drafter(unit) or not isinstance(strategy, dict):
@@ -91,5 +93,9 @@ def _resolved_cost_kind(strategy: str) -> Optional[str]:
 def is_fixed_chain(unit: dict) -> bool:
     """A stack drafting a chain with the fixed stop alone (what the run's own profile fits draft costs on)."""
     stops = ((unit.get("config") or {}).get("strategy") or {}).get("stop") or []
-    return (unit_drafter(unit).get("tree") is None and len(stops) == 1 and isinstance(stops[0], dict)
-            and stops[0].get("name") == "fixed")
+    return (
+        unit_drafter(unit).get("tree") is None
+        and len(stops) == 1
+        and isinstance(stops[0], dict)
+        and stops[0].get("name") == "fixed"
+    )

@@ -74,9 +74,17 @@ class LoggedTree:
 
 def trees_from_record(record: dict) -> list[LoggedTree]:
     """The tree steps ``tree_log`` recorded in one bench record (none without the observer)."""
-    return [LoggedTree(tuple(s["parents"]), tuple(s["q"]), tuple(s["main"]), tuple(s["path"]), record["prompt_set"],
-                       str(record.get("question_id", "")))
-            for s in record["metrics"].get("tree_steps") or ()]
+    return [
+        LoggedTree(
+            tuple(s["parents"]),
+            tuple(s["q"]),
+            tuple(s["main"]),
+            tuple(s["path"]),
+            record["prompt_set"],
+            str(record.get("question_id", "")),
+        )
+        for s in record["metrics"].get("tree_steps") or ()
+    ]
 
 
 def draft_forwards_per_step(metrics: dict, steps: list[LoggedStep]) -> list:
@@ -102,8 +110,13 @@ class Generation:
     @classmethod
     def parse(cls, record: dict) -> "Generation":
         steps = steps_from_metrics(record["metrics"])
-        return cls(record, tuple(steps), tuple(draft_forwards_per_step(record["metrics"], steps)),
-                   tuple(trees_from_record(record)), is_tree_log(steps))
+        return cls(
+            record,
+            tuple(steps),
+            tuple(draft_forwards_per_step(record["metrics"], steps)),
+            tuple(trees_from_record(record)),
+            is_tree_log(steps),
+        )
 
     @property
     def stack(self) -> str:

@@ -72,7 +72,7 @@ class StoredPredictor:
         pass
 
     def __call__(self, hidden, start: int, confidence=None) -> torch.Tensor:
-        return self.values[start:start + len(hidden)]
+        return self.values[start : start + len(hidden)]
 
 
 def drive(policy: PacerStop, available: int) -> tuple[int, int]:
@@ -110,8 +110,9 @@ def replay_policy(steps: Sequence[HeldOutStep], config: PacerStopConfig, cost: O
     return Replay(emitted, seconds, len(steps))
 
 
-def replay_confidence_stop(steps: Sequence[HeldOutStep], threshold: float, cost: CostModel,
-                           max_tokens: int = 20) -> Replay:
+def replay_confidence_stop(
+    steps: Sequence[HeldOutStep], threshold: float, cost: CostModel, max_tokens: int = 20
+) -> Replay:
     """The ``confidence`` stop (entropy_stop): draft until the first token with q(x) < threshold,
     which is still sent (the stop's pure rule, as ``replay_entropy_stop``)."""
     emitted, seconds = 0, 0.0
@@ -124,16 +125,24 @@ def replay_confidence_stop(steps: Sequence[HeldOutStep], threshold: float, cost:
     return Replay(emitted, seconds, len(steps))
 
 
-def replay_entropy_stop(steps: Sequence[HeldOutStep], gamma: float, threshold: float, adapt: bool, cost: CostModel,
-                        max_tokens: int = 20, adapt_rate: float = 0.05) -> Replay:
+def replay_entropy_stop(
+    steps: Sequence[HeldOutStep],
+    gamma: float,
+    threshold: float,
+    adapt: bool,
+    cost: CostModel,
+    max_tokens: int = 20,
+    adapt_rate: float = 0.05,
+) -> Replay:
     """The ``entropy`` stop (entropy_stop, its pure rules): draft until the first token whose bound
     1 − sqrt(γ · H(q)) is below λ, which is still sent. With ``adapt``, λ = clip(λ₀ − δ, 0, 1) where
     δ is updated after every step from the judged tokens' outcomes, kept across items (greedy)."""
     emitted, seconds, offset = 0, 0.0, 0.0
     for step in steps:
         if step.entropy is None:
-            raise InputError("these held-out steps hold no draft entropies: simulate them again with "
-                             "`pacer train-preverify`")
+            raise InputError(
+                "these held-out steps hold no draft entropies: simulate them again with `pacer train-preverify`"
+            )
         bounds = entropy_rules.acceptance_bound(step.entropy, gamma)  # [window]
         lam = min(1.0, max(0.0, threshold - offset)) if adapt else threshold
         flagged = entropy_rules.first_below(bounds, lam)
@@ -143,7 +152,7 @@ def replay_entropy_stop(steps: Sequence[HeldOutStep], gamma: float, threshold: f
         seconds += cost.step(sent)
         if adapt:
             outcomes = entropy_rules.verified_outcomes(sent, accepted)
-            offset = entropy_rules.calibrated_offset(offset, bounds[:len(outcomes)].tolist(), outcomes, adapt_rate)
+            offset = entropy_rules.calibrated_offset(offset, bounds[: len(outcomes)].tolist(), outcomes, adapt_rate)
     return Replay(emitted, seconds, len(steps))
 
 
@@ -156,19 +165,24 @@ def load_heldout(run: Path, heldout_every: int) -> tuple[Any, list[int]]:
 
     files = sorted((Path(run) / "samples").glob("item_*.pt"))
     if not files:
-        raise InputError(f"'{run}' holds no simulated items (samples/item_*.pt): give a `pacer train-preverify` "
-                         "run folder (its simulate stage writes them)")
+        raise InputError(
+            f"'{run}' holds no simulated items (samples/item_*.pt): give a `pacer train-preverify` "
+            "run folder (its simulate stage writes them)"
+        )
     samples = []
     for path in files:
         sample = load_run_file(path, "simulated item")
         if not isinstance(sample, dict) or any(key not in sample for key in SAMPLE_KEYS):
-            raise InputError(f"'{path}' is not a simulated item train-preverify wrote: delete it and rerun the "
-                             "simulation")
+            raise InputError(
+                f"'{path}' is not a simulated item train-preverify wrote: delete it and rerun the simulation"
+            )
         if heldout_every == 0 or int(sample["item"]) % heldout_every == 0:
             samples.append(sample)
     if not samples:
-        raise InputError(f"'{run}' holds no held-out item (item number divisible by {heldout_every}): "
-                         "simulate them, or pass --heldout-every 0 for a folder simulated for evaluation only")
+        raise InputError(
+            f"'{run}' holds no held-out item (item number divisible by {heldout_every}): "
+            "simulate them, or pass --heldout-every 0 for a folder simulated for evaluation only"
+        )
     data = StepData.from_samples(samples)
     return data, list(range(len(data.lengths)))
 
@@ -181,10 +195,15 @@ def heldout_steps(data, mb_probs: torch.Tensor) -> list[HeldOutStep]:
     for s in range(len(offsets) - 1):
         a, b = offsets[s], offsets[s + 1]
         labels = data.labels[a:b]
-        steps.append(HeldOutStep(mb=mb_probs[a:b].double(),
-                                 confidence=cumulative_confidence(data.confidence[a:b, 0].float()),
-                                 accepted=int(labels.long().cumprod(0).sum()), item=int(data.step_item[s]),
-                                 entropy=data.confidence[a:b, 1].double()))
+        steps.append(
+            HeldOutStep(
+                mb=mb_probs[a:b].double(),
+                confidence=cumulative_confidence(data.confidence[a:b, 0].float()),
+                accepted=int(labels.long().cumprod(0).sum()),
+                item=int(data.step_item[s]),
+                entropy=data.confidence[a:b, 1].double(),
+            )
+        )
     return steps
 
 
@@ -194,8 +213,10 @@ def mb_predictions(checkpoint: Path, data, steps: list[int]) -> torch.Tensor:
 
     net = PreVerifier.load(checkpoint)
     if net.arch.input_size != data.hidden.shape[-1]:
-        raise InputError(f"M_B '{checkpoint}' reads hidden states of size {net.arch.input_size}, the simulated "
-                         f"steps hold size {data.hidden.shape[-1]}: give the M_B trained for that run's pair")
+        raise InputError(
+            f"M_B '{checkpoint}' reads hidden states of size {net.arch.input_size}, the simulated "
+            f"steps hold size {data.hidden.shape[-1]}: give the M_B trained for that run's pair"
+        )
     longest = int(data.lengths.max())
     probs, _ = predict_steps(net, data, steps, max(longest, 16))
     return probs.double()
@@ -218,10 +239,18 @@ def read_cost_file(path: Path, draft_token_s: Optional[float], step_s: Optional[
 
 
 # -- the comparison ------------------------------------------------------------------------------
-def compare(steps: Sequence[HeldOutStep], cost: CostModel, gammas: Iterable[int], blocks: Iterable[int],
-            margins: Iterable[float], t0s: Iterable[float], confidences: Iterable[float],
-            max_draft: int, entropy_gammas: Iterable[float] = (), entropy_thresholds: Iterable[float] = ()
-            ) -> dict[str, Any]:
+def compare(
+    steps: Sequence[HeldOutStep],
+    cost: CostModel,
+    gammas: Iterable[int],
+    blocks: Iterable[int],
+    margins: Iterable[float],
+    t0s: Iterable[float],
+    confidences: Iterable[float],
+    max_draft: int,
+    entropy_gammas: Iterable[float] = (),
+    entropy_thresholds: Iterable[float] = (),
+) -> dict[str, Any]:
     """Simulated speedups of each rule and parameter on ``steps`` (sorted best first within each
     family), with the share of the oracle's gain over the best fixed γ each captures."""
     log = [LoggedStep(min(s.window, max_draft), min(s.accepted, max_draft)) for s in steps]
@@ -232,8 +261,14 @@ def compare(steps: Sequence[HeldOutStep], cost: CostModel, gammas: Iterable[int]
 
     def add(family: str, params: dict[str, Any], replay: Replay) -> None:
         speedup = replay.speedup(cost)
-        rows.append({"family": family, **params, "speedup": speedup,
-                     "captured": captured_share(speedup, fixed[best_gamma], oracle)})
+        rows.append(
+            {
+                "family": family,
+                **params,
+                "speedup": speedup,
+                "captured": captured_share(speedup, fixed[best_gamma], oracle),
+            }
+        )
 
     for threshold in confidences:
         add("confidence stop", {"t": threshold}, replay_confidence_stop(steps, threshold, cost, max_draft))
@@ -242,13 +277,17 @@ def compare(steps: Sequence[HeldOutStep], cost: CostModel, gammas: Iterable[int]
         for threshold in entropy_thresholds:
             for adapt in (True, False):
                 family = "entropy stop" if adapt else "entropy stop, no calibration (svip)"
-                add(family, {"gamma": gamma, "λ0": threshold},
-                    replay_entropy_stop(steps, gamma, threshold, adapt, cost, max_draft))
+                add(
+                    family,
+                    {"gamma": gamma, "λ0": threshold},
+                    replay_entropy_stop(steps, gamma, threshold, adapt, cost, max_draft),
+                )
     for predictor in ("mb", "draft_confidence"):
         for b in blocks:
             for margin in margins:
-                config = PacerStopConfig(b=b, rule="throughput", predictor=predictor, margin=margin,
-                                         max_draft=max_draft)
+                config = PacerStopConfig(
+                    b=b, rule="throughput", predictor=predictor, margin=margin, max_draft=max_draft
+                )
                 add(f"throughput / {predictor}", {"b": b, "margin": margin}, replay_policy(steps, config, cost))
     for b in blocks:
         for t0 in t0s:
@@ -258,9 +297,16 @@ def compare(steps: Sequence[HeldOutStep], cost: CostModel, gammas: Iterable[int]
     for row in rows:
         if row["family"] not in best_of or row["speedup"] > best_of[row["family"]]["speedup"]:
             best_of[row["family"]] = row
-    return {"steps": len(steps), "fixed": fixed, "best_fixed_gamma": best_gamma,
-            "best_fixed_speedup": fixed[best_gamma], "oracle_speedup": oracle,
-            "optimal_oracle_speedup": replay_best(log, cost).speedup(cost), "rows": rows, "best": best_of}
+    return {
+        "steps": len(steps),
+        "fixed": fixed,
+        "best_fixed_gamma": best_gamma,
+        "best_fixed_speedup": fixed[best_gamma],
+        "oracle_speedup": oracle,
+        "optimal_oracle_speedup": replay_best(log, cost).speedup(cost),
+        "rows": rows,
+        "best": best_of,
+    }
 
 
 def calibration(steps: Sequence[HeldOutStep]) -> dict[str, list[dict[str, Any]]]:
@@ -268,36 +314,54 @@ def calibration(steps: Sequence[HeldOutStep]) -> dict[str, list[dict[str, Any]]]
     predictors of 'tokens 1 … i all accepted'."""
     labels = torch.cat([(torch.arange(s.window) < s.accepted).double() for s in steps])
     positions = torch.cat([torch.arange(s.window) for s in steps])
-    return {"mb": position_report(torch.cat([s.mb for s in steps]), labels, positions),
-            "draft_confidence": position_report(torch.cat([s.confidence for s in steps]), labels, positions)}
+    return {
+        "mb": position_report(torch.cat([s.mb for s in steps]), labels, positions),
+        "draft_confidence": position_report(torch.cat([s.confidence for s in steps]), labels, positions),
+    }
 
 
 def markdown(result: dict[str, Any], positions: dict[str, list[dict[str, Any]]]) -> str:
-    lines = [f"{result['steps']} held-out steps. Best fixed γ = {result['best_fixed_gamma']}: "
-             f"{result['best_fixed_speedup']:.3f}×; oracle {result['oracle_speedup']:.3f}×; cost-optimal oracle "
-             f"{result['optimal_oracle_speedup']:.3f}×.", "",
-             "| fixed γ | " + " | ".join(str(g) for g in result["fixed"]) + " |",
-             "|---|" + "---|" * len(result["fixed"]),
-             "| speedup | " + " | ".join(f"{v:.3f}×" for v in result["fixed"].values()) + " |", "",
-             "| rule | parameters | speedup | captured |", "|---|---|---|---|"]
+    lines = [
+        f"{result['steps']} held-out steps. Best fixed γ = {result['best_fixed_gamma']}: "
+        f"{result['best_fixed_speedup']:.3f}×; oracle {result['oracle_speedup']:.3f}×; cost-optimal oracle "
+        f"{result['optimal_oracle_speedup']:.3f}×.",
+        "",
+        "| fixed γ | " + " | ".join(str(g) for g in result["fixed"]) + " |",
+        "|---|" + "---|" * len(result["fixed"]),
+        "| speedup | " + " | ".join(f"{v:.3f}×" for v in result["fixed"].values()) + " |",
+        "",
+        "| rule | parameters | speedup | captured |",
+        "|---|---|---|---|",
+    ]
     for row in sorted(result["rows"], key=lambda r: (r["family"], -r["speedup"])):
         params = ", ".join(f"{k} {v}" for k, v in row.items() if k not in ("family", "speedup", "captured"))
         captured = "—" if row["captured"] is None else f"{row['captured']:.0%}"
         lines.append(f"| {row['family']} | {params} | {row['speedup']:.3f}× | {captured} |")
-    lines += ["", "| draft position | tokens | accepted | M_B AUC | M_B mean p | conf AUC | conf mean p |",
-              "|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "| draft position | tokens | accepted | M_B AUC | M_B mean p | conf AUC | conf mean p |",
+        "|---|---|---|---|---|---|---|",
+    ]
 
     def auc(r: dict) -> str:
         return "—" if r["auc"] != r["auc"] else f"{r['auc']:.3f}"  # NaN: a position with one class
 
     for mb, conf in zip(positions["mb"], positions["draft_confidence"]):
-        lines.append(f"| {mb['position'] + 1} | {mb['tokens']} | {mb['accepted_rate']:.3f} | {auc(mb)} | "
-                     f"{mb['mean_prediction']:.3f} | {auc(conf)} | {conf['mean_prediction']:.3f} |")
+        lines.append(
+            f"| {mb['position'] + 1} | {mb['tokens']} | {mb['accepted_rate']:.3f} | {auc(mb)} | "
+            f"{mb['mean_prediction']:.3f} | {auc(conf)} | {conf['mean_prediction']:.3f} |"
+        )
     return "\n".join(lines)
 
 
-def _numbers(text: str, kind=float, option: str = "", low: Optional[float] = None, high: Optional[float] = None,
-             open_low: bool = False) -> list:
+def _numbers(
+    text: str,
+    kind=float,
+    option: str = "",
+    low: Optional[float] = None,
+    high: Optional[float] = None,
+    open_low: bool = False,
+) -> list:
     """A comma-separated option as numbers, each finite and within [low, high] (``open_low``: above
     low), else ``InputError`` naming the option."""
     where = f"{option} " if option else ""
@@ -308,12 +372,20 @@ def _numbers(text: str, kind=float, option: str = "", low: Optional[float] = Non
     if not values:
         raise InputError(f"{where}is empty: give at least one number")
     for v in values:
-        bad = not math.isfinite(v) or (low is not None and (v <= low if open_low else v < low)) \
+        bad = (
+            not math.isfinite(v)
+            or (low is not None and (v <= low if open_low else v < low))
             or (high is not None and v > high)
+        )
         if bad:
-            bounds = " and ".join(b for b in (
-                None if low is None else f"{'>' if open_low else '>='} {low:g}",
-                None if high is None else f"<= {high:g}") if b)
+            bounds = " and ".join(
+                b
+                for b in (
+                    None if low is None else f"{'>' if open_low else '>='} {low:g}",
+                    None if high is None else f"<= {high:g}",
+                )
+                if b
+            )
             raise InputError(f"{where}takes finite numbers {bounds}, got {v}")
     return values
 
@@ -322,12 +394,18 @@ def _numbers(text: str, kind=float, option: str = "", low: Optional[float] = Non
 def _setup(p):
     p.add_argument("folder", metavar="DIR", help="a `pacer train-preverify` run folder (its samples/)")
     p.add_argument("--costs", metavar="FILE", help="a `pacer costs` file or a bench's cost_model.json (seconds)")
-    p.add_argument("--profile", metavar="NAME|FILE", help="or a cost profile (docs/costs.md): a shipped name or a "
-                                                          "file; its eagle (feature) drafter's costs")
+    p.add_argument(
+        "--profile",
+        metavar="NAME|FILE",
+        help="or a cost profile (docs/costs.md): a shipped name or a file; its eagle (feature) drafter's costs",
+    )
     p.add_argument("--checkpoint", metavar="DIR", help="the M_B to replay (default: the shipped one)")
-    p.add_argument("--heldout-every", type=int, default=10,
-                   help="held-out items: item numbers divisible by this (the run's data.heldout_every, 10); "
-                        "0 = every item")
+    p.add_argument(
+        "--heldout-every",
+        type=int,
+        default=10,
+        help="held-out items: item numbers divisible by this (the run's data.heldout_every, 10); 0 = every item",
+    )
     p.add_argument("--draft-token-s", type=float, help="override the cost file's seconds per draft token")
     p.add_argument("--step-s", type=float, help="override the cost file's fixed seconds per step")
     p.add_argument("--max-draft", type=int, default=16, help="longest draft (<= the run's window; 16)")
@@ -336,10 +414,14 @@ def _setup(p):
     p.add_argument("--margins", default="0.8,0.9,1,1.1,1.25,1.5", help="λ multipliers of the throughput rule")
     p.add_argument("--t0", default="0.3,0.5,0.6,0.7,0.8,0.9", help="t0 of the paper rule")
     p.add_argument("--confidence", default="0.2,0.3,0.4,0.5,0.6,0.7", help="thresholds of the confidence stop")
-    p.add_argument("--entropy-gamma", default="0.2",
-                   help="γ of the entropy stop's bound 1 − sqrt(γ · H) ('' = no entropy rows)")
-    p.add_argument("--entropy", default="0.3,0.4,0.5,0.6,0.7,0.8",
-                   help="λ₀ of the entropy stop, each with and without its calibration (svip: h = 1 − λ₀)")
+    p.add_argument(
+        "--entropy-gamma", default="0.2", help="γ of the entropy stop's bound 1 − sqrt(γ · H) ('' = no entropy rows)"
+    )
+    p.add_argument(
+        "--entropy",
+        default="0.3,0.4,0.5,0.6,0.7,0.8",
+        help="λ₀ of the entropy stop, each with and without its calibration (svip: h = 1 − λ₀)",
+    )
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
 
     def run(args) -> int:
@@ -351,8 +433,9 @@ def _setup(p):
             from pacer_core.costs import load_profile
 
             cost = load_profile(args.profile).cost_model("feature")
-            overrides = {k: v for k, v in (("draft_token_s", args.draft_token_s), ("step_s", args.step_s))
-                         if v is not None}
+            overrides = {
+                k: v for k, v in (("draft_token_s", args.draft_token_s), ("step_s", args.step_s)) if v is not None
+            }
             if overrides:
                 try:
                     cost = attrs.evolve(cost, **overrides)
@@ -376,9 +459,14 @@ def _setup(p):
         positions = calibration(steps)
         print(markdown(result, positions))
         if args.json:
-            Path(args.json).write_text(json.dumps({**result, "by_position": positions,
-                                                   "fixed": {str(k): v for k, v in result["fixed"].items()}},
-                                                  indent=2, default=str) + "\n")
+            Path(args.json).write_text(
+                json.dumps(
+                    {**result, "by_position": positions, "fixed": {str(k): v for k, v in result["fixed"].items()}},
+                    indent=2,
+                    default=str,
+                )
+                + "\n"
+            )
             print(f"\nresults: {args.json}", file=sys.stderr)
         return 0
 

@@ -52,8 +52,9 @@ def shape(step: LoggedTree, topk: int, depth: int) -> list[int]:
     kept: set[int] = set()
     for level in range(1, depth + 1):
         nodes = [i for i, d in enumerate(depths) if d == level and (step.parents[i] < 0 or step.parents[i] in kept)]
-        ranked = [i for i in nodes if i in main] + sorted((i for i in nodes if i not in main),
-                                                          key=lambda i: (-cp[i], i))
+        ranked = [i for i in nodes if i in main] + sorted(
+            (i for i in nodes if i not in main), key=lambda i: (-cp[i], i)
+        )
         kept |= set(ranked[:topk])
     return sorted(kept)
 
@@ -73,8 +74,9 @@ def _subtree(step: LoggedTree, nodes: Sequence[int]) -> TokenTree:
     parents = torch.tensor([index.get(step.parents[i], -1) for i in nodes], dtype=torch.long)
     # a q the log rounded to 0 (below 5e-7) is a draft node all but never accepted, not a point mass
     probs = torch.tensor([[step.q[i] or LOGGED_ZERO] for i in nodes], dtype=torch.float64)  # [N, 1]: every token is 0
-    return TokenTree(torch.zeros(len(nodes), dtype=torch.long), parents, probs,
-                     torch.zeros(len(nodes), dtype=torch.bool))
+    return TokenTree(
+        torch.zeros(len(nodes), dtype=torch.long), parents, probs, torch.zeros(len(nodes), dtype=torch.bool)
+    )
 
 
 class Pricer:
@@ -109,16 +111,22 @@ def tree_policy(pricer: Pricer, topk: int, depth: int, n: Optional[int] = None) 
         sent = set(grown) if n is None else best(s, grown, n)
         levels = min(depth, max(s.depths))
         return accepted(s, sent) + 1, pricer.tree(levels, topk, len(sent))
+
     return step
 
 
-def auto_policy(pricer: Pricer, topk: int, depth: int,
-                calibration_of: Optional[Callable[[LoggedTree], Optional[Calibration]]] = None) -> Policy:
+def auto_policy(
+    pricer: Pricer,
+    topk: int,
+    depth: int,
+    calibration_of: Optional[Callable[[LoggedTree], Optional[Calibration]]] = None,
+) -> Policy:
     """What ``tree: {topk, depth, nodes: auto}`` sends under the profile (``NodeBudget``, its rate
     carried from step to step as in a generation), valuing each step's nodes through
     ``calibration_of(step)`` (``pacer_core.trees.node_values``; None: raw probabilities)."""
-    budget = NodeBudget(TreeConfig(topk=topk, depth=depth, nodes="auto"), "replay",
-                        pricer.profile.cost_model(pricer.kind))
+    budget = NodeBudget(
+        TreeConfig(topk=topk, depth=depth, nodes="auto"), "replay", pricer.profile.cost_model(pricer.kind)
+    )
 
     def step(s: LoggedTree) -> tuple[int, float]:
         grown = shape(s, topk, depth)
@@ -128,19 +136,23 @@ def auto_policy(pricer: Pricer, topk: int, depth: int,
         sent = set(grown) if chosen is None else {grown[i] for i in chosen}
         levels = min(depth, max(s.depths))
         return accepted(s, sent) + 1, pricer.tree(levels, topk, len(sent))
+
     return step
 
 
-def fit_calibration(steps: Sequence[LoggedTree], bins: int = 12, max_depth: int = 6, draft: Optional[str] = None,
-                    source: str = "") -> Calibration:
+def fit_calibration(
+    steps: Sequence[LoggedTree], bins: int = 12, max_depth: int = 6, draft: Optional[str] = None, source: str = ""
+) -> Calibration:
     """P(a node is accepted | its depth, its cumulative draft probability), read off logged trees
     (``pacer_core.calibration.fit``: per depth, ``max_depth`` and deeper together, equal groups by
     probability, each group's acceptance rate made non-decreasing)."""
+
     def samples():
         for s in steps:
             path = set(s.path)
             for i, (d, c) in enumerate(zip(s.depths, s.cumulative)):
                 yield d, c, i in path
+
     return calibrations.fit(samples(), bins=bins, max_depth=max_depth, draft=draft, source=source)
 
 
@@ -157,6 +169,7 @@ def oracle_chain(pricer: Pricer, longest: int) -> Policy:
     def step(s: LoggedTree) -> tuple[int, float]:
         a = accepted(s, set(s.main[:longest]))
         return a + 1, pricer.chain(a)
+
     return step
 
 
@@ -164,6 +177,7 @@ def oracle_tree(pricer: Pricer, topk: int) -> Policy:
     def step(s: LoggedTree) -> tuple[int, float]:
         a = len(s.path)
         return a + 1, pricer.tree(min(a + 1, max(s.depths)), topk, a)
+
     return step
 
 
@@ -178,9 +192,13 @@ def run(policy: Policy, steps: Sequence[LoggedTree], plain: float) -> dict[str, 
 AUTO_FILE = "auto with the calibration"  # the family priced with a given calibration file
 
 
-def replay_shapes(steps: Sequence[LoggedTree], profile: Profile, kind: str = "feature",
-                  budgets: Sequence[int] = (8, 10, 16, 24, 32, 48, 64),
-                  calibration: Optional[Calibration] = None) -> dict[str, Any]:
+def replay_shapes(
+    steps: Sequence[LoggedTree],
+    profile: Profile,
+    kind: str = "feature",
+    budgets: Sequence[int] = (8, 10, 16, 24, 32, 48, 64),
+    calibration: Optional[Calibration] = None,
+) -> dict[str, Any]:
     """Every chain, tree shape and budget, auto and the oracles on the logged steps under
     ``profile``, per prompt set and ``all``: {policy: {set: {tau, speedup}}} and the best of each
     family; with ``calibration``, ``auto`` valuing nodes through it too (as the engine would)."""
@@ -201,8 +219,11 @@ def replay_shapes(steps: Sequence[LoggedTree], profile: Profile, kind: str = "fe
             for n in budgets:
                 if n < topk * depth:
                     policies[f"tree k{topk} d{depth} best {n}"] = ("tree", tree_policy(pricer, topk, depth, n))
-    autos = ["auto"] + (["auto calibrated"] if len({s.prompt for s in steps}) >= 2 else []) \
+    autos = (
+        ["auto"]
+        + (["auto calibrated"] if len({s.prompt for s in steps}) >= 2 else [])
         + ([AUTO_FILE] if calibration is not None else [])
+    )
     for family in autos:
         for topk in topks:
             for depth in depths:
@@ -224,10 +245,20 @@ def replay_shapes(steps: Sequence[LoggedTree], profile: Profile, kind: str = "fe
                 policy = auto_policy(pricer, *shapes[name], lambda s: calibration)
             table[name][group] = run(policy, chosen, pricer.plain)
     families = {name: family for name, (family, _) in policies.items()}
-    best_of = {family: max((n for n in table if families[n] == family), key=lambda n: table[n]["all"]["speedup"])
-               for family in ("chain", "tree", *autos)}
-    return {"profile": profile.name, "kind": profile.kind, "steps": len(steps), "logged_topk": log_topk,
-            "logged_depth": log_depth, "table": table, "families": families, "best": best_of}
+    best_of = {
+        family: max((n for n in table if families[n] == family), key=lambda n: table[n]["all"]["speedup"])
+        for family in ("chain", "tree", *autos)
+    }
+    return {
+        "profile": profile.name,
+        "kind": profile.kind,
+        "steps": len(steps),
+        "logged_topk": log_topk,
+        "logged_depth": log_depth,
+        "table": table,
+        "families": families,
+        "best": best_of,
+    }
 
 
 def markdown(result: dict[str, Any], rows: Optional[Sequence[str]] = None) -> str:
@@ -235,18 +266,37 @@ def markdown(result: dict[str, Any], rows: Optional[Sequence[str]] = None) -> st
     table = result["table"]
     groups = list(next(iter(table.values())))
     best = result["best"]
-    names = list(dict.fromkeys([best["chain"], best["tree"], best["auto"], *(v for k, v in best.items() if k not in
-                                                                              ("chain", "tree", "auto")), *(rows or ()),
-                                *(n for n in table if n.startswith("oracle"))]))
-    lines = [f"*predicted under {result['kind']} profile '{result['profile']}'* — {result['steps']} logged tree "
-             f"steps (k{result['logged_topk']}, {result['logged_depth']} levels)", "",
-             "| policy | τ | " + " | ".join(groups) + " |", "|---|---|" + "---|" * len(groups)]
+    names = list(
+        dict.fromkeys(
+            [
+                best["chain"],
+                best["tree"],
+                best["auto"],
+                *(v for k, v in best.items() if k not in ("chain", "tree", "auto")),
+                *(rows or ()),
+                *(n for n in table if n.startswith("oracle")),
+            ]
+        )
+    )
+    lines = [
+        f"*predicted under {result['kind']} profile '{result['profile']}'* — {result['steps']} logged tree "
+        f"steps (k{result['logged_topk']}, {result['logged_depth']} levels)",
+        "",
+        "| policy | τ | " + " | ".join(groups) + " |",
+        "|---|---|" + "---|" * len(groups),
+    ]
     for name in names:
-        lines.append(f"| {name} | {table[name]['all']['tau']:.2f} | "
-                     + " | ".join(f"{table[name][g]['speedup']:.2f}×" for g in groups) + " |")
+        lines.append(
+            f"| {name} | {table[name]['all']['tau']:.2f} | "
+            + " | ".join(f"{table[name][g]['speedup']:.2f}×" for g in groups)
+            + " |"
+        )
     chain, tree, auto = (table[best[f]]["all"]["speedup"] for f in ("chain", "tree", "auto"))
-    lines += ["", f"best tree ÷ best chain: {tree / chain:.3f}; auto ÷ best fixed tree budget: {auto / tree:.3f}; "
-                  f"auto ÷ best chain: {auto / chain:.3f}"]
+    lines += [
+        "",
+        f"best tree ÷ best chain: {tree / chain:.3f}; auto ÷ best fixed tree budget: {auto / tree:.3f}; "
+        f"auto ÷ best chain: {auto / chain:.3f}",
+    ]
     if "auto calibrated" in best:
         cal = table[best["auto calibrated"]]["all"]["speedup"]
         lines[-1] += f"; auto calibrated (fitted on the other prompts) ÷ best fixed tree budget: {cal / tree:.3f}"

@@ -197,12 +197,19 @@ class HFModel:
             raise InputError(f"{self.name}: a vocabulary subset needs an output layer without bias")
         self.vocab_subset = ids
         self._subset_index = ids.to(head.weight.device)  # where the logits are scattered
-        self._head_subset = PackedMatrix(head.weight.detach()[self._subset_index].contiguous(),
-                                         pack=self.packed_weights)
+        self._head_subset = PackedMatrix(
+            head.weight.detach()[self._subset_index].contiguous(), pack=self.packed_weights
+        )
 
     @classmethod
-    def load(cls, folder: Path, dtype: str = "float32", device: str = "cpu",
-             device_map: Optional[str] = None, name: str = "model") -> "HFModel":
+    def load(
+        cls,
+        folder: Path,
+        dtype: str = "float32",
+        device: str = "cpu",
+        device_map: Optional[str] = None,
+        name: str = "model",
+    ) -> "HFModel":
         transformers = _quiet_transformers()
         kwargs: dict[str, Any] = {"dtype": DTYPES[dtype]}
         if device_map:
@@ -215,8 +222,7 @@ class HFModel:
     def embedding_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(input embeddings [vocab, hidden], output layer [vocab, hidden]) — feature-level drafts
         share them with the target instead of storing copies."""
-        return (self.model.get_input_embeddings().weight.detach(),
-                self.model.get_output_embeddings().weight.detach())
+        return (self.model.get_input_embeddings().weight.detach(), self.model.get_output_embeddings().weight.detach())
 
     def attention_shape(self) -> AttentionShape:
         """The attention layout of the decoder layers, read from the model's config."""
@@ -224,10 +230,12 @@ class HFModel:
         heads = int(config.num_attention_heads)
         rope = getattr(config, "rope_parameters", None) or {}
         return AttentionShape(
-            num_heads=heads, num_kv_heads=int(getattr(config, "num_key_value_heads", heads)),
+            num_heads=heads,
+            num_kv_heads=int(getattr(config, "num_key_value_heads", heads)),
             head_dim=int(getattr(config, "head_dim", None) or config.hidden_size // heads),
             rope_theta=float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))),
-            rms_eps=float(getattr(config, "rms_norm_eps", 1e-6)))
+            rms_eps=float(getattr(config, "rms_norm_eps", 1e-6)),
+        )
 
     # -- cache -------------------------------------------------------------------------------
     @property
@@ -306,8 +314,10 @@ class HFModel:
         kinds = set(self._layer_kinds)
         if not kinds <= {"full_attention", "sliding_attention"}:
             other = ", ".join(sorted(kinds - {"full_attention", "sliding_attention"}))
-            raise InputError(f"{self.name}: token trees need full or sliding-window attention layers, this model "
-                             f"also has {other}: draft chains instead (no tree option)")
+            raise InputError(
+                f"{self.name}: token trees need full or sliding-window attention layers, this model "
+                f"also has {other}: draft chains instead (no tree option)"
+            )
         masks = {}
         if "full_attention" in kinds:
             masks["full_attention"] = allowed
@@ -321,9 +331,11 @@ class HFModel:
         if len(masks) == 1:
             return next(iter(masks.values()))
         if not self._accepts_mask_per_kind():
-            raise InputError(f"{self.name}: token trees on a model mixing full and sliding-window layers need "
-                             f"its transformers class to take a mask per layer kind, which "
-                             f"{type(self.model.base_model).__name__} does not: draft chains instead (no tree option)")
+            raise InputError(
+                f"{self.name}: token trees on a model mixing full and sliding-window layers need "
+                f"its transformers class to take a mask per layer kind, which "
+                f"{type(self.model.base_model).__name__} does not: draft chains instead (no tree option)"
+            )
         return masks
 
     def _accepts_mask_per_kind(self) -> bool:
@@ -378,7 +390,7 @@ class HFModel:
         kwargs: dict[str, Any] = {self._cache_keyword: self._cache, "use_cache": True, **inputs}
         if tree_mask is not None:
             allowed = torch.ones(k, past + k, dtype=torch.bool)
-            allowed[:, past + k - tree_mask.shape[1]:] = tree_mask
+            allowed[:, past + k - tree_mask.shape[1] :] = tree_mask
             query_positions = positions + past  # [k]
             kwargs["attention_mask"] = self._tree_attention_mask(allowed, query_positions)
             kwargs["position_ids"] = self._on_device(query_positions[None])
@@ -405,10 +417,14 @@ class HFModel:
         else:
             kwargs.setdefault("output_hidden_states", bool(hidden))
             out = self.model(logits_to_keep=max(k - logits_from, 1), **kwargs)
-            out_logits = out.logits[0, -(k - logits_from):].float() if k > logits_from else \
-                torch.empty(0, self.vocab_size, device=out.logits.device)
-            out_hidden = _layer_inputs(out.hidden_states, layers) if layers else \
-                (out.hidden_states[-1][0] if hidden else None)
+            out_logits = (
+                out.logits[0, -(k - logits_from) :].float()
+                if k > logits_from
+                else torch.empty(0, self.vocab_size, device=out.logits.device)
+            )
+            out_hidden = (
+                _layer_inputs(out.hidden_states, layers) if layers else (out.hidden_states[-1][0] if hidden else None)
+            )
         self._tokens.extend(int(t) for t in tokens)
         self._positions.extend(new_positions)
         return ModelOutput(logits=out_logits, hidden_states=out_hidden)

@@ -66,8 +66,9 @@ def load_safetensors(path: Path, fix: str) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(path))
     except (SafetensorError, OSError) as exc:
-        raise InputError(f"'{path}' cannot be read as safetensors ({_first_line(exc)}): the file is "
-                         f"truncated or corrupt; {fix}") from exc
+        raise InputError(
+            f"'{path}' cannot be read as safetensors ({_first_line(exc)}): the file is truncated or corrupt; {fix}"
+        ) from exc
 
 
 def safetensors_shapes(path: Path, fix: str) -> dict[str, tuple[int, ...]]:
@@ -80,19 +81,31 @@ def safetensors_shapes(path: Path, fix: str) -> dict[str, tuple[int, ...]]:
         with safe_open(str(path), "pt") as handle:
             return {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}
     except (SafetensorError, OSError) as exc:
-        raise InputError(f"'{path}' cannot be read as safetensors ({_first_line(exc)}): the file is "
-                         f"truncated or corrupt; {fix}") from exc
+        raise InputError(
+            f"'{path}' cannot be read as safetensors ({_first_line(exc)}): the file is truncated or corrupt; {fix}"
+        ) from exc
 
 
 def layer_count(shapes: Mapping[str, Sequence[int]], prefix: str) -> int:
     """How many layers the weights hold under ``prefix`` (``layers.`` counts ``layers.0.*``,
     ``layers.1.*``, ...): the distinct whole numbers that follow it."""
-    return len({name[len(prefix):].split(".", 1)[0] for name in shapes
-                if name.startswith(prefix) and name[len(prefix):].split(".", 1)[0].isdigit()})
+    return len(
+        {
+            name[len(prefix) :].split(".", 1)[0]
+            for name in shapes
+            if name.startswith(prefix) and name[len(prefix) :].split(".", 1)[0].isdigit()
+        }
+    )
 
 
-def check_sizes(config: Path, weights: Path, shapes: Mapping[str, Sequence[int]], fix: str,
-                sizes: Sequence[tuple[str, Any, str, int]] = (), layers: Sequence[tuple[str, Any, str]] = ()) -> None:
+def check_sizes(
+    config: Path,
+    weights: Path,
+    shapes: Mapping[str, Sequence[int]],
+    fix: str,
+    sizes: Sequence[tuple[str, Any, str, int]] = (),
+    layers: Sequence[tuple[str, Any, str]] = (),
+) -> None:
     """The rule for a model's ``config.json``: every size it gives is checked against its weights
     (``shapes``, from the header) before anything is built from it, so a config asking for a million
     layers or a terabyte matrix is one ``InputError`` naming the key, never an allocation.
@@ -100,9 +113,11 @@ def check_sizes(config: Path, weights: Path, shapes: Mapping[str, Sequence[int]]
     ``layers``: (key, its value, the prefix of those layers' tensors), the count the weights hold
     (``layer_count``); ``sizes``: (key, or keys joined by " × ", its value, the tensor holding it, the
     dimension), e.g. ``("intermediate_size", 1536, "gate_proj.weight", 0)``."""
+
     def mismatch(key: str, value: Any, held: str) -> InputError:
-        return InputError(f"'{config}': {key} is {value!r}, but {held}: the config and the weights do not belong "
-                          f"together; {fix}")
+        return InputError(
+            f"'{config}': {key} is {value!r}, but {held}: the config and the weights do not belong together; {fix}"
+        )
 
     for key, value, prefix in layers:
         held = layer_count(shapes, prefix)
@@ -111,8 +126,10 @@ def check_sizes(config: Path, weights: Path, shapes: Mapping[str, Sequence[int]]
     for key, value, tensor, dim in sizes:
         shape = shapes.get(tensor)
         if shape is None:
-            raise InputError(f"'{weights}' has no tensor '{tensor}' (which holds the config's {key}): the file is "
-                             f"incomplete or not this layout; {fix}")
+            raise InputError(
+                f"'{weights}' has no tensor '{tensor}' (which holds the config's {key}): the file is "
+                f"incomplete or not this layout; {fix}"
+            )
         if isinstance(value, bool) or len(shape) <= dim or value != shape[dim]:
             raise mismatch(key, value, f"tensor '{tensor}' has shape {tuple(shape)} in '{weights}'")
 
@@ -129,23 +146,28 @@ def check_weights(folder: Path) -> None:
 
     safetensors, bins = sorted(folder.glob("*.safetensors")), sorted(folder.glob("*.bin"))
     if not safetensors and not bins:
-        raise InputError(f"model folder '{folder}' has a config.json but no weights (model.safetensors or "
-                         "pytorch_model.bin): copy the model's weights files into it, or give a .gguf file")
+        raise InputError(
+            f"model folder '{folder}' has a config.json but no weights (model.safetensors or "
+            "pytorch_model.bin): copy the model's weights files into it, or give a .gguf file"
+        )
     fix = "download or export the model again"
     for file in safetensors:
         try:
             with safe_open(str(file), "pt"):
                 pass
         except (SafetensorError, OSError) as exc:
-            raise InputError(f"'{file}' cannot be read as safetensors ({_first_line(exc)}): the file is "
-                             f"truncated or corrupt; {fix}") from exc
+            raise InputError(
+                f"'{file}' cannot be read as safetensors ({_first_line(exc)}): the file is truncated or corrupt; {fix}"
+            ) from exc
     for file in bins:
         try:
             torch.load(file, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(file))
         except Exception as exc:  # any unpickling failure: corrupt, truncated, or not plain tensors
-            raise InputError(f"'{file}' cannot be loaded as PyTorch weights ({type(exc).__name__}): it is "
-                             f"truncated, corrupt or holds more than tensors; {fix}, preferably as "
-                             "safetensors") from exc
+            raise InputError(
+                f"'{file}' cannot be loaded as PyTorch weights ({type(exc).__name__}): it is "
+                f"truncated, corrupt or holds more than tensors; {fix}, preferably as "
+                "safetensors"
+            ) from exc
 
 
 @contextlib.contextmanager
@@ -199,9 +221,7 @@ def materialize(path: Optional[str]) -> Path:
         return folder
     transformers = _quiet_transformers()
     tokenizer = transformers.AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        source.parent, gguf_file=source.name, dtype=torch.float32
-    )
+    model = transformers.AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
     # save_pretrained refuses a GGUF-loaded model until its quantizer record is cleared
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
@@ -242,8 +262,10 @@ def _complete_shared(folder: Path) -> Path:
         return complete
     target_folder = materialize(shared.get("target_path"))
     if weights_digest(target_folder) != shared["target_digest"]:
-        raise InputError(f"draft '{folder}' shares weights with a target whose digest is "
-                         f"{shared['target_digest']}, not the one found: re-run the command in its manifest")
+        raise InputError(
+            f"draft '{folder}' shares weights with a target whose digest is "
+            f"{shared['target_digest']}, not the one found: re-run the command in its manifest"
+        )
     target_weights: dict[str, torch.Tensor] = {}
     for file in sorted(target_folder.glob("*.safetensors")):
         target_weights.update(load_safetensors(file, "download or export the target again"))

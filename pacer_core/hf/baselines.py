@@ -13,14 +13,24 @@ from .adapter import HFModel
 
 
 @torch.inference_mode()
-def hf_generate(target: HFModel, prompt: Sequence[int], max_new_tokens: int, *, ignore_eos: bool = False,
-                assistant: Optional[HFModel] = None, **generate_kwargs: Any) -> list[int]:
+def hf_generate(
+    target: HFModel,
+    prompt: Sequence[int],
+    max_new_tokens: int,
+    *,
+    ignore_eos: bool = False,
+    assistant: Optional[HFModel] = None,
+    **generate_kwargs: Any,
+) -> list[int]:
     """transformers' own ``generate`` on the adapter's model (greedy unless told otherwise): the
     reference for exactness and the external baseline in benchmarks. ``assistant`` turns on its
     assisted generation; ``prompt_lookup_num_tokens=...`` its prompt lookup."""
     input_ids = torch.tensor([list(prompt)], dtype=torch.long, device=target.device)
-    kwargs: dict[str, Any] = {"do_sample": False, "max_new_tokens": max_new_tokens,
-                              "attention_mask": torch.ones_like(input_ids)}
+    kwargs: dict[str, Any] = {
+        "do_sample": False,
+        "max_new_tokens": max_new_tokens,
+        "attention_mask": torch.ones_like(input_ids),
+    }
     eos = sorted(target.eos_token_ids)
     kwargs["pad_token_id"] = eos[0] if eos else 0
     if ignore_eos:
@@ -30,7 +40,7 @@ def hf_generate(target: HFModel, prompt: Sequence[int], max_new_tokens: int, *, 
         kwargs["assistant_model"] = assistant.model
     kwargs.update(generate_kwargs)
     out = target.model.generate(input_ids, **kwargs)
-    return out[0, input_ids.shape[1]:].tolist()
+    return out[0, input_ids.shape[1] :].tolist()
 
 
 class _GenerateTrace:
@@ -81,10 +91,17 @@ class _GenerateTrace:
 
 
 @torch.inference_mode()
-def hf_generate_traced(target: HFModel, prompt: Sequence[int], max_new_tokens: int, *, ignore_eos: bool = False,
-                       assistant: Optional[HFModel] = None, assistant_settings: Optional[dict[str, Any]] = None,
-                       clock: Callable[[], float] = time.perf_counter,
-                       **generate_kwargs: Any) -> tuple[list[int], dict[str, Any], dict[str, Any]]:
+def hf_generate_traced(
+    target: HFModel,
+    prompt: Sequence[int],
+    max_new_tokens: int,
+    *,
+    ignore_eos: bool = False,
+    assistant: Optional[HFModel] = None,
+    assistant_settings: Optional[dict[str, Any]] = None,
+    clock: Callable[[], float] = time.perf_counter,
+    **generate_kwargs: Any,
+) -> tuple[list[int], dict[str, Any], dict[str, Any]]:
     """``hf_generate`` with a per-step trace, for benchmarks: (tokens, trace, assistant settings after).
 
     ``assistant_settings`` (e.g. ``num_assistant_tokens``, ``num_assistant_tokens_schedule``,
@@ -97,8 +114,10 @@ def hf_generate_traced(target: HFModel, prompt: Sequence[int], max_new_tokens: i
     adds no sync of its own to ``generate`` (on a GPU ``verify_s`` is then the host's share).
     """
     trace = _GenerateTrace(len(prompt), time.perf_counter)
-    handles = [target.model.register_forward_pre_hook(trace.target_pre, with_kwargs=True),
-               target.model.register_forward_hook(trace.target_post)]
+    handles = [
+        target.model.register_forward_pre_hook(trace.target_pre, with_kwargs=True),
+        target.model.register_forward_hook(trace.target_post),
+    ]
     saved = None
     if assistant is not None:
         handles.append(assistant.model.register_forward_pre_hook(trace.draft_pre))
@@ -109,8 +128,15 @@ def hf_generate_traced(target: HFModel, prompt: Sequence[int], max_new_tokens: i
     after: dict[str, Any] = {}
     try:
         start = clock()
-        tokens = hf_generate(target, prompt, max_new_tokens, ignore_eos=ignore_eos, assistant=assistant,
-                             streamer=trace, **generate_kwargs)
+        tokens = hf_generate(
+            target,
+            prompt,
+            max_new_tokens,
+            ignore_eos=ignore_eos,
+            assistant=assistant,
+            streamer=trace,
+            **generate_kwargs,
+        )
         wall = clock() - start
         if saved is not None:
             after = {key: getattr(assistant.model.generation_config, key) for key in assistant_settings}
@@ -122,6 +148,15 @@ def hf_generate_traced(target: HFModel, prompt: Sequence[int], max_new_tokens: i
     drafted = trace.drafted_per_step
     if len(drafted) != len(trace.accept_lengths):  # forwards and steps out of step: no per-step drafts
         drafted = [0] * len(trace.accept_lengths)
-    return tokens, {"accept_lengths": trace.accept_lengths, "drafted_per_step": drafted,
-                    "target_forwards": trace.target_forwards, "draft_forwards": trace.draft_forwards,
-                    "verify_s": trace.verify_s, "wall_s": wall}, after
+    return (
+        tokens,
+        {
+            "accept_lengths": trace.accept_lengths,
+            "drafted_per_step": drafted,
+            "target_forwards": trace.target_forwards,
+            "draft_forwards": trace.draft_forwards,
+            "verify_s": trace.verify_s,
+            "wall_s": wall,
+        },
+        after,
+    )

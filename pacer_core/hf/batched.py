@@ -20,10 +20,15 @@ def batch_generate(target: HFModel, prompts: Sequence[Sequence[int]], max_new_to
     ids = torch.full((len(prompts), width), pad, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.long)
     for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(list(p))
-        mask[i, width - len(p):] = 1
-    out = target.model.generate(ids.to(target.device), attention_mask=mask.to(target.device), do_sample=False,
-                                max_new_tokens=max_new_tokens, pad_token_id=pad)
+        ids[i, width - len(p) :] = torch.tensor(list(p))
+        mask[i, width - len(p) :] = 1
+    out = target.model.generate(
+        ids.to(target.device),
+        attention_mask=mask.to(target.device),
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=pad,
+    )
     answers = []
     for row in out[:, width:].tolist():
         cut = next((i + 1 for i, t in enumerate(row) if t in target.eos_token_ids), len(row))
@@ -32,8 +37,13 @@ def batch_generate(target: HFModel, prompts: Sequence[Sequence[int]], max_new_to
 
 
 @torch.inference_mode()
-def greedy_batch(target: HFModel, prompts: Sequence[Sequence[int]], max_new_tokens: int, rows: Optional[int] = None,
-                 on_answer: Optional[Callable[[int, list[int]], None]] = None) -> list[list[int]]:
+def greedy_batch(
+    target: HFModel,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    rows: Optional[int] = None,
+    on_answer: Optional[Callable[[int, list[int]], None]] = None,
+) -> list[list[int]]:
     """Greedy answers (each ending with its EOS token when it reached one) for ``prompts``, with
     continuous batching: at most ``rows`` prompts run at once (default: all), a row that finishes
     leaves the batch (its KV-cache rows too) and the next prompt, in order, takes its place. Rows are
@@ -79,8 +89,9 @@ class _Batch:
     """The running rows of ``greedy_batch``: their prompt indices, KV cache (left-padded to one
     width), attention mask [rows, width], next position ids and pending tokens."""
 
-    def __init__(self, alive: list[int], cache: Any, mask: torch.Tensor, next_pos: torch.Tensor,
-                 following: torch.Tensor):
+    def __init__(
+        self, alive: list[int], cache: Any, mask: torch.Tensor, next_pos: torch.Tensor, following: torch.Tensor
+    ):
         self.alive, self.cache, self.mask, self.next_pos, self.following = alive, cache, mask, next_pos, following
 
     @classmethod
@@ -91,20 +102,30 @@ class _Batch:
         ids = torch.zeros((count, width), dtype=torch.long)
         mask = torch.zeros((count, width), dtype=torch.long)
         for i, p in enumerate(prompts):
-            ids[i, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
-            mask[i, width - len(p):] = 1
+            ids[i, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
+            mask[i, width - len(p) :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=model.config)
-        out = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
-                    **{cache_keyword(model): cache}, use_cache=True, logits_to_keep=1)
+        out = model(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            position_ids=positions.to(device),
+            **{cache_keyword(model): cache},
+            use_cache=True,
+            logits_to_keep=1,
+        )
         return cls(list(indices), cache, mask, mask.sum(-1), out.logits[:, -1].argmax(-1).cpu())
 
     def step(self, model: Any, device: Any) -> None:
         """One forward over every row's pending token; ``following`` becomes the next ones."""
         self.mask = torch.cat([self.mask, torch.ones((len(self.alive), 1), dtype=torch.long)], dim=1)
-        out = model(input_ids=self.following[:, None].to(device), attention_mask=self.mask.to(device),
-                    position_ids=self.next_pos[:, None].to(device), **{cache_keyword(model): self.cache},
-                    use_cache=True)
+        out = model(
+            input_ids=self.following[:, None].to(device),
+            attention_mask=self.mask.to(device),
+            position_ids=self.next_pos[:, None].to(device),
+            **{cache_keyword(model): self.cache},
+            use_cache=True,
+        )
         self.next_pos = self.next_pos + 1
         self.following = out.logits[:, -1].argmax(-1).cpu()
 

@@ -66,8 +66,10 @@ def read_tensors(path: Path) -> dict[str, torch.Tensor]:
                     state[name] = tensor
         missing = sorted(set(files) - set(state))
         if missing:
-            raise InputError(f"'{path}' places tensor '{missing[0]}' in '{files[missing[0]].name}', which does not "
-                             f"hold it: the shards are incomplete; {FIX}")
+            raise InputError(
+                f"'{path}' places tensor '{missing[0]}' in '{files[missing[0]].name}', which does not "
+                f"hold it: the shards are incomplete; {FIX}"
+            )
         return state
     return _read_file(path)
 
@@ -81,10 +83,13 @@ def _read_file(path: Path) -> dict[str, torch.Tensor]:
         try:  # never unpickle arbitrary objects: plain tensors only
             state = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
         except Exception as exc:  # noqa: BLE001 — corrupt, truncated or holding more than tensors
-            raise InputError(f"'{path}' cannot be loaded as PyTorch weights ({type(exc).__name__}): it is truncated, "
-                             f"corrupt or holds more than tensors; {FIX}") from exc
-    if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
-                                              for k, v in state.items()):
+            raise InputError(
+                f"'{path}' cannot be loaded as PyTorch weights ({type(exc).__name__}): it is truncated, "
+                f"corrupt or holds more than tensors; {FIX}"
+            ) from exc
+    if not isinstance(state, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()
+    ):
         raise InputError(f"'{path}' does not hold a dict of named tensors: it is not a draft checkpoint")
     return state
 
@@ -100,13 +105,20 @@ def read_token_map(path: Path, vocab: int) -> torch.Tensor:
         raise InputError(f"'{path}' cannot be loaded as a token map ({type(exc).__name__}): {FIX}") from exc
     if isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         ids = torch.tensor(ids, dtype=torch.long)
-    if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.is_floating_point() or ids.dtype == torch.bool \
-            or not len(ids):
+    if (
+        not isinstance(ids, torch.Tensor)
+        or ids.dim() != 1
+        or ids.is_floating_point()
+        or ids.dtype == torch.bool
+        or not len(ids)
+    ):
         raise InputError(f"'{path}' does not hold a list of token ids: {FIX}")
     ids = ids.long()
     if bool((ids < 0).any()) or bool((ids >= vocab).any()) or len(set(ids.tolist())) != len(ids):
-        raise InputError(f"'{path}' names ids outside the target's {vocab} tokens or one id twice: the token map "
-                         "belongs to another target")
+        raise InputError(
+            f"'{path}' names ids outside the target's {vocab} tokens or one id twice: the token map "
+            "belongs to another target"
+        )
     return ids
 
 
@@ -122,8 +134,9 @@ def digest(path: Path) -> str:
     return sha.hexdigest()[:16]
 
 
-def fill_tensors(net: torch.nn.Module, state: dict[str, torch.Tensor], names: dict[str, str], path: Path,
-                 layout: str) -> None:
+def fill_tensors(
+    net: torch.nn.Module, state: dict[str, torch.Tensor], names: dict[str, str], path: Path, layout: str
+) -> None:
     """Copy the checkpoint's tensors ``state`` into ``net`` (``names``: our name → theirs), each checked
     for presence and shape; a missing or misshapen tensor is one ``InputError`` naming it (``layout``
     names the checkpoint's kind in the message, e.g. "EAGLE")."""
@@ -131,12 +144,15 @@ def fill_tensors(net: torch.nn.Module, state: dict[str, torch.Tensor], names: di
     loaded = {}
     for ours, theirs in names.items():
         if theirs not in state:
-            raise InputError(f"'{path}' has no tensor '{theirs}': the file is incomplete or not this {layout} "
-                             f"layout; {FIX}")
+            raise InputError(
+                f"'{path}' has no tensor '{theirs}': the file is incomplete or not this {layout} layout; {FIX}"
+            )
         tensor = state[theirs]
         if tuple(tensor.shape) != tuple(own[ours].shape):
-            raise InputError(f"'{path}': tensor '{theirs}' has shape {tuple(tensor.shape)}, but its config.json "
-                             f"implies {tuple(own[ours].shape)}: the config and weights do not belong together")
+            raise InputError(
+                f"'{path}': tensor '{theirs}' has shape {tuple(tensor.shape)}, but its config.json "
+                f"implies {tuple(own[ours].shape)}: the config and weights do not belong together"
+            )
         if not tensor.is_floating_point():
             raise InputError(f"'{path}': tensor '{theirs}' holds {tensor.dtype} values, not weights; {FIX}")
         loaded[ours] = tensor.float()
@@ -163,8 +179,13 @@ class ConfigReader:
 
     def whole(self, key: str, default: Any = _MISSING, minimum: int = 1) -> int:
         value = self.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                or value != int(value) or value < minimum:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or value != int(value)
+            or value < minimum
+        ):
             raise self.bad(f"{key} must be a whole number ≥ {minimum}, not {value!r}")
         return int(value)
 
@@ -188,8 +209,9 @@ class ConfigReader:
         if heads % kv_heads:
             raise self.bad(f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})")
         if self.config.get("head_dim") is None and hidden % heads:
-            raise self.bad(f"hidden_size ({hidden}) is not a multiple of num_attention_heads ({heads}) and there is "
-                           "no head_dim")
+            raise self.bad(
+                f"hidden_size ({hidden}) is not a multiple of num_attention_heads ({heads}) and there is no head_dim"
+            )
         head_dim = self.whole("head_dim", hidden // heads)
         if head_dim % 2:
             raise self.bad(f"head_dim must be even for rotary embeddings, not {head_dim}")
@@ -197,8 +219,10 @@ class ConfigReader:
 
     def refuse_true(self, key: str, why: str) -> None:
         if self.config.get(key) not in (None, False):
-            raise InputError(f"'{self.path}': {key}: {self.config[key]!r} is not supported ({why}); use a checkpoint "
-                             f"in {self.layout}")
+            raise InputError(
+                f"'{self.path}': {key}: {self.config[key]!r} is not supported ({why}); use a checkpoint "
+                f"in {self.layout}"
+            )
 
     def rope(self, default_theta: float) -> tuple[float, Optional[dict]]:
         """θ and the scaling: ``rope_theta`` / ``rope_scaling`` (transformers 4) or ``rope_parameters``
@@ -213,8 +237,11 @@ class ConfigReader:
             theta = inner.positive("rope_theta", self.config.get("rope_theta") or default_theta)
         else:
             theta = self.positive("rope_theta", default_theta)
-        if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type", "default")) == "default" \
-                and set(scaling) <= {"type", "rope_type"}:
+        if (
+            isinstance(scaling, dict)
+            and scaling.get("rope_type", scaling.get("type", "default")) == "default"
+            and set(scaling) <= {"type", "rope_type"}
+        ):
             scaling = None
         return theta, scaling
 
@@ -226,14 +253,18 @@ def draft_vocabulary(state: dict[str, torch.Tensor], draft_vocab: int, vocab: in
         return torch.arange(vocab)
     d2t = state.get("d2t")
     if d2t is None:
-        raise InputError(f"'{path}' has no tensor 'd2t' (the draft→target token map of its {draft_vocab}-token "
-                         f"vocabulary): the file is incomplete; {FIX}")
+        raise InputError(
+            f"'{path}' has no tensor 'd2t' (the draft→target token map of its {draft_vocab}-token "
+            f"vocabulary): the file is incomplete; {FIX}"
+        )
     if tuple(d2t.shape) != (draft_vocab,):
         raise InputError(f"'{path}': d2t has shape {tuple(d2t.shape)}, but draft_vocab_size is {draft_vocab}")
     ids = torch.arange(draft_vocab) + d2t.long()
     if bool((ids < 0).any()) or bool((ids >= vocab).any()) or len(set(ids.tolist())) != draft_vocab:
-        raise InputError(f"'{path}': d2t maps the draft vocabulary outside the target's {vocab} tokens or onto "
-                         "one token twice: the checkpoint belongs to another target")
+        raise InputError(
+            f"'{path}': d2t maps the draft vocabulary outside the target's {vocab} tokens or onto "
+            "one token twice: the checkpoint belongs to another target"
+        )
     t2d = state.get("t2d")
     if t2d is not None:
         if tuple(t2d.shape) != (vocab,):

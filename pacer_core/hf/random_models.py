@@ -37,8 +37,10 @@ class LlamaShape:
         if min(self.layers, self.hidden, self.heads, self.kv_heads, self.intermediate, self.vocab) < 1:
             raise ValueError(f"shape '{self.name}': every size must be >= 1")
         if self.hidden % self.heads or self.heads % self.kv_heads:
-            raise ValueError(f"shape '{self.name}': hidden ({self.hidden}) must be a multiple of heads "
-                             f"({self.heads}), and heads of kv_heads ({self.kv_heads})")
+            raise ValueError(
+                f"shape '{self.name}': hidden ({self.hidden}) must be a multiple of heads "
+                f"({self.heads}), and heads of kv_heads ({self.kv_heads})"
+            )
 
     @property
     def head_dim(self) -> int:
@@ -55,9 +57,15 @@ class LlamaShape:
 
     def describe(self) -> dict[str, Any]:
         """The fields a cost profile's ``target`` entry takes."""
-        return {"params_b": round(self.params() / 1e9, 3), "layers": self.layers, "hidden": self.hidden,
-                "vocab": self.vocab, "heads": self.heads, "kv_heads": self.kv_heads,
-                "intermediate": self.intermediate}
+        return {
+            "params_b": round(self.params() / 1e9, 3),
+            "layers": self.layers,
+            "hidden": self.hidden,
+            "vocab": self.vocab,
+            "heads": self.heads,
+            "kv_heads": self.kv_heads,
+            "intermediate": self.intermediate,
+        }
 
     def scaled(self, name: str, layers: int, head_dim: int, vocab: int) -> "LlamaShape":
         """The same head counts (so the same attention grouping) at a smaller size: ``layers``
@@ -71,14 +79,25 @@ def llama_config(shape: LlamaShape) -> Any:
     """transformers' ``LlamaConfig`` of ``shape``."""
     transformers = _quiet_transformers()
     return transformers.LlamaConfig(
-        vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
-        num_hidden_layers=shape.layers, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
-        head_dim=shape.head_dim, rope_theta=shape.rope_theta, max_position_embeddings=shape.max_positions,
-        tie_word_embeddings=shape.tie_embeddings, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+        vocab_size=shape.vocab,
+        hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        head_dim=shape.head_dim,
+        rope_theta=shape.rope_theta,
+        max_position_embeddings=shape.max_positions,
+        tie_word_embeddings=shape.tie_embeddings,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
 
 
-def random_llama(shape: LlamaShape, device: str = "cpu", dtype: str = "float32", seed: int = 0,
-                 name: Optional[str] = None) -> HFModel:
+def random_llama(
+    shape: LlamaShape, device: str = "cpu", dtype: str = "float32", seed: int = 0, name: Optional[str] = None
+) -> HFModel:
     """The adapter of a Llama of ``shape`` with random weights, created on ``device`` in ``dtype``
     (``float32``, ``bfloat16`` or ``float16``); seeded, without touching the global random state."""
     if dtype not in DTYPES:

@@ -13,8 +13,16 @@ from .adapter import HFModel, _quiet_transformers
 TINY_EOS = 2
 
 
-def tiny_llama(seed: int, vocab: int = 64, *, layers: int = 2, hidden: int = 32, scale: float = 1.0,
-               max_positions: int = 256, eos_bias: float = 0.0) -> torch.nn.Module:
+def tiny_llama(
+    seed: int,
+    vocab: int = 64,
+    *,
+    layers: int = 2,
+    hidden: int = 32,
+    scale: float = 1.0,
+    max_positions: int = 256,
+    eos_bias: float = 0.0,
+) -> torch.nn.Module:
     """A random Llama (fp32, eval); ``scale`` multiplies the output layer (larger = peakier
     distributions); ``eos_bias`` is added to token ``TINY_EOS``'s logit (EOS comes sooner)."""
     transformers = _quiet_transformers()
@@ -22,9 +30,18 @@ def tiny_llama(seed: int, vocab: int = 64, *, layers: int = 2, hidden: int = 32,
     torch.manual_seed(seed)
     try:
         config = transformers.LlamaConfig(
-            vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
-            eos_token_id=TINY_EOS, bos_token_id=1, pad_token_id=0, tie_word_embeddings=False)
+            vocab_size=vocab,
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=max_positions,
+            eos_token_id=TINY_EOS,
+            bos_token_id=1,
+            pad_token_id=0,
+            tie_word_embeddings=False,
+        )
         model = transformers.LlamaForCausalLM(config).eval()
     finally:
         torch.random.set_rng_state(generator_state)

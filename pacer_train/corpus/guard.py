@@ -50,7 +50,7 @@ class BenchmarkGuard:
                     self.short.setdefault(len(w), {})[tuple(w)] = pid
                 continue
             for i in range(len(w) - n + 1):
-                self.grams.setdefault(tuple(w[i:i + n]), pid)
+                self.grams.setdefault(tuple(w[i : i + n]), pid)
         self.prompts = count
         self.digest = digest.hexdigest()[:16]
 
@@ -64,8 +64,11 @@ class BenchmarkGuard:
         for name in names:
             try:
                 # every turn: a multi-turn bench (multi_turn: true) evaluates MT-Bench's second turns too
-                pairs += [(p.question_id if t == 0 else f"{p.question_id}/turn{t + 1}", text)
-                          for p in loaders[name]() for t, text in enumerate(p.turns)]
+                pairs += [
+                    (p.question_id if t == 0 else f"{p.question_id}/turn{t + 1}", text)
+                    for p in loaders[name]()
+                    for t, text in enumerate(p.turns)
+                ]
             except InputError as exc:
                 raise InputError(f"the benchmark-overlap check needs the '{name}' prompt set: {exc}") from None
         guard = cls(pairs, n)
@@ -73,18 +76,22 @@ class BenchmarkGuard:
         return guard
 
     def describe(self) -> dict:
-        return {"sets": list(getattr(self, "sets", [])), "prompts": self.prompts, "ngram_words": self.n,
-                "prompts_digest": self.digest}
+        return {
+            "sets": list(getattr(self, "sets", [])),
+            "prompts": self.prompts,
+            "ngram_words": self.n,
+            "prompts_digest": self.digest,
+        }
 
     def refuses(self, text: str) -> Optional[str]:
         w = words(text)
         for i in range(len(w) - self.n + 1):
-            pid = self.grams.get(tuple(w[i:i + self.n]))
+            pid = self.grams.get(tuple(w[i : i + self.n]))
             if pid is not None:
                 return f"shares a {self.n}-word run with benchmark prompt {pid}"
         for length, table in self.short.items():
             for i in range(len(w) - length + 1):
-                pid = table.get(tuple(w[i:i + length]))
+                pid = table.get(tuple(w[i : i + length]))
                 if pid is not None:
                     return f"contains benchmark prompt {pid}"
         return None

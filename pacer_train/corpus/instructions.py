@@ -27,21 +27,26 @@ ITEMS = words("items")[:8]
 def word_problem(rng: random.Random) -> str:
     name, other, item = rng.choice(NAMES), rng.choice(NAMES), rng.choice(ITEMS)
     a, b, c, price = rng.randint(5, 60), rng.randint(2, 20), rng.randint(2, 9), rng.randint(2, 12)
-    return rng.choice([
-        f"{name} has {a} {item}. {other} gives {name} {b} more, then {name} shares them equally among "
-        f"{c} friends. How many {item} does each friend get, and how many are left over?",
-        f"A shop sells {item} for ${price} each. {name} buys {b} and pays with a ${price * b + a} bill. "
-        f"How much change does {name} get?",
-        f"{name} reads {b} pages a day for {c} days and then {a} pages on the last day. How many pages "
-        f"did {name} read in total?",
-        f"There are {a} {item} in a box. {name} takes {b}, and {other} takes {c} times as many as {name}. "
-        f"How many {item} are left in the box?",
-        f"{name} earns ${price * 3} an hour and works {c} hours a day for {b} days. {name} spends ${a} on "
-        f"{item}. How much money does {name} have left?",
-        f"A train travels {a} miles in {c} hours. At the same speed, how far does it travel in {b} hours?",
-        f"{name} is {c} years older than {other}. In {b} years their ages will add up to {2 * a + 2 * b + c}. "
-        f"How old is {other} now?",
-    ]) + " Let's think step by step."
+    return (
+        rng.choice(
+            [
+                f"{name} has {a} {item}. {other} gives {name} {b} more, then {name} shares them equally among "
+                f"{c} friends. How many {item} does each friend get, and how many are left over?",
+                f"A shop sells {item} for ${price} each. {name} buys {b} and pays with a ${price * b + a} bill. "
+                f"How much change does {name} get?",
+                f"{name} reads {b} pages a day for {c} days and then {a} pages on the last day. How many pages "
+                f"did {name} read in total?",
+                f"There are {a} {item} in a box. {name} takes {b}, and {other} takes {c} times as many as {name}. "
+                f"How many {item} are left in the box?",
+                f"{name} earns ${price * 3} an hour and works {c} hours a day for {b} days. {name} spends ${a} on "
+                f"{item}. How much money does {name} have left?",
+                f"A train travels {a} miles in {c} hours. At the same speed, how far does it travel in {b} hours?",
+                f"{name} is {c} years older than {other}. In {b} years their ages will add up to {2 * a + 2 * b + c}. "
+                f"How old is {other} now?",
+            ]
+        )
+        + " Let's think step by step."
+    )
 
 
 def instructions(count: int, seed: int = 0) -> list[str]:

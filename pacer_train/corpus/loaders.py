@@ -23,8 +23,9 @@ SELFDISTILL_CORPUS = "selfdistill_corpus"
 OPEN_CHAT_CORPUS = "open_chat_corpus"
 
 
-def load_corpus(path: str, tokenizer: Any, vocab_size: int, target_digest: Optional[str] = None,
-                prompt_tail: int = 0) -> list[list[int]]:
+def load_corpus(
+    path: str, tokenizer: Any, vocab_size: int, target_digest: Optional[str] = None, prompt_tail: int = 0
+) -> list[list[int]]:
     """A corpus's documents. ``shipped`` or a folder that ``pacer corpus`` wrote: the target's own
     answers, each with the last ``prompt_tail`` tokens of its prompt (so an answer's opening is found
     after the chat template's assistant header); refused when another target wrote it. A ``.json``
@@ -34,24 +35,30 @@ def load_corpus(path: str, tokenizer: Any, vocab_size: int, target_digest: Optio
         return _target_answers(path, vocab_size, target_digest, prompt_tail)
     file = Path(path).expanduser()
     if not file.is_file():
-        raise InputError(f"datastore corpus '{file}' does not exist: give a text file, a .json of token ids, "
-                         f"a folder `pacer corpus` wrote or '{SHIPPED_CORPUS}'")
+        raise InputError(
+            f"datastore corpus '{file}' does not exist: give a text file, a .json of token ids, "
+            f"a folder `pacer corpus` wrote or '{SHIPPED_CORPUS}'"
+        )
     data = read_bytes(file, "datastore corpus", "give a text file or a .json of token ids", limit=MAX_DATA_BYTES)
     if file.suffix == ".json":
         try:
             data = loads(data)
         except ValueError as exc:  # not JSON, not UTF-8, or nested deeper than MAX_DEPTH
-            raise InputError(f"datastore corpus '{file}' is not readable JSON ({str(exc).splitlines()[0]}); give a "
-                             "list of token ids") from None
+            raise InputError(
+                f"datastore corpus '{file}' is not readable JSON ({str(exc).splitlines()[0]}); give a list of token ids"
+            ) from None
         docs = data if isinstance(data, list) and data and all(isinstance(d, list) for d in data) else [data]
         for doc in docs:
             if not isinstance(doc, list) or not all(type(t) is int and 0 <= t < vocab_size for t in doc):
-                raise InputError(f"datastore corpus '{file}' must hold token ids in [0, {vocab_size}): "
-                                 "a list of ints or a list of such lists")
+                raise InputError(
+                    f"datastore corpus '{file}' must hold token ids in [0, {vocab_size}): "
+                    "a list of ints or a list of such lists"
+                )
         return docs
     if tokenizer is None:
-        raise InputError(f"datastore corpus '{file}' is text but this engine has no tokenizer: "
-                         "give token ids in a .json file")
+        raise InputError(
+            f"datastore corpus '{file}' is text but this engine has no tokenizer: give token ids in a .json file"
+        )
     try:
         text = data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")  # as text mode reads it
     except UnicodeDecodeError as exc:
@@ -97,8 +104,10 @@ def _self_distillation(path: str) -> tuple[Path, CorpusStore]:
     """(folder, ``CorpusStore``) of ``shipped`` or a corpus folder."""
     folder = shipped_corpus() if path == SHIPPED_CORPUS else Path(path).expanduser()
     if folder is None:  # pragma: no cover - the plugins ship in the same distribution
-        raise InputError(f"datastore corpus '{path}' is a self-distillation corpus, which needs the "
-                         "feature_draft plugin: install pacer-sd whole, or give a text or .json corpus")
+        raise InputError(
+            f"datastore corpus '{path}' is a self-distillation corpus, which needs the "
+            "feature_draft plugin: install pacer-sd whole, or give a text or .json corpus"
+        )
     return folder, CorpusStore(folder, create=False)
 
 
@@ -108,14 +117,18 @@ def _target_answers(path: str, vocab_size: int, target_digest: Optional[str], pr
     folder, store = _self_distillation(path)
     written_by = store.manifest.get("target") or {}
     if target_digest is not None and written_by.get("digest") not in (None, target_digest):
-        raise InputError(f"datastore corpus '{path}' was written by another target ({written_by.get('path')}, "
-                         f"weights {written_by.get('digest')}; this target's are {target_digest}): "
-                         "grow one with this target (`pacer corpus out=DIR`) or give a text corpus")
+        raise InputError(
+            f"datastore corpus '{path}' was written by another target ({written_by.get('path')}, "
+            f"weights {written_by.get('digest')}; this target's are {target_digest}): "
+            "grow one with this target (`pacer corpus out=DIR`) or give a text corpus"
+        )
     docs = []
     for sample in iter_corpus(folder):
-        tokens = sample.tokens[max(0, sample.prompt_length - prompt_tail):]
+        tokens = sample.tokens[max(0, sample.prompt_length - prompt_tail) :]
         if len(tokens) and int(tokens.max()) >= vocab_size:
-            raise InputError(f"datastore corpus '{path}' holds token ids beyond this target's vocabulary "
-                             f"({vocab_size}): give a corpus this target wrote")
+            raise InputError(
+                f"datastore corpus '{path}' holds token ids beyond this target's vocabulary "
+                f"({vocab_size}): give a corpus this target wrote"
+            )
         docs.append(tokens.tolist())
     return docs

@@ -55,11 +55,11 @@ class Sample:
 
     @property
     def prompt(self) -> torch.Tensor:
-        return self.tokens[:self.prompt_length]
+        return self.tokens[: self.prompt_length]
 
     @property
     def answer(self) -> torch.Tensor:
-        return self.tokens[self.prompt_length:]
+        return self.tokens[self.prompt_length :]
 
 
 def shard_name(index: int) -> str:
@@ -89,9 +89,11 @@ def pack(sequences: Sequence[Sequence[int]], prompt_lengths: Sequence[int], voca
     offsets = [0]
     for seq in sequences:
         offsets.append(offsets[-1] + len(seq))
-    return {"tokens": torch.tensor(flat, dtype=torch.int32).to(dtype),
-            "offsets": torch.tensor(offsets, dtype=torch.int64),
-            "prompt_lengths": torch.tensor(list(prompt_lengths), dtype=torch.int32)}
+    return {
+        "tokens": torch.tensor(flat, dtype=torch.int32).to(dtype),
+        "offsets": torch.tensor(offsets, dtype=torch.int64),
+        "prompt_lengths": torch.tensor(list(prompt_lengths), dtype=torch.int32),
+    }
 
 
 def _empty_totals() -> dict[str, Any]:
@@ -124,11 +126,20 @@ class CorpusStore:
             if self.manifest.get("format") != FORMAT:
                 raise CorpusError(f"'{manifest}' has format {self.manifest.get('format')!r}, this code reads {FORMAT}")
         elif not create:
-            raise CorpusError(f"'{self.folder}' holds no corpus ({MANIFEST} is missing): "
-                              f"make one with `pacer corpus out={self.folder}`")
+            raise CorpusError(
+                f"'{self.folder}' holds no corpus ({MANIFEST} is missing): "
+                f"make one with `pacer corpus out={self.folder}`"
+            )
         else:
-            self.manifest = {"format": FORMAT, "stream": None, "target": None, "guard": None, "shards": [],
-                             "next_position": 0, "totals": _empty_totals()}
+            self.manifest = {
+                "format": FORMAT,
+                "stream": None,
+                "target": None,
+                "guard": None,
+                "shards": [],
+                "next_position": 0,
+                "totals": _empty_totals(),
+            }
 
     # -- reading -------------------------------------------------------------------------------
     @property
@@ -147,13 +158,16 @@ class CorpusStore:
         """The JSON of a listed shard (its records), refused in one line naming it when damaged."""
         path = self.folder / f"{entry['name']}.json"
         info = read_json(path, "corpus shard", RESTORE)
-        require_keys(info, path, "corpus shard", RESTORE, records=list,
-                     **({"timing": dict} if "timing" in info else {}))
+        require_keys(
+            info, path, "corpus shard", RESTORE, records=list, **({"timing": dict} if "timing" in info else {})
+        )
         for i, record in enumerate(info["records"]):
             if not isinstance(record, dict) or not RECORD_KEYS <= record.keys():
-                raise CorpusError(f"corpus shard '{path}': record {i} is not an object with "
-                                  f"{', '.join(sorted(RECORD_KEYS))}: "
-                                  f"the file is damaged; {RESTORE}")
+                raise CorpusError(
+                    f"corpus shard '{path}': record {i} is not an object with "
+                    f"{', '.join(sorted(RECORD_KEYS))}: "
+                    f"the file is damaged; {RESTORE}"
+                )
         return info
 
     def verify(self, entry: dict[str, Any]) -> Path:
@@ -162,8 +176,10 @@ class CorpusStore:
             raise CorpusError(f"corpus shard '{path}' is missing: restore it with git checkout")
         digest = file_sha256(path)
         if digest != entry["sha256"]:
-            raise CorpusError(f"corpus shard '{path}' does not match its sha256 in {MANIFEST} "
-                              f"({digest[:12]}… vs {entry['sha256'][:12]}…): restore it with git checkout")
+            raise CorpusError(
+                f"corpus shard '{path}' does not match its sha256 in {MANIFEST} "
+                f"({digest[:12]}… vs {entry['sha256'][:12]}…): restore it with git checkout"
+            )
         return path
 
     def seen_texts(self) -> set[str]:
@@ -204,34 +220,56 @@ class CorpusStore:
     def _register(self, name: str, shard: dict[str, Any]) -> None:
         counts = _empty_totals()
         _add(counts, shard)
-        entry = {"name": name, "sha256": shard["sha256"], "positions": shard["positions"],
-                 "records": counts["records"], "refused": counts["refused"], "tokens": counts["tokens"],
-                 "answer_tokens": counts["answer_tokens"]}
+        entry = {
+            "name": name,
+            "sha256": shard["sha256"],
+            "positions": shard["positions"],
+            "records": counts["records"],
+            "refused": counts["refused"],
+            "tokens": counts["tokens"],
+            "answer_tokens": counts["answer_tokens"],
+        }
         self.manifest["shards"].append(entry)
         self.manifest["next_position"] = shard["positions"][1]
         _add(self.manifest["totals"], shard)
         _write_atomic(self.folder / MANIFEST, _json_bytes(self.manifest))
 
-    def append(self, records: list[dict[str, Any]], sequences: list[list[int]], refused: list[dict[str, Any]],
-               end_position: int, vocab_size: int, provenance: dict[str, Any]) -> str:
+    def append(
+        self,
+        records: list[dict[str, Any]],
+        sequences: list[list[int]],
+        refused: list[dict[str, Any]],
+        end_position: int,
+        vocab_size: int,
+        provenance: dict[str, Any],
+    ) -> str:
         """Write the next shard (covering positions next_position … end_position) and register it."""
         from safetensors.torch import save
 
         self.folder.mkdir(parents=True, exist_ok=True)
         name = shard_name(len(self.shards))
-        data = save(pack(sequences, [r["prompt_tokens"] for r in records], vocab_size),
-                    metadata={"format": str(FORMAT), "shard": name})
+        data = save(
+            pack(sequences, [r["prompt_tokens"] for r in records], vocab_size),
+            metadata={"format": str(FORMAT), "shard": name},
+        )
         _write_atomic(self.folder / f"{name}.safetensors", data)
-        shard = {"format": FORMAT, "name": name, "positions": [self.next_position, end_position],
-                 "records": records, "refused": refused, **provenance,
-                 "sha256": hashlib.sha256(data).hexdigest()}
+        shard = {
+            "format": FORMAT,
+            "name": name,
+            "positions": [self.next_position, end_position],
+            "records": records,
+            "refused": refused,
+            **provenance,
+            "sha256": hashlib.sha256(data).hexdigest(),
+        }
         _write_atomic(self.folder / f"{name}.json", _json_bytes(shard))
         self._register(name, shard)
         return name
 
 
-def iter_corpus(folder: str | Path, families: Optional[Iterable[str]] = None, verify: bool = True,
-                first_shard: int = 0) -> Iterator[Sample]:
+def iter_corpus(
+    folder: str | Path, families: Optional[Iterable[str]] = None, verify: bool = True, first_shard: int = 0
+) -> Iterator[Sample]:
     """Every record of a corpus folder in stream order (of its shards from ``first_shard`` on), as
     ``Sample`` (token ids, family, prompt / answer split). Each shard's sha256 is checked against the
     manifest first (``CorpusError``, one line, when it differs)."""
@@ -247,19 +285,32 @@ def iter_corpus(folder: str | Path, families: Optional[Iterable[str]] = None, ve
         offsets = tensors["offsets"].tolist()
         lengths = tensors["prompt_lengths"].tolist()
         if len(offsets) != len(info["records"]) + 1:
-            raise CorpusError(f"corpus shard '{path}' holds {len(offsets) - 1} records, its JSON lists "
-                              f"{len(info['records'])}")
+            raise CorpusError(
+                f"corpus shard '{path}' holds {len(offsets) - 1} records, its JSON lists {len(info['records'])}"
+            )
         for i, record in enumerate(info["records"]):
             if wanted is not None and record["family"] not in wanted:
                 continue
-            yield Sample(record["id"], record["family"], record["position"], tokens[offsets[i]:offsets[i + 1]],
-                         lengths[i], record["finished"])
+            yield Sample(
+                record["id"],
+                record["family"],
+                record["position"],
+                tokens[offsets[i] : offsets[i + 1]],
+                lengths[i],
+                record["finished"],
+            )
 
 
 def corpus_stats(folder: str | Path) -> dict[str, Any]:
     """The manifest's totals with the shard count, positions covered and generation seconds."""
     store = CorpusStore(Path(folder), create=False)
     seconds = sum(store.shard_info(e).get("timing", {}).get("seconds", 0.0) for e in store.shards)
-    return {"folder": str(store.folder), "shards": len(store.shards), "positions": store.next_position,
-            "generation_hours": round(seconds / 3600, 2), "stream": store.manifest["stream"],
-            "target": store.manifest["target"], **store.totals}
+    return {
+        "folder": str(store.folder),
+        "shards": len(store.shards),
+        "positions": store.next_position,
+        "generation_hours": round(seconds / 3600, 2),
+        "stream": store.manifest["stream"],
+        "target": store.manifest["target"],
+        **store.totals,
+    }

@@ -19,8 +19,15 @@ import attrs
 
 from pacer_core.jsonfile import MAX_DATA_BYTES, read_bytes
 
-__all__ = ["STDLIB_SKIP", "CorpusConfig", "corpus_sources", "stdlib_files", "stdlib_root", "text_digest",
-           "text_sources"]
+__all__ = [
+    "STDLIB_SKIP",
+    "CorpusConfig",
+    "corpus_sources",
+    "stdlib_files",
+    "stdlib_root",
+    "text_digest",
+    "text_sources",
+]
 
 
 @attrs.define
@@ -69,8 +76,9 @@ def text_sources(c: CorpusConfig, seed: int, tokenizer, eos: int) -> tuple[dict[
     streams: dict[str, list[int]] = {"stdlib": [], "docs": [], "extra": []}
     used: dict[str, Any] = {"seed": seed, "stdlib": [], "docs": [], "extra": []}
     for name in c.extra_files:
-        text = read_bytes(Path(name), "corpus extra file", "give a text file in corpus.extra_files",
-                          limit=MAX_DATA_BYTES).decode("utf-8", errors="ignore")
+        text = read_bytes(
+            Path(name), "corpus extra file", "give a text file in corpus.extra_files", limit=MAX_DATA_BYTES
+        ).decode("utf-8", errors="ignore")
         text = text.replace("\r\n", "\n").replace("\r", "\n")  # as text mode reads it
         streams["extra"] += tokenizer.encode(text, chat_template=False) + [eos]
         used["extra"].append({"path": str(name), "sha256": text_digest(text)})

@@ -17,28 +17,41 @@ names it, and a corpus refuses to be continued by a stream with another digest.
 
 from __future__ import annotations
 
-import ast
-import functools
 import hashlib
-import inspect
-import json
 import math
-import os
 import random
-import re
 import sys
-import sysconfig
-import textwrap
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
 import attrs
 
-STREAM_VERSION = 1
+from .material import STREAM_VERSION, Material, material
+
 FAMILIES = ("chat", "code_write", "code_edit", "math", "summary")  # the default pattern's
 ALL_FAMILIES = FAMILIES + ("open_chat",)  # open_chat: only in a stream made with ``families=[...]``
-PATTERN = ("chat", "code_edit", "code_write", "math", "chat", "summary", "code_edit", "chat", "code_write", "math",
-           "chat", "code_edit", "summary", "code_write", "chat", "math", "code_edit", "chat", "summary", "code_write")
+PATTERN = (
+    "chat",
+    "code_edit",
+    "code_write",
+    "math",
+    "chat",
+    "summary",
+    "code_edit",
+    "chat",
+    "code_write",
+    "math",
+    "chat",
+    "code_edit",
+    "summary",
+    "code_write",
+    "chat",
+    "math",
+    "code_edit",
+    "chat",
+    "summary",
+    "code_write",
+)
 
 
 @attrs.frozen
@@ -75,9 +88,9 @@ CHAT_MODIFIERS = ["", *words("chat_modifiers")]  # "": none
 CODE_TASKS = words("code_tasks")
 CODE_TASK_TEMPLATES = words("code_task_templates")
 CODE_DOC_TEMPLATES = [
-    "Write a Python function `{sig}`. Its documentation says: \"{doc}\" Implement it.",
+    'Write a Python function `{sig}`. Its documentation says: "{doc}" Implement it.',
     "Implement this function from its description.\n\nSignature: `{sig}`\nDescription: {doc}",
-    "Write the body of this function:\n\n```python\ndef {sig}:\n    \"\"\"{doc}\"\"\"\n```",
+    'Write the body of this function:\n\n```python\ndef {sig}:\n    """{doc}"""\n```',
     "Using only the Python standard library, write `{sig}`: {doc}",
     "I need a Python function called `{name}` with parameters ({params}). {doc} Please write it.",
 ]
@@ -158,14 +171,22 @@ def _notes(rng: random.Random) -> str:
     for name in people:
         role, city, month = rng.choice(ROLES), rng.choice(CITIES), rng.choice(MONTHS)
         year = rng.randint(2015, 2024)
-        lines.append(rng.choice([
-            f"{name} joined the team as a {role} in {month} {year} and moved to {city} soon after.",
-            f"In {month} {year}, {name}, a {role} from {city}, led the project's first review.",
-            f"{name} has worked as a {role} in {city} since {month} {year}.",
-        ]))
-    extra = rng.choice([f"The group met {rng.randint(3, 12)} times that year.",
-                        f"Their budget was {rng.randint(5, 90)} thousand euros.",
-                        f"Most meetings took place in {rng.choice(CITIES)}."])
+        lines.append(
+            rng.choice(
+                [
+                    f"{name} joined the team as a {role} in {month} {year} and moved to {city} soon after.",
+                    f"In {month} {year}, {name}, a {role} from {city}, led the project's first review.",
+                    f"{name} has worked as a {role} in {city} since {month} {year}.",
+                ]
+            )
+        )
+    extra = rng.choice(
+        [
+            f"The group met {rng.randint(3, 12)} times that year.",
+            f"Their budget was {rng.randint(5, 90)} thousand euros.",
+            f"Most meetings took place in {rng.choice(CITIES)}.",
+        ]
+    )
     return " ".join(lines + [extra])
 
 
@@ -200,155 +221,6 @@ def _open_reason(rng: random.Random) -> str:
         f"{a} is facing north, turns right, turns right again and then turns left. Which direction is {a} facing?",
     ]
     return rng.choice(puzzles)
-
-
-# -- material from the standard library --------------------------------------------------------------
-@attrs.frozen
-class Function:
-    module: str
-    name: str
-    params: tuple[str, ...]
-    locals: tuple[str, ...]
-    code: str
-    doc: str  # the docstring's first paragraph, one line ('' when none)
-
-
-SKIP_MODULES = {"this", "antigravity", "__future__", "__hello__", "__phello__", "_pydecimal", "_pyio",
-                "pydoc", "typing"}  # typing: mostly overloads; the two big _py* twins duplicate C modules
-
-
-def _stdlib_root() -> Path:
-    return Path(sysconfig.get_paths()["stdlib"])
-
-
-def _clean_doc(doc: Optional[str]) -> str:
-    if not doc:
-        return ""
-    first = re.split(r"\n\s*\n", inspect.cleandoc(doc))[0]
-    return " ".join(first.split())
-
-
-def _functions_of(module: str, source: str, tree: ast.Module) -> list[Function]:
-    lines = source.splitlines()
-    out = []
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.FunctionDef) or node.name.startswith("__"):
-            continue
-        length = node.end_lineno - node.lineno + 1
-        if not 4 <= length <= 30:
-            continue
-        code = textwrap.dedent("\n".join(lines[node.lineno - 1:node.end_lineno])).rstrip()
-        if len(code) > 1200 or "\t" in code or not code.isascii() or not code.startswith("def "):
-            continue
-        params = tuple(a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs
-                       if a.arg not in ("self", "cls"))
-        assigned = sorted({t.id for n in ast.walk(node) if isinstance(n, ast.Assign)
-                           for t in n.targets if isinstance(t, ast.Name)} - set(params))
-        out.append(Function(module, node.name, params, tuple(assigned), code, _clean_doc(ast.get_docstring(node))))
-    return out
-
-
-def _docs_of(tree: ast.Module) -> list[str]:
-    """The module docstring and the long (≥ 400 characters) class and function docstrings."""
-    docs = [(ast.get_docstring(tree) or "").strip()]
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
-            doc = (ast.get_docstring(node) or "").strip()
-            if len(doc) >= 400:
-                docs.append(doc)
-    return [d for d in docs if d and d.isascii()]
-
-
-def _chunks(text: str, low: int = 700, high: int = 2400) -> list[str]:
-    """Paragraph-aligned pieces of ``text`` between ``low`` and ``high`` characters."""
-    pieces, current = [], ""
-    for para in re.split(r"\n\s*\n", text):
-        para = para.strip()
-        if not para:
-            continue
-        if current and len(current) + len(para) + 2 > high:
-            pieces.append(current)
-            current = ""
-        current = f"{current}\n\n{para}" if current else para
-    if current:
-        pieces.append(current)
-    return [p for p in pieces if low <= len(p) <= high]
-
-
-@attrs.frozen
-class Material:
-    functions: tuple[Function, ...]  # code editing: source 4–30 lines
-    documented: tuple[Function, ...]  # code writing specs: functions with a one-line description
-    texts: tuple[str, ...]  # summaries: documentation passages
-    digest: str
-
-
-def _digest(functions: list[Function], texts: list[str]) -> str:
-    payload = json.dumps([[attrs.astuple(f) for f in functions], texts, STREAM_VERSION])
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
-
-
-def _documented(functions: list[Function]) -> list[Function]:
-    return [f for f in functions if 25 <= len(f.doc) <= 240 and len(f.doc.split()) >= 5
-            and not f.name.startswith("_") and '"' not in f.doc]
-
-
-@functools.lru_cache(maxsize=None)
-def material() -> Material:
-    """The standard-library material of this Python: parsed once (a few seconds) and kept in the
-    model cache folder, keyed by the Python version and the source files' sizes and times."""
-    import pydoc_data.topics
-
-    from pacer_core.hf import cache_root
-
-    files = [f for f in sorted(_stdlib_root().glob("*.py"))
-             if f.stem not in SKIP_MODULES and not f.stem.startswith("test")]
-    stamp = [sys.version, STREAM_VERSION, pydoc_data.topics.__file__] + [
-        (f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files + [Path(pydoc_data.topics.__file__)]]
-    key = hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:16]
-    cached = cache_root() / "corpus-material" / f"{key}.json"
-    if cached.exists():
-        try:
-            data = json.loads(cached.read_text())
-            functions = [Function(m, n, tuple(p), tuple(loc), c, d) for m, n, p, loc, c, d in data["functions"]]
-            if _digest(functions, data["texts"]) == data["digest"]:
-                return Material(tuple(functions), tuple(_documented(functions)), tuple(data["texts"]), data["digest"])
-        except (ValueError, KeyError, TypeError):
-            pass
-    found = _build_material(files)
-    try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_name(cached.name + f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"functions": [attrs.astuple(f) for f in found.functions],
-                                   "texts": list(found.texts), "digest": found.digest}))
-        os.replace(tmp, cached)
-    except OSError:
-        pass
-    return found
-
-
-def _build_material(files: list[Path]) -> Material:
-    from pydoc_data.topics import topics
-
-    functions: list[Function] = []
-    texts: list[str] = []
-    for file in files:
-        source = file.read_text(encoding="utf-8", errors="ignore")
-        try:
-            tree = ast.parse(source)
-        except SyntaxError:
-            continue
-        functions += _functions_of(file.stem, source, tree)
-        for doc in _docs_of(tree):
-            texts += _chunks(doc, low=400)
-    for name in sorted(topics):
-        text = re.sub(r"\n{3,}", "\n\n", topics[name]).strip()
-        if 1500 <= len(text) <= 6000:  # whole topics of this size are the summarization benchmark's prompts
-            continue
-        texts += _chunks(text, low=500)
-    seen: set[str] = set()
-    texts = [t for t in texts if not (t in seen or seen.add(t))]
-    return Material(tuple(functions), tuple(_documented(functions)), tuple(texts), _digest(functions, texts))
 
 
 # -- the families ------------------------------------------------------------------------------------
@@ -424,8 +296,9 @@ class CodeWrite(Family):
             fn, template = divmod(base - hand, len(CODE_DOC_TEMPLATES))
             f = self.mat.documented[fn]
             params = ", ".join(f.params)
-            text = CODE_DOC_TEMPLATES[template].format(sig=f"{f.name}({params})", name=f.name,
-                                                       params=params or "none", doc=f.doc)
+            text = CODE_DOC_TEMPLATES[template].format(
+                sig=f"{f.name}({params})", name=f.name, params=params or "none", doc=f.doc
+            )
         return text + CODE_EXTRAS[extra]
 
 
@@ -451,7 +324,8 @@ class CodeEdit(Family):
             local=f.locals[int(hashlib.sha256(salt.encode()).hexdigest(), 16) % len(f.locals)] if f.locals else "",
             new=_pick_new(EDIT_NAMES, taken, salt),
             newfunc=_snake_to_camel(f.name) if op == 2 else f"{f.name}_v{op}",
-            klass="".join(p.capitalize() for p in f.module.split("_") if p) + "Tools")
+            klass="".join(p.capitalize() for p in f.module.split("_") if p) + "Tools",
+        )
         return EDIT_FRAMES[frame].format(op=op_text, code=f.code)
 
 
@@ -500,8 +374,13 @@ class OpenChat(Family):
         if kind == "reason":
             return _open_reason(rng)
         template = rng.choice(OPEN_TEMPLATES)
-        return template.format(topic=rng.choice(TOPICS), place=rng.choice(PLACES), persona=rng.choice(PERSONAS),
-                               audience=rng.choice(AUDIENCES), thing=rng.choice(THINGS))
+        return template.format(
+            topic=rng.choice(TOPICS),
+            place=rng.choice(PLACES),
+            persona=rng.choice(PERSONAS),
+            audience=rng.choice(AUDIENCES),
+            thing=rng.choice(THINGS),
+        )
 
 
 def _permutation(size: int, seed: int, family: str) -> tuple[int, int]:
@@ -530,8 +409,9 @@ class Stream:
         self.mix = None if families is None else tuple(families)
         self.pattern = PATTERN if self.mix is None else self.mix
         if self.mix is not None and not valid_families(self.mix):
-            raise ValueError(f"families must be distinct names among {', '.join(ALL_FAMILIES)}, got "
-                             f"{list(self.pattern)}")
+            raise ValueError(
+                f"families must be distinct names among {', '.join(ALL_FAMILIES)}, got {list(self.pattern)}"
+            )
         classes = {cls.name: cls for cls in (Chat, CodeWrite, CodeEdit, Math, Summary, OpenChat)}
         self.families: dict[str, Family] = {name: classes[name](self.mat) for name in dict.fromkeys(self.pattern)}
         self._perms = {name: _permutation(f.size, seed, name) for name, f in self.families.items()}
@@ -542,9 +422,13 @@ class Stream:
         return self.mat.digest
 
     def describe(self) -> dict:
-        described = {"version": STREAM_VERSION, "seed": self.seed, "material_digest": self.mat.digest,
-                     "python": f"{sys.version_info.major}.{sys.version_info.minor}",
-                     "family_sizes": {name: f.size for name, f in self.families.items()}}
+        described = {
+            "version": STREAM_VERSION,
+            "seed": self.seed,
+            "material_digest": self.mat.digest,
+            "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+            "family_sizes": {name: f.size for name, f in self.families.items()},
+        }
         if self.mix is not None:  # absent: the five-family pattern (every corpus made before the option)
             described["families"] = list(self.mix)
         return described

@@ -36,8 +36,9 @@ class DFlashConfig:
     # checkpoint (z-lab/dflash or speculators' dflash format, docs/block-checkpoints.md); None = the shipped draft
     allow_other_target: bool = False  # experts: use a draft distilled from another target
     # mask rows one forward fills (tokens drafted per forward); None = the block the draft was trained on
-    block: Optional[int] = attrs.field(default=None, validator=attrs.validators.optional(
-        [attrs.validators.ge(1), attrs.validators.le(32)]))
+    block: Optional[int] = attrs.field(
+        default=None, validator=attrs.validators.optional([attrs.validators.ge(1), attrs.validators.le(32)])
+    )
     tree: Optional[TreeConfig] = None  # a tree over one block ({topk, depth, nodes}); None = a chain
     # [b_1, b_2, …]: b_n added to a row's logits of the tokens that followed an earlier occurrence, in the
     # committed text, of the last n tokens of its path (pacer_core/priors.py); None = [2, 4, 4] for drafts
@@ -52,9 +53,12 @@ def draft_folder(path: Optional[str]) -> Path:
     if path is not None and is_published(folder):
         return folder
     if not (folder / MANIFEST).is_file() or not (folder / WEIGHTS).is_file():
-        hint = "the shipped draft is missing: reinstall" if path is None else \
-            "make one with `pacer distill student.kind=dflash`, or give a published DFlash checkpoint " \
+        hint = (
+            "the shipped draft is missing: reinstall"
+            if path is None
+            else "make one with `pacer distill student.kind=dflash`, or give a published DFlash checkpoint "
             "(config.json and model.safetensors)"
+        )
         raise InputError(f"'{folder}' is not a dflash draft folder (no {MANIFEST} and {WEIGHTS}): {hint}")
     return folder
 
@@ -73,9 +77,11 @@ class DFlashDrafter(BlockDrafter):
         else:
             manifest = read_json(folder / MANIFEST, "draft manifest", "distill the draft again")
             if digest and manifest.get("target_digest") != digest and not config.allow_other_target:
-                raise InputError(f"draft '{folder}' was distilled from target {manifest.get('target_digest')}, but "
-                                 f"this target is {digest}: distill a draft for it (`pacer distill "
-                                 "student.kind=dflash`) or set strategy.drafter.allow_other_target=true")
+                raise InputError(
+                    f"draft '{folder}' was distilled from target {manifest.get('target_digest')}, but "
+                    f"this target is {digest}: distill a draft for it (`pacer distill "
+                    "student.kind=dflash`) or set strategy.drafter.allow_other_target=true"
+                )
             net, identity = load_block_draft(folder), draft_identity(folder, manifest)
         arch = net.arch
         if arch.vocab_size != target.vocab_size or arch.hidden_size != target.hidden_size:
@@ -98,8 +104,11 @@ class DFlashDrafter(BlockDrafter):
         self.sampling = resources.sampling
         self.lookup_bias = lookup_bias_for(not published_draft, config.lookup_bias)
         self.tree = config.tree
-        self.budget = None if config.tree is None else node_budget(config.tree, target.device, COST_KIND, digest,
-                                                                   folder, self.draft_info.identity)
+        self.budget = (
+            None
+            if config.tree is None
+            else node_budget(config.tree, target.device, COST_KIND, digest, folder, self.draft_info.identity)
+        )
         self.pacer_start(None)
 
     def _reset(self) -> None:  # the prompt's states come with step 0's record
@@ -124,7 +133,7 @@ class DFlashDrafter(BlockDrafter):
         x = self.net.block_inputs(self.embed[tokens].to(self.dtype)[None], self.block, self.context.latest[None])
         positions = torch.arange(start, start + x.shape[1])
         context = [(k[None], v[None]) for k, v in zip(self.context.keys, self.context.values)]
-        hidden = self.net(x, positions, context)[0, len(tokens):]  # [block, hidden]
+        hidden = self.net(x, positions, context)[0, len(tokens) :]  # [block, hidden]
         return self.head(hidden).float().cpu(), hidden
 
     def _ready(self, committed: list[int]) -> bool:
@@ -135,10 +144,17 @@ class DFlashDrafter(BlockDrafter):
 
 @hookimpl
 def pacer_components() -> list[Component]:
-    return [Component(
-        "drafter", "dflash", DFlashConfig, DFlashDrafter,
-        "block draft (DFlash-style): one forward drafts a whole block from the target's hidden states; a chain "
-        "or a tree over the block",
-        needs={"target_hidden"}, provides={"draft_probs", "draft_hidden"},
-        draft_folder=lambda config: draft_folder(config.path), cost_kind=COST_KIND,
-    )]
+    return [
+        Component(
+            "drafter",
+            "dflash",
+            DFlashConfig,
+            DFlashDrafter,
+            "block draft (DFlash-style): one forward drafts a whole block from the target's hidden states; a chain "
+            "or a tree over the block",
+            needs={"target_hidden"},
+            provides={"draft_probs", "draft_hidden"},
+            draft_folder=lambda config: draft_folder(config.path),
+            cost_kind=COST_KIND,
+        )
+    ]

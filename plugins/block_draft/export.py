@@ -37,24 +37,35 @@ from .published import MASK_FILE, dflash_names
 MAX_POSITIONS = 32768  # the config's max_position_embeddings (vLLM sizes its rotary table from it)
 
 
-def export_block_draft(draft: Path, dtype: torch.dtype = torch.float16, speculators: Optional[dict] = None,
-                       target: Any = None, target_path: Optional[str] = None) -> Exported:
+def export_block_draft(
+    draft: Path,
+    dtype: torch.dtype = torch.float16,
+    speculators: Optional[dict] = None,
+    target: Any = None,
+    target_path: Optional[str] = None,
+) -> Exported:
     """The files of speculators' ``dflash`` format for the block draft folder ``draft``
     (``speculators``: {verifier, speculative_tokens (None: the draft's block)}); ``target`` (a
     ``FeatureModel``) gives the head rows of a draft sharing the target's, loaded from ``target_path``
     or else the draft's recipe when None. Bad input is one ``InputError``."""
     if speculators is None:
-        raise InputError(f"'{draft}' is a dflash block draft, which is written in vLLM's speculators dflash format: "
-                         "add --speculators --verifier NAME_OR_PATH")
+        raise InputError(
+            f"'{draft}' is a dflash block draft, which is written in vLLM's speculators dflash format: "
+            "add --speculators --verifier NAME_OR_PATH"
+        )
     net = load_block_draft(draft)
     arch = net.arch
     if arch.inject:
-        raise InputError(f"'{draft}' joins each block row with the newest context feature (inject), which the "
-                         "DFlash layout (z-lab, speculators, vLLM) does not compute: only drafts in the published "
-                         "architecture (inject off, q/k norms) can be exported")
+        raise InputError(
+            f"'{draft}' joins each block row with the newest context feature (inject), which the "
+            "DFlash layout (z-lab, speculators, vLLM) does not compute: only drafts in the published "
+            "architecture (inject off, q/k norms) can be exported"
+        )
     if not arch.qk_norm:
-        raise InputError(f"'{draft}' has no per-head q/k norms, which every DFlash layer of the layout (vLLM's "
-                         "qwen3_dflash.py) applies: the attention part cannot be expressed")
+        raise InputError(
+            f"'{draft}' has no per-head q/k norms, which every DFlash layer of the layout (vLLM's "
+            "qwen3_dflash.py) applies: the attention part cannot be expressed"
+        )
     tokens = speculators.get("speculative_tokens") or arch.block
     if tokens > arch.block:
         raise InputError(f"--speculative-tokens {tokens} exceeds the {arch.block} mask rows the draft fills a forward")
@@ -80,17 +91,34 @@ def export_block_draft(draft: Path, dtype: torch.dtype = torch.float16, speculat
     if mask_id is None:
         outside = sorted(set(range(vocab)) - set(subset.tolist()))
         mask_id = outside[-1] if outside else vocab - 1
-    layer = dict(model_type="qwen3", hidden_act="silu", hidden_size=arch.hidden_size,
-                 num_hidden_layers=arch.num_layers, vocab_size=vocab, num_attention_heads=arch.num_heads,
-                 num_key_value_heads=arch.num_kv_heads, head_dim=arch.head_dim,
-                 intermediate_size=arch.intermediate_size, rms_norm_eps=arch.rms_eps, rope_theta=arch.rope_theta,
-                 max_position_embeddings=MAX_POSITIONS, attention_bias=False, tie_word_embeddings=False,
-                 layer_types=["full_attention"] * arch.num_layers)
-    config = {"architectures": ["DFlashSpeculator"], "transformer_layer_config": layer,
-              "draft_vocab_size": len(subset), "block_size": arch.block + 1,
-              "aux_hidden_state_layer_ids": list(arch.target_layers), "mask_token_id": mask_id,
-              "sample_from_anchor": False, **speculators_section("dflash", speculators["verifier"], tokens),
-              "torch_dtype": str(dtype).removeprefix("torch.")}
+    layer = dict(
+        model_type="qwen3",
+        hidden_act="silu",
+        hidden_size=arch.hidden_size,
+        num_hidden_layers=arch.num_layers,
+        vocab_size=vocab,
+        num_attention_heads=arch.num_heads,
+        num_key_value_heads=arch.num_kv_heads,
+        head_dim=arch.head_dim,
+        intermediate_size=arch.intermediate_size,
+        rms_norm_eps=arch.rms_eps,
+        rope_theta=arch.rope_theta,
+        max_position_embeddings=MAX_POSITIONS,
+        attention_bias=False,
+        tie_word_embeddings=False,
+        layer_types=["full_attention"] * arch.num_layers,
+    )
+    config = {
+        "architectures": ["DFlashSpeculator"],
+        "transformer_layer_config": layer,
+        "draft_vocab_size": len(subset),
+        "block_size": arch.block + 1,
+        "aux_hidden_state_layer_ids": list(arch.target_layers),
+        "mask_token_id": mask_id,
+        "sample_from_anchor": False,
+        **speculators_section("dflash", speculators["verifier"], tokens),
+        "torch_dtype": str(dtype).removeprefix("torch."),
+    }
     files = {MASK_FILE: {"mask_token_id": mask_id, "embedding": state["mask_embedding"].to(dtype)}}
     return Exported("dflash", tensors, config, files, identity=draft_identity(draft, manifest))
 
@@ -107,6 +135,8 @@ def _target(target: Any, path: Optional[str], manifest: dict, draft: Path) -> An
         target, _, _ = load_model(path, "float32", "cpu", None, "target", pack_weights=False)
     recorded = manifest.get("target_digest")
     if recorded and target.digest and recorded != target.digest:
-        raise InputError(f"'{draft}' was distilled from target {recorded}, but the target loaded for its head rows is "
-                         f"{target.digest}: give the draft's own target (--target PATH)")
+        raise InputError(
+            f"'{draft}' was distilled from target {recorded}, but the target loaded for its head rows is "
+            f"{target.digest}: give the draft's own target (--target PATH)"
+        )
     return target

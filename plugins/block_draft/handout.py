@@ -89,12 +89,14 @@ class BlockDrafter:
         """[n, w] logits → the draft distributions (the sampling parameters applied)."""
         return torch.softmax(logits, -1) if self.sampling.greedy else logits_to_probs(logits, self.sampling)
 
-    def _rows(self, logits: torch.Tensor, committed: list[int], known: list[int],
-              generator: Optional[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _rows(
+        self, logits: torch.Tensor, committed: list[int], known: list[int], generator: Optional[torch.Generator]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The block's draft distributions ([n, w]) and each row's chosen column ([n]): drawn with
         ``generator``, or the argmax without one. With ``lookup_bias``, row i's logits first get the lookup
         bonus of the path before it: the ``committed`` text and the ``known`` tokens drafted before this
         block, then the tokens chosen at rows 0..i-1 (successors are looked up in the committed text only)."""
+
         def choose(rows: torch.Tensor) -> torch.Tensor:
             if generator is None:
                 return torch.tensor([argmax_first(row) for row in rows], dtype=torch.long)
@@ -103,8 +105,8 @@ class BlockDrafter:
         if not self.lookup_bias:
             rows = self._probs(logits)
             return rows, choose(rows)
-        self.index.extend(committed[len(self.index.text):])  # the committed text never shrinks
-        suffix, rows, columns = (committed + known)[-len(self.lookup_bias):], [], []
+        self.index.extend(committed[len(self.index.text) :])  # the committed text never shrinks
+        suffix, rows, columns = (committed + known)[-len(self.lookup_bias) :], [], []
         for row in logits:
             bonus = lookup_bonus(self.index, suffix, self.lookup_bias)
             if bonus:
@@ -117,7 +119,7 @@ class BlockDrafter:
             column = choose(probs)
             rows.append(probs[0])
             columns.append(column)
-            suffix = (suffix + self._token_ids(column))[-len(self.lookup_bias):]
+            suffix = (suffix + self._token_ids(column))[-len(self.lookup_bias) :]
         return torch.stack(rows), torch.cat(columns)
 
     @hookimpl
@@ -131,8 +133,11 @@ class BlockDrafter:
             return self._propose_tree(state, draft, num_tokens, new_step)
         main = draft.tokens.tolist()
         latest, forwards = self.latest, 0
-        if (latest is None or latest.handed >= len(latest.tokens)
-                or main != latest.known + latest.tokens[:latest.handed]):
+        if (
+            latest is None
+            or latest.handed >= len(latest.tokens)
+            or main != latest.known + latest.tokens[: latest.handed]
+        ):
             drafted = self._forward(state.tokens, main)
             if drafted is None:
                 return None
@@ -147,10 +152,14 @@ class BlockDrafter:
                 last = i + 1
                 break
         latest.handed = last
-        return DraftBlock(tokens=torch.tensor(latest.tokens[first:last], dtype=torch.long),
-                          draft_probs=latest.rows[first:last],
-                          hidden_states=None if latest.hidden is None else latest.hidden[first:last],
-                          forwards=forwards, sampled=not self.sampling.greedy, draft_vocab=self.draft_vocab)
+        return DraftBlock(
+            tokens=torch.tensor(latest.tokens[first:last], dtype=torch.long),
+            draft_probs=latest.rows[first:last],
+            hidden_states=None if latest.hidden is None else latest.hidden[first:last],
+            forwards=forwards,
+            sampled=not self.sampling.greedy,
+            draft_vocab=self.draft_vocab,
+        )
 
     def _propose_tree(self, state, draft, num_tokens: int, new_step: bool) -> Optional[DraftBlock]:
         """The next ``num_tokens`` levels of this step's tree over one block: the first call runs the
@@ -165,8 +174,14 @@ class BlockDrafter:
             rows, _ = self._rows(logits, state.tokens, [], None)  # the priors along the main path
             depth = min(self.tree.depth, len(rows))
             cap = self.tree.nodes if isinstance(self.tree.nodes, int) else self.tree.topk * depth
-            plan = self.plan = block_tree(rows[:depth], None if hidden is None else hidden[:depth], self.tree.topk,
-                                          cap, self.draft_vocab, state.eos_token_ids)
+            plan = self.plan = block_tree(
+                rows[:depth],
+                None if hidden is None else hidden[:depth],
+                self.tree.topk,
+                cap,
+                self.draft_vocab,
+                state.eos_token_ids,
+            )
             self.plan_for = 0
             forwards = 1
         elif plan is None or self.plan_for != draft.num_nodes:

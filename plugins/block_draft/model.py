@@ -79,10 +79,17 @@ class BlockArch:
     mask_token_id: Optional[int] = None  # the token whose embedding the mask rows take (published drafts)
 
     def __attrs_post_init__(self) -> None:
-        sizes = {"hidden_size": self.hidden_size, "num_heads": self.num_heads, "num_kv_heads": self.num_kv_heads,
-                 "head_dim": self.head_dim, "intermediate_size": self.intermediate_size,
-                 "vocab_size": self.vocab_size, "subset_size": self.subset_size, "num_layers": self.num_layers,
-                 "block": self.block}
+        sizes = {
+            "hidden_size": self.hidden_size,
+            "num_heads": self.num_heads,
+            "num_kv_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "intermediate_size": self.intermediate_size,
+            "vocab_size": self.vocab_size,
+            "subset_size": self.subset_size,
+            "num_layers": self.num_layers,
+            "block": self.block,
+        }
         for name, value in sizes.items():
             top = 64 if name in ("num_layers", "block") else 1 << 20  # a meta network of the shape is built
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
@@ -94,8 +101,9 @@ class BlockArch:
         for name in ("inject", "qk_norm", "own_head"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r:.30}")
-        if self.mask_token_id is not None and (type(self.mask_token_id) is not int
-                                               or not 0 <= self.mask_token_id < self.vocab_size):
+        if self.mask_token_id is not None and (
+            type(self.mask_token_id) is not int or not 0 <= self.mask_token_id < self.vocab_size
+        ):
             raise ValueError(f"mask_token_id must be a token id of the vocabulary, got {self.mask_token_id!r:.30}")
         for name in ("rope_theta", "rms_eps"):
             value = getattr(self, name)
@@ -203,8 +211,9 @@ class BlockDraft(nn.Module):
         """[..., T, n·d] the target layers' inputs → [..., T, d] normed context features."""
         return rms_norm(self.fc(fused), self.context_norm, self.arch.rms_eps)
 
-    def context_kv(self, layer: BlockLayer, features: torch.Tensor, positions: torch.Tensor
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    def context_kv(
+        self, layer: BlockLayer, features: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """One layer's keys and values of context features [B, T, d] at ``positions`` [T] →
         ([B, kv_heads, T, head_dim] rotated keys, values)."""
         a = self.arch
@@ -246,8 +255,13 @@ class BlockDraft(nn.Module):
             return rows
         return self.inject(torch.cat([rows, latest], dim=-1))
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, context: list[tuple[torch.Tensor, torch.Tensor]],
-                mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        context: list[tuple[torch.Tensor, torch.Tensor]],
+        mask: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         """Block rows x [B, R, d] at ``positions`` [R] → their outputs after the final norm [B, R, d].
 
         ``context[i]``: layer i's context keys and values ([B or 1, kv_heads, T, head_dim]);
@@ -279,8 +293,10 @@ def save_block_draft(net: BlockDraft, folder: Path, manifest: dict) -> None:
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to("cpu", torch.float16 if v.is_floating_point() else v.dtype).contiguous()
-             for k, v in net.state_dict().items()}
+    state = {
+        k: v.detach().to("cpu", torch.float16 if v.is_floating_point() else v.dtype).contiguous()
+        for k, v in net.state_dict().items()
+    }
     save_file(state, str(folder / WEIGHTS))
     (folder / CONFIG).write_text(json.dumps({"family": FAMILY, **attrs.asdict(net.arch)}, indent=2))
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
@@ -315,8 +331,9 @@ def load_block_draft(folder: Path) -> BlockDraft:
         arch = BlockArch(**config)
         shapes = expected_shapes(arch)
     except (TypeError, ValueError) as exc:
-        raise InputError(f"'{folder / CONFIG}' does not describe a block draft ({str(exc).splitlines()[0][:120]}): "
-                         f"{fix}") from None
+        raise InputError(
+            f"'{folder / CONFIG}' does not describe a block draft ({str(exc).splitlines()[0][:120]}): {fix}"
+        ) from None
     header = safetensors_shapes(folder / WEIGHTS, fix)
     wrong = sorted(set(shapes) ^ set(header)) or [k for k in shapes if shapes[k] != header[k]]
     if wrong:

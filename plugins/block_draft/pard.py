@@ -38,8 +38,9 @@ COST_KIND = "block"  # one forward of its draft model drafts a block (pacer_core
 class PardConfig:
     # positions one forward drafts (the last token's row and block − 1 mask rows); None = the block the
     # draft was trained on
-    block: Optional[int] = attrs.field(default=None, validator=attrs.validators.optional(
-        [attrs.validators.ge(2), attrs.validators.le(MAX_BLOCK)]))
+    block: Optional[int] = attrs.field(
+        default=None, validator=attrs.validators.optional([attrs.validators.ge(2), attrs.validators.le(MAX_BLOCK)])
+    )
     tree: Optional[TreeConfig] = None  # a tree over one block ({topk, depth, nodes}); None = a chain
     # [b_1, b_2, …]: b_n added to a row's logits of the tokens that followed an earlier occurrence, in the
     # committed text, of the last n tokens of its path (pacer_core/priors.py); None = [2, 4, 4]; [] = none
@@ -53,11 +54,15 @@ class PardDrafter(BlockDrafter):
         model = resources.draft
         folder = model.folder if isinstance(model, StoredModel) else None
         if folder is None or not isinstance(model, ParallelDraftModel):
-            raise InputError("the pard drafter needs a pard draft folder loaded as the draft model: set draft.path "
-                             "to one (`pacer distill student.kind=pard` makes it)")
+            raise InputError(
+                "the pard drafter needs a pard draft folder loaded as the draft model: set draft.path "
+                "to one (`pacer distill student.kind=pard` makes it)"
+            )
         if model.vocab_size != resources.target.vocab_size:
-            raise InputError(f"pard draft '{folder}' has a vocabulary of {model.vocab_size} tokens, the target "
-                             f"{resources.target.vocab_size}: use a draft sharing the target's tokenizer")
+            raise InputError(
+                f"pard draft '{folder}' has a vocabulary of {model.vocab_size} tokens, the target "
+                f"{resources.target.vocab_size}: use a draft sharing the target's tokenizer"
+            )
         mask, trained = load_pard_files(Path(folder), model.hidden_size)
         self.model = model
         self.mask = mask.to(model.device, model.dtype)
@@ -68,8 +73,18 @@ class PardDrafter(BlockDrafter):
         self.lookup_bias = lookup_bias_for(True, config.lookup_bias)  # every pard draft is made by `pacer distill`
         self.tree = config.tree
         self.draft_info = DraftInfo(identity=f"pard:{model.digest}", tree=config.tree)
-        self.budget = None if config.tree is None else node_budget(
-            config.tree, resources.target.device, COST_KIND, resources.target.digest, folder, self.draft_info.identity)
+        self.budget = (
+            None
+            if config.tree is None
+            else node_budget(
+                config.tree,
+                resources.target.device,
+                COST_KIND,
+                resources.target.digest,
+                folder,
+                self.draft_info.identity,
+            )
+        )
         self.pacer_start(None)
 
     def _reset(self) -> None:
@@ -88,21 +103,29 @@ class PardDrafter(BlockDrafter):
             return None
         feed = sync_cache(self.model, context)
         masks = self.block - 1
-        out = self.model.forward(feed + [MASK_ROW] * masks, mask_embedding=self.mask, logits_from=len(feed) - 1,
-                                 hidden=True)
+        out = self.model.forward(
+            feed + [MASK_ROW] * masks, mask_embedding=self.mask, logits_from=len(feed) - 1, hidden=True
+        )
         self.model.crop(len(self.model.cached_tokens) - masks)
         logits = out.logits.float().cpu()  # [block, vocab]
         if self.draft_vocab is not None:
             logits = logits[:, self.draft_vocab.ids]  # [block, w]: the draft's own columns
-        return logits, out.hidden_states[len(feed) - 1:].float()
+        return logits, out.hidden_states[len(feed) - 1 :].float()
 
 
 @hookimpl
 def pacer_components() -> list[Component]:
-    return [Component(
-        "drafter", "pard", PardConfig, PardDrafter,
-        "parallel token draft (PARD): a small LM sharing the target's tokenizer drafts a whole block per forward "
-        "from mask tokens; a chain or a tree over the block",
-        needs={"draft_model"}, provides={"draft_probs", "draft_hidden"},
-        default_draft=str(DEFAULT_DRAFT) if (DEFAULT_DRAFT / "pard.json").is_file() else None, cost_kind=COST_KIND,
-    )]
+    return [
+        Component(
+            "drafter",
+            "pard",
+            PardConfig,
+            PardDrafter,
+            "parallel token draft (PARD): a small LM sharing the target's tokenizer drafts a whole block per forward "
+            "from mask tokens; a chain or a tree over the block",
+            needs={"draft_model"},
+            provides={"draft_probs", "draft_hidden"},
+            default_draft=str(DEFAULT_DRAFT) if (DEFAULT_DRAFT / "pard.json").is_file() else None,
+            cost_kind=COST_KIND,
+        )
+    ]

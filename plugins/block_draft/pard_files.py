@@ -30,8 +30,9 @@ def save_pard_files(folder: Path, mask_embedding: torch.Tensor, block: int) -> N
     """Write the mask embedding ([hidden], fp16) and the trained block into a token draft folder."""
     from safetensors.torch import save_file
 
-    save_file({"mask_embedding": mask_embedding.detach().to("cpu", torch.float16).contiguous()},
-              str(folder / PARD_WEIGHTS))
+    save_file(
+        {"mask_embedding": mask_embedding.detach().to("cpu", torch.float16).contiguous()}, str(folder / PARD_WEIGHTS)
+    )
     (folder / PARD_CONFIG).write_text(json.dumps({"family": FAMILY, "block": int(block)}, indent=2))
 
 
@@ -41,17 +42,27 @@ def load_pard_files(folder: Path, hidden_size: int) -> tuple[torch.Tensor, int]:
     from pacer_core.hf import load_safetensors
 
     if not (folder / PARD_CONFIG).is_file() or not (folder / PARD_WEIGHTS).is_file():
-        raise InputError(f"draft '{folder}' is not a pard draft (no {PARD_CONFIG} and {PARD_WEIGHTS}): {FIX}, or "
-                         "run a plain token draft with the draft_model drafter")
+        raise InputError(
+            f"draft '{folder}' is not a pard draft (no {PARD_CONFIG} and {PARD_WEIGHTS}): {FIX}, or "
+            "run a plain token draft with the draft_model drafter"
+        )
     config = read_json(folder / PARD_CONFIG, "pard config", FIX)
     block = config.get("block") if isinstance(config, dict) else None
-    if not isinstance(config, dict) or config.get("family") != FAMILY or isinstance(block, bool) \
-            or not isinstance(block, int) or not 2 <= block <= MAX_BLOCK:
-        raise InputError(f"'{folder / PARD_CONFIG}' is not a pard config (family: {FAMILY}, block: a whole number "
-                         f"in 2..{MAX_BLOCK}): {FIX}")
+    if (
+        not isinstance(config, dict)
+        or config.get("family") != FAMILY
+        or isinstance(block, bool)
+        or not isinstance(block, int)
+        or not 2 <= block <= MAX_BLOCK
+    ):
+        raise InputError(
+            f"'{folder / PARD_CONFIG}' is not a pard config (family: {FAMILY}, block: a whole number "
+            f"in 2..{MAX_BLOCK}): {FIX}"
+        )
     tensors = load_safetensors(folder / PARD_WEIGHTS, FIX)
     mask = tensors.get("mask_embedding")
     if mask is None or tuple(mask.shape) != (hidden_size,) or not bool(torch.isfinite(mask.float()).all()):
-        raise InputError(f"'{folder / PARD_WEIGHTS}' holds no finite mask_embedding of the draft's hidden size "
-                         f"{hidden_size}: {FIX}")
+        raise InputError(
+            f"'{folder / PARD_WEIGHTS}' holds no finite mask_embedding of the draft's hidden size {hidden_size}: {FIX}"
+        )
     return mask.float(), block

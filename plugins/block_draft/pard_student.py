@@ -71,8 +71,8 @@ def pard_layout(anchors: list[int], block: int, length: int) -> PardLayout:
     positions = list(range(length))
     for k, a in enumerate(anchors):
         first = length + k * masks
-        mask[first:first + masks, :a + 1] = True
-        mask[first:first + masks, first:first + masks] = own
+        mask[first : first + masks, : a + 1] = True
+        mask[first : first + masks, first : first + masks] = own
         positions += range(a + 1, a + block)
     starts = length + torch.arange(len(anchors))[:, None] * masks  # [K, 1]
     block_rows = torch.cat([torch.tensor(anchors)[:, None], starts + torch.arange(masks)[None]], 1)
@@ -83,7 +83,7 @@ def pard_layout(anchors: list[int], block: int, length: int) -> PardLayout:
 def draw_anchors(generator: torch.Generator, count: int, block: int, length: int) -> list[int]:
     """``count`` distinct anchors in 0..length − block (fewer when the sequence is short), sorted."""
     last = length - block + 1
-    return sorted(torch.randperm(last, generator=generator)[:min(count, last)].tolist())
+    return sorted(torch.randperm(last, generator=generator)[: min(count, last)].tolist())
 
 
 def pard_hidden(net: PardStudent, tokens: torch.Tensor, layout: PardLayout) -> torch.Tensor:
@@ -96,13 +96,24 @@ def pard_hidden(net: PardStudent, tokens: torch.Tensor, layout: PardLayout) -> t
     allowed = layout.mask.to(x.device)
     additive = torch.zeros(allowed.shape, dtype=x.dtype, device=x.device)
     additive.masked_fill_(~allowed, torch.finfo(x.dtype).min)
-    out = net.lm.base_model(inputs_embeds=x, attention_mask=additive[None, None].expand(b, 1, -1, -1),
-                            position_ids=layout.positions.to(x.device)[None].expand(b, -1), use_cache=False)
+    out = net.lm.base_model(
+        inputs_embeds=x,
+        attention_mask=additive[None, None].expand(b, 1, -1, -1),
+        position_ids=layout.positions.to(x.device)[None].expand(b, -1),
+        use_cache=False,
+    )
     return out.last_hidden_state
 
 
-def pard_loss(net: PardStudent, head_sub: torch.Tensor, tokens: torch.Tensor, feats: torch.Tensor,
-              layout: PardLayout, decay: float, temperature: float = 1.0) -> tuple[torch.Tensor, dict[str, float]]:
+def pard_loss(
+    net: PardStudent,
+    head_sub: torch.Tensor,
+    tokens: torch.Tensor,
+    feats: torch.Tensor,
+    layout: PardLayout,
+    decay: float,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """The weighed soft cross-entropy of a batch (tokens [B, L], feats [B, L, d] the target's last-layer
     states): position 1 over every real row, position j+1 over the mask rows j of every anchor."""
     length = tokens.shape[1]
@@ -124,8 +135,14 @@ def pard_loss(net: PardStudent, head_sub: torch.Tensor, tokens: torch.Tensor, fe
 
 
 @torch.no_grad()
-def evaluate_pard(net: PardStudent, head_full: torch.Tensor, tokens: torch.Tensor, target_next: torch.Tensor,
-                  stride: int = 4, chunk: int = 4) -> dict[str, object]:
+def evaluate_pard(
+    net: PardStudent,
+    head_full: torch.Tensor,
+    tokens: torch.Tensor,
+    target_next: torch.Tensor,
+    stride: int = 4,
+    chunk: int = 4,
+) -> dict[str, object]:
     """Held-out agreement of each block position's argmax (over the draft's subset) with the target's
     greedy token there (``target_next`` [B, L]: the greedy token after each position), for a block at
     every ``stride``-th anchor; and the mean number of leading positions that agree (what a greedy
@@ -138,16 +155,19 @@ def evaluate_pard(net: PardStudent, head_full: torch.Tensor, tokens: torch.Tenso
     rows = layout.block_rows.to(tokens.device)
     hits = []
     for i in range(0, tokens.shape[0], chunk):
-        hidden = pard_hidden(net, tokens[i:i + chunk], layout)[:, rows]  # [b, K, block, d]
+        hidden = pard_hidden(net, tokens[i : i + chunk], layout)[:, rows]  # [b, K, block, d]
         drafted = net.subset[(hidden @ head_sub.T).argmax(-1)]
-        hits.append(drafted == target_next[i:i + chunk][:, (layout.predicts - 1).to(tokens.device)])
+        hits.append(drafted == target_next[i : i + chunk][:, (layout.predicts - 1).to(tokens.device)])
     net.train(was_training)
     hit = torch.cat(hits)  # [B, K, block]
     agreement = hit.float().mean((0, 1))
-    return {"heldout_top1_first": float(agreement[0]), "heldout_top1_second": float(agreement[1]),
-            "heldout_top1_first_two": float(hit[..., :2].all(-1).float().mean()),
-            "heldout_position_agreement": [round(float(a), 4) for a in agreement],
-            "heldout_block_accepted": float(hit.int().cumprod(-1).sum(-1).float().mean())}
+    return {
+        "heldout_top1_first": float(agreement[0]),
+        "heldout_top1_second": float(agreement[1]),
+        "heldout_top1_first_two": float(hit[..., :2].all(-1).float().mean()),
+        "heldout_position_agreement": [round(float(a), 4) for a in agreement],
+        "heldout_block_accepted": float(hit.int().cumprod(-1).sum(-1).float().mean()),
+    }
 
 
 def init_student(cfg, target, subset: torch.Tensor) -> tuple[PardStudent, str]:
@@ -159,12 +179,16 @@ def init_student(cfg, target, subset: torch.Tensor) -> tuple[PardStudent, str]:
 
     folder = cfg.init or shipped_draft()
     if folder is None:
-        raise InputError("student.kind=pard starts from a token draft: give init=FOLDER (one `pacer distill "
-                         "student.kind=token` wrote)")
+        raise InputError(
+            "student.kind=pard starts from a token draft: give init=FOLDER (one `pacer distill "
+            "student.kind=token` wrote)"
+        )
     draft, _, _ = load_model(str(folder), "float32", str(target.device), None, "pard init", pack_weights=False)
     if draft.vocab_size != target.vocab_size or draft.hidden_size != target.hidden_size:
-        raise InputError(f"init '{folder}' does not fit this target (vocabulary or hidden size differ): give a token "
-                         "draft of this target (`pacer distill student.kind=token`)")
+        raise InputError(
+            f"init '{folder}' does not fit this target (vocabulary or hidden size differ): give a token "
+            "draft of this target (`pacer distill student.kind=token`)"
+        )
     lm = draft.model.float().train()
     embed = lm.get_input_embeddings().weight
     embed.requires_grad_(False)  # shared with the target (and the tied head): not stored, not trained
@@ -185,8 +209,17 @@ def _recorded(folder) -> str:
         return str(path)
 
 
-def train_pard(cfg, out: Path, tokens: torch.Tensor, features: np.memmap, target, subset: torch.Tensor,
-               fused: Optional[np.memmap] = None, layers=(), deadline: Optional[float] = None):
+def train_pard(
+    cfg,
+    out: Path,
+    tokens: torch.Tensor,
+    features: np.memmap,
+    target,
+    subset: torch.Tensor,
+    fused: Optional[np.memmap] = None,
+    layers=(),
+    deadline: Optional[float] = None,
+):
     """Fine-tune a token draft into a PARD draft on the run's corpus (resuming from
     ``checkpoint-pard.pt``)."""
     t = cfg.train
@@ -203,14 +236,24 @@ def train_pard(cfg, out: Path, tokens: torch.Tensor, features: np.memmap, target
         return evaluate_pard(net, head_full, held_tokens, held_next)
 
     def loss(batch_tokens, batch_feats, batch_fused, generator):
-        layout = pard_layout(draw_anchors(generator, t.anchors, net.block, batch_tokens.shape[1]), net.block,
-                             batch_tokens.shape[1])
+        layout = pard_layout(
+            draw_anchors(generator, t.anchors, net.block, batch_tokens.shape[1]), net.block, batch_tokens.shape[1]
+        )
         return pard_loss(net, head_sub, batch_tokens, batch_feats, layout, t.unroll_decay, t.teacher_temperature)
 
     before = measure()
-    training = fit(cfg, out, net, tokens, features, loss, checkpoint=CHECKPOINT, evaluate_fn=measure,
-                   deadline=deadline, start={"init": init, "tokens_before": 0,
-                                             "points": [{"tokens": 0, "step": 0, **before}]})
+    training = fit(
+        cfg,
+        out,
+        net,
+        tokens,
+        features,
+        loss,
+        checkpoint=CHECKPOINT,
+        evaluate_fn=measure,
+        deadline=deadline,
+        start={"init": init, "tokens_before": 0, "points": [{"tokens": 0, "step": 0, **before}]},
+    )
     training["heldout_at_init"] = before
     return net, measure(), training
 
@@ -223,9 +266,15 @@ def save_pard(net: PardStudent, folder: Path, manifest: dict) -> None:
     from pacer_train.token_student import save_token_draft
 
     recipe = manifest.get("recipe") or {}
-    save_token_draft(net.lm, folder, manifest, target_path=(recipe.get("target") or {}).get("path"),
-                     target_digest=manifest.get("target_digest"), dtype=(recipe.get("student") or {}).get(
-                         "dtype", "bfloat16"), subset=net.subset.cpu())
+    save_token_draft(
+        net.lm,
+        folder,
+        manifest,
+        target_path=(recipe.get("target") or {}).get("path"),
+        target_digest=manifest.get("target_digest"),
+        dtype=(recipe.get("student") or {}).get("dtype", "bfloat16"),
+        subset=net.subset.cpu(),
+    )
     save_pard_files(folder, net.mask_embedding, net.block)
     manifest["parameters"] += net.mask_embedding.numel()
     manifest["stored_bytes"] += (folder / "pard.safetensors").stat().st_size
@@ -234,15 +283,27 @@ def save_pard(net: PardStudent, folder: Path, manifest: dict) -> None:
 
 def check_options(cfg) -> None:
     if not 2 <= cfg.student.block <= MAX_BLOCK:
-        raise ValueError(f"student.block={cfg.student.block}: a pard draft fills 2..{MAX_BLOCK} positions a forward "
-                         "(its last token's row and block - 1 mask rows)")
+        raise ValueError(
+            f"student.block={cfg.student.block}: a pard draft fills 2..{MAX_BLOCK} positions a forward "
+            "(its last token's row and block - 1 mask rows)"
+        )
 
 
 def describe(cfg, layers, subset: torch.Tensor) -> str:
-    return (f"pard (parallel token draft: a token draft fine-tuned with a mask token, {cfg.student.block} positions "
-            f"per forward, target embeddings and tied head shared, head over its {len(subset)}-token subset)")
+    return (
+        f"pard (parallel token draft: a token draft fine-tuned with a mask token, {cfg.student.block} positions "
+        f"per forward, target embeddings and tied head shared, head over its {len(subset)}-token subset)"
+    )
 
 
-STUDENT = StudentKind(name="pard", train=train_pard, describe=describe, save=save_pard, checkpoint=CHECKPOINT,
-                      default_layers=lambda target: (), fuses=False, takes_init=True,
-                      check=check_options)
+STUDENT = StudentKind(
+    name="pard",
+    train=train_pard,
+    describe=describe,
+    save=save_pard,
+    checkpoint=CHECKPOINT,
+    default_layers=lambda target: (),
+    fuses=False,
+    takes_init=True,
+    check=check_options,
+)

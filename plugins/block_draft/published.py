@@ -82,9 +82,12 @@ def dflash_names(arch: BlockArch) -> dict[str, str]:
     names = {"fc.weight": "fc.weight", "context_norm": "hidden_norm.weight", "norm": "norm.weight"}
     if arch.own_head:
         names["lm_head.weight"] = "lm_head.weight"
-    per_layer = {"input_norm": "input_layernorm.weight", "post_norm": "post_attention_layernorm.weight",
-                 **{f"{p}.weight": f"self_attn.{p}.weight" for p in ("q_proj", "k_proj", "v_proj", "o_proj")},
-                 **{f"{p}.weight": f"mlp.{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")}}
+    per_layer = {
+        "input_norm": "input_layernorm.weight",
+        "post_norm": "post_attention_layernorm.weight",
+        **{f"{p}.weight": f"self_attn.{p}.weight" for p in ("q_proj", "k_proj", "v_proj", "o_proj")},
+        **{f"{p}.weight": f"mlp.{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")},
+    }
     if arch.qk_norm:
         per_layer.update({"q_norm": "self_attn.q_norm.weight", "k_norm": "self_attn.k_norm.weight"})
     for i in range(arch.num_layers):
@@ -97,17 +100,23 @@ def _sections(config: dict, path: Path) -> tuple[str, dict, dict]:
     kind = config.get("speculators_model_type")
     if kind is not None:
         if kind != "dflash":
-            raise InputError(f"'{path}' is a speculators checkpoint of {kind!r}, not 'dflash': the dflash drafter "
-                             "reads DFlash drafts only")
+            raise InputError(
+                f"'{path}' is a speculators checkpoint of {kind!r}, not 'dflash': the dflash drafter "
+                "reads DFlash drafts only"
+            )
         model = config.get("transformer_layer_config")
         if not isinstance(model, dict):
-            raise InputError(f"'{path}' has no transformer_layer_config object (the draft's layers): it is not a "
-                             f"speculators dflash config; {FIX}")
+            raise InputError(
+                f"'{path}' has no transformer_layer_config object (the draft's layers): it is not a "
+                f"speculators dflash config; {FIX}"
+            )
         return SPECULATORS, model, config
     dflash = config.get("dflash_config")
     if not isinstance(dflash, dict):
-        raise InputError(f"'{path}' has neither speculators_model_type: dflash nor a dflash_config object: it is not "
-                         f"a DFlash checkpoint ({LAYOUT})")
+        raise InputError(
+            f"'{path}' has neither speculators_model_type: dflash nor a dflash_config object: it is not "
+            f"a DFlash checkpoint ({LAYOUT})"
+        )
     if "block_size" not in dflash and "block_size" in config:
         dflash = {**dflash, "block_size": config["block_size"]}  # older z-lab checkpoints keep it at the top
     return ZLAB, config, dflash
@@ -117,8 +126,10 @@ def _refuse_variants(model: dict, draft: dict, r: ConfigReader, d: ConfigReader)
     """Keys of attention or output variants the block drafter does not compute, refused by name."""
     architectures = model.get("architectures") or []
     if any("DFlash2" in str(a) for a in architectures) or any(k in draft or k in model for k in VARIANT_KEYS):
-        raise r.bad("a DFlash2 (or DSpark) draft, with convolutions or a candidate selector, is not supported; "
-                    "only DFlash drafts are")
+        raise r.bad(
+            "a DFlash2 (or DSpark) draft, with convolutions or a candidate selector, is not supported; "
+            "only DFlash drafts are"
+        )
     r.refuse_true("attention_bias", "q/k/v/o biases")
     r.refuse_true("mlp_bias", "MLP biases")
     r.refuse_true("is_causal", "causal attention inside the block")
@@ -131,8 +142,12 @@ def _refuse_variants(model: dict, draft: dict, r: ConfigReader, d: ConfigReader)
         raise r.bad(f"layer_types {types!r:.80} is not supported: only full_attention layers (no sliding window)")
     if types is None:
         r.refuse_true("use_sliding_window", "sliding-window attention")
-    for key, default in (("input_embedding_scale", 1), ("output_multiplier", 1), ("logit_scale", 1),
-                         ("partial_rotary_factor", 1)):
+    for key, default in (
+        ("input_embedding_scale", 1),
+        ("output_multiplier", 1),
+        ("logit_scale", 1),
+        ("partial_rotary_factor", 1),
+    ):
         for source in (model, draft):
             if source.get(key) not in (None, default, float(default)):
                 raise r.bad(f"{key} {source[key]!r} is not supported (only {default})")
@@ -148,15 +163,16 @@ def _target_layers(layout: str, draft: dict, d: ConfigReader, num_target_layers:
     """The target layers whose inputs fc reads, in this project's numbering (the input of layer j)."""
     key = "aux_hidden_state_layer_ids" if layout == SPECULATORS else "target_layer_ids"
     ids = d.get(key)
-    if not isinstance(ids, list) or not ids or any(isinstance(i, bool) or not isinstance(i, int) or i < 0
-                                                   for i in ids):
+    if not isinstance(ids, list) or not ids or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids):
         raise d.bad(f"{key} must be a non-empty list of layer numbers, not {ids!r:.60}")
     layers = [i + 1 for i in ids] if layout == ZLAB else list(ids)
     beyond = [j for j in layers if j >= num_target_layers]
     if beyond:
-        raise InputError(f"'{d.path}': {key} {ids} reads the input of target layer {beyond[0]}, but the target has "
-                         f"{num_target_layers} decoder layers (the last one's output is not a layer input): use "
-                         "the checkpoint published for this target")
+        raise InputError(
+            f"'{d.path}': {key} {ids} reads the input of target layer {beyond[0]}, but the target has "
+            f"{num_target_layers} decoder layers (the last one's output is not a layer input): use "
+            "the checkpoint published for this target"
+        )
     return layers
 
 
@@ -173,8 +189,10 @@ def _mask_embedding(folder: Path, mask_id: int, embed: torch.Tensor) -> tuple[to
         raise InputError(f"'{path}' cannot be loaded as a mask embedding ({type(exc).__name__}): {FIX}") from exc
     if isinstance(data, dict):
         if data.get("mask_token_id", mask_id) != mask_id:
-            raise InputError(f"'{path}' is for mask_token_id {data.get('mask_token_id')!r}, but the config says "
-                             f"{mask_id}: the files do not belong together; {FIX}")
+            raise InputError(
+                f"'{path}' is for mask_token_id {data.get('mask_token_id')!r}, but the config says "
+                f"{mask_id}: the files do not belong together; {FIX}"
+            )
         data = data.get("embedding")
     if not isinstance(data, torch.Tensor) or not data.is_floating_point() or data.numel() != embed.shape[1]:
         raise InputError(f"'{path}' does not hold one embedding of {embed.shape[1]} values: {FIX}")
@@ -193,19 +211,25 @@ def read_arch(folder: Path, target: Any) -> tuple[str, BlockArch, dict]:
     hidden, heads, kv_heads, head_dim = r.attention()
     vocab = r.whole("vocab_size")
     if model.get("rope_theta") is None and not isinstance(model.get("rope_parameters"), dict):
-        raise r.bad("there is no rope_theta, and engines assume different ones when it is absent (10000 in "
-                    "transformers' Qwen3Config, 1000000 in vLLM): add the value the draft was trained with")
+        raise r.bad(
+            "there is no rope_theta, and engines assume different ones when it is absent (10000 in "
+            "transformers' Qwen3Config, 1000000 in vLLM): add the value the draft was trained with"
+        )
     theta, scaling = r.rope(10000.0)
     if scaling is not None:
         raise r.bad(f"rope scaling {scaling!r:.80} is not supported by the block drafter (plain rotary embeddings)")
     target_hidden = d.get("target_hidden_size", model.get("target_hidden_size")) or hidden
     if hidden != target.hidden_size or target_hidden != target.hidden_size:
-        raise InputError(f"DFlash checkpoint '{folder}' has hidden size {hidden} (reading target states of size "
-                         f"{target_hidden}), but the target's is {target.hidden_size}: use the checkpoint published "
-                         "for this target")
+        raise InputError(
+            f"DFlash checkpoint '{folder}' has hidden size {hidden} (reading target states of size "
+            f"{target_hidden}), but the target's is {target.hidden_size}: use the checkpoint published "
+            "for this target"
+        )
     if vocab != target.vocab_size:
-        raise InputError(f"DFlash checkpoint '{folder}' has a vocabulary of {vocab} tokens, but the target's has "
-                         f"{target.vocab_size}: use the checkpoint published for this target")
+        raise InputError(
+            f"DFlash checkpoint '{folder}' has a vocabulary of {vocab} tokens, but the target's has "
+            f"{target.vocab_size}: use the checkpoint published for this target"
+        )
     block_size = d.whole("block_size", minimum=2)
     mask_id = d.whole("mask_token_id", minimum=0)
     if mask_id >= vocab:
@@ -214,12 +238,23 @@ def read_arch(folder: Path, target: Any) -> tuple[str, BlockArch, dict]:
     if draft_vocab > vocab:
         raise d.bad(f"draft_vocab_size ({draft_vocab}) exceeds vocab_size ({vocab})")
     try:
-        arch = BlockArch(hidden_size=hidden, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
-                         intermediate_size=r.whole("intermediate_size"), rope_theta=theta,
-                         rms_eps=r.positive("rms_norm_eps", 1e-6), vocab_size=vocab, subset_size=draft_vocab,
-                         target_layers=_target_layers(layout, draft, d, target.num_layers),
-                         num_layers=r.whole("num_hidden_layers"), block=block_size - 1, inject=False, qk_norm=True,
-                         mask_token_id=mask_id)
+        arch = BlockArch(
+            hidden_size=hidden,
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            intermediate_size=r.whole("intermediate_size"),
+            rope_theta=theta,
+            rms_eps=r.positive("rms_norm_eps", 1e-6),
+            vocab_size=vocab,
+            subset_size=draft_vocab,
+            target_layers=_target_layers(layout, draft, d, target.num_layers),
+            num_layers=r.whole("num_hidden_layers"),
+            block=block_size - 1,
+            inject=False,
+            qk_norm=True,
+            mask_token_id=mask_id,
+        )
     except ValueError as exc:
         raise r.bad(str(exc).splitlines()[0][:160]) from None
     return layout, arch, config
@@ -235,32 +270,48 @@ def load_published_block(folder: Path, target: Any) -> PublishedBlock:
     if path is None:
         raise InputError(f"'{folder}' holds no config.json with model.safetensors: it is not a DFlash checkpoint")
     if not path.name.startswith("model.safetensors"):
-        raise InputError(f"'{path}': DFlash checkpoints are read from safetensors only (model.safetensors or its "
-                         "shards); download the safetensors files of the checkpoint")
+        raise InputError(
+            f"'{path}': DFlash checkpoints are read from safetensors only (model.safetensors or its "
+            "shards); download the safetensors files of the checkpoint"
+        )
     layout, arch, _ = read_arch(folder, target)
     state = read_tensors(path)
     own_head = "lm_head.weight" in state
     if arch.subset_size < arch.vocab_size and not own_head:
-        raise InputError(f"'{path}' has no tensor 'lm_head.weight', which a draft vocabulary of {arch.subset_size} "
-                         f"tokens needs: the file is incomplete; {FIX}")
+        raise InputError(
+            f"'{path}' has no tensor 'lm_head.weight', which a draft vocabulary of {arch.subset_size} "
+            f"tokens needs: the file is incomplete; {FIX}"
+        )
     arch = attrs.evolve(arch, own_head=own_head)
     first = "layers.0.self_attn."
-    sizes = [("hidden_size", arch.hidden_size, "fc.weight", 0),
-             ("len(target layers) × hidden_size", arch.fused_size, "fc.weight", 1),
-             ("intermediate_size", arch.intermediate_size, "layers.0.mlp.gate_proj.weight", 0),
-             ("num_attention_heads × head_dim", arch.num_heads * arch.head_dim, first + "q_proj.weight", 0),
-             ("num_key_value_heads × head_dim", arch.num_kv_heads * arch.head_dim, first + "k_proj.weight", 0),
-             ("head_dim", arch.head_dim, first + "q_norm.weight", 0)]
+    sizes = [
+        ("hidden_size", arch.hidden_size, "fc.weight", 0),
+        ("len(target layers) × hidden_size", arch.fused_size, "fc.weight", 1),
+        ("intermediate_size", arch.intermediate_size, "layers.0.mlp.gate_proj.weight", 0),
+        ("num_attention_heads × head_dim", arch.num_heads * arch.head_dim, first + "q_proj.weight", 0),
+        ("num_key_value_heads × head_dim", arch.num_kv_heads * arch.head_dim, first + "k_proj.weight", 0),
+        ("head_dim", arch.head_dim, first + "q_norm.weight", 0),
+    ]
     if own_head:
         sizes.append(("draft_vocab_size", arch.subset_size, "lm_head.weight", 0))
-    check_sizes(folder / CONFIG, path, {name: tuple(t.shape) for name, t in state.items()}, FIX, sizes,
-                [("num_hidden_layers", arch.num_layers, "layers.")])
+    check_sizes(
+        folder / CONFIG,
+        path,
+        {name: tuple(t.shape) for name, t in state.items()},
+        FIX,
+        sizes,
+        [("num_hidden_layers", arch.num_layers, "layers.")],
+    )
     embed = target.embedding_weights()[0].detach().cpu()
     checkpoint_embed = state.get("embed_tokens.weight")
-    if checkpoint_embed is not None and (tuple(checkpoint_embed.shape) != tuple(embed.shape) or not torch.equal(
-            checkpoint_embed, embed.to(checkpoint_embed.dtype))):
-        raise InputError(f"DFlash checkpoint '{folder}' has embeddings (embed_tokens.weight) other than the target's: "
-                         "the block drafter embeds with the target's; use the checkpoint published for this target")
+    if checkpoint_embed is not None and (
+        tuple(checkpoint_embed.shape) != tuple(embed.shape)
+        or not torch.equal(checkpoint_embed, embed.to(checkpoint_embed.dtype))
+    ):
+        raise InputError(
+            f"DFlash checkpoint '{folder}' has embeddings (embed_tokens.weight) other than the target's: "
+            "the block drafter embeds with the target's; use the checkpoint published for this target"
+        )
     net = BlockDraft(arch)
     fill_tensors(net, state, dflash_names(arch), path, "DFlash")
     ids = draft_vocabulary(state, arch.subset_size, arch.vocab_size, path)

@@ -58,8 +58,8 @@ def block_layout(anchors: list[int], known: int, block: int, length: int) -> Blo
     for k, a in enumerate(anchors):
         tokens += list(range(a, a + known + 1)) + [-1] * block
         positions += list(range(a, a + rows))
-        mask[k * rows:(k + 1) * rows, :a] = True
-        mask[k * rows:(k + 1) * rows, length + k * rows:length + (k + 1) * rows] = True
+        mask[k * rows : (k + 1) * rows, :a] = True
+        mask[k * rows : (k + 1) * rows, length + k * rows : length + (k + 1) * rows] = True
     first = torch.tensor(anchors)[:, None] + known + 1  # [K, 1]
     predicts = first + torch.arange(block)[None]
     mask_rows = torch.arange(len(anchors))[:, None] * rows + known + 1 + torch.arange(block)[None]
@@ -67,8 +67,9 @@ def block_layout(anchors: list[int], known: int, block: int, length: int) -> Blo
     return BlockLayout(torch.tensor(tokens), torch.tensor(positions), mask, predicts, mask_rows, latest)
 
 
-def block_outputs(net: BlockDraft, embed: torch.Tensor, tokens: torch.Tensor, fused: torch.Tensor,
-                  layout: BlockLayout) -> torch.Tensor:
+def block_outputs(
+    net: BlockDraft, embed: torch.Tensor, tokens: torch.Tensor, fused: torch.Tensor, layout: BlockLayout
+) -> torch.Tensor:
     """The mask rows' outputs [B, K, block, d] for sequences ``tokens`` [B, L] whose target layers'
     inputs are ``fused`` [B, L, n·d]."""
     b, length = tokens.shape
@@ -77,8 +78,11 @@ def block_outputs(net: BlockDraft, embed: torch.Tensor, tokens: torch.Tensor, fu
     context = [net.context_kv(layer, features, context_positions) for layer in net.layers]
     known = layout.tokens >= 0
     ids = tokens[:, layout.tokens.clamp_min(0).to(tokens.device)]  # [B, K·R]
-    rows = torch.where(known.to(tokens.device)[None, :, None], embed[ids],
-                       net.mask_embedding.to(embed.dtype).expand(b, len(layout.tokens), -1))
+    rows = torch.where(
+        known.to(tokens.device)[None, :, None],
+        embed[ids],
+        net.mask_embedding.to(embed.dtype).expand(b, len(layout.tokens), -1),
+    )
     x = net.join(rows, features[:, layout.latest.to(features.device)])  # each row with its anchor's latest feature
     out = net(x, layout.positions, context, layout.mask)  # [B, K·R, d]
     return out[:, layout.mask_rows.to(out.device)]  # [B, K, block, d]
@@ -91,9 +95,17 @@ def draw_anchors(generator: torch.Generator, count: int, known: int, block: int,
     return sorted((torch.randperm(last, generator=generator)[:count] + 1).tolist())
 
 
-def block_loss(net: BlockDraft, embed: torch.Tensor, head_sub: torch.Tensor, tokens: torch.Tensor,
-               feats: torch.Tensor, fused: torch.Tensor, layout: BlockLayout, decay: float,
-               temperature: float = 1.0) -> tuple[torch.Tensor, dict[str, float]]:
+def block_loss(
+    net: BlockDraft,
+    embed: torch.Tensor,
+    head_sub: torch.Tensor,
+    tokens: torch.Tensor,
+    feats: torch.Tensor,
+    fused: torch.Tensor,
+    layout: BlockLayout,
+    decay: float,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """The weighed soft cross-entropy of a batch (tokens [B, L], feats [B, L, d] the target's last-layer
     states, fused [B, L, n·d]) over the blocks of ``layout``."""
     out = block_outputs(net, embed, tokens, fused, layout)  # [B, K, block, d]
@@ -107,9 +119,16 @@ def block_loss(net: BlockDraft, embed: torch.Tensor, head_sub: torch.Tensor, tok
 
 
 @torch.no_grad()
-def evaluate_blocks(net: BlockDraft, embed: torch.Tensor, head_full: torch.Tensor, tokens: torch.Tensor,
-                    fused: torch.Tensor, target_next: torch.Tensor, stride: int = 4,
-                    chunk: int = 4) -> dict[str, object]:
+def evaluate_blocks(
+    net: BlockDraft,
+    embed: torch.Tensor,
+    head_full: torch.Tensor,
+    tokens: torch.Tensor,
+    fused: torch.Tensor,
+    target_next: torch.Tensor,
+    stride: int = 4,
+    chunk: int = 4,
+) -> dict[str, object]:
     """Held-out agreement of each mask row's argmax (over the draft's subset) with the target's greedy
     token there (``target_next`` [B, L]: the greedy token after each position), for a step's first
     block at every ``stride``-th anchor; and the mean number of leading rows that agree (the tokens a
@@ -129,25 +148,46 @@ def evaluate_blocks(net: BlockDraft, embed: torch.Tensor, head_full: torch.Tenso
     hit = torch.cat(hits)  # [B, K, block]
     agreement = hit.float().mean((0, 1))
     leading = hit.int().cumprod(-1).sum(-1).float().mean()
-    return {"heldout_top1_first": float(agreement[0]), "heldout_top1_second": float(agreement[1]) if block > 1
-            else float("nan"), "heldout_top1_first_two": float(hit[..., :2].all(-1).float().mean()),
-            "heldout_position_agreement": [round(float(a), 4) for a in agreement],
-            "heldout_block_accepted": float(leading)}
+    return {
+        "heldout_top1_first": float(agreement[0]),
+        "heldout_top1_second": float(agreement[1]) if block > 1 else float("nan"),
+        "heldout_top1_first_two": float(hit[..., :2].all(-1).float().mean()),
+        "heldout_position_agreement": [round(float(a), 4) for a in agreement],
+        "heldout_block_accepted": float(leading),
+    }
 
 
 def build_block_student(cfg, target, subset: torch.Tensor, layers: list[int]) -> BlockDraft:
     """A fresh ``BlockDraft`` for ``target`` reading the inputs of ``layers``."""
     shape = attrs.asdict(target.attention_shape())
     torch.manual_seed(cfg.seed)
-    net = BlockDraft(BlockArch(hidden_size=target.hidden_size, intermediate_size=cfg.student.intermediate_size,
-                               vocab_size=target.vocab_size, subset_size=len(subset), target_layers=list(layers),
-                               num_layers=cfg.student.draft_layers, block=cfg.student.block, **shape))
+    net = BlockDraft(
+        BlockArch(
+            hidden_size=target.hidden_size,
+            intermediate_size=cfg.student.intermediate_size,
+            vocab_size=target.vocab_size,
+            subset_size=len(subset),
+            target_layers=list(layers),
+            num_layers=cfg.student.draft_layers,
+            block=cfg.student.block,
+            **shape,
+        )
+    )
     net.subset.copy_(subset)
     return net
 
 
-def train_block(cfg, out: Path, tokens: torch.Tensor, features: np.memmap, target, subset: torch.Tensor,
-                fused: Optional[np.memmap] = None, layers: Sequence[int] = (), deadline: Optional[float] = None):
+def train_block(
+    cfg,
+    out: Path,
+    tokens: torch.Tensor,
+    features: np.memmap,
+    target,
+    subset: torch.Tensor,
+    fused: Optional[np.memmap] = None,
+    layers: Sequence[int] = (),
+    deadline: Optional[float] = None,
+):
     """Train a ``BlockDraft`` reading the inputs of target ``layers`` (those ``fused`` holds, as distill
     chose and checked them) on the run's corpus (resuming from ``checkpoint-dflash.pt``)."""
     from pacer_core.errors import InputError
@@ -174,11 +214,30 @@ def train_block(cfg, out: Path, tokens: torch.Tensor, features: np.memmap, targe
         known = s.block if further else 0
         anchors = draw_anchors(generator, t.anchors, known, s.block, batch_tokens.shape[1])
         layout = block_layout(anchors, known, s.block, batch_tokens.shape[1])
-        return block_loss(net, embed, head_full[net.subset], batch_tokens, batch_feats, batch_fused, layout,
-                          t.unroll_decay, t.teacher_temperature)
+        return block_loss(
+            net,
+            embed,
+            head_full[net.subset],
+            batch_tokens,
+            batch_feats,
+            batch_fused,
+            layout,
+            t.unroll_decay,
+            t.teacher_temperature,
+        )
 
-    training = fit(cfg, out, net, tokens, features, loss, checkpoint=CHECKPOINT, fused=fused, evaluate_fn=measure,
-                   deadline=deadline)
+    training = fit(
+        cfg,
+        out,
+        net,
+        tokens,
+        features,
+        loss,
+        checkpoint=CHECKPOINT,
+        fused=fused,
+        evaluate_fn=measure,
+        deadline=deadline,
+    )
     return net, measure(), training
 
 
@@ -190,10 +249,19 @@ def target_layers_default(target) -> tuple[int, ...]:
 
 
 def describe(cfg, layers: list[int], subset: torch.Tensor) -> str:
-    return (f"dflash (block draft: fc over the inputs of target layers {layers}, {cfg.student.draft_layers} decoder "
-            f"layers attending to the context as keys and values, {cfg.student.block} mask rows per forward, target "
-            f"embeddings and head over {len(subset)} frequent tokens shared)")
+    return (
+        f"dflash (block draft: fc over the inputs of target layers {layers}, {cfg.student.draft_layers} decoder "
+        f"layers attending to the context as keys and values, {cfg.student.block} mask rows per forward, target "
+        f"embeddings and head over {len(subset)} frequent tokens shared)"
+    )
 
 
-STUDENT = StudentKind(name="dflash", train=train_block, describe=describe, save=save_block_draft,
-                      checkpoint=CHECKPOINT, default_layers=target_layers_default, export=export_block_draft)
+STUDENT = StudentKind(
+    name="dflash",
+    train=train_block,
+    describe=describe,
+    save=save_block_draft,
+    checkpoint=CHECKPOINT,
+    default_layers=target_layers_default,
+    export=export_block_draft,
+)

@@ -53,7 +53,7 @@ class TokenIndex:
         """The stored documents, oldest first."""
         out, start = [], 0
         for length in self.lengths:
-            out.append(self.tokens[start:start + length].tolist())
+            out.append(self.tokens[start : start + length].tolist())
             start += length + 1
         return out
 
@@ -76,7 +76,7 @@ class TokenIndex:
         documents until at most that many tokens are stored (a longer document keeps its end)."""
         doc = np.asarray(document, dtype=np.int64).reshape(-1)
         if max_tokens is not None:
-            doc = doc[len(doc) - min(len(doc), max_tokens):]
+            doc = doc[len(doc) - min(len(doc), max_tokens) :]
         if len(doc):
             if int(doc.min()) < 0 or int(doc.max()) >= 2**32 - 1:
                 raise ValueError("token ids must lie in [0, 2**32 - 1)")
@@ -99,7 +99,7 @@ class TokenIndex:
             kept, total = [], 0  # the newest documents whose total fits; only the newest may be cut
             for i, doc in enumerate(reversed(docs)):
                 if i == 0:
-                    doc = doc[len(doc) - min(len(doc), max_tokens):]
+                    doc = doc[len(doc) - min(len(doc), max_tokens) :]
                 elif total + len(doc) > max_tokens:
                     break
                 kept.append(doc)
@@ -175,7 +175,7 @@ class TokenIndex:
 
     def continuation(self, start: int, length: int) -> list[int]:
         """Up to ``length`` tokens from position ``start``, stopping at the document's end."""
-        piece = self.tokens[start:start + length]
+        piece = self.tokens[start : start + length]
         ends = np.flatnonzero(piece == SEPARATOR)
         return piece[: ends[0] if len(ends) else len(piece)].tolist()
 
@@ -187,7 +187,7 @@ def context_matches(context: np.ndarray, n: int) -> np.ndarray:
     if n < 1 or n >= length:
         return np.empty(0, dtype=np.int64)
     windows = np.lib.stride_tricks.sliding_window_view(context[: length - 1], n)  # [L - n, n]
-    hits = np.flatnonzero((windows == context[length - n:]).all(axis=1))
+    hits = np.flatnonzero((windows == context[length - n :]).all(axis=1))
     return hits[::-1].astype(np.int64)
 
 

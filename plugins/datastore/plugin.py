@@ -69,16 +69,20 @@ class Datastore:
             from pacer_train.corpus.loaders import load_corpus  # the corpus-reading half of the training package
 
             self.corpus = TokenIndex(config.max_ngram)
-            self.corpus.extend(load_corpus(config.corpus, resources.tokenizer, self.vocab_size,
-                                           resources.target.digest, config.max_ngram))
+            self.corpus.extend(
+                load_corpus(
+                    config.corpus, resources.tokenizer, self.vocab_size, resources.target.digest, config.max_ngram
+                )
+            )
         # what lookups search: under sampling the store as loaded (the live one is copied on write)
         self.searched = self.store
         self.frozen = not resources.sampling.greedy
         self.proposals = 0
 
     # -- matching -------------------------------------------------------------------------------
-    def phrases(self, context: list[int], num_tokens: int, eos: frozenset[int] = frozenset(),
-                search_context: bool = True) -> list[list[int]]:
+    def phrases(
+        self, context: list[int], num_tokens: int, eos: frozenset[int] = frozenset(), search_context: bool = True
+    ) -> list[list[int]]:
         """Up to ``branches`` continuations of ``context`` of at most ``num_tokens`` tokens, best first.
         ``search_context=False`` leaves the context's own earlier occurrences out (the stored
         generations and the corpus alone: scripts/retrieval_replay.py credits those to prompt lookup)."""
@@ -88,8 +92,8 @@ class Datastore:
         for n in range(min(c.max_ngram, len(ctx)), c.min_ngram - 1, -1):
             found: list[list[int]] = []
             for p in context_matches(ctx, n)[: c.max_matches].tolist() if search_context else []:
-                found.append(ctx[p + n: p + n + num_tokens].tolist())
-            suffix = ctx[len(ctx) - n:].tolist()
+                found.append(ctx[p + n : p + n + num_tokens].tolist())
+            suffix = ctx[len(ctx) - n :].tolist()
             for index in indexes:
                 room = c.max_matches - len(found)
                 if room <= 0:
@@ -125,8 +129,11 @@ class Datastore:
             if c.path:
                 tokens, lengths = self.store.arrays()
                 save_documents(c.path, tokens, lengths, self.identity)
-        return {"datastore_proposals": self.proposals, "datastore_tokens": self.store.size,
-                "datastore_documents": len(self.store.lengths)}
+        return {
+            "datastore_proposals": self.proposals,
+            "datastore_tokens": self.store.size,
+            "datastore_documents": len(self.store.lengths),
+        }
 
 
 def _cut_at_eos(tokens: list[int], eos: frozenset[int]) -> list[int]:
@@ -139,7 +146,12 @@ def _cut_at_eos(tokens: list[int], eos: frozenset[int]) -> list[int]:
 @hookimpl
 def pacer_components() -> list[Component]:
     return [
-        Component("drafter", "datastore", DatastoreConfig, Datastore,
-                  "model-free retrieval: continuations of the context's suffix from this generation, "
-                  "earlier ones (kept in a file with path) and a corpus, as branches"),
+        Component(
+            "drafter",
+            "datastore",
+            DatastoreConfig,
+            Datastore,
+            "model-free retrieval: continuations of the context's suffix from this generation, "
+            "earlier ones (kept in a file with path) and a corpus, as branches",
+        ),
     ]

@@ -54,8 +54,15 @@ def save_documents(path: Union[str, Path], tokens: np.ndarray, lengths: np.ndarr
     path = Path(path).expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
     tokens, lengths = np.asarray(tokens, dtype=np.int32), np.asarray(lengths, dtype=np.int64)
-    header = json.dumps({"format": FORMAT, "version": VERSION, "tokenizer": identity,
-                         "tokens": int(tokens.shape[0]), "documents": int(lengths.shape[0])})
+    header = json.dumps(
+        {
+            "format": FORMAT,
+            "version": VERSION,
+            "tokenizer": identity,
+            "tokens": int(tokens.shape[0]),
+            "documents": int(lengths.shape[0]),
+        }
+    )
     # a temporary name of this write's own: two processes saving the same store never write into one
     # file, and the rename publishes a complete one (the last save wins, whole)
     atomic_write(path, lambda f: np.savez(f, header=np.array(header), tokens=tokens, lengths=lengths), shared=True)
@@ -79,8 +86,9 @@ def check_path(path: Union[str, Path]) -> Path:
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
-        raise InputError(f"datastore path '{file}' cannot be written ({exc.strerror or type(exc).__name__} in "
-                         f"'{existing}'): {fix}") from None
+        raise InputError(
+            f"datastore path '{file}' cannot be written ({exc.strerror or type(exc).__name__} in '{existing}'): {fix}"
+        ) from None
     return file
 
 
@@ -129,9 +137,16 @@ def load_documents(path: Union[str, Path], identity: str, vocab_size: Optional[i
         raise refuse(f"has format version {header.get('version')!r}; this version reads {VERSION}")
     if header.get("tokenizer") != identity:
         raise refuse(f"was written for another tokenizer ({header.get('tokenizer')}, this target's is {identity})")
-    if (tokens.ndim != 1 or lengths.ndim != 1 or tokens.dtype.kind not in "iu" or lengths.dtype.kind not in "iu"
-            or int(lengths.sum()) != len(tokens) or (lengths < 0).any() or header.get("tokens") != len(tokens)
-            or header.get("documents") != len(lengths)):
+    if (
+        tokens.ndim != 1
+        or lengths.ndim != 1
+        or tokens.dtype.kind not in "iu"
+        or lengths.dtype.kind not in "iu"
+        or int(lengths.sum()) != len(tokens)
+        or (lengths < 0).any()
+        or header.get("tokens") != len(tokens)
+        or header.get("documents") != len(lengths)
+    ):
         raise refuse("is inconsistent (its token count disagrees with its header or document lengths)")
     if len(tokens) and (int(tokens.min()) < 0 or (vocab_size is not None and int(tokens.max()) >= vocab_size)):
         raise refuse(f"holds token ids outside this target's vocabulary [0, {vocab_size})")

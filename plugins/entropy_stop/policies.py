@@ -44,13 +44,16 @@ def threshold_for(name: str, threshold: Optional[float], resources: Optional[Res
 
 def _draft_probs(draft, name: str) -> torch.Tensor:
     if draft.draft_probs is None:
-        raise ValueError(f"stop '{name}' needs the draft's probabilities, but the drafter returned none; "
-                         "use a model drafter such as draft_model")
+        raise ValueError(
+            f"stop '{name}' needs the draft's probabilities, but the drafter returned none; "
+            "use a model drafter such as draft_model"
+        )
     return draft.draft_probs  # [n, vocab]
 
 
-def judge_new_tokens(draft, max_tokens: int, scores: Callable[[int, int], torch.Tensor],
-                     threshold: float) -> Union[int, Stop]:
+def judge_new_tokens(
+    draft, max_tokens: int, scores: Callable[[int, int], torch.Tensor], threshold: float
+) -> Union[int, Stop]:
     """One ``pacer_draft_more`` decision: judge the tokens the latest block added (``draft.last_block``:
     the engine asks again after each block, so the earlier ones passed), up to ``max_tokens``, and
     stop after the first whose score is below ``threshold``. Nothing is kept between calls: the draft
@@ -88,8 +91,9 @@ class EntropyConfig:
 class SvipConfig:
     gamma: float = attrs.field(default=0.2, validator=attrs.validators.gt(0.0))  # γ in sqrt(γ · H)
     # h: stop when sqrt(γ · H) > h; None = the draft's recommendation, else 0.45 (swept)
-    threshold: Optional[float] = attrs.field(default=None,
-                                             validator=attrs.validators.optional(attrs.validators.ge(0.0)))
+    threshold: Optional[float] = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.ge(0.0))
+    )
     max_tokens: int = attrs.field(default=20, validator=attrs.validators.ge(1))
 
 
@@ -103,17 +107,31 @@ class EntropyBound:
     the output). ``svip`` is this class with adaptation off and λ₀ = 1 − h.
     """
 
-    def __init__(self, *, gamma: float, threshold: float, adapt: bool = False, adapt_rate: float = 0.05,
-                 transient: bool = False, max_tokens: int = 20, name: str = "entropy"):
+    def __init__(
+        self,
+        *,
+        gamma: float,
+        threshold: float,
+        adapt: bool = False,
+        adapt_rate: float = 0.05,
+        transient: bool = False,
+        max_tokens: int = 20,
+        name: str = "entropy",
+    ):
         self.gamma, self.initial_threshold, self.name, self.max_tokens = gamma, threshold, name, max_tokens
         self.adapt, self.adapt_rate, self.transient = adapt, adapt_rate, transient
         self.offset = 0.0  # δ: how far observed acceptance lies above the bound, on average
 
     @classmethod
     def from_entropy_config(cls, config: EntropyConfig, resources: Optional[Resources] = None) -> "EntropyBound":
-        return cls(gamma=config.gamma, threshold=threshold_for("entropy", config.threshold, resources),
-                   adapt=config.adapt, adapt_rate=config.adapt_rate, transient=config.transient,
-                   max_tokens=config.max_tokens)
+        return cls(
+            gamma=config.gamma,
+            threshold=threshold_for("entropy", config.threshold, resources),
+            adapt=config.adapt,
+            adapt_rate=config.adapt_rate,
+            transient=config.transient,
+            max_tokens=config.max_tokens,
+        )
 
     @classmethod
     def from_svip_config(cls, config: SvipConfig, resources: Optional[Resources] = None) -> "EntropyBound":
@@ -197,8 +215,12 @@ class Confidence:
         if len(draft) == 0:
             return 1  # nothing drafted yet
         probs = _draft_probs(draft, self.name)  # [n, vocab]
-        return judge_new_tokens(draft, self.config.max_tokens,
-                                lambda a, b: rules.chosen_probs(probs[a:b], draft.tokens[a:b]), self.threshold)
+        return judge_new_tokens(
+            draft,
+            self.config.max_tokens,
+            lambda a, b: rules.chosen_probs(probs[a:b], draft.tokens[a:b]),
+            self.threshold,
+        )
 
     @hookimpl
     def pacer_start(self, state) -> None:
@@ -217,8 +239,9 @@ class Confidence:
         self.probs.extend(probs.tolist())
         self.accepted.extend(outcomes)
         if len(self.probs) >= self.config.min_pairs:
-            fitted = rules.best_confidence_threshold(self.probs, self.accepted, self.config.fp_cost,
-                                                     self.config.fn_cost)
+            fitted = rules.best_confidence_threshold(
+                self.probs, self.accepted, self.config.fp_cost, self.config.fn_cost
+            )
             if fitted is not None:
                 self.threshold = fitted
 

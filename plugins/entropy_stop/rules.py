@@ -58,8 +58,9 @@ def calibrated_offset(offset: float, bounds: Sequence[float], outcomes: Sequence
     return offset
 
 
-def best_confidence_threshold(probs: Sequence[float], accepted: Sequence[int],
-                              fp_cost: float = 1.0, fn_cost: float = 3.0) -> Optional[float]:
+def best_confidence_threshold(
+    probs: Sequence[float], accepted: Sequence[int], fp_cost: float = 1.0, fn_cost: float = 3.0
+) -> Optional[float]:
     """The threshold minimising ``fp_cost · FPR + fn_cost · FNR`` over observed pairs.
 
     ``probs[i]`` is the draft's probability of a judged draft token, ``accepted[i]`` its outcome.
@@ -81,8 +82,7 @@ def best_confidence_threshold(probs: Sequence[float], accepted: Sequence[int],
     true_pos = torch.cumsum(y_sorted, 0)  # accepted tokens with p >= p_sorted[i]
     false_pos = torch.cumsum(~y_sorted, 0)  # rejected tokens with p >= p_sorted[i]
     # a threshold at a distinct value counts every token with that probability as positive
-    last_of_value = torch.cat([(p_sorted[1:] != p_sorted[:-1]).nonzero().flatten(),
-                               torch.tensor([len(p_sorted) - 1])])
+    last_of_value = torch.cat([(p_sorted[1:] != p_sorted[:-1]).nonzero().flatten(), torch.tensor([len(p_sorted) - 1])])
     thresholds = torch.cat([torch.tensor([ABOVE_ANY_PROBABILITY], dtype=torch.float64), p_sorted[last_of_value]])
     tp = torch.cat([torch.zeros(1, dtype=torch.long), true_pos[last_of_value]])  # [k + 1]
     fp = torch.cat([torch.zeros(1, dtype=torch.long), false_pos[last_of_value]])  # [k + 1]

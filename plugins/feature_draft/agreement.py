@@ -76,13 +76,17 @@ def load_config(path: Optional[str], overrides: list[str]) -> DraftEvalConfig:
     if not cfg.drafts:
         raise ConfigError("drafts is empty: give at least one draft folder, e.g. drafts=[shipped,runs/distill/draft]")
     if cfg.limit < 1 or cfg.max_new_tokens < 2 or cfg.depth < 1 or not cfg.ks or min(cfg.ks) < 1:
-        raise ConfigError(f"limit >= 1, max_new_tokens >= 2, depth >= 1 and ks of positive sizes are needed "
-                          f"(got limit={cfg.limit}, max_new_tokens={cfg.max_new_tokens}, depth={cfg.depth}, "
-                          f"ks={cfg.ks})")
+        raise ConfigError(
+            f"limit >= 1, max_new_tokens >= 2, depth >= 1 and ks of positive sizes are needed "
+            f"(got limit={cfg.limit}, max_new_tokens={cfg.max_new_tokens}, depth={cfg.depth}, "
+            f"ks={cfg.ks})"
+        )
     for folder in cfg.drafts:
         if not (draft_folder(folder) / MANIFEST).is_file():
-            raise InputError(f"draft '{folder}' is not a draft folder `pacer distill` wrote (no {MANIFEST}): "
-                             "give a feature-level draft folder (student.kind feature or eagle3)")
+            raise InputError(
+                f"draft '{folder}' is not a draft folder `pacer distill` wrote (no {MANIFEST}): "
+                "give a feature-level draft folder (student.kind feature or eagle3)"
+            )
     return cfg
 
 
@@ -93,8 +97,14 @@ def target_answers(cfg: DraftEvalConfig, target, tokenizer, digest: str, out: Pa
     from pacer_bench.prompts import load_prompts
     from pacer_core.hf import greedy_batch
 
-    key = {"format": ANSWERS_FORMAT, "target_digest": digest, "dtype": cfg.target.dtype,
-           "prompt_sets": list(cfg.prompt_sets), "limit": cfg.limit, "max_new_tokens": cfg.max_new_tokens}
+    key = {
+        "format": ANSWERS_FORMAT,
+        "target_digest": digest,
+        "dtype": cfg.target.dtype,
+        "prompt_sets": list(cfg.prompt_sets),
+        "limit": cfg.limit,
+        "max_new_tokens": cfg.max_new_tokens,
+    }
     cache = out / ANSWERS
     if cache.is_file():
         try:
@@ -103,16 +113,20 @@ def target_answers(cfg: DraftEvalConfig, target, tokenizer, digest: str, out: Pa
             raise InputError(f"'{cache}' is not valid JSON: delete it to generate the answers again") from None
         if isinstance(saved, dict) and saved.get("key") == key:
             return saved["records"]
-    records = [{"set": name, "question_id": p.question_id, "prompt": tokenizer.encode(p.text)}
-               for name in cfg.prompt_sets for p in load_prompts(name, cfg.limit)]
+    records = [
+        {"set": name, "question_id": p.question_id, "prompt": tokenizer.encode(p.text)}
+        for name in cfg.prompt_sets
+        for p in load_prompts(name, cfg.limit)
+    ]
     done = [0]
 
     def progress(index: int, answer: list[int]) -> None:
         done[0] += 1
         print(f"\rtarget answers: {done[0]}/{len(records)}", end="", file=sys.stderr, flush=True)
 
-    answers = greedy_batch(target, [r["prompt"] for r in records], cfg.max_new_tokens, rows=cfg.batch_size,
-                           on_answer=progress)
+    answers = greedy_batch(
+        target, [r["prompt"] for r in records], cfg.max_new_tokens, rows=cfg.batch_size, on_answer=progress
+    )
     print(file=sys.stderr)
     for record, answer in zip(records, answers):
         record["answer"] = answer
@@ -121,8 +135,13 @@ def target_answers(cfg: DraftEvalConfig, target, tokenizer, digest: str, out: Pa
 
 
 # -- agreement ------------------------------------------------------------------------------------
-def chain_hits(draft_logits_per_step: Sequence[torch.Tensor], subset: torch.Tensor, target_next: torch.Tensor,
-               first: int, ks: Sequence[int]) -> torch.Tensor:
+def chain_hits(
+    draft_logits_per_step: Sequence[torch.Tensor],
+    subset: torch.Tensor,
+    target_next: torch.Tensor,
+    first: int,
+    ks: Sequence[int],
+) -> torch.Tensor:
     """Per row and draft position, the smallest k of ``ks`` whose top-k holds the target's token (0:
     none). draft_logits_per_step[j-1] [T, subset]: row t's logits for position j (the token after
     t + j); target_next [T + 1]: the target's greedy token after every position 0..T of the sequence.
@@ -186,18 +205,23 @@ def summarize(hits: torch.Tensor, ks: Sequence[int]) -> dict[str, Any]:
     for j in range(depth):
         rows = given & (hits[:, j] >= 0)
         n = int(rows.sum())
-        shares = {f"top{k}": (float(((hits[rows, j] > 0) & (hits[rows, j] <= k)).float().mean()) if n else None)
-                  for k in ks}
+        shares = {
+            f"top{k}": (float(((hits[rows, j] > 0) & (hits[rows, j] <= k)).float().mean()) if n else None) for k in ks
+        }
         positions.append({"rows": n, **shares})
         given = given & (hits[:, j] == 1)
     first_hit = (hits == 1).to(torch.long)
     leading = first_hit.cumprod(-1).sum(-1)
-    return {"positions": positions, "tau": float((1 + leading).float().mean()) if len(hits) else None,
-            "rows": int(hits.shape[0])}
+    return {
+        "positions": positions,
+        "tau": float((1 + leading).float().mean()) if len(hits) else None,
+        "rows": int(hits.shape[0]),
+    }
 
 
-def context_columns(subset: torch.Tensor, tokens: torch.Tensor, extend: bool
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def context_columns(
+    subset: torch.Tensor, tokens: torch.Tensor, extend: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """What the ``eagle`` drafter's head holds at each row of one sequence (row t drafts after x_{t+1},
     so it has read x_0..x_{t+1}): (ids [C], known [L-1, C], seen [L-1, C]) with ids the subset and,
     when ``extend`` (``context_vocab``), the sequence's tokens outside it in order of first use; known:
@@ -216,11 +240,23 @@ def context_columns(subset: torch.Tensor, tokens: torch.Tensor, extend: bool
 
 
 @torch.no_grad()
-def draft_hits(net, embed: torch.Tensor, head_full: torch.Tensor, tokens: torch.Tensor, feats: torch.Tensor,
-               fused: Optional[torch.Tensor], target_next: torch.Tensor, first: int, depth: int,
-               ks: Sequence[int], context_vocab: bool = False, context_bias: float = 0.0,
-               lookup_bias: Sequence[float] = (), corpus: Optional[CorpusSuccessors] = None,
-               corpus_bias: float = 0.0) -> torch.Tensor:
+def draft_hits(
+    net,
+    embed: torch.Tensor,
+    head_full: torch.Tensor,
+    tokens: torch.Tensor,
+    feats: torch.Tensor,
+    fused: Optional[torch.Tensor],
+    target_next: torch.Tensor,
+    first: int,
+    depth: int,
+    ks: Sequence[int],
+    context_vocab: bool = False,
+    context_bias: float = 0.0,
+    lookup_bias: Sequence[float] = (),
+    corpus: Optional[CorpusSuccessors] = None,
+    corpus_bias: float = 0.0,
+) -> torch.Tensor:
     """``chain_hits`` of one draft over one sequence: tokens [L], feats [L, d] (the target's last-layer
     states), fused [L, n·d] or None, target_next [L] (``distill.target_greedy`` of feats, computed once per
     sequence for every draft); ``first``: the row of the prompt's last token. As the ``eagle`` drafter
@@ -244,9 +280,15 @@ def draft_hits(net, embed: torch.Tensor, head_full: torch.Tensor, tokens: torch.
     return chain_hits(logits, ids, target_next.cpu(), first, ks)
 
 
-def add_lookup_bonus(logits: list[torch.Tensor], ids: torch.Tensor, tokens: list[int], first: int,
-                     lookup_bias: Sequence[float], corpus: Optional[CorpusSuccessors] = None,
-                     corpus_bias: float = 0.0) -> None:
+def add_lookup_bonus(
+    logits: list[torch.Tensor],
+    ids: torch.Tensor,
+    tokens: list[int],
+    first: int,
+    lookup_bias: Sequence[float],
+    corpus: Optional[CorpusSuccessors] = None,
+    corpus_bias: float = 0.0,
+) -> None:
     """Add ``priors.lookup_bonus`` in place to logits[j-1] [L-1, C] (columns: ``ids``) at every row t ≥
     ``first``: the successors, in x_0..x_{t+1}, of the last tokens of x_0..x_{t+j}; and, with a
     ``corpus``, ``priors.corpus_bonus`` of the same path."""
@@ -255,11 +297,11 @@ def add_lookup_bonus(logits: list[torch.Tensor], ids: torch.Tensor, tokens: list
     index.extend(tokens[: first + 1])
     longest = max(len(lookup_bias), corpus.longest if corpus is not None else 0)
     for t in range(first, len(tokens) - 1):
-        index.extend(tokens[t + 1: t + 2])
+        index.extend(tokens[t + 1 : t + 2])
         for j, row_logits in enumerate(logits, start=1):
             if t + j >= len(tokens):
                 break
-            suffix = tokens[max(0, t + j + 1 - longest): t + j + 1]
+            suffix = tokens[max(0, t + j + 1 - longest) : t + j + 1]
             for token, bonus in path_bonus(index, lookup_bias, corpus, corpus_bias, suffix).items():
                 if token in column:
                     row_logits[t, column[token]] += bonus
@@ -281,11 +323,14 @@ def run_draft_eval(cfg: DraftEvalConfig, command_line: str) -> dict[str, Any]:
     embed, head_full = embed_w.float(), head_w.float()
     nets = []
     for folder in cfg.drafts:
-        manifest = read_json(draft_folder(folder) / MANIFEST, "draft manifest",
-                             "distill the draft again (`pacer distill`)")
+        manifest = read_json(
+            draft_folder(folder) / MANIFEST, "draft manifest", "distill the draft again (`pacer distill`)"
+        )
         if manifest.get("target_digest") not in (None, digest):
-            raise InputError(f"draft '{folder}' was distilled from target {manifest.get('target_digest')}, this "
-                             f"target is {digest}: evaluate it with its own target (target.path=...)")
+            raise InputError(
+                f"draft '{folder}' was distilled from target {manifest.get('target_digest')}, this "
+                f"target is {digest}: evaluate it with its own target (target.path=...)"
+            )
         nets.append(load_draft(draft_folder(folder)).to(embed.device))
     layers = sorted({tuple(n.arch.target_layers) for n in nets if getattr(n.arch, "target_layers", None)})
     # the priors the eagle drafter gives each draft where not set (every kind but eagle3 has its own head subset)
@@ -303,9 +348,23 @@ def run_draft_eval(cfg: DraftEvalConfig, command_line: str) -> dict[str, Any]:
         target_next = target_greedy(feats[None], head_full)[0]  # [L]: the target's token after position t
         for i, net in enumerate(nets):
             group = getattr(net.arch, "target_layers", None)
-            rows = draft_hits(net, embed, head_full, tokens, feats, fused[tuple(group)] if group else None,
-                              target_next, len(r["prompt"]) - 1, cfg.depth, cfg.ks, cfg.context_vocab,
-                              cfg.context_bias, lookup_biases[i], corpus, corpus_biases[i])
+            rows = draft_hits(
+                net,
+                embed,
+                head_full,
+                tokens,
+                feats,
+                fused[tuple(group)] if group else None,
+                target_next,
+                len(r["prompt"]) - 1,
+                cfg.depth,
+                cfg.ks,
+                cfg.context_vocab,
+                cfg.context_bias,
+                lookup_biases[i],
+                corpus,
+                corpus_biases[i],
+            )
             kept = rows[:, 0] >= 0
             hits.setdefault((i, r["set"]), []).append(rows[kept])
         wanted = target_next[kept.nonzero()[:, 0] + 1].tolist()  # row t's position 1 drafts the token after t + 1
@@ -314,17 +373,22 @@ def run_draft_eval(cfg: DraftEvalConfig, command_line: str) -> dict[str, Any]:
         kinds.setdefault(r["set"], []).append(torch.tensor([kind_of[t] for t in wanted], dtype=torch.long))
         print(f"\rdrafts over the answers: {number}/{len(records)}", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
-    results = {"command": command_line, "target_digest": digest, "dtype": cfg.target.dtype,
-               "answers": {name: sum(len(r["answer"]) for r in records if r["set"] == name)
-                           for name in cfg.prompt_sets},
-               "drafts": []}
+    results = {
+        "command": command_line,
+        "target_digest": digest,
+        "dtype": cfg.target.dtype,
+        "answers": {name: sum(len(r["answer"]) for r in records if r["set"] == name) for name in cfg.prompt_sets},
+        "drafts": [],
+    }
     set_kinds = {name: torch.cat(kinds[name]) for name in cfg.prompt_sets}
     set_kinds["all"] = torch.cat(list(set_kinds.values()))
     for i, folder in enumerate(cfg.drafts):
         set_hits = {name: torch.cat(hits[(i, name)]) for name in cfg.prompt_sets}
         set_hits["all"] = torch.cat(list(set_hits.values()))
-        per_set = {name: {**summarize(h, cfg.ks), "by_kind": summarize_kinds(h[:, 0], set_kinds[name])}
-                   for name, h in set_hits.items()}
+        per_set = {
+            name: {**summarize(h, cfg.ks), "by_kind": summarize_kinds(h[:, 0], set_kinds[name])}
+            for name, h in set_hits.items()
+        }
         results["drafts"].append({"draft": folder, "sets": per_set})
     (out / "results.json").write_text(json.dumps(results, indent=2))
     report = markdown(results, cfg.ks)
@@ -338,8 +402,12 @@ def markdown(results: dict[str, Any], ks: Sequence[int]) -> str:
     earlier hit, and τ at γ = depth; then position 1's top-1 share by the kind of the target's token."""
     first = results["drafts"][0]["sets"]["all"]["positions"]
     depth = len(first)
-    head = (["draft", "set"] + [f"pos 1 top-{k}" for k in ks] + [f"pos {j} top-1" for j in range(2, depth + 1)]
-            + [f"τ@γ{depth}", "rows"])
+    head = (
+        ["draft", "set"]
+        + [f"pos 1 top-{k}" for k in ks]
+        + [f"pos {j} top-1" for j in range(2, depth + 1)]
+        + [f"τ@γ{depth}", "rows"]
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     def cell(value):
@@ -348,20 +416,33 @@ def markdown(results: dict[str, Any], ks: Sequence[int]) -> str:
     for d in results["drafts"]:
         for name, s in d["sets"].items():
             p = s["positions"]
-            lines.append("| " + " | ".join([_shown(d["draft"]), name] + [cell(p[0][f"top{k}"]) for k in ks]
-                                           + [cell(p[j]["top1"]) for j in range(1, depth)]
-                                           + [cell(s["tau"]).rstrip("0"), str(s["rows"])]) + " |")
-    present = [k for k in TOKEN_KINDS
-               if any(k in s.get("by_kind", {}) for d in results["drafts"] for s in d["sets"].values())]
+            lines.append(
+                "| "
+                + " | ".join(
+                    [_shown(d["draft"]), name]
+                    + [cell(p[0][f"top{k}"]) for k in ks]
+                    + [cell(p[j]["top1"]) for j in range(1, depth)]
+                    + [cell(s["tau"]).rstrip("0"), str(s["rows"])]
+                )
+                + " |"
+            )
+    present = [
+        k for k in TOKEN_KINDS if any(k in s.get("by_kind", {}) for d in results["drafts"] for s in d["sets"].values())
+    ]
     if present:
-        lines += ["",
-                  "Position 1, top-1 agreement by the kind of the target's token (the kind's share of the rows):", "",
-                  "| " + " | ".join(["draft", "set"] + present) + " |", "|" + "---|" * (len(present) + 2)]
+        lines += [
+            "",
+            "Position 1, top-1 agreement by the kind of the target's token (the kind's share of the rows):",
+            "",
+            "| " + " | ".join(["draft", "set"] + present) + " |",
+            "|" + "---|" * (len(present) + 2),
+        ]
         for d in results["drafts"]:
             for name, s in d["sets"].items():
                 by_kind = s.get("by_kind", {})
-                lines.append("| " + " | ".join([_shown(d["draft"]), name] + [
-                    _kind_cell(by_kind.get(k)) for k in present]) + " |")
+                lines.append(
+                    "| " + " | ".join([_shown(d["draft"]), name] + [_kind_cell(by_kind.get(k)) for k in present]) + " |"
+                )
     return "\n".join(lines) + "\n"
 
 
@@ -377,8 +458,11 @@ def _shown(folder: str) -> str:
     return str(shown.relative_to(Path.cwd()) if shown.is_absolute() and shown.is_relative_to(Path.cwd()) else shown)
 
 
-@command("draft-eval", "how often feature-level drafts agree with the target on the benchmark prompts "
-                       "(teacher-forced, per draft position and prompt set)")
+@command(
+    "draft-eval",
+    "how often feature-level drafts agree with the target on the benchmark prompts "
+    "(teacher-forced, per draft position and prompt set)",
+)
 def _setup(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("--config", help="draft-eval YAML (default: built-in settings)")
     p.add_argument("overrides", nargs="*", metavar="key=value")

@@ -61,8 +61,9 @@ def build_corpus(cfg: DistillConfig, target, tokenizer) -> dict[str, Any]:
     text, used = text_sources(c, cfg.seed, tokenizer, eos)
     streams = {"stdlib": text["stdlib"], "docs": text["docs"], "chat": [], "extra": text["extra"]}
     if c.selfdistill is not None:
-        streams["selfdistill"], used["selfdistill"] = selfdistill_stream(Path(c.selfdistill), target,
-                                                                         c.selfdistill_from)
+        streams["selfdistill"], used["selfdistill"] = selfdistill_stream(
+            Path(c.selfdistill), target, c.selfdistill_from
+        )
     if c.selfdistill_extra:
         streams["selfdistill_extra"], used["selfdistill_extra"] = [], []
         for folder in c.selfdistill_extra:
@@ -72,22 +73,27 @@ def build_corpus(cfg: DistillConfig, target, tokenizer) -> dict[str, Any]:
     asks = instructions(c.chat_answers, cfg.seed)
     used["instructions"] = [text_digest(q) for q in asks]
     for start in range(0, len(asks), c.chat_batch_size):
-        batch = [tokenizer.encode(q) for q in asks[start:start + c.chat_batch_size]]
+        batch = [tokenizer.encode(q) for q in asks[start : start + c.chat_batch_size]]
         for prompt, answer in zip(batch, batch_generate(target, batch, c.chat_max_new_tokens)):
             streams["chat"] += prompt + answer
         log(f"corpus: target answered {min(start + c.chat_batch_size, len(asks))}/{len(asks)} instructions")
     sequences = []
     for name, stream in streams.items():
         for i in range(0, len(stream) - c.seq_len + 1, c.seq_len):
-            sequences.append(stream[i:i + c.seq_len])
+            sequences.append(stream[i : i + c.seq_len])
     rng = random.Random(cfg.seed)
     rng.shuffle(sequences)
-    return {"tokens": torch.tensor(sequences, dtype=torch.long),
-            "sources": {k: len(v) for k, v in streams.items()}, "instructions": len(asks), "sources_used": used}
+    return {
+        "tokens": torch.tensor(sequences, dtype=torch.long),
+        "sources": {k: len(v) for k, v in streams.items()},
+        "instructions": len(asks),
+        "sources_used": used,
+    }
 
 
-def selfdistill_stream(folder: Path, target, first_shard: int = 0,
-                       option: str = "corpus.selfdistill") -> tuple[list[int], dict[str, Any]]:
+def selfdistill_stream(
+    folder: Path, target, first_shard: int = 0, option: str = "corpus.selfdistill"
+) -> tuple[list[int], dict[str, Any]]:
     """The records of a ``pacer corpus`` folder (each its prompt, chat template applied, and the
     target's greedy answer; its shards from ``first_shard`` on) concatenated in stream order, and the
     record of what was read: the folder, the digest of the target that wrote it, the shards read
@@ -99,18 +105,27 @@ def selfdistill_stream(folder: Path, target, first_shard: int = 0,
     store = CorpusStore(folder, create=False)
     written_by = (store.manifest.get("target") or {}).get("digest")
     if written_by and target.digest and written_by != target.digest:
-        raise InputError(f"{option} '{folder}' was written by target {written_by}, this target is "
-                         f"{target.digest}: grow a corpus with this target (`pacer corpus target=...`)")
+        raise InputError(
+            f"{option} '{folder}' was written by target {written_by}, this target is "
+            f"{target.digest}: grow a corpus with this target (`pacer corpus target=...`)"
+        )
     if not 0 <= first_shard < len(store.shards):
-        raise InputError(f"corpus.selfdistill_from={first_shard}, but '{folder}' holds shards "
-                         f"0..{len(store.shards) - 1}: "
-                         "give an index among them (0 reads them all)")
+        raise InputError(
+            f"corpus.selfdistill_from={first_shard}, but '{folder}' holds shards "
+            f"0..{len(store.shards) - 1}: "
+            "give an index among them (0 reads them all)"
+        )
     stream, records = [], 0
     for sample in iter_corpus(folder, first_shard=first_shard):
         stream += sample.tokens.tolist()
         records += 1
-    return stream, {"path": str(folder), "target_digest": written_by, "records": records, "first_shard": first_shard,
-                    "shards": [{"name": e["name"], "sha256": e["sha256"][:16]} for e in store.shards[first_shard:]]}
+    return stream, {
+        "path": str(folder),
+        "target_digest": written_by,
+        "records": records,
+        "first_shard": first_shard,
+        "shards": [{"name": e["name"], "sha256": e["sha256"][:16]} for e in store.shards[first_shard:]],
+    }
 
 
 def load_corpus(cfg: DistillConfig, path: Path, tokenizer) -> dict[str, Any]:
@@ -123,8 +138,10 @@ def load_corpus(cfg: DistillConfig, path: Path, tokenizer) -> dict[str, Any]:
         counts, used = corpus_sources(cfg.corpus, cfg.seed, tokenizer)
         recorded = {k: corpus["sources"].get(k) for k in counts}
         if counts != recorded:
-            raise InputError(f"the corpus '{path}' does not record its sources, and re-deriving them gives other "
-                             f"token counts ({counts} vs {recorded}): delete it to build the corpus again")
+            raise InputError(
+                f"the corpus '{path}' does not record its sources, and re-deriving them gives other "
+                f"token counts ({counts} vs {recorded}): delete it to build the corpus again"
+            )
         corpus["sources_used"] = used
         atomic_save(path, corpus)
     return corpus
@@ -134,15 +151,16 @@ def load_corpus(cfg: DistillConfig, path: Path, tokenizer) -> dict[str, Any]:
 def frequent_tokens(tokens: torch.Tensor, size: int, always: set[int]) -> torch.Tensor:
     counts = torch.bincount(tokens.flatten())
     order = torch.argsort(counts, descending=True, stable=True)
-    chosen = list(dict.fromkeys(sorted(always) + order[: size].tolist()))[:size]
+    chosen = list(dict.fromkeys(sorted(always) + order[:size].tolist()))[:size]
     return torch.tensor(sorted(chosen), dtype=torch.long)
 
 
 COVERAGE_SIZES = (8192, 16384, 32768)
 
 
-def vocab_coverage(train_tokens: torch.Tensor, target_next: torch.Tensor, always: set[int],
-                   sizes: Sequence[int] = COVERAGE_SIZES) -> dict[str, dict[str, float]]:
+def vocab_coverage(
+    train_tokens: torch.Tensor, target_next: torch.Tensor, always: set[int], sizes: Sequence[int] = COVERAGE_SIZES
+) -> dict[str, dict[str, float]]:
     """For each subset size, the share of the training corpus's tokens and of the target's greedy next
     tokens on the held-out sequences (``target_next``) that the ``size`` most frequent training tokens
     (``frequent_tokens``) hold: how much of what the target says a head of that size can say. Counting
@@ -150,8 +168,10 @@ def vocab_coverage(train_tokens: torch.Tensor, target_next: torch.Tensor, always
     table = {}
     for size in sizes:
         subset = frequent_tokens(train_tokens, size, always)
-        table[str(size)] = {"corpus_tokens": float(torch.isin(train_tokens, subset).float().mean()),
-                            "heldout_target_greedy": float(torch.isin(target_next, subset).float().mean())}
+        table[str(size)] = {
+            "corpus_tokens": float(torch.isin(train_tokens, subset).float().mean()),
+            "heldout_target_greedy": float(torch.isin(target_next, subset).float().mean()),
+        }
     return table
 
 
@@ -172,8 +192,11 @@ def run_distill(cfg: DistillConfig, command_line: str) -> Path:
     tokens = corpus["tokens"]
     log(f"corpus: {tokens.shape[0]} sequences × {tokens.shape[1]} tokens; sources {corpus['sources']}")
     layers = fused_layers(cfg, target)
-    features, fused = extract_feature_sets(out, tokens, target, [None, layers]) if layers is not None \
+    features, fused = (
+        extract_feature_sets(out, tokens, target, [None, layers])
+        if layers is not None
         else (extract_features(out, tokens, target), None)
+    )
     subset, coverage_table = _subset_and_coverage(cfg, tokens, features, target)
     token_kind = cfg.student.kind == "token"
     deadline = t0 + cfg.train.max_seconds if cfg.train.max_seconds > 0 else None
@@ -181,8 +204,9 @@ def run_distill(cfg: DistillConfig, command_line: str) -> Path:
     if token_kind:
         net, metrics, training = train_token(cfg, out, tokens, features, target, subset, deadline=deadline)
     elif plugin_kind is not None:
-        net, metrics, training = plugin_kind.train(cfg, out, tokens, features, target, subset, fused=fused,
-                                                   layers=layers, deadline=deadline)
+        net, metrics, training = plugin_kind.train(
+            cfg, out, tokens, features, target, subset, fused=fused, layers=layers, deadline=deadline
+        )
         subset = net.subset.cpu()
     else:
         net, metrics, training = train(cfg, out, tokens, features, target, subset, fused=fused, deadline=deadline)
@@ -195,8 +219,13 @@ def run_distill(cfg: DistillConfig, command_line: str) -> Path:
         "target_digest": digest,
         "command": command_line,
         "recipe": run.recipe,
-        "corpus": {**corpus["sources"], "sequences": int(tokens.shape[0]), "seq_len": int(tokens.shape[1]),
-                   "instructions": corpus["instructions"], "subset_coverage": coverage},
+        "corpus": {
+            **corpus["sources"],
+            "sequences": int(tokens.shape[0]),
+            "seq_len": int(tokens.shape[1]),
+            "instructions": corpus["instructions"],
+            "subset_coverage": coverage,
+        },
         "vocab_coverage": coverage_table,
         "corpus_sources": with_init_sources(corpus["sources_used"], training.pop("init_corpus_sources", None)),
         "parameters": count_parameters(net),
@@ -205,16 +234,26 @@ def run_distill(cfg: DistillConfig, command_line: str) -> Path:
         "wall_minutes": (time.time() - t0) / 60,
     }
     if token_kind:
-        save_token_draft(net, export, manifest, target_path=cfg.target.path, target_digest=digest,
-                         dtype=cfg.student.dtype, subset=subset)
+        save_token_draft(
+            net,
+            export,
+            manifest,
+            target_path=cfg.target.path,
+            target_digest=digest,
+            dtype=cfg.student.dtype,
+            subset=subset,
+        )
     elif plugin_kind is not None:
         plugin_kind.save(net, export, manifest)
     else:
         net.save(export, manifest)
     checkpoint = TOKEN_CHECKPOINT if token_kind else plugin_kind.checkpoint if plugin_kind else CHECKPOINT
     _copy_beside(cfg, out / scaling_name(checkpoint), export)
-    state = ("" if training["finished"]
-             else f"; stopped at step {training['steps']}/{training['total_steps']}, rerun to continue")
+    state = (
+        ""
+        if training["finished"]
+        else f"; stopped at step {training['steps']}/{training['total_steps']}, rerun to continue"
+    )
     log(f"draft written to {export} (held-out {metrics}{state})")
     return export
 
@@ -230,31 +269,43 @@ def _corpus(cfg: DistillConfig, out: Path, target, tokenizer) -> dict[str, Any]:
     return corpus
 
 
-def _subset_and_coverage(cfg: DistillConfig, tokens: torch.Tensor, features, target
-                         ) -> tuple[torch.Tensor, dict[str, dict[str, float]]]:
+def _subset_and_coverage(
+    cfg: DistillConfig, tokens: torch.Tensor, features, target
+) -> tuple[torch.Tensor, dict[str, dict[str, float]]]:
     """The student's frequent-token subset (of the training sequences, the target's end tokens
     always in) and the vocabulary coverage table of each subset size (logged)."""
     held, always = cfg.corpus.heldout_sequences, set(target.eos_token_ids)
     subset = frequent_tokens(tokens[held:], cfg.student.subset_size, always)
     head_full = target.embedding_weights()[1].float()
-    held_next = target_greedy(torch.from_numpy(np.asarray(features[:held], dtype=np.float32)).to(head_full.device),
-                              head_full).cpu()
+    held_next = target_greedy(
+        torch.from_numpy(np.asarray(features[:held], dtype=np.float32)).to(head_full.device), head_full
+    ).cpu()
     coverage_table = vocab_coverage(tokens[held:], held_next, always)
-    log("vocabulary coverage (subset size: corpus tokens, the target's held-out greedy tokens): " + ", ".join(
-        f"{size}: {c['corpus_tokens']:.3f}, {c['heldout_target_greedy']:.3f}" for size, c in coverage_table.items()))
+    log(
+        "vocabulary coverage (subset size: corpus tokens, the target's held-out greedy tokens): "
+        + ", ".join(
+            f"{size}: {c['corpus_tokens']:.3f}, {c['heldout_target_greedy']:.3f}" for size, c in coverage_table.items()
+        )
+    )
     return subset, coverage_table
 
 
 def _family(cfg: DistillConfig, plugin_kind, layers, subset: torch.Tensor) -> str:
     """The manifest's description of the draft's architecture (a plugin's kind describes its own)."""
     families = {
-        "token": (f"token-level draft: {len(cfg.student.layers)} decoder layers initialised from target layers "
-                  f"{cfg.student.layers}, target embeddings and tied head shared, head restricted to "
-                  f"{len(subset)} frequent tokens"),
-        "feature": (f"feature_draft (EAGLE-1 style: fc + {1 + cfg.student.extra_layers} decoder "
-                    f"layer{'s' if cfg.student.extra_layers else ''}, target embeddings and head shared)"),
-        "eagle3": (f"eagle3 (EAGLE-3 style: fc over the inputs of target layers {layers}, 1 decoder layer, own norm "
-                   f"and head over {len(subset)} frequent tokens, target embeddings shared)"),
+        "token": (
+            f"token-level draft: {len(cfg.student.layers)} decoder layers initialised from target layers "
+            f"{cfg.student.layers}, target embeddings and tied head shared, head restricted to "
+            f"{len(subset)} frequent tokens"
+        ),
+        "feature": (
+            f"feature_draft (EAGLE-1 style: fc + {1 + cfg.student.extra_layers} decoder "
+            f"layer{'s' if cfg.student.extra_layers else ''}, target embeddings and head shared)"
+        ),
+        "eagle3": (
+            f"eagle3 (EAGLE-3 style: fc over the inputs of target layers {layers}, 1 decoder layer, own norm "
+            f"and head over {len(subset)} frequent tokens, target embeddings shared)"
+        ),
     }
     if plugin_kind is not None:
         families[plugin_kind.name] = plugin_kind.describe(cfg, layers, subset)
@@ -274,5 +325,9 @@ def _copy_beside(cfg: DistillConfig, curve: Path, export: Path) -> None:
             shutil.copy(source / name, export / name)
 
 
-_setup = training_command("distill", "distill a draft from the target (feature-level EAGLE-style, or token-level), "
-                          "resumably", load_distill_config, run_distill)
+_setup = training_command(
+    "distill",
+    "distill a draft from the target (feature-level EAGLE-style, or token-level), resumably",
+    load_distill_config,
+    run_distill,
+)

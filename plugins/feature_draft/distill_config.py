@@ -40,8 +40,7 @@ class StudentConfig:
     # draft head vocabulary: the most frequent corpus tokens
     subset_size: int = attrs.field(default=8192, validator=[attrs.validators.ge(1), attrs.validators.le(1 << 20)])
     # feature, eagle3 and dflash kinds: the decoder layers' MLP width
-    intermediate_size: int = attrs.field(default=1536, validator=[attrs.validators.ge(1),
-                                                                  attrs.validators.le(1 << 20)])
+    intermediate_size: int = attrs.field(default=1536, validator=[attrs.validators.ge(1), attrs.validators.le(1 << 20)])
     extra_layers: int = 0  # feature kind: decoder layers after the first (a deeper draft); with init= a
     # shallower draft, the layers it lacks start as the identity
     fused_layers: Optional[List[int]] = attrs.field(default=None, validator=lambda _, __, v: _layers(v))
@@ -62,10 +61,12 @@ def _layers(value) -> None:
 
 def _within(low: float, high: float, low_open: bool = False):
     """A validator: a number in [low, high] ((low, high] with ``low_open``), refused in one line."""
+
     def check(instance, attribute, value) -> None:
         if isinstance(value, bool) or not (low < value if low_open else low <= value) or not value <= high:
             bracket = "(" if low_open else "["
             raise ValueError(f"'{attribute.name}' must lie in {bracket}{low}, {high}], got {value!r}")
+
     return check
 
 
@@ -111,23 +112,32 @@ def load_distill_config(path: Optional[str], overrides: list[str]) -> DistillCon
     if missing:
         raise ConfigError(f"corpus file '{missing[0]}' does not exist: give paths of text files in corpus.extra_files")
     if cfg.corpus.selfdistill is not None and not (Path(cfg.corpus.selfdistill) / "manifest.json").is_file():
-        raise ConfigError(f"corpus.selfdistill '{cfg.corpus.selfdistill}' holds no `pacer corpus` corpus "
-                          "(no manifest.json): make one with `pacer corpus out=FOLDER` or drop the option")
+        raise ConfigError(
+            f"corpus.selfdistill '{cfg.corpus.selfdistill}' holds no `pacer corpus` corpus "
+            "(no manifest.json): make one with `pacer corpus out=FOLDER` or drop the option"
+        )
     for folder in cfg.corpus.selfdistill_extra:
         if not (Path(folder) / "manifest.json").is_file():
-            raise ConfigError(f"corpus.selfdistill_extra '{folder}' holds no `pacer corpus` corpus (no manifest.json): "
-                              "make one with `pacer corpus out=FOLDER` or drop it from the list")
+            raise ConfigError(
+                f"corpus.selfdistill_extra '{folder}' holds no `pacer corpus` corpus (no manifest.json): "
+                "make one with `pacer corpus out=FOLDER` or drop it from the list"
+            )
     folders = [cfg.corpus.selfdistill] * (cfg.corpus.selfdistill is not None) + list(cfg.corpus.selfdistill_extra)
     if len({Path(f).resolve() for f in folders}) != len(folders):
-        raise ConfigError("corpus.selfdistill_extra names a corpus folder twice (or corpus.selfdistill again): "
-                          "give each once")
+        raise ConfigError(
+            "corpus.selfdistill_extra names a corpus folder twice (or corpus.selfdistill again): give each once"
+        )
     t = cfg.train
     if t.unroll < 1 or not 0 < t.unroll_decay <= 1 or t.max_seconds < 0:
-        raise ConfigError(f"train.unroll must be >= 1 (got {t.unroll}), train.unroll_decay in (0, 1] "
-                          f"(got {t.unroll_decay}) and train.max_seconds >= 0 (got {t.max_seconds})")
+        raise ConfigError(
+            f"train.unroll must be >= 1 (got {t.unroll}), train.unroll_decay in (0, 1] "
+            f"(got {t.unroll_decay}) and train.max_seconds >= 0 (got {t.max_seconds})"
+        )
     if not t.teacher_temperature > 0:
-        raise ConfigError(f"train.teacher_temperature must be > 0 (got {t.teacher_temperature}): 1 trains towards "
-                          "the target's distribution, below 1 towards a sharper one")
+        raise ConfigError(
+            f"train.teacher_temperature must be > 0 (got {t.teacher_temperature}): 1 trains towards "
+            "the target's distribution, below 1 towards a sharper one"
+        )
     from pacer_train.students import student_kinds
 
     plugin_kind = student_kinds().get(cfg.student.kind)
@@ -138,22 +148,34 @@ def load_distill_config(path: Optional[str], overrides: list[str]) -> DistillCon
             raise ConfigError(str(exc)) from None
     fuses = cfg.student.kind == "eagle3" or (plugin_kind is not None and plugin_kind.fuses)
     if cfg.student.fused_layers is not None and (not fuses or not cfg.student.fused_layers):
-        raise ConfigError("student.fused_layers names the target layers an eagle3 or dflash student fuses: give a "
-                          "non-empty list with such a student.kind, or leave it null")
+        raise ConfigError(
+            "student.fused_layers names the target layers an eagle3 or dflash student fuses: give a "
+            "non-empty list with such a student.kind, or leave it null"
+        )
     if cfg.student.extra_layers and (cfg.student.kind != "feature" or cfg.student.extra_layers < 0):
-        raise ConfigError(f"student.extra_layers={cfg.student.extra_layers} deepens a feature student: give a count "
-                          ">= 0 with student.kind=feature, or leave it 0")
+        raise ConfigError(
+            f"student.extra_layers={cfg.student.extra_layers} deepens a feature student: give a count "
+            ">= 0 with student.kind=feature, or leave it 0"
+        )
     if cfg.init is not None and plugin_kind is not None and plugin_kind.takes_init:
         if not Path(cfg.init).expanduser().is_dir():
-            raise ConfigError(f"init '{cfg.init}' is not a folder: give the draft folder a "
-                              f"student.kind={cfg.student.kind} run starts from")
+            raise ConfigError(
+                f"init '{cfg.init}' is not a folder: give the draft folder a "
+                f"student.kind={cfg.student.kind} run starts from"
+            )
     elif cfg.init is not None:
         if cfg.student.kind not in ("feature", "eagle3"):
-            start = ("the token student starts from target layers (student.layers)" if cfg.student.kind == "token"
-                     else "a run of that kind resumes from its own checkpoint in out=")
-            raise ConfigError(f"init= continues a feature or eagle3 student, not student.kind={cfg.student.kind}: "
-                              f"{start}")
+            start = (
+                "the token student starts from target layers (student.layers)"
+                if cfg.student.kind == "token"
+                else "a run of that kind resumes from its own checkpoint in out="
+            )
+            raise ConfigError(
+                f"init= continues a feature or eagle3 student, not student.kind={cfg.student.kind}: {start}"
+            )
         if not Path(cfg.init).expanduser().exists() and not (Path(cfg.out) / CHECKPOINT).exists():
-            raise ConfigError(f"init '{cfg.init}' does not exist: give a draft folder `pacer distill` wrote or a "
-                              "run folder's checkpoint.pt")
+            raise ConfigError(
+                f"init '{cfg.init}' does not exist: give a draft folder `pacer distill` wrote or a "
+                "run folder's checkpoint.pt"
+            )
     return cfg

@@ -75,8 +75,9 @@ def corpus_successors(corpus: str, tokenizer, vocab_size: int, target_digest: Op
     kept for the next drafter of the same target: a bench builds one per stack)."""
     from pacer_train.corpus.loaders import load_corpus
 
-    return CorpusSuccessors(load_corpus(corpus, tokenizer, vocab_size, target_digest, CORPUS_NGRAM), vocab_size,
-                            CORPUS_NGRAM)
+    return CorpusSuccessors(
+        load_corpus(corpus, tokenizer, vocab_size, target_digest, CORPUS_NGRAM), vocab_size, CORPUS_NGRAM
+    )
 
 
 def own_corpus(corpus: str, target_digest: Optional[str]) -> bool:
@@ -87,8 +88,7 @@ def own_corpus(corpus: str, target_digest: Optional[str]) -> bool:
     return writer is None or (target_digest is not None and writer.get("digest") == target_digest)
 
 
-def corpus_bias_for(own_subset: bool, corpus_bias: Optional[float], corpus: str,
-                    target_digest: Optional[str]) -> float:
+def corpus_bias_for(own_subset: bool, corpus_bias: Optional[float], corpus: str, target_digest: Optional[str]) -> float:
     """The ``corpus_bias`` a draft gets: as set, else CORPUS_BIAS for a draft with its own head subset
     where ``corpus`` is this target's own writing (or a file), 0 otherwise."""
     if corpus_bias is not None:
@@ -101,10 +101,15 @@ def draft_folder(path: Optional[str]) -> Path:
     EAGLE checkpoint (config.json + weights); anything else is one ``InputError``."""
     folder = DEFAULT_DRAFT if path is None else Path(path).expanduser()
     if not (folder / MANIFEST).exists() and weights_file(folder) is None:
-        hint = "the shipped draft is missing: reinstall" if path is None else \
-            "run `pacer distill` to make one, or download a published EAGLE checkpoint"
-        raise InputError(f"'{folder}' is not a feature draft folder (no {MANIFEST}) nor an EAGLE checkpoint "
-                         f"(config.json with model.safetensors or pytorch_model.bin): {hint}")
+        hint = (
+            "the shipped draft is missing: reinstall"
+            if path is None
+            else "run `pacer distill` to make one, or download a published EAGLE checkpoint"
+        )
+        raise InputError(
+            f"'{folder}' is not a feature draft folder (no {MANIFEST}) nor an EAGLE checkpoint "
+            f"(config.json with model.safetensors or pytorch_model.bin): {hint}"
+        )
     return folder
 
 
@@ -126,10 +131,13 @@ def recommended_stop_thresholds(folder: Path, manifest: dict, config: EagleConfi
         return {}
     entry = manifest.get("stop_thresholds", {})
     if not isinstance(entry, dict) or not all(
-            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0
-            for k, v in entry.items()):
-        raise InputError(f"'{folder / MANIFEST}': stop_thresholds must map stop names to numbers in [0, 1]: "
-                         "fix that entry or remove it")
+        isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0
+        for k, v in entry.items()
+    ):
+        raise InputError(
+            f"'{folder / MANIFEST}': stop_thresholds must map stop names to numbers in [0, 1]: "
+            "fix that entry or remove it"
+        )
     return {k: float(v) for k, v in entry.items()}
 
 
@@ -182,13 +190,17 @@ class EagleDrafter:
             self.layout = "eagle3" if isinstance(self.net, Eagle3Draft) else "pacer"
             subset = self.net.subset
             self.draft_info = DraftInfo(
-                identity=draft_identity(folder), stop_thresholds=recommended_stop_thresholds(folder, manifest, config),
-                target_layers=tuple(self.net.arch.target_layers) if self.layout == "eagle3" else None, tree=config.tree)
+                identity=draft_identity(folder),
+                stop_thresholds=recommended_stop_thresholds(folder, manifest, config),
+                target_layers=tuple(self.net.arch.target_layers) if self.layout == "eagle3" else None,
+                tree=config.tree,
+            )
         else:  # a published EAGLE checkpoint; the stops keep their own thresholds
             published = load_published(folder, target)
             self.net, self.layout = published.net, published.layout
-            self.draft_info = DraftInfo(identity=published.identity, target_layers=published.target_layers,
-                                        tree=config.tree)
+            self.draft_info = DraftInfo(
+                identity=published.identity, target_layers=published.target_layers, tree=config.tree
+            )
             subset = published.vocab if published.vocab is not None else torch.arange(target.vocab_size)
         self.net.to(device=device, dtype=self.dtype).requires_grad_(False)
         self.embed = embed
@@ -205,22 +217,30 @@ class EagleDrafter:
         self.context_vocab = own_subset if config.context_vocab is None else config.context_vocab
         if self.context_vocab and not own_subset:
             has = "its own output layer" if self.layout == "eagle3" else "the target's whole vocabulary"
-            raise InputError(f"strategy.drafter.context_vocab=true needs a draft whose head is a subset of the "
-                             f"target's output layer; this {self.layout} draft has {has}: leave context_vocab unset")
+            raise InputError(
+                f"strategy.drafter.context_vocab=true needs a draft whose head is a subset of the "
+                f"target's output layer; this {self.layout} draft has {has}: leave context_vocab unset"
+            )
         self.target_head = head  # the rows context tokens outside the subset read (context_vocab)
         self.context_bias = float(config.context_bias)
         self.lookup_bias = lookup_bias_for(own_subset, config.lookup_bias)
         self.reads_context = self.context_vocab or bool(self.context_bias) or bool(self.lookup_bias)
         self.corpus_bias = corpus_bias_for(own_subset, config.corpus_bias, config.corpus, target.digest)
-        self.corpus = corpus_successors(config.corpus, resources.tokenizer, target.vocab_size, target.digest) \
-            if self.corpus_bias else None
+        self.corpus = (
+            corpus_successors(config.corpus, resources.tokenizer, target.vocab_size, target.digest)
+            if self.corpus_bias
+            else None
+        )
         # the last tokens of a path the priors read
         self.suffix_length = max(len(self.lookup_bias), self.corpus.longest if self.corpus else 0)
         self.sampling = resources.sampling
         self.vocab_size = target.vocab_size
         self.tree = config.tree
-        self.budget = None if config.tree is None else node_budget(config.tree, target.device, COST_KIND,
-                                                                   target.digest, folder, self.draft_info.identity)
+        self.budget = (
+            None
+            if config.tree is None
+            else node_budget(config.tree, target.device, COST_KIND, target.digest, folder, self.draft_info.identity)
+        )
         self.hidden_size = target.hidden_size
         self.pacer_start(None)
 
@@ -238,8 +258,11 @@ class EagleDrafter:
         net = load_draft(folder)
         fused = getattr(net.arch, "fused_size", net.arch.hidden_size)
         layers = len(getattr(net.arch, "target_layers", [])) or 1
-        if net.arch.vocab_size != target.vocab_size or net.arch.hidden_size != target.hidden_size \
-                or fused != layers * target.hidden_size:
+        if (
+            net.arch.vocab_size != target.vocab_size
+            or net.arch.hidden_size != target.hidden_size
+            or fused != layers * target.hidden_size
+        ):
             raise InputError(f"draft '{folder}' does not fit this target (vocabulary or hidden size differ)")
         return net
 
@@ -271,8 +294,8 @@ class EagleDrafter:
         layer (``context_vocab``), give every one it can say ``context_bias``, and index its n-grams
         (``lookup_bias``)."""
         if self.lookup_bias:
-            self._index.extend(context[self._scanned:])
-        new = list(dict.fromkeys(context[self._scanned:]))
+            self._index.extend(context[self._scanned :])
+        new = list(dict.fromkeys(context[self._scanned :]))
         self._scanned = len(context)
         outside = [t for t, c in zip(new, self._column[new].tolist()) if c < 0] if self.context_vocab and new else []
         if outside:
@@ -310,8 +333,11 @@ class EagleDrafter:
                 said = [(r, c, b) for r, c, b in zip(rows, self._column[tokens].tolist(), bonuses) if c >= 0]
                 if said:  # tokens the draft cannot say get nothing
                     rows, columns, bonuses = zip(*said)
-                    logits.index_put_((torch.tensor(rows), torch.tensor(columns)),
-                                      torch.tensor(bonuses, dtype=logits.dtype), accumulate=True)
+                    logits.index_put_(
+                        (torch.tensor(rows), torch.tensor(columns)),
+                        torch.tensor(bonuses, dtype=logits.dtype),
+                        accumulate=True,
+                    )
         return logits
 
     @torch.inference_mode()
@@ -340,8 +366,9 @@ class EagleDrafter:
     @torch.inference_mode()
     def _feed(self, tokens: list[int], features: torch.Tensor) -> torch.Tensor:
         start = len(self.cache)
-        out = self.net(self.embed[tokens].to(self.dtype), features, torch.arange(start, start + len(tokens)),
-                       self.cache)
+        out = self.net(
+            self.embed[tokens].to(self.dtype), features, torch.arange(start, start + len(tokens)), self.cache
+        )
         self.row_tokens.extend(tokens)
         self.row_out.extend(out.unbind(0))
         return out
@@ -353,13 +380,14 @@ class EagleDrafter:
             self._truncate_rows(self.true_rows)
         else:  # same step: keep predicted rows whose tokens still match the context
             keep = self.true_rows
-            while (keep < len(self.row_tokens) and keep + 1 < len(context)
-                   and self.row_tokens[keep] == context[keep + 1]):
+            while (
+                keep < len(self.row_tokens) and keep + 1 < len(context) and self.row_tokens[keep] == context[keep + 1]
+            ):
                 keep += 1
             self._truncate_rows(keep)
         rows = len(self.row_tokens)
         if rows < known and known <= len(context) - 1:
-            self._feed(context[rows + 1: known + 1], self.features[rows:known])
+            self._feed(context[rows + 1 : known + 1], self.features[rows:known])
             self.true_rows = known
             forwards += 1
         while len(self.row_tokens) < len(context) - 1 and self.row_out:
@@ -368,8 +396,9 @@ class EagleDrafter:
             forwards += 1
         return forwards
 
-    def _draft_distribution(self, features: torch.Tensor, suffixes: Optional[list[list[int]]],
-                            out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def _draft_distribution(
+        self, features: torch.Tensor, suffixes: Optional[list[list[int]]], out: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         """The draft's distribution after each feature over its own vocabulary ([k, len(self.vocab)];
         column j is token ``self.vocab[j]``; suffixes[i]: the path row i drafts after), written into
         ``out`` when given: sampling parameters applied (softmax under greedy). Blocks carry rows at
@@ -405,8 +434,9 @@ class EagleDrafter:
         feature = self.row_out[-1]
         longest = self.suffix_length
         for i in range(num_tokens):
-            token, token_probs = self._choose(feature, state.generator,
-                                              (context + tokens)[-longest:] if longest else [])
+            token, token_probs = self._choose(
+                feature, state.generator, (context + tokens)[-longest:] if longest else []
+            )
             tokens.append(token)
             probs.append(token_probs)
             hidden.append(feature)
@@ -414,8 +444,13 @@ class EagleDrafter:
                 break
             feature = self._feed([token], feature[None])[-1]
             forwards += 1
-        return DraftBlock(tokens=torch.tensor(tokens, dtype=torch.long), draft_probs=torch.stack(probs),
-                          hidden_states=torch.stack(hidden), forwards=forwards, draft_vocab=self.draft_vocab)
+        return DraftBlock(
+            tokens=torch.tensor(tokens, dtype=torch.long),
+            draft_probs=torch.stack(probs),
+            hidden_states=torch.stack(hidden),
+            forwards=forwards,
+            draft_vocab=self.draft_vocab,
+        )
 
     # -- token trees (docs/trees.md) -------------------------------------------------------------
     @hookimpl
@@ -471,7 +506,7 @@ class EagleDrafter:
             # chosen over the draft's own vocabulary (top-k of f × its width, not the target's); the chosen
             # nodes' rows stay at that width (self.draft_vocab), widened only if a verifier or stop reads them
             f = int(features.shape[0])
-            probs = self._draft_distribution(features, suffixes, table[used: used + f])  # [f, draft vocabulary]
+            probs = self._draft_distribution(features, suffixes, table[used : used + f])  # [f, draft vocabulary]
             if level is not None:  # nothing grows past an end-of-sequence token
                 ends = [i for i, t in enumerate(level.tokens) if t in state.eos_token_ids]
                 if ends:
@@ -486,11 +521,15 @@ class EagleDrafter:
             grown.add(chosen, table, features[chosen[0].row], [used + row for row in picked])
             used += f
             self.level = _Level(
-                tokens=[c.token for c in chosen], scores=torch.tensor([c.score for c in chosen]),
-                tip_row=0, depth=1 if level is None else level.depth + 1,
+                tokens=[c.token for c in chosen],
+                scores=torch.tensor([c.score for c in chosen]),
+                tip_row=0,
+                depth=1 if level is None else level.depth + 1,
                 parent_rows=[rows[c.row] for c in chosen],
                 parent_features=features.index_select(0, torch.tensor(picked, device=features.device)),
-                blocks=len(draft.blocks) + 1, paths=[paths[c.row] + (c.token,) for c in chosen])
+                blocks=len(draft.blocks) + 1,
+                paths=[paths[c.row] + (c.token,) for c in chosen],
+            )
         if not grown:
             return None
         block, self.level.nodes = grown.block(draft.num_nodes, forwards, self.draft_vocab)
@@ -503,8 +542,10 @@ class EagleDrafter:
         start, base = len(self.cache), len(self.row_tokens)
         f, r = len(level.tokens), start - base  # r: the tree rows cached before this level
         # each new row sees its parent's row and what that sees, and itself (tree rows, from 0)
-        seen = [(self._tree_seen[row - base] if row is not None else []) + [r + i]
-                for i, row in enumerate(level.parent_rows)]
+        seen = [
+            (self._tree_seen[row - base] if row is not None else []) + [r + i]
+            for i, row in enumerate(level.parent_rows)
+        ]
         self._tree_seen += seen
         mask = torch.zeros(f, start + f, dtype=torch.bool)  # [f, start + f]: every context row, the tree's seen
         mask[:, :base] = True
@@ -514,15 +555,23 @@ class EagleDrafter:
         level.rows = [start + i for i in range(f)]
         return out
 
+
 @hookimpl
 def pacer_components() -> list[Component]:
-    return [Component(
-        "drafter", "eagle", EagleConfig, EagleDrafter,
-        "feature-level draft (EAGLE-style) distilled from the target, or a published EAGLE-1/2/3 checkpoint; "
-        "reads the target's hidden states",
-        needs={"target_hidden"}, provides={"draft_probs", "draft_hidden"},
-        draft_folder=lambda config: draft_folder(config.path), cost_kind=COST_KIND,
-    )]
+    return [
+        Component(
+            "drafter",
+            "eagle",
+            EagleConfig,
+            EagleDrafter,
+            "feature-level draft (EAGLE-style) distilled from the target, or a published EAGLE-1/2/3 checkpoint; "
+            "reads the target's hidden states",
+            needs={"target_hidden"},
+            provides={"draft_probs", "draft_hidden"},
+            draft_folder=lambda config: draft_folder(config.path),
+            cost_kind=COST_KIND,
+        )
+    ]
 
 
 @hookimpl

@@ -73,10 +73,16 @@ MAX_POSITIONS = 1 << 20  # the largest --max-position-embeddings: engines size r
 MAX_SPECULATIVE_TOKENS = 64
 
 
-def export_draft(draft: Path, out: Path, dtype: torch.dtype = torch.float16,
-                 max_positions: Optional[int] = None, engine: str = "vllm",
-                 speculators: Optional[dict[str, Any]] = None, target: Any = None,
-                 target_path: Optional[str] = None) -> dict[str, Any]:
+def export_draft(
+    draft: Path,
+    out: Path,
+    dtype: torch.dtype = torch.float16,
+    max_positions: Optional[int] = None,
+    engine: str = "vllm",
+    speculators: Optional[dict[str, Any]] = None,
+    target: Any = None,
+    target_path: Optional[str] = None,
+) -> dict[str, Any]:
     """Write the draft folder ``draft`` (one ``pacer distill`` made) into ``out`` (absent or empty) in
     the published layout; returns {layout, out, tensors, token_map}. ``engine``: whose EAGLE-1
     architecture name the config gives (``ENGINES``); ``speculators``: an EAGLE-3 draft's config in
@@ -92,11 +98,18 @@ def export_draft(draft: Path, out: Path, dtype: torch.dtype = torch.float16,
     kind = plugin_kind(draft)
     if kind is not None:  # a student kind a plugin adds writes its own drafts' files (pacer_train.export)
         exported = kind.export(draft, dtype=dtype, speculators=speculators, target=target, target_path=target_path)
-        config = {**exported.config, "pacer_export": {
-            "draft": draft.resolve().name, "draft_identity": exported.identity,
-            "target": portable(manifest.get("target")), "target_digest": manifest.get("target_digest")}}
-        tensors = {name: (t.to(dtype) if t.is_floating_point() else t).contiguous()
-                   for name, t in exported.tensors.items()}
+        config = {
+            **exported.config,
+            "pacer_export": {
+                "draft": draft.resolve().name,
+                "draft_identity": exported.identity,
+                "target": portable(manifest.get("target")),
+                "target_digest": manifest.get("target_digest"),
+            },
+        }
+        tensors = {
+            name: (t.to(dtype) if t.is_floating_point() else t).contiguous() for name, t in exported.tensors.items()
+        }
         _write(out, tensors, config, exported.files)
         return {"layout": exported.layout, "out": str(out), "tensors": len(tensors), "files": sorted(exported.files)}
     net = load_draft(draft)
@@ -109,16 +122,27 @@ def export_draft(draft: Path, out: Path, dtype: torch.dtype = torch.float16,
     else:  # pragma: no cover — load_draft knows no other family
         raise InputError(f"'{draft}' holds a {type(net).__name__}, which has no published EAGLE layout")
     if speculators is not None and layout != "eagle3":
-        raise InputError(f"'{draft}' is a feature-level (EAGLE-1) draft: --speculators writes vLLM's speculators "
-                         "format for EAGLE-3 drafts only; export without it (vLLM serves the EAGLE-1 layout with "
-                         "method eagle)")
+        raise InputError(
+            f"'{draft}' is a feature-level (EAGLE-1) draft: --speculators writes vLLM's speculators "
+            "format for EAGLE-3 drafts only; export without it (vLLM serves the EAGLE-1 layout with "
+            "method eagle)"
+        )
     arch = net.arch
     if max_positions is None:
         max_positions = arch.max_position_embeddings if arch.rope_scaling else 32768
-    llama = dict(model_type="llama", hidden_act="silu", hidden_size=arch.hidden_size,
-                 intermediate_size=arch.intermediate_size, num_attention_heads=arch.num_heads,
-                 num_key_value_heads=arch.num_kv_heads, head_dim=arch.head_dim, max_position_embeddings=max_positions,
-                 rms_norm_eps=arch.rms_eps, rope_theta=arch.rope_theta, tie_word_embeddings=False)
+    llama = dict(
+        model_type="llama",
+        hidden_act="silu",
+        hidden_size=arch.hidden_size,
+        intermediate_size=arch.intermediate_size,
+        num_attention_heads=arch.num_heads,
+        num_key_value_heads=arch.num_kv_heads,
+        head_dim=arch.head_dim,
+        max_position_embeddings=max_positions,
+        rms_norm_eps=arch.rms_eps,
+        rope_theta=arch.rope_theta,
+        tie_word_embeddings=False,
+    )
     if arch.rope_scaling:
         llama["rope_scaling"] = arch.rope_scaling
     if arch.qkv_bias:
@@ -126,9 +150,12 @@ def export_draft(draft: Path, out: Path, dtype: torch.dtype = torch.float16,
     config = {"architectures": architectures, **llama, **config, "torch_dtype": str(dtype).removeprefix("torch.")}
     if speculators is not None:
         config.update(speculators_config(llama, config, **speculators))
-    config["pacer_export"] = {"draft": draft.resolve().name, "draft_identity": draft_identity(draft),
-                              "target": portable(manifest.get("target")),
-                              "target_digest": manifest.get("target_digest")}
+    config["pacer_export"] = {
+        "draft": draft.resolve().name,
+        "draft_identity": draft_identity(draft),
+        "target": portable(manifest.get("target")),
+        "target_digest": manifest.get("target_digest"),
+    }
     tensors = {name: (t.to(dtype) if t.is_floating_point() else t).contiguous() for name, t in tensors.items()}
     files = {} if token_map is None else {TOKEN_MAP: token_map.clone()}
     _write(out, tensors, config, files)
@@ -152,8 +179,9 @@ def _eagle1(net: FeatureDraft) -> tuple[dict, dict, Optional[torch.Tensor]]:
         param = ours.split(".", 2)[2] if ours.startswith("extra.") else ours
         source = k - shift  # our layer feeding EAGLE layer k (−1: the identity layer)
         if source < 0:
-            tensors[theirs] = torch.ones_like(own[param]) if param.endswith("norm.weight") else \
-                torch.zeros_like(own[param])
+            tensors[theirs] = (
+                torch.ones_like(own[param]) if param.endswith("norm.weight") else torch.zeros_like(own[param])
+            )
         elif source == 0:
             tensors[theirs] = own[param]
         else:
@@ -175,16 +203,22 @@ def _eagle3(net: Eagle3Draft, draft: Path) -> tuple[dict, dict, None]:
     arch = net.arch
     layers = list(arch.target_layers)
     if len(layers) != 3 or arch.fused_size != 3 * arch.hidden_size:
-        raise InputError(f"'{draft}' fuses {len(layers)} target layers {layers}; the EAGLE-3 layout's fc reads "
-                         "exactly three (2, L // 2 and L − 3): distill with student.fused_layers unset")
+        raise InputError(
+            f"'{draft}' fuses {len(layers)} target layers {layers}; the EAGLE-3 layout's fc reads "
+            "exactly three (2, L // 2 and L − 3): distill with student.fused_layers unset"
+        )
     num_layers = layers[2] + 3
     if layers != [2, num_layers // 2, num_layers - 3]:
-        raise InputError(f"'{draft}' fuses target layers {layers}, but the EAGLE-3 layout (EAGLE's code, vLLM, "
-                         "SGLang) reads the inputs of layers 2, L // 2 and L − 3 of an L-layer target: the fc "
-                         "part cannot be expressed; distill with student.fused_layers unset")
+        raise InputError(
+            f"'{draft}' fuses target layers {layers}, but the EAGLE-3 layout (EAGLE's code, vLLM, "
+            "SGLang) reads the inputs of layers 2, L // 2 and L − 3 of an L-layer target: the fc "
+            "part cannot be expressed; distill with student.fused_layers unset"
+        )
     if arch.qkv_bias:
-        raise InputError(f"'{draft}' has q/k/v biases, which the EAGLE-3 layout (EAGLE's cnets.py, vLLM, SGLang) "
-                         "does not have: the attention part cannot be expressed")
+        raise InputError(
+            f"'{draft}' has q/k/v biases, which the EAGLE-3 layout (EAGLE's cnets.py, vLLM, SGLang) "
+            "does not have: the attention part cannot be expressed"
+        )
     if arch.vocab_size <= 0:
         raise InputError(f"'{draft}' does not record its target's vocabulary size, which t2d needs: distill it again")
     own = {k: v.detach().cpu() for k, v in net.state_dict().items()}
@@ -195,13 +229,18 @@ def _eagle3(net: Eagle3Draft, draft: Path) -> tuple[dict, dict, None]:
     t2d[subset] = True
     tensors["t2d"] = t2d
     # EAGLE's layer keeps the fused state un-normed as the residual; vLLM's speculators reader takes true when absent
-    config = {"num_hidden_layers": 1, "vocab_size": arch.vocab_size, "draft_vocab_size": arch.draft_vocab_size,
-              "norm_before_residual": False}
+    config = {
+        "num_hidden_layers": 1,
+        "vocab_size": arch.vocab_size,
+        "draft_vocab_size": arch.draft_vocab_size,
+        "norm_before_residual": False,
+    }
     return tensors, config, None
 
 
-def speculators_config(llama: dict[str, Any], config: dict[str, Any], verifier: str,
-                       speculative_tokens: Optional[int] = 3) -> dict[str, Any]:
+def speculators_config(
+    llama: dict[str, Any], config: dict[str, Any], verifier: str, speculative_tokens: Optional[int] = 3
+) -> dict[str, Any]:
     """The keys of vLLM's speculators format for an EAGLE-3 export (read by
     ``vllm/transformers_utils/configs/speculators/base.py`` and ``algos.py``): the model type, the
     decoder layer's Llama config, and ``speculators_config`` with one greedy proposal method of
@@ -210,8 +249,10 @@ def speculators_config(llama: dict[str, Any], config: dict[str, Any], verifier: 
     speculative_tokens = 3 if speculative_tokens is None else speculative_tokens
     check_range(speculative_tokens, 1, MAX_SPECULATIVE_TOKENS, "--speculative-tokens")
     if not isinstance(verifier, str) or not verifier.strip():
-        raise InputError("--speculators needs --verifier NAME_OR_PATH: the target as the serving machine names it "
-                         "(a Hugging Face id or a path there)")
+        raise InputError(
+            "--speculators needs --verifier NAME_OR_PATH: the target as the serving machine names it "
+            "(a Hugging Face id or a path there)"
+        )
     return {
         "architectures": ["Eagle3Speculator"],
         "transformer_layer_config": {**llama, "num_hidden_layers": 1, "vocab_size": config["vocab_size"]},
@@ -235,10 +276,10 @@ def check_range(value: Any, low: int, high: int, option: str) -> int:
 
 def _write(out: Path, tensors: dict, config: dict, files: dict[str, Any]) -> None:
     """The export's files (``files``: name → what ``torch.save`` writes beside the weights), written
-    into ``out`` in one rename (``_writing``)."""
+    into ``out`` in one rename (``writing_atomically``)."""
     from safetensors.torch import save_file
 
-    with _writing(out) as partial:
+    with writing_atomically(out) as partial:
         save_file(tensors, str(partial / "model.safetensors"), metadata={"format": "pt"})
         share(partial / "model.safetensors")  # safetensors writes it owner-only (0600)
         write_json(partial / CONFIG, config)
@@ -247,7 +288,7 @@ def _write(out: Path, tensors: dict, config: dict, files: dict[str, Any]) -> Non
 
 
 @contextlib.contextmanager
-def _writing(out: Path) -> Iterator[Path]:
+def writing_atomically(out: Path) -> Iterator[Path]:
     """A temporary folder beside ``out`` to write an export into, which then replaces ``out`` (absent
     or empty) in one rename: an interrupted export leaves no half-written folder."""
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -257,8 +298,10 @@ def _writing(out: Path) -> Iterator[Path]:
         yield partial
         os.replace(partial, out)  # onto an absent or empty folder
     except OSError as exc:
-        raise InputError(f"out '{out}' cannot be written ({exc.strerror or type(exc).__name__}): give a new or "
-                         "empty folder that can be written") from None
+        raise InputError(
+            f"out '{out}' cannot be written ({exc.strerror or type(exc).__name__}): give a new or "
+            "empty folder that can be written"
+        ) from None
     finally:
         shutil.rmtree(partial, ignore_errors=True)
 
@@ -283,11 +326,14 @@ def check_draft(draft: Path) -> None:
     if not draft.is_dir():
         raise InputError(f"draft '{draft}' is not a folder: give a folder `pacer distill` wrote")
     if (draft / MANIFEST).is_file() and not (draft / WEIGHTS).is_file():
-        raise InputError(f"'{draft}' holds a token-level draft (a causal LM of its own, student.kind=token): the "
-                         "EAGLE layouts express feature-level networks only; export a feature or eagle3 student")
+        raise InputError(
+            f"'{draft}' holds a token-level draft (a causal LM of its own, student.kind=token): the "
+            "EAGLE layouts express feature-level networks only; export a feature or eagle3 student"
+        )
     if not (draft / MANIFEST).is_file() or not (draft / WEIGHTS).is_file():
-        published = (draft / CONFIG).is_file() and any((draft / n).exists() for n in
-                                                      ("model.safetensors", "pytorch_model.bin"))
+        published = (draft / CONFIG).is_file() and any(
+            (draft / n).exists() for n in ("model.safetensors", "pytorch_model.bin")
+        )
         hint = "it is already in the published layout" if published else "give a folder `pacer distill` wrote"
         raise InputError(f"'{draft}' is not a draft `pacer distill` wrote (no {MANIFEST} and {WEIGHTS}): {hint}")
 
@@ -297,163 +343,62 @@ def check_export_out(out: str) -> Path:
     can be written; else ``InputError``."""
     folder = check_out_dir(out, "out", create=False)
     if folder.is_dir() and any(folder.iterdir()):
-        raise InputError(f"out '{folder}' exists and is not empty: give a new or empty folder (an export never "
-                         "overwrites files)")
+        raise InputError(
+            f"out '{folder}' exists and is not empty: give a new or empty folder (an export never overwrites files)"
+        )
     return folder
 
 
-# -- the target, as EAGLE's code reads it ----------------------------------------------------------
-INDEX = "model.safetensors.index.json"
-SOURCE_RECORD = "pacer-source.json"  # the GGUF file a converted target came from: its digest names the target
-# rewritten, or made by transformers 5 for itself (weights and the index are written anew)
-NOT_COPIED = (CONFIG, "tokenizer_config.json", INDEX, SOURCE_RECORD, "pacer-shared.json")
-TRANSFORMERS5_TOKENIZER_KEYS = ("backend", "is_local", "local_files_only")  # tokenizer_config keys 4.x never wrote
-
-
-def export_target(out: Path, target: Optional[str] = None) -> dict[str, Any]:
-    """Write the target (``None``: the embedded one; else what ``target.path`` takes: a model folder or
-    a ``.gguf`` file) into ``out`` (absent or empty) as a folder that transformers 4 (EAGLE's code:
-    transformers 4.53) and 5 both read as the same model: the safetensors weights as they are, with
-    ``model.safetensors.index.json`` (EAGLE's ``cnets1.py``/``cnets.py`` find ``embed_tokens`` there),
-    ``config.json`` with transformers 4's keys beside transformers 5's (``transformers4_config``) and
-    a tokenizer config transformers 4 can load (``transformers4_tokenizer``). Returns
-    {out, shards, tensors, rope_theta}; bad input is one ``InputError``."""
-    from pacer_core.hf import materialize, weights_digest
-
-    folder = materialize(target)
-    fix = "give a model folder with safetensors weights or a .gguf file (target.path takes the same)"
-    config = transformers4_config(read_json(folder / CONFIG, "target config", fix), folder / CONFIG)
-    shards = target_shards(folder, fix)
-    tokenizer = transformers4_tokenizer(folder)
-    index = weight_index(folder, shards, fix)
-    name = "embedded " + folder.name.rsplit("-", 1)[0] if target is None else portable(str(Path(target).expanduser()))
-    config["pacer_export"] = {"target": name, "target_digest": weights_digest(folder)}
-    with _writing(out) as partial:
-        for item in sorted(folder.iterdir()):
-            if item.is_file() and (item.name in shards or item.suffix not in (".safetensors", ".bin")
-                                   and item.name not in NOT_COPIED and not item.name.endswith(".index.json")):
-                shutil.copyfile(item, partial / item.name)  # the permissions open() gives: 0644 usually
-        if (folder / SOURCE_RECORD).is_file():  # the same bytes, so the same digest (drafts check it)
-            record = read_json(folder / SOURCE_RECORD, "target source record", fix)
-            write_json(partial / SOURCE_RECORD, {**record, "gguf": portable(record.get("gguf"))})
-        write_json(partial / INDEX, index)
-        write_json(partial / CONFIG, config)
-        write_json(partial / "tokenizer_config.json", tokenizer)
-    return {"out": str(out), "shards": shards, "tensors": len(index["weight_map"]),
-            "rope_theta": config.get("rope_theta")}
-
-
-def transformers4_config(config: dict[str, Any], where: Path) -> dict[str, Any]:
-    """``config`` (a transformers 5 ``config.json``) with the keys transformers 4 reads beside it:
-    ``rope_theta`` and ``rope_scaling`` at the top level (transformers 5 keeps both in
-    ``rope_parameters``; transformers 4 ignores that key and falls back to RoPE base 10000 silently)
-    and ``torch_dtype`` (5's ``dtype``). transformers 5 reads ``rope_parameters`` first, so both read
-    the same rotation. A config that already has the top-level keys keeps them."""
-    config = dict(config)
-    rope = config.get("rope_parameters")
-    if rope is not None:
-        theta = rope.get("rope_theta") if isinstance(rope, dict) else None
-        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
-            raise InputError(f"'{where}': rope_parameters {rope!r} is not one rotation with a rope_theta > 0 (one per "
-                             "layer type cannot be written as transformers 4's rope_theta): this target's folder "
-                             "cannot be written for transformers 4")
-        config.setdefault("rope_theta", theta)
-        kind = rope.get("rope_type", rope.get("type", "default"))
-        if kind != "default" and config.get("rope_scaling") is None:
-            # transformers 4 reads rope_type (its own rope functions) or type (EAGLE's modeling_llama_kv.py)
-            config["rope_scaling"] = {**{k: v for k, v in rope.items() if k != "rope_theta"},
-                                      "rope_type": kind, "type": kind}
-    elif not isinstance(config.get("rope_theta", 10000.0), (int, float)):
-        raise InputError(f"'{where}': rope_theta {config['rope_theta']!r} is not a number: the config is damaged")
-    if "dtype" in config:
-        config.setdefault("torch_dtype", config["dtype"])
-    return config
-
-
-def transformers4_tokenizer(folder: Path) -> dict[str, Any]:
-    """``folder``'s ``tokenizer_config.json`` as transformers 4 reads it: transformers 5's
-    ``TokenizersBackend`` (a tokenizer built from ``tokenizer.json``) is transformers 4's
-    ``PreTrainedTokenizerFast``, which both load (EAGLE's code asks for ``use_fast=False`` and gets it
-    too: it has no slow counterpart); 5's bookkeeping keys go; the chat template is kept inline
-    as well as in ``chat_template.jinja`` (transformers before 4.50 read only the inline one)."""
-    fix = "give a target with its tokenizer files (tokenizer.json and tokenizer_config.json)"
-    tokenizer = dict(read_json(folder / "tokenizer_config.json", "tokenizer config", fix))
-    if tokenizer.get("tokenizer_class") == "TokenizersBackend":
-        if not (folder / "tokenizer.json").is_file():
-            raise InputError(f"'{folder}' has a TokenizersBackend tokenizer but no tokenizer.json, which transformers "
-                             f"4 builds it from: {fix}")
-        tokenizer["tokenizer_class"] = "PreTrainedTokenizerFast"
-    for key in TRANSFORMERS5_TOKENIZER_KEYS:
-        tokenizer.pop(key, None)
-    template = folder / "chat_template.jinja"
-    if "chat_template" not in tokenizer and template.is_file():
-        tokenizer["chat_template"] = template.read_text()
-    return tokenizer
-
-
-def target_shards(folder: Path, fix: str) -> list[str]:
-    """The safetensors files holding ``folder``'s weights: those its index names, or ``model.safetensors``."""
-    if (folder / INDEX).is_file():
-        weight_map = read_json(folder / INDEX, "weights index", fix).get("weight_map")
-        files = list(weight_map.values()) if isinstance(weight_map, dict) else []
-        if not files or not all(isinstance(v, str) and PurePath(v).name == v and v.endswith(".safetensors")
-                                for v in files):
-            raise InputError(f"'{folder / INDEX}' has no weight_map from tensor names to .safetensors files beside it: "
-                             "the index is damaged; download the model again")
-        return sorted(set(weight_map.values()))
-    if (folder / "model.safetensors").is_file():
-        return ["model.safetensors"]
-    raise InputError(f"'{folder}' has no safetensors weights (model.safetensors or {INDEX}): convert its "
-                     f"PyTorch .bin weights to safetensors first, or {fix}")
-
-
-def weight_index(folder: Path, shards: list[str], fix: str) -> dict[str, Any]:
-    """transformers' index of ``shards``: ``weight_map`` (tensor name → shard) and ``metadata.total_size``
-    (the bytes of every tensor), read from each shard's header."""
-    from pacer_core.hf import safetensors_shapes
-
-    weight_map, total = {}, 0
-    for shard in shards:
-        path = folder / shard
-        names = safetensors_shapes(path, fix)  # refuses a missing, truncated or damaged file
-        with open(path, "rb") as handle:
-            header = json.loads(handle.read(int.from_bytes(handle.read(8), "little")))
-        for name in names:
-            if name in weight_map:
-                raise InputError(f"tensor '{name}' is in both '{weight_map[name]}' and '{shard}': the weights of "
-                                 f"'{folder}' are damaged; {fix}")
-            weight_map[name] = shard
-            start, end = header[name]["data_offsets"]
-            total += end - start
-    return {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-
-
-@command("export", "write a draft `pacer distill` made (feature-level or EAGLE-3) in the published EAGLE layout "
-                   "that vLLM, SGLang and EAGLE's code load (docs/eagle-checkpoints.md), or a dflash block draft "
-                   "in speculators' dflash format (docs/block-checkpoints.md)")
+@command(
+    "export",
+    "write a draft `pacer distill` made (feature-level or EAGLE-3) in the published EAGLE layout "
+    "that vLLM, SGLang and EAGLE's code load (docs/eagle-checkpoints.md), or a dflash block draft "
+    "in speculators' dflash format (docs/block-checkpoints.md)",
+)
 def _setup(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("draft", help="a draft folder `pacer distill` wrote (manifest.json, draft.safetensors)")
     p.add_argument("out", help="the folder to write (new or empty)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float16", help="weights' dtype (default float16)")
-    p.add_argument("--max-position-embeddings", type=bounded_int(1, MAX_POSITIONS), default=None, metavar="N",
-                   help=f"the config's max_position_embeddings: the target's context length, 1 to {MAX_POSITIONS} "
-                        "(default 32768, or the student's own with rope scaling)")
-    p.add_argument("--engine", choices=ENGINES, default="vllm",
-                   help="EAGLE-1: whose architecture name the config gives, vllm (EagleLlamaForCausalLM, the "
-                        "default), sglang (LlamaForCausalLMEagle) or eagle (LlamaForCausalLM, EAGLE's own code); "
-                        "EAGLE-3 drafts are LlamaForCausalLMEagle3 for every engine")
-    p.add_argument("--speculators", action="store_true",
-                   help="EAGLE-3: also write vLLM's speculators-format keys, so `vllm serve OUT` serves it "
-                        "(needs --verifier)")
-    p.add_argument("--verifier", metavar="NAME_OR_PATH",
-                   help="with --speculators: the target as the serving machine names it (a Hugging Face id or a "
-                        "path there)")
-    p.add_argument("--speculative-tokens", type=bounded_int(1, MAX_SPECULATIVE_TOKENS), default=None, metavar="K",
-                   help=f"with --speculators: the draft length vLLM uses by default, 1 to {MAX_SPECULATIVE_TOKENS} "
-                        "(default 3; a dflash draft: its block)")
-    p.add_argument("--target", metavar="PATH",
-                   help="dflash drafts sharing the target's output layer: the target to read its rows from "
-                        "(default: the one the draft's recipe names)")
+    p.add_argument(
+        "--max-position-embeddings",
+        type=bounded_int(1, MAX_POSITIONS),
+        default=None,
+        metavar="N",
+        help=f"the config's max_position_embeddings: the target's context length, 1 to {MAX_POSITIONS} "
+        "(default 32768, or the student's own with rope scaling)",
+    )
+    p.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="vllm",
+        help="EAGLE-1: whose architecture name the config gives, vllm (EagleLlamaForCausalLM, the "
+        "default), sglang (LlamaForCausalLMEagle) or eagle (LlamaForCausalLM, EAGLE's own code); "
+        "EAGLE-3 drafts are LlamaForCausalLMEagle3 for every engine",
+    )
+    p.add_argument(
+        "--speculators",
+        action="store_true",
+        help="EAGLE-3: also write vLLM's speculators-format keys, so `vllm serve OUT` serves it (needs --verifier)",
+    )
+    p.add_argument(
+        "--verifier",
+        metavar="NAME_OR_PATH",
+        help="with --speculators: the target as the serving machine names it (a Hugging Face id or a path there)",
+    )
+    p.add_argument(
+        "--speculative-tokens",
+        type=bounded_int(1, MAX_SPECULATIVE_TOKENS),
+        default=None,
+        metavar="K",
+        help=f"with --speculators: the draft length vLLM uses by default, 1 to {MAX_SPECULATIVE_TOKENS} "
+        "(default 3; a dflash draft: its block)",
+    )
+    p.add_argument(
+        "--target",
+        metavar="PATH",
+        help="dflash drafts sharing the target's output layer: the target to read its rows from "
+        "(default: the one the draft's recipe names)",
+    )
 
     def runner(args: argparse.Namespace) -> int:
         if args.verifier is not None and not args.speculators:
@@ -461,37 +406,28 @@ def _setup(p: argparse.ArgumentParser) -> Runner:
         speculators = None
         if args.speculators:
             if not args.verifier or not args.verifier.strip():
-                raise InputError("--speculators needs --verifier NAME_OR_PATH: the target as the serving machine "
-                                 "names it (a Hugging Face id or a path there)")
+                raise InputError(
+                    "--speculators needs --verifier NAME_OR_PATH: the target as the serving machine "
+                    "names it (a Hugging Face id or a path there)"
+                )
             speculators = {"verifier": args.verifier, "speculative_tokens": args.speculative_tokens}
         draft = Path(args.draft).expanduser()
         check_draft(draft)
         out = check_export_out(args.out)
-        result = export_draft(draft, out, DTYPES[args.dtype], args.max_position_embeddings, args.engine,
-                              speculators, target_path=args.target)
+        result = export_draft(
+            draft,
+            out,
+            DTYPES[args.dtype],
+            args.max_position_embeddings,
+            args.engine,
+            speculators,
+            target_path=args.target,
+        )
         extra = "".join(f" and {name}" for name in result["files"])
-        print(f"wrote {result['layout']} checkpoint {out} ({result['tensors']} tensors in model.safetensors, "
-              f"config.json{extra})")
-        return 0
-
-    return runner
-
-
-@command("export-target", "write the target (the embedded one by default) as a folder EAGLE's code reads with "
-                          "transformers 4.53 (safetensors and their index, rope_theta at the top level, a "
-                          "transformers 4 tokenizer config) and transformers 5 reads as before "
-                          "(docs/eagle-checkpoints.md#the-target-for-eagles-code)")
-def _setup_target(p: argparse.ArgumentParser) -> Runner:
-    p.add_argument("out", help="the folder to write (new or empty)")
-    p.add_argument("--target", metavar="PATH",
-                   help="a model folder or a .gguf file, as target.path takes (default: the embedded target)")
-
-    def runner(args: argparse.Namespace) -> int:
-        out = check_export_out(args.out)
-        result = export_target(out, args.target)
-        rope = "" if result["rope_theta"] is None else f" with rope_theta {result['rope_theta']:g}"
-        print(f"wrote target {out} ({result['tensors']} tensors in {', '.join(result['shards'])} and {INDEX}, "
-              f"config.json{rope}, tokenizer_config.json)")
+        print(
+            f"wrote {result['layout']} checkpoint {out} ({result['tensors']} tensors in model.safetensors, "
+            f"config.json{extra})"
+        )
         return 0
 
     return runner

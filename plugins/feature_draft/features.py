@@ -21,8 +21,9 @@ def features_name(layers: Optional[Sequence[int]]) -> str:
     return "features" if layers is None else "features-layers-" + "-".join(str(i) for i in layers)
 
 
-def extract_features(out: Path, tokens: torch.Tensor, target, batch_size: int = 8,
-                     layers: Optional[Sequence[int]] = None) -> np.memmap:
+def extract_features(
+    out: Path, tokens: torch.Tensor, target, batch_size: int = 8, layers: Optional[Sequence[int]] = None
+) -> np.memmap:
     """The target's states of every sequence as fp16 on disk: ``layers`` None, its last-layer hidden
     states after the final norm (``features.f16``, [N, L, d]); else the inputs of those decoder layers
     concatenated (``features-layers-A-B-C.f16``, [N, L, len(layers) × d]), what an eagle3 student
@@ -30,8 +31,9 @@ def extract_features(out: Path, tokens: torch.Tensor, target, batch_size: int = 
     return extract_feature_sets(out, tokens, target, [layers], batch_size)[0]
 
 
-def extract_feature_sets(out: Path, tokens: torch.Tensor, target, groups: Sequence[Optional[Sequence[int]]],
-                         batch_size: int = 8) -> list[np.memmap]:
+def extract_feature_sets(
+    out: Path, tokens: torch.Tensor, target, groups: Sequence[Optional[Sequence[int]]], batch_size: int = 8
+) -> list[np.memmap]:
     """``extract_features`` for several ``layers`` groups from one target forward per batch (an eagle3
     run needs the last-layer states and its fused layers' inputs: half the target's work of two passes).
     Each file keeps its own ``.done`` count; a run resumes from the smallest."""
@@ -45,14 +47,17 @@ def extract_feature_sets(out: Path, tokens: torch.Tensor, target, groups: Sequen
         path, done_file = out / f"{name}.f16", out / f"{name}.done"
         expected = int(np.prod(shape)) * 2
         if path.exists() and path.stat().st_size != expected:
-            raise InputError(f"'{path}' has {path.stat().st_size} bytes, not the {expected} of this corpus's features: "
-                             f"delete it and {done_file.name} to extract them again")
+            raise InputError(
+                f"'{path}' has {path.stat().st_size} bytes, not the {expected} of this corpus's features: "
+                f"delete it and {done_file.name} to extract them again"
+            )
         count = 0
         if done_file.exists():
             text = done_file.read_text().strip()
             if not text.isdigit() or int(text) > shape[0]:
-                raise InputError(f"'{done_file}' does not hold a sequence count: delete it to extract the "
-                                 "features again")
+                raise InputError(
+                    f"'{done_file}' does not hold a sequence count: delete it to extract the features again"
+                )
             count = int(text)
         files.append((np.memmap(path, dtype=np.float16, mode="r+" if path.exists() else "w+", shape=shape), done_file))
         done.append(count)
@@ -62,10 +67,10 @@ def extract_feature_sets(out: Path, tokens: torch.Tensor, target, groups: Sequen
             if stop:
                 log(f"interrupted: {label} of {start}/{total} sequences kept; run the same command to resume")
                 raise KeyboardInterrupt
-            batch = tokens[start:start + batch_size]
+            batch = tokens[start : start + batch_size]
             for (features, done_file), count, states in zip(files, done, target_states(target, batch, groups)):
                 if start + len(batch) > count:  # a file already past this batch keeps what it has
-                    features[start:start + len(batch)] = states.float().cpu().numpy().astype(np.float16)
+                    features[start : start + len(batch)] = states.float().cpu().numpy().astype(np.float16)
                     features.flush()
                     atomic_write_text(done_file, str(start + len(batch)))
             bar.update(len(batch))
@@ -76,4 +81,4 @@ def extract_feature_sets(out: Path, tokens: torch.Tensor, target, groups: Sequen
 def target_greedy(feats: torch.Tensor, head_full: torch.Tensor, chunk: int = 4) -> torch.Tensor:
     """The target's greedy next token after every position ([B, L]) from its last-layer states
     [B, L, d] and its output layer, a few sequences at a time (the full-vocabulary logits are large)."""
-    return torch.cat([(feats[i:i + chunk] @ head_full.T).argmax(-1) for i in range(0, feats.shape[0], chunk)])
+    return torch.cat([(feats[i : i + chunk] @ head_full.T).argmax(-1) for i in range(0, feats.shape[0], chunk)])

@@ -147,17 +147,24 @@ class UnrolledKeys:
         first_k = self.keys[0].repeat_interleave(groups, dim=1)
         causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
         scores = (q @ first_k.transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))  # [B, H, T, T]
-        diagonal = [(q * key.repeat_interleave(groups, dim=1)).sum(-1, keepdim=True) * scale
-                    for key in self.keys[1:]]  # each [B, H, T, 1]: row t of an earlier step j ≥ 2
+        diagonal = [
+            (q * key.repeat_interleave(groups, dim=1)).sum(-1, keepdim=True) * scale for key in self.keys[1:]
+        ]  # each [B, H, T, 1]: row t of an earlier step j ≥ 2
         weights = torch.softmax(torch.cat([scores, *diagonal], dim=-1).float(), dim=-1).to(q.dtype)
         out = weights[..., :t] @ self.values[0].repeat_interleave(groups, dim=1)
         for i, value in enumerate(self.values[1:]):
-            out = out + weights[..., t + i:t + i + 1] * value.repeat_interleave(groups, dim=1)
+            out = out + weights[..., t + i : t + i + 1] * value.repeat_interleave(groups, dim=1)
         return out
 
 
-def attend(layer: nn.Module, h: torch.Tensor, positions: torch.Tensor, cache: Optional[KVCache],
-           mask: Optional[torch.Tensor], shape: tuple[int, int, int, float]) -> torch.Tensor:
+def attend(
+    layer: nn.Module,
+    h: torch.Tensor,
+    positions: torch.Tensor,
+    cache: Optional[KVCache],
+    mask: Optional[torch.Tensor],
+    shape: tuple[int, int, int, float],
+) -> torch.Tensor:
     """Self-attention of ``layer`` (its q/k/v/o_proj) over h: [B, T, in] → [B, T, d], appending the
     new keys and values to ``cache`` (B = 1 then; an ``UnrolledKeys`` takes batches and its own
     mask). ``shape`` = (heads, kv_heads, head_dim, rope θ); ``mask`` as in ``FeatureDraft.forward``
@@ -187,8 +194,14 @@ def attend(layer: nn.Module, h: torch.Tensor, positions: torch.Tensor, cache: Op
     return layer.o_proj(attn.transpose(1, 2).reshape(b, t, -1))
 
 
-def decoder_block(layer: nn.Module, x: torch.Tensor, positions: torch.Tensor, cache, mask: Optional[torch.Tensor],
-                  shape: tuple[int, int, int, float]) -> torch.Tensor:
+def decoder_block(
+    layer: nn.Module,
+    x: torch.Tensor,
+    positions: torch.Tensor,
+    cache,
+    mask: Optional[torch.Tensor],
+    shape: tuple[int, int, int, float],
+) -> torch.Tensor:
     """One pre-norm Llama decoder layer (``layer``'s input_norm, q/k/v/o_proj, post_norm and
     gate/up/down_proj) over x: [B, T, d]; ``cache``, ``mask`` and ``shape`` as in ``attend``."""
     x = x + attend(layer, layer.input_norm(x), positions, cache, mask, shape)
@@ -244,8 +257,14 @@ class FeatureDraft(nn.Module):
             if isinstance(module, nn.Linear):
                 nn.init.normal_(module.weight, std=0.02)
 
-    def forward(self, token_embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
-                cache: Optional[KVCache] = None, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self,
+        token_embeds: torch.Tensor,
+        features: torch.Tensor,
+        positions: torch.Tensor,
+        cache: Optional[KVCache] = None,
+        mask: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         """Predicted next features. token_embeds, features: [B, T, d] (or [T, d] with a cache);
         positions: [T]; ``mask`` (True = may attend) replaces the causal mask: [T, T] over the new
         rows (every cached row visible) or [T, past + T] over the cached rows too (a token tree).
@@ -281,14 +300,17 @@ def rotary_of(arch) -> Union[float, Rotary]:
     """What ``rope`` rotates a draft layer with: θ alone, or a ``Rotary`` when the arch has a scaling."""
     if arch.rope_scaling is None:
         return arch.rope_theta
-    return Rotary.parse(arch.rope_theta, arch.rope_scaling, arch.max_position_embeddings,
-                        lambda message: InputError(f"draft rope_scaling: {message}"))
+    return Rotary.parse(
+        arch.rope_theta,
+        arch.rope_scaling,
+        arch.max_position_embeddings,
+        lambda message: InputError(f"draft rope_scaling: {message}"),
+    )
 
 
 def head_logits(features: torch.Tensor, head_weight_subset: torch.Tensor) -> torch.Tensor:
     """Draft logits over the vocabulary subset: features [..., d] @ W_subset.T → [..., subset]."""
     return features @ head_weight_subset.T
-
 
 
 @attrs.define
@@ -345,8 +367,14 @@ class Eagle3Draft(nn.Module):
         """[k, fused] target states (three layers, concatenated) → [k, d] features."""
         return self.fc(target_hidden)
 
-    def forward(self, token_embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
-                cache: Optional[KVCache] = None, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self,
+        token_embeds: torch.Tensor,
+        features: torch.Tensor,
+        positions: torch.Tensor,
+        cache: Optional[KVCache] = None,
+        mask: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         """Predicted next features; arguments as ``FeatureDraft.forward`` (features already fused)."""
         squeeze = token_embeds.dim() == 2
         if squeeze:
@@ -372,11 +400,20 @@ FAMILIES = {"feature_draft": (FeatureDraft, ArchConfig), "eagle3": (Eagle3Draft,
 # header before a network is built from a config (load_draft)
 _ATTENTION = (("num_heads", "head_dim"), "q_proj.weight", 0), (("num_kv_heads", "head_dim"), "k_proj.weight", 0)
 SIZES = {
-    "feature_draft": ((("hidden_size",), "fc.weight", 0), (("intermediate_size",), "gate_proj.weight", 0),
-                      *_ATTENTION, (("subset_size",), "subset", 0)),
-    "eagle3": ((("hidden_size",), "fc.weight", 0), (("fused_size",), "fc.weight", 1),
-               (("intermediate_size",), "gate_proj.weight", 0), *_ATTENTION,
-               (("draft_vocab_size",), "lm_head.weight", 0), (("draft_vocab_size",), "subset", 0)),
+    "feature_draft": (
+        (("hidden_size",), "fc.weight", 0),
+        (("intermediate_size",), "gate_proj.weight", 0),
+        *_ATTENTION,
+        (("subset_size",), "subset", 0),
+    ),
+    "eagle3": (
+        (("hidden_size",), "fc.weight", 0),
+        (("fused_size",), "fc.weight", 1),
+        (("intermediate_size",), "gate_proj.weight", 0),
+        *_ATTENTION,
+        (("draft_vocab_size",), "lm_head.weight", 0),
+        (("draft_vocab_size",), "subset", 0),
+    ),
 }
 LAYERS = {"feature_draft": (("extra_layers", "extra."),), "eagle3": ()}
 
@@ -389,8 +426,10 @@ def save_draft(net: nn.Module, folder: Path, manifest: dict) -> None:
 
     family = next(name for name, (cls, _) in FAMILIES.items() if type(net) is cls)
     folder.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to("cpu", torch.float16 if v.is_floating_point() else v.dtype).contiguous()
-             for k, v in net.state_dict().items()}
+    state = {
+        k: v.detach().to("cpu", torch.float16 if v.is_floating_point() else v.dtype).contiguous()
+        for k, v in net.state_dict().items()
+    }
     save_file(state, str(folder / WEIGHTS))
     (folder / CONFIG).write_text(json.dumps({"family": family, **attrs.asdict(net.arch)}, indent=2))
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
@@ -405,22 +444,27 @@ def load_draft(folder: Path) -> nn.Module:
     config = read_json(folder / CONFIG, "draft config", fix)
     family = config.pop("family", "feature_draft")
     if family not in FAMILIES:
-        raise InputError(f"'{folder / CONFIG}' names draft family {family!r}, which this version does not read "
-                         f"({', '.join(FAMILIES)}): update pacer-sd or distill the draft again")
+        raise InputError(
+            f"'{folder / CONFIG}' names draft family {family!r}, which this version does not read "
+            f"({', '.join(FAMILIES)}): update pacer-sd or distill the draft again"
+        )
     cls, arch_cls = FAMILIES[family]
     check_draft_sizes(folder, family, config, safetensors_shapes(folder / WEIGHTS, fix), fix)
     try:
         model = cls(arch_cls(**config))
     except (TypeError, ValueError, ZeroDivisionError, RuntimeError) as exc:  # missing, unknown or bad options
-        raise InputError(f"draft config '{folder / CONFIG}' does not describe a {family} draft "
-                         f"({str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__}): the file is "
-                         f"damaged; {fix}") from None
+        raise InputError(
+            f"draft config '{folder / CONFIG}' does not describe a {family} draft "
+            f"({str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__}): the file is "
+            f"damaged; {fix}"
+        ) from None
     state = load_safetensors(folder / WEIGHTS, fix)
     try:
         model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
     except RuntimeError as exc:
-        raise InputError(f"'{folder / WEIGHTS}' does not match its config.json ({str(exc).splitlines()[0][:120]}): "
-                         f"{fix}") from None
+        raise InputError(
+            f"'{folder / WEIGHTS}' does not match its config.json ({str(exc).splitlines()[0][:120]}): {fix}"
+        ) from None
     return model.eval()
 
 
@@ -435,8 +479,7 @@ def check_draft_sizes(folder: Path, family: str, config: dict, shapes: dict[str,
         if key not in config and key not in defaults:
             raise InputError(f"'{folder / CONFIG}' has no '{key}': the file is damaged; {fix}")
         if isinstance(found, bool) or not isinstance(found, int) or found < 0:
-            raise InputError(f"'{folder / CONFIG}': {key} is {found!r}, not a whole number: the file is damaged; "
-                             f"{fix}")
+            raise InputError(f"'{folder / CONFIG}': {key} is {found!r}, not a whole number: the file is damaged; {fix}")
     sizes = [(" × ".join(keys), math.prod(value[k] for k in keys), tensor, dim) for keys, tensor, dim in SIZES[family]]
     layers = [(key, config.get(key, defaults.get(key)), prefix) for key, prefix in LAYERS[family]]
     check_sizes(folder / CONFIG, folder / WEIGHTS, shapes, fix, sizes, layers)

@@ -126,41 +126,58 @@ def load_published(folder: Path, target: Any) -> Published:
     elif any(name.startswith("layers.0.") for name in state):
         layout = "eagle1"
     else:
-        raise InputError(f"'{path}' holds neither EAGLE-1/2 tensors (layers.0.*) nor EAGLE-3 tensors (midlayer.*): "
-                         "it is not an EAGLE checkpoint")
+        raise InputError(
+            f"'{path}' holds neither EAGLE-1/2 tensors (layers.0.*) nor EAGLE-3 tensors (midlayer.*): "
+            "it is not an EAGLE checkpoint"
+        )
     c = check_config(config, folder, layout)
     name = "EAGLE-3" if layout == "eagle3" else "EAGLE-1/2"
     if c.hidden_size != target.hidden_size:
-        raise InputError(f"{name} checkpoint '{folder}' has hidden size {c.hidden_size}, but the target's is "
-                         f"{target.hidden_size}: use the checkpoint published for this target")
+        raise InputError(
+            f"{name} checkpoint '{folder}' has hidden size {c.hidden_size}, but the target's is "
+            f"{target.hidden_size}: use the checkpoint published for this target"
+        )
     if c.vocab_size != target.vocab_size:
-        raise InputError(f"{name} checkpoint '{folder}' has a vocabulary of {c.vocab_size} tokens, but the target's "
-                         f"has {target.vocab_size}: use the checkpoint published for this target")
+        raise InputError(
+            f"{name} checkpoint '{folder}' has a vocabulary of {c.vocab_size} tokens, but the target's "
+            f"has {target.vocab_size}: use the checkpoint published for this target"
+        )
     embed = state.get("embed_tokens.weight")
     if c.target_hidden_size is not None and c.target_hidden_size != c.hidden_size:
-        raise InputError(f"{name} checkpoint '{folder}' reads target states of size {c.target_hidden_size} into a "
-                         f"draft of hidden size {c.hidden_size}: drafts narrower than their target are not supported")
+        raise InputError(
+            f"{name} checkpoint '{folder}' reads target states of size {c.target_hidden_size} into a "
+            f"draft of hidden size {c.hidden_size}: drafts narrower than their target are not supported"
+        )
     if embed is not None and tuple(embed.shape) != (target.vocab_size, target.hidden_size):
-        raise InputError(f"{name} checkpoint '{folder}' has embeddings of shape {tuple(embed.shape)}, but the "
-                         f"target's are {(target.vocab_size, target.hidden_size)}: use the checkpoint published "
-                         "for this target")
-    check_sizes(folder / CONFIG, path, {name: tuple(t.shape) for name, t in state.items()}, FIX,
-                *published_sizes(c, layout))
+        raise InputError(
+            f"{name} checkpoint '{folder}' has embeddings of shape {tuple(embed.shape)}, but the "
+            f"target's are {(target.vocab_size, target.hidden_size)}: use the checkpoint published "
+            "for this target"
+        )
+    check_sizes(
+        folder / CONFIG, path, {name: tuple(t.shape) for name, t in state.items()}, FIX, *published_sizes(c, layout)
+    )
     identity = f"{layout}:{digest(path)}"
     if layout == "eagle1":
         ids = None
         if c.token_map is not None:  # the draft vocabulary `pacer export` writes (SGLang's token map)
             ids = read_token_map(folder / c.token_map, c.vocab_size)
             identity += f"+{digest(folder / c.token_map)[:8]}"
-        net = FeatureDraft(ArchConfig(vocab_size=c.vocab_size, subset_size=c.vocab_size if ids is None else len(ids),
-                                      input_norm=False, fc_bias=c.fc_bias, extra_layers=c.num_layers - 1,
-                                      **c.arch_fields()))
+        net = FeatureDraft(
+            ArchConfig(
+                vocab_size=c.vocab_size,
+                subset_size=c.vocab_size if ids is None else len(ids),
+                input_norm=False,
+                fc_bias=c.fc_bias,
+                extra_layers=c.num_layers - 1,
+                **c.arch_fields(),
+            )
+        )
         fill_tensors(net, state, eagle1_names(c.num_layers, c.qkv_bias, c.fc_bias), path, "EAGLE")
         net.subset.copy_(torch.arange(c.vocab_size) if ids is None else ids)
         return Published(layout, net.eval(), ids, None, identity)
     layers = eagle3_layers(target.num_layers)
-    net = Eagle3Draft(Eagle3Arch(draft_vocab_size=c.draft_vocab_size, fused_size=3 * c.hidden_size,
-                                 **c.arch_fields()))
+    net = Eagle3Draft(Eagle3Arch(draft_vocab_size=c.draft_vocab_size, fused_size=3 * c.hidden_size, **c.arch_fields()))
     fill_tensors(net, state, eagle3_names(c.qkv_bias), path, "EAGLE")
     ids = draft_vocabulary(state, c.draft_vocab_size, c.vocab_size, path)
     net.subset.copy_(ids)
@@ -171,13 +188,17 @@ def published_sizes(c: PublishedConfig, layout: str) -> tuple[list, list]:
     """(sizes, layers) of ``pacer_core.hf.check_sizes`` for a checkpoint of ``layout``: every size of
     its config.json that the network is built from, and the tensor dimension holding it."""
     layer = "layers.0." if layout == "eagle1" else "midlayer."
-    sizes = [("hidden_size", c.hidden_size, "fc.weight", 0),
-             ("intermediate_size", c.intermediate_size, layer + "mlp.gate_proj.weight", 0),
-             ("num_attention_heads × head_dim", c.num_heads * c.head_dim, layer + "self_attn.q_proj.weight", 0),
-             ("num_key_value_heads × head_dim", c.num_kv_heads * c.head_dim, layer + "self_attn.k_proj.weight", 0)]
+    sizes = [
+        ("hidden_size", c.hidden_size, "fc.weight", 0),
+        ("intermediate_size", c.intermediate_size, layer + "mlp.gate_proj.weight", 0),
+        ("num_attention_heads × head_dim", c.num_heads * c.head_dim, layer + "self_attn.q_proj.weight", 0),
+        ("num_key_value_heads × head_dim", c.num_kv_heads * c.head_dim, layer + "self_attn.k_proj.weight", 0),
+    ]
     if layout == "eagle3":
-        sizes += [("3 × hidden_size", 3 * c.hidden_size, "fc.weight", 1),
-                  ("draft_vocab_size", c.draft_vocab_size, "lm_head.weight", 0)]
+        sizes += [
+            ("3 × hidden_size", 3 * c.hidden_size, "fc.weight", 1),
+            ("draft_vocab_size", c.draft_vocab_size, "lm_head.weight", 0),
+        ]
         return sizes, []
     return sizes, [("num_hidden_layers", c.num_layers, "layers.")]
 
@@ -188,6 +209,8 @@ def eagle3_layers(num_layers: int) -> tuple[int, int, int]:
     indices: the outputs of layers 1, L // 2 − 1 and L − 4)."""
     layers = (2, num_layers // 2, num_layers - 3)
     if not layers[0] < layers[1] < layers[2]:
-        raise InputError(f"EAGLE-3 reads the inputs of target layers 2, L//2 and L-3, which need a target of at "
-                         f"least 7 decoder layers; this one has {num_layers}")
+        raise InputError(
+            f"EAGLE-3 reads the inputs of target layers 2, L//2 and L-3, which need a target of at "
+            f"least 7 decoder layers; this one has {num_layers}"
+        )
     return layers

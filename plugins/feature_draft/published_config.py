@@ -47,10 +47,18 @@ class PublishedConfig:
 
     def arch_fields(self) -> dict[str, Any]:
         """The keyword arguments ``ArchConfig`` and ``Eagle3Arch`` share."""
-        return dict(hidden_size=self.hidden_size, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
-                    head_dim=self.head_dim, intermediate_size=self.intermediate_size, rope_theta=self.rope_theta,
-                    rms_eps=self.rms_eps, qkv_bias=self.qkv_bias, rope_scaling=self.rope_scaling,
-                    max_position_embeddings=self.max_position_embeddings)
+        return dict(
+            hidden_size=self.hidden_size,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            intermediate_size=self.intermediate_size,
+            rope_theta=self.rope_theta,
+            rms_eps=self.rms_eps,
+            qkv_bias=self.qkv_bias,
+            rope_scaling=self.rope_scaling,
+            max_position_embeddings=self.max_position_embeddings,
+        )
 
 
 def read_config(folder: Path) -> dict[str, Any]:
@@ -93,15 +101,28 @@ def check_config(config: dict, folder: Path, layout: str) -> PublishedConfig:
         raise r.bad(f"draft_vocab_size ({draft_vocab}) exceeds vocab_size ({vocab})")
     target_hidden = config.get("target_hidden_size")
     token_map = config.get("speculative_token_map")
-    if token_map is not None and (not isinstance(token_map, str) or Path(token_map).name != token_map
-                                  or token_map in ("", ".", "..")):
+    if token_map is not None and (
+        not isinstance(token_map, str) or Path(token_map).name != token_map or token_map in ("", ".", "..")
+    ):
         raise r.bad(f"speculative_token_map must name a file beside config.json, not {token_map!r}")
     return PublishedConfig(
-        hidden_size=hidden, vocab_size=vocab, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
-        intermediate_size=intermediate, rms_eps=rms_eps, rope_theta=rope_theta, rope_scaling=scaling,
-        max_position_embeddings=max_positions, num_layers=layers, fc_bias=r.flag("bias", True),
-        qkv_bias=r.flag("qkv_bias", False), draft_vocab_size=draft_vocab,
-        target_hidden_size=None if target_hidden is None else r.whole("target_hidden_size"), token_map=token_map)
+        hidden_size=hidden,
+        vocab_size=vocab,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=intermediate,
+        rms_eps=rms_eps,
+        rope_theta=rope_theta,
+        rope_scaling=scaling,
+        max_position_embeddings=max_positions,
+        num_layers=layers,
+        fc_bias=r.flag("bias", True),
+        qkv_bias=r.flag("qkv_bias", False),
+        draft_vocab_size=draft_vocab,
+        target_hidden_size=None if target_hidden is None else r.whole("target_hidden_size"),
+        token_map=token_map,
+    )
 
 
 def _refuse_layer_ids(config: dict, r: ConfigReader) -> None:
@@ -113,12 +134,16 @@ def _refuse_layer_ids(config: dict, r: ConfigReader) -> None:
         raise r.bad(f"eagle_config must be an object, not {eagle_config!r}")
     eagle_config = eagle_config or {}
     if eagle_config.get("use_aux_hidden_state") is False:
-        raise r.bad("eagle_config.use_aux_hidden_state: false (a draft without fc over three target layers) is "
-                    "not supported")
-    for where, ids in (("eagle_aux_hidden_state_layer_ids", config.get("eagle_aux_hidden_state_layer_ids")),
-                       ("eagle_config.eagle_aux_hidden_state_layer_ids",
-                        eagle_config.get("eagle_aux_hidden_state_layer_ids"))):
+        raise r.bad(
+            "eagle_config.use_aux_hidden_state: false (a draft without fc over three target layers) is not supported"
+        )
+    for where, ids in (
+        ("eagle_aux_hidden_state_layer_ids", config.get("eagle_aux_hidden_state_layer_ids")),
+        ("eagle_config.eagle_aux_hidden_state_layer_ids", eagle_config.get("eagle_aux_hidden_state_layer_ids")),
+    ):
         if ids is not None:
-            raise InputError(f"'{r.path}': {where} {ids!r} is not supported: engines number these layers "
-                             "differently, and this loader reads the inputs of target layers 2, L // 2 and L − 3 as "
-                             "EAGLE's code does; remove the key if the draft was trained on those")
+            raise InputError(
+                f"'{r.path}': {where} {ids!r} is not supported: engines number these layers "
+                "differently, and this loader reads the inputs of target layers 2, L // 2 and L − 3 as "
+                "EAGLE's code does; remove the key if the draft was trained on those"
+            )

@@ -36,8 +36,16 @@ KEYS = {
     "default": set(),
     "linear": {"factor"},
     "dynamic": {"factor", "original_max_position_embeddings"},
-    "yarn": {"factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow",
-             "mscale", "mscale_all_dim", "truncate"},
+    "yarn": {
+        "factor",
+        "original_max_position_embeddings",
+        "attention_factor",
+        "beta_fast",
+        "beta_slow",
+        "mscale",
+        "mscale_all_dim",
+        "truncate",
+    },
     "llama3": {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"},
 }
 
@@ -59,21 +67,24 @@ class Rotary:
     truncate: bool = True
 
     @classmethod
-    def parse(cls, theta: float, scaling: Optional[dict], max_positions: int,
-              refuse: Callable[[str], Exception]) -> "Rotary":
+    def parse(
+        cls, theta: float, scaling: Optional[dict], max_positions: int, refuse: Callable[[str], Exception]
+    ) -> "Rotary":
         """A ``Rotary`` from θ and a config's ``rope_scaling`` (None or a dict); ``refuse(message)``
         builds the exception raised for an entry that is not understood."""
         if scaling is None:
             return cls(float(theta))
         if not isinstance(scaling, dict):
-            raise refuse(f"rope_scaling must be an object such as {{\"rope_type\": \"llama3\", ...}}, not {scaling!r}")
+            raise refuse(f'rope_scaling must be an object such as {{"rope_type": "llama3", ...}}, not {scaling!r}')
         kind = scaling.get("rope_type", scaling.get("type", "default"))
         if kind not in KINDS:
             raise refuse(f"rope_scaling type {kind!r} is not supported ({', '.join(KINDS)} are)")
         unknown = set(scaling) - KEYS[kind] - {"type", "rope_type"}
         if unknown:
-            raise refuse(f"rope_scaling key {sorted(unknown)[0]!r} is not supported with type {kind!r} "
-                         f"(it reads {', '.join(sorted(KEYS[kind])) or 'nothing more'})")
+            raise refuse(
+                f"rope_scaling key {sorted(unknown)[0]!r} is not supported with type {kind!r} "
+                f"(it reads {', '.join(sorted(KEYS[kind])) or 'nothing more'})"
+            )
         original = _number(scaling, "original_max_position_embeddings", max_positions, refuse, whole=True)
         default_factor = max_positions / original if kind == "yarn" else None
         factor = _number(scaling, "factor", default_factor, refuse) if kind != "default" else 1.0
@@ -95,8 +106,9 @@ class Rotary:
             if attention is None:
                 mscale, mscale_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
                 if mscale and mscale_all:
-                    attention = _mscale(factor, _number(scaling, "mscale", None, refuse)) / \
-                        _mscale(factor, _number(scaling, "mscale_all_dim", None, refuse))
+                    attention = _mscale(factor, _number(scaling, "mscale", None, refuse)) / _mscale(
+                        factor, _number(scaling, "mscale_all_dim", None, refuse)
+                    )
                 else:
                     attention = _mscale(factor)
             else:
@@ -104,8 +116,9 @@ class Rotary:
             truncate = scaling.get("truncate", True)
             if not isinstance(truncate, bool):
                 raise refuse(f"rope_scaling truncate must be true or false, not {truncate!r}")
-            rotary = attrs.evolve(rotary, beta_fast=fast, beta_slow=slow, attention_factor=float(attention),
-                                  truncate=truncate)
+            rotary = attrs.evolve(
+                rotary, beta_fast=fast, beta_slow=slow, attention_factor=float(attention), truncate=truncate
+            )
         return rotary
 
     def inverse_frequencies(self, head_dim: int, furthest: int) -> torch.Tensor:
@@ -114,21 +127,24 @@ class Rotary:
         exponents = torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim
         theta = self.theta
         if self.kind == "dynamic" and furthest > self.max_positions:
-            theta = theta * (self.factor * furthest / self.max_positions - (self.factor - 1)) ** \
-                (head_dim / (head_dim - 2))
-        inv = 1.0 / (theta ** exponents)
+            theta = theta * (self.factor * furthest / self.max_positions - (self.factor - 1)) ** (
+                head_dim / (head_dim - 2)
+            )
+        inv = 1.0 / (theta**exponents)
         if self.kind == "linear":
             return inv / self.factor
         if self.kind == "llama3":
             wavelength = 2 * math.pi / inv
             low_wave, high_wave = self.original_max / self.low_freq_factor, self.original_max / self.high_freq_factor
             scaled = torch.where(wavelength > low_wave, inv / self.factor, inv)
-            smooth = (self.original_max / wavelength - self.low_freq_factor) / (self.high_freq_factor -
-                                                                                 self.low_freq_factor)
+            smooth = (self.original_max / wavelength - self.low_freq_factor) / (
+                self.high_freq_factor - self.low_freq_factor
+            )
             blended = (1 - smooth) * scaled / self.factor + smooth * scaled
             middle = (wavelength >= high_wave) & (wavelength <= low_wave)
             return torch.where(middle, blended, scaled)
         if self.kind == "yarn":
+
             def dim_of(rotations: float) -> float:  # the dimension completing `rotations` turns in the context
                 return head_dim * math.log(self.original_max / (rotations * 2 * math.pi)) / (2 * math.log(theta))
 
@@ -143,8 +159,9 @@ class Rotary:
             return inv / self.factor * (1 - keep) + inv * keep
         return inv
 
-    def cos_sin(self, head_dim: int, positions: torch.Tensor,
-                device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def cos_sin(
+        self, head_dim: int, positions: torch.Tensor, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """[T, head_dim / 2] float32 cos and sin of the angles at ``positions`` [T], on ``device``
         (only ``dynamic`` reads the positions' values on the host, for its furthest position)."""
         furthest = int(positions.max()) + 1 if self.kind == "dynamic" and positions.numel() else 0
@@ -161,8 +178,13 @@ def _number(scaling: dict, key: str, default: Any, refuse: Callable[[str], Excep
     value = scaling.get(key, default)
     if value is None:
         raise refuse(f"rope_scaling has no {key!r}, which its type needs")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0 \
-            or (whole and value != int(value)):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+        or (whole and value != int(value))
+    ):
         kind = "a whole number" if whole else "a number"
         raise refuse(f"rope_scaling {key} must be {kind} > 0, not {value!r}")
     return float(value)

@@ -28,8 +28,9 @@ if TYPE_CHECKING:
     from .distill_config import DistillConfig
 
 
-def unrolled_features(net: torch.nn.Module, embed: torch.Tensor, tokens: torch.Tensor, inputs: torch.Tensor,
-                      steps: int) -> list[torch.Tensor]:
+def unrolled_features(
+    net: torch.nn.Module, embed: torch.Tensor, tokens: torch.Tensor, inputs: torch.Tensor, steps: int
+) -> list[torch.Tensor]:
     """The training-time test (HASS, EAGLE-3): the draft run ``steps`` times over every row of a batch
     at once. tokens [B, L]; inputs [B, L-1, d]: what step-1 row t reads beside x_{t+1} (the target's
     f_t, or the fused layers' states for an ``Eagle3Draft``). Row t of step j ≥ 2 reads x_{t+j} (the
@@ -46,10 +47,21 @@ def unrolled_features(net: torch.nn.Module, embed: torch.Tensor, tokens: torch.T
     return outputs
 
 
-def draft_loss(net: torch.nn.Module, embed: torch.Tensor, head_sub: torch.Tensor, tokens: torch.Tensor,
-               feats: torch.Tensor, noise: float, feature_weight: float, ce_weight: float,
-               generator: Optional[torch.Generator], unroll: int = 1, fused: Optional[torch.Tensor] = None,
-               decay: float = 1.0, temperature: float = 1.0) -> tuple[torch.Tensor, dict[str, float]]:
+def draft_loss(
+    net: torch.nn.Module,
+    embed: torch.Tensor,
+    head_sub: torch.Tensor,
+    tokens: torch.Tensor,
+    feats: torch.Tensor,
+    noise: float,
+    feature_weight: float,
+    ce_weight: float,
+    generator: Optional[torch.Generator],
+    unroll: int = 1,
+    fused: Optional[torch.Tensor] = None,
+    decay: float = 1.0,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Loss on a batch: tokens [B, L], feats [B, L, d] (the target's last-layer states, float32), fused
     [B, L, n·d] (an ``Eagle3Draft``'s fused layers' inputs; None for a ``FeatureDraft``).
 
@@ -95,8 +107,9 @@ def draft_loss(net: torch.nn.Module, embed: torch.Tensor, head_sub: torch.Tensor
 
 
 @torch.no_grad()
-def evaluate(net: torch.nn.Module, embed, head_full, subset, tokens, feats, fused=None, target_next=None,
-             chunk: int = 4) -> dict[str, float]:
+def evaluate(
+    net: torch.nn.Module, embed, head_full, subset, tokens, feats, fused=None, target_next=None, chunk: int = 4
+) -> dict[str, float]:
     """Held-out top-1 agreement with the target's greedy next token (full vocabulary) at draft
     position 1 (true features) and 2 (the net's own predicted feature fed back with the corpus token,
     attending as at inference), and for both in a row. ``target_next``: ``target_greedy(feats)``."""
@@ -115,8 +128,11 @@ def evaluate(net: torch.nn.Module, embed, head_full, subset, tokens, feats, fuse
         second_hits.append(subset[draft_logits(net, second, head_sub).argmax(-1)][:, :-1] == wanted[:, 2:])
     net.train()
     hit1, hit2 = torch.cat(first_hits), torch.cat(second_hits)
-    return {"heldout_top1_first": float(hit1.float().mean()), "heldout_top1_second": float(hit2.float().mean()),
-            "heldout_top1_first_two": float((hit1 & hit2).float().mean())}
+    return {
+        "heldout_top1_first": float(hit1.float().mean()),
+        "heldout_top1_second": float(hit2.float().mean()),
+        "heldout_top1_first_two": float((hit1 & hit2).float().mean()),
+    }
 
 
 def _attention_shape(target) -> dict[str, Any]:
@@ -138,8 +154,10 @@ def fused_layers(cfg: DistillConfig, target) -> Optional[list[int]]:
     else:
         layers = list(student_kinds()[kind].default_layers(target))
     if any(not 0 <= i <= target.num_layers for i in layers):
-        raise InputError(f"student.fused_layers {layers} must lie in 0..{target.num_layers} (the inputs of this "
-                         "target's decoder layers; L is the last layer's output)")
+        raise InputError(
+            f"student.fused_layers {layers} must lie in 0..{target.num_layers} (the inputs of this "
+            "target's decoder layers; L is the last layer's output)"
+        )
     return layers
 
 
@@ -150,15 +168,30 @@ def build_student(cfg: DistillConfig, target, subset: torch.Tensor, head_full: t
     torch.manual_seed(cfg.seed)
     if cfg.student.kind == "eagle3":
         layers = fused_layers(cfg, target)
-        net = Eagle3Draft(Eagle3Arch(hidden_size=target.hidden_size, intermediate_size=cfg.student.intermediate_size,
-                                     draft_vocab_size=len(subset), fused_size=len(layers) * target.hidden_size,
-                                     vocab_size=target.vocab_size, target_layers=layers, **shape))
+        net = Eagle3Draft(
+            Eagle3Arch(
+                hidden_size=target.hidden_size,
+                intermediate_size=cfg.student.intermediate_size,
+                draft_vocab_size=len(subset),
+                fused_size=len(layers) * target.hidden_size,
+                vocab_size=target.vocab_size,
+                target_layers=layers,
+                **shape,
+            )
+        )
         with torch.no_grad():
             net.lm_head.weight.copy_(head_full[subset])
     else:
-        net = FeatureDraft(ArchConfig(hidden_size=target.hidden_size, vocab_size=target.vocab_size,
-                                      subset_size=len(subset), intermediate_size=cfg.student.intermediate_size,
-                                      extra_layers=cfg.student.extra_layers, **shape))
+        net = FeatureDraft(
+            ArchConfig(
+                hidden_size=target.hidden_size,
+                vocab_size=target.vocab_size,
+                subset_size=len(subset),
+                intermediate_size=cfg.student.intermediate_size,
+                extra_layers=cfg.student.extra_layers,
+                **shape,
+            )
+        )
     net.subset.copy_(subset)
     return net
 
@@ -171,17 +204,23 @@ def load_init(path: str, net: torch.nn.Module) -> dict[str, Any]:
     source = Path(path).expanduser()
     if source.is_dir():
         if not (source / MANIFEST).is_file():
-            raise InputError(f"init '{source}' is not a draft folder `pacer distill` wrote (no {MANIFEST}): give one, "
-                             "or a run folder's checkpoint.pt")
+            raise InputError(
+                f"init '{source}' is not a draft folder `pacer distill` wrote (no {MANIFEST}): give one, "
+                "or a run folder's checkpoint.pt"
+            )
         draft = load_draft(source)
         if type(draft) is not type(net):
-            raise InputError(f"init '{source}' holds another draft family ({type(draft).__name__}) than student.kind="
-                             f"{'eagle3' if isinstance(net, Eagle3Draft) else 'feature'}: set student.kind to "
-                             "the draft's")
+            raise InputError(
+                f"init '{source}' holds another draft family ({type(draft).__name__}) than student.kind="
+                f"{'eagle3' if isinstance(net, Eagle3Draft) else 'feature'}: set student.kind to "
+                "the draft's"
+            )
         layers = getattr(draft.arch, "target_layers", None)
         if layers is not None and list(layers) != list(net.arch.target_layers):
-            raise InputError(f"init '{source}' fuses target layers {list(layers)}, this run's student "
-                             f"{list(getattr(net.arch, 'target_layers', []))}: set student.fused_layers={list(layers)}")
+            raise InputError(
+                f"init '{source}' fuses target layers {list(layers)}, this run's student "
+                f"{list(getattr(net.arch, 'target_layers', []))}: set student.fused_layers={list(layers)}"
+            )
         state = draft.state_dict()
         manifest = read_json(source / MANIFEST, "draft manifest")
         training = manifest.get("training", {}) if isinstance(manifest, dict) else {}
@@ -192,8 +231,10 @@ def load_init(path: str, net: torch.nn.Module) -> dict[str, Any]:
     else:
         saved = load_run_file(source, "init checkpoint")
         if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict):
-            raise InputError(f"init '{source}' is not a checkpoint `pacer distill` wrote (no model state): give a "
-                             "draft folder or a run folder's checkpoint.pt")
+            raise InputError(
+                f"init '{source}' is not a checkpoint `pacer distill` wrote (no model state): give a "
+                "draft folder or a run folder's checkpoint.pt"
+            )
         state = saved["model"]
         begun = saved.get("start") or {"tokens_before": 0, "points": []}
         history = list(saved.get("history", []))
@@ -208,31 +249,50 @@ def load_init(path: str, net: torch.nn.Module) -> dict[str, Any]:
     have = 1 + len({name.split(".")[1] for name in state if name.startswith("extra.")})  # the init's layers
     want = 1 + len(getattr(net, "extra", ()))
     if have > want:
-        raise InputError(f"init '{source}' has {have} decoder layers, this run's student {want}: set "
-                         f"student.extra_layers={have - 1}")
+        raise InputError(
+            f"init '{source}' has {have} decoder layers, this run's student {want}: set student.extra_layers={have - 1}"
+        )
     grown = [f"extra.{i - 1}." for i in range(have, want)]  # layers the init lacks: they start as the identity
     for name, tensor in own.items():
         if name.startswith(tuple(grown)):
             continue
         if name not in state:
-            raise InputError(f"init '{source}' holds no tensor '{name}': it is another draft family than "
-                             f"student.kind={'eagle3' if isinstance(net, Eagle3Draft) else 'feature'}")
+            raise InputError(
+                f"init '{source}' holds no tensor '{name}': it is another draft family than "
+                f"student.kind={'eagle3' if isinstance(net, Eagle3Draft) else 'feature'}"
+            )
         if tuple(state[name].shape) != tuple(tensor.shape):
-            raise InputError(f"init '{source}': tensor '{name}' has shape {tuple(state[name].shape)}, this run's "
-                             f"student {tuple(tensor.shape)}: set student.subset_size, student.intermediate_size "
-                             "and student.fused_layers to the draft's, or choose another init")
+            raise InputError(
+                f"init '{source}': tensor '{name}' has shape {tuple(state[name].shape)}, this run's "
+                f"student {tuple(tensor.shape)}: set student.subset_size, student.intermediate_size "
+                "and student.fused_layers to the draft's, or choose another init"
+            )
     kept = {k: state[k].float() if state[k].is_floating_point() else state[k] for k in own if k in state}
     net.load_state_dict(kept, strict=not grown)
     for i in range(have, want):
         net.extra[i - 1].start_as_identity()
-    log(f"starting from init '{source}' ({tokens_before:,} tokens seen before)"
-        + (f"; grown from {have} to {want} decoder layers, the new ones starting as the identity" if grown else ""))
-    return {"init": str(source), "tokens_before": tokens_before, "points": points,
-            "corpus_sources": seen if isinstance(seen, dict) else None}
+    log(
+        f"starting from init '{source}' ({tokens_before:,} tokens seen before)"
+        + (f"; grown from {have} to {want} decoder layers, the new ones starting as the identity" if grown else "")
+    )
+    return {
+        "init": str(source),
+        "tokens_before": tokens_before,
+        "points": points,
+        "corpus_sources": seen if isinstance(seen, dict) else None,
+    }
 
 
-def train(cfg: DistillConfig, out: Path, tokens: torch.Tensor, features: np.memmap, target, subset: torch.Tensor,
-          fused: Optional[np.memmap] = None, deadline: Optional[float] = None):
+def train(
+    cfg: DistillConfig,
+    out: Path,
+    tokens: torch.Tensor,
+    features: np.memmap,
+    target,
+    subset: torch.Tensor,
+    fused: Optional[np.memmap] = None,
+    deadline: Optional[float] = None,
+):
     """The feature-level students (``eagle``): ``FeatureDraft``, or ``Eagle3Draft`` reading ``fused``
     (the inputs of its target layers), from ``cfg.init`` when given, on the target's device."""
     t = cfg.train
@@ -256,9 +316,23 @@ def train(cfg: DistillConfig, out: Path, tokens: torch.Tensor, features: np.memm
 
     # the subset rows are read from the net at every step: a resumed or init-started run brings its own
     def loss(batch_tokens, batch_feats, batch_fused, generator):
-        return draft_loss(net, embed, head_full[net.subset], batch_tokens, batch_feats, t.noise, t.feature_weight,
-                          t.ce_weight, generator, t.unroll, batch_fused, t.unroll_decay, t.teacher_temperature)
+        return draft_loss(
+            net,
+            embed,
+            head_full[net.subset],
+            batch_tokens,
+            batch_feats,
+            t.noise,
+            t.feature_weight,
+            t.ce_weight,
+            generator,
+            t.unroll,
+            batch_fused,
+            t.unroll_decay,
+            t.teacher_temperature,
+        )
 
-    training = fit(cfg, out, net, tokens, features, loss, fused=fused, evaluate_fn=measure, start=start,
-                   deadline=deadline)
+    training = fit(
+        cfg, out, net, tokens, features, loss, fused=fused, evaluate_fn=measure, start=start, deadline=deadline
+    )
     return net, measure(), training

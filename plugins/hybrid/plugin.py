@@ -78,29 +78,46 @@ class Hybrid:
             self.names.append(name if seen[name] == 1 else f"{name}{seen[name]}")
         users = [m.component.name for m in ordered if "draft_model" in m.component.needs]
         if len(users) > 1:
-            raise InputError(f"hybrid: at most one member may use the draft model, got {', '.join(users)}; "
-                             "keep one of them")
+            raise InputError(
+                f"hybrid: at most one member may use the draft model, got {', '.join(users)}; keep one of them"
+            )
         # the target states the members read: the inputs of some layers (EAGLE-3) or the last layer's
-        readers = [(m.component.name, DraftInfo.of(p).target_layers)
-                   for m, p in zip(ordered, self.members) if "target_hidden" in m.component.needs]
+        readers = [
+            (m.component.name, DraftInfo.of(p).target_layers)
+            for m, p in zip(ordered, self.members)
+            if "target_hidden" in m.component.needs
+        ]
         if len({layers for _, layers in readers}) > 1:
-            raise InputError("hybrid: members read different target hidden states ("
-                             + ", ".join(f"{name}: {list(layers) if layers else 'last layer'}"
-                                         for name, layers in readers)
-                             + "); keep members that read the same ones")
+            raise InputError(
+                "hybrid: members read different target hidden states ("
+                + ", ".join(f"{name}: {list(layers) if layers else 'last layer'}" for name, layers in readers)
+                + "); keep members that read the same ones"
+            )
         # its side channel, read the engine's way from the members: the main member's draft identity and
         # recommended thresholds (stop policies judge its tokens), the target layers its readers share
         main_info = DraftInfo.of(self.members[0])
-        self.draft_info = DraftInfo(identity=main_info.identity, stop_thresholds=main_info.stop_thresholds,
-                                    target_layers=readers[0][1] if readers else None)
+        self.draft_info = DraftInfo(
+            identity=main_info.identity,
+            stop_thresholds=main_info.stop_thresholds,
+            target_layers=readers[0][1] if readers else None,
+        )
         self.accepted: Counter[str] = Counter()
         self._sources: dict[tuple[int, ...], str] = {}  # root path of a merged node -> its member
         # the budget: the hybrid's own, else the main member's tree's (a chain's: by device)
         own_tree = main_info.tree or TreeConfig()
-        tree = TreeConfig(nodes=config.nodes if config.nodes is not None else own_tree.nodes,
-                          profile=config.profile or own_tree.profile, calibration=own_tree.calibration)
-        self.budget = node_budget(tree, resources.target.device, main.cost_kind, resources.target.digest,
-                                  main.draft_folder, main_info.identity)
+        tree = TreeConfig(
+            nodes=config.nodes if config.nodes is not None else own_tree.nodes,
+            profile=config.profile or own_tree.profile,
+            calibration=own_tree.calibration,
+        )
+        self.budget = node_budget(
+            tree,
+            resources.target.device,
+            main.cost_kind,
+            resources.target.digest,
+            main.draft_folder,
+            main_info.identity,
+        )
         # per (member, depth): [accepted, tried] of its phrase nodes whose parent was accepted
         self.trials: dict[tuple[str, int], list[int]] = {}
         self.step = StepWatch()  # a step's first call merges the other members' phrases
@@ -211,8 +228,9 @@ class Hybrid:
             if budget <= 0:
                 break
             phrases = [p[: self.config.max_phrase] for p in _phrases(block)]
-            added, added_parents, paths = merge_phrases(tokens + new_tokens, parents + new_parents, phrases,
-                                                        first, budget)
+            added, added_parents, paths = merge_phrases(
+                tokens + new_tokens, parents + new_parents, phrases, first, budget
+            )
             for phrase, path in zip(phrases, paths):  # phrases start at the root: a node's root path
                 for depth, node in enumerate(path, start=1):  # is its phrase's prefix
                     if node >= first:
@@ -227,16 +245,25 @@ class Hybrid:
         if side is not None and side.draft_rows is not None:  # point masses: zero rows, never read
             rows, vocab = side.draft_rows, side.draft_vocab  # at the width they were given
             probs = torch.cat([rows, torch.zeros(len(new_tokens), rows.shape[1])])
-        merged = SideNodes(torch.cat([old_tokens, torch.tensor(new_tokens, dtype=torch.long)]),
-                           torch.cat([old_parents, torch.tensor(new_parents, dtype=torch.long)]),
-                           probs, sampled=False, draft_vocab=vocab)
+        merged = SideNodes(
+            torch.cat([old_tokens, torch.tensor(new_tokens, dtype=torch.long)]),
+            torch.cat([old_parents, torch.tensor(new_parents, dtype=torch.long)]),
+            probs,
+            sampled=False,
+            draft_vocab=vocab,
+        )
         return attrs.evolve(primary, side=merged, forwards=forwards)
 
 
 @hookimpl
 def pacer_components() -> list[Component]:
-    return [Component(
-        "drafter", "hybrid", HybridConfig, Hybrid,
-        "one token tree from several drafters (members): the first model drafter gives the main path, "
-        "the others' continuations join as side nodes; the most valuable nodes are sent",
-    )]
+    return [
+        Component(
+            "drafter",
+            "hybrid",
+            HybridConfig,
+            Hybrid,
+            "one token tree from several drafters (members): the first model drafter gives the main path, "
+            "the others' continuations join as side nodes; the most valuable nodes are sent",
+        )
+    ]

@@ -89,7 +89,12 @@ class PhrasePoolDrafter:
 @hookimpl
 def pacer_components() -> list[Component]:
     return [
-        Component("drafter", "phrase_pool", PhrasePoolConfig, PhrasePoolDrafter,
-                  "model-free: Ouroboros' phrase pool (filled from the prompt and the target) offers "
-                  "phrases continuing the context as branches; a hybrid member"),
+        Component(
+            "drafter",
+            "phrase_pool",
+            PhrasePoolConfig,
+            PhrasePoolDrafter,
+            "model-free: Ouroboros' phrase pool (filled from the prompt and the target) offers "
+            "phrases continuing the context as branches; a hybrid member",
+        ),
     ]

@@ -76,14 +76,14 @@ def lookahead_layout(n_main: int, rows: int, cols: int, phrase_lengths: Sequence
     if n_window:
         level = torch.arange(rows).repeat_interleave(cols)  # [n_window] row of each window token
         column = torch.arange(cols).repeat(rows)  # [n_window]
-        positions[n_main:n_main + n_window] = n_main + level + column
+        positions[n_main : n_main + n_window] = n_main + level + column
         first_row = (level[None, :] == 0) & (column[None, :] <= column[:, None])
         own_column = (level[None, :] >= 1) & (level[None, :] <= level[:, None]) & (column[None, :] == column[:, None])
-        mask[n_main:n_main + n_window, n_main:n_main + n_window] = first_row | own_column
+        mask[n_main : n_main + n_window, n_main : n_main + n_window] = first_row | own_column
     start = n_main + n_window
     for length in phrase_lengths:
-        positions[start:start + length] = torch.arange(n_main, n_main + length)
-        mask[start:start + length, start:start + length] = torch.tril(torch.ones(length, length, dtype=torch.bool))
+        positions[start : start + length] = torch.arange(n_main, n_main + length)
+        mask[start : start + length, start : start + length] = torch.tril(torch.ones(length, length, dtype=torch.bool))
         start += length
     return positions, mask
 
@@ -100,12 +100,17 @@ class _Drafted:
         return len(self.tokens)
 
     def __add__(self, other: "_Drafted") -> "_Drafted":
-        return _Drafted(self.tokens + other.tokens, torch.cat([self.hidden_states, other.hidden_states]),
-                        torch.cat([self.draft_probs, other.draft_probs]))
+        return _Drafted(
+            self.tokens + other.tokens,
+            torch.cat([self.hidden_states, other.hidden_states]),
+            torch.cat([self.draft_probs, other.draft_probs]),
+        )
 
     def split(self, n: int) -> tuple["_Drafted", "_Drafted"]:
-        return (_Drafted(self.tokens[:n], self.hidden_states[:n], self.draft_probs[:n]),
-                _Drafted(self.tokens[n:], self.hidden_states[n:], self.draft_probs[n:]))
+        return (
+            _Drafted(self.tokens[:n], self.hidden_states[:n], self.draft_probs[:n]),
+            _Drafted(self.tokens[n:], self.hidden_states[n:], self.draft_probs[n:]),
+        )
 
 
 class Ouroboros:
@@ -160,8 +165,14 @@ class Ouroboros:
         candidates = [] if key in state.eos_token_ids else self.pool.get(key, self.config.topk)
         first = draft.num_nodes + len(block)  # tree index of this block's first side node
         side = SideNodes.trie(candidates, parent=first - 1, first=first)  # point masses
-        return DraftBlock(tokens=torch.tensor(block.tokens, dtype=torch.long), draft_probs=block.draft_probs,
-                          hidden_states=block.hidden_states, side=side, forwards=forwards, sampled=False)
+        return DraftBlock(
+            tokens=torch.tensor(block.tokens, dtype=torch.long),
+            draft_probs=block.draft_probs,
+            hidden_states=block.hidden_states,
+            side=side,
+            forwards=forwards,
+            sampled=False,
+        )
 
     @hookimpl
     def pacer_observe_step(self, state, step) -> None:
@@ -204,12 +215,15 @@ class Ouroboros:
         window = self.window if rows and rows + cols - 1 <= room else []
         n_window = len(window) * cols
         tokens = feed + [t for row in window for t in row] + [t for p in phrases for t in p]
-        tree = lookahead_layout(len(feed), len(window), cols, [len(p) for p in phrases]) \
-            if len(tokens) > len(feed) else (None, None)
+        tree = (
+            lookahead_layout(len(feed), len(window), cols, [len(p) for p in phrases])
+            if len(tokens) > len(feed)
+            else (None, None)
+        )
         out = model.forward(tokens, positions=tree[0], tree_mask=tree[1], logits_from=len(feed) - 1, hidden=True)
         model.crop(cached + len(feed))  # drop the window and the phrases: only the main chain is kept
         logits = out.logits  # [1 + n_window + Σ len(p), vocab]: the last main token's row first
-        hidden = out.hidden_states[len(feed) - 1:]  # rows aligned with logits
+        hidden = out.hidden_states[len(feed) - 1 :]  # rows aligned with logits
         argmax = logits.argmax(-1).tolist()
         # the guess set: the phrase agreeing longest with the draft's greedy chain
         chain = [0]  # rows whose argmax is the next draft token
@@ -223,7 +237,7 @@ class Ouroboros:
             if matched + 1 > len(chain):
                 chain = [0] + rows_p[:matched]
         if window:
-            self._lookahead_step(argmax[1 + n_window - cols: 1 + n_window])
+            self._lookahead_step(argmax[1 + n_window - cols : 1 + n_window])
         self.stats.update(forwards=1, phrase_tokens=len(chain) - 1, multi_token_forwards=int(len(chain) > 1))
         return _Drafted([argmax[r] for r in chain], hidden[chain].float(), torch.softmax(logits[chain], -1).cpu())
 
@@ -241,9 +255,16 @@ class Ouroboros:
 @hookimpl
 def pacer_components() -> list[Component]:
     return [
-        Component("drafter", "ouroboros", OuroborosConfig, Ouroboros,
-                  "Ouroboros: the draft model drafts phrase by phrase from a phrase pool; candidate "
-                  "suffixes are verified in the same target pass (greedy only)",
-                  needs={"draft_model", "greedy"}, provides={"draft_probs", "draft_hidden"},
-                  default_draft=shipped_draft(), cost_kind="token"),  # a draft model's forwards
+        Component(
+            "drafter",
+            "ouroboros",
+            OuroborosConfig,
+            Ouroboros,
+            "Ouroboros: the draft model drafts phrase by phrase from a phrase pool; candidate "
+            "suffixes are verified in the same target pass (greedy only)",
+            needs={"draft_model", "greedy"},
+            provides={"draft_probs", "draft_hidden"},
+            default_draft=shipped_draft(),
+            cost_kind="token",
+        ),  # a draft model's forwards
     ]

@@ -93,8 +93,10 @@ class PhrasePool:
     # -- persistence -----------------------------------------------------------------------------
     def to_dict(self) -> dict:
         return {
-            "format": FORMAT, "version": VERSION,
-            "phrase_length": self.phrase_length, "capacity": self.capacity,
+            "format": FORMAT,
+            "version": VERSION,
+            "phrase_length": self.phrase_length,
+            "capacity": self.capacity,
             "table": {str(key): [list(p) for p in phrases] for key, phrases in self._table.items() if phrases},
         }
 
@@ -161,7 +163,7 @@ def argmax_chains(tokens: Sequence[int], argmax: Sequence[int], length: int) -> 
 def ngram_pairs(tokens: Sequence[int], length: int) -> Iterator[tuple[int, Sequence[int]]]:
     """(key, phrase) for every ``length``-token n-gram of ``tokens`` after its first token, keyed by
     the token before it."""
-    return ((tokens[i], tokens[i + 1:i + 1 + length]) for i in range(len(tokens) - length))
+    return ((tokens[i], tokens[i + 1 : i + 1 + length]) for i in range(len(tokens) - length))
 
 
 def open_pool(path: Optional[str], phrase_length: int, capacity: int) -> PhrasePool:
@@ -173,9 +175,11 @@ def open_pool(path: Optional[str], phrase_length: int, capacity: int) -> PhraseP
         except ValueError as exc:
             raise InputError(f"{exc}; delete it or set another pool_path") from None
         if pool.phrase_length != phrase_length:
-            raise InputError(f"phrase pool '{path}' holds phrases of {pool.phrase_length} tokens; "
-                             f"level {phrase_length + 1} needs {phrase_length}: use level "
-                             f"{pool.phrase_length + 1} or another pool_path")
+            raise InputError(
+                f"phrase pool '{path}' holds phrases of {pool.phrase_length} tokens; "
+                f"level {phrase_length + 1} needs {phrase_length}: use level "
+                f"{pool.phrase_length + 1} or another pool_path"
+            )
         return pool
     return PhrasePool(phrase_length, capacity)
 
@@ -209,7 +213,7 @@ def learn_from_step(pool: PhrasePool, state: Any, step: Any) -> None:
         anchor = path[attach] if attach >= 0 else -1
         if anchor != -1 and anchor not in accepted:
             continue
-        branch = path[attach + 1:]
+        branch = path[attach + 1 :]
         key = tokens[anchor] if anchor >= 0 else root
         corrected = [argmax[anchor + 1]] + [argmax[i + 1] for i in branch]
         pool.replace(key, [tokens[i] for i in branch], corrected[:length])

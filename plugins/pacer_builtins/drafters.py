@@ -42,11 +42,13 @@ class DraftModelConfig:
     hidden_states: bool = True  # return the draft's last-layer hidden states (PACER reads them)
     # grow an EAGLE-2-style dynamic token tree ({topk, depth, nodes}; {} = defaults); null = a chain
     tree: Optional[TreeConfig] = attrs.field(
-        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(TreeConfig)))
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(TreeConfig))
+    )
 
 
-def level_layout(ancestor_rows: list[list[int]], context: int, cached: int, depth: int
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def level_layout(
+    ancestor_rows: list[list[int]], context: int, cached: int, depth: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Positions and mask for one tree level fed after a draft cache of ``cached`` rows.
 
     The cache holds ``context`` context rows, then rows of earlier tree nodes; node i of the level
@@ -85,8 +87,11 @@ class DraftModel:
         self.hidden = config.hidden_states
         self.tree = config.tree
         self.draft_info = DraftInfo(tree=config.tree)
-        self.budget = None if config.tree is None else node_budget(config.tree, resources.target.device, COST_KIND,
-                                                                              resources.target.digest)
+        self.budget = (
+            None
+            if config.tree is None
+            else node_budget(config.tree, resources.target.device, COST_KIND, resources.target.digest)
+        )
         # tree mode, the step being drafted: its context length (the tree's cache rows follow), the
         # last level's (token, the cache rows its parent sees after the context: its ancestors' and its
         # own), their draft-tree numbers and cumulative log-probabilities (main-path node first), the
@@ -170,8 +175,10 @@ class DraftModel:
         tree, model = self.tree, self.model
         new_step = self.step.starts(state)
         if not new_step and (self._context is None or len(draft.blocks) != self._blocks):
-            raise RuntimeError("draft_model tree: the draft is not the one this drafter grew "
-                               "(one drafter per engine; drafts are not edited between levels)")
+            raise RuntimeError(
+                "draft_model tree: the draft is not the one this drafter grew "
+                "(one drafter per engine; drafts are not edited between levels)"
+            )
         grown, forwards = GrownLevels([-1] if new_step else self._nodes), 0  # this call's levels, one block
         for level_index in range(min(num_tokens, tree.depth - len(draft))):
             if new_step and level_index == 0:  # a new step: level 1
@@ -191,8 +198,9 @@ class DraftModel:
                     break
                 ancestors = [rows for _, rows in level]
                 positions, mask = level_layout(ancestors, self._context, cached, len(draft) + level_index)
-                out = model.forward([token for token, _ in level], positions=positions, tree_mask=mask,
-                                    hidden=self.hidden)
+                out = model.forward(
+                    [token for token, _ in level], positions=positions, tree_mask=mask, hidden=self.hidden
+                )
                 seen = [rows + [cached + i] for i, rows in enumerate(ancestors)]  # each node's, its own row too
                 probs = self._probs(out.logits.cpu())  # [k, vocab]
                 ends = [i for i, (token, _) in enumerate(level) if token in state.eos_token_ids]
@@ -222,8 +230,9 @@ class PromptLookupConfig:
 
     def __attrs_post_init__(self) -> None:  # checked by load_config, before any model loads
         if self.min_ngram_size > self.max_ngram_size:
-            raise ValueError(f"min_ngram_size ({self.min_ngram_size}) must not exceed "
-                             f"max_ngram_size ({self.max_ngram_size})")
+            raise ValueError(
+                f"min_ngram_size ({self.min_ngram_size}) must not exceed max_ngram_size ({self.max_ngram_size})"
+            )
 
 
 def lookup_continuation(context: torch.Tensor, max_n: int, min_n: int, num_tokens: int) -> torch.Tensor:
@@ -234,15 +243,14 @@ def lookup_continuation(context: torch.Tensor, max_n: int, min_n: int, num_token
     length = int(context.shape[0])
     for n in range(min(max_n, length - 1), min_n - 1, -1):
         windows = context[: length - 1].unfold(0, n, 1)  # [L - n, n], excludes the suffix itself
-        hits = (windows == context[length - n:]).all(-1).nonzero().flatten()
+        hits = (windows == context[length - n :]).all(-1).nonzero().flatten()
         if hits.numel():
             start = int(hits[-1]) + n
-            return context[start: start + num_tokens]
+            return context[start : start + num_tokens]
     return context[:0]
 
 
-def lookup_continuations(context: torch.Tensor, max_n: int, min_n: int, num_tokens: int,
-                         limit: int) -> list[list[int]]:
+def lookup_continuations(context: torch.Tensor, max_n: int, min_n: int, num_tokens: int, limit: int) -> list[list[int]]:
     """Up to ``limit`` distinct continuations of the context's last n-gram, best first.
 
     The first is ``lookup_continuation``'s (the most recent occurrence of the longest matching
@@ -254,10 +262,10 @@ def lookup_continuations(context: torch.Tensor, max_n: int, min_n: int, num_toke
     found: list[list[int]] = []
     for n in range(min(max_n, length - 1), min_n - 1, -1):
         windows = context[: length - 1].unfold(0, n, 1)  # [L - n, n], excludes the suffix itself
-        hits = (windows == context[length - n:]).all(-1).nonzero().flatten().tolist()
+        hits = (windows == context[length - n :]).all(-1).nonzero().flatten().tolist()
         for hit in reversed(hits):
             start = hit + n
-            candidate = context[start: start + num_tokens].tolist()
+            candidate = context[start : start + num_tokens].tolist()
             if any(taken[: len(candidate)] == candidate for taken in found):
                 continue
             found.append(candidate)
@@ -290,14 +298,31 @@ class PromptLookup:
 @hookimpl
 def pacer_components() -> list[Component]:
     return [
-        Component("drafter", "autoregressive", AutoregressiveConfig, Autoregressive,
-                  "no draft: plain decoding through the engine (the baseline)"),
-        Component("drafter", "draft_model", DraftModelConfig, DraftModel,
-                  "a small LM sharing the target's tokenizer drafts token by token (or a token tree: tree)",
-                  needs={"draft_model"}, provides={"draft_probs", "draft_hidden"},
-                  default_draft=DEFAULT_DRAFT, cost_kind=COST_KIND),
-        Component("drafter", "prompt_lookup", PromptLookupConfig, PromptLookup,
-                  "model-free n-gram drafting from the context (several matches as branches: branches)"),
+        Component(
+            "drafter",
+            "autoregressive",
+            AutoregressiveConfig,
+            Autoregressive,
+            "no draft: plain decoding through the engine (the baseline)",
+        ),
+        Component(
+            "drafter",
+            "draft_model",
+            DraftModelConfig,
+            DraftModel,
+            "a small LM sharing the target's tokenizer drafts token by token (or a token tree: tree)",
+            needs={"draft_model"},
+            provides={"draft_probs", "draft_hidden"},
+            default_draft=DEFAULT_DRAFT,
+            cost_kind=COST_KIND,
+        ),
+        Component(
+            "drafter",
+            "prompt_lookup",
+            PromptLookupConfig,
+            PromptLookup,
+            "model-free n-gram drafting from the context (several matches as branches: branches)",
+        ),
     ]
 
 

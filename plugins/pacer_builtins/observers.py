@@ -55,8 +55,7 @@ class Metrics:
     @hookimpl
     def pacer_finish(self, state, result) -> dict:
         return {
-            **step_metrics(self.accept_lengths, self.drafted_per_step, self.accepted_per_step,
-                           self.nodes_per_step),
+            **step_metrics(self.accept_lengths, self.drafted_per_step, self.accepted_per_step, self.nodes_per_step),
             "draft_forwards_per_step": list(self.draft_forwards_per_step),
             "main_path_per_step": list(self.main_path_per_step),
             "draft_s": self.draft_s,
@@ -157,9 +156,15 @@ class TreeLog:
             q = [0.0] * len(tree)
         else:
             q = tree.token_probs.float().cpu().tolist()
-        self.steps.append({"parents": tree.parents.tolist(), "q": [round(x, 6) for x in q],
-                           "main": list(draft.path_nodes), "path": list(step.verdict.nodes(draft)),
-                           "forwards": step.draft_forwards})
+        self.steps.append(
+            {
+                "parents": tree.parents.tolist(),
+                "q": [round(x, 6) for x in q],
+                "main": list(draft.path_nodes),
+                "path": list(step.verdict.nodes(draft)),
+                "forwards": step.draft_forwards,
+            }
+        )
 
     @hookimpl
     def pacer_finish(self, state, result) -> dict:
@@ -168,10 +173,22 @@ class TreeLog:
 
 @hookimpl
 def pacer_components() -> list[Component]:
-    return [Component("observer", "metrics", MetricsConfig, Metrics, "per-generation metrics",
-                      provides={"metrics"}),
-            Component("observer", "draft_quality", DraftQualityConfig, DraftQuality,
-                      "the draft's top-k agreement with the target per draft position", needs={"draft_probs"}),
-            Component("observer", "tree_log", TreeLogConfig, TreeLog,
-                      "every step's draft tree (parents, draft probabilities, main and accepted paths) for "
-                      "pacer replay's tree shapes")]
+    return [
+        Component("observer", "metrics", MetricsConfig, Metrics, "per-generation metrics", provides={"metrics"}),
+        Component(
+            "observer",
+            "draft_quality",
+            DraftQualityConfig,
+            DraftQuality,
+            "the draft's top-k agreement with the target per draft position",
+            needs={"draft_probs"},
+        ),
+        Component(
+            "observer",
+            "tree_log",
+            TreeLogConfig,
+            TreeLog,
+            "every step's draft tree (parents, draft probabilities, main and accepted paths) for "
+            "pacer replay's tree shapes",
+        ),
+    ]

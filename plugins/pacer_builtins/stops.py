@@ -63,6 +63,11 @@ class Heuristic:
 def pacer_components() -> list[Component]:
     return [
         Component("stop", "fixed", FixedConfig, Fixed, "draft exactly gamma tokens per step"),
-        Component("stop", "heuristic", HeuristicConfig, Heuristic,
-                  "transformers' schedule: +2 after a fully accepted step, else -1"),
+        Component(
+            "stop",
+            "heuristic",
+            HeuristicConfig,
+            Heuristic,
+            "transformers' schedule: +2 after a fully accepted step, else -1",
+        ),
     ]

@@ -51,9 +51,16 @@ class SpeculativeSampling:
         target_probs = logits_to_probs(target_logits, self.sampling).cpu()
         uniforms = torch.rand(len(tree), generator=state.generator)  # [n], one per node
         seed, start, vocab = state.generator.initial_seed(), len(state.tokens), target_probs.shape[-1]
-        return speculative_verify(tree.tokens, tree.draft_probs, target_probs, uniforms, state.generator,
-                                  parents, tree.sampled,
-                                  next_noise=lambda depth: position_noise(seed, start + depth, vocab))
+        return speculative_verify(
+            tree.tokens,
+            tree.draft_probs,
+            target_probs,
+            uniforms,
+            state.generator,
+            parents,
+            tree.sampled,
+            next_noise=lambda depth: position_noise(seed, start + depth, vocab),
+        )
 
 
 class SampleMatch:
@@ -82,11 +89,27 @@ class SampleMatch:
 @hookimpl
 def pacer_components() -> list[Component]:
     return [
-        Component("verifier", "greedy", VerifierConfig, Greedy,
-                  "greedy verification (sampling.temperature must be 0)", needs={"greedy"}),
-        Component("verifier", "speculative_sampling", VerifierConfig, SpeculativeSampling,
-                  "speculative sampling; greedy when sampling.temperature is 0"),
-        Component("verifier", "sample_match", VerifierConfig, SampleMatch,
-                  "keeps draft tokens equal to the target's own draw there: sampled output = plain sampling's "
-                  "with the same seed; greedy when sampling.temperature is 0"),
+        Component(
+            "verifier",
+            "greedy",
+            VerifierConfig,
+            Greedy,
+            "greedy verification (sampling.temperature must be 0)",
+            needs={"greedy"},
+        ),
+        Component(
+            "verifier",
+            "speculative_sampling",
+            VerifierConfig,
+            SpeculativeSampling,
+            "speculative sampling; greedy when sampling.temperature is 0",
+        ),
+        Component(
+            "verifier",
+            "sample_match",
+            VerifierConfig,
+            SampleMatch,
+            "keeps draft tokens equal to the target's own draw there: sampled output = plain sampling's "
+            "with the same seed; greedy when sampling.temperature is 0",
+        ),
     ]

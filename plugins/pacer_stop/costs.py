@@ -57,13 +57,16 @@ def machine(device: str) -> dict[str, Any]:
     accelerator = None
     if device.startswith("cuda") and torch.cuda.is_available():
         accelerator = torch.cuda.get_device_name(torch.device(device))
-    return {"processor": _processor(), "cpus": os.cpu_count(), "accelerator": accelerator,
-            "torch": torch.__version__}
+    return {"processor": _processor(), "cpus": os.cpu_count(), "accelerator": accelerator, "torch": torch.__version__}
 
 
 def pair(target_digest: Optional[str], draft_identity: Optional[str], dtype: Any, device: Any) -> dict[str, Any]:
-    return {"target_digest": target_digest, "draft_identity": draft_identity,
-            "dtype": str(dtype).replace("torch.", ""), "device": str(device)}
+    return {
+        "target_digest": target_digest,
+        "draft_identity": draft_identity,
+        "dtype": str(dtype).replace("torch.", ""),
+        "device": str(device),
+    }
 
 
 def run_pair(resources) -> dict[str, Any]:
@@ -85,8 +88,10 @@ def cache_file(key: dict[str, Any], folder: Optional[Path] = None) -> Path:
 
 
 def _describe(key: dict[str, Any]) -> str:
-    return (f"target {key.get('target_digest')} with draft {key.get('draft_identity')} "
-            f"({key.get('dtype')}, {key.get('device')})")
+    return (
+        f"target {key.get('target_digest')} with draft {key.get('draft_identity')} "
+        f"({key.get('dtype')}, {key.get('device')})"
+    )
 
 
 def check_costs(data: Any, path: Path, key: dict[str, Any]) -> CostModel:
@@ -97,13 +102,16 @@ def check_costs(data: Any, path: Path, key: dict[str, Any]) -> CostModel:
         raise InputError(f"'{path}' is not a cost file `{MEASURE_HINT}` wrote: {fix}")
     saved = data["key"]
     if saved.get("version") != COST_MODEL_VERSION:
-        raise InputError(f"cost file '{path}' has cost-model version {saved.get('version')}, this code reads "
-                         f"version {COST_MODEL_VERSION}: {fix}")
+        raise InputError(
+            f"cost file '{path}' has cost-model version {saved.get('version')}, this code reads "
+            f"version {COST_MODEL_VERSION}: {fix}"
+        )
     # parts a run does not know (in-memory models have no digest) are not compared
     differs = [f for f in PAIR_FIELDS if key.get(f) is not None and saved.get(f) is not None and key[f] != saved[f]]
     if differs:
-        raise InputError(f"cost file '{path}' was measured for {_describe(saved)}, but this run pairs "
-                         f"{_describe(key)}: {fix}")
+        raise InputError(
+            f"cost file '{path}' was measured for {_describe(saved)}, but this run pairs {_describe(key)}: {fix}"
+        )
     changed = [f for f in MACHINE_FIELDS if f in key and saved.get(f) != key[f]]
     if changed:
         was = ", ".join(f"{f} {saved.get(f)!r} (now {key[f]!r})" for f in changed)
@@ -118,8 +126,10 @@ def read_costs(path: Path, key: dict[str, Any]) -> CostModel:
     """The cost file at ``path`` for ``key`` (pair + machine), checked by ``check_costs``."""
     path = Path(path).expanduser()
     if not path.is_file():
-        raise InputError(f"no cost model at '{path}' for {_describe(key)}: measure one with `{MEASURE_HINT}` "
-                         "(seconds), or give the stop `costs: {verify_s: [...], draft_token_s: ..., step_s: ...}`")
+        raise InputError(
+            f"no cost model at '{path}' for {_describe(key)}: measure one with `{MEASURE_HINT}` "
+            "(seconds), or give the stop `costs: {verify_s: [...], draft_token_s: ..., step_s: ...}`"
+        )
     data = read_json(path, "cost file", f"measure it again with `{MEASURE_HINT}`", expect=None)
     return check_costs(data, path, key)
 
@@ -187,8 +197,13 @@ def measure_costs(engine, prompt: list[int], max_k: int, repeats: int, tokens: i
     finally:
         engine.pm.unregister(timer)
     verify_s, _ = measure_verify_costs(engine.target, prompt, range(1, max_k + 1), repeats, clock)
-    return {"verify_s": verify_s, "draft_token_s": _median(timer.per_token), "step_s": _median(timer.other),
-            "context_tokens": len(prompt), "steps_timed": len(timer.per_token)}
+    return {
+        "verify_s": verify_s,
+        "draft_token_s": _median(timer.per_token),
+        "step_s": _median(timer.other),
+        "context_tokens": len(prompt),
+        "steps_timed": len(timer.per_token),
+    }
 
 
 def engine_pair(engine) -> dict[str, Any]:
@@ -199,41 +214,78 @@ def engine_pair(engine) -> dict[str, Any]:
     return pair(target.digest, drafter_identity(engine, engine.draft), target.dtype, target.device)
 
 
-@command("costs", "measure the throughput rule's cost model (seconds) for a run config's machine and models, "
-                  "and cache it")
+@command(
+    "costs", "measure the throughput rule's cost model (seconds) for a run config's machine and models, and cache it"
+)
 def _setup_costs(p):
     p.add_argument("--config", "-c", metavar="YAML", help="the run config whose target, draft and drafter to measure")
-    p.add_argument("--out", metavar="FILE", help="write the cost file here (then give it as cost_file) instead of "
-                                                 "the cache")
-    p.add_argument("--max-k", type=bounded_int(1, MAX_K), default=17, metavar="K",
-                   help=f"verification forwards of 1..K tokens, K from 1 to {MAX_K} (17)")
-    p.add_argument("--repeats", type=bounded_int(1, MAX_REPEATS), default=3,
-                   help=f"timings per k, 1 to {MAX_REPEATS}; the median is kept (3)")
-    p.add_argument("--tokens", type=bounded_int(1, MAX_TOKENS_TIMED), default=32,
-                   help=f"new tokens of the generation timing the drafter, 1 to {MAX_TOKENS_TIMED} (32)")
-    p.add_argument("--gamma", type=bounded_int(1, MAX_GAMMA), default=4,
-                   help=f"the fixed window of that generation, 1 to {MAX_GAMMA} (4)")
-    p.add_argument("--profile", metavar="FILE", help="also write a measured cost profile (docs/costs.md): chain and "
-                                                     "tree verification curves up to --profile-max-k tokens after "
-                                                     "--context cached tokens, the drafter's forward, the host time; "
-                                                     "and copy it to the machine-wide cache that sizes every later "
-                                                     "`nodes: auto` tree on this device and target (unless --no-cache)")
-    p.add_argument("--profile-max-k", type=bounded_int(1, PROFILE_CHAIN_K[-1]), default=512, metavar="K",
-                   help=f"the profile's longest forward, 1 to {PROFILE_CHAIN_K[-1]} (512)")
-    p.add_argument("--context", type=bounded_int(1, MAX_CONTEXT), default=300,
-                   help=f"cached tokens before the profile's forwards, 1 to {MAX_CONTEXT} and, with --profile-max-k, "
-                        "within the target's context (300)")
-    p.add_argument("--no-cache", action="store_true",
-                   help="with --profile: write the profile file only, leaving the machine-wide cache (and so every "
-                        "later `nodes: auto` tree) as it is")
+    p.add_argument(
+        "--out", metavar="FILE", help="write the cost file here (then give it as cost_file) instead of the cache"
+    )
+    p.add_argument(
+        "--max-k",
+        type=bounded_int(1, MAX_K),
+        default=17,
+        metavar="K",
+        help=f"verification forwards of 1..K tokens, K from 1 to {MAX_K} (17)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=bounded_int(1, MAX_REPEATS),
+        default=3,
+        help=f"timings per k, 1 to {MAX_REPEATS}; the median is kept (3)",
+    )
+    p.add_argument(
+        "--tokens",
+        type=bounded_int(1, MAX_TOKENS_TIMED),
+        default=32,
+        help=f"new tokens of the generation timing the drafter, 1 to {MAX_TOKENS_TIMED} (32)",
+    )
+    p.add_argument(
+        "--gamma",
+        type=bounded_int(1, MAX_GAMMA),
+        default=4,
+        help=f"the fixed window of that generation, 1 to {MAX_GAMMA} (4)",
+    )
+    p.add_argument(
+        "--profile",
+        metavar="FILE",
+        help="also write a measured cost profile (docs/costs.md): chain and "
+        "tree verification curves up to --profile-max-k tokens after "
+        "--context cached tokens, the drafter's forward, the host time; "
+        "and copy it to the machine-wide cache that sizes every later "
+        "`nodes: auto` tree on this device and target (unless --no-cache)",
+    )
+    p.add_argument(
+        "--profile-max-k",
+        type=bounded_int(1, PROFILE_CHAIN_K[-1]),
+        default=512,
+        metavar="K",
+        help=f"the profile's longest forward, 1 to {PROFILE_CHAIN_K[-1]} (512)",
+    )
+    p.add_argument(
+        "--context",
+        type=bounded_int(1, MAX_CONTEXT),
+        default=300,
+        help=f"cached tokens before the profile's forwards, 1 to {MAX_CONTEXT} and, with --profile-max-k, "
+        "within the target's context (300)",
+    )
+    p.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="with --profile: write the profile file only, leaving the machine-wide cache (and so every "
+        "later `nodes: auto` tree) as it is",
+    )
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. target.dtype=bfloat16")
 
     def run(args) -> int:
         from pacer_core import cli
         from pacer_core.config import load_plan
 
-        overrides = list(args.overrides) + [f"strategy.stop=[{{name: fixed, gamma: {args.gamma}}}]",
-                                            "sampling.temperature=0"]
+        overrides = list(args.overrides) + [
+            f"strategy.stop=[{{name: fixed, gamma: {args.gamma}}}]",
+            "sampling.temperature=0",
+        ]
         plan = load_plan(args.config, overrides)  # validated before any model loads
         if args.profile:
             check_out_file(args.profile, "--profile")  # before measuring
@@ -254,13 +306,17 @@ def _setup_costs(p):
                 print("the machine-wide profile cache is left as it was (--no-cache)")
             else:
                 cached, replaced = cache_profile(written, engine)
-                print(f"{'replaced' if replaced else 'wrote'} the machine-wide profile {cached}: every later "
-                      f"`nodes: auto` tree on {engine.target.device} with this target now sizes itself by this "
-                      f"measurement (delete that file to go back to the shipped profile)")
+                print(
+                    f"{'replaced' if replaced else 'wrote'} the machine-wide profile {cached}: every later "
+                    f"`nodes: auto` tree on {engine.target.device} with this target now sizes itself by this "
+                    f"measurement (delete that file to go back to the shipped profile)"
+                )
         v = measured["verify_s"]
-        print(f"cost model for {_describe(key)}: verify {v[0] * 1e3:.2f} ms (k=1) .. {v[-1] * 1e3:.2f} ms "
-              f"(k={len(v)}), draft {measured['draft_token_s'] * 1e3:.2f} ms/token, other "
-              f"{measured['step_s'] * 1e3:.2f} ms/step -> {path}")
+        print(
+            f"cost model for {_describe(key)}: verify {v[0] * 1e3:.2f} ms (k=1) .. {v[-1] * 1e3:.2f} ms "
+            f"(k={len(v)}), draft {measured['draft_token_s'] * 1e3:.2f} ms/token, other "
+            f"{measured['step_s'] * 1e3:.2f} ms/step -> {path}"
+        )
         return 0
 
     return run
@@ -280,24 +336,31 @@ def write_measured_profile(path: Path, engine, cfg, prompt: list[int], measured:
     top = args.profile_max_k
     chain_k = [k for k in PROFILE_CHAIN_K if k <= top]
     tree_k = [k for k in PROFILE_TREE_K if k <= top]
-    context = (prompt * (args.context // max(len(prompt), 1) + 1))[:args.context]
+    context = (prompt * (args.context // max(len(prompt), 1) + 1))[: args.context]
     chain, tree = measure_verify_costs(engine.target, context, chain_k, args.repeats, clock, tree_k)
     key = full_key(engine_pair(engine))
     kind = engine.draft_cost_kind  # the drafter's Component.cost_kind
     target = engine.target
     step = float(measured["step_s"]) or 1e-6
     profile = Profile(
-        name=f"measured-{key['device']}-{key['dtype']}", kind="measured",
+        name=f"measured-{key['device']}-{key['dtype']}",
+        kind="measured",
         device=f"{key.get('accelerator') or key['processor']} ({key['cpus']} CPUs, torch {key['torch']})",
-        verify=Curve(chain_k, monotone(chain)), tree_verify=Curve(tree_k, monotone(tree)) if tree_k else None,
+        verify=Curve(chain_k, monotone(chain)),
+        tree_verify=Curve(tree_k, monotone(tree)) if tree_k else None,
         draft={kind: Curve([1], [max(float(measured["draft_token_s"]), 1e-6)])} if kind else {},
-        host_plain=step, host_chain=step, dtype=key["dtype"],
+        host_plain=step,
+        host_chain=step,
+        dtype=key["dtype"],
         target={k: v for k, v in {"digest": target.digest, "vocab": target.vocab_size}.items() if v is not None},
         context=len(context),
-        sources={"verify_s": f"pacer costs --profile, median of {args.repeats} forwards per k after {len(context)} "
-                             "cached tokens",
-                 "draft_s": "pacer costs: the drafter's seconds per draft token in a generation with a fixed window",
-                 "host_s": "pacer costs: a step's seconds outside drafting and verifying in that generation"})
+        sources={
+            "verify_s": f"pacer costs --profile, median of {args.repeats} forwards per k after {len(context)} "
+            "cached tokens",
+            "draft_s": "pacer costs: the drafter's seconds per draft token in a generation with a fixed window",
+            "host_s": "pacer costs: a step's seconds outside drafting and verifying in that generation",
+        },
+    )
     return write_profile(path, profile, header="measured by `pacer costs --profile` (docs/costs.md)")
 
 

@@ -41,8 +41,10 @@ def draft_folder(sim: PacerConfig, drafter: ResolvedComponent) -> Optional[Path]
     return None if folder is None else Path(folder)
 
 
-DRAFT_CORPUS_FIX = ("make the draft with the current `pacer distill`, or set data.skip_draft_corpus=false if it "
-                    "was not trained on this project's corpus")
+DRAFT_CORPUS_FIX = (
+    "make the draft with the current `pacer distill`, or set data.skip_draft_corpus=false if it "
+    "was not trained on this project's corpus"
+)
 
 
 def draft_manifest(folder: Optional[Path]) -> Optional[dict[str, Any]]:
@@ -53,17 +55,23 @@ def draft_manifest(folder: Optional[Path]) -> Optional[dict[str, Any]]:
         return None
     path = folder / "manifest.json"
     if not path.is_file():
-        raise InputError(f"draft '{folder}' has no manifest.json recording the corpus it was distilled on: "
-                         f"{DRAFT_CORPUS_FIX}")
+        raise InputError(
+            f"draft '{folder}' has no manifest.json recording the corpus it was distilled on: {DRAFT_CORPUS_FIX}"
+        )
     manifest = read_json(path, "draft manifest")
     if isinstance(manifest, dict) and isinstance(manifest.get("corpus_sources"), dict):
         return manifest
     recipe = manifest.get("recipe") if isinstance(manifest, dict) else None
     counts = manifest.get("corpus") if isinstance(manifest, dict) else None
-    if not (isinstance(recipe, dict) and isinstance(recipe.get("corpus"), dict) and isinstance(counts, dict)
-            and all(k in counts for k in ("stdlib", "docs"))):
-        raise InputError(f"draft '{folder}': its manifest records neither corpus_sources nor a distill recipe: "
-                         f"{DRAFT_CORPUS_FIX}")
+    if not (
+        isinstance(recipe, dict)
+        and isinstance(recipe.get("corpus"), dict)
+        and isinstance(counts, dict)
+        and all(k in counts for k in ("stdlib", "docs"))
+    ):
+        raise InputError(
+            f"draft '{folder}': its manifest records neither corpus_sources nor a distill recipe: {DRAFT_CORPUS_FIX}"
+        )
     return manifest
 
 
@@ -84,9 +92,11 @@ def draft_corpus(folder: Optional[Path], manifest: Optional[dict[str, Any]], tok
     derived, used = corpus_sources(corpus, int(recipe.get("seed", 0)), tokenizer)
     recorded = {k: counts[k] for k in ("stdlib", "docs")}
     if {k: derived[k] for k in recorded} != recorded:
-        raise InputError(f"draft '{folder}': its manifest records no corpus_sources, and re-deriving them from its "
-                         f"recipe gives other token counts ({ {k: derived[k] for k in recorded} } vs {recorded}: "
-                         f"another tokenizer or Python standard library): {DRAFT_CORPUS_FIX}")
+        raise InputError(
+            f"draft '{folder}': its manifest records no corpus_sources, and re-deriving them from its "
+            f"recipe gives other token counts ({ {k: derived[k] for k in recorded} } vs {recorded}: "
+            f"another tokenizer or Python standard library): {DRAFT_CORPUS_FIX}"
+        )
     log(f"draft '{folder}' predates corpus_sources: re-derived them from its recipe (token counts match)")
     return used
 
@@ -104,8 +114,13 @@ def seen_sources(record: Optional[dict[str, Any]]) -> dict[str, Any]:
     under ``init``, the records of the drafts it continued (a chain of runs), merged into one:
     instructions, stdlib files and documentation topics concatenated, the self-distillation corpora
     (``selfdistill`` and ``selfdistill_extra``) listed; the seed is the draft's own."""
-    merged: dict[str, Any] = {"seed": int((record or {}).get("seed", 0)), "instructions": [], "stdlib": [],
-                              "docs": [], "selfdistill": []}
+    merged: dict[str, Any] = {
+        "seed": int((record or {}).get("seed", 0)),
+        "instructions": [],
+        "stdlib": [],
+        "docs": [],
+        "selfdistill": [],
+    }
     while isinstance(record, dict):
         for key in ("instructions", "stdlib", "docs"):
             merged[key] += list(record.get(key) or [])
@@ -125,9 +140,11 @@ def selfdistill_folders(used: dict[str, Any]) -> list[Path]:
     for entry in used.get("selfdistill", []):
         found = recorded_corpus(entry)
         if found is None:
-            raise InputError(f"the draft was distilled on the self-distillation corpus '{entry['path']}', which is "
-                             "not here: M_B's training prompts must be kept apart from it; run from the folder it "
-                             "was recorded from (or copy the corpus there), or set data.skip_draft_corpus=false")
+            raise InputError(
+                f"the draft was distilled on the self-distillation corpus '{entry['path']}', which is "
+                "not here: M_B's training prompts must be kept apart from it; run from the folder it "
+                "was recorded from (or copy the corpus there), or set data.skip_draft_corpus=false"
+            )
         folders.append(found)
     return folders
 
@@ -138,8 +155,12 @@ class CorpusGuard:
     pointed at the draft's training text)."""
 
     def __init__(self, folders: list[Path], tokenizer):
-        texts = [(f"{folder.name}/{sample.id}", tokenizer.decode(part.tolist()))
-                 for folder in folders for sample in iter_corpus(folder) for part in (sample.prompt, sample.answer)]
+        texts = [
+            (f"{folder.name}/{sample.id}", tokenizer.decode(part.tolist()))
+            for folder in folders
+            for sample in iter_corpus(folder)
+            for part in (sample.prompt, sample.answer)
+        ]
         # runs of 13 words only: a shorter text (a brief answer) would refuse every prompt containing it
         texts = [(name, text) for name, text in texts if len(words(text)) >= NGRAM]
         self.guard = BenchmarkGuard(texts) if texts else None
@@ -155,8 +176,9 @@ def _unused(entries: list[dict[str, Any]], key: str) -> tuple[set, set]:
     return {e[key] for e in entries}, {e["sha256"] for e in entries}
 
 
-def build_items(cfg: TrainPreverifyConfig, tokenizer, used: Optional[dict[str, Any]] = None,
-                guard: Optional[CorpusGuard] = None) -> list[dict[str, Any]]:
+def build_items(
+    cfg: TrainPreverifyConfig, tokenizer, used: Optional[dict[str, Any]] = None, guard: Optional[CorpusGuard] = None
+) -> list[dict[str, Any]]:
     """The prompts to simulate SD on: [{"source", "prompt": token ids}], shuffled with the seed. Skips
     what ``used`` (the draft's ``corpus_sources``, its ``init`` chain included) names: instructions by
     digest, stdlib files by relative path or digest, documentation topics by name or digest; and any
@@ -168,8 +190,10 @@ def build_items(cfg: TrainPreverifyConfig, tokenizer, used: Optional[dict[str, A
     def fresh(prompt) -> bool:  # an instruction's text or a passage's ids (decoded only when a guard reads it)
         return guard is None or not guard.overlaps(prompt if isinstance(prompt, str) else tokenizer.decode(prompt))
 
-    items = [{"source": "chat", "prompt": tokenizer.encode(q, chat_template=True)}
-             for q in fresh_instructions(d, used, fresh)]
+    items = [
+        {"source": "chat", "prompt": tokenizer.encode(q, chat_template=True)}
+        for q in fresh_instructions(d, used, fresh)
+    ]
     need = d.passage_tokens + 16
     used_paths, used_files = _unused(used.get("stdlib", []), "path")
     root, passages = stdlib_root(), []
@@ -182,13 +206,16 @@ def build_items(cfg: TrainPreverifyConfig, tokenizer, used: Optional[dict[str, A
         ids = tokenizer.encode(text, chat_template=False)
         if len(ids) >= need:
             start = rng.randrange(0, len(ids) - need + 1)
-            passage = ids[start:start + d.passage_tokens]
+            passage = ids[start : start + d.passage_tokens]
             if fresh(passage):
                 passages.append({"source": "stdlib", "prompt": passage})
     items += passages
     used_topics, used_texts = _unused(used.get("docs", []), "topic")
-    docs = [tokenizer.encode(topics[name], chat_template=False) for name in sorted(topics)
-            if name not in used_topics and text_digest(topics[name]) not in used_texts]
+    docs = [
+        tokenizer.encode(topics[name], chat_template=False)
+        for name in sorted(topics)
+        if name not in used_topics and text_digest(topics[name]) not in used_texts
+    ]
     docs = [ids for ids in docs if len(ids) >= need]
     offset, taken = 0, 0
     while docs and taken < d.docs_passages:  # round robin over topics, one passage each per round
@@ -197,7 +224,7 @@ def build_items(cfg: TrainPreverifyConfig, tokenizer, used: Optional[dict[str, A
             start = offset * 2 * d.passage_tokens
             if taken < d.docs_passages and start + need <= len(ids):
                 progressed = True
-                passage = ids[start:start + d.passage_tokens]
+                passage = ids[start : start + d.passage_tokens]
                 if fresh(passage):
                     items.append({"source": "docs", "prompt": passage})
                     taken += 1

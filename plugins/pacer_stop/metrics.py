@@ -65,7 +65,14 @@ def position_report(probs: torch.Tensor, labels: torch.Tensor, positions: torch.
         at = positions == p
         if not bool(at.any()):
             continue
-        rows.append({"position": p, "tokens": int(at.sum()), "accepted_rate": float(labels[at].double().mean()),
-                     "mean_prediction": float(probs[at].double().mean()), "auc": roc_auc(probs[at], labels[at]),
-                     "ece": expected_calibration_error(probs[at], labels[at])})
+        rows.append(
+            {
+                "position": p,
+                "tokens": int(at.sum()),
+                "accepted_rate": float(labels[at].double().mean()),
+                "mean_prediction": float(probs[at].double().mean()),
+                "auc": roc_auc(probs[at], labels[at]),
+                "ece": expected_calibration_error(probs[at], labels[at]),
+            }
+        )
     return rows

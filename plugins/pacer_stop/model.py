@@ -104,8 +104,9 @@ class PreVerifier(nn.Module):
         if arch.positional:
             self.position = nn.Embedding(arch.max_positions, arch.width)
             nn.init.normal_(self.position.weight, std=0.02)
-        self.blocks = nn.ModuleList(AttentionLayer(arch.width, arch.heads, arch.ffn_size, arch.dropout)
-                                    for _ in range(arch.layers))
+        self.blocks = nn.ModuleList(
+            AttentionLayer(arch.width, arch.heads, arch.ffn_size, arch.dropout) for _ in range(arch.layers)
+        )
         self.head_norm = nn.LayerNorm(arch.width)
         self.head = nn.Linear(arch.width, 1)
         if arch.confidence_prior:
@@ -114,8 +115,9 @@ class PreVerifier(nn.Module):
             self.prior_scale = nn.Parameter(torch.ones(1))  # α
         self.dropout = nn.Dropout(arch.dropout)
 
-    def embed(self, hidden: torch.Tensor, positions: torch.Tensor,
-              confidence: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def embed(
+        self, hidden: torch.Tensor, positions: torch.Tensor, confidence: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         """hidden: [..., T, input_size]; positions: [..., T] (0 = first draft token);
         confidence: [..., T, 2] (log q(x), H(q)) when the arch reads it."""
         x = self.proj(self.in_norm(hidden))
@@ -127,14 +129,23 @@ class PreVerifier(nn.Module):
             x = x + self.position(positions.clamp(max=self.arch.max_positions - 1))
         return self.dropout(x)
 
-    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, mask: Optional[torch.Tensor] = None,
-                confidence: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        mask: Optional[torch.Tensor] = None,
+        confidence: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         """Acceptance logits [B, T] for a batch: hidden [B, T, input_size], positions [B, T] and
         ``mask`` [B, T, T] bool (True = may attend; default causal). For packed steps use
         ``packing_mask``; positions restart at 0 in each step."""
         if hidden.dim() == 2:
-            return self.forward(hidden[None], positions[None], None if mask is None else mask[None],
-                                None if confidence is None else confidence[None])[0]
+            return self.forward(
+                hidden[None],
+                positions[None],
+                None if mask is None else mask[None],
+                None if confidence is None else confidence[None],
+            )[0]
         b, t, _ = hidden.shape
         if mask is None:
             mask = torch.ones(t, t, dtype=torch.bool, device=hidden.device).tril()[None].expand(b, t, t)
@@ -169,19 +180,27 @@ class PreVerifier(nn.Module):
         try:
             arch = PreVerifierArch(**config)
             # every size checked against the weights' header before the network is built from it
-            check_sizes(Path(folder) / CONFIG, Path(folder) / WEIGHTS, safetensors_shapes(Path(folder) / WEIGHTS, fix),
-                        fix, *arch_sizes(arch))
+            check_sizes(
+                Path(folder) / CONFIG,
+                Path(folder) / WEIGHTS,
+                safetensors_shapes(Path(folder) / WEIGHTS, fix),
+                fix,
+                *arch_sizes(arch),
+            )
             model = cls(arch)
         except (TypeError, ValueError, ZeroDivisionError, RuntimeError) as exc:  # missing, unknown or bad options
-            raise InputError(f"M_B config '{Path(folder) / CONFIG}' does not describe an M_B "
-                             f"({str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__}): the file is "
-                             f"damaged; {fix}") from None
+            raise InputError(
+                f"M_B config '{Path(folder) / CONFIG}' does not describe an M_B "
+                f"({str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__}): the file is "
+                f"damaged; {fix}"
+            ) from None
         try:
             model.load_state_dict(load_safetensors(Path(folder) / WEIGHTS, fix))
         except RuntimeError as exc:  # missing, unexpected or mis-shaped tensors
             detail = str(exc).strip().splitlines()[-1].strip()[:160]
-            raise InputError(f"M_B '{folder}' does not match the layout its config.json describes ({detail}): "
-                             f"{fix}") from None
+            raise InputError(
+                f"M_B '{folder}' does not match the layout its config.json describes ({detail}): {fix}"
+            ) from None
         return model.eval()
 
 
@@ -262,7 +281,7 @@ class IncrementalPredictor:
         self.layers = []
         for i, block in enumerate(net.blocks):
             p = f"blocks.{i}."
-            self.layers.append({k[len(p):]: v for k, v in w.items() if k.startswith(p)})
+            self.layers.append({k[len(p) :]: v for k, v in w.items() if k.startswith(p)})
         self.heads, self.head_dim = a.heads, a.width // max(1, a.heads)
         self.keys: list[Optional[torch.Tensor]] = [None] * len(self.layers)  # [heads, T, head_dim]
         self.values: list[Optional[torch.Tensor]] = [None] * len(self.layers)
@@ -312,12 +331,12 @@ class IncrementalPredictor:
         if a.positional:
             table = w["position.weight"]  # [max_positions, width]
             if start + k <= a.max_positions:
-                x = x + table[start:start + k]
+                x = x + table[start : start + k]
             else:
                 x = x + table[torch.arange(start, start + k).clamp(max=a.max_positions - 1)]
         # a token attends to the cached draft tokens and causally within the block
         future = None if k == 1 else torch.ones(k, start + k, dtype=torch.bool).triu(start + 1)
-        scale = self.head_dim ** -0.5
+        scale = self.head_dim**-0.5
         for i, lw in enumerate(self.layers):
             qkv = F.linear(self._norm(x, "attn_norm", lw), lw["qkv.weight"], lw["qkv.bias"])
             q, key, value = qkv.view(k, 3, self.heads, self.head_dim).permute(1, 2, 0, 3)  # [heads, k, hd] each

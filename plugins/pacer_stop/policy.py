@@ -30,8 +30,9 @@ from .model import CONFIG, MANIFEST, WEIGHTS, IncrementalPredictor, PreVerifier,
 DEFAULT_CHECKPOINT = Path(__file__).parent / "default"  # M_B for the embedded target + shipped eagle draft
 # every M_B this plugin ships (the eagle draft's, the token-level draft's, the dflash block draft's);
 # `checkpoint: null` picks the one trained for the run's draft/target pair
-SHIPPED_CHECKPOINTS = tuple(Path(__file__).parent / name for name in ("default", "default_draft_model",
-                                                                      "default_dflash"))
+SHIPPED_CHECKPOINTS = tuple(
+    Path(__file__).parent / name for name in ("default", "default_draft_model", "default_dflash")
+)
 TRAIN_HINT = "pacer train-preverify"
 
 Predictor = Callable[..., torch.Tensor]  # predictor(hidden [k, d], start, confidence=None) -> probs [k]
@@ -50,6 +51,7 @@ def _one_of(choices):
     def check(instance, attribute, value) -> None:
         if value not in choices:
             raise ValueError(f"'{attribute.name}' must be one of {', '.join(choices)}, got '{value}'")
+
     return check
 
 
@@ -102,7 +104,7 @@ class PacerStopConfig:
 def checkpoint_folder(path: Optional[str]) -> Path:
     """``None`` = the shipped default; ``shipped:NAME`` = a folder shipped with this plugin; else a path."""
     if path is not None and path.startswith("shipped:"):
-        folder = Path(__file__).parent / path[len("shipped:"):]
+        folder = Path(__file__).parent / path[len("shipped:") :]
     else:
         folder = DEFAULT_CHECKPOINT if path is None else Path(path).expanduser()
     missing = [name for name in (CONFIG, WEIGHTS, MANIFEST) if not (folder / name).exists()]
@@ -112,21 +114,26 @@ def checkpoint_folder(path: Optional[str]) -> Path:
                 f"the shipped PACER checkpoint '{folder}' does not exist yet (it is trained for the embedded "
                 f"pair): train one with `{TRAIN_HINT}` and set strategy.stop.N.checkpoint=<its folder>"
             )
-        raise InputError(f"'{folder}' is not a PACER checkpoint folder (no {', '.join(missing)}): make one "
-                         f"with `{TRAIN_HINT}`")
+        raise InputError(
+            f"'{folder}' is not a PACER checkpoint folder (no {', '.join(missing)}): make one with `{TRAIN_HINT}`"
+        )
     return folder
 
 
-def check_pair(folder: Path, manifest: dict[str, Any], target_digest: Optional[str],
-               draft_identity: Optional[str]) -> None:
+def check_pair(
+    folder: Path, manifest: dict[str, Any], target_digest: Optional[str], draft_identity: Optional[str]
+) -> None:
     """Refuse an M_B trained for another draft/target pair (parts this run does not know pass)."""
     trained_target, trained_draft = manifest.get("target_digest"), manifest.get("draft_identity")
     target_differs = bool(target_digest and trained_target and trained_target != target_digest)
     draft_differs = bool(draft_identity and trained_draft and trained_draft != draft_identity)
     if target_differs or draft_differs:
         drafter = manifest.get("drafter")
-        reads = f"reads the {drafter['name']} drafter's hidden states and " if (
-            isinstance(drafter, dict) and isinstance(drafter.get("name"), str)) else ""
+        reads = (
+            f"reads the {drafter['name']} drafter's hidden states and "
+            if (isinstance(drafter, dict) and isinstance(drafter.get("name"), str))
+            else ""
+        )
         raise InputError(
             f"PACER checkpoint '{folder}' {reads}was trained for target {trained_target} with draft {trained_draft}, "
             f"but this run pairs target {target_digest} with draft {draft_identity}: train one for this pair "
@@ -138,8 +145,10 @@ def shipped_for_pair(draft_identity: Optional[str]) -> Optional[str]:
     """The shipped M_B trained for this draft (by identity), if any."""
     for folder in SHIPPED_CHECKPOINTS:
         if draft_identity and (folder / MANIFEST).exists():
-            if read_json(folder / MANIFEST, "M_B manifest",
-                         "reinstall pacer-sd").get("draft_identity") == draft_identity:
+            if (
+                read_json(folder / MANIFEST, "M_B manifest", "reinstall pacer-sd").get("draft_identity")
+                == draft_identity
+            ):
                 return str(folder)
     return None
 
@@ -155,8 +164,10 @@ def load_predictor(config: PacerStopConfig, resources: Resources) -> Incremental
     model = resources.draft if resources.draft is not None else resources.target
     size = model.hidden_size
     if size != predictor.arch.input_size:
-        raise InputError(f"PACER checkpoint '{folder}' reads hidden states of size {predictor.arch.input_size}, "
-                         f"but this draft's have size {size}: train one for this pair (`{TRAIN_HINT}`)")
+        raise InputError(
+            f"PACER checkpoint '{folder}' reads hidden states of size {predictor.arch.input_size}, "
+            f"but this draft's have size {size}: train one for this pair (`{TRAIN_HINT}`)"
+        )
     return predictor
 
 
@@ -225,8 +236,9 @@ class PacerStop:
     scripted one. ``cost`` (the throughput rule's cost model) is required for ``rule: throughput``.
     """
 
-    def __init__(self, config: PacerStopConfig, predictor: Any, reads_confidence: bool = False,
-                 cost: Optional[CostModel] = None):
+    def __init__(
+        self, config: PacerStopConfig, predictor: Any, reads_confidence: bool = False, cost: Optional[CostModel] = None
+    ):
         if config.rule == "throughput" and cost is None:
             raise ValueError("the throughput rule needs a cost model")
         self.config = config
@@ -278,16 +290,23 @@ class PacerStop:
         start = self.checked
         hidden = _rows_since(draft, start, "hidden_states")
         if hidden is None:
-            raise InputError("the pacer stop reads the draft's hidden states, which this drafter did not "
-                             "return: use a drafter that provides them (draft_model, eagle, dflash)")
+            raise InputError(
+                "the pacer stop reads the draft's hidden states, which this drafter did not "
+                "return: use a drafter that provides them (draft_model, eagle, dflash)"
+            )
         confidence = None
         if self.reads_confidence:
             probs = _rows_since(draft, start, "draft_probs")
             if probs is None:
-                reader = ("the draft_confidence predictor" if self.config.predictor == "draft_confidence"
-                          else "this PACER checkpoint")
-                raise InputError(f"{reader} reads the draft's probabilities, which this drafter did not return: "
-                                 "use a model drafter (draft_model, eagle, dflash)")
+                reader = (
+                    "the draft_confidence predictor"
+                    if self.config.predictor == "draft_confidence"
+                    else "this PACER checkpoint"
+                )
+                raise InputError(
+                    f"{reader} reads the draft's probabilities, which this drafter did not return: "
+                    "use a model drafter (draft_model, eagle, dflash)"
+                )
             confidence = confidence_features(probs[: end - start], draft.tokens[start:end])
         t = self.clock()
         predicted = self.predictor(hidden[: end - start], start, confidence)
@@ -329,8 +348,9 @@ class PacerStop:
         if c.rule == "throughput":
             rate = self.rate.value * c.margin
             self.blocks_judged.append((start, end, mean, rate))
-            if end < c.min_draft or (end < c.max_draft and rules.next_block_pays(self.predictions, end, c.b,
-                                                                                 self.cost, rate)):
+            if end < c.min_draft or (
+                end < c.max_draft and rules.next_block_pays(self.predictions, end, c.b, self.cost, rate)
+            ):
                 return None
             return rules.send_length(self.predictions, c.min_draft, end, self.cost, rate)
         self.blocks_judged.append((start, end, mean, self.threshold))

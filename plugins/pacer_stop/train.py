@@ -98,19 +98,23 @@ class StepRecorder:
         if draft.hidden_states is None:
             raise InputError("the drafter returned no hidden states: M_B cannot be trained on its drafts")
         labels = torch.arange(n) < step.verdict.accepted  # accepted prefix 1, then 0
-        confidence = (confidence_features(draft.draft_probs, draft.tokens) if draft.draft_probs is not None
-                      else torch.zeros(n, 2))
-        self.steps.append({
-            "hidden": draft.hidden_states.detach().float().clamp(-6e4, 6e4).cpu().half(),  # [n, d]
-            "labels": labels,
-            "confidence": confidence.cpu().half(),
-            "tokens": draft.tokens.cpu().clone(),
-            "committed_before": step.committed_before,
-        })
+        confidence = (
+            confidence_features(draft.draft_probs, draft.tokens) if draft.draft_probs is not None else torch.zeros(n, 2)
+        )
+        self.steps.append(
+            {
+                "hidden": draft.hidden_states.detach().float().clamp(-6e4, 6e4).cpu().half(),  # [n, d]
+                "labels": labels,
+                "confidence": confidence.cpu().half(),
+                "tokens": draft.tokens.cpu().clone(),
+                "committed_before": step.committed_before,
+            }
+        )
 
 
-def simulate_item(engine: Engine, recorder: StepRecorder, prompt: list[int], max_new_tokens: int,
-                  seed: int) -> dict[str, Any]:
+def simulate_item(
+    engine: Engine, recorder: StepRecorder, prompt: list[int], max_new_tokens: int, seed: int
+) -> dict[str, Any]:
     """Decode one prompt with real SD; returns its steps packed as tensors."""
     result = engine.generate(prompt, max_new_tokens=max_new_tokens, seed=seed)
     steps = recorder.steps
@@ -131,8 +135,9 @@ def simulate_item(engine: Engine, recorder: StepRecorder, prompt: list[int], max
     }
 
 
-def simulate(engine: Engine, recorder: StepRecorder, items: list[dict[str, Any]], folder: Path,
-             max_new_tokens: int, seed: int) -> None:
+def simulate(
+    engine: Engine, recorder: StepRecorder, items: list[dict[str, Any]], folder: Path, max_new_tokens: int, seed: int
+) -> None:
     """Simulate every item without a file in ``folder`` (resumable; Ctrl-C/SIGTERM stops between items)."""
     folder.mkdir(parents=True, exist_ok=True)
     todo = [i for i in range(len(items)) if not (folder / f"item_{i:05d}.pt").exists()]
@@ -184,10 +189,14 @@ class StepData:
         """Packed sequences of steps → hidden [B, L, d], confidence [B, L, 2], positions, segments
         (-1 = padding) and labels [B, L], valid [B, L] bool."""
         b, d = len(sequences), self.hidden.shape[-1]
-        out = {"hidden": torch.zeros(b, pack_len, d), "confidence": torch.zeros(b, pack_len, 2),
-               "positions": torch.zeros(b, pack_len, dtype=torch.long),
-               "segments": torch.full((b, pack_len), -1, dtype=torch.long),
-               "labels": torch.zeros(b, pack_len), "valid": torch.zeros(b, pack_len, dtype=torch.bool)}
+        out = {
+            "hidden": torch.zeros(b, pack_len, d),
+            "confidence": torch.zeros(b, pack_len, 2),
+            "positions": torch.zeros(b, pack_len, dtype=torch.long),
+            "segments": torch.full((b, pack_len), -1, dtype=torch.long),
+            "labels": torch.zeros(b, pack_len),
+            "valid": torch.zeros(b, pack_len, dtype=torch.bool),
+        }
         for row, steps in enumerate(sequences):
             at = 0
             for segment, s in enumerate(steps):
@@ -195,19 +204,23 @@ class StepData:
                 n = min(end - start, pack_len - at)
                 if n <= 0:
                     break
-                out["hidden"][row, at:at + n] = self.hidden[start:start + n].float()
-                out["confidence"][row, at:at + n] = self.confidence[start:start + n].float()
-                out["positions"][row, at:at + n] = torch.arange(n)
-                out["segments"][row, at:at + n] = segment
-                out["labels"][row, at:at + n] = self.labels[start:start + n].float()
-                out["valid"][row, at:at + n] = True
+                out["hidden"][row, at : at + n] = self.hidden[start : start + n].float()
+                out["confidence"][row, at : at + n] = self.confidence[start : start + n].float()
+                out["positions"][row, at : at + n] = torch.arange(n)
+                out["segments"][row, at : at + n] = segment
+                out["labels"][row, at : at + n] = self.labels[start : start + n].float()
+                out["valid"][row, at : at + n] = True
                 at += n
         return out
 
 
 def batch_logits(net: PreVerifier, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    return net(batch["hidden"], batch["positions"], packing_mask(batch["segments"]),
-               batch["confidence"] if net.arch.draft_confidence else None)  # [B, L]
+    return net(
+        batch["hidden"],
+        batch["positions"],
+        packing_mask(batch["segments"]),
+        batch["confidence"] if net.arch.draft_confidence else None,
+    )  # [B, L]
 
 
 def batch_loss(net: PreVerifier, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -217,15 +230,16 @@ def batch_loss(net: PreVerifier, batch: dict[str, torch.Tensor]) -> torch.Tensor
 
 
 @torch.no_grad()
-def predict_steps(net: PreVerifier, data: StepData, steps: list[int], pack_len: int,
-                  batch_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+def predict_steps(
+    net: PreVerifier, data: StepData, steps: list[int], pack_len: int, batch_size: int = 64
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(probabilities, labels) of every row of ``steps``, packed as in training."""
     was_training = net.training
     net.eval()
     sequences = pack(data.lengths.tolist(), steps, pack_len)
     probs, labels = [], []
     for i in range(0, len(sequences), batch_size):
-        batch = data.batch(sequences[i:i + batch_size], pack_len)
+        batch = data.batch(sequences[i : i + batch_size], pack_len)
         p = torch.sigmoid(batch_logits(net, batch))
         probs.append(p[batch["valid"]])
         labels.append(batch["labels"][batch["valid"]])
@@ -239,13 +253,14 @@ def draft_confidence(data: StepData, steps: list[int]) -> tuple[torch.Tensor, to
     from .rules import cumulative_confidence
 
     offsets = data.offsets.tolist()
-    probs = [cumulative_confidence(data.confidence[offsets[s]:offsets[s + 1], 0].float()) for s in steps]
-    labels = [data.labels[offsets[s]:offsets[s + 1]].double() for s in steps]
+    probs = [cumulative_confidence(data.confidence[offsets[s] : offsets[s + 1], 0].float()) for s in steps]
+    labels = [data.labels[offsets[s] : offsets[s + 1]].double() for s in steps]
     return torch.cat(probs), torch.cat(labels)
 
 
-def train(cfg: TrainPreverifyConfig, checkpoint: Path, data: StepData, train_steps: list[int],
-          heldout_steps: list[int]) -> tuple[PreVerifier, dict[str, Any], dict[str, Any]]:
+def train(
+    cfg: TrainPreverifyConfig, checkpoint: Path, data: StepData, train_steps: list[int], heldout_steps: list[int]
+) -> tuple[PreVerifier, dict[str, Any], dict[str, Any]]:
     """Train M_B on ``train_steps`` (resuming from ``checkpoint``); returns (net, held-out metrics,
     training info)."""
     t = cfg.train
@@ -276,7 +291,7 @@ def train(cfg: TrainPreverifyConfig, checkpoint: Path, data: StepData, train_ste
             cached = (epoch, epoch_sequences(epoch))
         sequences = cached[1]
         first = (offset * t.batch_size) % max(1, len(sequences))
-        return batch_loss(net, data.batch(sequences[first:first + t.batch_size], t.pack_len)), {}
+        return batch_loss(net, data.batch(sequences[first : first + t.batch_size], t.pack_len)), {}
 
     def after_step(step: int, loss: torch.Tensor, parts) -> dict[str, str]:
         running[0], running[1] = running[0] + float(loss.detach()), running[1] + 1
@@ -291,8 +306,9 @@ def train(cfg: TrainPreverifyConfig, checkpoint: Path, data: StepData, train_ste
         running[0], running[1] = 0.0, 0
         return entry
 
-    run.fit(step_loss, lambda step: cosine_lr(step, total, t.warmup, t.lr, LR_FLOOR), t.checkpoint_every,
-            record, after_step)
+    run.fit(
+        step_loss, lambda step: cosine_lr(step, total, t.warmup, t.lr, LR_FLOOR), t.checkpoint_every, record, after_step
+    )
     step, history = run.step, run.history
     net.eval()
     metrics = prediction_report(*predict_steps(net, data, heldout_steps, t.pack_len)) if heldout_steps else {}
@@ -316,8 +332,9 @@ def load_samples(folder: Path, count: int) -> list[dict[str, Any]]:
         path = folder / f"item_{i:05d}.pt"
         sample = load_run_file(path, "simulated item")
         if not isinstance(sample, dict) or any(key not in sample for key in SAMPLE_KEYS):
-            raise InputError(f"the simulated item '{path}' is not one train-preverify wrote: delete it to simulate "
-                             "that item again")
+            raise InputError(
+                f"the simulated item '{path}' is not one train-preverify wrote: delete it to simulate that item again"
+            )
         samples.append(sample)
     return samples
 
@@ -347,8 +364,10 @@ def check_draft_identity(out: Path, identity: Optional[str]) -> None:
         recorded = read_json(path, "run folder's draft identity")
         recorded = recorded.get("draft_identity") if isinstance(recorded, dict) else None
         if recorded != identity:
-            raise InputError(f"'{out}' was simulated with draft {recorded}, but this run's draft is {identity}: "
-                             "give a new out= folder (its prompts and steps belong to the old draft)")
+            raise InputError(
+                f"'{out}' was simulated with draft {recorded}, but this run's draft is {identity}: "
+                "give a new out= folder (its prompts and steps belong to the old draft)"
+            )
     else:
         atomic_write_text(path, json.dumps({"draft_identity": identity}))
 
@@ -400,23 +419,31 @@ def run_train_preverify(cfg: TrainPreverifyConfig, command_line: str) -> Path:
         guard = CorpusGuard(corpora, tokenizer) if manifest else None
         items = build_items(cfg, tokenizer, draft_corpus(folder, manifest, tokenizer) if manifest else None, guard)
         if guard is not None and guard.skipped:
-            log(f"{guard.skipped} candidate prompts skipped: they share a 13-word run with the draft's "
-                "self-distillation corpus")
+            log(
+                f"{guard.skipped} candidate prompts skipped: they share a 13-word run with the draft's "
+                "self-distillation corpus"
+            )
         atomic_write_text(items_file, json.dumps(items))
     else:
         items = read_json(items_file, "item list")
-        if not isinstance(items, list) or not all(isinstance(i, dict) and isinstance(i.get("prompt"), list)
-                                                  and "source" in i for i in items):
-            raise InputError(f"'{items_file}' is not an item list train-preverify wrote: delete it to choose the "
-                             "prompts again")
+        if not isinstance(items, list) or not all(
+            isinstance(i, dict) and isinstance(i.get("prompt"), list) and "source" in i for i in items
+        ):
+            raise InputError(
+                f"'{items_file}' is not an item list train-preverify wrote: delete it to choose the prompts again"
+            )
     sources = {s: sum(1 for i in items if i["source"] == s) for s in ("chat", "stdlib", "docs")}
-    log(f"{len(items)} items {sources}; SD with a {cfg.data.window}-token window, {cfg.data.max_new_tokens} new "
-        "tokens each")
+    log(
+        f"{len(items)} items {sources}; SD with a {cfg.data.window}-token window, {cfg.data.max_new_tokens} new "
+        "tokens each"
+    )
     simulate(engine, recorder, items, out / "samples", cfg.data.max_new_tokens, cfg.seed)
     data = StepData.from_samples(load_samples(out / "samples", len(items)))
     train_steps, heldout_steps = split_steps(data, cfg.data.heldout_every)
-    log(f"{len(data.lengths)} steps, {len(data.labels)} labelled draft tokens "
-        f"({float(data.labels.float().mean()):.1%} accepted); {len(heldout_steps)} steps held out")
+    log(
+        f"{len(data.lengths)} steps, {len(data.labels)} labelled draft tokens "
+        f"({float(data.labels.float().mean()):.1%} accepted); {len(heldout_steps)} steps held out"
+    )
     tag = shape_tag(cfg)
     net, metrics, training = train(cfg, out / f"checkpoint-{tag}.pt", data, train_steps, heldout_steps)
     export = run.export_dir(f"mb-{tag}")
@@ -430,9 +457,15 @@ def run_train_preverify(cfg: TrainPreverifyConfig, command_line: str) -> Path:
         "verifier": cfg.verifier,
         "command": command_line,
         "recipe": run.recipe,
-        "data": {"items": len(items), "sources": sources, "steps": int(len(data.lengths)),
-                 "draft_tokens": int(len(data.labels)), "accepted_rate": float(data.labels.float().mean()),
-                 "train_steps": len(train_steps), "heldout_steps": len(heldout_steps)},
+        "data": {
+            "items": len(items),
+            "sources": sources,
+            "steps": int(len(data.lengths)),
+            "draft_tokens": int(len(data.labels)),
+            "accepted_rate": float(data.labels.float().mean()),
+            "train_steps": len(train_steps),
+            "heldout_steps": len(heldout_steps),
+        },
         "parameters": count_parameters(net),
         "training": training,
         "heldout": metrics,
@@ -444,5 +477,9 @@ def run_train_preverify(cfg: TrainPreverifyConfig, command_line: str) -> Path:
     return export
 
 
-_setup = training_command("train-preverify", "train PACER's pre-verification layer M_B on simulated SD, resumably",
-                          load_train_config, run_train_preverify)
+_setup = training_command(
+    "train-preverify",
+    "train PACER's pre-verification layer M_B on simulated SD, resumably",
+    load_train_config,
+    run_train_preverify,
+)

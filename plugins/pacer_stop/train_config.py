@@ -91,8 +91,9 @@ def load_train_config(path: Optional[str], overrides: list[str]) -> TrainPreveri
     cfg.verifier = {"name": defaults.verifier["name"], **cfg.verifier}
     d = cfg.data
     if d.window < 1 or d.max_new_tokens < 1 or d.heldout_every < 2 or d.passage_tokens < 4:
-        raise ConfigError("data.window, data.max_new_tokens must be >= 1, data.heldout_every >= 2, "
-                          "data.passage_tokens >= 4")
+        raise ConfigError(
+            "data.window, data.max_new_tokens must be >= 1, data.heldout_every >= 2, data.passage_tokens >= 4"
+        )
     if cfg.model.max_positions < d.window:
         raise ConfigError(f"model.max_positions ({cfg.model.max_positions}) must be >= data.window ({d.window})")
     if cfg.train.pack_len < d.window:
@@ -131,8 +132,10 @@ def simulation_plan(cfg: TrainPreverifyConfig, extra_plugins: Sequence[Any] = ()
     plan = plan_run(simulation_config(cfg), extra_plugins, require_models=False)
     drafter = plan.stack.drafter.component
     if "draft_hidden" not in drafter.provides:
-        raise ConfigError(f"drafter '{drafter.name}' does not provide hidden states, which M_B reads: "
-                          "use draft_model, eagle or dflash")
+        raise ConfigError(
+            f"drafter '{drafter.name}' does not provide hidden states, which M_B reads: "
+            "use draft_model, eagle or dflash"
+        )
     if cfg.model.draft_confidence and "draft_probs" not in drafter.provides:
         raise ConfigError(f"model.draft_confidence needs the draft's probabilities; '{drafter.name}' has none")
     if "draft_model" in drafter.needs and draft_model_config(plan.config, drafter) is None:
@@ -144,9 +147,16 @@ def simulation_config(cfg: TrainPreverifyConfig) -> PacerConfig:
     """The run config of the simulation: the drafter and verifier under test, a fixed long window."""
     d = cfg.data
     return PacerConfig(
-        target=cfg.target, draft=cfg.draft, sampling=cfg.sampling,
-        generation=GenerationConfig(max_new_tokens=d.max_new_tokens, chat_template=False, ignore_eos=False,
-                                    max_draft_tokens=max(64, d.window)),
-        strategy=StrategyConfig(drafter=dict(cfg.drafter), stop=[{"name": "fixed", "gamma": d.window}],
-                                verifier=dict(cfg.verifier), observers=[]),
+        target=cfg.target,
+        draft=cfg.draft,
+        sampling=cfg.sampling,
+        generation=GenerationConfig(
+            max_new_tokens=d.max_new_tokens, chat_template=False, ignore_eos=False, max_draft_tokens=max(64, d.window)
+        ),
+        strategy=StrategyConfig(
+            drafter=dict(cfg.drafter),
+            stop=[{"name": "fixed", "gamma": d.window}],
+            verifier=dict(cfg.verifier),
+            observers=[],
+        ),
     )

@@ -1,0 +1,60 @@
+"""The shipped drafts as the serving check (``pacer_bench.servecheck``) exports them: found in the
+plugin folders, written with ``pacer export`` as a user runs it, and the ``speculative_config.method``
+each export asks of vLLM."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Mapping
+
+
+def shipped_drafts(plugins: Path) -> list[Path]:
+    """The drafts this checkout ships that `pacer export` reads: plugin folders holding a manifest
+    and ``draft.safetensors`` (feature-level, EAGLE-3 and block drafts; a token-level draft is a
+    causal LM of its own and no EAGLE or DFlash layout)."""
+    return sorted(p.parent for p in plugins.glob("*/*/manifest.json") if (p.parent / "draft.safetensors").is_file())
+
+
+VLLM_METHODS = {"EagleLlamaForCausalLM": "eagle", "LlamaForCausalLMEagle3": "eagle3"}
+
+
+def vllm_method(config: Mapping[str, Any]) -> str:
+    """The ``speculative_config.method`` an export's config.json asks of vLLM."""
+    if config.get("speculators_model_type"):
+        return str(config["speculators_model_type"])
+    for name in config.get("architectures") or ():
+        if name in VLLM_METHODS:
+            return VLLM_METHODS[name]
+    raise ValueError(f"no vLLM method for architectures {config.get('architectures')}")
+
+
+def as_vllm_reads(export: Path, out: Path) -> Path:
+    """A copy of an EAGLE export as vLLM's EAGLE reader sees it: without ``speculative_token_map``,
+    which vLLM does not read (it drafts over the whole vocabulary)."""
+    out.mkdir(parents=True, exist_ok=True)
+    config = json.loads((export / "config.json").read_text())
+    config.pop("speculative_token_map", None)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    shutil.copyfile(export / "model.safetensors", out / "model.safetensors")
+    return out
+
+
+def export_with_pacer(draft: Path, out: Path, target_folder: Path) -> str:
+    """``pacer export DRAFT OUT`` as a user runs it (``--engine vllm``; a block draft in speculators'
+    format, verified by the target's folder); its refusal line, or "" once written."""
+    command = [sys.executable, "-m", "pacer_core", "export", str(draft), str(out)]
+    config = draft / "config.json"
+    family = json.loads(config.read_text()).get("family") if config.is_file() else None
+    if family == "dflash":
+        command += ["--speculators", "--verifier", str(target_folder)]
+    else:
+        command += ["--engine", "vllm"]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode == 0:
+        return ""
+    said = [ln for ln in (done.stderr + done.stdout).splitlines() if ln.strip()]
+    return (said[-1] if said else f"exit {done.returncode}").removeprefix("pacer: error: ")
