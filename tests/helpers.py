@@ -541,11 +541,20 @@ def student(kind: str, target) -> torch.nn.Module:
 
 # -- block drafts (dflash) --------------------------------------------------------------------------
 def make_block_draft(
-    target_model, folder, seed=0, digest=None, subset_size=8, block=3, layers=(0, 1), peak: float = 1.0
+    target_model,
+    folder,
+    seed=0,
+    digest=None,
+    subset_size=8,
+    block=3,
+    layers=(0, 1),
+    peak: float = 1.0,
+    published: bool = False,
 ):
     """A random ``dflash`` block draft for the tiny ``target_model`` reading the inputs of its decoder
     ``layers``, over tokens 0..subset_size-1, saved in ``folder``; ``peak`` scales its final norm
-    (larger = peakier draft distributions)."""
+    (larger = peakier draft distributions); ``published``: the published architecture (no ``inject``,
+    per-head q/k norms, their weights drawn away from one)."""
     from pacer_plugins.block_draft.model import BlockArch, BlockDraft, save_block_draft
 
     target = adapter(target_model)
@@ -558,6 +567,8 @@ def make_block_draft(
         target_layers=list(layers),
         num_layers=2,
         block=block,
+        inject=not published,
+        qk_norm=published,
         **shape,
     )
     torch.manual_seed(seed)
@@ -565,6 +576,9 @@ def make_block_draft(
     with torch.no_grad():
         net.mask_embedding.normal_(std=0.5)
         net.norm.mul_(peak)
+        for name, weight in net.named_parameters():
+            if name.endswith(("q_norm", "k_norm")):
+                weight.uniform_(0.5, 1.5)
     net.subset.copy_(torch.arange(subset_size))
     save_block_draft(net, folder, {"target_digest": digest})
     return folder

@@ -82,12 +82,22 @@ def test_the_context_cache_grown_in_pieces_equals_one_pass(pair):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.fixture(scope="module")
+def published_pair(pair, tmp_path_factory):
+    """The same target and a random block draft in the published architecture (no ``inject``, q/k norms)."""
+    target, _ = pair
+    return target, make_block_draft(target, tmp_path_factory.mktemp("dflash-pub") / "draft", peak=3.0, published=True)
+
+
 @pytest.mark.parametrize("known", [0, 2])
-def test_training_blocks_compute_what_the_drafter_computes(pair, known):
+@pytest.mark.parametrize("architecture", ["ours", "published"])
+def test_training_blocks_compute_what_the_drafter_computes(pair, published_pair, known, architecture):
     """The packed training forward (several anchors, one mask) gives every block's mask rows exactly
-    what the drafter's one-block forward gives at that anchor: what is trained is what is served."""
-    target, folder = pair
+    what the drafter's one-block forward gives at that anchor: what is trained is what is served, in
+    our architecture and the published one (``student.published``)."""
+    target, folder = pair if architecture == "ours" else published_pair
     net = load_block_draft(folder)
+    assert net.arch.inject == (architecture == "ours") and net.arch.qk_norm == (architecture == "published")
     tokens = [3, 7, 11, 5, 2, 9, 4, 1, 6, 8, 12, 3]
     states = fused_states(target, tokens)
     embed = target.model.embed_tokens.weight.detach()
@@ -660,9 +670,10 @@ def test_a_subset_naming_tokens_the_vocabulary_lacks_is_refused(pair, tmp_path, 
         (["student.block=33"], "'block' must be <= 32"),
         (["train.anchors=-1"], "'anchors' must be >= 1"),
         (["student.draft_layers=0"], "'draft_layers' must be >= 1"),
-        (["init=draft"], "init= continues a feature or eagle3 student, not student.kind=dflash"),
+        (["init=nofolder"], "init 'nofolder' is not a folder"),
+        (["student.kind=feature", "student.published=true"], "student.published chooses the published DFlash"),
     ],
-    ids=["block-0", "block-33", "anchors-negative", "no-layers", "init"],
+    ids=["block-0", "block-33", "anchors-negative", "no-layers", "init", "published-feature"],
 )
 def test_distill_refuses_a_dflash_option_in_one_line_before_any_model_loads(
     capsys, tmp_path, monkeypatch, options, needle
@@ -677,6 +688,30 @@ def test_distill_refuses_a_dflash_option_in_one_line_before_any_model_loads(
     monkeypatch.chdir(tmp_path)
     message = one_line_error(capsys, ["distill", f"out={tmp_path / 'run'}", "student.kind=dflash", *options])
     assert needle in message
+
+
+def test_init_starts_a_published_student_from_a_draft_in_our_architecture(pair, published_pair):
+    """``init=`` a dflash draft: every tensor of the same name and shape is copied, the published
+    architecture's q/k norms keep their start and ``inject`` is dropped; other target layers or another
+    vocabulary subset are refused in one line."""
+    from pacer_core.errors import InputError
+    from pacer_plugins.block_draft.students import start_from
+
+    _, ours_folder = pair
+    student = load_block_draft(published_pair[1])
+    norms = {k: v.clone() for k, v in student.state_dict().items() if k.endswith(("q_norm", "k_norm"))}
+    start = start_from(student, str(ours_folder))
+    theirs, now = load_block_draft(ours_folder).state_dict(), student.state_dict()
+    assert sorted(start["init_fresh_tensors"]) == sorted(norms) and len(norms) == 4
+    assert all(torch.equal(now[k], v) for k, v in theirs.items() if k in now)
+    assert all(torch.equal(now[k], v) for k, v in norms.items()) and not any("inject" in k for k in now)
+    student.arch.target_layers[:] = [1, 0]
+    with pytest.raises(InputError, match=r"fuses target layers \[0, 1\].*student.fused_layers=\[0, 1\]"):
+        start_from(student, str(ours_folder))
+    student.arch.target_layers[:] = [0, 1]
+    student.subset.copy_(student.subset.flip(0))
+    with pytest.raises(InputError, match="another vocabulary subset"):
+        start_from(student, str(ours_folder))
 
 
 def test_a_block_tree_is_handed_out_level_by_level():
