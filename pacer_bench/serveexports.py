@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 
 def shipped_drafts(plugins: Path) -> list[Path]:
@@ -58,3 +58,26 @@ def export_with_pacer(draft: Path, out: Path, target_folder: Path) -> str:
         return ""
     said = [ln for ln in (done.stderr + done.stdout).splitlines() if ln.strip()]
     return (said[-1] if said else f"exit {done.returncode}").removeprefix("pacer: error: ")
+
+
+COMPARED = ("eagle", "eagle3", "dflash")  # the vLLM methods the check runs beside ours
+
+
+def served_stack(method: str, export: Path, work: Path, k: int) -> Optional[tuple[Path, list[str], int]]:
+    """(the folder vLLM serves, our stack running the same network from that folder, the draft length
+    both use) for an export asking vLLM for ``method``; None for a method the check does not compare.
+
+    Ours runs without the drafter's context priors (they adjust logits outside the network) and, for
+    EAGLE-1, over the whole vocabulary as vLLM's reader does (``as_vllm_reads``). A dflash export drafts
+    one block a forward in vLLM: its length is the block (``block_size`` − 1) when ``k`` is longer, so
+    that ours drafts no further block either."""
+    if method in ("eagle", "eagle3"):
+        served = as_vllm_reads(export, work / f"{export.name}-as-vllm-reads") if method == "eagle" else export
+        drafter = f"{{name: eagle, path: '{served}', context_vocab: false, lookup_bias: [], corpus_bias: 0.0}}"
+    elif method == "dflash":
+        served = export
+        k = min(k, int(json.loads((export / "config.json").read_text())["block_size"]) - 1)
+        drafter = f"{{name: dflash, path: '{served}', lookup_bias: []}}"
+    else:
+        return None
+    return served, [f"strategy.drafter={drafter}", f"strategy.stop=[{{name: fixed, gamma: {k}}}]"], k

@@ -227,6 +227,23 @@ def test_the_served_copy_of_an_eagle_export_has_no_token_map(tmp_path):
     assert (served / "model.safetensors").read_bytes() == b"weights" and not (served / "token_map.pt").exists()
 
 
+def test_each_compared_export_is_served_beside_our_stack_on_the_same_folder(tmp_path):
+    """EAGLE-1 is served (and run by ours) from the copy vLLM reads; a dflash export drafts at most
+    its block, by vLLM and by ours alike; a method the check does not compare has no stack."""
+    for name, config in {"eagle1": {"hidden_size": 8}, "dflash": {"block_size": 5}}.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+        (tmp_path / name / "model.safetensors").write_bytes(b"weights")
+    served, stack, k = serveexports.served_stack("eagle", tmp_path / "eagle1", tmp_path, 6)
+    assert served == tmp_path / "eagle1-as-vllm-reads" and k == 6 and f"path: '{served}'" in stack[0]
+    assert "lookup_bias: []" in stack[0] and stack[1] == "strategy.stop=[{name: fixed, gamma: 6}]"
+    for k_asked, k_drafted in ((8, 4), (3, 3)):
+        served, stack, k = serveexports.served_stack("dflash", tmp_path / "dflash", tmp_path, k_asked)
+        assert served == tmp_path / "dflash" and k == k_drafted and "name: dflash" in stack[0]
+        assert stack[1] == f"strategy.stop=[{{name: fixed, gamma: {k_drafted}}}]" and "lookup_bias: []" in stack[0]
+    assert serveexports.served_stack("mtp", tmp_path / "eagle1", tmp_path, 4) is None
+
+
 def test_only_the_runner_in_the_serving_environment_imports_vllm():
     importers = [
         p.relative_to(ROOT).as_posix()
