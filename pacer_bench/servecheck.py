@@ -15,7 +15,9 @@ checks, on the same prompts (token ids, so both engines decode the very same inp
   drafter's context priors (which adjust logits outside the network). vLLM drafts ``k`` tokens at
   every step, the last one too (its scheduler schedules no partial draft), where our engine drafts
   no further than the token budget; so our counts come from a run with ``k`` more tokens of budget,
-  over the steps that produce the first ``max_new_tokens`` tokens (``accepted_by_position``);
+  over the steps that produce the first ``max_new_tokens`` tokens (``accepted_by_position``); our
+  engine drafts along with the prefill where the drafter can (a PARD draft), vLLM first after it, so
+  such a stack is counted from the prompt and its first token (``ours``);
 - **speed**: tokens per second of each, prompts decoded one at a time, ``rounds`` times each.
 
 Then it runs PACER-SD stacks inside vLLM (``STACKS``, on ``configs/vllm.yaml``): vLLM's custom
@@ -163,7 +165,9 @@ def ours(
     k: int,
 ) -> dict[str, Any]:
     """Each stack decodes every prompt ``rounds`` times (timed) and once more with ``k`` more tokens of
-    budget (counted, see ``accepted_by_position``)."""
+    budget (counted, see ``accepted_by_position``). A drafter that drafts along with the prefill (one
+    reading nothing of the target, such as ``pard``: our step 0 verifies a draft of the prompt) is
+    counted from the prompt and its first token instead, as vLLM drafts first after its prefill."""
     from pacer_core.config import load_plan
     from pacer_core.engine import Engine, load_stack_draft
 
@@ -183,10 +187,14 @@ def ours(
             timed.append({"tokens": tokens, "seconds": seconds})
         drafts, per_position = 0, [0] * k
         if name != "plain":
-            for ids in prompts:
+            for ids, out in zip(prompts, timed[0]["tokens"]):
                 m = engine.generate(list(ids), max_new_tokens=max_new_tokens + k).metrics
+                counted = max_new_tokens
+                if m["drafted_per_step"] and m["drafted_per_step"][0] > 0:  # drafted along with the prefill
+                    m = engine.generate(list(ids) + out[:1], max_new_tokens=max_new_tokens - 1 + k).metrics
+                    counted -= 1
                 d, p = accepted_by_position(
-                    m["drafted_per_step"], m["accepted_per_step"], m["accept_lengths"], k, max_new_tokens
+                    m["drafted_per_step"], m["accepted_per_step"], m["accept_lengths"], k, counted
                 )
                 drafts += d
                 per_position = [a + b for a, b in zip(per_position, p)]
@@ -331,11 +339,12 @@ def run_vllm(
     k: int = 0,
     additional: Optional[Mapping[str, Any]] = None,
     batch: bool = False,
+    parallel_drafting: bool = False,
 ) -> dict[str, Any]:
     """One vLLM process (``nice -n 15``); its log in work/NAME.log. ``draft``: an export folder, or with
     ``method`` custom_class a proposer class, whose options go in ``additional`` (vLLM's
-    ``additional_config``); ``batch``: every prompt in one batch. Raises RuntimeError naming the log's
-    last error line when it fails."""
+    ``additional_config``); ``batch``: every prompt in one batch; ``parallel_drafting``: a PARD draft.
+    Raises RuntimeError naming the log's last error line when it fails."""
     out, log = work / f"vllm-{name}.json", work / f"vllm-{name}.log"
     command = [
         "nice",
@@ -360,6 +369,8 @@ def run_vllm(
         command += ["--additional-config", json.dumps(additional)]
     if batch:
         command.append("--batch")
+    if parallel_drafting:
+        command.append("--parallel-drafting")
     env = dict(
         os.environ,
         VLLM_CPU_OMP_THREADS_BIND=",".join(map(str, affinity(threads))),
@@ -463,7 +474,7 @@ def run_check(
             print(lines[-1], flush=True)
             passed = False
             continue
-        served, stack, k_draft = compared
+        served, stack, k_draft = compared.folder, compared.stack, compared.k
         sd_ours = ours(target, tokenizer, prompts, {name: stack}, max_new_tokens, rounds, k_draft)[name]
         passed &= served_line(
             name,
@@ -479,6 +490,7 @@ def run_check(
                 served,
                 method,
                 k_draft,
+                parallel_drafting=compared.parallel_drafting,
             ),
             lambda sd_vllm: draft_line(name, k_draft, plain_ours, plain_vllm, sd_ours, sd_vllm),
         )

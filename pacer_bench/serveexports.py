@@ -11,19 +11,30 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+import attrs
+
 
 def shipped_drafts(plugins: Path) -> list[Path]:
     """The drafts this checkout ships that `pacer export` reads: plugin folders holding a manifest
-    and ``draft.safetensors`` (feature-level, EAGLE-3 and block drafts; a token-level draft is a
-    causal LM of its own and no EAGLE or DFlash layout)."""
-    return sorted(p.parent for p in plugins.glob("*/*/manifest.json") if (p.parent / "draft.safetensors").is_file())
+    and ``draft.safetensors`` (feature-level, EAGLE-3 and dflash drafts) or of a student kind that
+    exports its drafts (a pard draft); a plain token-level draft is a causal LM of its own, served as it is."""
+    from pacer_train.export import exporting_kind
+
+    return sorted(
+        p.parent
+        for p in plugins.glob("*/*/manifest.json")
+        if (p.parent / "draft.safetensors").is_file() or exporting_kind(p.parent) is not None
+    )
 
 
 VLLM_METHODS = {"EagleLlamaForCausalLM": "eagle", "LlamaForCausalLMEagle3": "eagle3"}
 
 
 def vllm_method(config: Mapping[str, Any]) -> str:
-    """The ``speculative_config.method`` an export's config.json asks of vLLM."""
+    """The ``speculative_config.method`` an export's config.json asks of vLLM (a PARD checkpoint, naming
+    its ``pard_token``: ``draft_model``, with parallel drafting)."""
+    if config.get("pard_token") is not None:
+        return "draft_model"
     if config.get("speculators_model_type"):
         return str(config["speculators_model_type"])
     for name in config.get("architectures") or ():
@@ -44,7 +55,7 @@ def as_vllm_reads(export: Path, out: Path) -> Path:
 
 
 def export_with_pacer(draft: Path, out: Path, target_folder: Path) -> str:
-    """``pacer export DRAFT OUT`` as a user runs it (``--engine vllm``; a block draft in speculators'
+    """``pacer export DRAFT OUT`` as a user runs it (``--engine vllm``; a dflash draft in speculators'
     format, verified by the target's folder); its refusal line, or "" once written."""
     command = [sys.executable, "-m", "pacer_core", "export", str(draft), str(out)]
     config = draft / "config.json"
@@ -60,24 +71,41 @@ def export_with_pacer(draft: Path, out: Path, target_folder: Path) -> str:
     return (said[-1] if said else f"exit {done.returncode}").removeprefix("pacer: error: ")
 
 
-COMPARED = ("eagle", "eagle3", "dflash")  # the vLLM methods the check runs beside ours
+COMPARED = ("eagle", "eagle3", "dflash", "draft_model")  # the vLLM methods the check runs beside ours
 
 
-def served_stack(method: str, export: Path, work: Path, k: int) -> Optional[tuple[Path, list[str], int]]:
-    """(the folder vLLM serves, our stack running the same network from that folder, the draft length
-    both use) for an export asking vLLM for ``method``; None for a method the check does not compare.
+@attrs.frozen
+class Served:
+    """An export as the check serves it: the folder vLLM reads, our stack running the same network from
+    the same folder, the draft length both use and whether vLLM drafts in parallel (a PARD draft)."""
+
+    folder: Path
+    stack: list[str]
+    k: int
+    parallel_drafting: bool = False
+
+
+def served_stack(method: str, export: Path, work: Path, k: int) -> Optional[Served]:
+    """How the check serves an export asking vLLM for ``method``, beside ours; None for a method it
+    does not compare.
 
     Ours runs without the drafter's context priors (they adjust logits outside the network) and, for
-    EAGLE-1, over the whole vocabulary as vLLM's reader does (``as_vllm_reads``). A dflash export drafts
-    one block a forward in vLLM: its length is the block (``block_size`` − 1) when ``k`` is longer, so
-    that ours drafts no further block either."""
+    EAGLE-1, over the whole vocabulary as vLLM's reader does (``as_vllm_reads``). A block draft (dflash,
+    or a PARD draft: vLLM's ``draft_model`` with parallel drafting) drafts one block a forward in vLLM:
+    its length is the block when ``k`` is longer, so that ours drafts no further block either."""
+    config = json.loads((export / "config.json").read_text())
+    stop = "strategy.stop=[{{name: fixed, gamma: {}}}]"
     if method in ("eagle", "eagle3"):
         served = as_vllm_reads(export, work / f"{export.name}-as-vllm-reads") if method == "eagle" else export
         drafter = f"{{name: eagle, path: '{served}', context_vocab: false, lookup_bias: [], corpus_bias: 0.0}}"
-    elif method == "dflash":
-        served = export
-        k = min(k, int(json.loads((export / "config.json").read_text())["block_size"]) - 1)
-        drafter = f"{{name: dflash, path: '{served}', lookup_bias: []}}"
-    else:
-        return None
-    return served, [f"strategy.drafter={drafter}", f"strategy.stop=[{{name: fixed, gamma: {k}}}]"], k
+        return Served(served, [f"strategy.drafter={drafter}", stop.format(k)], k)
+    if method == "dflash":
+        k = min(k, int(config["block_size"]) - 1)
+        return Served(
+            export, [f"strategy.drafter={{name: dflash, path: '{export}', lookup_bias: []}}", stop.format(k)], k
+        )
+    if method == "draft_model" and "pard_token" in config:
+        k = min(k, int(json.loads((export / "pard.json").read_text())["block"]))
+        stack = [f"draft.path='{export}'", "draft.dtype=float32", "strategy.drafter={name: pard, lookup_bias: []}"]
+        return Served(export, [*stack, stop.format(k)], k, parallel_drafting=True)
+    return None

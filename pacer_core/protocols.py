@@ -130,6 +130,11 @@ class ParallelDraftModel(LanguageModel, Protocol):
         """``LanguageModel.forward``, the rows whose token is ``MASK_ROW`` fed ``mask_embedding``."""
         ...
 
+    def embedding_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input embeddings [vocab, hidden], output layer [vocab, hidden]), shared, not copied (a
+        published PARD checkpoint's mask rows take the input embedding of its ``pard_token``)."""
+        ...
+
 
 @runtime_checkable
 class StoredModel(Protocol):

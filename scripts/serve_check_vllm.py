@@ -71,6 +71,11 @@ def main() -> int:
     parser.add_argument("--method", default="eagle", help="speculative_config's method (default eagle)")
     parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens (default 4)")
     parser.add_argument(
+        "--parallel-drafting",
+        action="store_true",
+        help="speculative_config's parallel_drafting (a PARD draft with method draft_model: one forward a block)",
+    )
+    parser.add_argument(
         "--additional-config",
         type=json.loads,
         default=None,
@@ -108,6 +113,8 @@ def main() -> int:
         options["additional_config"] = args.additional_config
     if args.draft:
         options["speculative_config"] = {"method": args.method, "model": args.draft, "num_speculative_tokens": args.k}
+        if args.parallel_drafting:
+            options["speculative_config"]["parallel_drafting"] = True
     started = time.perf_counter()
     llm = LLM(**options)
     load_seconds = time.perf_counter() - started

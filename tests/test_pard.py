@@ -297,3 +297,98 @@ def test_distill_refuses_a_pard_option_in_one_line_before_any_model_loads(
     monkeypatch.setattr(hf, "load_model", no_model)
     message = one_line_error(capsys, ["distill", f"out={tmp_path / 'run'}", "student.kind=pard", *options])
     assert needle in message
+
+
+# -- the export vLLM serves (a PARD checkpoint) -------------------------------------------------
+def pard_drafter(engine) -> PardDrafter:
+    return next(p for p in engine.pm.get_plugins() if isinstance(p, PardDrafter))
+
+
+def saved_pard_draft(folder, subset=range(8)):
+    """A tiny pard draft saved as ``pacer distill`` saves one: the causal LM's folder, its pard files
+    and its vocabulary subset. Returns (the transformers model, its mask embedding)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    lm, _ = make_pard_draft(folder)
+    lm.save_pretrained(folder)
+    (folder / "pacer-vocab-subset.json").write_text(json.dumps(list(subset)))
+    (folder / "manifest.json").write_text(json.dumps({"family": "pard"}))
+    return lm, load_file(str(folder / "pard.safetensors"))["mask_embedding"].float()
+
+
+def test_the_export_writes_the_mask_embedding_into_the_pard_tokens_row(tmp_path):
+    """`pacer export` of a pard draft: a Llama checkpoint whose ``pard_token`` (the highest id outside
+    the draft's subset) has the learned mask embedding as its input embedding, the output layer
+    untied and unchanged, ``pard.json`` with the trained block."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from pacer_core.cli import main
+
+    lm, mask = saved_pard_draft(tmp_path / "draft")
+    assert main(["export", str(tmp_path / "draft"), str(tmp_path / "out"), "--dtype", "float32"]) == 0
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["pard_token"] == 15 and config["tie_word_embeddings"] is False
+    tensors = load_file(str(tmp_path / "out" / "model.safetensors"))
+    embed = lm.model.embed_tokens.weight.detach()
+    assert torch.equal(tensors["model.embed_tokens.weight"][15], mask.half().float())
+    assert torch.equal(tensors["model.embed_tokens.weight"][:15], embed[:15])
+    assert torch.equal(tensors["lm_head.weight"], lm.lm_head.weight.detach())
+    assert json.loads((tmp_path / "out" / "pard.json").read_text()) == {"family": "pard", "block": BLOCK}
+
+
+def test_the_pard_drafter_runs_an_export_as_vllm_reads_it(pair, tmp_path):
+    """Our drafter reads a PARD checkpoint by its ``pard_token``: the mask rows take that token's
+    input embedding, the block comes from ``pard.json`` (else the ``block`` option, refused in one line
+    when absent); greedy drafting stays equal to plain decoding, and the rows equal the original draft's."""
+    from transformers import AutoModelForCausalLM
+
+    from pacer_core.cli import main
+
+    target, _, _ = pair
+    lm, mask = saved_pard_draft(tmp_path / "draft")
+    assert main(["export", str(tmp_path / "draft"), str(tmp_path / "out"), "--dtype", "float32"]) == 0
+    exported = adapter(AutoModelForCausalLM.from_pretrained(tmp_path / "out"))
+    exported.folder = tmp_path / "out"
+    engine = pard_engine(target, exported, lookup_bias="[]")
+    drafter = pard_drafter(engine)
+    assert torch.equal(drafter.mask.float(), mask.half().float()) and drafter.block == BLOCK
+    original = adapter(lm)
+    original.folder = tmp_path / "draft"
+    rows = [d._forward([3, 7, 11, 5], [])[0] for d in (drafter, pard_drafter(pard_engine(target, original)))]
+    torch.testing.assert_close(rows[0], rows[1], rtol=1e-3, atol=1e-3)  # the mask rounded to float16
+    for prompt in PROMPTS:
+        assert engine.generate(prompt, max_new_tokens=BUDGET).tokens == reference_greedy(target, prompt, BUDGET)
+    (tmp_path / "out" / "pard.json").unlink()
+    with pytest.raises(InputError, match="set strategy.drafter.block") as info:
+        pard_engine(target, exported)
+    assert "\n" not in str(info.value)
+    assert pard_drafter(pard_engine(target, exported, extra=["strategy.drafter.block=2"])).block == 2
+
+
+def test_the_serving_check_counts_a_pard_stack_from_the_first_token_as_vllm_drafts(pair, tmp_path, monkeypatch):
+    """Our step 0 verifies a pard draft along with the prefill; vLLM drafts first after its prefill.
+    The serving check's counts of a stack that drafted in step 0 come from the prompt and its first
+    token (what vLLM's first draft reads), not from the step-0 draft."""
+    import pacer_core.engine
+    from pacer_bench.servecheck import accepted_by_position, ours
+
+    target, lm, draft = pair
+    monkeypatch.setattr(pacer_core.engine, "load_stack_draft", lambda plan, tokenizer: draft)
+    stack = ["strategy.drafter={name: pard, lookup_bias: []}", f"strategy.stop=[{{name: fixed, gamma: {BLOCK}}}]"]
+    counted = ours(adapter(target), None, PROMPTS, {"pard": stack}, 12, 1, BLOCK)["pard"]
+    engine = pard_engine(target, draft, lookup_bias="[]")
+    naive, shifted = [0, [0] * BLOCK], [0, [0] * BLOCK]
+    for prompt, out in zip(PROMPTS, counted["tokens"]):
+        for total, ids, tokens in ((naive, prompt, 12), (shifted, prompt + out[:1], 11)):
+            m = engine.generate(ids, max_new_tokens=tokens + BLOCK).metrics
+            assert total is shifted or m["drafted_per_step"][0] > 0  # step 0 drafts with the prefill
+            d, p = accepted_by_position(
+                m["drafted_per_step"], m["accepted_per_step"], m["accept_lengths"], BLOCK, tokens
+            )
+            total[0] += d
+            total[1] = [a + b for a, b in zip(total[1], p)]
+    assert [counted["spec"]["drafts"], counted["spec"]["accepted_tokens_per_pos"]] == shifted != naive

@@ -203,7 +203,7 @@ def test_the_stacks_are_checked_before_vllm_starts():
 # -- the drafts ----------------------------------------------------------------------------------
 def test_the_shipped_drafts_are_the_folders_pacer_export_reads():
     found = [p.relative_to(ROOT / "plugins").as_posix() for p in serveexports.shipped_drafts(ROOT / "plugins")]
-    assert "feature_draft/default" in found and "block_draft/default" in found
+    assert "feature_draft/default" in found and "block_draft/default" in found and "block_draft/default_pard" in found
     assert "pacer_builtins/default" not in found  # token-level: a causal LM of its own
     assert not any(p.startswith("pacer_stop/") for p in found)  # M_B checkpoints, not drafts
 
@@ -228,19 +228,34 @@ def test_the_served_copy_of_an_eagle_export_has_no_token_map(tmp_path):
 
 
 def test_each_compared_export_is_served_beside_our_stack_on_the_same_folder(tmp_path):
-    """EAGLE-1 is served (and run by ours) from the copy vLLM reads; a dflash export drafts at most
-    its block, by vLLM and by ours alike; a method the check does not compare has no stack."""
-    for name, config in {"eagle1": {"hidden_size": 8}, "dflash": {"block_size": 5}}.items():
+    """EAGLE-1 is served (and run by ours) from the copy vLLM reads; a dflash or PARD export drafts at
+    most its block, by vLLM and by ours alike, a PARD draft in parallel; a method the check does not
+    compare has no stack."""
+    exports = {
+        "eagle1": {"hidden_size": 8},
+        "dflash": {"block_size": 5},
+        "pard": {"pard_token": 15, "architectures": ["LlamaForCausalLM"]},
+    }
+    for name, config in exports.items():
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text(json.dumps(config))
         (tmp_path / name / "model.safetensors").write_bytes(b"weights")
-    served, stack, k = serveexports.served_stack("eagle", tmp_path / "eagle1", tmp_path, 6)
-    assert served == tmp_path / "eagle1-as-vllm-reads" and k == 6 and f"path: '{served}'" in stack[0]
-    assert "lookup_bias: []" in stack[0] and stack[1] == "strategy.stop=[{name: fixed, gamma: 6}]"
+    (tmp_path / "pard" / "pard.json").write_text(json.dumps({"family": "pard", "block": 4}))
+    served = serveexports.served_stack("eagle", tmp_path / "eagle1", tmp_path, 6)
+    assert served.folder == tmp_path / "eagle1-as-vllm-reads" and served.k == 6 and not served.parallel_drafting
+    assert f"path: '{served.folder}'" in served.stack[0] and "lookup_bias: []" in served.stack[0]
+    assert served.stack[1] == "strategy.stop=[{name: fixed, gamma: 6}]"
     for k_asked, k_drafted in ((8, 4), (3, 3)):
-        served, stack, k = serveexports.served_stack("dflash", tmp_path / "dflash", tmp_path, k_asked)
-        assert served == tmp_path / "dflash" and k == k_drafted and "name: dflash" in stack[0]
-        assert stack[1] == f"strategy.stop=[{{name: fixed, gamma: {k_drafted}}}]" and "lookup_bias: []" in stack[0]
+        served = serveexports.served_stack("dflash", tmp_path / "dflash", tmp_path, k_asked)
+        assert served.folder == tmp_path / "dflash" and served.k == k_drafted and "name: dflash" in served.stack[0]
+        assert served.stack[-1] == f"strategy.stop=[{{name: fixed, gamma: {k_drafted}}}]"
+        assert "lookup_bias: []" in served.stack[0] and not served.parallel_drafting
+        method = serveexports.vllm_method(exports["pard"])
+        served = serveexports.served_stack(method, tmp_path / "pard", tmp_path, k_asked)
+        assert method == "draft_model" and served.parallel_drafting and served.k == k_drafted
+        assert (
+            served.stack[0] == f"draft.path='{tmp_path / 'pard'}'" and "name: pard, lookup_bias: []" in served.stack[2]
+        )
     assert serveexports.served_stack("mtp", tmp_path / "eagle1", tmp_path, 4) is None
 
 

@@ -63,14 +63,19 @@ class PardDrafter(BlockDrafter):
                 f"pard draft '{folder}' has a vocabulary of {model.vocab_size} tokens, the target "
                 f"{resources.target.vocab_size}: use a draft sharing the target's tokenizer"
             )
-        mask, trained = load_pard_files(Path(folder), model.hidden_size)
+        mask, trained, distilled = load_pard_files(Path(folder), model.embedding_weights()[0])
+        if trained is None and config.block is None:
+            raise InputError(
+                f"pard draft '{folder}' does not say the block it was trained to fill (a published PARD "
+                "checkpoint): set strategy.drafter.block"
+            )
         self.model = model
         self.mask = mask.to(model.device, model.dtype)
         self.block = trained if config.block is None else config.block
         subset = model.vocab_subset
         self.draft_vocab = None if subset is None else DraftVocab(subset, model.vocab_size)
         self.sampling = resources.sampling
-        self.lookup_bias = lookup_bias_for(True, config.lookup_bias)  # every pard draft is made by `pacer distill`
+        self.lookup_bias = lookup_bias_for(distilled, config.lookup_bias)  # by default on drafts made here
         self.tree = config.tree
         self.draft_info = DraftInfo(identity=f"pard:{model.digest}", tree=config.tree)
         self.budget = (

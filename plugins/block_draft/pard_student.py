@@ -31,7 +31,8 @@ from pacer_core.errors import InputError
 from pacer_train.distillation import fit
 from pacer_train.students import StudentKind
 
-from .pard_files import MAX_BLOCK, save_pard_files
+from .pard_export import export_pard
+from .pard_files import MAX_BLOCK, PARD_CONFIG, save_pard_files
 
 CHECKPOINT = "checkpoint-pard.pt"  # beside the other students' checkpoints in one run folder
 
@@ -305,5 +306,7 @@ STUDENT = StudentKind(
     default_layers=lambda target: (),
     fuses=False,
     takes_init=True,
+    export=export_pard,
+    family_file=PARD_CONFIG,
     check=check_options,
 )
