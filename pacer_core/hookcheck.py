@@ -20,7 +20,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 import torch
 
 from .costs import CostModel
-from .drafts import DraftBlock
+from .draft_values import DraftBlock
 from .errors import PluginError
 from .types import Component, Stop, Verdict
 

@@ -48,7 +48,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from .costs import CostModel
-    from .drafts import Draft, DraftBlock
+    from .draft_values import Draft, DraftBlock
     from .types import Component, DecodeState, GenerationResult, StepRecord, Stop, Verdict
 
 PROJECT = "pacer_sd"

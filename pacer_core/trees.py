@@ -27,7 +27,7 @@ from .calibration import FILE as CALIBRATION_FILE
 from .calibration import RAW, Calibration, check_draft
 from .calibration import apply as calibrated
 from .calibration import load as load_calibration
-from .drafts import Draft, DraftBlock, DraftVocab, SideNodes, TokenTree
+from .draft_values import Draft, DraftBlock, DraftVocab, SideNodes, TokenTree
 
 MAX_TOPK = 64  # children tried per node and nodes kept per level, at most
 MAX_DEPTH = 32  # levels per step, at most

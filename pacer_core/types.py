@@ -1,7 +1,7 @@
 """Value objects passed between the engine and plugins: sampling parameters, the decode state, a
 stop's and a verifier's answers, what a plugin is built with (``Resources``, ``DraftInfo``,
 ``Component``) and what a step and a generation report. The draft and its tree live in
-``pacer_core.drafts``, the model protocols in ``pacer_core.protocols``.
+``pacer_core.draft_values``, the model protocols in ``pacer_core.protocols``.
 
 Tensors are excluded from equality and shown by shape in ``repr``. Shapes are noted as
 ``# [n, vocab]`` comments; ``n`` is the number of draft tokens, ``vocab`` the model vocabulary.
@@ -15,7 +15,7 @@ import attrs
 import torch
 
 from .costs import DRAFTER_KINDS
-from .drafts import Draft
+from .draft_values import Draft
 from .fields import tensor_field
 from .protocols import LanguageModel
 from .trees import TreeConfig

@@ -23,7 +23,7 @@ from pacer_core import Engine, InputError, load_config
 from pacer_core import calibration as calibrations
 from pacer_core.calibration import Calibration, apply, fit
 from pacer_core.costs import load_profile
-from pacer_core.drafts import TokenTree
+from pacer_core.draft_values import TokenTree
 from pacer_core.trees import NodeBudget, TreeConfig, node_values
 
 from helpers import adapter, assert_one_line_error, make_draft, reference_greedy, run_cli, tiny_llama

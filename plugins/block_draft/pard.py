@@ -22,7 +22,7 @@ import attrs
 import torch
 
 from pacer_core import Component, DraftInfo, DraftVocab, InputError, Resources, hookimpl
-from pacer_core.drafting import sync_cache
+from pacer_core.draft_model_helpers import sync_cache
 from pacer_core.priors import lookup_bias_for
 from pacer_core.protocols import MASK_ROW, ParallelDraftModel, StoredModel
 from pacer_core.trees import TreeConfig, node_budget

@@ -10,7 +10,7 @@ import torch
 
 from pacer_core import Component, DraftBlock, DraftInfo, Resources, hookimpl
 from pacer_core.costs import CostModel
-from pacer_core.drafting import TOKEN_DRAFT, sync_cache
+from pacer_core.draft_model_helpers import TOKEN_DRAFT, sync_cache
 from pacer_core.sampling import choose, logits_to_probs
 from pacer_core.trees import GrownLevels, TreeConfig, grow_level, node_budget, phrase_block
 from pacer_core.types import StepWatch
