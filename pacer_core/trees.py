@@ -446,7 +446,7 @@ def node_budget(
     device type and target (``target_digest``), else
     the device's shipped one; its calibration from ``tree_calibration``. Raises ``InputError`` for
     a profile or calibration that cannot be read or used."""
-    from .costs import device_profile, load_profile
+    from .cost_profiles import device_profile, load_profile
 
     device = str(device)
     if tree.budget(device) != AUTO:

@@ -29,7 +29,7 @@ from pacer_bench.replay.chains import analyse, captured_share, replay_best, repl
 from pacer_bench.replay.steplog import LoggedStep, steps_from_metrics
 from pacer_bench.run import run_bench
 from pacer_core import cli, hookimpl
-from pacer_core.costs import CostModel, cost_model, monotone
+from pacer_core.cost_profiles import CostModel, cost_model, monotone
 from pacer_core.errors import InputError
 from pacer_core.hf import hf_generate_traced
 from pacer_core.metrics import step_metrics

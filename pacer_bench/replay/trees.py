@@ -29,7 +29,7 @@ import torch
 
 from pacer_core import calibration as calibrations
 from pacer_core.calibration import Calibration
-from pacer_core.costs import Profile
+from pacer_core.cost_profiles import Profile
 from pacer_core.draft_values import TokenTree
 from pacer_core.trees import NodeBudget, TreeConfig, node_values
 

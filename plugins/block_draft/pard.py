@@ -31,7 +31,7 @@ from .handout import BlockDrafter
 from .pard_files import MAX_BLOCK, load_pard_files
 
 DEFAULT_DRAFT = Path(__file__).parent / "default_pard"  # made by the command in its manifest.json
-COST_KIND = "block"  # one forward of its draft model drafts a block (pacer_core.costs.DRAFTER_KINDS)
+COST_KIND = "block"  # one forward of its draft model drafts a block (pacer_core.cost_profiles.DRAFTER_KINDS)
 
 
 @attrs.define
