@@ -22,7 +22,7 @@ import attrs
 import torch
 
 from pacer_core import Engine, PacerError, hookcheck, hookimpl, load_plan
-from pacer_core.drafts import DraftBlock
+from pacer_core.draft_values import DraftBlock
 from pacer_core.errors import PluginError
 from pacer_core.types import Stop, Verdict
 

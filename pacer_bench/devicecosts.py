@@ -13,7 +13,7 @@ its size, and measures after ``context`` cached tokens:
 - ``preverify_s``: one consultation of PACER's M_B (``pacer_plugins.pacer_stop.model``, random, the shipped arch);
 - ``host_s``: the host time per step outside the forwards (``pacer_bench.hosttime``).
 
-The result is a cost profile (``pacer_core.costs``; curves made non-decreasing with ``monotone``)
+The result is a cost profile (``pacer_core.cost_profiles``; curves made non-decreasing with ``monotone``)
 plus a JSON file of the raw medians. Every phase gets a share of a time budget (``--seconds``): a
 first pass is timed and the repeats are chosen to fit. With ``--small`` the shapes shrink to two
 layers and a small width and vocabulary, so the same code runs on a CPU in seconds (the tests).
@@ -35,7 +35,7 @@ from typing import Any, Callable, Optional, Sequence
 import attrs
 import torch
 
-from pacer_core.costs import Profile, monotone, profile_from_dict, profile_to_dict, write_profile
+from pacer_core.cost_profiles import Profile, monotone, profile_from_dict, profile_to_dict, write_profile
 from pacer_core.errors import InputError, PacerError
 from pacer_core.hf.random_models import LlamaShape, random_llama
 
@@ -478,7 +478,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser().parse_args(argv)
     try:
         from pacer_core.commands import check_out_dir
-        from pacer_core.costs import load_profile
+        from pacer_core.cost_profiles import load_profile
         from pacer_core.hf import resolve_device
 
         device = resolve_device(args.device)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Optional
 
-from pacer_core.costs import CostModel, cost_model
+from pacer_core.cost_profiles import CostModel, cost_model
 from pacer_core.metrics import step_metrics
 
 from .answers import pair_key as _key  # a stack's record and the baseline's of the same prompt

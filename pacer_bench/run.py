@@ -194,7 +194,7 @@ def _run_locked(
     ablation: Optional[dict],
 ) -> int:
     """``run_bench`` once the folder is checked and locked."""
-    from pacer_core.costs import load_profile
+    from pacer_core.cost_profiles import load_profile
 
     for profile in bench.predict:  # a profile that cannot be read is refused before models load
         load_profile(profile)

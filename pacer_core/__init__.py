@@ -1,7 +1,7 @@
 """PACER-SD: lossless speculative decoding with strategies as plugins."""
 
 from .config import PacerConfig, RunPlan, load_config, load_plan
-from .drafts import Draft, DraftBlock, DraftVocab, SideNodes, TokenTree
+from .draft_values import Draft, DraftBlock, DraftVocab, SideNodes, TokenTree
 from .engine import Engine
 from .errors import ConfigError, InputError, PacerError
 from .hookspecs import hookimpl

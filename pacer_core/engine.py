@@ -18,7 +18,7 @@ import pluggy
 import torch
 
 from .config import PacerConfig, RunPlan, check_seed, draft_model_config, plan_run
-from .drafts import Draft, TokenTree
+from .draft_values import Draft, TokenTree
 from .errors import ConfigError, InputError
 from .hookcheck import check_results
 from .protocols import LanguageModel

@@ -19,8 +19,8 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import torch
 
-from .costs import CostModel
-from .drafts import DraftBlock
+from .cost_profiles import CostModel
+from .draft_values import DraftBlock
 from .errors import PluginError
 from .types import Component, Stop, Verdict
 
@@ -115,7 +115,7 @@ def _finish(value: Any, context: dict) -> Optional[str]:
 
 def _step_costs(value: Any, context: dict) -> Optional[str]:
     if not isinstance(value, CostModel):
-        return f"returned {_shown(value)}: return a pacer_core.costs.CostModel, or None"
+        return f"returned {_shown(value)}: return a pacer_core.cost_profiles.CostModel, or None"
     return None
 
 

@@ -47,8 +47,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
     import torch
 
-    from .costs import CostModel
-    from .drafts import Draft, DraftBlock
+    from .cost_profiles import CostModel
+    from .draft_values import Draft, DraftBlock
     from .types import Component, DecodeState, GenerationResult, StepRecord, Stop, Verdict
 
 PROJECT = "pacer_sd"
@@ -89,7 +89,7 @@ def pacer_step_costs() -> "Optional[CostModel]":
 
     Called once on every strategy when the engine is built. A cost-aware component (a tree drafter
     with ``nodes: auto``, the ``pacer`` stop's throughput rule) returns its
-    ``pacer_core.costs.CostModel``; the engine's draft gate (``generation.skip_drafting``,
+    ``pacer_core.cost_profiles.CostModel``; the engine's draft gate (``generation.skip_drafting``,
     ``pacer_core.skipping``) then prices drafted and plain steps with it and decodes a step plainly,
     deciding before any draft hook runs, when this generation's drafted steps have emitted fewer
     tokens per second than plain decoding would (docs/costs.md#skipping-drafting). The first

@@ -27,7 +27,7 @@ import attrs
 import torch
 
 from .config import PacerConfig, RunPlan, load_plan, plan_run
-from .drafts import Draft
+from .draft_values import Draft
 from .engine import Engine, load_stack_draft
 from .errors import InputError
 from .protocols import LanguageModel, ModelOutput

@@ -27,7 +27,7 @@ from .calibration import FILE as CALIBRATION_FILE
 from .calibration import RAW, Calibration, check_draft
 from .calibration import apply as calibrated
 from .calibration import load as load_calibration
-from .drafts import Draft, DraftBlock, DraftVocab, SideNodes, TokenTree
+from .draft_values import Draft, DraftBlock, DraftVocab, SideNodes, TokenTree
 
 MAX_TOPK = 64  # children tried per node and nodes kept per level, at most
 MAX_DEPTH = 32  # levels per step, at most
@@ -446,7 +446,7 @@ def node_budget(
     device type and target (``target_digest``), else
     the device's shipped one; its calibration from ``tree_calibration``. Raises ``InputError`` for
     a profile or calibration that cannot be read or used."""
-    from .costs import device_profile, load_profile
+    from .cost_profiles import device_profile, load_profile
 
     device = str(device)
     if tree.budget(device) != AUTO:

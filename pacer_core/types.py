@@ -1,7 +1,7 @@
 """Value objects passed between the engine and plugins: sampling parameters, the decode state, a
 stop's and a verifier's answers, what a plugin is built with (``Resources``, ``DraftInfo``,
 ``Component``) and what a step and a generation report. The draft and its tree live in
-``pacer_core.drafts``, the model protocols in ``pacer_core.protocols``.
+``pacer_core.draft_values``, the model protocols in ``pacer_core.protocols``.
 
 Tensors are excluded from equality and shown by shape in ``repr``. Shapes are noted as
 ``# [n, vocab]`` comments; ``n`` is the number of draft tokens, ``vocab`` the model vocabulary.
@@ -14,8 +14,8 @@ from typing import Any, Callable, Iterable, Literal, Mapping, Optional, Protocol
 import attrs
 import torch
 
-from .costs import DRAFTER_KINDS
-from .drafts import Draft
+from .cost_profiles import DRAFTER_KINDS
+from .draft_values import Draft
 from .fields import tensor_field
 from .protocols import LanguageModel
 from .trees import TreeConfig
@@ -231,7 +231,7 @@ class Component:
     # its config names (its shipped draft when it names none), found without loading any model; trainers
     # read the draft's manifest there (``pacer train-preverify``: what the draft was distilled on)
     draft_folder: Optional[Callable[[Any], Any]] = None
-    # how cost profiles price a drafter's forwards (pacer_core.costs.DRAFTER_KINDS): 'feature' (a head
+    # how cost profiles price a drafter's forwards (pacer_core.cost_profiles.DRAFTER_KINDS): 'feature' (a head
     # over the target's states, eagle), 'token' (a draft model), 'block' (one forward drafts a block);
     # None: no draft forward (lookups), or for a drafter of members (hybrid) its main member's kind.
     # Declared once here; the stops read it as ``Resources.draft_cost_kind``, the bench records it.

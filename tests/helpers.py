@@ -7,6 +7,8 @@
 - the scripted setup of the exact-distribution tests (``ScriptedLM`` tables, one engine, its samples);
 - running ``pacer`` commands and checking their one-line errors; crafted run files and out folders
   that cannot hold a run;
+- tiny benches: their models, prompt files and configs, and a finished bench's out folder (the test
+  modules' ``models`` and ``finished`` fixtures build on them);
 - ``pin_threads``/``torch_threads``, the one place the tests set torch's thread count (conftest.py
   applies it to every test).
 """
@@ -17,6 +19,7 @@ import contextlib
 import copy
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -466,6 +469,74 @@ def write_bench_config(folder: Path, prompt_set: Path, max_new_tokens: int, body
 def read_answers(out: Path) -> list[dict]:
     """The records of a bench's ``answers.jsonl``."""
     return [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
+
+
+# -- tiny benches (the bench's tests: test_run, test_report, test_prompts, test_ablate, ...) ------------
+BENCH_PROMPTS = [
+    "the cat sat on the mat. the cat sat on the",
+    "abc abc abc abc abc",
+    "to be or not to be, to be",
+    "one two three one two three one",
+]
+STACKS = """
+stacks:
+  fixed2: {strategy: {drafter: {name: prompt_lookup}, stop: [{name: fixed, gamma: 2}], verifier: {name: greedy}}}
+  heuristic: {config: %s, overrides: ["strategy.stop.0.gamma=3"]}
+  long: {strategy: {drafter: {name: prompt_lookup}, stop: [{name: fixed, gamma: 8}], verifier: {name: greedy}}}
+""" % (Path(__file__).resolve().parents[1] / "configs" / "prompt_lookup_heuristic.yaml")
+
+
+def bench_models():
+    """The models a tiny bench runs on (``pacer_bench.units.Models``): a tiny seeded Llama as the
+    target, no draft, the character tokenizer; the tests put them in place of ``units.load_models``."""
+    from pacer_bench import units
+
+    return units.Models(adapter(tiny_llama(0)), None, CharTokenizer())
+
+
+def prompt_file(folder: Path, n: int = 3) -> Path:
+    path = folder / "prompts.jsonl"
+    path.write_text(
+        "".join(json.dumps({"question_id": f"q{i}", "prompt": p}) + "\n" for i, p in enumerate(BENCH_PROMPTS[:n]))
+    )
+    return path
+
+
+def write_bench(folder: Path, body: str, n: int = 3) -> Path:
+    return write_bench_config(folder, prompt_file(folder, n), 16, body)
+
+
+def finished_bench(folder: Path, models) -> Path:
+    """A full tiny bench run by ``pacer bench`` into ``folder``/out on ``models`` (the ``STACKS``,
+    transformers' baselines, an oracle); its out folder."""
+    import pytest
+
+    from pacer_bench import units
+    from pacer_core import cli
+
+    config = write_bench(
+        folder,
+        STACKS + "baselines: [hf_generate, hf_prompt_lookup, hf_assisted_constant]\n"
+        "oracle: {log_stack: long, verify_max_k: 4, verify_repeats: 1}\n",
+    )
+    mp = pytest.MonkeyPatch()
+    mp.setattr(units, "load_models", lambda cfg: models)
+    try:
+        code = cli.main(["bench", "--config", str(config), "--out", str(folder / "out"), "--no-progress"])
+    finally:
+        mp.undo()
+    assert code == 0
+    return folder / "out"
+
+
+def copy_of(finished: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "copy"
+    shutil.copytree(finished, out)
+    return out
+
+
+def never_load(cfg):
+    raise AssertionError("models were loaded")
 
 
 # -- the pacer stop's throughput rule ----------------------------------------------------------------

@@ -22,8 +22,8 @@ import torch
 from pacer_core import Engine, InputError, load_config
 from pacer_core import calibration as calibrations
 from pacer_core.calibration import Calibration, apply, fit
-from pacer_core.costs import load_profile
-from pacer_core.drafts import TokenTree
+from pacer_core.cost_profiles import load_profile
+from pacer_core.draft_values import TokenTree
 from pacer_core.trees import NodeBudget, TreeConfig, node_values
 
 from helpers import adapter, assert_one_line_error, make_draft, reference_greedy, run_cli, tiny_llama
@@ -185,7 +185,7 @@ def test_auto_weighs_the_host_time_each_sent_node_adds():
     step counts the host time of the nodes it sends."""
     import attrs
 
-    from pacer_core.costs import Curve
+    from pacer_core.cost_profiles import Curve
 
     flat = load_profile("cpu-2core-smollm2-fp32").cost_model("feature")
     steep = attrs.evolve(flat, tree_step_s=Curve((1, 64), (0.001, 0.001 + 63 * 0.004)))  # 4 ms a node

@@ -19,7 +19,7 @@ from pacer_core.registry import components, new_plugin_manager
 from helpers import error_of
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-SHIPPED = sorted(p for p in CONFIGS.glob("*.yaml") if not is_bench_config(p))  # bench/ablate: test_bench.py
+SHIPPED = sorted(p for p in CONFIGS.glob("*.yaml") if not is_bench_config(p))  # bench/ablate: test_bench_config.py
 
 
 def write(tmp_path: Path, text: str, name: str = "run.yaml") -> Path:

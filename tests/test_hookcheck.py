@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pacer_core import Component, DraftBlock, Stop, Verdict, hookcheck, hookimpl, load_config
-from pacer_core.drafts import Draft
+from pacer_core.draft_values import Draft
 from pacer_core.engine import Engine
 from pacer_core.errors import PluginError
 from pacer_core.hf.tiny import tiny_llama, tiny_model
@@ -143,7 +143,7 @@ def test_shipped_data_is_found_by_name_and_a_wrong_answer_or_a_clash_is_refused(
     answering anything but names → folders, or shipping a name another plugin ships, is one line."""
     import types
 
-    from pacer_core.drafting import TOKEN_DRAFT, shipped_draft
+    from pacer_core.draft_model_helpers import TOKEN_DRAFT, shipped_draft
     from pacer_core.errors import ConfigError
     from pacer_core.registry import new_plugin_manager, shipped_by, shipped_folder
     from pacer_train.corpus.loaders import OPEN_CHAT_CORPUS, SELFDISTILL_CORPUS, shipped_corpus

@@ -205,7 +205,7 @@ def random_draft(seed: int):
     """A draft of 1-4 blocks, each of 1-3 main-path tokens and 0-4 side nodes hanging anywhere earlier."""
     import torch
 
-    from pacer_core.drafts import Draft, DraftBlock, SideNodes
+    from pacer_core.draft_values import Draft, DraftBlock, SideNodes
 
     g = torch.Generator().manual_seed(seed)
     blocks, total = [], 0

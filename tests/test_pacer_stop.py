@@ -984,7 +984,7 @@ def attrs_asdict(value):
 def test_the_shipped_drafts_record_their_corpus():
     """Each shipped draft records what its weights saw (its init chain included), and a
     self-distillation corpus it names is the committed one, shard for shard."""
-    from pacer_core.drafting import shipped_draft
+    from pacer_core.draft_model_helpers import shipped_draft
     from pacer_plugins.feature_draft.drafter import DEFAULT_DRAFT
     from pacer_train.corpus.loaders import recorded_corpus
     from pacer_train.corpus.shards import CorpusStore

@@ -14,7 +14,7 @@ import pytest
 from pacer_bench.answers import make_record
 from pacer_bench.replay import predictions, profiles, recorded, steplog, trees
 from pacer_bench.replay.recorded import RecordedRun
-from pacer_core.costs import profile_from_dict
+from pacer_core.cost_profiles import profile_from_dict
 from pacer_core.testing import ScriptedLM
 
 from helpers import DRAFT_TABLE, PROMPT, TARGET_TABLE, assert_one_line_error, build_engine, run_cli
@@ -269,7 +269,7 @@ def synthetic_trees(count: int, topk: int, depth: int, seed: int = 0) -> list:
 def test_auto_is_at_least_about_the_best_fixed_budget(profile_name):
     """On trees whose draft probabilities are calibrated, nodes: auto under a profile is within 3% of
     the best fixed budget and the best chain that hindsight picks under the same profile."""
-    from pacer_core.costs import load_profile
+    from pacer_core.cost_profiles import load_profile
 
     steps = [attrs.evolve(s, prompt=str(i % 20)) for i, s in enumerate(synthetic_trees(400, topk=6, depth=5))]
     result = trees.replay_shapes(steps, load_profile(profile_name), kind="feature")
@@ -367,11 +367,11 @@ def test_a_measured_profile_cached_for_the_device_sizes_trees_there(tmp_path, mo
     profile named reads it there, else the device's shipped profile."""
     import yaml
 
-    from pacer_core.costs import measured_profile_path
+    from pacer_core.cost_profiles import measured_profile_path
     from pacer_core.trees import TreeConfig, node_budget
 
     monkeypatch.setenv("PACER_CACHE", str(tmp_path))
-    from pacer_core.costs import load_profile
+    from pacer_core.cost_profiles import load_profile
 
     shipped = load_profile("cpu-2core-smollm2-fp32").verify(1)
     tree = TreeConfig(nodes="auto")
@@ -388,7 +388,7 @@ def test_a_measured_profile_cached_for_the_device_sizes_trees_there(tmp_path, mo
 
 def test_the_pacer_stops_throughput_rule_takes_a_profile():
     from pacer_core import load_config
-    from pacer_core.costs import load_profile
+    from pacer_core.cost_profiles import load_profile
     from pacer_plugins.pacer_stop.policy import PacerStopConfig, load_costs
 
     config = PacerStopConfig(rule="throughput", profile="a100-7b-bf16")
@@ -471,7 +471,7 @@ def test_pacer_replay_parses_each_record_once_and_measures_the_runs_profile_once
     """However many profiles it prices under (the run's own among them, also saved), ``pacer replay``
     reads each record's steps once and measures the run's profile once; the saved profile is the
     one it priced under, named after its file."""
-    from pacer_core.costs import load_profile
+    from pacer_core.cost_profiles import load_profile
 
     meta, timed, cost_file = timed_run(run, "draft_model")
     folder = write_run(tmp_path / "run", meta, timed)
@@ -590,7 +590,7 @@ def test_a_profile_with_costs_no_replay_can_price_is_refused(run, tmp_path, caps
 
 
 def test_cost_models_are_bounded_and_a_speedup_without_tokens_is_no_number(run, tmp_path, capsys):
-    from pacer_core.costs import CostModel
+    from pacer_core.cost_profiles import CostModel
 
     for bad in ([1e308], [0.01, float("inf")], [-1.0]):
         with pytest.raises(ValueError, match="verify_s needs times from 1e-15 to 3600 s"):

@@ -1,7 +1,7 @@
 """Spec-Bench compatibility: multi-turn runs, Spec-Bench answer files and speed.py's report.
 
 A bench over a Spec-Bench-style ``question.jsonl`` (two-turn MT-Bench-category questions and a
-single-turn one) runs on tests/helpers.py's tiny model and test_bench's character tokenizer; an
+single-turn one) runs on tests/helpers.py's tiny model and character tokenizer; an
 independent reader written here after Spec-Bench's ``evaluation/speed.py`` reads the answer files
 the report wrote and must find the report's figures.
 """
@@ -680,3 +680,23 @@ def test_a_spec_bench_suite_run_decodes_every_turn_and_reports_each_task(suite_r
     text = (suite_run / "report.md").read_text()
     assert "## Spec-Bench leaderboard" in text and "Not in this run" not in text
     assert "| fixed2 | " + f"{rows['fixed2']['mt_bench']['speedup']:.2f}×" in text
+
+
+def test_spec_bench_mean_accepted_tokens_is_told_apart_from_tau():
+    from pacer_bench.specbench import TAU_NOTE, leaderboard_markdown, speed_markdown
+
+    figures = {
+        "overall": {
+            "questions": 2,
+            "tokens_per_s": 10.0,
+            "baseline_tokens_per_s": 5.0,
+            "speedup": 2.0,
+            "mean_accepted_tokens": 2.27,
+        }
+    }
+    specbench = {"files": {"a": "specbench/a.jsonl"}, "speed": {"autoregressive": {"a": figures}}}
+    speed = "\n".join(speed_markdown(specbench))
+    assert TAU_NOTE in speed and speed.index(TAU_NOTE) < speed.index("| stack | task |")  # read before the table
+    assert "not the report's τ" in TAU_NOTE and "prefill" in TAU_NOTE
+    board = "\n".join(leaderboard_markdown(specbench, ["specbench"]))
+    assert TAU_NOTE in board and "Mean accepted tokens (τ)" not in board

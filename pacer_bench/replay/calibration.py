@@ -5,7 +5,7 @@ and a given one refused unless it was fitted on that draft."""
 from __future__ import annotations
 
 from pacer_core.calibration import Calibration
-from pacer_core.costs import DRAFTER_KINDS
+from pacer_core.cost_profiles import DRAFTER_KINDS
 from pacer_core.errors import InputError
 
 from .recorded import RecordedRun, unit_drafter

@@ -37,7 +37,7 @@ from typing import Iterable, Optional, Sequence
 
 import attrs
 
-from pacer_core.costs import CostModel
+from pacer_core.cost_profiles import CostModel
 
 from .steplog import LoggedStep, is_tree_log
 

@@ -13,7 +13,7 @@ from typing import Optional
 import attrs
 
 from pacer_core.commands import command
-from pacer_core.costs import Profile, load_profile
+from pacer_core.cost_profiles import Profile, load_profile
 from pacer_core.errors import InputError
 
 from .calibration import check_calibration, run_calibration
@@ -102,7 +102,7 @@ def _profiles(args, recorded: RecordedRun, named: list[Optional[Profile]]) -> li
         )
     profiles = [measured if p is None else p for p in named]
     if args.save_profile:
-        from pacer_core.costs import write_profile
+        from pacer_core.cost_profiles import write_profile
 
         write_profile(
             args.save_profile,

@@ -5,7 +5,7 @@ A bench run records, for every generation, what each step did: the draft's depth
 (``accepted_per_step``) and the draft forwards (``draft_forwards_per_step``), plus the prompt's length
 and PACER's M_B consultations (``pacer_checks``). Greedy verification makes what a stack emits
 independent of the device, so the same steps can be priced under any cost profile
-(``pacer_core.costs.Profile``): a step costs
+(``pacer_core.cost_profiles.Profile``): a step costs
 
     host(step kind, nodes) + Σ draft forwards (one over the prompt first) + verify(pending + sent)
 
@@ -29,7 +29,7 @@ import math
 from typing import Any, Optional, Sequence
 
 from pacer_core.calibration import Calibration
-from pacer_core.costs import Profile, load_profile
+from pacer_core.cost_profiles import Profile, load_profile
 from pacer_core.errors import InputError
 
 from ..answers import pair_key

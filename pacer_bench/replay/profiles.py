@@ -9,7 +9,15 @@ from typing import Optional, Sequence
 
 import attrs
 
-from pacer_core.costs import DRAFTER_KINDS, Curve, Profile, monotone, profile_from_dict, profile_to_dict, read_host_s
+from pacer_core.cost_profiles import (
+    DRAFTER_KINDS,
+    Curve,
+    Profile,
+    monotone,
+    profile_from_dict,
+    profile_to_dict,
+    read_host_s,
+)
 from pacer_core.errors import InputError
 
 from ..config import BASELINE
@@ -157,7 +165,7 @@ def _tree_host(timed: Sequence[Generation]) -> Optional[Curve]:
 
 def _checked(profile: Profile) -> Profile:
     """``profile`` (made from a run's records) validated as a profile file is, so that its times are
-    in the range every replay can price (``pacer_core.costs``); ``InputError`` in one line."""
+    in the range every replay can price (``pacer_core.cost_profiles``); ``InputError`` in one line."""
     profile_from_dict(profile_to_dict(profile), f"measured from the run ({profile.name})")
     return profile
 

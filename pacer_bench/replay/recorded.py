@@ -14,7 +14,7 @@ from typing import Optional
 
 import attrs
 
-from pacer_core.costs import DRAFTER_KINDS
+from pacer_core.cost_profiles import DRAFTER_KINDS
 from pacer_core.errors import ConfigError, InputError
 
 from .steplog import Generation, LoggedTree

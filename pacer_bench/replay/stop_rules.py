@@ -36,7 +36,7 @@ import torch
 
 from pacer_core import Draft, DraftBlock, InputError, Stop
 from pacer_core.commands import command
-from pacer_core.costs import CostModel, cost_model
+from pacer_core.cost_profiles import CostModel, cost_model
 from pacer_core.jsonfile import read_json
 from pacer_plugins.entropy_stop import rules as entropy_rules
 from pacer_plugins.pacer_stop.metrics import position_report
@@ -430,7 +430,7 @@ def _setup(p):
         if args.costs is not None:
             cost = read_cost_file(Path(args.costs), args.draft_token_s, args.step_s)  # before the data loads
         else:
-            from pacer_core.costs import load_profile
+            from pacer_core.cost_profiles import load_profile
 
             cost = load_profile(args.profile).cost_model("feature")
             overrides = {

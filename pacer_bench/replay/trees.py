@@ -29,8 +29,8 @@ import torch
 
 from pacer_core import calibration as calibrations
 from pacer_core.calibration import Calibration
-from pacer_core.costs import Profile
-from pacer_core.drafts import TokenTree
+from pacer_core.cost_profiles import Profile
+from pacer_core.draft_values import TokenTree
 from pacer_core.trees import NodeBudget, TreeConfig, node_values
 
 from .steplog import LoggedTree

@@ -27,7 +27,7 @@ from .model import MANIFEST, WEIGHTS, BlockDraft, ContextCache, draft_identity, 
 from .published import is_published, load_published_block
 
 DEFAULT_DRAFT = Path(__file__).parent / "default"
-COST_KIND = "block"  # one forward drafts a block (pacer_core.costs.DRAFTER_KINDS)
+COST_KIND = "block"  # one forward drafts a block (pacer_core.cost_profiles.DRAFTER_KINDS)
 
 
 @attrs.define

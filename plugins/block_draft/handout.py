@@ -35,7 +35,7 @@ import attrs
 import torch
 
 from pacer_core import DraftBlock, hookimpl
-from pacer_core.costs import CostModel
+from pacer_core.cost_profiles import CostModel
 from pacer_core.priors import SuccessorIndex, lookup_bonus
 from pacer_core.sampling import argmax_first, logits_to_probs, sample
 from pacer_core.trees import BlockTree, block_tree

@@ -22,7 +22,7 @@ import attrs
 import torch
 
 from pacer_core import Component, DraftInfo, DraftVocab, InputError, Resources, hookimpl
-from pacer_core.drafting import sync_cache
+from pacer_core.draft_model_helpers import sync_cache
 from pacer_core.priors import lookup_bias_for
 from pacer_core.protocols import MASK_ROW, ParallelDraftModel, StoredModel
 from pacer_core.trees import TreeConfig, node_budget
@@ -31,7 +31,7 @@ from .handout import BlockDrafter
 from .pard_files import MAX_BLOCK, load_pard_files
 
 DEFAULT_DRAFT = Path(__file__).parent / "default_pard"  # made by the command in its manifest.json
-COST_KIND = "block"  # one forward of its draft model drafts a block (pacer_core.costs.DRAFTER_KINDS)
+COST_KIND = "block"  # one forward of its draft model drafts a block (pacer_core.cost_profiles.DRAFTER_KINDS)
 
 
 @attrs.define

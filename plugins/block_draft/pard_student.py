@@ -175,7 +175,7 @@ def init_student(cfg, target, subset: torch.Tensor) -> tuple[PardStudent, str]:
     """The student at its start: the token draft ``init=`` names (default: the shipped one) on the
     target's device, its vocabulary subset (else distill's ``subset``), a mask embedding at the mean
     of its input embeddings over that subset. Returns (student, the init folder)."""
-    from pacer_core.drafting import shipped_draft
+    from pacer_core.draft_model_helpers import shipped_draft
     from pacer_core.hf import load_model
 
     folder = cfg.init or shipped_draft()

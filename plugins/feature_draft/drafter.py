@@ -24,7 +24,7 @@ from pacer_core import (
     Resources,
     hookimpl,
 )
-from pacer_core.costs import CostModel
+from pacer_core.cost_profiles import CostModel
 from pacer_core.jsonfile import read_json
 from pacer_core.kernels import PackedMatrix, pack_linears
 from pacer_core.priors import CorpusSuccessors, SuccessorIndex, lookup_bias_for, path_bonus
@@ -37,7 +37,7 @@ from .model import MANIFEST, WEIGHTS, Eagle3Draft, KVCache, load_draft
 from .published import load_published, weights_file
 
 DEFAULT_DRAFT = Path(__file__).parent / "default"
-COST_KIND = "feature"  # a head over the target's states (pacer_core.costs.DRAFTER_KINDS)
+COST_KIND = "feature"  # a head over the target's states (pacer_core.cost_profiles.DRAFTER_KINDS)
 CORPUS_NGRAM = 4  # the longest n-gram the corpus prior matches
 CORPUS_BIAS = 3.0  # chosen on held-out open-chat items and MT-Bench questions 11-30 (docs/draft.md)
 

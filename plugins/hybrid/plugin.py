@@ -33,7 +33,7 @@ import attrs
 import torch
 
 from pacer_core import Component, Draft, DraftBlock, DraftInfo, InputError, Resources, SideNodes, hookimpl
-from pacer_core.costs import CostModel
+from pacer_core.cost_profiles import CostModel
 from pacer_core.registry import main_member, member_hooks
 from pacer_core.trees import MAX_NODES, TreeConfig, merge_phrases, node_budget
 from pacer_core.types import StepWatch

@@ -9,8 +9,8 @@ import attrs
 import torch
 
 from pacer_core import Component, DraftBlock, DraftInfo, Resources, hookimpl
-from pacer_core.costs import CostModel
-from pacer_core.drafting import TOKEN_DRAFT, sync_cache
+from pacer_core.cost_profiles import CostModel
+from pacer_core.draft_model_helpers import TOKEN_DRAFT, sync_cache
 from pacer_core.sampling import choose, logits_to_probs
 from pacer_core.trees import GrownLevels, TreeConfig, grow_level, node_budget, phrase_block
 from pacer_core.types import StepWatch
@@ -18,7 +18,7 @@ from pacer_core.types import StepWatch
 # the token-level draft shipped for the embedded SmolLM2 target (used when a config omits `draft`), shipped
 # to other packages as TOKEN_DRAFT (pacer_shipped: ouroboros runs it too, pard starts from it)
 DEFAULT_DRAFT = str(Path(__file__).resolve().parent / "default")
-COST_KIND = "token"  # draft_model: a draft model's forwards (pacer_core.costs.DRAFTER_KINDS)
+COST_KIND = "token"  # draft_model: a draft model's forwards (pacer_core.cost_profiles.DRAFTER_KINDS)
 
 
 @attrs.define

@@ -20,11 +20,10 @@ import torch
 from attrs import validators as v
 
 from pacer_core import Draft, InputError, Resources, Stop, hookimpl
-from pacer_core.costs import CostModel, monotone
+from pacer_core.cost_profiles import CostModel, monotone
 from pacer_core.jsonfile import read_json
 
-from . import costs as cost_files
-from . import rules
+from . import measured_costs, rules
 from .model import CONFIG, MANIFEST, WEIGHTS, IncrementalPredictor, PreVerifier, confidence_features
 
 DEFAULT_CHECKPOINT = Path(__file__).parent / "default"  # M_B for the embedded target + shipped eagle draft
@@ -217,14 +216,14 @@ def load_costs(config: PacerStopConfig, resources: Resources) -> CostModel:
     if config.costs is not None:
         return config.costs.model()
     if config.profile is not None:  # priced as the drafter's kind (Component.cost_kind)
-        from pacer_core.costs import load_profile
+        from pacer_core.cost_profiles import load_profile
 
         profile = load_profile(config.profile)
         kind = getattr(resources, "draft_cost_kind", None)
         return profile.cost_model(kind if kind in profile.draft else None)
-    key = cost_files.full_key(cost_files.run_pair(resources))
-    path = Path(config.cost_file) if config.cost_file else cost_files.cache_file(key)
-    return cost_files.read_costs(path, key)
+    key = measured_costs.full_key(measured_costs.run_pair(resources))
+    path = Path(config.cost_file) if config.cost_file else measured_costs.cache_file(key)
+    return measured_costs.read_costs(path, key)
 
 
 class PacerStop:

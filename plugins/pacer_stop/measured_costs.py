@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 from pacer_core import InputError, hookimpl
 from pacer_core.commands import bounded_int, check_out_file, command
-from pacer_core.costs import CostModel, cost_model
+from pacer_core.cost_profiles import CostModel, cost_model
 from pacer_core.jsonfile import read_json
 
 COST_MODEL_VERSION = 1
@@ -330,7 +330,7 @@ def write_measured_profile(path: Path, engine, cfg, prompt: list[int], measured:
     """Measure the verification curves after ``args.context`` cached tokens and write a measured
     cost profile with this run's drafter and per-step costs (``measured``)."""
     from pacer_bench.timing import device_of, make_clock, measure_verify_costs
-    from pacer_core.costs import Curve, Profile, monotone, write_profile
+    from pacer_core.cost_profiles import Curve, Profile, monotone, write_profile
 
     clock = make_clock(device_of(engine.target))
     top = args.profile_max_k
@@ -369,7 +369,7 @@ def cache_profile(path: Path, engine) -> tuple[Path, bool]:
     whether it replaced an earlier one."""
     import shutil
 
-    from pacer_core.costs import measured_profile_path
+    from pacer_core.cost_profiles import measured_profile_path
 
     cached = measured_profile_path(str(engine.target.device), engine.target.digest)
     replaced = cached.exists()
