@@ -15,6 +15,8 @@ import torch
 from .sampling import argmax_first, sample, sample_with_noise
 from .types import Verdict
 
+_Kind = Literal["recovered", "bonus"]  # Verdict.next_kind
+
 
 def _children(parents: Optional[torch.Tensor], n: int) -> dict[int, list[int]]:
     """Each node's children in node order (key -1: the root's); ``parents`` None is a chain."""
@@ -52,7 +54,7 @@ def greedy_verify(
 
     path = longest(-1)
     last = path[-1] if path else -1
-    kind: Literal["recovered", "bonus"] = "recovered" if children[last] else "bonus"
+    kind: _Kind = "recovered" if children[last] else "bonus"
     return Verdict(
         accepted=len(path), next_token=argmax(last + 1), next_kind=kind, path=None if parents is None else tuple(path)
     )
@@ -124,9 +126,7 @@ def speculative_verify(
     path: list[int] = []
     node = -1
 
-    def verdict(
-        kind: Literal["recovered", "bonus"], p: torch.Tensor
-    ) -> Verdict:  # a chain's path is its first accepted nodes
+    def verdict(kind: _Kind, p: torch.Tensor) -> Verdict:  # a chain's path is its first accepted nodes
         token = sample(p, generator) if next_noise is None else sample_with_noise(p, next_noise(len(path)))
         return Verdict(
             accepted=len(path), next_token=int(token), next_kind=kind, path=None if parents is None else tuple(path)

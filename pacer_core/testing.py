@@ -323,7 +323,7 @@ class OnDevice(torch.Tensor):
     (``Tensor.is_cpu``) is told what a GPU's tensor tells: not on the CPU; its ``device`` stays the CPU,
     where its data is."""
 
-    @property  # a read-only property over the attribute Tensor declares: meant (mypy: override)
+    @property  # Tensor declares is_cpu a plain attribute; a read-only property here is meant
     def is_cpu(self) -> bool:  # type: ignore[override]
         return False
 

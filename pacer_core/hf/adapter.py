@@ -332,9 +332,8 @@ class HFModel:
             masks["full_attention"] = allowed
         if "sliding_attention" in kinds:
             key_positions = torch.tensor(self._positions + query_positions.tolist())  # [cached + k]
-            masks["sliding_attention"] = allowed & (
-                key_positions[None, :] > query_positions[:, None] - cast(int, self._window)
-            )  # set when a layer slides
+            window = cast(int, self._window)  # reset() sets it when a layer slides
+            masks["sliding_attention"] = allowed & (key_positions[None, :] > query_positions[:, None] - window)
         for kind, mask in masks.items():
             additive = torch.zeros(mask.shape, dtype=self.dtype)
             additive.masked_fill_(~mask, torch.finfo(self.dtype).min)
