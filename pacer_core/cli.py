@@ -15,7 +15,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, cast
 
 import attrs
 
@@ -32,10 +32,10 @@ PROG = "pacer"
 class _Parser(argparse.ArgumentParser):
     """argparse that reports a usage error as one line (``pacer: error: ...``) with exit code 2."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str):
         raise _UsageError(f"{message}; see `{self.prog} --help`")
 
-    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+    def parse_args(self, args=None, namespace=None):
         """As argparse's, except that ``key=value`` overrides may stand anywhere on the line
         (``generate target.path=X --prompt P --json a=b``): argparse gives a ``nargs="*"`` positional
         only one run of words, so the words after a later option are collected here, in order."""
@@ -227,7 +227,7 @@ def _setup_generate(p: argparse.ArgumentParser) -> Runner:
             }
             print(json.dumps(payload, default=_json_default))
         else:
-            printer.finish(text)
+            cast(StreamPrinter, printer).finish(text)  # made when not --json
             print(_summary(result), file=sys.stderr)
         return 0
 
@@ -271,7 +271,7 @@ def _setup_plugins(p: argparse.ArgumentParser) -> Runner:
         from .registry import KINDS
 
         table = components(new_plugin_manager())
-        listing = {
+        listing: dict[str, list[dict[str, Any]]] = {
             kind: [
                 {
                     "name": c.name,
@@ -309,7 +309,8 @@ def _setup_plugins(p: argparse.ArgumentParser) -> Runner:
 def split_overrides(words: Sequence[str]) -> tuple[list[str], list[str]]:
     """(files, overrides) of ``validate``'s words: a ``key=value`` word whose key is a dotted config
     key (``strategy.stop.0.gamma=6``) and that names no existing file is an override."""
-    files, overrides = [], []
+    files: list[str] = []
+    overrides: list[str] = []
     for word in words:
         key = word.split("=", 1)[0]
         is_override = "=" in word and re.fullmatch(r"[A-Za-z_][\w.\[\]-]*", key) and not Path(word).exists()
@@ -335,7 +336,8 @@ def _setup_validate(p: argparse.ArgumentParser) -> Runner:
                 "`pacer validate configs/pacer.yaml strategy.stop.0.b=2`"
             )
         failed = 0
-        for path in files or [None]:
+        paths: list[Optional[str]] = [*files] or [None]  # None: the defaults
+        for path in paths:
             where = path if path is not None else "the defaults"
             try:
                 load_config(path, overrides)

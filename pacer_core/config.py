@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import typing
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, cast
 
 import attrs
 import pluggy
@@ -108,7 +108,7 @@ def read_config(path: Optional[str | Path] = None, overrides: Sequence[str] = ()
     defaults = attrs.asdict(PacerConfig())  # an override reaching into a default list or entry edits it
     for override in override_list(overrides):
         apply_override(raw, override, defaults)
-    data = OmegaConf.to_container(raw)
+    data = cast("dict[str, Any]", OmegaConf.to_container(raw))  # a DictConfig's container: a dict
     allowed = [f.name for f in attrs.fields(PacerConfig)]
     for key in data:
         if key not in allowed:
@@ -122,7 +122,7 @@ def read_config(path: Optional[str | Path] = None, overrides: Sequence[str] = ()
         if field.name == "draft" and value is None:
             sections["draft"] = None
             continue
-        schema = config_class(hints[field.name])  # ModelConfig for Optional[ModelConfig]
+        schema = cast(type, config_class(hints[field.name]))  # ModelConfig for Optional[ModelConfig]
         if not isinstance(value, dict):
             raise ConfigError(f"section '{field.name}' must be a mapping, got {type(value).__name__}")
         # strategy entries are open mappings: resolve_stack() validates each against its component's schema

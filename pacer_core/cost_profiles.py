@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 import attrs
 
@@ -86,13 +86,23 @@ def _extrapolate(known: Sequence[float], at: int) -> float:
     return known[-1] + max(slope, 0.0) * (at - len(known))
 
 
+def _ints(values: Iterable[int]) -> tuple[int, ...]:
+    """A field's converter: ``tuple``, typed (mypy's attrs plugin cannot type the generic ``tuple``)."""
+    return tuple(values)
+
+
+def _floats(values: Iterable[float]) -> tuple[float, ...]:
+    """A field's converter: ``tuple``, typed (as ``_ints``)."""
+    return tuple(values)
+
+
 @attrs.frozen
 class Curve:
     """Seconds at a few token counts ``ks`` (ascending): linear between them, the first value below
     the first count, extrapolated from the last two above the last (never decreasing)."""
 
-    ks: tuple[int, ...] = attrs.field(converter=tuple)
-    seconds: tuple[float, ...] = attrs.field(converter=tuple)
+    ks: tuple[int, ...] = attrs.field(converter=_ints)
+    seconds: tuple[float, ...] = attrs.field(converter=_floats)
 
     def __attrs_post_init__(self) -> None:
         if not self.ks or len(self.ks) != len(self.seconds):
@@ -130,10 +140,10 @@ class CostModel:
     ``preverify_s`` one consultation of PACER's pre-verification layer; ``plain_host_s`` the host
     time of a plain decoding step (None: ``step_s``)."""
 
-    verify_s: tuple[float, ...] = attrs.field(converter=tuple)
+    verify_s: tuple[float, ...] = attrs.field(converter=_floats)
     draft_token_s: float = 0.0
-    tree_k: tuple[int, ...] = attrs.field(default=(), converter=tuple)
-    tree_verify_s: tuple[float, ...] = attrs.field(default=(), converter=tuple)
+    tree_k: tuple[int, ...] = attrs.field(default=(), converter=_ints)
+    tree_verify_s: tuple[float, ...] = attrs.field(default=(), converter=_floats)
     step_s: float = 0.0
     tree_step_s: Optional[Curve] = None
     preverify_s: float = 0.0

@@ -11,7 +11,7 @@ import operator
 import threading
 import time
 import weakref
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Literal, Optional, Sequence, Union, cast
 
 import attrs
 import pluggy
@@ -85,9 +85,10 @@ def load_stack_draft(
         raise InputError(f"drafter '{user.name}' needs a draft model: set draft.path")
     if loaded is None:
         return load_draft(section, tokenizer)
-    if section.path not in loaded:
-        loaded[section.path] = load_draft(section, tokenizer)
-    return loaded[section.path]
+    path = cast(str, section.path)  # draft_model_config's section always names one
+    if path not in loaded:
+        loaded[path] = load_draft(section, tokenizer)
+    return loaded[path]
 
 
 @attrs.define(eq=False)
@@ -374,7 +375,7 @@ class Engine:
         self.target.reset()
         pending = list(tokens)  # committed tokens not yet in the target's cache
         self.start_generation(state)
-        finish = "length"
+        finish: Literal["eos", "length"] = "length"
         while state.budget_left > 0:
             # 2. draft until a stop policy says stop, unless the gate decodes this step plainly
             # (decided from earlier steps only, before any draft hook runs)

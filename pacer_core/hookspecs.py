@@ -59,7 +59,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 @hookspec
-def pacer_components() -> "list[Component]":
+def pacer_components() -> "list[Component]":  # type: ignore[empty-body]  # a spec: its body never runs
     """Declare the strategies this plugin module offers.
 
     Called once per engine on each module found through the ``pacer_sd`` entry-point group (and on
@@ -163,7 +163,9 @@ def pacer_select_nodes(state: "DecodeState", draft: "Draft") -> "Optional[Iterab
 
 
 @hookspec(firstresult=True)
-def pacer_verify(state: "DecodeState", draft: "Draft", target_logits: "torch.Tensor") -> "Verdict":
+def pacer_verify(  # type: ignore[empty-body]  # a spec: its body never runs
+    state: "DecodeState", draft: "Draft", target_logits: "torch.Tensor"
+) -> "Verdict":
     """Decide which draft tokens to keep and the token that follows.
 
     Exactly one verifier is registered. ``target_logits`` is [N + 1, vocab] over the nodes of

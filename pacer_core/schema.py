@@ -32,7 +32,7 @@ def one_line(exc: BaseException) -> str:
     """The first line of an exception's message (its type's name when it has none). An exception
     raised with several arguments (attrs' validators add the attribute, the options and the value)
     gives its first, the message."""
-    args = getattr(exc, "args", ())
+    args: tuple[Any, ...] = getattr(exc, "args", ())
     message = args[0] if len(args) > 1 and isinstance(args[0], str) else str(exc)
     text = message.strip().splitlines()
     return text[0] if text else type(exc).__name__
@@ -347,7 +347,7 @@ def _check_shape(shape: _Shape, value: Any, where: str, path: str) -> None:
     validated against its own class, so its errors name its options."""
     if value is None and shape.optional:
         return
-    if shape.kind == "config":
+    if shape.kind == "config" and shape.config is not None:  # a "config" shape always names its class
         if not isinstance(value, dict):
             fields = ", ".join(f.name for f in attrs.fields(shape.config))
             raise ConfigError(f"{where}: '{path}' must be a mapping of options ({fields}), {_got(value)}")
@@ -374,7 +374,7 @@ def _open_mappings(node: DictConfig, schema_cls: type, data: dict, shapes: dict[
         shape = shapes.get(name)
         if not isinstance(value, dict):
             continue
-        if shape is not None and shape.kind == "config":
+        if shape is not None and shape.kind == "config" and shape.config is not None:
             if node[name] is None:  # an optional config left out by default: its defaults, to merge into
                 node[name] = OmegaConf.structured(shape.config)
             _open_mappings(node[name], shape.config, value, _option_shapes(shape.config))

@@ -231,7 +231,7 @@ class ServingDrafter:
         """
         self.calls += 1
         kept: dict[tuple[int, ...], list[RequestStack]] = {}
-        drafts = []
+        drafts: list[list[int]] = []
         for tokens, new in rows:
             tokens, new = [int(t) for t in tokens], [int(t) for t in new]
             if not new or len(new) >= len(tokens):  # nothing verified since the last call

@@ -30,7 +30,7 @@ function of the same context) let PACER-style stop policies run without a real m
 from __future__ import annotations
 
 import itertools
-from typing import Iterable, Optional, Sequence, Union
+from typing import Iterable, Optional, Sequence, Union, overload
 
 import torch
 
@@ -323,8 +323,8 @@ class OnDevice(torch.Tensor):
     (``Tensor.is_cpu``) is told what a GPU's tensor tells: not on the CPU; its ``device`` stays the CPU,
     where its data is."""
 
-    @property
-    def is_cpu(self) -> bool:
+    @property  # Tensor declares is_cpu a plain attribute; a read-only property here is meant
+    def is_cpu(self) -> bool:  # type: ignore[override]
         return False
 
     @classmethod
@@ -348,6 +348,10 @@ class OnDevice(torch.Tensor):
         return torch._tensor._convert(result, cls)
 
 
+@overload
+def on_device(tensor: torch.Tensor) -> torch.Tensor: ...
+@overload
+def on_device(tensor: Optional[torch.Tensor]) -> Optional[torch.Tensor]: ...
 def on_device(tensor: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return None if tensor is None else tensor.as_subclass(OnDevice)
 

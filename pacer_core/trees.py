@@ -17,7 +17,7 @@ the sampling verifier treats them as point masses: exact for any temperature, to
 from __future__ import annotations
 
 import heapq
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, cast
 
 import attrs
 import torch
@@ -111,7 +111,7 @@ def grow_level(
     p, tokens = top_p.flatten().tolist(), top_x.flatten().tolist()
     limit = min(topk, room)
     tip = tip_row * k if tip_row is not None and p[tip_row * k] > 0 else -1  # the main-path child, first
-    chosen = [Candidate(tip_row, tokens[tip], totals[tip])] if tip >= 0 else []
+    chosen = [Candidate(tip_row, tokens[tip], totals[tip])] if tip_row is not None and tip >= 0 else []
     # then the best others by cumulative score, ties in flat order (nlargest sorts stably)
     others = heapq.nlargest(
         limit - len(chosen), (i for i in range(len(p)) if p[i] > 0 and i != tip), key=totals.__getitem__
@@ -232,7 +232,7 @@ class GrownLevels:
         block = DraftBlock(
             tokens=torch.tensor([tokens[0] for tokens, _, _ in self.levels], dtype=torch.long),
             draft_probs=table,
-            hidden_states=None if any(h is None for h in self.hidden) else torch.stack(self.hidden),
+            hidden_states=None if any(h is None for h in self.hidden) else torch.stack(cast(list, self.hidden)),
             side=side,
             forwards=forwards,
             sampled=False,
@@ -256,7 +256,7 @@ def phrase_block(phrases: list[list[int]], draft: Draft) -> Optional[DraftBlock]
     # draft.num_nodes; the other phrases share its prefix and follow as side nodes
     trie = SideNodes.trie([main] + [list(p) for p in phrases[1:]], parent=parent, first=draft.num_nodes)
     side = None
-    if len(trie) > len(main):
+    if trie is not None and len(trie) > len(main):  # never None: the main phrase is not empty
         side = SideNodes(trie.tokens[len(main) :], trie.parents[len(main) :])
     return DraftBlock(tokens=torch.tensor(main, dtype=torch.long), side=side, sampled=False)
 
@@ -314,7 +314,7 @@ def node_values(
         above, above_cumulative = (values[parent], cumulative[parent]) if parent >= 0 else (1.0, 1.0)
         own = min(1.0, max(0.0, q[i] if q[i] > 0 else (point_mass(i) if point_mass is not None else 0.5)))
         cumulative[i] = above_cumulative * own
-        if calibration is not None and q[i] > 0:
+        if calibration is not None and depths is not None and q[i] > 0:
             values[i] = min(above, calibrated(calibration, depths[i], cumulative[i]))
         else:
             values[i] = above * own

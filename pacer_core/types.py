@@ -107,6 +107,12 @@ class Stop:
     keep: Optional[int] = None
 
 
+def _path(value: Optional[Iterable[int]]) -> Optional[tuple[int, ...]]:
+    """``Verdict.path``'s converter: ``attrs.converters.optional(tuple)``, typed (mypy's attrs plugin
+    cannot type the generic ``tuple``)."""
+    return None if value is None else tuple(value)
+
+
 @attrs.frozen
 class Verdict:
     """A verifier's decision for one step.
@@ -120,7 +126,7 @@ class Verdict:
     accepted: int
     next_token: int
     next_kind: Literal["recovered", "bonus"]
-    path: Optional[tuple[int, ...]] = attrs.field(default=None, converter=attrs.converters.optional(tuple))
+    path: Optional[tuple[int, ...]] = attrs.field(default=None, converter=_path)
 
     def __attrs_post_init__(self) -> None:
         if self.path is not None and len(self.path) != self.accepted:

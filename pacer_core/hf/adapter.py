@@ -7,7 +7,7 @@ from __future__ import annotations
 import inspect
 import warnings
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union, cast
 
 import torch
 
@@ -51,9 +51,12 @@ def growing_layer() -> type:
     ``HFModel.crop`` on another layer type) it is reallocated 1.5× larger. Crops stay views."""
     global _GROWING_LAYER
     if _GROWING_LAYER is None:
-        DynamicLayer = _quiet_transformers().cache_utils.DynamicLayer
+        DynamicLayer: Any = _quiet_transformers().cache_utils.DynamicLayer
 
         class GrowingLayer(DynamicLayer):
+            keys: torch.Tensor
+            values: torch.Tensor
+
             def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
                 super().lazy_initialization(key_states, value_states)
                 self._key_buffer: Optional[torch.Tensor] = None
@@ -65,7 +68,12 @@ def growing_layer() -> type:
                 length = int(self.keys.shape[-2]) if self.keys.dim() == 4 else 0
                 end = length + int(key_states.shape[-2])
                 keys, values = self._key_buffer, self._value_buffer
-                if keys is None or end > keys.shape[-2] or (length and self.keys.data_ptr() != keys.data_ptr()):
+                if (
+                    keys is None
+                    or values is None
+                    or end > keys.shape[-2]
+                    or (length and self.keys.data_ptr() != keys.data_ptr())
+                ):
                     capacity = end + max(256, end // 2)
                     keys = key_states.new_empty(*key_states.shape[:-2], capacity, key_states.shape[-1])
                     values = value_states.new_empty(*value_states.shape[:-2], capacity, value_states.shape[-1])
@@ -251,11 +259,12 @@ class HFModel:
         for trees (by each row's position). Exact for every window, at full attention's memory."""
         self._cache = self._cache_cls(config=self.model.config)
         growing = growing_layer()
+        dynamic: Any = growing.__base__  # transformers' DynamicLayer
         kinds, windows, layers = [], set(), []
         for layer in self._cache.layers:
-            if type(layer) is growing.__base__:
+            if type(layer) is dynamic:
                 kinds.append("full_attention")
-            elif getattr(layer, "is_sliding", False) and isinstance(layer, growing.__base__):
+            elif getattr(layer, "is_sliding", False) and isinstance(layer, dynamic):
                 kinds.append("sliding_attention")
                 windows.add(int(layer.sliding_window))
             else:  # another kind (e.g. linear attention): kept as transformers made it
@@ -323,7 +332,8 @@ class HFModel:
             masks["full_attention"] = allowed
         if "sliding_attention" in kinds:
             key_positions = torch.tensor(self._positions + query_positions.tolist())  # [cached + k]
-            masks["sliding_attention"] = allowed & (key_positions[None, :] > query_positions[:, None] - self._window)
+            window = cast(int, self._window)  # reset() sets it when a layer slides
+            masks["sliding_attention"] = allowed & (key_positions[None, :] > query_positions[:, None] - window)
         for kind, mask in masks.items():
             additive = torch.zeros(mask.shape, dtype=self.dtype)
             additive.masked_fill_(~mask, torch.finfo(self.dtype).min)
@@ -391,10 +401,10 @@ class HFModel:
         if tree_mask is not None:
             allowed = torch.ones(k, past + k, dtype=torch.bool)
             allowed[:, past + k - tree_mask.shape[1] :] = tree_mask
-            query_positions = positions + past  # [k]
+            query_positions = cast(torch.Tensor, positions) + past  # [k] (a tree forward passes positions)
             kwargs["attention_mask"] = self._tree_attention_mask(allowed, query_positions)
             kwargs["position_ids"] = self._on_device(query_positions[None])
-            new_positions = query_positions.tolist()
+            new_positions: Sequence[int] = query_positions.tolist()
         else:
             new_positions = range(past, past + k)
         layers = None if isinstance(hidden, bool) else tuple(int(i) for i in hidden)
@@ -406,7 +416,7 @@ class HFModel:
         if self.vocab_subset is not None and logits_from < k:
             base = self.model.base_model(**kwargs)
             last = base.last_hidden_state[0]  # after the norm
-            rows = self._head_subset(last[logits_from:]).float()
+            rows = cast(PackedMatrix, self._head_subset)(last[logits_from:]).float()  # set with vocab_subset
             out_logits = torch.full((k - logits_from, self.vocab_size), float("-inf"), device=rows.device)
             out_logits[:, self._subset_index] = rows
             out_hidden = _layer_inputs(base.hidden_states, layers) if layers else (last if hidden else None)
