@@ -18,7 +18,7 @@ from typing import Any, Optional, Sequence
 
 import attrs
 
-from pacer_core.costs import MAX_TOKENS, is_seconds
+from pacer_core.cost_profiles import MAX_TOKENS, is_seconds
 from pacer_core.errors import InputError
 from pacer_core.jsonfile import MAX_DATA_BYTES, TooDeep, loads, read_bytes
 

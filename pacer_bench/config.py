@@ -1,32 +1,28 @@
 """The bench and ablation YAML: schema and validation, before any model loads.
 
 A bench config names the models (shared by every stack), the prompt sets, the token budget and
-sampling, the strategy stacks (each resolved to a validated run config, autoregressive first) and
+sampling, the strategy stacks (each planned as a run: ``plan_stack``, autoregressive first) and
 transformers' baselines; an ablation config is one stack over a grid of run-config values. Every
 problem is a one-line ``ConfigError``. The schema is documented in docs/benchmarks.md.
 
-YAML files and override values are read with pacer_core.schema's helpers. The bench's own rules
-differ from a run config's on purpose: an override sets a bench key as given (no run-config
-defaults are seeded), and typed entries inside open mappings (each ``stacks`` entry) are checked
-key by key, naming the keys valid where one failed.
+The YAML, its overrides and its schema are read and validated by pacer_core.schema's
+``load_schema``, as every config is. An override sets a bench key as given (no run-config defaults
+are seeded).
 """
 
 from __future__ import annotations
 
 import json
-import re
-import typing
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import attrs
 from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
-from pacer_core.config import ModelConfig, PacerConfig, SamplingConfig, check, load_config
+from pacer_core.config import ModelConfig, RunPlan, SamplingConfig, plan_run, read_config
 from pacer_core.errors import ConfigError
-from pacer_core.registry import components, new_plugin_manager
-from pacer_core.schema import check_finite, one_line, parse_value, read_yaml
+from pacer_core.registry import components
+from pacer_core.schema import load_schema, read_yaml
 
 from .labels import check_name, grid_points
 from .prompts import PROMPT_SETS, SPECBENCH
@@ -119,121 +115,15 @@ class AblateConfig:
 
 
 # -- validation --------------------------------------------------------------------------------
-def _valid_keys(schema_cls: type, key: str) -> str:
-    """The option names valid where ``key`` (a dotted path into ``schema_cls``) failed."""
-    cls: Any = schema_cls
-    parts = key.split(".")[:-1] if key else []
-    i = 0
-    while i < len(parts):
-        hints = typing.get_type_hints(cls)
-        hint = hints.get(parts[i])
-        if hint is None:
-            break
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        origin = typing.get_origin(hint)
-        if origin in (dict, Dict) and len(args) == 2:
-            cls, i = args[1], i + 2  # skip the mapping key
-        elif origin is typing.Union and args:
-            cls, i = args[0], i + 1
-        else:
-            cls, i = hint, i + 1
-        if not attrs.has(cls):
-            return ""
-    return ", ".join(f.name for f in attrs.fields(cls)) if attrs.has(cls) else ""
-
-
-def _shape(hint: Any) -> tuple[Optional[type], Any, bool]:
-    """(dict or list or None, the value type of a mapping or None, whether null is allowed) of a field."""
-    args = typing.get_args(hint)
-    optional = typing.get_origin(hint) is typing.Union and type(None) in args
-    if optional:
-        hint = next(a for a in args if a is not type(None))
-    if attrs.has(hint):
-        return dict, None, optional
-    origin = typing.get_origin(hint)
-    if origin is dict:
-        value = typing.get_args(hint)[1] if typing.get_args(hint) else None
-        return dict, value if attrs.has(value) else None, optional
-    if origin is list:
-        return list, None, optional
-    return None, None, optional
-
-
-def _keys_of(cls: Any) -> str:
-    return f" with the keys {', '.join(f.name for f in attrs.fields(cls))}" if attrs.has(cls) else ""
-
-
-def _check_shapes(schema_cls: type, data: dict, where: str) -> None:
-    """A section, list or stack entry given as another kind of value, named with what it must be
-    (OmegaConf's own message would not say which key)."""
-    hints = typing.get_type_hints(schema_cls)
-    for key, value in data.items():
-        hint = hints[key]
-        kind, entries, optional = _shape(hint)
-        if kind is None or (value is None and optional):
-            continue
-        if not isinstance(value, kind):
-            what = "a list" if kind is list else f"a mapping{_keys_of(typing.get_args(hint)[0] if optional else hint)}"
-            raise ConfigError(f"{where}: '{key}' must be {what}, got {type(value).__name__}")
-        if entries is not None:
-            for name, entry in value.items():
-                if not isinstance(entry, dict):
-                    raise ConfigError(
-                        f"{where}: '{key}.{name}' must be a mapping{_keys_of(entries)}, got {type(entry).__name__}"
-                    )
-
-
-def _validate(schema_cls: type, data: Any, where: str) -> Any:
-    """``data`` merged over ``schema_cls``'s defaults in struct mode, as an attrs object."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where} must be a mapping of keys, got {type(data).__name__}")
-    allowed = [f.name for f in attrs.fields(schema_cls)]
-    for key in data:
-        if key not in allowed:
-            raise ConfigError(f"{where}: unknown key '{key}'; valid keys: {', '.join(allowed)}")
-    _check_shapes(schema_cls, data, where)
-    # typed nodes (the sections, each stack entry) refuse unknown keys; open mappings (stacks, grid,
-    # inline strategy sections) take any key, their values checked by their own schema
-    schema = OmegaConf.structured(schema_cls)
-    OmegaConf.set_struct(schema, False)
-    try:
-        result = OmegaConf.to_object(OmegaConf.merge(schema, data))
-    except OmegaConfBaseException as exc:
-        key = str(getattr(exc, "full_key", None) or getattr(exc, "key", None) or "")
-        text = one_line(exc)
-        if "Key" in type(exc).__name__ or "not in struct" in text:
-            valid = _valid_keys(schema_cls, key)
-            hint = f"; valid keys there: {valid}" if valid else ""
-            raise ConfigError(f"{where}: unknown key '{key}'{hint}") from None
-        raise ConfigError(f"{where}: bad value for '{key}': {text}") from None
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: {one_line(exc)}") from None
-    check_finite(result, where)
-    return result
-
-
-def _apply_overrides(raw: Any, overrides: Sequence[str], where: str) -> None:
-    for override in overrides:
-        if "=" not in override:
-            raise ConfigError(f"{where}: override '{override}' is not key=value (e.g. max_new_tokens=32)")
-        key, value = override.split("=", 1)
-        negative = next((part for part in re.split(r"[.\[\]]", key.strip()) if re.fullmatch(r"-\d+", part)), None)
-        if negative is not None:  # OmegaConf would count it from the end and silently edit another item
-            raise ConfigError(
-                f"{where}: override '{override}': list index {negative} is negative; indices count from 0"
-            )
-        try:
-            OmegaConf.update(raw, key.strip(), parse_value(value), merge=True)
-        except (OmegaConfBaseException, ValueError, IndexError, KeyError) as exc:
-            raise ConfigError(f"{where}: override '{override}': {one_line(exc)}") from None
+BENCH_EXAMPLE = "max_new_tokens=32"  # an override of a bench config, shown in messages
 
 
 def _read(path: Optional[str | Path], overrides: Sequence[str], schema_cls: type, what: str):
-    raw = read_yaml(Path(path)) if path is not None else OmegaConf.create({})
+    """The validated config of ``path`` (or the defaults) with ``overrides``, and the folder its
+    relative paths start from."""
     where = f"{what} '{path}'" if path is not None else what
-    _apply_overrides(raw, overrides, where)
-    data = OmegaConf.to_container(raw)
-    return _validate(schema_cls, data, where), (Path(path).resolve().parent if path is not None else Path.cwd())
+    config = load_schema(schema_cls, path, overrides, where, example=BENCH_EXAMPLE)
+    return config, (Path(path).resolve().parent if path is not None else Path.cwd())
 
 
 def _anchor_paths(stacks: Dict[str, StackConfig], base_dir: Path, bench: Optional[BenchConfig] = None) -> None:
@@ -260,9 +150,10 @@ def read_bench_config(
     overrides: Sequence[str] = (),
     limit: Optional[int] = None,
     extra_plugins: Sequence[Any] = (),
-) -> tuple[BenchConfig, dict[str, PacerConfig]]:
-    """Read and validate a bench YAML (+ ``key=value`` overrides): the config and every stack's
-    resolved run config, autoregressive first. Raises ``ConfigError`` (one line) before any model loads."""
+) -> tuple[BenchConfig, dict[str, RunPlan]]:
+    """Read and validate a bench YAML (+ ``key=value`` overrides): the config and every stack's run
+    plan (``plan_stack``; ``extra_plugins`` registered in each), autoregressive first. Raises
+    ``ConfigError`` (one line) before any model loads."""
     bench, base_dir = _read(path, overrides, BenchConfig, "bench config")
     if limit is not None:
         bench.limit = limit
@@ -270,8 +161,8 @@ def read_bench_config(
     return bench, check_bench(bench, extra_plugins)
 
 
-def check_bench(bench: BenchConfig, extra_plugins: Sequence[Any] = ()) -> dict[str, PacerConfig]:
-    """Value checks, and each stack resolved to a validated run config (autoregressive first)."""
+def check_bench(bench: BenchConfig, extra_plugins: Sequence[Any] = ()) -> dict[str, RunPlan]:
+    """Value checks, and each stack planned as a run (``plan_stack``; autoregressive first)."""
     for name, value, low in (
         ("max_new_tokens", bench.max_new_tokens, 1),
         ("repeats", bench.repeats, 1),
@@ -325,15 +216,15 @@ def check_bench(bench: BenchConfig, extra_plugins: Sequence[Any] = ()) -> dict[s
         stacks = {BASELINE: StackConfig(strategy={"drafter": {"name": "autoregressive"}, "stop": []}), **stacks}
     else:
         stacks = {BASELINE: stacks.pop(BASELINE), **stacks}
-    resolved, needs_draft = {}, {}
+    plans, needs_draft = {}, {}
     for name, stack in stacks.items():
         check_name(name, "bench config")
-        resolved[name] = resolve_stack(name, stack, bench, extra_plugins)
-        drafter = check(resolved[name], extra_plugins, require_models=False).drafter
+        plans[name] = plan_stack(name, stack, bench, extra_plugins)
+        drafter = plans[name].stack.drafter
         if "draft_model" in drafter.component.needs:
             needs_draft[name] = drafter
     if bench.draft is None and bench.target.path is None:
-        default = _default_draft(bench, needs_draft.values(), extra_plugins)
+        default = _default_draft(bench, needs_draft.values(), plans[BASELINE])
         if default is not None:
             bench.draft = BenchModelConfig(path=default)  # the shipped draft of the embedded target
     for name, drafter in needs_draft.items():
@@ -343,26 +234,27 @@ def check_bench(bench: BenchConfig, extra_plugins: Sequence[Any] = ()) -> dict[s
                 "set the bench's draft.path (models are shared by all stacks)"
             )
     log = bench.oracle.log_stack
-    if log is not None and resolved[log].strategy.drafter.get("tree") is not None:
+    if log is not None and plans[log].config.strategy.drafter.get("tree") is not None:
         raise ConfigError(
             f"bench config: oracle.log_stack '{log}' drafts a token tree (strategy.drafter.tree); "
             "the oracle replays a chain: log a stack drafting a long fixed chain"
         )
-    drafter = resolved[BASELINE].strategy.drafter.get("name")
+    drafter = plans[BASELINE].stack.drafter.component.name
     if drafter != "autoregressive":
         raise ConfigError(f"stacks.{BASELINE}: the baseline must use the autoregressive drafter, not '{drafter}'")
-    return resolved
+    return plans
 
 
-def _default_draft(bench: BenchConfig, drafters: Iterable[Any], extra_plugins: Sequence[Any]) -> Optional[str]:
+def _default_draft(bench: BenchConfig, drafters: Iterable[Any], baseline: RunPlan) -> Optional[str]:
     """The shipped draft the bench loads when it runs the embedded target without a ``draft``: the
     default draft of the first stack drafter needing a model, else (for ``hf_assisted_*`` baselines)
-    that of the ``draft_model`` drafter. Models are shared by all stacks, so there is one."""
+    that of the ``draft_model`` drafter (installed with the plugins of the ``baseline`` stack's
+    plan). Models are shared by all stacks, so there is one."""
     for drafter in drafters:
         if drafter.component.default_draft:
             return drafter.component.default_draft
     if any(HF_BASELINES[name] for name in bench.baselines):
-        drafter = components(new_plugin_manager(extra_plugins))["drafter"].get("draft_model")
+        drafter = components(baseline.pm)["drafter"].get("draft_model")
         return getattr(drafter, "default_draft", None)
     return None
 
@@ -377,9 +269,11 @@ def _deep_merge(base: dict, extra: dict) -> dict:
     return out
 
 
-def resolve_stack(name: str, stack: StackConfig, bench: BenchConfig, extra_plugins: Sequence[Any] = ()) -> PacerConfig:
-    """A stack's run config: its file, then its inline sections, then its overrides; the models,
-    sampling, token budget and EOS handling are the bench's, shared by every stack."""
+def plan_stack(name: str, stack: StackConfig, bench: BenchConfig, extra_plugins: Sequence[Any] = ()) -> RunPlan:
+    """A stack's run plan (``pacer_core.config.plan_run``, with an observer of the step metrics the
+    records need): its run config is its file, then its inline sections, then its overrides; the
+    models, sampling, token budget and EOS handling are the bench's, shared by every stack.
+    ``check_bench`` checks its draft model."""
     where = f"stacks.{name}"
     data: dict = {}
     if stack.config:
@@ -400,18 +294,15 @@ def resolve_stack(name: str, stack: StackConfig, bench: BenchConfig, extra_plugi
     ]
     overrides = [f"{key}={json.dumps(value)}" for key, value in data.items()] + list(stack.overrides) + forced
     try:
-        cfg = load_config(None, overrides, extra_plugins=extra_plugins, require_models=False)
+        return plan_run(read_config(None, overrides), extra_plugins, require_models=False, step_metrics=True)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
-    if not any(entry.get("name") == "metrics" for entry in cfg.strategy.observers):
-        cfg.strategy.observers.append({"name": "metrics"})  # the records need its numbers
-    return cfg  # load_config checked it; check_bench checks its draft model
 
 
 def read_ablate_config(
     path: str | Path, limit: Optional[int] = None, extra_plugins: Sequence[Any] = ()
-) -> tuple[BenchConfig, dict[str, PacerConfig], dict]:
-    """A grid YAML → the bench it runs (one stack per grid point), resolved stacks, ablation meta."""
+) -> tuple[BenchConfig, dict[str, RunPlan], dict]:
+    """A grid YAML → the bench it runs (one stack per grid point), the stacks' run plans, ablation meta."""
     ablate, grid_dir = _read(path, (), AblateConfig, "ablate config")
     if not ablate.grid:
         raise ConfigError(f"ablate config '{path}': grid is empty; give run-config keys with lists of values")

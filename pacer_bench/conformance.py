@@ -21,11 +21,9 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import attrs
 import torch
 
-from pacer_core import Engine, PacerError, hookcheck, hookimpl, load_config
-from pacer_core.config import check as check_stack
-from pacer_core.drafts import DraftBlock
+from pacer_core import Engine, PacerError, hookcheck, hookimpl, load_plan
+from pacer_core.draft_values import DraftBlock
 from pacer_core.errors import PluginError
-from pacer_core.registry import new_plugin_manager
 from pacer_core.types import Stop, Verdict
 
 FALSE_ALARM = 1e-3  # the chance a correct stack fails the distribution check (all its cases together)
@@ -445,8 +443,7 @@ class Stack:
     def __init__(self, config: Optional[str], overrides: Sequence[str], plugins: Sequence[Any], pairs: Pairs):
         self.config, self.overrides, self.plugins, self.pairs = config, list(overrides), list(plugins), pairs
         self.last_watch: Optional[Watch] = None  # the latest watched engine's (the isolation check reads it)
-        cfg = load_config(config, self.overrides, extra_plugins=self.plugins, require_models=False)
-        self.stack = check_stack(cfg, extra_plugins=self.plugins, require_models=False)
+        self.stack = load_plan(config, self.overrides, extra_plugins=self.plugins, require_models=False).stack
         self.needs_draft = self.stack.needs("draft_model")
         verifier = self.stack.verifier.component
         # a greedy-only verifier (``needs greedy``) is replaced by speculative_sampling when sampling
@@ -471,17 +468,16 @@ class Stack:
         if verifier is not None:
             extra.append(f"strategy.verifier={{name: {verifier}}}")
         overrides = self.overrides + self.pairs.standins(self.stack, target) + extra
-        cfg = load_config(self.config, overrides, extra_plugins=self.plugins, require_models=False)
-        pm = new_plugin_manager(self.plugins)
+        plan = load_plan(self.config, overrides, extra_plugins=self.plugins, require_models=False)
         truth = Truth()
         if watch:
-            pm.register(truth, name=f"{CHECK_PREFIX}truth")
-            self.last_watch = Watch(pm).install()
+            plan.pm.register(truth, name=f"{CHECK_PREFIX}truth")
+            self.last_watch = Watch(plan.pm).install()
         used = None
         if self.needs_draft:
             self.pairs.stand_in_draft(self.stack, draft)
             used = WatchedLM(draft, truth) if watch else draft
-        return Engine.build(target, draft=used, cfg=cfg, pm=pm, max_draft_tokens=16)
+        return Engine.build(target, draft=used, plan=plan, max_draft_tokens=16)
 
     def plain(self, target, *, sampling: Optional[dict] = None) -> Engine:
         """The target's own decoding through the engine: the autoregressive drafter, no stop."""
@@ -495,8 +491,7 @@ class Stack:
         ]
         settings = {"temperature": 0, "top_k": 0, "top_p": 1.0, **(sampling or {})}
         extra += [f"sampling.{k}={v}" for k, v in settings.items()]
-        cfg = load_config(None, extra, require_models=False)
-        return Engine.build(target, cfg=cfg)
+        return Engine.build(target, plan=load_plan(None, extra, require_models=False))
 
 
 def expect_equal(got: Sequence[int], want: Sequence[int], what: str) -> None:

@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional, Sequence
 import attrs
 import numpy as np
 
-from pacer_core.config import check, load_config
+from pacer_core.config import load_plan
 from pacer_core.engine import Engine, load_stack_draft
 from pacer_core.errors import InputError, PacerError
 
@@ -190,6 +190,24 @@ def prompt_line(prompt_id: str, rounds: list[dict[str, Run]], summary: dict[str,
     return " | ".join(line)
 
 
+def demo_engines(target: Any, tokenizer: Any, max_new_tokens: int, dtype: str) -> dict[str, Engine]:
+    """Plain decoding and every demo stack that can be built, each an engine on its own run plan
+    around the one loaded ``target`` (each draft loaded once); a stack whose plugin or draft is not
+    installed is skipped, saying why."""
+    base = [f"generation.max_new_tokens={max_new_tokens}"]
+    plain = load_plan(overrides=base + ["strategy.drafter={name: autoregressive}", "strategy.stop=[]"])
+    engines = {PLAIN: Engine.build(target, tokenizer=tokenizer, plan=plain)}
+    drafts: dict = {}
+    for name, overrides in DEMO_STACKS.items():
+        try:
+            plan = load_plan(overrides=base + [f"target.dtype={dtype}"] + overrides)
+            draft = load_stack_draft(plan, tokenizer, drafts)
+            engines[name] = Engine.build(target, draft=draft, tokenizer=tokenizer, plan=plan)
+        except PacerError as exc:  # a plugin or its artifact is not installed: say so, go on
+            print(f"skipping {name}: {exc}", file=sys.stderr)
+    return engines
+
+
 def run_demo(
     count: int = 4,
     max_new_tokens: int = 128,
@@ -208,22 +226,7 @@ def run_demo(
     target, tokenizer, _ = load_model(None, dtype, "cpu", None, "target")
     if target.packed_weights:
         print("weights packed once for CPU products (pacer_core/kernels.py)", file=sys.stderr)
-    base = [f"generation.max_new_tokens={max_new_tokens}"]
-    engines = {
-        PLAIN: Engine.build(
-            target,
-            tokenizer=tokenizer,
-            cfg=load_config(overrides=base + ["strategy.drafter={name: autoregressive}", "strategy.stop=[]"]),
-        )
-    }
-    drafts: dict = {}
-    for name, overrides in DEMO_STACKS.items():
-        try:
-            cfg = load_config(overrides=base + [f"target.dtype={dtype}"] + overrides)
-            draft = load_stack_draft(cfg, check(cfg), tokenizer, drafts)  # each draft loaded once
-            engines[name] = Engine.build(target, draft=draft, tokenizer=tokenizer, cfg=cfg)
-        except PacerError as exc:  # a plugin or its artifact is not installed: say so, go on
-            print(f"skipping {name}: {exc}", file=sys.stderr)
+    engines = demo_engines(target, tokenizer, max_new_tokens, dtype)
     prompts = demo_prompts(count)
     for engine in engines.values():  # warm-up: no engine's first (slower) call is timed
         engine.generate("Say hi.", max_new_tokens=4)

@@ -13,7 +13,7 @@ its size, and measures after ``context`` cached tokens:
 - ``preverify_s``: one consultation of PACER's M_B (``pacer_plugins.pacer_stop.model``, random, the shipped arch);
 - ``host_s``: the host time per step outside the forwards (``pacer_bench.hosttime``).
 
-The result is a cost profile (``pacer_core.costs``; curves made non-decreasing with ``monotone``)
+The result is a cost profile (``pacer_core.cost_profiles``; curves made non-decreasing with ``monotone``)
 plus a JSON file of the raw medians. Every phase gets a share of a time budget (``--seconds``): a
 first pass is timed and the repeats are chosen to fit. With ``--small`` the shapes shrink to two
 layers and a small width and vocabulary, so the same code runs on a CPU in seconds (the tests).
@@ -35,7 +35,7 @@ from typing import Any, Callable, Optional, Sequence
 import attrs
 import torch
 
-from pacer_core.costs import Profile, monotone, profile_from_dict, profile_to_dict, write_profile
+from pacer_core.cost_profiles import Profile, monotone, profile_from_dict, profile_to_dict, write_profile
 from pacer_core.errors import InputError, PacerError
 from pacer_core.hf.random_models import LlamaShape, random_llama
 
@@ -249,10 +249,10 @@ def preverify_cost(
 ) -> tuple[float, int]:
     """Median seconds of one consultation of M_B (the shipped arch, random weights, read from a
     draft's hidden state on ``device``) at positions 0..PREVERIFY_TOKENS-1 of a draft."""
-    from pacer_plugins.pacer_stop import model as preverifier
     from pacer_plugins.pacer_stop.model import CONFIG, IncrementalPredictor, PreVerifier, PreVerifierArch
+    from pacer_plugins.pacer_stop.policy import DEFAULT_CHECKPOINT
 
-    shipped = json.loads((Path(preverifier.__file__).with_name("default") / CONFIG).read_text())
+    shipped = json.loads((DEFAULT_CHECKPOINT / CONFIG).read_text())
     fields = {f.name for f in attrs.fields(PreVerifierArch)}
     arch = PreVerifierArch(
         **{**{k: v for k, v in shipped.items() if k in fields}, "input_size": hidden, "dropout": 0.0}
@@ -323,23 +323,49 @@ def measure(
         raise InputError(f"unknown target shape '{name}': choose from {', '.join(TARGETS)}")
     from pacer_core.hf import DTYPES
 
-    from .timing import make_clock
-
     if dtype not in DTYPES:
         raise InputError(f"unknown dtype '{dtype}': use one of {', '.join(DTYPES)}")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise InputError("device cuda: no GPU is visible; use --device cpu (with --small)")
     target = small(TARGETS[name]) if small_run else TARGETS[name]
-    shape, torch_dtype, clock = target.shape, DTYPES[dtype], make_clock(device)
     budget = Budget(seconds)
     phases: dict[str, float] = {}
-    raw: dict[str, Any] = {}
     date = datetime.date.today().isoformat()
 
     def phase(label: str, begun: float) -> None:
         phases[label] = round(time.perf_counter() - begun, 2)
         progress(f"{name}: {label} {phases[label]:.1f} s ({budget.left():.0f} s left)")
 
+    raw = _measure_forwards(target, device, dtype, context, budget, phase)
+    if host is None:
+        begun = time.perf_counter()
+        host, host_source = host_costs(small_run)
+        phase("host time", begun)
+    raw["host_s"] = host
+    data = _profile_data(target, device, dtype, context, raw, host, host_source, date)
+    profile = profile_from_dict(data, f"measured {name}")
+    raw.update(
+        phases_s=phases,
+        device=data["device"],
+        torch=torch.__version__,
+        date=date,
+        token_draft={"name": target.token_draft.name, **target.token_draft.describe()},
+    )
+    return profile, raw
+
+
+def _measure_forwards(
+    target: Target, device: str, dtype: str, context: int, budget: Budget, phase: Callable[[str, float], None]
+) -> dict[str, Any]:
+    """The raw timings of every forward a profile prices, each phase reported to ``phase``: the
+    target's verification curves (causal and tree-masked), the feature head's and the token draft's
+    forwards per width, and M_B's consultation."""
+    from pacer_core.hf import DTYPES
+
+    from .timing import make_clock
+
+    shape, torch_dtype, clock = target.shape, DTYPES[dtype], make_clock(device)
+    raw: dict[str, Any] = {}
     begun = time.perf_counter()
     model = random_llama(shape, device, dtype, seed=0)
     ctx = context_ids(shape.vocab, context)
@@ -364,23 +390,31 @@ def measure(
         draft, ctx, [1], [w for w in DRAFT_WIDTHS if w > 1], clock, budget, 0.3
     )
     del draft
-    token = {**token_1, **token_tree}
-    raw["draft_s_token"] = token
+    raw["draft_s_token"] = {**token_1, **token_tree}
     phase("token draft", begun)
     begun = time.perf_counter()
     raw["preverify_s"], raw["preverify_repeats"] = preverify_cost(shape.hidden, device, torch_dtype, clock, budget, 0.5)
     phase("M_B", begun)
-    if host is None:
-        begun = time.perf_counter()
-        host, host_source = host_costs(small_run)
-        phase("host time", begun)
-    raw["host_s"] = host
+    return raw
 
+
+def _profile_data(
+    target: Target,
+    device: str,
+    dtype: str,
+    context: int,
+    raw: dict[str, Any],
+    host: dict[str, Any],
+    host_source: str,
+    date: str,
+) -> dict[str, Any]:
+    """The measured profile file's content, each number's source cited."""
+    shape = target.shape
     how = (
         f"scripts/gpu_check.sh (python -m pacer_bench.devicecosts) on {date}: random weights in the shape, "
         f"{dtype}, {context} cached tokens, median of"
     )
-    data = {
+    return {
         "format": 1,
         "name": f"{slug(device_name(device))}-{shape.name}-{dtype}",
         "kind": "measured",
@@ -388,9 +422,9 @@ def measure(
         "dtype": dtype,
         "target": {"name": target.label, **shape.describe()},
         "context": context,
-        "verify_s": smooth(chain),
-        "tree_verify_s": smooth(tree),
-        "draft_s": {"feature": smooth(feature), "token": smooth(token)},
+        "verify_s": smooth(raw["verify_s"]),
+        "tree_verify_s": smooth(raw["tree_verify_s"]),
+        "draft_s": {"feature": smooth(raw["draft_s_feature"]), "token": smooth(raw["draft_s_token"])},
         "preverify_s": seconds4(raw["preverify_s"]),
         "host_s": {key: smooth(value) if isinstance(value, dict) else seconds4(value) for key, value in host.items()},
         "sources": {
@@ -406,15 +440,6 @@ def measure(
             "host_s": host_source or "given",
         },
     }
-    profile = profile_from_dict(data, f"measured {name}")
-    raw.update(
-        phases_s=phases,
-        device=data["device"],
-        torch=torch.__version__,
-        date=date,
-        token_draft={"name": target.token_draft.name, **target.token_draft.describe()},
-    )
-    return profile, raw
 
 
 def seconds4(value: float) -> float:
@@ -453,7 +478,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser().parse_args(argv)
     try:
         from pacer_core.commands import check_out_dir
-        from pacer_core.costs import load_profile
+        from pacer_core.cost_profiles import load_profile
         from pacer_core.hf import resolve_device
 
         device = resolve_device(args.device)

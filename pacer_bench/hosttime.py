@@ -213,7 +213,6 @@ def tiny_models(shape: Shape, folder: Path, seed: int = 0) -> tuple[Any, Any, di
     from pacer_core.hf.tiny import tiny_llama, tiny_model
     from pacer_plugins.block_draft.model import BlockArch, BlockDraft, save_block_draft
     from pacer_plugins.feature_draft.model import ArchConfig, FeatureDraft
-    from pacer_plugins.feature_draft.students import _attention_shape
     from pacer_plugins.pacer_stop.model import PreVerifier, PreVerifierArch
 
     model = tiny_llama(seed, shape.vocab, layers=shape.layers, hidden=shape.hidden, max_positions=4096)
@@ -225,7 +224,7 @@ def tiny_models(shape: Shape, folder: Path, seed: int = 0) -> tuple[Any, Any, di
         subset_size=subset,
         intermediate_size=2 * shape.hidden,
         extra_layers=0,
-        **_attention_shape(target),
+        **attrs.asdict(target.attention_shape()),
     )
     block_arch = BlockArch(
         hidden_size=shape.hidden,
@@ -257,7 +256,7 @@ def tiny_models(shape: Shape, folder: Path, seed: int = 0) -> tuple[Any, Any, di
 
 def stack_engine(name: str, target: Any, draft: Any, paths: dict[str, str]) -> Any:
     """The engine of stack ``name`` (``STACKS``) around the tiny models: greedy, EOS ignored."""
-    from pacer_core import Engine, load_config
+    from pacer_core import Engine, load_plan
 
     overrides = [re.sub(r"\b(EAGLE|DFLASH|MB)\b", lambda m: f"'{paths[m.group(1)]}'", o) for o in STACKS[name][0]]
     overrides += [
@@ -266,8 +265,7 @@ def stack_engine(name: str, target: Any, draft: Any, paths: dict[str, str]) -> A
         "generation.ignore_eos=true",
         "sampling.temperature=0",
     ]
-    cfg = load_config(overrides=overrides, require_models=False)
-    return Engine.build(target, draft=draft, cfg=cfg)
+    return Engine.build(target, draft=draft, plan=load_plan(overrides=overrides, require_models=False))
 
 
 def prompt_ids(vocab: int, length: int = 48, seed: int = 0) -> list[int]:

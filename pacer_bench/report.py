@@ -261,7 +261,7 @@ def render(results: dict, plots: list[str]) -> str:
     if results.get("oracle"):
         lines += _oracle_markdown(results["oracle"])
     if results.get("predicted"):
-        from .replay import markdown as predicted_markdown
+        from .replay.predictions import markdown as predicted_markdown
 
         lines += [
             "## Predicted under device cost profiles",

@@ -15,12 +15,14 @@ from __future__ import annotations
 import statistics
 from typing import Any, Optional
 
-from pacer_core.costs import CostModel, cost_model
+from pacer_core.cost_profiles import CostModel, cost_model
 from pacer_core.metrics import step_metrics
 
 from .answers import pair_key as _key  # a stack's record and the baseline's of the same prompt
-from .oracle import analyse, is_tree_log, steps_from_metrics
-from .replay import unit_drafter as _strategy_drafter
+from .replay.chains import analyse
+from .replay.recorded import RecordedRun
+from .replay.recorded import unit_drafter as _strategy_drafter
+from .replay.steplog import Generation, LoggedStep
 from .stats import cell_intervals
 
 ALL = "all"  # the row over every prompt set
@@ -158,11 +160,11 @@ def _drafter(unit: dict) -> Optional[str]:
     return _strategy_drafter(unit).get("name")
 
 
-def _is_tree_stack(unit: dict, records: list[dict]) -> bool:
+def _is_tree_stack(unit: dict, generations: list[Generation]) -> bool:
     """A stack drafting token trees: its drafter has a ``tree`` section, or a logged step verified
     more nodes than its depth (side nodes)."""
     declared = _strategy_drafter(unit).get("tree") is not None
-    return declared or any(is_tree_log(steps_from_metrics(r["metrics"])) for r in records)
+    return declared or any(g.is_tree for g in generations)
 
 
 def comparisons(units: list[dict], table: dict[str, dict[str, dict]]) -> dict[str, Any]:
@@ -216,39 +218,37 @@ def comparisons(units: list[dict], table: dict[str, dict[str, dict]]) -> dict[st
     return out
 
 
-def oracle_summary(
-    meta: dict, records: list[dict], cost_file: Optional[dict], table: dict[str, dict[str, dict]]
-) -> Optional[dict]:
+def oracle_summary(run: RecordedRun, table: dict[str, dict[str, dict]]) -> Optional[dict]:
     """Oracle replay of the log stack per prompt set and overall (None without a log or a cost model).
 
     The replay models chains: a log stack drafting trees is not replayed (``skipped`` says why) and
     tree stacks are left out of the policies (listed under ``tree_stacks``)."""
+    meta, cost_file = run.meta, run.cost_file
     log_stack = (meta.get("oracle") or {}).get("log_stack")
     if not log_stack or not cost_file:
         return None
-    log_records = [r for r in records if r["model_id"] == log_stack]
-    if not log_records:
+    log_generations = run.of(log_stack)
+    if not log_generations:
         return None
-    units = {u["name"]: u for u in meta["units"]}
-    drafter = _drafter(units.get(log_stack, {}))
-    if _is_tree_stack(units.get(log_stack, {}), log_records):
+    drafter = _drafter(run.units.get(log_stack, {}))
+    if _is_tree_stack(run.units.get(log_stack, {}), log_generations):
         return {
             "log_stack": log_stack,
             "drafter": drafter,
             "sets": {},
             "skipped": "it drafts token trees; the oracle replays a chain log (a fixed long window)",
         }
-    drafted = sum(r["metrics"].get("drafted", 0) for r in log_records)
-    draft_token_s = sum(r["metrics"].get("draft_s", 0.0) for r in log_records) / drafted if drafted else 0.0
+    drafted = sum(g.metrics.get("drafted", 0) for g in log_generations)
+    draft_token_s = sum(g.metrics.get("draft_s", 0.0) for g in log_generations) / drafted if drafted else 0.0
     cost = cost_model(cost_file, draft_token_s)
     candidates = [
         u["name"]
         for u in meta["units"]
         if u["kind"] == "stack" and u["name"] != meta["baseline"] and _drafter(u) == drafter
     ]
-    trees = [name for name in candidates if _is_tree_stack(units[name], [r for r in records if r["model_id"] == name])]
+    trees = [name for name in candidates if _is_tree_stack(run.units[name], run.of(name))]
     policies = [name for name in candidates if name not in trees]
-    longest = max((d for r in log_records for d in r["metrics"].get("drafted_per_step", [])), default=0)
+    longest = max((d for g in log_generations for d in g.metrics.get("drafted_per_step", [])), default=0)
     gammas = list(range(1, longest + 1))
     out = {
         "log_stack": log_stack,
@@ -260,17 +260,15 @@ def oracle_summary(
         "tree_stacks": trees,
         "sets": {},
     }
-    sets = list(meta["prompt_sets"]) + [ALL]
-    for set_name in sets:
-        chosen = [r for r in records if set_name == ALL or r["prompt_set"] == set_name]
-        log = [s for r in chosen if r["model_id"] == log_stack for s in steps_from_metrics(r["metrics"])]
+
+    def steps_of(name: str, set_name: str) -> list[LoggedStep]:
+        return [s for g in run.of(name) if set_name == ALL or g.prompt_set == set_name for s in g.steps]
+
+    for set_name in list(meta["prompt_sets"]) + [ALL]:
+        log = steps_of(log_stack, set_name)
         if not log:
             continue
-        policy_steps = {
-            name: [s for r in chosen if r["model_id"] == name for s in steps_from_metrics(r["metrics"])]
-            for name in policies
-        }
-        result = analyse(log, cost, gammas, policy_steps)
+        result = analyse(log, cost, gammas, {name: steps_of(name, set_name) for name in policies})
         for name, info in result["policies"].items():
             info["measured_speedup"] = table.get(set_name, {}).get(name, {}).get("speedup")
         result["fixed"] = {str(g): v for g, v in result["fixed"].items()}
@@ -278,17 +276,17 @@ def oracle_summary(
     return out
 
 
-def verify_bound(records: list[dict], cost: CostModel) -> Optional[dict]:
+def verify_bound(generations: list[Generation], cost: CostModel) -> Optional[dict]:
     """What a stack's verification alone costs over all its steps, from the cost model: the mean
     verification forward ÷ a plain decoding step (k = 1), and the speedup if drafting cost nothing
     (τ ÷ that ratio). A tree step costs a tree-masked forward over its nodes + 1 tokens, a chain
     step a causal one over its draft + 1. None without drafted steps."""
-    steps = [s for r in records for s in steps_from_metrics(r["metrics"])]
+    steps = [s for g in generations for s in g.steps]
     if not any(s.drafted for s in steps):
         return None
     free = CostModel(cost.verify_s, 0.0, cost.tree_k, cost.tree_verify_s)
     seconds = sum(free.step(s.drafted, s.nodes) for s in steps)
-    emitted = float(sum(_steps(records, "accept_lengths")))
+    emitted = float(sum(_steps([g.record for g in generations], "accept_lengths")))
     tokens = sum((s.drafted if s.nodes is None else s.nodes) + 1 for s in steps)
     return {
         "steps": len(steps),
@@ -296,12 +294,13 @@ def verify_bound(records: list[dict], cost: CostModel) -> Optional[dict]:
         "verify_cost_ratio": seconds / len(steps) / free.verify(1),
         "tau": emitted / len(steps),
         "free_draft_speedup": emitted / seconds * free.verify(1),
-        "tree": is_tree_log(steps),
+        "tree": any(g.is_tree for g in generations),
     }
 
 
 def summarize(meta: dict, records: list[dict], cost_file: Optional[dict] = None) -> dict[str, Any]:
     """Everything results.json holds (without the rendered markdown)."""
+    run = RecordedRun.parse(meta, records, cost_file)  # every record's steps parsed once
     baseline = meta["baseline"]
     unit_names = [u["name"] for u in meta["units"]]
     present = {r["model_id"] for r in records}
@@ -327,7 +326,7 @@ def summarize(meta: dict, records: list[dict], cost_file: Optional[dict] = None)
         ],
         "skipped": meta.get("skipped", {}),
         "table": table,
-        "oracle": oracle_summary(meta, records, cost_file, table),
+        "oracle": oracle_summary(run, table),
         "verify_cost_ms": [1000 * v for v in cost_file["verify_s"]] if cost_file else None,
         "tree_verify_cost_ms": (
             {"k": list(cost_file["tree_k"]), "ms": [1000 * v for v in cost_file["tree_verify_s"]]}
@@ -339,16 +338,12 @@ def summarize(meta: dict, records: list[dict], cost_file: Optional[dict] = None)
     }
     if cost_file:
         cost = cost_model(cost_file)
-        bounds = {
-            name: verify_bound([r for r in records if r["model_id"] == name], cost)
-            for name in unit_names
-            if name != baseline
-        }
+        bounds = {name: verify_bound(run.of(name), cost) for name in unit_names if name != baseline}
         results["verify_bound"] = {name: b for name, b in bounds.items() if b is not None}
     if meta.get("predict"):
-        from .replay import predicted_columns
+        from .replay.predictions import predicted_columns
 
-        results["predicted"] = predicted_columns(meta, records, meta["predict"])
+        results["predicted"] = predicted_columns(run, meta["predict"])
     ablation = meta.get("ablation")
     if ablation:
         rows = []

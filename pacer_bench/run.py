@@ -24,12 +24,12 @@ import sys
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence
+from typing import Iterator, Optional
 
 import attrs
 
 from pacer_core.commands import EXIT_INTERRUPTED, check_out_dir
-from pacer_core.config import PacerConfig
+from pacer_core.config import RunPlan
 from pacer_core.errors import InputError
 
 from . import units as _units
@@ -154,18 +154,18 @@ def _sigterm_stops() -> Iterator[None]:
 
 def run_bench(
     bench: BenchConfig,
-    stacks: dict[str, PacerConfig],
+    stacks: dict[str, RunPlan],
     out: Path,
     *,
     models: Optional[Models] = None,
-    extra_plugins: Sequence[Any] = (),
     progress: bool = True,
     report: bool = True,
     ablation: Optional[dict] = None,
 ) -> int:
-    """Run (or resume) the bench into ``out``; write the report at the end. Returns the exit code
-    (0, or 130 after Ctrl-C and 143 after SIGTERM with the finished records kept). The folder is
-    locked for the run (``folder_lock``)."""
+    """Run (or resume) the bench into ``out``; write the report at the end. ``stacks``: each stack's
+    run plan (``read_bench_config``), one engine built on each, so a run takes fresh plans. Returns
+    the exit code (0, or 130 after Ctrl-C and 143 after SIGTERM with the finished records kept). The
+    folder is locked for the run (``folder_lock``)."""
     # before models load
     prompt_sets = {name: load_prompts(name, bench.limit, bench.skip) for name in bench.prompt_sets}
     if not any(prompt_sets.values()):
@@ -175,15 +175,7 @@ def run_bench(
     try:
         with folder_lock(out), _sigterm_stops():
             return _run_locked(
-                bench,
-                stacks,
-                out,
-                prompt_sets,
-                models=models,
-                extra_plugins=extra_plugins,
-                progress=progress,
-                report=report,
-                ablation=ablation,
+                bench, stacks, out, prompt_sets, models=models, progress=progress, report=report, ablation=ablation
             )
     except Terminated:  # before the generations (loading models) or after them (the report)
         _log(f"terminated (SIGTERM): the generations in {out / ANSWERS} are kept; rerun the same command to resume")
@@ -192,18 +184,17 @@ def run_bench(
 
 def _run_locked(
     bench: BenchConfig,
-    stacks: dict[str, PacerConfig],
+    stacks: dict[str, RunPlan],
     out: Path,
     prompt_sets: dict,
     *,
     models: Optional[Models],
-    extra_plugins: Sequence[Any],
     progress: bool,
     report: bool,
     ablation: Optional[dict],
 ) -> int:
     """``run_bench`` once the folder is checked and locked."""
-    from pacer_core.costs import load_profile
+    from pacer_core.cost_profiles import load_profile
 
     for profile in bench.predict:  # a profile that cannot be read is refused before models load
         load_profile(profile)
@@ -228,7 +219,7 @@ def _run_locked(
 
     skipped: dict[str, str] = {}
     forwards = ForwardClock() if device == "cpu" else None  # host time per step (docs/host-time.md)
-    units = [engine_unit(name, cfg, models, bench, clock, extra_plugins, forwards) for name, cfg in stacks.items()]
+    units = [engine_unit(name, plan, models, bench, clock, forwards) for name, plan in stacks.items()]
     for name in bench.baselines:
         if HF_BASELINES[name] and models.draft is None:
             skipped[name] = "needs a draft model: set the bench's draft.path"

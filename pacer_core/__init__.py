@@ -1,7 +1,7 @@
 """PACER-SD: lossless speculative decoding with strategies as plugins."""
 
-from .config import PacerConfig, load_config
-from .drafts import Draft, DraftBlock, DraftVocab, SideNodes, TokenTree
+from .config import PacerConfig, RunPlan, load_config, load_plan
+from .draft_values import Draft, DraftBlock, DraftVocab, SideNodes, TokenTree
 from .engine import Engine
 from .errors import ConfigError, InputError, PacerError
 from .hookspecs import hookimpl
@@ -35,6 +35,7 @@ __all__ = [
     "PacerConfig",
     "PacerError",
     "Resources",
+    "RunPlan",
     "SamplingParams",
     "SideNodes",
     "StepRecord",
@@ -43,4 +44,5 @@ __all__ = [
     "Verdict",
     "hookimpl",
     "load_config",
+    "load_plan",
 ]

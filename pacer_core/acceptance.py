@@ -8,12 +8,14 @@ Randomness is passed in (``uniforms``, ``generator``); nothing here seeds or tou
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Literal, Optional
 
 import torch
 
 from .sampling import argmax_first, sample, sample_with_noise
 from .types import Verdict
+
+_Kind = Literal["recovered", "bonus"]  # Verdict.next_kind
 
 
 def _children(parents: Optional[torch.Tensor], n: int) -> dict[int, list[int]]:
@@ -52,18 +54,18 @@ def greedy_verify(
 
     path = longest(-1)
     last = path[-1] if path else -1
-    kind = "recovered" if children[last] else "bonus"
+    kind: _Kind = "recovered" if children[last] else "bonus"
     return Verdict(
         accepted=len(path), next_token=argmax(last + 1), next_kind=kind, path=None if parents is None else tuple(path)
     )
 
 
 def _row_argmax(logits: torch.Tensor) -> Callable[[int], int]:
-    """``row -> argmax of logits[row]`` ([rows, vocab]). On the CPU each row is read when first asked
-    for (a greedy walk reads the rows along its path, about τ of a tree's rows); on a device every
-    row at once, in one kernel and one copy back (one wait for the device per verification). A
-    tensor subclass counts as a device tensor: ``pacer_core.testing.OnDevice`` plays one on the CPU."""
-    if logits.device.type != "cpu" or type(logits) is not torch.Tensor:
+    """``row -> argmax of logits[row]`` ([rows, vocab]). On the CPU (``logits.is_cpu``) each row is
+    read when first asked for (a greedy walk reads the rows along its path, about τ of a tree's rows);
+    on a device every row at once, in one kernel and one copy back (one wait for the device per
+    verification)."""
+    if not logits.is_cpu:
         rows = logits.argmax(-1).tolist()
         return rows.__getitem__
     seen: dict[int, int] = {}
@@ -124,7 +126,7 @@ def speculative_verify(
     path: list[int] = []
     node = -1
 
-    def verdict(kind: str, p: torch.Tensor) -> Verdict:  # a chain's path is its first accepted nodes
+    def verdict(kind: _Kind, p: torch.Tensor) -> Verdict:  # a chain's path is its first accepted nodes
         token = sample(p, generator) if next_noise is None else sample_with_noise(p, next_noise(len(path)))
         return Verdict(
             accepted=len(path), next_token=int(token), next_kind=kind, path=None if parents is None else tuple(path)
@@ -137,7 +139,7 @@ def speculative_verify(
         for child in children[node]:
             x = tokens[child]
             point = draft_probs is None or (sampled is not None and not bool(sampled[child]))
-            q_x = 1.0 if point else float(draft_probs[child, x])
+            q_x = 1.0 if point or draft_probs is None else float(draft_probs[child, x])
             p_x = float(p[x])
             # accept with probability min(1, p/q), without dividing: p > 0 and (p ≥ q or u·q < p); the
             # p ≥ q test keeps p == q accepted when u·q rounds up to p (subnormal probabilities)
@@ -145,7 +147,7 @@ def speculative_verify(
                 path.append(child)
                 node = child
                 break
-            if point:
+            if point or draft_probs is None:
                 q = torch.zeros_like(p)
                 q[x] = 1.0
             else:

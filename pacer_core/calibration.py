@@ -70,7 +70,7 @@ def fit(
     ``len // bins`` (the remainder a last, smaller group), each group's acceptance rate made
     non-decreasing. A depth without nodes below the deepest one shares the deepest one's row.
     ``ValueError`` without samples."""
-    from .costs import monotone
+    from .cost_profiles import monotone
 
     by: dict[int, list[tuple[float, bool]]] = {}
     for depth, cumulative, accepted in samples:

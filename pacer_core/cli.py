@@ -15,12 +15,12 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, cast
 
 import attrs
 
 from .commands import COMMAND_GROUP, COMMANDS, EXIT_INTERRUPTED, EXIT_USAGE, Runner, command
-from .config import PacerConfig, check, load_config, read_config
+from .config import RunPlan, load_config, load_plan
 from .errors import InputError, PacerError
 from .hookspecs import hookimpl
 from .hostmemory import reuse_freed_memory
@@ -33,10 +33,10 @@ PROG = "pacer"
 class _Parser(argparse.ArgumentParser):
     """argparse that reports a usage error as one line (``pacer: error: ...``) with exit code 2."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str):
         raise _UsageError(f"{message}; see `{self.prog} --help`")
 
-    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+    def parse_args(self, args=None, namespace=None):
         """As argparse's, except that ``key=value`` overrides may stand anywhere on the line
         (``generate target.path=X --prompt P --json a=b``): argparse gives a ``nargs="*"`` positional
         only one run of words, so the words after a later option are collected here, in order."""
@@ -52,12 +52,12 @@ class _UsageError(Exception):
     pass
 
 
-def build_engine(cfg: PacerConfig, pm: Any = None, stack: Any = None):
-    """The engine for ``cfg``: loads its models, building on ``pm`` and ``stack`` (the run's plugin
-    manager and ``cfg``'s stack resolved against it). Tests replace this function to inject tiny models."""
+def build_engine(plan: RunPlan):
+    """The engine of ``plan``: loads its models and builds its stack on the plan's plugin manager.
+    Tests replace this function to inject tiny models."""
     from .engine import Engine
 
-    return Engine.from_config(cfg, pm=pm, stack=stack)
+    return Engine.from_plan(plan)
 
 
 # -- generate ----------------------------------------------------------------------------------
@@ -179,19 +179,6 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
-def _ensure_metrics_observer(cfg: PacerConfig, pm: Any) -> None:
-    """Add an installed observer (of ``pm``'s plugins) that provides ``metrics`` unless the stack has
-    one already."""
-    observers = components(pm)["observer"]
-    named = [entry.get("name") for entry in cfg.strategy.observers]
-    if any("metrics" in observers[n].provides for n in named if isinstance(n, str) and n in observers):
-        return
-    providers = sorted(n for n, c in observers.items() if "metrics" in c.provides)
-    if not providers:
-        raise InputError("no installed observer provides the step metrics: reinstall the project (pip install -e .)")
-    cfg.strategy.observers.append({"name": providers[0]})
-
-
 @command("generate", "generate text for one prompt with a strategy stack")
 def _setup_generate(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("--config", "-c", metavar="YAML", help="config file (defaults apply to keys it omits)")
@@ -221,12 +208,11 @@ def _setup_generate(p: argparse.ArgumentParser) -> Runner:
             overrides.append(f"sampling.seed={args.seed}")
         if args.no_chat_template:
             overrides.append("generation.chat_template=false")
-        cfg = read_config(args.config, overrides)
-        pm = new_plugin_manager()  # the run's one: the stack is resolved against it once, the engine built on it
-        _ensure_metrics_observer(cfg, pm)  # the summary and --json need the step metrics
-        stack = check(cfg, pm=pm)  # the whole config validated before any model loads
+        # the whole config validated, its stack resolved once, before any model loads; the summary
+        # and --json read the step metrics
+        plan = load_plan(args.config, overrides, step_metrics=True)
         prompt = _read_prompt(args)
-        engine = build_engine(cfg, pm=pm, stack=stack)
+        engine = build_engine(plan)
         printer = None
         if not args.json:
             printer = StreamPrinter(engine.tokenizer)
@@ -242,7 +228,7 @@ def _setup_generate(p: argparse.ArgumentParser) -> Runner:
             }
             print(json.dumps(payload, default=_json_default))
         else:
-            printer.finish(text)
+            cast(StreamPrinter, printer).finish(text)  # made when not --json
             print(_summary(result), file=sys.stderr)
         return 0
 
@@ -286,7 +272,7 @@ def _setup_plugins(p: argparse.ArgumentParser) -> Runner:
         from .registry import KINDS
 
         table = components(new_plugin_manager())
-        listing = {
+        listing: dict[str, list[dict[str, Any]]] = {
             kind: [
                 {
                     "name": c.name,
@@ -324,7 +310,8 @@ def _setup_plugins(p: argparse.ArgumentParser) -> Runner:
 def split_overrides(words: Sequence[str]) -> tuple[list[str], list[str]]:
     """(files, overrides) of ``validate``'s words: a ``key=value`` word whose key is a dotted config
     key (``strategy.stop.0.gamma=6``) and that names no existing file is an override."""
-    files, overrides = [], []
+    files: list[str] = []
+    overrides: list[str] = []
     for word in words:
         key = word.split("=", 1)[0]
         is_override = "=" in word and re.fullmatch(r"[A-Za-z_][\w.\[\]-]*", key) and not Path(word).exists()
@@ -350,7 +337,8 @@ def _setup_validate(p: argparse.ArgumentParser) -> Runner:
                 "`pacer validate configs/pacer.yaml strategy.stop.0.b=2`"
             )
         failed = 0
-        for path in files or [None]:
+        paths: list[Optional[str]] = [*files] or [None]  # None: the defaults
+        for path in paths:
             where = path if path is not None else "the defaults"
             try:
                 load_config(path, overrides)

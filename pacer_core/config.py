@@ -5,20 +5,27 @@ Top-level sections (a public contract): ``target``, ``draft``, ``sampling``, ``g
 ``{name: <registered name>, <option>: <value>, ...}``; its options are validated against the
 plugin's own attrs config class in OmegaConf struct mode, so unknown keys and names fail loudly.
 The YAML reader, the overrides and the typed validation are the schema module's (pacer_core/schema.py).
+
+A run is planned once: ``load_plan`` (or ``plan_run`` for a config already read) reads the config,
+resolves its strategy stack against a new plugin manager and returns the three together as a
+``RunPlan``, which every entry point hands on to the engine it builds (``Engine.from_plan``,
+``Engine.build(..., plan=plan)``). ``load_config`` is for a caller that wants the validated config
+only (``pacer validate``, inspecting a config).
 """
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, cast
 
 import attrs
 import pluggy
 from omegaconf import OmegaConf
 
-from .errors import ConfigError
+from .errors import ConfigError, InputError
 from .registry import ResolvedComponent, ResolvedStack, check_capabilities, components, lookup, new_plugin_manager
-from .schema import apply_override, check_finite, override_list, read_yaml, validate_typed
+from .schema import apply_override, check_finite, config_class, override_list, read_yaml, validate_typed
 from .skipping import SkipConfig
 from .types import Component
 
@@ -88,27 +95,26 @@ def load_config(
     Keys the file omits keep their defaults. Strategy names and options are checked against the
     installed plugins (and ``extra_plugins``). Raises ``ConfigError`` with a one-line message.
     ``require_models=False`` is for configs used with in-memory models (``Engine.build``).
-    A caller that builds an engine next can resolve the stack once instead: ``read_config``, then
-    ``check`` against the engine's plugin manager, handing both to ``Engine.from_config``.
+    For a config alone (to validate or inspect it); a caller that runs it plans it instead
+    (``load_plan``), so its stack is resolved once and handed to the engine.
     """
-    cfg = read_config(path, overrides)
-    check(cfg, extra_plugins=extra_plugins, require_models=require_models)
-    return cfg
+    return load_plan(path, overrides, extra_plugins, require_models).config
 
 
 def read_config(path: Optional[str | Path] = None, overrides: Sequence[str] = ()) -> PacerConfig:
     """``load_config`` less the strategy stack: the sections read and validated, each strategy entry
-    still an open mapping that ``check`` resolves against the installed plugins."""
+    still an open mapping that ``resolve_stack`` resolves against the installed plugins."""
     raw = read_yaml(Path(path)) if path is not None else OmegaConf.create({})
     defaults = attrs.asdict(PacerConfig())  # an override reaching into a default list or entry edits it
     for override in override_list(overrides):
         apply_override(raw, override, defaults)
-    data = OmegaConf.to_container(raw)
+    data = cast("dict[str, Any]", OmegaConf.to_container(raw))  # a DictConfig's container: a dict
     allowed = [f.name for f in attrs.fields(PacerConfig)]
     for key in data:
         if key not in allowed:
             raise ConfigError(f"unknown config section '{key}'; valid sections: {', '.join(allowed)}")
     sections: dict[str, Any] = {}
+    hints = typing.get_type_hints(PacerConfig)
     for field in attrs.fields(PacerConfig):
         if field.name not in data:
             continue
@@ -116,31 +122,19 @@ def read_config(path: Optional[str | Path] = None, overrides: Sequence[str] = ()
         if field.name == "draft" and value is None:
             sections["draft"] = None
             continue
-        schema = ModelConfig if field.name == "draft" else field.type
-        if isinstance(schema, str):
-            schema = {
-                "ModelConfig": ModelConfig,
-                "SamplingConfig": SamplingConfig,
-                "GenerationConfig": GenerationConfig,
-                "StrategyConfig": StrategyConfig,
-            }[schema]
+        schema = cast(type, config_class(hints[field.name]))  # ModelConfig for Optional[ModelConfig]
         if not isinstance(value, dict):
             raise ConfigError(f"section '{field.name}' must be a mapping, got {type(value).__name__}")
-        # strategy entries are open mappings: check() validates each against its component's schema
+        # strategy entries are open mappings: resolve_stack() validates each against its component's schema
         sections[field.name] = validate_typed(schema, value, field.name, finite=field.name != "strategy")
     return PacerConfig(**sections)
 
 
-def check(
-    cfg: PacerConfig,
-    extra_plugins: Sequence[Any] = (),
-    require_models: bool = True,
-    pm: Optional[pluggy.PluginManager] = None,
-) -> ResolvedStack:
-    """Validate values and resolve every strategy entry against the installed plugins.
+def resolve_stack(cfg: PacerConfig, pm: pluggy.PluginManager, require_models: bool = True) -> ResolvedStack:
+    """Validate values and resolve every strategy entry against the plugins registered in ``pm``.
 
-    Returns the typed stack (drafter, verifier, stops, observers). ``pm`` is the plugin manager to
-    resolve against (an engine passes its own; default: a new one with ``extra_plugins``).
+    Returns the typed stack (drafter, verifier, stops, observers). Called by ``plan_run``, which
+    keeps ``pm`` and the stack together (a ``RunPlan``) for the engine built next.
     ``require_models=False`` skips the check that a stack needing a draft model can load one (for
     engines built around in-memory models).
     """
@@ -161,7 +155,7 @@ def check(
     for section in (cfg.target, cfg.draft):
         if section is not None and section.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"unknown dtype '{section.dtype}': use float32, bfloat16 or float16")
-    table = components(pm if pm is not None else new_plugin_manager(extra_plugins))
+    table = components(pm)
     st = cfg.strategy
 
     def resolve(kind: str, where: str, entry: Any) -> ResolvedComponent:
@@ -191,6 +185,55 @@ def check(
     has_draft = not require_models or draft_model_config(cfg, stack.draft_model_user()) is not None
     check_capabilities(stack, table, greedy=s.temperature == 0, draft_model=has_draft)
     return stack
+
+
+@attrs.frozen(eq=False)
+class RunPlan:
+    """One run, planned: its config, the plugin manager its stack was resolved against, and that
+    stack. Made once per run (``load_plan``, ``plan_run``) and handed on to the engine, which builds
+    the stack's strategy objects into ``pm``: one plan builds one engine."""
+
+    config: PacerConfig
+    pm: pluggy.PluginManager
+    stack: ResolvedStack
+
+
+def plan_run(
+    cfg: PacerConfig, extra_plugins: Sequence[Any] = (), require_models: bool = True, step_metrics: bool = False
+) -> RunPlan:
+    """``cfg``'s run plan: a new plugin manager (the entry-point plugins and ``extra_plugins``) and
+    the stack resolved against it (``resolve_stack``). ``step_metrics``: the run reads the step
+    metrics (a command's summary, the bench's records), so an observer providing them is added
+    unless the stack has one (``with_step_metrics``)."""
+    pm = new_plugin_manager(extra_plugins)
+    if step_metrics:
+        cfg = with_step_metrics(cfg, components(pm)["observer"])
+    return RunPlan(cfg, pm, resolve_stack(cfg, pm, require_models))
+
+
+def load_plan(
+    path: Optional[str | Path] = None,
+    overrides: Sequence[str] = (),
+    extra_plugins: Sequence[Any] = (),
+    require_models: bool = True,
+    step_metrics: bool = False,
+) -> RunPlan:
+    """The run plan of a YAML file (optional) with ``key=value`` overrides: ``read_config``, then
+    ``plan_run``. Everything is validated before any model loads (``ConfigError``, one line)."""
+    return plan_run(read_config(path, overrides), extra_plugins, require_models, step_metrics)
+
+
+def with_step_metrics(cfg: PacerConfig, observers: dict[str, Component]) -> PacerConfig:
+    """``cfg`` with an installed observer (of ``observers``, by name) that provides ``metrics`` added,
+    unless its stack has one already; the first such observer by name."""
+    named = [entry.get("name") for entry in cfg.strategy.observers if isinstance(entry, dict)]
+    if any("metrics" in observers[n].provides for n in named if isinstance(n, str) and n in observers):
+        return cfg
+    providers = sorted(n for n, c in observers.items() if "metrics" in c.provides)
+    if not providers:
+        raise InputError("no installed observer provides the step metrics: reinstall the project (pip install -e .)")
+    strategy = attrs.evolve(cfg.strategy, observers=[*cfg.strategy.observers, {"name": providers[0]}])
+    return attrs.evolve(cfg, strategy=strategy)
 
 
 def draft_model_config(cfg: PacerConfig, drafter: Component) -> Optional[ModelConfig]:

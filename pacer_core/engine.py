@@ -11,20 +11,20 @@ import operator
 import threading
 import time
 import weakref
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Literal, Optional, Sequence, Union, cast
 
 import attrs
 import numpy as np
 import pluggy
 import torch
 
-from .config import PacerConfig, check, check_seed, draft_model_config
-from .drafts import Draft, TokenTree
+from .config import PacerConfig, RunPlan, check_seed, draft_model_config, plan_run
+from .draft_values import Draft, TokenTree
 from .errors import ConfigError, InputError
 from .hookcheck import check_results
 from .hostmemory import reuse_freed_memory
 from .protocols import LanguageModel
-from .registry import ResolvedStack, check_hooks, new_plugin_manager
+from .registry import check_hooks
 from .skipping import SkipConfig, draft_gate
 from .types import DecodeState, DraftInfo, GenerationResult, Resources, SamplingParams, StepRecord, Stop
 
@@ -71,25 +71,26 @@ def check_target_layers(target: LanguageModel, layers: Sequence[int]) -> tuple[i
 
 
 def load_stack_draft(
-    cfg: PacerConfig, stack: ResolvedStack, tokenizer: Any, loaded: Optional[dict[str, LanguageModel]] = None
+    plan: RunPlan, tokenizer: Any, loaded: Optional[dict[str, LanguageModel]] = None
 ) -> Optional[LanguageModel]:
-    """The draft model ``stack`` needs (``draft.path``, else its drafter's shipped draft), or None.
+    """The draft model the plan's stack needs (``draft.path``, else its drafter's shipped draft), or None.
 
     ``loaded`` maps draft folders to models already loaded, so several stacks share one copy.
     """
-    if not stack.needs("draft_model"):
+    if not plan.stack.needs("draft_model"):
         return None
     from .hf import load_draft  # the model adapter; only it imports transformers
 
-    user = stack.draft_model_user()
-    section = draft_model_config(cfg, user)
+    user = plan.stack.draft_model_user()
+    section = draft_model_config(plan.config, user)
     if section is None:
         raise InputError(f"drafter '{user.name}' needs a draft model: set draft.path")
     if loaded is None:
         return load_draft(section, tokenizer)
-    if section.path not in loaded:
-        loaded[section.path] = load_draft(section, tokenizer)
-    return loaded[section.path]
+    path = cast(str, section.path)  # draft_model_config's section always names one
+    if path not in loaded:
+        loaded[path] = load_draft(section, tokenizer)
+    return loaded[path]
 
 
 @attrs.define(eq=False)
@@ -173,27 +174,19 @@ class Engine:
 
     # -- building ----------------------------------------------------------------------------
     @classmethod
-    def from_config(
-        cls,
-        cfg: PacerConfig,
-        extra_plugins: Sequence[Any] = (),
-        *,
-        pm: Optional[pluggy.PluginManager] = None,
-        stack: Optional[ResolvedStack] = None,
-    ) -> "Engine":
-        """Load the models the config names and build the strategy stack (config checked first).
-
-        ``pm`` and ``stack``: a plugin manager and ``cfg``'s stack already resolved against it
-        (``config.check``), as ``pacer generate`` hands them on; else both are made here. Either
-        way the stack is resolved once and the engine has one plugin manager.
-        """
+    def from_plan(cls, plan: RunPlan) -> "Engine":
+        """Load the models the plan's config names and build its strategy stack (``load_plan``
+        checked everything before any model loads)."""
         from .hf import load_section  # the model adapter; only it imports transformers
 
-        pm = pm if pm is not None else new_plugin_manager(extra_plugins)
-        stack = stack if stack is not None else check(cfg, pm=pm)
-        target, tokenizer, _ = load_section(cfg.target, "target")
-        draft = load_stack_draft(cfg, stack, tokenizer)
-        return cls.build(target, draft=draft, tokenizer=tokenizer, cfg=cfg, pm=pm, stack=stack)
+        target, tokenizer, _ = load_section(plan.config.target, "target")
+        draft = load_stack_draft(plan, tokenizer)
+        return cls.build(target, draft=draft, tokenizer=tokenizer, plan=plan)
+
+    @classmethod
+    def from_config(cls, cfg: PacerConfig, extra_plugins: Sequence[Any] = ()) -> "Engine":
+        """``from_plan`` of ``cfg``'s plan (``plan_run``: the stack resolved once, here)."""
+        return cls.from_plan(plan_run(cfg, extra_plugins))
 
     @classmethod
     def build(
@@ -204,19 +197,28 @@ class Engine:
         tokenizer: Any = None,
         cfg: Optional[PacerConfig] = None,
         extra_plugins: Sequence[Any] = (),
-        pm: Optional[pluggy.PluginManager] = None,
-        stack: Optional[ResolvedStack] = None,
+        plan: Optional[RunPlan] = None,
         **overrides: Any,
     ) -> "Engine":
-        """An engine around already-loaded models; ``cfg`` (default config if None) gives the stack.
+        """An engine around already-loaded models, building the stack of ``plan`` (``load_plan``,
+        ``plan_run``), or else of ``cfg`` (default config if None) planned here with ``extra_plugins``.
 
-        ``pm`` is a fresh plugin manager to build on (``extra_plugins`` already registered), else
-        one is made; the strategy objects are registered into it and their hooks checked.
-        ``stack`` is ``cfg``'s stack already resolved against ``pm``; else it is resolved here.
+        The strategy objects are registered into the plan's plugin manager and their hooks checked,
+        so a plan builds one engine. ``overrides``: engine settings replacing the config's.
         """
-        cfg = cfg or PacerConfig()
-        pm = pm if pm is not None else new_plugin_manager(extra_plugins)
-        stack = stack if stack is not None else check(cfg, pm=pm, require_models=False)
+        if plan is None:
+            plan = plan_run(cfg or PacerConfig(), extra_plugins, require_models=False)
+        elif cfg is not None or extra_plugins:
+            raise InputError(
+                "Engine.build takes a plan, or a cfg with its extra_plugins, not both: the plan "
+                "holds its config and plugins"
+            )
+        cfg, pm, stack = plan.config, plan.pm, plan.stack
+        if pm.has_plugin(f"{stack.drafter.where}:{stack.drafter.component.name}"):
+            raise InputError(
+                "this run plan has built an engine already; a plan builds one engine: plan the run "
+                "again (load_plan, plan_run) for another"
+            )
         s = cfg.sampling
         sampling = SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
         resources = Resources(
@@ -375,16 +377,14 @@ class Engine:
         # 1. nothing is cached yet: step 0's forward prefills the whole prompt along with its draft
         self.target.reset()
         pending = list(tokens)  # committed tokens not yet in the target's cache
-        hook.pacer_start(state=state)
-        if gate is not None:
-            gate.restart()
-        finish = "length"
+        self.start_generation(state)
+        finish: Literal["eos", "length"] = "length"
         while state.budget_left > 0:
             # 2. draft until a stop policy says stop, unless the gate decodes this step plainly
             # (decided from earlier steps only, before any draft hook runs)
             t0 = clock()
             state.max_draft_tokens = min(self.max_draft_tokens, state.budget_left)
-            draft, stop_s = self._draft(state) if gate is None or gate.drafts() else (Draft(), 0.0)
+            draft, stop_s = self.draft_step(state)
             t1 = clock()
             # 3. score pending + the draft tree with the target in one forward, then verify
             cached, tree, n_pending = len(self.target.cached_tokens), draft.tree, len(pending)
@@ -424,9 +424,7 @@ class Engine:
                 target_hidden_start=cached,
                 target_logits=out.logits,
             )
-            hook.pacer_observe_step(state=state, step=record)
-            if gate is not None:
-                gate.observe(record)
+            self.observe_step(state, record)
             draft_forwards += draft.forwards
             state.step_index += 1
             if hit_eos:
@@ -449,6 +447,28 @@ class Engine:
             if extra:
                 metrics.update(extra)
         return result
+
+    # -- the stages a serving engine shares (pacer_core.serving: it scores and verifies itself) --------
+    def start_generation(self, state: DecodeState) -> None:
+        """A generation begins: every component's ``pacer_start``, and the draft gate restarts."""
+        self.pm.hook.pacer_start(state=state)
+        if self.gate is not None:
+            self.gate.restart()
+
+    def draft_step(self, state: DecodeState) -> tuple[Draft, float]:
+        """A step's draft, bounded by ``state.max_draft_tokens``, and the seconds the stop policies
+        took: empty when the draft gate decodes the step plainly (decided from earlier steps only,
+        before any draft hook runs), else drafted until a stop policy stops."""
+        if self.gate is None or self.gate.drafts():
+            return self._draft(state)
+        return Draft(), 0.0
+
+    def observe_step(self, state: DecodeState, record: StepRecord) -> None:
+        """A step is committed (``state.tokens`` holds ``record.emitted``): every component's
+        ``pacer_observe_step``, then the draft gate learns from it."""
+        self.pm.hook.pacer_observe_step(state=state, step=record)
+        if self.gate is not None:
+            self.gate.observe(record)
 
     def _draft(self, state: DecodeState) -> tuple[Draft, float]:
         """Ask the stop policies, then the drafter, until a policy stops or the bound is reached;

@@ -14,12 +14,13 @@ hook implementation's code), for the callers that turn a plugin's exception into
 from __future__ import annotations
 
 import operator
-from typing import Any, Iterable, Optional, Sequence
+import os
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import torch
 
-from .costs import CostModel
-from .drafts import DraftBlock
+from .cost_profiles import CostModel
+from .draft_values import DraftBlock
 from .errors import PluginError
 from .types import Component, Stop, Verdict
 
@@ -114,7 +115,7 @@ def _finish(value: Any, context: dict) -> Optional[str]:
 
 def _step_costs(value: Any, context: dict) -> Optional[str]:
     if not isinstance(value, CostModel):
-        return f"returned {_shown(value)}: return a pacer_core.costs.CostModel, or None"
+        return f"returned {_shown(value)}: return a pacer_core.cost_profiles.CostModel, or None"
     return None
 
 
@@ -127,6 +128,14 @@ def _components(value: Any, context: dict) -> Optional[str]:
     return None
 
 
+def _shipped(value: Any, context: dict) -> Optional[str]:
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, (str, os.PathLike)) for k, v in value.items()
+    ):
+        return f"returned {_shown(value)}: return a dict of names to folders (str or Path), or None"
+    return None
+
+
 CHECKS = {
     "pacer_draft_more": _draft_more,
     "pacer_propose": _propose,
@@ -135,6 +144,7 @@ CHECKS = {
     "pacer_finish": _finish,
     "pacer_components": _components,
     "pacer_step_costs": _step_costs,
+    "pacer_shipped": _shipped,
 }
 
 

@@ -25,23 +25,30 @@ Besides the hooks, a drafter has one side channel, read once when the engine is 
 engine builds the drafter first and reads it with ``DraftInfo.of(drafter)``: ``identity`` names the
 draft weights (``Resources.draft_identity`` of the components built after it, else the draft
 model's ``digest``), ``stop_thresholds`` are the thresholds the draft recommends by stop name
-(``Resources.stop_thresholds``), and ``target_layers`` the target decoder layers whose inputs the
-target pass returns as ``StepRecord.target_hidden`` (None: the last layer's output). A drafter
-without ``draft_info`` declares nothing; other attributes are never read. A composite drafter
-(``hybrid``) reads its members with ``DraftInfo.of`` and declares the result the same way.
+(``Resources.stop_thresholds``), ``target_layers`` the target decoder layers whose inputs the
+target pass returns as ``StepRecord.target_hidden`` (None: the last layer's output), and ``tree`` the
+token tree it grows. A drafter without ``draft_info`` declares nothing; other attributes are never
+read. A composite drafter (``hybrid``) reads its members with ``DraftInfo.of`` and declares the result
+the same way, and calls its members' hooks through a plugin manager of their own
+(``registry.member_hooks``).
+
+A component keeping state per step tells a new step by ``state.step_index`` (``types.StepWatch``),
+never by an empty draft.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, Optional, Union
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional, Union
 
 import pluggy
 
 if TYPE_CHECKING:  # pragma: no cover
+    from pathlib import Path
+
     import torch
 
-    from .costs import CostModel
-    from .drafts import Draft, DraftBlock
+    from .cost_profiles import CostModel
+    from .draft_values import Draft, DraftBlock
     from .types import Component, DecodeState, GenerationResult, StepRecord, Stop, Verdict
 
 PROJECT = "pacer_sd"
@@ -52,7 +59,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 @hookspec
-def pacer_components() -> "list[Component]":
+def pacer_components() -> "list[Component]":  # type: ignore[empty-body]  # a spec: its body never runs
     """Declare the strategies this plugin module offers.
 
     Called once per engine on each module found through the ``pacer_sd`` entry-point group (and on
@@ -64,12 +71,25 @@ def pacer_components() -> "list[Component]":
 
 
 @hookspec
+def pacer_shipped() -> "Optional[Mapping[str, Path]]":
+    """Declare the data folders this plugin ships for other packages, by name.
+
+    Called on each module found through the ``pacer_sd`` entry-point group when a package asks for
+    shipped data (``pacer_core.registry.shipped_folder(name)``), never while a plugin is imported.
+    Return ``{name: folder}`` (the ``pacer_builtins`` drafters: ``token_draft``, the token-level draft
+    ``draft_model`` and ``ouroboros`` run; the ``eagle`` drafter's module: the self-distillation
+    corpora) or None. Another package reaches the folder by its name, never by a path into this
+    plugin's folder. Names must be unique across the installed plugins.
+    """
+
+
+@hookspec
 def pacer_step_costs() -> "Optional[CostModel]":
     """The cost model this component prices steps with, or None.
 
     Called once on every strategy when the engine is built. A cost-aware component (a tree drafter
     with ``nodes: auto``, the ``pacer`` stop's throughput rule) returns its
-    ``pacer_core.costs.CostModel``; the engine's draft gate (``generation.skip_drafting``,
+    ``pacer_core.cost_profiles.CostModel``; the engine's draft gate (``generation.skip_drafting``,
     ``pacer_core.skipping``) then prices drafted and plain steps with it and decodes a step plainly,
     deciding before any draft hook runs, when this generation's drafted steps have emitted fewer
     tokens per second than plain decoding would (docs/costs.md#skipping-drafting). The first
@@ -143,7 +163,9 @@ def pacer_select_nodes(state: "DecodeState", draft: "Draft") -> "Optional[Iterab
 
 
 @hookspec(firstresult=True)
-def pacer_verify(state: "DecodeState", draft: "Draft", target_logits: "torch.Tensor") -> "Verdict":
+def pacer_verify(  # type: ignore[empty-body]  # a spec: its body never runs
+    state: "DecodeState", draft: "Draft", target_logits: "torch.Tensor"
+) -> "Verdict":
     """Decide which draft tokens to keep and the token that follows.
 
     Exactly one verifier is registered. ``target_logits`` is [N + 1, vocab] over the nodes of

@@ -34,7 +34,7 @@ MAX_DATA_BYTES = 1 << 30  # what runs accumulate (answer logs, phrase pools) and
 MAX_LINE_BYTES = 4 << 20  # one line of a .jsonl file: over a million tokens, more than any context
 MAX_DEPTH = 64  # lists or objects inside one another; real files nest fewer than 10
 
-_KINDS = {dict: "a JSON object", list: "a JSON list"}
+_KINDS: dict[type, str] = {dict: "a JSON object", list: "a JSON list"}
 _NOT_REGULAR = (
     (stat.S_ISDIR, "a folder"),
     (stat.S_ISFIFO, "a pipe (FIFO)"),

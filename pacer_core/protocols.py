@@ -12,10 +12,18 @@ import torch
 
 from .fields import tensor_field
 
-__all__ = ["AttentionShape", "FeatureModel", "LanguageModel", "MASK_ROW", "ModelOutput"]
+__all__ = [
+    "AttentionShape",
+    "FeatureModel",
+    "LanguageModel",
+    "MASK_ROW",
+    "ModelOutput",
+    "ParallelDraftModel",
+    "StoredModel",
+]
 
-# a row that ``hf.HFModel.forward(mask_embedding=)`` feeds a learned mask embedding instead of a token's
-# (a parallel draft's mask token, which its tokenizer lacks: the pard drafter)
+# a row that ``ParallelDraftModel.forward(mask_embedding=)`` feeds a learned mask embedding instead of a
+# token's (a parallel draft's mask token, which its tokenizer lacks: the pard drafter)
 MASK_ROW = -1
 
 
@@ -95,6 +103,37 @@ class FeatureModel(LanguageModel, Protocol):
         ...
 
     def attention_shape(self) -> AttentionShape: ...
+
+
+@runtime_checkable
+class ParallelDraftModel(LanguageModel, Protocol):
+    """A ``LanguageModel`` a parallel draft runs on (the ``pard`` drafter; ``hf.HFModel`` is one): its
+    ``forward`` also takes ``mask_embedding`` ([hidden]), fed as the input of every row whose token is
+    ``MASK_ROW`` (a mask token the draft learned, which its vocabulary lacks; such rows are cached as
+    ``MASK_ROW`` and are the caller's to crop), and it may compute logits over a subset of its
+    vocabulary only (``vocab_subset``). ``runtime_checkable``: the pard drafter refuses another model
+    with an ``InputError``."""
+
+    # [w] the token ids its logits cover (every other token's logit is -inf); None: the whole vocabulary
+    vocab_subset: Optional[torch.Tensor]
+
+    def forward(
+        self,
+        tokens: Sequence[int],
+        *,
+        positions: Optional[torch.Tensor] = None,
+        tree_mask: Optional[torch.Tensor] = None,
+        logits_from: int = 0,
+        hidden: Union[bool, Sequence[int]] = False,
+        mask_embedding: Optional[torch.Tensor] = None,
+    ) -> ModelOutput:
+        """``LanguageModel.forward``, the rows whose token is ``MASK_ROW`` fed ``mask_embedding``."""
+        ...
+
+    def embedding_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input embeddings [vocab, hidden], output layer [vocab, hidden]), shared, not copied (a
+        published PARD checkpoint's mask rows take the input embedding of its ``pard_token``)."""
+        ...
 
 
 @runtime_checkable

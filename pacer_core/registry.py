@@ -11,7 +11,8 @@ import difflib
 import functools
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional, Sequence
+from types import MappingProxyType
+from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 
 import attrs
 import pluggy
@@ -56,6 +57,18 @@ def new_plugin_manager(extra_plugins: Iterable[Any] = ()) -> pluggy.PluginManage
             pm.register(plugin)
     check_hooks(pm)
     return pm
+
+
+def member_hooks(member: Any) -> pluggy.HookRelay:
+    """The hooks of ``member``, a strategy object a composite component built (``hybrid``'s members),
+    called through a plugin manager of its own exactly as the engine calls a component's: each
+    implementation gets the arguments it declares, a hook it does not implement answers None
+    (``pacer_propose``, ``pacer_verify``) or ``[]``, and a misspelled hook is refused when it is built."""
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    pm.register(member)
+    check_hooks(pm)
+    return pm.hook
 
 
 def _source(module: Any) -> Optional[Path]:
@@ -123,19 +136,53 @@ def components(pm: pluggy.PluginManager) -> dict[str, dict[str, Component]]:
 def offered_components(pm: pluggy.PluginManager) -> list[list[Component]]:
     """Each registered plugin's ``pacer_components()`` list, in pluggy's call order; a plugin whose
     hook raises or returns anything but a list of ``Component`` is refused in one line, named."""
-    lists = []
-    for impl in hookcheck.implementers(pm, "pacer_components"):
+    return [list(offered) for _, offered in module_answers(pm, "pacer_components")]
+
+
+def module_answers(pm: pluggy.PluginManager, hook: str) -> list[tuple[str, Any]]:
+    """(plugin name, answer) of each plugin module implementing ``hook`` (a hook taking no argument),
+    in pluggy's call order, None answers left out; a plugin whose hook raises or answers what
+    ``hookcheck`` refuses is refused in one line, named."""
+    answers = []
+    for impl in hookcheck.implementers(pm, hook):
         try:
             offered = impl.function()
         except Exception as exc:  # noqa: BLE001 - a plugin's bug, reported as one line naming it
-            raise ConfigError(f"plugin {impl.plugin_name}: pacer_components raised {hookcheck.describe(exc)}") from None
+            raise ConfigError(f"plugin {impl.plugin_name}: {hook} raised {hookcheck.describe(exc)}") from None
         if offered is None:
             continue
-        problem = hookcheck.result_problem("pacer_components", offered)
+        problem = hookcheck.result_problem(hook, offered)
         if problem is not None:
-            raise ConfigError(f"plugin {impl.plugin_name}: pacer_components {problem}")
-        lists.append(list(offered))
-    return lists
+            raise ConfigError(f"plugin {impl.plugin_name}: {hook} {problem}")
+        answers.append((impl.plugin_name, offered))
+    return answers
+
+
+def shipped_by(pm: pluggy.PluginManager) -> dict[str, Path]:
+    """Name → folder of the data the plugins registered with ``pm`` ship for other packages (their
+    ``pacer_shipped``). A plugin whose hook raises or returns anything but a mapping of names to
+    folders, or two plugins shipping one name, is refused in one line."""
+    found: dict[str, Path] = {}
+    for plugin, offered in module_answers(pm, "pacer_shipped"):
+        for name, folder in offered.items():
+            if name in found:
+                raise ConfigError(f"two plugins ship data named '{name}' (one is {plugin}): uninstall one of them")
+            found[name] = Path(folder)
+    return found
+
+
+@functools.cache
+def shipped_folders() -> Mapping[str, Path]:
+    """What the installed plugins ship (``shipped_by`` on the entry-point plugins), read once per
+    process: how a package reaches a plugin's data without a path into the plugin's folder
+    (docs/assets.md#shipped-data)."""
+    return MappingProxyType(shipped_by(new_plugin_manager()))
+
+
+def shipped_folder(name: str) -> Optional[Path]:
+    """The folder an installed plugin ships under ``name`` (``shipped_folders``); None when no
+    installed plugin ships it."""
+    return shipped_folders().get(name)
 
 
 def lookup(table: dict[str, dict[str, Component]], kind: str, name: Optional[str], where: str) -> Component:

@@ -1,12 +1,14 @@
 """Config files as schemas: the hardened YAML reader, ``key=value`` overrides and typed validation.
 
-Every YAML config is read here: the run config (pacer_core/config.py), the bench and ablation YAML
-(pacer_bench/config.py) and the training commands' configs (``load_schema`` with their attrs
-classes). ``read_yaml`` refuses duplicate keys and alias bombs with the line; ``apply_override``
-edits a loaded tree with one ``key=value`` (the value read as YAML by ``parse_value``);
-``validate_typed`` merges plain data over an attrs class's defaults in OmegaConf struct mode, so an
-unknown option lists the valid ones, and refuses NaN and infinite numbers. Every problem is a
-one-line ``ConfigError``.
+Every YAML config is read and validated here: the run config (pacer_core/config.py), and through
+``load_schema`` the bench and ablation YAML (pacer_bench/config.py) and the training commands'
+configs, each an attrs class. ``read_yaml`` refuses duplicate keys and alias bombs with the line;
+``apply_override`` edits a loaded tree with one ``key=value`` (the value read as YAML by
+``parse_value``); ``validate_typed`` merges plain data over an attrs class's defaults in OmegaConf
+struct mode, so an unknown option lists the valid ones (``unknown option 'x'; valid options: ...``,
+at any depth: nested config classes, mappings of them), an option given as the wrong kind of value
+says what it must be (a mapping of options, a list, a mapping), and NaN and infinite numbers are
+refused. Every problem is a one-line ``ConfigError``.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ def one_line(exc: BaseException) -> str:
     """The first line of an exception's message (its type's name when it has none). An exception
     raised with several arguments (attrs' validators add the attribute, the options and the value)
     gives its first, the message."""
-    args = getattr(exc, "args", ())
+    args: tuple[Any, ...] = getattr(exc, "args", ())
     message = args[0] if len(args) > 1 and isinstance(args[0], str) else str(exc)
     text = message.strip().splitlines()
     return text[0] if text else type(exc).__name__
@@ -228,19 +230,26 @@ def _seed_defaults(cfg: DictConfig, parts: list[str], defaults: Mapping[str, Any
             return
 
 
-def apply_override(cfg: DictConfig, override: str, defaults: Optional[Mapping[str, Any]] = None) -> None:
+RUN_EXAMPLE = "strategy.stop.0.gamma=3"  # an override of the run config, shown in messages
+
+
+def apply_override(
+    cfg: DictConfig, override: str, defaults: Optional[Mapping[str, Any]] = None, example: str = RUN_EXAMPLE
+) -> None:
     """Apply one ``key=value`` override to ``cfg`` in place (``ConfigError`` in one line). With
     ``defaults`` (the schema's defaults as plain data), a list or mapping the override reaches but
-    ``cfg`` lacks is first copied from them, so an index or key into a default is edited."""
+    ``cfg`` lacks is first copied from them, so an index or key into a default is edited.
+    ``example``: an override of this config, shown in messages."""
     if "=" not in override:
-        raise ConfigError(f"override '{override}' is not key=value (e.g. strategy.stop.0.gamma=3)")
+        raise ConfigError(f"override '{override}' is not key=value (e.g. {example})")
     key, value = override.split("=", 1)
     key = re.sub(r"\[(-?\d+)\]", r".\1", key.strip())
     negative = next((part for part in key.split(".") if re.fullmatch(r"-\d+", part)), None)
     if negative is not None:  # OmegaConf would count it from the end and silently edit another item
+        first = ".".join("0" if part == negative else part for part in key.split("."))
         raise ConfigError(
             f"override '{override}': list index {negative} is negative; indices count from 0 "
-            "(strategy.stop.0.gamma=3 is the first item)"
+            f"({first}={value} is the first item)"
         )
     if defaults is not None:
         _seed_defaults(cfg, key.split("."), defaults)
@@ -282,38 +291,96 @@ def check_finite(value: Any, where: str) -> None:
         raise ConfigError(f"{where}: '{key}' must be a finite number, got {number}")
 
 
-def _nested_configs(schema_cls: type) -> dict[str, tuple[type, bool]]:
-    """The options of ``schema_cls`` that are attrs config classes themselves (``tree: TreeConfig``
-    or ``Optional[TreeConfig]``): name -> (class, whether None is allowed)."""
+@attrs.frozen
+class _Shape:
+    """What an option's value must be: a mapping of an attrs config class's options (``config``), a
+    list, or a mapping whose values may have a shape of their own (``values``)."""
+
+    kind: str  # "config" | "list" | "mapping"
+    config: Optional[type] = None
+    values: Optional["_Shape"] = None
+    optional: bool = False  # None is allowed too
+
+
+def _shape(hint: Any) -> Optional[_Shape]:
+    """The shape of an option annotated ``hint`` (``TreeConfig``, ``Optional[List[int]]``,
+    ``Dict[str, StackConfig]``); None for a scalar or an annotation of another kind."""
+    args = typing.get_args(hint) if typing.get_origin(hint) is typing.Union else (hint,)
+    kinds = [a for a in args if a is not type(None)]
+    if len(kinds) != 1:
+        return None
+    kind, optional = kinds[0], type(None) in args
+    origin = typing.get_origin(kind) or kind
+    if isinstance(kind, type) and attrs.has(kind):
+        return _Shape("config", config=kind, optional=optional)
+    if origin is list:
+        return _Shape("list", optional=optional)
+    if origin is dict:
+        values = typing.get_args(kind)[1:]
+        return _Shape("mapping", values=_shape(values[0]) if values else None, optional=optional)
+    return None
+
+
+def config_class(hint: Any) -> Optional[type]:
+    """The attrs config class an option annotated ``hint`` takes (``TreeConfig``,
+    ``Optional[TreeConfig]``), else None."""
+    shape = _shape(hint)
+    return shape.config if shape is not None else None
+
+
+def _option_shapes(schema_cls: type) -> dict[str, _Shape]:
+    """The options of ``schema_cls`` whose values have a shape (``_shape``): name -> shape."""
     try:
         hints = typing.get_type_hints(schema_cls)
     except Exception:  # an annotation that does not resolve: OmegaConf reports it
         return {}
-    nested = {}
-    for name, hint in hints.items():
-        args = typing.get_args(hint) if typing.get_origin(hint) is typing.Union else (hint,)
-        classes = [a for a in args if isinstance(a, type) and attrs.has(a)]
-        if len(classes) == 1:
-            nested[name] = (classes[0], type(None) in args)
-    return nested
+    shapes = {name: _shape(hint) for name, hint in hints.items()}
+    return {name: shape for name, shape in shapes.items() if shape is not None}
 
 
-def _check_nested(schema_cls: type, data: Any, where: str, prefix: str) -> None:
-    """Validate each nested config option of ``data`` against its own class first, so its errors
-    name its options (``where: unknown option 'tree.tpk'; valid options: topk, depth, nodes``)."""
-    if not isinstance(data, dict):
+def _got(value: Any) -> str:
+    return f"got {type(value).__name__} {value!r:.80}"
+
+
+def _check_shape(shape: _Shape, value: Any, where: str, path: str) -> None:
+    """Refuse ``value`` (the option at dotted ``path``) unless it has ``shape``; a nested config is
+    validated against its own class, so its errors name its options."""
+    if value is None and shape.optional:
         return
-    for name, (nested_cls, optional) in _nested_configs(schema_cls).items():
-        if name not in data or (data[name] is None and optional):
-            continue
-        value = data[name]
+    if shape.kind == "config" and shape.config is not None:  # a "config" shape always names its class
         if not isinstance(value, dict):
-            fields = ", ".join(f.name for f in attrs.fields(nested_cls))
-            raise ConfigError(
-                f"{where}: '{prefix}{name}' must be a mapping of options ({fields}), "
-                f"got {type(value).__name__} {value!r}"
-            )
-        validate_typed(nested_cls, value, where, finite=False, prefix=f"{prefix}{name}.")
+            fields = ", ".join(f.name for f in attrs.fields(shape.config))
+            raise ConfigError(f"{where}: '{path}' must be a mapping of options ({fields}), {_got(value)}")
+        validate_typed(shape.config, value, where, finite=False, prefix=f"{path}.")
+    elif shape.kind == "list":
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: '{path}' must be a list, {_got(value)}")
+    elif not isinstance(value, dict):
+        raise ConfigError(f"{where}: '{path}' must be a mapping, {_got(value)}")
+    elif shape.values is not None:
+        for key, item in value.items():
+            _check_shape(shape.values, item, where, f"{path}.{key}")
+
+
+def _open_mappings(node: DictConfig, schema_cls: type, data: dict, shapes: dict[str, _Shape]) -> None:
+    """In ``node``, the struct-mode schema of ``schema_cls``, open each mapping that ``data`` gives
+    (a strategy entry, a stack's inline section) to any key, replaced whole rather than merged; in
+    nested configs too. Their keys are checked by their own schema (``_check_shape``, the resolver)."""
+    try:
+        defaults = schema_cls()
+    except (TypeError, ValueError):  # a plugin config with required options
+        defaults = None
+    for name, value in data.items():
+        shape = shapes.get(name)
+        if not isinstance(value, dict):
+            continue
+        if shape is not None and shape.kind == "config" and shape.config is not None:
+            if node[name] is None:  # an optional config left out by default: its defaults, to merge into
+                node[name] = OmegaConf.structured(shape.config)
+            _open_mappings(node[name], shape.config, value, _option_shapes(shape.config))
+        elif (shape is not None and shape.kind == "mapping") or isinstance(getattr(defaults, name, None), dict):
+            node[name] = {}
+            OmegaConf.set_struct(node[name], False)
 
 
 def validate_typed(schema_cls: type, data: Any, where: str, finite: bool = True, prefix: str = "") -> Any:
@@ -321,20 +388,22 @@ def validate_typed(schema_cls: type, data: Any, where: str, finite: bool = True,
     ``finite``, NaN and infinite numbers anywhere in it are refused too. An option whose type is an
     attrs class (or Optional of one) takes a mapping of that class's options, validated the same way
     (``prefix``: the dotted path of the option being validated, in messages)."""
+    if not isinstance(data, dict):
+        fields = ", ".join(f.name for f in attrs.fields(schema_cls))
+        raise ConfigError(
+            f"{where}: {f'{prefix[:-1]!r} ' if prefix else ''}must be a mapping of options ({fields}), {_got(data)}"
+        )
     if finite:  # before the merge, so a validator's range message does not hide it
         check_finite(data, where)
-    _check_nested(schema_cls, data, where, prefix)
+    # each nested config, list and mapping first, so an error names the option and what it must be
+    # (``where: unknown option 'tree.tpk'; valid options: topk, ...``, ``where: 'stop' must be a list, ...``)
+    shapes = _option_shapes(schema_cls)
+    for name, shape in shapes.items():
+        if name in data:
+            _check_shape(shape, data[name], where, f"{prefix}{name}")
     schema = OmegaConf.structured(schema_cls)
     OmegaConf.set_struct(schema, True)
-    try:
-        defaults = schema_cls()
-    except (TypeError, ValueError):  # a plugin config with required options
-        defaults = None
-    if isinstance(data, dict) and defaults is not None:
-        for name, value in data.items():
-            if isinstance(value, dict) and isinstance(getattr(defaults, name, None), dict):
-                schema[name] = {}  # an open mapping (a strategy entry) is replaced whole, not merged
-                OmegaConf.set_struct(schema[name], False)
+    _open_mappings(schema, schema_cls, data, shapes)
     try:
         merged = OmegaConf.merge(schema, data)
         typed = OmegaConf.to_object(merged)
@@ -372,10 +441,16 @@ def override_list(overrides: Any) -> list[str]:
     return items
 
 
-def load_schema(schema_cls: type, path: Optional[str | Path], overrides: Sequence[str], where: str) -> Any:
-    """Any attrs config class (e.g. a training command's) from a YAML file and ``key=value``
-    overrides, validated in struct mode like the run config; raises ``ConfigError`` in one line."""
+def load_schema(
+    schema_cls: type, path: Optional[str | Path], overrides: Sequence[str], where: str, example: str = RUN_EXAMPLE
+) -> Any:
+    """Any attrs config class (a training command's, the bench's) from a YAML file and ``key=value``
+    overrides, validated in struct mode like the run config; raises ``ConfigError`` in one line,
+    starting with ``where``. ``example``: an override of this config, shown in messages."""
     raw = read_yaml(Path(path)) if path else OmegaConf.create({})
     for override in override_list(overrides):
-        apply_override(raw, override)
+        try:
+            apply_override(raw, override, example=example)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
     return validate_typed(schema_cls, OmegaConf.to_container(raw), where)

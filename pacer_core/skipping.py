@@ -1,7 +1,7 @@
 """Skipping drafting for a step when it does not pay: the engine's draft gate (docs/costs.md#skipping-drafting).
 
 A cost-aware stack (a tree drafter with ``nodes: auto``, the ``pacer`` stop's throughput rule) prices
-its steps with a cost model (``pacer_core.costs.CostModel``, declared through the
+its steps with a cost model (``pacer_core.cost_profiles.CostModel``, declared through the
 ``pacer_step_costs`` hook). Before each step, before any draft hook runs and so before any draft
 forward is paid, the gate decides whether the step drafts or decodes plainly (an empty draft: the
 target scores the pending token alone, as in a prompt's first step when a drafter has nothing yet).
@@ -29,7 +29,7 @@ from typing import Any, Optional, Sequence
 
 import attrs
 
-from .costs import CostModel
+from .cost_profiles import CostModel
 from .errors import InputError
 
 MAX_WAIT = 1 << 16  # steps skipped between probes, at most (far beyond any generation's budget)

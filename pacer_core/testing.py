@@ -6,14 +6,14 @@ context, read from a seeded random table. It is fast enough to run tens of thous
 generations through the engine in seconds, and its distributions are known exactly, so a strategy
 can be checked against the target it claims to reproduce::
 
-    from pacer_core import Engine, load_config
+    from pacer_core import Engine, load_plan
     from pacer_core.testing import ScriptedLM, exact_continuation_probs, chisquare_pvalue
 
     target = ScriptedLM(vocab_size=6, seed=0)
     draft = ScriptedLM(vocab_size=6, seed=1)            # differs from the target: rejections happen
-    cfg = load_config(overrides=["strategy.drafter={name: draft_model}", "sampling.temperature=1",
-                                 "generation.ignore_eos=true"], require_models=False)
-    engine = Engine.build(target, draft=draft, cfg=cfg)
+    plan = load_plan(overrides=["strategy.drafter={name: draft_model}", "sampling.temperature=1",
+                                "generation.ignore_eos=true"], require_models=False)
+    engine = Engine.build(target, draft=draft, plan=plan)
     prompt = [1, 2, 3]
     samples = [engine.generate(prompt, max_new_tokens=3, seed=i).tokens for i in range(20_000)]
     expected = exact_continuation_probs(target, prompt, 3, engine.sampling)  # [6, 6, 6]
@@ -30,7 +30,7 @@ function of the same context) let PACER-style stop policies run without a real m
 from __future__ import annotations
 
 import itertools
-from typing import Iterable, Optional, Sequence, Union
+from typing import Iterable, Optional, Sequence, Union, overload
 
 import torch
 
@@ -319,7 +319,13 @@ class OnDevice(torch.Tensor):
     reading its values on the host (``tolist``, ``int()``, ``.cpu()``, ``nonzero``, ...) returns plain
     tensors and is recorded while ``count_host_reads`` is active; mixing it with a plain tensor of
     one or more dimensions in an op raises, as CUDA does (indexing with host indices and copies
-    excepted), so code that would fail on a GPU fails here too."""
+    excepted), so code that would fail on a GPU fails here too. Code asking where a tensor lives
+    (``Tensor.is_cpu``) is told what a GPU's tensor tells: not on the CPU; its ``device`` stays the CPU,
+    where its data is."""
+
+    @property  # Tensor declares is_cpu a plain attribute; a read-only property here is meant
+    def is_cpu(self) -> bool:  # type: ignore[override]
+        return False
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
@@ -342,6 +348,10 @@ class OnDevice(torch.Tensor):
         return torch._tensor._convert(result, cls)
 
 
+@overload
+def on_device(tensor: torch.Tensor) -> torch.Tensor: ...
+@overload
+def on_device(tensor: Optional[torch.Tensor]) -> Optional[torch.Tensor]: ...
 def on_device(tensor: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return None if tensor is None else tensor.as_subclass(OnDevice)
 

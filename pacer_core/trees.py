@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Any, Callable, NamedTuple, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence, cast
 
 import attrs
 import numpy as np
@@ -29,7 +29,7 @@ from .calibration import FILE as CALIBRATION_FILE
 from .calibration import RAW, Calibration, check_draft
 from .calibration import apply as calibrated
 from .calibration import load as load_calibration
-from .drafts import Draft, DraftBlock, DraftVocab, SideNodes, TokenTree
+from .draft_values import Draft, DraftBlock, DraftVocab, SideNodes, TokenTree
 
 MAX_TOPK = 64  # children tried per node and nodes kept per level, at most
 MAX_DEPTH = 32  # levels per step, at most
@@ -124,7 +124,7 @@ def grow_level(
         tokens = [token_ids[column] for column in tokens]
     limit = min(topk, room)
     tip = tip_row * k if tip_row is not None and p[tip_row * k] > 0 else -1  # the main-path child, first
-    chosen = [Candidate(tip_row, tokens[tip], totals[tip])] if tip >= 0 else []
+    chosen = [Candidate(tip_row, tokens[tip], totals[tip])] if tip_row is not None and tip >= 0 else []
     # then the best others by cumulative score, ties in flat order (the sort is stable)
     others = sorted((i for i in range(len(p)) if p[i] > 0 and i != tip), key=totals.__getitem__, reverse=True)
     return chosen + [Candidate(i // k, tokens[i], totals[i]) for i in others[: limit - len(chosen)]]
@@ -164,37 +164,42 @@ def merge_phrases(
 
 class GrownLevels:
     """The levels one ``pacer_propose`` call of a tree drafter grows, gathered into one block: each
-    level's main-path child continues the block's main path, its other children are side nodes.
-    Until the block is made, level i's main-path child is the node ``("main", i)`` and the j-th side
-    node ``("side", j)``; ``block`` numbers them as ``Draft.tree`` numbers a block (its main path
-    first, then its side nodes) and returns the numbering, for the drafter's own records."""
+    level's first chosen child continues the block's main path, its others are side nodes. A child
+    names its parent by row: ``chosen[i].row`` indexes the level before it, or for the call's first
+    level ``expanded``, the draft-tree numbers of the nodes it grows from (the main path's tip first;
+    ``[-1]``: the root). ``block`` numbers every node once, as ``Draft.tree`` numbers a block (its main
+    path first, then its side nodes in the order grown), and gives the last level's numbers, the
+    nodes the drafter's next call grows from: no node has a number before the block has.
 
-    def __init__(self) -> None:
-        self.main: list[tuple[int, int, Optional[torch.Tensor]]] = []  # (token, row of the tables, hidden row)
-        self.side: list[tuple[int, Any, int]] = []  # (token, parent node, row of the tables)
+    Worked example: expanded [2] (the draft's tip); level 1 chooses a and b, both row 0 (under node 2);
+    level 2 chooses c (row 0: under a), d and e (row 1: under b). ``block(first=3)``: the main path a c
+    is 3 4, the side nodes b d e are 5 6 7 with parents 2 5 5; the last level's numbers are [4, 6, 7].
+    """
+
+    def __init__(self, expanded: Sequence[int] = (-1,)) -> None:
+        self.expanded = list(expanded)
+        self.levels: list[tuple[list[int], list[int], list[int]]] = []  # (tokens, parent rows, table rows)
+        self.hidden: list[Optional[torch.Tensor]] = []  # each level's main-path child's hidden state
         self.tables: list[torch.Tensor] = []  # the levels' rows (distinct tensors), joined by ``block``
         self.rows = 0  # rows in the tables before the latest
         self.used = 0  # rows of the tables up to the last one a node maps to
 
     def __len__(self) -> int:
-        return len(self.main)
+        return len(self.levels)
 
     def add(
         self,
         chosen: Sequence[Candidate],
-        parents: Sequence[Any],
         rows: Any,
         hidden: Optional[torch.Tensor] = None,
         row_map: Optional[Sequence[int]] = None,
-    ) -> list[Any]:
-        """One level: ``chosen[0]`` continues the main path, the others are side nodes; ``parents[i]``
-        is chosen[i]'s parent node (a number, -1, or a node of this call), ``rows[i]`` the
-        distribution it was chosen from ([len(chosen), w], or rows to stack), or ``rows[row_map[i]]``
-        with a ``row_map`` (siblings share their parent's row, never copied per node); a level whose
-        ``rows`` are the tensor the previous level gave (a drafter writing every level into one
-        table) maps into it. ``hidden``: the main-path child's hidden state. Returns the level's
-        nodes (of this call)."""
-        level = len(self.main)
+    ) -> None:
+        """One level: ``chosen[0]`` continues the main path (a child of the tip), the others are side
+        nodes, each under the node its ``row`` indexes in the level before; ``rows[i]`` is the
+        distribution chosen[i] was chosen from ([len(chosen), w], or rows to stack), or
+        ``rows[row_map[i]]`` with a ``row_map`` (siblings share their parent's row, never copied per
+        node); a level whose ``rows`` are the tensor the previous level gave (a drafter writing every
+        level into one table) maps into it. ``hidden``: the main-path child's hidden state."""
         table = rows if isinstance(rows, torch.Tensor) else torch.stack(list(rows))
         if not self.tables or table is not self.tables[-1]:
             if self.tables:
@@ -202,50 +207,50 @@ class GrownLevels:
             self.tables.append(table)
         at = [self.rows + (i if row_map is None else int(row_map[i])) for i in range(len(chosen))]
         self.used = max(self.used, max(at) + 1)
-        self.main.append((chosen[0].token, at[0], hidden))
-        nodes: list[Any] = [("main", level)] + [("side", len(self.side) + j) for j in range(len(chosen) - 1)]
-        self.side += [(c.token, parents[j], at[j]) for j, c in enumerate(chosen[1:], start=1)]
-        return nodes
+        self.levels.append(([c.token for c in chosen], [c.row for c in chosen], at))
+        self.hidden.append(hidden)
 
     def block(
         self, first: int, forwards: int, draft_vocab: Optional[DraftVocab] = None
-    ) -> tuple[DraftBlock, Callable[[Any], int]]:
-        """The block (its first node numbered ``first`` in the draft tree; its rows over
-        ``draft_vocab`` when given) and the numbering of this call's nodes (others pass through)."""
-        length = len(self.main)
-
-        def number(node: Any) -> int:
-            if isinstance(node, int):
-                return node  # a node of an earlier block, or -1 (the root)
-            kind, index = node
-            return first + index if kind == "main" else first + length + index
-
+    ) -> tuple[DraftBlock, list[int]]:
+        """The block (its first node numbered ``first`` in the draft tree; its rows over ``draft_vocab``
+        when given) and the draft-tree numbers of the last level's nodes (main-path node first)."""
+        side_tokens: list[int] = []
+        side_parents: list[int] = []
+        side_rows: list[int] = []
+        above, number = self.expanded, first + len(self.levels)  # the level above; the next side node's number
+        for depth, (tokens, parents, at) in enumerate(self.levels):
+            numbers = [first + depth] + list(range(number, number + len(tokens) - 1))
+            number += len(tokens) - 1
+            side_tokens += tokens[1:]
+            side_parents += [above[row] for row in parents[1:]]
+            side_rows += at[1:]
+            above = numbers
         # the levels' rows joined once (one table: as it is, up to its last mapped row); every node
         # maps to its row (siblings share one)
         table = self.tables[0][: self.used] if len(self.tables) == 1 else torch.cat(self.tables)
         side = (
             None
-            if not self.side
+            if not side_tokens
             else SideNodes(
-                torch.tensor([t for t, _, _ in self.side], dtype=torch.long),
-                torch.tensor([number(p) for _, p, _ in self.side], dtype=torch.long),
+                torch.tensor(side_tokens, dtype=torch.long),
+                torch.tensor(side_parents, dtype=torch.long),
                 table,
                 draft_vocab=draft_vocab,
-                row_map=torch.tensor([r for _, _, r in self.side], dtype=torch.long),
+                row_map=torch.tensor(side_rows, dtype=torch.long),
             )
         )
-        hidden = [h for _, _, h in self.main]
         block = DraftBlock(
-            tokens=torch.tensor([t for t, _, _ in self.main], dtype=torch.long),
+            tokens=torch.tensor([tokens[0] for tokens, _, _ in self.levels], dtype=torch.long),
             draft_probs=table,
-            hidden_states=None if any(h is None for h in hidden) else torch.stack(hidden),
+            hidden_states=None if any(h is None for h in self.hidden) else torch.stack(cast(list, self.hidden)),
             side=side,
             forwards=forwards,
             sampled=False,
             draft_vocab=draft_vocab,
-            row_map=torch.tensor([r for _, r, _ in self.main], dtype=torch.long),
+            row_map=torch.tensor([at[0] for _, _, at in self.levels], dtype=torch.long),
         )
-        return block, number
+        return block, above
 
 
 def phrase_block(phrases: list[list[int]], draft: Draft) -> Optional[DraftBlock]:
@@ -262,7 +267,7 @@ def phrase_block(phrases: list[list[int]], draft: Draft) -> Optional[DraftBlock]
     # draft.num_nodes; the other phrases share its prefix and follow as side nodes
     trie = SideNodes.trie([main] + [list(p) for p in phrases[1:]], parent=parent, first=draft.num_nodes)
     side = None
-    if len(trie) > len(main):
+    if trie is not None and len(trie) > len(main):  # never None: the main phrase is not empty
         side = SideNodes(trie.tokens[len(main) :], trie.parents[len(main) :])
     return DraftBlock(tokens=torch.tensor(main, dtype=torch.long), side=side, sampled=False)
 
@@ -321,7 +326,7 @@ def node_values(
         above, above_cumulative = (values[parent], cumulative[parent]) if parent >= 0 else (1.0, 1.0)
         own = min(1.0, max(0.0, q[i] if q[i] > 0 else (point_mass(i) if point_mass is not None else 0.5)))
         cumulative[i] = above_cumulative * own
-        if calibration is not None and q[i] > 0:
+        if calibration is not None and depths is not None and q[i] > 0:
             values[i] = min(above, calibrated(calibration, depths[i], cumulative[i]))
         else:
             values[i] = above * own
@@ -453,7 +458,7 @@ def node_budget(
     device type and target (``target_digest``), else
     the device's shipped one; its calibration from ``tree_calibration``. Raises ``InputError`` for
     a profile or calibration that cannot be read or used."""
-    from .costs import device_profile, load_profile
+    from .cost_profiles import device_profile, load_profile
 
     device = str(device)
     if tree.budget(device) != AUTO:

@@ -1,7 +1,7 @@
 """Value objects passed between the engine and plugins: sampling parameters, the decode state, a
 stop's and a verifier's answers, what a plugin is built with (``Resources``, ``DraftInfo``,
 ``Component``) and what a step and a generation report. The draft and its tree live in
-``pacer_core.drafts``, the model protocols in ``pacer_core.protocols``.
+``pacer_core.draft_values``, the model protocols in ``pacer_core.protocols``.
 
 Tensors are excluded from equality and shown by shape in ``repr``. Shapes are noted as
 ``# [n, vocab]`` comments; ``n`` is the number of draft tokens, ``vocab`` the model vocabulary.
@@ -14,10 +14,11 @@ from typing import Any, Callable, Iterable, Literal, Mapping, Optional, Protocol
 import attrs
 import torch
 
-from .costs import DRAFTER_KINDS
-from .drafts import Draft
+from .cost_profiles import DRAFTER_KINDS
+from .draft_values import Draft
 from .fields import tensor_field
 from .protocols import LanguageModel
+from .trees import TreeConfig
 
 __all__ = [
     "Component",
@@ -28,6 +29,7 @@ __all__ = [
     "Resources",
     "SamplingParams",
     "StepRecord",
+    "StepWatch",
     "Stop",
     "Verdict",
 ]
@@ -72,6 +74,30 @@ class DecodeState:
         return self.max_new_tokens - (len(self.tokens) - self.prompt_length)
 
 
+class StepWatch:
+    """How a component keeping per-step state tells that a step began: from ``state.step_index``,
+    never from an empty draft (a composite drafter asks its members with one, and the engine's
+    draft gate skips steps without asking). ``starts(state)`` is True at the first call it is asked
+    in each step and False at the later ones; ``restart()`` in ``pacer_start``, as every generation
+    counts its steps from 0.
+
+    Worked example: a tree drafter asked to grow levels at steps 0, 0, 0, 1, 1 gets True, False,
+    False, True, False, so it grows from the root at the first call of each step and continues its
+    tree at the others."""
+
+    def __init__(self) -> None:
+        self.step: Optional[int] = None  # the step the last call was in (None: none yet this generation)
+
+    def restart(self) -> None:
+        self.step = None
+
+    def starts(self, state: DecodeState) -> bool:
+        if state.step_index == self.step:
+            return False
+        self.step = state.step_index
+        return True
+
+
 @attrs.frozen
 class Stop:
     """Returned by ``pacer_draft_more`` to end drafting. ``keep`` trims the draft to its first
@@ -79,6 +105,12 @@ class Stop:
     fail); on a tree it cuts every node deeper than ``keep`` (``Draft.truncate``)."""
 
     keep: Optional[int] = None
+
+
+def _path(value: Optional[Iterable[int]]) -> Optional[tuple[int, ...]]:
+    """``Verdict.path``'s converter: ``attrs.converters.optional(tuple)``, typed (mypy's attrs plugin
+    cannot type the generic ``tuple``)."""
+    return None if value is None else tuple(value)
 
 
 @attrs.frozen
@@ -94,7 +126,7 @@ class Verdict:
     accepted: int
     next_token: int
     next_kind: Literal["recovered", "bonus"]
-    path: Optional[tuple[int, ...]] = attrs.field(default=None, converter=attrs.converters.optional(tuple))
+    path: Optional[tuple[int, ...]] = attrs.field(default=None, converter=_path)
 
     def __attrs_post_init__(self) -> None:
         if self.path is not None and len(self.path) != self.accepted:
@@ -136,9 +168,10 @@ class DraftInfo:
     A drafter declares it as its ``draft_info`` attribute (``DeclaresDraftInfo``); the engine builds
     the drafter first and reads it once, with ``DraftInfo.of``: ``identity`` and ``stop_thresholds``
     become the later components' ``Resources.draft_identity`` and ``Resources.stop_thresholds``, and
-    ``target_layers`` what the target pass returns as hidden states. A drafter declaring nothing
-    tells nothing (every field at its default). A composite drafter (``hybrid``) declares what it
-    read of its members the same way.
+    ``target_layers`` what the target pass returns as hidden states; ``tree`` the token tree it grows
+    (read by a composite drafter, which sizes its own tree by its main member's). A drafter declaring
+    nothing tells nothing (every field at its default). A composite drafter (``hybrid``) declares what
+    it read of its members the same way.
     """
 
     identity: Optional[str] = None  # names the draft weights (PACER's M_B); None: the draft model's digest
@@ -147,6 +180,9 @@ class DraftInfo:
     # target decoder layers whose inputs the drafter reads (EAGLE-3), concatenated; None: the last layer's
     # output, when it needs ``target_hidden``
     target_layers: Optional[tuple[int, ...]] = attrs.field(default=None, converter=_layers)
+    # the token tree it grows (its config's ``tree``); None: a chain. A composite drafter (``hybrid``)
+    # sizes its merged tree by its main member's
+    tree: Optional[TreeConfig] = None
 
     @staticmethod
     def of(drafter: Any) -> "DraftInfo":
@@ -201,7 +237,7 @@ class Component:
     # its config names (its shipped draft when it names none), found without loading any model; trainers
     # read the draft's manifest there (``pacer train-preverify``: what the draft was distilled on)
     draft_folder: Optional[Callable[[Any], Any]] = None
-    # how cost profiles price a drafter's forwards (pacer_core.costs.DRAFTER_KINDS): 'feature' (a head
+    # how cost profiles price a drafter's forwards (pacer_core.cost_profiles.DRAFTER_KINDS): 'feature' (a head
     # over the target's states, eagle), 'token' (a draft model), 'block' (one forward drafts a block);
     # None: no draft forward (lookups), or for a drafter of members (hybrid) its main member's kind.
     # Declared once here; the stops read it as ``Resources.draft_cost_kind``, the bench records it.

@@ -12,16 +12,21 @@ proposal method of ``speculative_tokens`` tokens and the verifier.
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from pathlib import Path
+from typing import Any, Optional
 
 import attrs
 import torch
+
+from pacer_train.students import StudentKind, student_kinds
 
 
 @attrs.frozen
 class Exported:
     """A draft in a published layout, ready to be written: ``model.safetensors`` of ``tensors``,
-    ``config.json`` of ``config``, and ``files`` (name → a tensor or dict saved with ``torch.save``)."""
+    ``config.json`` of ``config``, and ``files`` (name → a tensor or dict saved with ``torch.save``; a
+    dict under a name ending ``.json`` is written as JSON)."""
 
     layout: str  # e.g. "eagle3", "dflash"
     tensors: dict[str, torch.Tensor]
@@ -50,3 +55,19 @@ def speculators_section(algorithm: str, verifier: str, speculative_tokens: int) 
             "verifier": {"name_or_path": verifier, "architectures": []},
         },
     }
+
+
+def exporting_kind(draft: Path) -> Optional[StudentKind]:
+    """The student kind a plugin adds whose drafts the folder ``draft`` is one of (the ``family`` of the
+    kind's ``family_file`` there is the kind's name), when that kind exports its drafts; else None."""
+    for kind in student_kinds().values():
+        marker = draft / kind.family_file
+        if kind.export is None or not marker.is_file():
+            continue
+        try:
+            family = json.loads(marker.read_text()).get("family")
+        except (OSError, ValueError, AttributeError):
+            continue  # the kind's own loader refuses a damaged folder in its own words
+        if family == kind.name:
+            return kind
+    return None

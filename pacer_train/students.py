@@ -116,7 +116,9 @@ class StudentKind:
     it reads when ``student.fused_layers`` is unset (distill extracts them once); ``fuses``: whether it
     reads target layers' inputs at all (False: ``fused`` is None, ``student.fused_layers`` is refused);
     ``takes_init``: whether ``init=`` names the draft it starts from (``train`` reads ``cfg.init``);
-    ``check(cfg)``: refuses the kind's options (a ``ValueError`` in one line) before any model loads."""
+    ``check(cfg)``: refuses the kind's options (a ``ValueError`` in one line) before any model loads;
+    ``family_file``: the JSON file of its draft folders whose ``family`` names the kind (``pacer export``
+    finds the kind of a folder by it)."""
 
     name: str
     train: Callable[..., Any]
@@ -130,6 +132,7 @@ class StudentKind:
     fuses: bool = True
     takes_init: bool = False
     check: Optional[Callable[[Any], None]] = None
+    family_file: str = "config.json"  # the JSON file of its draft folders whose "family" is the kind's name
 
 
 def student_kinds() -> dict[str, StudentKind]:

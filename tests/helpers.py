@@ -7,6 +7,8 @@
 - the scripted setup of the exact-distribution tests (``ScriptedLM`` tables, one engine, its samples);
 - running ``pacer`` commands and checking their one-line errors; crafted run files and out folders
   that cannot hold a run;
+- tiny benches: their models, prompt files and configs, and a finished bench's out folder (the test
+  modules' ``models`` and ``finished`` fixtures build on them);
 - ``pin_threads``/``torch_threads``, the one place the tests set torch's thread count (conftest.py
   applies it to every test).
 """
@@ -17,6 +19,7 @@ import contextlib
 import copy
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -468,6 +471,74 @@ def read_answers(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
 
 
+# -- tiny benches (the bench's tests: test_run, test_report, test_prompts, test_ablate, ...) ------------
+BENCH_PROMPTS = [
+    "the cat sat on the mat. the cat sat on the",
+    "abc abc abc abc abc",
+    "to be or not to be, to be",
+    "one two three one two three one",
+]
+STACKS = """
+stacks:
+  fixed2: {strategy: {drafter: {name: prompt_lookup}, stop: [{name: fixed, gamma: 2}], verifier: {name: greedy}}}
+  heuristic: {config: %s, overrides: ["strategy.stop.0.gamma=3"]}
+  long: {strategy: {drafter: {name: prompt_lookup}, stop: [{name: fixed, gamma: 8}], verifier: {name: greedy}}}
+""" % (Path(__file__).resolve().parents[1] / "configs" / "prompt_lookup_heuristic.yaml")
+
+
+def bench_models():
+    """The models a tiny bench runs on (``pacer_bench.units.Models``): a tiny seeded Llama as the
+    target, no draft, the character tokenizer; the tests put them in place of ``units.load_models``."""
+    from pacer_bench import units
+
+    return units.Models(adapter(tiny_llama(0)), None, CharTokenizer())
+
+
+def prompt_file(folder: Path, n: int = 3) -> Path:
+    path = folder / "prompts.jsonl"
+    path.write_text(
+        "".join(json.dumps({"question_id": f"q{i}", "prompt": p}) + "\n" for i, p in enumerate(BENCH_PROMPTS[:n]))
+    )
+    return path
+
+
+def write_bench(folder: Path, body: str, n: int = 3) -> Path:
+    return write_bench_config(folder, prompt_file(folder, n), 16, body)
+
+
+def finished_bench(folder: Path, models) -> Path:
+    """A full tiny bench run by ``pacer bench`` into ``folder``/out on ``models`` (the ``STACKS``,
+    transformers' baselines, an oracle); its out folder."""
+    import pytest
+
+    from pacer_bench import units
+    from pacer_core import cli
+
+    config = write_bench(
+        folder,
+        STACKS + "baselines: [hf_generate, hf_prompt_lookup, hf_assisted_constant]\n"
+        "oracle: {log_stack: long, verify_max_k: 4, verify_repeats: 1}\n",
+    )
+    mp = pytest.MonkeyPatch()
+    mp.setattr(units, "load_models", lambda cfg: models)
+    try:
+        code = cli.main(["bench", "--config", str(config), "--out", str(folder / "out"), "--no-progress"])
+    finally:
+        mp.undo()
+    assert code == 0
+    return folder / "out"
+
+
+def copy_of(finished: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "copy"
+    shutil.copytree(finished, out)
+    return out
+
+
+def never_load(cfg):
+    raise AssertionError("models were loaded")
+
+
 # -- the pacer stop's throughput rule ----------------------------------------------------------------
 # a cost model given inline (seconds), for stacks with `rule: throughput` on tiny models
 INLINE_COSTS = "costs: {verify_s: [0.010, 0.011, 0.012, 0.013], draft_token_s: 0.004}"
@@ -506,7 +577,7 @@ def engine_for(target_model, folder, stop="{name: fixed, gamma: 3}", tree=None, 
 
 def brute_successors(committed: list[int], suffix: list[int], biases) -> dict[int, float]:
     """token → Σ biases[n-1] over the n such that the token follows, somewhere in ``committed``, the
-    last n tokens of ``suffix``: a direct scan (what pacer_plugins.feature_draft.priors.lookup_bonus computes)."""
+    last n tokens of ``suffix``: a direct scan (what pacer_core.priors.lookup_bonus computes)."""
     bonus = {}
     for n, bias in enumerate(biases, start=1):
         if len(suffix) < n:
@@ -541,11 +612,20 @@ def student(kind: str, target) -> torch.nn.Module:
 
 # -- block drafts (dflash) --------------------------------------------------------------------------
 def make_block_draft(
-    target_model, folder, seed=0, digest=None, subset_size=8, block=3, layers=(0, 1), peak: float = 1.0
+    target_model,
+    folder,
+    seed=0,
+    digest=None,
+    subset_size=8,
+    block=3,
+    layers=(0, 1),
+    peak: float = 1.0,
+    published: bool = False,
 ):
     """A random ``dflash`` block draft for the tiny ``target_model`` reading the inputs of its decoder
     ``layers``, over tokens 0..subset_size-1, saved in ``folder``; ``peak`` scales its final norm
-    (larger = peakier draft distributions)."""
+    (larger = peakier draft distributions); ``published``: the published architecture (no ``inject``,
+    per-head q/k norms, their weights drawn away from one)."""
     from pacer_plugins.block_draft.model import BlockArch, BlockDraft, save_block_draft
 
     target = adapter(target_model)
@@ -558,6 +638,8 @@ def make_block_draft(
         target_layers=list(layers),
         num_layers=2,
         block=block,
+        inject=not published,
+        qk_norm=published,
         **shape,
     )
     torch.manual_seed(seed)
@@ -565,6 +647,9 @@ def make_block_draft(
     with torch.no_grad():
         net.mask_embedding.normal_(std=0.5)
         net.norm.mul_(peak)
+        for name, weight in net.named_parameters():
+            if name.endswith(("q_norm", "k_norm")):
+                weight.uniform_(0.5, 1.5)
     net.subset.copy_(torch.arange(subset_size))
     save_block_draft(net, folder, {"target_digest": digest})
     return folder
@@ -599,13 +684,22 @@ def trained_block_draft(target_model, folder, steps: int = 150, layers=(0, 1), b
 
 
 def block_engine(
-    target_model, folder, stop="{name: fixed, gamma: 3}", tree=None, extra=(), eos=True, digest=None, block=None
+    target_model,
+    folder,
+    stop="{name: fixed, gamma: 3}",
+    tree=None,
+    extra=(),
+    eos=True,
+    digest=None,
+    block=None,
+    lookup_bias="null",
 ):
-    """An engine of the ``dflash`` drafter (``tree``: its tree option) over the tiny ``target_model``."""
+    """An engine of the ``dflash`` drafter (``tree``: its tree option; ``lookup_bias``: its prior, null =
+    the default) over the tiny ``target_model``."""
     target = adapter(target_model, eos=eos)
     target.digest = digest
     drafter = (
-        f"{{name: dflash, path: '{folder}'"
+        f"{{name: dflash, path: '{folder}', lookup_bias: {lookup_bias}"
         + (f", tree: {tree}" if tree else "")
         + (f", block: {block}" if block else "")
         + "}"
@@ -652,20 +746,21 @@ def special_files(tmp_path) -> dict[str, Path]:
     return {"/dev/zero": Path("/dev/zero"), "a FIFO": fifo, "a folder": folder}
 
 
-def misreport_block_columns(monkeypatch, drafter_cls) -> None:
-    """A column-map bug in a block drafter (``dflash``, ``pard``): each token is drawn from its row,
-    but the row is reported with its columns shifted by one (q(x) read from the next token's
-    column). The exact-distribution tests must reject it."""
+def misreport_block_rows(monkeypatch, drafter_cls, wrong: str) -> None:
+    """A bug in what a block drafter (``dflash``, ``pard``) reports: each token is drawn from its row,
+    but the verifier is told another distribution. ``wrong``: "columns", the row with its columns
+    shifted by one (q(x) read from the next token's column); "prior", the row without the lookup
+    prior it was drawn with. The exact-distribution tests must reject both."""
     import attrs
 
     from pacer_core import hookimpl
 
-    forward, propose = drafter_cls._forward, drafter_cls.pacer_propose
+    rows_of, propose = drafter_cls._rows, drafter_cls.pacer_propose
 
-    def misread(self, committed, known):
-        rows, hidden = forward(self, committed, known)
-        self.reported = rows.roll(1, -1)
-        return rows, hidden
+    def misread(self, logits, committed, known, generator):
+        rows, columns = rows_of(self, logits, committed, known, generator)
+        self.reported = rows.roll(1, -1) if wrong == "columns" else self._probs(logits)
+        return rows, columns
 
     @hookimpl
     def reporting(self, state, draft, num_tokens):
@@ -675,5 +770,5 @@ def misreport_block_columns(monkeypatch, drafter_cls) -> None:
         start = self.latest.handed - len(block)
         return attrs.evolve(block, draft_probs=self.reported[start : self.latest.handed])
 
-    monkeypatch.setattr(drafter_cls, "_forward", misread)
+    monkeypatch.setattr(drafter_cls, "_rows", misread)
     monkeypatch.setattr(drafter_cls, "pacer_propose", reporting)

@@ -21,7 +21,7 @@ from pacer_bench.labels import ascii_name, grid_points, resolve_name
 from pacer_bench.report import acceptance_figure, draft_lengths_figure, speedup_figure
 from pacer_core.errors import ConfigError
 
-from helpers import CharTokenizer, adapter, read_answers, run_cli, tiny_llama, write_bench_config
+from helpers import CharTokenizer, adapter, read_answers, run_cli, tiny_llama, write_bench, write_bench_config
 
 PROMPTS = ["the cat sat on the mat. the cat sat on the", "abc abc abc abc abc", "to be or not to be, to be"]
 
@@ -111,7 +111,7 @@ def test_a_grid_file_declares_labels(tmp_path):
     )
     _, stacks, ablation = read_ablate_config(grid)
     assert list(stacks) == ["autoregressive", "short", "adaptive"]
-    assert stacks["adaptive"].strategy.stop == [{"name": "heuristic"}]
+    assert stacks["adaptive"].config.strategy.stop == [{"name": "heuristic"}]
     assert ablation["points"]["short"] == {"strategy.stop": [{"name": "fixed", "gamma": 2}]}
     grid.write_text(grid.read_text().replace("[short, adaptive]", "[short]"))
     with pytest.raises(ConfigError, match="labels.strategy.stop must list one label per value"):
@@ -258,3 +258,24 @@ def test_plots_are_written_with_the_legend_inside_the_file(tmp_path):
     assert files == ["speedup_per_set.png", "draft_lengths.png", "per_position_acceptance.png"]
     width, _ = Image.open(tmp_path / "speedup_per_set.png").size
     assert width > 600  # the bars and, beside them, the legend
+
+
+def test_ablate_runs_a_grid_into_one_table(tmp_path, tiny, capsys):
+    base = write_bench(tmp_path, "", n=2)
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(
+        f"bench: {base.name}\noverrides: [max_new_tokens=8]\n"
+        "stack: {strategy: {drafter: {name: prompt_lookup}, stop: [{name: fixed}], "
+        "verifier: {name: greedy}}}\n"
+        "grid: {strategy.stop.0.gamma: [1, 3]}\n"
+    )
+    code, out, err = run_cli(["ablate", "--config", str(grid), "--out", str(tmp_path / "out"), "--no-progress"], capsys)
+    assert code == 0, err
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    rows = results["ablation"]["rows"]
+    assert [r["strategy.stop.0.gamma"] for r in rows] == [1, 3] and all(r["records"] == 2 for r in rows)
+    table = (tmp_path / "out" / "ablation.md").read_text()
+    assert table.count("\n") == 4 and "| stack | strategy.stop.0.gamma |" in table and table in out + "\n"
+    records = read_answers(tmp_path / "out")
+    assert {r["model_id"] for r in records} == {"autoregressive", "gamma=1", "gamma=3"}
+    assert max(d for r in records if r["model_id"] == "gamma=1" for d in r["metrics"]["drafted_per_step"]) <= 1

@@ -196,15 +196,18 @@ def reference_logits(state, target_model, tokens, theta=1000000.0, mask_embeddin
 
 def drafter_rows(folder, target_model, tokens):
     """The ``dflash`` drafter's draft distributions of one block after ``tokens`` (greedy sampling:
-    plain softmax), its context fed the target's layer inputs it asked for."""
+    plain softmax; no lookup prior: the network's own rows), its context fed the target's layer inputs
+    it asked for."""
     drafter = DFlashDrafter(
-        DFlashConfig(path=str(folder)), Resources(target=adapter(target_model), draft=None, sampling=SamplingParams())
+        DFlashConfig(path=str(folder), lookup_bias=[]),
+        Resources(target=adapter(target_model), draft=None, sampling=SamplingParams()),
     )
     with torch.no_grad():
         hs = target_model.model(input_ids=torch.tensor([tokens]), output_hidden_states=True).hidden_states
     fused = torch.cat([hs[j][0] for j in drafter.draft_info.target_layers], -1)[:-1]
     drafter.net.extend_context(drafter.context, fused)
-    rows, _ = drafter._forward(tokens, [])
+    logits, _ = drafter._forward(tokens, [])
+    rows, _ = drafter._rows(logits, tokens, [], None)
     return drafter, rows
 
 

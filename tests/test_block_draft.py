@@ -26,7 +26,7 @@ from helpers import (
     adapter,
     block_engine,
     make_block_draft,
-    misreport_block_columns,
+    misreport_block_rows,
     one_line_error,
     reference_greedy,
     sample_outputs,
@@ -82,12 +82,22 @@ def test_the_context_cache_grown_in_pieces_equals_one_pass(pair):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.fixture(scope="module")
+def published_pair(pair, tmp_path_factory):
+    """The same target and a random block draft in the published architecture (no ``inject``, q/k norms)."""
+    target, _ = pair
+    return target, make_block_draft(target, tmp_path_factory.mktemp("dflash-pub") / "draft", peak=3.0, published=True)
+
+
 @pytest.mark.parametrize("known", [0, 2])
-def test_training_blocks_compute_what_the_drafter_computes(pair, known):
+@pytest.mark.parametrize("architecture", ["ours", "published"])
+def test_training_blocks_compute_what_the_drafter_computes(pair, published_pair, known, architecture):
     """The packed training forward (several anchors, one mask) gives every block's mask rows exactly
-    what the drafter's one-block forward gives at that anchor: what is trained is what is served."""
-    target, folder = pair
+    what the drafter's one-block forward gives at that anchor: what is trained is what is served, in
+    our architecture and the published one (``student.published``)."""
+    target, folder = pair if architecture == "ours" else published_pair
     net = load_block_draft(folder)
+    assert net.arch.inject == (architecture == "ours") and net.arch.qk_norm == (architecture == "published")
     tokens = [3, 7, 11, 5, 2, 9, 4, 1, 6, 8, 12, 3]
     states = fused_states(target, tokens)
     embed = target.model.embed_tokens.weight.detach()
@@ -237,6 +247,25 @@ def test_one_forward_serves_a_whole_block_to_a_per_token_stop(pair):
     assert (6, 2) in seen  # six tokens, two forwards
 
 
+@pytest.mark.parametrize("lookup_bias, expected", [("null", [2, 1, 2]), ("[]", [0, 0, 0])], ids=["prior", "none"])
+def test_the_lookup_prior_raises_the_successors_of_each_rows_path(pair, lookup_bias, expected):
+    """Row i's logits get b_n for each token that followed the last n tokens of its path (the committed
+    text, then the rows chosen before it) in the committed text: over flat logits, the chain follows the
+    text's alternation, and each row's distribution is the one its token was chosen from."""
+    target, folder = pair
+    engine = block_engine(target, folder, lookup_bias=lookup_bias, extra=["sampling.temperature=0"])
+    drafter = next(p for p in engine.pm.get_plugins() if isinstance(p, DFlashDrafter))
+    drafter.pacer_start(None)
+    logits = torch.zeros(3, len(drafter.draft_vocab.ids))
+    rows, columns = drafter._rows(logits, [1, 2, 1, 2, 1], [], None)
+    assert drafter._token_ids(columns) == expected
+    if lookup_bias == "null":  # 1 → 2 (b_1 = 2), 2 1 → 2 (b_2 = 4), 1 2 1 → 2 (b_3 = 4): e^10 against 1 each
+        column = drafter.draft_vocab.columns[2]
+        assert rows[0, column].item() == pytest.approx(math.exp(10) / (math.exp(10) + rows.shape[1] - 1))
+    else:
+        assert torch.allclose(rows, torch.full_like(rows, 1 / rows.shape[1]))
+
+
 def test_the_drafter_keeps_only_committed_context(pair):
     target, folder = pair
     engine = block_engine(target, folder, extra=["sampling.temperature=0"])
@@ -246,21 +275,24 @@ def test_the_drafter_keeps_only_committed_context(pair):
 
 
 # -- sampling: exactly the target's distribution -------------------------------------------------
-SAMPLE_PROMPT = [3, 7, 11, 5]
+# every token once, then the first again: every token has a successor in the text, so the lookup prior
+# raises one token of every drafted row
+SAMPLE_PROMPT = [5, 9, 1, 14, 3, 12, 7, 0, 10, 6, 15, 2, 8, 13, 4, 11, 5]
 
 
-def sampled_pvalue(folder, target_model, tree, samples, monkeypatch=None, wrong_columns=False):
-    """The chi-square p-value of ``samples`` sampled generations (T = 1, speculative sampling);
-    ``wrong_columns``: the drafter samples each token from its row but reports the row with its
-    columns shifted by one (a column-map bug: q(x) read from the next token's column)."""
-    if wrong_columns:
-        misreport_block_columns(monkeypatch, DFlashDrafter)
+def sampled_pvalue(folder, target_model, tree, samples, monkeypatch=None, wrong=None, lookup_bias="null"):
+    """The chi-square p-value of ``samples`` sampled generations (T = 1, speculative sampling), with the
+    drafter's ``lookup_bias`` (null: the default prior); ``wrong``: the drafter reports another
+    distribution than each token was drawn from (``misreport_block_rows``)."""
+    if wrong:
+        misreport_block_rows(monkeypatch, DFlashDrafter, wrong)
     engine = block_engine(
         target_model,
         folder,
         stop="{name: fixed, gamma: 3}",
         tree=tree,
         eos=False,
+        lookup_bias=lookup_bias,
         extra=[
             "sampling.temperature=1.0",
             "strategy.verifier={name: speculative_sampling}",
@@ -282,17 +314,20 @@ def sampling_pair(tmp_path_factory):
     return target, make_block_draft(target, tmp_path_factory.mktemp("dflash-s") / "draft", subset_size=16, peak=3.0)
 
 
+@pytest.mark.parametrize("lookup_bias", ["null", "[6.0]", "[]"], ids=["prior", "strong-prior", "no-prior"])
 @pytest.mark.parametrize("tree", [None, "{topk: 3, depth: 3, nodes: 6}"], ids=["chain", "tree"])
-def test_sampled_block_drafting_matches_the_target_distribution(sampling_pair, tree):
+def test_sampled_block_drafting_matches_the_target_distribution(sampling_pair, tree, lookup_bias):
     target, folder = sampling_pair
     with single_thread():
-        assert sampled_pvalue(folder, target, tree, 600) > PASS_P
+        assert sampled_pvalue(folder, target, tree, 600, lookup_bias=lookup_bias) > PASS_P
 
 
-def test_rows_read_through_a_wrong_column_map_fail_the_distribution_test(sampling_pair, monkeypatch):
+@pytest.mark.parametrize("wrong", ["columns", "prior"])
+def test_rows_misreported_fail_the_distribution_test(sampling_pair, monkeypatch, wrong):
     target, folder = sampling_pair
     with single_thread():
-        assert sampled_pvalue(folder, target, None, 600, monkeypatch, wrong_columns=True) < 1e-6
+        # a strong one-token prior: the reported rows then differ from the drawn ones at every row
+        assert sampled_pvalue(folder, target, None, 600, monkeypatch, wrong=wrong, lookup_bias="[6.0]") < 1e-6
 
 
 def test_tree_children_claimed_as_sampled_fail_the_distribution_test(sampling_pair, monkeypatch):
@@ -395,7 +430,7 @@ def test_train_preverify_trains_an_mb_on_the_block_drafts_hidden_states(block_mb
 
 
 def test_the_block_drafters_draft_folder_is_found_without_a_model():
-    from pacer_core.config import check, load_config
+    from pacer_core.config import load_config, plan_run
     from pacer_core.errors import InputError
     from pacer_plugins.block_draft.drafter import DEFAULT_DRAFT
     from pacer_plugins.pacer_stop.items import draft_folder, draft_manifest
@@ -403,11 +438,11 @@ def test_the_block_drafters_draft_folder_is_found_without_a_model():
     for drafter, expected in [("{name: dflash}", DEFAULT_DRAFT), ("{name: dflash, path: /my/block}", "/my/block")]:
         cfg = load_config(overrides=[f"strategy.drafter={drafter}"], require_models=False)
         if expected == DEFAULT_DRAFT:
-            found = draft_folder(cfg, check(cfg, require_models=False).drafter)
+            found = draft_folder(cfg, plan_run(cfg, require_models=False).stack.drafter)
             assert found == DEFAULT_DRAFT and "corpus_sources" in draft_manifest(found)
         else:
             with pytest.raises(InputError, match="is not a dflash draft folder"):
-                draft_folder(cfg, check(cfg, require_models=False).drafter)
+                draft_folder(cfg, plan_run(cfg, require_models=False).stack.drafter)
 
 
 @pytest.mark.parametrize("b", [3, 2])
@@ -635,9 +670,10 @@ def test_a_subset_naming_tokens_the_vocabulary_lacks_is_refused(pair, tmp_path, 
         (["student.block=33"], "'block' must be <= 32"),
         (["train.anchors=-1"], "'anchors' must be >= 1"),
         (["student.draft_layers=0"], "'draft_layers' must be >= 1"),
-        (["init=draft"], "init= continues a feature or eagle3 student, not student.kind=dflash"),
+        (["init=nofolder"], "init 'nofolder' is not a folder"),
+        (["student.kind=feature", "student.published=true"], "student.published chooses the published DFlash"),
     ],
-    ids=["block-0", "block-33", "anchors-negative", "no-layers", "init"],
+    ids=["block-0", "block-33", "anchors-negative", "no-layers", "init", "published-feature"],
 )
 def test_distill_refuses_a_dflash_option_in_one_line_before_any_model_loads(
     capsys, tmp_path, monkeypatch, options, needle
@@ -652,6 +688,30 @@ def test_distill_refuses_a_dflash_option_in_one_line_before_any_model_loads(
     monkeypatch.chdir(tmp_path)
     message = one_line_error(capsys, ["distill", f"out={tmp_path / 'run'}", "student.kind=dflash", *options])
     assert needle in message
+
+
+def test_init_starts_a_published_student_from_a_draft_in_our_architecture(pair, published_pair):
+    """``init=`` a dflash draft: every tensor of the same name and shape is copied, the published
+    architecture's q/k norms keep their start and ``inject`` is dropped; other target layers or another
+    vocabulary subset are refused in one line."""
+    from pacer_core.errors import InputError
+    from pacer_plugins.block_draft.students import start_from
+
+    _, ours_folder = pair
+    student = load_block_draft(published_pair[1])
+    norms = {k: v.clone() for k, v in student.state_dict().items() if k.endswith(("q_norm", "k_norm"))}
+    start = start_from(student, str(ours_folder))
+    theirs, now = load_block_draft(ours_folder).state_dict(), student.state_dict()
+    assert sorted(start["init_fresh_tensors"]) == sorted(norms) and len(norms) == 4
+    assert all(torch.equal(now[k], v) for k, v in theirs.items() if k in now)
+    assert all(torch.equal(now[k], v) for k, v in norms.items()) and not any("inject" in k for k in now)
+    student.arch.target_layers[:] = [1, 0]
+    with pytest.raises(InputError, match=r"fuses target layers \[0, 1\].*student.fused_layers=\[0, 1\]"):
+        start_from(student, str(ours_folder))
+    student.arch.target_layers[:] = [0, 1]
+    student.subset.copy_(student.subset.flip(0))
+    with pytest.raises(InputError, match="another vocabulary subset"):
+        start_from(student, str(ours_folder))
 
 
 def test_a_block_tree_is_handed_out_level_by_level():

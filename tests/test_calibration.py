@@ -22,8 +22,8 @@ import torch
 from pacer_core import Engine, InputError, load_config
 from pacer_core import calibration as calibrations
 from pacer_core.calibration import Calibration, apply, fit
-from pacer_core.costs import load_profile
-from pacer_core.drafts import TokenTree
+from pacer_core.cost_profiles import load_profile
+from pacer_core.draft_values import TokenTree
 from pacer_core.trees import NodeBudget, TreeConfig, node_values
 
 from helpers import adapter, assert_one_line_error, make_draft, reference_greedy, run_cli, tiny_llama
@@ -185,7 +185,7 @@ def test_auto_weighs_the_host_time_each_sent_node_adds():
     step counts the host time of the nodes it sends."""
     import attrs
 
-    from pacer_core.costs import Curve
+    from pacer_core.cost_profiles import Curve
 
     flat = load_profile("cpu-2core-smollm2-fp32").cost_model("feature")
     steep = attrs.evolve(flat, tree_step_s=Curve((1, 64), (0.001, 0.001 + 63 * 0.004)))  # 4 ms a node
@@ -338,8 +338,8 @@ def test_the_shipped_calibration_is_the_committed_runs_and_names_the_shipped_dra
     the command its manifest records makes from the committed recordings."""
     from pathlib import Path
 
-    from pacer_bench.answers import load_run
-    from pacer_bench.replay import run_calibration
+    from pacer_bench.replay.calibration import run_calibration
+    from pacer_bench.replay.recorded import RecordedRun
     from pacer_plugins.feature_draft.drafter import DEFAULT_DRAFT, draft_identity
 
     shipped = calibrations.load(DEFAULT_DRAFT / calibrations.FILE)
@@ -348,8 +348,8 @@ def test_the_shipped_calibration_is_the_committed_runs_and_names_the_shipped_dra
     assert manifest["tree_calibration"] == calibrations.FILE
     assert manifest["tree_calibration_fitted_by"].startswith(shipped.source + ":")
     run = shipped.source.split()[2]  # pacer replay RUN --save-calibration FILE
-    meta, records, _ = load_run(Path(__file__).resolve().parents[1] / run)
-    assert run_calibration(meta, records, shipped.source) == shipped
+    recorded = RecordedRun.load(Path(__file__).resolve().parents[1] / run)
+    assert run_calibration(recorded, shipped.source) == shipped
 
 
 def test_replay_refuses_a_calibration_fitted_on_another_draft_as_the_engine_does(tmp_path, capsys):
@@ -372,11 +372,10 @@ def test_replay_refuses_a_calibration_fitted_on_another_draft_as_the_engine_does
     own = tmp_path / "own.json"
     code, _, err = run_cli(["replay", str(run), "--save-calibration", str(own)], capsys)
     assert code == 0, err
-    from pacer_bench.answers import load_run
-    from pacer_bench.replay import check_calibration
+    from pacer_bench.replay.calibration import check_calibration
+    from pacer_bench.replay.recorded import RecordedRun
 
-    meta, records, _ = load_run(run)
-    check_calibration(meta, records, calibrations.load(own), str(own))  # the run's own draft: used
+    check_calibration(RecordedRun.load(run), calibrations.load(own), str(own))  # the run's own draft: used
     token = write_tree_run(tmp_path / "token", {"name": "draft_model", "tree": {"topk": 3}}, steps)
     code, _, err = run_cli(["replay", str(token), "--profile", "a100-7b-bf16", "--calibration", str(own)], capsys)
     assert_one_line_error(code, err, "a draft_model drafter, which names no draft")

@@ -21,7 +21,7 @@ import torch
 
 import pacer_core.hf
 from pacer_bench.config import is_bench_config
-from pacer_core import Engine, cli, load_config
+from pacer_core import Engine, cli, load_plan
 from pacer_core.registry import components, new_plugin_manager
 
 from helpers import VOCAB, adapter, assert_one_line_error, make_block_draft, make_draft, tiny_llama, write_checkpoint
@@ -60,12 +60,13 @@ def tiny_model(seed: int):
     return tiny_llama(seed)
 
 
-def tiny_engine(cfg, pm=None, stack=None):
+def tiny_engine(plan):
     """``cli.build_engine`` for tests: the target is tiny model 0, a draft (if any) model 1."""
+    cfg = plan.config
     draft = adapter(tiny_model(1)) if cfg.draft is not None else None
     if draft is not None and cfg.draft.path and Path(cfg.draft.path).is_dir():
         draft.folder = Path(cfg.draft.path)  # what was saved beside its weights (a pard draft's files)
-    return Engine.build(adapter(tiny_model(0)), draft=draft, tokenizer=ByteTokenizer(), cfg=cfg, pm=pm, stack=stack)
+    return Engine.build(adapter(tiny_model(0)), draft=draft, tokenizer=ByteTokenizer(), plan=plan)
 
 
 @pytest.fixture
@@ -108,9 +109,7 @@ def test_json_output_has_text_tokens_and_metrics(tiny, capsys):
 
 def test_json_output_matches_the_engine(tiny, capsys):
     code, out, _ = run(["generate", "-p", PROMPT, "-n", "12", "--json", "generation.ignore_eos=true"], capsys)
-    from pacer_core import load_config
-
-    expected = tiny_engine(load_config(overrides=["generation.ignore_eos=true"])).generate(PROMPT, 12)
+    expected = tiny_engine(load_plan(overrides=["generation.ignore_eos=true"])).generate(PROMPT, 12)
     assert code == 0 and json.loads(out)["tokens"] == expected.tokens
 
 
@@ -202,11 +201,12 @@ def test_sampling_is_seeded(tiny, capsys):
     "config", sorted(p for p in (ROOT / "configs").glob("*.yaml") if not is_bench_config(p)), ids=lambda p: p.name
 )
 def test_every_shipped_config_generates(tiny, capsys, config, tmp_path):
-    from pacer_core.config import check
+    from pacer_core.config import load_plan
 
-    resolved = check(load_config(config, require_models=False), require_models=False)
+    plan = load_plan(config, require_models=False)
+    resolved = plan.stack
     extra = []  # stand-ins for the artifacts a config names, sized for the tiny models
-    if "draft_model" in resolved.drafter.component.needs and load_config(config, require_models=False).draft is None:
+    if "draft_model" in resolved.drafter.component.needs and plan.config.draft is None:
         extra.append("draft.path=tiny-draft")  # tiny_engine supplies tiny model 1
     if resolved.drafter.component.name == "eagle":
         extra.append(f"strategy.drafter.path={make_draft(tiny_model(0), tmp_path / 'eagle')}")
@@ -420,7 +420,7 @@ def test_a_stack_config_that_is_a_folder(tiny, capsys, tmp_path):
 def test_an_unreadable_path_is_one_line_not_a_traceback(capsys, monkeypatch):
     """The last resort for an operating-system error no check foresaw: one line with the path."""
 
-    def broken(cfg, **_):
+    def broken(plan):
         raise PermissionError(13, "Permission denied", "/some/weights.safetensors")
 
     monkeypatch.setattr(cli, "build_engine", broken)
@@ -506,13 +506,13 @@ def test_config_errors_slipping_through_are_one_line(capsys, monkeypatch):
     def broken(*args, **kwargs):
         raise ValidationError("Value 'x' is not a valid thing\n    full_key: a.b\n")
 
-    monkeypatch.setattr(cli, "read_config", broken)
+    monkeypatch.setattr(cli, "load_plan", broken)
     code, _, err = run(["generate", "-p", PROMPT], capsys)
     assert_one_line_error(code, err, "not a valid thing")
 
 
 def test_keyboard_interrupt_exits_130(capsys, monkeypatch):
-    def interrupted(cfg, **_):
+    def interrupted(plan):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(cli, "build_engine", interrupted)

@@ -13,13 +13,13 @@ import yaml
 
 from pacer_bench.config import is_bench_config
 from pacer_core import Component, ConfigError, PacerConfig, hookimpl, load_config
-from pacer_core.config import check, draft_model_config
+from pacer_core.config import draft_model_config, load_plan, plan_run
 from pacer_core.registry import components, new_plugin_manager
 
 from helpers import error_of
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-SHIPPED = sorted(p for p in CONFIGS.glob("*.yaml") if not is_bench_config(p))  # bench/ablate: test_bench.py
+SHIPPED = sorted(p for p in CONFIGS.glob("*.yaml") if not is_bench_config(p))  # bench/ablate: test_bench_config.py
 
 
 def write(tmp_path: Path, text: str, name: str = "run.yaml") -> Path:
@@ -29,7 +29,7 @@ def write(tmp_path: Path, text: str, name: str = "run.yaml") -> Path:
 
 
 def resolved(cfg: PacerConfig) -> list[tuple[str, str, object]]:
-    return [(r.where, r.component.name, r.config) for r in check(cfg, require_models=False)]
+    return [(r.where, r.component.name, r.config) for r in plan_run(cfg, require_models=False).stack]
 
 
 # -- shipped configs ---------------------------------------------------------------------------
@@ -47,7 +47,7 @@ def test_the_shipped_configs_are_there():
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
 def test_every_shipped_config_validates_and_says_what_it_does(path: Path):
     cfg = load_config(path)  # require_models=True: the embedded target's shipped draft fills an omitted draft
-    drafter = check(cfg).drafter.component
+    drafter = plan_run(cfg).stack.drafter.component
     if "draft_model" in drafter.needs and cfg.draft is None:
         assert Path(draft_model_config(cfg, drafter).path).is_dir(), "the shipped draft is missing"
     assert isinstance(cfg, PacerConfig)
@@ -217,7 +217,7 @@ def test_draft_model_needs_draft_path():
     assert "needs a draft model" in message and "draft.path" in message
     # the embedded target comes with a shipped draft, in the target's dtype
     cfg = load_config(overrides=["strategy.drafter.name=draft_model", "target.dtype=bfloat16"])
-    resolved = check(cfg)
+    resolved = plan_run(cfg).stack
     draft = draft_model_config(cfg, resolved.drafter.component)
     assert draft.path.endswith("default") and draft.dtype == "bfloat16"
     assert draft_model_config(cfg, components(new_plugin_manager())["drafter"]["prompt_lookup"]) is None
@@ -252,8 +252,8 @@ def test_a_stop_needing_draft_probabilities_refuses_a_model_free_drafter():
 
 
 # -- the resolved stack and capabilities ---------------------------------------------------------
-def test_check_returns_a_typed_stack_in_registration_order():
-    stack = check(load_config(overrides=["strategy.stop=[{name: fixed}, {name: heuristic}]"]))
+def test_the_plan_holds_a_typed_stack_in_registration_order():
+    stack = load_plan(overrides=["strategy.stop=[{name: fixed}, {name: heuristic}]"]).stack
     assert stack.drafter.component.name == "prompt_lookup" and stack.verifier.where == "strategy.verifier"
     assert [s.component.name for s in stack.stops] == ["fixed", "heuristic"]
     assert [r.where for r in stack] == [
@@ -313,7 +313,6 @@ def test_one_plugin_manager_per_engine_build(monkeypatch):
     cfg = load_config(require_models=False)
     made = []
     real = registry.new_plugin_manager
-    monkeypatch.setattr("pacer_core.engine.new_plugin_manager", lambda *a, **k: made.append(1) or real(*a, **k))
     monkeypatch.setattr("pacer_core.config.new_plugin_manager", lambda *a, **k: made.append(1) or real(*a, **k))
     Engine.build(ScriptedLM(vocab_size=8), cfg=cfg)
     assert len(made) == 1

@@ -33,7 +33,7 @@ def write(tmp_path: Path, text: str, name: str = "run.yaml") -> Path:
     return path
 
 
-def no_engine(cfg):  # a config that should have been refused must not load any model
+def no_engine(plan):  # a config that should have been refused must not load any model
     raise AssertionError("the config was accepted")
 
 
@@ -216,11 +216,11 @@ def test_non_finite_numbers_are_found_in_nested_options():
 
 def test_a_config_built_in_python_is_checked_too():
     from pacer_core import Engine, PacerConfig
-    from pacer_core.config import SamplingConfig, check
+    from pacer_core.config import SamplingConfig, plan_run
 
     cfg = PacerConfig(sampling=SamplingConfig(temperature=float("nan")))
     with pytest.raises(ConfigError, match="'temperature' must be a finite number"):
-        check(cfg, require_models=False)
+        plan_run(cfg, require_models=False)
     with pytest.raises(ConfigError, match="finite"):
         Engine.build(object(), cfg=cfg)  # refused before the model is touched
 

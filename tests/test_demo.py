@@ -100,6 +100,32 @@ def test_the_median_interval():
     assert median_interval([1.3] * 4) == (1.3, 1.3)
 
 
+def test_the_demo_plans_each_engine_once(monkeypatch, resolutions):
+    """Plain decoding and each stack: one run plan each, its engine built on it around the one target."""
+    from pacer_bench import demo
+
+    from helpers import CharTokenizer, adapter, tiny_llama
+
+    monkeypatch.setattr(
+        demo,
+        "DEMO_STACKS",
+        {
+            "lookup": ["strategy.drafter={name: prompt_lookup}", "strategy.stop=[{name: fixed, gamma: 4}]"],
+            "token": ["strategy.drafter={name: draft_model}", "strategy.stop=[{name: fixed, gamma: 2}]"],
+        },
+    )
+    draft, loaded = adapter(tiny_llama(1)), []
+    monkeypatch.setattr(
+        demo,
+        "load_stack_draft",
+        lambda plan, tokenizer, drafts: loaded.append(plan) or (draft if plan.stack.needs("draft_model") else None),
+    )
+    engines = demo.demo_engines(adapter(tiny_llama(0)), CharTokenizer(), 8, "float32")
+    assert list(engines) == [PLAIN, "lookup", "token"] and engines["token"].draft is draft
+    assert resolutions == {"plugin_managers": 3, "resolutions": 3}
+    assert [engines[name].pm for name in ("lookup", "token")] == [plan.pm for plan in loaded]
+
+
 def test_bad_demo_arguments_are_one_line_before_a_model_loads(capsys):
     code, _, err = run_cli(["demo", "--repeats", "0"], capsys)
     assert_one_line_error(code, err, "--repeats must be positive")

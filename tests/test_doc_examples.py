@@ -91,19 +91,21 @@ def _readme_python() -> str:
     return block
 
 
-def test_the_readme_python_example_runs_on_tiny_models(monkeypatch, capsys):
-    """As written, with Engine.from_config building on a tiny model (no download, no model load)."""
+def test_the_readme_python_example_runs_on_tiny_models(monkeypatch, capsys, resolutions):
+    """As written, with Engine.from_plan building on a tiny model (no download, no model load); the
+    stack is resolved once, on the plan's one plugin manager."""
     built = []
 
-    def from_config(cls, cfg, **kwargs):
-        built.append(cfg)
-        return cls.build(adapter(tiny_llama(0)), tokenizer=CharTokenizer(), cfg=cfg)
+    def from_plan(cls, plan):
+        built.append(plan.config)
+        return cls.build(adapter(tiny_llama(0)), tokenizer=CharTokenizer(), plan=plan)
 
-    monkeypatch.setattr(Engine, "from_config", classmethod(from_config))
+    monkeypatch.setattr(Engine, "from_plan", classmethod(from_plan))
     monkeypatch.chdir(ROOT)
     exec(compile(_readme_python(), "README.md", "exec"), {})
     (cfg,) = built
     assert cfg.generation.max_new_tokens == 64 and cfg.strategy.stop[0]["name"] == "heuristic"
+    assert resolutions == {"plugin_managers": 1, "resolutions": 1}
     printed = capsys.readouterr().out.strip()
     assert printed and float(printed.split()[-1]) >= 1.0  # the text, then τ
 

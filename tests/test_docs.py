@@ -636,6 +636,7 @@ def test_documented_bench_errors_are_the_real_messages(tmp_path, capsys, monkeyp
         "`--out results.txt/run`": lambda: bench(out="results.txt/run"),
         "`--out` on a read-only file system": read_only,
         "`target: 3`": lambda: bench_yaml("target: 3\n"),
+        "`target: {pth: x}`": lambda: bench_yaml("target: {pth: x}\n"),
         "`stacks: [a, b]`": lambda: bench_yaml("stacks: [a, b]\n"),
         "a prompt file that does not exist": lambda: ["bench", f"prompt_sets=[{tmp_path / 'gone.jsonl'}]"],
         "a prompt file that is a folder": prompt_folder,
@@ -711,8 +712,9 @@ def test_every_cited_path_and_anchor_exists():
 
 
 def test_every_bench_module_is_in_the_code_map():
-    """docs/benchmarks.md's "Where the code lives" names every module of the bench package."""
+    """docs/benchmarks.md's "Where the code lives" names every module of the bench package (its
+    subpackages' too)."""
     table = section(read("benchmarks.md"), "## Where the code lives")
     named = set(re.findall(r"(\w+)\.py", table))
-    modules = {p.stem for p in (ROOT / "pacer_bench").glob("*.py") if p.stem != "__init__"}
+    modules = {p.stem for p in (ROOT / "pacer_bench").rglob("*.py") if p.stem != "__init__"}
     assert not modules - named, f"docs/benchmarks.md does not say what these hold: {sorted(modules - named)}"

@@ -12,6 +12,7 @@ import torch
 
 from pacer_core import InputError
 from pacer_core.errors import ConfigError
+from pacer_core.priors import CorpusSuccessors, corpus_bonus
 from pacer_plugins.feature_draft.agreement import (
     chain_hits,
     draft_hits,
@@ -23,7 +24,6 @@ from pacer_plugins.feature_draft.agreement import (
 )
 from pacer_plugins.feature_draft.features import target_greedy
 from pacer_plugins.feature_draft.model import KVCache, draft_logits
-from pacer_plugins.feature_draft.priors import CorpusSuccessors, corpus_bonus
 
 from helpers import STUDENT_LAYERS as LAYERS
 from helpers import STUDENT_SUBSET as SUBSET

@@ -1,4 +1,4 @@
-"""How an engine is built: the strategy stack resolved once, on the engine's one plugin manager, and
+"""How an engine is built: from a run plan, the strategy stack resolved once on its one plugin manager, and
 the drafter's side channel (``DraftInfo``) read from what the drafter declares, nowhere else.
 
 A probe plugin offers a drafter that declares a ``DraftInfo`` (or, to show it is ignored, sets the
@@ -10,12 +10,10 @@ from __future__ import annotations
 from typing import Dict, List, Optional
 
 import attrs
-import pluggy
 import pytest
 
 import pacer_core.hf
-from pacer_core import Component, DraftInfo, Engine, GenerationResult, cli, config, hookimpl, load_config
-from pacer_core import engine as engine_module
+from pacer_core import Component, DraftInfo, Engine, GenerationResult, InputError, cli, config, hookimpl, load_plan
 from pacer_core.testing import ScriptedLM
 
 from helpers import adapter, tiny_llama
@@ -79,12 +77,12 @@ PROBE = ProbePlugin()
 def probe_engine(drafter: str, target=None, draft=None) -> tuple[Engine, object]:
     """An engine of ``drafter`` with the recorder stop; returns it and the recorder's Resources."""
     Recorder.built.clear()
-    cfg = load_config(
+    plan = load_plan(
         overrides=[f"strategy.drafter={drafter}", "strategy.stop=[{name: recorder}]"],
         extra_plugins=[PROBE],
         require_models=False,
     )
-    engine = Engine.build(target or ScriptedLM(16), draft=draft, cfg=cfg, extra_plugins=[PROBE])
+    engine = Engine.build(target or ScriptedLM(16), draft=draft, plan=plan)
     (resources,) = Recorder.built
     return engine, resources
 
@@ -133,41 +131,39 @@ def test_hybrid_forwards_nothing_its_main_member_does_not_declare():
 
 
 # -- one resolution, one plugin manager ---------------------------------------------------------
-@pytest.fixture
-def counted(monkeypatch):
-    """Counts plugin managers made and stack resolutions (``config.check`` calls, wherever imported)."""
-    counts = {"plugin_managers": 0, "resolutions": 0}
-    original_pm, original_check = pluggy.PluginManager, config.check
-
-    class CountedPluginManager(original_pm):
-        def __init__(self, *args, **kwargs):
-            counts["plugin_managers"] += 1
-            super().__init__(*args, **kwargs)
-
-    def counted_check(*args, **kwargs):
-        counts["resolutions"] += 1
-        return original_check(*args, **kwargs)
-
-    monkeypatch.setattr(pluggy, "PluginManager", CountedPluginManager)
-    for module in (config, engine_module, cli):
-        monkeypatch.setattr(module, "check", counted_check)
-    return counts
-
-
+# (the ``resolutions`` spy is in conftest.py; the bench's, the demo's and the other entry points'
+# tests are beside their own)
 def _fake_load_model(path, dtype, device, device_map, name, pack_weights=None):
     return adapter(tiny_llama(0)), None, "digest"
 
 
-def test_from_config_resolves_the_stack_once_on_one_plugin_manager(counted, monkeypatch):
+def test_from_config_resolves_the_stack_once_on_one_plugin_manager(resolutions, monkeypatch):
     monkeypatch.setattr(pacer_core.hf.loading, "load_model", _fake_load_model)
     cfg = config.read_config(overrides=["strategy.stop=[{name: recorder}]"])
     engine = Engine.from_config(cfg, extra_plugins=[PROBE])
-    assert counted == {"plugin_managers": 1, "resolutions": 1}
+    assert resolutions == {"plugin_managers": 1, "resolutions": 1}
     assert engine.pm.get_plugin("strategy.stop[0]:recorder") is not None
 
 
-def test_pacer_generate_resolves_the_stack_once_on_one_plugin_manager(counted, monkeypatch, capsys):
-    """``pacer generate`` with the real ``Engine.from_config`` (models replaced; the engine built, not run)."""
+def test_a_plan_is_resolved_once_and_builds_its_engine_on_its_plugin_manager(resolutions, monkeypatch):
+    monkeypatch.setattr(pacer_core.hf.loading, "load_model", _fake_load_model)
+    plan = load_plan(overrides=["strategy.stop=[{name: recorder}]"], extra_plugins=[PROBE])
+    engine = Engine.from_plan(plan)
+    assert resolutions == {"plugin_managers": 1, "resolutions": 1}
+    assert engine.pm is plan.pm and engine.pm.get_plugin("strategy.stop[0]:recorder") is not None
+
+
+def test_a_plan_builds_one_engine():
+    plan = load_plan(overrides=["strategy.stop=[{name: recorder}]"], extra_plugins=[PROBE], require_models=False)
+    Engine.build(ScriptedLM(16), plan=plan)
+    with pytest.raises(InputError, match="has built an engine already.*plan the run again"):
+        Engine.build(ScriptedLM(16), plan=plan)
+    with pytest.raises(InputError, match="a plan, or a cfg with its extra_plugins, not both"):
+        Engine.build(ScriptedLM(16), plan=plan, cfg=plan.config)
+
+
+def test_pacer_generate_resolves_the_stack_once_on_one_plugin_manager(resolutions, monkeypatch, capsys):
+    """``pacer generate`` with the real ``Engine.from_plan`` (models replaced; the engine built, not run)."""
     monkeypatch.setattr(pacer_core.hf.loading, "load_model", _fake_load_model)
     built = []
 
@@ -177,6 +173,16 @@ def test_pacer_generate_resolves_the_stack_once_on_one_plugin_manager(counted, m
 
     monkeypatch.setattr(Engine, "generate", generate)
     assert cli.main(["generate", "-p", "hello", "--json", "strategy.observers=[]"]) == 0, capsys.readouterr().err
-    assert counted == {"plugin_managers": 1, "resolutions": 1}
+    assert resolutions == {"plugin_managers": 1, "resolutions": 1}
     (engine,) = built  # the metrics observer the command adds is in the one resolved stack
     assert engine.pm.get_plugin("strategy.observers[0]:metrics") is not None
+
+
+def test_the_step_metrics_are_added_by_one_rule_unless_the_stack_has_them():
+    """What ``pacer generate`` and the bench ask for (``step_metrics``): the first installed observer
+    providing ``metrics``, added once, and nothing when the stack has one."""
+    plan = load_plan(overrides=["strategy.observers=[]"], step_metrics=True)
+    assert plan.config.strategy.observers == [{"name": "metrics"}]
+    assert [o.component.name for o in plan.stack.observers] == ["metrics"]
+    assert load_plan(step_metrics=True).config.strategy.observers == [{"name": "metrics"}]  # the default has it
+    assert load_plan(overrides=["strategy.observers=[]"]).config.strategy.observers == []

@@ -250,8 +250,7 @@ def test_judge_new_tokens_trims_a_long_block_at_max_tokens():
     rows = torch.stack([row_with_top(0.9)] * 6)
     draft = make_draft(rows, torch.zeros(6, dtype=torch.long))
     never = lambda a, b: torch.ones(b - a)  # noqa: E731 — nothing is flagged
-    answer, judged = judge_new_tokens(draft, 0, 4, never, 0.5)
-    assert answer == Stop(keep=4) and judged == 4
+    assert judge_new_tokens(draft, 4, never, 0.5) == Stop(keep=4)
 
 
 def test_a_draft_without_probabilities_is_a_clear_error():

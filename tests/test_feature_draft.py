@@ -515,8 +515,8 @@ def test_a_corpus_bias_left_out_of_the_reported_q_fails_the_distribution_test(tm
 def test_corpus_bias_adds_the_share_of_the_paths_corpus_successors(tmp_path, tree):
     """Greedy output stays the target's; the bonus is corpus_bias × the share of each successor of the
     longest frequent n-gram ending the path, in the corpus (read from a .json of token ids)."""
+    from pacer_core.priors import corpus_bonus
     from pacer_plugins.feature_draft.drafter import CORPUS_NGRAM
-    from pacer_plugins.feature_draft.priors import corpus_bonus
 
     target_model = tiny_llama(0, scale=6.0)
     folder = make_draft(target_model, tmp_path / "draft")

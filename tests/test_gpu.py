@@ -25,6 +25,7 @@ PROMPT = [1, 2, 3, 4, 1, 2, 3, 1, 2]
 
 def test_on_device_counts_host_reads_and_refuses_mixing():
     x = on_device(torch.arange(6.0).reshape(2, 3))
+    assert not x.is_cpu and not (x * 2).is_cpu and x.device.type == "cpu"  # stands for a GPU's; data here
     with count_host_reads() as counted:
         y = (x * 2).softmax(-1)  # ops stay on the device: no read
         assert isinstance(y, OnDevice)

@@ -19,7 +19,7 @@ import torch
 
 from pacer_bench import devicecosts
 from pacer_bench.devicecosts import TARGETS, Budget, small, smooth
-from pacer_core.costs import load_profile
+from pacer_core.cost_profiles import load_profile
 from pacer_core.hf.random_models import LlamaShape, random_llama
 
 ROOT = Path(__file__).resolve().parents[1]

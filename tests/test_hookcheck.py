@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pacer_core import Component, DraftBlock, Stop, Verdict, hookcheck, hookimpl, load_config
-from pacer_core.drafts import Draft
+from pacer_core.draft_values import Draft
 from pacer_core.engine import Engine
 from pacer_core.errors import PluginError
 from pacer_core.hf.tiny import tiny_llama, tiny_model
@@ -136,3 +136,33 @@ def test_the_engine_refuses_a_wrong_return_naming_the_plugin(value, message):
     engine = engine_with(f"{{name: returns, value: {value}}}")
     with pytest.raises(PluginError, match=rf"strategy\.stop\[0\]:returns: pacer_draft_more {message}"):
         engine.generate([5, 9, 5, 9, 5, 9, 5], max_new_tokens=8)  # prompt lookup drafts from the repeats
+
+
+def test_shipped_data_is_found_by_name_and_a_wrong_answer_or_a_clash_is_refused(tmp_path):
+    """``pacer_shipped``: the installed plugins' folders by name (the token draft, the corpora); a plugin
+    answering anything but names → folders, or shipping a name another plugin ships, is one line."""
+    import types
+
+    from pacer_core.draft_model_helpers import TOKEN_DRAFT, shipped_draft
+    from pacer_core.errors import ConfigError
+    from pacer_core.registry import new_plugin_manager, shipped_by, shipped_folder
+    from pacer_train.corpus.loaders import OPEN_CHAT_CORPUS, SELFDISTILL_CORPUS, shipped_corpus
+
+    assert shipped_folder(TOKEN_DRAFT) is not None and (shipped_folder(TOKEN_DRAFT) / "config.json").is_file()
+    assert str(shipped_folder(TOKEN_DRAFT)) == shipped_draft()
+    assert shipped_corpus() == shipped_folder(SELFDISTILL_CORPUS) and (shipped_corpus() / "manifest.json").is_file()
+    assert (shipped_folder(OPEN_CHAT_CORPUS) / "manifest.json").is_file()
+    assert shipped_folder("nothing_ships_this") is None
+
+    def plugin(name: str, answer) -> types.ModuleType:
+        module = types.ModuleType(name)
+        module.pacer_shipped = hookimpl(lambda: answer)
+        return module
+
+    mine = plugin("ships_mine", {"mine": tmp_path})
+    assert shipped_by(new_plugin_manager([mine]))["mine"] == tmp_path
+    with pytest.raises(ConfigError, match=r"^two plugins ship data named 'token_draft' \(one is "):
+        shipped_by(new_plugin_manager([plugin("ships_again", {TOKEN_DRAFT: tmp_path})]))
+    for answer, problem in (([tmp_path], "returned list"), ({"x": 3}, "returned dict")):
+        with pytest.raises(ConfigError, match=rf"^plugin ships_bad: pacer_shipped {problem}.*names to folders"):
+            shipped_by(new_plugin_manager([plugin("ships_bad", answer)]))

@@ -49,9 +49,10 @@ def test_the_forward_clock_counts_a_nested_network_once():
     assert clock.seconds == 1.0
 
 
-def test_host_time_splits_each_step_into_forwards_and_the_rest():
+def test_host_time_splits_each_step_into_forwards_and_the_rest(resolutions):
     results = measure_host_time(["plain", "chain", "tree10"], shape=Shape(vocab=64, hidden=32), new_tokens=8, repeats=1)
     assert [r.stack for r in results] == ["plain", "chain", "tree10"]
+    assert resolutions["resolutions"] == 3  # each stack planned once, its engine built on the plan
     for r in results:
         assert r.steps >= 1
         assert 0.0 < r.forward_s <= r.step_s
@@ -205,7 +206,7 @@ def random_draft(seed: int):
     """A draft of 1-4 blocks, each of 1-3 main-path tokens and 0-4 side nodes hanging anywhere earlier."""
     import torch
 
-    from pacer_core.drafts import Draft, DraftBlock, SideNodes
+    from pacer_core.draft_values import Draft, DraftBlock, SideNodes
 
     g = torch.Generator().manual_seed(seed)
     blocks, total = [], 0
@@ -307,10 +308,10 @@ def test_a_bench_unit_records_its_forward_seconds_and_the_report_the_host_time_p
     from pacer_bench.config import BenchConfig
     from pacer_bench.results import host_ms_per_step
     from pacer_bench.units import Models, engine_unit
-    from pacer_core import load_config
+    from pacer_core import load_plan
 
     target, draft = ScriptedLM(SCRIPTED_VOCAB, seed=0), ScriptedLM(SCRIPTED_VOCAB, seed=1)
-    cfg = load_config(
+    plan = load_plan(
         overrides=[
             "strategy.drafter={name: draft_model}",
             "strategy.stop=[{name: fixed, gamma: 2}]",
@@ -319,7 +320,7 @@ def test_a_bench_unit_records_its_forward_seconds_and_the_report_the_host_time_p
         require_models=False,
     )
     forwards = ForwardClock(TickClock())
-    unit = engine_unit("s", cfg, Models(target, draft), BenchConfig(), TickClock(), (), forwards)
+    unit = engine_unit("s", plan, Models(target, draft), BenchConfig(), TickClock(), forwards)
     before = target.num_forwards + draft.num_forwards
     _, metrics, _ = unit.run([1, 2, 3], 0, 6)
     assert metrics["forward_s"] == target.num_forwards + draft.num_forwards - before
@@ -447,16 +448,15 @@ def test_levels_written_into_one_table_read_as_levels_given_row_by_row():
 
     table = torch.softmax(torch.randn(8, 5, generator=torch.Generator().manual_seed(0)), -1)
     levels = [
-        ([Candidate(0, 1, -0.1), Candidate(0, 2, -0.5)], [-1, -1], 0, 1),  # the root's row 0
-        ([Candidate(0, 3, -0.2), Candidate(1, 4, -0.6), Candidate(1, 0, -0.7)], None, 1, 2),  # rows 1, 2
-        ([Candidate(2, 2, -0.9)], None, 3, 3),
+        ([Candidate(0, 1, -0.1), Candidate(0, 2, -0.5)], 0),  # the root's row 0
+        ([Candidate(0, 3, -0.2), Candidate(1, 4, -0.6), Candidate(1, 0, -0.7)], 1),  # rows 1, 2
+        ([Candidate(2, 2, -0.9)], 3),
     ]  # rows 3..5 written, its node maps to row 5
-    shared, separate, nodes = GrownLevels(), GrownLevels(), None
-    for chosen, parents, first, width in levels:
-        parents = parents or [nodes[0], nodes[1], nodes[1]][: len(chosen)]
+    shared, separate = GrownLevels(), GrownLevels()
+    for chosen, first in levels:
         row_map = [first + c.row for c in chosen]
-        nodes = shared.add(chosen, parents, table, None, row_map)
-        separate.add(chosen, parents, [table[r] for r in row_map])
+        shared.add(chosen, table, None, row_map)
+        separate.add(chosen, [table[r] for r in row_map])
     one, _ = shared.block(first=0, forwards=3)
     each, _ = separate.block(first=0, forwards=3)
     assert one.draft_table.shape == (6, 5) and one.draft_table.data_ptr() == table.data_ptr()

@@ -262,11 +262,11 @@ def test_the_cost_kind_is_the_drafters_declaration_and_a_hybrids_is_its_main_mem
     """How profiles price draft forwards is declared once, on the drafter's Component; a hybrid is
     priced as its main member; a kind no profile knows is refused when the component is made."""
     from pacer_core import Component, load_config
-    from pacer_core.config import check
+    from pacer_core.config import plan_run
 
     def kind(strategy: str):
         cfg = load_config(overrides=[f"strategy.drafter={strategy}"], require_models=False)
-        return check(cfg, require_models=False).drafter.cost_kind
+        return plan_run(cfg, require_models=False).stack.drafter.cost_kind
 
     assert kind("{name: eagle}") == "feature"
     assert kind("{name: draft_model}") == "token"
@@ -276,3 +276,48 @@ def test_the_cost_kind_is_the_drafters_declaration_and_a_hybrids_is_its_main_mem
     assert kind("{name: hybrid, members: [{name: eagle}, {name: prompt_lookup}]}") == "feature"
     with pytest.raises(ValueError, match="cost_kind"):
         Component("drafter", "x", object, object, cost_kind="gpu")
+
+
+def test_members_are_read_only_through_what_they_declare():
+    """The hybrid calls its members' hooks as the engine calls a component's (a plugin manager of
+    their own: each gets the arguments it declares, a misspelled hook is refused, not silently never
+    called) and sizes its tree by the main member's declared ``DraftInfo.tree``, never by reading a
+    member's config."""
+    import types
+
+    import attrs
+
+    from pacer_core import Component, DraftInfo, hookimpl
+    from pacer_core.errors import UnknownHookError
+
+    target, draft = scripted_pair()
+    members = "[{name: draft_model, tree: {topk: 2, depth: 3, nodes: 5}}, {name: prompt_lookup}]"
+    engine = build_engine(target, draft, hybrid(members), "{name: fixed, gamma: 2}", {"temperature": 0.0})
+    plugin = next(p for n, p in engine.pm.list_name_plugin() if n.startswith("strategy.drafter"))
+    assert DraftInfo.of(plugin.members[0]).tree.nodes == 5 and plugin.budget.nodes == 5
+    assert DraftInfo.of(plugin.members[1]).tree is None
+    assert engine.generate(PROMPT, max_new_tokens=6).tokens == greedy_reference(target, PROMPT, 6)
+
+    @attrs.define
+    class NoOptions:
+        pass
+
+    class Misspelled:
+        def __init__(self, config, resources):
+            pass
+
+        @hookimpl
+        def pacer_propse(self, state, draft, num_tokens):  # a typo of pacer_propose
+            return None
+
+    module = types.ModuleType("misspelled_member")
+    module.pacer_components = hookimpl(lambda: [Component("drafter", "misspelled", NoOptions, Misspelled)])
+    with pytest.raises(UnknownHookError, match="pacer_propse.*did you mean 'pacer_propose'"):
+        build_engine(
+            target,
+            draft,
+            hybrid("[{name: draft_model}, {name: misspelled}]"),
+            "{name: fixed, gamma: 2}",
+            {"temperature": 0.0},
+            plugins=[module],
+        )

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from pacer_bench import answers, prompts, replay, replay_stop
-from pacer_core import ConfigError, InputError, calibration, cli, costs, jsonfile, load_config, schema
+from pacer_bench import answers, prompts
+from pacer_bench.replay import stop_rules
+from pacer_bench.replay.profiles import with_host
+from pacer_core import ConfigError, InputError, calibration, cli, cost_profiles, jsonfile, load_config, schema
 from pacer_core.hf import load_safetensors, materialize
 from pacer_core.jsonfile import MAX_DEPTH, MAX_LINE_BYTES
 from pacer_train import read_json as read_run_json
@@ -112,14 +114,14 @@ def test_deep_json_is_refused_by_the_rule(tmp_path, text):
 
 
 # -- every reader of a user-named file --------------------------------------------------------------
-PROFILE = costs.load_profile("a100-7b-bf16")
+PROFILE = cost_profiles.load_profile("a100-7b-bf16")
 
 READERS = {  # name -> (suffix of the path it reads, reader)
     "config": ("", lambda p: schema.read_yaml(p)),
-    "cost profile": ("", lambda p: costs.load_profile(p)),
+    "cost profile": ("", lambda p: cost_profiles.load_profile(p)),
     "tree calibration": ("", lambda p: calibration.load(p)),
-    "--host": ("", lambda p: replay.with_host(PROFILE, str(p))),
-    "replay-stop cost file": ("", lambda p: replay_stop.read_cost_file(p, None, None)),
+    "--host": ("", lambda p: with_host(PROFILE, str(p))),
+    "replay-stop cost file": ("", lambda p: stop_rules.read_cost_file(p, None, None)),
     "prompt .jsonl": (".jsonl", lambda p: prompts.load_prompts(str(p))),
     "specbench: file": (".jsonl", lambda p: prompts.load_prompts(f"specbench:{p}")),
     "answer log": ("", lambda p: answers.read_answers(p)),
@@ -168,8 +170,8 @@ def test_a_deep_yaml_config_profile_or_host_file_is_refused_before_the_recursion
         path = tmp_path / "deep.yaml"
         path.write_text("a: " + "[" * depth + "]" * depth + "\n")
         refused(lambda: schema.read_yaml(path), "nested more than", "line 1")
-        refused(lambda: costs.load_profile(path), "nested more than")
-        refused(lambda: replay.with_host(PROFILE, str(path)), "nested more than")
+        refused(lambda: cost_profiles.load_profile(path), "nested more than")
+        refused(lambda: with_host(PROFILE, str(path)), "nested more than")
     path.write_text("a0: &a0 [1]\n" + "".join(f"a{i}: &a{i} [*a{i - 1}]\n" for i in range(1, MAX_DEPTH + 2)))
     refused(lambda: schema.read_yaml(path), "aliases nest more than")
 

@@ -13,7 +13,10 @@ packages is read with ``ast`` — at module level and inside functions alike; on
   import it inside its function);
 - pacer_core holds no training code (no optimizer, no gradient computed);
 - no module outside tests/ is longer than ``MAX_LINES``, but those listed in ``OVER_MAX_LINES``, a
-  list that only shrinks.
+  list that only shrinks;
+- no module imports another package's private (underscore) names, and none reaches into another
+  package's folder through a string path or another package's module's ``__file__`` (shipped data is
+  found by name: docs/assets.md#shipped-data).
 
 And the tests themselves: no test module imports another test module (shared code is in
 tests/helpers.py and tests/strategies.py, shared fixtures in tests/conftest.py), nothing in tests/
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -378,14 +382,14 @@ def test_the_placement_checks_catch_what_they_forbid(tmp_path):
     plugin.mkdir()
     core.mkdir()
     (plugin / "cmd.py").write_text(
-        "import pacer_bench.timing\nclass C:\n    from pacer_bench import oracle\n"
+        "import pacer_bench.timing\nclass C:\n    from pacer_bench import replay\n"
         "def run():\n    from pacer_bench.prompts import PROMPT_SETS\n"
         "f = lambda: __import__('pacer_bench')\n"
     )
     sources = {"plug.cmd": plugin / "cmd.py"}
     assert import_time_problems(sources, {"plug"}) == [
         "plug.cmd imports pacer_bench.timing at import time (line 1)",
-        "plug.cmd imports pacer_bench.oracle at import time (line 3)",
+        "plug.cmd imports pacer_bench.replay at import time (line 3)",
     ]
     assert import_time_problems(sources, set()) == []  # not a plugin: the bench itself, say
     (core / "train.py").write_text(
@@ -552,3 +556,168 @@ def test_every_package_is_installed():
     }
     names = {".".join((PLUGIN_PACKAGE, *f.parts[1:]) if f.parts[0] == "plugins" else f.parts) for f in folders}
     assert sorted(setup["packages"]) == sorted(names)
+
+
+# -- dependencies declared, not hidden ----------------------------------------------------------------
+def _private(part: str) -> bool:
+    return part.startswith("_") and not (part.startswith("__") and part.endswith("__"))
+
+
+def private_imports(sources: dict[str, Path], packages: set[str]) -> list[str]:
+    """Imports of another package's private names: a dotted part after the package's own name that
+    starts with an underscore (``from pacer_plugins.x.students import _shape``, ``import pacer_core._y``).
+    What two packages share is public in its owner (or lives in pacer_core / pacer_train)."""
+    problems = []
+    for module, path in sorted(sources.items()):
+        for name, line in sorted(_imports(module, path), key=lambda x: x[1]):
+            owner = _top(name)
+            if owner in packages and owner != _top(module) and any(_private(p) for p in name.split(".")):
+                problems.append(f"{module} imports the private {name} (line {line})")
+    return problems
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the docstring constants of a module, its classes and functions."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, *FUNCTIONS[:2])) and node.body:
+            first = node.body[0]
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
+                found.add(id(first.value))
+    return found
+
+
+def _string_parts(tree: ast.AST) -> list[tuple[str, int]]:
+    """(text, line) of every string the code uses (docstrings left out); an f-string is one text with its
+    fields written as ``{expression}`` (``f"{PLUGINS}.x"`` reads ``{PLUGINS}.x``)."""
+    skip, parts = _docstrings(tree), []
+    inside_fstrings = {id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for v in node.values}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            text = "".join(
+                v.value if isinstance(v, ast.Constant) else "{" + ast.unparse(v.value) + "}" for v in node.values
+            )
+            parts.append((text, node.lineno))
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in skip
+            and id(node) not in inside_fstrings
+        ):
+            parts.append((node.value, node.lineno))
+    return parts
+
+
+def _folder_patterns(packages: set[str]) -> dict[str, "re.Pattern[str]"]:
+    """Package → a pattern of a string path into its folder: ``plugins/x...`` or ``pacer_plugins.x`` (also
+    as ``{PLUGINS}.x``) for a plugin, ``pacer_train/...`` for a top-level package. A path ending in ``.py``
+    cites a source file (a message pointing at the code), it reaches no data."""
+    patterns = {}
+    for package in packages:
+        if package.startswith(PLUGIN_PACKAGE + "."):
+            folder = re.escape(package.split(".", 1)[1])
+            path = rf"plugins/{folder}\b[\w/.-]*|(?:{PLUGIN_PACKAGE}|\{{PLUGINS\}})\.{folder}\b[\w.]*"
+        else:
+            path = rf"{re.escape(package)}/[\w/.-]*"
+        patterns[package] = re.compile(rf"(?<![\w./])(?:{path})(?<!\.py)(?![\w.])")
+    return patterns
+
+
+def string_paths(sources: dict[str, Path], packages: set[str]) -> list[str]:
+    """Paths into another package's folder hidden in strings: a string naming a place inside it
+    (``plugins/feature_draft/corpus``, ``(f"{PLUGINS}.pacer_builtins", "default")``) or a path taken from
+    one of its modules' ``__file__``. Its data is reached through what it declares instead (a shipped
+    folder's name, ``pacer_core.registry.shipped_folder``; a public constant or function)."""
+    patterns, problems = _folder_patterns(packages), []
+    for module, path in sorted(sources.items()):
+        own, tree = _top(module), ast.parse(path.read_text(), str(path))
+        for text, line in _string_parts(tree):
+            problems += [
+                f"{module} names a path into {package} in a string (line {line}): {text!r}"
+                for package, pattern in sorted(patterns.items())
+                if package != own and pattern.search(text)
+            ]
+        aliases = {}  # a name an import binds → the module it names
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                aliases.update({(a.asname or a.name): f"{node.module}.{a.name}" for a in node.names})
+            elif isinstance(node, ast.Import):
+                aliases.update(
+                    {
+                        (a.asname or a.name.split(".")[0]): a.asname and a.name or a.name.split(".")[0]
+                        for a in node.names
+                    }
+                )
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr == "__file__"
+                and isinstance(node.value, ast.Name)
+                and _top(aliases.get(node.value.id, own)) in packages - {own}
+            ):
+                problems.append(f"{module} reads the folder of {aliases[node.value.id]} (line {node.lineno})")
+    return problems
+
+
+def test_no_module_imports_another_packages_private_names():
+    packages = set(_packages())
+    problems = private_imports(_sources(), packages)
+    assert not problems, "make what another package uses public in its owner: " + "; ".join(problems)
+
+
+def test_no_string_path_into_another_packages_folder():
+    packages = set(_packages())
+    problems = string_paths(_sources(), packages)
+    assert not problems, (
+        "reach another package's data through what it declares (a shipped folder's name, "
+        "docs/assets.md#shipped-data; a public constant): " + "; ".join(problems)
+    )
+
+
+def test_the_dependency_rules_catch_what_they_forbid(tmp_path):
+    """Both rules on deliberately bad modules, and on good ones that pass."""
+    plugin, core = tmp_path / "plug", tmp_path / "core"
+    plugin.mkdir()
+    core.mkdir()
+    (plugin / "bad.py").write_text(
+        '"""Docs may name plugins/other/default."""\n'
+        "from pacer_plugins.other.students import _shape, public\n"
+        "import pacer_core._hidden\n"
+        "from pacer_plugins.other import model as other_model\n"
+        "from pacer_core.paths import PLUGINS, package_folder\n"
+        "DRAFT = (f'{PLUGINS}.other', 'default')\n"
+        "CORPUS = 'plugins/other/corpus'\n"
+        "MODULE = 'pacer_plugins.other.shipped'\n"
+        "CHECKPOINT = Path(other_model.__file__).with_name('default')\n"
+        "TRAIN = 'pacer_train/corpus/words'\n"
+    )
+    (plugin / "good.py").write_text(
+        "from pacer_plugins.plug import _own\n"  # its own package's private name
+        "from pacer_core.registry import shipped_folder\n"
+        "from . import bad\n"
+        "CORPUS = shipped_folder('selfdistill_corpus')\n"
+        "HERE = Path(__file__).parent / 'default'\n"
+        "CONFIG = 'configs/hybrid.yaml'\n"
+        "NAME = 'strategy.drafter.other'\n"
+        "def f():\n    '''Never plugins/other/default.'''\n    return bad.__file__\n"
+    )
+    sources = {"pacer_plugins.plug.bad": plugin / "bad.py", "pacer_plugins.plug.good": plugin / "good.py"}
+    packages = {"pacer_plugins.plug", "pacer_plugins.other", "pacer_core", "pacer_train"}
+    assert private_imports(sources, packages) == [
+        "pacer_plugins.plug.bad imports the private pacer_plugins.other.students._shape (line 2)",
+        "pacer_plugins.plug.bad imports the private pacer_core._hidden (line 3)",
+    ]
+    assert sorted(string_paths(sources, packages)) == sorted(
+        [
+            "pacer_plugins.plug.bad names a path into pacer_plugins.other in a string (line 6): '{PLUGINS}.other'",
+            "pacer_plugins.plug.bad names a path into pacer_plugins.other in a string (line 7): 'plugins/other/corpus'",
+            "pacer_plugins.plug.bad names a path into pacer_plugins.other in a string (line 8): "
+            "'pacer_plugins.other.shipped'",
+            "pacer_plugins.plug.bad reads the folder of pacer_plugins.other.model (line 9)",
+            "pacer_plugins.plug.bad names a path into pacer_train in a string (line 10): 'pacer_train/corpus/words'",
+        ]
+    )

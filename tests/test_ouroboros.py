@@ -656,9 +656,9 @@ def test_many_scripted_runs_equal_greedy(stop):
     assert totals["multi"] > 0 and totals["branch"] > 0
 
 
-# -- what it shares with the draft_model drafter (pacer_core.drafting) ---------------------------------
+# -- what it shares with the draft_model drafter (pacer_core.draft_model_helpers) ---------------------------------
 def test_both_draft_model_drafters_default_to_the_one_shipped_draft():
-    from pacer_core.drafting import shipped_draft
+    from pacer_core.draft_model_helpers import shipped_draft
 
     table = components(new_plugin_manager())["drafter"]
     folder = Path(shipped_draft())
@@ -667,7 +667,7 @@ def test_both_draft_model_drafters_default_to_the_one_shipped_draft():
 
 
 def test_sync_cache_keeps_the_shared_prefix_and_feeds_at_least_the_last_token():
-    from pacer_core.drafting import sync_cache
+    from pacer_core.draft_model_helpers import sync_cache
 
     model = ScriptedLM(vocab_size=8)
     model.forward([1, 2, 3, 4])

@@ -168,11 +168,15 @@ def test_m_b_reads_the_rows_drafted_since_the_last_check():
 
 
 def test_each_step_starts_at_t0_with_a_fresh_m_b_context():
+    """A step ends when its outcome is observed (as the engine's pacer_observe_step tells it): the next
+    draft is judged from t₀ with a fresh M_B context."""
     policy = scripted([0.95] * 8, b=1, t0=0.5, rho=1.5, t_max=0.9, max_draft=4)
-    drafted(policy, 8)
+    sent = drafted(policy, 8)
+    assert policy.threshold > 0.5 and policy.checked == 3  # grown within the step (the last token: sent unjudged)
     resets = policy.predictor.resets
+    policy.observe_outcome(sent, 2, 3)
+    assert policy.predictor.resets == resets + 1 and policy.threshold == 0.5 and policy.checked == 0
     drafted(policy, 8)
-    assert policy.predictor.resets == resets + 1
     assert policy.blocks_judged[0][3] == 0.5 and policy.blocks_judged[0][0] == 0
 
 
@@ -640,9 +644,7 @@ def test_simulated_labels_are_what_the_verifier_decided(tmp_path, greedy_models)
     cfg = tiny_train_config(tmp_path)
     recorder = trainer.StepRecorder()
     target = adapter(target_model)
-    engine = Engine.build(
-        target, draft=adapter(draft_model), cfg=trainer.simulation_config(cfg), extra_plugins=[recorder]
-    )
+    engine = Engine.build(target, draft=adapter(draft_model), plan=trainer.simulation_plan(cfg, [recorder]))
     items = [{"source": "test", "prompt": p} for p in PROMPTS]
     with single_thread():
         trainer.simulate(engine, recorder, items, tmp_path / "samples", 24, seed=0)
@@ -744,10 +746,43 @@ def test_the_checkpoint_tag_changes_with_the_recipe_but_not_with_what_a_resumed_
     assert base not in others and len(set(others)) == len(others)
 
 
+def test_train_preverify_plans_its_simulation_once(tmp_path, monkeypatch, resolutions, capsys):
+    """``pacer train-preverify`` end to end on tiny models (the prompts given): the simulation's stack
+    is resolved once, and the draft, the drafter's folder and the engine all come from that plan."""
+    import pacer_core.hf as hf
+    from pacer_core import cli
+
+    target = tiny_llama(0, scale=6.0)
+    monkeypatch.setattr(hf, "load_section", lambda section, role: (adapter(target), None, None))
+    monkeypatch.setattr(hf, "load_draft", lambda section, tokenizer: adapter(tiny_llama(1)))
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "items.json").write_text(json.dumps([{"source": "test", "prompt": [5, 9, 13, 5, 9, 21, 7]}]))
+    argv = [
+        "train-preverify",
+        f"out={out}",
+        f"draft.path={tmp_path / 'draft'}",
+        "drafter={name: draft_model}",
+        "verifier={name: greedy}",
+        "data.window=6",
+        "data.max_new_tokens=12",
+        "data.heldout_every=2",
+        "model.width=16",
+        "model.heads=2",
+        "model.ffn_size=32",
+        "model.max_positions=8",
+        "train.pack_len=24",
+        "train.batch_size=4",
+        "train.epochs=1",
+        "train.threads=1",
+    ]
+    with single_thread():
+        assert cli.main(argv) == 0, capsys.readouterr().err
+    assert resolutions == {"plugin_managers": 1, "resolutions": 1}
+
+
 def test_train_config_errors_are_one_line():
     for overrides, words in [
-        (["drafter={name: prompt_lookup}"], "does not provide hidden states"),
-        (["drafter={name: draft_model}", "target.path=/my/target"], "needs a draft model"),
         (["model.max_positions=8"], "max_positions (8) must be >= data.window (16)"),
         (["model.width=30"], "multiple of heads"),
         (["model.confidence_prior=true"], "set draft_confidence too"),
@@ -755,6 +790,15 @@ def test_train_config_errors_are_one_line():
     ]:
         with pytest.raises(ConfigError) as info:
             trainer.load_train_config(None, overrides)
+        assert words in str(info.value) and "\n" not in str(info.value)
+    # the simulation's stack, checked when the run plans it (before anything is written or loaded)
+    for overrides, words in [
+        (["drafter={name: prompt_lookup}"], "does not provide hidden states"),
+        (["drafter={name: draft_model}", "target.path=/my/target"], "needs a draft model"),
+        (["drafter={name: nope}"], "unknown drafter 'nope'"),
+    ]:
+        with pytest.raises(ConfigError) as info:
+            trainer.simulation_plan(trainer.load_train_config(None, overrides))
         assert words in str(info.value) and "\n" not in str(info.value)
     cfg = trainer.load_train_config(None, ["drafter.path=/my/draft", "model.positional=false"])
     assert cfg.drafter == {"name": "eagle", "path": "/my/draft"} and cfg.model.positional is False
@@ -940,11 +984,12 @@ def attrs_asdict(value):
 def test_the_shipped_drafts_record_their_corpus():
     """Each shipped draft records what its weights saw (its init chain included), and a
     self-distillation corpus it names is the committed one, shard for shard."""
+    from pacer_core.draft_model_helpers import shipped_draft
     from pacer_plugins.feature_draft.drafter import DEFAULT_DRAFT
+    from pacer_train.corpus.loaders import recorded_corpus
     from pacer_train.corpus.shards import CorpusStore
 
-    root = Path(trainer.__file__).parents[2]
-    token_draft = root / "plugins" / "pacer_builtins" / "default"
+    token_draft = Path(shipped_draft())
     seen = {}
     for folder in (DEFAULT_DRAFT, token_draft):
         manifest = json.loads((folder / "manifest.json").read_text())
@@ -955,11 +1000,39 @@ def test_the_shipped_drafts_record_their_corpus():
         seen[folder] = trainer.seen_sources(record)
         for corpus in seen[folder]["selfdistill"]:
             first = corpus.get("first_shard", 0)  # corpus.selfdistill_from
-            read = CorpusStore(root / corpus["path"], create=False).shards[first : first + len(corpus["shards"])]
+            found = recorded_corpus(corpus)
+            read = CorpusStore(found, create=False).shards[first : first + len(corpus["shards"])]
             assert corpus["shards"] == [{"name": e["name"], "sha256": e["sha256"][:16]} for e in read]
-            shard_json = [json.loads((root / corpus["path"] / f"{e['name']}.json").read_text()) for e in read]
+            shard_json = [json.loads((found / f"{e['name']}.json").read_text()) for e in read]
             assert corpus["records"] == sum(len(shard["records"]) for shard in shard_json)
     # both continue the one corpus of 512 target-written chat answers the first drafts were made from
     assert len(seen[token_draft]["instructions"]) == 512
     for key in ("instructions", "stdlib", "docs"):
         assert all(entry in seen[DEFAULT_DRAFT][key] for entry in seen[token_draft][key])
+
+
+def test_a_recorded_corpus_is_found_where_recorded_else_shipped_by_its_shards(tmp_path, monkeypatch):
+    """A draft records the corpus path distill was given (relative to where it ran): from elsewhere,
+    the shipped corpus holding every recorded shard with its checksum is that corpus; a record whose
+    shards no shipped corpus holds finds nothing (and train-preverify refuses it in one line)."""
+    from pacer_core.registry import shipped_folder
+    from pacer_train.corpus.loaders import OPEN_CHAT_CORPUS, SELFDISTILL_CORPUS, recorded_corpus
+    from pacer_train.corpus.shards import CorpusStore
+
+    shipped = shipped_folder(SELFDISTILL_CORPUS)
+    shards = [{"name": e["name"], "sha256": e["sha256"][:16]} for e in CorpusStore(shipped, create=False).shards[3:5]]
+    record = {"path": "plugins/feature_draft/corpus", "shards": shards}
+    monkeypatch.chdir(tmp_path)  # the recorded relative path is not here
+    assert recorded_corpus(record) == shipped
+    open_chat = shipped_folder(OPEN_CHAT_CORPUS)
+    first = CorpusStore(open_chat, create=False).shards[0]
+    assert (
+        recorded_corpus({"path": "gone", "shards": [{"name": first["name"], "sha256": first["sha256"][:16]}]})
+        == open_chat
+    )
+    assert recorded_corpus({**record, "shards": [{**shards[0], "sha256": "0" * 16}]}) is None
+    assert recorded_corpus({"path": "gone", "shards": []}) is None  # nothing recorded to match
+    local = tmp_path / "plugins" / "feature_draft" / "corpus"
+    local.mkdir(parents=True)
+    (local / "manifest.json").write_text("{}")
+    assert recorded_corpus(record) == Path("plugins/feature_draft/corpus")  # where recorded comes first

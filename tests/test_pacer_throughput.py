@@ -18,11 +18,10 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from pacer_bench.oracle import CostModel
-from pacer_bench.replay_stop import HeldOutStep, compare, drive, replay_entropy_stop, replay_policy
+from pacer_bench.replay.stop_rules import HeldOutStep, compare, drive, replay_entropy_stop, replay_policy
 from pacer_core import Engine, InputError, load_config
-from pacer_plugins.pacer_stop import costs as cost_files
-from pacer_plugins.pacer_stop import rules
+from pacer_core.cost_profiles import CostModel
+from pacer_plugins.pacer_stop import measured_costs, rules
 from pacer_plugins.pacer_stop.metrics import position_report, roc_auc
 from pacer_plugins.pacer_stop.policy import DraftConfidence, PacerStop, PacerStopConfig
 
@@ -178,20 +177,23 @@ def test_speculative_sampling_with_the_throughput_rule_matches_the_target_distri
 
 
 # -- the cost model cache --------------------------------------------------------------------------
-PAIR = cost_files.pair("tttt", "dddd", "torch.float32", "cpu")
+PAIR = measured_costs.pair("tttt", "dddd", "torch.float32", "cpu")
 MEASURED = {"verify_s": [0.010, 0.012, 0.011], "draft_token_s": 0.003, "step_s": 0.001}
 
 
 def test_a_cost_file_round_trips_for_its_machine_and_pair(tmp_path):
-    key = cost_files.full_key(PAIR)
-    path = cost_files.write_costs(cost_files.cache_file(key, tmp_path), key, MEASURED)
-    cost = cost_files.read_costs(path, key)
+    key = measured_costs.full_key(PAIR)
+    path = measured_costs.write_costs(measured_costs.cache_file(key, tmp_path), key, MEASURED)
+    cost = measured_costs.read_costs(path, key)
     assert cost.verify_s == pytest.approx((0.010, 0.0115, 0.0115))  # made non-decreasing
     assert (cost.draft_token_s, cost.step_s) == (0.003, 0.001)
-    assert key["dtype"] == "float32" and json.loads(path.read_text())["key"]["version"] == cost_files.COST_MODEL_VERSION
+    assert (
+        key["dtype"] == "float32"
+        and json.loads(path.read_text())["key"]["version"] == measured_costs.COST_MODEL_VERSION
+    )
     # one file per pair, whatever the machine; another pair has another file
-    assert cost_files.cache_file({**key, "torch": "0.0"}, tmp_path) == path
-    assert cost_files.cache_file({**key, "draft_identity": "eeee"}, tmp_path) != path
+    assert measured_costs.cache_file({**key, "torch": "0.0"}, tmp_path) == path
+    assert measured_costs.cache_file({**key, "draft_identity": "eeee"}, tmp_path) != path
 
 
 @pytest.mark.parametrize(
@@ -207,29 +209,29 @@ def test_a_cost_file_round_trips_for_its_machine_and_pair(tmp_path):
     ],
 )
 def test_a_cost_file_for_another_pair_or_machine_is_refused_in_one_line(tmp_path, change, words):
-    key = cost_files.full_key(PAIR)
-    path = cost_files.write_costs(tmp_path / "costs.json", key, MEASURED)
+    key = measured_costs.full_key(PAIR)
+    path = measured_costs.write_costs(tmp_path / "costs.json", key, MEASURED)
     with pytest.raises(InputError) as info:
-        cost_files.read_costs(path, {**key, **change})
+        measured_costs.read_costs(path, {**key, **change})
     assert "\n" not in str(info.value) and words in str(info.value) and "pacer costs" in str(info.value)
 
 
 def test_an_old_version_missing_or_damaged_cost_file_is_refused(tmp_path):
-    key = cost_files.full_key(PAIR)
-    path = cost_files.write_costs(tmp_path / "costs.json", key, MEASURED)
+    key = measured_costs.full_key(PAIR)
+    path = measured_costs.write_costs(tmp_path / "costs.json", key, MEASURED)
     data = json.loads(path.read_text())
     data["key"]["version"] = 0
     path.write_text(json.dumps(data))
     with pytest.raises(InputError, match="cost-model version 0, this code reads version 1"):
-        cost_files.read_costs(path, key)
+        measured_costs.read_costs(path, key)
     with pytest.raises(InputError, match="no cost model at .* measure one with `pacer costs`"):
-        cost_files.read_costs(tmp_path / "nothing.json", key)
+        measured_costs.read_costs(tmp_path / "nothing.json", key)
     path.write_text("{")
     with pytest.raises(InputError, match="is not valid JSON"):
-        cost_files.read_costs(path, key)
+        measured_costs.read_costs(path, key)
     path.write_text(json.dumps({"verify_s": [0.01]}))
     with pytest.raises(InputError, match="not a cost file"):
-        cost_files.read_costs(path, key)
+        measured_costs.read_costs(path, key)
 
 
 def pacer_engine(tmp_path, extra: str, digest="tttt"):
@@ -250,14 +252,14 @@ def test_the_stop_reads_the_cached_or_given_cost_model(tmp_path, monkeypatch):
     monkeypatch.setenv("PACER_CACHE", str(tmp_path / "cache"))
     with pytest.raises(InputError, match=r"no cost model at .*cache/costs/.* for target tttt with draft dddd"):
         pacer_engine(tmp_path, "")
-    key = cost_files.full_key(cost_files.pair("tttt", "dddd", torch.float32, "cpu"))
-    cost_files.write_costs(cost_files.cache_file(key), key, MEASURED)
+    key = measured_costs.full_key(measured_costs.pair("tttt", "dddd", torch.float32, "cpu"))
+    measured_costs.write_costs(measured_costs.cache_file(key), key, MEASURED)
     engine = pacer_engine(tmp_path, "")
     stop = next(p for n, p in engine.pm.list_name_plugin() if n.startswith("strategy.stop"))
     assert stop.cost.draft_token_s == 0.003
     with pytest.raises(InputError, match="no cost model"):  # the cache holds nothing for another target
         pacer_engine(tmp_path, "", digest="uuuu")
-    given = cost_files.write_costs(tmp_path / "given.json", key, {**MEASURED, "draft_token_s": 0.005})
+    given = measured_costs.write_costs(tmp_path / "given.json", key, {**MEASURED, "draft_token_s": 0.005})
     engine = pacer_engine(tmp_path, f", cost_file: '{given}'")
     assert next(p for n, p in engine.pm.list_name_plugin() if n.startswith("strategy.stop")).cost.draft_token_s == 0.005
     with pytest.raises(InputError, match="measured for target tttt .* but this run pairs target uuuu"):
@@ -271,9 +273,9 @@ def test_pacer_costs_measures_and_caches_a_tiny_pair(tmp_path, capsys, monkeypat
     target.digest, draft.digest = "tttt", "dddd"
     built = []
 
-    def build(cfg):
-        built.append(cfg)
-        return Engine.build(target, draft=draft, cfg=cfg)
+    def build(plan):
+        built.append(plan.config)
+        return Engine.build(target, draft=draft, plan=plan)
 
     monkeypatch.setattr(cli, "build_engine", build)
     monkeypatch.setenv("PACER_CACHE", str(tmp_path / "cache"))
@@ -283,10 +285,10 @@ def test_pacer_costs_measures_and_caches_a_tiny_pair(tmp_path, capsys, monkeypat
         )
     assert code == 0, err
     assert [s["name"] for s in built[0].strategy.stop] == ["fixed"] and built[0].sampling.temperature == 0
-    key = cost_files.full_key(cost_files.engine_pair(build(built[0])))
-    cost = cost_files.read_costs(cost_files.cache_file(key), key)
+    key = measured_costs.full_key(measured_costs.engine_pair(Engine.build(target, draft=draft, cfg=built[0])))
+    cost = measured_costs.read_costs(measured_costs.cache_file(key), key)
     assert len(cost.verify_s) == 4 and min(cost.verify_s) > 0 and cost.draft_token_s > 0
-    assert "tttt" in out and str(cost_files.cache_file(key)) in out
+    assert "tttt" in out and str(measured_costs.cache_file(key)) in out
     assert "--tokens: must be from 1 to 4096, not 0" in one_line_error(capsys, ["costs", "--tokens", "0"])
 
 
@@ -306,7 +308,7 @@ def test_pacer_costs_measures_and_caches_a_tiny_pair(tmp_path, capsys, monkeypat
 def test_pacer_costs_numeric_options_have_ranges(capsys, monkeypatch, argv, needle):
     from pacer_core import cli
 
-    monkeypatch.setattr(cli, "build_engine", lambda cfg: pytest.fail("built before checking the options"))
+    monkeypatch.setattr(cli, "build_engine", lambda plan: pytest.fail("built before checking the options"))
     assert needle in one_line_error(capsys, ["costs", *argv])
 
 
@@ -314,8 +316,8 @@ def test_pacer_costs_refuses_forwards_beyond_the_targets_context_before_measurin
     from pacer_core import cli
 
     target, draft = adapter(tiny_llama(0)), adapter(tiny_llama(1))
-    monkeypatch.setattr(cli, "build_engine", lambda cfg: Engine.build(target, draft=draft, cfg=cfg))
-    monkeypatch.setattr(cost_files, "measure_costs", lambda *a: pytest.fail("measured before checking --context"))
+    monkeypatch.setattr(cli, "build_engine", lambda plan: Engine.build(target, draft=draft, plan=plan))
+    monkeypatch.setattr(measured_costs, "measure_costs", lambda *a: pytest.fail("measured before checking --context"))
     error = one_line_error(
         capsys,
         [
@@ -337,11 +339,11 @@ def test_pacer_costs_says_when_it_replaces_the_machine_wide_profile(tmp_path, ca
     """`pacer costs --profile` copies the profile to the cache every later `nodes: auto` tree on the
     device reads: it says so (wrote / replaced), and --no-cache leaves the cache alone."""
     from pacer_core import cli
-    from pacer_core.costs import measured_profile_path
+    from pacer_core.cost_profiles import measured_profile_path
 
     target, draft = adapter(tiny_llama(0)), adapter(tiny_llama(1))
     target.digest = "tttt"
-    monkeypatch.setattr(cli, "build_engine", lambda cfg: Engine.build(target, draft=draft, cfg=cfg))
+    monkeypatch.setattr(cli, "build_engine", lambda plan: Engine.build(target, draft=draft, plan=plan))
     monkeypatch.setenv("PACER_CACHE", str(tmp_path / "cache"))
     argv = [
         "costs",
@@ -377,7 +379,7 @@ def test_pacer_costs_refuses_an_out_file_it_cannot_write_before_measuring(tmp_pa
 
     from helpers import bad_out_folders
 
-    monkeypatch.setattr(cli, "build_engine", lambda cfg: pytest.fail("measured before checking --out"))
+    monkeypatch.setattr(cli, "build_engine", lambda plan: pytest.fail("measured before checking --out"))
     a_folder = tmp_path / "a-folder"
     a_folder.mkdir()
     for out in [a_folder, *(place / "costs.json" for place in bad_out_folders(tmp_path) if place.name != "a-file")]:

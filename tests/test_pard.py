@@ -23,7 +23,7 @@ from helpers import (
     LENGTH,
     PASS_P,
     adapter,
-    misreport_block_columns,
+    misreport_block_rows,
     one_line_error,
     reference_greedy,
     sample_outputs,
@@ -52,8 +52,8 @@ def make_pard_draft(
     return lm, draft
 
 
-def pard_engine(target_model, draft, stop="{name: fixed, gamma: 3}", tree=None, extra=(), eos=True):
-    drafter = "{name: pard" + (f", tree: {tree}" if tree else "") + "}"
+def pard_engine(target_model, draft, stop="{name: fixed, gamma: 3}", tree=None, extra=(), eos=True, lookup_bias="null"):
+    drafter = f"{{name: pard, lookup_bias: {lookup_bias}" + (f", tree: {tree}" if tree else "") + "}"
     cfg = load_config(
         overrides=[f"strategy.drafter={drafter}", f"strategy.stop=[{stop}]", *extra], require_models=False
     )
@@ -96,9 +96,9 @@ def test_the_packed_training_forward_computes_what_the_drafter_computes(pair, kn
     drafter.pacer_start(None)
     for k, a in enumerate(anchors):
         context = tokens[: a + 1]
-        rows, hidden = drafter._forward(context[: len(context) - known], context[len(context) - known :])
+        logits, hidden = drafter._forward(context[: len(context) - known], context[len(context) - known :])
         torch.testing.assert_close(packed[k], hidden, rtol=1e-4, atol=1e-5)
-        assert rows.shape == (BLOCK, 8) and torch.allclose(rows.sum(-1), torch.ones(BLOCK))
+        assert logits.shape == (BLOCK, 8) and bool(torch.isfinite(logits).all())
         assert list(draft.cached_tokens) == context  # the mask rows are cropped: the context alone stays
 
 
@@ -168,7 +168,9 @@ def test_greedy_pard_drafting_equals_plain_decoding(pair, tmp_path, stop, tree):
 
 
 # -- sampling: exactly the target's distribution -------------------------------------------------
-SAMPLE_PROMPT = [3, 7, 11, 5]
+# every token once, then the first again: every token has a successor in the text, so the lookup prior
+# raises one token of every drafted row
+SAMPLE_PROMPT = [5, 9, 1, 14, 3, 12, 7, 0, 10, 6, 15, 2, 8, 13, 4, 11, 5]
 SAMPLES = 500
 
 
@@ -181,17 +183,18 @@ def sampling_pair(tmp_path_factory):
     return target, draft
 
 
-def sampled_pvalue(target_model, draft, tree, monkeypatch=None, wrong_columns=False):
-    """The chi-square p-value of SAMPLES sampled generations (T = 1, speculative sampling);
-    ``wrong_columns``: each token is drawn from its row but the row is reported with its columns
-    shifted by one (a column-map bug: q(x) read from the next token's column)."""
-    if wrong_columns:
-        misreport_block_columns(monkeypatch, PardDrafter)
+def sampled_pvalue(target_model, draft, tree, monkeypatch=None, wrong=None, lookup_bias="null"):
+    """The chi-square p-value of SAMPLES sampled generations (T = 1, speculative sampling), with the
+    drafter's ``lookup_bias`` (null: the default prior); ``wrong``: the drafter reports another
+    distribution than each token was drawn from (``misreport_block_rows``)."""
+    if wrong:
+        misreport_block_rows(monkeypatch, PardDrafter, wrong)
     engine = pard_engine(
         target_model,
         draft,
         tree=tree,
         eos=False,
+        lookup_bias=lookup_bias,
         extra=[
             "sampling.temperature=1.0",
             "strategy.verifier={name: speculative_sampling}",
@@ -207,14 +210,17 @@ def sampled_pvalue(target_model, draft, tree, monkeypatch=None, wrong_columns=Fa
 
 
 @pytest.mark.slow  # 500 sampled generations
+@pytest.mark.parametrize("lookup_bias", ["null", "[6.0]", "[]"], ids=["prior", "strong-prior", "no-prior"])
 @pytest.mark.parametrize("tree", [None, "{topk: 3, depth: 3, nodes: 6}"], ids=["chain", "tree"])
-def test_sampled_pard_drafting_matches_the_target_distribution(sampling_pair, tree):
-    assert sampled_pvalue(*sampling_pair, tree) > PASS_P
+def test_sampled_pard_drafting_matches_the_target_distribution(sampling_pair, tree, lookup_bias):
+    assert sampled_pvalue(*sampling_pair, tree, lookup_bias=lookup_bias) > PASS_P
 
 
 @pytest.mark.slow  # 500 sampled generations
-def test_rows_read_through_a_wrong_column_map_fail_the_distribution_test(sampling_pair, monkeypatch):
-    assert sampled_pvalue(*sampling_pair, None, monkeypatch, wrong_columns=True) < 1e-6
+@pytest.mark.parametrize("wrong", ["columns", "prior"])
+def test_rows_misreported_fail_the_distribution_test(sampling_pair, monkeypatch, wrong):
+    # a strong one-token prior: the reported rows then differ from the drawn ones at every row
+    assert sampled_pvalue(*sampling_pair, None, monkeypatch, wrong=wrong, lookup_bias="[6.0]") < 1e-6
 
 
 @pytest.mark.slow  # 500 sampled generations
@@ -225,7 +231,7 @@ def test_tree_children_claimed_as_sampled_fail_the_distribution_test(sampling_pa
         "next_levels",
         lambda *a, **k: (lambda block: block and attrs.evolve(block, sampled=True))(levels(*a, **k)),
     )
-    assert sampled_pvalue(*sampling_pair, "{topk: 3, depth: 3, nodes: 6}") < 1e-6
+    assert sampled_pvalue(*sampling_pair, "{topk: 3, depth: 3, nodes: 6}", lookup_bias="[]") < 1e-6
 
 
 # -- refusals ------------------------------------------------------------------------------------
@@ -291,3 +297,98 @@ def test_distill_refuses_a_pard_option_in_one_line_before_any_model_loads(
     monkeypatch.setattr(hf, "load_model", no_model)
     message = one_line_error(capsys, ["distill", f"out={tmp_path / 'run'}", "student.kind=pard", *options])
     assert needle in message
+
+
+# -- the export vLLM serves (a PARD checkpoint) -------------------------------------------------
+def pard_drafter(engine) -> PardDrafter:
+    return next(p for p in engine.pm.get_plugins() if isinstance(p, PardDrafter))
+
+
+def saved_pard_draft(folder, subset=range(8)):
+    """A tiny pard draft saved as ``pacer distill`` saves one: the causal LM's folder, its pard files
+    and its vocabulary subset. Returns (the transformers model, its mask embedding)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    lm, _ = make_pard_draft(folder)
+    lm.save_pretrained(folder)
+    (folder / "pacer-vocab-subset.json").write_text(json.dumps(list(subset)))
+    (folder / "manifest.json").write_text(json.dumps({"family": "pard"}))
+    return lm, load_file(str(folder / "pard.safetensors"))["mask_embedding"].float()
+
+
+def test_the_export_writes_the_mask_embedding_into_the_pard_tokens_row(tmp_path):
+    """`pacer export` of a pard draft: a Llama checkpoint whose ``pard_token`` (the highest id outside
+    the draft's subset) has the learned mask embedding as its input embedding, the output layer
+    untied and unchanged, ``pard.json`` with the trained block."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from pacer_core.cli import main
+
+    lm, mask = saved_pard_draft(tmp_path / "draft")
+    assert main(["export", str(tmp_path / "draft"), str(tmp_path / "out"), "--dtype", "float32"]) == 0
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["pard_token"] == 15 and config["tie_word_embeddings"] is False
+    tensors = load_file(str(tmp_path / "out" / "model.safetensors"))
+    embed = lm.model.embed_tokens.weight.detach()
+    assert torch.equal(tensors["model.embed_tokens.weight"][15], mask.half().float())
+    assert torch.equal(tensors["model.embed_tokens.weight"][:15], embed[:15])
+    assert torch.equal(tensors["lm_head.weight"], lm.lm_head.weight.detach())
+    assert json.loads((tmp_path / "out" / "pard.json").read_text()) == {"family": "pard", "block": BLOCK}
+
+
+def test_the_pard_drafter_runs_an_export_as_vllm_reads_it(pair, tmp_path):
+    """Our drafter reads a PARD checkpoint by its ``pard_token``: the mask rows take that token's
+    input embedding, the block comes from ``pard.json`` (else the ``block`` option, refused in one line
+    when absent); greedy drafting stays equal to plain decoding, and the rows equal the original draft's."""
+    from transformers import AutoModelForCausalLM
+
+    from pacer_core.cli import main
+
+    target, _, _ = pair
+    lm, mask = saved_pard_draft(tmp_path / "draft")
+    assert main(["export", str(tmp_path / "draft"), str(tmp_path / "out"), "--dtype", "float32"]) == 0
+    exported = adapter(AutoModelForCausalLM.from_pretrained(tmp_path / "out"))
+    exported.folder = tmp_path / "out"
+    engine = pard_engine(target, exported, lookup_bias="[]")
+    drafter = pard_drafter(engine)
+    assert torch.equal(drafter.mask.float(), mask.half().float()) and drafter.block == BLOCK
+    original = adapter(lm)
+    original.folder = tmp_path / "draft"
+    rows = [d._forward([3, 7, 11, 5], [])[0] for d in (drafter, pard_drafter(pard_engine(target, original)))]
+    torch.testing.assert_close(rows[0], rows[1], rtol=1e-3, atol=1e-3)  # the mask rounded to float16
+    for prompt in PROMPTS:
+        assert engine.generate(prompt, max_new_tokens=BUDGET).tokens == reference_greedy(target, prompt, BUDGET)
+    (tmp_path / "out" / "pard.json").unlink()
+    with pytest.raises(InputError, match="set strategy.drafter.block") as info:
+        pard_engine(target, exported)
+    assert "\n" not in str(info.value)
+    assert pard_drafter(pard_engine(target, exported, extra=["strategy.drafter.block=2"])).block == 2
+
+
+def test_the_serving_check_counts_a_pard_stack_from_the_first_token_as_vllm_drafts(pair, tmp_path, monkeypatch):
+    """Our step 0 verifies a pard draft along with the prefill; vLLM drafts first after its prefill.
+    The serving check's counts of a stack that drafted in step 0 come from the prompt and its first
+    token (what vLLM's first draft reads), not from the step-0 draft."""
+    import pacer_core.engine
+    from pacer_bench.servecheck import accepted_by_position, ours
+
+    target, lm, draft = pair
+    monkeypatch.setattr(pacer_core.engine, "load_stack_draft", lambda plan, tokenizer: draft)
+    stack = ["strategy.drafter={name: pard, lookup_bias: []}", f"strategy.stop=[{{name: fixed, gamma: {BLOCK}}}]"]
+    counted = ours(adapter(target), None, PROMPTS, {"pard": stack}, 12, 1, BLOCK)["pard"]
+    engine = pard_engine(target, draft, lookup_bias="[]")
+    naive, shifted = [0, [0] * BLOCK], [0, [0] * BLOCK]
+    for prompt, out in zip(PROMPTS, counted["tokens"]):
+        for total, ids, tokens in ((naive, prompt, 12), (shifted, prompt + out[:1], 11)):
+            m = engine.generate(ids, max_new_tokens=tokens + BLOCK).metrics
+            assert total is shifted or m["drafted_per_step"][0] > 0  # step 0 drafts with the prefill
+            d, p = accepted_by_position(
+                m["drafted_per_step"], m["accepted_per_step"], m["accept_lengths"], BLOCK, tokens
+            )
+            total[0] += d
+            total[1] = [a + b for a, b in zip(total[1], p)]
+    assert [counted["spec"]["drafts"], counted["spec"]["accepted_tokens_per_pos"]] == shifted != naive

@@ -1,4 +1,4 @@
-"""pacer_plugins.feature_draft.priors: the n-gram successor index and the lookup bonus, the corpus successors and
+"""pacer_core.priors: the n-gram successor index and the lookup bonus, the corpus successors and
 the corpus bonus, each against a direct scan."""
 
 import random
@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from pacer_plugins.feature_draft.priors import CorpusSuccessors, SuccessorIndex, corpus_bonus, lookup_bonus
+from pacer_core.priors import CorpusSuccessors, SuccessorIndex, corpus_bonus, lookup_bonus
 
 from helpers import brute_successors
 

@@ -2,7 +2,7 @@
 
 Read with ``yaml.safe_load`` and checked field by field (known fields, positive finite seconds,
 curves non-decreasing in k, k = 1 in verify_s, a ``sources`` entry for every top-level number),
-then loaded through ``pacer_core.costs.load_profile``. docs/costs.md must list each one.
+then loaded through ``pacer_core.cost_profiles.load_profile``. docs/costs.md must list each one.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from pacer_core import InputError
-from pacer_core.costs import load_profile
+from pacer_core.cost_profiles import load_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILES = sorted((ROOT / "pacer_core" / "profiles").glob("*.yaml"))

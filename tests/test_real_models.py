@@ -128,7 +128,7 @@ def test_the_shipped_token_draft_loads_completed_and_keeps_greedy_output():
     target on first load, computes logits on its vocabulary subset only, and SD with it (draft_model
     and ouroboros, with the shipped M_B) equals plain decoding in fp32."""
     from pacer_core import hf
-    from pacer_core.config import check, draft_model_config
+    from pacer_core.config import draft_model_config, plan_run
     from pacer_plugins.pacer_builtins.drafters import DEFAULT_DRAFT
 
     target, tokenizer, _ = load_model(None, "float32", "cpu", None, "target")
@@ -139,7 +139,7 @@ def test_the_shipped_token_draft_loads_completed_and_keeps_greedy_output():
             "strategy.verifier={name: greedy}",
         ]
     )
-    d = draft_model_config(cfg, check(cfg).drafter.component)
+    d = draft_model_config(cfg, plan_run(cfg).stack.drafter.component)
     assert d.path == DEFAULT_DRAFT
     draft, draft_tokenizer, _ = load_model(d.path, "float32", "cpu", None, "draft")
     assert draft_tokenizer.vocab() == tokenizer.vocab() and draft.vocab_subset is not None

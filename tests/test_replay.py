@@ -11,9 +11,10 @@ from types import SimpleNamespace
 import attrs
 import pytest
 
-from pacer_bench import replay
 from pacer_bench.answers import make_record
-from pacer_core.costs import profile_from_dict
+from pacer_bench.replay import predictions, profiles, recorded, steplog, trees
+from pacer_bench.replay.recorded import RecordedRun
+from pacer_core.cost_profiles import profile_from_dict
 from pacer_core.testing import ScriptedLM
 
 from helpers import DRAFT_TABLE, PROMPT, TARGET_TABLE, assert_one_line_error, build_engine, run_cli
@@ -113,7 +114,7 @@ def run():
 
 def test_replay_predicts_the_measured_speedup_when_costs_are_known_exactly(run):
     meta, records = run
-    prediction = replay.predict(meta, records, profile_from_dict(PROFILE))
+    prediction = predictions.predict(RecordedRun.parse(meta, records), profile_from_dict(PROFILE))
     rows = prediction["sets"]["all"]
     assert set(rows) == set(STACKS)
     for name, row in rows.items():
@@ -122,16 +123,18 @@ def test_replay_predicts_the_measured_speedup_when_costs_are_known_exactly(run):
     assert rows["chain"]["tau"] > 1 and rows["tree"]["tau"] > 1
     # under another profile the same steps predict another speedup: flat verification favours trees
     flat = dict(PROFILE, verify_s={1: 0.02, 64: 0.0201}, tree_verify_s={1: 0.02, 64: 0.0201})
-    other = replay.predict(meta, records, profile_from_dict(flat))["sets"]["all"]
+    other = predictions.predict(RecordedRun.parse(meta, records), profile_from_dict(flat))["sets"]["all"]
     assert other["tree"]["predicted_speedup"] > rows["tree"]["predicted_speedup"]
-    assert "predicted under measured profile 'fake'" in replay.markdown(prediction)
+    assert "predicted under measured profile 'fake'" in predictions.markdown(prediction)
 
 
 def test_a_wrong_cost_rule_is_caught(run):
     """Charging a tree step the chain curve (or forgetting the drafter's prompt forward) moves the
     prediction off the measurement, so the test above can fail."""
     meta, records = run
-    wrong = replay.predict(meta, records, profile_from_dict(dict(PROFILE, tree_verify_s=None)))["sets"]["all"]
+    wrong = predictions.predict(RecordedRun.parse(meta, records), profile_from_dict(dict(PROFILE, tree_verify_s=None)))[
+        "sets"
+    ]["all"]
     assert wrong["tree"]["predicted_speedup"] != pytest.approx(wrong["tree"]["measured_speedup"], rel=1e-3)
 
 
@@ -182,9 +185,6 @@ def test_replay_refuses_bad_input_in_one_line(run, tmp_path, capsys):
 
 
 # -- tree shapes on logged trees ---------------------------------------------------------------------
-from pacer_bench import replay_trees  # noqa: E402
-
-
 def test_a_logged_tree_replays_to_the_run_it_came_from():
     """The tree_log observer's steps, replayed with the logged shape and every node sent, give back
     the run's own τ; a narrower shape or a chain never accepts more."""
@@ -210,14 +210,14 @@ def test_a_logged_tree_replays_to_the_run_it_came_from():
         emitted += sum(a + 1 for a in result.metrics["accepted_per_step"])
         steps += result.metrics["steps"]
         records.append({"model_id": "tree", "prompt_set": "set", "metrics": result.metrics})
-    logged = replay_trees.logged_trees(records, "tree")
-    result = replay_trees.replay_shapes(logged, profile_from_dict(PROFILE), kind="token")
+    logged = RecordedRun.parse({"units": []}, records).logged_trees("tree")
+    result = trees.replay_shapes(logged, profile_from_dict(PROFILE), kind="token")
     table = result["table"]
     assert table["tree k3 d3 all"]["all"]["tau"] == pytest.approx(emitted / steps)
     assert table["oracle tree"]["all"]["tau"] == pytest.approx(emitted / steps)
     assert all(row["all"]["tau"] <= emitted / steps + 1e-9 for row in table.values())
     assert table["chain γ=3"]["all"]["tau"] <= table["tree k3 d3 all"]["all"]["tau"]
-    assert "predicted under measured profile 'fake'" in replay_trees.markdown(result)
+    assert "predicted under measured profile 'fake'" in trees.markdown(result)
 
 
 def synthetic_trees(count: int, topk: int, depth: int, seed: int = 0) -> list:
@@ -261,7 +261,7 @@ def synthetic_trees(count: int, topk: int, depth: int, seed: int = 0) -> list:
                 break
             path.append(chosen)
             node = chosen
-        out.append(replay_trees.LoggedTree(tuple(parents), tuple(q), tuple(main), tuple(path), "set"))
+        out.append(steplog.LoggedTree(tuple(parents), tuple(q), tuple(main), tuple(path), "set"))
     return out
 
 
@@ -269,10 +269,10 @@ def synthetic_trees(count: int, topk: int, depth: int, seed: int = 0) -> list:
 def test_auto_is_at_least_about_the_best_fixed_budget(profile_name):
     """On trees whose draft probabilities are calibrated, nodes: auto under a profile is within 3% of
     the best fixed budget and the best chain that hindsight picks under the same profile."""
-    from pacer_core.costs import load_profile
+    from pacer_core.cost_profiles import load_profile
 
     steps = [attrs.evolve(s, prompt=str(i % 20)) for i, s in enumerate(synthetic_trees(400, topk=6, depth=5))]
-    result = replay_trees.replay_shapes(steps, load_profile(profile_name), kind="feature")
+    result = trees.replay_shapes(steps, load_profile(profile_name), kind="feature")
     speed = {name: row["all"]["speedup"] for name, row in result["table"].items()}
     best = result["best"]
     assert speed[best["auto"]] >= 0.97 * max(speed[best["tree"]], speed[best["chain"]])
@@ -284,12 +284,12 @@ def test_calibration_reads_acceptance_rates_off_logged_trees():
     from pacer_core.trees import node_values
 
     steps = [attrs.evolve(s, prompt=str(i % 2)) for i, s in enumerate(synthetic_trees(300, topk=4, depth=3, seed=3))]
-    table = replay_trees.fit_calibration(steps, bins=4)
+    table = trees.fit_calibration(steps, bins=4)
     assert len(table.rate) == 3  # one row per depth
     for rates in table.rate:
         assert list(rates) == sorted(rates) and all(0 <= r <= 1 for r in rates)  # non-decreasing in the probability
     step = steps[0]
-    values = node_values(replay_trees._subtree(step, list(range(len(step.parents)))), calibration=table)
+    values = node_values(trees._subtree(step, list(range(len(step.parents)))), calibration=table)
     assert all(values[i] <= values[p] for i, p in enumerate(step.parents) if p >= 0)  # never above the parent
 
 
@@ -367,11 +367,11 @@ def test_a_measured_profile_cached_for_the_device_sizes_trees_there(tmp_path, mo
     profile named reads it there, else the device's shipped profile."""
     import yaml
 
-    from pacer_core.costs import measured_profile_path
+    from pacer_core.cost_profiles import measured_profile_path
     from pacer_core.trees import TreeConfig, node_budget
 
     monkeypatch.setenv("PACER_CACHE", str(tmp_path))
-    from pacer_core.costs import load_profile
+    from pacer_core.cost_profiles import load_profile
 
     shipped = load_profile("cpu-2core-smollm2-fp32").verify(1)
     tree = TreeConfig(nodes="auto")
@@ -388,7 +388,7 @@ def test_a_measured_profile_cached_for_the_device_sizes_trees_there(tmp_path, mo
 
 def test_the_pacer_stops_throughput_rule_takes_a_profile():
     from pacer_core import load_config
-    from pacer_core.costs import load_profile
+    from pacer_core.cost_profiles import load_profile
     from pacer_plugins.pacer_stop.policy import PacerStopConfig, load_costs
 
     config = PacerStopConfig(rule="throughput", profile="a100-7b-bf16")
@@ -427,12 +427,9 @@ def test_replay_can_take_this_engines_host_time(run, tmp_path, capsys):
     assert_one_line_error(code, err, "host_s.plain must be a positive number of seconds")
 
 
-@pytest.mark.parametrize("drafter, kind", [("draft_model", "token"), ("dflash", "block")])
-def test_the_runs_own_profile_recovers_the_costs_it_ran_under(run, drafter, kind):
-    """profile_from_run reads the probe's curves and fits the draft forward and host time from the
-    fixed chains and plain decoding; on the fake-clock run (all time in forwards) it recovers the
-    draft's cost under the drafter's cost kind (a block drafter's one forward a block included),
-    and every stack's prediction is its measurement."""
+def timed_run(run, drafter: str) -> tuple[dict, list[dict], dict]:
+    """The fake-clock run as a bench with a verification-cost probe records it: every second in a
+    forward (``forward_s``), its chain stack a fixed chain of ``drafter``, its tree stack a tree."""
     meta, records = run
     profile = profile_from_dict(PROFILE)
     timed = [dict(r, metrics=dict(r["metrics"], forward_s=r["metrics"]["wall_s"])) for r in records]
@@ -450,14 +447,65 @@ def test_the_runs_own_profile_recovers_the_costs_it_ran_under(run, drafter, kind
         "tree_k": [4, 16, 32],
         "tree_verify_s": [profile.tree_verify(k) for k in (4, 16, 32)],
     }
-    measured = replay.profile_from_run(meta, timed, cost_file)
+    return meta, timed, cost_file
+
+
+@pytest.mark.parametrize("drafter, kind", [("draft_model", "token"), ("dflash", "block")])
+def test_the_runs_own_profile_recovers_the_costs_it_ran_under(run, drafter, kind):
+    """profile_from_run reads the probe's curves and fits the draft forward and host time from the
+    fixed chains and plain decoding; on the fake-clock run (all time in forwards) it recovers the
+    draft's cost under the drafter's cost kind (a block drafter's one forward a block included),
+    and every stack's prediction is its measurement."""
+    meta, timed, cost_file = timed_run(run, drafter)
+    measured = profiles.profile_from_run(RecordedRun.parse(meta, timed, cost_file))
     assert measured.draft_forward(kind) == pytest.approx(0.003, rel=1e-6)
     assert set(measured.draft) == {kind}
-    rows = replay.predict(meta, timed, measured)["sets"]["all"]
+    rows = predictions.predict(RecordedRun.parse(meta, timed), measured)["sets"]["all"]
     for name in ("chain", "tree"):
         assert rows[name]["predicted_speedup"] == pytest.approx(rows[name]["measured_speedup"], rel=1e-4), name
     with pytest.raises(Exception, match="verification-cost probe"):
-        replay.profile_from_run(meta, timed, None)
+        profiles.profile_from_run(RecordedRun.parse(meta, timed, None))
+
+
+def test_pacer_replay_parses_each_record_once_and_measures_the_runs_profile_once(run, tmp_path, capsys, monkeypatch):
+    """However many profiles it prices under (the run's own among them, also saved), ``pacer replay``
+    reads each record's steps once and measures the run's profile once; the saved profile is the
+    one it priced under, named after its file."""
+    from pacer_core.cost_profiles import load_profile
+
+    meta, timed, cost_file = timed_run(run, "draft_model")
+    folder = write_run(tmp_path / "run", meta, timed)
+    (folder / "cost_model.json").write_text(json.dumps(cost_file))
+    parsed, measured = [], []  # every LoggedStep made, wherever: a record parsed twice makes its steps twice
+    init, measure = steplog.LoggedStep.__init__, profiles.profile_from_run
+    monkeypatch.setattr(steplog.LoggedStep, "__init__", lambda self, *a: parsed.append(a) or init(self, *a))
+    monkeypatch.setattr(
+        "pacer_bench.replay.command.profile_from_run", lambda *a, **k: measured.append(a) or measure(*a, **k)
+    )
+    saved = tmp_path / "mine.yaml"
+    code, out, err = run_cli(
+        [
+            "replay",
+            str(folder),
+            "--profile",
+            "run",
+            "--profile",
+            "a100-7b-bf16",
+            "--profile",
+            "run",
+            "--save-profile",
+            str(saved),
+            "--json",
+        ],
+        capsys,
+    )
+    assert code == 0, err
+    assert len(parsed) == sum(len(r["metrics"]["accepted_per_step"]) for r in timed) and len(measured) == 1
+    priced = json.loads(out)
+    assert [p["profile"] for p in priced] == ["run", "a100-7b-bf16", "run"]
+    assert priced[0] == priced[2]
+    written = load_profile(saved)
+    assert written.name == "mine" and written.draft_forward("token") == pytest.approx(0.003, rel=1e-6)
 
 
 # -- damaged records and unbounded costs are refused in one line ---------------------------------------
@@ -542,7 +590,7 @@ def test_a_profile_with_costs_no_replay_can_price_is_refused(run, tmp_path, caps
 
 
 def test_cost_models_are_bounded_and_a_speedup_without_tokens_is_no_number(run, tmp_path, capsys):
-    from pacer_core.costs import CostModel
+    from pacer_core.cost_profiles import CostModel
 
     for bad in ([1e308], [0.01, float("inf")], [-1.0]):
         with pytest.raises(ValueError, match="verify_s needs times from 1e-15 to 3600 s"):
@@ -556,9 +604,9 @@ def test_cost_models_are_bounded_and_a_speedup_without_tokens_is_no_number(run, 
     assert_one_line_error(code, err, "cost model", "under 'verify_s'")
     # plain decoding that emitted nothing: no rate to compare with, "—" rather than a ZeroDivisionError
     empty = [dict(r, tokens=[]) if r["model_id"] == "autoregressive" else r for r in records]
-    rows = replay.predict(meta, empty, profile_from_dict(PROFILE))["sets"]["all"]
+    rows = predictions.predict(RecordedRun.parse(meta, empty), profile_from_dict(PROFILE))["sets"]["all"]
     assert rows["chain"]["predicted_speedup"] is None and rows["chain"]["measured_speedup"] is None
-    assert "| set | chain | " in replay.markdown(
+    assert "| set | chain | " in predictions.markdown(
         {"profile": "p", "kind": "k", "device": "d", "oracle": None, "sets": {"set": rows}, "trees": {}}
     )
 
@@ -567,4 +615,13 @@ def test_the_runs_own_profile_is_bounded_as_a_profile_file_is(run):
     meta, records = run
     timed = [dict(r, metrics=dict(r["metrics"], forward_s=0.0, wall_s=9e6)) for r in records]
     with pytest.raises(Exception, match="measured from the run.*host_s.* must be a positive number of seconds"):
-        replay.profile_from_run(meta, timed, {"verify_s": [0.02, 0.021]})
+        profiles.profile_from_run(RecordedRun.parse(meta, timed, {"verify_s": [0.02, 0.021]}))
+
+
+def test_a_run_recorded_without_cost_kinds_has_each_stack_planned_once(resolutions):
+    """An older run's units carry no ``cost_kind``: each distinct stack is planned once to read it."""
+    eagle = {"name": "eagle-old", "config": {"strategy": {"drafter": {"name": "eagle", "path": "x"}}}}
+    token = {"name": "token-old", "config": {"strategy": {"drafter": {"name": "draft_model"}}}}
+    recorded._resolved_cost_kind.cache_clear()
+    assert [recorded.drafter_kind(u) for u in (eagle, token, eagle, token)] == ["feature", "token"] * 2
+    assert resolutions == {"plugin_managers": 2, "resolutions": 2}

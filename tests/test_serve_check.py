@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pacer_bench import servecheck
+from pacer_bench import servecheck, serveexports
 from pacer_bench.servecheck import accepted_by_position, draft_line, engine_support
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,6 +89,7 @@ def test_the_script_refuses_a_cpu_without_avx_before_installing_anything(tmp_pat
         (["--prompts"], "--prompts needs a whole number of at least 1"),
         (["--work"], "--work needs a folder"),
         (["--serve"], "unknown option '--serve'"),
+        (["--only", "eagle"], "--only needs 'exports' or 'stacks'"),
     ],
 )
 def test_the_script_refuses_bad_options_in_one_line(args, said):
@@ -159,21 +160,61 @@ def test_a_draft_passes_only_with_identical_outputs_and_equal_counts():
     assert not ok
 
 
+def _stack_run(tokens, drafts, draft_tokens, accepted, rounds=1):
+    spec = {"drafts": drafts, "draft_tokens": draft_tokens, "accepted_tokens": accepted}
+    return {
+        "tokens": tokens,
+        "k": servecheck.STACK_K,
+        "rounds": [{"tokens": tokens, "seconds": [1.0] * len(tokens), "spec": spec}] * rounds,
+    }
+
+
+def test_a_stack_passes_with_identical_outputs_and_drafts_verified(tmp_path):
+    out = [[5, 6, 7], [8, 9]]
+    plain = _run(out)
+    record = tmp_path / "record.jsonl"  # calls 1 and 2 drafted for two requests, call 3 for one
+    record.write_text(
+        "".join(
+            json.dumps({"drafted": n, "accepted": 0, "emitted": 1, "call": call}) + "\n"
+            for n, call in ((2, 1), (2, 1), (5, 2), (1, 2), (3, 3))
+        )
+    )
+    summary = servecheck.read_record(record)
+    assert summary == ({2: 2, 5: 1, 1: 1, 3: 1}, 1, 2)
+    assert servecheck.read_record(tmp_path / "absent.jsonl") == ({}, 0, 0)
+    ok, line = servecheck.stack_line("token+pacer", [], plain, plain, _stack_run(out, 4, 10, 6, rounds=2), summary)
+    assert ok and "outputs identical yes (2 prompts" in line and "drafted 10 tokens in 4 drafts and accepted 6" in line
+    assert "1: 1, 2: 2, 3: 1, 5: 1 (variable; different lengths within one batch in 1 of 2 calls" in line
+    assert "configs/vllm.yaml), num_speculative_tokens 8, one prompt at a time" in line
+    ok, line = servecheck.stack_line(
+        "s", ["strategy.stop=[]"], plain, plain, _stack_run([[5, 6, 7], [8, 1]], 4, 10, 6), summary
+    )
+    assert not ok and "outputs identical NO" in line and "configs/vllm.yaml strategy.stop=[])" in line
+    ok, line = servecheck.stack_line("s", [], plain, plain, {**_stack_run(out, 0, 0, 0), "batch": True}, ({}, 0, 0))
+    assert not ok and "none recorded" in line  # vLLM verified no draft: the proposer did not run
+    assert "the 2 prompts in one batch" in line
+
+
+def test_the_stacks_are_checked_before_vllm_starts():
+    for overrides in servecheck.STACKS.values():  # the shipped draft is completed into the cache here
+        servecheck.prepare_stack(overrides)
+
+
 # -- the drafts ----------------------------------------------------------------------------------
 def test_the_shipped_drafts_are_the_folders_pacer_export_reads():
-    found = [p.relative_to(ROOT / "plugins").as_posix() for p in servecheck.shipped_drafts(ROOT / "plugins")]
-    assert "feature_draft/default" in found and "block_draft/default" in found
+    found = [p.relative_to(ROOT / "plugins").as_posix() for p in serveexports.shipped_drafts(ROOT / "plugins")]
+    assert "feature_draft/default" in found and "block_draft/default" in found and "block_draft/default_pard" in found
     assert "pacer_builtins/default" not in found  # token-level: a causal LM of its own
     assert not any(p.startswith("pacer_stop/") for p in found)  # M_B checkpoints, not drafts
 
 
 def test_the_method_comes_from_the_exports_config():
-    assert servecheck.vllm_method({"architectures": ["EagleLlamaForCausalLM"]}) == "eagle"
-    assert servecheck.vllm_method({"architectures": ["LlamaForCausalLMEagle3"]}) == "eagle3"
+    assert serveexports.vllm_method({"architectures": ["EagleLlamaForCausalLM"]}) == "eagle"
+    assert serveexports.vllm_method({"architectures": ["LlamaForCausalLMEagle3"]}) == "eagle3"
     speculators = {"speculators_model_type": "dflash", "architectures": ["DFlashSpeculator"]}
-    assert servecheck.vllm_method(speculators) == "dflash"
+    assert serveexports.vllm_method(speculators) == "dflash"
     with pytest.raises(ValueError, match="no vLLM method"):
-        servecheck.vllm_method({"architectures": ["LlamaForCausalLM"]})
+        serveexports.vllm_method({"architectures": ["LlamaForCausalLM"]})
 
 
 def test_the_served_copy_of_an_eagle_export_has_no_token_map(tmp_path):
@@ -181,9 +222,41 @@ def test_the_served_copy_of_an_eagle_export_has_no_token_map(tmp_path):
     export.mkdir()
     (export / "config.json").write_text(json.dumps({"hidden_size": 8, "speculative_token_map": "token_map.pt"}))
     (export / "model.safetensors").write_bytes(b"weights")
-    served = servecheck.as_vllm_reads(export, tmp_path / "served")
+    served = serveexports.as_vllm_reads(export, tmp_path / "served")
     assert json.loads((served / "config.json").read_text()) == {"hidden_size": 8}
     assert (served / "model.safetensors").read_bytes() == b"weights" and not (served / "token_map.pt").exists()
+
+
+def test_each_compared_export_is_served_beside_our_stack_on_the_same_folder(tmp_path):
+    """EAGLE-1 is served (and run by ours) from the copy vLLM reads; a dflash or PARD export drafts at
+    most its block, by vLLM and by ours alike, a PARD draft in parallel; a method the check does not
+    compare has no stack."""
+    exports = {
+        "eagle1": {"hidden_size": 8},
+        "dflash": {"block_size": 5},
+        "pard": {"pard_token": 15, "architectures": ["LlamaForCausalLM"]},
+    }
+    for name, config in exports.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+        (tmp_path / name / "model.safetensors").write_bytes(b"weights")
+    (tmp_path / "pard" / "pard.json").write_text(json.dumps({"family": "pard", "block": 4}))
+    served = serveexports.served_stack("eagle", tmp_path / "eagle1", tmp_path, 6)
+    assert served.folder == tmp_path / "eagle1-as-vllm-reads" and served.k == 6 and not served.parallel_drafting
+    assert f"path: '{served.folder}'" in served.stack[0] and "lookup_bias: []" in served.stack[0]
+    assert served.stack[1] == "strategy.stop=[{name: fixed, gamma: 6}]"
+    for k_asked, k_drafted in ((8, 4), (3, 3)):
+        served = serveexports.served_stack("dflash", tmp_path / "dflash", tmp_path, k_asked)
+        assert served.folder == tmp_path / "dflash" and served.k == k_drafted and "name: dflash" in served.stack[0]
+        assert served.stack[-1] == f"strategy.stop=[{{name: fixed, gamma: {k_drafted}}}]"
+        assert "lookup_bias: []" in served.stack[0] and not served.parallel_drafting
+        method = serveexports.vllm_method(exports["pard"])
+        served = serveexports.served_stack(method, tmp_path / "pard", tmp_path, k_asked)
+        assert method == "draft_model" and served.parallel_drafting and served.k == k_drafted
+        assert (
+            served.stack[0] == f"draft.path='{tmp_path / 'pard'}'" and "name: pard, lookup_bias: []" in served.stack[2]
+        )
+    assert serveexports.served_stack("mtp", tmp_path / "eagle1", tmp_path, 4) is None
 
 
 def test_only_the_runner_in_the_serving_environment_imports_vllm():

@@ -18,7 +18,7 @@ import attrs
 import pytest
 
 from pacer_core import Component, ConfigError, Engine, InputError, Stop, hookimpl, load_config
-from pacer_core.costs import CostModel, load_profile
+from pacer_core.cost_profiles import CostModel, load_profile
 from pacer_core.skipping import (
     DraftGate,
     SkipConfig,

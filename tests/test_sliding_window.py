@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from pacer_core import Engine, SamplingParams, load_config
-from pacer_core.drafts import TokenTree
+from pacer_core.draft_values import TokenTree
 from pacer_core.engine import tree_layout
 from pacer_core.hf import HFModel
 from pacer_core.testing import chisquare_pvalue, exact_continuation_probs

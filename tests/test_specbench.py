@@ -1,7 +1,7 @@
 """Spec-Bench compatibility: multi-turn runs, Spec-Bench answer files and speed.py's report.
 
 A bench over a Spec-Bench-style ``question.jsonl`` (two-turn MT-Bench-category questions and a
-single-turn one) runs on tests/helpers.py's tiny model and test_bench's character tokenizer; an
+single-turn one) runs on tests/helpers.py's tiny model and character tokenizer; an
 independent reader written here after Spec-Bench's ``evaluation/speed.py`` reads the answer files
 the report wrote and must find the report's figures.
 """
@@ -321,20 +321,23 @@ def test_answer_file_names_are_safe_and_distinct():
 
 
 def test_a_single_turn_run_is_resumed_into_a_multi_turn_one_and_survives_interruption(tmp_path, models, capsys):
-    single, stacks = read_bench_config(write_bench(tmp_path, multi_turn=False))
+    def plans(*plugins):  # fresh for each run: a stack's plan builds one engine
+        return read_bench_config(write_bench(tmp_path, multi_turn=False), extra_plugins=list(plugins))[1]
+
+    single, _ = read_bench_config(write_bench(tmp_path, multi_turn=False))
     multi, _ = read_bench_config(write_bench(tmp_path, multi_turn=True))
     clean = tmp_path / "clean"
-    assert run_bench(multi, stacks, clean, models=models, progress=False, report=False) == 0
+    assert run_bench(multi, plans(), clean, models=models, progress=False, report=False) == 0
     expected = {(r["question_id"], r["model_id"], r["turn"]): r["tokens"] for r in read_answers(clean)}
     assert len(expected) == (2 + 2 + 1) * 3
 
     out = tmp_path / "out"
-    assert run_bench(single, stacks, out, models=models, progress=False, report=False) == 0
+    assert run_bench(single, plans(), out, models=models, progress=False, report=False) == 0
     assert {r["turn"] for r in read_answers(out)} == {0} and len(read_answers(out)) == 3 * 3  # the default
     # multi_turn over the same folder adds the second turns; Ctrl-C inside question 81's second turn
-    code = run_bench(multi, stacks, out, models=models, progress=False, extra_plugins=[Crash(2, KeyboardInterrupt)])
+    code = run_bench(multi, plans(Crash(2, KeyboardInterrupt)), out, models=models, progress=False)
     assert code == 130 and len(read_answers(out)) == 9 + 1  # autoregressive's second turn kept
-    assert run_bench(multi, stacks, out, models=models, progress=False, report=False) == 0
+    assert run_bench(multi, plans(), out, models=models, progress=False, report=False) == 0
     records = read_answers(out)
     assert {(r["question_id"], r["model_id"], r["turn"]): r["tokens"] for r in records} == expected
     assert len(records) == len(expected)
@@ -677,3 +680,23 @@ def test_a_spec_bench_suite_run_decodes_every_turn_and_reports_each_task(suite_r
     text = (suite_run / "report.md").read_text()
     assert "## Spec-Bench leaderboard" in text and "Not in this run" not in text
     assert "| fixed2 | " + f"{rows['fixed2']['mt_bench']['speedup']:.2f}×" in text
+
+
+def test_spec_bench_mean_accepted_tokens_is_told_apart_from_tau():
+    from pacer_bench.specbench import TAU_NOTE, leaderboard_markdown, speed_markdown
+
+    figures = {
+        "overall": {
+            "questions": 2,
+            "tokens_per_s": 10.0,
+            "baseline_tokens_per_s": 5.0,
+            "speedup": 2.0,
+            "mean_accepted_tokens": 2.27,
+        }
+    }
+    specbench = {"files": {"a": "specbench/a.jsonl"}, "speed": {"autoregressive": {"a": figures}}}
+    speed = "\n".join(speed_markdown(specbench))
+    assert TAU_NOTE in speed and speed.index(TAU_NOTE) < speed.index("| stack | task |")  # read before the table
+    assert "not the report's τ" in TAU_NOTE and "prefill" in TAU_NOTE
+    board = "\n".join(leaderboard_markdown(specbench, ["specbench"]))
+    assert TAU_NOTE in board and "Mean accepted tokens (τ)" not in board

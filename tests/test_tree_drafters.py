@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from pacer_core import Component, Draft, Engine, hookimpl, load_config
-from pacer_core.config import check
+from pacer_core.config import plan_run
 from pacer_core.errors import ConfigError
 from pacer_core.schema import load_schema
 from pacer_core.testing import ScriptedLM, chisquare_pvalue, exact_continuation_probs
@@ -205,7 +205,7 @@ def goes_off_the_main_path(step) -> bool:
 # -- config -----------------------------------------------------------------------------------------
 def drafter_config(*overrides):
     cfg = load_config(overrides=list(overrides), require_models=False)
-    return check(cfg, require_models=False).drafter.config
+    return plan_run(cfg, require_models=False).stack.drafter.config
 
 
 def test_tree_option_loads_and_defaults():
@@ -338,6 +338,7 @@ def greedy_state(tokens, eos=()):
 
     state = State()
     state.tokens, state.eos_token_ids = list(tokens), frozenset(eos)
+    state.step_index = 0  # one step: a drafter's first call of it grows from the root
     state.sampling = None
     state.generator = torch.Generator().manual_seed(0)
     return state
@@ -360,6 +361,31 @@ def tree_drafter(draft_model, topk=3, depth=4, nodes=10, hidden=True, sampling=N
     drafter = DraftModel(DraftModelConfig(hidden_states=hidden, tree=TreeConfig(topk, depth, nodes)), resources)
     drafter.pacer_start(state=None)
     return drafter
+
+
+def test_a_new_step_is_told_by_the_step_index_not_by_an_empty_draft():
+    """``StepWatch`` (docs/hooks.md#decodestate): True at a step's first call only, afresh after
+    ``restart``. A tree drafter grows from the root at a step's first call; asked again in the same step
+    with a draft it did not grow (an empty one), it refuses instead of silently starting over, and at
+    the next step index it grows from the root again."""
+    from pacer_core.types import StepWatch
+
+    watch, state = StepWatch(), greedy_state([5, 1, 6])
+    answers = []
+    for step in (0, 0, 0, 1, 1):
+        state.step_index = step
+        answers.append(watch.starts(state))
+    assert answers == [True, False, False, True, False]
+    watch.restart()  # pacer_start: the next generation counts from 0 again
+    assert watch.starts(state) and not watch.starts(state)
+    drafter = tree_drafter(scripted(DRAFT_TABLE, seed=3), topk=2, depth=3, nodes=6)
+    state = greedy_state([5, 1, 6, 2, 7])
+    first = drafter.pacer_propose(state=state, draft=Draft(), num_tokens=1)
+    with pytest.raises(RuntimeError, match="not the one this drafter grew"):
+        drafter.pacer_propose(state=state, draft=Draft(), num_tokens=1)
+    state.step_index = 1
+    again = drafter.pacer_propose(state=state, draft=Draft(), num_tokens=1)
+    assert torch.equal(again.tokens, first.tokens) and torch.equal(again.side.tokens, first.side.tokens)
 
 
 @pytest.mark.parametrize("topk, depth, nodes", [(1, 4, 24), (2, 3, 5), (3, 4, 10), (4, 6, 24), (3, 5, 2)])
@@ -508,7 +534,7 @@ def grid():
 @pytest.mark.parametrize("tree, stop, verifier", grid())
 def test_greedy_tree_drafting_equals_plain_decoding(tree, stop, verifier):
     spec = load_config(overrides=[f"strategy.drafter={{name: draft_model, tree: {TREES[tree]}}}"], require_models=False)
-    bounds = check(spec, require_models=False).drafter.config.tree
+    bounds = plan_run(spec, require_models=False).stack.drafter.config.tree
     target, draft = scripted(TARGET_TABLE), scripted(DRAFT_TABLE, seed=1)
     engine, audit = tree_engine(target, draft, f"{{name: draft_model, tree: {TREES[tree]}}}", stop, verifier)
     side = off_path = 0
@@ -742,7 +768,7 @@ def test_embedded_pair_tree_drafting_equals_plain_decoding():
             "strategy.verifier={name: greedy}",
         ]
     )
-    section = draft_model_config(cfg, check(cfg).drafter.component)
+    section = draft_model_config(cfg, plan_run(cfg).stack.drafter.component)
     draft, _, _ = load_model(section.path, "float32", "cpu", None, "draft")
     ids = tokenizer.encode("Write a Python function that adds two numbers.")
     reference = hf_generate(target, ids, 32)

@@ -1031,29 +1031,25 @@ def test_siblings_without_residual_update_fail_the_distribution_test(case, measu
 
 def test_grown_levels_number_a_calls_nodes_as_draft_tree_numbers_a_block():
     """Three levels grown in one call become one block: the main path (one child a level) first,
-    then the side nodes in the order they were grown, their parents renumbered to match."""
+    then the side nodes in the order they were grown, each under the node its row names in the level
+    above (the call's first level: the nodes it grew from); each node is numbered once, by the block."""
     from pacer_core.trees import Candidate, GrownLevels
 
-    grown = GrownLevels()
+    grown = GrownLevels([2])  # grown from node 2, the earlier block's tip
     rows = torch.eye(4)
-    level1 = grown.add([Candidate(0, 10, -0.1), Candidate(0, 11, -0.5)], [2, 2], rows[:2], torch.zeros(3))
-    level2 = grown.add(
-        [Candidate(0, 20, -0.2), Candidate(1, 21, -0.6), Candidate(1, 22, -0.7)],
-        [level1[0], level1[1], level1[1]],
-        rows[:3],
-        torch.ones(3),
-    )
-    grown.add([Candidate(0, 30, -0.3)], [level2[0]], rows[3:], torch.ones(3))
-    block, number = grown.block(first=3, forwards=2)
+    grown.add([Candidate(0, 10, -0.1), Candidate(0, 11, -0.5)], rows[:2], torch.zeros(3))
+    grown.add([Candidate(0, 20, -0.2), Candidate(1, 21, -0.6), Candidate(1, 22, -0.7)], rows[:3], torch.ones(3))
+    grown.add([Candidate(0, 30, -0.3)], rows[3:], torch.ones(3))
+    block, last = grown.block(first=3, forwards=2)
     assert block.tokens.tolist() == [10, 20, 30] and block.side.tokens.tolist() == [11, 21, 22]
-    # node 2 is the earlier block's tip; the main path is nodes 3, 4, 5; the side nodes 6, 7, 8
-    assert block.side.parents.tolist() == [2, 6, 6]
-    assert [number(n) for n in level2] == [4, 7, 8] and number(-1) == -1 and number(2) == 2
+    # the main path is nodes 3, 4, 5; the side nodes 6, 7, 8 (11 under node 2, 21 and 22 under 11)
+    assert block.side.parents.tolist() == [2, 6, 6] and last == [5]
     assert block.hidden_states.shape == (3, 3) and block.forwards == 2 and not block.sampled
     earlier = DraftBlock(torch.tensor([1, 2, 3]), torch.eye(4)[:3], sampled=False)
     tree = Draft((earlier, block)).tree
     assert tree.parents.tolist() == [-1, 0, 1, 2, 3, 4, 2, 6, 6]
     assert torch.equal(tree.draft_probs[3:], torch.cat([rows[[0, 0, 3]], rows[[1, 1, 2]]]))
-    without_hidden = GrownLevels()
-    without_hidden.add([Candidate(0, 5, 0.0)], [-1], rows[:1])
-    assert without_hidden.block(first=0, forwards=1)[0].hidden_states is None
+    without_hidden = GrownLevels()  # from the root
+    without_hidden.add([Candidate(0, 5, 0.0), Candidate(0, 6, -1.0)], rows[:2])
+    root_block, root_last = without_hidden.block(first=0, forwards=1)
+    assert root_block.hidden_states is None and root_block.side.parents.tolist() == [-1] and root_last == [0, 1]

@@ -4,7 +4,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import my_stop_plugin
-from pacer_core import Engine, load_config
+from pacer_core import Engine, load_plan
 from pacer_core.hf import HFModel
 
 
@@ -26,8 +26,8 @@ def tiny_llama(seed: int) -> HFModel:
 
 def generate(drafter: str, stop: str) -> dict:
     overrides = [f"strategy.drafter={{name: {drafter}}}", f"strategy.stop=[{stop}]"]
-    cfg = load_config(overrides=overrides, extra_plugins=[my_stop_plugin], require_models=False)
-    engine = Engine.build(tiny_llama(0), draft=tiny_llama(1), cfg=cfg, extra_plugins=[my_stop_plugin])
+    plan = load_plan(overrides=overrides, extra_plugins=[my_stop_plugin], require_models=False)
+    engine = Engine.build(tiny_llama(0), draft=tiny_llama(1), plan=plan)
     result = engine.generate([5, 9, 13, 5, 9], max_new_tokens=24)
     return {"tokens": result.tokens, "lengths": result.metrics["draft_length_histogram"]}
 

@@ -28,7 +28,15 @@ from .artifacts import (
 from .baselines import hf_generate, hf_generate_traced
 from .batched import batch_generate, greedy_batch
 from .checkpoints import fill_tensors, read_tensors, weights_file
-from .loading import load_draft, load_model, load_section, model_from_config, resolve_device
+from .loading import (
+    load_draft,
+    load_model,
+    load_section,
+    load_tokenizer,
+    model_facts,
+    model_from_config,
+    resolve_device,
+)
 
 __all__ = [
     "DTYPES",
@@ -52,7 +60,9 @@ __all__ = [
     "load_model",
     "load_safetensors",
     "load_section",
+    "load_tokenizer",
     "materialize",
+    "model_facts",
     "model_from_config",
     "resolve_device",
     "safetensors_shapes",

@@ -4,9 +4,10 @@ weights, ``FeatureModel``). ``HFTokenizer`` turns text into ids and back."""
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union, cast
 
 import torch
 
@@ -50,9 +51,12 @@ def growing_layer() -> type:
     ``HFModel.crop`` on another layer type) it is reallocated 1.5× larger. Crops stay views."""
     global _GROWING_LAYER
     if _GROWING_LAYER is None:
-        DynamicLayer = _quiet_transformers().cache_utils.DynamicLayer
+        DynamicLayer: Any = _quiet_transformers().cache_utils.DynamicLayer
 
         class GrowingLayer(DynamicLayer):
+            keys: torch.Tensor
+            values: torch.Tensor
+
             def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
                 super().lazy_initialization(key_states, value_states)
                 self._key_buffer: Optional[torch.Tensor] = None
@@ -64,7 +68,12 @@ def growing_layer() -> type:
                 length = int(self.keys.shape[-2]) if self.keys.dim() == 4 else 0
                 end = length + int(key_states.shape[-2])
                 keys, values = self._key_buffer, self._value_buffer
-                if keys is None or end > keys.shape[-2] or (length and self.keys.data_ptr() != keys.data_ptr()):
+                if (
+                    keys is None
+                    or values is None
+                    or end > keys.shape[-2]
+                    or (length and self.keys.data_ptr() != keys.data_ptr())
+                ):
                     capacity = end + max(256, end // 2)
                     keys = key_states.new_empty(*key_states.shape[:-2], capacity, key_states.shape[-1])
                     values = value_states.new_empty(*value_states.shape[:-2], capacity, value_states.shape[-1])
@@ -115,6 +124,22 @@ class HFTokenizer:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
 
+def cache_keyword(model: Any) -> str:
+    """The keyword a transformers model's forward takes its KV cache by: ``cache`` since transformers
+    renamed it (5.24 here), ``past_key_values`` before (the 5.19 vLLM 0.32 pins; docs/serving.md).
+    An older forward swallows an unknown ``cache=`` in its ``**kwargs`` and runs without the cache."""
+    parameters = inspect.signature(model.forward).parameters
+    return "past_key_values" if "cache" not in parameters and "past_key_values" in parameters else "cache"
+
+
+def eos_token_ids(generation_config: Any, config: Any) -> list[int]:
+    """The end-of-sequence ids a model stops at: its generation config's, else its config's."""
+    eos = generation_config.eos_token_id if generation_config else None
+    if eos is None:
+        eos = config.eos_token_id
+    return [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+
+
 class HFModel:
     """One causal LM and its KV cache (``pacer_core.protocols.LanguageModel``), showing its weights and
     layout to plugins as ``pacer_core.protocols.FeatureModel``."""
@@ -133,6 +158,7 @@ class HFModel:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self._cache_cls = transformers.DynamicCache
+        self._cache_keyword = cache_keyword(model)
         # per decoder layer: "full_attention", "sliding_attention" or another kind of cache layer;
         # sliding-window layers keep every row like full ones and get the window from the attention
         # mask, by position, so tree rows and crops behind the window stay exact (see reset)
@@ -199,11 +225,7 @@ class HFModel:
         model = transformers.AutoModelForCausalLM.from_pretrained(folder, **kwargs)
         if not device_map:
             model = model.to(device)
-        eos = model.generation_config.eos_token_id if model.generation_config else None
-        if eos is None:
-            eos = model.config.eos_token_id
-        eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
-        return cls(model, eos_token_ids=eos, name=name)
+        return cls(model, eos_token_ids=eos_token_ids(model.generation_config, model.config), name=name)
 
     def embedding_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(input embeddings [vocab, hidden], output layer [vocab, hidden]) — feature-level drafts
@@ -237,11 +259,12 @@ class HFModel:
         for trees (by each row's position). Exact for every window, at full attention's memory."""
         self._cache = self._cache_cls(config=self.model.config)
         growing = growing_layer()
+        dynamic: Any = growing.__base__  # transformers' DynamicLayer
         kinds, windows, layers = [], set(), []
         for layer in self._cache.layers:
-            if type(layer) is growing.__base__:
+            if type(layer) is dynamic:
                 kinds.append("full_attention")
-            elif getattr(layer, "is_sliding", False) and isinstance(layer, growing.__base__):
+            elif getattr(layer, "is_sliding", False) and isinstance(layer, dynamic):
                 kinds.append("sliding_attention")
                 windows.add(int(layer.sliding_window))
             else:  # another kind (e.g. linear attention): kept as transformers made it
@@ -309,7 +332,8 @@ class HFModel:
             masks["full_attention"] = allowed
         if "sliding_attention" in kinds:
             key_positions = torch.tensor(self._positions + query_positions.tolist())  # [cached + k]
-            masks["sliding_attention"] = allowed & (key_positions[None, :] > query_positions[:, None] - self._window)
+            window = cast(int, self._window)  # reset() sets it when a layer slides
+            masks["sliding_attention"] = allowed & (key_positions[None, :] > query_positions[:, None] - window)
         for kind, mask in masks.items():
             additive = torch.zeros(mask.shape, dtype=self.dtype)
             additive.masked_fill_(~mask, torch.finfo(self.dtype).min)
@@ -372,14 +396,14 @@ class HFModel:
             embeds = self.model.get_input_embeddings()(self._on_device(ids.clamp_min(0)))  # [1, k, hidden]
             row = mask_embedding.to(embeds.device, embeds.dtype)
             inputs = {"inputs_embeds": torch.where(self._on_device(ids == MASK_ROW)[..., None], row, embeds)}
-        kwargs: dict[str, Any] = {"cache": self._cache, "use_cache": True, **inputs}
+        kwargs: dict[str, Any] = {self._cache_keyword: self._cache, "use_cache": True, **inputs}
         if tree_mask is not None:
             allowed = torch.ones(k, past + k, dtype=torch.bool)
             allowed[:, past + k - tree_mask.shape[1] :] = tree_mask
-            query_positions = positions + past  # [k]
+            query_positions = cast(torch.Tensor, positions) + past  # [k] (a tree forward passes positions)
             kwargs["attention_mask"] = self._tree_attention_mask(allowed, query_positions)
             kwargs["position_ids"] = self._on_device(query_positions[None])
-            new_positions = query_positions.tolist()
+            new_positions: Sequence[int] = query_positions.tolist()
         else:
             new_positions = range(past, past + k)
         layers = None if isinstance(hidden, bool) else tuple(int(i) for i in hidden)
@@ -391,7 +415,7 @@ class HFModel:
         if self.vocab_subset is not None and logits_from < k:
             base = self.model.base_model(**kwargs)
             last = base.last_hidden_state[0]  # after the norm
-            rows = self._head_subset(last[logits_from:]).float()
+            rows = cast(PackedMatrix, self._head_subset)(last[logits_from:]).float()  # set with vocab_subset
             out_logits = torch.full((k - logits_from, self.vocab_size), float("-inf"), device=rows.device)
             out_logits[:, self._subset_index] = rows
             out_hidden = _layer_inputs(base.hidden_states, layers) if layers else (last if hidden else None)

@@ -138,12 +138,12 @@ def hf_generate_traced(
             **generate_kwargs,
         )
         wall = clock() - start
-        if saved is not None:
+        if saved is not None and assistant is not None and assistant_settings:  # saved: both given
             after = {key: getattr(assistant.model.generation_config, key) for key in assistant_settings}
     finally:
         for handle in handles:
             handle.remove()
-        if saved is not None:
+        if saved is not None and assistant is not None:
             assistant.model.generation_config = saved
     drafted = trace.drafted_per_step
     if len(drafted) != len(trace.accept_lengths):  # forwards and steps out of step: no per-step drafts

@@ -9,7 +9,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from .adapter import HFModel
+from .adapter import HFModel, cache_keyword
 
 
 @torch.inference_mode()
@@ -110,7 +110,7 @@ class _Batch:
             input_ids=ids.to(device),
             attention_mask=mask.to(device),
             position_ids=positions.to(device),
-            cache=cache,
+            **{cache_keyword(model): cache},
             use_cache=True,
             logits_to_keep=1,
         )
@@ -123,7 +123,7 @@ class _Batch:
             input_ids=self.following[:, None].to(device),
             attention_mask=self.mask.to(device),
             position_ids=self.next_pos[:, None].to(device),
-            cache=self.cache,
+            **{cache_keyword(model): self.cache},
             use_cache=True,
         )
         self.next_pos = self.next_pos + 1

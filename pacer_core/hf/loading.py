@@ -10,7 +10,7 @@ import torch
 from ..errors import InputError
 from ..jsonfile import read_json
 from ..kernels import should_pack
-from .adapter import DTYPES, HFModel, HFTokenizer, _quiet_transformers
+from .adapter import DTYPES, HFModel, HFTokenizer, _quiet_transformers, eos_token_ids
 from .artifacts import SUBSET_FILE, _first_line, materialize, weights_digest
 
 # the files any transformers tokenizer is read from (fast, sentencepiece, BPE and WordPiece vocabularies)
@@ -132,6 +132,28 @@ def load_tokenizer(folder: Path, name: str) -> HFTokenizer:
             f"{name} folder '{folder}': its tokenizer cannot be loaded ({type(exc).__name__}: "
             f"{_first_line(exc)[:160]}): {fix}"
         ) from None
+
+
+def model_facts(folder: Path, name: str) -> dict[str, Any]:
+    """What a model folder says of its model without loading the weights, as ``HFModel.load`` reads
+    them: ``vocab_size``, ``hidden_size``, ``max_positions``, ``eos_token_ids`` (the generation config's,
+    else the config's) and ``digest`` (``weights_digest``). A folder another engine serves is described
+    so to the components drafting for it (``pacer_core.serving.ServedTarget``)."""
+    transformers = _quiet_transformers()
+    check_causal_lm(folder, name)
+    config = transformers.AutoConfig.from_pretrained(folder)
+    try:
+        generation = transformers.GenerationConfig.from_pretrained(folder)
+    except OSError:  # no generation_config.json: transformers builds it from the config, as for a loaded model
+        generation = transformers.GenerationConfig.from_model_config(config)
+    text = config.get_text_config()
+    return {
+        "vocab_size": int(text.vocab_size),
+        "hidden_size": int(text.hidden_size),
+        "max_positions": int(getattr(text, "max_position_embeddings", 2048)),
+        "eos_token_ids": eos_token_ids(generation, config),
+        "digest": weights_digest(folder),
+    }
 
 
 def load_section(section: Any, name: str):

@@ -32,6 +32,7 @@ from pacer_core.schema import load_schema
 
 from .generate import Generator, answer_all, measure
 from .guard import BenchmarkGuard
+from .loaders import shipped_corpus
 from .shards import CorpusError, CorpusStore, corpus_stats
 from .stream import ALL_FAMILIES, STREAM_VERSION, Stream, valid_families
 
@@ -50,7 +51,7 @@ class MeasureConfig:
 
 @attrs.define
 class CorpusConfig:
-    out: str = "plugins/feature_draft/corpus"  # the corpus folder (committed)
+    out: Optional[str] = None  # the corpus folder; None = the shipped one (committed: loaders.shipped_corpus)
     tokens: int = 2_000_000  # stop once the corpus holds this many target-written (answer) tokens
     target: Optional[str] = None  # HF folder or .gguf; None = the embedded SmolLM2-135M-Instruct
     dtype: str = DEFAULT_DTYPE
@@ -69,6 +70,17 @@ class CorpusConfig:
 
 def log(message: str) -> None:
     print(f"corpus: {message}", file=sys.stderr, flush=True)
+
+
+def with_folder(cfg: CorpusConfig) -> CorpusConfig:
+    """``cfg`` with ``out`` set: as given, else the shipped corpus's folder (found by the name it is
+    shipped under, not by a path into the plugin that ships it)."""
+    if cfg.out is not None:
+        return cfg
+    folder = shipped_corpus()
+    if folder is None:
+        raise ConfigError("no installed plugin ships the self-distillation corpus: give out=FOLDER")
+    return attrs.evolve(cfg, out=str(folder))
 
 
 def check(cfg: CorpusConfig) -> None:
@@ -166,33 +178,13 @@ def run_corpus(
 ) -> dict[str, Any]:
     """Grow the corpus in ``cfg.out`` until it holds ``cfg.tokens`` answer tokens (or ``minutes``
     pass); returns its stats. ``backend``/``stream``/``guard`` replace the real ones (tests)."""
-    from tqdm import tqdm
-
     check_out_dir(cfg.out)  # a file, a folder under a file, an unwritable place: before any answer is generated
     store = CorpusStore(Path(cfg.out))
     store.recover(log)
     for entry in store.shards:  # never build on a damaged corpus
         store.verify(entry)
     stream = stream or Stream(cfg.seed, families=cfg.families or None)
-    header = store.manifest["stream"]
-    if header is not None:
-        if header["seed"] != cfg.seed:
-            raise CorpusError(
-                f"'{cfg.out}' was made with seed={header['seed']}: continue it with that seed "
-                "or choose a new out= folder"
-            )
-        if header["version"] != STREAM_VERSION or header["material_digest"] != stream.material_digest:
-            raise CorpusError(
-                f"'{cfg.out}' was made from another instruction stream (version {header['version']}, "
-                f"material {header['material_digest']}, Python {header['python']}); this Python "
-                f"makes material {stream.material_digest}: continue it with that Python or choose "
-                "a new out= folder"
-            )
-        made_with = header.get("families", [])
-        if made_with != list(stream.mix or []):
-            raise CorpusError(
-                f"'{cfg.out}' was made with families={made_with}: continue it with those or choose a new out= folder"
-            )
+    _check_same_stream(cfg, store.manifest["stream"], stream)
     if store.totals["answer_tokens"] >= cfg.tokens:
         log(
             f"'{cfg.out}' already holds {store.totals['answer_tokens']} answer tokens (tokens={cfg.tokens}); "
@@ -214,125 +206,194 @@ def run_corpus(
     store.set_header(
         stream.describe(), {"path": backend.target["path"], "digest": backend.target["digest"]}, guard.describe()
     )
-    seen = store.seen_texts()
-    started = time.time()
-    made_tokens, last_shard_s = 0, 0.0
+    shard = _ShardWriter(cfg, command_line, store, stream, guard, backend)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    bar = tqdm(
-        total=cfg.tokens,
-        initial=store.totals["answer_tokens"],
-        desc="corpus",
-        unit="tok",
-        file=sys.stderr,
-        dynamic_ncols=True,
-        smoothing=0.05,
-    )
+    last_shard_s = 0.0
     try:
         while store.totals["answer_tokens"] < cfg.tokens:
-            elapsed = time.time() - started
+            elapsed = time.time() - shard.started
             if cfg.minutes and elapsed + last_shard_s > cfg.minutes * 60:
                 log(f"stopping: {cfg.minutes:g} minutes would pass during the next shard")
                 break
-            shard_started = time.time()
-            first, end = store.next_position, store.next_position + cfg.shard_size
-            asks, prompts, refused = [], [], []
-            for position in range(first, end):
-                item = stream.at(position)
-                if item is None:
-                    refused.append(
-                        {"position": position, "id": None, "reason": "the family's instructions are used up"}
-                    )
-                    continue
-                reason = guard.refuses(item.text)
-                if reason is None and item.sha in seen:
-                    reason = "the same text as an earlier instruction"
-                ids = backend.encode(item.text) if reason is None else []
-                if reason is None and len(ids) > cfg.max_prompt_tokens:
-                    reason = f"prompt of {len(ids)} tokens is over max_prompt_tokens={cfg.max_prompt_tokens}"
-                if reason is not None:
-                    refused.append({"position": position, "id": item.id, "family": item.family, "reason": reason})
-                    continue
-                seen.add(item.sha)
-                asks.append(item)
-                prompts.append(ids)
-
-            def progress(answer: list[int]) -> None:
-                nonlocal made_tokens
-                count = len(answer)
-                made_tokens += count
-                bar.update(count)
-                bar.set_postfix(tok_s=f"{made_tokens / max(time.time() - started, 1e-9):.1f}", shard=len(store.shards))
-
-            answers = answer_all(backend.generate, prompts, cfg.batch_size, cfg.max_new_tokens, progress)
-            eos = set(backend.eos)
-            records = [
-                {
-                    "id": item.id,
-                    "family": item.family,
-                    "position": item.position,
-                    "sha": item.sha,
-                    "prompt_tokens": len(ids),
-                    "answer_tokens": len(answer),
-                    "finished": bool(answer) and answer[-1] in eos,
-                }
-                for item, ids, answer in zip(asks, prompts, answers)
-            ]
-            seconds = time.time() - shard_started
-            answer_tokens = sum(len(a) for a in answers)
-            provenance = {
-                "generation": {
-                    "greedy": True,
-                    "chat_template": True,
-                    "padding": "left",
-                    "finished_rows_leave_the_batch": True,
-                    "max_new_tokens": cfg.max_new_tokens,
-                    "max_prompt_tokens": cfg.max_prompt_tokens,
-                    "batch_size": cfg.batch_size,
-                    "dtype": backend.target["dtype"],
-                    "device": backend.target["device"],
-                },
-                "target": backend.target,
-                "stream": {
-                    "seed": cfg.seed,
-                    "version": STREAM_VERSION,
-                    "material_digest": stream.material_digest,
-                    **({"families": list(stream.mix)} if stream.mix is not None else {}),
-                },
-                "guard": guard.describe(),
-                "command": command_line,
-                "timing": {
-                    "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(shard_started)),
-                    "seconds": round(seconds, 1),
-                    "answer_tokens_per_s": round(answer_tokens / max(seconds, 1e-9), 1),
-                },
-                "versions": _versions(),
-            }
-            name = store.append(
-                records, [p + a for p, a in zip(prompts, answers)], refused, end, backend.vocab_size, provenance
-            )
-            last_shard_s = seconds
-            bar.set_postfix(tok_s=f"{made_tokens / max(time.time() - started, 1e-9):.1f}", shard=len(store.shards))
-            bar.write(
-                f"corpus: {name}: positions {first}–{end - 1}, {len(records)} answers, {len(refused)} refused, "
-                f"{answer_tokens} answer tokens in {seconds:.0f} s; total {store.totals['answer_tokens']}",
-                file=sys.stderr,
-            )
+            last_shard_s = shard.write_next()
     except KeyboardInterrupt:
-        bar.close()
+        shard.bar.close()
         log(
             f"interrupted: {len(store.shards)} shards kept; the shard in progress (from position "
             f"{store.next_position}) was dropped; run the same command to continue"
         )
         raise
     finally:
-        bar.close()
+        shard.bar.close()
         signal.signal(signal.SIGTERM, previous)
     stats = corpus_stats(cfg.out)
     log(
         f"{stats['shards']} shards, {stats['records']} answers, {stats['answer_tokens']} answer tokens "
-        f"({stats['tokens']} with prompts); this run: {made_tokens} tokens in {time.time() - started:.0f} s"
+        f"({stats['tokens']} with prompts); this run: {shard.made_tokens} tokens in "
+        f"{time.time() - shard.started:.0f} s"
     )
     return stats
+
+
+def _check_same_stream(cfg: CorpusConfig, header: Optional[dict[str, Any]], stream: Stream) -> None:
+    """Refuse to continue a corpus made from another seed, instruction stream or family mix."""
+    if header is None:
+        return
+    if header["seed"] != cfg.seed:
+        raise CorpusError(
+            f"'{cfg.out}' was made with seed={header['seed']}: continue it with that seed or choose a new out= folder"
+        )
+    if header["version"] != STREAM_VERSION or header["material_digest"] != stream.material_digest:
+        raise CorpusError(
+            f"'{cfg.out}' was made from another instruction stream (version {header['version']}, "
+            f"material {header['material_digest']}, Python {header['python']}); this Python "
+            f"makes material {stream.material_digest}: continue it with that Python or choose "
+            "a new out= folder"
+        )
+    made_with = header.get("families", [])
+    if made_with != list(stream.mix or []):
+        raise CorpusError(
+            f"'{cfg.out}' was made with families={made_with}: continue it with those or choose a new out= folder"
+        )
+
+
+class _ShardWriter:
+    """Writes the corpus's next shard (``write_next``): the stream's next ``shard_size`` positions,
+    those the guard, an earlier text or the prompt limit refuses recorded as refused, the others
+    answered by the target; a progress bar counts the answer tokens this run made."""
+
+    def __init__(
+        self,
+        cfg: CorpusConfig,
+        command_line: str,
+        store: CorpusStore,
+        stream: Stream,
+        guard: BenchmarkGuard,
+        backend: Backend,
+    ):
+        from tqdm import tqdm
+
+        self.cfg, self.command_line, self.store, self.stream, self.guard, self.backend = (
+            cfg,
+            command_line,
+            store,
+            stream,
+            guard,
+            backend,
+        )
+        self.seen = store.seen_texts()
+        self.started = time.time()
+        self.made_tokens = 0
+        self.bar = tqdm(
+            total=cfg.tokens,
+            initial=store.totals["answer_tokens"],
+            desc="corpus",
+            unit="tok",
+            file=sys.stderr,
+            dynamic_ncols=True,
+            smoothing=0.05,
+        )
+
+    def _show_rate(self) -> None:
+        self.bar.set_postfix(
+            tok_s=f"{self.made_tokens / max(time.time() - self.started, 1e-9):.1f}", shard=len(self.store.shards)
+        )
+
+    def _progress(self, answer: list[int]) -> None:
+        self.made_tokens += len(answer)
+        self.bar.update(len(answer))
+        self._show_rate()
+
+    def _prompts(self, first: int, end: int) -> tuple[list, list[list[int]], list[dict[str, Any]]]:
+        """The positions' instructions to answer, their token ids, and the refused positions (why)."""
+        asks, prompts, refused = [], [], []
+        for position in range(first, end):
+            item = self.stream.at(position)
+            if item is None:
+                refused.append({"position": position, "id": None, "reason": "the family's instructions are used up"})
+                continue
+            reason = self.guard.refuses(item.text)
+            if reason is None and item.sha in self.seen:
+                reason = "the same text as an earlier instruction"
+            ids = self.backend.encode(item.text) if reason is None else []
+            if reason is None and len(ids) > self.cfg.max_prompt_tokens:
+                reason = f"prompt of {len(ids)} tokens is over max_prompt_tokens={self.cfg.max_prompt_tokens}"
+            if reason is not None:
+                refused.append({"position": position, "id": item.id, "family": item.family, "reason": reason})
+                continue
+            self.seen.add(item.sha)
+            asks.append(item)
+            prompts.append(ids)
+        return asks, prompts, refused
+
+    def _provenance(self, shard_started: float, seconds: float, answer_tokens: int) -> dict[str, Any]:
+        cfg, backend, stream = self.cfg, self.backend, self.stream
+        return {
+            "generation": {
+                "greedy": True,
+                "chat_template": True,
+                "padding": "left",
+                "finished_rows_leave_the_batch": True,
+                "max_new_tokens": cfg.max_new_tokens,
+                "max_prompt_tokens": cfg.max_prompt_tokens,
+                "batch_size": cfg.batch_size,
+                "dtype": backend.target["dtype"],
+                "device": backend.target["device"],
+            },
+            "target": backend.target,
+            "stream": {
+                "seed": cfg.seed,
+                "version": STREAM_VERSION,
+                "material_digest": stream.material_digest,
+                **({"families": list(stream.mix)} if stream.mix is not None else {}),
+            },
+            "guard": self.guard.describe(),
+            "command": self.command_line,
+            "timing": {
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(shard_started)),
+                "seconds": round(seconds, 1),
+                "answer_tokens_per_s": round(answer_tokens / max(seconds, 1e-9), 1),
+            },
+            "versions": _versions(),
+        }
+
+    def write_next(self) -> float:
+        """Answer and append the next shard; returns the seconds it took."""
+        cfg, store, backend = self.cfg, self.store, self.backend
+        shard_started = time.time()
+        first, end = store.next_position, store.next_position + cfg.shard_size
+        asks, prompts, refused = self._prompts(first, end)
+        answers = answer_all(backend.generate, prompts, cfg.batch_size, cfg.max_new_tokens, self._progress)
+        eos = set(backend.eos)
+        records = [
+            {
+                "id": item.id,
+                "family": item.family,
+                "position": item.position,
+                "sha": item.sha,
+                "prompt_tokens": len(ids),
+                "answer_tokens": len(answer),
+                "finished": bool(answer) and answer[-1] in eos,
+            }
+            for item, ids, answer in zip(asks, prompts, answers)
+        ]
+        seconds = time.time() - shard_started
+        answer_tokens = sum(len(a) for a in answers)
+        name = store.append(
+            records,
+            [p + a for p, a in zip(prompts, answers)],
+            refused,
+            end,
+            backend.vocab_size,
+            self._provenance(shard_started, seconds, answer_tokens),
+        )
+        self._show_rate()
+        self.bar.write(
+            f"corpus: {name}: positions {first}–{end - 1}, {len(records)} answers, {len(refused)} refused, "
+            f"{answer_tokens} answer tokens in {seconds:.0f} s; total {store.totals['answer_tokens']}",
+            file=sys.stderr,
+        )
+        return seconds
 
 
 def run_measure(cfg: CorpusConfig) -> list[dict]:
@@ -399,7 +460,7 @@ def _setup(p: argparse.ArgumentParser) -> Runner:
     p.add_argument("overrides", nargs="*", metavar="key=value")
 
     def run(args: argparse.Namespace) -> int:
-        cfg = load_schema(CorpusConfig, args.config, args.overrides, "corpus config")
+        cfg = with_folder(load_schema(CorpusConfig, args.config, args.overrides, "corpus config"))
         check(cfg)
         if args.stats:
             print_stats(cfg.out)

@@ -12,13 +12,15 @@ from typing import Any, Optional
 
 from pacer_core.errors import InputError
 from pacer_core.jsonfile import MAX_DATA_BYTES, loads, read_bytes
-from pacer_core.paths import PLUGINS, package_folder
+from pacer_core.registry import shipped_folder
 
 from .shards import CorpusStore, iter_corpus
 
 SHIPPED_CORPUS = "shipped"  # corpus: shipped = the self-distillation corpus the embedded target wrote
-# (package, folder): where it is committed, beside the draft distilled on it (plugins/feature_draft/corpus)
-SHIPPED_FOLDER = (f"{PLUGINS}.feature_draft", "corpus")
+# the names its folders are shipped under (pacer_shipped: the eagle drafter's plugin keeps them beside the
+# draft distilled on them): the corpus, and the open-chat answers grown apart from it
+SELFDISTILL_CORPUS = "selfdistill_corpus"
+OPEN_CHAT_CORPUS = "open_chat_corpus"
 
 
 def load_corpus(
@@ -73,9 +75,29 @@ def corpus_writer(path: str) -> Optional[dict[str, Any]]:
 
 
 def shipped_corpus() -> Optional[Path]:
-    """The folder of the shipped corpus; ``None`` when its package is not installed. Found, never
-    imported: the training package imports no plugin."""
-    return package_folder(*SHIPPED_FOLDER)
+    """The folder of the shipped corpus; ``None`` when no installed plugin ships it. Reached by its
+    name (``pacer_core.registry.shipped_folder``): the training package imports no plugin."""
+    return shipped_folder(SELFDISTILL_CORPUS)
+
+
+def recorded_corpus(record: dict[str, Any]) -> Optional[Path]:
+    """The self-distillation corpus a draft's record names (``selfdistill`` in its ``corpus_sources``:
+    ``path`` as distill was given it, ``shards``: each shard's name and sha256 prefix): the recorded
+    folder (relative to the working directory) when it holds a corpus, else the shipped corpus holding
+    every recorded shard with its checksum (found by content, wherever the plugin shipping it is
+    installed); None when neither does."""
+    recorded = Path(record["path"]).expanduser()
+    if (recorded / "manifest.json").is_file():
+        return recorded
+    wanted = {(s["name"], s["sha256"]) for s in record.get("shards") or []}
+    for name in (SELFDISTILL_CORPUS, OPEN_CHAT_CORPUS):
+        folder = shipped_folder(name)
+        if not wanted or folder is None or not (folder / "manifest.json").is_file():
+            continue
+        held = {e["name"]: e["sha256"] for e in CorpusStore(folder, create=False).shards}
+        if all(held.get(shard, "").startswith(checksum) for shard, checksum in wanted):
+            return folder
+    return None
 
 
 def _self_distillation(path: str) -> tuple[Path, CorpusStore]:

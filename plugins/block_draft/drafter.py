@@ -10,7 +10,7 @@ nothing the drafter keeps is ever rolled back; a rejected block is simply droppe
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import attrs
 import torch
@@ -18,8 +18,8 @@ import torch
 from pacer_core import Component, DraftInfo, DraftVocab, InputError, Resources, hookimpl
 from pacer_core.jsonfile import read_json
 from pacer_core.kernels import PackedMatrix, pack_linears
+from pacer_core.priors import lookup_bias_for
 from pacer_core.protocols import feature_target
-from pacer_core.sampling import logits_to_probs
 from pacer_core.trees import TreeConfig, node_budget
 
 from .handout import BlockDrafter
@@ -27,7 +27,7 @@ from .model import MANIFEST, WEIGHTS, BlockDraft, ContextCache, draft_identity, 
 from .published import is_published, load_published_block
 
 DEFAULT_DRAFT = Path(__file__).parent / "default"
-COST_KIND = "block"  # one forward drafts a block (pacer_core.costs.DRAFTER_KINDS)
+COST_KIND = "block"  # one forward drafts a block (pacer_core.cost_profiles.DRAFTER_KINDS)
 
 
 @attrs.define
@@ -40,6 +40,10 @@ class DFlashConfig:
         default=None, validator=attrs.validators.optional([attrs.validators.ge(1), attrs.validators.le(32)])
     )
     tree: Optional[TreeConfig] = None  # a tree over one block ({topk, depth, nodes}); None = a chain
+    # [b_1, b_2, …]: b_n added to a row's logits of the tokens that followed an earlier occurrence, in the
+    # committed text, of the last n tokens of its path (pacer_core/priors.py); None = [2, 4, 4] for drafts
+    # `pacer distill` makes, none for published checkpoints; [] = none
+    lookup_bias: Optional[List[float]] = None
 
 
 def draft_folder(path: Optional[str]) -> Path:
@@ -66,7 +70,8 @@ class DFlashDrafter(BlockDrafter):
         folder = draft_folder(config.path)
         target = feature_target(resources.target, "dflash")
         digest = target.digest
-        if is_published(folder):  # z-lab/dflash or speculators: checked against the target as it is read
+        published_draft = is_published(folder)
+        if published_draft:  # z-lab/dflash or speculators: checked against the target as it is read
             published = load_published_block(folder, target)
             net, identity = published.net, published.identity
         else:
@@ -95,8 +100,9 @@ class DFlashDrafter(BlockDrafter):
         self.head = PackedMatrix(rows, pack=packed)
         self.draft_vocab = DraftVocab(subset, target.vocab_size)
         self.block = arch.block if config.block is None else config.block
-        self.draft_info = DraftInfo(identity=identity, target_layers=tuple(arch.target_layers))
+        self.draft_info = DraftInfo(identity=identity, target_layers=tuple(arch.target_layers), tree=config.tree)
         self.sampling = resources.sampling
+        self.lookup_bias = lookup_bias_for(not published_draft, config.lookup_bias)
         self.tree = config.tree
         self.budget = (
             None
@@ -120,17 +126,15 @@ class DFlashDrafter(BlockDrafter):
     @torch.inference_mode()
     def _forward(self, committed: list[int], known: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """One forward: the last committed token and ``known`` drafted tokens, then ``block`` mask rows.
-        Returns the mask rows' draft distributions over the draft's vocabulary ([block, subset],
-        sampling parameters applied) and their hidden states ([block, hidden])."""
+        Returns the mask rows' logits over the draft's vocabulary ([block, subset]) and their hidden
+        states ([block, hidden])."""
         tokens = committed[-1:] + known
         start = len(committed) - 1
         x = self.net.block_inputs(self.embed[tokens].to(self.dtype)[None], self.block, self.context.latest[None])
         positions = torch.arange(start, start + x.shape[1])
         context = [(k[None], v[None]) for k, v in zip(self.context.keys, self.context.values)]
         hidden = self.net(x, positions, context)[0, len(tokens) :]  # [block, hidden]
-        logits = self.head(hidden).float().cpu()
-        rows = torch.softmax(logits, -1) if self.sampling.greedy else logits_to_probs(logits, self.sampling)
-        return rows, hidden
+        return self.head(hidden).float().cpu(), hidden
 
     def _ready(self, committed: list[int]) -> bool:
         """Whether the context holds the target's states of every committed token but the last (at step 0,

@@ -14,10 +14,17 @@ depths 1..block, and the nodes of highest joint probability are taken best-first
 ``auto``). A tree is one forward: it does not grow past the block; it is handed out level by level
 as the stop policies ask.
 
+The context prior (``lookup_bias``, pacer_core/priors.py, as the ``eagle`` drafter applies it): row i's
+logits get b_n added for every token that followed an earlier occurrence, in the committed text, of
+the last n tokens of its path (the committed text, then the tokens chosen at the rows before it), so
+the rows are read in order. In a tree the rows are biased along the main path (each row's argmax).
+The distribution a token is drawn from is the one the verifier is told, so every verifier stays exact.
+
 A subclass sets ``sampling``, ``tree``, ``budget`` (``pacer_core.trees.node_budget`` with cost kind
-``block``, None for a chain), ``draft_vocab`` (its rows' columns, None for the whole vocabulary) and
-``block``, and implements ``_forward`` (one forward: rows and hidden states), ``_ready`` (whether it
-can draft after these committed tokens) and ``_reset`` (its own state at the start of a generation).
+``block``, None for a chain), ``draft_vocab`` (its rows' columns, None for the whole vocabulary),
+``block`` and ``lookup_bias`` (``pacer_core.priors.lookup_bias_for``), and implements ``_forward`` (one
+forward: logits and hidden states), ``_ready`` (whether it can draft after these committed tokens) and
+``_reset`` (its own state at the start of a generation).
 """
 
 from __future__ import annotations
@@ -28,18 +35,18 @@ import attrs
 import torch
 
 from pacer_core import DraftBlock, hookimpl
-from pacer_core.costs import CostModel
-from pacer_core.sampling import argmax_first, sample
+from pacer_core.cost_profiles import CostModel
+from pacer_core.priors import SuccessorIndex, lookup_bonus
+from pacer_core.sampling import argmax_first, logits_to_probs, sample
 from pacer_core.trees import BlockTree, block_tree
+from pacer_core.types import StepWatch
 
 
 @attrs.define
 class Block:
-    """The latest block of the step's main path: where it starts (the committed length and the
-    drafted tokens it was conditioned on), its tokens, rows and hidden states, and how many were
-    handed out."""
+    """The latest block of the step's main path: the drafted tokens it was conditioned on, its tokens,
+    rows and hidden states, and how many were handed out."""
 
-    committed: int
     known: list[int]
     tokens: list[int]
     rows: torch.Tensor  # [block, draft vocabulary]
@@ -52,9 +59,9 @@ class BlockDrafter:
 
     def _forward(self, committed: list[int], known: list[int]) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
         """One draft forward after the ``committed`` tokens and the ``known`` tokens drafted before it in
-        this step: the distributions of the next ``block`` tokens over the draft's vocabulary
-        ([block, w], sampling parameters applied) and the draft's hidden states there ([block, h]);
-        None when it cannot draft (nothing is proposed)."""
+        this step: the logits of the next ``block`` tokens over the draft's vocabulary ([block, w] float32
+        on the CPU, before the priors and the sampling parameters) and the draft's hidden states there
+        ([block, h]); None when it cannot draft (nothing is proposed)."""
         raise NotImplementedError
 
     def _ready(self, committed: list[int]) -> bool:
@@ -68,37 +75,75 @@ class BlockDrafter:
         if self.budget is not None and state is not None and not state.sampling.greedy:
             self.budget.restart()  # auto's learned rate carries across greedy generations only
         self._reset()
+        self.index = SuccessorIndex(len(self.lookup_bias))  # the committed text's n-grams → successors
+        self.step = StepWatch()  # a step's first call drafts a new block
         self.latest: Optional[Block] = None  # a chain's latest block
         self.plan: Optional[BlockTree] = None  # a tree's nodes, handed out level by level
-        self.plan_for = (0, 0)  # (committed tokens, draft nodes) the plan's next levels continue
+        self.plan_for = 0  # the draft's nodes the plan's next levels continue
 
     def _token_ids(self, columns: torch.Tensor) -> list[int]:
         """Target token ids of the rows' ``columns``."""
         return (columns if self.draft_vocab is None else self.draft_vocab.ids[columns]).tolist()
 
+    def _probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """[n, w] logits → the draft distributions (the sampling parameters applied)."""
+        return torch.softmax(logits, -1) if self.sampling.greedy else logits_to_probs(logits, self.sampling)
+
+    def _rows(
+        self, logits: torch.Tensor, committed: list[int], known: list[int], generator: Optional[torch.Generator]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block's draft distributions ([n, w]) and each row's chosen column ([n]): drawn with
+        ``generator``, or the argmax without one. With ``lookup_bias``, row i's logits first get the lookup
+        bonus of the path before it: the ``committed`` text and the ``known`` tokens drafted before this
+        block, then the tokens chosen at rows 0..i-1 (successors are looked up in the committed text only)."""
+
+        def choose(rows: torch.Tensor) -> torch.Tensor:
+            if generator is None:
+                return torch.tensor([argmax_first(row) for row in rows], dtype=torch.long)
+            return sample(rows, generator)
+
+        if not self.lookup_bias:
+            rows = self._probs(logits)
+            return rows, choose(rows)
+        self.index.extend(committed[len(self.index.text) :])  # the committed text never shrinks
+        suffix, rows, columns = (committed + known)[-len(self.lookup_bias) :], [], []
+        for row in logits:
+            bonus = lookup_bonus(self.index, suffix, self.lookup_bias)
+            if bonus:
+                tokens = torch.tensor(list(bonus), dtype=torch.long)
+                at = tokens if self.draft_vocab is None else self.draft_vocab.columns[tokens]
+                kept = at >= 0  # a token outside the draft's vocabulary has no column to raise
+                row = row.clone()
+                row[at[kept]] += torch.tensor(list(bonus.values()), dtype=row.dtype)[kept]
+            probs = self._probs(row[None])
+            column = choose(probs)
+            rows.append(probs[0])
+            columns.append(column)
+            suffix = (suffix + self._token_ids(column))[-len(self.lookup_bias) :]
+        return torch.stack(rows), torch.cat(columns)
+
     @hookimpl
     def pacer_propose(self, state, draft, num_tokens) -> Optional[DraftBlock]:
+        new_step = self.step.starts(state)
+        if new_step:
+            self.latest = self.plan = None  # nothing drafted for this step yet
         if not self._ready(state.tokens):
             return None
         if self.tree is not None:
-            return self._propose_tree(state, draft, num_tokens)
+            return self._propose_tree(state, draft, num_tokens, new_step)
         main = draft.tokens.tolist()
         latest, forwards = self.latest, 0
         if (
             latest is None
-            or latest.committed != len(state.tokens)
             or latest.handed >= len(latest.tokens)
             or main != latest.known + latest.tokens[: latest.handed]
         ):
             drafted = self._forward(state.tokens, main)
             if drafted is None:
                 return None
-            rows, hidden = drafted
-            if self.sampling.greedy:
-                columns = torch.tensor([argmax_first(row) for row in rows], dtype=torch.long)
-            else:
-                columns = sample(rows, state.generator)
-            latest = self.latest = Block(len(state.tokens), main, self._token_ids(columns), rows, hidden)
+            logits, hidden = drafted
+            rows, columns = self._rows(logits, state.tokens, main, None if self.sampling.greedy else state.generator)
+            latest = self.latest = Block(main, self._token_ids(columns), rows, hidden)
             forwards = 1
         first = latest.handed
         last = min(len(latest.tokens), first + num_tokens)
@@ -116,16 +161,17 @@ class BlockDrafter:
             draft_vocab=self.draft_vocab,
         )
 
-    def _propose_tree(self, state, draft, num_tokens: int) -> Optional[DraftBlock]:
+    def _propose_tree(self, state, draft, num_tokens: int, new_step: bool) -> Optional[DraftBlock]:
         """The next ``num_tokens`` levels of this step's tree over one block: the first call runs the
         forward and takes the tree's likeliest nodes (``block_tree``), later calls hand out deeper
         levels of the same tree (no forward); a policy judging each token gets one level a call."""
         plan = self.plan
-        if draft.num_nodes == 0:
+        if new_step:
             drafted = self._forward(state.tokens, [])
             if drafted is None:
                 return None
-            rows, hidden = drafted
+            logits, hidden = drafted
+            rows, _ = self._rows(logits, state.tokens, [], None)  # the priors along the main path
             depth = min(self.tree.depth, len(rows))
             cap = self.tree.nodes if isinstance(self.tree.nodes, int) else self.tree.topk * depth
             plan = self.plan = block_tree(
@@ -136,15 +182,15 @@ class BlockDrafter:
                 self.draft_vocab,
                 state.eos_token_ids,
             )
-            self.plan_for = (len(state.tokens), 0)
+            self.plan_for = 0
             forwards = 1
-        elif plan is None or self.plan_for != (len(state.tokens), draft.num_nodes):
+        elif plan is None or self.plan_for != draft.num_nodes:
             return None  # another drafter's block came last: this tree stops growing
         else:
             forwards = 0
         block = None if plan is None else plan.next_levels(num_tokens, draft.num_nodes, forwards)
         if block is not None:
-            self.plan_for = (len(state.tokens), draft.num_nodes + len(block) + (len(block.side) if block.side else 0))
+            self.plan_for = draft.num_nodes + len(block) + (len(block.side) if block.side else 0)
         return block
 
     @hookimpl

@@ -16,22 +16,22 @@ It reads nothing of the target but its tokens, so any target sharing its tokeniz
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import attrs
 import torch
 
 from pacer_core import Component, DraftInfo, DraftVocab, InputError, Resources, hookimpl
-from pacer_core.drafting import sync_cache
-from pacer_core.protocols import MASK_ROW, FeatureModel, StoredModel
-from pacer_core.sampling import logits_to_probs
+from pacer_core.draft_model_helpers import sync_cache
+from pacer_core.priors import lookup_bias_for
+from pacer_core.protocols import MASK_ROW, ParallelDraftModel, StoredModel
 from pacer_core.trees import TreeConfig, node_budget
 
 from .handout import BlockDrafter
 from .pard_files import MAX_BLOCK, load_pard_files
 
 DEFAULT_DRAFT = Path(__file__).parent / "default_pard"  # made by the command in its manifest.json
-COST_KIND = "block"  # one forward of its draft model drafts a block (pacer_core.costs.DRAFTER_KINDS)
+COST_KIND = "block"  # one forward of its draft model drafts a block (pacer_core.cost_profiles.DRAFTER_KINDS)
 
 
 @attrs.define
@@ -42,6 +42,9 @@ class PardConfig:
         default=None, validator=attrs.validators.optional([attrs.validators.ge(2), attrs.validators.le(MAX_BLOCK)])
     )
     tree: Optional[TreeConfig] = None  # a tree over one block ({topk, depth, nodes}); None = a chain
+    # [b_1, b_2, …]: b_n added to a row's logits of the tokens that followed an earlier occurrence, in the
+    # committed text, of the last n tokens of its path (pacer_core/priors.py); None = [2, 4, 4]; [] = none
+    lookup_bias: Optional[List[float]] = None
 
 
 class PardDrafter(BlockDrafter):
@@ -50,7 +53,7 @@ class PardDrafter(BlockDrafter):
     def __init__(self, config: PardConfig, resources: Resources):
         model = resources.draft
         folder = model.folder if isinstance(model, StoredModel) else None
-        if folder is None or not isinstance(model, FeatureModel):
+        if folder is None or not isinstance(model, ParallelDraftModel):
             raise InputError(
                 "the pard drafter needs a pard draft folder loaded as the draft model: set draft.path "
                 "to one (`pacer distill student.kind=pard` makes it)"
@@ -60,15 +63,21 @@ class PardDrafter(BlockDrafter):
                 f"pard draft '{folder}' has a vocabulary of {model.vocab_size} tokens, the target "
                 f"{resources.target.vocab_size}: use a draft sharing the target's tokenizer"
             )
-        mask, trained = load_pard_files(Path(folder), model.hidden_size)
+        mask, trained, distilled = load_pard_files(Path(folder), model.embedding_weights()[0])
+        if trained is None and config.block is None:
+            raise InputError(
+                f"pard draft '{folder}' does not say the block it was trained to fill (a published PARD "
+                "checkpoint): set strategy.drafter.block"
+            )
         self.model = model
         self.mask = mask.to(model.device, model.dtype)
         self.block = trained if config.block is None else config.block
         subset = model.vocab_subset
         self.draft_vocab = None if subset is None else DraftVocab(subset, model.vocab_size)
         self.sampling = resources.sampling
+        self.lookup_bias = lookup_bias_for(distilled, config.lookup_bias)  # by default on drafts made here
         self.tree = config.tree
-        self.draft_info = DraftInfo(identity=f"pard:{model.digest}")
+        self.draft_info = DraftInfo(identity=f"pard:{model.digest}", tree=config.tree)
         self.budget = (
             None
             if config.tree is None
@@ -93,7 +102,7 @@ class PardDrafter(BlockDrafter):
     @torch.inference_mode()
     def _forward(self, committed: list[int], known: list[int]) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
         """One forward over the uncached tokens of ``committed + known`` and ``block − 1`` mask rows (then
-        cropped): the rows of the last real token and the masks ([block, w]) and their hidden states."""
+        cropped): the logits of the last real token's row and the masks' ([block, w]) and their hidden states."""
         context = committed + known
         if len(context) + self.block > self.model.max_length:
             return None
@@ -103,11 +112,10 @@ class PardDrafter(BlockDrafter):
             feed + [MASK_ROW] * masks, mask_embedding=self.mask, logits_from=len(feed) - 1, hidden=True
         )
         self.model.crop(len(self.model.cached_tokens) - masks)
-        logits = out.logits.cpu()  # [block, vocab]
+        logits = out.logits.float().cpu()  # [block, vocab]
         if self.draft_vocab is not None:
             logits = logits[:, self.draft_vocab.ids]  # [block, w]: the draft's own columns
-        rows = torch.softmax(logits, -1) if self.sampling.greedy else logits_to_probs(logits, self.sampling)
-        return rows, out.hidden_states[len(feed) - 1 :].float()
+        return logits, out.hidden_states[len(feed) - 1 :].float()
 
 
 @hookimpl

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -36,16 +37,44 @@ def save_pard_files(folder: Path, mask_embedding: torch.Tensor, block: int) -> N
     (folder / PARD_CONFIG).write_text(json.dumps({"family": FAMILY, "block": int(block)}, indent=2))
 
 
-def load_pard_files(folder: Path, hidden_size: int) -> tuple[torch.Tensor, int]:
-    """(mask embedding [hidden_size] float32, trained block) of a pard draft folder; a folder without
-    them, or with a damaged or misfitting one, is one ``InputError`` naming the file."""
+def load_pard_files(folder: Path, embeddings: torch.Tensor) -> tuple[torch.Tensor, Optional[int], bool]:
+    """(mask embedding [hidden] float32, trained block or None, whether ``pacer distill`` made the draft)
+    of a pard draft folder, ``embeddings`` [vocab, hidden] being its model's input embeddings.
+
+    A draft ``pacer distill`` wrote stores its mask embedding in ``pard.safetensors`` and its block in
+    ``pard.json``. A published PARD checkpoint (AMD's, or ``pacer export`` of a pard draft, which vLLM
+    serves) names a ``pard_token`` in its ``config.json`` instead, whose embedding row feeds the mask
+    rows; its block is the drafter's ``block`` option (or ``pard.json``'s, beside an export). Anything
+    else, or a damaged or misfitting file, is one ``InputError`` naming the file."""
     from pacer_core.hf import load_safetensors
 
-    if not (folder / PARD_CONFIG).is_file() or not (folder / PARD_WEIGHTS).is_file():
+    hidden_size = embeddings.shape[1]
+    block = _block(folder) if (folder / PARD_CONFIG).is_file() else None
+    if (folder / PARD_WEIGHTS).is_file():
+        if block is None:
+            raise InputError(f"draft '{folder}' has {PARD_WEIGHTS} but no {PARD_CONFIG}: {FIX}")
+        mask = load_safetensors(folder / PARD_WEIGHTS, FIX).get("mask_embedding")
+        if mask is None or tuple(mask.shape) != (hidden_size,) or not bool(torch.isfinite(mask.float()).all()):
+            raise InputError(
+                f"'{folder / PARD_WEIGHTS}' holds no finite mask_embedding of the draft's hidden size "
+                f"{hidden_size}: {FIX}"
+            )
+        return mask.float(), block, True
+    token = _pard_token(folder)
+    if token is None:
         raise InputError(
-            f"draft '{folder}' is not a pard draft (no {PARD_CONFIG} and {PARD_WEIGHTS}): {FIX}, or "
-            "run a plain token draft with the draft_model drafter"
+            f"draft '{folder}' is not a pard draft (no {PARD_CONFIG} and {PARD_WEIGHTS}, no pard_token in its "
+            f"config.json): {FIX}, or run a plain token draft with the draft_model drafter"
         )
+    if not 0 <= token < embeddings.shape[0]:
+        raise InputError(
+            f"'{folder / 'config.json'}' names pard_token {token}, outside the draft's vocabulary of "
+            f"{embeddings.shape[0]}: give a PARD checkpoint whose mask token is in its vocabulary"
+        )
+    return embeddings[token].detach().float().clone(), block, (folder / PARD_CONFIG).is_file()
+
+
+def _block(folder: Path) -> int:
     config = read_json(folder / PARD_CONFIG, "pard config", FIX)
     block = config.get("block") if isinstance(config, dict) else None
     if (
@@ -59,10 +88,17 @@ def load_pard_files(folder: Path, hidden_size: int) -> tuple[torch.Tensor, int]:
             f"'{folder / PARD_CONFIG}' is not a pard config (family: {FAMILY}, block: a whole number "
             f"in 2..{MAX_BLOCK}): {FIX}"
         )
-    tensors = load_safetensors(folder / PARD_WEIGHTS, FIX)
-    mask = tensors.get("mask_embedding")
-    if mask is None or tuple(mask.shape) != (hidden_size,) or not bool(torch.isfinite(mask.float()).all()):
-        raise InputError(
-            f"'{folder / PARD_WEIGHTS}' holds no finite mask_embedding of the draft's hidden size {hidden_size}: {FIX}"
-        )
-    return mask.float(), block
+    return block
+
+
+def _pard_token(folder: Path) -> Optional[int]:
+    """The ``pard_token`` a published PARD checkpoint's ``config.json`` names, or None."""
+    if not (folder / "config.json").is_file():
+        return None
+    config = read_json(folder / "config.json", "draft config", "give a PARD checkpoint's folder")
+    token = config.get("pard_token") if isinstance(config, dict) else None
+    if token is None:
+        return None
+    if isinstance(token, bool) or not isinstance(token, int):
+        raise InputError(f"'{folder / 'config.json'}' names pard_token {token!r:.30}, not a token id")
+    return token

@@ -31,7 +31,8 @@ from pacer_core.errors import InputError
 from pacer_train.distillation import fit
 from pacer_train.students import StudentKind
 
-from .pard_files import MAX_BLOCK, save_pard_files
+from .pard_export import export_pard
+from .pard_files import MAX_BLOCK, PARD_CONFIG, save_pard_files
 
 CHECKPOINT = "checkpoint-pard.pt"  # beside the other students' checkpoints in one run folder
 
@@ -174,7 +175,7 @@ def init_student(cfg, target, subset: torch.Tensor) -> tuple[PardStudent, str]:
     """The student at its start: the token draft ``init=`` names (default: the shipped one) on the
     target's device, its vocabulary subset (else distill's ``subset``), a mask embedding at the mean
     of its input embeddings over that subset. Returns (student, the init folder)."""
-    from pacer_core.drafting import shipped_draft
+    from pacer_core.draft_model_helpers import shipped_draft
     from pacer_core.hf import load_model
 
     folder = cfg.init or shipped_draft()
@@ -305,5 +306,7 @@ STUDENT = StudentKind(
     default_layers=lambda target: (),
     fuses=False,
     takes_init=True,
+    export=export_pard,
+    family_file=PARD_CONFIG,
     check=check_options,
 )

@@ -23,7 +23,7 @@ import attrs
 import numpy as np
 import torch
 
-from pacer_train.distillation import fit
+from pacer_train.distillation import fit, log
 from pacer_train.students import StudentKind
 
 from .export import export_block_draft
@@ -170,11 +170,41 @@ def build_block_student(cfg, target, subset: torch.Tensor, layers: list[int]) ->
             target_layers=list(layers),
             num_layers=cfg.student.draft_layers,
             block=cfg.student.block,
+            inject=not cfg.student.published,
+            qk_norm=cfg.student.published,
             **shape,
         )
     )
     net.subset.copy_(subset)
     return net
+
+
+def start_from(net: BlockDraft, folder: str) -> dict[str, object]:
+    """``init=``: the dflash draft folder ``folder`` starts ``net``. Every tensor of the same name and
+    shape is copied; the others keep their fresh start (a draft in our architecture starting one in the
+    published architecture: ``inject`` is dropped, the q/k norms start at one). The target layers and
+    the vocabulary subset must be the same. Returns the run's start (``fit``'s ``start``)."""
+    from pacer_core.errors import InputError
+
+    from .model import load_block_draft
+
+    draft = load_block_draft(Path(folder).expanduser())
+    if list(draft.arch.target_layers) != list(net.arch.target_layers):
+        raise InputError(
+            f"init '{folder}' fuses target layers {draft.arch.target_layers}, this run's student "
+            f"{net.arch.target_layers}: set student.fused_layers={draft.arch.target_layers}"
+        )
+    if not torch.equal(draft.subset.cpu(), net.subset.cpu()):
+        raise InputError(
+            f"init '{folder}' predicts over another vocabulary subset than this run's corpus gives: "
+            "start from a draft trained on the same corpus and student.subset_size"
+        )
+    theirs, ours = draft.state_dict(), net.state_dict()
+    copied = sorted(k for k, v in theirs.items() if k in ours and ours[k].shape == v.shape)
+    net.load_state_dict({**ours, **{k: theirs[k].to(ours[k].dtype) for k in copied}})
+    fresh = sorted(set(ours) - set(copied))
+    log(f"init {folder}: {len(copied)} tensors copied, {len(fresh)} start fresh {fresh[:6]}")
+    return {"init": str(folder), "tokens_before": 0, "points": [], "init_fresh_tensors": fresh}
 
 
 def train_block(
@@ -198,6 +228,7 @@ def train_block(
     embed_w, head_w = target.embedding_weights()
     embed, head_full = embed_w.float(), head_w.float()
     net = build_block_student(cfg, target, subset, list(layers)).to(embed.device)
+    start = start_from(net, cfg.init) if cfg.init else None
     held = cfg.corpus.heldout_sequences
 
     def as_tensor(source) -> torch.Tensor:
@@ -236,6 +267,7 @@ def train_block(
         checkpoint=CHECKPOINT,
         fused=fused,
         evaluate_fn=measure,
+        start=start,
         deadline=deadline,
     )
     return net, measure(), training
@@ -249,10 +281,15 @@ def target_layers_default(target) -> tuple[int, ...]:
 
 
 def describe(cfg, layers: list[int], subset: torch.Tensor) -> str:
+    rows = (
+        "each row its embedding alone, per-head q/k norms: the published architecture"
+        if cfg.student.published
+        else "each row joined with the newest context feature"
+    )
     return (
         f"dflash (block draft: fc over the inputs of target layers {layers}, {cfg.student.draft_layers} decoder "
-        f"layers attending to the context as keys and values, {cfg.student.block} mask rows per forward, target "
-        f"embeddings and head over {len(subset)} frequent tokens shared)"
+        f"layers attending to the context as keys and values, {cfg.student.block} mask rows per forward ({rows}), "
+        f"target embeddings and head over {len(subset)} frequent tokens shared)"
     )
 
 
@@ -264,4 +301,5 @@ STUDENT = StudentKind(
     checkpoint=CHECKPOINT,
     default_layers=target_layers_default,
     export=export_block_draft,
+    takes_init=True,
 )

@@ -4,8 +4,10 @@ Each asks for one token at a time (``pacer_draft_more`` returns 1), so the lates
 before the next is drafted, and stops right after the first token its rule flags (that token is
 still verified: it costs nothing more to draft and may be accepted). A drafter that returns several
 tokens per call is handled too: every new token is judged and the draft is trimmed after the first
-flagged one (``Stop(keep=...)``). ``max_tokens`` bounds the draft. The rules are in
-``pacer_plugins.entropy_stop.rules``; docs/stop-policies.md states them with their defaults.
+flagged one (``Stop(keep=...)``). The new tokens are the latest block's (``draft.last_block``): the
+engine asks after every block, so the policies keep nothing within a step. ``max_tokens`` bounds the
+draft. The rules are in ``pacer_plugins.entropy_stop.rules``; docs/stop-policies.md states them with
+their defaults.
 
 A ``threshold`` left unset (None) is the one the drafter's draft recommends for the stop
 (``Resources.stop_thresholds``, e.g. the shipped eagle draft's manifest), else the stop's default
@@ -50,26 +52,27 @@ def _draft_probs(draft, name: str) -> torch.Tensor:
 
 
 def judge_new_tokens(
-    draft, judged: int, max_tokens: int, scores: Callable[[int, int], torch.Tensor], threshold: float
-) -> tuple[Union[int, Stop], int]:
-    """One ``pacer_draft_more`` decision: judge the draft tokens not judged yet (``draft[judged:]``,
-    up to ``max_tokens``) and stop after the first whose score is below ``threshold``.
+    draft, max_tokens: int, scores: Callable[[int, int], torch.Tensor], threshold: float
+) -> Union[int, Stop]:
+    """One ``pacer_draft_more`` decision: judge the tokens the latest block added (``draft.last_block``:
+    the engine asks again after each block, so the earlier ones passed), up to ``max_tokens``, and
+    stop after the first whose score is below ``threshold``. Nothing is kept between calls: the draft
+    says which tokens are new.
 
     ``scores(start, end)`` returns the scores of tokens ``start:end`` ([end - start]). Returns the
-    hook's answer (1: draft one more token; a ``Stop``, trimming the draft after the flagged token
-    or at ``max_tokens`` when the drafter returned more) and the new count of judged tokens.
+    hook's answer: 1 (draft one more token), or a ``Stop`` trimming the draft after the flagged token
+    or at ``max_tokens`` when the drafter returned more.
     """
-    n = len(draft)
+    n, start = len(draft), draft.last_block.start
     end = min(n, max_tokens)
-    if judged < end:
-        flagged = rules.first_below(scores(judged, end), threshold)
+    if start < end:
+        flagged = rules.first_below(scores(start, end), threshold)
         if flagged is not None:
-            keep = judged + flagged + 1
-            return Stop(keep=keep if keep < n else None), keep
-        judged = end
+            keep = start + flagged + 1
+            return Stop(keep=keep if keep < n else None)
     if n >= max_tokens:
-        return Stop(keep=max_tokens if n > max_tokens else None), judged
-    return 1, judged
+        return Stop(keep=max_tokens if n > max_tokens else None)
+    return 1
 
 
 # -- entropy and svip ------------------------------------------------------------------------------
@@ -118,7 +121,6 @@ class EntropyBound:
         self.gamma, self.initial_threshold, self.name, self.max_tokens = gamma, threshold, name, max_tokens
         self.adapt, self.adapt_rate, self.transient = adapt, adapt_rate, transient
         self.offset = 0.0  # δ: how far observed acceptance lies above the bound, on average
-        self._judged = 0  # tokens of the current draft already judged
 
     @classmethod
     def from_entropy_config(cls, config: EntropyConfig, resources: Optional[Resources] = None) -> "EntropyBound":
@@ -151,13 +153,9 @@ class EntropyBound:
     @hookimpl
     def pacer_draft_more(self, state, draft):
         if len(draft) == 0:
-            self._judged = 0
-            return 1
+            return 1  # nothing drafted yet
         probs = _draft_probs(draft, self.name)  # [n, vocab]
-        answer, self._judged = judge_new_tokens(
-            draft, self._judged, self.max_tokens, lambda a, b: self.bounds(probs[a:b]), self.threshold
-        )
-        return answer
+        return judge_new_tokens(draft, self.max_tokens, lambda a, b: self.bounds(probs[a:b]), self.threshold)
 
     @hookimpl
     def pacer_start(self, state) -> None:
@@ -207,7 +205,6 @@ class Confidence:
 
     def __init__(self, config: ConfidenceConfig, resources: Optional[Resources] = None):
         self.config = config
-        self._judged = 0  # tokens of the current draft already judged
         self.initial_threshold = threshold_for(self.name, config.threshold, resources)
         self.threshold = self.initial_threshold
         self.probs: list[float] = []  # q(x) of each judged draft token of this prompt
@@ -216,17 +213,14 @@ class Confidence:
     @hookimpl
     def pacer_draft_more(self, state, draft):
         if len(draft) == 0:
-            self._judged = 0
-            return 1
+            return 1  # nothing drafted yet
         probs = _draft_probs(draft, self.name)  # [n, vocab]
-        answer, self._judged = judge_new_tokens(
+        return judge_new_tokens(
             draft,
-            self._judged,
             self.config.max_tokens,
             lambda a, b: rules.chosen_probs(probs[a:b], draft.tokens[a:b]),
             self.threshold,
         )
-        return answer
 
     @hookimpl
     def pacer_start(self, state) -> None:

@@ -35,12 +35,12 @@ from pacer_core.commands import Runner, check_out_dir, command
 from pacer_core.config import ModelConfig
 from pacer_core.errors import ConfigError, InputError
 from pacer_core.jsonfile import read_json
+from pacer_core.priors import CorpusSuccessors, SuccessorIndex, path_bonus
 from pacer_core.schema import load_schema
 from pacer_train import atomic_write_json
 
 from .features import target_greedy
 from .model import MANIFEST, Eagle3Draft, draft_logits, load_draft
-from .priors import CorpusSuccessors, SuccessorIndex, path_bonus
 
 ANSWERS = "answers.json"
 ANSWERS_FORMAT = 1
@@ -309,9 +309,10 @@ def add_lookup_bonus(
 
 def run_draft_eval(cfg: DraftEvalConfig, command_line: str) -> dict[str, Any]:
     from pacer_core.hf import load_section
+    from pacer_core.priors import lookup_bias_for
     from pacer_train.students import target_states
 
-    from .drafter import corpus_bias_for, corpus_successors, lookup_bias_for
+    from .drafter import corpus_bias_for, corpus_successors
 
     out = check_out_dir(cfg.out)
     if cfg.threads:

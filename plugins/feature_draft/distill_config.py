@@ -51,6 +51,8 @@ class StudentConfig:
     # dflash: mask rows (drafted tokens) one forward fills
     draft_layers: int = attrs.field(default=2, validator=[attrs.validators.ge(1), attrs.validators.le(8)])
     # dflash: its decoder layers
+    published: bool = False  # dflash: the published DFlash architecture (a block row's input is its embedding
+    # alone, per-head q/k norms), the one vLLM serves, instead of ours (each row joined with the newest context feature)
     dtype: str = "bfloat16"  # token kind: storage dtype of its own tensors
 
 
@@ -151,6 +153,11 @@ def load_distill_config(path: Optional[str], overrides: list[str]) -> DistillCon
         raise ConfigError(
             "student.fused_layers names the target layers an eagle3 or dflash student fuses: give a "
             "non-empty list with such a student.kind, or leave it null"
+        )
+    if cfg.student.published and cfg.student.kind != "dflash":
+        raise ConfigError(
+            f"student.published chooses the published DFlash architecture of a dflash student: give it "
+            f"with student.kind=dflash, not {cfg.student.kind}"
         )
     if cfg.student.extra_layers and (cfg.student.kind != "feature" or cfg.student.extra_layers < 0):
         raise ConfigError(

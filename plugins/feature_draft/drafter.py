@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import List, Optional
 
 import attrs
 import numpy as np
@@ -25,20 +25,20 @@ from pacer_core import (
     Resources,
     hookimpl,
 )
-from pacer_core.costs import CostModel
+from pacer_core.cost_profiles import CostModel
 from pacer_core.jsonfile import read_json
 from pacer_core.kernels import PackedMatrix, pack_linears
+from pacer_core.priors import CorpusSuccessors, SuccessorIndex, lookup_bias_for, path_bonus
 from pacer_core.protocols import feature_target
 from pacer_core.sampling import argmax_first, logits_to_probs, sample
 from pacer_core.trees import GrownLevels, TreeConfig, grow_level, node_budget
+from pacer_core.types import StepWatch
 
 from .model import MANIFEST, WEIGHTS, Eagle3Draft, KVCache, load_draft
-from .priors import CorpusSuccessors, SuccessorIndex, path_bonus
 from .published import load_published, weights_file
 
 DEFAULT_DRAFT = Path(__file__).parent / "default"
-COST_KIND = "feature"  # a head over the target's states (pacer_core.costs.DRAFTER_KINDS)
-LOOKUP_BIAS = (2.0, 4.0, 4.0)  # chosen on the target's answers to the benchmark prompts (docs/draft.md)
+COST_KIND = "feature"  # a head over the target's states (pacer_core.cost_profiles.DRAFTER_KINDS)
 CORPUS_NGRAM = 4  # the longest n-gram the corpus prior matches
 CORPUS_BIAS = 3.0  # chosen on held-out open-chat items and MT-Bench questions 11-30 (docs/draft.md)
 
@@ -87,12 +87,6 @@ def own_corpus(corpus: str, target_digest: Optional[str]) -> bool:
 
     writer = corpus_writer(corpus)
     return writer is None or (target_digest is not None and writer.get("digest") == target_digest)
-
-
-def lookup_bias_for(own_subset: bool, lookup_bias: Optional[Sequence[float]]) -> tuple[float, ...]:
-    """The ``lookup_bias`` a draft gets: as set, else LOOKUP_BIAS for a draft with its own head subset
-    (kind ``feature``, layout "pacer"), none for the others (eagle3, published checkpoints)."""
-    return tuple(float(b) for b in ((LOOKUP_BIAS if own_subset else ()) if lookup_bias is None else lookup_bias))
 
 
 def corpus_bias_for(own_subset: bool, corpus_bias: Optional[float], corpus: str, target_digest: Optional[str]) -> float:
@@ -158,10 +152,9 @@ def draft_identity(folder: Path) -> str:
 
 @attrs.define
 class _Level:
-    """The latest level of the tree being grown: its nodes (draft-tree indices), tokens, cumulative
-    scores, the main path's tip among them, and what feeding them needs."""
+    """The latest level of the tree being grown: its tokens, cumulative scores, the main path's tip
+    among them, what feeding them needs, and their draft-tree numbers once the call's block has them."""
 
-    nodes: list[int]
     tokens: list[int]
     scores: list[float]  # [f], float32 values
     tip_row: Optional[int]
@@ -171,6 +164,7 @@ class _Level:
     blocks: int  # blocks in the draft once this level is added (another drafter may add side nodes)
     rows: list[Optional[int]] = attrs.field(factory=list)  # cache rows once fed
     paths: list[tuple[int, ...]] = attrs.field(factory=list)  # each node's tokens from the root (lookup_bias)
+    nodes: list[int] = attrs.field(factory=list)  # draft-tree numbers (GrownLevels.block), main-path node first
 
 
 class EagleDrafter:
@@ -200,11 +194,14 @@ class EagleDrafter:
                 identity=draft_identity(folder),
                 stop_thresholds=recommended_stop_thresholds(folder, manifest, config),
                 target_layers=tuple(self.net.arch.target_layers) if self.layout == "eagle3" else None,
+                tree=config.tree,
             )
         else:  # a published EAGLE checkpoint; the stops keep their own thresholds
             published = load_published(folder, target)
             self.net, self.layout = published.net, published.layout
-            self.draft_info = DraftInfo(identity=published.identity, target_layers=published.target_layers)
+            self.draft_info = DraftInfo(
+                identity=published.identity, target_layers=published.target_layers, tree=config.tree
+            )
             subset = published.vocab if published.vocab is not None else torch.arange(target.vocab_size)
         self.net.to(device=device, dtype=self.dtype).requires_grad_(False)
         self.embed = embed
@@ -280,6 +277,7 @@ class EagleDrafter:
         self.row_tokens: list[int] = []  # token x_{r+1} fed at row r
         self.row_out: list[torch.Tensor] = []  # predicted f_{r+1} from row r
         self.level: Optional[_Level] = None  # the latest level of this step's tree (tree mode)
+        self.step = StepWatch()  # tree mode: a step's first call grows from the root
         self._tree_seen: list[list[int]] = []  # per tree row of the step: the tree rows it sees (its path)
         self.vocab = self.subset  # target id of each draft logit: the subset, then context tokens outside it
         self.vocab_ids: list[int] = self.vocab.tolist()  # the same, read once
@@ -478,7 +476,7 @@ class EagleDrafter:
         block's main path is each level's main-path child; the others are its side nodes. A stop
         policy that asks for one token at a time gets one level per call."""
         tree, forwards = self.tree, 0
-        if draft.num_nodes == 0:  # a new step: drop the previous tree's rows, sync with the context
+        if self.step.starts(state):  # a new step: drop the previous tree's rows, sync with the context
             self.level, self._tree_seen = None, []
             context = state.tokens
             if len(self.features) == 0:
@@ -491,7 +489,7 @@ class EagleDrafter:
                 return None
         elif self.level is None or self.level.blocks != len(draft.blocks):
             return None  # another drafter's block came last: this tree stops growing
-        grown = GrownLevels()  # this call's levels, one block
+        grown = GrownLevels([-1] if self.level is None else self.level.nodes)  # this call's levels, one block
         # every level's rows of draft probabilities, written one level after another into one table
         # (f ≤ topk rows a level): the block maps each node to its parent's row, nothing is copied
         levels = min(num_tokens, tree.depth - (0 if self.level is None else self.level.depth))
@@ -500,14 +498,14 @@ class EagleDrafter:
             level = self.level
             if level is None:  # the root
                 features = self.row_out[-1][None]  # [1, hidden]
-                scores, tip_row, nodes, rows = [0.0], 0, [-1], [None]
+                scores, tip_row, rows = [0.0], 0, [None]
                 paths: list[tuple[int, ...]] = [()]
             else:
                 if level.depth >= tree.depth or level.tokens[level.tip_row] in state.eos_token_ids:
                     break  # nothing is drafted past an end-of-sequence token on the main path
                 features = self._feed_level(level)  # [f, hidden]: after each node of the latest level
                 forwards += 1
-                scores, tip_row, nodes, rows, paths = level.scores, level.tip_row, level.nodes, level.rows, level.paths
+                scores, tip_row, rows, paths = level.scores, level.tip_row, level.rows, level.paths
             longest = self.suffix_length
             suffixes = [(state.tokens[-longest:] + list(path))[-longest:] for path in paths] if longest else None
             # chosen over the draft's own vocabulary (top-k of f × its width, not the target's); the chosen
@@ -526,12 +524,9 @@ class EagleDrafter:
             picked = [c.row for c in chosen]  # each chosen node's parent's row (of features, probs)
             parent_features = features[picked]  # [len(chosen), hidden]: the feature that chose each node
             # the level's rows stay whole: a node maps to its parent's row (siblings share it)
-            new_nodes = grown.add(
-                chosen, [nodes[row] for row in picked], table, parent_features[0], [used + row for row in picked]
-            )
+            grown.add(chosen, table, parent_features[0], [used + row for row in picked])
             used += f
             self.level = _Level(
-                nodes=new_nodes,
                 tokens=[c.token for c in chosen],
                 scores=[c.score for c in chosen],
                 tip_row=0,
@@ -543,8 +538,7 @@ class EagleDrafter:
             )
         if not grown:
             return None
-        block, number = grown.block(draft.num_nodes, forwards, self.draft_vocab)
-        self.level.nodes = [number(node) for node in self.level.nodes]
+        block, self.level.nodes = grown.block(draft.num_nodes, forwards, self.draft_vocab)
         return block
 
     @torch.inference_mode()
@@ -592,3 +586,12 @@ def pacer_components() -> list[Component]:
             cost_kind=COST_KIND,
         )
     ]
+
+
+@hookimpl
+def pacer_shipped() -> dict[str, Path]:
+    """The self-distillation corpora, committed beside the draft distilled on them (docs/corpus.md)."""
+    from pacer_train.corpus.loaders import OPEN_CHAT_CORPUS, SELFDISTILL_CORPUS
+
+    here = Path(__file__).resolve().parent
+    return {SELFDISTILL_CORPUS: here / "corpus", OPEN_CHAT_CORPUS: here / "corpus-open"}

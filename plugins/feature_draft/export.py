@@ -40,9 +40,12 @@ config names the draft folder by its name and identity only, never by a path of 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
+import shutil
 from pathlib import Path, PurePath
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 
@@ -50,8 +53,7 @@ from pacer_core.atomic import share
 from pacer_core.commands import Runner, bounded_int, check_out_dir, command
 from pacer_core.errors import InputError
 from pacer_core.jsonfile import read_json
-from pacer_train.export import speculators_section
-from pacer_train.students import StudentKind, student_kinds
+from pacer_train.export import exporting_kind, speculators_section
 
 from .drafter import draft_identity
 from .model import CONFIG, MANIFEST, WEIGHTS, Eagle3Draft, FeatureDraft, load_draft
@@ -92,7 +94,7 @@ def export_draft(
     if max_positions is not None:
         check_range(max_positions, 1, MAX_POSITIONS, "--max-position-embeddings")
     manifest = read_json(draft / MANIFEST, "draft manifest", "distill the draft again (`pacer distill`)")
-    kind = plugin_kind(draft)
+    kind = exporting_kind(draft)
     if kind is not None:  # a student kind a plugin adds writes its own drafts' files (pacer_train.export)
         exported = kind.export(draft, dtype=dtype, speculators=speculators, target=target, target_path=target_path)
         config = {
@@ -272,23 +274,31 @@ def check_range(value: Any, low: int, high: int, option: str) -> int:
 
 
 def _write(out: Path, tensors: dict, config: dict, files: dict[str, Any]) -> None:
-    """The export's files (``files``: name → what ``torch.save`` writes beside the weights), written
-    into a temporary folder beside ``out`` that then replaces it (absent or empty) in one rename: an
-    interrupted export leaves no half-written checkpoint."""
-    import json
-    import shutil
-
+    """The export's files (``files``: name → what ``torch.save`` writes beside the weights, or a dict
+    written as JSON under a name ending ``.json``), written
+    into ``out`` in one rename (``writing_atomically``)."""
     from safetensors.torch import save_file
 
+    with writing_atomically(out) as partial:
+        save_file(tensors, str(partial / "model.safetensors"), metadata={"format": "pt"})
+        share(partial / "model.safetensors")  # safetensors writes it owner-only (0600)
+        write_json(partial / CONFIG, config)
+        for name, value in files.items():
+            if name.endswith(".json") and isinstance(value, dict):
+                write_json(partial / name, value)
+            else:
+                torch.save(value, partial / name)
+
+
+@contextlib.contextmanager
+def writing_atomically(out: Path) -> Iterator[Path]:
+    """A temporary folder beside ``out`` to write an export into, which then replaces ``out`` (absent
+    or empty) in one rename: an interrupted export leaves no half-written folder."""
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.parent / f".{out.name}.{os.getpid()}.partial"
     try:
         partial.mkdir()
-        save_file(tensors, str(partial / "model.safetensors"), metadata={"format": "pt"})
-        share(partial / "model.safetensors")  # safetensors writes it owner-only (0600)
-        (partial / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
-        for name, value in files.items():
-            torch.save(value, partial / name)
+        yield partial
         os.replace(partial, out)  # onto an absent or empty folder
     except OSError as exc:
         raise InputError(
@@ -299,21 +309,16 @@ def _write(out: Path, tensors: dict, config: dict, files: dict[str, Any]) -> Non
         shutil.rmtree(partial, ignore_errors=True)
 
 
-def plugin_kind(draft: Path) -> Optional[StudentKind]:
-    """The student kind a plugin adds whose drafts ``draft`` is one of (its ``config.json`` names the
-    kind as its ``family``), when that kind exports them; else None (a feature-level or EAGLE-3 draft)."""
-    try:
-        family = read_json(draft / CONFIG, "draft config", "distill the draft again").get("family")
-    except InputError:
-        return None  # load_draft refuses the folder in its own words
-    kind = student_kinds().get(family) if isinstance(family, str) else None
-    return kind if kind is not None and kind.export is not None else None
+def write_json(path: Path, value: Any) -> None:
+    path.write_text(json.dumps(value, indent=2) + "\n")
 
 
 def check_draft(draft: Path) -> None:
     """``draft`` must be a folder ``pacer distill`` wrote (manifest and weights), else ``InputError``."""
     if not draft.is_dir():
         raise InputError(f"draft '{draft}' is not a folder: give a folder `pacer distill` wrote")
+    if (draft / MANIFEST).is_file() and exporting_kind(draft) is not None:
+        return  # a kind a plugin adds checks its own drafts
     if (draft / MANIFEST).is_file() and not (draft / WEIGHTS).is_file():
         raise InputError(
             f"'{draft}' holds a token-level draft (a causal LM of its own, student.kind=token): the "

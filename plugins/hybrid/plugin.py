@@ -26,8 +26,6 @@ metrics count the accepted tokens each source contributed.
 
 from __future__ import annotations
 
-import functools
-import inspect
 from collections import Counter
 from typing import Any, Optional
 
@@ -35,9 +33,10 @@ import attrs
 import torch
 
 from pacer_core import Component, Draft, DraftBlock, DraftInfo, InputError, Resources, SideNodes, hookimpl
-from pacer_core.costs import CostModel
-from pacer_core.registry import main_member
+from pacer_core.cost_profiles import CostModel
+from pacer_core.registry import main_member, member_hooks
 from pacer_core.trees import MAX_NODES, TreeConfig, merge_phrases, node_budget
+from pacer_core.types import StepWatch
 
 
 @attrs.define
@@ -48,21 +47,6 @@ class HybridConfig:
     nodes: Any = attrs.field(default=None, validator=lambda i, a, v: TreeConfig(nodes=v))
     profile: Optional[str] = None  # the cost profile 'auto' reads (docs/costs.md); None: the device's
     max_phrase: int = attrs.field(default=8, validator=attrs.validators.ge(1))  # tokens per member phrase
-
-
-def _call(plugin: Any, hook: str, **kwargs: Any) -> Any:
-    """Call a member's hook implementation with the arguments it declares (as pluggy would)."""
-    method = getattr(plugin, hook, None)
-    if method is None or not hasattr(method, "pacer_sd_impl"):
-        return None
-    accepted = _parameters(getattr(method, "__func__", method))
-    return method(**{k: v for k, v in kwargs.items() if k in accepted})
-
-
-@functools.lru_cache(maxsize=None)
-def _parameters(function: Any) -> frozenset[str]:
-    """The argument names a hook implementation declares (read once per function, not per call)."""
-    return frozenset(inspect.signature(function).parameters)
 
 
 def _phrases(block: DraftBlock) -> list[list[int]]:
@@ -81,12 +65,14 @@ class Hybrid:
         self.config = config
         self.names: list[str] = []
         self.members: list[Any] = []
+        self.hooks: list[Any] = []  # each member's hooks, called as the engine calls a component's
         seen: Counter[str] = Counter()
         # the main member first (the first model drafter, else the first), the others in their order
         main = main_member(config.members)
         ordered = [main] + [m for m in config.members if m is not main]
         for member in ordered:  # ResolvedComponents (the engine resolves a composite's members)
             self.members.append(member.component.factory(member.config, resources))
+            self.hooks.append(member_hooks(self.members[-1]))
             seen[member.component.name] += 1
             name = member.component.name
             self.names.append(name if seen[name] == 1 else f"{name}{seen[name]}")
@@ -118,11 +104,11 @@ class Hybrid:
         self.accepted: Counter[str] = Counter()
         self._sources: dict[tuple[int, ...], str] = {}  # root path of a merged node -> its member
         # the budget: the hybrid's own, else the main member's tree's (a chain's: by device)
-        own_tree = getattr(main.config, "tree", None)
+        own_tree = main_info.tree or TreeConfig()
         tree = TreeConfig(
-            nodes=config.nodes if config.nodes is not None else getattr(own_tree, "nodes", None),
-            profile=config.profile or getattr(own_tree, "profile", None),
-            calibration=getattr(own_tree, "calibration", None),
+            nodes=config.nodes if config.nodes is not None else own_tree.nodes,
+            profile=config.profile or own_tree.profile,
+            calibration=own_tree.calibration,
         )
         self.budget = node_budget(
             tree,
@@ -134,13 +120,15 @@ class Hybrid:
         )
         # per (member, depth): [accepted, tried] of its phrase nodes whose parent was accepted
         self.trials: dict[tuple[str, int], list[int]] = {}
+        self.step = StepWatch()  # a step's first call merges the other members' phrases
 
     # -- hooks forwarded to the members ----------------------------------------------------------
     @hookimpl
     def pacer_start(self, state) -> None:
         self.accepted = Counter()
-        for member in self.members:
-            _call(member, "pacer_start", state=state)
+        self.step.restart()
+        for hooks in self.hooks:
+            hooks.pacer_start(state=state)
 
     @hookimpl
     def pacer_observe_step(self, state, step) -> None:
@@ -152,15 +140,14 @@ class Hybrid:
             self.accepted[self._sources.get(path, self.names[0])] += 1
         if len(tree):
             self._learn(tree, set(accepted))
-        for member in self.members:
-            _call(member, "pacer_observe_step", state=state, step=step)
+        for hooks in self.hooks:
+            hooks.pacer_observe_step(state=state, step=step)
 
     @hookimpl
     def pacer_finish(self, state, result) -> dict:
         metrics: dict[str, Any] = {f"hybrid_accepted_{name}": self.accepted[name] for name in self.names}
-        for member in self.members:
-            extra = _call(member, "pacer_finish", state=state, result=result)
-            if extra:
+        for hooks in self.hooks:
+            for extra in hooks.pacer_finish(state=state, result=result):
                 metrics.update(extra)
         return metrics
 
@@ -209,16 +196,17 @@ class Hybrid:
     # -- drafting ----------------------------------------------------------------------------------
     @hookimpl
     def pacer_propose(self, state, draft, num_tokens) -> Optional[DraftBlock]:
-        if draft.num_nodes == 0:
+        first_level = self.step.starts(state)
+        if first_level:
             self._sources = {}
-        primary = _call(self.members[0], "pacer_propose", state=state, draft=draft, num_tokens=num_tokens)
+        primary = self.hooks[0].pacer_propose(state=state, draft=draft, num_tokens=num_tokens)
         if primary is None or len(primary) == 0:
             return None
-        if draft.num_nodes:
+        if not first_level:
             return primary  # later levels: the primary alone
         proposals = []
-        for name, member in zip(self.names[1:], self.members[1:]):
-            block = _call(member, "pacer_propose", state=state, draft=Draft(), num_tokens=self.config.max_phrase)
+        for name, hooks in zip(self.names[1:], self.hooks[1:]):
+            block = hooks.pacer_propose(state=state, draft=Draft(), num_tokens=self.config.max_phrase)
             if block is not None and len(block):
                 proposals.append((name, block))
         return self._merge(draft, primary, proposals)

@@ -30,7 +30,7 @@ import attrs
 import torch
 
 from pacer_core import Component, DraftBlock, Resources, SideNodes, hookimpl
-from pacer_core.drafting import shipped_draft, sync_cache
+from pacer_core.draft_model_helpers import shipped_draft, sync_cache
 
 from .pool import learn_from_step, ngram_pairs, open_pool
 

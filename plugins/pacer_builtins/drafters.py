@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import attrs
 import torch
 
-from pacer_core import Component, DraftBlock, Resources, hookimpl
-from pacer_core.costs import CostModel
-from pacer_core.drafting import shipped_draft, sync_cache
+from pacer_core import Component, DraftBlock, DraftInfo, Resources, hookimpl
+from pacer_core.cost_profiles import CostModel
+from pacer_core.draft_model_helpers import TOKEN_DRAFT, sync_cache
 from pacer_core.sampling import choose, logits_to_probs
 from pacer_core.trees import GrownLevels, TreeConfig, grow_level, node_budget, phrase_block
+from pacer_core.types import StepWatch
 
-# the token-level draft shipped for the embedded SmolLM2 target, in this package's default/ folder
-# (pacer_core.drafting, which ouroboros reads too): used when a config omits `draft`
-DEFAULT_DRAFT = shipped_draft()
-COST_KIND = "token"  # draft_model: a draft model's forwards (pacer_core.costs.DRAFTER_KINDS)
+# the token-level draft shipped for the embedded SmolLM2 target (used when a config omits `draft`), shipped
+# to other packages as TOKEN_DRAFT (pacer_shipped: ouroboros runs it too, pard starts from it)
+DEFAULT_DRAFT = str(Path(__file__).resolve().parent / "default")
+COST_KIND = "token"  # draft_model: a draft model's forwards (pacer_core.cost_profiles.DRAFTER_KINDS)
 
 
 @attrs.define
@@ -84,19 +86,22 @@ class DraftModel:
         self.sampling = resources.sampling
         self.hidden = config.hidden_states
         self.tree = config.tree
+        self.draft_info = DraftInfo(tree=config.tree)
         self.budget = (
             None
             if config.tree is None
             else node_budget(config.tree, resources.target.device, COST_KIND, resources.target.digest)
         )
         # tree mode, the step being drafted: its context length (the tree's cache rows follow), the
-        # cache rows each fed node sees after the context (its ancestors' and its own), the last
-        # level's (node, parent, token) and cumulative log-probabilities, the draft's blocks after it
+        # last level's (token, the cache rows its parent sees after the context: its ancestors' and its
+        # own), their draft-tree numbers and cumulative log-probabilities (main-path node first), the
+        # draft's blocks after it
         self._context: Optional[int] = None
-        self._seen: dict[int, list[int]] = {}
-        self._level: list[tuple[int, int, int]] = []
+        self._level: list[tuple[int, list[int]]] = []
+        self._nodes: list[int] = []
         self._scores: list[float] = []
         self._blocks = 0
+        self.step = StepWatch()  # tree mode: a step's first call grows from the root
 
     @hookimpl
     def pacer_step_costs(self) -> Optional[CostModel]:
@@ -113,6 +118,7 @@ class DraftModel:
     def pacer_start(self, state) -> None:
         self.model.reset()
         self._context = None
+        self.step.restart()
         if self.budget is not None and state is not None and not state.sampling.greedy:
             self.budget.restart()  # auto's learned rate carries across greedy generations only
 
@@ -127,7 +133,7 @@ class DraftModel:
         token, but was computed without that token's real predecessors."""
         if self._context is not None:
             self.model.crop(min(self._context, len(self.model.cached_tokens)))
-        self._context, self._seen, self._level, self._scores = None, {}, [], []
+        self._context, self._level, self._nodes, self._scores = None, [], [], []
         self._blocks = 0
 
     def _probs(self, logits: torch.Tensor) -> torch.Tensor:
@@ -167,57 +173,50 @@ class DraftModel:
         previous level (a tree mask over the cached rows). The block's main path is each level's
         main-path child; the others are its side nodes. None after ``tree.depth`` levels."""
         tree, model = self.tree, self.model
-        if len(draft) and (self._context is None or len(draft.blocks) != self._blocks):
+        new_step = self.step.starts(state)
+        if not new_step and (self._context is None or len(draft.blocks) != self._blocks):
             raise RuntimeError(
                 "draft_model tree: the draft is not the one this drafter grew "
                 "(one drafter per engine; drafts are not edited between levels)"
             )
-        grown, forwards = GrownLevels(), 0  # this call's levels, one block
+        grown, forwards = GrownLevels([-1] if new_step else self._nodes), 0  # this call's levels, one block
         for level_index in range(min(num_tokens, tree.depth - len(draft))):
-            if len(draft) + level_index == 0:  # a new step: level 1
+            if new_step and level_index == 0:  # a new step: level 1
                 self._drop_tree_rows()  # normally done in pacer_observe_step already
                 feed = sync_cache(model, state.tokens)
                 out = model.forward(feed, logits_from=len(feed) - 1, hidden=self.hidden)
                 self._context = len(model.cached_tokens)
                 probs = self._probs(out.logits[-1:].cpu())  # [1, vocab]
                 hidden = out.hidden_states[-1:] if self.hidden else None  # [1, hidden]
-                nodes, scores = [-1], [0.0]  # the root is the one expanded node
+                seen, scores = [[]], [0.0]  # the root is the one expanded node: it sees the context
             else:
-                level = self._level  # the last level's (node, parent, token), main-path node first
-                if level[0][2] in state.eos_token_ids:
+                level = self._level  # the last level's (token, rows its parent sees), main-path node first
+                if level[0][0] in state.eos_token_ids:
                     break  # the main path ended: nothing after EOS is ever committed
                 cached = len(model.cached_tokens)
                 if cached + len(level) > model.max_length:
                     break
-                ancestors = [self._seen[parent] if parent != -1 else [] for _, parent, _ in level]
+                ancestors = [rows for _, rows in level]
                 positions, mask = level_layout(ancestors, self._context, cached, len(draft) + level_index)
                 out = model.forward(
-                    [token for _, _, token in level], positions=positions, tree_mask=mask, hidden=self.hidden
+                    [token for token, _ in level], positions=positions, tree_mask=mask, hidden=self.hidden
                 )
-                for i, (node, _, _) in enumerate(level):
-                    self._seen[node] = ancestors[i] + [cached + i]
+                seen = [rows + [cached + i] for i, rows in enumerate(ancestors)]  # each node's, its own row too
                 probs = self._probs(out.logits.cpu())  # [k, vocab]
-                ends = [i for i, (_, _, token) in enumerate(level) if token in state.eos_token_ids]
+                ends = [i for i, (token, _) in enumerate(level) if token in state.eos_token_ids]
                 probs[ends] = 0.0  # nothing grows past an end-of-sequence side node
                 hidden = out.hidden_states if self.hidden else None  # [k, hidden]
-                nodes, scores = [node for node, _, _ in level], self._scores
+                scores = self._scores
             forwards += 1
             chosen = grow_level(scores, probs, 0, tree.topk, tree.topk)
             if not chosen:
                 break
-            new_nodes = grown.add(
-                chosen,
-                [nodes[c.row] for c in chosen],
-                [probs[c.row] for c in chosen],
-                None if hidden is None else hidden[chosen[0].row].float(),
-            )
-            self._level = [(node, nodes[c.row], c.token) for node, c in zip(new_nodes, chosen)]
+            grown.add(chosen, [probs[c.row] for c in chosen], None if hidden is None else hidden[chosen[0].row].float())
+            self._level = [(c.token, seen[c.row]) for c in chosen]
             self._scores = [c.score for c in chosen]
         if not grown:
             return None
-        block, number = grown.block(draft.num_nodes, forwards)
-        self._seen = {number(node): rows for node, rows in self._seen.items()}
-        self._level = [(number(node), number(parent), token) for node, parent, token in self._level]
+        block, self._nodes = grown.block(draft.num_nodes, forwards)
         self._blocks = len(draft.blocks) + 1
         return block
 
@@ -325,3 +324,8 @@ def pacer_components() -> list[Component]:
             "model-free n-gram drafting from the context (several matches as branches: branches)",
         ),
     ]
+
+
+@hookimpl
+def pacer_shipped() -> dict[str, str]:
+    return {TOKEN_DRAFT: DEFAULT_DRAFT}

@@ -22,6 +22,7 @@ from pacer_train import read_json
 from pacer_train.corpus import iter_corpus
 from pacer_train.corpus.guard import NGRAM, BenchmarkGuard, words
 from pacer_train.corpus.instructions import instructions
+from pacer_train.corpus.loaders import recorded_corpus
 from pacer_train.corpus.sources import CorpusConfig, corpus_sources, stdlib_files, stdlib_root, text_digest
 
 from .train_config import DataConfig, TrainPreverifyConfig, log
@@ -132,18 +133,17 @@ def seen_sources(record: Optional[dict[str, Any]]) -> dict[str, Any]:
 
 def selfdistill_folders(used: dict[str, Any]) -> list[Path]:
     """The self-distillation corpus folders the draft was distilled on (``seen_sources``), each found
-    where its record says (relative to the working directory, else to the project's root); a missing
-    one is refused in one line, before any model loads: M_B's prompts could not be kept apart from it."""
-    root = Path(__file__).resolve().parents[2]
+    where its record says (relative to the working directory), else the shipped corpus holding its
+    recorded shards (``pacer_train.corpus.loaders.recorded_corpus``); a missing one is refused in one
+    line, before any model loads: M_B's prompts could not be kept apart from it."""
     folders = []
     for entry in used.get("selfdistill", []):
-        recorded = Path(entry["path"]).expanduser()
-        found = next((f for f in (recorded, root / recorded) if (f / "manifest.json").is_file()), None)
+        found = recorded_corpus(entry)
         if found is None:
             raise InputError(
-                f"the draft was distilled on the self-distillation corpus '{recorded}', which is not "
-                "here: M_B's training prompts must be kept apart from it; run from the project's root "
-                "(or copy the corpus there), or set data.skip_draft_corpus=false"
+                f"the draft was distilled on the self-distillation corpus '{entry['path']}', which is "
+                "not here: M_B's training prompts must be kept apart from it; run from the folder it "
+                "was recorded from (or copy the corpus there), or set data.skip_draft_corpus=false"
             )
         folders.append(found)
     return folders

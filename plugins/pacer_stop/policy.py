@@ -20,11 +20,10 @@ import torch
 from attrs import validators as v
 
 from pacer_core import Draft, InputError, Resources, Stop, hookimpl
-from pacer_core.costs import CostModel, monotone
+from pacer_core.cost_profiles import CostModel, monotone
 from pacer_core.jsonfile import read_json
 
-from . import costs as cost_files
-from . import rules
+from . import measured_costs, rules
 from .model import CONFIG, MANIFEST, WEIGHTS, IncrementalPredictor, PreVerifier, confidence_features
 
 DEFAULT_CHECKPOINT = Path(__file__).parent / "default"  # M_B for the embedded target + shipped eagle draft
@@ -217,14 +216,14 @@ def load_costs(config: PacerStopConfig, resources: Resources) -> CostModel:
     if config.costs is not None:
         return config.costs.model()
     if config.profile is not None:  # priced as the drafter's kind (Component.cost_kind)
-        from pacer_core.costs import load_profile
+        from pacer_core.cost_profiles import load_profile
 
         profile = load_profile(config.profile)
         kind = getattr(resources, "draft_cost_kind", None)
         return profile.cost_model(kind if kind in profile.draft else None)
-    key = cost_files.full_key(cost_files.run_pair(resources))
-    path = Path(config.cost_file) if config.cost_file else cost_files.cache_file(key)
-    return cost_files.read_costs(path, key)
+    key = measured_costs.full_key(measured_costs.run_pair(resources))
+    path = Path(config.cost_file) if config.cost_file else measured_costs.cache_file(key)
+    return measured_costs.read_costs(path, key)
 
 
 class PacerStop:
@@ -317,9 +316,7 @@ class PacerStop:
     @hookimpl
     def pacer_draft_more(self, state, draft):
         c = self.config
-        n = len(draft)
-        if n == 0 or n < self.checked:  # a new step
-            self._new_draft()
+        n = len(draft)  # this step's draft: its state was reset when the last step was observed
         self.drafted = max(self.drafted, n)
         at_max = n >= c.max_draft
         end = min(n, c.max_draft)  # a drafter may return more than asked: judge up to max_draft
@@ -365,14 +362,17 @@ class PacerStop:
 
     def observe_outcome(self, sent: int, accepted: int, emitted: int) -> None:
         """A step's outcome: ``sent`` draft tokens verified, ``accepted`` of them accepted (the
-        main path), ``emitted`` tokens committed. Tallies calibration and updates λ."""
+        main path), ``emitted`` tokens committed. Tallies calibration, updates λ and ends the step:
+        the next ``pacer_draft_more`` judges a new draft (from t₀, with a fresh M_B context). The
+        step's end is what the policy is told (``pacer_observe_step``, for a step the engine's draft
+        gate decodes plainly too), so it never guesses a new step from the draft."""
         judged = self.predictions[:sent]
         self.totals["judged"] += len(judged)
         self.totals["predicted"] += sum(judged)
         self.totals["accepted"] += min(accepted, len(judged))
         if self.rate is not None:
             self.rate.update(emitted, max(self.drafted, sent), sent)
-        self.drafted = 0  # a step the engine's draft gate decodes plainly never asks this policy
+        self._new_draft()
 
     @hookimpl
     def pacer_step_costs(self) -> Optional[CostModel]:

@@ -2,7 +2,7 @@
 
 No models, no clocks. ``p`` holds the predictions of the current draft's tokens, p[i - 1] an
 estimate of P(x_1 … x_i all accepted); ``cost`` is a measured cost model
-(``pacer_core.costs.CostModel``: seconds per step). The stateful hook (``policy.PacerStop``) and
+(``pacer_core.cost_profiles.CostModel``: seconds per step). The stateful hook (``policy.PacerStop``) and
 the noise-free replay (``replay``) both call these.
 
 **paper** (PACER's own rule): stop when the block's mean prediction is below the threshold t;
@@ -29,7 +29,7 @@ from typing import Sequence
 
 import torch
 
-from pacer_core.costs import CostModel
+from pacer_core.cost_profiles import CostModel
 
 
 def paper_passes(mean: float, threshold: float) -> bool:

@@ -38,7 +38,6 @@ import torch
 from torch.nn import functional as F
 
 from pacer_core import DraftInfo, Engine, hookimpl
-from pacer_core.config import check
 from pacer_core.engine import load_stack_draft
 from pacer_core.errors import InputError
 from pacer_train import (
@@ -75,7 +74,7 @@ from .train_config import (
     load_train_config,
     log,
     shape_tag,
-    simulation_config,
+    simulation_plan,
 )
 
 
@@ -398,22 +397,21 @@ def _json_safe(value: Any) -> Any:
 def run_train_preverify(cfg: TrainPreverifyConfig, command_line: str) -> Path:
     from pacer_core.hf import load_section
 
+    recorder = StepRecorder()
+    plan = simulation_plan(cfg, [recorder])  # the stack resolved once, checked before anything is written
     run = open_run(cfg.out, cfg, DATA_KEYS, "model, train, out and export options", export=cfg.export)
     out = run.out  # checked, and the recipe guarded, before any model loads
-    sim = simulation_config(cfg)
-    stack = check(sim, require_models=False)
     items_file = out / "items.json"
     choose = not items_file.exists()
-    folder = draft_folder(sim, stack.drafter)  # found (a missing one refused) before any model loads
+    folder = draft_folder(plan.config, plan.stack.drafter)  # found (a missing one refused) before any model loads
     manifest, corpora = None, []
     if choose and cfg.data.skip_draft_corpus:
         manifest = draft_manifest(folder)
         corpora = selfdistill_folders(seen_sources((manifest or {}).get("corpus_sources")))
     t0 = time.time()
     target, tokenizer, digest = load_section(cfg.target, "target")
-    draft = load_stack_draft(sim, stack, tokenizer)
-    recorder = StepRecorder()
-    engine = Engine.build(target, draft=draft, tokenizer=tokenizer, cfg=sim, extra_plugins=[recorder])
+    draft = load_stack_draft(plan, tokenizer)
+    engine = Engine.build(target, draft=draft, tokenizer=tokenizer, plan=plan)
     identity = drafter_identity(engine, draft)
     check_draft_identity(out, identity)
     if choose:

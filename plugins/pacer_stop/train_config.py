@@ -1,13 +1,14 @@
-"""``pacer train-preverify``'s options (``TrainPreverifyConfig``, read by ``load_train_config``
-and checked before any model loads), the simulation's run config, M_B's shape and the checkpoint
-tag; the stages are in train.py (docs/pacer.md)."""
+"""``pacer train-preverify``'s options (``TrainPreverifyConfig``, read by ``load_train_config``),
+the simulation's run plan (``simulation_plan``: its stack resolved once and checked for what M_B
+reads), M_B's shape and the checkpoint tag; everything is checked before any model loads. The
+stages are in train.py (docs/pacer.md)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import sys
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Sequence
 
 import attrs
 
@@ -15,10 +16,11 @@ from pacer_core.config import (
     GenerationConfig,
     ModelConfig,
     PacerConfig,
+    RunPlan,
     SamplingConfig,
     StrategyConfig,
-    check,
     draft_model_config,
+    plan_run,
 )
 from pacer_core.errors import ConfigError
 from pacer_core.schema import load_schema
@@ -100,16 +102,6 @@ def load_train_config(path: Optional[str], overrides: list[str]) -> TrainPreveri
         arch(cfg, 1)
     except ValueError as exc:
         raise ConfigError(f"model: {exc}") from None
-    drafter = check(simulation_config(cfg), require_models=False).drafter.component
-    if "draft_hidden" not in drafter.provides:
-        raise ConfigError(
-            f"drafter '{drafter.name}' does not provide hidden states, which M_B reads: "
-            "use draft_model, eagle or dflash"
-        )
-    if cfg.model.draft_confidence and "draft_probs" not in drafter.provides:
-        raise ConfigError(f"model.draft_confidence needs the draft's probabilities; '{drafter.name}' has none")
-    if "draft_model" in drafter.needs and draft_model_config(simulation_config(cfg), drafter) is None:
-        raise ConfigError(f"drafter '{drafter.name}' needs a draft model: set draft.path")
     return cfg
 
 
@@ -132,6 +124,23 @@ def shape_tag(cfg: TrainPreverifyConfig) -> str:
 
 def log(message: str) -> None:
     print(f"train-preverify: {message}", file=sys.stderr, flush=True)
+
+
+def simulation_plan(cfg: TrainPreverifyConfig, extra_plugins: Sequence[Any] = ()) -> RunPlan:
+    """The simulation's run plan (``simulation_config``, with ``extra_plugins``), made once per run
+    before any model loads; its drafter must provide what M_B reads (``ConfigError``, one line)."""
+    plan = plan_run(simulation_config(cfg), extra_plugins, require_models=False)
+    drafter = plan.stack.drafter.component
+    if "draft_hidden" not in drafter.provides:
+        raise ConfigError(
+            f"drafter '{drafter.name}' does not provide hidden states, which M_B reads: "
+            "use draft_model, eagle or dflash"
+        )
+    if cfg.model.draft_confidence and "draft_probs" not in drafter.provides:
+        raise ConfigError(f"model.draft_confidence needs the draft's probabilities; '{drafter.name}' has none")
+    if "draft_model" in drafter.needs and draft_model_config(plan.config, drafter) is None:
+        raise ConfigError(f"drafter '{drafter.name}' needs a draft model: set draft.path")
+    return plan
 
 
 def simulation_config(cfg: TrainPreverifyConfig) -> PacerConfig:

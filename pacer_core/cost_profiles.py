@@ -2,7 +2,7 @@
 
 A **cost model** (``CostModel``) prices one step in seconds: the drafter's work, one target forward
 over the pending token and the draft (a causal chain, or a tree-masked forward over its nodes) and
-a step's fixed host time. Replays (``pacer replay``, ``pacer_bench.oracle``), the ``pacer`` stop's
+a step's fixed host time. Replays (``pacer replay``, ``pacer_bench.replay.chains``), the ``pacer`` stop's
 throughput rule and cost-sized trees (``tree: {nodes: auto}``) all read one.
 
 A **cost profile** (``Profile``) is the data a cost model is made from, for one device and target
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 import attrs
 
@@ -46,6 +46,7 @@ __all__ = [
     "profile_from_dict",
     "profile_names",
     "profile_to_dict",
+    "read_host_s",
 ]
 
 PROFILES = Path(__file__).with_name("profiles")
@@ -85,13 +86,23 @@ def _extrapolate(known: Sequence[float], at: int) -> float:
     return known[-1] + max(slope, 0.0) * (at - len(known))
 
 
+def _ints(values: Iterable[int]) -> tuple[int, ...]:
+    """A field's converter: ``tuple``, typed (mypy's attrs plugin cannot type the generic ``tuple``)."""
+    return tuple(values)
+
+
+def _floats(values: Iterable[float]) -> tuple[float, ...]:
+    """A field's converter: ``tuple``, typed (as ``_ints``)."""
+    return tuple(values)
+
+
 @attrs.frozen
 class Curve:
     """Seconds at a few token counts ``ks`` (ascending): linear between them, the first value below
     the first count, extrapolated from the last two above the last (never decreasing)."""
 
-    ks: tuple[int, ...] = attrs.field(converter=tuple)
-    seconds: tuple[float, ...] = attrs.field(converter=tuple)
+    ks: tuple[int, ...] = attrs.field(converter=_ints)
+    seconds: tuple[float, ...] = attrs.field(converter=_floats)
 
     def __attrs_post_init__(self) -> None:
         if not self.ks or len(self.ks) != len(self.seconds):
@@ -129,10 +140,10 @@ class CostModel:
     ``preverify_s`` one consultation of PACER's pre-verification layer; ``plain_host_s`` the host
     time of a plain decoding step (None: ``step_s``)."""
 
-    verify_s: tuple[float, ...] = attrs.field(converter=tuple)
+    verify_s: tuple[float, ...] = attrs.field(converter=_floats)
     draft_token_s: float = 0.0
-    tree_k: tuple[int, ...] = attrs.field(default=(), converter=tuple)
-    tree_verify_s: tuple[float, ...] = attrs.field(default=(), converter=tuple)
+    tree_k: tuple[int, ...] = attrs.field(default=(), converter=_ints)
+    tree_verify_s: tuple[float, ...] = attrs.field(default=(), converter=_floats)
     step_s: float = 0.0
     tree_step_s: Optional[Curve] = None
     preverify_s: float = 0.0
@@ -327,6 +338,19 @@ def _curve(value: Any, where: str, rising: bool = True) -> Curve:
     return curve
 
 
+def read_host_s(host: Any, path: str = "<dict>") -> tuple[float, float, Optional[Curve]]:
+    """A profile's ``host_s`` section (also what ``pacer replay --host`` reads): the host seconds per
+    step of plain decoding and of a chain, and the tree's curve by nodes sent (None without it);
+    ``InputError`` in one line."""
+    if not isinstance(host, Mapping) or not {"plain", "chain"} <= set(host) or set(host) - {"plain", "chain", "tree"}:
+        raise InputError(
+            f"{_where(path, 'host_s')} must give plain and chain (seconds) and optionally tree ({{nodes: seconds}})"
+        )
+    tree = None if host.get("tree") is None else _curve(host["tree"], _where(path, "host_s.tree"))
+    plain, chain = (_seconds(host[k], _where(path, f"host_s.{k}")) for k in ("plain", "chain"))
+    return plain, chain, tree
+
+
 def profile_from_dict(data: Any, path: str = "<dict>") -> Profile:
     """A validated ``Profile`` from a profile file's parsed content; ``InputError`` in one line."""
     if not isinstance(data, Mapping):
@@ -363,12 +387,7 @@ def profile_from_dict(data: Any, path: str = "<dict>") -> Profile:
     if bad:
         raise InputError(f"{_where(path, 'draft_s')} has unknown drafter kind(s) {bad}: use {', '.join(DRAFTER_KINDS)}")
     draft = {kind: _curve(curve, _where(path, f"draft_s.{kind}")) for kind, curve in drafts.items()}
-    host = data["host_s"]
-    if not isinstance(host, Mapping) or not {"plain", "chain"} <= set(host) or set(host) - {"plain", "chain", "tree"}:
-        raise InputError(
-            f"{_where(path, 'host_s')} must give plain and chain (seconds) and optionally tree ({{nodes: seconds}})"
-        )
-    host_tree = None if host.get("tree") is None else _curve(host["tree"], _where(path, "host_s.tree"))
+    host_plain, host_chain, host_tree = read_host_s(data["host_s"], path)
     preverify = 0.0 if data.get("preverify_s") is None else _seconds(data["preverify_s"], _where(path, "preverify_s"))
     target = data.get("target") or {}
     if not isinstance(target, Mapping) or set(map(str, target)) - set(TARGET_FIELDS):
@@ -395,8 +414,8 @@ def profile_from_dict(data: Any, path: str = "<dict>") -> Profile:
         device=data["device"],
         verify=verify,
         draft=draft,
-        host_plain=_seconds(host["plain"], _where(path, "host_s.plain")),
-        host_chain=_seconds(host["chain"], _where(path, "host_s.chain")),
+        host_plain=host_plain,
+        host_chain=host_chain,
         host_tree=host_tree,
         tree_verify=tree,
         preverify_s=preverify,

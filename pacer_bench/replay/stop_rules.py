@@ -1,7 +1,7 @@
 """``pacer replay-stop``: noise-free replay of stop rules on held-out simulated steps (docs/pacer.md).
 
 A bench tool beside the bench's own replay (``pacer replay``): it compares the stops of two plugin
-packages (``pacer_stop``'s and ``entropy_stop``'s rules) on the oracle replay of ``oracle.py``, which
+packages (``pacer_stop``'s and ``entropy_stop``'s rules) on the chain replays of ``chains.py``, which
 only the bench may do, since no plugin imports another or the bench.
 
 A ``pacer train-preverify`` run folder holds, for every simulated step, what M_B reads (the draft's
@@ -15,7 +15,7 @@ A step then accepts min(sent, accepted in the window) tokens, emits one more, an
 inputs give the same table.
 
 Compared: every fixed window γ, the oracle (drafts exactly the accepted tokens) and the
-cost-optimal oracle (``oracle.py``), the ``confidence`` stop's rule (stop after the first
+cost-optimal oracle (``chains.py``), the ``confidence`` stop's rule (stop after the first
 token with q(x) < t), the ``entropy`` stop's rule (stop after the first token whose bound
 1 − sqrt(γ · H(q)) is below λ; with its online calibration of λ, and without it, which is ``svip``
 with h = 1 − λ) and grids of the ``pacer`` stop's rules over both predictors. Like the
@@ -36,14 +36,15 @@ import torch
 
 from pacer_core import Draft, DraftBlock, InputError, Stop
 from pacer_core.commands import command
-from pacer_core.costs import CostModel, cost_model
+from pacer_core.cost_profiles import CostModel, cost_model
 from pacer_core.jsonfile import read_json
 from pacer_plugins.entropy_stop import rules as entropy_rules
 from pacer_plugins.pacer_stop.metrics import position_report
 from pacer_plugins.pacer_stop.policy import DEFAULT_CHECKPOINT, PacerStop, PacerStopConfig, checkpoint_folder
 from pacer_plugins.pacer_stop.rules import cumulative_confidence
 
-from .oracle import LoggedStep, Replay, captured_share, replay_best, replay_fixed, replay_oracle
+from .chains import Replay, captured_share, replay_best, replay_fixed, replay_oracle
+from .steplog import LoggedStep
 
 
 @attrs.frozen
@@ -429,7 +430,7 @@ def _setup(p):
         if args.costs is not None:
             cost = read_cost_file(Path(args.costs), args.draft_token_s, args.step_s)  # before the data loads
         else:
-            from pacer_core.costs import load_profile
+            from pacer_core.cost_profiles import load_profile
 
             cost = load_profile(args.profile).cost_model("feature")
             overrides = {

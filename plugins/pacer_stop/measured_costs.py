@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 from pacer_core import InputError, hookimpl
 from pacer_core.commands import bounded_int, check_out_file, command
-from pacer_core.costs import CostModel, cost_model
+from pacer_core.cost_profiles import CostModel, cost_model
 from pacer_core.jsonfile import read_json
 
 COST_MODEL_VERSION = 1
@@ -280,18 +280,18 @@ def _setup_costs(p):
 
     def run(args) -> int:
         from pacer_core import cli
-        from pacer_core.config import load_config
+        from pacer_core.config import load_plan
 
         overrides = list(args.overrides) + [
             f"strategy.stop=[{{name: fixed, gamma: {args.gamma}}}]",
             "sampling.temperature=0",
         ]
-        cfg = load_config(args.config, overrides)  # validated before any model loads
+        plan = load_plan(args.config, overrides)  # validated before any model loads
         if args.profile:
             check_out_file(args.profile, "--profile")  # before measuring
         if args.out:
             check_out_file(args.out, "--out")  # before measuring, which takes minutes
-        engine = cli.build_engine(cfg)
+        engine = cli.build_engine(plan)
         prompt = engine.encode(PROBE_PROMPT) if engine.tokenizer is not None else list(range(1, 17))
         check_fits(engine, len(prompt) + args.max_k, "the probe prompt plus --max-k")
         if args.profile:
@@ -300,7 +300,7 @@ def _setup_costs(p):
         key = full_key(engine_pair(engine))
         path = write_costs(Path(args.out) if args.out else cache_file(key), key, measured)
         if args.profile:
-            written = write_measured_profile(Path(args.profile), engine, cfg, prompt, measured, args)
+            written = write_measured_profile(Path(args.profile), engine, plan.config, prompt, measured, args)
             print(f"measured cost profile -> {written}")
             if args.no_cache:
                 print("the machine-wide profile cache is left as it was (--no-cache)")
@@ -330,7 +330,7 @@ def write_measured_profile(path: Path, engine, cfg, prompt: list[int], measured:
     """Measure the verification curves after ``args.context`` cached tokens and write a measured
     cost profile with this run's drafter and per-step costs (``measured``)."""
     from pacer_bench.timing import device_of, make_clock, measure_verify_costs
-    from pacer_core.costs import Curve, Profile, monotone, write_profile
+    from pacer_core.cost_profiles import Curve, Profile, monotone, write_profile
 
     clock = make_clock(device_of(engine.target))
     top = args.profile_max_k
@@ -369,7 +369,7 @@ def cache_profile(path: Path, engine) -> tuple[Path, bool]:
     whether it replaced an earlier one."""
     import shutil
 
-    from pacer_core.costs import measured_profile_path
+    from pacer_core.cost_profiles import measured_profile_path
 
     cached = measured_profile_path(str(engine.target.device), engine.target.digest)
     replaced = cached.exists()

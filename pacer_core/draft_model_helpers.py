@@ -8,18 +8,20 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .paths import PLUGINS, package_folder
+from .registry import shipped_folder
 
-# (package, folder): the token-level draft shipped for the embedded SmolLM2 target (made by
-# `pacer distill student.kind=token`, see its manifest.json), inside the built-in plugins' package
-SHIPPED_DRAFT = (f"{PLUGINS}.pacer_builtins", "default")
+TOKEN_DRAFT = "token_draft"
+"""The name the built-in plugins ship the token-level draft for the embedded SmolLM2 target under
+(``pacer_shipped``; made by `pacer distill student.kind=token`, see its manifest.json)."""
 
 
 def shipped_draft() -> Optional[str]:
     """The folder of the shipped token-level draft, the ``default_draft`` of the drafters that run a
-    draft model (used when a config for the embedded target omits ``draft``); ``None`` when its
-    package is not installed. Found, never imported: the engine imports no plugin."""
-    found = package_folder(*SHIPPED_DRAFT)
+    draft model (used when a config for the embedded target omits ``draft``); ``None`` when no
+    installed plugin ships it. Reached by its name (``registry.shipped_folder``), never by a path
+    into the plugin that ships it: the engine imports no plugin. Call it when the draft is needed,
+    not while a plugin module is imported (the registry loads the plugin modules)."""
+    found = shipped_folder(TOKEN_DRAFT)
     return None if found is None else str(found)
 
 

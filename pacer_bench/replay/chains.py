@@ -1,6 +1,6 @@
-"""Oracle replay: how much could a perfect draft length gain, and how much of it does a policy get?
+"""Chain replays: how much could a perfect draft length gain, and how much of it does a policy get?
 
-Pure functions of logged steps and a measured cost model; no models, no clocks.
+Pure functions of logged steps (``steplog``) and a measured cost model; no models, no clocks.
 
 A **long-draft log** is the per-step record of a stack drafting a long fixed window γ_log (e.g. 16)
 with greedy verification: step i drafted ``drafted`` tokens (fewer than γ_log only when the drafter
@@ -37,39 +37,11 @@ from typing import Iterable, Optional, Sequence
 
 import attrs
 
-from pacer_core.costs import CostModel, cost_model, monotone  # the engine's cost models, re-exported
+from pacer_core.cost_profiles import CostModel
 
-__all__ = [
-    "CostModel",
-    "LoggedStep",
-    "Replay",
-    "analyse",
-    "captured_share",
-    "cost_model",
-    "is_tree_log",
-    "monotone",
-    "replay_best",
-    "replay_fixed",
-    "replay_logged",
-    "replay_oracle",
-    "steps_from_metrics",
-]
+from .steplog import LoggedStep, is_tree_log
 
-
-@attrs.frozen
-class LoggedStep:
-    drafted: int  # draft length; a tree's depth
-    accepted: int  # accepted before the first rejection (a tree: the accepted path), <= drafted
-    nodes: Optional[int] = None  # nodes the target verified: a tree's size; None = drafted (a chain)
-
-    @property
-    def is_tree(self) -> bool:
-        return self.nodes is not None and self.nodes != self.drafted
-
-
-def is_tree_log(log: Iterable[LoggedStep]) -> bool:
-    """Whether any logged step verified more nodes than its depth (side nodes: a token tree)."""
-    return any(s.is_tree for s in log)
+__all__ = ["Replay", "analyse", "captured_share", "replay_best", "replay_fixed", "replay_logged", "replay_oracle"]
 
 
 def _chain_only(log: Sequence[LoggedStep], what: str) -> None:
@@ -91,16 +63,6 @@ class Replay:
         """Tokens/s of this replay over plain decoding's (one step without a draft per token,
         ``step(0)``: a ``verify(1)`` forward plus ``step_s``)."""
         return (self.emitted / self.seconds) * cost.step(0) if self.seconds > 0 else 0.0
-
-
-def steps_from_metrics(metrics: dict) -> list[LoggedStep]:
-    """The logged steps of one generation's metrics (``drafted_per_step``, ``accepted_per_step``,
-    and ``nodes_per_step`` where recorded: logs from before token trees lack it, chains all)."""
-    drafted, accepted = metrics.get("drafted_per_step", ()), metrics.get("accepted_per_step", ())
-    nodes = metrics.get("nodes_per_step")
-    if nodes is None:
-        return [LoggedStep(int(d), int(a)) for d, a in zip(drafted, accepted)]
-    return [LoggedStep(int(d), int(a), int(n)) for d, a, n in zip(drafted, accepted, nodes)]
 
 
 def _replay(choices: Iterable[tuple], cost: CostModel) -> Replay:

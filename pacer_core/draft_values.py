@@ -9,7 +9,7 @@ nodes), ``vocab`` the model vocabulary.
 from __future__ import annotations
 
 import functools
-from typing import Iterable, Optional, Sequence, Union
+from typing import Iterable, Optional, Sequence, Union, cast, overload
 
 import attrs
 import numpy as np
@@ -30,7 +30,9 @@ class DraftVocab:
     A drafter builds one and hands the same object to every block."""
 
     ids: torch.Tensor = tensor_field()  # [w] int64, distinct target token ids
-    size: int  # the target's vocabulary
+    # mypy's attrs plugin takes the ``tensor_field()`` above for a default value, so it sees a field
+    # without a default after one with
+    size: int  # type: ignore[misc]  # the target's vocabulary
 
     @functools.cached_property
     def columns(self) -> torch.Tensor:  # [size] int64: each token's column, -1 outside the subset
@@ -61,13 +63,15 @@ def _gather(rows: torch.Tensor, row_map: Optional[torch.Tensor], columns: torch.
     return rows[row_map.to(rows.device), columns]
 
 
-def _shared_tables(
-    parts: Sequence[tuple[torch.Tensor, Optional[torch.Tensor], Optional[DraftVocab]]],
-) -> list[tuple[torch.Tensor, Optional[torch.Tensor], Optional[DraftVocab]]]:
+# a block of a tree's rows: (rows, row map or None, the DraftVocab its rows cover or None)
+_RowBlock = tuple[torch.Tensor, Optional[torch.Tensor], Optional[DraftVocab]]
+
+
+def _shared_tables(parts: Sequence[_RowBlock]) -> list[_RowBlock]:
     """Row blocks (rows, row map, vocabulary) in node order, consecutive ones that map into the same
     rows over the same vocabulary (a block's main path and side nodes) joined into one: their nodes
     read as one gather."""
-    joined: list[tuple[torch.Tensor, Optional[torch.Tensor], Optional[DraftVocab]]] = []
+    joined: list[_RowBlock] = []
     for rows, row_map, vocab in parts:
         if (
             joined
@@ -82,10 +86,18 @@ def _shared_tables(
     return joined
 
 
+@overload
+def _wide(rows: torch.Tensor, vocab: Optional[DraftVocab]) -> torch.Tensor: ...
+@overload
+def _wide(rows: Optional[torch.Tensor], vocab: Optional[DraftVocab]) -> Optional[torch.Tensor]: ...
 def _wide(rows: Optional[torch.Tensor], vocab: Optional[DraftVocab]) -> Optional[torch.Tensor]:
     return rows if rows is None or vocab is None else vocab.widen(rows)
 
 
+@overload
+def _mapped(rows: torch.Tensor, row_map: Optional[torch.Tensor]) -> torch.Tensor: ...
+@overload
+def _mapped(rows: Optional[torch.Tensor], row_map: Optional[torch.Tensor]) -> Optional[torch.Tensor]: ...
 def _mapped(rows: Optional[torch.Tensor], row_map: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """Each node's row: ``rows[row_map]``, or ``rows`` themselves without a map."""
     return rows if rows is None or row_map is None else rows.index_select(0, row_map.to(rows.device))
@@ -204,6 +216,10 @@ class DraftBlock:
         return _wide(self.draft_rows, self.draft_vocab)
 
 
+@overload
+def _cat(parts: Sequence[torch.Tensor], what: str) -> torch.Tensor: ...
+@overload
+def _cat(parts: Sequence[Optional[torch.Tensor]], what: str) -> Optional[torch.Tensor]: ...
 def _cat(parts: Sequence[Optional[torch.Tensor]], what: str) -> Optional[torch.Tensor]:
     present = [p is not None for p in parts]
     if not any(present):
@@ -229,9 +245,7 @@ class TokenTree:
     # (rows, row map or None, the DraftVocab its rows cover or None: the whole vocabulary), mapped,
     # widened and joined on first read of ``draft_probs`` (a greedy tree step reads only
     # ``token_probs`` and never pays the copy)
-    _draft_probs: Union[
-        None, torch.Tensor, tuple[tuple[torch.Tensor, Optional[torch.Tensor], Optional[DraftVocab]], ...]
-    ] = tensor_field(alias="draft_probs")
+    _draft_probs: Union[None, torch.Tensor, tuple[_RowBlock, ...]] = tensor_field(alias="draft_probs")
     sampled: torch.Tensor = tensor_field()  # [N] bool: drawn at random from its draft_probs row
     main_path: tuple[int, ...] = ()  # the main path's node indices, root first
 
@@ -370,7 +384,8 @@ class Draft:
     @functools.cached_property
     def path_nodes(self) -> tuple[int, ...]:
         """The tree node index (``Draft.tree``) of each main-path token."""
-        nodes, total = [], 0
+        nodes: list[int] = []
+        total = 0
         for block in self.blocks:
             nodes.extend(range(total, total + len(block)))
             total += len(block) + (len(block.side) if block.side is not None else 0)
@@ -379,7 +394,8 @@ class Draft:
     @functools.cached_property
     def tree(self) -> TokenTree:
         """Every node of the draft with its parent, in node order (see ``TokenTree``)."""
-        tokens, probs = [], []
+        tokens: list[torch.Tensor] = []
+        probs: list[tuple[Optional[torch.Tensor], Optional[torch.Tensor], Optional[DraftVocab]]] = []
         parents: list[int] = []  # read and built as lists: a few small tensors per block cost more
         sampled: list[bool] = []
         tip, total = -1, 0
@@ -395,7 +411,7 @@ class Draft:
             side = block.side
             s = 0 if side is None else len(side)
             sampled.extend([bool(block.sampled)] * n)
-            if s:
+            if side is not None and s:
                 side_parents = side.parents.tolist()
                 if any(p >= total + n + j or p < -1 for j, p in enumerate(side_parents)):
                     raise ValueError("a side node's parent must be an earlier node of the draft tree, or -1")
@@ -422,7 +438,7 @@ class Draft:
         return TokenTree(
             torch.cat(tokens),
             torch.tensor(parents, dtype=torch.long),
-            tuple(probs) if has_probs[0] else None,
+            cast("tuple[_RowBlock, ...]", tuple(probs)) if has_probs[0] else None,  # all rows present (above)
             torch.tensor(sampled, dtype=torch.bool),
             self.path_nodes,
         )
@@ -521,11 +537,11 @@ class Draft:
                 total += n
                 continue
             if take or new_side is not None or not kept_blocks:
-                rows, row_map = block.draft_table, block.row_map
+                table, row_map = block.draft_table, block.row_map
                 kept_blocks.append(
                     DraftBlock(
                         block.tokens[:take],
-                        rows if rows is None or row_map is not None else rows[:take],
+                        table if table is None or row_map is not None else table[:take],
                         None if block.hidden_states is None else block.hidden_states[:take],
                         new_side,
                         block.forwards,

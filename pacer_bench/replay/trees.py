@@ -1,9 +1,9 @@
 """Tree shapes replayed under a cost profile: which chain, which tree and which node budget pay on a device.
 
 A bench stack with the ``tree_log`` observer records every step's wide draft tree (each node's
-parent and draft probability, the main path, the accepted path), sending every node. Under greedy
-verification a smaller shape's accepted path is the logged one's longest prefix among the nodes it
-sends, so from one recording (noise-free, no clock):
+parent and draft probability, the main path, the accepted path: ``steplog.LoggedTree``), sending
+every node. Under greedy verification a smaller shape's accepted path is the logged one's longest
+prefix among the nodes it sends, so from one recording (noise-free, no clock):
 
 - a **chain** of γ is the main path's first γ nodes;
 - a **tree shape** of ``topk`` nodes a level and ``depth`` levels is read off the wider tree (each
@@ -25,58 +25,15 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence
 
-import attrs
 import torch
 
 from pacer_core import calibration as calibrations
 from pacer_core.calibration import Calibration
-from pacer_core.costs import Profile
-from pacer_core.drafts import TokenTree
+from pacer_core.cost_profiles import Profile
+from pacer_core.draft_values import TokenTree
 from pacer_core.trees import NodeBudget, TreeConfig, node_values
 
-
-@attrs.frozen
-class LoggedTree:
-    parents: tuple[int, ...]
-    q: tuple[float, ...]
-    main: tuple[int, ...]
-    path: tuple[int, ...]
-    group: str  # the prompt set
-    prompt: str = ""  # the question it came from (calibration is fitted on the other prompts)
-
-    @property
-    def depths(self) -> list[int]:
-        out: list[int] = []
-        for p in self.parents:
-            out.append(1 if p < 0 else out[p] + 1)
-        return out
-
-    @property
-    def cumulative(self) -> list[float]:
-        out: list[float] = []
-        for p, q in zip(self.parents, self.q):
-            out.append(q * (1.0 if p < 0 else out[p]))
-        return out
-
-
-def logged_trees(records: Sequence[dict], stack: str) -> list[LoggedTree]:
-    """The tree steps ``tree_log`` recorded for ``stack`` in bench records."""
-    out = []
-    for r in records:
-        if r["model_id"] != stack:
-            continue
-        for s in r["metrics"].get("tree_steps") or ():
-            out.append(
-                LoggedTree(
-                    tuple(s["parents"]),
-                    tuple(s["q"]),
-                    tuple(s["main"]),
-                    tuple(s["path"]),
-                    r["prompt_set"],
-                    str(r.get("question_id", "")),
-                )
-            )
-    return out
+from .steplog import LoggedTree
 
 
 def accepted(step: LoggedTree, sent: set[int]) -> int:

@@ -1,0 +1,88 @@
+"""Tree calibrations and a recorded run (``pacer replay --save-calibration`` and ``--calibration``):
+one fitted on every tree the run's stacks logged (``tree_log``), naming the draft that grew them,
+and a given one refused unless it was fitted on that draft."""
+
+from __future__ import annotations
+
+from pacer_core.calibration import Calibration
+from pacer_core.cost_profiles import DRAFTER_KINDS
+from pacer_core.errors import InputError
+
+from .recorded import RecordedRun, unit_drafter
+from .trees import fit_calibration
+
+
+def run_calibration(run: RecordedRun, source: str) -> Calibration:
+    """A tree calibration fitted on every tree the run's stacks logged (``tree_log``), naming the
+    draft they grew them with (the draft folder the stacks' eagle drafter read, as it is now).
+    ``InputError`` without logged trees, or when they come from several drafts or a drafter other
+    than an eagle draft ``pacer distill`` wrote."""
+    logged = {name: run.logged_trees(name) for name in run.units}
+    logged = {name: steps for name, steps in logged.items() if steps}
+    if not logged:
+        raise InputError(
+            "the run holds no logged trees: bench a tree stack with the tree_log observer "
+            "(observers: [{name: metrics}, {name: tree_log}], as docs/results/replay/trees.yaml does)"
+        )
+    identities = {unit_draft_identity(run.units[name]) for name in logged}
+    if len(identities) > 1:
+        raise InputError(
+            f"the run's trees come from several drafts ({', '.join(sorted(identities))}): a calibration "
+            "fits one; bench one draft's tree stacks"
+        )
+    return fit_calibration([s for steps in logged.values() for s in steps], draft=identities.pop(), source=source)
+
+
+def check_calibration(run: RecordedRun, calibration: Calibration, where: str) -> None:
+    """Refuse ``calibration`` (``--calibration``) unless it was fitted on the draft every stack that
+    logged trees grew them with, as the engine refuses a ``tree.calibration`` fitted on another
+    draft (``pacer_core.calibration.check_draft``): priced through another draft's acceptance rates,
+    ``nodes: auto`` would predict what no run of this stack does. ``InputError`` in one line."""
+    from pacer_core.calibration import check_draft
+
+    for name, unit in run.units.items():
+        if not run.logged_trees(name):
+            continue
+        drafter = unit_drafter(unit)
+        main = drafter.get("name") == "eagle" or (
+            drafter.get("name") == "hybrid"
+            and any(isinstance(m, dict) and m.get("name") == "eagle" for m in drafter.get("members") or [])
+        )
+        identity = unit_draft_identity(unit) if main else None
+        try:
+            check_draft(calibration, identity, where)
+        except InputError:
+            mine = (
+                f"draft {identity}"
+                if identity
+                else f"a {drafter.get('name') or 'non-model'} drafter, which names no draft"
+            )
+            raise InputError(
+                f"--calibration '{where}' was fitted on the trees of draft {calibration.draft}, but "
+                f"stack '{name}' logged its trees with {mine}: give a calibration fitted on this run's "
+                "draft (`pacer replay RUN --save-calibration FILE`), or leave --calibration out"
+            ) from None
+
+
+def unit_draft_identity(unit: dict) -> str:
+    """The identity of the eagle draft a bench unit's drafter (or a hybrid's main member) reads."""
+    drafter = unit_drafter(unit)
+    if drafter.get("name") == "hybrid":
+        models = [m for m in drafter.get("members") or [] if isinstance(m, dict) and m.get("name") in DRAFTER_KINDS]
+        drafter = models[0] if models else {}
+    if drafter.get("name") != "eagle":
+        raise InputError(
+            f"stack '{unit.get('name')}' logged trees with a "
+            f"{drafter.get('name') or 'non-model'} drafter: "
+            "a tree calibration names an eagle draft; log an eagle tree stack"
+        )
+    from pacer_plugins.feature_draft.drafter import draft_folder, draft_identity
+    from pacer_plugins.feature_draft.model import MANIFEST
+
+    folder = draft_folder(drafter.get("path"))
+    if not (folder / MANIFEST).exists():
+        raise InputError(
+            f"stack '{unit.get('name')}' read the published checkpoint '{folder}': a tree calibration "
+            "names a draft `pacer distill` wrote; log such a draft's trees"
+        )
+    return draft_identity(folder)
