@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from pacer_core import Draft, DraftVocab, SamplingParams, hookimpl
+from pacer_core.block_trees import BlockTree, block_tree
 from pacer_core.testing import chisquare_pvalue, exact_continuation_probs
-from pacer_core.trees import BlockTree, block_tree
 from pacer_plugins.block_draft.drafter import DFlashDrafter
 from pacer_plugins.block_draft.model import ContextCache, load_block_draft
 from pacer_plugins.block_draft.students import block_layout, block_loss, block_outputs, evaluate_blocks

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from pacer_core import SamplingParams
+from pacer_core.block_trees import BlockTree
 from pacer_core.config import load_config
 from pacer_core.engine import Engine
 from pacer_core.errors import InputError
 from pacer_core.testing import chisquare_pvalue, exact_continuation_probs
-from pacer_core.trees import BlockTree
 from pacer_plugins.block_draft.pard import PardDrafter
 from pacer_plugins.block_draft.pard_files import save_pard_files
 from pacer_plugins.block_draft.pard_student import PardStudent, evaluate_pard, pard_hidden, pard_layout, pard_loss

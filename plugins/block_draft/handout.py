@@ -10,7 +10,7 @@ other: the verifiers stay exact). Nothing is drafted past an end-of-sequence tok
 
 Trees (``tree: {...}``): the block's rows are read as independent distributions of the tokens at
 depths 1..block, and the nodes of highest joint probability are taken best-first
-(``pacer_core.trees.block_tree``: DDTree's construction), then sent by ``tree.nodes`` (a number or
+(``pacer_core.block_trees.block_tree``: DDTree's construction), then sent by ``tree.nodes`` (a number or
 ``auto``). A tree is one forward: it does not grow past the block; it is handed out level by level
 as the stop policies ask.
 
@@ -35,10 +35,10 @@ import attrs
 import torch
 
 from pacer_core import DraftBlock, hookimpl
+from pacer_core.block_trees import BlockTree, block_tree
 from pacer_core.cost_profiles import CostModel
 from pacer_core.priors import SuccessorIndex, lookup_bonus
 from pacer_core.sampling import argmax_first, logits_to_probs, sample
-from pacer_core.trees import BlockTree, block_tree
 from pacer_core.types import StepWatch
 
 
