@@ -294,6 +294,19 @@ def test_the_shipped_drafts_figures_in_the_docs_are_its_manifests():
     )
 
 
+def test_the_headline_figures_have_one_dated_source():
+    """results.md opens with one table of the headline figures, each row dated, with the command that
+    measured it and a link to the page holding the run; the README quotes no figure of its own."""
+    rows = table_rows(section(read("results.md"), "## Headline results"))
+    assert len(rows) >= 8
+    for stack, _what, figure, date, command, details in rows:
+        assert re.fullmatch(r"20\d\d-\d\d-\d\d", date), f"results.md: {stack}: date {date!r}"
+        assert figure and spans(command) and spans(command)[0].startswith("pacer "), f"results.md: {stack}"
+        assert re.search(r"\]\([\w./-]+\.md#[\w-]+\)", details), f"results.md: {stack}: no link to its run"
+    readme = (DOCS.parent / "README.md").read_text()
+    assert not re.findall(r"\d\.\d+×", readme), "README.md: a figure belongs in docs/results.md's headline table"
+
+
 def test_every_section_is_documented():
     config_md = read("config.md")
     for name in SECTIONS:
