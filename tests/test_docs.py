@@ -31,6 +31,7 @@ from helpers import adapter, reference_greedy, tiny_llama
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 EXAMPLES = DOCS / "examples"
 SECTIONS = {f.name for f in attrs.fields(PacerConfig)}
+PAGES = sorted([*DOCS.glob("*.md"), *(DOCS / "lab").glob("*.md")])  # the reference pages and the lab notebooks
 
 
 def read(name: str) -> str:
@@ -274,8 +275,8 @@ def test_corpus_totals_in_the_docs_are_the_committed_corpus():
 
 
 def test_the_shipped_drafts_figures_in_the_docs_are_its_manifests():
-    """The held-out agreement and tokens seen that draft.md and results.md give for the shipped
-    `eagle` draft are the ones its manifest records."""
+    """The held-out agreement and tokens seen that results.md and the draft's lab notebook give for the
+    shipped `eagle` draft are the ones its manifest records."""
     import json
 
     from pacer_plugins.feature_draft.drafter import DEFAULT_DRAFT
@@ -287,10 +288,23 @@ def test_the_shipped_drafts_figures_in_the_docs_are_its_manifests():
     )
     shipped = [row for row in table_rows(read("results.md")) if row[0] == "**v6 (shipped, `eagle`)**"]
     assert shipped and shipped[0][1:3] == [f"**{first}**", f"**{both}**"], "results.md: update the shipped draft's row"
-    curve = [row for row in table_rows(read("draft.md")) if row[0].startswith("**v6")]
+    curve = [row for row in table_rows(read("lab/draft-training.md")) if row[0].startswith("**v6")]
     assert curve and curve[0][1:] == [f"**{tokens:,}**", f"**{first}**", f"**{second}**", f"**{both}**"], (
-        "draft.md: update the shipped draft's row of the continuing runs' table"
+        "lab/draft-training.md: update the shipped draft's row of the continuing runs' table"
     )
+
+
+def test_the_headline_figures_have_one_dated_source():
+    """results.md opens with one table of the headline figures, each row dated, with the command that
+    measured it and a link to the page holding the run; the README quotes no figure of its own."""
+    rows = table_rows(section(read("results.md"), "## Headline results"))
+    assert len(rows) >= 8
+    for stack, _what, figure, date, command, details in rows:
+        assert re.fullmatch(r"20\d\d-\d\d-\d\d", date), f"results.md: {stack}: date {date!r}"
+        assert figure and spans(command) and spans(command)[0].startswith("pacer "), f"results.md: {stack}"
+        assert re.search(r"\]\([\w./-]+\.md#[\w-]+\)", details), f"results.md: {stack}: no link to its run"
+    readme = (DOCS.parent / "README.md").read_text()
+    assert not re.findall(r"\d\.\d+×", readme), "README.md: a figure belongs in docs/results.md's headline table"
 
 
 def test_every_section_is_documented():
@@ -362,11 +376,11 @@ def test_documented_validation_errors_are_the_real_messages():
 # -- YAML in all docs --------------------------------------------------------------------------
 def _yaml_configs():
     found = []
-    for doc in sorted(DOCS.glob("*.md")):
+    for doc in PAGES:
         for block in code_blocks(doc.read_text(), "yaml"):
             data = yaml.safe_load(block)
             if isinstance(data, dict) and set(data) & SECTIONS:  # looks like a config
-                found.append((doc.name, block, data))
+                found.append((str(doc.relative_to(DOCS)), block, data))
     return found
 
 
@@ -389,10 +403,10 @@ def _slug(heading: str) -> str:
 
 
 def test_relative_links_resolve():
-    for doc in sorted(DOCS.glob("*.md")):
+    for doc in PAGES:
         for target in re.findall(r"\]\(([^)#:]*)(?:#([^)]*))?\)", doc.read_text()):
             file, anchor = target
-            linked = DOCS / file if file else doc
+            linked = doc.parent / file if file else doc
             assert linked.exists(), f"{doc.name}: broken link to {file}"
             if anchor:
                 headings = re.findall(r"^#+ (.*)$", linked.read_text(), flags=re.M)
@@ -402,7 +416,7 @@ def test_relative_links_resolve():
 def test_cli_lines_in_the_docs_parse():
     cli = pytest.importorskip("pacer_core.cli")
     lines = []
-    for doc in sorted(DOCS.glob("*.md")):
+    for doc in PAGES:
         text = doc.read_text()
         lines += [s for s in re.findall(r"`(pacer [^`]+)`", text)]
         for block in code_blocks(text, "text"):
