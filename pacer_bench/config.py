@@ -163,6 +163,23 @@ def read_bench_config(
 
 def check_bench(bench: BenchConfig, extra_plugins: Sequence[Any] = ()) -> dict[str, RunPlan]:
     """Value checks, and each stack planned as a run (``plan_stack``; autoregressive first)."""
+    _check_values(bench)
+    _check_names(bench)
+    plans = _plan_stacks(bench, extra_plugins)
+    log = bench.oracle.log_stack
+    if log is not None and plans[log].config.strategy.drafter.get("tree") is not None:
+        raise ConfigError(
+            f"bench config: oracle.log_stack '{log}' drafts a token tree (strategy.drafter.tree); "
+            "the oracle replays a chain: log a stack drafting a long fixed chain"
+        )
+    drafter = plans[BASELINE].stack.drafter.component.name
+    if drafter != "autoregressive":
+        raise ConfigError(f"stacks.{BASELINE}: the baseline must use the autoregressive drafter, not '{drafter}'")
+    return plans
+
+
+def _check_values(bench: BenchConfig) -> None:
+    """The bench's numbers and dtypes in range."""
     for name, value, low in (
         ("max_new_tokens", bench.max_new_tokens, 1),
         ("repeats", bench.repeats, 1),
@@ -190,6 +207,10 @@ def check_bench(bench: BenchConfig, extra_plugins: Sequence[Any] = ()) -> dict[s
         dtype = model.dtype if model is not None and model.dtype else bench.dtype
         if dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"bench config: unknown dtype '{dtype}': use float32, bfloat16 or float16")
+
+
+def _check_names(bench: BenchConfig) -> None:
+    """The prompt sets, baselines and oracle's logged stack the bench names exist, each named once."""
     if not bench.prompt_sets:
         raise ConfigError(
             f"bench config: prompt_sets is empty; name at least one of {', '.join(PROMPT_SET_NAMES)} or a .jsonl file"
@@ -211,6 +232,11 @@ def check_bench(bench: BenchConfig, extra_plugins: Sequence[Any] = ()) -> dict[s
             f"bench config: oracle.log_stack '{bench.oracle.log_stack}' is not a stack; "
             f"stacks: {', '.join(bench.stacks) or 'none'}"
         )
+
+
+def _plan_stacks(bench: BenchConfig, extra_plugins: Sequence[Any]) -> dict[str, RunPlan]:
+    """Each stack planned as a run, the autoregressive baseline first (added when the bench has none);
+    the bench's draft model set to the shipped default where stacks need one and the embedded target runs."""
     stacks = dict(bench.stacks)
     if BASELINE not in stacks:
         stacks = {BASELINE: StackConfig(strategy={"drafter": {"name": "autoregressive"}, "stop": []}), **stacks}
@@ -233,15 +259,6 @@ def check_bench(bench: BenchConfig, extra_plugins: Sequence[Any] = ()) -> dict[s
                 f"stacks.{name}: {drafter.where} '{drafter.component.name}' needs a draft model; "
                 "set the bench's draft.path (models are shared by all stacks)"
             )
-    log = bench.oracle.log_stack
-    if log is not None and plans[log].config.strategy.drafter.get("tree") is not None:
-        raise ConfigError(
-            f"bench config: oracle.log_stack '{log}' drafts a token tree (strategy.drafter.tree); "
-            "the oracle replays a chain: log a stack drafting a long fixed chain"
-        )
-    drafter = plans[BASELINE].stack.drafter.component.name
-    if drafter != "autoregressive":
-        raise ConfigError(f"stacks.{BASELINE}: the baseline must use the autoregressive drafter, not '{drafter}'")
     return plans
 
 

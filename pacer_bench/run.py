@@ -24,7 +24,7 @@ import sys
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import attrs
 
@@ -194,17 +194,63 @@ def _run_locked(
     ablation: Optional[dict],
 ) -> int:
     """``run_bench`` once the folder is checked and locked."""
+    earlier, log = _read_earlier(bench, out)  # before models load: a damaged file is refused at once
+    models = _load_models(bench, models)
+    device = device_of(models.target)
+    clock = make_clock(device)
+    units, skipped = _make_units(bench, stacks, models, clock, device)
+    _write_meta(out, bench, device, units, skipped, ablation, earlier)
+    work = _plan_work(bench, prompt_sets, models)
+
+    planned = [
+        (s, p.question_id, u.name, r, t)
+        for s, p, _, turns in work
+        for r in range(bench.repeats)
+        for t in range(turns)
+        for u in units
+    ]
+    done = sum(key in log.keys for key in planned)
+    interrupted: Optional[BaseException] = None
+    try:
+        if done < len(planned):
+            # a prompt of no set: stacks that remember earlier generations (datastore, phrase pool)
+            # must not have seen a timed prompt's opening
+            _warm_up(units, models.tokenizer.encode(WARMUP_PROMPT, chat_template=bench.chat_template), bench)
+            if (bench.oracle.log_stack or bench.verify_cost) and not (out / COST_MODEL).exists():
+                _measure_cost_model(out, bench, models, work[0][2], clock, device)
+        _run_all(units, work, bench, log, models, done, len(planned), progress)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated)
+        interrupted = exc
+    kept = sum(key in log.keys for key in planned)
+    if interrupted is not None:
+        word = "terminated (SIGTERM)" if isinstance(interrupted, Terminated) else "interrupted"
+        _log(f"{word}: {kept}/{len(planned)} generations kept in {out / ANSWERS}; rerun the same command to resume")
+        return EXIT_TERMINATED if isinstance(interrupted, Terminated) else EXIT_INTERRUPTED
+    if report:
+        results = write_report(out, plots=bench.plots)
+        print(results["markdown_table"])
+        print(f"\nreport: {out / 'report.md'}  results: {out / 'results.json'}")
+    return 0
+
+
+def _read_earlier(bench: BenchConfig, out: Path) -> tuple[Optional[dict], AnswerLog]:
+    """The files read before models load, so that a bad one is refused at once: each cost profile to
+    predict with, the meta of an earlier run in ``out`` (or None) and its answer log."""
     from pacer_core.cost_profiles import load_profile
 
-    for profile in bench.predict:  # a profile that cannot be read is refused before models load
+    for profile in bench.predict:
         load_profile(profile)
-    # the files of an earlier run are read before models load too: a damaged one is refused at once
     earlier = read_meta(out) if os.path.lexists(out / META) else None
     log = AnswerLog(out / ANSWERS)
     if log.dropped:
         _log(f"dropped {log.dropped} incomplete line(s) from {out / ANSWERS} (an interrupted write)")
     if log.duplicates:
         _log(f"dropped {log.duplicates} duplicate record(s) from {out / ANSWERS} (the first of each key is kept)")
+    return earlier, log
+
+
+def _load_models(bench: BenchConfig, models: Optional[Models]) -> Models:
+    """Set the bench's thread count, then load its models unless given (tests give them)."""
     if bench.threads is not None:
         import torch
 
@@ -214,9 +260,14 @@ def _run_locked(
         models = _units.load_models(bench)  # tests replace it
     if models.tokenizer is None:
         raise InputError("the bench needs a tokenizer to encode its prompts")
-    device = device_of(models.target)
-    clock = make_clock(device)
+    return models
 
+
+def _make_units(
+    bench: BenchConfig, stacks: dict[str, RunPlan], models: Models, clock: Callable[[], float], device: str
+) -> tuple[list[Unit], dict[str, str]]:
+    """One unit per stack, then one per external baseline; a baseline that needs a draft model the
+    bench lacks is skipped, with the reason."""
     skipped: dict[str, str] = {}
     forwards = ForwardClock() if device == "cpu" else None  # host time per step (docs/host-time.md)
     units = [engine_unit(name, plan, models, bench, clock, forwards) for name, plan in stacks.items()]
@@ -226,7 +277,19 @@ def _run_locked(
             _log(f"skipping baseline {name}: it {skipped[name]}")
             continue
         units.append(hf_unit(name, models, bench, clock))
+    return units, skipped
 
+
+def _write_meta(
+    out: Path,
+    bench: BenchConfig,
+    device: str,
+    units: list[Unit],
+    skipped: dict[str, str],
+    ablation: Optional[dict],
+    earlier: Optional[dict],
+) -> None:
+    """Write ``out``'s meta: this run's settings and units, merged with those of an earlier run."""
     meta = {
         "version": 1,
         "settings": _settings(bench, device),
@@ -244,7 +307,10 @@ def _run_locked(
     meta = _merge_meta(out, json.loads(json.dumps(meta, default=json_default)), earlier)
     write_json(out / META, meta)
 
-    # encode every first turn once; all units decode the same ids (a later turn follows each unit's own answers)
+
+def _plan_work(bench: BenchConfig, prompt_sets: dict, models: Models) -> list:
+    """(set, prompt, first turn's ids, turns) of each prompt that fits the target's context. Every first
+    turn is encoded once; all units decode the same ids (a later turn follows each unit's own answers)."""
     work = []
     too_long = 0
     for set_name, prompts in prompt_sets.items():
@@ -258,56 +324,28 @@ def _run_locked(
         _log(f"skipping {too_long} prompt(s) longer than the target's context minus max_new_tokens")
     if not work:
         raise InputError("no prompt to run: the prompt sets are empty (check --limit and the files)")
+    return work
 
-    planned = [
-        (s, p.question_id, u.name, r, t)
-        for s, p, _, turns in work
-        for r in range(bench.repeats)
-        for t in range(turns)
-        for u in units
-    ]
-    done = sum(key in log.keys for key in planned)
-    interrupted: Optional[BaseException] = None
-    try:
-        if done < len(planned):
-            # a prompt of no set: stacks that remember earlier generations (datastore, phrase pool)
-            # must not have seen a timed prompt's opening
-            _warm_up(units, models.tokenizer.encode(WARMUP_PROMPT, chat_template=bench.chat_template), bench)
-            if (bench.oracle.log_stack or bench.verify_cost) and not (out / COST_MODEL).exists():
-                oracle = bench.oracle
-                _log(
-                    f"measuring verification cost for k = 1..{oracle.verify_max_k} tokens"
-                    + (
-                        f", trees of k = {', '.join(map(str, sorted(oracle.verify_tree_k)))} tokens"
-                        if oracle.verify_tree_k
-                        else ""
-                    )
-                    + " ..."
-                )
-                tree_k = sorted(oracle.verify_tree_k)
-                chain_s, tree_s = measure_verify_costs(
-                    models.target, work[0][2], range(1, oracle.verify_max_k + 1), oracle.verify_repeats, clock, tree_k
-                )  # interleaved
-                cost = {"verify_s": chain_s}
-                if tree_k:
-                    cost["tree_k"], cost["tree_verify_s"] = tree_k, tree_s
-                write_json(
-                    out / COST_MODEL,
-                    {**cost, "context_tokens": len(work[0][2]), "device": device, "dtype": bench.dtype},
-                )
-        _run_all(units, work, bench, log, models, done, len(planned), progress)
-    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated)
-        interrupted = exc
-    kept = sum(key in log.keys for key in planned)
-    if interrupted is not None:
-        word = "terminated (SIGTERM)" if isinstance(interrupted, Terminated) else "interrupted"
-        _log(f"{word}: {kept}/{len(planned)} generations kept in {out / ANSWERS}; rerun the same command to resume")
-        return EXIT_TERMINATED if isinstance(interrupted, Terminated) else EXIT_INTERRUPTED
-    if report:
-        results = write_report(out, plots=bench.plots)
-        print(results["markdown_table"])
-        print(f"\nreport: {out / 'report.md'}  results: {out / 'results.json'}")
-    return 0
+
+def _measure_cost_model(
+    out: Path, bench: BenchConfig, models: Models, ids: list[int], clock: Callable[[], float], device: str
+) -> None:
+    """Measure the target's verification cost on the context ``ids`` (chains, and trees where asked,
+    interleaved) and write it to ``out``'s cost model."""
+    oracle = bench.oracle
+    _log(
+        f"measuring verification cost for k = 1..{oracle.verify_max_k} tokens"
+        + (f", trees of k = {', '.join(map(str, sorted(oracle.verify_tree_k)))} tokens" if oracle.verify_tree_k else "")
+        + " ..."
+    )
+    tree_k = sorted(oracle.verify_tree_k)
+    chain_s, tree_s = measure_verify_costs(
+        models.target, ids, range(1, oracle.verify_max_k + 1), oracle.verify_repeats, clock, tree_k
+    )  # interleaved
+    cost = {"verify_s": chain_s}
+    if tree_k:
+        cost["tree_k"], cost["tree_verify_s"] = tree_k, tree_s
+    write_json(out / COST_MODEL, {**cost, "context_tokens": len(ids), "device": device, "dtype": bench.dtype})
 
 
 WARMUP_PROMPT = "Name three colours of the rainbow."

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
 import os
 import platform
@@ -395,6 +396,51 @@ def run_vllm(
     return result
 
 
+@dataclasses.dataclass
+class _Check:
+    """What the check's runs share (target, prompts, settings, plain decoding's runs) and keep (lines, vLLM's times)."""
+
+    python: str
+    work: Path
+    target_folder: Path
+    prompt_file: Path
+    target: Any
+    tokenizer: Any
+    prompts: list
+    max_new_tokens: int
+    rounds: int
+    threads: int
+    k: int
+    plain_ours: dict = dataclasses.field(default_factory=dict)
+    plain_vllm: dict = dataclasses.field(default_factory=dict)
+    lines: list[str] = dataclasses.field(default_factory=list)
+    vllm_seconds: list[float] = dataclasses.field(default_factory=list)
+
+    def ours(self, name: str, stack: list[str], k: int) -> dict:
+        return ours(self.target, self.tokenizer, self.prompts, {name: stack}, self.max_new_tokens, self.rounds, k)[name]
+
+    def vllm(self, name: str, *args: Any, **kwargs: Any) -> dict:
+        """``run_vllm`` on the check's target, prompts and settings."""
+        shared = (self.target_folder, self.prompt_file, self.max_new_tokens, self.rounds, self.threads)
+        return run_vllm(self.python, self.work, name, *shared, *args, **kwargs)
+
+    def say(self, line: str) -> None:
+        self.lines.append(line)
+        print(line, flush=True)
+
+    def served_line(self, name: str, run: Callable[[], dict], judge: Callable[[dict], tuple[bool, str]]) -> bool:
+        """One vLLM run and its line (``judge``'s, or why vLLM failed), printed and kept; whether it passed."""
+        try:
+            result = run()
+        except RuntimeError as exc:
+            ok, line = False, f"{name}: vLLM failed: {exc}"
+        else:
+            self.vllm_seconds.append(result["process_seconds"])
+            ok, line = judge(result)
+        self.say(line)
+        return ok
+
+
 def run_check(
     python: str,
     work: Path,
@@ -409,16 +455,43 @@ def run_check(
     (``only`` "stacks"), or both; 0 when every one passes."""
     import torch
 
+    started = time.perf_counter()
+    torch.set_num_threads(threads)
+    work.mkdir(parents=True, exist_ok=True)
+    check = _plain_decoding(python, work, prompt_count, max_new_tokens, rounds, k, threads)
+    passed = True
+    if only != "stacks":
+        passed &= _check_exports(check)
+    for name, overrides in STACKS.items() if only != "exports" else ():  # PACER-SD stacks inside vLLM
+        prepare_stack(overrides)
+        slug = "stack-" + re.sub(r"\W+", "-", name).strip("-")
+        record = work / f"{slug}.jsonl"
+        options = {"pacer_config": str(STACK_CONFIG), "pacer_overrides": overrides, "pacer_record": str(record)}
+        passed &= check.served_line(
+            name,
+            lambda: check.vllm(slug, PROPOSER, "custom_class", STACK_K, options, batch=True),
+            lambda sd: stack_line(name, overrides, check.plain_ours, check.plain_vllm, sd, read_record(record)),
+        )
+    (work / "lines.txt").write_text("\n".join(check.lines) + "\n")
+    print(
+        f"serving check {'passed' if passed else 'FAILED'}: {time.perf_counter() - started:.0f} s after the install, "
+        f"vLLM's processes {sum(check.vllm_seconds):.0f} s of it (loading the engine "
+        f"{check.plain_vllm['load_seconds']:.0f} s for plain decoding)",
+        flush=True,
+    )
+    return 0 if passed else 1
+
+
+def _plain_decoding(
+    python: str, work: Path, prompt_count: int, max_new_tokens: int, rounds: int, k: int, threads: int
+) -> _Check:
+    """Load the embedded target, write the prompts, and run plain decoding, ours and vLLM's."""
     from pacer_bench.demo import demo_prompts
     from pacer_core.config import load_plan
     from pacer_core.engine import Engine
     from pacer_core.hf import load_model
     from pacer_core.hf.artifacts import materialize
-    from pacer_core.paths import PLUGINS, package_folder
 
-    started = time.perf_counter()
-    torch.set_num_threads(threads)
-    work.mkdir(parents=True, exist_ok=True)
     target_folder = materialize(None)  # the embedded target as a Hugging Face folder (GGUF dequantized, cached)
     print(f"target: {target_folder}", flush=True)
     target, tokenizer, _ = load_model(None, "float32", "cpu", None, "target")
@@ -431,101 +504,54 @@ def run_check(
         f"tokens, {rounds} rounds, {threads} threads, batch 1",
         flush=True,
     )
+    check = _Check(
+        python, work, target_folder, prompt_file, target, tokenizer, prompts, max_new_tokens, rounds, threads, k
+    )
+    check.plain_ours = check.ours("plain", ["strategy.drafter={name: autoregressive}", "strategy.stop=[]"], k)
+    check.plain_vllm = check.vllm("plain")
+    check.vllm_seconds.append(check.plain_vllm["process_seconds"])
+    plain = check.plain_vllm
+    print(f"vLLM {plain['vllm']}, kernels {plain['kernels']}, eager (no torch.compile)", flush=True)
+    return check
 
-    plain_stack = ["strategy.drafter={name: autoregressive}", "strategy.stop=[]"]
-    plain_ours = ours(target, tokenizer, prompts, {"plain": plain_stack}, max_new_tokens, rounds, k)["plain"]
-    plain_vllm = run_vllm(python, work, "plain", target_folder, prompt_file, max_new_tokens, rounds, threads)
-    vllm_seconds = [plain_vllm["process_seconds"]]
-    print(f"vLLM {plain_vllm['vllm']}, kernels {plain_vllm['kernels']}, eager (no torch.compile)", flush=True)
 
-    passed, lines = True, []
+def _check_exports(check: _Check) -> bool:
+    """Each shipped draft exported with ``pacer export``, served by vLLM beside ours; whether all passed."""
+    from pacer_core.paths import PLUGINS, package_folder
 
-    def served_line(name: str, run: Callable[[], dict], judge: Callable[[dict], tuple[bool, str]]) -> bool:
-        """One vLLM run and its line (``judge``'s, or why vLLM failed), printed and kept; whether it passed."""
-        try:
-            result = run()
-        except RuntimeError as exc:
-            ok, line = False, f"{name}: vLLM failed: {exc}"
-        else:
-            vllm_seconds.append(result["process_seconds"])
-            ok, line = judge(result)
-        lines.append(line)
-        print(line, flush=True)
-        return ok
-
+    passed = True
     plugins = package_folder(PLUGINS, "")
-    for draft in shipped_drafts(plugins) if only != "stacks" else ():
+    for draft in shipped_drafts(plugins):
         name = draft.relative_to(plugins).as_posix()
-        export = work / "export" / name.replace("/", "-")
+        export = check.work / "export" / name.replace("/", "-")
         if export.exists():
             shutil.rmtree(export)
-        refused = export_with_pacer(draft, export, target_folder)
+        refused = export_with_pacer(draft, export, check.target_folder)
         if refused:
-            lines.append(f"{name}: not served: `pacer export` refuses it: {refused}")
-            print(lines[-1], flush=True)
+            check.say(f"{name}: not served: `pacer export` refuses it: {refused}")
             continue
         method = vllm_method(json.loads((export / "config.json").read_text()))
-        compared = served_stack(method, export, work / "export", k)
+        compared = served_stack(method, export, check.work / "export", check.k)
         if compared is None:
-            lines.append(
+            check.say(
                 f"{name}: not compared: the check runs ours beside vLLM's methods {', '.join(COMPARED)} only, "
                 f"not '{method}'"
             )
-            print(lines[-1], flush=True)
             passed = False
             continue
-        served, stack, k_draft = compared.folder, compared.stack, compared.k
-        sd_ours = ours(target, tokenizer, prompts, {name: stack}, max_new_tokens, rounds, k_draft)[name]
-        passed &= served_line(
+        sd_ours = check.ours(name, compared.stack, compared.k)
+        passed &= check.served_line(
             name,
-            lambda: run_vllm(
-                python,
-                work,
+            lambda: check.vllm(
                 name.replace("/", "-"),
-                target_folder,
-                prompt_file,
-                max_new_tokens,
-                rounds,
-                threads,
-                served,
+                compared.folder,
                 method,
-                k_draft,
+                compared.k,
                 parallel_drafting=compared.parallel_drafting,
             ),
-            lambda sd_vllm: draft_line(name, k_draft, plain_ours, plain_vllm, sd_ours, sd_vllm),
+            lambda sd_vllm: draft_line(name, compared.k, check.plain_ours, check.plain_vllm, sd_ours, sd_vllm),
         )
-    for name, overrides in STACKS.items() if only != "exports" else ():
-        prepare_stack(overrides)
-        slug = "stack-" + re.sub(r"\W+", "-", name).strip("-")
-        record = work / f"{slug}.jsonl"
-        options = {"pacer_config": str(STACK_CONFIG), "pacer_overrides": overrides, "pacer_record": str(record)}
-        passed &= served_line(
-            name,
-            lambda: run_vllm(
-                python,
-                work,
-                slug,
-                target_folder,
-                prompt_file,
-                max_new_tokens,
-                rounds,
-                threads,
-                PROPOSER,
-                "custom_class",
-                STACK_K,
-                options,
-                batch=True,
-            ),
-            lambda sd_vllm: stack_line(name, overrides, plain_ours, plain_vllm, sd_vllm, read_record(record)),
-        )
-    (work / "lines.txt").write_text("\n".join(lines) + "\n")
-    print(
-        f"serving check {'passed' if passed else 'FAILED'}: {time.perf_counter() - started:.0f} s after the install, "
-        f"vLLM's processes {sum(vllm_seconds):.0f} s of it (loading the engine {plain_vllm['load_seconds']:.0f} s "
-        "for plain decoding)",
-        flush=True,
-    )
-    return 0 if passed else 1
+    return passed
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -483,20 +483,7 @@ class Draft:
         wanted = set(int(i) for i in nodes)
         if not len(tree) or wanted.issuperset(range(len(tree))):
             return self
-        parents = tree.parent_list
-        keep = [False] * len(tree)
-        for i, parent in enumerate(parents):  # parents precede children
-            keep[i] = i in wanted and (parent < 0 or keep[parent])
-        sampled_kept: dict[int, set[bool]] = {}  # per parent: whether its sampled children are kept
-        for i, (parent, sampled) in enumerate(zip(parents, tree.sampled.tolist())):
-            if sampled:
-                sampled_kept.setdefault(parent, set()).add(keep[i])
-        split = next((parent for parent, kept in sampled_kept.items() if len(kept) > 1), None)
-        if split is not None:
-            raise ValueError(
-                f"a selection keeps some of node {split}'s sampled children and drops others: "
-                "candidates drawn from one distribution must be kept or dropped together"
-            )
+        keep = _kept_nodes(tree, wanted)
         old_to_new, kept_blocks, total, next_index = {-1: -1}, [], 0, 0
         for block in self.blocks:
             n = len(block)
@@ -554,6 +541,26 @@ class Draft:
         cut = self.forwards - sum(b.forwards for b in kept_blocks)
         kept_blocks[-1] = attrs.evolve(kept_blocks[-1], forwards=kept_blocks[-1].forwards + cut)
         return Draft(tuple(kept_blocks))
+
+
+def _kept_nodes(tree: TokenTree, wanted: set[int]) -> list[bool]:
+    """Per node of ``tree``: kept by a selection of the nodes ``wanted`` (a node goes with its ancestors).
+    ``ValueError`` where it keeps some of a node's sampled children and drops others."""
+    parents = tree.parent_list
+    keep = [False] * len(tree)
+    for i, parent in enumerate(parents):  # parents precede children
+        keep[i] = i in wanted and (parent < 0 or keep[parent])
+    sampled_kept: dict[int, set[bool]] = {}  # per parent: whether its sampled children are kept
+    for i, (parent, sampled) in enumerate(zip(parents, tree.sampled.tolist())):
+        if sampled:
+            sampled_kept.setdefault(parent, set()).add(keep[i])
+    split = next((parent for parent, kept in sampled_kept.items() if len(kept) > 1), None)
+    if split is not None:
+        raise ValueError(
+            f"a selection keeps some of node {split}'s sampled children and drops others: "
+            "candidates drawn from one distribution must be kept or dropped together"
+        )
+    return keep
 
 
 def _kept_rows(row_map: Optional[torch.Tensor], kept: torch.Tensor) -> torch.Tensor:

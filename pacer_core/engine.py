@@ -363,15 +363,8 @@ class Engine:
 
     def _generate(self, prompt: Union[str, Sequence[int]], budget: int, seed: Optional[int]) -> GenerationResult:
         tokens = self.encode(prompt)
-        if len(tokens) + budget > self.target.max_length:
-            raise InputError(
-                f"prompt ({len(tokens)} tokens) + max_new_tokens ({budget}) exceeds the target's "
-                f"context of {self.target.max_length} tokens: shorten the prompt or lower the budget"
-            )
-        hook, clock, gate = self.pm.hook, self.clock, self.gate
-        generator = torch.Generator().manual_seed(self.seed if seed is None else seed)
-        eos = frozenset() if self.ignore_eos else self.target.eos_token_ids
-        state = DecodeState(list(tokens), len(tokens), budget, self.sampling, generator, eos)
+        state = self._decode_state(tokens, budget, seed)
+        hook, clock = self.pm.hook, self.clock
         target_forwards, draft_forwards = self.target.num_forwards, 0
         start = clock()
         # 1. nothing is cached yet: step 0's forward prefills the whole prompt along with its draft
@@ -431,19 +424,43 @@ class Engine:
                 finish = "eos"
                 break
         wall = clock() - start
+        return self._result(state, finish, wall, self.target.num_forwards - target_forwards, draft_forwards)
+
+    def _decode_state(self, tokens: list[int], budget: int, seed: Optional[int]) -> DecodeState:
+        """A generation's state over the encoded prompt ``tokens``, refused when the prompt and ``budget``
+        exceed the target's context."""
+        if len(tokens) + budget > self.target.max_length:
+            raise InputError(
+                f"prompt ({len(tokens)} tokens) + max_new_tokens ({budget}) exceeds the target's "
+                f"context of {self.target.max_length} tokens: shorten the prompt or lower the budget"
+            )
+        generator = torch.Generator().manual_seed(self.seed if seed is None else seed)
+        eos = frozenset() if self.ignore_eos else self.target.eos_token_ids
+        return DecodeState(list(tokens), len(tokens), budget, self.sampling, generator, eos)
+
+    def _result(
+        self,
+        state: DecodeState,
+        finish: Literal["eos", "length"],
+        wall: float,
+        target_forwards: int,
+        draft_forwards: int,
+    ) -> GenerationResult:
+        """A finished generation's result: its new tokens, text and metrics, with each component's
+        ``pacer_finish`` metrics added."""
         new = state.new_tokens
         text = self.tokenizer.decode(new) if self.tokenizer is not None else None
         metrics = {
             "new_tokens": len(new),
             "wall_s": wall,
             "tokens_per_s": len(new) / wall if wall > 0 else 0.0,
-            "target_forwards": self.target.num_forwards - target_forwards,
+            "target_forwards": target_forwards,
             "draft_forwards": draft_forwards,
         }
-        if gate is not None:
-            metrics["skipped_steps"] = gate.skipped
+        if self.gate is not None:
+            metrics["skipped_steps"] = self.gate.skipped
         result = GenerationResult(tokens=new, text=text, metrics=metrics, finish_reason=finish)
-        for extra in hook.pacer_finish(state=state, result=result):
+        for extra in self.pm.hook.pacer_finish(state=state, result=result):
             if extra:
                 metrics.update(extra)
         return result

@@ -14,10 +14,11 @@ and ``seed``.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -89,52 +90,22 @@ def fit(
     per_step = t.batch_size * tokens.shape[1]
     curve = scaling_name(checkpoint)
     generator = torch.Generator().manual_seed(cfg.seed + run.step)
-    started, seen, latest, first_step = time.time(), [0], [""], run.step
+    progress = _Progress(out / curve, run, start, total, per_step, evaluate_fn, time.time(), run.step)
 
     def step_loss(step: int):
         ids = batch_ids(cfg, step, train_ids)
         batch_tokens = tokens[ids].to(device)
         batch_feats = torch.from_numpy(np.asarray(features[ids], dtype=np.float32)).to(device)
         batch_fused = None if fused is None else torch.from_numpy(np.asarray(fused[ids], dtype=np.float32)).to(device)
-        seen[0] += batch_tokens.numel()
+        progress.seen += batch_tokens.numel()
         return loss_fn(batch_tokens, batch_feats, batch_fused, generator)
-
-    def record(step: int, loss, parts) -> dict[str, Any]:
-        entry = {
-            "step": step,
-            "loss": float(loss.detach()),
-            **parts,
-            "tokens": start["tokens_before"] + step * per_step,
-        }
-        if evaluate_fn is not None:
-            entry.update(evaluate_fn())
-            latest[0] = (
-                f"{entry['heldout_top1_first']:.3f}/{entry['heldout_top1_second']:.3f}"
-                if "heldout_top1_second" in entry
-                else f"{entry['heldout_top1_first']:.3f}"
-            )
-            eta = (time.time() - started) / max(1, step - first_step) * (total - step)
-            log(
-                f"step {step}/{total}: {entry['tokens']:,} tokens seen, held-out top-1 agreement "
-                f"{latest[0]} (draft position 1/2), about {eta / 60:.1f} min left"
-            )
-        write_scaling(out / curve, start, run.history + [entry])
-        return entry
-
-    def postfix(step: int, loss, parts) -> dict[str, str]:
-        shown = {
-            "loss": f"{float(loss.detach()):.3f}",
-            "top1": f"{parts['top1']:.2f}",
-            "tok_s": f"{seen[0] / (time.time() - started):.0f}",
-        }
-        return {**shown, "held": latest[0]} if latest[0] else shown
 
     finished = run.fit(
         step_loss,
         lambda step: cosine_lr(step, total, t.warmup, t.lr, LR_FLOOR),
         t.checkpoint_every,
-        record=record,
-        after_step=postfix,
+        record=progress.record,
+        after_step=progress.postfix,
         deadline=deadline,
     )
     write_scaling(out / curve, start, run.history)
@@ -148,6 +119,53 @@ def fit(
         "init_corpus_sources": init_sources(start),
         "history": run.history,
     }
+
+
+@dataclasses.dataclass
+class _Progress:
+    """``fit``'s record at each checkpoint (the held-out agreement, logged, and the scaling curve written)
+    and its progress bar's postfix; ``seen`` counts the tokens trained on since ``started``."""
+
+    curve: Path
+    run: TrainingRun
+    start: dict[str, Any]
+    total: int
+    per_step: int
+    evaluate_fn: Optional[Callable[[], dict[str, Any]]]
+    started: float
+    first_step: int
+    seen: int = 0
+    latest: str = ""  # the last held-out agreement, as shown
+
+    def record(self, step: int, loss, parts) -> dict[str, Any]:
+        entry = {
+            "step": step,
+            "loss": float(loss.detach()),
+            **parts,
+            "tokens": self.start["tokens_before"] + step * self.per_step,
+        }
+        if self.evaluate_fn is not None:
+            entry.update(self.evaluate_fn())
+            self.latest = (
+                f"{entry['heldout_top1_first']:.3f}/{entry['heldout_top1_second']:.3f}"
+                if "heldout_top1_second" in entry
+                else f"{entry['heldout_top1_first']:.3f}"
+            )
+            eta = (time.time() - self.started) / max(1, step - self.first_step) * (self.total - step)
+            log(
+                f"step {step}/{self.total}: {entry['tokens']:,} tokens seen, held-out top-1 agreement "
+                f"{self.latest} (draft position 1/2), about {eta / 60:.1f} min left"
+            )
+        write_scaling(self.curve, self.start, self.run.history + [entry])
+        return entry
+
+    def postfix(self, step: int, loss, parts) -> dict[str, str]:
+        shown = {
+            "loss": f"{float(loss.detach()):.3f}",
+            "top1": f"{parts['top1']:.2f}",
+            "tok_s": f"{self.seen / (time.time() - self.started):.0f}",
+        }
+        return {**shown, "held": self.latest} if self.latest else shown
 
 
 def init_sources(start: dict[str, Any]) -> Optional[dict[str, Any]]:

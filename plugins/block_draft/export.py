@@ -55,17 +55,7 @@ def export_block_draft(
         )
     net = load_block_draft(draft)
     arch = net.arch
-    if arch.inject:
-        raise InputError(
-            f"'{draft}' joins each block row with the newest context feature (inject), which the "
-            "DFlash layout (z-lab, speculators, vLLM) does not compute: only drafts in the published "
-            "architecture (inject off, q/k norms) can be exported"
-        )
-    if not arch.qk_norm:
-        raise InputError(
-            f"'{draft}' has no per-head q/k norms, which every DFlash layer of the layout (vLLM's "
-            "qwen3_dflash.py) applies: the attention part cannot be expressed"
-        )
+    _check_layout(draft, arch)
     tokens = speculators.get("speculative_tokens") or arch.block
     if tokens > arch.block:
         raise InputError(f"--speculative-tokens {tokens} exceeds the {arch.block} mask rows the draft fills a forward")
@@ -91,12 +81,44 @@ def export_block_draft(
     if mask_id is None:
         outside = sorted(set(range(vocab)) - set(subset.tolist()))
         mask_id = outside[-1] if outside else vocab - 1
-    layer = dict(
+    config = {
+        "architectures": ["DFlashSpeculator"],
+        "transformer_layer_config": _layer_config(arch),
+        "draft_vocab_size": len(subset),
+        "block_size": arch.block + 1,
+        "aux_hidden_state_layer_ids": list(arch.target_layers),
+        "mask_token_id": mask_id,
+        "sample_from_anchor": False,
+        **speculators_section("dflash", speculators["verifier"], tokens),
+        "torch_dtype": str(dtype).removeprefix("torch."),
+    }
+    files = {MASK_FILE: {"mask_token_id": mask_id, "embedding": state["mask_embedding"].to(dtype)}}
+    return Exported("dflash", tensors, config, files, identity=draft_identity(draft, manifest))
+
+
+def _check_layout(draft: Path, arch) -> None:
+    """Refuse a draft whose architecture ``arch`` the DFlash layout cannot express."""
+    if arch.inject:
+        raise InputError(
+            f"'{draft}' joins each block row with the newest context feature (inject), which the "
+            "DFlash layout (z-lab, speculators, vLLM) does not compute: only drafts in the published "
+            "architecture (inject off, q/k norms) can be exported"
+        )
+    if not arch.qk_norm:
+        raise InputError(
+            f"'{draft}' has no per-head q/k norms, which every DFlash layer of the layout (vLLM's "
+            "qwen3_dflash.py) applies: the attention part cannot be expressed"
+        )
+
+
+def _layer_config(arch) -> dict:
+    """The ``transformer_layer_config`` of the draft's architecture ``arch``: a qwen3 layer stack."""
+    return dict(
         model_type="qwen3",
         hidden_act="silu",
         hidden_size=arch.hidden_size,
         num_hidden_layers=arch.num_layers,
-        vocab_size=vocab,
+        vocab_size=arch.vocab_size,
         num_attention_heads=arch.num_heads,
         num_key_value_heads=arch.num_kv_heads,
         head_dim=arch.head_dim,
@@ -108,19 +130,6 @@ def export_block_draft(
         tie_word_embeddings=False,
         layer_types=["full_attention"] * arch.num_layers,
     )
-    config = {
-        "architectures": ["DFlashSpeculator"],
-        "transformer_layer_config": layer,
-        "draft_vocab_size": len(subset),
-        "block_size": arch.block + 1,
-        "aux_hidden_state_layer_ids": list(arch.target_layers),
-        "mask_token_id": mask_id,
-        "sample_from_anchor": False,
-        **speculators_section("dflash", speculators["verifier"], tokens),
-        "torch_dtype": str(dtype).removeprefix("torch."),
-    }
-    files = {MASK_FILE: {"mask_token_id": mask_id, "embedding": state["mask_embedding"].to(dtype)}}
-    return Exported("dflash", tensors, config, files, identity=draft_identity(draft, manifest))
 
 
 def _target(target: Any, path: Optional[str], manifest: dict, draft: Path) -> Any:

@@ -278,48 +278,50 @@ def _setup_costs(p):
     )
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. target.dtype=bfloat16")
 
-    def run(args) -> int:
-        from pacer_core import cli
-        from pacer_core.config import load_plan
+    return _run_costs
 
-        overrides = list(args.overrides) + [
-            f"strategy.stop=[{{name: fixed, gamma: {args.gamma}}}]",
-            "sampling.temperature=0",
-        ]
-        plan = load_plan(args.config, overrides)  # validated before any model loads
-        if args.profile:
-            check_out_file(args.profile, "--profile")  # before measuring
-        if args.out:
-            check_out_file(args.out, "--out")  # before measuring, which takes minutes
-        engine = cli.build_engine(plan)
-        prompt = engine.encode(PROBE_PROMPT) if engine.tokenizer is not None else list(range(1, 17))
-        check_fits(engine, len(prompt) + args.max_k, "the probe prompt plus --max-k")
-        if args.profile:
-            check_fits(engine, args.context + args.profile_max_k, "--context plus --profile-max-k")
-        measured = measure_costs(engine, prompt, args.max_k, args.repeats, args.tokens)
-        key = full_key(engine_pair(engine))
-        path = write_costs(Path(args.out) if args.out else cache_file(key), key, measured)
-        if args.profile:
-            written = write_measured_profile(Path(args.profile), engine, plan.config, prompt, measured, args)
-            print(f"measured cost profile -> {written}")
-            if args.no_cache:
-                print("the machine-wide profile cache is left as it was (--no-cache)")
-            else:
-                cached, replaced = cache_profile(written, engine)
-                print(
-                    f"{'replaced' if replaced else 'wrote'} the machine-wide profile {cached}: every later "
-                    f"`nodes: auto` tree on {engine.target.device} with this target now sizes itself by this "
-                    f"measurement (delete that file to go back to the shipped profile)"
-                )
-        v = measured["verify_s"]
-        print(
-            f"cost model for {_describe(key)}: verify {v[0] * 1e3:.2f} ms (k=1) .. {v[-1] * 1e3:.2f} ms "
-            f"(k={len(v)}), draft {measured['draft_token_s'] * 1e3:.2f} ms/token, other "
-            f"{measured['step_s'] * 1e3:.2f} ms/step -> {path}"
-        )
-        return 0
 
-    return run
+def _run_costs(args) -> int:
+    """``pacer costs``: measure, write the cost file (and with --profile a cost profile), say where."""
+    from pacer_core import cli
+    from pacer_core.config import load_plan
+
+    overrides = list(args.overrides) + [
+        f"strategy.stop=[{{name: fixed, gamma: {args.gamma}}}]",
+        "sampling.temperature=0",
+    ]
+    plan = load_plan(args.config, overrides)  # validated before any model loads
+    if args.profile:
+        check_out_file(args.profile, "--profile")  # before measuring
+    if args.out:
+        check_out_file(args.out, "--out")  # before measuring, which takes minutes
+    engine = cli.build_engine(plan)
+    prompt = engine.encode(PROBE_PROMPT) if engine.tokenizer is not None else list(range(1, 17))
+    check_fits(engine, len(prompt) + args.max_k, "the probe prompt plus --max-k")
+    if args.profile:
+        check_fits(engine, args.context + args.profile_max_k, "--context plus --profile-max-k")
+    measured = measure_costs(engine, prompt, args.max_k, args.repeats, args.tokens)
+    key = full_key(engine_pair(engine))
+    path = write_costs(Path(args.out) if args.out else cache_file(key), key, measured)
+    if args.profile:
+        written = write_measured_profile(Path(args.profile), engine, plan.config, prompt, measured, args)
+        print(f"measured cost profile -> {written}")
+        if args.no_cache:
+            print("the machine-wide profile cache is left as it was (--no-cache)")
+        else:
+            cached, replaced = cache_profile(written, engine)
+            print(
+                f"{'replaced' if replaced else 'wrote'} the machine-wide profile {cached}: every later "
+                f"`nodes: auto` tree on {engine.target.device} with this target now sizes itself by this "
+                f"measurement (delete that file to go back to the shipped profile)"
+            )
+    v = measured["verify_s"]
+    print(
+        f"cost model for {_describe(key)}: verify {v[0] * 1e3:.2f} ms (k=1) .. {v[-1] * 1e3:.2f} ms "
+        f"(k={len(v)}), draft {measured['draft_token_s'] * 1e3:.2f} ms/token, other "
+        f"{measured['step_s'] * 1e3:.2f} ms/step -> {path}"
+    )
+    return 0
 
 
 PROFILE_CHAIN_K = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)

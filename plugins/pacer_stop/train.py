@@ -394,6 +394,38 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+def _items(
+    cfg: TrainPreverifyConfig,
+    tokenizer,
+    items_file: Path,
+    choose: bool,
+    folder: Optional[Path],
+    manifest: Optional[dict[str, Any]],
+    corpora: list,
+) -> list:
+    """The prompts: chosen (``choose``, away from the draft's self-distillation corpus where its
+    ``manifest`` names one) and written to ``items_file``, or read back from it on a rerun."""
+    if choose:
+        log("choosing prompts (instructions, stdlib source and documentation prose the draft was not distilled on)")
+        guard = CorpusGuard(corpora, tokenizer) if manifest else None
+        items = build_items(cfg, tokenizer, draft_corpus(folder, manifest, tokenizer) if manifest else None, guard)
+        if guard is not None and guard.skipped:
+            log(
+                f"{guard.skipped} candidate prompts skipped: they share a 13-word run with the draft's "
+                "self-distillation corpus"
+            )
+        atomic_write_text(items_file, json.dumps(items))
+    else:
+        items = read_json(items_file, "item list")
+        if not isinstance(items, list) or not all(
+            isinstance(i, dict) and isinstance(i.get("prompt"), list) and "source" in i for i in items
+        ):
+            raise InputError(
+                f"'{items_file}' is not an item list train-preverify wrote: delete it to choose the prompts again"
+            )
+    return items
+
+
 def run_train_preverify(cfg: TrainPreverifyConfig, command_line: str) -> Path:
     from pacer_core.hf import load_section
 
@@ -414,24 +446,7 @@ def run_train_preverify(cfg: TrainPreverifyConfig, command_line: str) -> Path:
     engine = Engine.build(target, draft=draft, tokenizer=tokenizer, plan=plan)
     identity = drafter_identity(engine, draft)
     check_draft_identity(out, identity)
-    if choose:
-        log("choosing prompts (instructions, stdlib source and documentation prose the draft was not distilled on)")
-        guard = CorpusGuard(corpora, tokenizer) if manifest else None
-        items = build_items(cfg, tokenizer, draft_corpus(folder, manifest, tokenizer) if manifest else None, guard)
-        if guard is not None and guard.skipped:
-            log(
-                f"{guard.skipped} candidate prompts skipped: they share a 13-word run with the draft's "
-                "self-distillation corpus"
-            )
-        atomic_write_text(items_file, json.dumps(items))
-    else:
-        items = read_json(items_file, "item list")
-        if not isinstance(items, list) or not all(
-            isinstance(i, dict) and isinstance(i.get("prompt"), list) and "source" in i for i in items
-        ):
-            raise InputError(
-                f"'{items_file}' is not an item list train-preverify wrote: delete it to choose the prompts again"
-            )
+    items = _items(cfg, tokenizer, items_file, choose, folder, manifest, corpora)
     sources = {s: sum(1 for i in items if i["source"] == s) for s in ("chat", "stdlib", "docs")}
     log(
         f"{len(items)} items {sources}; SD with a {cfg.data.window}-token window, {cfg.data.max_new_tokens} new "
