@@ -43,7 +43,8 @@ class PardConfig:
     )
     tree: Optional[TreeConfig] = None  # a tree over one block ({topk, depth, nodes}); None = a chain
     # [b_1, b_2, …]: b_n added to a row's logits of the tokens that followed an earlier occurrence, in the
-    # committed text, of the last n tokens of its path (pacer_core/priors.py); None = [2, 4, 4] for a draft made here (pard.json), none for a published one; [] = none
+    # committed text, of the last n tokens of its path (pacer_core/priors.py); None = [2, 4, 4] for a draft
+    # made here (pard.json), none for a published checkpoint; [] = none
     lookup_bias: Optional[List[float]] = None
 
 
