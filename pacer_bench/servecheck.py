@@ -530,8 +530,9 @@ def _check_exports(check: _Check) -> bool:
         if refused:
             check.say(f"{name}: not served: `pacer export` refuses it: {refused}")
             continue
-        method = vllm_method(json.loads((export / "config.json").read_text()))
-        compared = served_stack(method, export, check.work / "export", check.k)
+        config = json.loads((export / "config.json").read_text())
+        method = vllm_method(config)
+        compared = served_stack(method, config, export, check.work / "export", check.k)
         if compared is None:
             check.say(
                 f"{name}: not compared: the check runs ours beside vLLM's methods {', '.join(COMPARED)} only, "

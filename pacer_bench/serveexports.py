@@ -85,15 +85,14 @@ class Served:
     parallel_drafting: bool = False
 
 
-def served_stack(method: str, export: Path, work: Path, k: int) -> Optional[Served]:
-    """How the check serves an export asking vLLM for ``method``, beside ours; None for a method it
-    does not compare.
+def served_stack(method: str, config: Mapping[str, Any], export: Path, work: Path, k: int) -> Optional[Served]:
+    """How the check serves an export (``config``: its config.json) asking vLLM for ``method``, beside
+    ours; None for a method it does not compare.
 
     Ours runs without the drafter's context priors (they adjust logits outside the network) and, for
     EAGLE-1, over the whole vocabulary as vLLM's reader does (``as_vllm_reads``). A block draft (dflash,
     or a PARD draft: vLLM's ``draft_model`` with parallel drafting) drafts one block a forward in vLLM:
     its length is the block when ``k`` is longer, so that ours drafts no further block either."""
-    config = json.loads((export / "config.json").read_text())
     stop = "strategy.stop=[{{name: fixed, gamma: {}}}]"
     if method in ("eagle", "eagle3"):
         served = as_vllm_reads(export, work / f"{export.name}-as-vllm-reads") if method == "eagle" else export

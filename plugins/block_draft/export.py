@@ -23,7 +23,7 @@ in one line naming the part, since vLLM's DFlash layers compute neither.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 import torch
 
@@ -35,6 +35,14 @@ from .model import MANIFEST, draft_identity, load_block_draft
 from .published import MASK_FILE, dflash_names
 
 MAX_POSITIONS = 32768  # the config's max_position_embeddings (vLLM sizes its rotary table from it)
+
+
+def unproposed_token(vocab: int, subset: Iterable[int]) -> int:
+    """The token a served draft's mask rows are fed the embedding of: the highest target id outside
+    the draft's vocabulary ``subset``, one the draft never proposes (the last id when the draft covers
+    every token)."""
+    outside = set(range(vocab)).difference(subset)
+    return max(outside) if outside else vocab - 1
 
 
 def export_block_draft(
@@ -79,8 +87,7 @@ def export_block_draft(
             tensors["t2d"] = t2d
     mask_id = arch.mask_token_id
     if mask_id is None:
-        outside = sorted(set(range(vocab)) - set(subset.tolist()))
-        mask_id = outside[-1] if outside else vocab - 1
+        mask_id = unproposed_token(vocab, subset.tolist())
     config = {
         "architectures": ["DFlashSpeculator"],
         "transformer_layer_config": _layer_config(arch),

@@ -22,6 +22,7 @@ import torch
 from pacer_core.errors import InputError
 from pacer_train.export import Exported
 
+from .export import unproposed_token
 from .pard_files import FAMILY, PARD_CONFIG, load_pard_files
 
 FIX = "make the draft again with `pacer distill student.kind=pard`"
@@ -55,9 +56,8 @@ def export_pard(
     mask, block, _ = load_pard_files(draft, embed.float())
     vocab = embed.shape[0]
     subset_file = draft / SUBSET_FILE
-    subset = set(read_json(subset_file, "vocabulary subset", FIX, expect=list)) if subset_file.is_file() else set()
-    outside = [i for i in range(vocab) if i not in subset]
-    pard_token = outside[-1] if outside else vocab - 1
+    subset = read_json(subset_file, "vocabulary subset", FIX, expect=list) if subset_file.is_file() else []
+    pard_token = unproposed_token(vocab, subset)
     head = tensors.get("lm_head.weight", embed)
     embed = embed.clone()
     embed[pard_token] = mask.to(embed.dtype)
