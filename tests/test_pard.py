@@ -340,6 +340,28 @@ def test_the_export_writes_the_mask_embedding_into_the_pard_tokens_row(tmp_path)
     assert json.loads((tmp_path / "out" / "pard.json").read_text()) == {"family": "pard", "block": BLOCK}
 
 
+def test_the_export_states_rope_theta_at_the_top_level(tmp_path):
+    """transformers 5 writes θ inside ``rope_parameters`` only; the export states it at the top level too,
+    where transformers 4 and SGLang's ``llama.py`` (``getattr(config, "rope_theta", 10000)``) read it, and
+    transformers 5 reads the same θ back from the export."""
+    import json
+
+    from transformers import AutoConfig
+
+    from pacer_core.cli import main
+
+    saved_pard_draft(tmp_path / "draft")
+    path = tmp_path / "draft" / "config.json"
+    draft_config = json.loads(path.read_text())
+    assert "rope_theta" not in draft_config
+    draft_config["rope_parameters"]["rope_theta"] = 50000.0
+    path.write_text(json.dumps(draft_config))
+    assert main(["export", str(tmp_path / "draft"), str(tmp_path / "out"), "--dtype", "float32"]) == 0
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["rope_theta"] == 50000.0 and config["rope_parameters"]["rope_theta"] == 50000.0
+    assert AutoConfig.from_pretrained(tmp_path / "out").rope_parameters["rope_theta"] == 50000.0
+
+
 def test_the_pard_drafter_runs_an_export_as_vllm_reads_it(pair, tmp_path):
     """Our drafter reads a PARD checkpoint by its ``pard_token``: the mask rows take that token's
     input embedding, the block comes from ``pard.json`` (else the ``block`` option, refused in one line

@@ -10,6 +10,7 @@ whole vocabulary gives up its last token's input embedding. vLLM has no draft vo
 models, so the export's output layer covers every token, as ours does when it runs the export
 (``pard.json`` beside it gives our ``pard`` drafter the trained block; vLLM reads no other JSON).
 The draft's tokenizer files (the target's) are written beside it, as a checkpoint carries them.
+``rope_theta`` is written at the top level too (transformers 5 keeps it in ``rope_parameters`` only).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def export_pard(
     embed = embed.clone()
     embed[pard_token] = mask.to(embed.dtype)
     tensors.update({"model.embed_tokens.weight": embed, "lm_head.weight": head.clone()})
-    config = {**config, "tie_word_embeddings": False, "pard_token": pard_token}
+    config = {**config, "tie_word_embeddings": False, "pard_token": pard_token, **_top_level_theta(config)}
     config.pop("_model_name_or_path", None)
     return Exported(
         layout="pard",
@@ -78,3 +79,15 @@ def export_pard(
         },
         identity=f"pard:{weights_digest(Path(complete))}",
     )
+
+
+def _top_level_theta(config: dict) -> dict:
+    """``rope_theta`` at the top level when the draft's config (written by transformers 5) holds θ only in
+    ``rope_parameters``: transformers 4's LlamaConfig, and engines' Llama models that read
+    ``config.rope_theta`` (SGLang's ``llama.py`` with a default of 10000), would otherwise rotate with
+    another base than the draft was trained with; transformers 5 reads the same θ from either. A rope
+    scaling stays in ``rope_parameters`` only."""
+    params = config.get("rope_parameters")
+    if "rope_theta" in config or not isinstance(params, dict) or "rope_theta" not in params:
+        return {}
+    return {"rope_theta": params["rope_theta"]}
