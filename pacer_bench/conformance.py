@@ -369,7 +369,7 @@ class Pairs:
         return Path(self._made[key])
 
     def _eagle(self, target) -> str:
-        from pacer_plugins.feature_draft.model import ArchConfig, FeatureDraft
+        from pacer_plugins.eagle.model import ArchConfig, FeatureDraft
 
         key = ("eagle", target.vocab_size)
         if key not in self._made:

@@ -35,7 +35,7 @@ from .prompts import load_prompts
 
 DEMO_STACKS = {
     "prompt_lookup+fixed(4)": ["strategy.drafter={name: prompt_lookup}", "strategy.stop=[{name: fixed, gamma: 4}]"],
-    # the shipped drafts: feature-level (plugins/feature_draft) and token-level (plugins/pacer_builtins)
+    # the shipped drafts: feature-level (plugins/eagle) and token-level (plugins/pacer_builtins)
     "draft(eagle)+fixed(2)": ["strategy.drafter={name: eagle}", "strategy.stop=[{name: fixed, gamma: 2}]"],
     # PACER as configs/pacer.yaml runs it (b 1, t0 0.3; docs/pacer.md#which-settings-are-pacers)
     "draft(eagle)+pacer": ["strategy.drafter={name: eagle}", "strategy.stop=[{name: pacer, b: 1, t0: 0.3}]"],

@@ -4,7 +4,7 @@ What a decoding step costs on a device depends on the models' shapes, the dtype 
 on the values of the weights. So this module builds, with random weights and directly on the device
 (``pacer_core.hf.random_models``), a target of a known shape (``TARGETS``: the embedded target's,
 SmolLM2-135M, and Llama-3-8B's), a one-layer feature head of its width (EAGLE-shaped:
-``pacer_plugins.feature_draft.model.FeatureDraft`` and its output layer) and a token-level draft about a tenth of
+``pacer_plugins.eagle.model.FeatureDraft`` and its output layer) and a token-level draft about a tenth of
 its size, and measures after ``context`` cached tokens:
 
 - ``verify_s``: one causal target forward over k new tokens (a chain's verification), k = 1..128;
@@ -173,7 +173,7 @@ def feature_head(
 ) -> tuple[Any, torch.Tensor, torch.Tensor]:
     """(network, embedding table [vocab, d], output rows [subset, d]): a random one-layer feature
     draft of the target's width, built on the device."""
-    from pacer_plugins.feature_draft.model import ArchConfig, FeatureDraft
+    from pacer_plugins.eagle.model import ArchConfig, FeatureDraft
 
     subset = target.feature_vocab or shape.vocab
     arch = ArchConfig(
@@ -194,7 +194,7 @@ def feature_head(
 
 
 @torch.inference_mode()
-def feature_draft_curve(
+def feature_level_curve(
     target: Target,
     shape: LlamaShape,
     device: str,
@@ -208,7 +208,7 @@ def feature_draft_curve(
     """{w: median s} of one feature-head forward over w rows after ``context`` cached rows, as the
     ``eagle`` drafter runs it: embeddings and features in, a tree level's mask (w > 1), the output
     layer over its rows and their distribution; the cache cropped back after each."""
-    from pacer_plugins.feature_draft.model import KVCache
+    from pacer_plugins.eagle.model import KVCache
 
     net, embed, head = feature_head(target, shape, device, dtype)
     generator = torch.Generator().manual_seed(1)
@@ -379,7 +379,7 @@ def _measure_forwards(
         torch.cuda.empty_cache()
 
     begun = time.perf_counter()
-    feature, raw["feature_repeats"] = feature_draft_curve(
+    feature, raw["feature_repeats"] = feature_level_curve(
         target, shape, device, torch_dtype, context, DRAFT_WIDTHS, clock, budget, 0.25
     )
     raw["draft_s_feature"] = feature

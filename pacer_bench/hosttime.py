@@ -212,7 +212,7 @@ def tiny_models(shape: Shape, folder: Path, seed: int = 0) -> tuple[Any, Any, di
 
     from pacer_core.hf.tiny import tiny_llama, tiny_model
     from pacer_plugins.block_draft.model import BlockArch, BlockDraft, save_block_draft
-    from pacer_plugins.feature_draft.model import ArchConfig, FeatureDraft
+    from pacer_plugins.eagle.model import ArchConfig, FeatureDraft
     from pacer_plugins.pacer_stop.model import PreVerifier, PreVerifierArch
 
     model = tiny_llama(seed, shape.vocab, layers=shape.layers, hidden=shape.hidden, max_positions=4096)

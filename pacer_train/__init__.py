@@ -1,4 +1,4 @@
-"""The training scaffold shared by ``pacer distill`` (plugins/feature_draft/distill.py) and
+"""The training scaffold shared by ``pacer distill`` (plugins/eagle/distill.py) and
 ``pacer train-preverify`` (plugins/pacer_stop/train.py); docs/draft.md and docs/pacer.md.
 
 A trainer keeps a **run folder** (``out=``) from which every stage resumes:

@@ -1,5 +1,5 @@
 """Distilling a student from the target's cached states: what every student kind of ``pacer distill``
-shares — the feature-level drafts (plugins/feature_draft/students.py) and the token-level draft
+shares — the feature-level drafts (plugins/eagle/students.py) and the token-level draft
 (token_student.py). ``cfg`` is the distill config: its ``train`` section, ``corpus.heldout_sequences``
 and ``seed``.
 

@@ -1,7 +1,7 @@
 """What ``pacer export`` shares with the plugins whose drafts it writes (docs/eagle-checkpoints.md,
 docs/block-checkpoints.md).
 
-The command (plugins/feature_draft/export.py) writes the EAGLE layouts itself; a student kind that
+The command (plugins/eagle/export.py) writes the EAGLE layouts itself; a student kind that
 ``pacer distill`` learned from a plugin (``pacer_train.students.StudentKind``) may give an ``export``
 function for its own drafts, which the command calls with the draft folder and its options and
 whose ``Exported`` files it writes (one writer: an interrupted export leaves no half-written

@@ -5,7 +5,7 @@ draft folder the ``draft_model`` drafter reads (the shipped one: plugins/pacer_b
 
 It lives in the training package, beside the loop it shares with the feature-level students
 (distillation.py): the draft it makes is served by the built-in plugins, the command that trains it
-is the feature_draft plugin's ``pacer distill``, and no plugin imports another.
+is the eagle plugin's ``pacer distill``, and no plugin imports another.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ For each draft, the top-1 agreement with the target's greedy token at draft posi
 --heldout) and on --train of its training sequences (drawn with seed 0): how well a draft fits
 what it was trained on against what it was not, e.g. whether a larger draft fits better.
 
-    python scripts/draft_fit.py runs/cont-1l plugins/feature_draft/default runs/cont-1l/draft runs/cont-2l/draft
+    python scripts/draft_fit.py runs/cont-1l plugins/eagle/default runs/cont-1l/draft runs/cont-2l/draft
 
 Reads the run's corpus.pt and features.f16 (a run whose features stage finished); the target loads
 in float32. Prints one line per draft and writes RUN/draft_fit.json.
@@ -49,8 +49,8 @@ def main() -> int:
             return 2
     from pacer_core.config import ModelConfig
     from pacer_core.hf import load_section
-    from pacer_plugins.feature_draft.model import load_draft
-    from pacer_plugins.feature_draft.students import evaluate
+    from pacer_plugins.eagle.model import load_draft
+    from pacer_plugins.eagle.students import evaluate
 
     torch.set_num_threads(args.threads)
     tokens = torch.load(run / "corpus.pt", weights_only=True)["tokens"]

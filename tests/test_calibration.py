@@ -214,7 +214,7 @@ def eagle_engine(target_model, folder, tree: str, drafter: str = "eagle"):
 
 
 def draft_with_calibration(tmp_path, target_model, cal: Calibration):
-    from pacer_plugins.feature_draft.drafter import draft_identity
+    from pacer_plugins.eagle.drafter import draft_identity
 
     folder = make_draft(target_model, tmp_path / "draft")
     calibrations.save(folder / calibrations.FILE, Calibration(cal.upper, cal.rate, draft=draft_identity(folder)))
@@ -311,7 +311,7 @@ def write_tree_run(folder, drafter: dict, steps: list[dict]):
 
 
 def test_replay_saves_a_calibration_fitted_on_the_runs_trees(tmp_path, capsys):
-    from pacer_plugins.feature_draft.drafter import draft_identity
+    from pacer_plugins.eagle.drafter import draft_identity
 
     draft = make_draft(tiny_llama(0), tmp_path / "draft")
     steps = tree_steps(60)
@@ -334,13 +334,13 @@ def test_replay_saves_a_calibration_fitted_on_the_runs_trees(tmp_path, capsys):
 
 
 def test_the_shipped_calibration_is_the_committed_runs_and_names_the_shipped_draft():
-    """plugins/feature_draft/default/calibration.json: valid, fitted for the shipped draft, and what
+    """plugins/eagle/default/calibration.json: valid, fitted for the shipped draft, and what
     the command its manifest records makes from the committed recordings."""
     from pathlib import Path
 
     from pacer_bench.replay.calibration import run_calibration
     from pacer_bench.replay.recorded import RecordedRun
-    from pacer_plugins.feature_draft.drafter import DEFAULT_DRAFT, draft_identity
+    from pacer_plugins.eagle.drafter import DEFAULT_DRAFT, draft_identity
 
     shipped = calibrations.load(DEFAULT_DRAFT / calibrations.FILE)
     assert shipped.draft == draft_identity(DEFAULT_DRAFT)

@@ -409,11 +409,11 @@ def test_a_corpus_folder_gives_the_targets_answers_after_their_prompts_tail(tmp_
 def test_the_shipped_corpus_is_the_embedded_targets_answers():
     from pathlib import Path
 
-    import pacer_plugins.feature_draft
+    import pacer_plugins.eagle
     from pacer_train.corpus.loaders import load_corpus
     from pacer_train.corpus.shards import CorpusStore
 
-    manifest = CorpusStore(Path(pacer_plugins.feature_draft.__file__).parent / "corpus", create=False).manifest
+    manifest = CorpusStore(Path(pacer_plugins.eagle.__file__).parent / "corpus", create=False).manifest
     docs = load_corpus("shipped", None, 49152, manifest["target"]["digest"], 4)
     assert len(docs) == manifest["totals"]["records"]
     assert sum(map(len, docs)) == manifest["totals"]["answer_tokens"] + 4 * len(docs)

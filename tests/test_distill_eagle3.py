@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from pacer_core import Engine, InputError, load_config
-from pacer_plugins.feature_draft.distill import DistillConfig, load_distill_config, run_distill, vocab_coverage
-from pacer_plugins.feature_draft.features import extract_feature_sets, extract_features
-from pacer_plugins.feature_draft.model import Eagle3Draft, FeatureDraft, KVCache, load_draft
-from pacer_plugins.feature_draft.students import build_student, draft_loss, train, unrolled_features
+from pacer_plugins.eagle.distill import DistillConfig, load_distill_config, run_distill, vocab_coverage
+from pacer_plugins.eagle.features import extract_feature_sets, extract_features
+from pacer_plugins.eagle.model import Eagle3Draft, FeatureDraft, KVCache, load_draft
+from pacer_plugins.eagle.students import build_student, draft_loss, train, unrolled_features
 from pacer_train.distillation import batch_ids
 
 from helpers import EOS, adapter, block_engine, reference_greedy, tiny_llama
@@ -111,7 +111,7 @@ def test_the_loss_is_each_steps_cross_entropy_to_the_target_at_its_own_position(
     valid rows."""
     import torch.nn.functional as F
 
-    from pacer_plugins.feature_draft.model import draft_logits
+    from pacer_plugins.eagle.model import draft_logits
 
     target = adapter(tiny_target())
     embed, head = (w.float() for w in target.embedding_weights())
@@ -328,7 +328,7 @@ def test_a_draft_grows_deeper_from_a_shallower_init_and_starts_where_it_was(tiny
     """``student.extra_layers`` with ``init=`` a one-layer draft: the new layer starts as the identity,
     so the grown draft predicts exactly what its init did; training then moves it. A deeper init is
     refused for a shallower student, in one line."""
-    from pacer_plugins.feature_draft.students import load_init
+    from pacer_plugins.eagle.students import load_init
 
     model, distill = tiny_distill
     feature = ("student.kind=feature", "student.fused_layers=null")
@@ -361,7 +361,7 @@ def test_a_draft_grows_deeper_from_a_shallower_init_and_starts_where_it_was(tiny
 
 
 def test_distill_warns_in_one_line_where_the_targets_dtype_is_slow_for_batches(tiny_distill, monkeypatch, capsys):
-    import pacer_plugins.feature_draft.distill as distill_module
+    import pacer_plugins.eagle.distill as distill_module
 
     asked = []
     monkeypatch.setattr(
@@ -387,7 +387,7 @@ def test_the_time_budget_stops_training_exports_and_the_same_command_continues(t
 
 def test_selfdistill_from_reads_the_corpus_from_that_shard_on_and_records_it(tmp_path):
     """``corpus.selfdistill_from``: a continuation trains on the shards its init has not seen."""
-    from pacer_plugins.feature_draft.distill import selfdistill_stream
+    from pacer_plugins.eagle.distill import selfdistill_stream
     from pacer_train.corpus.shards import CorpusStore
 
     store = CorpusStore(tmp_path / "corpus")
@@ -424,7 +424,7 @@ def test_selfdistill_extra_adds_whole_corpus_folders_and_records_each(tmp_path):
     """``corpus.selfdistill_extra``: more corpus folders (e.g. one of open-ended chat only) join the
     training text beside ``corpus.selfdistill``; each is recorded, and M_B's trainer keeps its
     prompts apart from them as from the main corpus."""
-    from pacer_plugins.feature_draft.distill import build_corpus
+    from pacer_plugins.eagle.distill import build_corpus
     from pacer_plugins.pacer_stop import train as trainer
     from pacer_train.corpus.shards import CorpusStore
     from pacer_train.corpus.sources import CorpusConfig
@@ -510,8 +510,8 @@ def test_distill_config_checks_the_new_options():
         (["corpus.selfdistill_extra=[/nonexistent/corpus]"], "holds no `pacer corpus` corpus"),
         (
             [
-                "corpus.selfdistill=plugins/feature_draft/corpus",
-                "corpus.selfdistill_extra=[plugins/feature_draft/corpus]",
+                "corpus.selfdistill=plugins/eagle/corpus",
+                "corpus.selfdistill_extra=[plugins/eagle/corpus]",
             ],
             "names a corpus folder twice",
         ),
@@ -596,9 +596,9 @@ def test_the_gpu_script_refuses_a_bad_corpus_share_in_one_line(share):
 def test_the_shipped_draft_can_be_continued():
     """init= the shipped draft: its weights, its subset, the tokens it has seen and its scaling curve
     carry over; a student of another width is refused in one line."""
-    from pacer_plugins.feature_draft.drafter import DEFAULT_DRAFT
-    from pacer_plugins.feature_draft.model import ArchConfig
-    from pacer_plugins.feature_draft.students import load_init
+    from pacer_plugins.eagle.drafter import DEFAULT_DRAFT
+    from pacer_plugins.eagle.model import ArchConfig
+    from pacer_plugins.eagle.students import load_init
 
     config = json.loads((DEFAULT_DRAFT / "config.json").read_text())
     config.pop("family")

@@ -210,7 +210,7 @@ def test_skip_drafting_options_are_documented():
     [("#### `corpus`", "CorpusConfig"), ("#### `student`", "StudentConfig"), ("#### `train`", "TrainConfig")],
 )
 def test_distill_options_are_documented(heading, cls):
-    from pacer_plugins.feature_draft import distill_config
+    from pacer_plugins.eagle import distill_config
     from pacer_train.corpus import sources
 
     options = section(read("config.md"), "## `pacer distill` options")
@@ -219,7 +219,7 @@ def test_distill_options_are_documented(heading, cls):
 
 
 def test_distill_top_level_options_are_documented():
-    from pacer_plugins.feature_draft.distill import DistillConfig
+    from pacer_plugins.eagle.distill import DistillConfig
 
     table = section(section(read("config.md"), "## `pacer distill` options"), "#### `distill` (top level)")
     sections = {"corpus", "student", "train"}  # each its own table (test_distill_options_are_documented)
@@ -238,7 +238,7 @@ def assert_table_shows_defaults(table: str, config_cls: type, where: str, skip: 
 
 
 def test_draft_eval_options_are_documented():
-    from pacer_plugins.feature_draft.agreement import DraftEvalConfig
+    from pacer_plugins.eagle.agreement import DraftEvalConfig
 
     table = section(read("draft.md"), "### Measuring a draft in a minute: `pacer draft-eval`")
     assert_table_shows_defaults(table, DraftEvalConfig, "draft-eval")
@@ -262,7 +262,7 @@ def test_corpus_totals_in_the_docs_are_the_committed_corpus():
     """corpus.md's "Committed so far" line names the committed corpus's shards, answers and tokens."""
     from pacer_train.corpus.shards import corpus_stats
 
-    stats = corpus_stats(DOCS.parent / "plugins" / "feature_draft" / "corpus")
+    stats = corpus_stats(DOCS.parent / "plugins" / "eagle" / "corpus")
     line = next(p for p in read("corpus.md").split("\n\n") if p.startswith("**Committed so far:**"))
     for figure in (
         f"{stats['shards']} shards",
@@ -279,7 +279,7 @@ def test_the_shipped_drafts_figures_in_the_docs_are_its_manifests():
     shipped `eagle` draft are the ones its manifest records."""
     import json
 
-    from pacer_plugins.feature_draft.drafter import DEFAULT_DRAFT
+    from pacer_plugins.eagle.drafter import DEFAULT_DRAFT
 
     manifest = json.loads((DEFAULT_DRAFT / "manifest.json").read_text())
     held, tokens = manifest["heldout"], manifest["training"]["tokens_total"]

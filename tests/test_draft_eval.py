@@ -13,7 +13,7 @@ import torch
 from pacer_core import InputError
 from pacer_core.errors import ConfigError
 from pacer_core.priors import CorpusSuccessors, corpus_bonus
-from pacer_plugins.feature_draft.agreement import (
+from pacer_plugins.eagle.agreement import (
     chain_hits,
     draft_hits,
     load_config,
@@ -22,8 +22,8 @@ from pacer_plugins.feature_draft.agreement import (
     summarize_kinds,
     token_kind,
 )
-from pacer_plugins.feature_draft.features import target_greedy
-from pacer_plugins.feature_draft.model import KVCache, draft_logits
+from pacer_plugins.eagle.features import target_greedy
+from pacer_plugins.eagle.model import KVCache, draft_logits
 
 from helpers import STUDENT_LAYERS as LAYERS
 from helpers import STUDENT_SUBSET as SUBSET

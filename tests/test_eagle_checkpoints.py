@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 
 from pacer_core import DecodeState, Draft, Engine, InputError, Resources, SamplingParams, hookimpl, load_config
 from pacer_core.testing import chisquare_pvalue, exact_continuation_probs
-from pacer_plugins.feature_draft.drafter import EagleConfig, EagleDrafter
+from pacer_plugins.eagle.drafter import EagleConfig, EagleDrafter
 
 from helpers import (
     LENGTH,
@@ -808,7 +808,7 @@ def test_a_config_size_its_weights_do_not_hold_is_refused_before_anything_is_bui
     """Every size in a downloaded config.json is compared with the tensors before a network is built
     from it: a config asking for a million layers or a terabyte matrix is one line naming the key,
     never an allocation (building anything here fails the test)."""
-    from pacer_plugins.feature_draft import published
+    from pacer_plugins.eagle import published
 
     target_model = eagle3_target() if layout == "eagle3" else tiny_llama(0)
     write = write_eagle3 if layout == "eagle3" else write_eagle1

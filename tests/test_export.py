@@ -1,6 +1,6 @@
 """``pacer export``: drafts trained here written in the published EAGLE layouts.
 
-An exported folder must load back through the published-layout loader (``pacer_plugins.feature_draft.published``)
+An exported folder must load back through the published-layout loader (``pacer_plugins.eagle.published``)
 and propose exactly what the draft folder proposes, token for token (chains and trees, greedy and
 sampled), and hold exactly the tensor names, shapes and dtypes and the config keys that EAGLE's code
 (``eagle/model/cnets1.py``, ``cnets.py``) builds and vLLM's / SGLang's EAGLE loaders read. What the
@@ -17,8 +17,8 @@ import torch
 from safetensors.torch import load_file
 
 from pacer_core import InputError, hookimpl
-from pacer_plugins.feature_draft.export import export_draft
-from pacer_plugins.feature_draft.model import load_draft
+from pacer_plugins.eagle.export import export_draft
+from pacer_plugins.eagle.model import load_draft
 
 from helpers import (
     adapter,
@@ -33,7 +33,7 @@ from helpers import (
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM = 32, 4, 2, 8  # tiny_llama's attention layout
 FFN = 64  # the tiny students' intermediate size
-SHIPPED = Path(__file__).resolve().parents[1] / "plugins" / "feature_draft" / "default"
+SHIPPED = Path(__file__).resolve().parents[1] / "plugins" / "eagle" / "default"
 NO_PRIORS = [
     "strategy.drafter.context_vocab=false",
     "strategy.drafter.lookup_bias=[]",
@@ -126,8 +126,8 @@ def feature_folder(target_model, folder: Path, extra_layers: int = 0) -> Path:
 def eagle3_folder(target_model, folder: Path) -> Path:
     """An EAGLE-3 student (``pacer distill student.kind=eagle3``'s network) for an 8-layer target,
     fusing EAGLE-3's layers 2, 4, 5, over 48 of the 64 ids."""
-    from pacer_plugins.feature_draft.distill import DistillConfig
-    from pacer_plugins.feature_draft.students import build_student
+    from pacer_plugins.eagle.distill import DistillConfig
+    from pacer_plugins.eagle.students import build_student
 
     cfg = DistillConfig()
     cfg.student.kind, cfg.student.intermediate_size = "eagle3", FFN  # fused_layers unset: EAGLE-3's
@@ -318,7 +318,7 @@ def test_the_export_is_readable_as_a_plain_file_and_names_no_path_of_this_machin
     import os
     import stat
 
-    from pacer_plugins.feature_draft.drafter import draft_identity
+    from pacer_plugins.eagle.drafter import draft_identity
 
     draft = feature_folder(tiny_llama(0), tmp_path / "my-draft")
     old = os.umask(umask)
@@ -335,7 +335,7 @@ def test_the_export_is_readable_as_a_plain_file_and_names_no_path_of_this_machin
 
 
 def test_an_absolute_target_path_travels_as_its_name():
-    from pacer_plugins.feature_draft.export import portable
+    from pacer_plugins.eagle.export import portable
 
     assert portable("/home/me/models/SmolLM2-135M") == "SmolLM2-135M"
     assert portable("~/models/x") == "x"
@@ -407,7 +407,7 @@ def test_an_eagle3_student_fusing_other_layers_is_refused_naming_the_part(tmp_pa
 def test_an_eagle3_student_with_qkv_biases_is_refused_naming_the_part(tmp_path):
     import attrs
 
-    from pacer_plugins.feature_draft.model import Eagle3Draft
+    from pacer_plugins.eagle.model import Eagle3Draft
 
     target_model = tiny_llama(0, vocab=64, layers=8)
     net = load_draft(eagle3_folder(target_model, tmp_path / "plain"))

@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from pacer_plugins.feature_draft.export_target import INDEX, export_target
+from pacer_plugins.eagle.export_target import INDEX, export_target
 
 from helpers import VOCAB, assert_one_line_error, run_cli, tiny_llama
 

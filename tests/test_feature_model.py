@@ -42,7 +42,7 @@ def test_layout_and_shared_weights_come_from_the_model():
 
 
 def test_the_distill_arch_reads_the_declared_attention_shape():
-    from pacer_plugins.feature_draft.students import _attention_shape
+    from pacer_plugins.eagle.students import _attention_shape
 
     model = adapter(tiny_llama(0))
     assert _attention_shape(model) == attrs.asdict(model.attention_shape())

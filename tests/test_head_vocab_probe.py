@@ -3,8 +3,8 @@ counts with ``context_vocab`` off and on, and its sampling acceptance is Σ min(
 
 import torch
 
-from pacer_plugins.feature_draft.agreement import context_columns, draft_hits
-from pacer_plugins.feature_draft.features import target_greedy
+from pacer_plugins.eagle.agreement import context_columns, draft_hits
+from pacer_plugins.eagle.features import target_greedy
 
 from helpers import STUDENT_SUBSET as SUBSET
 from helpers import adapter, load_script, student
@@ -58,7 +58,7 @@ def test_heads_match_draft_eval_and_acceptance_is_the_overlap():
     assert ("subset", 1.0, ()) not in out and ("subset", 0.0, (2.0, 3.0)) not in out
     # Σ min(p, q) at position 1 under the full head, row `first`: p the target's, q the draft's
     with torch.no_grad():
-        from pacer_plugins.feature_draft.students import unrolled_features
+        from pacer_plugins.eagle.students import unrolled_features
 
         q = torch.softmax(unrolled_features(net, embed, tokens[None], feats[None, :-1], 1)[0][0, first] @ head.T, -1)
     p = torch.softmax(feats[first + 1] @ head.T, -1)

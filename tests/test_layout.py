@@ -282,9 +282,9 @@ MAX_FUNCTION_LINES = 80  # a longer function is split into helpers, so that it r
 # functions still over MAX_FUNCTION_LINES, as "path::qualified name"; the list only shrinks (a function
 # back under the limit must leave it, and no other function may pass the limit)
 OVER_MAX_FUNCTION_LINES: set[str] = {
-    "plugins/feature_draft/agreement.py::run_draft_eval",
-    "plugins/feature_draft/export.py::export_draft",
-    "plugins/feature_draft/students.py::load_init",
+    "plugins/eagle/agreement.py::run_draft_eval",
+    "plugins/eagle/export.py::export_draft",
+    "plugins/eagle/students.py::load_init",
 }
 
 
@@ -682,7 +682,7 @@ def _folder_patterns(packages: set[str]) -> dict[str, "re.Pattern[str]"]:
 
 def string_paths(sources: dict[str, Path], packages: set[str]) -> list[str]:
     """Paths into another package's folder hidden in strings: a string naming a place inside it
-    (``plugins/feature_draft/corpus``, ``(f"{PLUGINS}.pacer_builtins", "default")``) or a path taken from
+    (``plugins/eagle/corpus``, ``(f"{PLUGINS}.pacer_builtins", "default")``) or a path taken from
     one of its modules' ``__file__``. Its data is reached through what it declares instead (a shipped
     folder's name, ``pacer_core.registry.shipped_folder``; a public constant or function)."""
     patterns, problems = _folder_patterns(packages), []

@@ -481,7 +481,7 @@ def test_a_checkpoint_for_another_pair_fails_in_one_line(tmp_path):
 
 
 def test_the_eagle_drafters_identity_reaches_the_stop(tmp_path):
-    from pacer_plugins.feature_draft.drafter import draft_identity
+    from pacer_plugins.eagle.drafter import draft_identity
 
     target_model = tiny_llama(0)
     eagle = make_draft(target_model, tmp_path / "eagle", digest="aaaa")
@@ -885,7 +885,7 @@ def test_train_preverify_follows_the_drafts_recorded_corpus(tmp_path):
 
 
 def test_a_draft_made_before_the_record_is_re_derived_from_its_recipe(tmp_path):
-    from pacer_plugins.feature_draft.distill import DistillConfig
+    from pacer_plugins.eagle.distill import DistillConfig
 
     tokenizer = ByteTokenizer()
     counts, used = distill_record()
@@ -985,7 +985,7 @@ def test_the_shipped_drafts_record_their_corpus():
     """Each shipped draft records what its weights saw (its init chain included), and a
     self-distillation corpus it names is the committed one, shard for shard."""
     from pacer_core.draft_model_helpers import shipped_draft
-    from pacer_plugins.feature_draft.drafter import DEFAULT_DRAFT
+    from pacer_plugins.eagle.drafter import DEFAULT_DRAFT
     from pacer_train.corpus.loaders import recorded_corpus
     from pacer_train.corpus.shards import CorpusStore
 
@@ -1021,7 +1021,7 @@ def test_a_recorded_corpus_is_found_where_recorded_else_shipped_by_its_shards(tm
 
     shipped = shipped_folder(SELFDISTILL_CORPUS)
     shards = [{"name": e["name"], "sha256": e["sha256"][:16]} for e in CorpusStore(shipped, create=False).shards[3:5]]
-    record = {"path": "plugins/feature_draft/corpus", "shards": shards}
+    record = {"path": "plugins/eagle/corpus", "shards": shards}
     monkeypatch.chdir(tmp_path)  # the recorded relative path is not here
     assert recorded_corpus(record) == shipped
     open_chat = shipped_folder(OPEN_CHAT_CORPUS)
@@ -1032,7 +1032,7 @@ def test_a_recorded_corpus_is_found_where_recorded_else_shipped_by_its_shards(tm
     )
     assert recorded_corpus({**record, "shards": [{**shards[0], "sha256": "0" * 16}]}) is None
     assert recorded_corpus({"path": "gone", "shards": []}) is None  # nothing recorded to match
-    local = tmp_path / "plugins" / "feature_draft" / "corpus"
+    local = tmp_path / "plugins" / "eagle" / "corpus"
     local.mkdir(parents=True)
     (local / "manifest.json").write_text("{}")
-    assert recorded_corpus(record) == Path("plugins/feature_draft/corpus")  # where recorded comes first
+    assert recorded_corpus(record) == Path("plugins/eagle/corpus")  # where recorded comes first

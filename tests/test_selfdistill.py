@@ -400,10 +400,10 @@ def test_a_damaged_shard_or_manifest_json_is_one_line(tmp_path, stream, capsys, 
 
 
 def test_the_stream_still_makes_the_committed_open_chat_corpus(stream):
-    """Every record of plugins/feature_draft/corpus-open is the instruction its stream position gives
+    """Every record of plugins/eagle/corpus-open is the instruction its stream position gives
     (id and text digest): a change to the open_chat family that would silently rewrite the corpus's
     provenance fails here."""
-    root = Path(__file__).resolve().parents[1] / "plugins" / "feature_draft" / "corpus-open"
+    root = Path(__file__).resolve().parents[1] / "plugins" / "eagle" / "corpus-open"
     open_chat = Stream(0, stream.mat, families=["open_chat"])
     records = [r for shard in sorted(root.glob("shard-*.json")) for r in json.loads(shard.read_text())["records"]]
     assert len(records) >= 1000
@@ -414,12 +414,12 @@ def test_the_stream_still_makes_the_committed_open_chat_corpus(stream):
 
 @pytest.mark.parametrize("folder, families", [("corpus", set(FAMILIES)), ("corpus-open", {"open_chat"})])
 def test_the_committed_corpus_is_intact_counted_and_never_a_benchmark_prompt(folder, families):
-    """The corpora the repository carries (plugins/feature_draft/corpus, and corpus-open of open-ended
+    """The corpora the repository carries (plugins/eagle/corpus, and corpus-open of open-ended
     chat only): every shard's sha256 matches the manifest, the totals are the records', and no prompt
     the target answered overlaps a benchmark prompt (the guard, run again on the decoded prompts)."""
     from tokenizers import Tokenizer
 
-    root = Path(__file__).resolve().parents[1] / "plugins" / "feature_draft"
+    root = Path(__file__).resolve().parents[1] / "plugins" / "eagle"
     stats = corpus_stats(root / folder)
     samples = list(iter_corpus(root / folder))  # checks each shard's sha256 first
     assert {s.family for s in samples} == families

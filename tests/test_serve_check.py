@@ -142,7 +142,7 @@ def test_a_draft_passes_only_with_identical_outputs_and_equal_counts():
     out = [[5, 6, 7], [8, 9]]
     plain = _run(out, seconds=0.5)
     ok, line = draft_line(
-        "feature_draft/default", 4, plain, plain, _run(out, [3, 2, 1, 0], 4), _run(out, [3, 2, 1, 0], 4, rounds=2)
+        "eagle/default", 4, plain, plain, _run(out, [3, 2, 1, 0], 4), _run(out, [3, 2, 1, 0], 4, rounds=2)
     )
     assert ok and "outputs identical yes" in line and "ours 3 / 2 / 1 / 0 of 4 drafts" in line and ": equal;" in line
     assert "tok/s vLLM plain 5.0, vLLM SD 2.5" in line  # 5 tokens over 1 s, and over 2 s
@@ -203,7 +203,7 @@ def test_the_stacks_are_checked_before_vllm_starts():
 # -- the drafts ----------------------------------------------------------------------------------
 def test_the_shipped_drafts_are_the_folders_pacer_export_reads():
     found = [p.relative_to(ROOT / "plugins").as_posix() for p in serveexports.shipped_drafts(ROOT / "plugins")]
-    assert "feature_draft/default" in found and "block_draft/default" in found and "block_draft/default_pard" in found
+    assert "eagle/default" in found and "block_draft/default" in found and "block_draft/default_pard" in found
     assert "pacer_builtins/default" not in found  # token-level: a causal LM of its own
     assert not any(p.startswith("pacer_stop/") for p in found)  # M_B checkpoints, not drafts
 

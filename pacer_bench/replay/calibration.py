@@ -76,8 +76,8 @@ def unit_draft_identity(unit: dict) -> str:
             f"{drafter.get('name') or 'non-model'} drafter: "
             "a tree calibration names an eagle draft; log an eagle tree stack"
         )
-    from pacer_plugins.feature_draft.drafter import draft_folder, draft_identity
-    from pacer_plugins.feature_draft.model import MANIFEST
+    from pacer_plugins.eagle.drafter import draft_folder, draft_identity
+    from pacer_plugins.eagle.model import MANIFEST
 
     folder = draft_folder(drafter.get("path"))
     if not (folder / MANIFEST).exists():

@@ -1,9 +1,9 @@
 """``pacer corpus``: grow the self-distillation corpus shard by shard (docs/corpus.md).
 
-    pacer corpus out=plugins/feature_draft/corpus tokens=2000000        # grow until it holds 2M answer tokens
-    pacer corpus --stats out=plugins/feature_draft/corpus               # what it holds
+    pacer corpus out=plugins/eagle/corpus tokens=2000000        # grow until it holds 2M answer tokens
+    pacer corpus --stats out=plugins/eagle/corpus               # what it holds
     pacer corpus --measure                                             # tokens/s per batch size and dtype
-    pacer corpus out=plugins/feature_draft/corpus-open families=[open_chat] tokens=300000   # open-ended chat only
+    pacer corpus out=plugins/eagle/corpus-open families=[open_chat] tokens=300000   # open-ended chat only
 
 The run is resumable: each shard covers the next ``shard_size`` positions of the instruction
 stream; an interrupted run (Ctrl-C, SIGTERM, SIGKILL) loses at most the shard in progress, and the

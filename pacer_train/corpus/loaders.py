@@ -106,7 +106,7 @@ def _self_distillation(path: str) -> tuple[Path, CorpusStore]:
     if folder is None:  # pragma: no cover - the plugins ship in the same distribution
         raise InputError(
             f"datastore corpus '{path}' is a self-distillation corpus, which needs the "
-            "feature_draft plugin: install pacer-sd whole, or give a text or .json corpus"
+            "eagle plugin: install pacer-sd whole, or give a text or .json corpus"
         )
     return folder, CorpusStore(folder, create=False)
 

@@ -2,7 +2,7 @@
 ``pacer distill`` (``CorpusConfig``), the Python standard-library source and the ``pydoc_data``
 documentation prose it takes, and the record of exactly what was read (``corpus_sources``).
 
-``pacer distill`` builds its corpus from these streams (plugins/feature_draft/distill.py);
+``pacer distill`` builds its corpus from these streams (plugins/eagle/distill.py);
 ``pacer train-preverify`` re-derives the record of a draft made before distill recorded it and
 keeps what a draft was distilled on out of its own prompts (plugins/pacer_stop/items.py).
 """

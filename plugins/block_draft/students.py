@@ -11,7 +11,7 @@ vocabulary subset, from the target's cached last-layer states), weighed by
 One attention mask keeps the blocks of a sequence apart (``block_layout``).
 
 Registered through the ``pacer_sd.students`` entry-point group (``STUDENT``), so ``pacer distill``
-(the feature_draft plugin's command) trains it without importing this plugin.
+(the eagle plugin's command) trains it without importing this plugin.
 """
 
 from __future__ import annotations

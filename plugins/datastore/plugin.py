@@ -43,7 +43,7 @@ class DatastoreConfig:
     path: Optional[str] = None  # .npz file of earlier generations: loaded when it exists, saved after each
     max_tokens: int = attrs.field(default=1_000_000, validator=attrs.validators.ge(0))  # earlier generations kept
     # a text file (tokenized with the target's tokenizer), a .json of token ids, a folder `pacer corpus`
-    # wrote (the target's answers) or "shipped" (the one the embedded target wrote, in feature_draft)
+    # wrote (the target's answers) or "shipped" (the one the embedded target wrote, in eagle)
     corpus: Optional[str] = None
 
     def __attrs_post_init__(self) -> None:  # checked by load_config, before any model loads

@@ -12,9 +12,9 @@ import torch
 from pacer_core import Engine, InputError, hookimpl, load_config
 from pacer_core.kernels import PackedLinear, packing_supported
 from pacer_core.testing import chisquare_pvalue
-from pacer_plugins.feature_draft.distill import DistillConfig, frequent_tokens
-from pacer_plugins.feature_draft.model import ArchConfig, FeatureDraft, KVCache
-from pacer_plugins.feature_draft.students import _attention_shape, draft_loss, train
+from pacer_plugins.eagle.distill import DistillConfig, frequent_tokens
+from pacer_plugins.eagle.model import ArchConfig, FeatureDraft, KVCache
+from pacer_plugins.eagle.students import _attention_shape, draft_loss, train
 
 from helpers import (
     EOS,
@@ -162,7 +162,7 @@ def test_eagle_refuses_a_draft_for_another_target(tmp_path):
 
 def eagle3_folder(folder):
     """A small EAGLE-3 draft folder as `pacer distill student.kind=eagle3` writes one."""
-    from pacer_plugins.feature_draft.model import Eagle3Arch, Eagle3Draft
+    from pacer_plugins.eagle.model import Eagle3Arch, Eagle3Draft
 
     arch = Eagle3Arch(
         hidden_size=32,
@@ -205,7 +205,7 @@ def test_a_draft_config_size_its_weights_do_not_hold_is_refused_before_anything_
     """A `pacer distill` folder's config.json is checked against its weights' header before the
     network is built: a size they do not hold is one line naming the key (building anything here
     fails the test)."""
-    from pacer_plugins.feature_draft import model
+    from pacer_plugins.eagle import model
 
     def never_built(arch):
         raise AssertionError("a draft network was built from a config its weights were not checked against")
@@ -281,7 +281,7 @@ def test_distill_refuses_a_missing_corpus_file(capsys, tmp_path):
 
 
 def test_recipe_guard_takes_options_added_later_at_their_default(tmp_path):
-    from pacer_plugins.feature_draft.distill import DATA_KEYS
+    from pacer_plugins.eagle.distill import DATA_KEYS
     from pacer_train import guard_recipe
 
     cfg = DistillConfig(out=str(tmp_path))
@@ -380,7 +380,7 @@ def context_vocab_samples(tmp_path, samples, wrong=False, monkeypatch=None, bias
     the drafter samples from subset + context but reports q = 0 for the context tokens (the verifier
     then accepts them whenever drafted)."""
     from pacer_core.testing import exact_continuation_probs
-    from pacer_plugins.feature_draft.drafter import EagleDrafter
+    from pacer_plugins.eagle.drafter import EagleDrafter
 
     if wrong:
         choose = EagleDrafter._choose
@@ -445,7 +445,7 @@ def lookup_samples(tmp_path, samples, monkeypatch=None, corpus=False):
     corpus prior alone over CORPUS_DOCS, with a bias of 30 that outweighs the draft's own logits);
     with ``monkeypatch``, the drafter samples with the prior but reports q without it."""
     from pacer_core.testing import exact_continuation_probs
-    from pacer_plugins.feature_draft.drafter import EagleDrafter
+    from pacer_plugins.eagle.drafter import EagleDrafter
 
     prior = "corpus_bias" if corpus else "lookup_bias"
     if monkeypatch is not None:
@@ -516,7 +516,7 @@ def test_corpus_bias_adds_the_share_of_the_paths_corpus_successors(tmp_path, tre
     """Greedy output stays the target's; the bonus is corpus_bias × the share of each successor of the
     longest frequent n-gram ending the path, in the corpus (read from a .json of token ids)."""
     from pacer_core.priors import corpus_bonus
-    from pacer_plugins.feature_draft.drafter import CORPUS_NGRAM
+    from pacer_plugins.eagle.drafter import CORPUS_NGRAM
 
     target_model = tiny_llama(0, scale=6.0)
     folder = make_draft(target_model, tmp_path / "draft")
@@ -561,7 +561,7 @@ def test_a_missing_corpus_is_refused_in_one_line(tmp_path):
 def test_lookup_bias_follows_the_draft_path_over_the_committed_text(tmp_path, monkeypatch):
     """Each draft token's lookup reads the last tokens of the committed text and the tokens drafted
     before it in the step, and adds Σ b_n to the successors of their n-gram in the committed text."""
-    from pacer_plugins.feature_draft.drafter import EagleDrafter
+    from pacer_plugins.eagle.drafter import EagleDrafter
 
     target_model = tiny_llama(0, scale=6.0)
     folder = make_draft(target_model, tmp_path / "draft")
@@ -620,10 +620,10 @@ def test_the_corpus_prior_is_on_by_default_only_over_the_targets_own_writing(tmp
     shipped corpus for another target (here a tiny one), and for published checkpoints (their tests)."""
     from pathlib import Path
 
-    import pacer_plugins.feature_draft
-    from pacer_plugins.feature_draft.drafter import CORPUS_BIAS, own_corpus
+    import pacer_plugins.eagle
+    from pacer_plugins.eagle.drafter import CORPUS_BIAS, own_corpus
 
-    shipped = json.loads((Path(pacer_plugins.feature_draft.__file__).parent / "corpus" / "manifest.json").read_text())
+    shipped = json.loads((Path(pacer_plugins.eagle.__file__).parent / "corpus" / "manifest.json").read_text())
     assert own_corpus("shipped", shipped["target"]["digest"]) and not own_corpus("shipped", "another")
     assert not own_corpus("shipped", None) and own_corpus(str(tmp_path / "ids.json"), None)
     target_model = tiny_llama(0, scale=6.0)
@@ -687,7 +687,7 @@ def test_a_bad_stop_thresholds_entry_is_refused_in_one_line(tmp_path, entry):
 
 
 def test_the_shipped_draft_recommends_the_thresholds_its_docs_report():
-    from pacer_plugins.feature_draft.drafter import (
+    from pacer_plugins.eagle.drafter import (
         DEFAULT_DRAFT,
         EagleConfig,
         read_manifest,
