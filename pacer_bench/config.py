@@ -246,9 +246,9 @@ def _plan_stacks(bench: BenchConfig, extra_plugins: Sequence[Any]) -> dict[str, 
     for name, stack in stacks.items():
         check_name(name, "bench config")
         plans[name] = plan_stack(name, stack, bench, extra_plugins)
-        drafter = plans[name].stack.drafter
-        if "draft_model" in drafter.component.needs:
-            needs_draft[name] = drafter
+        user = plans[name].stack.draft_model_entry()  # a composite's member included
+        if user is not None:
+            needs_draft[name] = user
     if bench.draft is None and bench.target.path is None:
         default = _default_draft(bench, needs_draft.values(), plans[BASELINE])
         if default is not None:
@@ -272,7 +272,7 @@ def _default_draft(bench: BenchConfig, drafters: Iterable[Any], baseline: RunPla
             return drafter.component.default_draft
     if any(HF_BASELINES[name] for name in bench.baselines):
         drafter = components(baseline.pm)["drafter"].get("draft_model")
-        return getattr(drafter, "default_draft", None)
+        return None if drafter is None else drafter.default_draft
     return None
 
 

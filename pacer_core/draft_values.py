@@ -9,7 +9,7 @@ nodes), ``vocab`` the model vocabulary.
 from __future__ import annotations
 
 import functools
-from typing import Iterable, Optional, Sequence, Union, cast, overload
+from typing import TYPE_CHECKING, Iterable, Optional, Sequence, Union, cast, overload
 
 import attrs
 import numpy as np
@@ -104,7 +104,33 @@ def _mapped(rows: Optional[torch.Tensor], row_map: Optional[torch.Tensor]) -> Op
 
 
 @attrs.frozen
-class SideNodes:
+class _RowTable:
+    """The rows of probabilities a block's tokens (``DraftBlock``) or side nodes (``SideNodes``) were
+    chosen from, as both carry them: a table given at the width of ``draft_vocab`` (the whole
+    vocabulary without one), node i's row ``row_map[i]`` (row i without a map), read as given
+    (``draft_table``), per node (``draft_rows``) or per node over the target's vocabulary
+    (``draft_probs``). The fields are the subclasses' own, declared in their constructor's order."""
+
+    if TYPE_CHECKING:
+        _draft_probs: Optional[torch.Tensor]
+        draft_vocab: Optional[DraftVocab]
+        row_map: Optional[torch.Tensor]
+
+    @property
+    def draft_table(self) -> Optional[torch.Tensor]:  # [m, w]: the rows as given (before row_map)
+        return self._draft_probs
+
+    @functools.cached_property
+    def draft_rows(self) -> Optional[torch.Tensor]:  # [n, w]: each node's row as given (over draft_vocab.ids)
+        return _mapped(self._draft_probs, self.row_map)
+
+    @functools.cached_property
+    def draft_probs(self) -> Optional[torch.Tensor]:  # [n, vocab]
+        return _wide(self.draft_rows, self.draft_vocab)
+
+
+@attrs.frozen
+class SideNodes(_RowTable):
     """Alternative draft tokens a block hangs off the draft's tree: the target scores them in the
     same forward as the main path, and a tree verifier may accept a path through them.
 
@@ -130,18 +156,6 @@ class SideNodes:
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
 
-    @property
-    def draft_table(self) -> Optional[torch.Tensor]:  # [m, w]: the rows as given (before row_map)
-        return self._draft_probs
-
-    @functools.cached_property
-    def draft_rows(self) -> Optional[torch.Tensor]:  # [s, w]: each node's row as given (over draft_vocab.ids)
-        return _mapped(self._draft_probs, self.row_map)
-
-    @functools.cached_property
-    def draft_probs(self) -> Optional[torch.Tensor]:  # [s, vocab]
-        return _wide(self.draft_rows, self.draft_vocab)
-
     @classmethod
     def trie(cls, phrases: Sequence[Sequence[int]], parent: int, first: int) -> Optional["SideNodes"]:
         """Candidate phrases continuing node ``parent`` as a trie (shared prefixes merged, so no
@@ -165,7 +179,7 @@ class SideNodes:
 
 
 @attrs.frozen
-class DraftBlock:
+class DraftBlock(_RowTable):
     """Tokens one ``pacer_propose`` call adds to the current draft.
 
     The block's ``tokens`` continue the draft's **main path** (its chain: what stop policies judge).
@@ -202,18 +216,6 @@ class DraftBlock:
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
-
-    @property
-    def draft_table(self) -> Optional[torch.Tensor]:  # [m, w]: the rows as given (before row_map)
-        return self._draft_probs
-
-    @functools.cached_property
-    def draft_rows(self) -> Optional[torch.Tensor]:  # [n, w]: each token's row as given (over draft_vocab.ids)
-        return _mapped(self._draft_probs, self.row_map)
-
-    @functools.cached_property
-    def draft_probs(self) -> Optional[torch.Tensor]:  # [n, vocab]
-        return _wide(self.draft_rows, self.draft_vocab)
 
 
 @overload

@@ -274,11 +274,16 @@ class ResolvedStack:
     def provided(self) -> frozenset[str]:
         return frozenset(cap for item in self for cap in item.provides)
 
+    def draft_model_entry(self) -> Optional[ResolvedComponent]:
+        """The entry that needs a draft model: the drafter, or a composite drafter's first member that
+        needs one; None when none does (only drafters need one)."""
+        return next((item for item in self.drafter.walk() if "draft_model" in item.component.needs), None)
+
     def draft_model_user(self) -> Component:
         """The component whose shipped draft model a run loads when the config omits ``draft``:
-        the drafter, or a composite drafter's first member that needs a draft model."""
-        users = [item.component for item in self.drafter.walk() if "draft_model" in item.component.needs]
-        return users[0] if users else self.drafter.component
+        ``draft_model_entry``'s, else the drafter's."""
+        entry = self.draft_model_entry()
+        return self.drafter.component if entry is None else entry.component
 
 
 def check_capabilities(

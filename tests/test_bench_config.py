@@ -121,6 +121,11 @@ def test_every_shipped_bench_config_validates_and_the_engine_and_gpu_benches_com
             "target: {path: /my/target}\nstacks: {a: {strategy: {drafter: {name: draft_model}}}}\n",
             ["stacks.a", "needs a draft model", "draft.path"],
         ),
+        (  # a composite's member needing a draft model
+            "target: {path: /my/target}\nstacks: {h: {strategy: {drafter: {name: hybrid, members: "
+            "[{name: draft_model}, {name: prompt_lookup}]}}}}\n",
+            ["stacks.h", "members[0] 'draft_model' needs a draft model", "draft.path"],
+        ),
         ("stacks: {a: {overrides: [strategy.stop.0.gama=3]}}\n", ["stacks.a", "gama"]),
         ("baselines: [hf_nope]\n", ["unknown baseline 'hf_nope'", "hf_generate"]),
         ("oracle: {log_stack: missing}\n", ["oracle.log_stack 'missing'"]),

@@ -333,6 +333,24 @@ def test_replay_saves_a_calibration_fitted_on_the_runs_trees(tmp_path, capsys):
     assert_one_line_error(code, err, "give a cost profile")
 
 
+def test_replay_fits_a_hybrid_stacks_trees_on_its_main_members_draft(tmp_path, capsys):
+    """A hybrid's main member is the engine's (the first model drafter, not the first member): its
+    logged trees are fitted and checked as the eagle draft's own."""
+    draft = make_draft(tiny_llama(0), tmp_path / "draft")
+    eagle = {"name": "eagle", "path": str(draft), "tree": {"topk": 3}}
+    hybrid = {"name": "hybrid", "members": [{"name": "prompt_lookup"}, eagle]}
+    own = tmp_path / "eagle.json"
+    code, _, err = run_cli(
+        ["replay", str(write_tree_run(tmp_path / "e", eagle, tree_steps(30))), "--save-calibration", str(own)], capsys
+    )
+    assert code == 0, err
+    # the eagle draft's calibration is taken for the hybrid's trees, and theirs is fitted on that draft
+    run, out = write_tree_run(tmp_path / "h", hybrid, tree_steps(30)), tmp_path / "hybrid.json"
+    code, _, err = run_cli(["replay", str(run), "--calibration", str(own), "--save-calibration", str(out)], capsys)
+    assert code == 0, err
+    assert calibrations.load(out).draft == calibrations.load(own).draft
+
+
 def test_the_shipped_calibration_is_the_committed_runs_and_names_the_shipped_draft():
     """plugins/eagle/default/calibration.json: valid, fitted for the shipped draft, and what
     the command its manifest records makes from the committed recordings."""

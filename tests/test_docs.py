@@ -166,10 +166,12 @@ def test_value_object_fields_are_documented(cls):
     body = section(read("hooks.md"), f"### `{cls.__name__}`")
     rows = {spans(r[0])[0] for r in table_rows(body) if spans(r[0])}
     fields = {f.alias for f in attrs.fields(cls)}  # a private field is documented by its init name
-    # public derived views (properties; attrs turns cached properties into slots), e.g. Draft.tokens
+    # public derived views (properties; attrs turns cached properties into slots), e.g. Draft.tokens,
+    # its own or a base's (DraftBlock's row-table views)
     derived = {
         name
-        for name, value in vars(cls).items()
+        for klass in cls.__mro__
+        for name, value in vars(klass).items()
         if not name.startswith("_")
         and isinstance(value, (property, functools.cached_property, types.MemberDescriptorType))
     }

@@ -5,10 +5,9 @@ and a given one refused unless it was fitted on that draft."""
 from __future__ import annotations
 
 from pacer_core.calibration import Calibration
-from pacer_core.cost_profiles import DRAFTER_KINDS
 from pacer_core.errors import InputError
 
-from .recorded import RecordedRun, unit_drafter
+from .recorded import RecordedRun, unit_drafter, unit_main_drafter
 from .trees import fit_calibration
 
 
@@ -44,11 +43,7 @@ def check_calibration(run: RecordedRun, calibration: Calibration, where: str) ->
         if not run.logged_trees(name):
             continue
         drafter = unit_drafter(unit)
-        main = drafter.get("name") == "eagle" or (
-            drafter.get("name") == "hybrid"
-            and any(isinstance(m, dict) and m.get("name") == "eagle" for m in drafter.get("members") or [])
-        )
-        identity = unit_draft_identity(unit) if main else None
+        identity = unit_draft_identity(unit) if unit_main_drafter(unit).get("name") == "eagle" else None
         try:
             check_draft(calibration, identity, where)
         except InputError:
@@ -66,10 +61,7 @@ def check_calibration(run: RecordedRun, calibration: Calibration, where: str) ->
 
 def unit_draft_identity(unit: dict) -> str:
     """The identity of the eagle draft a bench unit's drafter (or a hybrid's main member) reads."""
-    drafter = unit_drafter(unit)
-    if drafter.get("name") == "hybrid":
-        models = [m for m in drafter.get("members") or [] if isinstance(m, dict) and m.get("name") in DRAFTER_KINDS]
-        drafter = models[0] if models else {}
+    drafter = unit_main_drafter(unit)
     if drafter.get("name") != "eagle":
         raise InputError(
             f"stack '{unit.get('name')}' logged trees with a "

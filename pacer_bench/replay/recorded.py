@@ -1,8 +1,9 @@
 """A recorded bench run as every replay reads it: bench.json's units, each record's step log parsed
 once (``RecordedRun.parse``), and the verification-cost probe (cost_model.json) where measured.
 
-Also what a replay reads off a unit of bench.json: its drafter entry (``unit_drafter``), the drafter
-kind a cost profile prices its forwards as (``drafter_kind``), and whether it is a fixed chain.
+Also what a replay reads off a unit of bench.json: its drafter entry (``unit_drafter``) and the entry
+of its main path (``unit_main_drafter``: a hybrid's main member), the drafter kind a cost profile
+prices its forwards as (``drafter_kind``), and whether it is a fixed chain.
 """
 
 from __future__ import annotations
@@ -61,6 +62,29 @@ def unit_drafter(unit: dict) -> dict:
     except (KeyError, TypeError):
         return {}
     return drafter if isinstance(drafter, dict) else {}
+
+
+def unit_main_drafter(unit: dict) -> dict:
+    """The drafter entry whose tokens form a bench unit's main path: its drafter entry, or a composite's
+    (``hybrid``'s) main member, as the engine picks it (``pacer_core.registry.main_member``)."""
+    drafter = unit_drafter(unit)
+    members = drafter.get("members")
+    if not isinstance(members, list) or not members:
+        return drafter
+    main = _main_member_index(json.dumps(drafter, sort_keys=True))
+    return members[main] if isinstance(members[main], dict) else {}
+
+
+@functools.lru_cache(maxsize=None)
+def _main_member_index(drafter: str) -> int:
+    from pacer_core.config import load_plan
+
+    try:
+        resolved = load_plan(None, [f"strategy.drafter={drafter}"], require_models=False).stack.drafter
+    except ConfigError as exc:
+        raise InputError(f"a stack of the run no longer resolves ({exc}): rerun the bench with this version") from None
+    main = resolved.main_member
+    return 0 if main is None else resolved.members.index(main)
 
 
 def drafter_kind(unit: dict) -> Optional[str]:

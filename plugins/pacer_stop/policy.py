@@ -219,7 +219,7 @@ def load_costs(config: PacerStopConfig, resources: Resources) -> CostModel:
         from pacer_core.cost_profiles import load_profile
 
         profile = load_profile(config.profile)
-        kind = getattr(resources, "draft_cost_kind", None)
+        kind = resources.draft_cost_kind
         return profile.cost_model(kind if kind in profile.draft else None)
     key = measured_costs.full_key(measured_costs.run_pair(resources))
     path = Path(config.cost_file) if config.cost_file else measured_costs.cache_file(key)

@@ -138,8 +138,9 @@ def simulation_plan(cfg: TrainPreverifyConfig, extra_plugins: Sequence[Any] = ()
         )
     if cfg.model.draft_confidence and "draft_probs" not in drafter.provides:
         raise ConfigError(f"model.draft_confidence needs the draft's probabilities; '{drafter.name}' has none")
-    if "draft_model" in drafter.needs and draft_model_config(plan.config, drafter) is None:
-        raise ConfigError(f"drafter '{drafter.name}' needs a draft model: set draft.path")
+    user = plan.stack.draft_model_entry()  # the drafter, or a composite's member
+    if user is not None and draft_model_config(plan.config, user.component) is None:
+        raise ConfigError(f"drafter '{user.component.name}' needs a draft model: set draft.path")
     return plan
 
 

@@ -1,5 +1,6 @@
-"""Token-level draft students: built from target layers, saved without shared tensors, completed on
-load; a draft's vocabulary subset gives the full head's logits on its ids and -inf elsewhere."""
+"""Token-level draft students (``pacer_train.students``): built from target layers, saved without
+shared tensors, completed on load; a draft's vocabulary subset gives the full head's logits on its
+ids and -inf elsewhere."""
 
 from __future__ import annotations
 
