@@ -27,6 +27,15 @@ META = "bench.json"
 COST_MODEL = "cost_model.json"
 
 
+def shown_path(path: Any) -> str:
+    """A model path as bench.json and the report show it: relative to the working folder when inside it
+    (a shipped draft's absolute path would name the machine that ran the bench), else as given."""
+    try:
+        return str(Path(str(path)).relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
 def pair_key(record: dict) -> tuple:
     """What pairs a stack's record with the baseline's: (prompt set, question id, repeat, turn)."""
     return (record["prompt_set"], str(record["question_id"]), int(record.get("repeat", 0)), int(record.get("turn", 0)))

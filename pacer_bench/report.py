@@ -13,7 +13,7 @@ from typing import Any
 
 from pacer_core.errors import InputError
 
-from .answers import load_run, write_json
+from .answers import load_run, shown_path, write_json
 from .results import ALL, summarize
 from .specbench import answer_files, leaderboard_markdown, speed_markdown, speed_report, write_answer_files
 from .stats import format_interval
@@ -216,15 +216,6 @@ def quality_markdown(results: dict, positions: int = 4) -> list[str]:
     return lines + [""]
 
 
-def _shown(path) -> str:
-    """A model path as the report shows it: relative to the working folder when inside it (a shipped
-    draft's absolute path would name the machine that ran the bench), else as recorded."""
-    try:
-        return str(Path(str(path)).relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
-
-
 def render(results: dict, plots: list[str]) -> str:
     s = results["settings"]
     target = s.get("target") or {}
@@ -233,7 +224,7 @@ def render(results: dict, plots: list[str]) -> str:
         "# Benchmark report",
         "",
         f"Target `{target.get('path') or 'embedded SmolLM2-135M-Instruct'}` ({target.get('dtype')}), "
-        f"draft {('`' + _shown(draft.get('path')) + '`') if draft else 'none'}, device {s.get('device')}, "
+        f"draft {('`' + shown_path(draft.get('path')) + '`') if draft else 'none'}, device {s.get('device')}, "
         f"max_new_tokens {s.get('max_new_tokens')}, sampling {s.get('sampling')}, "
         f"ignore_eos {s.get('ignore_eos')}.",
         f"Baseline: `{results['baseline']}` (the same engine, no draft). Speedup = tokens/s ratio of totals "

@@ -295,7 +295,10 @@ def _write_meta(
         "settings": _settings(bench, device),
         "baseline": BASELINE,
         "prompt_sets": list(bench.prompt_sets),
-        "units": [{"name": u.name, "kind": u.kind, "config": u.description, "cost_kind": u.cost_kind} for u in units],
+        "units": [
+            {"name": u.name, "kind": u.kind, "config": u.description, "cost_kind": u.cost_kind, "draft": u.draft}
+            for u in units
+        ],
         "oracle": attrs.asdict(bench.oracle),
         "dtype": bench.dtype,
         "device": device,

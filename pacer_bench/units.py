@@ -9,10 +9,11 @@ from typing import Any, Callable, Optional
 import attrs
 
 from pacer_core.config import RunPlan, to_dict
-from pacer_core.engine import Engine
+from pacer_core.engine import DraftSource, Engine, draft_model_source
 from pacer_core.errors import InputError
 from pacer_core.metrics import step_metrics
 
+from .answers import shown_path
 from .config import HF_BASELINES, BenchConfig, model_config
 
 
@@ -43,6 +44,15 @@ class Unit:
     run: Callable[[list[int], int, int], tuple[list[int], dict, str]]  # (ids, repeat, budget) → tokens, metrics, finish
     description: dict
     cost_kind: Optional[str] = None  # how cost profiles price its draft forwards (Component.cost_kind)
+    draft: Optional[dict] = None  # the draft weights it reads: {folder, identity} (draft_entry); None: none
+
+
+def draft_entry(source: Optional[DraftSource]) -> Optional[dict]:
+    """A unit's ``draft`` in bench.json: the folder of the draft weights it reads (as the report shows a
+    path: relative when inside the working folder) and their identity; None when it reads no draft."""
+    if source is None:
+        return None
+    return {"folder": None if source.folder is None else shown_path(source.folder), "identity": source.identity}
 
 
 def engine_unit(name: str, plan: RunPlan, models: Models, bench: BenchConfig, clock, forwards: Any = None) -> Unit:
@@ -69,7 +79,7 @@ def engine_unit(name: str, plan: RunPlan, models: Models, bench: BenchConfig, cl
         return list(result.tokens), metrics, result.finish_reason
 
     description = {k: v for k, v in to_dict(plan.config).items() if k in ("sampling", "generation", "strategy")}
-    return Unit(name, "stack", run, description, engine.draft_cost_kind)
+    return Unit(name, "stack", run, description, engine.draft_cost_kind, draft_entry(engine.draft_source))
 
 
 def hf_unit(name: str, models: Models, bench: BenchConfig, clock) -> Unit:
@@ -137,4 +147,5 @@ def hf_unit(name: str, models: Models, bench: BenchConfig, clock) -> Unit:
         finish = "eos" if tokens and tokens[-1] in eos else "length"
         return tokens, metrics, finish
 
-    return Unit(name, "baseline", run, description)
+    source = None if assistant is None else draft_model_source(assistant, assistant.digest)
+    return Unit(name, "baseline", run, description, draft=draft_entry(source))

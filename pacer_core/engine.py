@@ -23,8 +23,8 @@ from .draft_values import Draft, TokenTree
 from .errors import ConfigError, InputError
 from .hookcheck import check_results
 from .hostmemory import reuse_freed_memory
-from .protocols import LanguageModel
-from .registry import check_hooks
+from .protocols import LanguageModel, StoredModel
+from .registry import ResolvedStack, check_hooks
 from .skipping import SkipConfig, draft_gate
 from .types import DecodeState, DraftInfo, GenerationResult, Resources, SamplingParams, StepRecord, Stop
 
@@ -93,6 +93,34 @@ def load_stack_draft(
     return loaded[path]
 
 
+@attrs.frozen
+class DraftSource:
+    """The draft weights a built engine's stack reads, as the engine resolved them (``Engine.draft_source``;
+    the bench records them in each unit of bench.json)."""
+
+    folder: Optional[Any]  # the folder they were read from (a Path); None for a draft model built in memory
+    identity: Optional[str]  # their identity, ``Resources.draft_identity`` of the components; None when unknown
+
+
+def stack_draft_source(
+    stack: ResolvedStack, draft: Optional[LanguageModel], identity: Optional[str]
+) -> Optional[DraftSource]:
+    """What the stack's drafter reads: its own draft weights (``ResolvedComponent.draft_folder``: a hybrid's
+    main member's), else the draft model when a component needs one; None when it reads no draft.
+    ``identity``: the engine's ``Resources.draft_identity`` once the drafter is built."""
+    folder = stack.drafter.draft_folder
+    if folder is not None:
+        return DraftSource(folder, identity)
+    if draft is not None and stack.needs("draft_model"):
+        return draft_model_source(draft, identity)
+    return None
+
+
+def draft_model_source(draft: LanguageModel, identity: Optional[str]) -> DraftSource:
+    """A draft model read as ``identity``: the folder it was read from (``StoredModel``), None when built in memory."""
+    return DraftSource(draft.folder if isinstance(draft, StoredModel) else None, identity)
+
+
 @attrs.define(eq=False)
 class CacheLock:
     """The lock of one model's KV cache and the thread holding it."""
@@ -146,9 +174,11 @@ class Engine:
         clock: Callable[[], float] = time.perf_counter,
         skip_drafting: Optional[SkipConfig] = None,
         draft_cost_kind: Optional[str] = None,
+        draft_source: Optional[DraftSource] = None,
     ):
         self.target, self.draft, self.pm, self.tokenizer = target, draft, pm, tokenizer
         self.draft_cost_kind = draft_cost_kind  # how cost profiles price its draft forwards (Component.cost_kind)
+        self.draft_source = draft_source  # the draft weights its stack reads (None: none)
         self.sampling, self.seed, self.clock = sampling, seed, clock
         self.max_new_tokens, self.max_draft_tokens = max_new_tokens, max_draft_tokens
         self.ignore_eos, self.chat_template = ignore_eos, chat_template
@@ -261,6 +291,7 @@ class Engine:
             target_layers=target_layers,
             skip_drafting=g.skip_drafting,
             draft_cost_kind=stack.drafter.cost_kind,
+            draft_source=stack_draft_source(stack, draft, resources.draft_identity),
         )
         kwargs.update(overrides)
         return cls(target, pm, **kwargs)

@@ -276,7 +276,9 @@ def tree_steps(count: int, seed: int = 0) -> list[dict]:
     return steps
 
 
-def write_tree_run(folder, drafter: dict, steps: list[dict]):
+def write_tree_run(folder, drafter: dict, steps: list[dict], **draft):
+    """A run of one stack ``tree`` logging ``steps``; its unit records ``draft=`` where given (else
+    it is a run recorded before bench.json recorded the draft)."""
     from pacer_bench.answers import ANSWERS, META
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -285,7 +287,7 @@ def write_tree_run(folder, drafter: dict, steps: list[dict]):
         "baseline": "autoregressive",
         "settings": {},
         "prompt_sets": ["set"],
-        "units": [{"name": "tree", "kind": "stack", "config": {"strategy": {"drafter": drafter}}}],
+        "units": [{"name": "tree", "kind": "stack", "config": {"strategy": {"drafter": drafter}}, **draft}],
     }
     (folder / META).write_text(json.dumps(meta))
     from pacer_bench.answers import make_record
@@ -349,6 +351,63 @@ def test_replay_fits_a_hybrid_stacks_trees_on_its_main_members_draft(tmp_path, c
     code, _, err = run_cli(["replay", str(run), "--calibration", str(own), "--save-calibration", str(out)], capsys)
     assert code == 0, err
     assert calibrations.load(out).draft == calibrations.load(own).draft
+
+
+def test_replay_names_the_draft_the_run_recorded_not_the_folder_as_it_is_now(tmp_path, capsys):
+    """A bench run records the identity of the draft each stack read (bench.json's ``draft``): the
+    calibration fitted on its trees names that draft even when its folder has changed since. A run
+    recorded before the field existed has it derived from the folder as it is now (its fallback)."""
+    import shutil
+
+    from pacer_bench.answers import META
+    from pacer_bench.config import read_bench_config
+    from pacer_bench.run import run_bench
+    from pacer_bench.units import Models
+    from pacer_plugins.eagle.drafter import draft_identity
+
+    from helpers import CharTokenizer, write_bench
+
+    target_model = tiny_llama(0)
+    draft = make_draft(target_model, tmp_path / "draft")
+    grown_with = draft_identity(draft)
+    config = write_bench(
+        tmp_path,
+        "stacks:\n"
+        f"  tree: {{strategy: {{drafter: {{name: eagle, path: '{draft}', tree: {{topk: 3, depth: 3, nodes: 8}}}}, "
+        "stop: [{name: fixed, gamma: 3}], verifier: {name: greedy}, observers: [{name: metrics}, {name: tree_log}]}}\n",
+    )
+    bench, stacks = read_bench_config(config)
+    run = tmp_path / "run"
+    models = Models(adapter(target_model), None, CharTokenizer())
+    assert run_bench(bench, stacks, run, models=models, progress=False, report=False) == 0
+    shutil.rmtree(draft)
+    make_draft(target_model, draft, seed=1)  # the folder now holds another draft
+    assert draft_identity(draft) != grown_with
+    out = tmp_path / "calibration.json"
+    code, _, err = run_cli(["replay", str(run), "--save-calibration", str(out)], capsys)
+    assert code == 0, err
+    assert calibrations.load(out).draft == grown_with
+    # a run recorded before bench.json recorded the draft: derived from the folder as it is now
+    meta = json.loads((run / META).read_text())
+    for unit in meta["units"]:
+        del unit["draft"]
+    (run / META).write_text(json.dumps(meta))
+    code, _, err = run_cli(["replay", str(run), "--save-calibration", str(out)], capsys)
+    assert code == 0, err
+    assert calibrations.load(out).draft == draft_identity(draft)
+
+
+def test_replay_reads_the_recorded_draft_identity_and_refuses_a_unit_recording_none(tmp_path, capsys):
+    draft = make_draft(tiny_llama(0), tmp_path / "draft")
+    eagle = {"name": "eagle", "path": str(draft), "tree": {"topk": 3}}
+    recorded = {"folder": "draft", "identity": "eagle:t:w"}
+    run, out = write_tree_run(tmp_path / "run", eagle, tree_steps(30), draft=recorded), tmp_path / "c.json"
+    code, _, err = run_cli(["replay", str(run), "--save-calibration", str(out)], capsys)
+    assert code == 0, err
+    assert calibrations.load(out).draft == "eagle:t:w"  # the recorded one, not the folder's
+    damaged = write_tree_run(tmp_path / "damaged", eagle, tree_steps(30), draft={"folder": "draft", "identity": None})
+    code, _, err = run_cli(["replay", str(damaged), "--save-calibration", str(out)], capsys)
+    assert_one_line_error(code, err, "records no identity of the draft it read", "rerun the bench")
 
 
 def test_the_shipped_calibration_is_the_committed_runs_and_names_the_shipped_draft():

@@ -446,9 +446,9 @@ def test_mean_draft_counts_the_main_path_and_shows_a_deeper_tree_apart():
 
 
 def test_the_report_shows_a_draft_inside_the_working_folder_by_its_relative_path(tmp_path, monkeypatch):
-    from pacer_bench.report import _shown
+    from pacer_bench.answers import shown_path  # bench.json's units record a draft folder the same way
 
     monkeypatch.chdir(tmp_path)
-    assert _shown(tmp_path / "plugins" / "draft") == str(Path("plugins") / "draft")
-    assert _shown("/elsewhere/draft") == "/elsewhere/draft"
-    assert _shown("tiny-draft") == "tiny-draft"
+    assert shown_path(tmp_path / "plugins" / "draft") == str(Path("plugins") / "draft")
+    assert shown_path("/elsewhere/draft") == "/elsewhere/draft"
+    assert shown_path("tiny-draft") == "tiny-draft"

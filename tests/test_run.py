@@ -140,6 +140,43 @@ def test_the_bench_plans_each_stack_once_and_builds_its_engine_on_that_plan(tmp_
     assert len(points) == 3 and resolutions == {"plugin_managers": 7, "resolutions": 7}
 
 
+def test_each_unit_records_the_draft_it_reads(tmp_path, monkeypatch):
+    """bench.json's units record the draft weights each read, as the engine resolved them
+    (``Engine.draft_source``): an eagle draft's folder and identity, a draft model's, none for a lookup."""
+    from pacer_plugins.eagle.drafter import draft_identity
+
+    from helpers import CharTokenizer, adapter, make_draft, tiny_llama
+
+    monkeypatch.chdir(tmp_path)  # a folder inside the working folder is recorded relative to it
+    target_model = tiny_llama(0)
+    draft = make_draft(target_model, tmp_path / "eagle-draft")
+    draft_model = adapter(tiny_llama(1))
+    draft_model.digest, draft_model.folder = "tiny-draft-digest", tmp_path / "draft-model"
+    models = units.Models(adapter(target_model), draft_model, CharTokenizer())
+    chain = "stop: [{name: fixed, gamma: 2}], verifier: {name: greedy}"
+    config = write_bench(
+        tmp_path,
+        "stacks:\n"
+        f"  eagle: {{strategy: {{drafter: {{name: eagle, path: '{draft}'}}, {chain}}}}}\n"
+        f"  tokens: {{strategy: {{drafter: {{name: draft_model}}, {chain}}}}}\n"
+        f"  lookup: {{strategy: {{drafter: {{name: prompt_lookup}}, {chain}}}}}\n"
+        "baselines: [hf_generate, hf_assisted_constant]\n",
+        n=1,
+    )
+    bench, stacks = read_bench_config(config)
+    assert run_bench(bench, stacks, tmp_path / "out", models=models, progress=False, report=False) == 0
+    recorded = {u["name"]: u["draft"] for u in json.loads((tmp_path / "out" / "bench.json").read_text())["units"]}
+    model_draft = {"folder": "draft-model", "identity": "tiny-draft-digest"}
+    assert recorded == {
+        "autoregressive": None,
+        "eagle": {"folder": "eagle-draft", "identity": draft_identity(draft)},
+        "tokens": model_draft,
+        "lookup": None,
+        "hf_generate": None,
+        "hf_assisted_constant": model_draft,
+    }
+
+
 def test_resume_refuses_other_settings(tmp_path, models):
     config = write_bench(tmp_path, "", n=1)
     cfg, stacks = read_bench_config(config)

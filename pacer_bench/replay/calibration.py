@@ -4,6 +4,8 @@ and a given one refused unless it was fitted on that draft."""
 
 from __future__ import annotations
 
+import json
+
 from pacer_core.calibration import Calibration
 from pacer_core.errors import InputError
 
@@ -13,9 +15,9 @@ from .trees import fit_calibration
 
 def run_calibration(run: RecordedRun, source: str) -> Calibration:
     """A tree calibration fitted on every tree the run's stacks logged (``tree_log``), naming the
-    draft they grew them with (the draft folder the stacks' eagle drafter read, as it is now).
-    ``InputError`` without logged trees, or when they come from several drafts or a drafter other
-    than an eagle draft ``pacer distill`` wrote."""
+    draft they grew them with (the identity of the draft the stacks' eagle drafter read, as the run
+    recorded it: ``unit_draft_identity``). ``InputError`` without logged trees, or when they come
+    from several drafts or a drafter other than eagle."""
     logged = {name: run.logged_trees(name) for name in run.units}
     logged = {name: steps for name, steps in logged.items() if steps}
     if not logged:
@@ -60,7 +62,10 @@ def check_calibration(run: RecordedRun, calibration: Calibration, where: str) ->
 
 
 def unit_draft_identity(unit: dict) -> str:
-    """The identity of the eagle draft a bench unit's drafter (or a hybrid's main member) reads."""
+    """The identity of the eagle draft a bench unit's drafter (or a hybrid's main member) read, as the
+    bench recorded it (the unit's ``draft`` entry, ``Engine.draft_source``): the draft's folder may
+    have changed since. A run recorded before the bench wrote it has it derived again
+    (``identity_of_unrecorded_draft``)."""
     drafter = unit_main_drafter(unit)
     if drafter.get("name") != "eagle":
         raise InputError(
@@ -68,6 +73,24 @@ def unit_draft_identity(unit: dict) -> str:
             f"{drafter.get('name') or 'non-model'} drafter: "
             "a tree calibration names an eagle draft; log an eagle tree stack"
         )
+    if "draft" not in unit:
+        return identity_of_unrecorded_draft(unit, drafter)
+    draft = unit["draft"]
+    identity = draft.get("identity") if isinstance(draft, dict) else None
+    if not isinstance(identity, str) or not identity:
+        raise InputError(
+            f"unit '{unit.get('name')}' of the run records no identity of the draft it read "
+            f"({json.dumps(draft)[:80]}): the run's bench.json is damaged, rerun the bench"
+        )
+    return identity
+
+
+def identity_of_unrecorded_draft(unit: dict, drafter: dict) -> str:
+    """For runs recorded before bench.json recorded each unit's draft (``draft``; the committed runs
+    of docs/results among them) only: the identity of the eagle draft folder ``drafter``'s path
+    names, read from the folder as it is now, which may have changed since the run (a published
+    checkpoint is refused: only loading it on its target names it). A newer run's identity is the
+    one the engine read (``unit_draft_identity``)."""
     from pacer_plugins.eagle.drafter import draft_folder, draft_identity
     from pacer_plugins.eagle.model import MANIFEST
 
