@@ -84,6 +84,12 @@ def _merge_meta(out: Path, meta: dict, old: Optional[dict]) -> dict:
                 f"'{out}' holds results of another definition of '{unit['name']}': rename the "
                 "stack, or choose another --out"
             )
+        drafts = [(u.get("draft") or {}).get("identity") for u in (before, unit) if u is not None]
+        if len(drafts) == 2 and None not in drafts and drafts[0] != drafts[1]:
+            raise InputError(
+                f"'{out}' holds results of '{unit['name']}' made with draft {drafts[0]}, and this run reads draft "
+                f"{drafts[1]}: rename the stack, restore the draft it read, or choose another --out"
+            )
     names = [u["name"] for u in meta["units"]]
     meta["units"] = meta["units"] + [u for u in old.get("units", []) if u["name"] not in names]
     meta["prompt_sets"] = meta["prompt_sets"] + [p for p in old.get("prompt_sets", []) if p not in meta["prompt_sets"]]

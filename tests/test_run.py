@@ -177,6 +177,32 @@ def test_each_unit_records_the_draft_it_reads(tmp_path, monkeypatch):
     }
 
 
+def test_resume_refuses_a_unit_whose_draft_changed(tmp_path, monkeypatch):
+    """A unit's results are kept only for the draft they were made with: a resumption whose stack reads
+    other weights at the same path is refused (the records would mix two drafts)."""
+    from pacer_plugins.eagle.drafter import draft_identity
+
+    from helpers import CharTokenizer, adapter, make_draft, tiny_llama
+
+    monkeypatch.chdir(tmp_path)
+    target_model = tiny_llama(0)
+    first = make_draft(target_model, tmp_path / "draft-a")
+    models = units.Models(adapter(target_model), None, CharTokenizer())
+    stack = "stop: [{name: fixed, gamma: 2}], verifier: {name: greedy}"
+    config = write_bench(
+        tmp_path, f"stacks:\n  eagle: {{strategy: {{drafter: {{name: eagle, path: draft}}, {stack}}}}}\n", n=1
+    )
+    shutil.copytree(first, tmp_path / "draft")
+    bench, stacks = read_bench_config(config)
+    assert run_bench(bench, stacks, tmp_path / "out", models=models, progress=False, report=False) == 0
+    shutil.rmtree(tmp_path / "draft")  # the same path now holds another draft
+    shutil.copytree(make_draft(tiny_llama(0), tmp_path / "draft-b", seed=1), tmp_path / "draft")
+    assert draft_identity(tmp_path / "draft") != draft_identity(first)
+    bench, stacks = read_bench_config(config)
+    with pytest.raises(InputError, match="'eagle' made with draft .* this run reads draft"):
+        run_bench(bench, stacks, tmp_path / "out", models=models, progress=False, report=False)
+
+
 def test_resume_refuses_other_settings(tmp_path, models):
     config = write_bench(tmp_path, "", n=1)
     cfg, stacks = read_bench_config(config)
