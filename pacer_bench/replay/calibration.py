@@ -91,8 +91,8 @@ def identity_of_unrecorded_draft(unit: dict, drafter: dict) -> str:
     names, read from the folder as it is now, which may have changed since the run (a published
     checkpoint is refused: only loading it on its target names it). A newer run's identity is the
     one the engine read (``unit_draft_identity``)."""
+    from pacer_core.draft_folders import MANIFEST
     from pacer_plugins.eagle.drafter import draft_folder, draft_identity
-    from pacer_plugins.eagle.model import MANIFEST
 
     folder = draft_folder(drafter.get("path"))
     if not (folder / MANIFEST).exists():

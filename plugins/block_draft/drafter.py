@@ -16,6 +16,7 @@ import attrs
 import torch
 
 from pacer_core import Component, DraftInfo, DraftVocab, InputError, Resources, hookimpl
+from pacer_core.draft_folders import MANIFEST, WEIGHTS
 from pacer_core.jsonfile import read_json
 from pacer_core.kernels import PackedMatrix, pack_linears
 from pacer_core.priors import lookup_bias_for
@@ -23,7 +24,7 @@ from pacer_core.protocols import feature_target
 from pacer_core.trees import TreeConfig, node_budget
 
 from .handout import BlockDrafter
-from .model import MANIFEST, WEIGHTS, BlockDraft, ContextCache, draft_identity, load_block_draft
+from .model import BlockDraft, ContextCache, draft_identity, load_block_draft
 from .published import is_published, load_published_block
 
 DEFAULT_DRAFT = Path(__file__).parent / "default"

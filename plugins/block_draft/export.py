@@ -27,11 +27,12 @@ from typing import Any, Iterable, Optional
 
 import torch
 
+from pacer_core.draft_folders import MANIFEST
 from pacer_core.errors import InputError
 from pacer_core.jsonfile import read_json
 from pacer_train.export import Exported, speculators_section
 
-from .model import MANIFEST, draft_identity, load_block_draft
+from .model import draft_identity, load_block_draft
 from .published import MASK_FILE, dflash_names
 
 MAX_POSITIONS = 32768  # the config's max_position_embeddings (vLLM sizes its rotary table from it)

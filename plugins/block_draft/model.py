@@ -36,7 +36,6 @@ Example (committed ``a b c``, features of ``a b`` known, block 3, nothing drafte
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import List, Optional
@@ -46,12 +45,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from pacer_core.draft_folders import CONFIG, WEIGHTS, save_draft_folder
+from pacer_core.draft_folders import draft_identity as folder_identity
 from pacer_core.errors import InputError
 from pacer_core.jsonfile import read_json
 
-WEIGHTS = "draft.safetensors"
-CONFIG = "config.json"
-MANIFEST = "manifest.json"
 FAMILY = "dflash"
 
 
@@ -288,18 +286,9 @@ class BlockDraft(nn.Module):
 
 
 def save_block_draft(net: BlockDraft, folder: Path, manifest: dict) -> None:
-    """A block draft folder: ``draft.safetensors`` (fp16 weights and the ``subset`` buffer),
-    ``config.json`` (``family: dflash`` and the ``BlockArch``), ``manifest.json``."""
-    from safetensors.torch import save_file
-
-    folder.mkdir(parents=True, exist_ok=True)
-    state = {
-        k: v.detach().to("cpu", torch.float16 if v.is_floating_point() else v.dtype).contiguous()
-        for k, v in net.state_dict().items()
-    }
-    save_file(state, str(folder / WEIGHTS))
-    (folder / CONFIG).write_text(json.dumps({"family": FAMILY, **attrs.asdict(net.arch)}, indent=2))
-    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
+    """A block draft folder (``pacer_core.draft_folders``): ``draft.safetensors`` (fp16 weights and
+    the ``subset`` buffer), ``config.json`` (``family: dflash`` and the ``BlockArch``), ``manifest.json``."""
+    save_draft_folder(net, folder, {"family": FAMILY, **attrs.asdict(net.arch)}, manifest)
 
 
 def expected_shapes(arch: BlockArch) -> dict[str, tuple[int, ...]]:
@@ -312,10 +301,7 @@ def expected_shapes(arch: BlockArch) -> dict[str, tuple[int, ...]]:
 def draft_identity(folder: Path, manifest: dict) -> str:
     """Names a block draft folder for components trained on its drafts (PACER's M_B): the digest of
     the target it was distilled from (``manifest``'s) and a hash of its weights file."""
-    import hashlib
-
-    weights = hashlib.sha256((folder / WEIGHTS).read_bytes()).hexdigest()[:16]
-    return f"dflash:{manifest.get('target_digest')}:{weights}"
+    return folder_identity(FAMILY, folder, manifest)
 
 
 def load_block_draft(folder: Path) -> BlockDraft:

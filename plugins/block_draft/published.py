@@ -41,6 +41,7 @@ from typing import Any
 import attrs
 import torch
 
+from pacer_core.draft_folders import MANIFEST
 from pacer_core.errors import InputError
 from pacer_core.hf.checkpoints import (
     CONFIG,
@@ -54,7 +55,7 @@ from pacer_core.hf.checkpoints import (
 )
 from pacer_core.jsonfile import read_json
 
-from .model import MANIFEST, BlockArch, BlockDraft
+from .model import BlockArch, BlockDraft
 
 MASK_FILE = "mask_embedding.pt"  # a mask embedding of its own (vLLM's qwen3_dflash.py reads it too)
 LAYOUT = "the z-lab/dflash or speculators dflash layout"

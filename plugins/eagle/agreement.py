@@ -33,6 +33,7 @@ import torch
 
 from pacer_core.commands import Runner, check_out_dir, command
 from pacer_core.config import ModelConfig
+from pacer_core.draft_folders import MANIFEST
 from pacer_core.errors import ConfigError, InputError
 from pacer_core.jsonfile import read_json
 from pacer_core.priors import CorpusSuccessors, SuccessorIndex, path_bonus
@@ -40,7 +41,7 @@ from pacer_core.schema import load_schema
 from pacer_train import atomic_write_json
 
 from .features import target_greedy
-from .model import MANIFEST, Eagle3Draft, draft_logits, load_draft
+from .model import Eagle3Draft, draft_logits, load_draft
 
 ANSWERS = "answers.json"
 ANSWERS_FORMAT = 1

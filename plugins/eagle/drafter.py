@@ -8,7 +8,6 @@ published.py)."""
 from __future__ import annotations
 
 import functools
-import hashlib
 from pathlib import Path
 from typing import List, Optional
 
@@ -26,6 +25,8 @@ from pacer_core import (
     hookimpl,
 )
 from pacer_core.cost_profiles import CostModel
+from pacer_core.draft_folders import MANIFEST
+from pacer_core.draft_folders import draft_identity as folder_identity
 from pacer_core.jsonfile import read_json
 from pacer_core.kernels import PackedMatrix, pack_linears
 from pacer_core.priors import CorpusSuccessors, SuccessorIndex, lookup_bias_for, path_bonus
@@ -34,7 +35,7 @@ from pacer_core.sampling import argmax_first, logits_to_probs, sample
 from pacer_core.trees import GrownLevels, TreeConfig, grow_level, node_budget
 from pacer_core.types import StepWatch
 
-from .model import MANIFEST, WEIGHTS, Eagle3Draft, KVCache, load_draft
+from .model import Eagle3Draft, KVCache, load_draft
 from .published import load_published, weights_file
 
 DEFAULT_DRAFT = Path(__file__).parent / "default"
@@ -145,9 +146,7 @@ def recommended_stop_thresholds(folder: Path, manifest: dict, config: EagleConfi
 def draft_identity(folder: Path) -> str:
     """Names a draft folder for components trained on its drafts (PACER's M_B): the digest of the
     target it was distilled from and a hash of its weights file."""
-    manifest = read_manifest(folder)
-    weights = hashlib.sha256((folder / WEIGHTS).read_bytes()).hexdigest()[:16]
-    return f"eagle:{manifest.get('target_digest')}:{weights}"
+    return folder_identity("eagle", folder, read_manifest(folder))
 
 
 @attrs.define

@@ -51,12 +51,13 @@ import torch
 
 from pacer_core.atomic import share
 from pacer_core.commands import Runner, bounded_int, check_out_dir, command
+from pacer_core.draft_folders import CONFIG, MANIFEST, WEIGHTS
 from pacer_core.errors import InputError
 from pacer_core.jsonfile import read_json
 from pacer_train.export import exporting_kind, speculators_section
 
 from .drafter import draft_identity
-from .model import CONFIG, MANIFEST, WEIGHTS, Eagle3Draft, FeatureDraft, load_draft
+from .model import Eagle3Draft, FeatureDraft, load_draft
 from .published import eagle1_names, eagle3_names
 
 TOKEN_MAP = "token_map.pt"

@@ -12,11 +12,11 @@ from pathlib import Path, PurePath
 from typing import Any, Optional
 
 from pacer_core.commands import Runner, command
+from pacer_core.draft_folders import CONFIG
 from pacer_core.errors import InputError
 from pacer_core.jsonfile import read_json
 
 from .export import check_export_out, portable, write_json, writing_atomically
-from .model import CONFIG
 
 INDEX = "model.safetensors.index.json"
 SOURCE_RECORD = "pacer-source.json"  # the GGUF file a converted target came from: its digest names the target

@@ -20,7 +20,6 @@ train k draft steps of every row at once (the training-time test).
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import List, Optional, Union
@@ -30,14 +29,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from pacer_core.draft_folders import CONFIG, WEIGHTS, save_draft_folder
 from pacer_core.errors import InputError
 from pacer_core.jsonfile import read_json
 
 from .rotary import Rotary
-
-WEIGHTS = "draft.safetensors"
-CONFIG = "config.json"
-MANIFEST = "manifest.json"
 
 
 @attrs.define
@@ -419,20 +415,11 @@ LAYERS = {"feature_draft": (("extra_layers", "extra."),), "eagle3": ()}
 
 
 def save_draft(net: nn.Module, folder: Path, manifest: dict) -> None:
-    """A draft folder `pacer distill` writes: ``draft.safetensors`` (fp16 weights and the ``subset``
-    buffer: the target id of each draft logit), ``config.json`` (``family`` and the architecture),
-    ``manifest.json``."""
-    from safetensors.torch import save_file
-
+    """A draft folder `pacer distill` writes (``pacer_core.draft_folders``): ``draft.safetensors``
+    (fp16 weights and the ``subset`` buffer: the target id of each draft logit), ``config.json``
+    (``family`` and the architecture), ``manifest.json``."""
     family = next(name for name, (cls, _) in FAMILIES.items() if type(net) is cls)
-    folder.mkdir(parents=True, exist_ok=True)
-    state = {
-        k: v.detach().to("cpu", torch.float16 if v.is_floating_point() else v.dtype).contiguous()
-        for k, v in net.state_dict().items()
-    }
-    save_file(state, str(folder / WEIGHTS))
-    (folder / CONFIG).write_text(json.dumps({"family": family, **attrs.asdict(net.arch)}, indent=2))
-    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
+    save_draft_folder(net, folder, {"family": family, **attrs.asdict(net.arch)}, manifest)
 
 
 def load_draft(folder: Path) -> nn.Module:

@@ -16,12 +16,13 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
+from pacer_core.draft_folders import MANIFEST
 from pacer_core.errors import InputError
 from pacer_train import load_run_file, read_json
 from pacer_train.distillation import CHECKPOINT, SCALING, fit, log, scaling_points
 
 from .features import target_greedy
-from .model import MANIFEST, ArchConfig, Eagle3Arch, Eagle3Draft, FeatureDraft, UnrolledKeys, draft_logits, load_draft
+from .model import ArchConfig, Eagle3Arch, Eagle3Draft, FeatureDraft, UnrolledKeys, draft_logits, load_draft
 from .published import eagle3_layers
 
 if TYPE_CHECKING:
