@@ -9,7 +9,7 @@ default: the first ``pacer demo`` prompt through the chat template, ours only) w
 one torch thread, and time each module's forward with the thread's CPU time (``time.thread_time``,
 so other jobs on the machine cost little). Per token = (a 128-token decode less a 1-token one) /
 127, the best of three, so the prefill and the per-request setup drop out. The hooks cost a few
-microseconds per module call, slightly more for ours (211 layer calls a token before fusion).
+microseconds per module call, slightly more for ours (211 linear-module calls a token, vLLM 121).
 
     .venv/bin/python scripts/plain_breakdown.py --engine ours --save-prompt /tmp/prompt.json
     OMP_NUM_THREADS=1 ~/.cache/pacer-sd/serve-venv/bin/python scripts/plain_breakdown.py \\
