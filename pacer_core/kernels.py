@@ -18,8 +18,9 @@ order of the additions differs), which is how one-token and multi-token products
 from __future__ import annotations
 
 import functools
+import threading
 import time
-from typing import Optional
+from typing import Optional, Sequence, cast
 
 import torch
 import torch.nn.functional as F
@@ -102,16 +103,87 @@ class PackedLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight
         self.bias = linear.bias
-        self._packed = _pack(linear.weight)
+        self._packed: Optional[torch.Tensor] = _pack(linear.weight)
         self._packed_bias = None if linear.bias is None else linear.bias.detach()
+        self._fused: Optional[tuple[FusedProducts, int]] = None  # see fuse_siblings
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
             return F.linear(x, self.weight, self.bias)  # training: the parameters, with their gradients
-        return _packed_product(x, self._packed, self._packed_bias)
+        if self._fused is not None:
+            group, index = self._fused
+            return group.product(x, index)
+        return _packed_product(x, cast(torch.Tensor, self._packed), self._packed_bias)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, packed"
+        fused = ", fused" if self._fused is not None else ""
+        shape = f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        return f"{shape}, packed{fused}"
+
+
+class FusedProducts:
+    """One packed product for sibling layers that read the same input (a layer's q/k/v projections,
+    an MLP's gate and up projections): their weights stacked into one matrix, each sibling's output a
+    slice of the product. On CPU a decoding step is bound by reading the weights; one product over
+    the stacked matrix runs fewer and larger kernels (vLLM stacks them too: ``qkv_proj``,
+    ``gate_up_proj``). oneDNN adds each output element's terms in the same order either way, so the
+    slices equal the separate products bit for bit (``tests/test_kernels.py``).
+
+    The first sibling called with an input computes the whole product and keeps it for the others;
+    each sibling takes its slice once, then the product is dropped. A sibling called with another
+    input, or a second time with the same one, computes afresh, so every call returns its own
+    product of the input it was given (per thread)."""
+
+    def __init__(self, linears: Sequence[nn.Linear]):
+        weights = [linear.weight.detach() for linear in linears]
+        self.bounds: list[tuple[int, int]] = []
+        for weight in weights:
+            start = self.bounds[-1][1] if self.bounds else 0
+            self.bounds.append((start, start + int(weight.shape[0])))
+        self._packed = _pack(torch.cat(weights))
+        biases = [linear.bias for linear in linears]
+        self._bias = None if biases[0] is None else torch.cat([cast(torch.Tensor, b).detach() for b in biases])
+        self._last = threading.local()  # (input, product, indices still to serve)
+
+    def product(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        last = getattr(self._last, "value", None)
+        if last is not None and last[0] is x and index in last[2]:
+            product, waiting = last[1], last[2]
+        else:
+            product, waiting = _packed_product(x, self._packed, self._bias), set(range(len(self.bounds)))
+        waiting.discard(index)
+        self._last.value = (x, product, waiting) if waiting else None
+        start, end = self.bounds[index]
+        return product[..., start:end].contiguous()  # a copy only for several rows
+
+
+SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # transformers' names
+
+
+def fuse_siblings(module: nn.Module, groups: Sequence[Sequence[str]] = SIBLINGS) -> int:
+    """Give the ``PackedLinear`` children named by one of ``groups`` under any submodule of ``module``
+    one ``FusedProducts`` (when they share their input width, dtype and having a bias); returns how
+    many groups were fused. Call after ``pack_linears``; their own packed copies are freed."""
+    count = 0
+    for parent in module.modules():
+        for names in groups:
+            linears = [getattr(parent, name, None) for name in names]
+            if not all(isinstance(linear, PackedLinear) for linear in linears):
+                continue
+            members = cast(list[PackedLinear], linears)
+            first = members[0]
+            if any(
+                m.in_features != first.in_features
+                or m.weight.dtype != first.weight.dtype
+                or (m.bias is None) != (first.bias is None)
+                for m in members
+            ):
+                continue
+            group = FusedProducts(cast(list[nn.Linear], members))
+            for index, member in enumerate(members):
+                member._fused, member._packed = (group, index), None
+            count += 1
+    return count
 
 
 class PackedMatrix:

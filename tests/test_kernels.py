@@ -11,7 +11,14 @@ import torch
 import torch.nn.functional as F
 
 from pacer_core import Engine, InputError, kernels, load_config
-from pacer_core.kernels import PackedLinear, PackedMatrix, pack_linears, packing_supported, should_pack
+from pacer_core.kernels import (
+    PackedLinear,
+    PackedMatrix,
+    fuse_siblings,
+    pack_linears,
+    packing_supported,
+    should_pack,
+)
 
 from helpers import adapter, reference_greedy, tiny_llama
 
@@ -75,6 +82,50 @@ def test_packed_model_keeps_tied_weights_and_logits():
     assert model.lm_head.weight is model.model.embed_tokens.weight
     ids = [5, 9, 13, 7, 22, 8]
     assert torch.allclose(packed.forward(ids).logits, plain.forward(ids).logits, atol=1e-4, rtol=1e-4)
+
+
+class Siblings(torch.nn.Module):
+    def __init__(self, bias: bool):
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj = (torch.nn.Linear(48, n, bias=bias) for n in (48, 16, 16))
+        self.gate_proj, self.up_proj = torch.nn.Linear(48, 96), torch.nn.Linear(32, 96)  # widths differ
+
+
+@needs_packing
+@pytest.mark.parametrize("rows", [1, 2, 5, 8, 33])
+@pytest.mark.parametrize("bias", [False, True])
+def test_fused_siblings_equal_their_separate_products_bit_for_bit(rows, bias):
+    torch.manual_seed(rows)
+    module = Siblings(bias)
+    separate = copy.deepcopy(module)
+    assert pack_linears(module) == pack_linears(separate) == 5
+    assert fuse_siblings(module) == 1  # q/k/v; gate and up read inputs of different widths
+    assert module.q_proj._fused is not None and module.gate_proj._fused is None
+    x, y = torch.randn(1, rows, 48), torch.randn(1, rows, 48)
+    names = ("q_proj", "k_proj", "v_proj")
+    with torch.inference_mode():
+        expected = {(name, which): getattr(separate, name)(t) for name in names for which, t in (("x", x), ("y", y))}
+        # in order, out of order, interleaved inputs, a sibling twice: each call its own input's product
+        calls = [("q_proj", "x"), ("k_proj", "x"), ("v_proj", "x"), ("v_proj", "y"), ("q_proj", "x")]
+        calls += [("k_proj", "y"), ("k_proj", "y"), ("q_proj", "y"), ("v_proj", "x"), ("v_proj", "y")]
+        for name, which in calls:
+            out = getattr(module, name)({"x": x, "y": y}[which])
+            assert out.is_contiguous() and torch.equal(out, expected[name, which]), (name, which)
+
+
+@needs_packing
+def test_pack_weights_fuses_the_projections_of_each_layer():
+    model = tiny_llama(0)
+    plain, packed = adapter(copy.deepcopy(model)), adapter(model)
+    packed.pack_weights()
+    for layer in model.model.layers:
+        attention, mlp = layer.self_attn, layer.mlp
+        qkv, gate_up = attention.q_proj._fused, mlp.gate_proj._fused
+        assert qkv is not None and attention.k_proj._fused[0] is attention.v_proj._fused[0] is qkv[0]
+        assert gate_up is not None and mlp.up_proj._fused[0] is gate_up[0] and mlp.down_proj._fused is None
+    ids = [5, 9, 13, 7, 22, 8]
+    assert torch.allclose(packed.forward(ids).logits, plain.forward(ids).logits, atol=1e-4, rtol=1e-4)
+    assert torch.allclose(packed.forward([3]).logits, plain.forward([3]).logits, atol=1e-4, rtol=1e-4)
 
 
 @needs_packing
