@@ -304,6 +304,25 @@ def test_grow_level_matches_tensor_operations(seed):
     assert [tuple(c) for c in mapped] == [(c.row, ids[c.token], c.score) for c in got]
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_grow_level_breaks_ties_in_flat_order(seed):
+    """Candidates with equal cumulative scores (equal probabilities in rows of equal scores) are
+    chosen as the tensor operations choose them: in flat order, row by row, each row's top-k in order."""
+    import torch
+
+    from pacer_core.trees import grow_level
+
+    g = torch.Generator().manual_seed(seed)
+    f, width = 2 + seed % 4, 64 + seed
+    levels = torch.tensor([0.3, 0.2, 0.1, 0.05, 0.0])  # a handful of values: every row repeats them
+    probs = levels[torch.randint(len(levels), (f, width), generator=g)]
+    scores = [-1.0 if seed % 2 else 0.0] * f  # equal scores: equal probabilities tie across rows too
+    tip_row = None if seed % 3 == 2 else seed % f
+    for topk, room in ((4, 4), (6, 3), (8, 8)):
+        got = grow_level(scores, probs, tip_row, topk, room)
+        assert [tuple(c) for c in got] == reference_grow_level(scores, probs, tip_row, topk, room)
+
+
 def test_a_bench_unit_records_its_forward_seconds_and_the_report_the_host_time_per_step():
     from pacer_bench.config import BenchConfig
     from pacer_bench.results import host_ms_per_step
