@@ -353,6 +353,28 @@ def test_a_bench_unit_records_its_forward_seconds_and_the_report_the_host_time_p
 
 
 # -- rows of draft probabilities at the draft's own width (DraftVocab) -----------------------------
+def test_a_draft_vocab_reads_its_columns_from_a_growing_list_as_from_its_map():
+    """``DraftVocab.column_of`` (a drafter's token → column list, which grows at the end) gives each
+    token's probability as ``columns`` does: tokens outside the ids, and tokens the list gained after
+    this vocabulary was made (a column past its width), read 0."""
+    import torch
+
+    from pacer_core import DraftVocab
+
+    column_of = [-1] * 12
+    ids = [3, 9, 0, 7]
+    for column, token in enumerate(ids):
+        column_of[token] = column
+    column_of[5] = 4  # a token added later, by a wider vocabulary
+    rows = torch.rand(3, 4, generator=torch.Generator().manual_seed(0))
+    tokens = torch.tensor([3, 5, 7, 1, 0, 9])
+    row_map = torch.tensor([0, 2, 1, 1, 0, 2])
+    plain, listed = DraftVocab(torch.tensor(ids), 12), DraftVocab(torch.tensor(ids), 12, column_of)
+    expected = plain.widen(rows[row_map]).gather(1, tokens[:, None])[:, 0]
+    assert torch.equal(listed.token_probs(rows, tokens, row_map), expected)
+    assert torch.equal(plain.token_probs(rows, tokens, row_map), expected)
+
+
 def _narrow_draft():
     """A two-block draft whose rows cover tokens (2, 5, 7) of a vocabulary of 9, with side nodes."""
     import torch

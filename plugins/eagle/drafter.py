@@ -291,10 +291,11 @@ class EagleDrafter:
         self.vocab_ids: list[int] = self.vocab.tolist()  # the same, read once
         # the draft's logits are the target's vocabulary in order (a published EAGLE-1/2 head): no scatter
         self._whole_vocab = bool(torch.equal(self.vocab, torch.arange(self.vocab_size)))
-        # what the blocks' rows of probabilities cover (None: the whole vocabulary, in order)
-        self.draft_vocab = None if self._whole_vocab else DraftVocab(self.vocab, self.vocab_size)
-        self.extra_head: Optional[torch.Tensor] = None  # [extra, hidden]: the target's rows of those tokens
         self._column = list(self._subset_columns)  # draft logit of each token id, -1: none (a list: read per token)
+        # what the blocks' rows of probabilities cover (None: the whole vocabulary, in order); their
+        # tokens' columns are read from ``_column``, which only grows at the end within a generation
+        self.draft_vocab = None if self._whole_vocab else DraftVocab(self.vocab, self.vocab_size, self._column)
+        self.extra_head: Optional[torch.Tensor] = None  # [extra, hidden]: the target's rows of those tokens
         # [len(vocab)]: context_bias at the context's tokens (None without a context_bias)
         self.bias = torch.zeros(len(self.subset)) if self.context_bias else None
         self._index = SuccessorIndex(len(self.lookup_bias))  # the committed text's n-grams → successors
@@ -320,7 +321,7 @@ class EagleDrafter:
             self.vocab = torch.cat([self.vocab, ids])
             self.vocab_ids += outside
             self._whole_vocab = False
-            self.draft_vocab = DraftVocab(self.vocab, self.vocab_size)  # a new one: earlier blocks keep theirs
+            self.draft_vocab = DraftVocab(self.vocab, self.vocab_size, column)  # a new one: earlier blocks keep theirs
             if self.bias is not None:
                 self.bias = torch.cat([self.bias, torch.zeros(len(ids))])
         said = [column[t] for t in new if column[t] >= 0] if self.context_bias else []
