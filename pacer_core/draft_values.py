@@ -20,6 +20,9 @@ from .fields import tensor_field
 __all__ = ["Draft", "DraftBlock", "DraftVocab", "SideNodes", "TokenTree"]
 
 
+_NUMPY_FLOATS = (torch.float32, torch.float64)  # dtypes numpy reads as torch stores them
+
+
 @attrs.frozen(eq=False)
 class DraftVocab:
     """The tokens a drafter's distributions cover, when it predicts a subset of the target's
@@ -60,7 +63,15 @@ class DraftVocab:
         else:
             width, column_of = len(self.ids), self.column_of
             listed = [column_of[token] for token in tokens.tolist()]
-            columns = torch.tensor([c if c < width else -1 for c in listed]).to(rows.device)
+            listed = [c if c < width else -1 for c in listed]
+            if rows.device.type == "cpu" and rows.dtype in _NUMPY_FLOATS and not rows.requires_grad:
+                # a few values read in numpy: each small tensor operation costs more than all of it
+                at = np.array(listed, dtype=np.int64)
+                index = np.arange(len(listed)) if row_map is None else row_map.cpu().numpy()
+                values = rows.numpy()[index, np.maximum(at, 0)]
+                values[at < 0] = 0
+                return torch.from_numpy(values)
+            columns = torch.tensor(listed).to(rows.device)
         found = _gather(rows, row_map, columns.clamp_min(0))
         return torch.where(columns >= 0, found, torch.zeros_like(found))
 

@@ -373,6 +373,8 @@ def test_a_draft_vocab_reads_its_columns_from_a_growing_list_as_from_its_map():
     expected = plain.widen(rows[row_map]).gather(1, tokens[:, None])[:, 0]
     assert torch.equal(listed.token_probs(rows, tokens, row_map), expected)
     assert torch.equal(plain.token_probs(rows, tokens, row_map), expected)
+    assert torch.equal(listed.token_probs(rows[row_map], tokens), expected)  # a row per token, no map
+    assert torch.equal(listed.token_probs(rows.double(), tokens, row_map), expected.double())
 
 
 def _narrow_draft():
