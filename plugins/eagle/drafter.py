@@ -30,7 +30,7 @@ from pacer_core.jsonfile import read_json
 from pacer_core.kernels import PackedMatrix, pack_linears
 from pacer_core.priors import CorpusSuccessors, SuccessorIndex, lookup_bias_for, path_bonus
 from pacer_core.protocols import feature_target
-from pacer_core.sampling import argmax_first, logits_to_probs, sample
+from pacer_core.sampling import argmax_first, logits_to_probs, sample, take_rows
 from pacer_core.trees import GrownLevels, TreeConfig, grow_level, node_budget
 from pacer_core.types import StepWatch
 
@@ -140,14 +140,6 @@ def recommended_stop_thresholds(folder: Path, manifest: dict, config: EagleConfi
             "fix that entry or remove it"
         )
     return {k: float(v) for k, v in entry.items()}
-
-
-def take_rows(matrix: torch.Tensor, index: list[int]) -> torch.Tensor:
-    """``matrix[index]`` (a copy of the rows listed): on the CPU through numpy, where indexing a
-    tensor by a list takes a slow path (about ten times numpy's time for a few rows)."""
-    if matrix.device.type == "cpu" and matrix.dtype in (torch.float32, torch.float64, torch.float16):
-        return torch.from_numpy(matrix.numpy()[index])
-    return matrix[torch.tensor(index, device=matrix.device)]
 
 
 def draft_identity(folder: Path) -> str:
