@@ -306,7 +306,7 @@ class EagleDrafter:
         outside = [t for t in new if column[t] < 0] if self.context_vocab else []
         if outside:
             ids = torch.tensor(outside, dtype=torch.long)
-            rows = self.target_head[ids.to(self.target_head.device)].to(self.dtype)
+            rows = take_rows(self.target_head, outside).to(self.dtype)
             self.extra_head = rows if self.extra_head is None else torch.cat([self.extra_head, rows])
             for j, token in enumerate(outside, start=len(self.vocab_ids)):
                 column[token] = j
@@ -373,7 +373,7 @@ class EagleDrafter:
     def _feed(self, tokens: list[int], features: torch.Tensor) -> torch.Tensor:
         start = len(self.cache)
         # one token (a chain's): its embedding's row as a view, cheaper than gathering by a list
-        embeds = self.embed[tokens[0] : tokens[0] + 1] if len(tokens) == 1 else self.embed[tokens]
+        embeds = self.embed[tokens[0] : tokens[0] + 1] if len(tokens) == 1 else take_rows(self.embed, tokens)
         out = self.net(embeds.to(self.dtype), features, torch.arange(start, start + len(tokens)), self.cache)
         self.row_tokens.extend(tokens)
         self.row_out.extend(out.unbind(0))
