@@ -20,6 +20,9 @@ from .fields import tensor_field
 __all__ = ["Draft", "DraftBlock", "DraftVocab", "SideNodes", "TokenTree"]
 
 
+_NUMPY_FLOATS = (torch.float32, torch.float64)  # dtypes numpy reads as torch stores them
+
+
 @attrs.frozen(eq=False)
 class DraftVocab:
     """The tokens a drafter's distributions cover, when it predicts a subset of the target's
@@ -33,6 +36,10 @@ class DraftVocab:
     # mypy's attrs plugin takes the ``tensor_field()`` above for a default value, so it sees a field
     # without a default after one with
     size: int  # type: ignore[misc]  # the target's vocabulary
+    # optional: every token id's column (-1: none) in these ids or in ids that extend them (a drafter's
+    # list, kept as its vocabulary grows at the end: a column past ``len(ids)`` is none here); read by
+    # ``token_probs`` instead of building ``columns`` (a [size] map) for a few tokens
+    column_of: Optional[Sequence[int]] = attrs.field(default=None, eq=False, repr=False)
 
     @functools.cached_property
     def columns(self) -> torch.Tensor:  # [size] int64: each token's column, -1 outside the subset
@@ -51,7 +58,20 @@ class DraftVocab:
     ) -> torch.Tensor:
         """[n] row i's probability of ``tokens[i]`` (0 outside the subset): ``widen(rows)`` gathered
         at ``tokens`` without widening; with a ``row_map``, row i is ``rows[row_map[i]]``."""
-        columns = self.columns[tokens.cpu()].to(rows.device)  # [n]
+        if self.column_of is None:
+            columns = self.columns[tokens.cpu()].to(rows.device)  # [n]
+        else:
+            width, column_of = len(self.ids), self.column_of
+            listed = [column_of[token] for token in tokens.tolist()]
+            listed = [c if c < width else -1 for c in listed]
+            if rows.device.type == "cpu" and rows.dtype in _NUMPY_FLOATS and not rows.requires_grad:
+                # a few values read in numpy: each small tensor operation costs more than all of it
+                at = np.array(listed, dtype=np.int64)
+                index = np.arange(len(listed)) if row_map is None else row_map.cpu().numpy()
+                values = rows.numpy()[index, np.maximum(at, 0)]
+                values[at < 0] = 0
+                return torch.from_numpy(values)
+            columns = torch.tensor(listed).to(rows.device)
         found = _gather(rows, row_map, columns.clamp_min(0))
         return torch.where(columns >= 0, found, torch.zeros_like(found))
 

@@ -112,21 +112,27 @@ def grow_level(
         return []
     k = min(topk, int(probs.shape[1]))
     top_p, top_x = probs.topk(k, dim=-1)  # [f, k]
-    # read once on the host (f · k values; each small tensor operation costs more than the Python
-    # below): cumulative scores as float32 sums (numpy's float32 addition rounds as torch's), each
-    # candidate's probability and token, in flat order
+    # read once on the host as numpy (f · k values; each small tensor operation costs more than the
+    # numpy below): cumulative scores as float32 sums (numpy's float32 addition rounds as torch's; the
+    # logarithms stay torch's), the candidates in flat order, only the chosen ones read into Python
     top_p, top_x = top_p.float().cpu(), top_x.cpu()
     log_p = top_p.clamp_min(1e-38).log_().numpy()
-    totals = (np.asarray(scores, dtype=np.float32)[:, None] + log_p).ravel().tolist()
-    p, tokens = top_p.numpy().ravel().tolist(), top_x.numpy().ravel().tolist()
-    if token_ids is not None:
-        tokens = [token_ids[column] for column in tokens]
+    totals = (np.asarray(scores, dtype=np.float32)[:, None] + log_p).ravel()
+    p, columns = top_p.numpy().ravel(), top_x.numpy().ravel()
     limit = min(topk, room)
     tip = tip_row * k if tip_row is not None and p[tip_row * k] > 0 else -1  # the main-path child, first
-    chosen = [Candidate(tip_row, tokens[tip], totals[tip])] if tip_row is not None and tip >= 0 else []
+    positive = p > 0
+    if tip >= 0:
+        positive[tip] = False
     # then the best others by cumulative score, ties in flat order (the sort is stable)
-    others = sorted((i for i in range(len(p)) if p[i] > 0 and i != tip), key=totals.__getitem__, reverse=True)
-    return chosen + [Candidate(i // k, tokens[i], totals[i]) for i in others[: limit - len(chosen)]]
+    others = np.flatnonzero(positive)
+    picked = others[np.argsort(-totals[others], kind="stable")[: limit - (tip >= 0)]].tolist()
+    if tip >= 0:
+        picked.insert(0, tip)
+    ids = columns[picked].tolist()
+    if token_ids is not None:
+        ids = [token_ids[column] for column in ids]
+    return [Candidate(i // k, token, score) for i, token, score in zip(picked, ids, totals[picked].tolist())]
 
 
 def merge_phrases(

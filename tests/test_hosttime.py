@@ -304,6 +304,25 @@ def test_grow_level_matches_tensor_operations(seed):
     assert [tuple(c) for c in mapped] == [(c.row, ids[c.token], c.score) for c in got]
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_grow_level_breaks_ties_in_flat_order(seed):
+    """Candidates with equal cumulative scores (equal probabilities in rows of equal scores) are
+    chosen as the tensor operations choose them: in flat order, row by row, each row's top-k in order."""
+    import torch
+
+    from pacer_core.trees import grow_level
+
+    g = torch.Generator().manual_seed(seed)
+    f, width = 2 + seed % 4, 64 + seed
+    levels = torch.tensor([0.3, 0.2, 0.1, 0.05, 0.0])  # a handful of values: every row repeats them
+    probs = levels[torch.randint(len(levels), (f, width), generator=g)]
+    scores = [-1.0 if seed % 2 else 0.0] * f  # equal scores: equal probabilities tie across rows too
+    tip_row = None if seed % 3 == 2 else seed % f
+    for topk, room in ((4, 4), (6, 3), (8, 8)):
+        got = grow_level(scores, probs, tip_row, topk, room)
+        assert [tuple(c) for c in got] == reference_grow_level(scores, probs, tip_row, topk, room)
+
+
 def test_a_bench_unit_records_its_forward_seconds_and_the_report_the_host_time_per_step():
     from pacer_bench.config import BenchConfig
     from pacer_bench.results import host_ms_per_step
@@ -334,6 +353,30 @@ def test_a_bench_unit_records_its_forward_seconds_and_the_report_the_host_time_p
 
 
 # -- rows of draft probabilities at the draft's own width (DraftVocab) -----------------------------
+def test_a_draft_vocab_reads_its_columns_from_a_growing_list_as_from_its_map():
+    """``DraftVocab.column_of`` (a drafter's token → column list, which grows at the end) gives each
+    token's probability as ``columns`` does: tokens outside the ids, and tokens the list gained after
+    this vocabulary was made (a column past its width), read 0."""
+    import torch
+
+    from pacer_core import DraftVocab
+
+    column_of = [-1] * 12
+    ids = [3, 9, 0, 7]
+    for column, token in enumerate(ids):
+        column_of[token] = column
+    column_of[5] = 4  # a token added later, by a wider vocabulary
+    rows = torch.rand(3, 4, generator=torch.Generator().manual_seed(0))
+    tokens = torch.tensor([3, 5, 7, 1, 0, 9])
+    row_map = torch.tensor([0, 2, 1, 1, 0, 2])
+    plain, listed = DraftVocab(torch.tensor(ids), 12), DraftVocab(torch.tensor(ids), 12, column_of)
+    expected = plain.widen(rows[row_map]).gather(1, tokens[:, None])[:, 0]
+    assert torch.equal(listed.token_probs(rows, tokens, row_map), expected)
+    assert torch.equal(plain.token_probs(rows, tokens, row_map), expected)
+    assert torch.equal(listed.token_probs(rows[row_map], tokens), expected)  # a row per token, no map
+    assert torch.equal(listed.token_probs(rows.double(), tokens, row_map), expected.double())
+
+
 def _narrow_draft():
     """A two-block draft whose rows cover tokens (2, 5, 7) of a vocabulary of 9, with side nodes."""
     import torch

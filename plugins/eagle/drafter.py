@@ -31,7 +31,7 @@ from pacer_core.jsonfile import read_json
 from pacer_core.kernels import PackedMatrix, pack_linears
 from pacer_core.priors import CorpusSuccessors, SuccessorIndex, lookup_bias_for, path_bonus
 from pacer_core.protocols import feature_target
-from pacer_core.sampling import argmax_first, logits_to_probs, sample
+from pacer_core.sampling import argmax_first, logits_to_probs, sample, take_rows
 from pacer_core.trees import GrownLevels, TreeConfig, grow_level, node_budget
 from pacer_core.types import StepWatch
 
@@ -282,10 +282,11 @@ class EagleDrafter:
         self.vocab_ids: list[int] = self.vocab.tolist()  # the same, read once
         # the draft's logits are the target's vocabulary in order (a published EAGLE-1/2 head): no scatter
         self._whole_vocab = bool(torch.equal(self.vocab, torch.arange(self.vocab_size)))
-        # what the blocks' rows of probabilities cover (None: the whole vocabulary, in order)
-        self.draft_vocab = None if self._whole_vocab else DraftVocab(self.vocab, self.vocab_size)
-        self.extra_head: Optional[torch.Tensor] = None  # [extra, hidden]: the target's rows of those tokens
         self._column = list(self._subset_columns)  # draft logit of each token id, -1: none (a list: read per token)
+        # what the blocks' rows of probabilities cover (None: the whole vocabulary, in order); their
+        # tokens' columns are read from ``_column``, which only grows at the end within a generation
+        self.draft_vocab = None if self._whole_vocab else DraftVocab(self.vocab, self.vocab_size, self._column)
+        self.extra_head: Optional[torch.Tensor] = None  # [extra, hidden]: the target's rows of those tokens
         # [len(vocab)]: context_bias at the context's tokens (None without a context_bias)
         self.bias = torch.zeros(len(self.subset)) if self.context_bias else None
         self._index = SuccessorIndex(len(self.lookup_bias))  # the committed text's n-grams → successors
@@ -304,14 +305,14 @@ class EagleDrafter:
         outside = [t for t in new if column[t] < 0] if self.context_vocab else []
         if outside:
             ids = torch.tensor(outside, dtype=torch.long)
-            rows = self.target_head[ids.to(self.target_head.device)].to(self.dtype)
+            rows = take_rows(self.target_head, outside).to(self.dtype)
             self.extra_head = rows if self.extra_head is None else torch.cat([self.extra_head, rows])
             for j, token in enumerate(outside, start=len(self.vocab_ids)):
                 column[token] = j
             self.vocab = torch.cat([self.vocab, ids])
             self.vocab_ids += outside
             self._whole_vocab = False
-            self.draft_vocab = DraftVocab(self.vocab, self.vocab_size)  # a new one: earlier blocks keep theirs
+            self.draft_vocab = DraftVocab(self.vocab, self.vocab_size, column)  # a new one: earlier blocks keep theirs
             if self.bias is not None:
                 self.bias = torch.cat([self.bias, torch.zeros(len(ids))])
         said = [column[t] for t in new if column[t] >= 0] if self.context_bias else []
@@ -339,9 +340,9 @@ class EagleDrafter:
                     if column[token] >= 0:
                         cells.append(row * width + column[token])
                         bonuses.append(bonus)
-            if cells:
+            if cells:  # float32 additions, one per cell, in numpy (two small tensors cost more)
                 logits = logits.contiguous()
-                logits.view(-1).index_add_(0, torch.tensor(cells), torch.tensor(bonuses, dtype=logits.dtype))
+                logits.view(-1).numpy()[cells] += np.asarray(bonuses, dtype=np.float32)
         return logits
 
     @torch.inference_mode()
@@ -371,7 +372,7 @@ class EagleDrafter:
     def _feed(self, tokens: list[int], features: torch.Tensor) -> torch.Tensor:
         start = len(self.cache)
         # one token (a chain's): its embedding's row as a view, cheaper than gathering by a list
-        embeds = self.embed[tokens[0] : tokens[0] + 1] if len(tokens) == 1 else self.embed[tokens]
+        embeds = self.embed[tokens[0] : tokens[0] + 1] if len(tokens) == 1 else take_rows(self.embed, tokens)
         out = self.net(embeds.to(self.dtype), features, torch.arange(start, start + len(tokens)), self.cache)
         self.row_tokens.extend(tokens)
         self.row_out.extend(out.unbind(0))
@@ -521,7 +522,7 @@ class EagleDrafter:
             if not chosen or tip_row is None or chosen[0].row != tip_row:
                 break
             picked = [c.row for c in chosen]  # each chosen node's parent's row (of features, probs)
-            parent_features = features[picked]  # [len(chosen), hidden]: the feature that chose each node
+            parent_features = take_rows(features, picked)  # [len(chosen), hidden]: the feature that chose each node
             # the level's rows stay whole: a node maps to its parent's row (siblings share it)
             grown.add(chosen, table, parent_features[0], [used + row for row in picked])
             used += f
@@ -559,7 +560,7 @@ class EagleDrafter:
         mask[[i for i, rows in enumerate(seen) for _ in rows], [base + j for rows in seen for j in rows]] = True
         positions = torch.full((f,), base + level.depth - 1)
         out = self.net(
-            self.embed[level.tokens].to(self.dtype),
+            take_rows(self.embed, level.tokens).to(self.dtype),
             level.parent_features,
             positions,
             self.cache,
