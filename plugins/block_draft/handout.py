@@ -36,9 +36,9 @@ import torch
 
 from pacer_core import DraftBlock, hookimpl
 from pacer_core.block_trees import BlockTree, block_tree
-from pacer_core.cost_profiles import CostModel
 from pacer_core.priors import SuccessorIndex, lookup_bonus
 from pacer_core.sampling import argmax_first, logits_to_probs, sample
+from pacer_core.tree_hooks import BudgetedTree
 from pacer_core.types import StepWatch
 
 
@@ -54,7 +54,7 @@ class Block:
     handed: int = 0
 
 
-class BlockDrafter:
+class BlockDrafter(BudgetedTree):
     """Hands out the blocks a subclass's forward drafts, as a chain or a tree over one block."""
 
     def _forward(self, committed: list[int], known: list[int]) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
@@ -192,14 +192,3 @@ class BlockDrafter:
         if block is not None:
             self.plan_for = draft.num_nodes + len(block) + (len(block.side) if block.side else 0)
         return block
-
-    @hookimpl
-    def pacer_step_costs(self) -> Optional[CostModel]:
-        """``nodes: auto``'s cost model: the engine's draft gate prices steps with it (docs/costs.md)."""
-        return None if self.budget is None else self.budget.cost
-
-    @hookimpl
-    def pacer_select_nodes(self, draft) -> Optional[list[int]]:
-        """A tree sends its best ``tree.nodes`` nodes, or with ``nodes: auto`` the nodes worth their
-        verification cost (``pacer_core.trees.NodeBudget``)."""
-        return None if self.budget is None else self.budget.select(draft.tree)

@@ -24,7 +24,6 @@ from pacer_core import (
     Resources,
     hookimpl,
 )
-from pacer_core.cost_profiles import CostModel
 from pacer_core.draft_folders import MANIFEST
 from pacer_core.draft_folders import draft_identity as folder_identity
 from pacer_core.jsonfile import read_json
@@ -32,6 +31,7 @@ from pacer_core.kernels import PackedMatrix, pack_linears
 from pacer_core.priors import CorpusSuccessors, SuccessorIndex, lookup_bias_for, path_bonus
 from pacer_core.protocols import feature_target
 from pacer_core.sampling import argmax_first, logits_to_probs, sample, take_rows
+from pacer_core.tree_hooks import BudgetedTree
 from pacer_core.trees import GrownLevels, TreeConfig, grow_level, node_budget
 from pacer_core.types import StepWatch
 
@@ -166,7 +166,7 @@ class _Level:
     nodes: list[int] = attrs.field(factory=list)  # draft-tree numbers (GrownLevels.block), main-path node first
 
 
-class EagleDrafter:
+class EagleDrafter(BudgetedTree):
     """Drafts with predicted target features: row t of the draft network reads (x_{t+1}, f_t).
 
     Rows whose f_t is the target's true feature are kept across steps; rows fed with predicted
@@ -458,16 +458,6 @@ class EagleDrafter:
         )
 
     # -- token trees (docs/trees.md) -------------------------------------------------------------
-    @hookimpl
-    def pacer_step_costs(self) -> Optional[CostModel]:
-        """``nodes: auto``'s cost model: the engine's draft gate prices steps with it (docs/costs.md)."""
-        return None if self.budget is None else self.budget.cost
-
-    @hookimpl
-    def pacer_select_nodes(self, draft) -> Optional[list[int]]:
-        """A tree sends its best ``tree.nodes`` nodes by cumulative draft probability, or with
-        ``nodes: auto`` the nodes worth their verification cost (``pacer_core.trees.NodeBudget``)."""
-        return None if self.budget is None else self.budget.select(draft.tree)
 
     def _propose_levels(self, state, draft, num_tokens: int) -> Optional[DraftBlock]:
         """Up to ``num_tokens`` levels of an EAGLE-2-style tree (pacer_core.trees) in one block: the

@@ -33,8 +33,8 @@ import attrs
 import torch
 
 from pacer_core import Component, Draft, DraftBlock, DraftInfo, InputError, Resources, SideNodes, hookimpl
-from pacer_core.cost_profiles import CostModel
 from pacer_core.registry import main_member, member_hooks
+from pacer_core.tree_hooks import BudgetedTree
 from pacer_core.trees import MAX_NODES, TreeConfig, merge_phrases, node_budget
 from pacer_core.types import StepWatch
 
@@ -58,7 +58,7 @@ def _phrases(block: DraftBlock) -> list[list[int]]:
     return [main] + [[int(tree.tokens[j]) for j in tree.path_to(i)] for i in leaves]
 
 
-class Hybrid:
+class Hybrid(BudgetedTree):
     """Merges its members' proposals into one token tree (see the module)."""
 
     def __init__(self, config: HybridConfig, resources: Resources):
@@ -150,11 +150,6 @@ class Hybrid:
             for extra in hooks.pacer_finish(state=state, result=result):
                 metrics.update(extra)
         return metrics
-
-    @hookimpl
-    def pacer_step_costs(self) -> Optional[CostModel]:
-        """``nodes: auto``'s cost model: the engine's draft gate prices steps with it (docs/costs.md)."""
-        return None if self.budget is None else self.budget.cost
 
     @hookimpl
     def pacer_select_nodes(self, state, draft) -> Optional[list[int]]:

@@ -9,9 +9,9 @@ import attrs
 import torch
 
 from pacer_core import Component, DraftBlock, DraftInfo, Resources, hookimpl
-from pacer_core.cost_profiles import CostModel
 from pacer_core.draft_model_helpers import TOKEN_DRAFT, sync_cache
 from pacer_core.sampling import choose, logits_to_probs
+from pacer_core.tree_hooks import BudgetedTree
 from pacer_core.trees import GrownLevels, TreeConfig, grow_level, node_budget, phrase_block
 from pacer_core.types import StepWatch
 
@@ -67,7 +67,7 @@ def level_layout(
     return positions, mask
 
 
-class DraftModel:
+class DraftModel(BudgetedTree):
     """A small causal LM sharing the target's tokenizer drafts token by token.
 
     Tokens are chosen with the run's sampling parameters; ``draft_probs`` are the distributions they
@@ -102,17 +102,6 @@ class DraftModel:
         self._scores: list[float] = []
         self._blocks = 0
         self.step = StepWatch()  # tree mode: a step's first call grows from the root
-
-    @hookimpl
-    def pacer_step_costs(self) -> Optional[CostModel]:
-        """``nodes: auto``'s cost model: the engine's draft gate prices steps with it (docs/costs.md)."""
-        return None if self.budget is None else self.budget.cost
-
-    @hookimpl
-    def pacer_select_nodes(self, draft) -> Optional[list[int]]:
-        """A tree sends its best ``tree.nodes`` nodes by cumulative draft probability, or with
-        ``nodes: auto`` the nodes worth their verification cost (``pacer_core.trees.NodeBudget``)."""
-        return None if self.budget is None else self.budget.select(draft.tree)
 
     @hookimpl
     def pacer_start(self, state) -> None:
