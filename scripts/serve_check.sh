@@ -105,10 +105,12 @@ fi
 # this checkout, importable there: the stacks run inside vLLM's worker as its custom proposer
 # (pacer_core.serving.VllmProposer, docs/serving.md). Editable and without dependencies (vLLM brings
 # torch, transformers, safetensors, PyYAML and attrs), with pluggy and omegaconf as constraints.txt pins
-# them; done again when another checkout was installed last.
+# them; done again when another checkout, or this one with another pyproject.toml (its entry points:
+# the plugins' modules), was installed last.
 checkout="$(pwd -P)"
 installed="$serve/.pacer-serve-check-checkout"
-if [ "$only" != exports ] && { [ "$(cat "$installed" 2>/dev/null)" != "$checkout" ] || ! "$serve/bin/python" -c "import pacer_core.serving" 2>/dev/null; }; then
+want_installed="$checkout $(sha256sum pyproject.toml | cut -d' ' -f1)"
+if [ "$only" != exports ] && { [ "$(cat "$installed" 2>/dev/null)" != "$want_installed" ] || ! "$serve/bin/python" -c "import pacer_core.serving" 2>/dev/null; }; then
   pins=$(grep -E '^(pluggy|omegaconf)==' constraints.txt)
   echo "serve_check: installing this checkout ($checkout, editable, no dependencies) and $(echo $pins) into $serve" >&2
   # shellcheck disable=SC2086  # PACER_SERVE_PIP_ARGS and the pins are lists of pip arguments
@@ -117,7 +119,7 @@ if [ "$only" != exports ] && { [ "$(cat "$installed" 2>/dev/null)" != "$checkout
     echo "serve_check.sh: pip could not install this checkout into $serve: run '$serve/bin/python -m pip install --no-deps -e .' to see why" >&2
     exit 1
   fi
-  echo "$checkout" > "$installed"
+  echo "$want_installed" > "$installed"
 fi
 mkdir -p "$work"
 : > "$work/.serve-check"
