@@ -106,12 +106,13 @@ def stack_draft_source(
     stack: ResolvedStack, draft: Optional[LanguageModel], identity: Optional[str]
 ) -> Optional[DraftSource]:
     """What the stack's drafter reads: its own draft weights (``ResolvedComponent.draft_folder``: a hybrid's
-    main member's), else the draft model when a component needs one; None when it reads no draft.
+    main member's), else the draft model when its drafter needs one (``ResolvedStack.draft_model_entry``,
+    the rule the bench and train-preverify read); None when it reads no draft.
     ``identity``: the engine's ``Resources.draft_identity`` once the drafter is built."""
     folder = stack.drafter.draft_folder
     if folder is not None:
         return DraftSource(folder, identity)
-    if draft is not None and stack.needs("draft_model"):
+    if draft is not None and stack.draft_model_entry() is not None:
         return draft_model_source(draft, identity)
     return None
 
