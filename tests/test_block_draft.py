@@ -692,8 +692,8 @@ def test_distill_refuses_a_dflash_option_in_one_line_before_any_model_loads(
 
 def test_init_starts_a_published_student_from_a_draft_in_our_architecture(pair, published_pair):
     """``init=`` a dflash draft: every tensor of the same name and shape is copied, the published
-    architecture's q/k norms keep their start and ``inject`` is dropped; other target layers or another
-    vocabulary subset are refused in one line."""
+    architecture's q/k norms keep their start and ``inject`` is dropped; other target layers are refused
+    in one line; another vocabulary subset (another corpus') is the run's own, every weight copied."""
     from pacer_core.errors import InputError
     from pacer_plugins.block_draft.students import start_from
 
@@ -709,9 +709,13 @@ def test_init_starts_a_published_student_from_a_draft_in_our_architecture(pair, 
     with pytest.raises(InputError, match=r"fuses target layers \[0, 1\].*student.fused_layers=\[0, 1\]"):
         start_from(student, str(ours_folder))
     student.arch.target_layers[:] = [0, 1]
-    student.subset.copy_(student.subset.flip(0))
-    with pytest.raises(InputError, match="another vocabulary subset"):
-        start_from(student, str(ours_folder))
+    # another corpus' subset: every weight is copied, the run keeps its own subset
+    flipped = student.subset.flip(0).clone()
+    student.subset.copy_(flipped)
+    start_from(student, str(ours_folder))
+    assert torch.equal(student.subset, flipped)
+    now = student.state_dict()
+    assert all(torch.equal(now[k], v) for k, v in theirs.items() if k in now and k != "subset")
 
 
 def test_a_block_tree_is_handed_out_level_by_level():

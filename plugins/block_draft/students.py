@@ -182,8 +182,10 @@ def build_block_student(cfg, target, subset: torch.Tensor, layers: list[int]) ->
 def start_from(net: BlockDraft, folder: str) -> dict[str, object]:
     """``init=``: the dflash draft folder ``folder`` starts ``net``. Every tensor of the same name and
     shape is copied; the others keep their fresh start (a draft in our architecture starting one in the
-    published architecture: ``inject`` is dropped, the q/k norms start at one). The target layers and
-    the vocabulary subset must be the same. Returns the run's start (``fit``'s ``start``)."""
+    published architecture: ``inject`` is dropped, the q/k norms start at one). The target layers must
+    be the same; the vocabulary subset is this run's (a draft continued on a broader corpus predicts
+    over the subset that corpus gives: no weight of a student depends on it). Returns the run's start
+    (``fit``'s ``start``)."""
     from pacer_core.errors import InputError
 
     from .model import load_block_draft
@@ -195,14 +197,15 @@ def start_from(net: BlockDraft, folder: str) -> dict[str, object]:
             f"{net.arch.target_layers}: set student.fused_layers={draft.arch.target_layers}"
         )
     if not torch.equal(draft.subset.cpu(), net.subset.cpu()):
-        raise InputError(
-            f"init '{folder}' predicts over another vocabulary subset than this run's corpus gives: "
-            "start from a draft trained on the same corpus and student.subset_size"
-        )
+        # a student's layers read no subset (its rows of the target's output layer are chosen after
+        # them), so a draft continues on another corpus over the subset that corpus gives
+        shared = len(set(draft.subset.tolist()) & set(net.subset.tolist()))
+        log(f"init {folder}: this run's corpus gives another vocabulary subset ({shared} of {len(net.subset)} shared): kept")
     theirs, ours = draft.state_dict(), net.state_dict()
+    theirs.pop("subset", None)
     copied = sorted(k for k, v in theirs.items() if k in ours and ours[k].shape == v.shape)
     net.load_state_dict({**ours, **{k: theirs[k].to(ours[k].dtype) for k in copied}})
-    fresh = sorted(set(ours) - set(copied))
+    fresh = sorted(set(ours) - set(copied) - {"subset"})
     log(f"init {folder}: {len(copied)} tensors copied, {len(fresh)} start fresh {fresh[:6]}")
     return {"init": str(folder), "tokens_before": 0, "points": [], "init_fresh_tensors": fresh}
 
