@@ -200,7 +200,7 @@ def start_from(net: BlockDraft, folder: str) -> dict[str, object]:
         # a student's layers read no subset (its rows of the target's output layer are chosen after
         # them), so a draft continues on another corpus over the subset that corpus gives
         shared = len(set(draft.subset.tolist()) & set(net.subset.tolist()))
-        log(f"init {folder}: this run's corpus gives another vocabulary subset ({shared} of {len(net.subset)} shared): kept")
+        log(f"init {folder}: this run's corpus gives another vocabulary subset ({shared} of {len(net.subset)} shared)")
     theirs, ours = draft.state_dict(), net.state_dict()
     theirs.pop("subset", None)
     copied = sorted(k for k, v in theirs.items() if k in ours and ours[k].shape == v.shape)
