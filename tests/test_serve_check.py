@@ -266,5 +266,6 @@ def test_only_the_scripts_run_in_the_serving_environment_import_vllm():
         for p in (ROOT / folder).rglob("*.py")
         if any(line.lstrip().startswith(("import vllm", "from vllm")) for line in p.read_text().splitlines())
     )
-    # the serving check's runner, and the per-module profile of plain decoding (its --engine vllm)
-    assert importers == ["scripts/plain_breakdown.py", "scripts/serve_check_vllm.py"]
+    # the serving check's runner, the per-module profile of plain decoding (its --engine vllm), and the
+    # probe of vLLM's first draft after each prefix
+    assert importers == ["scripts/plain_breakdown.py", "scripts/serve_check_vllm.py", "scripts/serve_probe_vllm.py"]
