@@ -54,6 +54,20 @@ def difference(after: dict, before: dict) -> dict:
     }
 
 
+def llm_options(target: str, max_num_seqs: int = 1, eager: bool = True) -> dict:
+    """vLLM's ``LLM`` options for the target as the check runs it: float32, seeded, its metrics kept."""
+    return dict(
+        model=target,
+        tokenizer=target,
+        dtype="float32",
+        seed=0,
+        max_model_len=2048,
+        max_num_seqs=max_num_seqs,
+        disable_log_stats=False,
+        enforce_eager=eager,
+    )
+
+
 def kernels() -> str:
     import torch
 
@@ -99,16 +113,7 @@ def main() -> int:
 
     with open(args.prompts) as handle:
         prompts = json.load(handle)
-    options = dict(
-        model=args.target,
-        tokenizer=args.target,
-        dtype="float32",
-        seed=0,
-        max_model_len=2048,
-        max_num_seqs=len(prompts) if args.batch else 1,
-        disable_log_stats=False,
-        enforce_eager=not args.compile,
-    )
+    options = llm_options(args.target, len(prompts) if args.batch else 1, not args.compile)
     if args.additional_config:
         options["additional_config"] = args.additional_config
     if args.draft:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from serve_check_vllm import difference, spec_counters  # noqa: E402
+from serve_check_vllm import difference, llm_options, spec_counters  # noqa: E402
 
 
 def main() -> int:
@@ -42,17 +42,8 @@ def main() -> int:
 
     prompts = json.loads(Path(args.prompts).read_text())
     outputs = json.loads(Path(args.tokens).read_text())["tokens"]
-    llm = LLM(
-        model=args.target,
-        tokenizer=args.target,
-        dtype="float32",
-        seed=0,
-        max_model_len=2048,
-        max_num_seqs=1,
-        disable_log_stats=False,
-        enforce_eager=True,
-        speculative_config={"method": args.method, "model": args.draft, "num_speculative_tokens": args.k},
-    )
+    speculative = {"method": args.method, "model": args.draft, "num_speculative_tokens": args.k}
+    llm = LLM(**llm_options(args.target), speculative_config=speculative)
     two = SamplingParams(temperature=0.0, max_tokens=2, detokenize=False)
     probes = []
     for prompt, output in zip(prompts, outputs):
