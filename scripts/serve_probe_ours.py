@@ -1,11 +1,12 @@
 """Our first draft after each prefix of a decoded output, beside vLLM's (scripts/serve_probe_vllm.py).
 
 For each prompt and each j below ``--contexts``: our engine prefills the prompt followed by the first j
-tokens of the prompt's decoded output, with the exported dflash draft as the serving check runs it (no
-context prior), and records how many of its first draft's tokens were accepted and the gap between the
-two largest logits at each position of that draft. With ``--vllm`` (serve_probe_vllm.py's JSON) it prints
-the prefixes whose accepted counts differ, with our gaps there: a gap far above float rounding where the
-engines differ says the two compute different draft distributions, not a near tie.
+tokens of the prompt's decoded output, with the exported dflash draft as the serving check runs it
+(``pacer_bench.serveexports.served_stack``: no context prior, its draft length), and records how many
+of its first draft's tokens were accepted and the gap between the two largest logits at each position
+of that draft. With ``--vllm`` (serve_probe_vllm.py's JSON) it prints the prefixes whose accepted counts
+differ, with our gaps there: a gap far above float rounding where the engines differ says the two
+compute different draft distributions, not a near tie.
 
     .venv/bin/python scripts/serve_probe_ours.py --draft EXPORT --k 4 --prompts prompts.json \
         --tokens run.json --contexts 64 --vllm probe.json
@@ -28,6 +29,7 @@ def main() -> int:
     parser.add_argument("--vllm", help="serve_probe_vllm.py's JSON, to compare with")
     args = parser.parse_args()
 
+    from pacer_bench.serveexports import served_stack
     from pacer_core.config import load_plan
     from pacer_core.engine import Engine, load_stack_draft
     from pacer_core.hf.loading import load_model
@@ -35,14 +37,11 @@ def main() -> int:
 
     prompts = json.loads(Path(args.prompts).read_text())
     outputs = json.loads(Path(args.tokens).read_text())["tokens"]
+    export = Path(args.draft)
+    served = served_stack("dflash", json.loads((export / "config.json").read_text()), export, export.parent, args.k)
+    assert served is not None  # the check compares every dflash export
     target, tokenizer, _ = load_model(None, "float32", "cpu", None, "target")
-    plan = load_plan(
-        overrides=[
-            "target.dtype=float32",
-            f"strategy.drafter={{name: dflash, path: '{args.draft}', lookup_bias: []}}",
-            f"strategy.stop=[{{name: fixed, gamma: {args.k}}}]",
-        ]
-    )
+    plan = load_plan(overrides=["target.dtype=float32", *served.stack])
     engine = Engine.build(target, draft=load_stack_draft(plan, tokenizer), tokenizer=tokenizer, plan=plan)
     gaps: list[list[float]] = []
     forward = DFlashDrafter._forward
@@ -59,7 +58,7 @@ def main() -> int:
         row = []
         for j in range(min(args.contexts, len(output))):
             gaps.clear()
-            metrics = engine.generate(prompt + output[:j], max_new_tokens=2 + args.k).metrics
+            metrics = engine.generate(prompt + output[:j], max_new_tokens=2 + served.k).metrics
             accepted = metrics["accepted_per_step"][1] if len(metrics["accepted_per_step"]) > 1 else 0
             row.append((accepted, gaps[0] if gaps else []))
         ours.append(row)
