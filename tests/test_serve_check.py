@@ -146,6 +146,10 @@ def test_a_draft_passes_only_with_identical_outputs_and_equal_counts():
     )
     assert ok and "outputs identical yes" in line and "ours 3 / 2 / 1 / 0 of 4 drafts" in line and ": equal;" in line
     assert "tok/s vLLM plain 5.0, vLLM SD 2.5" in line  # 5 tokens over 1 s, and over 2 s
+    assert "corrected" not in line
+    corrected = {**_run(out, [3, 2, 1, 0], 4, method="dflash"), "corrected": "context keys normalised layer by layer"}
+    ok, line = draft_line("block_draft/default", 4, plain, plain, _run(out, [3, 2, 1, 0], 4), corrected)
+    assert ok and line.endswith("; vLLM corrected: context keys normalised layer by layer")
     ok, line = draft_line("d", 4, plain, plain, _run(out, [3, 2, 1, 0], 4), _run([[5, 6, 7], [8, 1]], [3, 2, 1, 0], 4))
     assert not ok and "outputs identical NO" in line
     ok, line = draft_line("d", 4, plain, plain, _run(out, [3, 2, 1, 0], 4), _run(out, [3, 2, 0, 0], 4))
