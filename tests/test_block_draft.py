@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import json
 import math
+import os
+import subprocess
+from pathlib import Path
 
 import attrs
 import pytest
@@ -33,6 +37,8 @@ from helpers import (
     single_thread,
     tiny_llama,
 )
+
+ROOT = Path(__file__).resolve().parents[1]
 
 PROMPTS = [[3, 7, 11, 5], [1, 2, 3], [5], [9, 9, 9, 9, 9, 9]]
 BUDGET = 24
@@ -748,3 +754,54 @@ def test_a_target_that_does_not_show_its_weights_is_refused(pair):
         r"\(ScriptedLM\) does not show",
     ):
         Engine.build(ScriptedLM(16), cfg=cfg)
+
+
+# -- scripts/remake_block_draft.sh: the shipped draft's lineage, run by a stand-in pacer ----------
+def _remake(tmp_path: Path, *args: str, fail_on: str = "") -> subprocess.CompletedProcess:
+    """Run the remake script with PACER_VENV a folder whose bin/pacer records its arguments (one line a
+    call in calls.txt) and fails when they contain ``fail_on``."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True, exist_ok=True)
+    fake = venv / "bin" / "pacer"
+    fake.write_text(
+        f'#!/usr/bin/env bash\necho "$*" >> {tmp_path / "calls.txt"}\n'
+        + (f'case "$*" in *"{fail_on}"*) exit 3 ;; esac\n' if fail_on else "")
+    )
+    fake.chmod(0o755)
+    return subprocess.run(
+        ["bash", str(ROOT / "scripts" / "remake_block_draft.sh"), *args],
+        env={**os.environ, "PACER_VENV": str(venv)},
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+
+
+def test_the_remake_script_runs_the_three_legs_from_the_draft_before_and_resumes(tmp_path):
+    work = tmp_path / "work"
+    history = subprocess.run(
+        ["git", "cat-file", "-e", "4530caf:plugins/block_draft/default/draft.safetensors"], cwd=ROOT
+    )
+    done = _remake(tmp_path, "--work", str(work), fail_on="train.epochs=1 ")
+    if history.returncode:  # a shallow clone: the script says what it needs, and runs nothing
+        assert done.returncode == 2 and "clone the whole repository" in done.stderr
+        return
+    assert done.returncode == 3  # the third leg failed (an interruption): the first two are marked done
+    calls = (tmp_path / "calls.txt").read_text().splitlines()
+    assert len(calls) == 3 and all(c.startswith("distill ") for c in calls)
+    assert f"out={work}/pub2 init={work}/base corpus.selfdistill_from=84 train.epochs=4" in calls[0]
+    assert f"out={work}/pub3 init={work}/pub2/dflash-draft corpus.selfdistill_from=50 train.epochs=0.35" in calls[1]
+    assert "train.epochs=1 " in calls[2] and all("student.published=true" in c for c in calls)
+    base = json.loads((work / "base" / "manifest.json").read_text())
+    assert base["command"].startswith("pacer distill out=runs/dflash-pub ")  # the draft of commit 4530caf
+    assert (work / "base" / "draft.safetensors").stat().st_size > 10_000_000
+    again = _remake(tmp_path, "--work", str(work))
+    assert again.returncode == 0, again.stderr
+    calls = (tmp_path / "calls.txt").read_text().splitlines()
+    assert len(calls) == 4 and "train.epochs=1 " in calls[3]  # only the unfinished leg ran again
+    assert "1/3 continuing the draft of 4530caf" in again.stdout and "done before" in again.stdout
+
+
+def test_the_remake_script_refuses_an_unknown_option(tmp_path):
+    result = _remake(tmp_path, "--wrok", "x")
+    assert result.returncode == 2 and "unknown option '--wrok'" in result.stderr and result.stderr.count("\n") == 1
