@@ -243,9 +243,8 @@ def draft_line(
         f"{counts(vllm_pos, vllm_rounds[0]['drafts'])}: {'equal' if equal else 'DIFFERENT'}; tok/s vLLM plain "
         f"{tok_s(plain_vllm):.1f}, vLLM SD {tok_s(sd_vllm):.1f}, ours plain {tok_s(plain_ours):.1f}, "
         f"ours SD {tok_s(sd_ours):.1f}"
+        + (f"; vLLM corrected: {sd_vllm['corrected']}" if sd_vllm.get("corrected") else "")  # serve_check_vllm.py
     )
-    if sd_vllm.get("corrected"):  # a fault of vLLM's own kernels the run corrected (serve_check_vllm.py)
-        line += f"; vLLM corrected: {sd_vllm['corrected']}"
     return identical and equal, line
 
 
