@@ -168,11 +168,16 @@ class ForwardClock:
             model.forward = self.timed(model.forward)
 
     def watch_module(self, module: torch.nn.Module) -> None:
+        """Time the module's forward and the methods its class names in ``model_work``: a draft
+        network's computations that run outside ``forward`` (a block draft's context keys and values,
+        an EAGLE-3 draft's fused features) are model time, not host time."""
         if id(module) in self._watched:
             return
         self._watched.add(id(module))
         module.register_forward_pre_hook(lambda *_: self._enter())
         module.register_forward_hook(lambda *_: self._leave())
+        for name in getattr(module, "model_work", ()):
+            setattr(module, name, self.timed(getattr(module, name)))
 
     def watch_engine(self, engine: Any) -> "ForwardClock":
         """Time the engine's target and draft and the models its strategy objects hold (two levels

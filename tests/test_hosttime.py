@@ -49,6 +49,40 @@ def test_the_forward_clock_counts_a_nested_network_once():
     assert clock.seconds == 1.0
 
 
+
+def test_the_forward_clock_counts_a_networks_model_work_outside_forward():
+    """A block draft's context keys and values and an EAGLE-3 draft's fused features are computed by
+    methods other than ``forward`` (``model_work``): they are model time, counted once each."""
+    import torch
+
+    from pacer_plugins.block_draft.model import BlockDraft
+    from pacer_plugins.eagle.model import FeatureDraft
+
+    class Draft(torch.nn.Module):
+        model_work = ("fuse",)
+
+        def fuse(self, x):
+            return self(x)  # a nested forward inside model work still counts once
+
+        def forward(self, x):
+            return x
+
+        def untimed(self, x):
+            return x
+
+    draft = Draft()
+    clock = ForwardClock(TickClock())
+    clock.watch_module(draft)
+    clock.watch_module(draft)  # watching twice must not wrap twice
+    draft.fuse(torch.zeros(1))
+    assert clock.seconds == 1.0
+    draft.untimed(torch.zeros(1))
+    draft(torch.zeros(1))
+    assert clock.seconds == 2.0
+    assert set(BlockDraft.model_work) == {"extend_context", "block_inputs"}
+    assert all(callable(getattr(BlockDraft, name)) for name in BlockDraft.model_work)
+    assert FeatureDraft.model_work == ("fuse",)
+
 def test_host_time_splits_each_step_into_forwards_and_the_rest(resolutions):
     results = measure_host_time(["plain", "chain", "tree10"], shape=Shape(vocab=64, hidden=32), new_tokens=8, repeats=1)
     assert [r.stack for r in results] == ["plain", "chain", "tree10"]

@@ -183,6 +183,8 @@ class BlockDraft(nn.Module):
     each attending to the context's keys and values and to all block rows; a final norm. Logits come
     from the target's output layer over ``subset`` (the drafter's, or the trainer's)."""
 
+    model_work = ("extend_context", "block_inputs")  # model time outside forward (pacer_bench.hosttime)
+
     def __init__(self, arch: BlockArch):
         super().__init__()
         self.arch = arch

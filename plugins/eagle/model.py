@@ -241,6 +241,8 @@ class FeatureDraft(nn.Module):
     predicted f_{t+1}. The first layer's weights sit on the module itself (the layout of published
     EAGLE-1 checkpoints), later ones in ``extra``."""
 
+    model_work = ("fuse",)  # model time outside forward (pacer_bench.hosttime)
+
     def __init__(self, arch: ArchConfig):
         super().__init__()
         self.arch = arch
