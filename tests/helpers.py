@@ -749,8 +749,8 @@ def special_files(tmp_path) -> dict[str, Path]:
 def misreport_block_rows(monkeypatch, drafter_cls, wrong: str) -> None:
     """A bug in what a block drafter (``dflash``, ``pard``) reports: each token is drawn from its row,
     but the verifier is told another distribution. ``wrong``: "columns", the row with its columns
-    shifted by one (q(x) read from the next token's column); "prior", the row without the lookup
-    prior it was drawn with. The exact-distribution tests must reject both."""
+    shifted by one (q(x) read from the next token's column); "prior", the row without the priors
+    (lookup, corpus) it was drawn with. The exact-distribution tests must reject both."""
     import attrs
 
     from pacer_core import hookimpl

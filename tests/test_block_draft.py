@@ -272,6 +272,36 @@ def test_the_lookup_prior_raises_the_successors_of_each_rows_path(pair, lookup_b
         assert torch.allclose(rows, torch.full_like(rows, 1 / rows.shape[1]))
 
 
+def corpus_prior(tmp_path, bias: float, width: int) -> list[str]:
+    """Overrides giving the drafter a corpus prior of ``bias`` over a corpus where token a is followed by
+    5a + 3 mod ``width`` (five times each: frequent enough to count), and no lookup prior."""
+    docs = [[a, (5 * a + 3) % width] for a in range(16)] * 5
+    (tmp_path / "corpus.json").write_text(json.dumps(docs))
+    return [
+        "strategy.drafter.lookup_bias=[]",
+        f"strategy.drafter.corpus_bias={bias}",
+        f"strategy.drafter.corpus={tmp_path / 'corpus.json'}",
+    ]
+
+
+def test_the_corpus_prior_raises_the_corpus_successors_of_each_rows_path(pair, tmp_path):
+    """Row i's logits get corpus_bias × share for the successors of its path's longest frequent n-gram in
+    the corpus (the path: the committed text, then the rows chosen before it); greedy output stays the
+    target's."""
+    target, folder = pair
+    engine = block_engine(target, folder, extra=["sampling.temperature=0", *corpus_prior(tmp_path, 3.0, 8)])
+    result = engine.generate(PROMPTS[0], max_new_tokens=BUDGET)
+    assert result.tokens == reference_greedy(target, PROMPTS[0], BUDGET)
+    drafter = next(p for p in engine.pm.get_plugins() if isinstance(p, DFlashDrafter))
+    assert drafter.corpus is not None and drafter.suffix_length == drafter.corpus.longest
+    drafter.pacer_start(None)
+    logits = torch.zeros(3, len(drafter.draft_vocab.ids))
+    rows, columns = drafter._rows(logits, [1], [], None)
+    assert drafter._token_ids(columns) == [0, 3, 2]  # 1 → 5 + 3 = 0 mod 8 → 3 → 18 = 2 mod 8
+    column = drafter.draft_vocab.columns[0]
+    assert rows[0, column].item() == pytest.approx(math.exp(3) / (math.exp(3) + rows.shape[1] - 1))
+
+
 def test_the_drafter_keeps_only_committed_context(pair):
     target, folder = pair
     engine = block_engine(target, folder, extra=["sampling.temperature=0"])
@@ -286,10 +316,10 @@ def test_the_drafter_keeps_only_committed_context(pair):
 SAMPLE_PROMPT = [5, 9, 1, 14, 3, 12, 7, 0, 10, 6, 15, 2, 8, 13, 4, 11, 5]
 
 
-def sampled_pvalue(folder, target_model, tree, samples, monkeypatch=None, wrong=None, lookup_bias="null"):
+def sampled_pvalue(folder, target_model, tree, samples, monkeypatch=None, wrong=None, lookup_bias="null", extra=()):
     """The chi-square p-value of ``samples`` sampled generations (T = 1, speculative sampling), with the
-    drafter's ``lookup_bias`` (null: the default prior); ``wrong``: the drafter reports another
-    distribution than each token was drawn from (``misreport_block_rows``)."""
+    drafter's ``lookup_bias`` (null: the default prior) and the overrides ``extra``; ``wrong``: the
+    drafter reports another distribution than each token was drawn from (``misreport_block_rows``)."""
     if wrong:
         misreport_block_rows(monkeypatch, DFlashDrafter, wrong)
     engine = block_engine(
@@ -303,6 +333,7 @@ def sampled_pvalue(folder, target_model, tree, samples, monkeypatch=None, wrong=
             "sampling.temperature=1.0",
             "strategy.verifier={name: speculative_sampling}",
             "generation.ignore_eos=true",
+            *extra,
         ],
     )
     outputs, _ = sample_outputs(engine, SAMPLE_PROMPT, samples)
@@ -334,6 +365,21 @@ def test_rows_misreported_fail_the_distribution_test(sampling_pair, monkeypatch,
     with single_thread():
         # a strong one-token prior: the reported rows then differ from the drawn ones at every row
         assert sampled_pvalue(folder, target, None, 600, monkeypatch, wrong=wrong, lookup_bias="[6.0]") < 1e-6
+
+
+@pytest.mark.parametrize("tree", [None, "{topk: 3, depth: 3, nodes: 6}"], ids=["chain", "tree"])
+def test_sampled_block_drafting_with_the_corpus_prior_matches_the_target_distribution(sampling_pair, tmp_path, tree):
+    target, folder = sampling_pair
+    with single_thread():
+        prior = corpus_prior(tmp_path, 30.0, 16)  # outweighs the draft's own logits: one token a row
+        assert sampled_pvalue(folder, target, tree, 600, extra=prior) > PASS_P
+
+
+def test_rows_reported_without_the_corpus_prior_fail_the_distribution_test(sampling_pair, tmp_path, monkeypatch):
+    target, folder = sampling_pair
+    with single_thread():
+        prior = corpus_prior(tmp_path, 30.0, 16)
+        assert sampled_pvalue(folder, target, None, 600, monkeypatch, wrong="prior", extra=prior) < 1e-6
 
 
 def test_tree_children_claimed_as_sampled_fail_the_distribution_test(sampling_pair, monkeypatch):

@@ -516,7 +516,7 @@ def test_corpus_bias_adds_the_share_of_the_paths_corpus_successors(tmp_path, tre
     """Greedy output stays the target's; the bonus is corpus_bias × the share of each successor of the
     longest frequent n-gram ending the path, in the corpus (read from a .json of token ids)."""
     from pacer_core.priors import corpus_bonus
-    from pacer_plugins.eagle.drafter import CORPUS_NGRAM
+    from pacer_train.corpus.prior import CORPUS_NGRAM
 
     target_model = tiny_llama(0, scale=6.0)
     folder = make_draft(target_model, tmp_path / "draft")
@@ -621,7 +621,7 @@ def test_the_corpus_prior_is_on_by_default_only_over_the_targets_own_writing(tmp
     from pathlib import Path
 
     import pacer_plugins.eagle
-    from pacer_plugins.eagle.drafter import CORPUS_BIAS, own_corpus
+    from pacer_train.corpus.prior import CORPUS_BIAS, own_corpus
 
     shipped = json.loads((Path(pacer_plugins.eagle.__file__).parent / "corpus" / "manifest.json").read_text())
     assert own_corpus("shipped", shipped["target"]["digest"]) and not own_corpus("shipped", "another")

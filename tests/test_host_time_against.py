@@ -21,13 +21,15 @@ def _stand_in(venv: Path, who: str, host_ms: float, calls: Path) -> None:
     writer = (
         "import json, sys\n"
         "out = sys.argv[sys.argv.index('--json') + 1]\n"
-        f"rows = [dict(stack=s, steps=57, nodes_per_step=n, step_s=0.01, forward_s=0.005, host_s={host_ms} * k / 1000)\n"
+        f"rows = [dict(stack=s, steps=57, nodes_per_step=n, step_s=0.01, forward_s=0.005,\n"
+        f"             host_s={host_ms} * k / 1000)\n"
         "        for s, n, k in (('chain', 3.9, 1), ('tree64', 62.1, 5))]\n"
         "json.dump({'results': rows, 'host_s': {}}, open(out, 'w'))\n"
     )
     (venv / "writer.py").write_text(writer)
     pacer = venv / "bin" / "pacer"
-    pacer.write_text(f'#!/usr/bin/env bash\necho "{who} $*" >> {calls}\nexec {sys.executable} {venv / "writer.py"} "$@"\n')
+    writes = f'exec {sys.executable} {venv / "writer.py"} "$@"'
+    pacer.write_text(f'#!/usr/bin/env bash\necho "{who} $*" >> {calls}\n{writes}\n')
     pacer.chmod(0o755)
     python = venv / "bin" / "python"
     if not python.exists():

@@ -49,7 +49,6 @@ def test_the_forward_clock_counts_a_nested_network_once():
     assert clock.seconds == 1.0
 
 
-
 def test_the_forward_clock_counts_a_networks_model_work_outside_forward():
     """A block draft's context keys and values and an EAGLE-3 draft's fused features are computed by
     methods other than ``forward`` (``model_work``): they are model time, counted once each."""
@@ -82,6 +81,7 @@ def test_the_forward_clock_counts_a_networks_model_work_outside_forward():
     assert set(BlockDraft.model_work) == {"extend_context", "block_inputs"}
     assert all(callable(getattr(BlockDraft, name)) for name in BlockDraft.model_work)
     assert FeatureDraft.model_work == ("fuse",)
+
 
 def test_host_time_splits_each_step_into_forwards_and_the_rest(resolutions):
     results = measure_host_time(["plain", "chain", "tree10"], shape=Shape(vocab=64, hidden=32), new_tokens=8, repeats=1)

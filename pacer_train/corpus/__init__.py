@@ -14,7 +14,9 @@ build their training text, and the self-distillation corpus ``pacer corpus`` gro
   resumable writer and ``iter_corpus``, the loader trainers use.
 - ``command``: ``pacer corpus``.
 - ``loaders``: a corpus as documents of token ids (``shipped``, a corpus folder, a ``.json`` of ids
-  or a text file): what the ``datastore`` drafter searches and the ``eagle`` drafter's corpus prior counts.
+  or a text file): what the ``datastore`` drafter searches and the corpus prior counts.
+- ``prior``: the corpus prior's successor table and default bias, shared by the drafters that apply it
+  (``eagle``, ``dflash``, ``pard``).
 """
 
 from .shards import CorpusError, Sample, corpus_stats, iter_corpus

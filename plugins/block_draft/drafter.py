@@ -22,6 +22,7 @@ from pacer_core.kernels import PackedMatrix, pack_linears
 from pacer_core.priors import lookup_bias_for
 from pacer_core.protocols import feature_target
 from pacer_core.trees import TreeConfig, node_budget
+from pacer_train.corpus.prior import corpus_bias_for, corpus_successors
 
 from .handout import BlockDrafter
 from .model import BlockDraft, ContextCache, draft_identity, load_block_draft
@@ -45,6 +46,13 @@ class DFlashConfig:
     # committed text, of the last n tokens of its path (pacer_core/priors.py); None = [2, 4, 4] for drafts
     # `pacer distill` makes, none for published checkpoints; [] = none
     lookup_bias: Optional[List[float]] = None
+    # added, times its share, to a row's logits of each token that followed the longest n-gram (up to 4,
+    # seen 5 times or more) ending its path in `corpus` (pacer_core/priors.py); None = 3 for drafts `pacer distill`
+    # makes where this target wrote the corpus (or it is a file), none for published checkpoints; 0 = none
+    corpus_bias: Optional[float] = None
+    # what corpus_bias reads: "shipped" (the answers the embedded target wrote), a folder `pacer corpus`
+    # wrote, a .json of token ids or a text file (as the eagle drafter's `corpus`)
+    corpus: str = "shipped"
 
 
 def draft_folder(path: Optional[str]) -> Path:
@@ -104,6 +112,10 @@ class DFlashDrafter(BlockDrafter):
         self.draft_info = DraftInfo(identity=identity, target_layers=tuple(arch.target_layers), tree=config.tree)
         self.sampling = resources.sampling
         self.lookup_bias = lookup_bias_for(not published_draft, config.lookup_bias)
+        self.corpus_bias = corpus_bias_for(not published_draft, config.corpus_bias, config.corpus, digest)
+        self.corpus = None
+        if self.corpus_bias:
+            self.corpus = corpus_successors(config.corpus, resources.tokenizer, target.vocab_size, digest)
         self.tree = config.tree
         self.budget = (
             None

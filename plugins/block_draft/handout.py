@@ -14,17 +14,20 @@ depths 1..block, and the nodes of highest joint probability are taken best-first
 ``auto``). A tree is one forward: it does not grow past the block; it is handed out level by level
 as the stop policies ask.
 
-The context prior (``lookup_bias``, pacer_core/priors.py, as the ``eagle`` drafter applies it): row i's
-logits get b_n added for every token that followed an earlier occurrence, in the committed text, of
-the last n tokens of its path (the committed text, then the tokens chosen at the rows before it), so
-the rows are read in order. In a tree the rows are biased along the main path (each row's argmax).
-The distribution a token is drawn from is the one the verifier is told, so every verifier stays exact.
+The context priors (pacer_core/priors.py, as the ``eagle`` drafter applies them): row i's logits get
+``lookup_bias``'s b_n added for every token that followed an earlier occurrence, in the committed
+text, of the last n tokens of its path (the committed text, then the tokens chosen at the rows
+before it), and ``corpus_bias`` × share for the successors of the path's longest frequent n-gram in
+a corpus of the target's own answers; so the rows are read in order. In a tree the rows are biased
+along the main path (each row's argmax). The distribution a token is drawn from is the one the
+verifier is told, so every verifier stays exact.
 
 A subclass sets ``sampling``, ``tree``, ``budget`` (``pacer_core.trees.node_budget`` with cost kind
 ``block``, None for a chain), ``draft_vocab`` (its rows' columns, None for the whole vocabulary),
-``block`` and ``lookup_bias`` (``pacer_core.priors.lookup_bias_for``), and implements ``_forward`` (one
-forward: logits and hidden states), ``_ready`` (whether it can draft after these committed tokens) and
-``_reset`` (its own state at the start of a generation).
+``block``, ``lookup_bias`` (``pacer_core.priors.lookup_bias_for``), ``corpus_bias`` and ``corpus``
+(``pacer_train.corpus.prior``: the bias, and the successor table or None), and implements ``_forward``
+(one forward: logits and hidden states), ``_ready`` (whether it can draft after these committed
+tokens) and ``_reset`` (its own state at the start of a generation).
 """
 
 from __future__ import annotations
@@ -32,11 +35,12 @@ from __future__ import annotations
 from typing import Optional
 
 import attrs
+import numpy as np
 import torch
 
 from pacer_core import DraftBlock, hookimpl
 from pacer_core.block_trees import BlockTree, block_tree
-from pacer_core.priors import SuccessorIndex, lookup_bonus
+from pacer_core.priors import CorpusSuccessors, SuccessorIndex, path_bonus
 from pacer_core.sampling import argmax_first, logits_to_probs, sample
 from pacer_core.tree_hooks import BudgetedTree
 from pacer_core.types import StepWatch
@@ -57,6 +61,10 @@ class Block:
 class BlockDrafter(BudgetedTree):
     """Hands out the blocks a subclass's forward drafts, as a chain or a tree over one block."""
 
+    lookup_bias: tuple[float, ...]
+    corpus_bias: float
+    corpus: Optional[CorpusSuccessors]
+
     def _forward(self, committed: list[int], known: list[int]) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
         """One draft forward after the ``committed`` tokens and the ``known`` tokens drafted before it in
         this step: the logits of the next ``block`` tokens over the draft's vocabulary ([block, w] float32
@@ -76,6 +84,10 @@ class BlockDrafter(BudgetedTree):
             self.budget.restart()  # auto's learned rate carries across greedy generations only
         self._reset()
         self.index = SuccessorIndex(len(self.lookup_bias))  # the committed text's n-grams → successors
+        corpus = self.corpus if self.corpus_bias else None
+        self.suffix_length = max(len(self.lookup_bias), corpus.longest if corpus is not None else 0)
+        # each token id's column in the rows (None: the whole vocabulary in order), read per prior token
+        self.column_of = None if self.draft_vocab is None else self.draft_vocab.columns.tolist()
         self.step = StepWatch()  # a step's first call drafts a new block
         self.latest: Optional[Block] = None  # a chain's latest block
         self.plan: Optional[BlockTree] = None  # a tree's nodes, handed out level by level
@@ -93,33 +105,34 @@ class BlockDrafter(BudgetedTree):
         self, logits: torch.Tensor, committed: list[int], known: list[int], generator: Optional[torch.Generator]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The block's draft distributions ([n, w]) and each row's chosen column ([n]): drawn with
-        ``generator``, or the argmax without one. With ``lookup_bias``, row i's logits first get the lookup
-        bonus of the path before it: the ``committed`` text and the ``known`` tokens drafted before this
-        block, then the tokens chosen at rows 0..i-1 (successors are looked up in the committed text only)."""
+        ``generator``, or the argmax without one. With the priors, row i's logits first get the bonuses
+        of the path before it: the ``committed`` text and the ``known`` tokens drafted before this block,
+        then the tokens chosen at rows 0..i-1 (the lookup prior reads the committed text only)."""
 
         def choose(rows: torch.Tensor) -> torch.Tensor:
             if generator is None:
                 return torch.tensor([argmax_first(row) for row in rows], dtype=torch.long)
             return sample(rows, generator)
 
-        if not self.lookup_bias:
+        if not self.suffix_length:
             rows = self._probs(logits)
             return rows, choose(rows)
         self.index.extend(committed[len(self.index.text) :])  # the committed text never shrinks
-        suffix, rows, columns = (committed + known)[-len(self.lookup_bias) :], [], []
-        for row in logits:
-            bonus = lookup_bonus(self.index, suffix, self.lookup_bias)
-            if bonus:
-                tokens = torch.tensor(list(bonus), dtype=torch.long)
-                at = tokens if self.draft_vocab is None else self.draft_vocab.columns[tokens]
-                kept = at >= 0  # a token outside the draft's vocabulary has no column to raise
-                row = row.clone()
-                row[at[kept]] += torch.tensor(list(bonus.values()), dtype=row.dtype)[kept]
-            probs = self._probs(row[None])
+        logits = logits.clone()  # [n, w] float32 on the CPU: the bonuses go in as numpy float32 additions
+        values, column_of, width = logits.numpy(), self.column_of, logits.shape[1]
+        corpus = self.corpus if self.corpus_bias else None
+        suffix, rows, columns = (committed + known)[-self.suffix_length :], [], []
+        for i in range(len(logits)):
+            bonus = path_bonus(self.index, self.lookup_bias, corpus, self.corpus_bias, suffix)
+            for token, value in bonus.items():
+                at = token if column_of is None else column_of[token]
+                if 0 <= at < width:  # a token outside the draft's vocabulary has no column to raise
+                    values[i, at] += np.float32(value)
+            probs = self._probs(logits[i : i + 1])
             column = choose(probs)
             rows.append(probs[0])
             columns.append(column)
-            suffix = (suffix + self._token_ids(column))[-len(self.lookup_bias) :]
+            suffix = (suffix + self._token_ids(column))[-self.suffix_length :]
         return torch.stack(rows), torch.cat(columns)
 
     @hookimpl

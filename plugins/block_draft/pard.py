@@ -26,6 +26,7 @@ from pacer_core.draft_model_helpers import sync_cache
 from pacer_core.priors import lookup_bias_for
 from pacer_core.protocols import MASK_ROW, ParallelDraftModel, StoredModel
 from pacer_core.trees import TreeConfig, node_budget
+from pacer_train.corpus.prior import corpus_bias_for, corpus_successors
 
 from .handout import BlockDrafter
 from .pard_files import MAX_BLOCK, load_pard_files
@@ -46,6 +47,13 @@ class PardConfig:
     # committed text, of the last n tokens of its path (pacer_core/priors.py); None = [2, 4, 4] for a draft
     # made here (pard.json), none for a published checkpoint; [] = none
     lookup_bias: Optional[List[float]] = None
+    # added, times its share, to a row's logits of each token that followed the longest n-gram (up to 4,
+    # seen 5 times or more) ending its path in `corpus` (pacer_core/priors.py); None = 3 for a draft made here
+    # (pard.json) where this target wrote the corpus (or it is a file), none for a published checkpoint; 0 = none
+    corpus_bias: Optional[float] = None
+    # what corpus_bias reads: "shipped" (the answers the embedded target wrote), a folder `pacer corpus`
+    # wrote, a .json of token ids or a text file (as the eagle drafter's `corpus`)
+    corpus: str = "shipped"
 
 
 class PardDrafter(BlockDrafter):
@@ -77,6 +85,11 @@ class PardDrafter(BlockDrafter):
         self.draft_vocab = None if subset is None else DraftVocab(subset, model.vocab_size)
         self.sampling = resources.sampling
         self.lookup_bias = lookup_bias_for(distilled, config.lookup_bias)  # by default on drafts made here
+        digest = resources.target.digest
+        self.corpus_bias = corpus_bias_for(distilled, config.corpus_bias, config.corpus, digest)
+        self.corpus = None
+        if self.corpus_bias:
+            self.corpus = corpus_successors(config.corpus, resources.tokenizer, model.vocab_size, digest)
         self.tree = config.tree
         self.draft_info = DraftInfo(identity=f"pard:{model.digest}", tree=config.tree)
         self.budget = (

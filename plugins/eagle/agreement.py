@@ -311,9 +311,8 @@ def add_lookup_bonus(
 def run_draft_eval(cfg: DraftEvalConfig, command_line: str) -> dict[str, Any]:
     from pacer_core.hf import load_section
     from pacer_core.priors import lookup_bias_for
+    from pacer_train.corpus.prior import corpus_bias_for, corpus_successors
     from pacer_train.students import target_states
-
-    from .drafter import corpus_bias_for, corpus_successors
 
     out = check_out_dir(cfg.out)
     if cfg.threads:

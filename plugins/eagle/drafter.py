@@ -7,7 +7,6 @@ published.py)."""
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import List, Optional
 
@@ -28,20 +27,19 @@ from pacer_core.draft_folders import MANIFEST
 from pacer_core.draft_folders import draft_identity as folder_identity
 from pacer_core.jsonfile import read_json
 from pacer_core.kernels import PackedMatrix, pack_linears
-from pacer_core.priors import CorpusSuccessors, SuccessorIndex, lookup_bias_for, path_bonus
+from pacer_core.priors import SuccessorIndex, lookup_bias_for, path_bonus
 from pacer_core.protocols import feature_target
 from pacer_core.sampling import argmax_first, logits_to_probs, sample, take_rows
 from pacer_core.tree_hooks import BudgetedTree
 from pacer_core.trees import GrownLevels, TreeConfig, grow_level, node_budget
 from pacer_core.types import StepWatch
+from pacer_train.corpus.prior import corpus_bias_for, corpus_successors
 
 from .model import Eagle3Draft, KVCache, load_draft
 from .published import load_published, weights_file
 
 DEFAULT_DRAFT = Path(__file__).parent / "default"
 COST_KIND = "feature"  # a head over the target's states (pacer_core.cost_profiles.DRAFTER_KINDS)
-CORPUS_NGRAM = 4  # the longest n-gram the corpus prior matches
-CORPUS_BIAS = 3.0  # chosen on held-out open-chat items and MT-Bench questions 11-30 (docs/draft.md)
 
 
 @attrs.define
@@ -69,33 +67,6 @@ class EagleConfig:
     # what corpus_bias reads: "shipped" (the answers the embedded target wrote), a folder `pacer corpus`
     # wrote, a .json of token ids or a text file (as the datastore drafter's `corpus`)
     corpus: str = "shipped"
-
-
-@functools.lru_cache(maxsize=2)
-def corpus_successors(corpus: str, tokenizer, vocab_size: int, target_digest: Optional[str]) -> CorpusSuccessors:
-    """The corpus prior's n-gram table of ``corpus`` (read as the datastore drafter reads its ``corpus``;
-    kept for the next drafter of the same target: a bench builds one per stack)."""
-    from pacer_train.corpus.loaders import load_corpus
-
-    return CorpusSuccessors(
-        load_corpus(corpus, tokenizer, vocab_size, target_digest, CORPUS_NGRAM), vocab_size, CORPUS_NGRAM
-    )
-
-
-def own_corpus(corpus: str, target_digest: Optional[str]) -> bool:
-    """Whether ``corpus`` is this target's own writing (a self-distillation corpus it wrote) or a file."""
-    from pacer_train.corpus.loaders import corpus_writer
-
-    writer = corpus_writer(corpus)
-    return writer is None or (target_digest is not None and writer.get("digest") == target_digest)
-
-
-def corpus_bias_for(own_subset: bool, corpus_bias: Optional[float], corpus: str, target_digest: Optional[str]) -> float:
-    """The ``corpus_bias`` a draft gets: as set, else CORPUS_BIAS for a draft with its own head subset
-    where ``corpus`` is this target's own writing (or a file), 0 otherwise."""
-    if corpus_bias is not None:
-        return float(corpus_bias)
-    return CORPUS_BIAS if own_subset and own_corpus(corpus, target_digest) else 0.0
 
 
 def draft_folder(path: Optional[str]) -> Path:
