@@ -621,11 +621,13 @@ def make_block_draft(
     layers=(0, 1),
     peak: float = 1.0,
     published: bool = False,
+    own_head: bool = False,
 ):
     """A random ``dflash`` block draft for the tiny ``target_model`` reading the inputs of its decoder
     ``layers``, over tokens 0..subset_size-1, saved in ``folder``; ``peak`` scales its final norm
     (larger = peakier draft distributions); ``published``: the published architecture (no ``inject``,
-    per-head q/k norms, their weights drawn away from one)."""
+    per-head q/k norms, their weights drawn away from one); ``own_head``: an output layer of its own over
+    the subset (a speculators checkpoint's)."""
     from pacer_plugins.block_draft.model import BlockArch, BlockDraft, save_block_draft
 
     target = adapter(target_model)
@@ -640,6 +642,7 @@ def make_block_draft(
         block=block,
         inject=not published,
         qk_norm=published,
+        own_head=own_head,
         **shape,
     )
     torch.manual_seed(seed)
@@ -750,7 +753,8 @@ def misreport_block_rows(monkeypatch, drafter_cls, wrong: str) -> None:
     """A bug in what a block drafter (``dflash``, ``pard``) reports: each token is drawn from its row,
     but the verifier is told another distribution. ``wrong``: "columns", the row with its columns
     shifted by one (q(x) read from the next token's column); "prior", the row without the priors
-    (lookup, corpus) it was drawn with. The exact-distribution tests must reject both."""
+    (lookup, corpus) it was drawn with; "context", the row with q = 0 claimed for the committed tokens
+    outside the draft's own vocabulary (``context_vocab``). The exact-distribution tests must reject each."""
     import attrs
 
     from pacer_core import hookimpl
@@ -759,7 +763,14 @@ def misreport_block_rows(monkeypatch, drafter_cls, wrong: str) -> None:
 
     def misread(self, logits, committed, known, generator):
         rows, columns = rows_of(self, logits, committed, known, generator)
-        self.reported = rows.roll(1, -1) if wrong == "columns" else self._probs(logits)
+        if wrong == "columns":
+            self.reported = rows.roll(1, -1)
+        elif wrong == "prior":
+            self.reported = self._probs(logits)
+        else:
+            subset_only = rows.clone()
+            subset_only[:, len(self.columns.subset) :] = 0.0
+            self.reported = subset_only / subset_only.sum(-1, keepdim=True)
         return rows, columns
 
     @hookimpl

@@ -382,6 +382,73 @@ def test_rows_reported_without_the_corpus_prior_fail_the_distribution_test(sampl
         assert sampled_pvalue(folder, target, None, 600, monkeypatch, wrong="prior", extra=prior) < 1e-6
 
 
+@pytest.fixture(scope="module")
+def narrow_sampling_pair(tmp_path_factory):
+    """The peaky target of ``sampling_pair`` and a random block draft over tokens 0..7 only: the prompt's
+    other tokens join its columns through ``context_vocab`` (on by default for a draft made here)."""
+    target = tiny_llama(0, vocab=16, scale=15.0)
+    return target, make_block_draft(target, tmp_path_factory.mktemp("dflash-n") / "draft", subset_size=8, peak=3.0)
+
+
+def test_the_context_vocabulary_adds_the_committed_tokens_outside_the_subset(narrow_sampling_pair):
+    target, folder = narrow_sampling_pair
+    engine = block_engine(target, folder, extra=["sampling.temperature=0"])
+    drafter = next(p for p in engine.pm.get_plugins() if isinstance(p, DFlashDrafter))
+    result = engine.generate(SAMPLE_PROMPT, max_new_tokens=BUDGET)
+    assert result.tokens == reference_greedy(target, SAMPLE_PROMPT, BUDGET)
+    ids = drafter.columns.id_list
+    assert ids[:8] == list(range(8)) and sorted(ids[8:]) == list(range(8, 16))  # the prompt holds every token
+    assert drafted_tokens(engine, SAMPLE_PROMPT) & set(range(8, 16))  # and they are drafted
+    # each added column's logits are the draft's hidden states against the token's row of the target's head
+    hidden = torch.randn(2, adapter(target).hidden_size)
+    head = adapter(target).embedding_weights()[1].float()
+    assert torch.allclose(drafter.columns.logits(hidden, hidden @ head[:8].T), hidden @ head[ids].T, atol=1e-5)
+    off = block_engine(target, folder, extra=["sampling.temperature=0", "strategy.drafter.context_vocab=false"])
+    plain = next(p for p in off.pm.get_plugins() if isinstance(p, DFlashDrafter))
+    assert off.generate(SAMPLE_PROMPT, max_new_tokens=BUDGET).tokens == result.tokens
+    assert plain.columns.id_list == list(range(8))
+
+
+def drafted_tokens(engine, prompt) -> set[int]:
+    """The tokens ``engine`` drafts while generating after ``prompt``."""
+    drafted: set[int] = set()
+
+    class Probe:
+        @hookimpl
+        def pacer_observe_step(self, state, step):
+            drafted.update(step.draft.tokens.tolist())
+
+    engine.pm.register(Probe())
+    engine.generate(prompt, max_new_tokens=BUDGET)
+    return drafted
+
+
+@pytest.mark.parametrize("tree", [None, "{topk: 3, depth: 3, nodes: 6}"], ids=["chain", "tree"])
+@pytest.mark.parametrize("lookup_bias", ["null", "[6.0]"], ids=["prior", "strong-prior"])
+def test_sampled_block_drafting_over_the_context_vocabulary_matches_the_target_distribution(
+    narrow_sampling_pair, tree, lookup_bias
+):
+    target, folder = narrow_sampling_pair
+    with single_thread():
+        assert sampled_pvalue(folder, target, tree, 600, lookup_bias=lookup_bias) > PASS_P
+
+
+def test_context_tokens_drafted_but_claimed_impossible_fail_the_distribution_test(narrow_sampling_pair, monkeypatch):
+    target, folder = narrow_sampling_pair
+    with single_thread():
+        # a strong one-token prior: the prompt's successors, half of them outside the subset, are drafted
+        assert sampled_pvalue(folder, target, None, 1500, monkeypatch, wrong="context", lookup_bias="[6.0]") < 1e-6
+
+
+def test_context_vocab_on_a_draft_with_its_own_output_layer_is_refused(tmp_path):
+    from pacer_core import InputError
+
+    target = tiny_llama(0, vocab=16, scale=3.0)
+    folder = make_block_draft(target, tmp_path / "draft", own_head=True)
+    with pytest.raises(InputError, match="context_vocab=true needs a draft whose head is a subset"):
+        block_engine(target, folder, extra=["strategy.drafter.context_vocab=true"])
+
+
 def test_tree_children_claimed_as_sampled_fail_the_distribution_test(sampling_pair, monkeypatch):
     levels = BlockTree.next_levels
     monkeypatch.setattr(

@@ -747,7 +747,7 @@ def test_context_vocab_is_refused_for_a_head_of_the_whole_vocabulary(tmp_path):
     prompt = [1, 7, 9, 7, 9, 7]
     assert engine.generate(prompt, max_new_tokens=20).tokens == reference_greedy(target_model, prompt, 20)
     drafter = next(p for p in engine.pm.get_plugins() if type(p).__name__ == "EagleDrafter")
-    assert set(drafter.vocab[drafter.bias == 1.0].tolist()) >= {1, 7, 9}
+    assert set(drafter.columns.ids[drafter.bias == 1.0].tolist()) >= {1, 7, 9}
 
 
 @pytest.mark.parametrize(

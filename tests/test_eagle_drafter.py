@@ -140,14 +140,15 @@ def test_context_bias_raises_the_logits_of_the_tokens_read_and_nothing_else(tmp_
         assert result.tokens == reference_greedy(target_model, prompt, 12)
         drafters.append(next(p for p in engine.pm.get_plugins() if type(p).__name__ == "EagleDrafter"))
     plain, biased = drafters
-    assert torch.equal(plain.vocab, biased.vocab) and plain._scanned == biased._scanned
-    context = set((prompt + result.tokens)[: biased._scanned])
+    assert torch.equal(plain.columns.ids, biased.columns.ids) and plain.columns.scanned == biased.columns.scanned
+    context = set((prompt + result.tokens)[: biased.columns.scanned])
     feature = torch.randn(2, plain.hidden_size)
     difference = biased._logits(feature) - plain._logits(feature)
-    read = torch.tensor([int(t) in context for t in biased.vocab])
+    read = torch.tensor([int(t) in context for t in biased.columns.ids])
     assert torch.allclose(difference[:, read], torch.full((2, int(read.sum())), 1.5), atol=1e-5)
     assert difference[:, ~read].abs().max() == 0
-    assert {50, 61} <= set(biased.vocab.tolist()) and len(biased.vocab) == 48 + len(context - set(range(48)))
+    ids = biased.columns.ids
+    assert {50, 61} <= set(ids.tolist()) and len(ids) == 48 + len(context - set(range(48)))
 
 
 def test_eagle_refuses_a_draft_for_another_target(tmp_path):
@@ -386,7 +387,7 @@ def context_vocab_samples(tmp_path, samples, wrong=False, monkeypatch=None, bias
         choose = EagleDrafter._choose
 
         def claims_subset_only(self, *args):
-            token, probs = choose(self, *args)  # over self.vocab: the subset, then the context's tokens
+            token, probs = choose(self, *args)  # over self.columns.ids: the subset, then the context's tokens
             probs = probs.clone()
             probs[len(self.subset) :] = 0.0
             return token, probs / probs.sum()
@@ -538,10 +539,10 @@ def test_corpus_bias_adds_the_share_of_the_paths_corpus_successors(tmp_path, tre
         assert bonus
         difference = drafter._logits(feature, [suffix])[0] - drafter._logits(feature, None)[0]
         expected = torch.zeros_like(difference)
-        held = {token: value for token, value in bonus.items() if drafter._column[token] >= 0}
+        held = {token: value for token, value in bonus.items() if drafter.columns.column[token] >= 0}
         assert held  # successors the draft's head can say
         for token, value in held.items():
-            expected[int(drafter._column[token])] = value
+            expected[int(drafter.columns.column[token])] = value
         assert torch.allclose(difference, expected)
     drafter.lookup_bias = saved
 
@@ -611,7 +612,7 @@ def test_lookup_bias_follows_the_draft_path_over_the_committed_text(tmp_path, mo
     without = logits(drafter, feature, None)[0]
     expected = torch.zeros_like(without)
     for token, value in bonus.items():
-        expected[int(drafter._column[token])] = value
+        expected[int(drafter.columns.column[token])] = value
     assert torch.allclose(with_priors - without, expected)
 
 

@@ -204,9 +204,9 @@ def test_a_draft_over_a_vocabulary_subset_drafts_only_its_tokens():
     assert narrow.shape[1] < shape.vocab
     scores = torch.tensor([0.0, -0.5, -1.0])
     by_column = grow_level(scores, narrow, 0, 6, 6)
-    whole = grow_level(scores, drafter.draft_vocab.widen(narrow), 0, 6, 6)
-    assert [(c.row, int(drafter.vocab[c.token])) for c in by_column] == [(c.row, c.token) for c in whole]
-    assert grow_level(scores, narrow, 0, 6, 6, drafter.vocab_ids) == whole
+    whole = grow_level(scores, drafter.columns.draft_vocab.widen(narrow), 0, 6, 6)
+    assert [(c.row, int(drafter.columns.ids[c.token])) for c in by_column] == [(c.row, c.token) for c in whole]
+    assert grow_level(scores, narrow, 0, 6, 6, drafter.columns.id_list) == whole
 
 
 def test_the_command_prints_a_table_and_writes_json(capsys, tmp_path):

@@ -15,7 +15,8 @@ from typing import List, Optional
 import attrs
 import torch
 
-from pacer_core import Component, DraftInfo, DraftVocab, InputError, Resources, hookimpl
+from pacer_core import Component, DraftInfo, InputError, Resources, hookimpl
+from pacer_core.context_vocab import ContextVocab
 from pacer_core.draft_folders import MANIFEST, WEIGHTS
 from pacer_core.jsonfile import read_json
 from pacer_core.kernels import PackedMatrix, pack_linears
@@ -46,6 +47,10 @@ class DFlashConfig:
     # committed text, of the last n tokens of its path (pacer_core/priors.py); None = [2, 4, 4] for drafts
     # `pacer distill` makes, none for published checkpoints; [] = none
     lookup_bias: Optional[List[float]] = None
+    # add the committed tokens (prompt and answer so far) outside the draft's vocabulary subset to its head,
+    # with their rows of the target's output layer (pacer_core/context_vocab.py); None = on for drafts
+    # `pacer distill` makes, off for published checkpoints; true on a draft with its own output layer is refused
+    context_vocab: Optional[bool] = None
     # added, times its share, to a row's logits of each token that followed the longest n-gram (up to 4,
     # seen 5 times or more) ending its path in `corpus` (pacer_core/priors.py); None = 3 for drafts `pacer distill`
     # makes where this target wrote the corpus (or it is a file), none for published checkpoints; 0 = none
@@ -107,7 +112,13 @@ class DFlashDrafter(BlockDrafter):
             pack_linears(self.net)
         self.embed = embed
         self.head = PackedMatrix(rows, pack=packed)
-        self.draft_vocab = DraftVocab(subset, target.vocab_size)
+        context_vocab = not published_draft if config.context_vocab is None else config.context_vocab
+        if context_vocab and arch.own_head:
+            raise InputError(
+                f"strategy.drafter.context_vocab=true needs a draft whose head is a subset of the target's "
+                f"output layer; draft '{folder}' has its own output layer: leave context_vocab unset"
+            )
+        self.columns = ContextVocab(subset, target.vocab_size, head, context_vocab, self.dtype)
         self.block = arch.block if config.block is None else config.block
         self.draft_info = DraftInfo(identity=identity, target_layers=tuple(arch.target_layers), tree=config.tree)
         self.sampling = resources.sampling
@@ -147,7 +158,7 @@ class DFlashDrafter(BlockDrafter):
         positions = torch.arange(start, start + x.shape[1])
         context = [(k[None], v[None]) for k, v in zip(self.context.keys, self.context.values)]
         hidden = self.net(x, positions, context)[0, len(tokens) :]  # [block, hidden]
-        return self.head(hidden).float().cpu(), hidden
+        return self.columns.logits(hidden, self.head(hidden)).float().cpu(), hidden
 
     def _ready(self, committed: list[int]) -> bool:
         """Whether the context holds the target's states of every committed token but the last (at step 0,

@@ -23,8 +23,9 @@ along the main path (each row's argmax). The distribution a token is drawn from 
 verifier is told, so every verifier stays exact.
 
 A subclass sets ``sampling``, ``tree``, ``budget`` (``pacer_core.trees.node_budget`` with cost kind
-``block``, None for a chain), ``draft_vocab`` (its rows' columns, None for the whole vocabulary),
-``block``, ``lookup_bias`` (``pacer_core.priors.lookup_bias_for``), ``corpus_bias`` and ``corpus``
+``block``, None for a chain), ``columns`` (a ``pacer_core.context_vocab.ContextVocab``: its rows'
+columns, the draft's vocabulary then, with ``context_vocab``, the committed tokens outside it, read
+before each forward), ``block``, ``lookup_bias`` (``pacer_core.priors.lookup_bias_for``), ``corpus_bias`` and ``corpus``
 (``pacer_train.corpus.prior``: the bias, and the successor table or None), and implements ``_forward``
 (one forward: logits and hidden states), ``_ready`` (whether it can draft after these committed
 tokens) and ``_reset`` (its own state at the start of a generation).
@@ -38,8 +39,9 @@ import attrs
 import numpy as np
 import torch
 
-from pacer_core import DraftBlock, hookimpl
+from pacer_core import DraftBlock, DraftVocab, hookimpl
 from pacer_core.block_trees import BlockTree, block_tree
+from pacer_core.context_vocab import ContextVocab
 from pacer_core.priors import CorpusSuccessors, SuccessorIndex, path_bonus
 from pacer_core.sampling import argmax_first, logits_to_probs, sample
 from pacer_core.tree_hooks import BudgetedTree
@@ -61,6 +63,7 @@ class Block:
 class BlockDrafter(BudgetedTree):
     """Hands out the blocks a subclass's forward drafts, as a chain or a tree over one block."""
 
+    columns: ContextVocab
     lookup_bias: tuple[float, ...]
     corpus_bias: float
     corpus: Optional[CorpusSuccessors]
@@ -86,16 +89,21 @@ class BlockDrafter(BudgetedTree):
         self.index = SuccessorIndex(len(self.lookup_bias))  # the committed text's n-grams → successors
         corpus = self.corpus if self.corpus_bias else None
         self.suffix_length = max(len(self.lookup_bias), corpus.longest if corpus is not None else 0)
-        # each token id's column in the rows (None: the whole vocabulary in order), read per prior token
-        self.column_of = None if self.draft_vocab is None else self.draft_vocab.columns.tolist()
+        self.columns.reset()
         self.step = StepWatch()  # a step's first call drafts a new block
         self.latest: Optional[Block] = None  # a chain's latest block
         self.plan: Optional[BlockTree] = None  # a tree's nodes, handed out level by level
         self.plan_for = 0  # the draft's nodes the plan's next levels continue
 
+    @property
+    def draft_vocab(self) -> Optional[DraftVocab]:
+        """What the rows' columns are now (None: the whole vocabulary, in order)."""
+        return self.columns.draft_vocab
+
     def _token_ids(self, columns: torch.Tensor) -> list[int]:
         """Target token ids of the rows' ``columns``."""
-        return (columns if self.draft_vocab is None else self.draft_vocab.ids[columns]).tolist()
+        ids = self.columns.id_list
+        return [ids[c] for c in columns.tolist()]
 
     def _probs(self, logits: torch.Tensor) -> torch.Tensor:
         """[n, w] logits → the draft distributions (the sampling parameters applied)."""
@@ -119,13 +127,13 @@ class BlockDrafter(BudgetedTree):
             return rows, choose(rows)
         self.index.extend(committed[len(self.index.text) :])  # the committed text never shrinks
         logits = logits.clone()  # [n, w] float32 on the CPU: the bonuses go in as numpy float32 additions
-        values, column_of, width = logits.numpy(), self.column_of, logits.shape[1]
+        values, column_of, width = logits.numpy(), self.columns.column, logits.shape[1]
         corpus = self.corpus if self.corpus_bias else None
         suffix, rows, columns = (committed + known)[-self.suffix_length :], [], []
         for i in range(len(logits)):
             bonus = path_bonus(self.index, self.lookup_bias, corpus, self.corpus_bias, suffix)
             for token, value in bonus.items():
-                at = token if column_of is None else column_of[token]
+                at = column_of[token]
                 if 0 <= at < width:  # a token outside the draft's vocabulary has no column to raise
                     values[i, at] += np.float32(value)
             probs = self._probs(logits[i : i + 1])
@@ -140,6 +148,7 @@ class BlockDrafter(BudgetedTree):
         new_step = self.step.starts(state)
         if new_step:
             self.latest = self.plan = None  # nothing drafted for this step yet
+            self.columns.read(state.tokens)  # the committed tokens outside the draft's columns join them
         if not self._ready(state.tokens):
             return None
         if self.tree is not None:

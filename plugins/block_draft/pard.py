@@ -21,7 +21,8 @@ from typing import List, Optional
 import attrs
 import torch
 
-from pacer_core import Component, DraftInfo, DraftVocab, InputError, Resources, hookimpl
+from pacer_core import Component, DraftInfo, InputError, Resources, hookimpl
+from pacer_core.context_vocab import ContextVocab
 from pacer_core.draft_model_helpers import sync_cache
 from pacer_core.priors import lookup_bias_for
 from pacer_core.protocols import MASK_ROW, ParallelDraftModel, StoredModel
@@ -82,7 +83,9 @@ class PardDrafter(BlockDrafter):
         self.mask = mask.to(model.device, model.dtype)
         self.block = trained if config.block is None else config.block
         subset = model.vocab_subset
-        self.draft_vocab = None if subset is None else DraftVocab(subset, model.vocab_size)
+        # the draft model's own vocabulary subset (it has no rows of the target's output layer to grow by)
+        ids = torch.arange(model.vocab_size) if subset is None else subset
+        self.columns = ContextVocab(ids, model.vocab_size, None, False, torch.float32)
         self.sampling = resources.sampling
         self.lookup_bias = lookup_bias_for(distilled, config.lookup_bias)  # by default on drafts made here
         digest = resources.target.digest

@@ -18,11 +18,11 @@ from pacer_core import (
     Component,
     DraftBlock,
     DraftInfo,
-    DraftVocab,
     InputError,
     Resources,
     hookimpl,
 )
+from pacer_core.context_vocab import ContextVocab
 from pacer_core.draft_folders import MANIFEST
 from pacer_core.draft_folders import draft_identity as folder_identity
 from pacer_core.jsonfile import read_json
@@ -192,7 +192,9 @@ class EagleDrafter(BudgetedTree):
                 f"strategy.drafter.context_vocab=true needs a draft whose head is a subset of the "
                 f"target's output layer; this {self.layout} draft has {has}: leave context_vocab unset"
             )
-        self.target_head = head  # the rows context tokens outside the subset read (context_vocab)
+        # the draft's columns: the subset, then (context_vocab) the committed tokens outside it, with their
+        # rows of the target's output layer
+        self.columns = ContextVocab(self.subset, target.vocab_size, head, self.context_vocab, self.dtype)
         self.context_bias = float(config.context_bias)
         self.lookup_bias = lookup_bias_for(own_subset, config.lookup_bias)
         self.reads_context = self.context_vocab or bool(self.context_bias) or bool(self.lookup_bias)
@@ -206,9 +208,6 @@ class EagleDrafter(BudgetedTree):
         self.suffix_length = max(len(self.lookup_bias), self.corpus.longest if self.corpus else 0)
         self.sampling = resources.sampling
         self.vocab_size = target.vocab_size
-        self._subset_columns = [-1] * self.vocab_size  # the draft's column of each token id, -1: none
-        for column, token in enumerate(self.subset.tolist()):
-            self._subset_columns[token] = column
         self.tree = config.tree
         self.budget = (
             None
@@ -249,19 +248,10 @@ class EagleDrafter(BudgetedTree):
         self.level: Optional[_Level] = None  # the latest level of this step's tree (tree mode)
         self.step = StepWatch()  # tree mode: a step's first call grows from the root
         self._tree_seen: list[list[int]] = []  # per tree row of the step: the tree rows it sees (its path)
-        self.vocab = self.subset  # target id of each draft logit: the subset, then context tokens outside it
-        self.vocab_ids: list[int] = self.vocab.tolist()  # the same, read once
-        # the draft's logits are the target's vocabulary in order (a published EAGLE-1/2 head): no scatter
-        self._whole_vocab = bool(torch.equal(self.vocab, torch.arange(self.vocab_size)))
-        self._column = list(self._subset_columns)  # draft logit of each token id, -1: none (a list: read per token)
-        # what the blocks' rows of probabilities cover (None: the whole vocabulary, in order); their
-        # tokens' columns are read from ``_column``, which only grows at the end within a generation
-        self.draft_vocab = None if self._whole_vocab else DraftVocab(self.vocab, self.vocab_size, self._column)
-        self.extra_head: Optional[torch.Tensor] = None  # [extra, hidden]: the target's rows of those tokens
-        # [len(vocab)]: context_bias at the context's tokens (None without a context_bias)
+        self.columns.reset()
+        # [columns]: context_bias at the context's tokens (None without a context_bias)
         self.bias = torch.zeros(len(self.subset)) if self.context_bias else None
         self._index = SuccessorIndex(len(self.lookup_bias))  # the committed text's n-grams → successors
-        self._scanned = 0  # context tokens already read
 
     def _read_context(self, context: list[int]) -> None:
         """Read the tokens of ``context`` (committed tokens, which only grow within a generation) not read
@@ -269,41 +259,26 @@ class EagleDrafter(BudgetedTree):
         layer (``context_vocab``), give every one it can say ``context_bias``, and index its n-grams
         (``lookup_bias``)."""
         if self.lookup_bias:
-            self._index.extend(context[self._scanned :])
-        new = list(dict.fromkeys(context[self._scanned :]))
-        self._scanned = len(context)
-        column = self._column
-        outside = [t for t in new if column[t] < 0] if self.context_vocab else []
-        if outside:
-            ids = torch.tensor(outside, dtype=torch.long)
-            rows = take_rows(self.target_head, outside).to(self.dtype)
-            self.extra_head = rows if self.extra_head is None else torch.cat([self.extra_head, rows])
-            for j, token in enumerate(outside, start=len(self.vocab_ids)):
-                column[token] = j
-            self.vocab = torch.cat([self.vocab, ids])
-            self.vocab_ids += outside
-            self._whole_vocab = False
-            self.draft_vocab = DraftVocab(self.vocab, self.vocab_size, column)  # a new one: earlier blocks keep theirs
-            if self.bias is not None:
-                self.bias = torch.cat([self.bias, torch.zeros(len(ids))])
+            self._index.extend(context[len(self._index.text) :])
+        new, added = self.columns.read(context)
+        if added and self.bias is not None:
+            self.bias = torch.cat([self.bias, torch.zeros(added)])
+        column = self.columns.column
         said = [column[t] for t in new if column[t] >= 0] if self.context_bias else []
         if said:
             self.bias[said] = self.context_bias
 
     def _logits(self, features: torch.Tensor, suffixes: Optional[list[list[int]]] = None) -> torch.Tensor:
-        """[k, hidden] → [k, len(self.vocab)] float32 on the CPU, with the context priors; suffixes[i]: the
+        """[k, hidden] → [k, columns] float32 on the CPU, with the context priors; suffixes[i]: the
         path row i drafts after (its last ``suffix_length`` tokens suffice), for ``lookup_bias`` and
         ``corpus_bias``."""
-        logits = self.head(features)
-        if self.extra_head is not None:
-            logits = torch.cat([logits, features @ self.extra_head.T], -1)
-        logits = logits.float().cpu()
+        logits = self.columns.logits(features, self.head(features)).float().cpu()
         if self.context_bias:
             logits = logits + self.bias
         if self.suffix_length and suffixes is not None:
             # the priors' bonuses in one indexed add into the flat logits (no two share a cell: a row's
             # tokens are distinct); tokens the draft cannot say get nothing
-            column, width, cells, bonuses = self._column, int(logits.shape[1]), [], []
+            column, width, cells, bonuses = self.columns.column, int(logits.shape[1]), [], []
             for row, suffix in enumerate(suffixes):
                 for token, bonus in path_bonus(
                     self._index, self.lookup_bias, self.corpus, self.corpus_bias, suffix
@@ -375,10 +350,10 @@ class EagleDrafter(BudgetedTree):
     def _draft_distribution(
         self, features: torch.Tensor, suffixes: Optional[list[list[int]]], out: Optional[torch.Tensor] = None
     ) -> torch.Tensor:
-        """The draft's distribution after each feature over its own vocabulary ([k, len(self.vocab)];
-        column j is token ``self.vocab[j]``; suffixes[i]: the path row i drafts after), written into
+        """The draft's distribution after each feature over its own vocabulary ([k, columns];
+        column j is token ``self.columns.id_list[j]``; suffixes[i]: the path row i drafts after), written into
         ``out`` when given: sampling parameters applied (softmax under greedy). Blocks carry rows at
-        this width with ``self.draft_vocab``, widened into the target's vocabulary only when read."""
+        this width with ``self.columns.draft_vocab``, widened into the target's vocabulary only when read."""
         logits = self._logits(features, suffixes)  # [k, draft vocabulary]
         if self.sampling.greedy:
             return torch.softmax(logits, -1) if out is None else torch.softmax(logits, -1, out=out)
@@ -387,13 +362,13 @@ class EagleDrafter(BudgetedTree):
 
     def _choose(self, feature: torch.Tensor, generator, suffix: list[int]) -> tuple[int, torch.Tensor]:
         """The next token after ``feature`` and the row it was chosen from, over the draft's vocabulary
-        (``self.draft_vocab``): under greedy decoding the logits (a chain takes the softmax of its
+        (``self.columns.draft_vocab``): under greedy decoding the logits (a chain takes the softmax of its
         rows at once, row by row the same values), else the probabilities it was drawn from."""
         logits = self._logits(feature, [suffix])[0]  # feature: [1, hidden] → [draft vocabulary]
         if self.sampling.greedy:
-            return self.vocab_ids[argmax_first(logits)], logits
+            return self.columns.id_list[argmax_first(logits)], logits
         probs = logits_to_probs(logits, self.sampling)
-        return self.vocab_ids[int(sample(probs, generator))], probs
+        return self.columns.id_list[int(sample(probs, generator))], probs
 
     @hookimpl
     def pacer_propose(self, state, draft, num_tokens) -> Optional[DraftBlock]:
@@ -425,7 +400,7 @@ class EagleDrafter(BudgetedTree):
             draft_probs=probs,
             hidden_states=torch.cat(hidden),
             forwards=forwards,
-            draft_vocab=self.draft_vocab,
+            draft_vocab=self.columns.draft_vocab,
         )
 
     # -- token trees (docs/trees.md) -------------------------------------------------------------
@@ -454,7 +429,7 @@ class EagleDrafter(BudgetedTree):
         # every level's rows of draft probabilities, written one level after another into one table
         # (f ≤ topk rows a level): the block maps each node to its parent's row, nothing is copied
         levels = min(num_tokens, tree.depth - (0 if self.level is None else self.level.depth))
-        table, used = torch.empty(max(levels, 1) * tree.topk, len(self.vocab)), 0
+        table, used = torch.empty(max(levels, 1) * tree.topk, len(self.columns.id_list)), 0
         for _ in range(num_tokens):
             level = self.level
             if level is None:  # the root
@@ -470,7 +445,7 @@ class EagleDrafter(BudgetedTree):
             longest = self.suffix_length
             suffixes = [(state.tokens[-longest:] + list(path))[-longest:] for path in paths] if longest else None
             # chosen over the draft's own vocabulary (top-k of f × its width, not the target's); the chosen
-            # nodes' rows stay at that width (self.draft_vocab), widened only if a verifier or stop reads them
+            # nodes' rows stay at that width (self.columns.draft_vocab), widened only if a verifier or stop reads them
             f = int(features.shape[0])
             probs = self._draft_distribution(features, suffixes, table[used : used + f])  # [f, draft vocabulary]
             if level is not None:  # nothing grows past an end-of-sequence token
@@ -478,7 +453,7 @@ class EagleDrafter(BudgetedTree):
                 if ends:
                     probs[ends] = 0.0
             chosen = grow_level(
-                scores, probs, tip_row, tree.topk, tree.topk, None if self._whole_vocab else self.vocab_ids
+                scores, probs, tip_row, tree.topk, tree.topk, None if self.columns.whole else self.columns.id_list
             )  # the draft's columns → token ids
             if not chosen or tip_row is None or chosen[0].row != tip_row:
                 break
@@ -499,7 +474,7 @@ class EagleDrafter(BudgetedTree):
             )
         if not grown:
             return None
-        block, self.level.nodes = grown.block(draft.num_nodes, forwards, self.draft_vocab)
+        block, self.level.nodes = grown.block(draft.num_nodes, forwards, self.columns.draft_vocab)
         return block
 
     @torch.inference_mode()
