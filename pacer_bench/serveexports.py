@@ -100,11 +100,14 @@ def served_stack(method: str, config: Mapping[str, Any], export: Path, work: Pat
         return Served(served, [f"strategy.drafter={drafter}", stop.format(k)], k)
     if method == "dflash":
         k = min(k, int(config["block_size"]) - 1)
-        return Served(
-            export, [f"strategy.drafter={{name: dflash, path: '{export}', lookup_bias: []}}", stop.format(k)], k
-        )
+        drafter = f"{{name: dflash, path: '{export}', lookup_bias: [], corpus_bias: 0.0, context_vocab: false}}"
+        return Served(export, [f"strategy.drafter={drafter}", stop.format(k)], k)
     if method == "draft_model" and "pard_token" in config:
         k = min(k, int(json.loads((export / "pard.json").read_text())["block"]))
-        stack = [f"draft.path='{export}'", "draft.dtype=float32", "strategy.drafter={name: pard, lookup_bias: []}"]
+        stack = [
+            f"draft.path='{export}'",
+            "draft.dtype=float32",
+            "strategy.drafter={name: pard, lookup_bias: [], corpus_bias: 0.0}",
+        ]
         return Served(export, [*stack, stop.format(k)], k, parallel_drafting=True)
     return None

@@ -247,18 +247,21 @@ def test_each_compared_export_is_served_beside_our_stack_on_the_same_folder(tmp_
     (tmp_path / "pard" / "pard.json").write_text(json.dumps({"family": "pard", "block": 4}))
     served = serveexports.served_stack("eagle", exports["eagle1"], tmp_path / "eagle1", tmp_path, 6)
     assert served.folder == tmp_path / "eagle1-as-vllm-reads" and served.k == 6 and not served.parallel_drafting
-    assert f"path: '{served.folder}'" in served.stack[0] and "lookup_bias: []" in served.stack[0]
+    assert f"path: '{served.folder}'" in served.stack[0]
+    assert "context_vocab: false, lookup_bias: [], corpus_bias: 0.0" in served.stack[0]
     assert served.stack[1] == "strategy.stop=[{name: fixed, gamma: 6}]"
     for k_asked, k_drafted in ((8, 4), (3, 3)):
         served = serveexports.served_stack("dflash", exports["dflash"], tmp_path / "dflash", tmp_path, k_asked)
         assert served.folder == tmp_path / "dflash" and served.k == k_drafted and "name: dflash" in served.stack[0]
         assert served.stack[-1] == f"strategy.stop=[{{name: fixed, gamma: {k_drafted}}}]"
-        assert "lookup_bias: []" in served.stack[0] and not served.parallel_drafting
+        assert "lookup_bias: [], corpus_bias: 0.0, context_vocab: false" in served.stack[0]
+        assert not served.parallel_drafting
         method = serveexports.vllm_method(exports["pard"])
         served = serveexports.served_stack(method, exports["pard"], tmp_path / "pard", tmp_path, k_asked)
         assert method == "draft_model" and served.parallel_drafting and served.k == k_drafted
         assert (
-            served.stack[0] == f"draft.path='{tmp_path / 'pard'}'" and "name: pard, lookup_bias: []" in served.stack[2]
+            served.stack[0] == f"draft.path='{tmp_path / 'pard'}'"
+            and "name: pard, lookup_bias: [], corpus_bias: 0.0" in served.stack[2]
         )
     assert serveexports.served_stack("mtp", exports["eagle1"], tmp_path / "eagle1", tmp_path, 4) is None
 
