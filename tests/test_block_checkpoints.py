@@ -220,7 +220,7 @@ def test_a_zlab_checkpoint_computes_what_zlabs_code_computes(tmp_path, target):
     folder = zlab_checkpoint(tmp_path / "zlab", target)
     drafter, rows = drafter_rows(folder, target, TOKENS)
     assert drafter.draft_info.target_layers == (1, 2)  # z-lab ids 0, 1: the outputs of layers 0 and 1
-    assert drafter.block == BLOCK_SIZE - 1 and drafter.draft_vocab.ids.tolist() == list(range(16))
+    assert drafter.block == BLOCK_SIZE - 1 and drafter.columns.id_list == list(range(16))
     expected = torch.softmax(reference_logits(load_file(folder / "model.safetensors"), target, TOKENS), -1)
     torch.testing.assert_close(rows, expected, rtol=1e-4, atol=1e-6)
     assert drafter.draft_info.identity.startswith("dflash-z-lab:")
@@ -232,7 +232,7 @@ def test_a_speculators_checkpoint_with_a_draft_vocabulary_computes_what_its_code
     draft_ids = [0, 2, 3, 5, 7, 9, 11, 14]
     folder = speculators_checkpoint(tmp_path / "spec", target, draft_ids)
     drafter, rows = drafter_rows(folder, target, TOKENS)
-    assert drafter.draft_info.target_layers == (1, 2) and drafter.draft_vocab.ids.tolist() == draft_ids
+    assert drafter.draft_info.target_layers == (1, 2) and drafter.columns.id_list == draft_ids
     expected = torch.softmax(reference_logits(load_file(folder / "model.safetensors"), target, TOKENS), -1)
     torch.testing.assert_close(rows, expected, rtol=1e-4, atol=1e-6)
 
@@ -387,9 +387,9 @@ def test_an_exported_draft_loads_back_drafting_identically(tmp_path, target, sub
     original, rows = drafter_rows(draft, target, TOKENS)
     loaded, back = drafter_rows(tmp_path / "out", target, TOKENS)
     assert loaded.draft_info.identity.startswith("dflash-speculators:")
-    order = torch.argsort(original.draft_vocab.ids)  # the exported head lists a whole vocabulary in id order
-    ids = original.draft_vocab.ids if len(subset) < 16 else original.draft_vocab.ids[order]
-    assert loaded.draft_vocab.ids.tolist() == ids.tolist()
+    order = torch.argsort(original.columns.ids)  # the exported head lists a whole vocabulary in id order
+    ids = original.columns.ids if len(subset) < 16 else original.columns.ids[order]
+    assert loaded.columns.id_list == ids.tolist()
     torch.testing.assert_close(back, rows if len(subset) < 16 else rows[:, order], rtol=0, atol=0)
 
 
