@@ -25,10 +25,11 @@ verifier is told, so every verifier stays exact.
 A subclass sets ``sampling``, ``tree``, ``budget`` (``pacer_core.trees.node_budget`` with cost kind
 ``block``, None for a chain), ``columns`` (a ``pacer_core.context_vocab.ContextVocab``: its rows'
 columns, the draft's vocabulary then, with ``context_vocab``, the committed tokens outside it, read
-before each forward), ``block``, ``lookup_bias`` (``pacer_core.priors.lookup_bias_for``), ``corpus_bias`` and ``corpus``
-(``pacer_train.corpus.prior``: the bias, and the successor table or None), and implements ``_forward``
-(one forward: logits and hidden states), ``_ready`` (whether it can draft after these committed
-tokens) and ``_reset`` (its own state at the start of a generation).
+at the start of each step), ``block``, ``lookup_bias`` (``pacer_core.priors.lookup_bias_for``),
+``corpus_bias`` and ``corpus`` (``pacer_train.corpus.prior``: the bias, and the successor table or
+None), and implements ``_forward`` (one forward: logits and hidden states over ``columns``),
+``_ready`` (whether it can draft after these committed tokens) and ``_reset`` (its own state at the
+start of a generation).
 """
 
 from __future__ import annotations
