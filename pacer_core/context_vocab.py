@@ -5,9 +5,10 @@ generation, each as a new column at the end with its own row of the target's out
 phrase of the context then stays drafting-reachable, rare identifiers included, which the lookup
 prior raises only where a token has a column.
 
-The ``eagle`` and the block drafters (``dflash``, ``pard``) share this one table: they read the
-committed text into it, add ``extra_logits`` to their head's logits and hand out their rows with
-``draft_vocab``, whose column map grows with the table (earlier blocks keep theirs).
+The ``eagle`` and ``dflash`` drafters share this one table (``pard`` holds it ungrown, over its own
+model's vocabulary): they read the committed text into it, join the added columns to their head's
+logits (``logits``) and hand out their rows with ``draft_vocab``, whose column map grows with the
+table (earlier blocks keep theirs).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ class ContextVocab:
         self._subset_columns = [-1] * vocab_size  # the draft's column of each token id, -1: none
         for column, token in enumerate(self.subset.tolist()):
             self._subset_columns[token] = column
+        # the subset is the target's vocabulary in order (a published EAGLE-1/2 head): its rows need no map
+        self._subset_whole = bool(torch.equal(self.subset, torch.arange(vocab_size)))
         self.reset()
 
     def reset(self) -> None:
@@ -40,8 +43,7 @@ class ContextVocab:
         self.ids = self.subset  # [w] target id of each column
         self.id_list: list[int] = self.ids.tolist()  # the same, read once
         self.column = list(self._subset_columns)  # each token id's column, -1: none (a list: read per token)
-        # the draft's columns are the target's vocabulary in order (a published EAGLE-1/2 head)
-        self.whole = bool(torch.equal(self.ids, torch.arange(self.vocab_size)))
+        self.whole = self._subset_whole  # the columns are the target's vocabulary in order
         self.extra_head: Optional[torch.Tensor] = None  # [extra, hidden]: the target's rows of the added tokens
         self._draft_vocab = DraftVocab(self.ids, self.vocab_size, self.column)
         self.scanned = 0  # committed tokens already read

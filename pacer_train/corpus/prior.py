@@ -36,3 +36,17 @@ def corpus_bias_for(own_subset: bool, corpus_bias: Optional[float], corpus: str,
     if corpus_bias is not None:
         return float(corpus_bias)
     return CORPUS_BIAS if own_subset and own_corpus(corpus, target_digest) else 0.0
+
+
+def corpus_prior(
+    own_subset: bool,
+    corpus_bias: Optional[float],
+    corpus: str,
+    tokenizer,
+    vocab_size: int,
+    target_digest: Optional[str],
+) -> tuple[float, Optional[CorpusSuccessors]]:
+    """A drafter's corpus prior: its bias (``corpus_bias_for``) and, where the bias is not 0, the table
+    of ``corpus`` it reads (None otherwise)."""
+    bias = corpus_bias_for(own_subset, corpus_bias, corpus, target_digest)
+    return bias, corpus_successors(corpus, tokenizer, vocab_size, target_digest) if bias else None

@@ -23,7 +23,7 @@ from pacer_core.kernels import PackedMatrix, pack_linears
 from pacer_core.priors import lookup_bias_for
 from pacer_core.protocols import feature_target
 from pacer_core.trees import TreeConfig, node_budget
-from pacer_train.corpus.prior import corpus_bias_for, corpus_successors
+from pacer_train.corpus.prior import corpus_prior
 
 from .handout import BlockDrafter
 from .model import BlockDraft, ContextCache, draft_identity, load_block_draft
@@ -123,10 +123,9 @@ class DFlashDrafter(BlockDrafter):
         self.draft_info = DraftInfo(identity=identity, target_layers=tuple(arch.target_layers), tree=config.tree)
         self.sampling = resources.sampling
         self.lookup_bias = lookup_bias_for(not published_draft, config.lookup_bias)
-        self.corpus_bias = corpus_bias_for(not published_draft, config.corpus_bias, config.corpus, digest)
-        self.corpus = None
-        if self.corpus_bias:
-            self.corpus = corpus_successors(config.corpus, resources.tokenizer, target.vocab_size, digest)
+        self.corpus_bias, self.corpus = corpus_prior(
+            not published_draft, config.corpus_bias, config.corpus, resources.tokenizer, target.vocab_size, digest
+        )
         self.tree = config.tree
         self.budget = (
             None

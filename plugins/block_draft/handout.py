@@ -26,10 +26,10 @@ A subclass sets ``sampling``, ``tree``, ``budget`` (``pacer_core.trees.node_budg
 ``block``, None for a chain), ``columns`` (a ``pacer_core.context_vocab.ContextVocab``: its rows'
 columns, the draft's vocabulary then, with ``context_vocab``, the committed tokens outside it, read
 at the start of each step), ``block``, ``lookup_bias`` (``pacer_core.priors.lookup_bias_for``),
-``corpus_bias`` and ``corpus`` (``pacer_train.corpus.prior``: the bias, and the successor table or
-None), and implements ``_forward`` (one forward: logits and hidden states over ``columns``),
-``_ready`` (whether it can draft after these committed tokens) and ``_reset`` (its own state at the
-start of a generation).
+``corpus_bias`` and ``corpus`` (``pacer_train.corpus.prior.corpus_prior``: the bias, and the
+successor table, None where the bias is 0), and implements ``_forward`` (one forward: logits and
+hidden states over ``columns``), ``_ready`` (whether it can draft after these committed tokens)
+and ``_reset`` (its own state at the start of a generation).
 """
 
 from __future__ import annotations
@@ -88,8 +88,7 @@ class BlockDrafter(BudgetedTree):
             self.budget.restart()  # auto's learned rate carries across greedy generations only
         self._reset()
         self.index = SuccessorIndex(len(self.lookup_bias))  # the committed text's n-grams → successors
-        corpus = self.corpus if self.corpus_bias else None
-        self.suffix_length = max(len(self.lookup_bias), corpus.longest if corpus is not None else 0)
+        self.suffix_length = max(len(self.lookup_bias), self.corpus.longest if self.corpus is not None else 0)
         self.columns.reset()
         self.step = StepWatch()  # a step's first call drafts a new block
         self.latest: Optional[Block] = None  # a chain's latest block
@@ -129,10 +128,9 @@ class BlockDrafter(BudgetedTree):
         self.index.extend(committed[len(self.index.text) :])  # the committed text never shrinks
         logits = logits.clone()  # [n, w] float32 on the CPU: the bonuses go in as numpy float32 additions
         values, column_of, width = logits.numpy(), self.columns.column, logits.shape[1]
-        corpus = self.corpus if self.corpus_bias else None
         suffix, rows, columns = (committed + known)[-self.suffix_length :], [], []
         for i in range(len(logits)):
-            bonus = path_bonus(self.index, self.lookup_bias, corpus, self.corpus_bias, suffix)
+            bonus = path_bonus(self.index, self.lookup_bias, self.corpus, self.corpus_bias, suffix)
             for token, value in bonus.items():
                 at = column_of[token]
                 if 0 <= at < width:  # a token outside the draft's vocabulary has no column to raise

@@ -27,7 +27,7 @@ from pacer_core.draft_model_helpers import sync_cache
 from pacer_core.priors import lookup_bias_for
 from pacer_core.protocols import MASK_ROW, ParallelDraftModel, StoredModel
 from pacer_core.trees import TreeConfig, node_budget
-from pacer_train.corpus.prior import corpus_bias_for, corpus_successors
+from pacer_train.corpus.prior import corpus_prior
 
 from .handout import BlockDrafter
 from .pard_files import MAX_BLOCK, load_pard_files
@@ -88,11 +88,9 @@ class PardDrafter(BlockDrafter):
         self.columns = ContextVocab(ids, model.vocab_size, None, False, torch.float32)
         self.sampling = resources.sampling
         self.lookup_bias = lookup_bias_for(distilled, config.lookup_bias)  # by default on drafts made here
-        digest = resources.target.digest
-        self.corpus_bias = corpus_bias_for(distilled, config.corpus_bias, config.corpus, digest)
-        self.corpus = None
-        if self.corpus_bias:
-            self.corpus = corpus_successors(config.corpus, resources.tokenizer, model.vocab_size, digest)
+        self.corpus_bias, self.corpus = corpus_prior(
+            distilled, config.corpus_bias, config.corpus, resources.tokenizer, model.vocab_size, resources.target.digest
+        )
         self.tree = config.tree
         self.draft_info = DraftInfo(identity=f"pard:{model.digest}", tree=config.tree)
         self.budget = (

@@ -33,7 +33,7 @@ from pacer_core.sampling import argmax_first, logits_to_probs, sample, take_rows
 from pacer_core.tree_hooks import BudgetedTree
 from pacer_core.trees import GrownLevels, TreeConfig, grow_level, node_budget
 from pacer_core.types import StepWatch
-from pacer_train.corpus.prior import corpus_bias_for, corpus_successors
+from pacer_train.corpus.prior import corpus_prior
 
 from .model import Eagle3Draft, KVCache, load_draft
 from .published import load_published, weights_file
@@ -198,11 +198,8 @@ class EagleDrafter(BudgetedTree):
         self.context_bias = float(config.context_bias)
         self.lookup_bias = lookup_bias_for(own_subset, config.lookup_bias)
         self.reads_context = self.context_vocab or bool(self.context_bias) or bool(self.lookup_bias)
-        self.corpus_bias = corpus_bias_for(own_subset, config.corpus_bias, config.corpus, target.digest)
-        self.corpus = (
-            corpus_successors(config.corpus, resources.tokenizer, target.vocab_size, target.digest)
-            if self.corpus_bias
-            else None
+        self.corpus_bias, self.corpus = corpus_prior(
+            own_subset, config.corpus_bias, config.corpus, resources.tokenizer, target.vocab_size, target.digest
         )
         # the last tokens of a path the priors read
         self.suffix_length = max(len(self.lookup_bias), self.corpus.longest if self.corpus else 0)
