@@ -386,7 +386,8 @@ def test_the_time_budget_stops_training_exports_and_the_same_command_continues(t
 
 
 def test_selfdistill_from_reads_the_corpus_from_that_shard_on_and_records_it(tmp_path):
-    """``corpus.selfdistill_from``: a continuation trains on the shards its init has not seen."""
+    """``corpus.selfdistill_from`` / ``selfdistill_until``: a continuation trains on the shards its init
+    has not seen."""
     from pacer_plugins.eagle.distill import selfdistill_stream
     from pacer_train.corpus.shards import CorpusStore
 
@@ -418,6 +419,13 @@ def test_selfdistill_from_reads_the_corpus_from_that_shard_on_and_records_it(tmp
     with pytest.raises(InputError) as info:
         selfdistill_stream(tmp_path / "corpus", Target(), 2)
     assert "selfdistill_from=2" in str(info.value) and "shards 0..1" in str(info.value) and "\n" not in str(info.value)
+    oldest, record = selfdistill_stream(tmp_path / "corpus", Target(), 0, 1)  # corpus.selfdistill_until=1
+    assert oldest == [7, 1, 2, 7, 3, 4] and record["records"] == 2 and record["end_shard"] == 1
+    assert [s["name"] for s in record["shards"]] == ["shard-00000"]
+    for first, until in ((1, 1), (0, 3)):
+        with pytest.raises(InputError) as info:
+            selfdistill_stream(tmp_path / "corpus", Target(), first, until)
+        assert f"selfdistill_until={until}" in str(info.value) and "\n" not in str(info.value)
 
 
 def test_selfdistill_extra_adds_whole_corpus_folders_and_records_each(tmp_path):

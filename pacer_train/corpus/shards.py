@@ -268,16 +268,21 @@ class CorpusStore:
 
 
 def iter_corpus(
-    folder: str | Path, families: Optional[Iterable[str]] = None, verify: bool = True, first_shard: int = 0
+    folder: str | Path,
+    families: Optional[Iterable[str]] = None,
+    verify: bool = True,
+    first_shard: int = 0,
+    end_shard: Optional[int] = None,
 ) -> Iterator[Sample]:
-    """Every record of a corpus folder in stream order (of its shards from ``first_shard`` on), as
+    """Every record of a corpus folder in stream order (of its shards from ``first_shard`` on, before
+    ``end_shard`` where given), as
     ``Sample`` (token ids, family, prompt / answer split). Each shard's sha256 is checked against the
     manifest first (``CorpusError``, one line, when it differs)."""
     from safetensors.torch import load_file
 
     store = CorpusStore(Path(folder), create=False)
     wanted = set(families) if families is not None else None
-    for entry in store.shards[first_shard:]:
+    for entry in store.shards[first_shard:end_shard]:
         path = store.verify(entry) if verify else store.folder / f"{entry['name']}.safetensors"
         info = store.shard_info(entry)
         tensors = load_file(str(path))

@@ -45,6 +45,7 @@ class CorpusConfig:
     extra_files: List[str] = attrs.field(factory=list)  # your own text files (never benchmark prompts)
     selfdistill: Optional[str] = None  # a `pacer corpus` folder: its records (prompt + the target's answer) join
     selfdistill_from: int = 0  # read its shards from this index on (e.g. only those the init draft did not see)
+    selfdistill_until: int = 0  # ... and before this one (0: to the last shard)
     selfdistill_extra: List[str] = attrs.field(factory=list)  # more `pacer corpus` folders, read whole (e.g. open chat)
 
 

@@ -62,7 +62,7 @@ def build_corpus(cfg: DistillConfig, target, tokenizer) -> dict[str, Any]:
     streams = {"stdlib": text["stdlib"], "docs": text["docs"], "chat": [], "extra": text["extra"]}
     if c.selfdistill is not None:
         streams["selfdistill"], used["selfdistill"] = selfdistill_stream(
-            Path(c.selfdistill), target, c.selfdistill_from
+            Path(c.selfdistill), target, c.selfdistill_from, c.selfdistill_until
         )
     if c.selfdistill_extra:
         streams["selfdistill_extra"], used["selfdistill_extra"] = [], []
@@ -92,13 +92,13 @@ def build_corpus(cfg: DistillConfig, target, tokenizer) -> dict[str, Any]:
 
 
 def selfdistill_stream(
-    folder: Path, target, first_shard: int = 0, option: str = "corpus.selfdistill"
+    folder: Path, target, first_shard: int = 0, end_shard: int = 0, option: str = "corpus.selfdistill"
 ) -> tuple[list[int], dict[str, Any]]:
     """The records of a ``pacer corpus`` folder (each its prompt, chat template applied, and the
-    target's greedy answer; its shards from ``first_shard`` on) concatenated in stream order, and the
-    record of what was read: the folder, the digest of the target that wrote it, the shards read
-    (name, sha256) and the record count. A corpus another target wrote, or a ``first_shard`` past its
-    last shard, is refused in one line."""
+    target's greedy answer; its shards from ``first_shard`` on, before ``end_shard`` unless that is 0)
+    concatenated in stream order, and the record of what was read: the folder, the digest of the
+    target that wrote it, the shards read (name, sha256) and the record count. A corpus another
+    target wrote, or a shard range that is empty or past its last shard, is refused in one line."""
     from pacer_train.corpus import iter_corpus
     from pacer_train.corpus.shards import CorpusStore
 
@@ -115,8 +115,15 @@ def selfdistill_stream(
             f"0..{len(store.shards) - 1}: "
             "give an index among them (0 reads them all)"
         )
+    end = end_shard or len(store.shards)
+    if not first_shard < end <= len(store.shards):
+        raise InputError(
+            f"corpus.selfdistill_until={end_shard} with corpus.selfdistill_from={first_shard}, but '{folder}' "
+            f"holds shards 0..{len(store.shards) - 1}: give an index after selfdistill_from, at most "
+            f"{len(store.shards)} (0 reads to the last shard)"
+        )
     stream, records = [], 0
-    for sample in iter_corpus(folder, first_shard=first_shard):
+    for sample in iter_corpus(folder, first_shard=first_shard, end_shard=end):
         stream += sample.tokens.tolist()
         records += 1
     return stream, {
@@ -124,7 +131,8 @@ def selfdistill_stream(
         "target_digest": written_by,
         "records": records,
         "first_shard": first_shard,
-        "shards": [{"name": e["name"], "sha256": e["sha256"][:16]} for e in store.shards[first_shard:]],
+        **({"end_shard": end_shard} if end_shard else {}),
+        "shards": [{"name": e["name"], "sha256": e["sha256"][:16]} for e in store.shards[first_shard:end]],
     }
 
 
