@@ -6,25 +6,30 @@ its steps with a cost model (``pacer_core.cost_profiles.CostModel``, declared th
 forward is paid, the gate decides whether the step drafts or decodes plainly (an empty draft: the
 target scores the pending token alone, as in a prompt's first step when a drafter has nothing yet).
 
-The rule compares two rates: drafting's, the tokens a drafted step of this generation emitted
-(a running mean) over the seconds such a step costs under the cost model (a running mean of each
-step's price: its draft forwards, its nodes and their verification), and plain decoding's, one token
-per plain step. When drafting's is below ``margin`` × plain decoding's, the gate skips the next
-``wait`` steps, then drafts one step again (a probe) so the estimate can recover where the text
-becomes easier: ``wait`` starts at 1 and doubles after every probe that does not pay, up to
-``max_wait``, and falls back to 0 once drafting pays again.
+The rule prices each drafted step of this generation against plain decoding: its **gain** is the
+tokens it emitted minus the tokens plain decoding would have emitted in the seconds it cost under the
+cost model (its draft forwards, its nodes and their verification; ``margin`` above 1 asks drafting to
+be that much faster). Over the latest ``window`` drafted steps, the gate skips only when drafting is
+confidently losing: the mean gain is below 0 by more than ``confidence`` standard errors. One
+rejected step is noise; a run of them on text the draft cannot write is evidence. It then skips the
+next ``wait`` steps and drafts one step again (a probe) so the estimate can recover where the text
+becomes easier: ``wait`` starts at 1 and doubles after every probe that leaves drafting losing, up
+to ``max_wait``, and falls back to 0 once it is not.
 
 Skipping never changes what is emitted: a plain step is the target's own decoding (greedy, or a draw
 from its distribution), and the decision is a function of earlier steps only (their emitted tokens,
 draft forwards and nodes: what the generation has accepted so far), never of the current step's
 draft, and never of a clock, so a seed reproduces a sampled generation.
 
-The rules are pure functions (``drafting_pays``, ``drafted_step_seconds``, ``next_wait``,
-``running_mean``); ``DraftGate`` holds one generation's state and calls them.
+The rules are pure functions (``step_gain``, ``drafting_loses``, ``drafted_step_seconds``,
+``next_wait``); ``DraftGate`` holds one generation's state and calls them (``pacer replay --gate``
+replays the same gate over a recorded run).
 """
 
 from __future__ import annotations
 
+import math
+from collections import deque
 from typing import Any, Optional, Sequence
 
 import attrs
@@ -33,6 +38,7 @@ from .cost_profiles import CostModel
 from .errors import InputError
 
 MAX_WAIT = 1 << 16  # steps skipped between probes, at most (far beyond any generation's budget)
+MAX_WINDOW = 4096  # drafted steps the rule reads, at most
 
 
 def _margin(instance, attribute, value) -> None:
@@ -43,11 +49,22 @@ def _margin(instance, attribute, value) -> None:
         )
 
 
-def _decay(instance, attribute, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value <= 1.0:
+def _window(instance, attribute, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_WINDOW:
         raise ValueError(
-            f"skip_drafting.decay must be a number in (0, 1] (the weight of each drafted step in the "
-            f"running estimate), got {value!r}"
+            f"skip_drafting.{attribute.name} must be a whole number of drafted steps in 1..{MAX_WINDOW} "
+            f"({WINDOW_KEYS[attribute.name]}), got {value!r}"
+        )
+
+
+WINDOW_KEYS = {"window": "the latest drafted steps the rule reads", "min_steps": "drafted steps before a verdict"}
+
+
+def _confidence(instance, attribute, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 10.0:
+        raise ValueError(
+            f"skip_drafting.confidence must be a number in [0, 10] (standard errors by which the mean "
+            f"gain must be below 0 before a step is skipped; 0: the mean alone), got {value!r}"
         )
 
 
@@ -67,16 +84,38 @@ class SkipConfig:
     # never skip; null: on for a cost-aware stack (some component declares a cost model), off
     # otherwise; true: on, refused in one line when no component declares one
     enabled: Optional[bool] = False
-    margin: float = attrs.field(default=1.0, validator=_margin)  # draft while its rate >= margin × plain's
-    decay: float = attrs.field(default=0.25, validator=_decay)  # weight of the latest drafted step
+    margin: float = attrs.field(default=1.0, validator=_margin)  # plain decoding's rate, times this, to beat
+    window: int = attrs.field(default=32, validator=_window)  # the latest drafted steps the rule reads
+    # skip when the window's mean gain is below 0 by more than this many standard errors
+    confidence: float = attrs.field(default=1.0, validator=_confidence)
+    min_steps: int = attrs.field(default=4, validator=_window)  # drafted steps the rule needs before a verdict
     max_wait: int = attrs.field(default=32, validator=_max_wait)  # steps skipped between probes, at most
+
+    def __attrs_post_init__(self) -> None:
+        if self.min_steps > self.window:
+            raise ValueError(
+                f"skip_drafting.min_steps={self.min_steps} exceeds skip_drafting.window={self.window}: the "
+                "rule could never find drafting losing; give min_steps <= window"
+            )
 
 
 # -- the rules ----------------------------------------------------------------------------------------
-def drafting_pays(tokens: float, seconds: float, plain_seconds: float, margin: float = 1.0) -> bool:
-    """Whether drafting's rate, ``tokens`` emitted per drafted step of ``seconds``, reaches ``margin``
-    times plain decoding's, one token per ``plain_seconds``."""
-    return tokens * plain_seconds >= margin * seconds
+def step_gain(tokens: int, seconds: float, plain_seconds: float, margin: float = 1.0) -> float:
+    """A drafted step's gain in tokens: the ``tokens`` it emitted minus those plain decoding (one per
+    ``plain_seconds``, asked to be ``margin`` times faster) would have emitted in its ``seconds``."""
+    return tokens - margin * seconds / plain_seconds
+
+
+def drafting_loses(gains: Sequence[float], confidence: float, min_steps: int = 4) -> bool:
+    """Whether drafting is confidently slower than plain decoding: at least ``min_steps`` gains whose
+    mean is below 0 by more than ``confidence`` standard errors (sample standard deviation / √n; a
+    single gain has no spread)."""
+    n = len(gains)
+    if n < max(1, min_steps):
+        return False
+    mean = sum(gains) / n
+    spread = math.sqrt(sum((g - mean) ** 2 for g in gains) / (n - 1)) if n > 1 else 0.0
+    return mean + confidence * spread / math.sqrt(n) < 0.0
 
 
 def drafted_step_seconds(cost: CostModel, forwards: int, nodes: int, chain: bool) -> float:
@@ -88,16 +127,10 @@ def drafted_step_seconds(cost: CostModel, forwards: int, nodes: int, chain: bool
     return cost.step(forwards, nodes=nodes)
 
 
-def next_wait(wait: int, pays: bool, longest: int) -> int:
-    """Steps to skip after a drafted step: none when drafting pays; else 1 after a paying step,
-    twice the last wait after a probe that did not pay, at most ``longest``."""
-    return 0 if pays else min(max(1, 2 * wait), longest)
-
-
-def running_mean(mean: float, value: float, count: int, decay: float) -> float:
-    """An exponential moving average with weight ``decay``, a plain mean over its first 1 / decay
-    values (``count``: values seen, this one included): the first value is taken whole."""
-    return mean + max(decay, 1.0 / count) * (value - mean)
+def next_wait(wait: int, loses: bool, longest: int) -> int:
+    """Steps to skip after a drafted step: none unless drafting loses; else 1 after drafting every
+    step, twice the last wait after a probe that leaves it losing, at most ``longest``."""
+    return min(max(1, 2 * wait), longest) if loses else 0
 
 
 # -- the gate -----------------------------------------------------------------------------------------
@@ -112,8 +145,7 @@ class DraftGate:
 
     def restart(self) -> None:
         """A new generation: nothing learned, drafting on."""
-        self.tokens = self.seconds = 0.0  # running means over the drafted steps: emitted, priced seconds
-        self.steps = 0  # drafted steps learned from
+        self.gains: deque[float] = deque(maxlen=self.config.window)  # the latest drafted steps' gains
         self.wait = 0  # the current back-off
         self.skip_left = 0  # steps still to skip before the next probe
         self.skipped = 0  # steps decoded plainly by the gate in this generation
@@ -134,11 +166,14 @@ class DraftGate:
         if not self._drafting or step.index == 0 or (step.draft_forwards == 0 and step.draft.num_nodes == 0):
             return
         seconds = drafted_step_seconds(self.cost, step.draft_forwards, step.draft.num_nodes, step.draft.tree.is_chain)
-        self.steps += 1
-        self.tokens = running_mean(self.tokens, len(step.emitted), self.steps, self.config.decay)
-        self.seconds = running_mean(self.seconds, seconds, self.steps, self.config.decay)
-        pays = drafting_pays(self.tokens, self.seconds, self.plain_seconds, self.config.margin)
-        self.wait = next_wait(self.wait, pays, self.config.max_wait)
+        self.learn(len(step.emitted), seconds)
+
+    def learn(self, tokens: int, seconds: float) -> None:
+        """A drafted step that emitted ``tokens`` in ``seconds``: its gain joins the window, and the
+        back-off follows (``pacer replay --gate`` calls this with the replay's own step prices)."""
+        self.gains.append(step_gain(tokens, seconds, self.plain_seconds, self.config.margin))
+        loses = drafting_loses(self.gains, self.config.confidence, self.config.min_steps)
+        self.wait = next_wait(self.wait, loses, self.config.max_wait)
         self.skip_left = self.wait
 
 

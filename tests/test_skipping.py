@@ -24,9 +24,9 @@ from pacer_core.skipping import (
     SkipConfig,
     draft_gate,
     drafted_step_seconds,
-    drafting_pays,
+    drafting_loses,
     next_wait,
-    running_mean,
+    step_gain,
 )
 from pacer_core.testing import ScriptedLM, chisquare_pvalue, exact_continuation_probs
 
@@ -53,7 +53,11 @@ from helpers import SCRIPTED_VOCAB as VOCAB
 
 COST = CostModel([0.020, 0.021, 0.022, 0.023, 0.024], draft_token_s=0.002, step_s=0.001, plain_host_s=0.0005)
 # the gate on, drafting never paying: skip whenever the back-off allows
-FORCED = ["generation.skip_drafting.enabled=true", "generation.skip_drafting.margin=100"]
+FORCED = [
+    "generation.skip_drafting.enabled=true",
+    "generation.skip_drafting.margin=100",
+    "generation.skip_drafting.min_steps=1",
+]
 PACER = f"{{name: pacer, rule: throughput, b: 1, max_draft: 3, predictor: draft_confidence, {INLINE_COSTS}}}"
 
 
@@ -69,12 +73,23 @@ def step(index: int, emitted: int, forwards: int = 2, nodes: int = 2, chain: boo
 
 
 # -- the rules -------------------------------------------------------------------------------------
-def test_drafting_pays_compares_tokens_per_second_with_plain_decodings():
-    # 1.5 tokens in 30 ms is 50 tok/s; plain decoding 1 token in 20 ms, also 50 tok/s: a tie drafts
-    assert drafting_pays(1.5, 0.030, 0.020)
-    assert not drafting_pays(1.49, 0.030, 0.020)
-    assert not drafting_pays(1.5, 0.030, 0.020, margin=1.05)  # must be 5% faster
-    assert drafting_pays(1.6, 0.030, 0.020, margin=1.05)
+def test_a_steps_gain_is_its_tokens_less_what_plain_decoding_emits_in_its_time():
+    # 1.5 tokens in 30 ms; plain decoding emits 1 token in 20 ms, so 1.5 in 30 ms: a tie gains nothing
+    assert step_gain(1.5, 0.030, 0.020) == pytest.approx(0.0)
+    assert step_gain(1, 0.030, 0.020) == pytest.approx(-0.5)
+    assert step_gain(1.5, 0.030, 0.020, margin=1.05) == pytest.approx(-0.075)  # must be 5% faster
+    assert step_gain(4, 0.040, 0.020) == pytest.approx(2.0)
+
+
+def test_drafting_loses_only_when_the_mean_gain_is_below_zero_by_the_confidence():
+    assert not drafting_loses([-1.0, -1.0, -1.0], 0.5)  # fewer than min_steps (4): no verdict yet
+    assert drafting_loses([-1.0], 0.5, min_steps=1)  # one gain has no spread
+    assert drafting_loses([-1.0, -1.0, -1.0, -1.0], 0.5)  # no spread: the mean alone
+    # mean -0.25, sample standard deviation 0.5, standard error 0.25
+    gains = [-0.5, 0.5, -0.5, -0.5]
+    assert drafting_loses(gains, 0.0) and drafting_loses(gains, 0.5)  # -0.25 + 0.5 · 0.25 < 0
+    assert not drafting_loses(gains, 1.0)  # -0.25 + 1.0 · 0.25 is not below 0
+    assert not drafting_loses([0.0] * 8, 0.0)  # a tie is not a loss
 
 
 def test_a_drafted_step_is_priced_by_its_forwards_and_nodes():
@@ -91,25 +106,20 @@ def test_a_drafted_step_is_priced_by_its_forwards_and_nodes():
     assert profile.cost_model("feature").plain_step() == pytest.approx(profile.plain_step())
 
 
-def test_the_back_off_doubles_up_to_its_cap_and_ends_when_drafting_pays():
+def test_the_back_off_doubles_up_to_its_cap_and_ends_when_drafting_stops_losing():
     waits, wait = [], 0
     for _ in range(7):
-        wait = next_wait(wait, False, 16)
+        wait = next_wait(wait, True, 16)
         waits.append(wait)
     assert waits == [1, 2, 4, 8, 16, 16, 16]
-    assert next_wait(8, True, 16) == 0
-
-
-def test_the_running_mean_takes_its_first_values_whole_then_decays():
-    assert running_mean(0.0, 3.0, 1, 0.25) == 3.0
-    assert running_mean(3.0, 1.0, 2, 0.25) == 2.0  # a plain mean while 1 / count > decay
-    assert running_mean(2.0, 4.0, 8, 0.25) == 2.5  # then the decay's weight
+    assert next_wait(8, False, 16) == 0
 
 
 # -- the gate on scripted steps --------------------------------------------------------------------------
 def test_the_gate_skips_with_back_off_and_drafts_again_once_drafting_pays():
     gate = DraftGate(COST, SkipConfig())
-    # a drafted step of 2 forwards and 2 nodes costs 0.027 s: it pays from 0.027 / 0.0205 = 1.32 tokens
+    # a drafted step of 2 forwards and 2 nodes costs 0.027 s, plain decoding 0.0205 s a token: a step
+    # emitting one token gains 1 - 0.027 / 0.0205 = -0.317, one emitting four +2.683
     decisions = []
 
     def run(emitted):
@@ -119,27 +129,43 @@ def test_the_gate_skips_with_back_off_and_drafts_again_once_drafting_pays():
 
     gate.drafts()
     gate.observe(step(0, 1))  # the prefill teaches nothing
-    assert gate.steps == 0 and gate.wait == 0
-    for _ in range(16):
+    assert not gate.gains and gate.wait == 0
+    for _ in range(19):
         run(1)  # one token per drafted step: never pays
-    # drafted, 1 skipped, probe, 2 skipped, probe, 4 skipped, probe, 8 skipped: waits 1, 2, 4, 8
-    assert decisions == [True, False, True, False, False, True] + [False] * 4 + [True] + [False] * 5
-    assert gate.skipped == decisions.count(False) and gate.wait == 8
+    # four drafted steps before a verdict, then waits of 1, 2, 4 and 8 between probes
+    assert decisions == [True] * 4 + [False, True] + [False] * 2 + [True] + [False] * 4 + [True] + [False] * 5
+    assert (
+        gate.skipped == decisions.count(False)
+        and gate.wait == 8
+        and list(gate.gains) == pytest.approx([-0.317] * 7, abs=1e-3)
+    )
     for _ in range(3):
         run(1)  # the rest of the 8-step wait
     decisions.clear()
     for _ in range(6):
-        run(4)  # the text got easy: the probe moves the estimate back above plain decoding's
+        run(4)  # the text got easy: one probe lifts the mean gain above 0 (7 × -0.317 + 2.683 > 0)
     assert decisions == [True] * 6 and gate.wait == 0
     gate.restart()
-    assert (gate.steps, gate.skipped, gate.wait, gate.skip_left) == (0, 0, 0, 0)
+    assert (len(gate.gains), gate.skipped, gate.wait, gate.skip_left) == (0, 0, 0, 0)
+
+
+def test_one_losing_step_among_paying_ones_is_noise_not_a_verdict():
+    gate = DraftGate(COST, SkipConfig())
+    for emitted in (3, 1, 3, 1, 1, 3, 1, 1):  # mean gain +0.43: drafting pays on average
+        assert gate.drafts()
+        gate.learn(emitted, 0.027)
+    strict = DraftGate(COST, SkipConfig(window=4, confidence=0.0))  # the latest four, their mean alone
+    for emitted in (3, 1, 1, 1, 1):  # (3, 1, 1, 1): 1.5 tokens a step against plain decoding's 1.317
+        assert strict.drafts()
+        strict.learn(emitted, 0.027)
+    assert not strict.drafts()  # the latest four emitted one token each: the window's mean loses
 
 
 def test_steps_that_drafted_nothing_teach_the_gate_nothing():
     gate = DraftGate(COST, SkipConfig())
     assert gate.drafts()
     gate.observe(step(1, 1, forwards=0, nodes=0))  # a drafter without target states yet
-    assert gate.steps == 0 and gate.drafts()
+    assert not gate.gains and gate.drafts()
 
 
 def test_the_first_cost_model_prices_the_gate_and_enabled_decides_when_there_is_none():
@@ -158,8 +184,11 @@ def test_the_first_cost_model_prices_the_gate_and_enabled_decides_when_there_is_
     [
         ("margin=0", "skip_drafting.margin must be a number in (0, 100]"),
         ("margin=-1.5", "skip_drafting.margin must be a number in (0, 100]"),
-        ("decay=0", "skip_drafting.decay must be a number in (0, 1]"),
-        ("decay=1.5", "skip_drafting.decay must be a number in (0, 1]"),
+        ("window=0", "skip_drafting.window must be a whole number of drafted steps in 1..4096"),
+        ("min_steps=40", "skip_drafting.min_steps=40 exceeds skip_drafting.window=32"),
+        ("window=2.5", "skip_drafting.window"),
+        ("confidence=-1", "skip_drafting.confidence must be a number in [0, 10]"),
+        ("decay=0.25", "unknown option"),
         ("max_wait=0", "skip_drafting.max_wait must be a whole number of steps"),
         ("enabled=maybe", "enabled"),
         ("wait=3", "unknown option"),
@@ -277,7 +306,8 @@ def sampled_engine(skip):
     draft = ScriptedLM(VOCAB, seed=1, table=DRAFT_TABLE.clone())
     engine = build_engine(target, draft, "draft_model", PACER, {"temperature": 1.0})
     cost = engine.pm.hook.pacer_step_costs()[0]  # the throughput rule's, declared through pacer_step_costs
-    engine.gate = DraftGate(cost, SkipConfig(margin=100.0)) if skip is FORCED else ScheduledGate(cost, skip)
+    forced = SkipConfig(margin=100.0, min_steps=1)  # a verdict from the first drafted step
+    engine.gate = DraftGate(cost, forced) if skip is FORCED else ScheduledGate(cost, skip)
     return target, engine
 
 

@@ -17,6 +17,7 @@ from pacer_core.cost_profiles import Profile, load_profile
 from pacer_core.errors import InputError
 
 from .calibration import check_calibration, run_calibration
+from .gate import gate_config, gate_markdown, replay_gate
 from .predictions import markdown, predict
 from .profiles import profile_from_run, with_host
 from .recorded import RecordedRun
@@ -42,6 +43,14 @@ def _setup_replay(p):
         help="price host time per step from this file's host_s instead "
         "(`pacer bench-host --json FILE`, or a profile): this engine's "
         "own host time in place of the profile's",
+    )
+    p.add_argument(
+        "--gate",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="also replay the draft gate (generation.skip_drafting) over each stack of a run made "
+        "with it off: its speedup with and without, and the slowest prompt's; options as "
+        "skip_drafting's (e.g. --gate window=16 confidence=1) (docs/costs.md#skipping-drafting)",
     )
     p.add_argument("--json", action="store_true", help="print the predictions as JSON")
     p.add_argument(
@@ -79,13 +88,15 @@ def _setup_replay(p):
             calibrations.save(args.save_calibration, fitted)
             if not named:
                 return 0
+        gate = None if args.gate is None else gate_config(args.gate)
         profiles = _profiles(args, recorded, named)
         predictions = [predict(recorded, profile, given) for profile in profiles]
+        gated = [] if gate is None else [replay_gate(recorded, profile, gate) for profile in profiles]
         if args.json:
-            json.dump(predictions, sys.stdout, indent=1)
+            json.dump(predictions + gated, sys.stdout, indent=1)
             print()
         else:
-            print("\n".join(markdown(p) for p in predictions))
+            print("\n".join([markdown(p) for p in predictions] + [gate_markdown(g) for g in gated]))
         return 0
 
     return run

@@ -49,23 +49,31 @@ def generation_seconds(g: Generation, profile: Profile, kind: Optional[str]) -> 
     if not g.steps:  # a baseline without per-step records (transformers' generate): plain decoding
         tokens = len(g.record.get("tokens") or ())
         return profile.verify(prompt) + max(0, tokens - 1) * profile.plain_step() + profile.host_plain
+    return sum(step_seconds(g, profile, kind)) + int(g.metrics.get("pacer_checks", 0) or 0) * profile.preverify_s
+
+
+def step_seconds(g: Generation, profile: Profile, kind: Optional[str]) -> list[float]:
+    """The seconds ``profile`` predicts for each recorded step of a generation (the first verifies
+    the prompt; PACER's M_B consultations are the generation's, not a step's)."""
+    prompt = g.prompt_tokens
     tree_verify = profile.tree_verify or profile.verify
-    seconds, prefilled = 0.0, False
+    prices, prefilled = [], False
     for i, (step, n_forwards) in enumerate(zip(g.steps, g.draft_forwards)):
         pending = prompt if i == 0 else 1
         sent = step.drafted if step.nodes is None else step.nodes
         if step.is_tree:
-            seconds += tree_verify(pending + sent)
+            seconds = tree_verify(pending + sent)
             seconds += profile.host_tree(sent) if profile.host_tree is not None else profile.host_chain
         else:
-            seconds += profile.verify(pending + sent)
+            seconds = profile.verify(pending + sent)
             seconds += profile.host_plain if kind is None and sent == 0 and not step.drafted else profile.host_chain
         if kind is not None and n_forwards:
             width = max(1, round(sent / n_forwards)) if step.is_tree else 1
             first = prompt if not prefilled else width  # the drafter reads the prompt once, on its first forward
             prefilled = True
             seconds += profile.draft_forward(kind, first) + (n_forwards - 1) * profile.draft_forward(kind, width)
-    return seconds + int(g.metrics.get("pacer_checks", 0) or 0) * profile.preverify_s
+        prices.append(seconds)
+    return prices
 
 
 def predict(run: RecordedRun, profile: Profile, calibration: Optional[Calibration] = None) -> dict[str, Any]:
