@@ -64,8 +64,10 @@ def recorded(losing_tokens: int = 9) -> RecordedRun:
         record("losing", "q", [1] * losing_tokens),
         record("paying", "q", [4] * 5),
         record("gated", "q", [4] * 5, skipped_steps=2),
+        record("lookup", "q", [1] * 9, draft_forwards_per_step=[0] * 10),  # no draft forward: no draft kind
     ]
     units = [unit("autoregressive", "autoregressive"), unit("losing"), unit("paying"), unit("gated")]
+    units.append(unit("lookup", "autoregressive"))
     return RecordedRun.parse({"units": units, "prompt_sets": ["set"]}, records)
 
 
@@ -91,6 +93,10 @@ def test_a_paying_stack_is_never_skipped_and_a_gated_record_is_not_replayed():
     assert losing["off"] < 1.0 < 1.0 / losing["off"] and losing["on"] > losing["off"]
     assert losing["skipped_share"] == pytest.approx(3 / 10)
     assert result["stacks"]["gated"] == {"records": 1, "recorded_gated": True}
+    # a drafter without draft forwards (a lookup), under a profile pricing no such drafter: a 3-token
+    # chain verified for one emitted token still loses (verify(4) = 2.5 plain steps)
+    lookup = result["stacks"]["lookup"]
+    assert lookup["on"] > lookup["off"] and lookup["skipped_share"] > 0
     # a gate that never finds drafting losing replays as the gate off
     never = replay_gate(recorded(), profile, SkipConfig(enabled=True, min_steps=32))["stacks"]["losing"]
     assert never["on"] == pytest.approx(never["off"])

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional, Sequence
 
-from pacer_core.cost_profiles import Profile
+from pacer_core.cost_profiles import CostModel, Profile
 from pacer_core.errors import InputError
 from pacer_core.skipping import DraftGate, SkipConfig
 
@@ -44,7 +44,8 @@ def gated_seconds(g: Generation, profile: Profile, kind: Optional[str], config: 
     for e in emitted[:-1]:
         starts.append(starts[-1] + e)
     total, plain = sum(emitted), profile.plain_step()
-    gate = DraftGate(profile.cost_model(kind or "feature"), config)
+    # the gate learns at the replay's prices (``learn``): of the cost model it needs plain decoding's alone
+    gate = DraftGate(CostModel([profile.verify(1)], plain_host_s=profile.host_plain), config)
     gate.drafts()  # the prefill: as recorded, teaching nothing
     seconds, position, i, steps = prices[0], emitted[0], 0, 1
     while position < total:
