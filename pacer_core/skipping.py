@@ -80,7 +80,7 @@ def _max_wait(instance, attribute, value) -> None:
 class SkipConfig:
     """``generation.skip_drafting``: when a step decodes plainly instead of drafting."""
 
-    # false (the default: measured slower than drafting every step, docs/costs.md#skipping-drafting):
+    # false (the default until measured beyond the writing prompts, docs/costs.md#skipping-drafting):
     # never skip; null: on for a cost-aware stack (some component declares a cost model), off
     # otherwise; true: on, refused in one line when no component declares one
     enabled: Optional[bool] = False

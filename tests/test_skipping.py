@@ -170,7 +170,7 @@ def test_steps_that_drafted_nothing_teach_the_gate_nothing():
 
 def test_the_first_cost_model_prices_the_gate_and_enabled_decides_when_there_is_none():
     other = CostModel([1.0])
-    assert draft_gate(SkipConfig(), [None, COST, other]) is None  # off unless asked for (measured slower)
+    assert draft_gate(SkipConfig(), [None, COST, other]) is None  # off unless asked for
     assert draft_gate(SkipConfig(enabled=None), [None, COST, other]).cost is COST
     assert draft_gate(SkipConfig(enabled=None), [None]) is None  # auto: a stack without a cost model never skips
     assert draft_gate(SkipConfig(enabled=False), [COST]) is None
