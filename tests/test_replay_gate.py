@@ -97,6 +97,12 @@ def test_a_paying_stack_is_never_skipped_and_a_gated_record_is_not_replayed():
     # chain verified for one emitted token still loses (verify(4) = 2.5 plain steps)
     lookup = result["stacks"]["lookup"]
     assert lookup["on"] > lookup["off"] and lookup["skipped_share"] > 0
+    # steps that drafted nothing teach the replayed gate nothing, as they teach the engine's: asked to
+    # be 1.5 times faster, a gate learning from them would skip
+    idle = record("idle", "q", [1] * 9, drafted_per_step=[0] * 10, draft_forwards_per_step=[0] * 10)
+    idle_run = RecordedRun.parse({"units": [unit("idle")]}, [idle])
+    _, _, skipped = gated_seconds(idle_run.of("idle")[0], profile, "token", SkipConfig(margin=1.5))
+    assert skipped == 0
     # a gate that never finds drafting losing replays as the gate off
     never = replay_gate(recorded(), profile, SkipConfig(enabled=True, min_steps=32))["stacks"]["losing"]
     assert never["on"] == pytest.approx(never["off"])

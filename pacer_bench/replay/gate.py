@@ -56,7 +56,8 @@ def gated_seconds(g: Generation, profile: Profile, kind: Optional[str], config: 
             tokens = min(max(1, emitted[i] - (position - starts[i])), total - position)
             seconds += prices[i]
             position += tokens
-            gate.learn(tokens, prices[i])
+            if g.steps[i].drafted or g.draft_forwards[i] or g.steps[i].nodes:  # as the engine's gate: a
+                gate.learn(tokens, prices[i])  # step that drafted nothing (no target states yet) teaches nothing
         else:
             seconds += plain
             position += 1
@@ -65,7 +66,7 @@ def gated_seconds(g: Generation, profile: Profile, kind: Optional[str], config: 
 
 def replay_gate(run: RecordedRun, profile: Profile, config: SkipConfig) -> dict[str, Any]:
     """Per stack (all prompt sets): the predicted speedup with the gate off and on, the slowest
-    prompt's under each, and the share of steps the gate skipped."""
+    record's (a prompt and repeat) under each, and the share of steps the gate skipped."""
     reference = {pair_key(g.record): g for g in run.of(BASELINE)}
     if not reference:
         raise InputError(f"the run has no '{BASELINE}' records to compare with: bench plain decoding too")
