@@ -287,7 +287,7 @@ def verify_bound(generations: list[Generation], cost: CostModel) -> Optional[dic
     free = CostModel(cost.verify_s, 0.0, cost.tree_k, cost.tree_verify_s)
     seconds = sum(free.step(s.drafted, s.nodes) for s in steps)
     emitted = float(sum(_steps([g.record for g in generations], "accept_lengths")))
-    tokens = sum((s.drafted if s.nodes is None else s.nodes) + 1 for s in steps)
+    tokens = sum(s.sent + 1 for s in steps)
     return {
         "steps": len(steps),
         "verified_tokens_per_step": tokens / len(steps),

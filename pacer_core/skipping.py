@@ -21,7 +21,7 @@ from its distribution), and the decision is a function of earlier steps only (th
 draft forwards and nodes: what the generation has accepted so far), never of the current step's
 draft, and never of a clock, so a seed reproduces a sampled generation.
 
-The rules are pure functions (``step_gain``, ``drafting_loses``, ``drafted_step_seconds``,
+The rules are pure functions (``step_gain``, ``drafting_loses``, ``drafted``, ``drafted_step_seconds``,
 ``next_wait``); ``DraftGate`` holds one generation's state and calls them (``pacer replay --gate``
 replays the same gate over a recorded run).
 """
@@ -49,15 +49,15 @@ def _margin(instance, attribute, value) -> None:
         )
 
 
+WINDOW_KEYS = {"window": "the latest drafted steps the rule reads", "min_steps": "drafted steps before a verdict"}
+
+
 def _window(instance, attribute, value) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_WINDOW:
         raise ValueError(
             f"skip_drafting.{attribute.name} must be a whole number of drafted steps in 1..{MAX_WINDOW} "
             f"({WINDOW_KEYS[attribute.name]}), got {value!r}"
         )
-
-
-WINDOW_KEYS = {"window": "the latest drafted steps the rule reads", "min_steps": "drafted steps before a verdict"}
 
 
 def _confidence(instance, attribute, value) -> None:
@@ -118,6 +118,12 @@ def drafting_loses(gains: Sequence[float], confidence: float, min_steps: int = 4
     return mean + confidence * spread / math.sqrt(n) < 0.0
 
 
+def drafted(forwards: int, nodes: int) -> bool:
+    """Whether a step drafted: one with no draft forward and no node sent (a drafter without target
+    states yet) teaches the gate nothing."""
+    return forwards > 0 or nodes > 0
+
+
 def drafted_step_seconds(cost: CostModel, forwards: int, nodes: int, chain: bool) -> float:
     """A drafted step's seconds under ``cost``: ``forwards`` draft forwards, then one target forward
     over the pending token and the ``nodes`` draft nodes sent (a causal chain, or a tree-masked
@@ -163,7 +169,7 @@ class DraftGate:
         """Learn from a committed step (a ``StepRecord``) that drafted: its emitted tokens against its
         price. The prefill (step 0, priced by the prompt's forward) and steps in which nothing was
         drafted (a drafter without target states yet) teach nothing."""
-        if not self._drafting or step.index == 0 or (step.draft_forwards == 0 and step.draft.num_nodes == 0):
+        if not self._drafting or step.index == 0 or not drafted(step.draft_forwards, step.draft.num_nodes):
             return
         seconds = drafted_step_seconds(self.cost, step.draft_forwards, step.draft.num_nodes, step.draft.tree.is_chain)
         self.learn(len(step.emitted), seconds)

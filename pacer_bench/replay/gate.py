@@ -17,9 +17,11 @@ from __future__ import annotations
 import math
 from typing import Any, Optional, Sequence
 
+import attrs
+
 from pacer_core.cost_profiles import CostModel, Profile
 from pacer_core.errors import InputError
-from pacer_core.skipping import DraftGate, SkipConfig
+from pacer_core.skipping import DraftGate, SkipConfig, drafted
 
 from ..answers import pair_key
 from ..config import BASELINE
@@ -56,8 +58,8 @@ def gated_seconds(g: Generation, profile: Profile, kind: Optional[str], config: 
             tokens = min(max(1, emitted[i] - (position - starts[i])), total - position)
             seconds += prices[i]
             position += tokens
-            if g.steps[i].drafted or g.draft_forwards[i] or g.steps[i].nodes:  # as the engine's gate: a
-                gate.learn(tokens, prices[i])  # step that drafted nothing (no target states yet) teaches nothing
+            if drafted(g.draft_forwards[i], g.steps[i].sent):  # as in the engine's gate
+                gate.learn(tokens, prices[i])
         else:
             seconds += plain
             position += 1
@@ -102,10 +104,7 @@ def _geomean(values: Sequence[float]) -> float:
 
 
 def _described(config: SkipConfig) -> str:
-    return (
-        f"margin {config.margin}, window {config.window}, confidence {config.confidence}, "
-        f"min_steps {config.min_steps}, max_wait {config.max_wait}"
-    )
+    return ", ".join(f"{key} {value}" for key, value in attrs.asdict(config).items() if key != "enabled")
 
 
 def gate_markdown(result: dict) -> str:

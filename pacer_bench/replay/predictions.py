@@ -60,7 +60,7 @@ def step_seconds(g: Generation, profile: Profile, kind: Optional[str]) -> list[f
     prices, prefilled = [], False
     for i, (step, n_forwards) in enumerate(zip(g.steps, g.draft_forwards)):
         pending = prompt if i == 0 else 1
-        sent = step.drafted if step.nodes is None else step.nodes
+        sent = step.sent
         if step.is_tree:
             seconds = tree_verify(pending + sent)
             seconds += profile.host_tree(sent) if profile.host_tree is not None else profile.host_chain

@@ -109,7 +109,7 @@ def _target_seconds(g: Generation, verify: Curve, tree: Optional[Curve]) -> floa
     """What the target's forwards of one generation cost on the (scaled) probe curves."""
     out = 0.0
     for i, step in enumerate(g.steps):
-        sent = step.drafted if step.nodes is None else step.nodes
+        sent = step.sent
         curve = (tree or verify) if step.is_tree else verify
         out += curve((g.prompt_tokens if i == 0 else 1) + sent)
     return out

@@ -30,6 +30,11 @@ class LoggedStep:
     def is_tree(self) -> bool:
         return self.nodes is not None and self.nodes != self.drafted
 
+    @property
+    def sent(self) -> int:
+        """The draft nodes the target verified (a chain logged without nodes: its drafted tokens)."""
+        return self.drafted if self.nodes is None else self.nodes
+
 
 def is_tree_log(log: Iterable[LoggedStep]) -> bool:
     """Whether any logged step verified more nodes than its depth (side nodes: a token tree)."""
