@@ -53,6 +53,28 @@ def comparisons_markdown(results: dict) -> list[str]:
     return lines + [""]
 
 
+def slowest_prompts_markdown(results: dict) -> list[str]:
+    """Per stack, its speedup on each prompt (over that prompt's repeats): how many prompts it ran
+    slower than the baseline on, and the slowest three (docs/benchmarks.md#per-prompt-the-slowest)."""
+    row = {name: c for name, c in results["table"][ALL].items() if name != results["baseline"] and c.get("prompts")}
+    if not row or max(c["prompts"] for c in row.values()) < 2:
+        return []
+    lines = [
+        "## Per prompt: the slowest",
+        "",
+        "Per prompt, a stack's speedup over that prompt's repeats (a ratio of totals, as above); the prompts "
+        "it ran slower than the baseline on, and its slowest three. Timing noise alone spreads these "
+        "around a stack's true speed: a second plain-decoding stack in the run measures how far.",
+        "",
+        "| stack | prompts | slower than the baseline | slowest prompts |",
+        "|---|---|---|---|",
+    ]
+    for name, c in row.items():
+        slowest = ", ".join(f"{speedup:.3f}× ({prompt})" for prompt, speedup in c["slowest_prompts"])
+        lines.append(f"| {name} | {c['prompts']} | {c['prompts_below_one']} | {slowest} |")
+    return lines + [""]
+
+
 def _fmt(value: Any, kind: str = "f2") -> str:
     if value is None:
         return "—"
@@ -239,6 +261,7 @@ def render(results: dict, plots: list[str]) -> str:
     lines += ["## All prompt sets", "", table_markdown(results["table"][ALL]), ""]
     for set_name in results["prompt_sets"]:
         lines += [f"## {set_name}", "", table_markdown(results["table"][set_name]), ""]
+    lines += slowest_prompts_markdown(results)
     lines += comparisons_markdown(results)
     lines += sources_markdown(results)
     lines += quality_markdown(results)

@@ -23,9 +23,10 @@ from .replay.chains import analyse
 from .replay.recorded import RecordedRun
 from .replay.recorded import unit_drafter as _strategy_drafter
 from .replay.steplog import Generation, LoggedStep
-from .stats import cell_intervals
+from .stats import cell_intervals, prompt_speedups
 
 ALL = "all"  # the row over every prompt set
+SLOWEST = 3  # per stack, the prompts with the lowest speedups that results.json keeps
 
 
 def _sum(records: list[dict], field: str) -> float:
@@ -124,6 +125,7 @@ def cell(records: list[dict], reference: dict[tuple, dict]) -> dict[str, Any]:
     )  # all their steps, concatenated
     emitted = float(per_step["emitted"])
     divergences = [r["first_divergence"] for r in paired if r.get("first_divergence") is not None]
+    by_prompt = sorted(prompt_speedups(paired, reference).items(), key=lambda item: item[1])
     return {
         "records": len(records),
         "new_tokens": int(new),
@@ -153,6 +155,9 @@ def cell(records: list[dict], reference: dict[tuple, dict]) -> dict[str, Any]:
         "draft_length_histogram": {str(d): n for d, n in per_step["draft_length_histogram"].items()},
         "source_shares": source_shares(records),
         "draft_topk": draft_topk(records),
+        "prompts": len(by_prompt),
+        "prompts_below_one": sum(speedup < 1.0 for _, speedup in by_prompt),
+        "slowest_prompts": [[name, speedup] for name, speedup in by_prompt[:SLOWEST]],
     }
 
 

@@ -147,6 +147,17 @@ def tau_columns(records: Sequence[dict]) -> tuple[np.ndarray, list]:
     return np.array(list(units.values()), dtype=float).reshape(-1, 2), [unit[:2] for unit in units]
 
 
+def prompt_speedups(records: Sequence[dict], reference: dict[tuple, dict]) -> dict[str, float]:
+    """Per prompt, the speedup over its repeats: a ratio of totals (the stack's tokens and seconds
+    summed over the repeats ``reference`` also ran, over the baseline's), named ``set/question``."""
+    columns, prompts = rate_columns(records, reference)
+    sums: dict[str, np.ndarray] = {}
+    for row, (set_name, question) in zip(columns, prompts):
+        name = question if question.startswith(set_name + "/") else f"{set_name}/{question}"
+        sums[name] = sums.get(name, np.zeros(4)) + row
+    return {name: float(ratio_of_rates(total[None, :])[0]) for name, total in sums.items() if total.all()}
+
+
 def _seeded(seed: int) -> np.random.Generator:
     return np.random.default_rng(seed)
 

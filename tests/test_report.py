@@ -370,6 +370,25 @@ def test_the_report_gives_m_bs_own_share_of_the_wall_time_beside_the_stop_time()
     assert _stop({"stop_share": 0.08, "mb_share": None}) == "8.0%"
 
 
+def test_the_report_names_each_stacks_slowest_prompts(finished):
+    from pacer_bench.stats import prompt_speedups
+
+    results = json.loads((finished / "results.json").read_text())
+    records = read_answers(finished)
+    baseline = [r for r in records if r["model_id"] == "autoregressive"]
+    reference = {(r["prompt_set"], r["question_id"], r["repeat"], r["turn"]): r for r in baseline}
+    text = (finished / "report.md").read_text()
+    assert "## Per prompt: the slowest" in text
+    for name, c in results["table"]["all"].items():
+        speedups = prompt_speedups([r for r in records if r["model_id"] == name], reference)
+        expected = sorted(speedups.items(), key=lambda item: item[1])
+        assert c["prompts"] == len(speedups) >= 2 and c["prompts_below_one"] == sum(v < 1 for v in speedups.values())
+        assert [tuple(pair) for pair in c["slowest_prompts"]] == expected[:3]
+        if name != "autoregressive":
+            prompt, speedup = expected[0]
+            assert f"| {name} | {c['prompts']} | {c['prompts_below_one']} | {speedup:.3f}× ({prompt})" in text
+
+
 # -- 95% intervals and --compare ---------------------------------------------------------------------
 def test_every_speedup_and_tau_of_the_report_carries_its_interval(finished):
     results = json.loads((finished / "results.json").read_text())

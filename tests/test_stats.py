@@ -18,6 +18,7 @@ from pacer_bench.stats import (
     format_interval,
     interval,
     percentile_interval,
+    prompt_speedups,
     rate_columns,
     ratio,
     ratio_of_rates,
@@ -150,6 +151,16 @@ def test_records_make_paired_units_per_prompt_and_repeat_over_their_turns():
     assert columns.tolist() == [[9, 4]] and clusters == [("p", "q1")]
     cis = cell_intervals(base, reference)
     assert cis == {"speedup_ci": [1.0, 1.0], "tau_ci": [1.0, 1.0]}  # the baseline against itself
+
+
+def test_per_prompt_speedups_are_ratios_of_totals_over_each_prompts_repeats():
+    base = [rec("b", "q1", 10, 1.0), rec("b", "q1", 10, 3.0, repeat=1), rec("b", "m/2", 8, 1.0, prompt_set="m")]
+    mine = [rec("a", "q1", 10, 0.5), rec("a", "q1", 10, 3.5, repeat=1), rec("a", "m/2", 8, 2.0, prompt_set="m")]
+    mine.append(rec("a", "q3", 9, 0.5))  # no partner: not a prompt of the pairing
+    reference = {(r["prompt_set"], r["question_id"], r["repeat"], r["turn"]): r for r in base}
+    # q1: 20 tokens in 4.0 s against 20 in 4.0 s (not the mean of its repeats' ratios, 1.0 and 0.86)
+    assert prompt_speedups(mine, reference) == {"p/q1": pytest.approx(1.0), "m/2": pytest.approx(0.5)}
+    assert prompt_speedups(base, reference) == {"p/q1": 1.0, "m/2": 1.0}  # the baseline against itself
 
 
 def _noisy_run(speed_a, speed_b, prompts=30, seed=0):
