@@ -80,10 +80,10 @@ def _max_wait(instance, attribute, value) -> None:
 class SkipConfig:
     """``generation.skip_drafting``: when a step decodes plainly instead of drafting."""
 
-    # false (the default until measured beyond the writing prompts, docs/costs.md#skipping-drafting):
-    # never skip; null: on for a cost-aware stack (some component declares a cost model), off
-    # otherwise; true: on, refused in one line when no component declares one
-    enabled: Optional[bool] = False
+    # null (the default): on for a cost-aware stack (some component declares a cost model), off
+    # otherwise; false: never skip; true: on, refused in one line when no component declares one
+    # (measured on writing, code and math prompts: docs/costs.md#never-slower-per-prompt)
+    enabled: Optional[bool] = None
     margin: float = attrs.field(default=1.0, validator=_margin)  # plain decoding's rate, times this, to beat
     window: int = attrs.field(default=32, validator=_window)  # the latest drafted steps the rule reads
     # skip when the window's mean gain is below 0 by more than this many standard errors

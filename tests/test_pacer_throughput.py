@@ -135,11 +135,34 @@ def test_lambda_learns_the_running_throughput_from_the_cost_model():
     assert policy.rate.value == pytest.approx(100.0)  # forgotten under sampling
 
 
+def test_recalibrated_predictions_scale_by_the_generations_accepted_over_predicted_tokens():
+    # κ = (accepted + prior) / (predicted + prior): 2 of 10 predicted, prior 2 -> 1/3; capped at 1
+    assert rules.recalibrated([0.9, 0.6], 2, 10.0, 2.0) == pytest.approx([0.3, 0.2])
+    assert rules.recalibrated([0.9, 0.6], 9, 1.0, 2.0) == pytest.approx([1.0, 1.0])
+    assert rules.recalibrated([0.5], 0, 0.0, 4.0) == [0.5]  # no outcome yet: M_B as it is
+    with pytest.raises(ValueError, match="prior must be positive"):
+        rules.recalibrated([0.5], 0, 0.0, 0.0)
+
+
+def test_an_over_predicting_m_b_is_read_down_after_its_tokens_are_rejected():
+    probs = [0.6, 0.5, 0.42, 0.35, 0.3, 0.25]
+    plain, corrected = throughput(probs, FLAT, b=1, recalibrate=None), throughput(probs, FLAT, b=1, recalibrate=2.0)
+    assert drive(plain, 6) == drive(corrected, 6) == (6, 6)  # the first step: nothing learnt yet
+    for policy in (plain, corrected):
+        policy.observe_outcome(sent=6, accepted=0, emitted=1)  # 2.42 tokens predicted, none accepted
+    # read down by κ = 2 / 4.42: p_1 0.27, whose forecast p_1² no longer pays a token's drafting at λ
+    assert drive(plain, 6) == (6, 6) and drive(corrected, 6) == (1, 1)
+    corrected.start_generation(greedy=True)
+    assert drive(corrected, 6) == (6, 6)  # a new generation starts from M_B as it is
+
+
 def test_the_paper_rule_is_unchanged_by_the_option():
     policy = PacerStop(PacerStopConfig(b=2, t0=0.5, max_draft=6), Scripted([0.9, 0.9, 0.2, 0.2, 0.9, 0.9]))
     assert drive(policy, 6) == (4, 4)
     with pytest.raises(ValueError, match="cost model"):
         PacerStop(PacerStopConfig(rule="throughput"), Scripted([0.5]))
+    with pytest.raises(ValueError, match="recalibrate"):
+        PacerStopConfig(rule="throughput", recalibrate=0.0)
 
 
 def test_draft_confidence_is_the_cumulative_product_across_blocks():
@@ -158,7 +181,8 @@ def test_draft_confidence_is_the_cumulative_product_across_blocks():
 # losslessness tests, beside the paper rule's stacks.
 
 
-def test_speculative_sampling_with_the_throughput_rule_matches_the_target_distribution():
+@pytest.mark.parametrize("recalibrate", [", recalibrate: null", ", recalibrate: 1"], ids=["as-given", "recalibrated"])
+def test_speculative_sampling_with_the_throughput_rule_matches_the_target_distribution(recalibrate):
     from pacer_core.testing import ScriptedLM, chisquare_pvalue, exact_continuation_probs
 
     from helpers import DRAFT_TABLE, LENGTH, PASS_P, PROMPT, SAMPLINGS, TARGET_TABLE, build_engine
@@ -168,7 +192,8 @@ def test_speculative_sampling_with_the_throughput_rule_matches_the_target_distri
     with single_thread():
         target = ScriptedLM(VOCAB, table=TARGET_TABLE.clone())
         draft = ScriptedLM(VOCAB, seed=1, table=DRAFT_TABLE.clone())
-        stop = f"{{name: pacer, rule: throughput, b: 1, max_draft: 3, predictor: draft_confidence, {COSTS}}}"
+        options = f"b: 1, max_draft: 3, predictor: draft_confidence, {COSTS}{recalibrate}"
+        stop = f"{{name: pacer, rule: throughput, {options}}}"
         engine = build_engine(target, draft, "draft_model", stop, SAMPLINGS["t1"])
         outputs, steps = run(engine, PROMPT, 5_000)
         p_value = chisquare_pvalue(outputs, exact_continuation_probs(target, PROMPT, LENGTH, engine.sampling))
@@ -500,6 +525,8 @@ def test_replay_stop_reads_a_run_folder(tmp_path, capsys):
             "1,2",
             "--margins",
             "1",
+            "--recalibrate",
+            "4,null",
             "--t0",
             "0.5",
             "--confidence",
@@ -520,7 +547,9 @@ def test_replay_stop_reads_a_run_folder(tmp_path, capsys):
         "entropy stop",
         "entropy stop, no calibration (svip)",
     }
-    assert len(saved["by_position"]["mb"]) == 6 and "| throughput / mb | b 1, margin 1.0 |" in out
+    assert len(saved["by_position"]["mb"]) == 6
+    assert "| throughput / mb | b 1, margin 1.0, recalibrate 4.0 |" in out
+    assert "| throughput / mb | b 1, margin 1.0, recalibrate null |" in out
     message = one_line_error(
         capsys,
         [
@@ -550,6 +579,8 @@ def test_replay_stop_reads_a_run_folder(tmp_path, capsys):
             "7",
         ],
     )
+    bad = [*["replay-stop", str(tmp_path / "run"), "--costs", str(cost), "--heldout-every", "0"], "--recalibrate", "0"]
+    assert "--recalibrate takes finite numbers > 0" in one_line_error(capsys, bad)
 
 
 # -- per-position AUC and calibration --------------------------------------------------------------

@@ -170,8 +170,8 @@ def test_steps_that_drafted_nothing_teach_the_gate_nothing():
 
 def test_the_first_cost_model_prices_the_gate_and_enabled_decides_when_there_is_none():
     other = CostModel([1.0])
-    assert draft_gate(SkipConfig(), [None, COST, other]) is None  # off unless asked for
-    assert draft_gate(SkipConfig(enabled=None), [None, COST, other]).cost is COST
+    assert draft_gate(SkipConfig(), [None, COST, other]).cost is COST  # the default: on for a cost-aware stack
+    assert draft_gate(SkipConfig(), [None]) is None
     assert draft_gate(SkipConfig(enabled=None), [None]) is None  # auto: a stack without a cost model never skips
     assert draft_gate(SkipConfig(enabled=False), [COST]) is None
     with pytest.raises(InputError, match="needs a cost-aware stack"):
@@ -459,8 +459,10 @@ def test_the_pacer_stop_prices_a_skipped_step_as_a_plain_one():
 
 def test_the_drafters_declare_their_auto_budgets_cost_model(llama, tmp_path):
     make_draft(llama, tmp_path / "eagle")
-    on = ["generation.skip_drafting.enabled=null"]  # on where a component declares a cost model
-    assert engine_for(llama, tmp_path / "eagle", tree=AUTO).gate is None  # off by default
+    on = ["generation.skip_drafting.enabled=null"]  # on where a component declares a cost model (the default)
+    off = ["generation.skip_drafting.enabled=false"]
+    assert engine_for(llama, tmp_path / "eagle", tree=AUTO, extra=off).gate is None
+    assert engine_for(llama, tmp_path / "eagle", tree=AUTO).gate is not None  # on by default
     auto = engine_for(llama, tmp_path / "eagle", tree=AUTO, extra=on)
     fixed = engine_for(llama, tmp_path / "eagle", tree="{topk: 3, depth: 4, nodes: 8}", extra=on)
     profile = load_profile("cpu-2core-smollm2-fp32")

@@ -25,6 +25,7 @@ have started the next step elsewhere).
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import sys
@@ -45,6 +46,8 @@ from pacer_plugins.pacer_stop.rules import cumulative_confidence
 
 from .chains import Replay, captured_share, replay_best, replay_fixed, replay_oracle
 from .steplog import LoggedStep
+
+RECALIBRATE = attrs.fields(PacerStopConfig).recalibrate.default  # the stop's own prior (None: none)
 
 
 @attrs.frozen
@@ -250,6 +253,7 @@ def compare(
     max_draft: int,
     entropy_gammas: Iterable[float] = (),
     entropy_thresholds: Iterable[float] = (),
+    recalibrations: Sequence[Optional[float]] = (RECALIBRATE,),
 ) -> dict[str, Any]:
     """Simulated speedups of each rule and parameter on ``steps`` (sorted best first within each
     family), with the share of the oracle's gain over the best fixed γ each captures."""
@@ -284,11 +288,12 @@ def compare(
                 )
     for predictor in ("mb", "draft_confidence"):
         for b in blocks:
-            for margin in margins:
+            for margin, prior in itertools.product(margins, recalibrations):
                 config = PacerStopConfig(
-                    b=b, rule="throughput", predictor=predictor, margin=margin, max_draft=max_draft
+                    b=b, rule="throughput", predictor=predictor, margin=margin, max_draft=max_draft, recalibrate=prior
                 )
-                add(f"throughput / {predictor}", {"b": b, "margin": margin}, replay_policy(steps, config, cost))
+                params = {"b": b, "margin": margin, "recalibrate": prior}
+                add(f"throughput / {predictor}", params, replay_policy(steps, config, cost))
     for b in blocks:
         for t0 in t0s:
             config = PacerStopConfig(b=b, t0=t0, t_max=max(t0, 0.9), rule="paper", max_draft=max_draft)
@@ -334,7 +339,9 @@ def markdown(result: dict[str, Any], positions: dict[str, list[dict[str, Any]]])
         "|---|---|---|---|",
     ]
     for row in sorted(result["rows"], key=lambda r: (r["family"], -r["speedup"])):
-        params = ", ".join(f"{k} {v}" for k, v in row.items() if k not in ("family", "speedup", "captured"))
+        params = ", ".join(
+            f"{k} {'null' if v is None else v}" for k, v in row.items() if k not in ("family", "speedup", "captured")
+        )
         captured = "—" if row["captured"] is None else f"{row['captured']:.0%}"
         lines.append(f"| {row['family']} | {params} | {row['speedup']:.3f}× | {captured} |")
     lines += [
@@ -390,6 +397,25 @@ def _numbers(
     return values
 
 
+def _replay_cost(args) -> CostModel:
+    """The cost model ``replay-stop`` prices with: ``--costs`` or ``--profile`` (exactly one), with
+    ``--draft-token-s`` / ``--step-s`` in place of theirs when given."""
+    if (args.costs is None) == (args.profile is None):
+        raise InputError("give the costs to replay with: --costs FILE or --profile NAME|FILE (one of them)")
+    if args.costs is not None:
+        return read_cost_file(Path(args.costs), args.draft_token_s, args.step_s)
+    from pacer_core.cost_profiles import load_profile
+
+    cost = load_profile(args.profile).cost_model("feature")
+    overrides = {k: v for k, v in (("draft_token_s", args.draft_token_s), ("step_s", args.step_s)) if v is not None}
+    if overrides:
+        try:
+            cost = attrs.evolve(cost, **overrides)
+        except ValueError as exc:
+            raise InputError(f"--draft-token-s / --step-s: {exc}") from None
+    return cost
+
+
 @command("replay-stop", "replay stop rules on held-out simulated steps with a cost model (noise-free speedups)")
 def _setup(p):
     p.add_argument("folder", metavar="DIR", help="a `pacer train-preverify` run folder (its samples/)")
@@ -412,6 +438,11 @@ def _setup(p):
     p.add_argument("--gammas", default="1,2,3,4,5,6,8,10,12,16", help="fixed windows")
     p.add_argument("--b", default="1,2,4", help="block sizes of the pacer rules")
     p.add_argument("--margins", default="0.8,0.9,1,1.1,1.25,1.5", help="λ multipliers of the throughput rule")
+    p.add_argument(
+        "--recalibrate",
+        default=str(RECALIBRATE),
+        help=f"priors of the throughput rule's recalibration, 'null' = M_B as it is ({RECALIBRATE:g}: the stop's)",
+    )
     p.add_argument("--t0", default="0.3,0.5,0.6,0.7,0.8,0.9", help="t0 of the paper rule")
     p.add_argument("--confidence", default="0.2,0.3,0.4,0.5,0.6,0.7", help="thresholds of the confidence stop")
     p.add_argument(
@@ -425,24 +456,13 @@ def _setup(p):
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
 
     def run(args) -> int:
-        if (args.costs is None) == (args.profile is None):
-            raise InputError("give the costs to replay with: --costs FILE or --profile NAME|FILE (one of them)")
-        if args.costs is not None:
-            cost = read_cost_file(Path(args.costs), args.draft_token_s, args.step_s)  # before the data loads
-        else:
-            from pacer_core.cost_profiles import load_profile
-
-            cost = load_profile(args.profile).cost_model("feature")
-            overrides = {
-                k: v for k, v in (("draft_token_s", args.draft_token_s), ("step_s", args.step_s)) if v is not None
-            }
-            if overrides:
-                try:
-                    cost = attrs.evolve(cost, **overrides)
-                except ValueError as exc:
-                    raise InputError(f"--draft-token-s / --step-s: {exc}") from None
+        cost = _replay_cost(args)  # before the data loads
         gammas, blocks = _numbers(args.gammas, int, "--gammas", 1), _numbers(args.b, int, "--b", 1)
         margins = _numbers(args.margins, float, "--margins", 0, open_low=True)
+        recalibrations = [
+            None if x.strip() == "null" else _numbers(x, float, "--recalibrate", 0, open_low=True)[0]
+            for x in args.recalibrate.split(",")
+        ]
         t0 = _numbers(args.t0, float, "--t0", 0, 1)
         confidence = _numbers(args.confidence, float, "--confidence", 0, 1)
         entropy_gamma = _numbers(args.entropy_gamma, float, "--entropy-gamma", 0, open_low=True)
@@ -455,7 +475,9 @@ def _setup(p):
         longest = max(s.window for s in steps)
         if args.max_draft > longest:
             raise InputError(f"--max-draft {args.max_draft} exceeds the simulated window ({longest} tokens)")
-        result = compare(steps, cost, gammas, blocks, margins, t0, confidence, args.max_draft, entropy_gamma, entropy)
+        result = compare(
+            steps, cost, gammas, blocks, margins, t0, confidence, args.max_draft, entropy_gamma, entropy, recalibrations
+        )
         positions = calibration(steps)
         print(markdown(result, positions))
         if args.json:

@@ -90,6 +90,10 @@ class PacerStopConfig:
     costs: Optional[CostsConfig] = None  # throughput: the cost model inline; None = the measured one
     cost_file: Optional[str] = None  # throughput: a `pacer costs` file; None = the cache's for the pair
     profile: Optional[str] = None  # throughput: a cost profile (docs/costs.md), shipped name or file, instead
+    # throughput: read M_B's predictions times (accepted + s) / (predicted + s) over this generation's
+    # verified draft tokens, s = this many predicted tokens of prior belief in M_B (4: measured,
+    # docs/pacer.md#recalibrating-m_b-while-decoding); null: as M_B gives them
+    recalibrate: Optional[float] = attrs.field(default=4.0, validator=v.optional(v.gt(0.0)))
 
     def __attrs_post_init__(self) -> None:  # checked by load_config, before any model loads
         if sum(x is not None for x in (self.costs, self.cost_file, self.profile)) > 1:
@@ -347,11 +351,12 @@ class PacerStop:
         if c.rule == "throughput":
             rate = self.rate.value * c.margin
             self.blocks_judged.append((start, end, mean, rate))
-            if end < c.min_draft or (
-                end < c.max_draft and rules.next_block_pays(self.predictions, end, c.b, self.cost, rate)
-            ):
+            p = self.predictions
+            if c.recalibrate is not None:
+                p = rules.recalibrated(p, self.totals["accepted"], self.totals["predicted"], c.recalibrate)
+            if end < c.min_draft or (end < c.max_draft and rules.next_block_pays(p, end, c.b, self.cost, rate)):
                 return None
-            return rules.send_length(self.predictions, c.min_draft, end, self.cost, rate)
+            return rules.send_length(p, c.min_draft, end, self.cost, rate)
         self.blocks_judged.append((start, end, mean, self.threshold))
         if not rules.paper_passes(mean, self.threshold):
             if end >= c.min_draft:
