@@ -12,6 +12,7 @@ import math
 import os
 import subprocess
 from pathlib import Path
+from typing import cast
 
 import attrs
 import pytest
@@ -86,6 +87,31 @@ def test_the_context_cache_grown_in_pieces_equals_one_pass(pair):
         net.extend_context(pieces, chunk)
     for a, b in zip(whole.keys + whole.values, pieces.keys + pieces.values):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_pending_context_rows_cropped_then_projected_equal_one_pass(pair):
+    """States kept pending (steps the draft gate decoded plainly), cropped as steps are rolled back and
+    projected at the next draft, give the keys, values and newest feature of one pass over the kept rows."""
+    target, folder = pair
+    net = load_block_draft(folder)
+    states = fused_states(target, [3, 7, 11, 5, 2, 9, 4])
+    cache = ContextCache(2)
+    net.extend_context(cache, states[:2])
+    cache.pending += [states[2:4], states[4:7]]
+    assert (len(cache), cache.known) == (2, 7)
+    cache.crop(5)  # into the second pending chunk
+    assert cache.known == 5 and [int(rows.shape[0]) for rows in cache.pending] == [2, 1]
+    cache.crop(9)  # past the end: nothing changes
+    assert cache.known == 5
+    net.extend_context(cache, cast(torch.Tensor, cache.take_pending()))
+    assert cache.take_pending() is None and not cache.pending
+    whole = ContextCache(2)
+    net.extend_context(whole, states[:5])
+    for a, b in zip(whole.keys + whole.values + [whole.latest], cache.keys + cache.values + [cache.latest]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    cache.pending.append(states[5:7])
+    cache.crop(3)  # into the projected rows: the pending ones go, the newest feature is unknown
+    assert (len(cache), cache.known, cache.latest) == (3, 3, None)
 
 
 @pytest.fixture(scope="module")
@@ -307,7 +333,9 @@ def test_the_drafter_keeps_only_committed_context(pair):
     engine = block_engine(target, folder, extra=["sampling.temperature=0"])
     drafter = next(p for p in engine.pm.get_plugins() if isinstance(p, DFlashDrafter))
     result = engine.generate(PROMPTS[0], max_new_tokens=BUDGET)
-    assert len(drafter.context) == len(PROMPTS[0]) + len(result.tokens) - 1  # every committed token but the last
+    # every committed token but the last; the last step's rows are projected when it next drafts
+    assert drafter.context.known == len(PROMPTS[0]) + len(result.tokens) - 1
+    assert 0 < len(drafter.context) < drafter.context.known
 
 
 # -- sampling: exactly the target's distribution -------------------------------------------------

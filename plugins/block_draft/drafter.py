@@ -4,7 +4,9 @@ block by the base every block drafter shares (handout.py: ``BlockDrafter``); a f
 one more forward conditioned on the tokens drafted before it.
 
 The draft's context keys and values come from the target's states of committed tokens only, so
-nothing the drafter keeps is ever rolled back; a rejected block is simply dropped.
+nothing the drafter keeps is ever rolled back; a rejected block is simply dropped. A step's states
+are kept as they come and projected when the drafter next drafts, all at once: a run of steps the
+draft gate decodes plainly costs the draft nothing.
 """
 
 from __future__ import annotations
@@ -138,13 +140,14 @@ class DFlashDrafter(BlockDrafter):
         self.context = ContextCache(len(self.net.layers))
 
     @hookimpl
-    @torch.inference_mode()
     def pacer_observe_step(self, state, step) -> None:
+        """Keep the committed rows' target states; they are projected when the drafter next drafts (a
+        step the draft gate decodes plainly pays nothing here)."""
         if step.target_hidden is None:
             return
         self.context.crop(step.target_hidden_start)
-        if len(self.context) == step.target_hidden_start:
-            self.net.extend_context(self.context, step.target_hidden.to(self.embed.device, self.dtype))
+        if self.context.known == step.target_hidden_start:
+            self.context.pending.append(step.target_hidden)
 
     @torch.inference_mode()
     def _forward(self, committed: list[int], known: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -159,9 +162,13 @@ class DFlashDrafter(BlockDrafter):
         hidden = self.net(x, positions, context)[0, len(tokens) :]  # [block, hidden]
         return self.columns.logits(hidden, self.head(hidden)).float().cpu(), hidden
 
+    @torch.inference_mode()
     def _ready(self, committed: list[int]) -> bool:
         """Whether the context holds the target's states of every committed token but the last (at step 0,
-        the prefill, there are none yet: it decodes plainly)."""
+        the prefill, there are none yet: it decodes plainly), its pending rows projected first."""
+        pending = self.context.take_pending()
+        if pending is not None:
+            self.net.extend_context(self.context, pending.to(self.embed.device, self.dtype))
         return len(self.context) > 0 and len(self.context) == len(committed) - 1 and self.context.latest is not None
 
 

@@ -8,7 +8,8 @@ One forward drafts a whole block. Its inputs:
   projects the context features (after ``context_norm``) with its own key and value projections: the
   context enters every layer as keys and values only, so the draft attends to the target's view of
   the text, never to its own embeddings of it. These keys and values depend on nothing drafted, so
-  the drafter keeps them across steps (``ContextCache``) and only appends.
+  the drafter keeps them across steps (``ContextCache``) and only appends, projecting a step's new rows
+  when it next drafts.
 - **the block**: the last committed token (its feature is not known yet), then the tokens already
   drafted in this step on the main path (``known``: a further block is conditioned on them), then
   ``block`` mask rows (one learned embedding). Row j sits at position ``len(committed) - 1 + j``.
@@ -156,21 +157,46 @@ class BlockLayer(nn.Module):
 
 class ContextCache:
     """Each draft layer's keys and values of the context rows fed so far ([kv_heads, T, head_dim]);
-    they depend only on the target's states, so they are appended to and never recomputed."""
+    they depend only on the target's states, so they are appended to and never recomputed.
+
+    ``pending``: the target's states of the rows after those, observed but not yet projected
+    ([t, n·d] each, in order): the drafter projects them all in one ``extend_context`` before its next
+    forward, so a step the draft gate decodes plainly costs the draft nothing."""
 
     def __init__(self, layers: int):
         self.keys: list[Optional[torch.Tensor]] = [None] * layers
         self.values: list[Optional[torch.Tensor]] = [None] * layers
         self.latest: Optional[torch.Tensor] = None  # [d]: the last context row's feature (the block reads it)
+        self.pending: list[torch.Tensor] = []
 
     def __len__(self) -> int:
         return 0 if self.keys[0] is None else int(self.keys[0].shape[1])
 
+    @property
+    def known(self) -> int:
+        """The rows whose target states are held: projected, then pending."""
+        return len(self) + sum(int(rows.shape[0]) for rows in self.pending)
+
     def crop(self, length: int) -> None:
-        if self.keys[0] is not None and length < len(self):
+        """Keep the first ``length`` rows, projected or pending."""
+        if length < len(self):
             self.keys = [k[:, :length] for k in self.keys]
             self.values = [v[:, :length] for v in self.values]
             self.latest = None  # until rows are appended again
+            self.pending = []
+            return
+        room, kept = length - len(self), []
+        for rows in self.pending:
+            if room <= 0:
+                break
+            kept.append(rows[:room])
+            room -= int(kept[-1].shape[0])
+        self.pending = kept
+
+    def take_pending(self) -> Optional[torch.Tensor]:
+        """The pending rows in one tensor ([t, n·d]; None when there are none), no longer pending."""
+        rows, self.pending = self.pending, []
+        return None if not rows else rows[0] if len(rows) == 1 else torch.cat(rows)
 
     def append(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
         old_k, old_v = self.keys[layer], self.values[layer]
