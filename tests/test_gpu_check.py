@@ -83,6 +83,72 @@ def test_curves_are_made_non_decreasing():
     assert smooth({4: 0.003, 1: 0.001, 2: 0.0025, 3: 0.0015}) == {1: 0.001, 2: 0.002, 3: 0.002, 4: 0.003}
 
 
+@pytest.mark.slow
+def test_gpu_distill_trains_a_block_draft(tmp_path):
+    """--kind dflash (--smoke on the CPU with the embedded target): a block draft in the published
+    architecture, trained without the feature drafts' training-time test, exported, loadable, its
+    agreement printed by block position."""
+    from pacer_plugins.block_draft.model import load_block_draft
+
+    run = subprocess.run(
+        ["bash", "scripts/gpu_distill.sh", "--smoke", "--kind", "dflash", "--minutes", "10", "--corpus-share", "0"]
+        + ["--out", str(tmp_path)],
+        cwd=ROOT,
+        env={**os.environ, "PACER_SKIP_BOOTSTRAP": "1"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "held-out agreement by block position: " in run.stdout
+    manifest = json.loads((tmp_path / "draft" / "manifest.json").read_text())
+    recipe = manifest["recipe"]
+    assert manifest["family"].startswith("dflash") and recipe["student"]["published"] is True
+    assert recipe["train"]["anchors"] == 128 and recipe["train"]["unroll_decay"] == 0.8
+    assert recipe["train"]["unroll"] == 2  # the config's default: the script passes none for a block draft
+    assert len(manifest["heldout"]["heldout_position_agreement"]) == 4
+    net = load_block_draft(tmp_path / "draft")
+    assert net.arch.qk_norm and not net.arch.inject and net.arch.block == 4
+
+
+def travel(clone: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_travel.sh"), *args], cwd=clone, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_gpu_travel_sets_aside_what_a_job_does_not_read_and_puts_it_back(tmp_path):
+    """A device call carries at most 64 MiB of working tree: each job's tree fits once its unread files are set
+    aside (out of the index and the tree), and `back` restores every byte and the index."""
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", "--local", str(ROOT), str(clone)], check=True, timeout=300)
+    weights = clone / "plugins" / "block_draft" / "default" / "draft.safetensors"
+    before = weights.read_bytes()
+    assert "too large" in travel(clone, "size").stdout
+    for job, kept in (("check", "docs/results"), ("bare", "pacer_core"), ("dflash", "plugins/block_draft/default")):
+        run = travel(clone, "aside", job)
+        assert run.returncode == 0, run.stderr
+        mib = float(run.stdout.split("travels: ")[1].split(" MiB")[0])
+        assert 0 < mib < 64 and "too large" not in run.stdout
+        listed = subprocess.run(["git", "ls-files"], cwd=clone, capture_output=True, text=True).stdout.splitlines()
+        assert any(path.startswith(kept) for path in listed)
+        assert all((clone / path).is_file() for path in listed)  # what the index holds is on disk
+        assert weights.exists() == (job == "dflash")
+        again = travel(clone, "aside", job)
+        assert again.returncode == 2 and "set aside already" in again.stderr
+        assert travel(clone, "back").returncode == 0
+        status = subprocess.run(["git", "status", "--porcelain"], cwd=clone, capture_output=True, text=True).stdout
+        assert status == "" and weights.read_bytes() == before
+    weights.write_bytes(before[:-1])  # a change in a file it would set aside: refused, nothing moved
+    run = travel(clone, "aside", "check")
+    assert run.returncode == 2 and "have changes" in run.stderr and len(run.stderr.splitlines()) == 1
+    assert travel(clone, "back").returncode == 2 and weights.exists()
+    bad = travel(clone, "aside", "train")
+    assert (
+        bad.returncode == 2 and bad.stderr.strip() == "gpu_travel.sh: JOB must be check, bare or dflash (got 'train')"
+    )
+
+
 @pytest.mark.parametrize(
     "args, needle",
     [
@@ -325,7 +391,7 @@ def test_gpu_distill_stops_at_its_time_box_and_resumes(tmp_path):
     [
         (["--minutes", "0"], "--minutes must be a positive number"),
         (["--minutes", "soon"], "--minutes must be a positive number"),
-        (["--kind", "token"], "--kind must be feature or eagle3"),
+        (["--kind", "token"], "--kind must be feature, eagle3 or dflash"),
     ],
 )
 def test_gpu_distill_refuses_bad_options_in_one_line(args, needle):
