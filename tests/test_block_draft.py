@@ -233,9 +233,11 @@ STOPS = {
 TREES = {
     "chain": None,
     "tree6": "{topk: 3, depth: 3, nodes: 6}",
+    "deep": "{topk: 3, depth: 7, nodes: 12}",  # three blocks of 3: the further ones on the main path
     "auto_cpu": "{topk: 3, depth: 3, nodes: auto, profile: cpu-2core-smollm2-fp32}",
     "auto_gpu": "{topk: 4, depth: 3, nodes: auto, profile: a100-7b-bf16}",
 }
+DEEP = "{topk: 3, depth: 7, nodes: 12}"
 
 
 @pytest.mark.parametrize("tree", TREES)
@@ -257,9 +259,41 @@ def test_greedy_block_drafting_equals_plain_decoding(pair, tmp_path, stop, tree)
         assert result.tokens == reference_greedy(target, prompt, BUDGET), prompt
         accepted += result.metrics["accepted"]
         for drafted, forwards in zip(result.metrics["drafted_per_step"], result.metrics["draft_forwards_per_step"]):
-            # a forward per block of 3 (one more when a stop cut the last block), one per tree
-            assert forwards <= (1 if TREES[tree] else -(-drafted // 3) + 1)
+            # a forward per block of 3 (one more when a stop cut the last block), one per tree block
+            assert forwards <= (3 if tree == "deep" else 1 if TREES[tree] else -(-drafted // 3) + 1)
     assert accepted > 0
+
+
+def test_a_tree_deeper_than_the_block_drafts_further_blocks_on_its_main_path(pair):
+    """``tree.depth`` 7 over blocks of 3: each step runs up to three forwards, each further block
+    conditioned on the main path drafted before it (each row's argmax), and its tree reaches below
+    the first block."""
+    target, folder = pair
+    engine = block_engine(  # no prior: each row's argmax is its raw logits'
+        target, folder, stop="{name: fixed, gamma: 7}", tree=DEEP, lookup_bias="[]", extra=["sampling.temperature=0"]
+    )
+    drafter = next(p for p in engine.pm.get_plugins() if isinstance(p, DFlashDrafter))
+    forward, calls, seen = drafter._forward, [], []
+
+    def recording(committed, known):
+        out = forward(committed, known)
+        calls.append((list(known), [drafter.columns.id_list[c] for c in out[0].argmax(-1).tolist()]))
+        return out
+
+    drafter._forward = recording
+
+    class Probe:
+        @hookimpl
+        def pacer_observe_step(self, state, step):
+            seen.append((len(step.draft), step.draft_forwards))
+
+    engine.pm.register(Probe())
+    result = engine.generate(PROMPTS[0], max_new_tokens=BUDGET)
+    assert result.tokens == reference_greedy(target, PROMPTS[0], BUDGET)
+    assert any(depth > 3 and forwards == 3 for depth, forwards in seen)
+    for (known, argmax), (further, _) in zip(calls, calls[1:]):
+        if further:  # a further block: the tokens before it, then the previous block's argmax path
+            assert further == known + argmax
 
 
 def test_one_forward_serves_a_whole_block_to_a_per_token_stop(pair):
@@ -379,8 +413,19 @@ def sampling_pair(tmp_path_factory):
     return target, make_block_draft(target, tmp_path_factory.mktemp("dflash-s") / "draft", subset_size=16, peak=3.0)
 
 
-@pytest.mark.parametrize("lookup_bias", ["null", "[6.0]", "[]"], ids=["prior", "strong-prior", "no-prior"])
-@pytest.mark.parametrize("tree", [None, "{topk: 3, depth: 3, nodes: 6}"], ids=["chain", "tree"])
+SAMPLED = [
+    pytest.param(
+        tree,
+        bias,
+        id=f"{tree_id}-{bias_id}",
+        marks=pytest.mark.slow if tree == DEEP and bias != "null" else (),  # the deep tree's default prior: fast
+    )
+    for tree, tree_id in ((None, "chain"), ("{topk: 3, depth: 3, nodes: 6}", "tree"), (DEEP, "deep"))
+    for bias, bias_id in (("null", "prior"), ("[6.0]", "strong-prior"), ("[]", "no-prior"))
+]
+
+
+@pytest.mark.parametrize("tree, lookup_bias", SAMPLED)
 def test_sampled_block_drafting_matches_the_target_distribution(sampling_pair, tree, lookup_bias):
     target, folder = sampling_pair
     with single_thread():
@@ -477,7 +522,8 @@ def test_context_vocab_on_a_draft_with_its_own_output_layer_is_refused(tmp_path)
         block_engine(target, folder, extra=["strategy.drafter.context_vocab=true"])
 
 
-def test_tree_children_claimed_as_sampled_fail_the_distribution_test(sampling_pair, monkeypatch):
+@pytest.mark.parametrize("tree", ["{topk: 3, depth: 3, nodes: 6}", DEEP], ids=["tree", "deep"])
+def test_tree_children_claimed_as_sampled_fail_the_distribution_test(sampling_pair, monkeypatch, tree):
     levels = BlockTree.next_levels
     monkeypatch.setattr(
         BlockTree,
@@ -486,7 +532,7 @@ def test_tree_children_claimed_as_sampled_fail_the_distribution_test(sampling_pa
     )
     target, folder = sampling_pair
     with single_thread():
-        assert sampled_pvalue(folder, target, "{topk: 3, depth: 3, nodes: 6}", 600) < 1e-6
+        assert sampled_pvalue(folder, target, tree, 600) < 1e-6
 
 
 # -- PACER on blocks: an M_B trained for the block draft -----------------------------------------

@@ -135,9 +135,10 @@ STOPS = {
 TREES = {
     "chain": None,
     "tree6": "{topk: 3, depth: 3, nodes: 6}",
+    "deep": "{topk: 3, depth: 6, nodes: 10}",  # two blocks: the further one on the main path
     "auto_cpu": "{topk: 3, depth: 3, nodes: auto, profile: cpu-2core-smollm2-fp32}",
 }
-FAST = {("fixed4", "chain"), ("confidence", "tree6"), ("pacer", "auto_cpu")}
+FAST = {("fixed4", "chain"), ("confidence", "tree6"), ("pacer", "auto_cpu"), ("fixed1", "deep")}
 
 
 GRID = [
@@ -163,7 +164,8 @@ def test_greedy_pard_drafting_equals_plain_decoding(pair, tmp_path, stop, tree):
         assert result.tokens == reference_greedy(target, prompt, BUDGET), prompt
         accepted += result.metrics["accepted"]
         for drafted, forwards in zip(result.metrics["drafted_per_step"], result.metrics["draft_forwards_per_step"]):
-            assert forwards <= (1 if TREES[tree] else -(-drafted // BLOCK) + 1)  # one forward a block
+            blocks = -(-6 // BLOCK) if tree == "deep" else 1  # a tree six deep: a forward a block of it
+            assert forwards <= (blocks if TREES[tree] else -(-drafted // BLOCK) + 1)  # one forward a block
     assert accepted > 0
 
 

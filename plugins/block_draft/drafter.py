@@ -44,7 +44,7 @@ class DFlashConfig:
     block: Optional[int] = attrs.field(
         default=None, validator=attrs.validators.optional([attrs.validators.ge(1), attrs.validators.le(32)])
     )
-    tree: Optional[TreeConfig] = None  # a tree over one block ({topk, depth, nodes}); None = a chain
+    tree: Optional[TreeConfig] = None  # a tree ({topk, depth, nodes}; past the block: further blocks); None = a chain
     # [b_1, b_2, …]: b_n added to a row's logits of the tokens that followed an earlier occurrence, in the
     # committed text, of the last n tokens of its path (pacer_core/priors.py); None = [2, 4, 4] for drafts
     # `pacer distill` makes, none for published checkpoints; [] = none

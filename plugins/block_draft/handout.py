@@ -11,8 +11,9 @@ other: the verifiers stay exact). Nothing is drafted past an end-of-sequence tok
 Trees (``tree: {...}``): the block's rows are read as independent distributions of the tokens at
 depths 1..block, and the nodes of highest joint probability are taken best-first
 (``pacer_core.block_trees.block_tree``: DDTree's construction), then sent by ``tree.nodes`` (a number or
-``auto``). A tree is one forward: it does not grow past the block; it is handed out level by level
-as the stop policies ask.
+``auto``). A tree deeper than the block reads further blocks, each one more forward conditioned on
+the main path drafted before it (each row's argmax), as a chain's further block is; the tree is
+built once a step, from all its rows, and handed out level by level as the stop policies ask.
 
 The context priors (pacer_core/priors.py, as the ``eagle`` drafter applies them): row i's logits get
 ``lookup_bias``'s b_n added for every token that followed an earlier occurrence, in the committed
@@ -182,29 +183,45 @@ class BlockDrafter(BudgetedTree):
             draft_vocab=self.draft_vocab,
         )
 
+    def _tree_rows(self, state) -> Optional[tuple[torch.Tensor, Optional[torch.Tensor], int]]:
+        """The rows of a tree ``tree.depth`` deep ([depth, w]), their hidden states and the forwards paid:
+        one block, then, while the tree is deeper, further blocks conditioned on the main path drafted
+        so far (each row's argmax, as a chain's further block), the priors along that path."""
+        main: list[int] = []
+        rows: list[torch.Tensor] = []
+        hidden: list[Optional[torch.Tensor]] = []
+        while len(main) < self.tree.depth:
+            drafted = self._forward(state.tokens, main)
+            if drafted is None:
+                if not rows:
+                    return None
+                break
+            block_rows, columns = self._rows(drafted[0], state.tokens, main, None)
+            rows.append(block_rows)
+            hidden.append(drafted[1])
+            tokens = self._token_ids(columns)
+            main += tokens
+            if any(t in state.eos_token_ids for t in tokens):
+                break  # nothing grows past an end-of-sequence token on the main path
+        depth = min(self.tree.depth, len(main))
+        known = [h for h in hidden if h is not None]
+        hidden_rows = torch.cat(known)[:depth] if len(known) == len(hidden) else None
+        return torch.cat(rows)[:depth], hidden_rows, len(rows)
+
     def _propose_tree(self, state, draft, num_tokens: int, new_step: bool) -> Optional[DraftBlock]:
-        """The next ``num_tokens`` levels of this step's tree over one block: the first call runs the
-        forward and takes the tree's likeliest nodes (``block_tree``), later calls hand out deeper
+        """The next ``num_tokens`` levels of this step's tree: the first call runs the forwards
+        (``_tree_rows``) and takes the tree's likeliest nodes (``block_tree``), later calls hand out deeper
         levels of the same tree (no forward); a policy judging each token gets one level a call."""
         plan = self.plan
         if new_step:
-            drafted = self._forward(state.tokens, [])
+            drafted = self._tree_rows(state)
             if drafted is None:
                 return None
-            logits, hidden = drafted
-            rows, _ = self._rows(logits, state.tokens, [], None)  # the priors along the main path
-            depth = min(self.tree.depth, len(rows))
+            rows, hidden, forwards = drafted
+            depth = len(rows)
             cap = self.tree.nodes if isinstance(self.tree.nodes, int) else self.tree.topk * depth
-            plan = self.plan = block_tree(
-                rows[:depth],
-                None if hidden is None else hidden[:depth],
-                self.tree.topk,
-                cap,
-                self.draft_vocab,
-                state.eos_token_ids,
-            )
+            plan = self.plan = block_tree(rows, hidden, self.tree.topk, cap, self.draft_vocab, state.eos_token_ids)
             self.plan_for = 0
-            forwards = 1
         elif plan is None or self.plan_for != draft.num_nodes:
             return None  # another drafter's block came last: this tree stops growing
         else:

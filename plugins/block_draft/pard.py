@@ -43,7 +43,7 @@ class PardConfig:
     block: Optional[int] = attrs.field(
         default=None, validator=attrs.validators.optional([attrs.validators.ge(2), attrs.validators.le(MAX_BLOCK)])
     )
-    tree: Optional[TreeConfig] = None  # a tree over one block ({topk, depth, nodes}); None = a chain
+    tree: Optional[TreeConfig] = None  # a tree ({topk, depth, nodes}; past the block: further blocks); None = a chain
     # [b_1, b_2, …]: b_n added to a row's logits of the tokens that followed an earlier occurrence, in the
     # committed text, of the last n tokens of its path (pacer_core/priors.py); None = [2, 4, 4] for a draft
     # made here (pard.json), none for a published checkpoint; [] = none
