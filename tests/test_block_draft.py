@@ -964,12 +964,12 @@ def _remake(tmp_path: Path, *args: str, fail_on: str = "") -> subprocess.Complet
     )
 
 
-def test_the_remake_script_runs_the_three_legs_from_the_draft_before_and_resumes(tmp_path):
+def test_the_remake_script_runs_the_four_legs_from_the_draft_before_and_resumes(tmp_path):
     work = tmp_path / "work"
     history = subprocess.run(
         ["git", "cat-file", "-e", "4530caf:plugins/block_draft/default/draft.safetensors"], cwd=ROOT
     )
-    done = _remake(tmp_path, "--work", str(work), fail_on="train.epochs=1 ")
+    done = _remake(tmp_path, "--work", str(work), fail_on="selfdistill_from=50 train.epochs=1")
     if history.returncode:  # a shallow clone: the script says what it needs, and runs nothing
         assert done.returncode == 2 and "clone the whole repository" in done.stderr
         return
@@ -978,15 +978,18 @@ def test_the_remake_script_runs_the_three_legs_from_the_draft_before_and_resumes
     assert len(calls) == 3 and all(c.startswith("distill ") for c in calls)
     assert f"out={work}/pub2 init={work}/base corpus.selfdistill_from=84 train.epochs=4" in calls[0]
     assert f"out={work}/pub3 init={work}/pub2/dflash-draft corpus.selfdistill_from=50 train.epochs=0.35" in calls[1]
-    assert "train.epochs=1 " in calls[2] and all("student.published=true" in c for c in calls)
+    assert calls[2].endswith("selfdistill_from=50 train.epochs=1") and all("student.published=true" in c for c in calls)
     base = json.loads((work / "base" / "manifest.json").read_text())
     assert base["command"].startswith("pacer distill out=runs/dflash-pub ")  # the draft of commit 4530caf
     assert (work / "base" / "draft.safetensors").stat().st_size > 10_000_000
     again = _remake(tmp_path, "--work", str(work))
     assert again.returncode == 0, again.stderr
     calls = (tmp_path / "calls.txt").read_text().splitlines()
-    assert len(calls) == 4 and "train.epochs=1 " in calls[3]  # only the unfinished leg ran again
-    assert "1/3 continuing the draft of 4530caf" in again.stdout and "done before" in again.stdout
+    assert len(calls) == 5 and calls[3] == calls[2]  # only the unfinished leg ran again, then the last
+    last = f"out={work}/pub4 init={work}/pub3/dflash-draft corpus.selfdistill_from=0 corpus.selfdistill_until=30"
+    assert calls[4].endswith(f"{last} target.dtype=float32 train.epochs=1")  # its own options replace the common
+    assert "target.dtype=bfloat16" in calls[4].split(last)[0]
+    assert "1/4 continuing the draft of 4530caf" in again.stdout and "done before" in again.stdout
 
 
 def test_the_remake_script_refuses_an_unknown_option(tmp_path):
