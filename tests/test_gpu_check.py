@@ -83,34 +83,6 @@ def test_curves_are_made_non_decreasing():
     assert smooth({4: 0.003, 1: 0.001, 2: 0.0025, 3: 0.0015}) == {1: 0.001, 2: 0.002, 3: 0.002, 4: 0.003}
 
 
-@pytest.mark.slow
-def test_gpu_distill_trains_a_block_draft(tmp_path):
-    """--kind dflash (--smoke on the CPU with the embedded target): a block draft in the published
-    architecture, trained without the feature drafts' training-time test, exported, loadable, its
-    agreement printed by block position."""
-    from pacer_plugins.block_draft.model import load_block_draft
-
-    run = subprocess.run(
-        ["bash", "scripts/gpu_distill.sh", "--smoke", "--kind", "dflash", "--minutes", "10", "--corpus-share", "0"]
-        + ["--out", str(tmp_path)],
-        cwd=ROOT,
-        env={**os.environ, "PACER_SKIP_BOOTSTRAP": "1"},
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert "held-out agreement by block position: " in run.stdout
-    manifest = json.loads((tmp_path / "draft" / "manifest.json").read_text())
-    recipe = manifest["recipe"]
-    assert manifest["family"].startswith("dflash") and recipe["student"]["published"] is True
-    assert recipe["train"]["anchors"] == 128 and recipe["train"]["unroll_decay"] == 0.8
-    assert recipe["train"]["unroll"] == 2  # the config's default: the script passes none for a block draft
-    assert len(manifest["heldout"]["heldout_position_agreement"]) == 4
-    net = load_block_draft(tmp_path / "draft")
-    assert net.arch.qk_norm and not net.arch.inject and net.arch.block == 4
-
-
 def travel(clone: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         ["bash", str(ROOT / "scripts" / "gpu_travel.sh"), *args], cwd=clone, capture_output=True, text=True, timeout=120
@@ -147,6 +119,26 @@ def test_gpu_travel_sets_aside_what_a_job_does_not_read_and_puts_it_back(tmp_pat
     assert (
         bad.returncode == 2 and bad.stderr.strip() == "gpu_travel.sh: JOB must be check, bare or dflash (got 'train')"
     )
+
+
+@pytest.mark.slow
+def test_gpu_distill_trains_a_block_draft(tmp_path):
+    """--kind dflash (--smoke on the CPU with the embedded target): a block draft in the published
+    architecture, trained without the feature drafts' training-time test, exported, loadable, its
+    agreement printed by block position."""
+    from pacer_plugins.block_draft.model import load_block_draft
+
+    run, _ = distill(tmp_path, 10, "--kind", "dflash")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "held-out agreement by block position: " in run.stdout
+    manifest = json.loads((tmp_path / "draft" / "manifest.json").read_text())
+    recipe = manifest["recipe"]
+    assert manifest["family"].startswith("dflash") and recipe["student"]["published"] is True
+    assert recipe["train"]["anchors"] == 128 and recipe["train"]["unroll_decay"] == 0.8
+    assert recipe["train"]["unroll"] == 2  # the config's default: the script passes none for a block draft
+    assert len(manifest["heldout"]["heldout_position_agreement"]) == 4
+    net = load_block_draft(tmp_path / "draft")
+    assert net.arch.qk_norm and not net.arch.inject and net.arch.block == 4
 
 
 @pytest.mark.parametrize(
@@ -337,20 +329,12 @@ def test_the_gpu_check_runs_offline_without_an_install(tmp_path):
     assert "from profile-smollm2-135m.yaml" in load_profile(out / "profile-llama3-8b.yaml").sources["host_s"]
 
 
-def distill(out: Path, minutes: float) -> tuple[subprocess.CompletedProcess, float]:
+def distill(out: Path, minutes: float, *args: str) -> tuple[subprocess.CompletedProcess, float]:
+    """scripts/gpu_distill.sh --smoke into ``out`` for ``minutes`` (no corpus stage), with ``args``."""
     start = time.monotonic()
     run = subprocess.run(
-        [
-            "bash",
-            "scripts/gpu_distill.sh",
-            "--smoke",
-            "--minutes",
-            str(minutes),
-            "--corpus-share",
-            "0",
-            "--out",
-            str(out),
-        ],
+        ["bash", "scripts/gpu_distill.sh", "--smoke", "--minutes", str(minutes), "--corpus-share", "0"]
+        + ["--out", str(out), *args],
         cwd=ROOT,
         env={**os.environ, "PACER_SKIP_BOOTSTRAP": "1"},
         capture_output=True,
