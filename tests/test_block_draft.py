@@ -230,14 +230,14 @@ STOPS = {
     "confidence": "{name: confidence, threshold: 0.3}",
     "pacer": "{name: pacer, b: 3, max_draft: 8}",
 }
+DEEP = "{topk: 3, depth: 7, nodes: 12}"  # three blocks of 3: the further ones on the main path
 TREES = {
     "chain": None,
     "tree6": "{topk: 3, depth: 3, nodes: 6}",
-    "deep": "{topk: 3, depth: 7, nodes: 12}",  # three blocks of 3: the further ones on the main path
+    "deep": DEEP,
     "auto_cpu": "{topk: 3, depth: 3, nodes: auto, profile: cpu-2core-smollm2-fp32}",
     "auto_gpu": "{topk: 4, depth: 3, nodes: auto, profile: a100-7b-bf16}",
 }
-DEEP = "{topk: 3, depth: 7, nodes: 12}"
 
 
 @pytest.mark.parametrize("tree", TREES)
