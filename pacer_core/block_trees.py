@@ -1,5 +1,6 @@
 """Trees over one block: a block drafter's rows (one draft forward gives the distribution of every
-position of the block) read as independent positions, the likeliest nodes taken best-first (DDTree's
+position of the block) read as independent positions, each node's row reweighted for its own path where
+the drafter says so (its priors along a side path), the likeliest nodes taken best-first (DDTree's
 construction, ``block_tree``) and handed out level by level (``BlockTree.next_levels``); docs/block-drafts.md.
 Nothing here touches a model; randomness is not used.
 """
@@ -7,7 +8,8 @@ Nothing here touches a model; randomness is not used.
 from __future__ import annotations
 
 import heapq
-from typing import Any, Optional
+import math
+from typing import Any, Callable, Optional
 
 import attrs
 import torch
@@ -20,14 +22,17 @@ class BlockTree:
     """The likeliest nodes of a tree over one block (``block_tree``), handed out level by level.
 
     ``nodes[i]`` = (depth 0.., token, parent index in ``nodes`` or -1), parents first; ``main``: the
-    main path's node indices (each row's argmax, while taken). ``given`` maps the nodes already in
-    the draft to their draft-tree numbers; ``depth`` is the deepest level given."""
+    main path's node indices (each row's argmax, while taken). ``row_of[i]``: the row of ``rows`` node
+    i was chosen from (its depth's, or one reweighted for its parent's path; by default its depth's).
+    ``given`` maps the nodes already in the draft to their draft-tree numbers; ``depth`` is the
+    deepest level given."""
 
     nodes: list[tuple[int, int, int]]
     main: list[int]
-    rows: torch.Tensor  # [D, w]: the block's rows (over draft_vocab.ids when given)
+    rows: torch.Tensor  # [D + m, w]: the block's rows, then m reweighted ones (over draft_vocab.ids when given)
     hidden: Optional[torch.Tensor]  # [D, h]
     draft_vocab: Optional[DraftVocab] = None
+    row_of: Optional[list[int]] = None
     given: dict[int, int] = attrs.field(factory=dict)
     depth: int = 0
 
@@ -48,7 +53,8 @@ class BlockTree:
             self.given[i] = first + j
         self.depth = top
 
-        # every node's row is its depth's row of the block: mapped, never copied per node
+        # every node's row is a row of the table (its depth's, or its parent's path's): mapped, never copied
+        row_of = self.row_of if self.row_of is not None else [d for d, _, _ in self.nodes]
         side_nodes = None
         if side:
             parents = [self.given[self.nodes[i][2]] if self.nodes[i][2] >= 0 else -1 for i in side]
@@ -57,7 +63,7 @@ class BlockTree:
                 torch.tensor(parents, dtype=torch.long),
                 self.rows,
                 draft_vocab=self.draft_vocab,
-                row_map=torch.tensor([self.nodes[i][0] for i in side], dtype=torch.long),
+                row_map=torch.tensor([row_of[i] for i in side], dtype=torch.long),
             )
         depths = torch.tensor([self.nodes[i][0] for i in main], dtype=torch.long)
         hidden = None if self.hidden is None else self.hidden[depths]
@@ -69,8 +75,60 @@ class BlockTree:
             forwards=forwards,
             sampled=False,
             draft_vocab=self.draft_vocab,
-            row_map=depths,
+            row_map=torch.tensor([row_of[i] for i in main], dtype=torch.long),
         )
+
+
+# A node's children are read from its depth's row reweighted for the node's own path: ``reweight(depth,
+# path)`` gives {column: Δ}, log-weights relative to that row (whose priors followed the main path), {} to
+# read the row as it is; the drafter's priors along a side path (``BlockDrafter._path_reweight``).
+Reweight = Callable[[int, list[int]], dict[int, float]]
+
+
+@attrs.define
+class _Children:
+    """One node's candidate children: their rows' (log-probability, column), likeliest first, and the row
+    of the table they are read from (``row`` None until one of them is taken, when ``delta`` is made one)."""
+
+    depth: int
+    options: list[tuple[float, int]]
+    delta: dict[int, float]
+    z: float
+    row: Optional[int]
+
+
+def _children(rows: torch.Tensor, d: int, k: int, delta: dict[int, float], ranked: dict) -> _Children:
+    """The ``k`` likeliest children at depth ``d`` from row d reweighted by exp(``delta``): p_c e^Δ_c / z for
+    the columns Δ names, p_c / z for the rest, z = 1 + Σ p_c (e^Δ_c − 1); ``ranked`` caches each row's
+    likeliest columns (a reweighted row's top k lie among the row's top k + |Δ| and the columns Δ names)."""
+    width = int(rows.shape[1])
+    n = min(k + len(delta), width)
+    if len(ranked.get(d, ((), ()))[0]) < n:  # a few more than asked: the next side path's Δ may name more
+        top_p, top_x = rows[d].topk(min(max(n, 2 * k + 8), width))
+        ranked[d] = (top_x.tolist(), top_p.tolist())
+    columns, probs = ranked[d]
+    if not delta:
+        options = [(p, c) for p, c in zip(probs[:k], columns[:k])]
+        z = 1.0
+    else:
+        named = list(delta)
+        at = rows[d, named].double().tolist()
+        z = 1.0 + sum(p * math.expm1(delta[c]) for c, p in zip(named, at))
+        options = [(p, c) for p, c in zip(probs[:n], columns[:n]) if c not in delta][:k]
+        options += [(p * math.exp(delta[c]), c) for c, p in zip(named, at)]
+        options.sort(key=lambda option: -option[0])  # stable: ties keep the row's own order first
+        options = [(p / z, c) for p, c in options[:k]]
+    kept = [(math.log(max(p, 1e-300)), c) for p, c in options if p > 0]
+    return _Children(d, kept, delta, z, None if delta else d)
+
+
+def _reweighted_row(rows: torch.Tensor, family: _Children) -> torch.Tensor:
+    """Row ``family.depth`` reweighted by exp(Δ) / z (``_children``), as a row of the tree's table."""
+    row = rows[family.depth] / family.z
+    named = torch.tensor(list(family.delta), dtype=torch.long)
+    weights = torch.tensor([math.exp(v) for v in family.delta.values()], dtype=row.dtype)
+    row[named] = rows[family.depth, named] * weights / family.z
+    return row
 
 
 def block_tree(
@@ -80,53 +138,75 @@ def block_tree(
     nodes: int,
     draft_vocab: Optional[DraftVocab] = None,
     eos: Any = frozenset(),
+    reweight: Optional[Reweight] = None,
 ) -> Optional[BlockTree]:
     """The ``nodes`` most likely nodes of a tree over one block, taken best-first (DDTree).
 
     ``rows`` [D, w]: the draft's distribution of the token at depth d + 1 (over ``draft_vocab.ids``
     when given, else the vocabulary), read as independent of the path above it, so a node's joint
     probability is the product of its path's entries; each node tries the ``topk`` likeliest tokens
-    of its depth's row. The likeliest unexpanded candidate is taken next (a heap: a taken node offers
-    its first child and its next sibling), so every taken node's parent was taken before it and the
-    result is the ``nodes`` nodes of highest joint probability; nothing grows past a token in ``eos``.
-    The main path is the chain of first children from the root (the argmax of each row, while
-    taken). ``hidden`` [D, h]: the draft's hidden state at each depth (the main path's are the
-    blocks'). Children are chosen, not sampled (``sampled=False`` blocks). None when no token has
-    probability > 0.
+    of its depth's row, reweighted for its own path by ``reweight`` when given (the priors of a side
+    path: its children's row is then a row of its own in the tree's table). The likeliest unexpanded
+    candidate is taken next (a heap: a taken node offers its first child and its next sibling), so
+    every taken node's parent was taken before it and the result is the ``nodes`` nodes of highest
+    joint probability; nothing grows past a token in ``eos``. The main path is the chain of first
+    children from the root (the argmax of each row, while taken). ``hidden`` [D, h]: the draft's
+    hidden state at each depth (the main path's are the blocks'). Children are chosen, not sampled
+    (``sampled=False`` blocks). None when no token has probability > 0.
 
     Example: rows [[.6 a, .3 b], [.5 c, .4 d]], topk 2, nodes 3 → a (.6), b (.3), a→c (.3): handed
-    out whole, the block's tokens [a, c] and a side node b under the root.
+    out whole, the block's tokens [a, c] and a side node b under the root. With ``reweight`` giving
+    b's children {d: log 2}, row 1 under b is [.5 c, .8 d] / 1.4 (z = 1 + .4 × (2 − 1)): b's first
+    child is d (.3 × .8 / 1.4 ≈ .17), not c, and reads a row of its own.
     """
-    depth = int(rows.shape[0])
-    k = min(topk, int(rows.shape[1]))
+    depth, width = int(rows.shape[0]), int(rows.shape[1])
+    k = min(topk, width)
     if depth == 0 or nodes <= 0:
         return None
-    top_p, top_x = rows.topk(k, dim=-1)  # [D, k]
-    log_p = top_p.double().clamp_min(1e-300).log().tolist()
-    p, columns = top_p.tolist(), top_x.tolist()
-    ids = columns if draft_vocab is None else draft_vocab.ids[top_x.cpu()].tolist()
-    taken: list[tuple[int, int, int]] = []  # (depth, rank, parent index in taken)
-    heap: list[tuple[float, int, int, int, int]] = []  # (-score, order, depth, rank, parent)
+    vocab_ids = None if draft_vocab is None else draft_vocab.ids
+
+    def ids(column: int) -> int:
+        return column if vocab_ids is None else int(vocab_ids[column])
+
+    ranked: dict[int, tuple[list[int], list[float]]] = {}
+    families = [_children(rows, 0, k, {}, ranked)]  # the root's children, then each taken node's
+    taken: list[tuple[int, int, int]] = []  # (family, rank, parent index in taken)
+    paths: list[list[int]] = []  # each taken node's tokens, root first
+    heap: list[tuple[float, int, int, int, int]] = []  # (-score, order, family, rank, parent)
     order = 0
 
-    def offer(d: int, r: int, parent: int, base: float) -> None:
+    def offer(f: int, r: int, parent: int, base: float) -> None:
         nonlocal order
-        if d < depth and r < k and p[d][r] > 0:
-            heapq.heappush(heap, (-(base + log_p[d][r]), order, d, r, parent))
+        if r < len(families[f].options):
+            heapq.heappush(heap, (-(base + families[f].options[r][0]), order, f, r, parent))
             order += 1
 
     offer(0, 0, -1, 0.0)
     while heap and len(taken) < nodes:
-        score, _, d, r, parent = heapq.heappop(heap)
-        taken.append((d, r, parent))
-        me = len(taken) - 1
-        offer(d, r + 1, parent, -score - log_p[d][r])  # the next sibling: same parent's score
-        if ids[d][r] not in eos:
-            offer(d + 1, 0, me, -score)
+        score, _, f, r, parent = heapq.heappop(heap)
+        family = families[f]
+        token = ids(family.options[r][1])
+        taken.append((f, r, parent))
+        paths.append((paths[parent] if parent >= 0 else []) + [token])
+        offer(f, r + 1, parent, -score - family.options[r][0])  # the next sibling: same parent's score
+        d = family.depth + 1
+        if d < depth and token not in eos:
+            delta = reweight(d, paths[-1]) if reweight is not None else {}
+            families.append(_children(rows, d, k, delta, ranked))
+            offer(len(families) - 1, 0, len(taken) - 1, -score)
     if not taken:
         return None
+    table = [rows]
+    for f, _, _ in taken:  # a reweighted row joins the table once one of its children is taken
+        family = families[f]
+        if family.row is None:
+            family.row = depth + len(table) - 1
+            table.append(_reweighted_row(rows, family)[None])
     main = [0]  # the first children from the root, while taken
     child_of = {(parent, r): i for i, (_, r, parent) in enumerate(taken)}
     while (main[-1], 0) in child_of:
         main.append(child_of[main[-1], 0])
-    return BlockTree([(d, int(ids[d][r]), parent) for d, r, parent in taken], main, rows, hidden, draft_vocab)
+    tree_nodes = [(families[f].depth, paths[i][-1], parent) for i, (f, _, parent) in enumerate(taken)]
+    node_rows = [int(families[f].row) for f, _, _ in taken]  # type: ignore[arg-type]
+    all_rows = torch.cat(table) if len(table) > 1 else rows
+    return BlockTree(tree_nodes, main, all_rows, hidden, draft_vocab, row_of=node_rows)

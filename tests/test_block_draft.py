@@ -221,6 +221,92 @@ def test_the_block_tree_maps_columns_and_stops_at_eos():
     assert block.draft_probs.shape == (2, 8) and float(block.draft_probs[0, 5]) == pytest.approx(0.7)
 
 
+def test_the_block_tree_reads_a_side_nodes_children_from_its_reweighted_row():
+    """The docstring's example: b's children {d: log 2} make d its first child, read from a row of its own."""
+    rows = torch.tensor([[0.6, 0.3, 0.1], [0.5, 0.4, 0.1]])
+
+    def reweight(d, path):
+        return {1: math.log(2.0)} if path == [1] else {}
+
+    block = block_tree(rows, None, 2, 5, reweight=reweight).next_levels(2, 0)
+    assert block.tokens.tolist() == [0, 0]  # the main path: each row's argmax, its rows the block's
+    assert block.side.tokens.tolist() == [1, 1, 1] and block.side.parents.tolist() == [-1, 0, 2]
+    own = torch.tensor([0.5, 0.8, 0.1]) / 1.4
+    assert torch.allclose(block.side.draft_probs[2], own)  # b -> d reads b's row
+    assert torch.allclose(block.side.draft_probs[1], rows[1])  # a -> d reads row 1 as it is
+    assert block.draft_probs.shape == (2, 3) and torch.allclose(block.draft_probs, rows)
+
+
+@pytest.mark.parametrize("seed, topk, nodes", [(0, 2, 6), (1, 3, 10), (2, 3, 20)])
+def test_the_reweighted_block_tree_takes_the_likeliest_nodes_under_each_paths_row(seed, topk, nodes):
+    """Against enumeration: each node's probability is the product, along its path, of its depth's row
+    reweighted for its parent's path (here by a pseudo-random Δ on a few columns per path, the main
+    path's none); every node's row is the one its probability was read from."""
+    generator = torch.Generator().manual_seed(seed)
+    rows = torch.softmax(torch.randn(3, 8, generator=generator) * 2, -1)
+    main = rows.argmax(-1).tolist()
+
+    def reweight(d, path):
+        if path == main[:d]:
+            return {}
+        picks = torch.Generator().manual_seed(hash(tuple(path)) % 1000)
+        columns = torch.randperm(8, generator=picks)[:3].tolist()
+        return {c: float(v) for c, v in zip(columns, torch.randn(3, generator=picks) * 2)}
+
+    def row(path):  # the row the children of ``path`` are read from
+        delta, base = reweight(len(path), list(path)), rows[len(path)].double()
+        weights = torch.tensor([math.exp(delta.get(c, 0.0)) for c in range(8)], dtype=torch.float64)
+        return base * weights / float((base * weights).sum())
+
+    def children(path):
+        top = row(path).topk(topk)
+        return list(zip(top.indices.tolist(), top.values.tolist()))
+
+    best, frontier = {}, [((), 0.0)]
+    while frontier:  # every path of up to three tokens, each token among its parent's row's top k
+        path, score = frontier.pop()
+        if len(path) < 3:
+            for token, p in children(path):
+                best[path + (token,)] = score + math.log(p)
+                frontier.append((path + (token,), score + math.log(p)))
+    wanted = set(heapq.nsmallest(nodes, best, key=lambda path: (-best[path], len(path))))
+    block = block_tree(rows, None, topk, nodes, reweight=reweight).next_levels(3, 0)
+    tokens = block.tokens.tolist() + block.side.tokens.tolist()
+    parents = list(range(-1, len(block) - 1)) + block.side.parents.tolist()
+    table = torch.cat([block.draft_probs, block.side.draft_probs])
+
+    def path(i):
+        return (path(parents[i]) if parents[i] >= 0 else ()) + (tokens[i],)
+
+    assert {path(i) for i in range(len(tokens))} == wanted
+    for i in range(len(tokens)):  # each node's row: its parent's path's
+        assert torch.allclose(table[i].double(), row(path(i)[:-1]), atol=1e-6)
+
+
+def test_a_side_node_of_a_block_tree_follows_its_own_paths_lookup_prior(pair):
+    """Logits flat over tokens 1-5 (2 a little ahead in the first row) and the committed text 1 2 3 1 4 5 1:
+    the lookup prior makes 2 and 4 the first row's likeliest (each followed 1), the main path 2 3 1; the
+    side node 4's child follows 4 as the text did (5), where without the reweighting it would be the
+    main path's successor (3)."""
+    target, folder = pair
+    engine = block_engine(target, folder, extra=["sampling.temperature=0"])
+    drafter = next(p for p in engine.pm.get_plugins() if isinstance(p, DFlashDrafter))
+    drafter.pacer_start(None)
+    committed, columns = [1, 2, 3, 1, 4, 5, 1], drafter.draft_vocab.columns
+    assert (columns[1:6] >= 0).all()  # each of them a column of the draft
+    logits = torch.full((3, len(drafter.draft_vocab.ids)), -30.0)
+    logits[:, columns[1:6]] = 0.0
+    logits[0, columns[2]] = 0.5
+    rows, chosen = drafter._rows(logits, committed, [], None)
+    main = drafter._token_ids(chosen)
+    assert main == [2, 3, 1]
+    reweight = drafter._path_reweight(committed, main)
+    for prior, child in ((reweight, 5), (None, 3)):
+        block = block_tree(rows, None, 2, 5, drafter.draft_vocab, frozenset(), prior).next_levels(3, 0)
+        assert block.tokens.tolist() == main
+        assert block.side.tokens.tolist() == [4, child] and block.side.parents.tolist() == [-1, 3]
+
+
 # -- greedy: equal to the target's own decoding --------------------------------------------------
 STOPS = {
     "fixed1": "{name: fixed, gamma: 1}",

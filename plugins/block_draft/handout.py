@@ -20,8 +20,10 @@ The context priors (pacer_core/priors.py, as the ``eagle`` drafter applies them)
 text, of the last n tokens of its path (the committed text, then the tokens chosen at the rows
 before it), and ``corpus_bias`` × share for the successors of the path's longest frequent n-gram in
 a corpus of the target's own answers; so the rows are read in order. In a tree the rows are biased
-along the main path (each row's argmax). The distribution a token is drawn from is the one the
-verifier is told, so every verifier stays exact.
+along the main path (each row's argmax), and a side node's children are read from its depth's row
+reweighted for the side node's own path (``_path_reweight``), as the ``eagle`` drafter biases each
+node's row by its own path. The distribution a token is drawn from is the one the verifier is told,
+so every verifier stays exact (a tree's children are chosen, verified as point masses).
 
 A subclass sets ``sampling``, ``tree``, ``budget`` (``pacer_core.trees.node_budget`` with cost kind
 ``block``, None for a chain), ``columns`` (a ``pacer_core.context_vocab.ContextVocab``: its rows'
@@ -42,7 +44,7 @@ import numpy as np
 import torch
 
 from pacer_core import DraftBlock, DraftVocab, hookimpl
-from pacer_core.block_trees import BlockTree, block_tree
+from pacer_core.block_trees import BlockTree, Reweight, block_tree
 from pacer_core.context_vocab import ContextVocab
 from pacer_core.priors import CorpusSuccessors, SuccessorIndex, path_bonus
 from pacer_core.sampling import argmax_first, logits_to_probs, sample
@@ -183,10 +185,10 @@ class BlockDrafter(BudgetedTree):
             draft_vocab=self.draft_vocab,
         )
 
-    def _tree_rows(self, state) -> Optional[tuple[torch.Tensor, Optional[torch.Tensor], int]]:
-        """The rows of a tree ``tree.depth`` deep ([depth, w]), their hidden states and the forwards paid:
-        one block, then, while the tree is deeper, further blocks conditioned on the main path drafted
-        so far (each row's argmax, as a chain's further block), the priors along that path."""
+    def _tree_rows(self, state) -> Optional[tuple[torch.Tensor, Optional[torch.Tensor], int, list[int]]]:
+        """The rows of a tree ``tree.depth`` deep ([depth, w]), their hidden states, the forwards paid and
+        the main path (each row's argmax): one block, then, while the tree is deeper, further blocks
+        conditioned on the main path drafted so far (as a chain's further block), the priors along it."""
         main: list[int] = []
         rows: list[torch.Tensor] = []
         hidden: list[Optional[torch.Tensor]] = []
@@ -206,7 +208,35 @@ class BlockDrafter(BudgetedTree):
         depth = min(self.tree.depth, len(main))
         known = [h for h in hidden if h is not None]
         hidden_rows = torch.cat(known)[:depth] if len(known) == len(hidden) else None
-        return torch.cat(rows)[:depth], hidden_rows, len(rows)
+        return torch.cat(rows)[:depth], hidden_rows, len(rows), main[:depth]
+
+    def _path_reweight(self, committed: list[int], main: list[int]) -> Optional[Reweight]:
+        """The priors along a side path, relative to the main path's (``block_tree``'s ``reweight``): the
+        children at depth d of a node whose path is ``path`` get the bonuses of committed + path where
+        row d has those of committed + main[:d] (divided by the temperature, as the row's logits were);
+        None without priors."""
+        if not self.suffix_length:
+            return None
+        column, width = self.columns.column, len(self.columns.id_list)
+        scale = 1.0 if self.sampling.greedy else 1.0 / self.sampling.temperature
+        main_bonus: dict[int, dict[int, float]] = {}
+
+        def bonus(path: list[int]) -> dict[int, float]:
+            suffix = (committed + path)[-self.suffix_length :]
+            given = path_bonus(self.index, self.lookup_bias, self.corpus, self.corpus_bias, suffix)
+            return {column[t]: v for t, v in given.items() if 0 <= column[t] < width}
+
+        def reweight(d: int, path: list[int]) -> dict[int, float]:
+            if path == main[:d]:
+                return {}
+            own = bonus(path)
+            if d not in main_bonus:
+                main_bonus[d] = bonus(main[:d])
+            base = main_bonus[d]
+            delta = {c: scale * (own.get(c, 0.0) - base.get(c, 0.0)) for c in own.keys() | base.keys()}
+            return {c: v for c, v in delta.items() if v != 0.0}
+
+        return reweight
 
     def _propose_tree(self, state, draft, num_tokens: int, new_step: bool) -> Optional[DraftBlock]:
         """The next ``num_tokens`` levels of this step's tree: the first call runs the forwards
@@ -217,10 +247,13 @@ class BlockDrafter(BudgetedTree):
             drafted = self._tree_rows(state)
             if drafted is None:
                 return None
-            rows, hidden, forwards = drafted
+            rows, hidden, forwards, main = drafted
             depth = len(rows)
             cap = self.tree.nodes if isinstance(self.tree.nodes, int) else self.tree.topk * depth
-            plan = self.plan = block_tree(rows, hidden, self.tree.topk, cap, self.draft_vocab, state.eos_token_ids)
+            reweight = self._path_reweight(state.tokens, main)
+            plan = self.plan = block_tree(
+                rows, hidden, self.tree.topk, cap, self.draft_vocab, state.eos_token_ids, reweight
+            )
             self.plan_for = 0
         elif plan is None or self.plan_for != draft.num_nodes:
             return None  # another drafter's block came last: this tree stops growing
