@@ -12,6 +12,7 @@ import math
 from typing import Any, Callable, Optional
 
 import attrs
+import numpy as np
 import torch
 
 from .draft_values import DraftBlock, DraftVocab, SideNodes
@@ -87,48 +88,56 @@ Reweight = Callable[[int, list[int]], dict[int, float]]
 
 @attrs.define
 class _Children:
-    """One node's candidate children: their rows' (log-probability, column), likeliest first, and the row
-    of the table they are read from (``row`` None until one of them is taken, when ``delta`` is made one)."""
+    """One node's candidate children: their (log-probability, column), likeliest first, read from row
+    ``depth`` reweighted by exp(Δ) / z on Δ's ``columns`` (none: the row as it is); ``row``: the
+    row of the tree's table they are read from, None until one of them is taken."""
 
     depth: int
     options: list[tuple[float, int]]
-    delta: dict[int, float]
+    columns: np.ndarray  # [c] int64: the columns Δ names
+    weighted: np.ndarray  # [c] float64: p e^Δ / z there
     z: float
     row: Optional[int]
 
 
-def _children(rows: torch.Tensor, d: int, k: int, delta: dict[int, float], ranked: dict) -> _Children:
-    """The ``k`` likeliest children at depth ``d`` from row d reweighted by exp(``delta``): p_c e^Δ_c / z for
-    the columns Δ names, p_c / z for the rest, z = 1 + Σ p_c (e^Δ_c − 1); ``ranked`` caches each row's
-    likeliest columns (a reweighted row's top k lie among the row's top k + |Δ| and the columns Δ names)."""
-    width = int(rows.shape[1])
+def _children(table: np.ndarray, d: int, k: int, delta: dict[int, float], ranked: dict) -> _Children:
+    """The ``k`` likeliest children at depth ``d`` from row d (``table`` [D, w] float32) reweighted by
+    exp(``delta``): p_c e^Δ_c / z for the columns Δ names, p_c / z for the rest, z = 1 + Σ p_c (e^Δ_c − 1);
+    ``ranked`` caches each row's likeliest columns (a reweighted row's top k lie among the row's top
+    k + |Δ| and the columns Δ names)."""
+    width = table.shape[1]
     n = min(k + len(delta), width)
     if len(ranked.get(d, ((), ()))[0]) < n:  # a few more than asked: the next side path's Δ may name more
-        top_p, top_x = rows[d].topk(min(max(n, 2 * k + 8), width))
-        ranked[d] = (top_x.tolist(), top_p.tolist())
+        m = min(max(n, 128), width)
+        top = np.argpartition(-table[d], m - 1)[:m] if m < width else np.arange(width)
+        top = top[np.lexsort((top, -table[d, top]))]  # likeliest first, ties by column (as argmax_first)
+        ranked[d] = (top.tolist(), table[d, top].astype(np.float64).tolist())
     columns, probs = ranked[d]
     if not delta:
-        options = [(p, c) for p, c in zip(probs[:k], columns[:k])]
-        z = 1.0
-    else:
-        named = list(delta)
-        at = rows[d, named].double().tolist()
-        z = 1.0 + sum(p * math.expm1(delta[c]) for c, p in zip(named, at))
-        options = [(p, c) for p, c in zip(probs[:n], columns[:n]) if c not in delta][:k]
-        options += [(p * math.exp(delta[c]), c) for c, p in zip(named, at)]
-        options.sort(key=lambda option: -option[0])  # stable: ties keep the row's own order first
-        options = [(p / z, c) for p, c in options[:k]]
-    kept = [(math.log(max(p, 1e-300)), c) for p, c in options if p > 0]
-    return _Children(d, kept, delta, z, None if delta else d)
+        kept = [(math.log(p), c) for p, c in zip(probs[:k], columns[:k]) if p > 0]
+        return _Children(d, kept, np.empty(0, np.int64), np.empty(0), 1.0, d)
+    named = np.fromiter(delta.keys(), np.int64, len(delta))
+    at = table[d, named].astype(np.float64)
+    weighted = at * np.exp(np.fromiter(delta.values(), np.float64, len(delta)))
+    z = 1.0 + float((weighted - at).sum())
+    weighted /= z
+    others: list[tuple[float, int]] = []  # the row's likeliest columns Δ does not name
+    for p, c in zip(probs, columns):
+        if c not in delta:
+            others.append((p / z, c))
+            if len(others) == k:
+                break
+    options = sorted(others + list(zip(weighted.tolist(), named.tolist())), key=lambda o: -o[0])[:k]
+    kept = [(math.log(p), c) for p, c in options if p > 0]  # stable: ties keep the row's own order first
+    return _Children(d, kept, named, weighted, z, None)
 
 
-def _reweighted_row(rows: torch.Tensor, family: _Children) -> torch.Tensor:
-    """Row ``family.depth`` reweighted by exp(Δ) / z (``_children``), as a row of the tree's table."""
-    row = rows[family.depth] / family.z
-    named = torch.tensor(list(family.delta), dtype=torch.long)
-    weights = torch.tensor([math.exp(v) for v in family.delta.values()], dtype=row.dtype)
-    row[named] = rows[family.depth, named] * weights / family.z
-    return row
+def _table(rows: torch.Tensor, table: np.ndarray, families: list[_Children]) -> torch.Tensor:
+    """The tree's rows: the block's, then each reweighted family's (row d / z, p e^Δ / z on Δ's columns)."""
+    extra = np.stack([table[f.depth] / np.float32(f.z) for f in families])
+    for i, f in enumerate(families):
+        extra[i, f.columns] = f.weighted
+    return torch.from_numpy(np.concatenate([table, extra])).to(rows.dtype)  # numpy: one plain copy
 
 
 def block_tree(
@@ -163,13 +172,10 @@ def block_tree(
     k = min(topk, width)
     if depth == 0 or nodes <= 0:
         return None
-    vocab_ids = None if draft_vocab is None else draft_vocab.ids
-
-    def ids(column: int) -> int:
-        return column if vocab_ids is None else int(vocab_ids[column])
-
+    vocab_ids = None if draft_vocab is None else draft_vocab.ids.numpy()
+    table = rows.detach().cpu().float().numpy()
     ranked: dict[int, tuple[list[int], list[float]]] = {}
-    families = [_children(rows, 0, k, {}, ranked)]  # the root's children, then each taken node's
+    families = [_children(table, 0, k, {}, ranked)]  # the root's children, then each taken node's
     taken: list[tuple[int, int, int]] = []  # (family, rank, parent index in taken)
     paths: list[list[int]] = []  # each taken node's tokens, root first
     heap: list[tuple[float, int, int, int, int]] = []  # (-score, order, family, rank, parent)
@@ -185,28 +191,28 @@ def block_tree(
     while heap and len(taken) < nodes:
         score, _, f, r, parent = heapq.heappop(heap)
         family = families[f]
-        token = ids(family.options[r][1])
+        column = family.options[r][1]
+        token = column if vocab_ids is None else int(vocab_ids[column])
         taken.append((f, r, parent))
         paths.append((paths[parent] if parent >= 0 else []) + [token])
         offer(f, r + 1, parent, -score - family.options[r][0])  # the next sibling: same parent's score
         d = family.depth + 1
         if d < depth and token not in eos:
             delta = reweight(d, paths[-1]) if reweight is not None else {}
-            families.append(_children(rows, d, k, delta, ranked))
+            families.append(_children(table, d, k, delta, ranked))
             offer(len(families) - 1, 0, len(taken) - 1, -score)
     if not taken:
         return None
-    table = [rows]
-    for f, _, _ in taken:  # a reweighted row joins the table once one of its children is taken
-        family = families[f]
-        if family.row is None:
-            family.row = depth + len(table) - 1
-            table.append(_reweighted_row(rows, family)[None])
+    own: list[_Children] = []  # a reweighted row joins the table once one of its children is taken
+    for f, _, _ in taken:
+        if families[f].row is None:
+            families[f].row = depth + len(own)
+            own.append(families[f])
+    all_rows = _table(rows, table, own) if own else rows
     main = [0]  # the first children from the root, while taken
     child_of = {(parent, r): i for i, (_, r, parent) in enumerate(taken)}
     while (main[-1], 0) in child_of:
         main.append(child_of[main[-1], 0])
     tree_nodes = [(families[f].depth, paths[i][-1], parent) for i, (f, _, parent) in enumerate(taken)]
     node_rows = [int(families[f].row) for f, _, _ in taken]  # type: ignore[arg-type]
-    all_rows = torch.cat(table) if len(table) > 1 else rows
     return BlockTree(tree_nodes, main, all_rows, hidden, draft_vocab, row_of=node_rows)

@@ -229,12 +229,12 @@ class BlockDrafter(BudgetedTree):
         def reweight(d: int, path: list[int]) -> dict[int, float]:
             if path == main[:d]:
                 return {}
-            own = bonus(path)
             if d not in main_bonus:
                 main_bonus[d] = bonus(main[:d])
-            base = main_bonus[d]
-            delta = {c: scale * (own.get(c, 0.0) - base.get(c, 0.0)) for c in own.keys() | base.keys()}
-            return {c: v for c, v in delta.items() if v != 0.0}
+            delta = bonus(path)
+            for c, v in main_bonus[d].items():
+                delta[c] = delta.get(c, 0.0) - v
+            return {c: scale * v for c, v in delta.items() if v != 0.0}
 
         return reweight
 
