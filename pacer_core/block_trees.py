@@ -137,7 +137,7 @@ def _table(rows: torch.Tensor, table: np.ndarray, families: list[_Children]) -> 
     extra = np.stack([table[f.depth] / np.float32(f.z) for f in families])
     for i, f in enumerate(families):
         extra[i, f.columns] = f.weighted
-    return torch.from_numpy(np.concatenate([table, extra])).to(rows.dtype)  # numpy: one plain copy
+    return torch.from_numpy(np.concatenate([table, extra])).to(rows.device, rows.dtype)  # numpy: one plain copy
 
 
 def block_tree(
