@@ -24,7 +24,7 @@ class BlockTree:
 
     ``nodes[i]`` = (depth 0.., token, parent index in ``nodes`` or -1), parents first; ``main``: the
     main path's node indices (each row's argmax, while taken). ``row_of[i]``: the row of ``rows`` node
-    i was chosen from (its depth's, or one reweighted for its parent's path; by default its depth's).
+    i was chosen from (its depth's, or one reweighted for its parent's path).
     ``given`` maps the nodes already in the draft to their draft-tree numbers; ``depth`` is the
     deepest level given."""
 
@@ -32,8 +32,8 @@ class BlockTree:
     main: list[int]
     rows: torch.Tensor  # [D + m, w]: the block's rows, then m reweighted ones (over draft_vocab.ids when given)
     hidden: Optional[torch.Tensor]  # [D, h]
+    row_of: list[int]
     draft_vocab: Optional[DraftVocab] = None
-    row_of: Optional[list[int]] = None
     given: dict[int, int] = attrs.field(factory=dict)
     depth: int = 0
 
@@ -55,7 +55,7 @@ class BlockTree:
         self.depth = top
 
         # every node's row is a row of the table (its depth's, or its parent's path's): mapped, never copied
-        row_of = self.row_of if self.row_of is not None else [d for d, _, _ in self.nodes]
+        row_of = self.row_of
         side_nodes = None
         if side:
             parents = [self.given[self.nodes[i][2]] if self.nodes[i][2] >= 0 else -1 for i in side]
@@ -215,4 +215,4 @@ def block_tree(
         main.append(child_of[main[-1], 0])
     tree_nodes = [(families[f].depth, paths[i][-1], parent) for i, (f, _, parent) in enumerate(taken)]
     node_rows = [int(families[f].row) for f, _, _ in taken]  # type: ignore[arg-type]
-    return BlockTree(tree_nodes, main, all_rows, hidden, draft_vocab, row_of=node_rows)
+    return BlockTree(tree_nodes, main, all_rows, hidden, node_rows, draft_vocab)

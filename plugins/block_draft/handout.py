@@ -112,6 +112,13 @@ class BlockDrafter(BudgetedTree):
         """[n, w] logits → the draft distributions (the sampling parameters applied)."""
         return torch.softmax(logits, -1) if self.sampling.greedy else logits_to_probs(logits, self.sampling)
 
+    def _column_bonus(self, suffix: list[int], width: int) -> dict[int, float]:
+        """The priors' bonuses for the path ending ``suffix`` (``path_bonus``), by column of the rows (the
+        first ``width`` columns): a token outside the draft's vocabulary has no column to raise."""
+        column = self.columns.column
+        given = path_bonus(self.index, self.lookup_bias, self.corpus, self.corpus_bias, suffix)
+        return {column[t]: v for t, v in given.items() if 0 <= column[t] < width}
+
     def _rows(
         self, logits: torch.Tensor, committed: list[int], known: list[int], generator: Optional[torch.Generator]
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,14 +137,11 @@ class BlockDrafter(BudgetedTree):
             return rows, choose(rows)
         self.index.extend(committed[len(self.index.text) :])  # the committed text never shrinks
         logits = logits.clone()  # [n, w] float32 on the CPU: the bonuses go in as numpy float32 additions
-        values, column_of, width = logits.numpy(), self.columns.column, logits.shape[1]
+        values, width = logits.numpy(), logits.shape[1]
         suffix, rows, columns = (committed + known)[-self.suffix_length :], [], []
         for i in range(len(logits)):
-            bonus = path_bonus(self.index, self.lookup_bias, self.corpus, self.corpus_bias, suffix)
-            for token, value in bonus.items():
-                at = column_of[token]
-                if 0 <= at < width:  # a token outside the draft's vocabulary has no column to raise
-                    values[i, at] += np.float32(value)
+            for at, value in self._column_bonus(suffix, width).items():
+                values[i, at] += np.float32(value)
             probs = self._probs(logits[i : i + 1])
             column = choose(probs)
             rows.append(probs[0])
@@ -217,14 +221,12 @@ class BlockDrafter(BudgetedTree):
         None without priors."""
         if not self.suffix_length:
             return None
-        column, width = self.columns.column, len(self.columns.id_list)
+        width = len(self.columns.id_list)
         scale = 1.0 if self.sampling.greedy else 1.0 / self.sampling.temperature
         main_bonus: dict[int, dict[int, float]] = {}
 
         def bonus(path: list[int]) -> dict[int, float]:
-            suffix = (committed + path)[-self.suffix_length :]
-            given = path_bonus(self.index, self.lookup_bias, self.corpus, self.corpus_bias, suffix)
-            return {column[t]: v for t, v in given.items() if 0 <= column[t] < width}
+            return self._column_bonus((committed + path)[-self.suffix_length :], width)
 
         def reweight(d: int, path: list[int]) -> dict[int, float]:
             if path == main[:d]:
