@@ -307,6 +307,32 @@ def test_a_side_node_of_a_block_tree_follows_its_own_paths_lookup_prior(pair):
         assert block.side.tokens.tolist() == [4, child] and block.side.parents.tolist() == [-1, 3]
 
 
+def test_side_paths_are_reweighted_by_the_lookup_prior_alone(pair, tmp_path):
+    """The corpus prior stays the main path's on a side path: with it alone nothing is reweighted; with the
+    lookup prior beside it a side path's Δ is the lookup bonuses' difference alone. Committed 1 2 3 1 4 5 1
+    and the main path 2 3 1: under the side token 4 (whose lookups 4 → 5 and 1 4 → 5 give 5 2 + 4; 5 1 4
+    never occurred), against the main path's 2 (2 → 3, 1 2 → 3: 3 gets 2 + 4), Δ = {5: +6, 3: −6}; the
+    corpus's successors (a → 5a + 3 mod 8: 4 → 7, 2 → 5) would have added 7: +3 and 5: −3."""
+    target, folder = pair
+    committed, main = [1, 2, 3, 1, 4, 5, 1], [2, 3, 1]
+    corpus_only = corpus_prior(tmp_path, 3.0, 8)
+    for lookup, expected in (("[]", None), ("[2, 4, 4]", {5: 6.0, 3: -6.0})):
+        extra = ["sampling.temperature=0", *corpus_only[1:], f"strategy.drafter.lookup_bias={lookup}"]
+        drafter = next(
+            p for p in block_engine(target, folder, extra=extra).pm.get_plugins() if isinstance(p, DFlashDrafter)
+        )
+        drafter.pacer_start(None)
+        assert drafter.corpus is not None
+        drafter.index.extend(committed)
+        reweight = drafter._path_reweight(committed, main)
+        if expected is None:
+            assert reweight is None
+            continue
+        columns = drafter.draft_vocab.columns
+        assert reweight(1, [4]) == {int(columns[t]): v for t, v in expected.items()}
+        assert reweight(1, [2]) == {}  # the main path reads its row as it is
+
+
 # -- greedy: equal to the target's own decoding --------------------------------------------------
 STOPS = {
     "fixed1": "{name: fixed, gamma: 1}",

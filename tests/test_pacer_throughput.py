@@ -595,3 +595,56 @@ def test_position_report_is_each_positions_own_metrics():
     assert rows[2]["mean_prediction"] == pytest.approx(float(probs[at].mean()))
     perfect = position_report(labels, labels, positions)
     assert all(r["auc"] == 1.0 and r["ece"] == 0.0 for r in perfect)
+
+
+def test_step_timer_times_a_draft_forward_apart_from_a_draft_token():
+    """A block drafter drafts four tokens in one forward: its seconds per token are a quarter of its
+    seconds per forward, the figure a cost profile's ``draft_s`` prices (a step without a forward, a
+    plain one, adds to neither)."""
+    from types import SimpleNamespace
+
+    timer = measured_costs.StepTimer(iter([1.0, 1.1, 1.2]).__next__)
+    for forwards, drafted in ((1, 4), (0, 0), (2, 2)):
+        timer.pacer_observe_step(
+            None, SimpleNamespace(draft_s=0.012, stop_s=0.002, verify_s=0.05, drafted=drafted, draft_forwards=forwards)
+        )
+    assert timer.per_token == pytest.approx([0.0025, 0.005])
+    assert timer.per_forward == pytest.approx([0.010, 0.005])
+
+
+def test_a_measured_profile_prices_the_drafters_forward_not_its_token(tmp_path, capsys, monkeypatch):
+    """`pacer costs --profile` writes the seconds per draft forward as the drafter's ``draft_s`` (a block
+    drafter's forward drafts several tokens: priced per token, a tree over a block looked four times
+    cheaper to `nodes: auto` and the draft gate than it was)."""
+    from pacer_core import cli
+    from pacer_core.cost_profiles import load_profile
+
+    target, draft = adapter(tiny_llama(0)), adapter(tiny_llama(1))
+    target.digest = "tttt"
+    monkeypatch.setattr(cli, "build_engine", lambda plan: Engine.build(target, draft=draft, plan=plan))
+    monkeypatch.setenv("PACER_CACHE", str(tmp_path / "cache"))
+    measured = {"verify_s": [0.010, 0.012], "draft_token_s": 0.001, "draft_forward_s": 0.004, "step_s": 0.002}
+    monkeypatch.setattr(measured_costs, "measure_costs", lambda *a: dict(measured))
+    argv = [
+        "costs",
+        "--max-k",
+        "2",
+        "--repeats",
+        "1",
+        "--profile-max-k",
+        "4",
+        "--context",
+        "16",
+        "--no-cache",
+        "--out",
+        str(tmp_path / "costs.json"),
+        "--profile",
+        str(tmp_path / "p.yaml"),
+        "strategy.drafter={name: draft_model}",
+    ]
+    with single_thread():
+        code, out, err = run_cli(argv, capsys)
+    assert code == 0, err
+    assert "1.00 ms/token (4.00 ms/forward)" in out
+    profile = load_profile(str(tmp_path / "p.yaml"))
+    assert profile.draft_forward("token") == pytest.approx(0.004)

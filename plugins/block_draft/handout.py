@@ -112,11 +112,12 @@ class BlockDrafter(BudgetedTree):
         """[n, w] logits → the draft distributions (the sampling parameters applied)."""
         return torch.softmax(logits, -1) if self.sampling.greedy else logits_to_probs(logits, self.sampling)
 
-    def _column_bonus(self, suffix: list[int], width: int) -> dict[int, float]:
-        """The priors' bonuses for the path ending ``suffix`` (``path_bonus``), by column of the rows (the
-        first ``width`` columns): a token outside the draft's vocabulary has no column to raise."""
+    def _column_bonus(self, suffix: list[int], width: int, corpus: bool = True) -> dict[int, float]:
+        """The priors' bonuses for the path ending ``suffix`` (``path_bonus``; the lookup prior's alone
+        without ``corpus``), by column of the rows (the first ``width`` columns): a token outside the
+        draft's vocabulary has no column to raise."""
         column = self.columns.column
-        given = path_bonus(self.index, self.lookup_bias, self.corpus, self.corpus_bias, suffix)
+        given = path_bonus(self.index, self.lookup_bias, self.corpus if corpus else None, self.corpus_bias, suffix)
         return {column[t]: v for t, v in given.items() if 0 <= column[t] < width}
 
     def _rows(
@@ -215,18 +216,19 @@ class BlockDrafter(BudgetedTree):
         return torch.cat(rows)[:depth], hidden_rows, len(rows), main[:depth]
 
     def _path_reweight(self, committed: list[int], main: list[int]) -> Optional[Reweight]:
-        """The priors along a side path, relative to the main path's (``block_tree``'s ``reweight``): the
-        children at depth d of a node whose path is ``path`` get the bonuses of committed + path where
-        row d has those of committed + main[:d] (divided by the temperature, as the row's logits were);
-        None without priors."""
-        if not self.suffix_length:
+        """The lookup prior along a side path, relative to the main path's (``block_tree``'s ``reweight``):
+        the children at depth d of a node whose path is ``path`` get the lookup bonuses of committed + path
+        where row d has those of committed + main[:d] (divided by the temperature, as the row's logits
+        were); None without a lookup prior. The corpus prior stays the main path's: re-reading it per
+        side node cost more host time than its τ bought (docs/block-drafts.md#side-paths-own-priors)."""
+        if not self.lookup_bias:
             return None
-        width = len(self.columns.id_list)
+        width, longest = len(self.columns.id_list), len(self.lookup_bias)
         scale = 1.0 if self.sampling.greedy else 1.0 / self.sampling.temperature
         main_bonus: dict[int, dict[int, float]] = {}
 
         def bonus(path: list[int]) -> dict[int, float]:
-            return self._column_bonus((committed + path)[-self.suffix_length :], width)
+            return self._column_bonus((committed + path)[-longest:], width, corpus=False)
 
         def reweight(d: int, path: list[int]) -> dict[int, float]:
             if path == main[:d]:

@@ -3,8 +3,9 @@ cached, refused for another pair or when stale (docs/pacer.md#the-cost-model).
 
 A cost file is JSON: the bench's verification-cost probe (``pacer_bench.timing.measure_verify_costs``)
 gives ``verify_s`` (seconds of one target forward over k = 1..K tokens); one short generation with a
-fixed window gives ``draft_token_s`` (the drafter's seconds per draft token) and ``step_s`` (a
-step's remaining fixed cost). ``key`` names what it was measured for:
+fixed window gives ``draft_token_s`` (the drafter's seconds per draft token), ``draft_forward_s``
+(per draft forward, what a cost profile's ``draft_s`` prices) and ``step_s`` (a step's remaining
+fixed cost). ``key`` names what it was measured for:
 
 - the pair: the target's weights digest, the draft identity (as the pacer stop sees them,
   ``Resources``), the dtype and the device;
@@ -154,13 +155,15 @@ PROBE_PROMPT = "Write a Python function that returns the n-th Fibonacci number, 
 
 class StepTimer:
     """An observer timing what the cost model needs from real steps: the drafter's seconds per
-    draft token, and a step's seconds outside drafting and verification (the time between two
-    steps' observations, less the later step's draft and verify time)."""
+    draft token and per draft forward (they differ for a block drafter, whose one forward drafts a
+    block: a profile prices a forward), and a step's seconds outside drafting and verification (the
+    time between two steps' observations, less the later step's draft and verify time)."""
 
     def __init__(self, clock):
         self.clock = clock
         self.last: Optional[float] = None
         self.per_token: list[float] = []
+        self.per_forward: list[float] = []
         self.other: list[float] = []
 
     @hookimpl
@@ -173,8 +176,11 @@ class StepTimer:
         if self.last is not None:
             self.other.append(max(0.0, now - self.last - step.draft_s - step.verify_s))
         self.last = now
+        drafting = max(0.0, step.draft_s - step.stop_s)
         if step.drafted:
-            self.per_token.append(max(0.0, step.draft_s - step.stop_s) / step.drafted)
+            self.per_token.append(drafting / step.drafted)
+        if step.draft_forwards:
+            self.per_forward.append(drafting / step.draft_forwards)
 
 
 def _median(values: list[float]) -> float:
@@ -192,7 +198,7 @@ def measure_costs(engine, prompt: list[int], max_k: int, repeats: int, tokens: i
     engine.pm.register(timer, name="pacer-costs:timer")
     try:
         engine.generate(prompt, max_new_tokens=min(8, tokens))  # warm-up
-        timer.per_token, timer.other = [], []
+        timer.per_token, timer.per_forward, timer.other = [], [], []
         engine.generate(prompt, max_new_tokens=tokens)
     finally:
         engine.pm.unregister(timer)
@@ -200,6 +206,7 @@ def measure_costs(engine, prompt: list[int], max_k: int, repeats: int, tokens: i
     return {
         "verify_s": verify_s,
         "draft_token_s": _median(timer.per_token),
+        "draft_forward_s": _median(timer.per_forward),
         "step_s": _median(timer.other),
         "context_tokens": len(prompt),
         "steps_timed": len(timer.per_token),
@@ -318,7 +325,8 @@ def _run_costs(args) -> int:
     v = measured["verify_s"]
     print(
         f"cost model for {_describe(key)}: verify {v[0] * 1e3:.2f} ms (k=1) .. {v[-1] * 1e3:.2f} ms "
-        f"(k={len(v)}), draft {measured['draft_token_s'] * 1e3:.2f} ms/token, other "
+        f"(k={len(v)}), draft {measured['draft_token_s'] * 1e3:.2f} ms/token "
+        f"({measured['draft_forward_s'] * 1e3:.2f} ms/forward), other "
         f"{measured['step_s'] * 1e3:.2f} ms/step -> {path}"
     )
     return 0
@@ -350,7 +358,7 @@ def write_measured_profile(path: Path, engine, cfg, prompt: list[int], measured:
         device=f"{key.get('accelerator') or key['processor']} ({key['cpus']} CPUs, torch {key['torch']})",
         verify=Curve(chain_k, monotone(chain)),
         tree_verify=Curve(tree_k, monotone(tree)) if tree_k else None,
-        draft={kind: Curve([1], [max(float(measured["draft_token_s"]), 1e-6)])} if kind else {},
+        draft={kind: Curve([1], [max(float(measured["draft_forward_s"]), 1e-6)])} if kind else {},
         host_plain=step,
         host_chain=step,
         dtype=key["dtype"],
@@ -359,7 +367,8 @@ def write_measured_profile(path: Path, engine, cfg, prompt: list[int], measured:
         sources={
             "verify_s": f"pacer costs --profile, median of {args.repeats} forwards per k after {len(context)} "
             "cached tokens",
-            "draft_s": "pacer costs: the drafter's seconds per draft token in a generation with a fixed window",
+            "draft_s": "pacer costs: the drafter's seconds per draft forward (its host work included) in a "
+            "generation with a fixed window",
             "host_s": "pacer costs: a step's seconds outside drafting and verifying in that generation",
         },
     )
