@@ -360,32 +360,32 @@ def test_pacer_costs_refuses_forwards_beyond_the_targets_context_before_measurin
     assert f"the target's context of {target.max_length}" in error
 
 
-def test_pacer_costs_says_when_it_replaces_the_machine_wide_profile(tmp_path, capsys, monkeypatch):
-    """`pacer costs --profile` copies the profile to the cache every later `nodes: auto` tree on the
-    device reads: it says so (wrote / replaced), and --no-cache leaves the cache alone."""
+def tiny_costs_cli(tmp_path, monkeypatch) -> None:
+    """`pacer costs` run in-process on two tiny models (the target's digest "tttt"), its cache under tmp_path."""
     from pacer_core import cli
-    from pacer_core.cost_profiles import measured_profile_path
 
     target, draft = adapter(tiny_llama(0)), adapter(tiny_llama(1))
     target.digest = "tttt"
     monkeypatch.setattr(cli, "build_engine", lambda plan: Engine.build(target, draft=draft, plan=plan))
     monkeypatch.setenv("PACER_CACHE", str(tmp_path / "cache"))
-    argv = [
+
+
+def tiny_costs_argv(tmp_path) -> list[str]:
+    """A quick `pacer costs` of the tiny pair's `draft_model` stack: short curves, the cost file in tmp_path."""
+    return [
         "costs",
-        "--max-k",
-        "2",
-        "--repeats",
-        "1",
-        "--tokens",
-        "4",
-        "--profile-max-k",
-        "4",
-        "--context",
-        "16",
-        "--out",
-        str(tmp_path / "costs.json"),
-        "strategy.drafter={name: draft_model}",
+        *("--max-k", "2", "--repeats", "1", "--profile-max-k", "4", "--context", "16"),
+        *("--out", str(tmp_path / "costs.json"), "strategy.drafter={name: draft_model}"),
     ]
+
+
+def test_pacer_costs_says_when_it_replaces_the_machine_wide_profile(tmp_path, capsys, monkeypatch):
+    """`pacer costs --profile` copies the profile to the cache every later `nodes: auto` tree on the
+    device reads: it says so (wrote / replaced), and --no-cache leaves the cache alone."""
+    from pacer_core.cost_profiles import measured_profile_path
+
+    tiny_costs_cli(tmp_path, monkeypatch)
+    argv = [*tiny_costs_argv(tmp_path), "--tokens", "4"]
     cached = measured_profile_path("cpu", "tttt")
     with single_thread():
         code, out, err = run_cli([*argv, "--profile", str(tmp_path / "a.yaml")], capsys)
@@ -616,32 +616,12 @@ def test_a_measured_profile_prices_the_drafters_forward_not_its_token(tmp_path, 
     """`pacer costs --profile` writes the seconds per draft forward as the drafter's ``draft_s`` (a block
     drafter's forward drafts several tokens: priced per token, a tree over a block looked four times
     cheaper to `nodes: auto` and the draft gate than it was)."""
-    from pacer_core import cli
     from pacer_core.cost_profiles import load_profile
 
-    target, draft = adapter(tiny_llama(0)), adapter(tiny_llama(1))
-    target.digest = "tttt"
-    monkeypatch.setattr(cli, "build_engine", lambda plan: Engine.build(target, draft=draft, plan=plan))
-    monkeypatch.setenv("PACER_CACHE", str(tmp_path / "cache"))
+    tiny_costs_cli(tmp_path, monkeypatch)
     measured = {"verify_s": [0.010, 0.012], "draft_token_s": 0.001, "draft_forward_s": 0.004, "step_s": 0.002}
     monkeypatch.setattr(measured_costs, "measure_costs", lambda *a: dict(measured))
-    argv = [
-        "costs",
-        "--max-k",
-        "2",
-        "--repeats",
-        "1",
-        "--profile-max-k",
-        "4",
-        "--context",
-        "16",
-        "--no-cache",
-        "--out",
-        str(tmp_path / "costs.json"),
-        "--profile",
-        str(tmp_path / "p.yaml"),
-        "strategy.drafter={name: draft_model}",
-    ]
+    argv = [*tiny_costs_argv(tmp_path), "--no-cache", "--profile", str(tmp_path / "p.yaml")]
     with single_thread():
         code, out, err = run_cli(argv, capsys)
     assert code == 0, err
