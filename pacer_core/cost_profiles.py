@@ -134,7 +134,9 @@ class CostModel:
     """Measured costs in seconds: ``verify_s[k - 1]`` is one causal target forward over k tokens
     (k = 1..K, a chain's verification); ``tree_verify_s[i]`` one tree-masked forward over
     ``tree_k[i]`` tokens (ascending; empty = trees cost what chains do); ``draft_token_s`` is the
-    drafter's cost per draft token (a chain's forward, a tree's level); ``step_s`` a step's fixed
+    drafter's cost per draft token and ``tokens_per_forward`` the draft tokens one draft forward
+    yields (1: a chain's forward or a tree's level; a block drafter's block, whose one forward drafts
+    the whole block), so one draft forward costs ``draft_forward_s``; ``step_s`` a step's fixed
     cost besides drafting and verifying (committing, cropping caches, the hooks; 0 = not measured);
     ``tree_step_s`` the same for a tree step by the nodes it sends (None: ``step_s``);
     ``preverify_s`` one consultation of PACER's pre-verification layer; ``plain_host_s`` the host
@@ -148,6 +150,7 @@ class CostModel:
     tree_step_s: Optional[Curve] = None
     preverify_s: float = 0.0
     plain_host_s: Optional[float] = None
+    tokens_per_forward: float = 1.0
 
     def __attrs_post_init__(self) -> None:
         if not self.verify_s or not all(is_seconds(v) for v in self.verify_s):
@@ -169,6 +172,13 @@ class CostModel:
                 f"plain_host_s must be None, 0 or a time from {MIN_SECONDS:g} to {MAX_SECONDS:g} s, "
                 f"got {self.plain_host_s}"
             )
+        if not (isinstance(self.tokens_per_forward, (int, float)) and 1 <= self.tokens_per_forward <= MAX_TOKENS):
+            raise ValueError(f"tokens_per_forward must be from 1 to {MAX_TOKENS}, got {self.tokens_per_forward}")
+
+    @property
+    def draft_forward_s(self) -> float:
+        """Seconds of one draft forward: ``tokens_per_forward`` draft tokens' worth."""
+        return self.draft_token_s * self.tokens_per_forward
 
     def verify(self, k: int) -> float:
         """Cost of verifying k tokens; beyond the measured K, extrapolated linearly from the last two."""
@@ -187,6 +197,8 @@ class CostModel:
         return Curve(self.tree_k, self.tree_verify_s)(k)
 
     def draft(self, n: int) -> float:
+        """Seconds of drafting ``n`` tokens along a chain (a block drafter's forward spread over its
+        block: a whole block costs one forward)."""
         return n * self.draft_token_s
 
     def host(self, nodes: Optional[int] = None) -> float:
@@ -213,13 +225,21 @@ class CostModel:
 
 def cost_model(cost_file: dict, draft_token_s: Optional[float] = None) -> CostModel:
     """The cost model of a bench's ``cost_model.json`` (or a ``pacer costs`` file): each measured
-    curve made non-decreasing. ``draft_token_s`` defaults to the file's (0 when it has none)."""
+    curve made non-decreasing. ``draft_token_s`` defaults to the file's (0 when it has none); the
+    draft tokens per forward are the file's ``draft_forward_s`` over its ``draft_token_s`` (1 when it
+    lacks either, or they say less than one)."""
     tree_k = list(cost_file.get("tree_k") or ())
     tree_s = monotone(cost_file.get("tree_verify_s") or ()) if tree_k else ()
     if draft_token_s is None:
         draft_token_s = float(cost_file.get("draft_token_s") or 0.0)
+    per_token, per_forward = (float(cost_file.get(k) or 0.0) for k in ("draft_token_s", "draft_forward_s"))
     return CostModel(
-        monotone(cost_file["verify_s"]), draft_token_s, tree_k, tree_s, float(cost_file.get("step_s") or 0.0)
+        monotone(cost_file["verify_s"]),
+        draft_token_s,
+        tree_k,
+        tree_s,
+        float(cost_file.get("step_s") or 0.0),
+        tokens_per_forward=max(1.0, per_forward / per_token) if per_token > 0 else 1.0,
     )
 
 
@@ -275,9 +295,13 @@ class Profile:
             raise InputError(f"{self.label()} has no draft cost for '{kind}' drafters: add draft_s.{kind} to it")
         return self.draft[kind](max(1, width))
 
-    def cost_model(self, drafter_kind: Optional[str] = "feature", up_to: Optional[int] = None) -> CostModel:
+    def cost_model(
+        self, drafter_kind: Optional[str] = "feature", up_to: Optional[int] = None, tokens_per_forward: int = 1
+    ) -> CostModel:
         """The cost model of a chain or tree step with a drafter of ``drafter_kind`` (its verification
-        curve sampled at k = 1..``up_to``, by default the profile's largest measured k)."""
+        curve sampled at k = 1..``up_to``, by default the profile's largest measured k) whose one draft
+        forward yields ``tokens_per_forward`` draft tokens (a block drafter: its block); the profile
+        prices a forward, so a draft token costs that forward over ``tokens_per_forward``."""
         top = max(self.verify.ks[-1], 2) if up_to is None else up_to
         verify = tuple(self.verify(k) for k in range(1, top + 1))
         tree_k, tree_s = (
@@ -290,13 +314,14 @@ class Profile:
         )
         return CostModel(
             verify,
-            self.draft_forward(drafter_kind),
+            self.draft_forward(drafter_kind) / tokens_per_forward,
             tree_k,
             tree_s,
             self.host_chain,
             self.host_tree,
             self.preverify_s,
             self.host_plain,
+            tokens_per_forward,
         )
 
     def plain_step(self) -> float:

@@ -274,6 +274,7 @@ class Engine:
                     resources,
                     draft_identity=info.identity or resources.draft_identity,
                     stop_thresholds=dict(info.stop_thresholds),
+                    draft_tokens_per_forward=info.tokens_per_forward,
                 )
                 target_layers = info.target_layers  # e.g. EAGLE-3: three layers' inputs
             pm.register(plugin, name=f"{item.where}:{item.component.name}")

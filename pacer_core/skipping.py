@@ -125,12 +125,11 @@ def drafted(forwards: int, nodes: int) -> bool:
 
 
 def drafted_step_seconds(cost: CostModel, forwards: int, nodes: int, chain: bool) -> float:
-    """A drafted step's seconds under ``cost``: ``forwards`` draft forwards, then one target forward
-    over the pending token and the ``nodes`` draft nodes sent (a causal chain, or a tree-masked
-    forward with a tree step's host time by nodes)."""
-    if chain:
-        return cost.step(forwards, sent=nodes)
-    return cost.step(forwards, nodes=nodes)
+    """A drafted step's seconds under ``cost``: ``forwards`` draft forwards (each ``draft_forward_s``,
+    a block drafter's whole block), then one target forward over the pending token and the ``nodes``
+    draft nodes sent (a causal chain, or a tree-masked forward with a tree step's host time by nodes)."""
+    drafting = forwards * cost.draft_forward_s
+    return drafting + (cost.step(0, sent=nodes) if chain else cost.step(0, nodes=nodes))
 
 
 def next_wait(wait: int, loses: bool, longest: int) -> int:

@@ -391,10 +391,8 @@ class NodeBudget:
         device: str,
         cost: Any = None,
         calibration: Optional[Calibration] = None,
-        one_forward: bool = False,
     ):
         self.nodes = tree.budget(device)
-        self.one_forward = one_forward  # a block drafter's tree costs one draft forward, whatever its depth
         self.cost = cost
         if self.nodes == AUTO and cost is None:
             raise ValueError("tree nodes 'auto' needs a cost model")
@@ -429,7 +427,8 @@ class NodeBudget:
         depth = int(tree.depths.max()) if len(tree) else 0
         nodes, expected, sent_s = value_nodes(values, tree.parents.tolist(), self.sending_seconds, self.rate())
         self.emitted += 1.0 + expected
-        self.seconds += self.cost.draft(1 if self.one_forward else depth) + sent_s
+        forwards = math.ceil(depth / self.cost.tokens_per_forward)  # a tree over a block: a forward per block
+        self.seconds += forwards * self.cost.draft_forward_s + sent_s
         return None if len(nodes) == len(tree) else nodes
 
     def sending_seconds(self, k: int) -> float:
@@ -456,11 +455,12 @@ def node_budget(
     target_digest: Optional[str] = None,
     draft_folder: Any = None,
     draft_identity: Optional[str] = None,
+    tokens_per_forward: int = 1,
 ) -> NodeBudget:
     """A tree drafter's ``NodeBudget`` on ``device`` (a ``drafter_kind`` drafter: ``feature``,
-    ``token`` or ``block``, whose tree is one draft forward) when the budget is ``auto``: its cost
-    model from ``tree.profile``, else the profile ``pacer costs`` measured and cached for this
-    device type and target (``target_digest``), else
+    ``token`` or ``block``, one draft forward of which yields ``tokens_per_forward`` levels of its
+    tree) when the budget is ``auto``: its cost model from ``tree.profile``, else the profile
+    ``pacer costs`` measured and cached for this device type and target (``target_digest``), else
     the device's shipped one; its calibration from ``tree_calibration``. Raises ``InputError`` for
     a profile or calibration that cannot be read or used."""
     from .cost_profiles import device_profile, load_profile
@@ -473,7 +473,8 @@ def node_budget(
     else:
         profile = device_profile(device, target_digest, default_profile(device), drafter_kind)
     calibration = tree_calibration(tree, draft_folder, draft_identity)
-    return NodeBudget(tree, device, profile.cost_model(drafter_kind), calibration, one_forward=drafter_kind == "block")
+    cost = profile.cost_model(drafter_kind, tokens_per_forward=tokens_per_forward)
+    return NodeBudget(tree, device, cost, calibration)
 
 
 def tree_calibration(

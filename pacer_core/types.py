@@ -155,6 +155,9 @@ class Resources:
     # how cost profiles price the stack's draft forwards (the drafter's ``Component.cost_kind``, a
     # composite's main member's); None: no draft forward
     draft_cost_kind: Optional[str] = None
+    # the draft tokens one of its draft forwards yields (the drafter's ``DraftInfo.tokens_per_forward``):
+    # a cost model prices a draft token at a forward's seconds over it
+    draft_tokens_per_forward: int = 1
 
 
 def _layers(value: Optional[Iterable[int]]) -> Optional[tuple[int, ...]]:
@@ -168,7 +171,8 @@ class DraftInfo:
     A drafter declares it as its ``draft_info`` attribute (``DeclaresDraftInfo``); the engine builds
     the drafter first and reads it once, with ``DraftInfo.of``: ``identity`` and ``stop_thresholds``
     become the later components' ``Resources.draft_identity`` and ``Resources.stop_thresholds``, and
-    ``target_layers`` what the target pass returns as hidden states; ``tree`` the token tree it grows
+    ``target_layers`` what the target pass returns as hidden states, ``tokens_per_forward``
+    ``Resources.draft_tokens_per_forward``; ``tree`` the token tree it grows
     (read by a composite drafter, which sizes its own tree by its main member's). A drafter declaring
     nothing tells nothing (every field at its default). A composite drafter (``hybrid``) declares what
     it read of its members the same way.
@@ -183,6 +187,9 @@ class DraftInfo:
     # the token tree it grows (its config's ``tree``); None: a chain. A composite drafter (``hybrid``)
     # sizes its merged tree by its main member's
     tree: Optional[TreeConfig] = None
+    # the draft tokens one draft forward yields along its main path: 1 (a token a forward), or a block
+    # drafter's block (one forward drafts the whole block); cost models price its forwards by it
+    tokens_per_forward: int = attrs.field(default=1, validator=attrs.validators.ge(1))
 
     @staticmethod
     def of(drafter: Any) -> "DraftInfo":

@@ -20,6 +20,7 @@ import torch
 
 from pacer_core import Draft, DraftVocab, SamplingParams, hookimpl
 from pacer_core.block_trees import BlockTree, block_tree
+from pacer_core.cost_profiles import load_profile
 from pacer_core.testing import chisquare_pvalue, exact_continuation_probs
 from pacer_plugins.block_draft.drafter import DFlashDrafter
 from pacer_plugins.block_draft.model import ContextCache, load_block_draft
@@ -423,6 +424,30 @@ def test_one_forward_serves_a_whole_block_to_a_per_token_stop(pair):
     engine.pm.register(Probe())
     engine.generate(PROMPTS[0], max_new_tokens=BUDGET)
     assert (6, 2) in seen  # six tokens, two forwards
+
+
+@pytest.mark.parametrize("drafter", ["dflash", "hybrid"])
+def test_cost_models_price_the_block_drafters_forward_once_a_block(pair, drafter):
+    """A profile prices a draft forward: the ``pacer`` stop's throughput rule (which adds a price per
+    draft token), cost-sized trees and the draft gate (a price per forward) all read the drafter's
+    block from its ``DraftInfo``, so a whole block of 3 costs one forward, not three."""
+    target, folder = pair
+    profile = load_profile("a100-7b-bf16")
+    forward = profile.draft_forward("block")
+    tree = "{topk: 2, depth: 3, nodes: auto, profile: a100-7b-bf16}"
+    extra = ["generation.skip_drafting.enabled=true"]
+    if drafter == "hybrid":  # the main member's block
+        extra.append(
+            f"strategy.drafter={{name: hybrid, members: [{{name: dflash, path: '{folder}', tree: {tree}}}, "
+            "{name: prompt_lookup}]}"
+        )
+    stop = "{name: pacer, rule: throughput, b: 3, max_draft: 6, predictor: draft_confidence, profile: a100-7b-bf16}"
+    engine = block_engine(target, folder, stop=stop, tree=tree, extra=extra)
+    stops = [p for p in engine.pm.get_plugins() if type(p).__name__ == "PacerStop"]
+    assert len(stops) == 1 and stops[0].cost.tokens_per_forward == 3
+    assert stops[0].cost.draft(3) == pytest.approx(forward)  # a block's three tokens: one forward
+    gate_cost = engine.gate.cost  # the drafter's cost-sized tree prices the gate
+    assert gate_cost.tokens_per_forward == 3 and gate_cost.draft_forward_s == pytest.approx(forward)
 
 
 @pytest.mark.parametrize("lookup_bias, expected", [("null", [2, 1, 2]), ("[]", [0, 0, 0])], ids=["prior", "none"])

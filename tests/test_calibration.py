@@ -474,3 +474,17 @@ def test_a_calibration_that_cannot_be_saved_is_named_as_given(tmp_path, capsys):
     code, _, err = run_cli(["replay", str(run), "--save-calibration", "/proc/pacer-calibration.json"], capsys)
     assert_one_line_error(code, err, "/proc/pacer-calibration.json")
     assert ".tmp" not in err
+
+
+@pytest.mark.parametrize("depth, per_forward, forwards", [(3, 1, 3), (3, 4, 1), (4, 4, 1), (6, 4, 2)])
+def test_auto_prices_a_tree_by_the_draft_forwards_that_grew_it(depth, per_forward, forwards):
+    """A level a forward for a one-token drafter; a block drafter's whole block is one forward, so a
+    tree over a block costs one forward up to the block's depth and another per block beyond."""
+    profile = load_profile("a100-7b-bf16")
+    cost = profile.cost_model("block", tokens_per_forward=per_forward)
+    budget = NodeBudget(TreeConfig(nodes="auto"), "cuda", cost)
+    tree = chain_tree(depth)
+    nodes = budget.select(tree)
+    sent = len(tree) if nodes is None else len(nodes)
+    drafting = budget.seconds - budget.sending_seconds(sent + 1)
+    assert drafting == pytest.approx(forwards * profile.draft_forward("block"))

@@ -393,11 +393,17 @@ def test_the_pacer_stops_throughput_rule_takes_a_profile():
 
     config = PacerStopConfig(rule="throughput", profile="a100-7b-bf16")
     profile = load_profile("a100-7b-bf16")
-    for kind in ("feature", "token", "block"):  # priced as the drafter's Component.cost_kind
-        cost = load_costs(config, resources=SimpleNamespace(draft_cost_kind=kind))
+    for kind, per_forward in (("feature", 1), ("token", 1), ("block", 4)):  # the drafter's Component.cost_kind
+        resources = SimpleNamespace(draft_cost_kind=kind, draft_tokens_per_forward=per_forward)
+        cost = load_costs(config, resources=resources)
         assert cost.verify(1) == pytest.approx(0.024)
-        assert cost.draft_token_s == pytest.approx(profile.draft_forward(kind)), kind
-    assert load_costs(config, resources=SimpleNamespace(draft_cost_kind=None)).draft_token_s == 0  # no draft forward
+        # the profile prices a forward: a block's token costs a quarter of it, the whole block one forward
+        assert cost.draft_token_s == pytest.approx(profile.draft_forward(kind) / per_forward), kind
+        assert (
+            cost.draft(per_forward) == pytest.approx(cost.draft_forward_s) == pytest.approx(profile.draft_forward(kind))
+        )
+    none = SimpleNamespace(draft_cost_kind=None, draft_tokens_per_forward=1)
+    assert load_costs(config, resources=none).draft_token_s == 0  # no draft forward
     with pytest.raises(ValueError, match="one cost source"):
         PacerStopConfig(rule="throughput", profile="a100-7b-bf16", cost_file="x.json")
     with pytest.raises(Exception, match="no cost profile 'nope'"):

@@ -100,6 +100,10 @@ def test_a_drafted_step_is_priced_by_its_forwards_and_nodes():
     # a tree: its host time by nodes and a tree-masked forward over them
     tree_cost = attrs.evolve(COST, tree_k=(2, 8), tree_verify_s=(0.03, 0.05))
     assert drafted_step_seconds(tree_cost, 2, 4, chain=False) == pytest.approx(0.001 + 0.004 + 0.04)
+    # a block drafter: a draft token costs a quarter of a forward, and one forward drafts the whole block
+    block = attrs.evolve(COST, draft_token_s=0.0005, tokens_per_forward=4)
+    assert drafted_step_seconds(block, 1, 4, chain=True) == pytest.approx(0.001 + 0.002 + 0.024)
+    assert drafted_step_seconds(block, 2, 4, chain=True) == pytest.approx(0.001 + 0.004 + 0.024)  # a second block
     assert COST.plain_step() == pytest.approx(0.0205)  # one one-token forward and a plain step's host time
     assert CostModel([0.02], step_s=0.001).plain_step() == pytest.approx(0.021)  # without it: step_s
     profile = load_profile("cpu-2core-smollm2-fp32")

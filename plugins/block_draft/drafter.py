@@ -122,7 +122,9 @@ class DFlashDrafter(BlockDrafter):
             )
         self.columns = ContextVocab(subset, target.vocab_size, head, context_vocab, self.dtype)
         self.block = arch.block if config.block is None else config.block
-        self.draft_info = DraftInfo(identity=identity, target_layers=tuple(arch.target_layers), tree=config.tree)
+        self.draft_info = DraftInfo(
+            identity=identity, target_layers=tuple(arch.target_layers), tree=config.tree, tokens_per_forward=self.block
+        )
         self.sampling = resources.sampling
         self.lookup_bias = lookup_bias_for(not published_draft, config.lookup_bias)
         self.corpus_bias, self.corpus = corpus_prior(
@@ -132,7 +134,9 @@ class DFlashDrafter(BlockDrafter):
         self.budget = (
             None
             if config.tree is None
-            else node_budget(config.tree, target.device, COST_KIND, digest, folder, self.draft_info.identity)
+            else node_budget(
+                config.tree, target.device, COST_KIND, digest, folder, self.draft_info.identity, self.block
+            )
         )
         self.pacer_start(None)
 

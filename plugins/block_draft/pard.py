@@ -92,7 +92,7 @@ class PardDrafter(BlockDrafter):
             distilled, config.corpus_bias, config.corpus, resources.tokenizer, model.vocab_size, resources.target.digest
         )
         self.tree = config.tree
-        self.draft_info = DraftInfo(identity=f"pard:{model.digest}", tree=config.tree)
+        self.draft_info = DraftInfo(identity=f"pard:{model.digest}", tree=config.tree, tokens_per_forward=self.block)
         self.budget = (
             None
             if config.tree is None
@@ -103,6 +103,7 @@ class PardDrafter(BlockDrafter):
                 resources.target.digest,
                 folder,
                 self.draft_info.identity,
+                self.block,
             )
         )
         self.pacer_start(None)

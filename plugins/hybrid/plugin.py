@@ -100,6 +100,7 @@ class Hybrid(BudgetedTree):
             identity=main_info.identity,
             stop_thresholds=main_info.stop_thresholds,
             target_layers=readers[0][1] if readers else None,
+            tokens_per_forward=main_info.tokens_per_forward,
         )
         self.accepted: Counter[str] = Counter()
         self._sources: dict[tuple[int, ...], str] = {}  # root path of a merged node -> its member
@@ -117,6 +118,7 @@ class Hybrid(BudgetedTree):
             resources.target.digest,
             main.draft_folder,
             main_info.identity,
+            main_info.tokens_per_forward,
         )
         # per (member, depth): [accepted, tried] of its phrase nodes whose parent was accepted
         self.trials: dict[tuple[str, int], list[int]] = {}

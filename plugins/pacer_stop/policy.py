@@ -66,8 +66,11 @@ class CostsConfig:
         if not self.verify_s or min(self.verify_s) <= 0:
             raise ValueError("costs.verify_s needs the positive seconds of a target forward over k = 1, 2, ... tokens")
 
-    def model(self) -> CostModel:
-        return CostModel(monotone(self.verify_s), self.draft_token_s, step_s=self.step_s)
+    def model(self, tokens_per_forward: int = 1) -> CostModel:
+        """The cost model, for a drafter whose one forward yields ``tokens_per_forward`` draft tokens."""
+        return CostModel(
+            monotone(self.verify_s), self.draft_token_s, step_s=self.step_s, tokens_per_forward=tokens_per_forward
+        )
 
 
 @attrs.define
@@ -216,15 +219,19 @@ class DraftConfidence:
 
 
 def load_costs(config: PacerStopConfig, resources: Resources) -> CostModel:
-    """The throughput rule's cost model: inline, a given cost file, or the cache's for the run's pair."""
+    """The throughput rule's cost model: inline, a given cost file, or the cache's for the run's pair.
+    A profile prices a draft forward, and the rule a draft token: a block drafter's token costs its
+    forward over the block (``Resources.draft_tokens_per_forward``), so a whole block costs one forward."""
     if config.costs is not None:
-        return config.costs.model()
+        return config.costs.model(resources.draft_tokens_per_forward)
     if config.profile is not None:  # priced as the drafter's kind (Component.cost_kind)
         from pacer_core.cost_profiles import load_profile
 
         profile = load_profile(config.profile)
         kind = resources.draft_cost_kind
-        return profile.cost_model(kind if kind in profile.draft else None)
+        return profile.cost_model(
+            kind if kind in profile.draft else None, tokens_per_forward=resources.draft_tokens_per_forward
+        )
     key = measured_costs.full_key(measured_costs.run_pair(resources))
     path = Path(config.cost_file) if config.cost_file else measured_costs.cache_file(key)
     return measured_costs.read_costs(path, key)
