@@ -628,3 +628,17 @@ def test_a_measured_profile_prices_the_drafters_forward_not_its_token(tmp_path, 
     assert "1.00 ms/token (4.00 ms/forward)" in out
     profile = load_profile(str(tmp_path / "p.yaml"))
     assert profile.draft_forward("token") == pytest.approx(0.004)
+
+
+def test_a_cost_file_gives_its_tokens_per_forward():
+    """A cost file's two draft figures give its cost model the tokens one forward yields: the gate
+    then prices a block drafter's forward whole, the throughput rule its tokens a quarter each."""
+    from pacer_core.cost_profiles import cost_model
+
+    block = cost_model({"verify_s": [0.010, 0.012], "draft_token_s": 0.001, "draft_forward_s": 0.004})
+    assert block.tokens_per_forward == pytest.approx(4) and block.draft_forward_s == pytest.approx(0.004)
+    assert block.draft(4) == pytest.approx(0.004)
+    for older in ({"draft_token_s": 0.001}, {"draft_forward_s": 0.004}, {}):  # a file without both: one a forward
+        assert cost_model({"verify_s": [0.010], **older}).tokens_per_forward == 1
+    with pytest.raises(ValueError, match="tokens_per_forward"):
+        CostModel([0.01], tokens_per_forward=0.5)
