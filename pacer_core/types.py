@@ -169,10 +169,10 @@ class DraftInfo:
     """What a drafter tells the engine and the components built after it: its side channel.
 
     A drafter declares it as its ``draft_info`` attribute (``DeclaresDraftInfo``); the engine builds
-    the drafter first and reads it once, with ``DraftInfo.of``: ``identity`` and ``stop_thresholds``
-    become the later components' ``Resources.draft_identity`` and ``Resources.stop_thresholds``, and
-    ``target_layers`` what the target pass returns as hidden states, ``tokens_per_forward``
-    ``Resources.draft_tokens_per_forward``; ``tree`` the token tree it grows
+    the drafter first and reads it once, with ``DraftInfo.of``: ``identity``, ``stop_thresholds`` and
+    ``tokens_per_forward`` become the later components' ``Resources.draft_identity``,
+    ``Resources.stop_thresholds`` and ``Resources.draft_tokens_per_forward``, and ``target_layers``
+    what the target pass returns as hidden states; ``tree`` the token tree it grows
     (read by a composite drafter, which sizes its own tree by its main member's). A drafter declaring
     nothing tells nothing (every field at its default). A composite drafter (``hybrid``) declares what
     it read of its members the same way.

@@ -642,3 +642,15 @@ def test_a_cost_file_gives_its_tokens_per_forward():
         assert cost_model({"verify_s": [0.010], **older}).tokens_per_forward == 1
     with pytest.raises(ValueError, match="tokens_per_forward"):
         CostModel([0.01], tokens_per_forward=0.5)
+
+
+def test_a_replays_draft_price_override_keeps_the_cost_files_tokens_per_forward(tmp_path):
+    """`pacer replay-stop --draft-token-s` re-prices a draft token; the tokens one forward yields stay
+    what the file measured (its own two figures), not the override's ratio to its forward."""
+    from pacer_bench.replay.stop_rules import read_cost_file
+
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps({"verify_s": [0.010, 0.012], "draft_token_s": 0.001, "draft_forward_s": 0.004}))
+    cost = read_cost_file(path, draft_token_s=0.002, step_s=None)
+    assert cost.draft_token_s == pytest.approx(0.002) and cost.tokens_per_forward == pytest.approx(4)
+    assert cost.draft_forward_s == pytest.approx(0.008)

@@ -227,16 +227,14 @@ def mb_predictions(checkpoint: Path, data, steps: list[int]) -> torch.Tensor:
 
 def read_cost_file(path: Path, draft_token_s: Optional[float], step_s: Optional[float]) -> CostModel:
     """A `pacer costs` file or a bench's cost_model.json (seconds); the options override its draft and
-    step costs (a bench file has none)."""
+    step costs (a bench file has none; the draft tokens per forward stay the file's own)."""
     data = read_json(Path(path), "cost file", "give a `pacer costs` file or a bench's cost_model.json", expect=None)
     if not isinstance(data, dict) or not isinstance(data.get("verify_s"), list):
         raise InputError(f"'{path}' has no 'verify_s' list: give a `pacer costs` file or a bench's cost_model.json")
-    if draft_token_s is not None:
-        data["draft_token_s"] = draft_token_s
     if step_s is not None:
         data["step_s"] = step_s
     try:
-        return cost_model(data)
+        return cost_model(data, draft_token_s)
     except (ValueError, TypeError) as exc:
         raise InputError(f"cost file '{path}' holds no valid cost model ({exc})") from None
 
